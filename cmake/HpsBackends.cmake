@@ -1,0 +1,27 @@
+# Detects CUDA and NCCL. AUTO builds a backend when it is found; ON requires it; OFF skips it.
+# Sets HPS_HAVE_CUDA / HPS_HAVE_NCCL (0 or 1).
+set(HPS_HAVE_CUDA 0)
+set(HPS_HAVE_NCCL 0)
+
+if(NOT HPS_WITH_CUDA STREQUAL "OFF")
+  if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND TARGET CUDA::cudart_static)
+    set(HPS_HAVE_CUDA 1)
+  elseif(HPS_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "HPS_WITH_CUDA=ON but the CUDA toolkit was not found (set CUDAToolkit_ROOT)")
+  endif()
+endif()
+
+if(HPS_HAVE_CUDA AND NOT HPS_WITH_NCCL STREQUAL "OFF")
+  find_path(HPS_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
+  find_library(HPS_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+  if(HPS_NCCL_INCLUDE_DIR AND HPS_NCCL_LIBRARY)
+    set(HPS_HAVE_NCCL 1)
+  endif()
+endif()
+if(HPS_WITH_NCCL STREQUAL "ON" AND NOT HPS_HAVE_NCCL)
+  message(FATAL_ERROR "HPS_WITH_NCCL=ON but NCCL (and CUDA) were not found")
+endif()

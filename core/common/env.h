@@ -1,0 +1,18 @@
+// Reading configuration from environment variables.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/common/status.h"
+
+namespace hps {
+
+// The variable's value, or nothing when it is unset (an empty value counts as set).
+std::optional<std::string> env_string(const char* name);
+// The variable as a base-10 integer; `fallback` when unset; an error naming the
+// variable when it is set but not an integer.
+StatusOr<int64_t> env_int(const char* name, int64_t fallback);
+
+}  // namespace hps

@@ -1,0 +1,36 @@
+#include "core/device/stream.h"
+
+#include <string>
+
+#include "core/common/config.h"
+#include "core/device/cpu/stream.h"
+#if HPS_HAVE_CUDA
+#include "core/device/cuda/stream.h"
+#endif
+
+namespace hps {
+
+StatusOr<std::unique_ptr<Stream>> create_stream(Device device) {
+  HPS_RETURN_IF_ERROR(check_device(device));
+#if HPS_HAVE_CUDA
+  if (device.type == DeviceType::kCuda) return cuda::CudaStream::create(device.index);
+#endif
+  return std::unique_ptr<Stream>(std::make_unique<cpu::CpuStream>());
+}
+
+StatusOr<std::unique_ptr<Event>> create_event(Device device) {
+  HPS_RETURN_IF_ERROR(check_device(device));
+#if HPS_HAVE_CUDA
+  if (device.type == DeviceType::kCuda) return cuda::CudaEvent::create(device.index);
+#endif
+  return std::unique_ptr<Event>(std::make_unique<cpu::CpuEvent>());
+}
+
+Status check_same_device(const Stream& stream, const Event& event, const char* operation) {
+  if (stream.device() == event.device()) return Status::Ok();
+  return invalid_argument(std::string(operation) + ": the stream is on " +
+                          stream.device().to_string() + " but the event is on " +
+                          event.device().to_string());
+}
+
+}  // namespace hps

@@ -1,0 +1,48 @@
+// Stream and Event: one interface, a CPU and a CUDA implementation (device/cpu/,
+// device/cuda/). Work is enqueued without blocking the host; the only host-blocking
+// calls are synchronize(), and they are counted (host_sync.h).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/common/status.h"
+#include "core/device/device.h"
+
+namespace hps {
+
+class Event;
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual Device device() const = 0;
+  // Work enqueued after this call waits for `event`'s most recent record, without
+  // blocking the host. FAILED_PRECONDITION when the event was never recorded.
+  virtual Status wait(Event& event) = 0;
+  // Blocks the host until everything enqueued so far has completed. Counted.
+  virtual Status synchronize() = 0;
+  // Enqueues a copy of `bytes` bytes; the regions must stay valid until it completes.
+  virtual Status memcpy_async(void* dst, const void* src, size_t bytes) = 0;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual Device device() const = 0;
+  // Marks the current end of `stream`'s queue.
+  virtual Status record(Stream& stream) = 0;
+  // Whether the most recent record has completed, without blocking.
+  virtual StatusOr<bool> query() = 0;
+  // Blocks the host until the most recent record has completed. Counted.
+  virtual Status synchronize() = 0;
+  virtual bool recorded() const = 0;
+};
+
+StatusOr<std::unique_ptr<Stream>> create_stream(Device device);
+StatusOr<std::unique_ptr<Event>> create_event(Device device);
+
+// Shared argument checks of the implementations.
+Status check_same_device(const Stream& stream, const Event& event, const char* operation);
+
+}  // namespace hps
