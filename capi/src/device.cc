@@ -19,7 +19,7 @@ extern "C" {
 HPS_API hps_status_t hps_device_count(hps_device_type_t type, int32_t* out_count) {
   HPS_CHECK_ARG(out_count);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_ASSIGN_OR_RETURN(hps::DeviceType t, hps::device_type_from_int(static_cast<int32_t>(type)));
+    HPS_ASSIGN_OR_RETURN(hps::DeviceType t, hps::device_type_from_int(hps::capi::raw_enum(type)));
     *out_count = hps::device_count(t);
     return hps::Status::Ok();
   });
@@ -49,11 +49,11 @@ HPS_API hps_status_t hps_device_get_properties(hps_device_type_t type, int32_t i
       return hps::invalid_argument(
           "props->struct_size is not set: call hps_device_properties_init first");
     }
-    HPS_ASSIGN_OR_RETURN(hps::DeviceType t, hps::device_type_from_int(static_cast<int32_t>(type)));
+    HPS_ASSIGN_OR_RETURN(hps::DeviceType t, hps::device_type_from_int(hps::capi::raw_enum(type)));
     HPS_ASSIGN_OR_RETURN(hps::DeviceProperties p, hps::device_properties({t, index}));
     hps_device_properties_t out{};
     out.struct_size = props->struct_size;
-    out.type = type;
+    out.type = static_cast<hps_device_type_t>(t);
     out.index = index;
     const size_t n = std::min(p.name.size(), sizeof out.name - 1);
     std::memcpy(out.name, p.name.data(), n);

@@ -39,12 +39,13 @@ hps_status_t fail_null(const char* function, const char* argument) {
 
 }  // namespace hps::capi
 
+using hps::capi::raw_enum;
 using hps::capi::t_last_error;
 
 extern "C" {
 
 HPS_API const char* hps_status_string(hps_status_t status) {
-  switch (status) {
+  switch (raw_enum(status)) {
     case HPS_STATUS_OK:
     case HPS_STATUS_INVALID_ARGUMENT:
     case HPS_STATUS_OUT_OF_RANGE:
@@ -59,8 +60,8 @@ HPS_API const char* hps_status_string(hps_status_t status) {
     case HPS_STATUS_INTERNAL:
     case HPS_STATUS_BACKEND_ERROR:
       // string_view literals from status_code_name are NUL-terminated static text.
-      return hps::status_code_name(static_cast<hps::StatusCode>(status)).data();
-    case HPS_STATUS_FORCE32:
+      return hps::status_code_name(static_cast<hps::StatusCode>(raw_enum(status))).data();
+    default:
       break;
   }
   return "unknown status";

@@ -2,6 +2,8 @@
 // and the guard that keeps exceptions from crossing the C boundary.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -15,6 +17,17 @@ hps_status_t fail(const Status& status);
 // Shorthand for the argument checks at the top of every function.
 hps_status_t fail_null(const char* function, const char* argument);
 hps_status_t to_c(StatusCode code);
+
+// The integer a caller passed for a C enum parameter. C callers may pass any int
+// (a newer header, a bad cast); in C++ loading an out-of-range enum value is undefined,
+// so the bytes are copied out instead of read as the enum type.
+template <typename Enum>
+int32_t raw_enum(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int32_t));
+  int32_t raw;
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
 
 // Runs `body` (returning Status); turns exceptions into C statuses.
 template <typename Body>

@@ -16,8 +16,8 @@ struct hps_event {
 
 namespace {
 
-hps::StatusOr<hps::Device> to_device(hps_device_type_t type, int32_t index) {
-  HPS_ASSIGN_OR_RETURN(hps::DeviceType t, hps::device_type_from_int(static_cast<int32_t>(type)));
+hps::StatusOr<hps::Device> to_device(int32_t raw_type, int32_t index) {
+  HPS_ASSIGN_OR_RETURN(hps::DeviceType t, hps::device_type_from_int(raw_type));
   return hps::Device{t, index};
 }
 
@@ -29,7 +29,7 @@ HPS_API hps_status_t hps_stream_create(hps_device_type_t type, int32_t index,
                                        hps_stream_t** out_stream) {
   HPS_CHECK_ARG(out_stream);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_ASSIGN_OR_RETURN(hps::Device device, to_device(type, index));
+    HPS_ASSIGN_OR_RETURN(hps::Device device, to_device(hps::capi::raw_enum(type), index));
     HPS_ASSIGN_OR_RETURN(auto impl, hps::create_stream(device));
     *out_stream = new hps_stream{std::move(impl)};
     return hps::Status::Ok();
@@ -64,7 +64,7 @@ HPS_API hps_status_t hps_event_create(hps_device_type_t type, int32_t index,
                                       hps_event_t** out_event) {
   HPS_CHECK_ARG(out_event);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_ASSIGN_OR_RETURN(hps::Device device, to_device(type, index));
+    HPS_ASSIGN_OR_RETURN(hps::Device device, to_device(hps::capi::raw_enum(type), index));
     HPS_ASSIGN_OR_RETURN(auto impl, hps::create_event(device));
     *out_event = new hps_event{std::move(impl)};
     return hps::Status::Ok();

@@ -12,7 +12,7 @@
 namespace hps {
 
 std::string Device::to_string() const {
-  if (type == DeviceType::kCpu) return "cpu";
+  if (type == DeviceType::kCpu) return index == 0 ? "cpu" : "cpu:" + std::to_string(index);
   return "cuda:" + std::to_string(index);
 }
 

@@ -1,0 +1,65 @@
+#include "core/common/logging.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "core/common/env.h"
+
+namespace hps {
+namespace {
+
+TEST(Logging, ParsesNamesAndNumbers) {
+  LogLevel level = LogLevel::kOff;
+  EXPECT_TRUE(parse_log_level("debug", &level));
+  EXPECT_EQ(level, LogLevel::kDebug);
+  EXPECT_TRUE(parse_log_level("4", &level));
+  EXPECT_EQ(level, LogLevel::kError);
+  EXPECT_TRUE(parse_log_level("warning", &level));
+  EXPECT_EQ(level, LogLevel::kWarn);
+  EXPECT_FALSE(parse_log_level("loud", &level));
+  EXPECT_EQ(level, LogLevel::kWarn) << "an unknown level leaves the output alone";
+}
+
+TEST(Logging, LevelFiltersLines) {
+  const LogLevel saved = log_level();
+  set_log_level(LogLevel::kError);
+  testing::internal::CaptureStderr();
+  HPS_LOG(kInfo) << "hidden line";
+  HPS_LOG(kError) << "shown line " << 42;
+  const std::string err = testing::internal::GetCapturedStderr();
+  set_log_level(saved);
+  EXPECT_EQ(err.find("hidden line"), std::string::npos);
+  EXPECT_NE(err.find("shown line 42"), std::string::npos);
+  EXPECT_NE(err.find("[hpshard E "), std::string::npos);
+  EXPECT_NE(err.find("logging_test.cc:"), std::string::npos);
+}
+
+TEST(Env, Integers) {
+  ::setenv("HPS_TEST_ENV_INT", "123", 1);
+  EXPECT_EQ(*env_int("HPS_TEST_ENV_INT", 7), 123);
+  ::setenv("HPS_TEST_ENV_INT", "12x", 1);
+  auto bad = env_int("HPS_TEST_ENV_INT", 7);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("HPS_TEST_ENV_INT"), std::string::npos);
+  ::unsetenv("HPS_TEST_ENV_INT");
+  EXPECT_EQ(*env_int("HPS_TEST_ENV_INT", 7), 7);
+  EXPECT_FALSE(env_string("HPS_TEST_ENV_INT").has_value());
+}
+
+}  // namespace
+}  // namespace hps
+
+namespace hps {
+namespace {
+
+// Run by ctest once without HPS_LOG_LEVEL and once with HPS_LOG_LEVEL=debug.
+TEST(Logging, InitialLevelMatchesEnvironment) {
+  LogLevel expected = LogLevel::kWarn;
+  if (auto text = env_string("HPS_LOG_LEVEL")) {
+    ASSERT_TRUE(parse_log_level(*text, &expected));
+  }
+  EXPECT_EQ(log_level(), expected);
+}
+
+}  // namespace
+}  // namespace hps

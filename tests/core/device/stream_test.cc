@@ -1,0 +1,165 @@
+// CPU streams and events: ordering, cross-stream waits that do not block the host,
+// and the host-sync counter. CUDA streams are covered by cuda_stream_test (label gpu).
+#include "core/device/stream.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "core/device/cpu/stream.h"
+#include "core/device/host_sync.h"
+
+namespace hps {
+namespace {
+
+std::unique_ptr<Stream> make_stream() {
+  auto s = create_stream(Device::cpu());
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return std::move(s).value();
+}
+
+std::unique_ptr<Event> make_event() {
+  auto e = create_event(Device::cpu());
+  EXPECT_TRUE(e.ok()) << e.status().to_string();
+  return std::move(e).value();
+}
+
+TEST(CpuStream, RunsTasksInOrderOffTheCallingThread) {
+  auto stream = make_stream();
+  auto& cpu = static_cast<cpu::CpuStream&>(*stream);
+  std::vector<int> order;
+  std::thread::id worker_id;
+  for (int i = 0; i < 100; ++i) {
+    cpu.enqueue([&order, &worker_id, i] {
+      order.push_back(i);
+      worker_id = std::this_thread::get_id();
+    });
+  }
+  ASSERT_TRUE(stream->synchronize().ok());
+  std::vector<int> expected(100);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(order, expected);
+  EXPECT_NE(worker_id, std::this_thread::get_id());
+}
+
+TEST(CpuStream, EnqueueDoesNotBlockTheHost) {
+  auto stream = make_stream();
+  auto& cpu = static_cast<cpu::CpuStream&>(*stream);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  cpu.enqueue([released] { released.wait(); });  // the worker is now busy
+  auto event = make_event();
+  std::vector<char> src(1 << 20, 'x'), dst(1 << 20, 0);
+  // Nothing here may block while the worker is stuck.
+  ASSERT_TRUE(stream->memcpy_async(dst.data(), src.data(), src.size()).ok());
+  ASSERT_TRUE(event->record(*stream).ok());
+  auto done = event->query();
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+  release.set_value();
+  ASSERT_TRUE(event->synchronize().ok());
+  EXPECT_TRUE(*event->query());
+  EXPECT_EQ(dst, src);
+}
+
+TEST(CpuStream, WaitOrdersWorkAcrossStreams) {
+  auto producer = make_stream();
+  auto consumer = make_stream();
+  auto ready = make_event();
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<int> value{0};
+  static_cast<cpu::CpuStream&>(*producer).enqueue([released, &value] {
+    released.wait();
+    value = 42;
+  });
+  ASSERT_TRUE(ready->record(*producer).ok());
+  ASSERT_TRUE(consumer->wait(*ready).ok());  // returns at once: the host does not block
+  int seen = -1;
+  static_cast<cpu::CpuStream&>(*consumer).enqueue([&] { seen = value.load(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(seen, -1) << "the consumer ran before the producer's event";
+  release.set_value();
+  ASSERT_TRUE(consumer->synchronize().ok());
+  EXPECT_EQ(seen, 42);
+}
+
+TEST(CpuEvent, ReRecordingMovesTheMark) {
+  auto stream = make_stream();
+  auto event = make_event();
+  EXPECT_FALSE(event->recorded());
+  ASSERT_TRUE(event->record(*stream).ok());
+  ASSERT_TRUE(event->synchronize().ok());
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  static_cast<cpu::CpuStream&>(*stream).enqueue([released] { released.wait(); });
+  ASSERT_TRUE(event->record(*stream).ok());
+  EXPECT_FALSE(*event->query()) << "the query refers to the newest record";
+  release.set_value();
+  ASSERT_TRUE(event->synchronize().ok());
+  EXPECT_TRUE(*event->query());
+}
+
+TEST(CpuEvent, NeverRecordedIsAPreconditionError) {
+  auto stream = make_stream();
+  auto event = make_event();
+  host_sync_reset();
+  EXPECT_EQ(stream->wait(*event).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(event->synchronize().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(event->query().status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(host_sync_count_thread(), 0u) << "a refused call must not count a sync";
+}
+
+TEST(CpuStream, MemcpyRejectsNullWithBytes) {
+  auto stream = make_stream();
+  char buffer[4] = {};
+  EXPECT_EQ(stream->memcpy_async(nullptr, buffer, 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(stream->memcpy_async(buffer, nullptr, 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(stream->memcpy_async(nullptr, nullptr, 0).ok());
+}
+
+TEST(CpuStream, DestructorFinishesQueuedWork) {
+  std::atomic<int> ran{0};
+  {
+    auto stream = make_stream();
+    for (int i = 0; i < 10; ++i) {
+      static_cast<cpu::CpuStream&>(*stream).enqueue([&ran] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ++ran;
+      });
+    }
+  }
+  EXPECT_EQ(ran.load(), 10);
+}
+
+TEST(Device, InvalidDevicesAreRefused) {
+  EXPECT_EQ(create_stream({DeviceType::kCpu, 1}).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(create_event({DeviceType::kCpu, -1}).status().code(), StatusCode::kOutOfRange);
+  const int32_t cuda_count = device_count(DeviceType::kCuda);
+  auto s = create_stream(Device::cuda(cuda_count));
+  EXPECT_EQ(s.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(s.status().message().find("cuda:" + std::to_string(cuda_count)), std::string::npos);
+}
+
+TEST(Device, ParseAndProperties) {
+  EXPECT_EQ(*parse_device("cpu"), Device::cpu());
+  EXPECT_EQ(*parse_device("cuda:3"), Device::cuda(3));
+  EXPECT_EQ(parse_device("cuda:x").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(parse_device("tpu:0").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(parse_device("cpu:1").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_type_from_int(5).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_count(DeviceType::kCpu), 1);
+  auto p = device_properties(Device::cpu());
+  ASSERT_TRUE(p.ok());
+  EXPECT_GT(p->total_memory_bytes, 0u);
+  EXPECT_GT(p->multiprocessor_count, 0);
+  EXPECT_EQ(p->name.rfind("cpu", 0), 0u);
+}
+
+}  // namespace
+}  // namespace hps
