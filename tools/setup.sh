@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake ninja-build pkg-config binutils file
+  build-essential cmake ninja-build pkg-config binutils file git clang-format
   libgtest-dev libgmock-dev
   swig python3-dev python3-numpy python3-pytest
   default-jdk-headless junit5

@@ -1,8 +1,9 @@
+#include "core/device/device.h"
+
 #include <algorithm>
 #include <cstring>
 
 #include "capi/src/error.h"
-#include "core/device/device.h"
 
 using hps::capi::guard;
 

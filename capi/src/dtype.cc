@@ -1,5 +1,6 @@
-#include "capi/src/error.h"
 #include "core/common/dtype.h"
+
+#include "capi/src/error.h"
 
 using hps::capi::guard;
 

@@ -61,8 +61,7 @@ HPS_API const char* hps_status_string(hps_status_t status) {
     case HPS_STATUS_BACKEND_ERROR:
       // string_view literals from status_code_name are NUL-terminated static text.
       return hps::status_code_name(static_cast<hps::StatusCode>(raw_enum(status))).data();
-    default:
-      break;
+    default: break;
   }
   return "unknown status";
 }

@@ -47,7 +47,7 @@ hps_status_t guard(const char* function, Body&& body) noexcept {
 
 }  // namespace hps::capi
 
-#define HPS_CHECK_ARG(arg)                                    \
-  do {                                                        \
+#define HPS_CHECK_ARG(arg)                                               \
+  do {                                                                   \
     if ((arg) == nullptr) return ::hps::capi::fail_null(__func__, #arg); \
   } while (0)

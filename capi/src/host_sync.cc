@@ -1,5 +1,6 @@
-#include "capi/src/error.h"
 #include "core/device/host_sync.h"
+
+#include "capi/src/error.h"
 
 extern "C" {
 

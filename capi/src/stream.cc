@@ -1,8 +1,9 @@
 // Stream and event handles.
+#include "core/device/stream.h"
+
 #include <memory>
 
 #include "capi/src/error.h"
-#include "core/device/stream.h"
 
 using hps::capi::guard;
 

@@ -20,7 +20,7 @@ enum class DType : int32_t {
   kUInt8 = 6,
 };
 
-inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+inline constexpr DType kAllDTypes[] = {DType::kFloat32,  DType::kFloat64, DType::kFloat16,
                                        DType::kBFloat16, DType::kInt32,   DType::kInt64,
                                        DType::kUInt8};
 

@@ -33,7 +33,9 @@ constexpr char kLevelLetters[] = {'T', 'D', 'I', 'W', 'E', 'O'};
 
 }  // namespace
 
-LogLevel log_level() { return static_cast<LogLevel>(level_storage().load(std::memory_order_relaxed)); }
+LogLevel log_level() {
+  return static_cast<LogLevel>(level_storage().load(std::memory_order_relaxed));
+}
 
 void set_log_level(LogLevel level) {
   level_storage().store(static_cast<int>(level), std::memory_order_relaxed);

@@ -29,7 +29,7 @@ class LogLine {
 
 }  // namespace hps
 
-#define HPS_LOG(level)                                   \
-  if (::hps::LogLevel::level < ::hps::log_level()) {     \
-  } else                                                 \
+#define HPS_LOG(level)                               \
+  if (::hps::LogLevel::level < ::hps::log_level()) { \
+  } else                                             \
     ::hps::LogLine(::hps::LogLevel::level, __FILE__, __LINE__).stream()

@@ -49,11 +49,15 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status invalid_argument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status already_exists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-inline Status failed_precondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status failed_precondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
 inline Status unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status timeout_error(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
@@ -67,7 +71,7 @@ inline Status backend_error(std::string m) { return {StatusCode::kBackendError, 
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : data_(std::move(value)) {}  // NOLINT: implicit by design
+  StatusOr(T value) : data_(std::move(value)) {}        // NOLINT: implicit by design
   StatusOr(Status status) : data_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(data_).ok()) {
       data_ = internal_error("StatusOr constructed from an OK status without a value");
@@ -95,9 +99,9 @@ class [[nodiscard]] StatusOr {
 #define HPS_STATUS_CONCAT(a, b) HPS_STATUS_CONCAT_INNER(a, b)
 
 // Returns the Status of `expr` from the enclosing function when it is not OK.
-#define HPS_RETURN_IF_ERROR(expr)             \
-  do {                                        \
-    ::hps::Status hps_status_tmp_ = (expr);   \
+#define HPS_RETURN_IF_ERROR(expr)                      \
+  do {                                                 \
+    ::hps::Status hps_status_tmp_ = (expr);            \
     if (!hps_status_tmp_.ok()) return hps_status_tmp_; \
   } while (0)
 

@@ -36,7 +36,8 @@ StatusOr<Device> parse_device(std::string_view text) {
     }
   }
   if (kind == "cpu") {
-    if (index != 0) return invalid_argument("the cpu device has index 0 only: '" + std::string(text) + "'");
+    if (index != 0)
+      return invalid_argument("the cpu device has index 0 only: '" + std::string(text) + "'");
     return Device::cpu();
   }
   if (kind == "cuda") return Device::cuda(index);
@@ -61,7 +62,8 @@ Status check_device(Device device) {
   if (device.index < 0 || device.index >= count) {
     std::string m = "device " + device.to_string() + " does not exist: " + std::to_string(count) +
                     (device.type == DeviceType::kCpu ? " cpu device" : " CUDA device(s)");
-    if (device.type == DeviceType::kCuda && !HPS_HAVE_CUDA) m += " (hpshard was built without CUDA)";
+    if (device.type == DeviceType::kCuda && !HPS_HAVE_CUDA)
+      m += " (hpshard was built without CUDA)";
     return out_of_range(std::move(m));
   }
   return Status::Ok();

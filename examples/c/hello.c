@@ -6,14 +6,14 @@
 
 #include "hpshard/hpshard.h"
 
-#define TRY(call)                                                                   \
-  do {                                                                              \
-    hps_status_t s_ = (call);                                                       \
-    if (s_ != HPS_STATUS_OK) {                                                      \
-      fprintf(stderr, "%s failed: %s: %s\n", #call, hps_status_string(s_),          \
-              hps_last_error_message());                                            \
-      return 1;                                                                     \
-    }                                                                               \
+#define TRY(call)                                                          \
+  do {                                                                     \
+    hps_status_t s_ = (call);                                              \
+    if (s_ != HPS_STATUS_OK) {                                             \
+      fprintf(stderr, "%s failed: %s: %s\n", #call, hps_status_string(s_), \
+              hps_last_error_message());                                   \
+      return 1;                                                            \
+    }                                                                      \
   } while (0)
 
 static int print_devices(void) {
@@ -29,8 +29,8 @@ static int print_devices(void) {
       TRY(hps_device_properties_init(&p, sizeof p));
       TRY(hps_device_get_properties(types[t], i, &p));
       printf("    %s:%d  %s, %.1f GiB, %d %s\n", names[t], (int)i, p.name,
-             (double)p.total_memory_bytes / (1024.0 * 1024.0 * 1024.0),
-             (int)p.multiprocessor_count, types[t] == HPS_DEVICE_CPU ? "threads" : "SMs");
+             (double)p.total_memory_bytes / (1024.0 * 1024.0 * 1024.0), (int)p.multiprocessor_count,
+             types[t] == HPS_DEVICE_CPU ? "threads" : "SMs");
     }
   }
   return 0;
@@ -57,10 +57,11 @@ static int round_trip(void) {
   TRY(hps_event_synchronize(done));
   TRY(hps_host_sync_count_thread(&syncs_after_wait));
   ok = memcmp(src, dst, kBytes) == 0;
-  printf("  stream/event round trip: copied %d bytes on a cpu stream, %s; "
-         "host syncs before the wait: %llu, after: %llu\n",
-         kBytes, ok ? "data equal" : "DATA DIFFERS", (unsigned long long)syncs_before_wait,
-         (unsigned long long)syncs_after_wait);
+  printf(
+      "  stream/event round trip: copied %d bytes on a cpu stream, %s; "
+      "host syncs before the wait: %llu, after: %llu\n",
+      kBytes, ok ? "data equal" : "DATA DIFFERS", (unsigned long long)syncs_before_wait,
+      (unsigned long long)syncs_after_wait);
   TRY(hps_event_destroy(done));
   TRY(hps_stream_destroy(stream));
   free(src);

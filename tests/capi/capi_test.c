@@ -9,25 +9,25 @@
 static int g_failures = 0;
 static int g_checks = 0;
 
-#define CHECK(cond)                                                         \
-  do {                                                                      \
-    ++g_checks;                                                             \
-    if (!(cond)) {                                                          \
-      ++g_failures;                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, \
-              __LINE__, #cond, hps_last_error_message());                  \
-    }                                                                       \
+#define CHECK(cond)                                                                              \
+  do {                                                                                           \
+    ++g_checks;                                                                                  \
+    if (!(cond)) {                                                                               \
+      ++g_failures;                                                                              \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
+              hps_last_error_message());                                                         \
+    }                                                                                            \
   } while (0)
 
 #define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
 
 /* The call fails with `status` and leaves a non-empty message naming the function. */
-#define CHECK_FAILS(call, status, function)                              \
-  do {                                                                   \
-    hps_status_t s_ = (call);                                            \
-    CHECK(s_ == (status));                                               \
-    CHECK(strlen(hps_last_error_message()) > 0);                         \
-    CHECK(strstr(hps_last_error_message(), function) != NULL);           \
+#define CHECK_FAILS(call, status, function)                    \
+  do {                                                         \
+    hps_status_t s_ = (call);                                  \
+    CHECK(s_ == (status));                                     \
+    CHECK(strlen(hps_last_error_message()) > 0);               \
+    CHECK(strstr(hps_last_error_message(), function) != NULL); \
   } while (0)
 
 static void test_version(void) {
@@ -47,8 +47,7 @@ static void test_status_strings(void) {
   CHECK(strcmp(hps_status_string(HPS_STATUS_BACKEND_ERROR), "backend error") == 0);
   CHECK(strcmp(hps_status_string((hps_status_t)4242), "unknown status") == 0);
   CHECK(HPS_STATUS_INVALID_ARGUMENT == 1 && HPS_STATUS_OUT_OF_RANGE == 2 &&
-        HPS_STATUS_FAILED_PRECONDITION == 5 && HPS_STATUS_TIMEOUT == 8 &&
-        HPS_STATUS_ABORTED == 9);
+        HPS_STATUS_FAILED_PRECONDITION == 5 && HPS_STATUS_TIMEOUT == 8 && HPS_STATUS_ABORTED == 9);
 }
 
 static void test_dtypes(void) {
@@ -70,10 +69,12 @@ static void test_dtypes(void) {
   }
   size = 12345;
   name = "untouched";
-  CHECK_FAILS(hps_dtype_size((hps_dtype_t)99, &size), HPS_STATUS_INVALID_ARGUMENT, "hps_dtype_size");
+  CHECK_FAILS(hps_dtype_size((hps_dtype_t)99, &size), HPS_STATUS_INVALID_ARGUMENT,
+              "hps_dtype_size");
   CHECK(strstr(hps_last_error_message(), "99") != NULL);
   CHECK(size == 12345);
-  CHECK_FAILS(hps_dtype_name((hps_dtype_t)-1, &name), HPS_STATUS_INVALID_ARGUMENT, "hps_dtype_name");
+  CHECK_FAILS(hps_dtype_name((hps_dtype_t)-1, &name), HPS_STATUS_INVALID_ARGUMENT,
+              "hps_dtype_name");
   CHECK(strcmp(name, "untouched") == 0);
   CHECK_FAILS(hps_dtype_size(HPS_DTYPE_FLOAT32, NULL), HPS_STATUS_INVALID_ARGUMENT, "out_size");
   CHECK_FAILS(hps_dtype_name(HPS_DTYPE_FLOAT32, NULL), HPS_STATUS_INVALID_ARGUMENT, "out_name");
@@ -183,7 +184,8 @@ static void test_streams_and_events(void) {
   CHECK_FAILS(hps_event_record(event, NULL), HPS_STATUS_INVALID_ARGUMENT, "stream");
   CHECK_FAILS(hps_event_query(event, NULL), HPS_STATUS_INVALID_ARGUMENT, "out_completed");
   CHECK_FAILS(hps_event_synchronize(NULL), HPS_STATUS_INVALID_ARGUMENT, "event");
-  CHECK_FAILS(hps_stream_create(HPS_DEVICE_CPU, 0, NULL), HPS_STATUS_INVALID_ARGUMENT, "out_stream");
+  CHECK_FAILS(hps_stream_create(HPS_DEVICE_CPU, 0, NULL), HPS_STATUS_INVALID_ARGUMENT,
+              "out_stream");
   CHECK_FAILS(hps_event_create(HPS_DEVICE_CPU, 0, NULL), HPS_STATUS_INVALID_ARGUMENT, "out_event");
   {
     hps_stream_t* untouched = (hps_stream_t*)&g_checks;

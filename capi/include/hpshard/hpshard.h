@@ -127,14 +127,14 @@ HPS_API hps_status_t hps_device_count(hps_device_type_t type, int32_t* out_count
 
 /** Properties of one device. ABI-extensible: fields are only ever appended. */
 typedef struct hps_device_properties {
-  size_t struct_size;           /**< set by hps_device_properties_init */
-  hps_device_type_t type;       /**< the device's type */
-  int32_t index;                /**< the device's index within its type */
-  char name[256];               /**< NUL-terminated ("cpu", "NVIDIA H200", ...) */
-  uint64_t total_memory_bytes;  /**< physical memory of the device */
+  size_t struct_size;               /**< set by hps_device_properties_init */
+  hps_device_type_t type;           /**< the device's type */
+  int32_t index;                    /**< the device's index within its type */
+  char name[256];                   /**< NUL-terminated ("cpu", "NVIDIA H200", ...) */
+  uint64_t total_memory_bytes;      /**< physical memory of the device */
   int32_t compute_capability_major; /**< CUDA only; 0 on CPU */
   int32_t compute_capability_minor; /**< CUDA only; 0 on CPU */
-  int32_t multiprocessor_count; /**< CUDA: SMs; CPU: hardware threads */
+  int32_t multiprocessor_count;     /**< CUDA: SMs; CPU: hardware threads */
 } hps_device_properties_t;
 
 /**
@@ -142,8 +142,7 @@ typedef struct hps_device_properties {
  * caller knows it. Errors: INVALID_ARGUMENT for NULL or a struct_size smaller than
  * the first version of the struct. Thread safety: any thread.
  */
-HPS_API hps_status_t hps_device_properties_init(hps_device_properties_t* props,
-                                                size_t struct_size);
+HPS_API hps_status_t hps_device_properties_init(hps_device_properties_t* props, size_t struct_size);
 
 /**
  * Fill `props` (initialised by hps_device_properties_init) for device (type, index).

@@ -23,7 +23,8 @@ int32_t device_count() {
 
 StatusOr<DeviceProperties> device_properties(int32_t index) {
   cudaDeviceProp prop{};
-  HPS_RETURN_IF_ERROR(cuda_status(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties"));
+  HPS_RETURN_IF_ERROR(
+      cuda_status(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties"));
   DeviceProperties p;
   p.device = Device::cuda(index);
   p.name = prop.name;

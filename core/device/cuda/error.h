@@ -19,6 +19,8 @@ inline Status cuda_status(cudaError_t error, const char* operation) {
 }
 
 // Makes `index` the calling thread's current device for the next runtime calls.
-inline Status set_device(int32_t index) { return cuda_status(cudaSetDevice(index), "cudaSetDevice"); }
+inline Status set_device(int32_t index) {
+  return cuda_status(cudaSetDevice(index), "cudaSetDevice");
+}
 
 }  // namespace hps::cuda

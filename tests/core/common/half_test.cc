@@ -88,9 +88,9 @@ TEST(Half, SpecialValues) {
   EXPECT_EQ(float_to_half_bits(65504.0f), 0x7bff);
   EXPECT_EQ(float_to_half_bits(65519.99f), 0x7bff);
   EXPECT_EQ(float_to_half_bits(65520.0f), 0x7c00);
-  EXPECT_EQ(float_to_half_bits(0x1p-24f), 0x0001);   // smallest subnormal
-  EXPECT_EQ(float_to_half_bits(0x1p-25f), 0x0000);   // half-way to 0 → even (0)
-  EXPECT_EQ(float_to_half_bits(0x1.8p-24f), 0x0002); // 1.5 ulp → even (2)
+  EXPECT_EQ(float_to_half_bits(0x1p-24f), 0x0001);    // smallest subnormal
+  EXPECT_EQ(float_to_half_bits(0x1p-25f), 0x0000);    // half-way to 0 → even (0)
+  EXPECT_EQ(float_to_half_bits(0x1.8p-24f), 0x0002);  // 1.5 ulp → even (2)
   EXPECT_EQ(float_to_half_bits(-0.0f), 0x8000);
   EXPECT_EQ(float_to_half_bits(1e-30f), 0x0000);
   EXPECT_TRUE(is_half_nan(float_to_half_bits(std::numeric_limits<float>::quiet_NaN())));
@@ -133,8 +133,10 @@ TEST(BFloat16, RoundsEveryMidpointToNearestEven) {
       ASSERT_EQ(static_cast<double>(mid), exact_mid);
       const uint16_t even = (lo & 1) == 0 ? lo : hi;
       ASSERT_EQ(float_to_bf16_bits(mid), even) << std::hex << m;
-      ASSERT_EQ(float_to_bf16_bits(std::nextafter(mid, static_cast<float>(a))), lo) << std::hex << m;
-      ASSERT_EQ(float_to_bf16_bits(std::nextafter(mid, static_cast<float>(b))), hi) << std::hex << m;
+      ASSERT_EQ(float_to_bf16_bits(std::nextafter(mid, static_cast<float>(a))), lo)
+          << std::hex << m;
+      ASSERT_EQ(float_to_bf16_bits(std::nextafter(mid, static_cast<float>(b))), hi)
+          << std::hex << m;
     }
   }
 }
