@@ -1,0 +1,207 @@
+# CPack setup for hpshard: one .deb and one .rpm per install component.
+#
+#   component  Debian package         RPM package            contents
+#   runtime    libhpshard<major>      libhpshard<major>      libhpshard.so.<major>, .so.<version>
+#   dev        libhpshard-dev         libhpshard-devel       headers, libhpshard.so, .pc, CMake files
+#   python     python3-hpshard        python3-hpshard        lib/python3/dist-packages/hpshard
+#   java       libhpshard-java        libhpshard-java        share/java/hpshard.jar, JNI library
+#
+# python and java are packaged only when those components have install rules (the
+# bindings were configured). No package depends on CUDA or NCCL: libhpshard links the
+# CUDA runtime statically and loads the driver at run time.
+#
+#   cpack -G DEB   (or RPM) in the build directory; files land in CPACK_PACKAGE_DIRECTORY.
+
+set(HPS_PACKAGE_MAINTAINER "hpshard maintainers <hpshard-maintainers@example.org>"
+    CACHE STRING "Maintainer/vendor written into the .deb and .rpm packages")
+set(HPS_PACKAGE_HOMEPAGE "" CACHE STRING "Homepage written into the packages (optional)")
+set(HPS_PACKAGE_RELEASE 1 CACHE STRING "Package release (Debian revision / RPM release)")
+set(HPS_PACKAGE_LICENSE "Proprietary" CACHE STRING "License tag of the RPM packages")
+mark_as_advanced(HPS_PACKAGE_MAINTAINER HPS_PACKAGE_HOMEPAGE HPS_PACKAGE_RELEASE
+                 HPS_PACKAGE_LICENSE)
+
+set(HPS_PKG_RUNTIME "libhpshard${PROJECT_VERSION_MAJOR}")
+set(HPS_PKG_DEV_DEB "libhpshard-dev")
+set(HPS_PKG_DEV_RPM "libhpshard-devel")
+set(HPS_PKG_PYTHON "python3-hpshard")
+set(HPS_PKG_JAVA "libhpshard-java")
+set(HPS_PKG_FULL_VERSION "${PROJECT_VERSION}-${HPS_PACKAGE_RELEASE}")
+
+# ---- which components to package --------------------------------------------------
+# packaging/ is added last by the top-level CMakeLists.txt, so every install rule of
+# the project (bindings included) is known here.
+get_cmake_property(_hps_all_components COMPONENTS)
+set(_hps_components "")
+foreach(c IN ITEMS runtime dev python java)
+  if(c IN_LIST _hps_all_components)
+    list(APPEND _hps_components ${c})
+  endif()
+endforeach()
+set(HPS_CPACK_COMPONENTS "${_hps_components}" CACHE INTERNAL "Components packaged by CPack")
+
+# ---- common ---------------------------------------------------------------------
+set(CPACK_GENERATOR "DEB;RPM")
+set(CPACK_SOURCE_GENERATOR "")
+set(CPACK_PACKAGE_NAME "hpshard")
+set(CPACK_PACKAGE_VENDOR "${HPS_PACKAGE_MAINTAINER}")
+set(CPACK_PACKAGE_CONTACT "${HPS_PACKAGE_MAINTAINER}")
+set(CPACK_PACKAGE_VERSION "${PROJECT_VERSION}")
+set(CPACK_PACKAGE_VERSION_MAJOR "${PROJECT_VERSION_MAJOR}")
+set(CPACK_PACKAGE_VERSION_MINOR "${PROJECT_VERSION_MINOR}")
+set(CPACK_PACKAGE_VERSION_PATCH "${PROJECT_VERSION_PATCH}")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${PROJECT_DESCRIPTION}")
+if(HPS_PACKAGE_HOMEPAGE)
+  set(CPACK_PACKAGE_HOMEPAGE_URL "${HPS_PACKAGE_HOMEPAGE}")
+endif()
+set(CPACK_PACKAGING_INSTALL_PREFIX "/usr")
+set(CPACK_PACKAGE_DIRECTORY "${PROJECT_BINARY_DIR}/packages")
+set(CPACK_COMPONENTS_ALL ${_hps_components})
+set(CPACK_COMPONENTS_GROUPING IGNORE)   # one package per component
+set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_RPM_COMPONENT_INSTALL ON)
+set(CPACK_VERBATIM_VARIABLES ON)
+set(CPACK_STRIP_FILES ON)              # as dh_strip / rpm's brp-strip would
+set(CPACK_PACKAGE_RELOCATABLE OFF)     # hpshard.pc names the prefix (/usr)
+set(CPACK_PROJECT_CONFIG_FILE "${CMAKE_CURRENT_LIST_DIR}/CPackProjectConfig.cmake")
+
+# Debian: each package's Description starts with its own synopsis line (see
+# CPackProjectConfig.cmake, which keeps CPack from prepending the project summary).
+set(_hps_syn "hpshard sharded data-parallel training runtime")
+set(_hps_long "hpshard is a runtime for sharded data-parallel and hybrid-parallel training with a stable C API.")
+set(CPACK_COMPONENT_RUNTIME_DISPLAY_NAME "hpshard runtime library")
+set(CPACK_COMPONENT_DEV_DISPLAY_NAME "hpshard development files")
+set(CPACK_COMPONENT_PYTHON_DISPLAY_NAME "hpshard Python 3 binding")
+set(CPACK_COMPONENT_JAVA_DISPLAY_NAME "hpshard Java binding")
+set(CPACK_COMPONENT_DEV_DEPENDS runtime)
+set(CPACK_COMPONENT_PYTHON_DEPENDS runtime)
+set(CPACK_COMPONENT_JAVA_DEPENDS runtime)
+
+# ---- Debian -----------------------------------------------------------------------
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)     # <name>_<version>-<release>_<arch>.deb
+set(CPACK_DEBIAN_PACKAGE_RELEASE "${HPS_PACKAGE_RELEASE}")
+set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${HPS_PACKAGE_MAINTAINER}")
+set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
+set(CPACK_DEBIAN_COMPRESSION_TYPE xz)
+set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS OFF)  # explicit, versioned Depends below
+if(HPS_PACKAGE_HOMEPAGE)
+  set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "${HPS_PACKAGE_HOMEPAGE}")
+endif()
+
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "${HPS_PKG_RUNTIME}")
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
+set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
+    "${_hps_syn} - shared library\n${_hps_long}\nThis package contains the shared library libhpshard.so.${PROJECT_VERSION_MAJOR}.")
+# Depends from dpkg-shlibdeps: libc6, libstdc++6, libgcc-s1 (CUDA is linked statically).
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
+# A shlibs file (and the ldconfig trigger) so that other packages' shlibdeps resolve it.
+# (Only the runtime package holds a library with a SONAME; dev's .so is a symlink.)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+
+set(CPACK_DEBIAN_DEV_PACKAGE_NAME "${HPS_PKG_DEV_DEB}")
+set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION})")
+set(CPACK_DEBIAN_DEV_DESCRIPTION
+    "${_hps_syn} - development files\n${_hps_long}\nThis package contains the C headers, the libhpshard.so link, the pkg-config file and the CMake package (hpshard::hpshard).")
+
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "${HPS_PKG_PYTHON}")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+# The extension module is built for one Python 3.X ABI (its .cpython-3X-*.so name), so
+# the package is tied to that minor version, as dh_python3's python3:Depends would do.
+set(_hps_py_deb "python3")
+set(_hps_py_rpm "python3")
+if("python" IN_LIST _hps_components)
+  find_package(Python3 COMPONENTS Interpreter QUIET)   # the binding's Python3_EXECUTABLE
+  if(Python3_FOUND)
+    math(EXPR _hps_py_next "${Python3_VERSION_MINOR} + 1")
+    set(_hps_py_mm "${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}")
+    set(_hps_py_deb "python3 (>= ${_hps_py_mm}), python3 (<< ${Python3_VERSION_MAJOR}.${_hps_py_next})")
+    set(_hps_py_rpm "python(abi) = ${_hps_py_mm}")
+  endif()
+endif()
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
+    "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), ${_hps_py_deb}, python3-numpy")
+set(CPACK_DEBIAN_PYTHON_DESCRIPTION
+    "${_hps_syn} - Python 3 binding\n${_hps_long}\nThis package contains the Python 3 module hpshard.")
+
+set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "${HPS_PKG_JAVA}")
+set(CPACK_DEBIAN_JAVA_PACKAGE_SECTION java)
+set(CPACK_DEBIAN_JAVA_PACKAGE_DEPENDS
+    "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), default-jre-headless | java17-runtime-headless | java-runtime-headless")
+set(CPACK_DEBIAN_JAVA_DESCRIPTION
+    "${_hps_syn} - Java binding\n${_hps_long}\nThis package contains hpshard.jar and its JNI library.")
+
+# ---- RPM --------------------------------------------------------------------------
+set(CPACK_RPM_FILE_NAME RPM-DEFAULT)        # <name>-<version>-<release>.<arch>.rpm
+set(CPACK_RPM_PACKAGE_RELEASE "${HPS_PACKAGE_RELEASE}")
+set(CPACK_RPM_PACKAGE_LICENSE "${HPS_PACKAGE_LICENSE}")
+set(CPACK_RPM_PACKAGE_VENDOR "${HPS_PACKAGE_MAINTAINER}")
+if(HPS_PACKAGE_HOMEPAGE)
+  set(CPACK_RPM_PACKAGE_URL "${HPS_PACKAGE_HOMEPAGE}")
+endif()
+set(CPACK_RPM_COMPRESSION_TYPE xz)
+# rpm's dependency generators: Requires of the ELF files (glibc, libstdc++, and the
+# JNI/Python modules' libhpshard.so.N, which the runtime package Provides).
+set(CPACK_RPM_PACKAGE_AUTOREQ ON)
+set(CPACK_RPM_PACKAGE_AUTOPROV ON)
+# Directories owned by the distribution (filesystem, pkgconf, cmake, python3, java).
+set(_hps_p "${CPACK_PACKAGING_INSTALL_PREFIX}")
+set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
+    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}"
+    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}/cmake"
+    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}/pkgconfig"
+    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}/jni"
+    "${_hps_p}/lib"
+    "${_hps_p}/lib/python3"
+    "${_hps_p}/lib/python3/dist-packages"
+    "${_hps_p}/share/java")
+if(CMAKE_LIBRARY_ARCHITECTURE)
+  list(APPEND CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
+       "${_hps_p}/lib/${CMAKE_LIBRARY_ARCHITECTURE}"
+       "${_hps_p}/lib/${CMAKE_LIBRARY_ARCHITECTURE}/jni")
+endif()
+
+set(CPACK_RPM_RUNTIME_PACKAGE_NAME "${HPS_PKG_RUNTIME}")
+set(CPACK_RPM_RUNTIME_PACKAGE_SUMMARY "${_hps_syn} - shared library")
+set(CPACK_RPM_RUNTIME_PACKAGE_DESCRIPTION "${_hps_long} This package contains the shared library libhpshard.so.${PROJECT_VERSION_MAJOR}.")
+set(CPACK_RPM_RUNTIME_PACKAGE_GROUP "System Environment/Libraries")
+
+set(CPACK_RPM_DEV_PACKAGE_NAME "${HPS_PKG_DEV_RPM}")
+set(CPACK_RPM_DEV_PACKAGE_SUMMARY "${_hps_syn} - development files")
+set(CPACK_RPM_DEV_PACKAGE_DESCRIPTION "${_hps_long} This package contains the C headers, the libhpshard.so link, the pkg-config file and the CMake package (hpshard::hpshard).")
+set(CPACK_RPM_DEV_PACKAGE_GROUP "Development/Libraries")
+set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}")
+
+set(CPACK_RPM_PYTHON_PACKAGE_NAME "${HPS_PKG_PYTHON}")
+set(CPACK_RPM_PYTHON_PACKAGE_SUMMARY "${_hps_syn} - Python 3 binding")
+set(CPACK_RPM_PYTHON_PACKAGE_DESCRIPTION "${_hps_long} This package contains the Python 3 module hpshard.")
+set(CPACK_RPM_PYTHON_PACKAGE_REQUIRES
+    "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}, ${_hps_py_rpm}, python3-numpy")
+
+set(CPACK_RPM_JAVA_PACKAGE_NAME "${HPS_PKG_JAVA}")
+set(CPACK_RPM_JAVA_PACKAGE_SUMMARY "${_hps_syn} - Java binding")
+set(CPACK_RPM_JAVA_PACKAGE_DESCRIPTION "${_hps_long} This package contains hpshard.jar and its JNI library.")
+set(CPACK_RPM_JAVA_PACKAGE_REQUIRES "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}, java-headless")
+
+# ---- what the packaging test expects (tests/packaging/package_test.sh reads it) ---
+list(JOIN _hps_components " " _hps_components_sp)
+set(_hps_manifest "${PROJECT_BINARY_DIR}/packaging/hps_packages.env")
+file(CONFIGURE OUTPUT "${_hps_manifest}" CONTENT [[
+# Generated by packaging/PackageSetup.cmake — what CPack builds in this build tree.
+HPS_COMPONENTS="@_hps_components_sp@"
+HPS_VERSION="@PROJECT_VERSION@"
+HPS_VERSION_MAJOR="@PROJECT_VERSION_MAJOR@"
+HPS_PKG_RELEASE="@HPS_PACKAGE_RELEASE@"
+HPS_PKG_RUNTIME="@HPS_PKG_RUNTIME@"
+HPS_PKG_DEV_DEB="@HPS_PKG_DEV_DEB@"
+HPS_PKG_DEV_RPM="@HPS_PKG_DEV_RPM@"
+HPS_PKG_PYTHON="@HPS_PKG_PYTHON@"
+HPS_PKG_JAVA="@HPS_PKG_JAVA@"
+HPS_INSTALL_PREFIX="@CPACK_PACKAGING_INSTALL_PREFIX@"
+HPS_INSTALL_LIBDIR="@CMAKE_INSTALL_LIBDIR@"
+HPS_INSTALL_INCLUDEDIR="@CMAKE_INSTALL_INCLUDEDIR@"
+HPS_INSTALL_CMAKEDIR="@HPS_INSTALL_CMAKEDIR@"
+HPS_HAVE_CUDA="@HPS_HAVE_CUDA@"
+]] @ONLY)
+
+include(CPack)
