@@ -36,6 +36,8 @@ class Event {
   virtual StatusOr<bool> query() = 0;
   // Blocks the host until the most recent record has completed. Counted.
   virtual Status synchronize() = 0;
+  // The same wait, for callers that count the sync under their own kind (Work::wait).
+  virtual Status synchronize_uncounted() = 0;
   virtual bool recorded() const = 0;
 };
 

@@ -273,6 +273,299 @@ HPS_API hps_status_t hps_host_sync_count_total(uint64_t* out_count);
  */
 HPS_API hps_status_t hps_host_sync_reset(void);
 
+/* ------------------------------------------------------------------------ */
+/* Stores and rendezvous                                                    */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * A key-value store through which ranks meet. Thread safety: a store handle may be used
+ * from several threads at once (ranks that are threads share one).
+ */
+typedef struct hps_store hps_store_t;
+
+/**
+ * Open the store at `url` as rank `rank`, into *out_store (owned by the caller; free with
+ * hps_store_destroy):
+ *   "memory://NAME"    shared by every open of NAME in this process (thread-ranks);
+ *   "file:///DIR"      a directory on a filesystem all ranks see;
+ *   "tcp://HOST:PORT"  rank 0 serves on HOST:PORT, every rank connects, retrying until
+ *                      timeout_ms.
+ * Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),
+ * TIMEOUT (no server), BACKEND_ERROR. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeout_ms,
+                                    hps_store_t** out_store);
+
+/** Free `store`; NULL is a no-op. A serving TCP store stops serving. */
+HPS_API hps_status_t hps_store_destroy(hps_store_t* store);
+
+/** Set `key` to the `size` bytes at `value` (binary-safe). Errors: INVALID_ARGUMENT. */
+HPS_API hps_status_t hps_store_set(hps_store_t* store, const char* key, const void* value,
+                                   size_t size);
+
+/**
+ * Wait up to timeout_ms for `key`, then copy its value into `buffer` (capacity bytes) and
+ * its size into *out_size. When the value does not fit (or buffer is NULL), nothing is
+ * copied, *out_size receives the size needed and the status is OUT_OF_RANGE.
+ * Errors: INVALID_ARGUMENT, TIMEOUT (naming the key), OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_store_get(hps_store_t* store, const char* key, int64_t timeout_ms,
+                                   void* buffer, size_t capacity, size_t* out_size);
+
+/** Add `delta` to the integer at `key` (0 when unset); the new value into *out_value. */
+HPS_API hps_status_t hps_store_add(hps_store_t* store, const char* key, int64_t delta,
+                                   int64_t* out_value);
+
+/** Wait up to timeout_ms until `key` is set. Errors: INVALID_ARGUMENT, TIMEOUT. */
+HPS_API hps_status_t hps_store_wait(hps_store_t* store, const char* key, int64_t timeout_ms);
+
+/** Without waiting, *out_present = 1 when `key` is set, else 0. */
+HPS_API hps_status_t hps_store_check(hps_store_t* store, const char* key, int32_t* out_present);
+
+/** Where this process sits in the job, as the environment says. ABI-extensible. */
+typedef struct hps_rendezvous_info {
+  size_t struct_size; /**< set by hps_rendezvous_info_init */
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;  /**< rank among the processes of this host */
+  char store_url[512]; /**< for hps_store_open */
+  char source[128];    /**< which variables were read ("hpshard-run", "torchrun", ...) */
+} hps_rendezvous_info_t;
+
+/** Zero `info` and set its struct_size. Errors: INVALID_ARGUMENT. */
+HPS_API hps_status_t hps_rendezvous_info_init(hps_rendezvous_info_t* info, size_t struct_size);
+
+/**
+ * Fill `info` from the environment: HPS_RANK / HPS_WORLD_SIZE / HPS_STORE (set by
+ * hpshard-run), else torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, else Open
+ * MPI's OMPI_COMM_WORLD_*, else Slurm's SLURM_PROCID / SLURM_NTASKS.
+ * Errors: NOT_FOUND (none set), INVALID_ARGUMENT (a malformed or missing variable, named).
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info);
+
+/* ------------------------------------------------------------------------ */
+/* Communicators and work                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum hps_reduce_op {
+  HPS_REDUCE_SUM = 0,
+  HPS_REDUCE_AVG = 1,
+  HPS_REDUCE_MAX = 2,
+  HPS_REDUCE_MIN = 3,
+  HPS_REDUCE_OP_FORCE32 = 0x7FFFFFFF
+} hps_reduce_op_t;
+
+/**
+ * A group of ranks that runs collectives on its own stream: Gloo on CPU buffers, NCCL on
+ * CUDA buffers. Every operation is asynchronous and returns a work handle. Thread safety:
+ * one thread at a time per communicator, except hps_comm_abort (any thread).
+ */
+typedef struct hps_comm hps_comm_t;
+
+/** One asynchronous operation. Its buffers must stay valid until it has completed. */
+typedef struct hps_work hps_work_t;
+
+/** Communicator options. ABI-extensible: fields are only ever appended. */
+typedef struct hps_comm_options {
+  size_t struct_size;      /**< set by hps_comm_options_init */
+  int64_t timeout_ms;      /**< every operation ends by then: TIMEOUT (default 300000) */
+  int32_t check_arguments; /**< 1: ranks check they called the same collective (default) */
+  const char* name;        /**< the group's name in messages (default "world"); copied */
+} hps_comm_options_t;
+
+/** Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size. */
+HPS_API hps_status_t hps_comm_options_init(hps_comm_options_t* options, size_t struct_size);
+
+/**
+ * Create this rank's member of a group of `size` ranks meeting through `store`, on device
+ * (type, device_index); `options` may be NULL. Collective: every rank calls it. Blocks
+ * until all ranks have connected or the timeout passed. The caller owns *out_comm.
+ * Errors: INVALID_ARGUMENT, OUT_OF_RANGE (rank or device), UNAVAILABLE (backend not
+ * built or not loadable), TIMEOUT, BACKEND_ERROR.
+ */
+HPS_API hps_status_t hps_comm_create(hps_store_t* store, int32_t rank, int32_t size,
+                                     hps_device_type_t type, int32_t device_index,
+                                     const hps_comm_options_t* options, hps_comm_t** out_comm);
+
+/** Free `comm` after its queued operations end; NULL is a no-op. */
+HPS_API hps_status_t hps_comm_destroy(hps_comm_t* comm);
+
+/**
+ * Local and immediate, from any thread: pending and later operations of `comm` end with
+ * ABORTED. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_comm_abort(hps_comm_t* comm);
+
+/** This rank's position in `comm` into *out_rank. */
+HPS_API hps_status_t hps_comm_rank(hps_comm_t* comm, int32_t* out_rank);
+
+/** The number of ranks of `comm` into *out_size. */
+HPS_API hps_status_t hps_comm_size(hps_comm_t* comm, int32_t* out_size);
+
+/** Change the timeout of later operations. Errors: INVALID_ARGUMENT (<= 0). */
+HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
+
+/**
+ * Collective over `comm`: every rank calls it with the same `count` ranks (numbered in
+ * `comm`) in the same order. Members get a new communicator in *out_comm (rank = position
+ * in `ranks`; owned by the caller); the others get NULL.
+ */
+HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size_t count,
+                                    const char* name, hps_comm_t** out_comm);
+
+/*
+ * Collectives. `count`s are element counts of `dtype`. `ready` may be NULL; when given,
+ * the operation starts after the work already queued on that stream (the caller's compute
+ * stream), without blocking the host. The caller owns *out_work and frees it with
+ * hps_work_destroy (which does not wait). Bad input — a NULL buffer, an output too small,
+ * an unknown reduction, a rank outside the group, a count that overflows — is refused
+ * with nothing sent. Ranks that disagree on a collective end it with INVALID_ARGUMENT
+ * (when check_arguments is on), a peer that is missing with TIMEOUT, a peer that died
+ * with ABORTED or TIMEOUT; the message names the operation, its group and sequence number.
+ */
+
+/** recv[i] = op over ranks of send[i], for i < count. send may equal recv. */
+HPS_API hps_status_t hps_comm_all_reduce(hps_comm_t* comm, const void* send, void* recv,
+                                         uint64_t count, hps_dtype_t dtype, hps_reduce_op_t op,
+                                         hps_stream_t* ready, hps_work_t** out_work);
+
+/** Like all_reduce, but only `root` receives (recv may be NULL elsewhere). */
+HPS_API hps_status_t hps_comm_reduce(hps_comm_t* comm, const void* send, void* recv, uint64_t count,
+                                     hps_dtype_t dtype, hps_reduce_op_t op, int32_t root,
+                                     hps_stream_t* ready, hps_work_t** out_work);
+
+/** `root`'s buffer is copied into every rank's buffer. */
+HPS_API hps_status_t hps_comm_broadcast(hps_comm_t* comm, void* buffer, uint64_t count,
+                                        hps_dtype_t dtype, int32_t root, hps_stream_t* ready,
+                                        hps_work_t** out_work);
+
+/**
+ * Rank r's send_count elements land at recv + r * send_count; recv_count (the capacity of
+ * recv) must be at least size * send_count.
+ */
+HPS_API hps_status_t hps_comm_all_gather(hps_comm_t* comm, const void* send, uint64_t send_count,
+                                         void* recv, uint64_t recv_count, hps_dtype_t dtype,
+                                         hps_stream_t* ready, hps_work_t** out_work);
+
+/**
+ * Rank r receives (recv_count elements) the reduction of slice r of every rank's send;
+ * send_count must be at least size * recv_count.
+ */
+HPS_API hps_status_t hps_comm_reduce_scatter(hps_comm_t* comm, const void* send,
+                                             uint64_t send_count, void* recv, uint64_t recv_count,
+                                             hps_dtype_t dtype, hps_reduce_op_t op,
+                                             hps_stream_t* ready, hps_work_t** out_work);
+
+/** Send `count` elements to `peer`, which receives them with hps_comm_recv. */
+HPS_API hps_status_t hps_comm_send(hps_comm_t* comm, const void* buffer, uint64_t count,
+                                   hps_dtype_t dtype, int32_t peer, hps_stream_t* ready,
+                                   hps_work_t** out_work);
+
+/** Receive `count` elements from `peer`. */
+HPS_API hps_status_t hps_comm_recv(hps_comm_t* comm, void* buffer, uint64_t count,
+                                   hps_dtype_t dtype, int32_t peer, hps_stream_t* ready,
+                                   hps_work_t** out_work);
+
+/** Completes once every rank has reached it. */
+HPS_API hps_status_t hps_comm_barrier(hps_comm_t* comm, hps_stream_t* ready, hps_work_t** out_work);
+
+/**
+ * Without blocking, *out_completed = 1 when the operation has finished, else 0; a finished
+ * operation that failed returns its error instead. Not a host synchronisation.
+ */
+HPS_API hps_status_t hps_work_test(hps_work_t* work, int32_t* out_completed);
+
+/** Block the host until the operation has finished; its status. Counted as a host sync. */
+HPS_API hps_status_t hps_work_wait(hps_work_t* work);
+
+/** Work queued on `stream` after this call waits for the operation, host not blocked. */
+HPS_API hps_status_t hps_work_wait_stream(hps_work_t* work, hps_stream_t* stream);
+
+/** Free the handle (the operation itself goes on); NULL is a no-op. */
+HPS_API hps_status_t hps_work_destroy(hps_work_t* work);
+
+/* ------------------------------------------------------------------------ */
+/* Topology and the hybrid communicate group                                */
+/* ------------------------------------------------------------------------ */
+
+/** Groups of the hybrid topology; the first five are its axes. */
+typedef enum hps_group {
+  HPS_GROUP_DP = 0,
+  HPS_GROUP_PP = 1,
+  HPS_GROUP_SHARDING = 2,
+  HPS_GROUP_SEP = 3,
+  HPS_GROUP_MP = 4,
+  HPS_GROUP_CHECK = 5,          /**< the model replica: every rank with this dp coordinate */
+  HPS_GROUP_SHARDING_CHECK = 6, /**< every rank with this sharding coordinate */
+  HPS_GROUP_FORCE32 = 0x7FFFFFFF
+} hps_group_t;
+
+/** Axes dp × pp × sharding × sep × mp and the rank arithmetic (pure, no communication). */
+typedef struct hps_topology hps_topology_t;
+
+/**
+ * Create a topology with the given degrees (each >= 1, multiplying to world_size) and
+ * axis order, slowest first: a comma-separated list naming each axis once, e.g.
+ * "dp,pp,sharding,sep,mp" (the default, used when `order` is NULL). Ranks are row-major,
+ * the last axis fastest. The caller owns *out_topology. Errors: INVALID_ARGUMENT.
+ * Thread safety: a topology is immutable; any thread.
+ */
+HPS_API hps_status_t hps_topology_create(int32_t dp, int32_t pp, int32_t sharding, int32_t sep,
+                                         int32_t mp, const char* order, int32_t world_size,
+                                         hps_topology_t** out_topology);
+
+/** Free `topology`; NULL is a no-op. */
+HPS_API hps_status_t hps_topology_destroy(hps_topology_t* topology);
+
+/** The degree of axis `axis` (HPS_GROUP_DP .. HPS_GROUP_MP) into *out_degree. */
+HPS_API hps_status_t hps_topology_degree(const hps_topology_t* topology, hps_group_t axis,
+                                         int32_t* out_degree);
+
+/** `rank`'s coordinate on `axis` into *out_coordinate. Errors: OUT_OF_RANGE (rank). */
+HPS_API hps_status_t hps_topology_coordinate(const hps_topology_t* topology, int32_t rank,
+                                             hps_group_t axis, int32_t* out_coordinate);
+
+/** The rank at the given coordinates. Errors: OUT_OF_RANGE (a coordinate). */
+HPS_API hps_status_t hps_topology_rank_of(const hps_topology_t* topology, int32_t dp, int32_t pp,
+                                          int32_t sharding, int32_t sep, int32_t mp,
+                                          int32_t* out_rank);
+
+/**
+ * The ranks of `rank`'s group of kind `group`, ascending (the first is the group's source
+ * rank), into out_ranks (capacity entries) and their number into *out_count. When they do
+ * not fit, nothing is copied, *out_count receives the number needed and the status is
+ * OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_topology_group_ranks(const hps_topology_t* topology, hps_group_t group,
+                                              int32_t rank, int32_t* out_ranks, size_t capacity,
+                                              size_t* out_count);
+
+/** The previous and next stage of `rank` in its pipeline (wrapping around). */
+HPS_API hps_status_t hps_topology_pipeline_neighbors(const hps_topology_t* topology, int32_t rank,
+                                                     int32_t* out_prev, int32_t* out_next);
+
+/** This rank's communicators for every group of a topology. */
+typedef struct hps_hybrid_group hps_hybrid_group_t;
+
+/**
+ * Collective over `world` (whose size must equal the topology's): creates every group's
+ * communicator in the same order on every rank. The caller owns *out_group; `world` must
+ * outlive it. Errors: INVALID_ARGUMENT, and those of hps_comm_create.
+ */
+HPS_API hps_status_t hps_hybrid_group_create(hps_comm_t* world, const hps_topology_t* topology,
+                                             hps_hybrid_group_t** out_group);
+
+/** Free `group` (communicator handles taken from it stay valid); NULL is a no-op. */
+HPS_API hps_status_t hps_hybrid_group_destroy(hps_hybrid_group_t* group);
+
+/**
+ * A new handle to this rank's communicator of `group` (it shares the communicator with the
+ * hybrid group); the caller owns it and frees it with hps_comm_destroy.
+ */
+HPS_API hps_status_t hps_hybrid_group_comm(hps_hybrid_group_t* group, hps_group_t kind,
+                                           hps_comm_t** out_comm);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -108,4 +108,10 @@ Status CpuEvent::synchronize() {
   return Status::Ok();
 }
 
+Status CpuEvent::synchronize_uncounted() {
+  if (!mark_) return failed_precondition("event synchronize: the event was never recorded");
+  mark_->wait();
+  return Status::Ok();
+}
+
 }  // namespace hps::cpu

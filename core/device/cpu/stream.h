@@ -61,7 +61,12 @@ class CpuEvent final : public Event {
   Status record(Stream& stream) override;
   StatusOr<bool> query() override;
   Status synchronize() override;
+  Status synchronize_uncounted() override;
   bool recorded() const override { return mark_ != nullptr; }
+
+  // Records a mark that `owner` completes itself instead of a stream: for work that
+  // finishes off the stream's queue (point-to-point transfers).
+  std::shared_ptr<EventMark> record_detached() { return mark_ = std::make_shared<EventMark>(); }
 
   // The mark of the most recent record (null when never recorded).
   std::shared_ptr<EventMark> mark() const { return mark_; }

@@ -72,6 +72,11 @@ StatusOr<bool> CudaEvent::query() {
 Status CudaEvent::synchronize() {
   if (!recorded_) return failed_precondition("event synchronize: the event was never recorded");
   count_host_sync(HostSyncKind::kEventSynchronize);
+  return synchronize_uncounted();
+}
+
+Status CudaEvent::synchronize_uncounted() {
+  if (!recorded_) return failed_precondition("event synchronize: the event was never recorded");
   return cuda_status(cudaEventSynchronize(event_), "cudaEventSynchronize");
 }
 

@@ -37,6 +37,7 @@ class CudaEvent final : public Event {
   Status record(Stream& stream) override;
   StatusOr<bool> query() override;
   Status synchronize() override;
+  Status synchronize_uncounted() override;
   bool recorded() const override { return recorded_; }
   cudaEvent_t native() const { return event_; }
 

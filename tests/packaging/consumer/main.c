@@ -1,19 +1,18 @@
 /* An outside C99 program built against an installed hpshard package (pkg-config or
  * find_package(hpshard)). Exits non-zero on any failure. Used by package_test.sh. */
 #include <hpshard/hpshard.h>
-
 #include <stdio.h>
 #include <string.h>
 
 static int failures = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
+#define CHECK(cond)                                                           \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
       fprintf(stderr, "consumer: FAILED %s (line %d): %s\n", #cond, __LINE__, \
-              hps_last_error_message());                                     \
-      ++failures;                                                            \
-    }                                                                        \
+              hps_last_error_message());                                      \
+      ++failures;                                                             \
+    }                                                                         \
   } while (0)
 
 #define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)

@@ -1,0 +1,97 @@
+#include "core/comm/communicator.h"
+
+#include <limits>
+
+#include "core/common/config.h"
+#include "core/common/env.h"
+#if HPS_HAVE_GLOO
+#include "core/comm/gloo/communicator.h"
+#endif
+#if HPS_HAVE_NCCL
+#include "core/comm/nccl/communicator.h"
+#endif
+
+namespace hps {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "unknown";
+}
+
+StatusOr<ReduceOp> reduce_op_from_int(int32_t raw) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    if (static_cast<int32_t>(op) == raw) return op;
+  }
+  return invalid_argument("unknown reduction " + std::to_string(raw) +
+                          " (0=sum, 1=avg, 2=max, 3=min)");
+}
+
+StatusOr<CommOptions> comm_options_from_env(CommOptions defaults) {
+  HPS_ASSIGN_OR_RETURN(int64_t timeout_ms,
+                       env_int("HPS_COMM_TIMEOUT_MS", defaults.timeout.count()));
+  if (timeout_ms <= 0) return invalid_argument("HPS_COMM_TIMEOUT_MS must be positive");
+  HPS_ASSIGN_OR_RETURN(int64_t check, env_int("HPS_COMM_CHECK", defaults.check_arguments ? 1 : 0));
+  defaults.timeout = Milliseconds(timeout_ms);
+  defaults.check_arguments = check != 0;
+  return defaults;
+}
+
+Status check_buffer(const CommArgs& a, const char* which, const void* pointer, size_t count,
+                    DType dtype, size_t multiple) {
+  const size_t element = dtype_size(dtype);
+  const size_t limit = std::numeric_limits<size_t>::max() / element / (multiple ? multiple : 1);
+  if (count > limit || count > (size_t{1} << 60)) {
+    return invalid_argument(std::string(a.operation) + " on group '" + a.group + "': " + which +
+                            " count " + std::to_string(count) + " overflows the byte size");
+  }
+  if (pointer == nullptr && count > 0) {
+    return invalid_argument(std::string(a.operation) + " on group '" + a.group + "': " + which +
+                            " is null with count " + std::to_string(count));
+  }
+  return Status::Ok();
+}
+
+Status check_rank_in_group(const CommArgs& a, const char* which, int32_t rank) {
+  if (rank < 0 || rank >= a.size) {
+    return out_of_range(std::string(a.operation) + " on group '" + a.group + "': " + which + " " +
+                        std::to_string(rank) + " is outside the group of " +
+                        std::to_string(a.size));
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Store> store,
+                                                            int32_t rank, int32_t size,
+                                                            Device device,
+                                                            const CommOptions& options) {
+  if (!store) return invalid_argument("create_communicator: the store is null");
+  if (size < 1) return invalid_argument("create_communicator: size must be at least 1");
+  if (rank < 0 || rank >= size) {
+    return out_of_range("create_communicator: rank " + std::to_string(rank) +
+                        " is outside a group of " + std::to_string(size));
+  }
+  if (options.timeout.count() <= 0) {
+    return invalid_argument("create_communicator: the timeout must be positive");
+  }
+  HPS_RETURN_IF_ERROR(check_device(device));
+  if (device.type == DeviceType::kCpu) {
+#if HPS_HAVE_GLOO
+    return gloo_backend::GlooCommunicator::create(std::move(store), rank, size, options);
+#else
+    return unavailable("CPU communicators need Gloo, and this build of hpshard has none");
+#endif
+  }
+#if HPS_HAVE_NCCL
+  return nccl_backend::NcclCommunicator::create(std::move(store), rank, size, device.index,
+                                                options);
+#else
+  return unavailable("CUDA communicators need NCCL, and this build of hpshard has none");
+#endif
+}
+
+}  // namespace hps

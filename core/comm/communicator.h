@@ -1,0 +1,108 @@
+// Communicator: collectives and point-to-point transfers among a group of ranks. Every
+// operation is asynchronous: it is enqueued on the communicator's own stream and
+// returns a Work whose completion is an Event there. Backends: gloo/ (CPU buffers,
+// ranks over TCP) and nccl/ (CUDA buffers). Argument checks shared by both live here.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/comm/store.h"
+#include "core/comm/work.h"
+#include "core/common/dtype.h"
+#include "core/device/device.h"
+#include "core/device/stream.h"
+
+namespace hps {
+
+// Numeric values are the C API's hps_reduce_op_t.
+enum class ReduceOp : int32_t { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
+std::string_view reduce_op_name(ReduceOp op);
+StatusOr<ReduceOp> reduce_op_from_int(int32_t raw);
+
+inline constexpr Milliseconds kDefaultCommTimeout{300'000};
+
+struct CommOptions {
+  // Every operation ends by this deadline: TIMEOUT on the ranks still waiting.
+  Milliseconds timeout = kDefaultCommTimeout;
+  // The group's name in messages ("world", "dp", "sharding", ...).
+  std::string name = "world";
+  // Before each collective, ranks exchange a small descriptor (operation, dtype, count,
+  // root, sequence number) so mismatched calls fail on every rank with nothing sent.
+  // Costs one small all-gather per collective. Default from HPS_COMM_CHECK (1 = on).
+  bool check_arguments = true;
+};
+
+// Reads HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK over the defaults.
+StatusOr<CommOptions> comm_options_from_env(CommOptions defaults = {});
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int32_t rank() const = 0;
+  virtual int32_t size() const = 0;
+  virtual Device device() const = 0;
+  virtual const std::string& name() const = 0;
+  // The communicator's own stream: every operation runs there, in call order.
+  virtual Stream& stream() = 0;
+  virtual Milliseconds timeout() const = 0;
+  virtual void set_timeout(Milliseconds timeout) = 0;
+
+  // `ready`: when given, the operation starts only after the work enqueued on it so far
+  // (the caller's compute stream); the host never blocks for it. In-place is allowed
+  // where noted (send == recv; for all_gather send == recv + rank * count).
+  virtual StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
+                                                     DType dtype, ReduceOp op,
+                                                     Stream* ready = nullptr) = 0;
+  virtual StatusOr<std::shared_ptr<Work>> reduce(const void* send, void* recv, size_t count,
+                                                 DType dtype, ReduceOp op, int32_t root,
+                                                 Stream* ready = nullptr) = 0;
+  virtual StatusOr<std::shared_ptr<Work>> broadcast(void* buffer, size_t count, DType dtype,
+                                                    int32_t root, Stream* ready = nullptr) = 0;
+  // recv holds size() * count elements, rank r's contribution at r * count.
+  virtual StatusOr<std::shared_ptr<Work>> all_gather(const void* send, void* recv, size_t count,
+                                                     DType dtype, Stream* ready = nullptr) = 0;
+  // send holds size() * count elements; rank r receives the reduction of slice r.
+  virtual StatusOr<std::shared_ptr<Work>> reduce_scatter(const void* send, void* recv, size_t count,
+                                                         DType dtype, ReduceOp op,
+                                                         Stream* ready = nullptr) = 0;
+  virtual StatusOr<std::shared_ptr<Work>> send(const void* buffer, size_t count, DType dtype,
+                                               int32_t peer, Stream* ready = nullptr) = 0;
+  virtual StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype,
+                                               int32_t peer, Stream* ready = nullptr) = 0;
+  virtual StatusOr<std::shared_ptr<Work>> barrier(Stream* ready = nullptr) = 0;
+
+  // Collective over this communicator: every rank calls it with the same rank list (in
+  // this communicator's numbering), in the same order. Members get the new
+  // communicator (rank = position in `ranks`); the others get nullptr.
+  virtual StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
+                                                        std::string name) = 0;
+
+  // Local, from any thread: pending and later operations end with ABORTED.
+  virtual void abort() = 0;
+};
+
+// Creates this rank's member of a group of `size` ranks meeting through `store`.
+// Collective: every rank calls it. CPU → Gloo; CUDA → NCCL. Blocks until all ranks
+// have connected or options.timeout has passed.
+StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Store> store,
+                                                            int32_t rank, int32_t size,
+                                                            Device device,
+                                                            const CommOptions& options = {});
+
+// Argument checks shared by the backends; each returns INVALID_ARGUMENT or OUT_OF_RANGE
+// naming the operation and the group.
+struct CommArgs {
+  const char* operation;
+  const std::string& group;
+  int32_t size;
+};
+Status check_buffer(const CommArgs& a, const char* which, const void* pointer, size_t count,
+                    DType dtype, size_t multiple = 1);
+Status check_rank_in_group(const CommArgs& a, const char* which, int32_t rank);
+
+}  // namespace hps

@@ -1,0 +1,658 @@
+#include "core/comm/gloo/communicator.h"
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <optional>
+
+#include "core/comm/reduce_ops.h"
+#include "core/common/env.h"
+#include "core/common/logging.h"
+
+namespace hps::gloo_backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Gloo's rendezvous store interface over ours (exceptions are how Gloo expects errors).
+class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<hps::Store> store, Milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    throw_if_error(store_->set(key, std::string_view(data.data(), data.size())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto value = store_->get(key, timeout_);
+    throw_if_error(value.status());
+    return std::vector<char>(value->begin(), value->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    throw_if_error(store_->wait(keys, t.count() > 0 ? t : timeout_));
+  }
+
+ private:
+  static void throw_if_error(const Status& s) {
+    if (!s.ok()) throw ::gloo::IoException(s.to_string());
+  }
+  std::shared_ptr<hps::Store> store_;
+  Milliseconds timeout_;
+};
+
+// One TCP device per process and address: every communicator shares its event loop.
+StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<::gloo::transport::Device>> devices;
+  std::string host = env_string("HPS_COMM_HOST").value_or("127.0.0.1");
+  std::lock_guard lock(mutex);
+  auto& slot = devices[host];
+  if (!slot) {
+    try {
+      ::gloo::transport::tcp::attr attr;
+      attr.hostname = host;
+      slot = ::gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      return backend_error("cannot open a Gloo TCP device on '" + host +
+                           "' (set HPS_COMM_HOST to this host's address): " + e.what());
+    }
+  }
+  return slot;
+}
+
+enum Kind : int32_t {
+  kAllReduce = 1,
+  kReduce,
+  kBroadcast,
+  kAllGather,
+  kReduceScatter,
+  kBarrier,
+};
+
+constexpr uint64_t kPointToPointBit = uint64_t{1} << 63;
+// Slot layout: operation base (sequence << 20) | phase << 16 | ring step.
+constexpr uint32_t kAllGatherPhase = 3;
+constexpr uint32_t kCheckPhase = 7;
+
+// Chunk i of `count` elements cut into n nearly equal parts.
+struct Chunks {
+  Chunks(size_t count, int32_t n) : base(count / n), extra(count % n) {}
+  size_t size(int32_t i) const { return base + (static_cast<size_t>(i) < extra ? 1 : 0); }
+  size_t offset(int32_t i) const {
+    return static_cast<size_t>(i) * base + std::min(static_cast<size_t>(i), extra);
+  }
+  size_t largest() const { return base + (extra ? 1 : 0); }
+  size_t base;
+  size_t extra;
+};
+
+int32_t wrap(int64_t i, int32_t n) { return static_cast<int32_t>(((i % n) + n) % n); }
+
+}  // namespace
+
+// The transport as one running operation sees it: unbound buffers registered for
+// abort(), a deadline, and the operation's slot space.
+class GlooCommunicator::Op {
+ public:
+  Op(GlooCommunicator& comm, std::string operation_name, uint64_t sequence_number,
+     uint64_t slot_base, Clock::time_point deadline)
+      : comm_(comm),
+        operation(std::move(operation_name)),
+        sequence(sequence_number),
+        slot_base_(slot_base),
+        deadline_(deadline) {}
+
+  ~Op() {
+    for (auto& b : buffers_) comm_.unregister_buffer(b.get());
+  }
+
+  // Registers `bytes` at `pointer` with the transport; returns its index.
+  size_t buffer(const void* pointer, size_t bytes) {
+    // Gloo wants a non-null pointer and never writes through a buffer used only to send.
+    static uint8_t empty = 0;
+    void* p = bytes ? const_cast<void*>(pointer) : &empty;
+    buffers_.push_back(comm_.context_->createUnboundBuffer(p, bytes ? bytes : 1));
+    comm_.register_buffer(buffers_.back().get());
+    return buffers_.size() - 1;
+  }
+
+  uint64_t slot(uint32_t phase, uint32_t step) const {
+    return slot_base_ | (uint64_t{phase} << 16) | step;
+  }
+
+  void post_send(size_t buffer_index, int32_t peer, uint64_t slot, size_t offset, size_t bytes) {
+    if (bytes == 0) return;
+    buffers_[buffer_index]->send(peer, slot, offset, bytes);
+    pending_sends_.push_back(buffer_index);
+  }
+  void post_recv(size_t buffer_index, int32_t peer, uint64_t slot, size_t offset, size_t bytes) {
+    if (bytes == 0) return;
+    buffers_[buffer_index]->recv(peer, slot, offset, bytes);
+    pending_recvs_.push_back(buffer_index);
+  }
+
+  // Waits for every posted transfer; Gloo throws on timeout or a broken peer.
+  void wait_all() {
+    for (size_t i : pending_recvs_) {
+      if (!buffers_[i]->waitRecv(remaining())) throw AbortedByUser();
+    }
+    for (size_t i : pending_sends_) {
+      if (!buffers_[i]->waitSend(remaining())) throw AbortedByUser();
+    }
+    pending_recvs_.clear();
+    pending_sends_.clear();
+  }
+
+  struct AbortedByUser {};
+
+  GlooCommunicator& comm_;
+  const std::string operation;
+  const uint64_t sequence;
+
+ private:
+  std::chrono::milliseconds remaining() const {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+    // Gloo treats a non-positive timeout as "use the context's"; keep a real bound.
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+
+  uint64_t slot_base_;
+  Clock::time_point deadline_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers_;
+  std::vector<size_t> pending_sends_;
+  std::vector<size_t> pending_recvs_;
+};
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, int32_t size,
+                                   CommOptions options)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      timeout_ms_(options_.timeout.count()),
+      stream_(std::make_unique<cpu::CpuStream>()),
+      scratch_(3),
+      waiter_([this] { complete_transfers(); }) {}
+
+GlooCommunicator::~GlooCommunicator() {
+  // Finish (or, once aborted, fail fast) the queued operations before the transport goes.
+  stream_.reset();
+  {
+    std::lock_guard lock(waiter_mutex_);
+    stopping_ = true;
+  }
+  waiter_cv_.notify_all();
+  waiter_.join();
+  context_.reset();
+}
+
+StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr<Store> store,
+                                                                 int32_t rank, int32_t size,
+                                                                 const CommOptions& options) {
+  HPS_ASSIGN_OR_RETURN(auto device, shared_device());
+  // Ranks create communicators on one store in the same order, so a per-rank count in
+  // the store gives every creation the same fresh key space on all of them.
+  HPS_ASSIGN_OR_RETURN(int64_t generation,
+                       store->add("communicators/rank" + std::to_string(rank), 1));
+  store = make_prefix_store(std::move(store), "comm" + std::to_string(generation));
+  std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(store, rank, size, options));
+  try {
+    auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options.timeout);
+    GlooStoreAdapter adapter(make_prefix_store(store, "gloo"), options.timeout);
+    context->connectFullMesh(adapter, device);
+    comm->context_ = std::move(context);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string m = "creating communicator '" + options.name + "' (rank " +
+                          std::to_string(rank) + " of " + std::to_string(size) + "): " + what;
+    if (what.find("timed out") != std::string::npos ||
+        what.find("Timed out") != std::string::npos) {
+      return timeout_error(m);
+    }
+    return backend_error(m);
+  }
+  HPS_LOG(kDebug) << "communicator '" << options.name << "' rank " << rank << "/" << size
+                  << " connected";
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+void GlooCommunicator::register_buffer(::gloo::transport::UnboundBuffer* buffer) {
+  std::lock_guard lock(buffers_mutex_);
+  active_buffers_.insert(buffer);
+  if (aborted_) {  // abort() ran before this buffer existed: make its waits return at once
+    buffer->abortWaitRecv();
+    buffer->abortWaitSend();
+  }
+}
+
+void GlooCommunicator::unregister_buffer(::gloo::transport::UnboundBuffer* buffer) {
+  std::lock_guard lock(buffers_mutex_);
+  active_buffers_.erase(buffer);
+}
+
+void GlooCommunicator::abort() {
+  std::lock_guard lock(buffers_mutex_);
+  aborted_ = true;
+  for (auto* b : active_buffers_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+}
+
+std::string GlooCommunicator::where(const std::string& operation, uint64_t sequence) const {
+  return operation + " #" + std::to_string(sequence) + " on group '" + options_.name + "' (rank " +
+         std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+}
+
+void* GlooCommunicator::scratch(size_t index, size_t bytes) {
+  auto& s = scratch_[index];
+  if (s.size() < bytes) s.resize(bytes);
+  return s.data();
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation, Stream* ready,
+                                                          const Descriptor* descriptor,
+                                                          uint64_t slot_base, Body body) {
+  if (aborted_) return aborted(operation + " on group '" + options_.name + "': it was aborted");
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (!failure_.ok()) {
+      return aborted(operation + " on group '" + options_.name +
+                     "': an earlier operation failed: " + failure_.message());
+    }
+  }
+  if (ready != nullptr) {
+    if (ready->device().type != DeviceType::kCpu) {
+      return invalid_argument(operation + ": the ready stream is on " +
+                              ready->device().to_string() + ", not the cpu");
+    }
+    cpu::CpuEvent ready_event;
+    HPS_RETURN_IF_ERROR(ready_event.record(*ready));
+    HPS_RETURN_IF_ERROR(stream_->wait(ready_event));
+  }
+  const uint64_t sequence = descriptor ? descriptor->sequence : 0;
+  auto work = std::make_shared<Work>(where(operation, sequence), std::make_unique<cpu::CpuEvent>());
+  std::optional<Descriptor> checked;
+  if (descriptor) checked = *descriptor;
+  stream_->enqueue([this, work, operation = std::move(operation), sequence, slot_base, checked,
+                    body = std::move(body)] {
+    const auto deadline = Clock::now() + timeout();
+    Op op(*this, operation, sequence, slot_base, deadline);
+    Status s = run(op, checked ? &*checked : nullptr, body);
+    record_failure(s);
+    work->set_status(std::move(s));
+  });
+  HPS_RETURN_IF_ERROR(work->done_event().record(*stream_));
+  return work;
+}
+
+Status GlooCommunicator::run(Op& op, const Descriptor* descriptor, const Body& body) {
+  return guarded(op, [&]() -> Status {
+    if (descriptor && options_.check_arguments && size_ > 1) {
+      HPS_RETURN_IF_ERROR(check_descriptors(op, *descriptor));
+    }
+    return body(op);
+  });
+}
+
+Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
+  const std::string place = where(op.operation, op.sequence);
+  if (aborted_) return aborted(place + ": the communicator was aborted");
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (!failure_.ok()) {
+      return aborted(place + ": an earlier operation failed: " + failure_.message());
+    }
+  }
+  try {
+    return fn();
+  } catch (const Op::AbortedByUser&) {
+    return aborted(place + ": the communicator was aborted");
+  } catch (const std::exception& e) {
+    if (aborted_) return aborted(place + ": the communicator was aborted");
+    const std::string what = e.what();
+    if (what.find("Timed out") != std::string::npos ||
+        what.find("timed out") != std::string::npos) {
+      return timeout_error(place + ": timed out after " + std::to_string(timeout().count()) +
+                           " ms (a peer is missing or called a different operation): " + what);
+    }
+    return aborted(place + ": the connection to a peer failed (did a rank exit?): " + what);
+  }
+}
+
+void GlooCommunicator::record_failure(const Status& s) {
+  if (s.ok()) return;
+  std::lock_guard lock(failure_mutex_);
+  if (failure_.ok()) failure_ = s;
+  HPS_LOG(kWarn) << s.to_string();
+}
+
+Status GlooCommunicator::check_descriptors(Op& op, const Descriptor& mine) {
+  const size_t bytes = sizeof(Descriptor);
+  auto* all = static_cast<Descriptor*>(scratch(2, bytes * static_cast<size_t>(size_)));
+  std::memcpy(&all[rank_], &mine, bytes);
+  HPS_RETURN_IF_ERROR(ring_all_gather(op, all, bytes, kCheckPhase));
+  std::string differences;
+  for (int32_t r = 0; r < size_; ++r) {
+    const Descriptor& d = all[r];
+    if (std::memcmp(&d, &mine, bytes) == 0) continue;
+    differences += "; rank " + std::to_string(r) + " called operation kind " +
+                   std::to_string(d.kind) + " #" + std::to_string(d.sequence) + " with count " +
+                   std::to_string(d.count) + ", dtype " + std::to_string(d.dtype) + ", op " +
+                   std::to_string(d.op) + ", root " + std::to_string(d.root);
+  }
+  if (differences.empty()) return Status::Ok();
+  return invalid_argument(where(op.operation, op.sequence) +
+                          ": ranks disagree on the call (nothing was sent): this rank has count " +
+                          std::to_string(mine.count) + ", dtype " + std::to_string(mine.dtype) +
+                          ", op " + std::to_string(mine.op) + ", root " +
+                          std::to_string(mine.root) + differences);
+}
+
+Status GlooCommunicator::ring_all_gather(Op& op, void* recv, size_t bytes_per_rank,
+                                         uint32_t phase) {
+  const int32_t n = size_, r = rank_;
+  if (n == 1 || bytes_per_rank == 0) return Status::Ok();
+  const size_t all = op.buffer(recv, bytes_per_rank * static_cast<size_t>(n));
+  const int32_t next = wrap(r + 1, n), prev = wrap(r - 1, n);
+  for (int32_t s = 0; s < n - 1; ++s) {
+    const int32_t send_index = wrap(r - s, n), recv_index = wrap(r - s - 1, n);
+    const uint32_t step = static_cast<uint32_t>(s);
+    op.post_recv(all, prev, op.slot(phase, step), static_cast<size_t>(recv_index) * bytes_per_rank,
+                 bytes_per_rank);
+    op.post_send(all, next, op.slot(phase, step), static_cast<size_t>(send_index) * bytes_per_rank,
+                 bytes_per_rank);
+    op.wait_all();
+  }
+  return Status::Ok();
+}
+
+Status GlooCommunicator::ring_all_reduce(Op& op, void* buffer, size_t count, DType dtype,
+                                         ReduceOp reduce_op) {
+  const int32_t n = size_, r = rank_;
+  const size_t element = dtype_size(dtype);
+  auto* data = static_cast<uint8_t*>(buffer);
+  if (n == 1 || count == 0) return Status::Ok();
+  const Chunks chunks(count, n);
+  void* incoming = scratch(0, chunks.largest() * element);
+  const size_t whole = op.buffer(buffer, count * element);
+  const size_t tmp = op.buffer(incoming, chunks.largest() * element);
+  const int32_t next = wrap(r + 1, n), prev = wrap(r - 1, n);
+  // Reduce-scatter: after n-1 steps this rank holds the reduction of chunk r+1.
+  for (int32_t s = 0; s < n - 1; ++s) {
+    const int32_t send_index = wrap(r - s, n), recv_index = wrap(r - s - 1, n);
+    const uint32_t step = static_cast<uint32_t>(s);
+    op.post_recv(tmp, prev, op.slot(1, step), 0, chunks.size(recv_index) * element);
+    op.post_send(whole, next, op.slot(1, step), chunks.offset(send_index) * element,
+                 chunks.size(send_index) * element);
+    op.wait_all();
+    uint8_t* target = data + chunks.offset(recv_index) * element;
+    reduce_elements(dtype, reduce_op, target, target, incoming, chunks.size(recv_index));
+  }
+  const int32_t own = wrap(r + 1, n);
+  if (reduce_op == ReduceOp::kAvg) {
+    finish_average(dtype, data + chunks.offset(own) * element, chunks.size(own), n);
+  }
+  // All-gather of the reduced chunks, in place.
+  for (int32_t s = 0; s < n - 1; ++s) {
+    const int32_t send_index = wrap(r - s + 1, n), recv_index = wrap(r - s, n);
+    const uint32_t step = static_cast<uint32_t>(s);
+    op.post_recv(whole, prev, op.slot(2, step), chunks.offset(recv_index) * element,
+                 chunks.size(recv_index) * element);
+    op.post_send(whole, next, op.slot(2, step), chunks.offset(send_index) * element,
+                 chunks.size(send_index) * element);
+    op.wait_all();
+  }
+  return Status::Ok();
+}
+
+Status GlooCommunicator::ring_reduce_scatter(Op& op, const void* send, void* recv, size_t count,
+                                             DType dtype, ReduceOp reduce_op) {
+  const int32_t n = size_, r = rank_;
+  const size_t element = dtype_size(dtype);
+  const size_t bytes = count * element;
+  const auto* input = static_cast<const uint8_t*>(send);
+  if (count == 0) return Status::Ok();
+  if (n == 1) {
+    if (recv != send) std::memcpy(recv, send, bytes);
+    return Status::Ok();
+  }
+  void* partial = scratch(0, bytes);   // what this rank sends next
+  void* incoming = scratch(1, bytes);  // what it received last
+  const size_t whole_input = op.buffer(send, bytes * static_cast<size_t>(n));
+  const size_t out = op.buffer(partial, bytes);
+  const size_t in = op.buffer(incoming, bytes);
+  const int32_t next = wrap(r + 1, n), prev = wrap(r - 1, n);
+  for (int32_t s = 0; s < n - 1; ++s) {
+    const int32_t send_index = wrap(r - s - 1, n), recv_index = wrap(r - s - 2, n);
+    const uint32_t step = static_cast<uint32_t>(s);
+    op.post_recv(in, prev, op.slot(4, step), 0, bytes);
+    if (s == 0) {
+      op.post_send(whole_input, next, op.slot(4, step), static_cast<size_t>(send_index) * bytes,
+                   bytes);
+    } else {
+      op.post_send(out, next, op.slot(4, step), 0, bytes);
+    }
+    op.wait_all();
+    const uint8_t* mine = input + static_cast<size_t>(recv_index) * bytes;
+    void* target = s == n - 2 ? recv : partial;  // the last step lands chunk r in recv
+    reduce_elements(dtype, reduce_op, target, incoming, mine, count);
+  }
+  if (reduce_op == ReduceOp::kAvg) finish_average(dtype, recv, count, n);
+  return Status::Ok();
+}
+
+Status GlooCommunicator::one_to_all_broadcast(Op& op, void* buffer, size_t bytes, int32_t root) {
+  if (size_ == 1 || bytes == 0) return Status::Ok();
+  const size_t b = op.buffer(buffer, bytes);
+  if (rank_ == root) {
+    for (int32_t peer = 0; peer < size_; ++peer) {
+      if (peer != root) op.post_send(b, peer, op.slot(5, 0), 0, bytes);
+    }
+  } else {
+    op.post_recv(b, root, op.slot(5, 0), 0, bytes);
+  }
+  op.wait_all();
+  return Status::Ok();
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue_point_to_point(
+    std::string operation, Stream* ready, uint64_t slot_base, std::function<void(Op&)> post) {
+  // A send completes only once the peer has posted the matching receive. Waiting on the
+  // stream would deadlock two ranks that each send before they receive, so the stream
+  // only posts the transfer and the waiter thread completes it (NCCL's group semantics).
+  auto work_or = enqueue(operation, ready, nullptr, 0, [](Op&) { return Status::Ok(); });
+  if (!work_or.ok()) return work_or.status();
+  // The placeholder above did the shared checks and the ready-stream wait; replace its
+  // completion with a detached mark completed by the waiter.
+  auto work = std::move(work_or).value();
+  auto mark = static_cast<cpu::CpuEvent&>(work->done_event()).record_detached();
+  stream_->enqueue(
+      [this, work, mark, operation = std::move(operation), slot_base, post = std::move(post)] {
+        auto op = std::make_shared<Op>(*this, operation, 0, slot_base, Clock::now() + timeout());
+        Status s = guarded(*op, [&] {
+          post(*op);
+          return Status::Ok();
+        });
+        std::lock_guard lock(waiter_mutex_);
+        waiting_.push_back({op, work, mark, s});
+        waiter_cv_.notify_one();
+      });
+  return work;
+}
+
+void GlooCommunicator::complete_transfers() {
+  std::unique_lock lock(waiter_mutex_);
+  for (;;) {
+    waiter_cv_.wait(lock, [&] { return stopping_ || !waiting_.empty(); });
+    if (waiting_.empty()) return;
+    PendingTransfer t = std::move(waiting_.front());
+    waiting_.pop_front();
+    lock.unlock();
+    Status s = t.posted;
+    if (s.ok()) {
+      s = guarded(*t.op, [&] {
+        t.op->wait_all();
+        return Status::Ok();
+      });
+    }
+    record_failure(s);
+    t.work->set_status(std::move(s));
+    t.op.reset();
+    t.mark->complete();
+    lock.lock();
+  }
+}
+
+// ---- public operations: check arguments on the caller's thread, then enqueue ----
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_reduce(const void* send, void* recv,
+                                                             size_t count, DType dtype, ReduceOp op,
+                                                             Stream* ready) {
+  const CommArgs a{"all_reduce", options_.name, size_};
+  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
+  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  Descriptor d{kAllReduce,      static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
+               next_sequence_++};
+  return enqueue("all_reduce", ready, &d, d.sequence << 20,
+                 [this, send, recv, count, dtype, op](Op& o) {
+                   if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+                   return ring_all_reduce(o, recv, count, dtype, op);
+                 });
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void* recv, size_t count,
+                                                         DType dtype, ReduceOp op, int32_t root,
+                                                         Stream* ready) {
+  const CommArgs a{"reduce", options_.name, size_};
+  HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
+  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
+  if (rank_ == root) HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  Descriptor d{kReduce,         static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count,
+               next_sequence_++};
+  return enqueue("reduce", ready, &d, d.sequence << 20,
+                 [this, send, recv, count, dtype, op, root](Op& o) {
+                   // A ring all-reduce into scratch; the root keeps the result.
+                   const size_t bytes = count * dtype_size(dtype);
+                   void* work_buffer = scratch(2, bytes);
+                   std::memcpy(work_buffer, send, bytes);
+                   HPS_RETURN_IF_ERROR(ring_all_reduce(o, work_buffer, count, dtype, op));
+                   if (rank_ == root) std::memcpy(recv, work_buffer, bytes);
+                   return Status::Ok();
+                 });
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::broadcast(void* buffer, size_t count, DType dtype,
+                                                            int32_t root, Stream* ready) {
+  const CommArgs a{"broadcast", options_.name, size_};
+  HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
+  HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
+  Descriptor d{kBroadcast, static_cast<int32_t>(dtype), 0, root, count, next_sequence_++};
+  return enqueue("broadcast", ready, &d, d.sequence << 20,
+                 [this, buffer, count, dtype, root](Op& o) {
+                   return one_to_all_broadcast(o, buffer, count * dtype_size(dtype), root);
+                 });
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_gather(const void* send, void* recv,
+                                                             size_t count, DType dtype,
+                                                             Stream* ready) {
+  const CommArgs a{"all_gather", options_.name, size_};
+  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
+  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype, static_cast<size_t>(size_)));
+  Descriptor d{kAllGather, static_cast<int32_t>(dtype), 0, 0, count, next_sequence_++};
+  return enqueue("all_gather", ready, &d, d.sequence << 20,
+                 [this, send, recv, count, dtype](Op& o) {
+                   const size_t bytes = count * dtype_size(dtype);
+                   auto* own = static_cast<uint8_t*>(recv) + static_cast<size_t>(rank_) * bytes;
+                   if (own != send && bytes) std::memcpy(own, send, bytes);
+                   return ring_all_gather(o, recv, bytes, kAllGatherPhase);
+                 });
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* send, void* recv,
+                                                                 size_t count, DType dtype,
+                                                                 ReduceOp op, Stream* ready) {
+  const CommArgs a{"reduce_scatter", options_.name, size_};
+  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype, static_cast<size_t>(size_)));
+  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  Descriptor d{kReduceScatter,  static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
+               next_sequence_++};
+  return enqueue("reduce_scatter", ready, &d, d.sequence << 20,
+                 [this, send, recv, count, dtype, op](Op& o) {
+                   return ring_reduce_scatter(o, send, recv, count, dtype, op);
+                 });
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::send(const void* buffer, size_t count,
+                                                       DType dtype, int32_t peer, Stream* ready) {
+  const CommArgs a{"send", options_.name, size_};
+  HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
+  if (peer == rank_) return invalid_argument("send on group '" + options_.name + "': to itself");
+  HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
+  const uint64_t slot = kPointToPointBit | (sent_[peer]++ << 20);
+  return enqueue_point_to_point("send", ready, slot, [buffer, count, dtype, peer](Op& o) {
+    const size_t bytes = count * dtype_size(dtype);
+    o.post_send(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
+  });
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::recv(void* buffer, size_t count, DType dtype,
+                                                       int32_t peer, Stream* ready) {
+  const CommArgs a{"recv", options_.name, size_};
+  HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
+  if (peer == rank_) return invalid_argument("recv on group '" + options_.name + "': from itself");
+  HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
+  const uint64_t slot = kPointToPointBit | (received_[peer]++ << 20);
+  return enqueue_point_to_point("recv", ready, slot, [buffer, count, dtype, peer](Op& o) {
+    const size_t bytes = count * dtype_size(dtype);
+    o.post_recv(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
+  });
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
+  Descriptor d{kBarrier, 0, 0, 0, 0, next_sequence_++};
+  return enqueue("barrier", ready, &d, d.sequence << 20, [this](Op& o) {
+    // The descriptor exchange is itself a barrier when checking is on; otherwise one
+    // byte per rank goes round the ring.
+    if (options_.check_arguments) return Status::Ok();
+    auto* tokens = static_cast<uint8_t*>(scratch(2, static_cast<size_t>(size_)));
+    tokens[rank_] = 1;
+    return ring_all_gather(o, tokens, 1, kAllGatherPhase);
+  });
+}
+
+StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split(const std::vector<int32_t>& ranks,
+                                                                std::string name) {
+  const CommArgs a{"split", options_.name, size_};
+  if (ranks.empty()) return invalid_argument("split of group '" + options_.name + "': no ranks");
+  std::vector<int32_t> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    HPS_RETURN_IF_ERROR(check_rank_in_group(a, "rank", sorted[i]));
+    if (i && sorted[i] == sorted[i - 1]) {
+      return invalid_argument("split of group '" + options_.name + "': rank " +
+                              std::to_string(sorted[i]) + " is listed twice");
+    }
+  }
+  const uint64_t index = next_split_++;
+  auto position = std::find(ranks.begin(), ranks.end(), rank_);
+  if (position == ranks.end()) return std::unique_ptr<Communicator>();
+  CommOptions child = options_;
+  child.name = std::move(name);
+  child.timeout = timeout();
+  auto child_store = make_prefix_store(store_, "split" + std::to_string(index));
+  return create(std::move(child_store), static_cast<int32_t>(position - ranks.begin()),
+                static_cast<int32_t>(ranks.size()), child);
+}
+
+}  // namespace hps::gloo_backend

@@ -1,0 +1,141 @@
+// The CPU communicator: ring collectives over Gloo's TCP transport (unbound buffers),
+// run by the communicator's own CPU stream worker so they overlap the caller's compute.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "core/comm/communicator.h"
+#include "core/device/cpu/stream.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}
+}  // namespace gloo
+
+namespace hps::gloo_backend {
+
+class GlooCommunicator final : public Communicator {
+ public:
+  static StatusOr<std::unique_ptr<Communicator>> create(std::shared_ptr<Store> store, int32_t rank,
+                                                        int32_t size, const CommOptions& options);
+  ~GlooCommunicator() override;
+
+  int32_t rank() const override { return rank_; }
+  int32_t size() const override { return size_; }
+  Device device() const override { return Device::cpu(); }
+  const std::string& name() const override { return options_.name; }
+  Stream& stream() override { return *stream_; }
+  Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
+  void set_timeout(Milliseconds timeout) override { timeout_ms_ = timeout.count(); }
+
+  StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
+                                             DType dtype, ReduceOp op, Stream* ready) override;
+  StatusOr<std::shared_ptr<Work>> reduce(const void* send, void* recv, size_t count, DType dtype,
+                                         ReduceOp op, int32_t root, Stream* ready) override;
+  StatusOr<std::shared_ptr<Work>> broadcast(void* buffer, size_t count, DType dtype, int32_t root,
+                                            Stream* ready) override;
+  StatusOr<std::shared_ptr<Work>> all_gather(const void* send, void* recv, size_t count,
+                                             DType dtype, Stream* ready) override;
+  StatusOr<std::shared_ptr<Work>> reduce_scatter(const void* send, void* recv, size_t count,
+                                                 DType dtype, ReduceOp op, Stream* ready) override;
+  StatusOr<std::shared_ptr<Work>> send(const void* buffer, size_t count, DType dtype, int32_t peer,
+                                       Stream* ready) override;
+  StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype, int32_t peer,
+                                       Stream* ready) override;
+  StatusOr<std::shared_ptr<Work>> barrier(Stream* ready) override;
+  StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
+                                                std::string name) override;
+  void abort() override;
+
+  // One running operation's view of the transport (defined in communicator.cc).
+  class Op;
+
+ private:
+  GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, int32_t size, CommOptions options);
+
+  // What every collective's ranks must agree on; exchanged first when checking is on.
+  struct Descriptor {
+    int32_t kind = 0;
+    int32_t dtype = 0;
+    int32_t op = 0;
+    int32_t root = 0;
+    uint64_t count = 0;
+    uint64_t sequence = 0;
+  };
+
+  using Body = std::function<Status(Op&)>;
+  // Validates nothing; queues `body` on the stream with a fresh Work. `descriptor` is
+  // checked across ranks first when it is given and checking is on.
+  StatusOr<std::shared_ptr<Work>> enqueue(std::string operation, Stream* ready,
+                                          const Descriptor* descriptor, uint64_t slot_base,
+                                          Body body);
+  Status run(Op& op, const Descriptor* descriptor, const Body& body);
+  // Runs fn, turning Gloo's exceptions and an abort into TIMEOUT / ABORTED statuses
+  // that name the operation, its sequence number and the group.
+  Status guarded(Op& op, const std::function<Status()>& fn);
+  void record_failure(const Status& s);
+  StatusOr<std::shared_ptr<Work>> enqueue_point_to_point(std::string operation, Stream* ready,
+                                                         uint64_t slot_base,
+                                                         std::function<void(Op&)> post);
+  void complete_transfers();  // the waiter thread
+  Status check_descriptors(Op& op, const Descriptor& mine);
+
+  // Ring algorithms; they run on the stream worker.
+  Status ring_all_reduce(Op& op, void* buffer, size_t count, DType dtype, ReduceOp reduce_op);
+  Status ring_reduce_scatter(Op& op, const void* send, void* recv, size_t count, DType dtype,
+                             ReduceOp reduce_op);
+  Status ring_all_gather(Op& op, void* recv, size_t bytes_per_rank, uint32_t phase);
+  Status one_to_all_broadcast(Op& op, void* buffer, size_t bytes, int32_t root);
+
+  void* scratch(size_t index, size_t bytes);  // worker-owned, grows as needed
+  void register_buffer(::gloo::transport::UnboundBuffer* buffer);
+  void unregister_buffer(::gloo::transport::UnboundBuffer* buffer);
+  std::string where(const std::string& operation, uint64_t sequence) const;
+
+  std::shared_ptr<Store> store_;
+  int32_t rank_;
+  int32_t size_;
+  CommOptions options_;
+  std::atomic<int64_t> timeout_ms_;
+  std::shared_ptr<::gloo::Context> context_;
+  std::unique_ptr<cpu::CpuStream> stream_;
+
+  uint64_t next_sequence_ = 1;        // collectives, host thread
+  uint64_t next_split_ = 0;           // host thread
+  std::map<int32_t, uint64_t> sent_;  // p2p messages per peer, host thread
+  std::map<int32_t, uint64_t> received_;
+
+  std::atomic<bool> aborted_{false};
+  std::mutex failure_mutex_;
+  Status failure_;  // sticky: once an operation failed, later ones are refused
+
+  std::mutex buffers_mutex_;
+  std::set<::gloo::transport::UnboundBuffer*> active_buffers_;
+  std::vector<std::vector<uint8_t>> scratch_;
+
+  // Posted point-to-point transfers, completed off the stream by `waiter_`.
+  struct PendingTransfer {
+    std::shared_ptr<Op> op;
+    std::shared_ptr<Work> work;
+    std::shared_ptr<cpu::EventMark> mark;
+    Status posted;
+  };
+  std::mutex waiter_mutex_;
+  std::condition_variable waiter_cv_;
+  std::deque<PendingTransfer> waiting_;
+  bool stopping_ = false;
+  std::thread waiter_;  // last: started after everything it uses
+};
+
+}  // namespace hps::gloo_backend

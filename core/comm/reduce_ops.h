@@ -1,0 +1,18 @@
+// Element-wise reductions used by the CPU collectives. fp16 and bf16 are reduced in
+// fp32 (and rounded once per step); the rest in their own type.
+#pragma once
+
+#include <cstddef>
+
+#include "core/comm/communicator.h"
+
+namespace hps {
+
+// out[i] = op(a[i], b[i]) for i < count; out may alias a or b. kAvg reduces as kSum
+// (the division by the group size is finish_average's).
+void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
+                     size_t count);
+// buffer[i] /= divisor (integers: truncating division).
+void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor);
+
+}  // namespace hps

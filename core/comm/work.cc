@@ -1,0 +1,33 @@
+#include "core/comm/work.h"
+
+#include "core/device/host_sync.h"
+
+namespace hps {
+
+StatusOr<bool> Work::test() {
+  HPS_ASSIGN_OR_RETURN(bool finished, done_->query());
+  if (!finished) return false;
+  HPS_RETURN_IF_ERROR(status());
+  return true;
+}
+
+Status Work::wait() {
+  count_host_sync(HostSyncKind::kWorkWait);
+  // The event's own synchronize would count a second time; wait on it uncounted.
+  HPS_RETURN_IF_ERROR(done_->synchronize_uncounted());
+  return status();
+}
+
+Status Work::wait_on(Stream& stream) { return stream.wait(*done_); }
+
+void Work::set_status(Status status) {
+  std::lock_guard lock(mutex_);
+  status_ = std::move(status);
+}
+
+Status Work::status() const {
+  std::lock_guard lock(mutex_);
+  return status_;
+}
+
+}  // namespace hps

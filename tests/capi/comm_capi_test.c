@@ -1,0 +1,263 @@
+/* Stores, communicators, work, topology and hybrid groups through the C API, compiled as
+ * C99: ranks are threads meeting through a memory:// store. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hpshard/hpshard.h"
+
+static int g_failures = 0;
+static int g_checks = 0;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* `cond` is evaluated before taking the lock: it may be a collective call that blocks. */
+#define CHECK(cond)                                                                              \
+  do {                                                                                           \
+    const int ok_ = (cond) ? 1 : 0;                                                              \
+    pthread_mutex_lock(&g_lock);                                                                 \
+    ++g_checks;                                                                                  \
+    if (!ok_) {                                                                                  \
+      ++g_failures;                                                                              \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
+              hps_last_error_message());                                                         \
+    }                                                                                            \
+    pthread_mutex_unlock(&g_lock);                                                               \
+  } while (0)
+#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
+
+/* Waits for and frees the work a collective call (passed `&work`) just handed out; it
+ * takes the address because C leaves the order of argument evaluation open. */
+static hps_status_t finish(hps_status_t enqueued, hps_work_t** work) {
+  hps_status_t s;
+  if (enqueued != HPS_STATUS_OK) return enqueued;
+  s = hps_work_wait(*work);
+  hps_work_destroy(*work);
+  *work = NULL;
+  return s;
+}
+
+enum { kWorld = 4 };
+
+typedef struct {
+  int rank;
+  const char* store_url;
+} rank_args_t;
+
+static void* rank_main(void* p) {
+  const rank_args_t* a = (const rank_args_t*)p;
+  const int32_t rank = a->rank;
+  hps_store_t* store = NULL;
+  hps_comm_t* comm = NULL;
+  hps_comm_options_t options;
+  hps_work_t* work = NULL;
+  int32_t value, size = -1, me = -1, i;
+  float in[8], out[8], gathered[8 * kWorld], scattered[2];
+  float big_in[8 * kWorld];
+
+  CHECK_OK(hps_store_open(a->store_url, rank, 10000, &store));
+  CHECK_OK(hps_comm_options_init(&options, sizeof options));
+  options.timeout_ms = 20000;
+  options.name = "capi-world";
+  CHECK_OK(hps_comm_create(store, rank, kWorld, HPS_DEVICE_CPU, 0, &options, &comm));
+  if (comm == NULL) return NULL;
+  CHECK_OK(hps_comm_rank(comm, &me));
+  CHECK_OK(hps_comm_size(comm, &size));
+  CHECK(me == rank && size == kWorld);
+
+  /* all_reduce, with the host free until it waits. */
+  for (i = 0; i < 8; ++i) in[i] = (float)(rank + i);
+  CHECK_OK(hps_comm_all_reduce(comm, in, out, 8, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM, NULL, &work));
+  CHECK_OK(hps_work_wait(work));
+  value = 0;
+  CHECK_OK(hps_work_test(work, &value));
+  CHECK(value == 1);
+  CHECK_OK(hps_work_destroy(work));
+  for (i = 0; i < 8; ++i) CHECK(out[i] == (float)(0 + 1 + 2 + 3 + 4 * i));
+
+  /* all_gather, then an output that is too small: refused, nothing sent. */
+  CHECK_OK(
+      finish(hps_comm_all_gather(comm, in, 8, gathered, 8 * kWorld, HPS_DTYPE_FLOAT32, NULL, &work),
+             &work));
+  for (i = 0; i < 8 * kWorld; ++i) CHECK(gathered[i] == (float)(i / 8 + i % 8));
+  work = (hps_work_t*)&value;
+  CHECK(hps_comm_all_gather(comm, in, 8, gathered, 8 * kWorld - 1, HPS_DTYPE_FLOAT32, NULL,
+                            &work) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "recv holds 31 elements but needs 32") != NULL);
+  CHECK(work == (hps_work_t*)&value);
+
+  /* reduce_scatter (avg) and broadcast. */
+  for (i = 0; i < 2 * kWorld; ++i) big_in[i] = (float)(i * 4);
+  CHECK_OK(finish(hps_comm_reduce_scatter(comm, big_in, 2 * kWorld, scattered, 2, HPS_DTYPE_FLOAT32,
+                                          HPS_REDUCE_AVG, NULL, &work),
+                  &work));
+  CHECK(scattered[0] == (float)(rank * 2 * 4) && scattered[1] == (float)((rank * 2 + 1) * 4));
+  value = rank == 2 ? 77 : 0;
+  CHECK_OK(finish(hps_comm_broadcast(comm, &value, 1, HPS_DTYPE_INT32, 2, NULL, &work), &work));
+  CHECK(value == 77);
+
+  /* Point to point around the ring, then a barrier and a stream-side wait. */
+  {
+    int64_t sent = rank * 10, got = -1;
+    hps_work_t *s = NULL, *r = NULL;
+    hps_stream_t* stream = NULL;
+    CHECK_OK(hps_comm_send(comm, &sent, 1, HPS_DTYPE_INT64, (rank + 1) % kWorld, NULL, &s));
+    CHECK_OK(hps_comm_recv(comm, &got, 1, HPS_DTYPE_INT64, (rank + kWorld - 1) % kWorld, NULL, &r));
+    CHECK_OK(hps_stream_create(HPS_DEVICE_CPU, 0, &stream));
+    CHECK_OK(hps_work_wait_stream(r, stream));
+    CHECK_OK(hps_stream_synchronize(stream));
+    CHECK(got == ((rank + kWorld - 1) % kWorld) * 10);
+    CHECK_OK(hps_work_wait(s));
+    hps_work_destroy(s);
+    hps_work_destroy(r);
+    hps_stream_destroy(stream);
+  }
+  CHECK_OK(finish(hps_comm_barrier(comm, NULL, &work), &work));
+
+  /* Bad input: unknown reduction, root outside the group, NULL buffer. */
+  CHECK(hps_comm_all_reduce(comm, in, out, 8, HPS_DTYPE_FLOAT32, (hps_reduce_op_t)9, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "unknown reduction 9") != NULL);
+  CHECK(hps_comm_broadcast(comm, &value, 1, HPS_DTYPE_INT32, kWorld, NULL, &work) ==
+        HPS_STATUS_OUT_OF_RANGE);
+  CHECK(hps_comm_all_reduce(comm, NULL, out, 8, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_comm_set_timeout(comm, 0) == HPS_STATUS_INVALID_ARGUMENT);
+
+  /* split into evens and odds. */
+  {
+    const int32_t evens[] = {0, 2}, odds[] = {1, 3};
+    hps_comm_t *e = NULL, *o = NULL;
+    int64_t mine = rank, sum = -1;
+    CHECK_OK(hps_comm_split(comm, evens, 2, "even", &e));
+    CHECK_OK(hps_comm_split(comm, odds, 2, "odd", &o));
+    CHECK((rank % 2 == 0) == (e != NULL) && (rank % 2 == 1) == (o != NULL));
+    CHECK_OK(finish(hps_comm_all_reduce(e ? e : o, &mine, &sum, 1, HPS_DTYPE_INT64, HPS_REDUCE_SUM,
+                                        NULL, &work),
+                    &work));
+    CHECK(sum == (rank % 2 == 0 ? 2 : 4));
+    hps_comm_destroy(e);
+    hps_comm_destroy(o);
+  }
+
+  /* The hybrid group of dp2 x sharding2. */
+  {
+    hps_topology_t* topo = NULL;
+    hps_hybrid_group_t* hg = NULL;
+    hps_comm_t* sharding = NULL;
+    int64_t mine = (int64_t)1 << rank, sum = 0;
+    CHECK_OK(hps_topology_create(2, 1, 2, 1, 1, NULL, kWorld, &topo));
+    CHECK_OK(hps_hybrid_group_create(comm, topo, &hg));
+    CHECK_OK(hps_hybrid_group_comm(hg, HPS_GROUP_SHARDING, &sharding));
+    CHECK_OK(hps_hybrid_group_destroy(hg)); /* the handle taken from it stays valid */
+    CHECK_OK(finish(
+        hps_comm_all_reduce(sharding, &mine, &sum, 1, HPS_DTYPE_INT64, HPS_REDUCE_SUM, NULL, &work),
+        &work));
+    /* sharding groups: {0,1} and {2,3} */
+    CHECK(sum == (rank < 2 ? 3 : 12));
+    hps_comm_destroy(sharding);
+    hps_topology_destroy(topo);
+  }
+  CHECK_OK(hps_comm_destroy(comm));
+  CHECK_OK(hps_store_destroy(store));
+  return NULL;
+}
+
+static void test_collectives(void) {
+  pthread_t threads[kWorld];
+  rank_args_t args[kWorld];
+  int r;
+  for (r = 0; r < kWorld; ++r) {
+    args[r].rank = r;
+    args[r].store_url = "memory://comm_capi_test";
+    pthread_create(&threads[r], NULL, rank_main, &args[r]);
+  }
+  for (r = 0; r < kWorld; ++r) pthread_join(threads[r], NULL);
+}
+
+static void test_store(void) {
+  hps_store_t* store = NULL;
+  char buffer[16];
+  size_t size = 0;
+  int64_t counter = 0;
+  int32_t present = -1;
+  const char binary[] = {'a', '\0', 'b'};
+  CHECK_OK(hps_store_open("memory://store_test", 0, 1000, &store));
+  CHECK_OK(hps_store_set(store, "k", binary, sizeof binary));
+  CHECK_OK(hps_store_get(store, "k", 1000, buffer, sizeof buffer, &size));
+  CHECK(size == 3 && memcmp(buffer, binary, 3) == 0);
+  CHECK(hps_store_get(store, "k", 1000, buffer, 2, &size) == HPS_STATUS_OUT_OF_RANGE);
+  CHECK(size == 3);
+  CHECK_OK(hps_store_add(store, "n", 5, &counter));
+  CHECK_OK(hps_store_add(store, "n", -2, &counter));
+  CHECK(counter == 3);
+  CHECK_OK(hps_store_check(store, "missing", &present));
+  CHECK(present == 0);
+  CHECK_OK(hps_store_wait(store, "k", 1000));
+  CHECK(hps_store_wait(store, "missing", 50) == HPS_STATUS_TIMEOUT);
+  CHECK(strstr(hps_last_error_message(), "missing") != NULL);
+  CHECK(hps_store_get(store, "k", 0, buffer, sizeof buffer, &size) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_store_open("gopher://x", 0, 1000, &store) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK_OK(hps_store_destroy(store));
+  CHECK_OK(hps_store_destroy(NULL));
+}
+
+static void test_topology(void) {
+  hps_topology_t* t = NULL;
+  int32_t ranks[8], prev = -1, next = -1, v = -1;
+  size_t n = 0;
+  CHECK_OK(hps_topology_create(2, 2, 2, 1, 1, NULL, 8, &t));
+  CHECK_OK(hps_topology_degree(t, HPS_GROUP_PP, &v));
+  CHECK(v == 2);
+  CHECK_OK(hps_topology_coordinate(t, 5, HPS_GROUP_DP, &v));
+  CHECK(v == 1); /* 5 = (1*2 + 0)*2 + 1 */
+  CHECK_OK(hps_topology_rank_of(t, 1, 0, 1, 0, 0, &v));
+  CHECK(v == 5);
+  CHECK_OK(hps_topology_group_ranks(t, HPS_GROUP_PP, 5, ranks, 8, &n));
+  CHECK(n == 2 && ranks[0] == 5 && ranks[1] == 7);
+  CHECK_OK(hps_topology_group_ranks(t, HPS_GROUP_CHECK, 5, ranks, 8, &n));
+  CHECK(n == 4 && ranks[0] == 4 && ranks[3] == 7);
+  CHECK(hps_topology_group_ranks(t, HPS_GROUP_CHECK, 5, ranks, 3, &n) == HPS_STATUS_OUT_OF_RANGE);
+  CHECK(n == 4);
+  CHECK_OK(hps_topology_pipeline_neighbors(t, 5, &prev, &next));
+  CHECK(prev == 7 && next == 7);
+  CHECK(hps_topology_coordinate(t, 8, HPS_GROUP_DP, &v) == HPS_STATUS_OUT_OF_RANGE);
+  CHECK(hps_topology_degree(t, HPS_GROUP_CHECK, &v) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK_OK(hps_topology_destroy(t));
+  CHECK_OK(hps_topology_create(1, 1, 2, 1, 2, "mp,sharding,dp,pp,sep", 4, &t));
+  CHECK_OK(hps_topology_group_ranks(t, HPS_GROUP_SHARDING, 0, ranks, 8, &n));
+  CHECK(n == 2 && ranks[0] == 0 && ranks[1] == 1);
+  CHECK_OK(hps_topology_destroy(t));
+  t = NULL;
+  CHECK(hps_topology_create(2, 2, 1, 1, 1, NULL, 8, &t) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_topology_create(1, 1, 1, 1, 1, "dp,dp,sharding,sep,mp", 1, &t) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_topology_create(1, 1, 1, 1, 1, "dp,pp", 1, &t) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(t == NULL);
+}
+
+static void test_rendezvous(void) {
+  hps_rendezvous_info_t info;
+  CHECK_OK(hps_rendezvous_info_init(&info, sizeof info));
+  setenv("HPS_RANK", "2", 1);
+  setenv("HPS_WORLD_SIZE", "4", 1);
+  setenv("HPS_STORE", "file:///tmp/hps-store", 1);
+  CHECK_OK(hps_rendezvous_from_env(&info));
+  CHECK(info.rank == 2 && info.world_size == 4);
+  CHECK(strcmp(info.store_url, "file:///tmp/hps-store") == 0);
+  setenv("HPS_RANK", "9", 1);
+  CHECK(hps_rendezvous_from_env(&info) != HPS_STATUS_OK);
+  CHECK(info.rank == 2);
+  unsetenv("HPS_RANK");
+  unsetenv("HPS_WORLD_SIZE");
+  unsetenv("HPS_STORE");
+}
+
+int main(void) {
+  test_store();
+  test_topology();
+  test_rendezvous();
+  test_collectives();
+  printf("%d checks, %d failed\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

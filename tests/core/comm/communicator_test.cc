@@ -1,0 +1,310 @@
+// The CPU (Gloo) communicator with ranks as threads: every collective × dtype × world
+// size 1..4 against a reference computed here, then failure and bad input.
+#include "core/comm/communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+
+#include "core/common/config.h"
+#include "core/device/host_sync.h"
+#include "tests/core/comm/comm_test_util.h"
+
+namespace hps {
+namespace {
+
+using testing_util::Buffer;
+using testing_util::run_ranks;
+
+// Small integers: exact in every dtype, sums of four of them too.
+double value(int32_t rank, size_t i) { return static_cast<double>((rank * 7 + i * 3) % 11 + 1); }
+
+double reduce_reference(ReduceOp op, int32_t size, size_t i) {
+  double acc = value(0, i);
+  for (int32_t r = 1; r < size; ++r) {
+    const double v = value(r, i);
+    acc = op == ReduceOp::kMax   ? std::max(acc, v)
+          : op == ReduceOp::kMin ? std::min(acc, v)
+                                 : acc + v;
+  }
+  return acc;
+}
+
+// The average as the dtype's own arithmetic computes it from the exact sum.
+double average_reference(DType dtype, double sum, int32_t size) {
+  Buffer b(dtype, 1);
+  b.set(0, sum);
+  const double s = b.at(0);
+  if (dtype == DType::kInt32 || dtype == DType::kInt64 || dtype == DType::kUInt8) {
+    return std::trunc(s / size);
+  }
+  if (dtype == DType::kFloat64) return s / size;
+  b.set(0, static_cast<float>(s) / static_cast<float>(size));
+  return b.at(0);
+}
+
+double expected_reduction(DType dtype, ReduceOp op, int32_t size, size_t i) {
+  if (op == ReduceOp::kAvg)
+    return average_reference(dtype, reduce_reference(ReduceOp::kSum, size, i), size);
+  return reduce_reference(op, size, i);
+}
+
+class CollectivesTest : public ::testing::TestWithParam<int32_t> {
+ protected:
+  void SetUp() override {
+    if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  }
+};
+
+TEST_P(CollectivesTest, EveryCollectiveAndDtypeMatchesTheReference) {
+  const int32_t size = GetParam();
+  run_ranks(size, [size](int32_t rank, Communicator& comm) {
+    EXPECT_EQ(comm.rank(), rank);
+    EXPECT_EQ(comm.size(), size);
+    for (DType dtype : kAllDTypes) {
+      for (size_t count : {size_t{1}, size_t{7}, size_t{1003}}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype)) + " count " + std::to_string(count));
+        Buffer input(dtype, count);
+        for (size_t i = 0; i < count; ++i) input.set(i, value(rank, i));
+
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+          Buffer out(dtype, count);
+          auto w = comm.all_reduce(input.data(), out.data(), count, dtype, op);
+          ASSERT_TRUE(w.ok()) << w.status().to_string();
+          ASSERT_TRUE((*w)->wait().ok()) << (*w)->status().to_string();
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out.at(i), expected_reduction(dtype, op, size, i))
+                << "all_reduce " << reduce_op_name(op) << " element " << i;
+          }
+          // reduce_scatter: slice r of size*count inputs.
+          Buffer rs_in(dtype, count * size), rs_out(dtype, count);
+          for (size_t i = 0; i < count * size; ++i) rs_in.set(i, value(rank, i));
+          auto rs = comm.reduce_scatter(rs_in.data(), rs_out.data(), count, dtype, op);
+          ASSERT_TRUE(rs.ok()) << rs.status().to_string();
+          ASSERT_TRUE((*rs)->wait().ok()) << (*rs)->status().to_string();
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(rs_out.at(i), expected_reduction(dtype, op, size, rank * count + i))
+                << "reduce_scatter " << reduce_op_name(op) << " element " << i;
+          }
+        }
+        // In-place all_reduce.
+        Buffer inplace(dtype, count);
+        for (size_t i = 0; i < count; ++i) inplace.set(i, value(rank, i));
+        ASSERT_TRUE((*comm.all_reduce(inplace.data(), inplace.data(), count, dtype, ReduceOp::kSum))
+                        ->wait()
+                        .ok());
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(inplace.at(i), reduce_reference(ReduceOp::kSum, size, i));
+
+        // all_gather.
+        Buffer gathered(dtype, count * size);
+        ASSERT_TRUE((*comm.all_gather(input.data(), gathered.data(), count, dtype))->wait().ok());
+        for (int32_t r = 0; r < size; ++r) {
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(gathered.at(r * count + i), value(r, i));
+        }
+        // broadcast and reduce from the last rank.
+        const int32_t root = size - 1;
+        Buffer b(dtype, count);
+        for (size_t i = 0; i < count; ++i) b.set(i, rank == root ? value(root, i) : 0.0);
+        ASSERT_TRUE((*comm.broadcast(b.data(), count, dtype, root))->wait().ok());
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(b.at(i), value(root, i));
+        Buffer reduced(dtype, count);
+        ASSERT_TRUE((*comm.reduce(input.data(), reduced.data(), count, dtype, ReduceOp::kMax, root))
+                        ->wait()
+                        .ok());
+        if (rank == root) {
+          for (size_t i = 0; i < count; ++i)
+            ASSERT_EQ(reduced.at(i), reduce_reference(ReduceOp::kMax, size, i));
+        }
+      }
+    }
+    // Point to point around the ring, and a barrier.
+    if (size > 1) {
+      Buffer out(DType::kInt64, 5), in(DType::kInt64, 5);
+      for (size_t i = 0; i < 5; ++i) out.set(i, rank * 100 + static_cast<double>(i));
+      const int32_t next = (rank + 1) % size, prev = (rank + size - 1) % size;
+      auto s = comm.send(out.data(), 5, DType::kInt64, next);
+      auto r = comm.recv(in.data(), 5, DType::kInt64, prev);
+      ASSERT_TRUE(s.ok() && r.ok());
+      ASSERT_TRUE((*r)->wait().ok());
+      ASSERT_TRUE((*s)->wait().ok());
+      for (size_t i = 0; i < 5; ++i) ASSERT_EQ(in.at(i), prev * 100 + static_cast<double>(i));
+    }
+    ASSERT_TRUE((*comm.barrier())->wait().ok());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& p) { return "world" + std::to_string(p.param); });
+
+class CommunicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  }
+};
+
+TEST_F(CommunicatorTest, OperationsRunOnTheCommStreamWithoutBlockingTheHost) {
+  run_ranks(2, [](int32_t rank, Communicator& comm) {
+    std::vector<float> in(1 << 16, static_cast<float>(rank + 1)), out(1 << 16, 0.0f);
+    host_sync_reset();
+    auto work = comm.all_reduce(in.data(), out.data(), in.size(), DType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(work.ok());
+    // A consumer stream waits on the work stream-side; the host counts no sync.
+    auto consumer = std::move(create_stream(Device::cpu())).value();
+    ASSERT_TRUE((*work)->wait_on(*consumer).ok());
+    std::vector<float> copy(out.size());
+    ASSERT_TRUE(consumer->memcpy_async(copy.data(), out.data(), out.size() * sizeof(float)).ok());
+    EXPECT_EQ(host_sync_count_thread(), 0u);
+    ASSERT_TRUE(consumer->synchronize().ok());
+    EXPECT_EQ(copy.front(), 3.0f);
+    EXPECT_EQ(copy.back(), 3.0f);
+    auto done = (*work)->test();
+    ASSERT_TRUE(done.ok());
+    EXPECT_TRUE(*done);
+  });
+}
+
+TEST_F(CommunicatorTest, ReadyStreamOrdersTheCollectiveAfterCompute) {
+  run_ranks(2, [](int32_t rank, Communicator& comm) {
+    auto compute = std::move(create_stream(Device::cpu())).value();
+    std::vector<int32_t> produced(100, 0), result(100, 0), source(100, rank + 1);
+    // "Compute" fills the input on its own stream; the collective must see the result.
+    ASSERT_TRUE(compute->memcpy_async(produced.data(), source.data(), 400).ok());
+    auto w = comm.all_reduce(produced.data(), result.data(), 100, DType::kInt32, ReduceOp::kSum,
+                             compute.get());
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->wait().ok());
+    EXPECT_EQ(result[0], 3);
+    EXPECT_EQ(result[99], 3);
+  });
+}
+
+TEST_F(CommunicatorTest, SplitMakesSubgroups) {
+  run_ranks(4, [](int32_t rank, Communicator& comm) {
+    auto evens = comm.split({0, 2}, "even");
+    auto odds = comm.split({1, 3}, "odd");
+    ASSERT_TRUE(evens.ok() && odds.ok()) << evens.status().to_string();
+    Communicator* mine = rank % 2 == 0 ? evens->get() : odds->get();
+    ASSERT_NE(mine, nullptr);
+    EXPECT_EQ(rank % 2 == 0 ? odds->get() : evens->get(), nullptr);
+    EXPECT_EQ(mine->size(), 2);
+    EXPECT_EQ(mine->rank(), rank / 2);
+    int64_t v = rank, sum = 0;
+    ASSERT_TRUE((*mine->all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum))->wait().ok());
+    EXPECT_EQ(sum, rank % 2 == 0 ? 0 + 2 : 1 + 3);
+    EXPECT_EQ(comm.split({0, 0}, "dup").status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(comm.split({0, 9}, "far").status().code(), StatusCode::kOutOfRange);
+  });
+}
+
+TEST_F(CommunicatorTest, MismatchedCallsFailOnEveryRankWithNothingSent) {
+  run_ranks(3, [](int32_t rank, Communicator& comm) {
+    std::vector<float> in(10, 1.0f), out(10, -1.0f);
+    const size_t count = rank == 1 ? 9 : 10;  // rank 1 disagrees
+    auto w = comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(w.ok());
+    Status s = (*w)->wait();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("all_reduce #1 on group 'world'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("count 9"), std::string::npos) << s.message();
+    EXPECT_EQ(out[0], -1.0f) << "a refused collective changes nothing";
+    // The communicator is unusable after a failure; later calls say why at once.
+    auto later = comm.barrier();
+    if (later.ok()) {
+      EXPECT_EQ((*later)->wait().code(), StatusCode::kAborted);
+    } else {
+      EXPECT_EQ(later.status().code(), StatusCode::kAborted);
+    }
+  });
+}
+
+TEST_F(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
+  CommOptions options;
+  options.timeout = Milliseconds(300);
+  std::atomic<bool> finished{false};
+  run_ranks(
+      2,
+      [&finished](int32_t rank, Communicator& comm) {
+        if (rank == 1) {  // stays connected but never joins the all_reduce
+          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        float x = 1, y = 0;
+        const auto start = std::chrono::steady_clock::now();
+        auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        Status s = (*w)->wait();
+        finished = true;
+        EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.to_string();
+        EXPECT_NE(s.message().find("all_reduce #1 on group 'world' (rank 0 of 2)"),
+                  std::string::npos)
+            << s.message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+      },
+      options);
+}
+
+TEST_F(CommunicatorTest, APeerThatLeavesMidCollectiveAbortsTheOthers) {
+  run_ranks(3, [](int32_t rank, Communicator& comm) {
+    if (rank == 2) return;  // leaves: its communicator closes its connections
+    std::vector<float> x(1000, 1.0f), y(1000, 0.0f);
+    const auto start = std::chrono::steady_clock::now();
+    auto w = comm.all_reduce(x.data(), y.data(), x.size(), DType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(w.ok());
+    Status s = (*w)->wait();
+    EXPECT_TRUE(s.code() == StatusCode::kAborted || s.code() == StatusCode::kTimeout)
+        << s.to_string();
+    EXPECT_NE(s.message().find("all_reduce #1 on group 'world'"), std::string::npos) << s.message();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(25));
+  });
+}
+
+TEST_F(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
+  run_ranks(2, [](int32_t rank, Communicator& comm) {
+    if (rank == 1) return;
+    float x = 1, y = 0;
+    auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(w.ok());
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      comm.abort();
+    });
+    Status s = (*w)->wait();
+    aborter.join();
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+    EXPECT_EQ(comm.barrier().status().code(), StatusCode::kAborted);
+  });
+}
+
+TEST_F(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
+  run_ranks(2, [](int32_t, Communicator& comm) {
+    float x = 0;
+    EXPECT_EQ(comm.broadcast(&x, 1, DType::kFloat32, 2).status().code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(comm.reduce(&x, &x, 1, DType::kFloat32, ReduceOp::kSum, -1).status().code(),
+              StatusCode::kOutOfRange);
+    EXPECT_EQ(comm.send(&x, 1, DType::kFloat32, 5).status().code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(comm.send(&x, 1, DType::kFloat32, comm.rank()).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(comm.all_reduce(nullptr, &x, 1, DType::kFloat32, ReduceOp::kSum).status().code(),
+              StatusCode::kInvalidArgument);
+    auto overflow = comm.all_gather(&x, &x, (size_t{1} << 62), DType::kFloat64);
+    EXPECT_EQ(overflow.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(overflow.status().message().find("overflows"), std::string::npos);
+    EXPECT_EQ(reduce_op_from_int(7).status().code(), StatusCode::kInvalidArgument);
+    // Nothing was sent: the group still works.
+    float a = 1, b = 0;
+    ASSERT_TRUE((*comm.all_reduce(&a, &b, 1, DType::kFloat32, ReduceOp::kSum))->wait().ok());
+    EXPECT_EQ(b, 2.0f);
+  });
+  auto store = make_in_memory_store();
+  EXPECT_EQ(create_communicator(store, 2, 2, Device::cpu()).status().code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(create_communicator(nullptr, 0, 1, Device::cpu()).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hps

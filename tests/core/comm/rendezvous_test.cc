@@ -1,0 +1,302 @@
+// rendezvous_from_env over each launcher's variables, their priority and bad input;
+// open_store over each URL scheme.
+#include "core/comm/rendezvous.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <thread>
+
+namespace hps {
+namespace {
+
+using std::chrono::seconds;
+
+constexpr const char* kVariables[] = {
+    "HPS_RANK",     "HPS_WORLD_SIZE",       "HPS_LOCAL_RANK",       "HPS_STORE",
+    "RANK",         "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
+    "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID",
+};
+
+// Every test starts with none of the variables set and leaves the environment as it was.
+class RendezvousEnv : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* name : kVariables) {
+      if (const char* value = std::getenv(name)) saved_[name] = value;
+      ::unsetenv(name);
+    }
+  }
+  void TearDown() override {
+    for (const char* name : kVariables) {
+      auto it = saved_.find(name);
+      if (it != saved_.end()) {
+        ::setenv(name, it->second.c_str(), 1);
+      } else {
+        ::unsetenv(name);
+      }
+    }
+  }
+  static void set(const char* name, const char* value) { ::setenv(name, value, 1); }
+
+  // The error of rendezvous_from_env, which must fail.
+  static Status failure() {
+    auto info = rendezvous_from_env();
+    EXPECT_FALSE(info.ok()) << "unexpectedly succeeded: " << info->source;
+    return info.status();
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+TEST_F(RendezvousEnv, HpshardVariables) {
+  set("HPS_RANK", "2");
+  set("HPS_WORLD_SIZE", "4");
+  set("HPS_LOCAL_RANK", "1");
+  set("HPS_STORE", "file:///tmp/hps-rdzv");
+  auto info = rendezvous_from_env();
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->rank, 2);
+  EXPECT_EQ(info->world_size, 4);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->store_url, "file:///tmp/hps-rdzv");
+  EXPECT_NE(info->source.find("HPS_RANK"), std::string::npos) << info->source;
+  EXPECT_NE(info->source.find("HPS_LOCAL_RANK"), std::string::npos) << info->source;
+}
+
+TEST_F(RendezvousEnv, LocalRankDefaultsToRank) {
+  set("HPS_RANK", "3");
+  set("HPS_WORLD_SIZE", "4");
+  set("HPS_STORE", "tcp://10.0.0.1:29500");
+  auto info = rendezvous_from_env();
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->local_rank, 3);
+  EXPECT_EQ(info->source.find("HPS_LOCAL_RANK"), std::string::npos) << info->source;
+}
+
+TEST_F(RendezvousEnv, Torchrun) {
+  set("RANK", "5");
+  set("WORLD_SIZE", "8");
+  set("LOCAL_RANK", "1");
+  set("MASTER_ADDR", "node0");
+  set("MASTER_PORT", "29500");
+  auto info = rendezvous_from_env();
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->rank, 5);
+  EXPECT_EQ(info->world_size, 8);
+  EXPECT_EQ(info->local_rank, 1);
+  EXPECT_EQ(info->store_url, "tcp://node0:29500");
+  EXPECT_NE(info->source.find("torchrun"), std::string::npos) << info->source;
+  EXPECT_NE(info->source.find("MASTER_ADDR"), std::string::npos) << info->source;
+
+  set("MASTER_ADDR", "fd00::1");  // an IPv6 address is bracketed in the URL
+  EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fd00::1]:29500");
+  set("HPS_STORE", "file:///shared/rdzv");  // HPS_STORE wins over MASTER_*
+  EXPECT_EQ(rendezvous_from_env()->store_url, "file:///shared/rdzv");
+}
+
+TEST_F(RendezvousEnv, OpenMpi) {
+  set("OMPI_COMM_WORLD_RANK", "1");
+  set("OMPI_COMM_WORLD_SIZE", "2");
+  set("OMPI_COMM_WORLD_LOCAL_RANK", "0");
+  set("HPS_STORE", "tcp://head:1234");
+  auto info = rendezvous_from_env();
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->rank, 1);
+  EXPECT_EQ(info->world_size, 2);
+  EXPECT_EQ(info->local_rank, 0);
+  EXPECT_EQ(info->store_url, "tcp://head:1234");
+  EXPECT_NE(info->source.find("Open MPI"), std::string::npos) << info->source;
+  EXPECT_NE(info->source.find("HPS_STORE"), std::string::npos) << info->source;
+
+  ::unsetenv("HPS_STORE");
+  set("MASTER_ADDR", "head");
+  set("MASTER_PORT", "4321");
+  EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://head:4321");
+}
+
+TEST_F(RendezvousEnv, Slurm) {
+  set("SLURM_PROCID", "6");
+  set("SLURM_NTASKS", "7");
+  set("SLURM_LOCALID", "2");
+  set("MASTER_ADDR", "10.1.2.3");
+  set("MASTER_PORT", "29400");
+  auto info = rendezvous_from_env();
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->rank, 6);
+  EXPECT_EQ(info->world_size, 7);
+  EXPECT_EQ(info->local_rank, 2);
+  EXPECT_EQ(info->store_url, "tcp://10.1.2.3:29400");
+  EXPECT_NE(info->source.find("Slurm"), std::string::npos) << info->source;
+}
+
+TEST_F(RendezvousEnv, PriorityIsHpshardTorchrunOpenMpiSlurm) {
+  set("SLURM_PROCID", "3");
+  set("SLURM_NTASKS", "4");
+  set("OMPI_COMM_WORLD_RANK", "2");
+  set("OMPI_COMM_WORLD_SIZE", "4");
+  set("RANK", "1");
+  set("WORLD_SIZE", "4");
+  set("HPS_RANK", "0");
+  set("HPS_WORLD_SIZE", "4");
+  set("HPS_STORE", "memory://priority");
+  set("MASTER_ADDR", "m");
+  set("MASTER_PORT", "1");
+  EXPECT_EQ(rendezvous_from_env()->rank, 0);
+  ::unsetenv("HPS_RANK");
+  ::unsetenv("HPS_WORLD_SIZE");
+  EXPECT_EQ(rendezvous_from_env()->rank, 1);
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(rendezvous_from_env()->rank, 2);
+  ::unsetenv("OMPI_COMM_WORLD_RANK");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  auto slurm = rendezvous_from_env();
+  ASSERT_TRUE(slurm.ok()) << slurm.status().to_string();
+  EXPECT_EQ(slurm->rank, 3);
+  EXPECT_NE(slurm->source.find("Slurm"), std::string::npos);
+}
+
+TEST_F(RendezvousEnv, NothingSetIsNotFound) {
+  const Status s = failure();
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("HPS_RANK"), std::string::npos) << s.message();
+}
+
+// The error names `variable`.
+void expect_error_naming(const Status& s, const std::string& variable, const std::string& what) {
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find(variable), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+}
+
+TEST_F(RendezvousEnv, MissingVariablesAreNamed) {
+  set("HPS_RANK", "0");
+  expect_error_naming(failure(), "HPS_WORLD_SIZE", "not set");
+  set("HPS_WORLD_SIZE", "2");
+  expect_error_naming(failure(), "HPS_STORE", "not set");
+
+  SetUp();  // clear
+  set("WORLD_SIZE", "2");
+  expect_error_naming(failure(), "RANK", "not set");
+  set("RANK", "0");
+  expect_error_naming(failure(), "MASTER_ADDR", "not set");
+  set("MASTER_ADDR", "head");
+  expect_error_naming(failure(), "MASTER_PORT", "not set");
+}
+
+TEST_F(RendezvousEnv, MalformedValuesAreNamed) {
+  set("HPS_WORLD_SIZE", "4");
+  set("HPS_STORE", "memory://bad");
+  set("HPS_RANK", "one");
+  expect_error_naming(failure(), "HPS_RANK", "not an integer");
+  set("HPS_RANK", "");
+  expect_error_naming(failure(), "HPS_RANK", "not an integer");
+  set("HPS_RANK", "1x");
+  expect_error_naming(failure(), "HPS_RANK", "not an integer");
+  set("HPS_RANK", "99999999999");
+  expect_error_naming(failure(), "HPS_RANK", "out of range");
+  set("HPS_RANK", "4");
+  expect_error_naming(failure(), "HPS_RANK", "outside [0, 4)");
+  set("HPS_RANK", "-1");
+  expect_error_naming(failure(), "HPS_RANK", "outside [0, 4)");
+  set("HPS_RANK", "0");
+  set("HPS_WORLD_SIZE", "0");
+  expect_error_naming(failure(), "HPS_WORLD_SIZE", "at least 1");
+  set("HPS_WORLD_SIZE", "4");
+  set("HPS_LOCAL_RANK", "-2");
+  expect_error_naming(failure(), "HPS_LOCAL_RANK", "outside");
+  ::unsetenv("HPS_LOCAL_RANK");
+  set("HPS_STORE", "ftp://host/x");
+  expect_error_naming(failure(), "HPS_STORE", "unknown scheme 'ftp'");
+  set("HPS_STORE", "tcp://host");
+  expect_error_naming(failure(), "HPS_STORE", "host:port");
+  set("HPS_STORE", "tcp://host:99999");
+  expect_error_naming(failure(), "HPS_STORE", "port");
+  set("HPS_STORE", "file://relative/dir");
+  expect_error_naming(failure(), "HPS_STORE", "absolute path");
+  set("HPS_STORE", "/no/scheme");
+  expect_error_naming(failure(), "HPS_STORE", "no scheme");
+
+  SetUp();
+  set("RANK", "0");
+  set("WORLD_SIZE", "2");
+  set("MASTER_ADDR", "head");
+  set("MASTER_PORT", "http");
+  expect_error_naming(failure(), "MASTER_PORT", "not a port");
+  set("MASTER_PORT", "0");
+  expect_error_naming(failure(), "MASTER_PORT", "not a port");
+  set("MASTER_PORT", "65536");
+  expect_error_naming(failure(), "MASTER_PORT", "not a port");
+  set("MASTER_PORT", "29500");
+  set("WORLD_SIZE", "-3");
+  expect_error_naming(failure(), "WORLD_SIZE", "at least 1");
+}
+
+// ---- open_store --------------------------------------------------------------------
+
+TEST(OpenStore, MemoryStoresAreSharedByName) {
+  auto a = open_store("memory://open-store-test", 0, seconds(1));
+  auto b = open_store("memory://open-store-test", 1, seconds(1));
+  auto c = open_store("memory://another", 0, seconds(1));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_TRUE((*a)->set("k", "shared").ok());
+  EXPECT_EQ(*(*b)->get("k", seconds(1)), "shared");
+  EXPECT_FALSE(*(*c)->check({"k"}));
+}
+
+TEST(OpenStore, FileUrl) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("hps_open_store_test." + std::to_string(::getpid()));
+  auto a = open_store("file://" + dir.string(), 0, seconds(1));
+  auto b = open_store("file://" + dir.string(), 1, seconds(1));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_TRUE((*a)->set("k", "on disk").ok());
+  EXPECT_EQ(*(*b)->get("k", seconds(1)), "on disk");
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OpenStore, TcpUrlRankZeroServes) {
+  uint16_t port = 0;
+  {
+    auto probe = TcpStoreServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(probe.ok());
+    port = (*probe)->port();
+  }
+  for (const std::string host : {"127.0.0.1", "localhost"}) {
+    const std::string url = "tcp://" + host + ":" + std::to_string(port);
+    // Rank 1 starts first and waits for rank 0's server.
+    StatusOr<std::shared_ptr<Store>> rank1 = unavailable("not opened");
+    std::thread early([&] { rank1 = open_store(url, 1, seconds(5)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto rank0 = open_store(url, 0, seconds(5));
+    early.join();
+    ASSERT_TRUE(rank0.ok()) << url << ": " << rank0.status().to_string();
+    ASSERT_TRUE(rank1.ok()) << url << ": " << rank1.status().to_string();
+    ASSERT_TRUE((*rank1)->set("from", "rank 1").ok());
+    EXPECT_EQ(*(*rank0)->get("from", seconds(1)), "rank 1");
+    rank1 = unavailable("closed");  // clients before the server
+  }
+}
+
+TEST(OpenStore, BadUrlsAreInvalidArguments) {
+  for (const char* url : {"ftp://x", "memory://", "file://relative", "tcp://:80", "tcp://h:0",
+                          "tcp://h:port", "tcp://[::1]80", "no-scheme"}) {
+    auto s = open_store(url, 0, seconds(1));
+    ASSERT_FALSE(s.ok()) << url;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << url;
+    EXPECT_NE(s.status().message().find(url), std::string::npos) << s.status().message();
+  }
+  EXPECT_EQ(open_store("memory://x", -1, seconds(1)).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hps

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Runs hpshard-run over rank_probe and checks exit codes, output prefixes and cleanup.
+# usage: launcher_test.sh CASE HPSHARD_RUN RANK_PROBE
+#   CASE: meet-tcp | meet-file | fail | fail-stubborn | signal | forward | timeout | usage
+set -uo pipefail
+case_name=$1 run=$2 probe=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+fail() {
+  echo "FAIL ($case_name): $*"
+  echo "--- stdout"; cat "$work/out" 2>/dev/null
+  echo "--- stderr"; cat "$work/err" 2>/dev/null
+  exit 1
+}
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# Every line a rank wrote carries its prefix; the launcher's own lines start "hpshard-run: ".
+check_prefixes() {
+  local bad
+  bad=$(grep -v -E '^\[rank [0-9]+\] |^hpshard-run: ' "$1") && fail "unprefixed lines in $1: $bad"
+  return 0
+}
+
+case $case_name in
+  meet-tcp | meet-file)
+    store=${case_name#meet-}
+    "$run" -n 3 --store "$store" --timeout 60 -- "$probe" meet >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "exit code $rc, expected 0"
+    for r in 0 1 2; do
+      grep -qxF "[rank $r] rank $r of 3 met every rank" "$work/out" || fail "rank $r did not meet"
+      grep -qxF "[rank $r] HPS_RANK=$r" "$work/out" || fail "rank $r: HPS_RANK"
+      grep -qxF "[rank $r] HPS_WORLD_SIZE=3" "$work/out" || fail "rank $r: HPS_WORLD_SIZE"
+      grep -qxF "[rank $r] HPS_LOCAL_RANK=$r" "$work/out" || fail "rank $r: HPS_LOCAL_RANK"
+      # stdout and stderr stay apart
+      grep -qxF "[rank $r] probe stderr from rank $r" "$work/err" || fail "rank $r: stderr line"
+      grep -qF "probe stderr" "$work/out" && fail "stderr lines leaked into stdout"
+    done
+    check_prefixes "$work/out"
+    check_prefixes "$work/err"
+    url=$(sed -n 's/^\[rank 0\] HPS_STORE=//p' "$work/out")
+    [ "$(grep -c "HPS_STORE=$url\$" "$work/out")" -eq 3 ] || fail "ranks got different stores"
+    if [ "$store" = tcp ]; then
+      [[ $url =~ ^tcp://127\.0\.0\.1:[0-9]+$ ]] || fail "unexpected tcp store URL '$url'"
+    else
+      [[ $url =~ ^file:///.+ ]] || fail "unexpected file store URL '$url'"
+      [ -e "${url#file://}" ] && fail "store directory ${url#file://} was not removed"
+    fi
+    ;;
+  fail | fail-stubborn)
+    extra=()
+    [ "$case_name" = fail-stubborn ] && extra=(stubborn)
+    start=$(now_ms)
+    "$run" -n 3 --grace 1 -- "$probe" fail 1 3 "${extra[@]}" >"$work/out" 2>"$work/err"
+    rc=$?
+    took=$(($(now_ms) - start))
+    [ $rc -eq 3 ] || fail "exit code $rc, expected 3"
+    [ "$took" -lt 8000 ] || fail "took ${took} ms: the sleeping ranks were not stopped"
+    grep -qF "hpshard-run: rank 1 exited with code 3; stopping the other ranks" "$work/err" ||
+      fail "no message naming the failed rank"
+    grep -qxF "[rank 1] rank 1 exiting with 3" "$work/out" || fail "rank 1's last line missing"
+    grep -qF "slept 60 s" "$work/out" && fail "a sleeping rank was not stopped"
+    for pid in $(sed -n 's/^\[rank [02]\] pid=//p' "$work/out"); do
+      kill -0 "$pid" 2>/dev/null && fail "rank process $pid still alive"
+    done
+    check_prefixes "$work/out"
+    echo "launcher exited 3 after ${took} ms"
+    ;;
+  signal)
+    "$run" -n 3 --grace 1 -- "$probe" signal 2 9 >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 137 ] || fail "exit code $rc, expected 137 (128 + SIGKILL)"
+    grep -qF "rank 2 was killed by signal 9" "$work/err" || fail "no message naming the signal"
+    ;;
+  forward)
+    # Every rank sleeps (no rank 99); SIGTERM to the launcher reaches them all.
+    "$run" -n 3 --grace 1 -- "$probe" fail 99 1 >"$work/out" 2>"$work/err" &
+    launcher=$!
+    for _ in $(seq 100); do
+      [ "$(grep -c 'sleeping' "$work/out")" -eq 3 ] && break
+      sleep 0.05
+    done
+    start=$(now_ms)
+    kill -TERM $launcher
+    wait $launcher
+    rc=$?
+    took=$(($(now_ms) - start))
+    [ $rc -eq 143 ] || fail "exit code $rc, expected 143 (128 + SIGTERM)"
+    [ "$took" -lt 5000 ] || fail "took ${took} ms to stop"
+    grep -qF "forwarding it to the ranks" "$work/err" || fail "no message about the signal"
+    for pid in $(sed -n 's/^\[rank [0-9]\] pid=//p' "$work/out"); do
+      kill -0 "$pid" 2>/dev/null && fail "rank process $pid still alive"
+    done
+    ;;
+  timeout)
+    start=$(now_ms)
+    "$run" -n 2 --timeout 0.5 --grace 1 -- "$probe" fail 99 1 >"$work/out" 2>"$work/err"
+    rc=$?
+    took=$(($(now_ms) - start))
+    [ $rc -eq 124 ] || fail "exit code $rc, expected 124"
+    [ "$took" -lt 5000 ] || fail "took ${took} ms"
+    grep -qF "timeout of" "$work/err" || fail "no message about the timeout"
+    ;;
+  usage)
+    "$run" >"$work/out" 2>"$work/err"
+    [ $? -eq 2 ] || fail "no arguments: expected exit 2"
+    grep -qF "usage: hpshard-run" "$work/err" || fail "no usage text"
+    "$run" -n 0 -- "$probe" >"$work/out" 2>"$work/err"
+    [ $? -eq 2 ] || fail "-n 0: expected exit 2"
+    "$run" -n 2 --store nfs -- "$probe" >"$work/out" 2>"$work/err"
+    [ $? -eq 2 ] || fail "--store nfs: expected exit 2"
+    "$run" -n 1 -- /nonexistent/program >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 127 ] || fail "missing program: exit $rc, expected 127"
+    grep -qF "[rank 0] hpshard-run: cannot run '/nonexistent/program'" "$work/err" ||
+      fail "no message for a missing program"
+    ;;
+  *)
+    echo "unknown case $case_name"
+    exit 2
+    ;;
+esac
+echo "PASS ($case_name)"

@@ -1,0 +1,517 @@
+// hpshard-run: starts N local ranks of a program, each with HPS_RANK, HPS_WORLD_SIZE,
+// HPS_LOCAL_RANK and HPS_STORE set, prefixes their output lines with "[rank K] ", and stops
+// them all when one fails.
+//
+//   hpshard-run -n N [--store tcp|file] [--timeout SECONDS] [--grace SECONDS] [--] program args...
+//
+// Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit code
+// (128+signal when it was killed by a signal); 124 when --timeout expired; 2 for bad usage.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kUsageError = 2;
+constexpr int kTimeoutExit = 124;
+// After every rank has exited, how long output still held open (by a rank's own children)
+// is read before the launcher gives up on it.
+constexpr std::chrono::milliseconds kDrainAfterExit{2000};
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int signal) {
+  const int saved = errno;
+  const auto byte = static_cast<unsigned char>(signal);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+void write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // our own output is gone; keep supervising the ranks regardless
+    }
+    text.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+void say(const std::string& message) { write_all(STDERR_FILENO, "hpshard-run: " + message + "\n"); }
+
+void usage(const char* problem) {
+  if (problem) say(problem);
+  write_all(STDERR_FILENO,
+            "usage: hpshard-run -n N [--store tcp|file] [--timeout SECONDS] [--grace SECONDS]\n"
+            "                   [--] program [args...]\n"
+            "  -n, --nproc N      number of local ranks to start (>= 1)\n"
+            "  --store tcp|file   how the ranks meet: a TCP store on 127.0.0.1 served by rank 0\n"
+            "                     (default), or a fresh temp directory removed at the end\n"
+            "  --timeout SECONDS  stop every rank and exit 124 after this long (default: none)\n"
+            "  --grace SECONDS    between SIGTERM and SIGKILL when stopping ranks (default 5)\n");
+}
+
+struct Options {
+  int nproc = 0;
+  std::string store = "tcp";
+  double timeout_s = 0;
+  double grace_s = 5;
+  std::vector<std::string> command;
+};
+
+bool parse_number(const std::string& text, double* out) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno != 0 || !(v >= 0)) return false;
+  *out = v;
+  return true;
+}
+
+// Options, or the exit status when parsing ended the run (usage error or --help).
+std::optional<int> parse_options(int argc, char** argv, Options* options) {
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg.empty() || arg[0] != '-') break;
+    if (arg == "-h" || arg == "--help") {
+      usage(nullptr);
+      return 0;
+    }
+    std::string value;
+    std::string name = arg;
+    const auto eq = arg.find('=');
+    if (arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    } else if (arg.size() > 2 && arg.rfind("-n", 0) == 0 && arg[1] == 'n') {
+      name = "-n";
+      value = arg.substr(2);
+    } else {
+      if (i + 1 >= argc) {
+        usage(("option " + arg + " needs a value").c_str());
+        return kUsageError;
+      }
+      value = argv[++i];
+    }
+    double number = 0;
+    if (name == "-n" || name == "--nproc") {
+      if (!parse_number(value, &number) || number < 1 || number > 4096 ||
+          number != static_cast<int>(number)) {
+        usage(("-n: '" + value + "' is not a rank count (1-4096)").c_str());
+        return kUsageError;
+      }
+      options->nproc = static_cast<int>(number);
+    } else if (name == "--store") {
+      if (value != "tcp" && value != "file") {
+        usage(("--store: '" + value + "' is neither tcp nor file").c_str());
+        return kUsageError;
+      }
+      options->store = value;
+    } else if (name == "--timeout" || name == "--grace") {
+      if (!parse_number(value, &number)) {
+        usage((name + ": '" + value + "' is not a number of seconds").c_str());
+        return kUsageError;
+      }
+      (name == "--timeout" ? options->timeout_s : options->grace_s) = number;
+    } else {
+      usage(("unknown option " + arg).c_str());
+      return kUsageError;
+    }
+  }
+  for (; i < argc; ++i) options->command.emplace_back(argv[i]);
+  if (options->nproc < 1) {
+    usage("-n N is required");
+    return kUsageError;
+  }
+  if (options->command.empty()) {
+    usage("no program given");
+    return kUsageError;
+  }
+  return std::nullopt;
+}
+
+// A free TCP port on 127.0.0.1: bind port 0, read it, release it for rank 0 to take.
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// One of a rank's output pipes; complete lines go out with the rank's prefix.
+struct OutputStream {
+  int fd = -1;
+  int target = -1;  // STDOUT_FILENO or STDERR_FILENO
+  std::string partial;
+};
+
+struct RankProcess {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  OutputStream out;
+  OutputStream err;
+};
+
+void emit_lines(const std::string& prefix, OutputStream& s, bool at_end) {
+  size_t start = 0;
+  std::string text;
+  while (true) {
+    const size_t nl = s.partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    text += prefix;
+    text.append(s.partial, start, nl + 1 - start);
+    start = nl + 1;
+  }
+  s.partial.erase(0, start);
+  if (at_end && !s.partial.empty()) {
+    text += prefix + s.partial + "\n";
+    s.partial.clear();
+  }
+  if (!text.empty()) write_all(s.target, text);
+}
+
+// Reads what the pipe holds; closes it at end of file.
+void pump(const std::string& prefix, OutputStream& s) {
+  char buffer[65536];
+  const ssize_t n = ::read(s.fd, buffer, sizeof buffer);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n <= 0) {
+    emit_lines(prefix, s, true);
+    ::close(s.fd);
+    s.fd = -1;
+    return;
+  }
+  s.partial.append(buffer, static_cast<size_t>(n));
+  emit_lines(prefix, s, false);
+}
+
+void close_stream(const std::string& prefix, OutputStream& s) {
+  if (s.fd < 0) return;
+  emit_lines(prefix, s, true);
+  ::close(s.fd);
+  s.fd = -1;
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string describe(int status) {
+  if (WIFSIGNALED(status)) {
+    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
+  }
+  return "exited with code " + std::to_string(exit_code_of(status));
+}
+
+class Launcher {
+ public:
+  explicit Launcher(Options options) : options_(std::move(options)) {}
+
+  int run() {
+    if (!install_signal_handlers()) return 1;
+    std::string store_url;
+    if (options_.store == "tcp") {
+      const int port = pick_free_port();
+      if (port <= 0) {
+        say(std::string("cannot find a free TCP port: ") + std::strerror(errno));
+        return 1;
+      }
+      store_url = "tcp://127.0.0.1:" + std::to_string(port);
+    } else {
+      const char* tmp = std::getenv("TMPDIR");
+      // Absolute: a file:// store URL needs an absolute path.
+      std::error_code ignored;
+      const auto base = std::filesystem::absolute(tmp && *tmp ? tmp : "/tmp", ignored);
+      std::string pattern = (base / "hpshard-run.XXXXXX").string();
+      if (::mkdtemp(pattern.data()) == nullptr) {
+        say("cannot create a store directory from " + pattern + ": " + std::strerror(errno));
+        return 1;
+      }
+      store_dir_ = pattern;
+      store_url = "file://" + pattern;
+    }
+    int code = 1;
+    if (start_ranks(store_url)) code = supervise();
+    if (!store_dir_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(store_dir_, ignored);
+    }
+    return code;
+  }
+
+ private:
+  bool install_signal_handlers() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+      say(std::string("pipe: ") + std::strerror(errno));
+      return false;
+    }
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
+    return true;
+  }
+
+  // The environment of a rank: ours without any HPS_* rendezvous variable, plus the rank's.
+  std::vector<std::string> rank_environment(int rank, const std::string& store_url) const {
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      bool ours = false;
+      for (const char* name : {"HPS_RANK=", "HPS_WORLD_SIZE=", "HPS_LOCAL_RANK=", "HPS_STORE="}) {
+        if (entry.rfind(name, 0) == 0) ours = true;
+      }
+      if (!ours) env.emplace_back(entry);
+    }
+    env.push_back("HPS_RANK=" + std::to_string(rank));
+    env.push_back("HPS_WORLD_SIZE=" + std::to_string(options_.nproc));
+    env.push_back("HPS_LOCAL_RANK=" + std::to_string(rank));
+    env.push_back("HPS_STORE=" + store_url);
+    return env;
+  }
+
+  bool start_ranks(const std::string& store_url) {
+    std::vector<char*> argv;
+    for (auto& a : options_.command) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ranks_.resize(static_cast<size_t>(options_.nproc));
+    for (int r = 0; r < options_.nproc; ++r) {
+      RankProcess& p = ranks_[static_cast<size_t>(r)];
+      p.rank = r;
+      // Everything the child needs is prepared before fork: it only calls
+      // async-signal-safe functions until exec.
+      std::vector<std::string> env = rank_environment(r, store_url);
+      std::vector<char*> envp;
+      for (auto& e : env) envp.push_back(e.data());
+      envp.push_back(nullptr);
+      int out[2];
+      int err[2];
+      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+        say(std::string("pipe: ") + std::strerror(errno));
+        stop_all(SIGKILL);
+        return false;
+      }
+      const pid_t pid = ::fork();
+      if (pid < 0) {
+        say(std::string("fork: ") + std::strerror(errno));
+        stop_all(SIGKILL);
+        return false;
+      }
+      if (pid == 0) {
+        // Own process group: stopping a rank also stops what it started.
+        ::setpgid(0, 0);
+        ::dup2(out[1], STDOUT_FILENO);
+        ::dup2(err[1], STDERR_FILENO);
+        std::signal(SIGPIPE, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
+        environ = envp.data();
+        ::execvp(argv[0], argv.data());
+        const char* why = std::strerror(errno);
+        write_all(STDERR_FILENO,
+                  std::string("hpshard-run: cannot run '") + argv[0] + "': " + why + "\n");
+        ::_exit(127);
+      }
+      ::setpgid(pid, pid);  // also here, so the group exists before any kill(-pid)
+      ::close(out[1]);
+      ::close(err[1]);
+      ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+      ::fcntl(err[0], F_SETFL, O_NONBLOCK);
+      p.pid = pid;
+      p.running = true;
+      p.out = {out[0], STDOUT_FILENO, {}};
+      p.err = {err[0], STDERR_FILENO, {}};
+      ++running_;
+    }
+    return true;
+  }
+
+  void stop_all(int signal) {
+    for (auto& p : ranks_) {
+      if (p.running) ::kill(-p.pid, signal);
+    }
+  }
+
+  // Sends SIGTERM now and SIGKILL after the grace period to every rank still running.
+  void begin_stop() {
+    if (kill_deadline_) return;
+    stop_all(SIGTERM);
+    kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(options_.grace_s));
+  }
+
+  void reap() {
+    while (true) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      for (auto& p : ranks_) {
+        if (p.pid != pid || !p.running) continue;
+        p.running = false;
+        --running_;
+        if (running_ == 0) drain_deadline_ = Clock::now() + kDrainAfterExit;
+        const int code = exit_code_of(status);
+        if (code != 0 && !failure_) {
+          failure_ = code;
+          say("rank " + std::to_string(p.rank) + " " + describe(status) +
+              (running_ > 0 ? "; stopping the other ranks" : ""));
+          begin_stop();
+        }
+      }
+    }
+  }
+
+  int supervise() {
+    const auto job_deadline =
+        options_.timeout_s > 0
+            ? std::optional(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(options_.timeout_s)))
+            : std::nullopt;
+    while (true) {
+      std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+      std::vector<std::pair<RankProcess*, OutputStream*>> streams;
+      for (auto& p : ranks_) {
+        for (OutputStream* s : {&p.out, &p.err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          streams.emplace_back(&p, s);
+        }
+      }
+      if (running_ == 0 && streams.empty()) break;
+
+      std::optional<Clock::time_point> wake;
+      auto earliest = [&](std::optional<Clock::time_point> t) {
+        if (t && (!wake || *t < *wake)) wake = t;
+      };
+      if (running_ > 0) {
+        earliest(kill_deadline_);
+        earliest(job_deadline);
+      } else {
+        earliest(drain_deadline_);
+      }
+      int timeout_ms = -1;
+      if (wake) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(*wake - Clock::now());
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 60'000));
+      }
+      const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (n < 0 && errno != EINTR) {
+        say(std::string("poll: ") + std::strerror(errno));
+        stop_all(SIGKILL);
+        return 1;
+      }
+      if (n > 0 && fds[0].revents != 0) handle_signals();
+      for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        auto [p, s] = streams[i - 1];
+        pump("[rank " + std::to_string(p->rank) + "] ", *s);
+      }
+      reap();
+      const auto now = Clock::now();
+      if (running_ > 0 && job_deadline && now >= *job_deadline && !timed_out_) {
+        timed_out_ = true;
+        say("timeout of " + std::to_string(options_.timeout_s) + " s expired; stopping the ranks");
+        if (!failure_) failure_ = kTimeoutExit;
+        begin_stop();
+      }
+      if (running_ > 0 && kill_deadline_ && now >= *kill_deadline_) {
+        say("ranks still running after the grace period; sending SIGKILL");
+        stop_all(SIGKILL);
+        kill_deadline_ = now + std::chrono::hours(24);  // SIGKILL cannot be ignored
+      }
+      if (running_ == 0 && drain_deadline_ && now >= *drain_deadline_) {
+        for (auto& p : ranks_) {
+          const std::string prefix = "[rank " + std::to_string(p.rank) + "] ";
+          close_stream(prefix, p.out);
+          close_stream(prefix, p.err);
+        }
+      }
+    }
+    if (failure_) return *failure_;
+    if (interrupted_) return 128 + interrupted_;
+    return 0;
+  }
+
+  void handle_signals() {
+    unsigned char signals[64];
+    ssize_t n = 0;
+    while ((n = ::read(g_signal_pipe[0], signals, sizeof signals)) > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        const int s = signals[i];
+        if (s == SIGCHLD) continue;  // reap() runs after every wake-up
+        // Forward, and stop the ranks that do not exit on it within the grace period.
+        if (!interrupted_) {
+          interrupted_ = s;
+          say(std::string("received ") + strsignal(s) + "; forwarding it to the ranks");
+        }
+        stop_all(s);
+        if (!kill_deadline_) {
+          kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(options_.grace_s));
+        }
+      }
+    }
+  }
+
+  Options options_;
+  std::vector<RankProcess> ranks_;
+  int running_ = 0;
+  std::optional<int> failure_;
+  int interrupted_ = 0;
+  bool timed_out_ = false;
+  std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> drain_deadline_;
+  std::string store_dir_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  if (auto exit_now = parse_options(argc, argv, &options)) return *exit_now;
+  return Launcher(std::move(options)).run();
+}
