@@ -566,6 +566,82 @@ HPS_API hps_status_t hps_hybrid_group_destroy(hps_hybrid_group_t* group);
 HPS_API hps_status_t hps_hybrid_group_comm(hps_hybrid_group_t* group, hps_group_t kind,
                                            hps_comm_t** out_comm);
 
+/* ------------------------------------------------------------------------ */
+/* Hybrid global-norm clipping                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Clips gradients by their global L2 norm over a hybrid topology. Per gradient the squared
+ * norm goes into D (HPS_CLIP_DISTRIBUTED: split across mp) or N (the rest); D is summed
+ * over the sharding, mp and pp groups, N over the sharding and pp groups, each once;
+ * norm = sqrt(D + N); coef = max_norm / (max(norm, max_norm) + 1e-6); every clipped
+ * gradient is multiplied by coef on the device. A NaN gradient makes the norm NaN and the
+ * gradients NaN; an infinite one makes coef 0 (torch's clip_grad_norm_ without
+ * error_if_nonfinite). Thread safety: one thread at a time per clip.
+ */
+typedef struct hps_clip hps_clip_t;
+
+/** Flags of a registered gradient (a bitwise or). */
+typedef enum hps_clip_flag {
+  HPS_CLIP_DISTRIBUTED = 1,      /**< split across mp: its norm is summed over mp */
+  HPS_CLIP_NO_CLIP = 2,          /**< need_clip false: neither counted nor scaled */
+  HPS_CLIP_SHARED_NOT_FIRST = 4, /**< a pipeline-shared copy: scaled but not counted */
+  HPS_CLIP_FLAG_FORCE32 = 0x7FFFFFFF
+} hps_clip_flag_t;
+
+/** Clip options. ABI-extensible. */
+typedef struct hps_clip_options {
+  size_t struct_size;    /**< set by hps_clip_options_init */
+  double max_norm;       /**< > 0 (default 1.0) */
+  int32_t deterministic; /**< 1: exact fixed-point partials, the norm bitwise identical
+                              whatever the dp/sharding/mp/pp layout (default 0) */
+} hps_clip_options_t;
+
+/** Set the defaults and struct_size. */
+HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t struct_size);
+
+/**
+ * Create a clip over the given groups (each may be NULL: not reduced over); `options` may
+ * be NULL for the defaults. The communicators must outlive the clip. Errors:
+ * INVALID_ARGUMENT (max_norm not positive and finite), UNIMPLEMENTED (CUDA communicators:
+ * this version clips CPU gradients).
+ */
+HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
+                                     const hps_clip_options_t* options, hps_clip_t** out_clip);
+
+/** Free `clip`; NULL is a no-op. */
+HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip);
+
+/**
+ * Register a gradient of `count` elements of `dtype` (float32, float64, float16 or
+ * bfloat16) at `data`, which must stay valid while the clip is used. Errors:
+ * INVALID_ARGUMENT (dtype, NULL data, unknown flag bits), FAILED_PRECONDITION (sealed).
+ */
+HPS_API hps_status_t hps_clip_add_tensor(hps_clip_t* clip, void* data, uint64_t count,
+                                         hps_dtype_t dtype, uint32_t flags);
+
+/**
+ * Finish registration. Collective over the mp group, blocking the host once (counted) at
+ * set-up: mp ranks that registered different flags get INVALID_ARGUMENT.
+ */
+HPS_API hps_status_t hps_clip_seal(hps_clip_t* clip);
+
+/**
+ * Enqueue one clip of the registered gradients on `stream`: partial norms, their
+ * reduction over the groups, the norm into *norm_out (device memory of the stream's
+ * device; may be NULL) and, when scale is 1, the scaling of the gradients. Nothing
+ * blocks the host; read the norm after synchronizing with the stream. Use one stream per
+ * clip. Errors: FAILED_PRECONDITION (not sealed), INVALID_ARGUMENT.
+ */
+HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float* norm_out,
+                                  int32_t scale);
+
+/**
+ * The device address of the latest coefficient (valid in stream order after
+ * hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip.
+ */
+HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,41 @@
+// Gradient-norm kernels: sum of squares and in-place scaling of flat buffers. The CPU
+// versions (kernels/cpu/) are vectorised and chunked; names match the CUDA versions.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/common/dtype.h"
+
+namespace hps {
+
+// An exact, order-independent sum of squares: each square is truncated to a multiple of
+// 2^-160 and added as an integer, so any split of the same values over ranks and buffers
+// sums to the same bits. Squares of 2^160 and above count as overflow (an infinite norm).
+struct FixedSquares {
+  static constexpr int kDigits = 11;  // base 2^32, least significant first
+  static constexpr int kLowestExponent = -160;
+  // digits, then the number of infinite and of NaN contributions: all summed by plain
+  // int64 all-reduces across ranks.
+  static constexpr int kSlots = kDigits + 2;
+  std::array<int64_t, kSlots> slots{};
+
+  void add_square(double square);
+  void normalize();  // carries, so every digit is below 2^32
+  void merge(const FixedSquares& other);
+  double value() const;  // +Inf / NaN when any contribution was
+};
+
+namespace cpu {
+
+// Σ x² over `count` elements: fp16, bf16 and fp32 accumulate in fp32 per chunk (chunks
+// summed in fp64), fp64 in fp64. Non-float dtypes are the caller's error (returns 0).
+double sum_of_squares(DType dtype, const void* data, size_t count);
+// The same values, accumulated exactly into `out`.
+void sum_of_squares_fixed(DType dtype, const void* data, size_t count, FixedSquares& out);
+// data[i] *= coefficient, in fp32 for 16-bit types (rounded once), in the type otherwise.
+void scale(DType dtype, void* data, size_t count, double coefficient);
+
+}  // namespace cpu
+}  // namespace hps
