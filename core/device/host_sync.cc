@@ -42,6 +42,24 @@ uint64_t host_sync_count_total(HostSyncKind kind) {
   return g_totals[static_cast<size_t>(kind)].load(std::memory_order_relaxed);
 }
 
+namespace {
+std::atomic<uint64_t> g_dependency_waits{0};
+std::atomic<uint64_t> g_dependency_nanoseconds{0};
+}  // namespace
+
+void count_dependency_wait(uint64_t nanoseconds_blocked) {
+  g_dependency_waits.fetch_add(1, std::memory_order_relaxed);
+  g_dependency_nanoseconds.fetch_add(nanoseconds_blocked, std::memory_order_relaxed);
+}
+uint64_t dependency_wait_count() { return g_dependency_waits.load(std::memory_order_relaxed); }
+uint64_t dependency_wait_nanoseconds() {
+  return g_dependency_nanoseconds.load(std::memory_order_relaxed);
+}
+void dependency_wait_reset() {
+  g_dependency_waits = 0;
+  g_dependency_nanoseconds = 0;
+}
+
 void host_sync_reset() {
   t_thread_count = 0;
   for (auto& c : g_totals) c.store(0, std::memory_order_relaxed);

@@ -28,4 +28,13 @@ uint64_t host_sync_count_total(HostSyncKind kind);
 // Resets the totals and the calling thread's counter.
 void host_sync_reset();
 
+// Dependency waits (CPU): a framework thread computing on the host must wait for an
+// all-gather before it uses the gathered parameters. That is not a host sync (the host
+// is the compute device there) but communication that was not overlapped: counted apart,
+// with the time blocked. Prefetch exists to drive it to zero.
+void count_dependency_wait(uint64_t nanoseconds_blocked);
+uint64_t dependency_wait_count();
+uint64_t dependency_wait_nanoseconds();
+void dependency_wait_reset();
+
 }  // namespace hps

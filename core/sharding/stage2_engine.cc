@@ -1,0 +1,301 @@
+#include "core/sharding/stage2_engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/device/host_sync.h"
+#include "core/kernels/norm.h"
+
+namespace hps {
+
+Stage2Engine::Stage2Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
+                           EngineOptions options)
+    : sharding_(std::move(sharding)),
+      dp_(std::move(dp)),
+      options_(options),
+      optimizer_stream_(std::make_unique<cpu::CpuStream>()) {}
+
+Stage2Engine::~Stage2Engine() { (void)synchronize(); }
+
+StatusOr<std::unique_ptr<Stage2Engine>> Stage2Engine::create(std::shared_ptr<Communicator> sharding,
+                                                             std::shared_ptr<Communicator> dp,
+                                                             const EngineOptions& options) {
+  if (!sharding) return invalid_argument("engine: the sharding communicator is null");
+  for (const auto* c : {&sharding, &dp}) {
+    if (*c && (*c)->device().type != DeviceType::kCpu) {
+      return unimplemented("engine: this version runs stage 2 on CPU communicators only");
+    }
+  }
+  if (options.accumulation_steps < 1)
+    return invalid_argument("engine: accumulation_steps must be >= 1");
+  if (options.clip_max_norm < 0) return invalid_argument("engine: clip_max_norm must be >= 0");
+  if (options.optimizer != OptimizerKind::kSgd && options.optimizer != OptimizerKind::kAdamW) {
+    return invalid_argument("engine: unknown optimizer");
+  }
+  return std::unique_ptr<Stage2Engine>(
+      new Stage2Engine(std::move(sharding), std::move(dp), options));
+}
+
+StatusOr<size_t> Stage2Engine::add_param(ParamSpec spec) {
+  if (sealed_) {
+    return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
+  }
+  if (spec.dtype != DType::kFloat32) {
+    return unimplemented("engine: parameter '" + spec.name + "' is " +
+                         std::string(dtype_name(spec.dtype)) +
+                         "; this version trains float32 parameters (fp16/bf16 master weights are "
+                         "not implemented yet)");
+  }
+  HPS_RETURN_IF_ERROR(plan_.add(std::move(spec)));
+  return plan_.params().size() - 1;
+}
+
+Status Stage2Engine::check_same_model(Communicator& comm) {
+  if (comm.size() == 1) return Status::Ok();
+  const uint64_t mine = plan_.fingerprint();
+  std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
+  HPS_ASSIGN_OR_RETURN(auto work, comm.all_gather(&mine, all.data(), 1, DType::kInt64));
+  HPS_RETURN_IF_ERROR(work->wait());
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != mine) {
+      return invalid_argument("engine: rank " + std::to_string(r) + " of group '" + comm.name() +
+                              "' registered different parameters (names, shapes, dtypes, flags "
+                              "or units differ from this rank's " +
+                              std::to_string(plan_.params().size()) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Stage2Engine::seal() {
+  if (sealed_) return failed_precondition("engine: sealed twice");
+  if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
+  HPS_RETURN_IF_ERROR(check_same_model(*sharding_));
+  if (dp_) HPS_RETURN_IF_ERROR(check_same_model(*dp_));
+  HPS_RETURN_IF_ERROR(plan_.seal(sharding_->size(), options_.alignment_bytes));
+  const size_t n = plan_.buffers().size();
+  params_.resize(n);
+  grads_.resize(n);
+  shard_grads_.resize(n);
+  state_a_.resize(n);
+  state_b_.resize(n);
+  buckets_.resize(n);
+  position_in_buffer_.assign(plan_.params().size(), 0);
+  const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
+  const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
+  for (size_t b = 0; b < n; ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    params_[b].assign(buf.numel, 0.0f);
+    if (buf.trainable) {
+      grads_[b].assign(buf.numel, 0.0f);
+      shard_grads_[b].assign(buf.shard_numel, 0.0f);
+      if (adamw || momentum) state_a_[b].assign(buf.shard_numel, 0.0f);
+      if (adamw) state_b_[b].assign(buf.shard_numel, 0.0f);
+    }
+    buckets_[b].checked_in.assign(buf.params.size(), 0);
+    buckets_[b].pending = buf.trainable ? buf.params.size() : 0;
+    for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
+  }
+  if (options_.clip_max_norm > 0) {
+    HPS_ASSIGN_OR_RETURN(clip_,
+                         HybridClip::create(sharding_, nullptr, nullptr,
+                                            {options_.clip_max_norm, options_.deterministic_clip}));
+    // The clip sees each parameter's part of this rank's reduced shard, with its flags.
+    const int32_t rank = sharding_->rank();
+    for (size_t i = 0; i < plan_.params().size(); ++i) {
+      const ParamSpec& p = plan_.params()[i];
+      const Placement& pl = plan_.placement(i);
+      if (!plan_.buffers()[pl.buffer].trainable) continue;
+      const auto [lo, hi] = plan_.local_part(i, rank);
+      if (lo == hi) continue;
+      const uint64_t shard_begin = plan_.shard(pl.buffer, rank).first;
+      float* data = shard_grads_[pl.buffer].data() + (pl.offset + lo - shard_begin);
+      HPS_RETURN_IF_ERROR(clip_->add_tensor(
+          {data, hi - lo, DType::kFloat32, p.is_distributed, p.need_clip, p.shared_not_first}));
+    }
+    HPS_RETURN_IF_ERROR(clip_->seal());
+  }
+  sealed_ = true;
+  return Status::Ok();
+}
+
+Status Stage2Engine::broadcast_parameters() {
+  if (!sealed_) return failed_precondition("engine: broadcast_parameters() before seal()");
+  for (auto& p : params_) {
+    HPS_ASSIGN_OR_RETURN(auto w, sharding_->broadcast(p.data(), p.size(), DType::kFloat32, 0));
+    HPS_RETURN_IF_ERROR(w->wait());
+    if (dp_) {
+      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(p.data(), p.size(), DType::kFloat32, 0));
+      HPS_RETURN_IF_ERROR(d->wait());
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<float*> Stage2Engine::param(size_t index) {
+  if (!sealed_) return failed_precondition("engine: views exist after seal()");
+  if (index >= plan_.params().size()) {
+    return out_of_range("engine: no parameter " + std::to_string(index));
+  }
+  const Placement& p = plan_.placement(index);
+  return params_[p.buffer].data() + p.offset;
+}
+
+StatusOr<float*> Stage2Engine::grad(size_t index) {
+  HPS_ASSIGN_OR_RETURN(float* p, param(index));
+  (void)p;
+  const Placement& pl = plan_.placement(index);
+  if (!plan_.buffers()[pl.buffer].trainable) {
+    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
+                               "' is not trainable and has no gradient");
+  }
+  return grads_[pl.buffer].data() + pl.offset;
+}
+
+Status Stage2Engine::wait_parameters(int32_t unit) {
+  if (!sealed_) return failed_precondition("engine: wait_parameters() before seal()");
+  bool known = false;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (plan_.buffers()[b].unit != unit) continue;
+    known = true;
+    auto& gathered = buckets_[b].gathered;
+    if (!gathered) continue;
+    HPS_ASSIGN_OR_RETURN(bool done, gathered->test());
+    if (!done) {
+      const auto start = std::chrono::steady_clock::now();
+      HPS_RETURN_IF_ERROR(gathered->done_event().synchronize_uncounted());
+      count_dependency_wait(
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count()));
+    }
+    HPS_RETURN_IF_ERROR(gathered->status());
+  }
+  if (!known) return not_found("engine: no parameters belong to unit " + std::to_string(unit));
+  return Status::Ok();
+}
+
+Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
+  const FlatBuffer& buf = plan_.buffers()[b];
+  HPS_ASSIGN_OR_RETURN(auto work, sharding_->reduce_scatter(
+                                      grads_[b].data(), shard_grads_[b].data(), buf.shard_numel,
+                                      DType::kFloat32, ReduceOp::kSum, ready));
+  if (dp_ && dp_->size() > 1) {
+    HPS_ASSIGN_OR_RETURN(
+        work, dp_->all_reduce(shard_grads_[b].data(), shard_grads_[b].data(), buf.shard_numel,
+                              DType::kFloat32, ReduceOp::kSum, &sharding_->stream()));
+  }
+  buckets_[b].reduced = std::move(work);
+  return Status::Ok();
+}
+
+Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
+  if (!sealed_) return failed_precondition("engine: grad_ready() before seal()");
+  if (index >= plan_.params().size()) {
+    return out_of_range("engine: no parameter " + std::to_string(index));
+  }
+  const size_t b = plan_.placement(index).buffer;
+  if (!plan_.buffers()[b].trainable) {
+    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
+                               "' is not trainable");
+  }
+  Bucket& bucket = buckets_[b];
+  auto& flag = bucket.checked_in[position_in_buffer_[index]];
+  if (flag) {
+    return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
+                               "' checked in twice in one micro-batch");
+  }
+  flag = 1;
+  if (--bucket.pending > 0) return Status::Ok();
+  // The bucket is complete for this micro-batch.
+  const bool last_micro_batch = micro_batch_ == options_.accumulation_steps - 1;
+  if (last_micro_batch) HPS_RETURN_IF_ERROR(launch_reduce(b, ready));
+  std::fill(bucket.checked_in.begin(), bucket.checked_in.end(), 0);
+  bucket.pending = bucket.checked_in.size();
+  // When every trained bucket is complete, the micro-batch is over.
+  bool all_complete = true;
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    if (plan_.buffers()[k].trainable && buckets_[k].pending != buckets_[k].checked_in.size()) {
+      all_complete = false;
+    }
+  }
+  if (all_complete && !last_micro_batch) ++micro_batch_;
+  return Status::Ok();
+}
+
+Status Stage2Engine::step() {
+  if (!sealed_) return failed_precondition("engine: step() before seal()");
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!plan_.buffers()[b].trainable) continue;
+    if (!buckets_[b].reduced || buckets_[b].pending != buckets_[b].checked_in.size()) {
+      return failed_precondition(
+          "engine: step() before backward finished: not every gradient checked in on the last "
+          "micro-batch (" +
+          std::to_string(options_.accumulation_steps) + " per step)");
+    }
+  }
+  cpu::CpuStream& opt = *optimizer_stream_;
+  const float grad_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
+                                                     options_.accumulation_steps);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!plan_.buffers()[b].trainable) continue;
+    HPS_RETURN_IF_ERROR(buckets_[b].reduced->wait_on(opt));
+    // The reduction consumed the full gradients: zero them for the next step, and take
+    // the mean once, on the shard.
+    float* full = grads_[b].data();
+    float* shard = shard_grads_[b].data();
+    const size_t full_n = grads_[b].size(), shard_n = shard_grads_[b].size();
+    opt.enqueue([full, shard, full_n, shard_n, grad_scale] {
+      std::memset(full, 0, full_n * sizeof(float));
+      cpu::scale(DType::kFloat32, shard, shard_n, grad_scale);
+    });
+  }
+  if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
+  const float* coefficient = clip_ ? clip_->coefficient() : nullptr;
+  const int32_t rank = sharding_->rank();
+  const int64_t step_number = ++steps_;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    if (!buf.trainable) continue;
+    const uint64_t begin = plan_.shard(b, rank).first;
+    float* param_shard = params_[b].data() + begin;
+    float* shard = shard_grads_[b].data();
+    float* a = state_a_[b].empty() ? nullptr : state_a_[b].data();
+    float* s = state_b_[b].empty() ? nullptr : state_b_[b].data();
+    const size_t n = buf.shard_numel;
+    const EngineOptions o = options_;
+    opt.enqueue([o, param_shard, shard, a, s, n, step_number, coefficient] {
+      if (o.optimizer == OptimizerKind::kAdamW) {
+        cpu::adamw(param_shard, shard, a, s, n, o.adamw, static_cast<long>(step_number),
+                   coefficient, 1.0f);
+      } else {
+        cpu::sgd(param_shard, shard, a, n, o.sgd, coefficient, 1.0f, step_number == 1);
+      }
+    });
+    // Bring the updated shards back, in place; the next forward of the unit waits on it.
+    HPS_ASSIGN_OR_RETURN(buckets_[b].gathered, sharding_->all_gather(param_shard, params_[b].data(),
+                                                                     n, DType::kFloat32, &opt));
+    buckets_[b].reduced.reset();
+  }
+  micro_batch_ = 0;
+  return Status::Ok();
+}
+
+Status Stage2Engine::synchronize() {
+  if (!sealed_) return Status::Ok();
+  HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
+  for (auto& bucket : buckets_) {
+    if (bucket.gathered) HPS_RETURN_IF_ERROR(bucket.gathered->wait());
+  }
+  return Status::Ok();
+}
+
+uint64_t Stage2Engine::resident_bytes() const {
+  uint64_t n = 0;
+  for (const auto* group : {&params_, &grads_, &shard_grads_, &state_a_, &state_b_}) {
+    for (const auto& v : *group) n += v.size() * sizeof(float);
+  }
+  return n;
+}
+
+}  // namespace hps

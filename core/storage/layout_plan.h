@@ -1,0 +1,73 @@
+// LayoutPlan: where every parameter lives in the flat buffers, and which slice of each
+// buffer a rank owns (DESIGN.md, "Storage layout"). Pure arithmetic, 64-bit throughout.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/common/dtype.h"
+#include "core/common/status.h"
+
+namespace hps {
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kFloat32;
+  bool trainable = true;
+  bool is_distributed = false;
+  bool need_clip = true;
+  bool shared_not_first = false;
+  int32_t unit = 0;  // the layer gathered and released together
+  uint64_t numel() const;
+};
+
+// One flat buffer: the parameters of one (dtype, unit), each starting on an alignment
+// boundary, padded to a multiple of alignment × degree and cut into `degree` equal shards.
+struct FlatBuffer {
+  DType dtype;
+  int32_t unit;
+  bool trainable;
+  uint64_t numel = 0;        // padded length, elements
+  uint64_t shard_numel = 0;  // numel / degree
+  std::vector<size_t> params;
+};
+
+struct Placement {
+  size_t buffer = 0;
+  uint64_t offset = 0;  // first element within the buffer
+  uint64_t numel = 0;
+};
+
+class LayoutPlan {
+ public:
+  Status add(ParamSpec spec);
+  // Lays the parameters out for `degree` shards. After this, add() fails.
+  Status seal(int32_t degree, uint64_t alignment_bytes = 256);
+  bool sealed() const { return sealed_; }
+
+  int32_t degree() const { return degree_; }
+  const std::vector<ParamSpec>& params() const { return params_; }
+  const std::vector<FlatBuffer>& buffers() const { return buffers_; }
+  const Placement& placement(size_t param) const { return placements_[param]; }
+  // Element range [begin, end) of buffer `b` that `rank` owns.
+  std::pair<uint64_t, uint64_t> shard(size_t b, int32_t rank) const;
+  // The part of `param` inside `rank`'s shard, as [begin, end) within the parameter
+  // (empty when begin == end).
+  std::pair<uint64_t, uint64_t> local_part(size_t param, int32_t rank) const;
+  // Identifies names, shapes, dtypes, flags and units: equal on every rank or the ranks
+  // registered different models.
+  uint64_t fingerprint() const;
+
+ private:
+  std::vector<ParamSpec> params_;
+  std::vector<FlatBuffer> buffers_;
+  std::vector<Placement> placements_;
+  int32_t degree_ = 1;
+  bool sealed_ = false;
+};
+
+}  // namespace hps
