@@ -60,6 +60,7 @@ class Stage2Engine {
   Status step();
 
   const LayoutPlan& plan() const { return plan_; }
+  int32_t shard_rank() const { return sharding_->rank(); }
   uint64_t resident_bytes() const;
   int64_t steps_taken() const { return steps_; }
   // Drains everything in flight (a host sync; for shutdown, checkpoints and tests).

@@ -642,6 +642,137 @@ HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float*
  */
 HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient);
 
+/* ------------------------------------------------------------------------ */
+/* Sharded training engine                                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * ZeRO-style sharded data parallelism for a framework that keeps its own forward and
+ * backward: it registers its parameters, points its tensors at the engine's views,
+ * adds gradients into the gradient views and checks each one in; the engine reduces
+ * every complete bucket while backward goes on, steps the optimizer on this rank's
+ * shard and all-gathers the parameters back. Stage 2: full parameters stay resident.
+ * Nothing in a steady-state step blocks the host. This version trains float32
+ * parameters on CPU communicators. Thread safety: one thread at a time per engine.
+ */
+typedef struct hps_engine hps_engine_t;
+
+typedef enum hps_optimizer {
+  HPS_OPTIMIZER_SGD = 0,   /**< momentum, weight decay, nesterov (torch.optim.SGD) */
+  HPS_OPTIMIZER_ADAMW = 1, /**< decoupled weight decay (torch.optim.AdamW) */
+  HPS_OPTIMIZER_FORCE32 = 0x7FFFFFFF
+} hps_optimizer_t;
+
+/** Flags of a registered parameter (a bitwise or). */
+typedef enum hps_param_flag {
+  HPS_PARAM_FROZEN = 1,           /**< not trainable: no gradient, never updated */
+  HPS_PARAM_DISTRIBUTED = 2,      /**< split across mp (for clipping) */
+  HPS_PARAM_NO_CLIP = 4,          /**< excluded from gradient clipping */
+  HPS_PARAM_SHARED_NOT_FIRST = 8, /**< a pipeline-shared copy: not counted in the norm */
+  HPS_PARAM_FLAG_FORCE32 = 0x7FFFFFFF
+} hps_param_flag_t;
+
+/** Engine options. ABI-extensible. */
+typedef struct hps_engine_options {
+  size_t struct_size;          /**< set by hps_engine_options_init */
+  int32_t stage;               /**< 2 (default); 3 is not available in this version */
+  hps_optimizer_t optimizer;   /**< default SGD */
+  float learning_rate;         /**< default 0.01 */
+  float momentum;              /**< SGD, default 0 */
+  float weight_decay;          /**< default 0 */
+  int32_t nesterov;            /**< SGD, default 0 */
+  float beta1;                 /**< AdamW, default 0.9 */
+  float beta2;                 /**< AdamW, default 0.999 */
+  float epsilon;               /**< AdamW, default 1e-8 */
+  double clip_max_norm;        /**< > 0: global-norm clipping folded into the optimizer */
+  int32_t deterministic_clip;  /**< 1: the clip norm is bitwise layout-independent */
+  int32_t accumulation_steps;  /**< micro-batches per step (default 1) */
+  uint64_t alignment_bytes;    /**< parameter alignment in the flat buffers (default 256) */
+} hps_engine_options_t;
+
+/** Set the defaults and struct_size. */
+HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size_t struct_size);
+
+/**
+ * Create an engine sharding over `sharding` (required) with an optional `dp` group above
+ * it; `options` may be NULL. The communicators must outlive the engine. The caller owns
+ * *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (stage 3, CUDA communicators).
+ */
+HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
+                                       const hps_engine_options_t* options,
+                                       hps_engine_t** out_engine);
+
+/** Finish what is in flight, then free `engine`; NULL is a no-op. */
+HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
+
+/**
+ * Register a parameter before hps_engine_seal; its index (registration order) into
+ * *out_index. `unit` is the layer its forward belongs to. Every rank must register the
+ * same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),
+ * FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32).
+ */
+HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name,
+                                          const int64_t* shape, size_t ndim, hps_dtype_t dtype,
+                                          uint32_t flags, int32_t unit, size_t* out_index);
+
+/**
+ * Lay the parameters out and allocate the buffers (zero-filled). Collective over the
+ * sharding and dp groups, host-blocking once at set-up: ranks that registered different
+ * parameters get INVALID_ARGUMENT.
+ */
+HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine);
+
+/** Collective: every rank's parameters become its groups' source rank's. Set-up only. */
+HPS_API hps_status_t hps_engine_broadcast_parameters(hps_engine_t* engine);
+
+/** The parameter view of `index` (owned by the engine, valid until it is destroyed). */
+HPS_API hps_status_t hps_engine_param(hps_engine_t* engine, size_t index, void** out_data);
+
+/**
+ * The gradient view of `index`: zero at the start of every step; backward adds into it.
+ * Errors: FAILED_PRECONDITION (frozen parameter or not sealed), OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** out_data);
+
+/**
+ * Before the forward of `unit` reads its parameters (and before backward writes their
+ * gradients): waits for the last step's all-gather of them. A dependency wait, counted
+ * by hps_dependency_wait_stats, not a host sync. Errors: NOT_FOUND (no such unit).
+ */
+HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t unit);
+
+/**
+ * Parameter `index`'s gradient is complete for this micro-batch. When the last parameter
+ * of a bucket checks in on the last micro-batch, the bucket's reduction starts. `ready`:
+ * the stream the gradient was produced on, or NULL when the calling thread wrote it.
+ * Errors: FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index,
+                                           hps_stream_t* ready);
+
+/**
+ * Enqueue the optimizer step on this rank's shards and the parameter all-gathers.
+ * Returns at once: no host sync. Errors: FAILED_PRECONDITION (a gradient has not
+ * checked in: step before backward).
+ */
+HPS_API hps_status_t hps_engine_step(hps_engine_t* engine);
+
+/** Block until everything in flight has finished (counted as a host sync). */
+HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine);
+
+/** Bytes this rank holds: parameters, gradients and optimizer state. */
+HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes);
+
+/**
+ * The part of parameter `index` (as element offsets [*out_begin, *out_end) within it)
+ * that this rank's shard holds and updates; begin == end when none.
+ */
+HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index,
+                                            uint64_t* out_begin, uint64_t* out_end);
+
+/** Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds. */
+HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
