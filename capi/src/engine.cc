@@ -4,13 +4,13 @@
 #include "capi/src/error.h"
 #include "capi/src/handles.h"
 #include "core/device/host_sync.h"
-#include "core/sharding/stage2_engine.h"
+#include "core/sharding/sharded_engine.h"
 
 using hps::capi::guard;
 using hps::capi::raw_enum;
 
 struct hps_engine {
-  std::unique_ptr<hps::Stage2Engine> impl;
+  std::unique_ptr<hps::ShardedEngine> impl;
 };
 
 namespace {
@@ -47,6 +47,7 @@ HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size
     options->deterministic_clip = 0;
     options->accumulation_steps = 1;
     options->alignment_bytes = d.alignment_bytes;
+    options->prefetch_window = d.prefetch_window;
     return hps::Status::Ok();
   });
 }
@@ -58,17 +59,13 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
   HPS_CHECK_ARG(out_engine);
   return guard(__func__, [&]() -> hps::Status {
     hps::EngineOptions o;
+    int32_t stage = 2;
     if (options != nullptr) {
       if (options->struct_size < kOptionsMinSize) {
         return hps::invalid_argument(
             "options->struct_size is not set: call hps_engine_options_init first");
       }
-      if (options->stage == 3) {
-        return hps::unimplemented("stage 3 is not available in this version; use stage 2");
-      }
-      if (options->stage != 2) {
-        return hps::invalid_argument("stage must be 2 or 3, not " + std::to_string(options->stage));
-      }
+      stage = options->stage;
       const int32_t optimizer = raw_enum(options->optimizer);
       if (optimizer != HPS_OPTIMIZER_SGD && optimizer != HPS_OPTIMIZER_ADAMW) {
         return hps::invalid_argument("unknown optimizer " + std::to_string(optimizer));
@@ -83,8 +80,8 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
       o.accumulation_steps = options->accumulation_steps;
       o.alignment_bytes = options->alignment_bytes;
     }
-    HPS_ASSIGN_OR_RETURN(auto engine,
-                         hps::Stage2Engine::create(sharding->impl, dp ? dp->impl : nullptr, o));
+    HPS_ASSIGN_OR_RETURN(
+        auto engine, hps::create_sharded_engine(stage, sharding->impl, dp ? dp->impl : nullptr, o));
     *out_engine = new hps_engine{std::move(engine)};
     return hps::Status::Ok();
   });
@@ -157,7 +154,12 @@ HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** 
 
 HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t unit) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] { return engine->impl->wait_parameters(unit); });
+  return guard(__func__, [&] { return engine->impl->gather(unit); });
+}
+
+HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t unit) {
+  HPS_CHECK_ARG(engine);
+  return guard(__func__, [&] { return engine->impl->release(unit); });
 }
 
 HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index,

@@ -20,18 +20,7 @@ Stage2Engine::~Stage2Engine() { (void)synchronize(); }
 StatusOr<std::unique_ptr<Stage2Engine>> Stage2Engine::create(std::shared_ptr<Communicator> sharding,
                                                              std::shared_ptr<Communicator> dp,
                                                              const EngineOptions& options) {
-  if (!sharding) return invalid_argument("engine: the sharding communicator is null");
-  for (const auto* c : {&sharding, &dp}) {
-    if (*c && (*c)->device().type != DeviceType::kCpu) {
-      return unimplemented("engine: this version runs stage 2 on CPU communicators only");
-    }
-  }
-  if (options.accumulation_steps < 1)
-    return invalid_argument("engine: accumulation_steps must be >= 1");
-  if (options.clip_max_norm < 0) return invalid_argument("engine: clip_max_norm must be >= 0");
-  if (options.optimizer != OptimizerKind::kSgd && options.optimizer != OptimizerKind::kAdamW) {
-    return invalid_argument("engine: unknown optimizer");
-  }
+  HPS_RETURN_IF_ERROR(check_engine_arguments(sharding, dp, options));
   return std::unique_ptr<Stage2Engine>(
       new Stage2Engine(std::move(sharding), std::move(dp), options));
 }
@@ -50,28 +39,11 @@ StatusOr<size_t> Stage2Engine::add_param(ParamSpec spec) {
   return plan_.params().size() - 1;
 }
 
-Status Stage2Engine::check_same_model(Communicator& comm) {
-  if (comm.size() == 1) return Status::Ok();
-  const uint64_t mine = plan_.fingerprint();
-  std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
-  HPS_ASSIGN_OR_RETURN(auto work, comm.all_gather(&mine, all.data(), 1, DType::kInt64));
-  HPS_RETURN_IF_ERROR(work->wait());
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] != mine) {
-      return invalid_argument("engine: rank " + std::to_string(r) + " of group '" + comm.name() +
-                              "' registered different parameters (names, shapes, dtypes, flags "
-                              "or units differ from this rank's " +
-                              std::to_string(plan_.params().size()) + ")");
-    }
-  }
-  return Status::Ok();
-}
-
 Status Stage2Engine::seal() {
   if (sealed_) return failed_precondition("engine: sealed twice");
   if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
-  HPS_RETURN_IF_ERROR(check_same_model(*sharding_));
-  if (dp_) HPS_RETURN_IF_ERROR(check_same_model(*dp_));
+  HPS_RETURN_IF_ERROR(check_same_model(*sharding_, plan_));
+  if (dp_) HPS_RETURN_IF_ERROR(check_same_model(*dp_, plan_));
   HPS_RETURN_IF_ERROR(plan_.seal(sharding_->size(), options_.alignment_bytes));
   const size_t n = plan_.buffers().size();
   params_.resize(n);
@@ -173,6 +145,14 @@ Status Stage2Engine::wait_parameters(int32_t unit) {
   }
   if (!known) return not_found("engine: no parameters belong to unit " + std::to_string(unit));
   return Status::Ok();
+}
+
+Status Stage2Engine::release(int32_t unit) {
+  if (!sealed_) return failed_precondition("engine: release() before seal()");
+  for (const auto& b : plan_.buffers()) {
+    if (b.unit == unit) return Status::Ok();  // stage 2 keeps parameters resident
+  }
+  return not_found("engine: no parameters belong to unit " + std::to_string(unit));
 }
 
 Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {

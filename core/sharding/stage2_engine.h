@@ -11,65 +11,53 @@
 #include <vector>
 
 #include "core/clip/hybrid_clip.h"
-#include "core/comm/communicator.h"
 #include "core/device/cpu/stream.h"
-#include "core/kernels/optimizer.h"
-#include "core/storage/layout_plan.h"
+#include "core/sharding/sharded_engine.h"
 
 namespace hps {
 
-enum class OptimizerKind : int32_t { kSgd = 0, kAdamW = 1 };
-
-struct EngineOptions {
-  OptimizerKind optimizer = OptimizerKind::kSgd;
-  SgdHyper sgd;
-  AdamWHyper adamw;
-  double clip_max_norm = 0;  // > 0: global-norm clipping folded into the optimizer
-  bool deterministic_clip = false;
-  uint64_t alignment_bytes = 256;
-  int32_t accumulation_steps = 1;  // micro-batches per step; reduce on the last only
-};
-
-class Stage2Engine {
+class Stage2Engine final : public ShardedEngine {
  public:
   // `sharding` must be a CPU communicator (this version); `dp` may be null.
   static StatusOr<std::unique_ptr<Stage2Engine>> create(std::shared_ptr<Communicator> sharding,
                                                         std::shared_ptr<Communicator> dp,
                                                         const EngineOptions& options);
-  ~Stage2Engine();
+  ~Stage2Engine() override;
 
-  StatusOr<size_t> add_param(ParamSpec spec);
+  int32_t stage() const override { return 2; }
+  StatusOr<size_t> add_param(ParamSpec spec) override;
   // Collective over the sharding and dp groups (host-blocking once, at set-up): checks
   // every rank registered the same parameters, allocates the buffers, zero-filled.
-  Status seal();
+  Status seal() override;
   // Collective: parameters from each group's source rank (rank 0), so every replica
   // starts equal. Host-blocking, at set-up.
-  Status broadcast_parameters();
+  Status broadcast_parameters() override;
 
   // Views the framework points its tensors at (valid after seal).
-  StatusOr<float*> param(size_t index);
-  StatusOr<float*> grad(size_t index);
+  StatusOr<float*> param(size_t index) override;
+  StatusOr<float*> grad(size_t index) override;
 
   // Before the forward of `unit`: waits until the last all-gather of its parameters has
   // arrived. A dependency wait (counted apart from host syncs), zero once prefetched.
   Status wait_parameters(int32_t unit);
+  Status gather(int32_t unit) override { return wait_parameters(unit); }
+  Status release(int32_t unit) override;
   // After backward wrote (added) parameter `index`'s gradient. `ready`: the stream the
   // gradient was produced on, or null when the calling thread produced it.
-  Status grad_ready(size_t index, Stream* ready = nullptr);
+  Status grad_ready(size_t index, Stream* ready = nullptr) override;
   // Enqueues the optimizer step and the parameter all-gathers. Host syncs: none.
-  Status step();
+  Status step() override;
 
-  const LayoutPlan& plan() const { return plan_; }
-  int32_t shard_rank() const { return sharding_->rank(); }
-  uint64_t resident_bytes() const;
+  const LayoutPlan& plan() const override { return plan_; }
+  int32_t shard_rank() const override { return sharding_->rank(); }
+  uint64_t resident_bytes() const override;
   int64_t steps_taken() const { return steps_; }
   // Drains everything in flight (a host sync; for shutdown, checkpoints and tests).
-  Status synchronize();
+  Status synchronize() override;
 
  private:
   Stage2Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
                EngineOptions options);
-  Status check_same_model(Communicator& comm);
   Status launch_reduce(size_t buffer, Stream* ready);
 
   struct Bucket {

@@ -1,9 +1,12 @@
 /* The main job: an MLP whose forward and backward are written here, as a framework would,
- * trained with hpshard's stage 2 over every rank of the job, beside an unsharded run of
+ * trained with hpshard's stage 2 (or 3) over every rank of the job, beside an unsharded run of
  * the same model, data and seed computed by rank 0 alone. Per step it prints both losses
  * and the host syncs the engine caused.
  *
- *   hpshard-run -n 4 -- hpshard_train_mlp [--steps N] [--adamw] [--clip MAX_NORM]
+ *   hpshard-run -n 4 -- hpshard_train_mlp [--steps N] [--stage 2|3] [--adamw] [--clip MAX_NORM]
+ *
+ * The MLP is small, so every layer's parameters are gathered for the whole forward and
+ * backward of a step; a framework with large layers gathers and releases per layer.
  */
 #include <math.h>
 #include <stdio.h>
@@ -150,8 +153,10 @@ int main(int argc, char** argv) {
       options.weight_decay = 0.01f;
     } else if (strcmp(argv[a], "--clip") == 0 && a + 1 < argc)
       options.clip_max_norm = atof(argv[++a]);
+    else if (strcmp(argv[a], "--stage") == 0 && a + 1 < argc)
+      options.stage = atoi(argv[++a]);
     else {
-      fprintf(stderr, "usage: %s [--steps N] [--adamw] [--clip MAX_NORM]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--steps N] [--stage 2|3] [--adamw] [--clip MAX_NORM]\n", argv[0]);
       return 2;
     }
   }
@@ -178,8 +183,6 @@ int main(int argc, char** argv) {
   for (l = 0; l < kLayers; ++l) {
     TRY(hps_engine_param(engine, index[2 * l], (void**)&sharded.w[l]));
     TRY(hps_engine_param(engine, index[2 * l + 1], (void**)&sharded.b[l]));
-    TRY(hps_engine_grad(engine, index[2 * l], (void**)&sharded.gw[l]));
-    TRY(hps_engine_grad(engine, index[2 * l + 1], (void**)&sharded.gb[l]));
     for (i = 0; i < kFanIn[l] * kFanOut[l]; ++i)
       sharded.w[l][i] = info.rank == 0 ? init_value(l, i) : 0;
     for (i = 0; i < kFanOut[l]; ++i) sharded.b[l][i] = 0;
@@ -203,9 +206,9 @@ int main(int argc, char** argv) {
 
   if (info.rank == 0) {
     printf(
-        "hpshard %s: stage 2 over %d CPU ranks (%s), %s%s, MLP %d-%d-%d-%d, batch %d; "
-        "%llu bytes resident on rank 0\n",
-        hps_version_string(), (int)info.world_size, info.source,
+        "hpshard %s: stage %d over %d CPU ranks (%s), %s%s, MLP %d-%d-%d-%d, batch %d; "
+        "%llu bytes resident on rank 0 between steps\n",
+        hps_version_string(), (int)options.stage, (int)info.world_size, info.source,
         options.optimizer == HPS_OPTIMIZER_ADAMW ? "AdamW" : "SGD+momentum",
         options.clip_max_norm > 0 ? " with clipping" : "", kIn, kHidden, kHidden, kOut, kBatch,
         (unsigned long long)resident);
@@ -218,11 +221,19 @@ int main(int argc, char** argv) {
     uint64_t syncs = 0;
     hps_work_t* work = NULL;
     TRY(hps_host_sync_reset());
-    for (l = 0; l < kLayers; ++l) TRY(hps_engine_wait_parameters(engine, l));
+    for (l = 0; l < kLayers; ++l) {
+      /* The views are fetched after the wait: in stage 3 they exist only while gathered. */
+      TRY(hps_engine_wait_parameters(engine, l));
+      TRY(hps_engine_param(engine, index[2 * l], (void**)&sharded.w[l]));
+      TRY(hps_engine_param(engine, index[2 * l + 1], (void**)&sharded.b[l]));
+      TRY(hps_engine_grad(engine, index[2 * l], (void**)&sharded.gw[l]));
+      TRY(hps_engine_grad(engine, index[2 * l + 1], (void**)&sharded.gb[l]));
+    }
     local_loss = forward_backward(&sharded, step, info.rank * per_rank, per_rank);
     for (l = kLayers - 1; l >= 0; --l) { /* backward order */
       TRY(hps_engine_grad_ready(engine, index[2 * l + 1], NULL));
       TRY(hps_engine_grad_ready(engine, index[2 * l], NULL));
+      TRY(hps_engine_release_parameters(engine, l));
     }
     TRY(hps_engine_step(engine));
     TRY(hps_host_sync_count_thread(&syncs));

@@ -650,10 +650,17 @@ HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_co
  * ZeRO-style sharded data parallelism for a framework that keeps its own forward and
  * backward: it registers its parameters, points its tensors at the engine's views,
  * adds gradients into the gradient views and checks each one in; the engine reduces
- * every complete bucket while backward goes on, steps the optimizer on this rank's
- * shard and all-gathers the parameters back. Stage 2: full parameters stay resident.
- * Nothing in a steady-state step blocks the host. This version trains float32
- * parameters on CPU communicators. Thread safety: one thread at a time per engine.
+ * every complete bucket while backward goes on and steps the optimizer on this rank's
+ * shard. Per step, for each unit (layer):
+ *   forward:  hps_engine_wait_parameters(u); compute; hps_engine_release_parameters(u)
+ *   backward: hps_engine_wait_parameters(u); add into the gradient views;
+ *             hps_engine_grad_ready(i) for each of its parameters; hps_engine_release_parameters(u)
+ * then hps_engine_step. Stage 2 keeps full parameters resident (an all-gather after each
+ * step brings them back; release does nothing). Stage 3 keeps only this rank's shards:
+ * wait_parameters gathers the unit (prefetched in the order recorded on the first step,
+ * at most prefetch_window units live) and release frees it. Nothing in a steady-state
+ * step blocks the host. This version trains float32 parameters on CPU communicators.
+ * Thread safety: one thread at a time per engine.
  */
 typedef struct hps_engine hps_engine_t;
 
@@ -674,20 +681,21 @@ typedef enum hps_param_flag {
 
 /** Engine options. ABI-extensible. */
 typedef struct hps_engine_options {
-  size_t struct_size;          /**< set by hps_engine_options_init */
-  int32_t stage;               /**< 2 (default); 3 is not available in this version */
-  hps_optimizer_t optimizer;   /**< default SGD */
-  float learning_rate;         /**< default 0.01 */
-  float momentum;              /**< SGD, default 0 */
-  float weight_decay;          /**< default 0 */
-  int32_t nesterov;            /**< SGD, default 0 */
-  float beta1;                 /**< AdamW, default 0.9 */
-  float beta2;                 /**< AdamW, default 0.999 */
-  float epsilon;               /**< AdamW, default 1e-8 */
-  double clip_max_norm;        /**< > 0: global-norm clipping folded into the optimizer */
-  int32_t deterministic_clip;  /**< 1: the clip norm is bitwise layout-independent */
-  int32_t accumulation_steps;  /**< micro-batches per step (default 1) */
-  uint64_t alignment_bytes;    /**< parameter alignment in the flat buffers (default 256) */
+  size_t struct_size;         /**< set by hps_engine_options_init */
+  int32_t stage;              /**< 2 (default) or 3 */
+  hps_optimizer_t optimizer;  /**< default SGD */
+  float learning_rate;        /**< default 0.01 */
+  float momentum;             /**< SGD, default 0 */
+  float weight_decay;         /**< default 0 */
+  int32_t nesterov;           /**< SGD, default 0 */
+  float beta1;                /**< AdamW, default 0.9 */
+  float beta2;                /**< AdamW, default 0.999 */
+  float epsilon;              /**< AdamW, default 1e-8 */
+  double clip_max_norm;       /**< > 0: global-norm clipping folded into the optimizer */
+  int32_t deterministic_clip; /**< 1: the clip norm is bitwise layout-independent */
+  int32_t accumulation_steps; /**< micro-batches per step (default 1) */
+  uint64_t alignment_bytes;   /**< parameter alignment in the flat buffers (default 256) */
+  int32_t prefetch_window;    /**< stage 3: units live at once, prefetch included (default 2) */
 } hps_engine_options_t;
 
 /** Set the defaults and struct_size. */
@@ -696,7 +704,7 @@ HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size
 /**
  * Create an engine sharding over `sharding` (required) with an optional `dp` group above
  * it; `options` may be NULL. The communicators must outlive the engine. The caller owns
- * *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (stage 3, CUDA communicators).
+ * *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators).
  */
 HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
                                        const hps_engine_options_t* options,
@@ -722,10 +730,18 @@ HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name
  */
 HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine);
 
-/** Collective: every rank's parameters become its groups' source rank's. Set-up only. */
+/**
+ * Collective: every rank's parameters become its groups' source rank's. Set-up only.
+ * Stage 3: write the initial values into the views after hps_engine_seal, then call this;
+ * it shards them (from here on views exist only while their unit is gathered).
+ */
 HPS_API hps_status_t hps_engine_broadcast_parameters(hps_engine_t* engine);
 
-/** The parameter view of `index` (owned by the engine, valid until it is destroyed). */
+/**
+ * The parameter view of `index`, owned by the engine. Stage 2: valid until the engine is
+ * destroyed. Stage 3: valid between hps_engine_wait_parameters and
+ * hps_engine_release_parameters of its unit (FAILED_PRECONDITION otherwise).
+ */
 HPS_API hps_status_t hps_engine_param(hps_engine_t* engine, size_t index, void** out_data);
 
 /**
@@ -736,10 +752,19 @@ HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** 
 
 /**
  * Before the forward of `unit` reads its parameters (and before backward writes their
- * gradients): waits for the last step's all-gather of them. A dependency wait, counted
- * by hps_dependency_wait_stats, not a host sync. Errors: NOT_FOUND (no such unit).
+ * gradients): waits for their all-gather (stage 3 starts it unless it was prefetched).
+ * A dependency wait, counted by hps_dependency_wait_stats, not a host sync.
+ * Errors: NOT_FOUND (no such unit), FAILED_PRECONDITION (stage 3 before
+ * hps_engine_broadcast_parameters).
  */
 HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t unit);
+
+/**
+ * After the forward or the backward of `unit`: stage 3 frees its full parameters (their
+ * gradients go once reduced); stage 2 does nothing. Errors: NOT_FOUND, FAILED_PRECONDITION
+ * (gradients taken in this backward that have not all checked in).
+ */
+HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t unit);
 
 /**
  * Parameter `index`'s gradient is complete for this micro-batch. When the last parameter
@@ -747,8 +772,7 @@ HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t un
  * the stream the gradient was produced on, or NULL when the calling thread wrote it.
  * Errors: FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE.
  */
-HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index,
-                                           hps_stream_t* ready);
+HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index, hps_stream_t* ready);
 
 /**
  * Enqueue the optimizer step on this rank's shards and the parameter all-gathers.
@@ -767,8 +791,8 @@ HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* o
  * The part of parameter `index` (as element offsets [*out_begin, *out_end) within it)
  * that this rank's shard holds and updates; begin == end when none.
  */
-HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index,
-                                            uint64_t* out_begin, uint64_t* out_end);
+HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, uint64_t* out_begin,
+                                            uint64_t* out_end);
 
 /** Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds. */
 HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds);

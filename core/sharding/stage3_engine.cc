@@ -1,0 +1,412 @@
+#include "core/sharding/stage3_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "core/device/host_sync.h"
+#include "core/kernels/norm.h"
+
+namespace hps {
+
+Stage3Engine::Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
+                           EngineOptions options)
+    : sharding_(std::move(sharding)),
+      dp_(std::move(dp)),
+      options_(options),
+      optimizer_stream_(std::make_unique<cpu::CpuStream>()) {}
+
+Stage3Engine::~Stage3Engine() { (void)synchronize(); }
+
+StatusOr<std::unique_ptr<Stage3Engine>> Stage3Engine::create(std::shared_ptr<Communicator> sharding,
+                                                             std::shared_ptr<Communicator> dp,
+                                                             const EngineOptions& options) {
+  HPS_RETURN_IF_ERROR(check_engine_arguments(sharding, dp, options));
+  return std::unique_ptr<Stage3Engine>(
+      new Stage3Engine(std::move(sharding), std::move(dp), options));
+}
+
+StatusOr<size_t> Stage3Engine::add_param(ParamSpec spec) {
+  if (sealed_) {
+    return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
+  }
+  if (spec.dtype != DType::kFloat32) {
+    return unimplemented("engine: parameter '" + spec.name + "' is " +
+                         std::string(dtype_name(spec.dtype)) +
+                         "; this version trains float32 parameters (fp16/bf16 master weights are "
+                         "not implemented yet)");
+  }
+  HPS_RETURN_IF_ERROR(plan_.add(std::move(spec)));
+  return plan_.params().size() - 1;
+}
+
+Status Stage3Engine::seal() {
+  if (sealed_) return failed_precondition("engine: sealed twice");
+  if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
+  HPS_RETURN_IF_ERROR(check_same_model(*sharding_, plan_));
+  if (dp_) HPS_RETURN_IF_ERROR(check_same_model(*dp_, plan_));
+  HPS_RETURN_IF_ERROR(plan_.seal(sharding_->size(), options_.alignment_bytes));
+  const size_t n = plan_.buffers().size();
+  init_.resize(n);
+  param_shards_.resize(n);
+  grad_shards_.resize(n);
+  incoming_.resize(n);
+  state_a_.resize(n);
+  state_b_.resize(n);
+  buffers_.resize(n);
+  position_in_buffer_.assign(plan_.params().size(), 0);
+  const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
+  const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
+  for (size_t b = 0; b < n; ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    init_[b].assign(buf.numel, 0.0f);
+    param_shards_[b].assign(buf.shard_numel, 0.0f);
+    if (buf.trainable) {
+      grad_shards_[b].assign(buf.shard_numel, 0.0f);
+      // Micro-batches after the first are reduced into a scratch shard and added.
+      if (options_.accumulation_steps > 1) incoming_[b].assign(buf.shard_numel, 0.0f);
+      if (adamw || momentum) state_a_[b].assign(buf.shard_numel, 0.0f);
+      if (adamw) state_b_[b].assign(buf.shard_numel, 0.0f);
+    }
+    buffers_[b].checked_in.assign(buf.params.size(), 0);
+    buffers_[b].pending = buf.trainable ? buf.params.size() : 0;
+    for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
+    units_[buf.unit].buffers.push_back(b);
+  }
+  if (options_.clip_max_norm > 0) {
+    HPS_ASSIGN_OR_RETURN(clip_,
+                         HybridClip::create(sharding_, nullptr, nullptr,
+                                            {options_.clip_max_norm, options_.deterministic_clip}));
+    const int32_t rank = sharding_->rank();
+    for (size_t i = 0; i < plan_.params().size(); ++i) {
+      const ParamSpec& p = plan_.params()[i];
+      const Placement& pl = plan_.placement(i);
+      if (!plan_.buffers()[pl.buffer].trainable) continue;
+      const auto [lo, hi] = plan_.local_part(i, rank);
+      if (lo == hi) continue;
+      const uint64_t shard_begin = plan_.shard(pl.buffer, rank).first;
+      float* data = grad_shards_[pl.buffer].data() + (pl.offset + lo - shard_begin);
+      HPS_RETURN_IF_ERROR(clip_->add_tensor(
+          {data, hi - lo, DType::kFloat32, p.is_distributed, p.need_clip, p.shared_not_first}));
+    }
+    HPS_RETURN_IF_ERROR(clip_->seal());
+  }
+  sealed_ = true;
+  return Status::Ok();
+}
+
+Status Stage3Engine::broadcast_parameters() {
+  if (!sealed_) return failed_precondition("engine: broadcast_parameters() before seal()");
+  if (initialised_) return failed_precondition("engine: parameters were broadcast already");
+  const int32_t rank = sharding_->rank();
+  for (size_t b = 0; b < init_.size(); ++b) {
+    auto& full = init_[b];
+    HPS_ASSIGN_OR_RETURN(auto w,
+                         sharding_->broadcast(full.data(), full.size(), DType::kFloat32, 0));
+    HPS_RETURN_IF_ERROR(w->wait());
+    if (dp_) {
+      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(full.data(), full.size(), DType::kFloat32, 0));
+      HPS_RETURN_IF_ERROR(d->wait());
+    }
+    const uint64_t begin = plan_.shard(b, rank).first;
+    std::memcpy(param_shards_[b].data(), full.data() + begin,
+                param_shards_[b].size() * sizeof(float));
+    std::vector<float>().swap(full);  // from here on only the shard is resident
+  }
+  initialised_ = true;
+  peak_resident_ = 0;
+  note_resident();
+  return Status::Ok();
+}
+
+const Stage3Engine::Unit* Stage3Engine::find_unit(int32_t unit) const {
+  auto it = units_.find(unit);
+  return it == units_.end() ? nullptr : &it->second;
+}
+
+StatusOr<float*> Stage3Engine::param(size_t index) {
+  if (!sealed_) return failed_precondition("engine: views exist after seal()");
+  if (index >= plan_.params().size()) {
+    return out_of_range("engine: no parameter " + std::to_string(index));
+  }
+  const Placement& p = plan_.placement(index);
+  if (!initialised_) return init_[p.buffer].data() + p.offset;
+  const Buffer& buf = buffers_[p.buffer];
+  if (!buf.in_use) {
+    return failed_precondition("engine: parameter '" + plan_.params()[index].name + "' of unit " +
+                               std::to_string(plan_.buffers()[p.buffer].unit) +
+                               " is not gathered: call gather(unit) first (stage 3)");
+  }
+  return buf.params->data() + p.offset;
+}
+
+StatusOr<float*> Stage3Engine::grad(size_t index) {
+  HPS_ASSIGN_OR_RETURN(float* p, param(index));
+  (void)p;
+  if (!initialised_)
+    return failed_precondition("engine: gradients exist after broadcast_parameters()");
+  const Placement& pl = plan_.placement(index);
+  if (!plan_.buffers()[pl.buffer].trainable) {
+    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
+                               "' is not trainable and has no gradient");
+  }
+  Buffer& buf = buffers_[pl.buffer];
+  if (!buf.grads) {
+    buf.grads = std::make_shared<std::vector<float>>(plan_.buffers()[pl.buffer].numel, 0.0f);
+    note_resident();
+  }
+  return buf.grads->data() + pl.offset;
+}
+
+Status Stage3Engine::start_gather(size_t b) {
+  Buffer& buf = buffers_[b];
+  if (buf.params) return Status::Ok();  // live or in flight already
+  const FlatBuffer& fb = plan_.buffers()[b];
+  const uint64_t begin = plan_.shard(b, sharding_->rank()).first;
+  buf.params = std::make_shared<std::vector<float>>(fb.numel);
+  // Our shard goes in place first (on the optimizer stream, after the latest update), then
+  // the all-gather fills in the others'.
+  float* full = buf.params->data();
+  const float* shard = param_shards_[b].data();
+  const size_t n = fb.shard_numel;
+  optimizer_stream_->enqueue(
+      [full, shard, n, begin] { std::memcpy(full + begin, shard, n * sizeof(float)); });
+  HPS_ASSIGN_OR_RETURN(buf.gathering, sharding_->all_gather(full + begin, full, n, DType::kFloat32,
+                                                            optimizer_stream_.get()));
+  note_resident();
+  return Status::Ok();
+}
+
+Status Stage3Engine::prefetch_after(size_t position) {
+  // Units ahead in the recorded order, while fewer than `window` units hold live buffers.
+  auto live_units = [&] {
+    int32_t live = 0;
+    for (const auto& [id, unit] : units_) {
+      bool any = false;
+      for (size_t b : unit.buffers) any = any || static_cast<bool>(buffers_[b].params);
+      live += any ? 1 : 0;
+    }
+    return live;
+  };
+  for (size_t k = position + 1; k < order_.size(); ++k) {
+    if (live_units() >= options_.prefetch_window) break;
+    for (size_t b : find_unit(order_[k])->buffers) HPS_RETURN_IF_ERROR(start_gather(b));
+  }
+  return Status::Ok();
+}
+
+Status Stage3Engine::gather(int32_t unit) {
+  if (!sealed_) return failed_precondition("engine: gather() before seal()");
+  if (!initialised_) {
+    return failed_precondition(
+        "engine: call broadcast_parameters() after writing the initial "
+        "values, before the first gather() (stage 3)");
+  }
+  const Unit* u = find_unit(unit);
+  if (u == nullptr)
+    return not_found("engine: no parameters belong to unit " + std::to_string(unit));
+  for (size_t b : u->buffers) HPS_RETURN_IF_ERROR(start_gather(b));
+  size_t position = 0;
+  if (recording_) {
+    order_.push_back(unit);
+  } else {
+    position = cursor_ < order_.size() && order_[cursor_] == unit ? cursor_ : order_.size();
+    ++cursor_;
+    if (position < order_.size()) HPS_RETURN_IF_ERROR(prefetch_after(position));
+  }
+  for (size_t b : u->buffers) {
+    Buffer& buf = buffers_[b];
+    HPS_ASSIGN_OR_RETURN(bool done, buf.gathering->test());
+    if (!done) {
+      const auto start = std::chrono::steady_clock::now();
+      HPS_RETURN_IF_ERROR(buf.gathering->done_event().synchronize_uncounted());
+      count_dependency_wait(
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count()));
+      HPS_RETURN_IF_ERROR(buf.gathering->status());
+    }
+    buf.in_use = true;
+  }
+  return Status::Ok();
+}
+
+Status Stage3Engine::release(int32_t unit) {
+  if (!sealed_) return failed_precondition("engine: release() before seal()");
+  const Unit* u = find_unit(unit);
+  if (u == nullptr)
+    return not_found("engine: no parameters belong to unit " + std::to_string(unit));
+  for (size_t b : u->buffers) {
+    Buffer& buf = buffers_[b];
+    if (buf.grads) {  // taken this micro-batch, and the unit's reduction not yet started
+      return failed_precondition("engine: release(" + std::to_string(unit) +
+                                 ") while some of its gradients have not checked in");
+    }
+    buf.in_use = false;
+    buf.params.reset();  // nothing in flight reads it: the gather completed before use
+    buf.gathering.reset();
+  }
+  return Status::Ok();
+}
+
+Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
+  if (!sealed_ || !initialised_) return failed_precondition("engine: grad_ready() before training");
+  if (index >= plan_.params().size()) {
+    return out_of_range("engine: no parameter " + std::to_string(index));
+  }
+  const size_t b = plan_.placement(index).buffer;
+  const FlatBuffer& fb = plan_.buffers()[b];
+  if (!fb.trainable) {
+    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
+                               "' is not trainable");
+  }
+  Buffer& buf = buffers_[b];
+  if (!buf.grads) {
+    return failed_precondition("engine: grad_ready for '" + plan_.params()[index].name +
+                               "' without a gradient: take grad() while its unit is gathered");
+  }
+  auto& flag = buf.checked_in[position_in_buffer_[index]];
+  if (flag) {
+    return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
+                               "' checked in twice in one micro-batch");
+  }
+  flag = 1;
+  if (--buf.pending > 0) return Status::Ok();
+  // The unit's full gradient is complete: reduce-scatter it into the shard, add it to the
+  // shard's accumulated gradient, and let the full buffer go once the reduction is done.
+  float* full = buf.grads->data();
+  float* shard = grad_shards_[b].data();
+  const size_t n = fb.shard_numel;
+  auto& comm_stream = static_cast<cpu::CpuStream&>(sharding_->stream());
+  std::shared_ptr<Work> work;
+  if (micro_batch_ == 0) {
+    // The first micro-batch lands in the shard directly (the step zeroed nothing else).
+    HPS_ASSIGN_OR_RETURN(
+        work, sharding_->reduce_scatter(full, shard, n, DType::kFloat32, ReduceOp::kSum, ready));
+    comm_stream.enqueue([keep = buf.grads] {});  // frees the full buffer after the reduction
+  } else {
+    float* incoming = incoming_[b].data();
+    HPS_ASSIGN_OR_RETURN(
+        work, sharding_->reduce_scatter(full, incoming, n, DType::kFloat32, ReduceOp::kSum, ready));
+    comm_stream.enqueue([keep = buf.grads, incoming, shard, n] {
+      for (size_t i = 0; i < n; ++i) shard[i] += incoming[i];
+    });
+  }
+  buf.grads.reset();
+  const bool last_micro_batch = micro_batch_ == options_.accumulation_steps - 1;
+  if (last_micro_batch && dp_ && dp_->size() > 1) {
+    HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(shard, shard, n, DType::kFloat32, ReduceOp::kSum,
+                                               &sharding_->stream()));
+  }
+  buf.reduced = std::move(work);
+  buf.reduced_this_micro_batch = true;
+  std::fill(buf.checked_in.begin(), buf.checked_in.end(), 0);
+  buf.pending = buf.checked_in.size();
+  bool all = true;
+  for (size_t k = 0; k < buffers_.size(); ++k) {
+    if (plan_.buffers()[k].trainable) all = all && buffers_[k].reduced_this_micro_batch;
+  }
+  if (all) {
+    for (auto& x : buffers_) x.reduced_this_micro_batch = false;
+    if (!last_micro_batch)
+      ++micro_batch_;
+    else
+      micro_batch_ = options_.accumulation_steps;  // the step is due
+  }
+  return Status::Ok();
+}
+
+Status Stage3Engine::step() {
+  if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
+  if (micro_batch_ != options_.accumulation_steps) {
+    return failed_precondition(
+        "engine: step() before backward finished: not every gradient checked in on the last "
+        "micro-batch (" +
+        std::to_string(options_.accumulation_steps) + " per step)");
+  }
+  cpu::CpuStream& opt = *optimizer_stream_;
+  const float grad_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
+                                                     options_.accumulation_steps);
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (!plan_.buffers()[b].trainable) continue;
+    HPS_RETURN_IF_ERROR(buffers_[b].reduced->wait_on(opt));
+    // The sharding stream adds each micro-batch into the shard after its reduction: wait
+    // for that too (it is the last thing on that stream for this buffer).
+    cpu::CpuEvent added;
+    HPS_RETURN_IF_ERROR(added.record(sharding_->stream()));
+    HPS_RETURN_IF_ERROR(opt.wait(added));
+    float* shard = grad_shards_[b].data();
+    const size_t n = grad_shards_[b].size();
+    opt.enqueue([shard, n, grad_scale] { cpu::scale(DType::kFloat32, shard, n, grad_scale); });
+  }
+  if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
+  const float* coefficient = clip_ ? clip_->coefficient() : nullptr;
+  const int64_t step_number = ++steps_;
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (!plan_.buffers()[b].trainable) continue;
+    float* p = param_shards_[b].data();
+    float* g = grad_shards_[b].data();
+    float* a = state_a_[b].empty() ? nullptr : state_a_[b].data();
+    float* s = state_b_[b].empty() ? nullptr : state_b_[b].data();
+    const size_t n = param_shards_[b].size();
+    const EngineOptions o = options_;
+    opt.enqueue([o, p, g, a, s, n, step_number, coefficient] {
+      if (o.optimizer == OptimizerKind::kAdamW) {
+        cpu::adamw(p, g, a, s, n, o.adamw, static_cast<long>(step_number), coefficient, 1.0f);
+      } else {
+        cpu::sgd(p, g, a, n, o.sgd, coefficient, 1.0f, step_number == 1);
+      }
+    });
+    buffers_[b].reduced.reset();
+  }
+  micro_batch_ = 0;
+  recording_ = false;
+  cursor_ = 0;
+  return Status::Ok();
+}
+
+Status Stage3Engine::synchronize() {
+  if (!sealed_) return Status::Ok();
+  HPS_RETURN_IF_ERROR(sharding_->stream().synchronize());
+  HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
+  for (auto& buf : buffers_) {
+    if (buf.gathering) HPS_RETURN_IF_ERROR(buf.gathering->wait());
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<std::vector<float>>> Stage3Engine::gather_all() {
+  if (!sealed_ || !initialised_) return failed_precondition("engine: gather_all() before training");
+  HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
+  std::vector<std::vector<float>> out(plan_.params().size());
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    const FlatBuffer& fb = plan_.buffers()[b];
+    std::vector<float> full(fb.numel);
+    HPS_ASSIGN_OR_RETURN(auto w, sharding_->all_gather(param_shards_[b].data(), full.data(),
+                                                       fb.shard_numel, DType::kFloat32));
+    HPS_RETURN_IF_ERROR(w->wait());
+    for (size_t i : fb.params) {
+      const Placement& p = plan_.placement(i);
+      out[i].assign(full.begin() + static_cast<std::ptrdiff_t>(p.offset),
+                    full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
+    }
+  }
+  return out;
+}
+
+uint64_t Stage3Engine::resident_bytes() const {
+  uint64_t n = 0;
+  for (const auto* group :
+       {&init_, &param_shards_, &grad_shards_, &incoming_, &state_a_, &state_b_}) {
+    for (const auto& v : *group) n += v.size() * sizeof(float);
+  }
+  for (const auto& buf : buffers_) {
+    if (buf.params) n += buf.params->size() * sizeof(float);
+    if (buf.grads) n += buf.grads->size() * sizeof(float);
+  }
+  return n;
+}
+
+void Stage3Engine::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+
+}  // namespace hps

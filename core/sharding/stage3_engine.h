@@ -1,0 +1,94 @@
+// Stage 3 (ZeRO-3): only this rank's shard of each parameter buffer is resident. Before a
+// unit's forward (and again before its backward) gather() all-gathers it into a full
+// buffer; release() frees it. The order of gathers in the first step is recorded, and
+// later steps prefetch the next units in that order, at most `prefetch_window` units
+// live at once, so memory stays within the shards plus the window without the host
+// blocking. Gradients are reduce-scattered per unit into the local gradient shard as
+// soon as the unit's backward checked in; the optimizer steps on the shards.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/clip/hybrid_clip.h"
+#include "core/device/cpu/stream.h"
+#include "core/sharding/sharded_engine.h"
+
+namespace hps {
+
+class Stage3Engine final : public ShardedEngine {
+ public:
+  static StatusOr<std::unique_ptr<Stage3Engine>> create(std::shared_ptr<Communicator> sharding,
+                                                        std::shared_ptr<Communicator> dp,
+                                                        const EngineOptions& options);
+  ~Stage3Engine() override;
+
+  int32_t stage() const override { return 3; }
+  StatusOr<size_t> add_param(ParamSpec spec) override;
+  // Allocates the shards and, for initialisation only, full buffers the framework writes
+  // its initial values into; broadcast_parameters() shards them and frees them.
+  Status seal() override;
+  Status broadcast_parameters() override;
+  // Valid while the parameter's unit is gathered (or before broadcast_parameters()).
+  StatusOr<float*> param(size_t index) override;
+  // Valid while the unit is gathered; zero when first taken in a micro-batch.
+  StatusOr<float*> grad(size_t index) override;
+  Status gather(int32_t unit) override;
+  Status release(int32_t unit) override;
+  Status grad_ready(size_t index, Stream* ready) override;
+  Status step() override;
+  Status synchronize() override;
+  uint64_t resident_bytes() const override;
+  // The most bytes held at once since seal() (after initialisation).
+  uint64_t peak_resident_bytes() const { return peak_resident_; }
+  const LayoutPlan& plan() const override { return plan_; }
+  int32_t shard_rank() const override { return sharding_->rank(); }
+  // Full copies of every parameter (for saving or evaluation; Paddle's
+  // get_all_parameters). Collective; host-blocking.
+  StatusOr<std::vector<std::vector<float>>> gather_all();
+
+ private:
+  Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
+               EngineOptions options);
+  using Full = std::shared_ptr<std::vector<float>>;
+  struct Unit {
+    std::vector<size_t> buffers;
+  };
+  struct Buffer {
+    Full params;                      // live full parameters (gathered or in flight)
+    std::shared_ptr<Work> gathering;  // the all-gather filling `params`
+    bool in_use = false;              // gathered by the framework and not released
+    Full grads;                       // live full gradients of this micro-batch
+    std::vector<uint8_t> checked_in;  // per parameter of the buffer
+    size_t pending = 0;
+    std::shared_ptr<Work> reduced;  // this step's reduction into the shard
+    bool reduced_this_micro_batch = false;
+  };
+
+  Status start_gather(size_t b);
+  Status prefetch_after(size_t position);
+  void note_resident();
+  const Unit* find_unit(int32_t unit) const;
+
+  std::shared_ptr<Communicator> sharding_, dp_;
+  EngineOptions options_;
+  LayoutPlan plan_;
+  bool sealed_ = false;
+  bool initialised_ = false;  // broadcast_parameters() done: the init buffers are gone
+  std::vector<std::vector<float>> init_, param_shards_, grad_shards_, incoming_, state_a_, state_b_;
+  std::vector<Buffer> buffers_;
+  std::map<int32_t, Unit> units_;
+  std::vector<size_t> position_in_buffer_;
+  // The gather order of the first step, then the cursor into it within a step.
+  std::vector<int32_t> order_;
+  bool recording_ = true;
+  size_t cursor_ = 0;
+  int32_t micro_batch_ = 0;
+  int64_t steps_ = 0;
+  uint64_t peak_resident_ = 0;
+  std::unique_ptr<cpu::CpuStream> optimizer_stream_;
+  std::unique_ptr<HybridClip> clip_;
+};
+
+}  // namespace hps

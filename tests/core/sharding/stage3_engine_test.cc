@@ -1,0 +1,208 @@
+// Stage 3 against unsharded training computed in the test, driven as a framework would:
+// gather/release around each unit's forward and backward. Also the resident-memory bound
+// (shards + the live window), prefetch, gather_all and bad input.
+#include "core/sharding/stage3_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/common/config.h"
+#include "core/device/host_sync.h"
+#include "core/topology/hybrid_group.h"
+#include "tests/core/comm/comm_test_util.h"
+
+namespace hps {
+namespace {
+
+struct TestParam {
+  const char* name;
+  std::vector<int64_t> shape;
+  int32_t unit;
+};
+const std::vector<TestParam> kModel = {
+    {"l0.w", {64, 33}, 0}, {"l0.b", {33}, 0}, {"l1.w", {33, 40}, 1}, {"l1.b", {40}, 1},
+    {"l2.w", {40, 17}, 2}, {"l2.b", {17}, 2}, {"l3.w", {17, 9}, 3},  {"l3.b", {9}, 3},
+};
+constexpr int32_t kUnits = 4;
+
+size_t numel(const TestParam& p) {
+  size_t n = 1;
+  for (int64_t d : p.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+float initial(size_t p, size_t i) { return std::cos(static_cast<float>(p * 17 + i) * 0.1f); }
+// The gradient depends on the parameters the rank sees, so stale gathers would show.
+float gradient(int32_t rank, int step, int micro, size_t p, size_t i, float param) {
+  return 0.3f * param +
+         std::sin(0.1f * static_cast<float>((i + 1) * (p + 1)) + 0.7f * static_cast<float>(rank) +
+                  0.3f * static_cast<float>(step) + 0.11f * static_cast<float>(micro));
+}
+
+struct TrainingSetup {
+  int32_t sharding = 2;
+  int32_t dp = 1;
+  EngineOptions options;
+  int steps = 3;
+};
+
+std::vector<std::vector<float>> reference(const TrainingSetup& s) {
+  const int32_t world = s.sharding * s.dp;
+  const int micro = s.options.accumulation_steps;
+  std::vector<std::vector<float>> params(kModel.size()), a(kModel.size()), b(kModel.size());
+  for (size_t p = 0; p < kModel.size(); ++p) {
+    for (size_t i = 0; i < numel(kModel[p]); ++i) params[p].push_back(initial(p, i));
+    a[p].assign(numel(kModel[p]), 0.0f);
+    b[p].assign(numel(kModel[p]), 0.0f);
+  }
+  for (int step = 0; step < s.steps; ++step) {
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      std::vector<float> g;
+      for (size_t i = 0; i < numel(kModel[p]); ++i) {
+        double sum = 0;
+        for (int32_t r = 0; r < world; ++r) {
+          for (int m = 0; m < micro; ++m) sum += gradient(r, step, m, p, i, params[p][i]);
+        }
+        g.push_back(static_cast<float>(sum / (world * micro)));
+      }
+      if (s.options.optimizer == OptimizerKind::kAdamW) {
+        cpu::adamw(params[p].data(), g.data(), a[p].data(), b[p].data(), g.size(), s.options.adamw,
+                   step + 1, nullptr, 1.0f);
+      } else {
+        cpu::sgd(params[p].data(), g.data(), a[p].data(), g.size(), s.options.sgd, nullptr, 1.0f,
+                 step == 0);
+      }
+    }
+  }
+  return params;
+}
+
+void train_and_compare(const TrainingSetup& s) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const int32_t world = s.sharding * s.dp;
+  const auto expected = reference(s);
+  auto topology = *Topology::create({s.dp, 1, s.sharding, 1, 1}, world);
+  testing_util::run_ranks(world, [&](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto hg = std::move(HybridGroup::create(w, topology)).value();
+    auto engine = Stage3Engine::create(hg->group(GroupKind::kSharding),
+                                       s.dp > 1 ? hg->group(GroupKind::kDp) : nullptr, s.options);
+    ASSERT_TRUE(engine.ok()) << engine.status().to_string();
+    auto& e = **engine;
+    for (const auto& p : kModel) {
+      ParamSpec spec{p.name, p.shape, DType::kFloat32};
+      spec.unit = p.unit;
+      ASSERT_TRUE(e.add_param(spec).ok());
+    }
+    ASSERT_TRUE(e.seal().ok());
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      float* v = *e.param(p);
+      for (size_t i = 0; i < numel(kModel[p]); ++i) v[i] = rank == 0 ? initial(p, i) : -5.0f;
+    }
+    ASSERT_TRUE(e.broadcast_parameters().ok());
+    EXPECT_EQ(e.gather_all().status().code(), StatusCode::kOk);
+    for (int step = 0; step < s.steps; ++step) {
+      host_sync_reset();
+      for (int m = 0; m < s.options.accumulation_steps; ++m) {
+        for (int32_t u = 0; u < kUnits; ++u) {  // forward
+          ASSERT_TRUE(e.gather(u).ok());
+          ASSERT_TRUE(e.release(u).ok());
+        }
+        for (int32_t u = kUnits; u-- > 0;) {  // backward
+          ASSERT_TRUE(e.gather(u).ok());
+          for (size_t p = 0; p < kModel.size(); ++p) {
+            if (kModel[p].unit != u) continue;
+            const float* v = *e.param(p);
+            float* g = *e.grad(p);
+            for (size_t i = 0; i < numel(kModel[p]); ++i)
+              g[i] += gradient(rank, step, m, p, i, v[i]);
+            ASSERT_TRUE(e.grad_ready(p, nullptr).ok());
+          }
+          ASSERT_TRUE(e.release(u).ok());
+        }
+      }
+      ASSERT_TRUE(e.step().ok());
+      EXPECT_EQ(host_sync_count_thread(), 0u) << "step " << step << " blocked the host";
+    }
+    auto all = e.gather_all();
+    ASSERT_TRUE(all.ok()) << all.status().to_string();
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      for (size_t i = 0; i < numel(kModel[p]); ++i) {
+        ASSERT_NEAR((*all)[p][i], expected[p][i], 1e-6f * std::max(1.0f, std::fabs(expected[p][i])))
+            << kModel[p].name << "[" << i << "] rank " << rank;
+      }
+    }
+    // Memory: the shards (params, grads, optimizer state) plus at most the live window of
+    // full units (parameters and gradients).
+    uint64_t total = 0, largest_unit = 0;
+    std::map<int32_t, uint64_t> unit_bytes;
+    const int states =
+        s.options.optimizer == OptimizerKind::kAdamW ? 2 : (s.options.sgd.momentum != 0 ? 1 : 0);
+    for (const auto& b : e.plan().buffers()) {
+      total += b.numel * sizeof(float) * static_cast<uint64_t>(2 + states);
+      unit_bytes[b.unit] += b.numel * sizeof(float) * 2;  // full params + full grads
+    }
+    for (const auto& [u, bytes] : unit_bytes) largest_unit = std::max(largest_unit, bytes);
+    const double bound =
+        1.05 * static_cast<double>(total) / s.sharding +
+        static_cast<double>(s.options.prefetch_window * largest_unit) +
+        (s.options.accumulation_steps > 1 ? static_cast<double>(total) / s.sharding : 0);
+    EXPECT_LE(static_cast<double>(e.peak_resident_bytes()), bound)
+        << "peak " << e.peak_resident_bytes() << " total/ranks " << total / s.sharding;
+  });
+}
+
+class Stage3Test : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(Stage3Test, SgdMatchesUnshardedTraining) {
+  TrainingSetup s;
+  s.sharding = GetParam();
+  s.options.sgd = {0.1f, 0.9f, 0.01f, false};
+  train_and_compare(s);
+}
+
+TEST_P(Stage3Test, AdamWMatchesUnshardedTraining) {
+  TrainingSetup s;
+  s.sharding = GetParam();
+  s.options.optimizer = OptimizerKind::kAdamW;
+  s.options.adamw = {1e-2f, 0.9f, 0.99f, 1e-8f, 0.05f};
+  train_and_compare(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sharding, Stage3Test, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& p) { return "sharding" + std::to_string(p.param); });
+
+TEST(Stage3, DpAboveShardingAndAccumulation) {
+  TrainingSetup s;
+  s.sharding = 2;
+  s.dp = 2;
+  s.options.accumulation_steps = 2;
+  s.options.sgd = {0.05f, 0.5f, 0.0f, true};
+  train_and_compare(s);
+}
+
+TEST(Stage3, BadInputIsRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  testing_util::run_ranks(2, [](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
+    ASSERT_TRUE(e->add_param({"w", {4}, DType::kFloat32}).ok());
+    ASSERT_TRUE(e->seal().ok());
+    EXPECT_EQ(e->gather(0).code(), StatusCode::kFailedPrecondition) << "before broadcast";
+    ASSERT_TRUE(e->broadcast_parameters().ok());
+    EXPECT_EQ(e->gather(5).code(), StatusCode::kNotFound) << "unknown unit";
+    EXPECT_EQ(e->param(0).status().code(), StatusCode::kFailedPrecondition) << "not gathered";
+    EXPECT_EQ(e->step().code(), StatusCode::kFailedPrecondition) << "step before backward";
+    ASSERT_TRUE(e->gather(0).ok());
+    float* g = *e->grad(0);
+    g[0] = 1;
+    EXPECT_EQ(e->release(0).code(), StatusCode::kFailedPrecondition) << "gradients pending";
+    ASSERT_TRUE(e->grad_ready(0, nullptr).ok());
+    ASSERT_TRUE(e->release(0).ok());
+    ASSERT_TRUE(e->step().ok());
+    ASSERT_TRUE(e->synchronize().ok());
+  });
+}
+
+}  // namespace
+}  // namespace hps
