@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config binutils file git clang-format
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev libgloo-dev iproute2
   swig python3-dev python3-numpy python3-pytest
   default-jdk-headless junit5
   bindgen rpm rpm2cpio cpio
