@@ -1,0 +1,521 @@
+#include "tools/hpshard-bench/step_bench.h"
+
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "core/comm/communicator.h"
+#include "core/comm/store.h"
+#include "core/device/host_sync.h"
+#include "core/kernels/norm.h"
+#include "core/kernels/optimizer.h"
+#include "core/sharding/stage2_engine.h"
+
+namespace hps::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void die(const std::string& message) {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  std::fflush(stdout);
+  std::fprintf(stderr, "hpshard-bench: error: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+void check(const Status& s, const std::string& what) {
+  if (!s.ok()) die(what + ": " + s.to_string());
+}
+
+// ---- The model: depth linear layers width x width, ReLU between them, squared error. ----
+// Row-major: x[B][K] W[K][N]. The loops put a row of W (or of its gradient) in the inner
+// loop for all B samples at once, so each weight matrix streams through the cache once
+// per pass (a simple blocking for small batches).
+
+// out[i][:] = b + Σ_k in[i][k] W[k][:]
+void linear_forward(const float* in, const float* w, const float* b, float* out, size_t batch,
+                    size_t k_dim, size_t n_dim) {
+  for (size_t i = 0; i < batch; ++i) std::memcpy(out + i * n_dim, b, n_dim * sizeof(float));
+  for (size_t k = 0; k < k_dim; ++k) {
+    const float* wk = w + k * n_dim;
+    for (size_t i = 0; i < batch; ++i) {
+      const float a = in[i * k_dim + k];
+      float* o = out + i * n_dim;
+      for (size_t j = 0; j < n_dim; ++j) o[j] += a * wk[j];
+    }
+  }
+}
+
+float dot(const float* a, const float* b, size_t n) {
+  float acc[8] = {};
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (size_t u = 0; u < 8; ++u) acc[u] += a[j + u] * b[j + u];
+  }
+  float s = 0;
+  for (; j < n; ++j) s += a[j] * b[j];
+  for (float v : acc) s += v;
+  return s;
+}
+
+// gW += in^T dz, gb += Σ_i dz[i]; din = dz W^T (when din is not null).
+void linear_backward(const float* in, const float* w, const float* dz, float* gw, float* gb,
+                     float* din, size_t batch, size_t k_dim, size_t n_dim) {
+  for (size_t k = 0; k < k_dim; ++k) {
+    float* g = gw + k * n_dim;
+    for (size_t i = 0; i < batch; ++i) {
+      const float a = in[i * k_dim + k];
+      const float* d = dz + i * n_dim;
+      for (size_t j = 0; j < n_dim; ++j) g[j] += a * d[j];
+    }
+  }
+  for (size_t i = 0; i < batch; ++i) {
+    const float* d = dz + i * n_dim;
+    for (size_t j = 0; j < n_dim; ++j) gb[j] += d[j];
+  }
+  if (din == nullptr) return;
+  for (size_t k = 0; k < k_dim; ++k) {
+    const float* wk = w + k * n_dim;
+    for (size_t i = 0; i < batch; ++i) din[i * k_dim + k] = dot(dz + i * n_dim, wk, n_dim);
+  }
+}
+
+struct Mlp {
+  size_t width = 0, depth = 0, batch = 0;
+  std::vector<std::vector<float>> act;  // depth + 1 activations, [batch][width]
+  std::vector<std::vector<float>> pre;  // depth pre-activations
+  std::vector<float> target, dz, din;
+
+  Mlp(size_t w, size_t d, size_t b) : width(w), depth(d), batch(b) {
+    act.assign(depth + 1, std::vector<float>(batch * width));
+    pre.assign(depth, std::vector<float>(batch * width));
+    target.resize(batch * width);
+    dz.resize(batch * width);
+    din.resize(batch * width);
+  }
+
+  // This rank's samples of global step `step`.
+  void make_batch(int64_t step, int32_t rank) {
+    for (size_t i = 0; i < batch; ++i) {
+      const double sample = static_cast<double>(step * 4096 + rank * 64) + static_cast<double>(i);
+      for (size_t k = 0; k < width; ++k) {
+        act[0][i * width + k] = static_cast<float>(std::sin(0.37 * sample + 0.91 * double(k)));
+        target[i * width + k] = static_cast<float>(0.5 * std::cos(0.23 * sample + 0.7 * double(k)));
+      }
+    }
+  }
+
+  // w[l], b[l]: layer l's parameters; g_w[l], g_b[l]: where its gradients are added.
+  // before(l) runs before layer l's forward, after(l) once its gradients are complete.
+  void forward_backward(const std::vector<const float*>& w, const std::vector<const float*>& b,
+                        const std::vector<float*>& g_w, const std::vector<float*>& g_b,
+                        const std::function<void(size_t)>& before,
+                        const std::function<void(size_t)>& after) {
+    for (size_t l = 0; l < depth; ++l) {
+      if (before) before(l);
+      linear_forward(act[l].data(), w[l], b[l], pre[l].data(), batch, width, width);
+      float* next = act[l + 1].data();
+      const float* p = pre[l].data();
+      const bool relu = l + 1 < depth;
+      for (size_t j = 0; j < batch * width; ++j) next[j] = relu ? std::max(p[j], 0.0f) : p[j];
+    }
+    // Loss = mean over samples of ½‖out − target‖²: dz = (out − target) / batch.
+    const float inv = 1.0f / static_cast<float>(batch);
+    for (size_t j = 0; j < batch * width; ++j) dz[j] = (act[depth][j] - target[j]) * inv;
+    for (size_t l = depth; l-- > 0;) {
+      linear_backward(act[l].data(), w[l], dz.data(), g_w[l], g_b[l], l > 0 ? din.data() : nullptr,
+                      batch, width, width);
+      if (after) after(l);
+      if (l == 0) break;
+      const float* p = pre[l - 1].data();
+      for (size_t j = 0; j < batch * width; ++j) dz[j] = p[j] > 0 ? din[j] : 0.0f;
+    }
+  }
+};
+
+float initial_value(size_t layer, size_t index, size_t width) {
+  return static_cast<float>(std::sin(1.7 * static_cast<double>(layer * 7919 + index) + 0.5) /
+                            std::sqrt(static_cast<double>(width)));
+}
+
+// Median over repetitions of the slowest rank: times[rep * ranks + rank].
+double median_of_slowest(const std::vector<double>& times, int32_t ranks) {
+  std::vector<double> slowest;
+  for (size_t i = 0; i + static_cast<size_t>(ranks) <= times.size(); i += ranks) {
+    slowest.push_back(*std::max_element(times.begin() + static_cast<std::ptrdiff_t>(i),
+                                        times.begin() + static_cast<std::ptrdiff_t>(i + ranks)));
+  }
+  return median(slowest);
+}
+
+enum Contender : size_t { kStage2 = 0, kUnsharded = 1, kCompute = 2, kContenders = 3 };
+
+}  // namespace
+
+StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
+  const size_t width = static_cast<size_t>(config.width);
+  const size_t depth = static_cast<size_t>(config.depth);
+  const size_t batch = static_cast<size_t>(config.batch);
+  const size_t layer_numel = width * width + width;
+  const int32_t total_reps = config.warmup + config.reps;
+
+  StepWorld world;
+  world.ranks = ranks;
+  world.parameters = layer_numel * depth;
+  world.timed_steps = static_cast<int64_t>(config.reps) * config.steps;
+  std::vector<std::vector<double>> times(kContenders);
+  for (auto& t : times) t.assign(static_cast<size_t>(config.reps * ranks), 0.0);
+  std::mutex result_mutex;
+
+  auto store = make_in_memory_store();
+  std::barrier sync(ranks);
+
+  auto rank_main = [&](int32_t rank) {
+    CommOptions defaults;
+    defaults.timeout = Milliseconds(600'000);
+    defaults.name = "bench";
+    auto options = comm_options_from_env(defaults);
+    if (!options.ok()) die("communicator options: " + options.status().to_string());
+    auto created = create_communicator(store, rank, ranks, Device::cpu(), *options);
+    if (!created.ok()) die("creating the hpshard communicator: " + created.status().to_string());
+    std::shared_ptr<Communicator> comm = std::move(*created);
+
+    // (a) Stage 2: each layer is one unit (one bucket: its weight and bias).
+    EngineOptions eo;
+    eo.optimizer = config.adamw ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
+    eo.sgd = {0.01f, 0.9f, 0.0f, false};
+    eo.clip_max_norm = config.clip;
+    auto created_engine = Stage2Engine::create(comm, nullptr, eo);
+    if (!created_engine.ok()) die("Stage2Engine::create: " + created_engine.status().to_string());
+    Stage2Engine& engine = **created_engine;
+    const int64_t wide = static_cast<int64_t>(width);
+    for (size_t l = 0; l < depth; ++l) {
+      ParamSpec weight{"layer" + std::to_string(l) + ".weight", {wide, wide}};
+      weight.unit = static_cast<int32_t>(l);
+      ParamSpec bias{"layer" + std::to_string(l) + ".bias", {wide}};
+      bias.unit = static_cast<int32_t>(l);
+      if (!engine.add_param(weight).ok() || !engine.add_param(bias).ok()) die("add_param");
+    }
+    check(engine.seal(), "Stage2Engine::seal");
+    std::vector<const float*> s_w(depth), s_b(depth);
+    std::vector<float*> s_gw(depth), s_gb(depth);
+    for (size_t l = 0; l < depth; ++l) {
+      float* w = *engine.param(2 * l);
+      float* b = *engine.param(2 * l + 1);
+      s_w[l] = w;
+      s_b[l] = b;
+      s_gw[l] = *engine.grad(2 * l);
+      s_gb[l] = *engine.grad(2 * l + 1);
+      if (rank == 0) {
+        for (size_t i = 0; i < width * width; ++i) w[i] = initial_value(l, i, width);
+        for (size_t i = 0; i < width; ++i) b[i] = initial_value(l, width * width + i, width);
+      }
+    }
+    check(engine.broadcast_parameters(), "broadcast_parameters");
+
+    // (b) Unsharded data parallel: per layer one flat [W | b] buffer, its gradient, the
+    // optimizer state over the full parameters.
+    std::vector<std::vector<float>> u_param(depth), u_grad(depth), u_a(depth), u_b(depth);
+    std::vector<const float*> u_w(depth), u_bias(depth);
+    std::vector<float*> u_gw(depth), u_gb(depth);
+    for (size_t l = 0; l < depth; ++l) {
+      u_param[l].resize(layer_numel);
+      for (size_t i = 0; i < layer_numel; ++i) u_param[l][i] = initial_value(l, i, width);
+      u_grad[l].assign(layer_numel, 0.0f);
+      u_a[l].assign(layer_numel, 0.0f);
+      if (config.adamw) u_b[l].assign(layer_numel, 0.0f);
+      u_w[l] = u_param[l].data();
+      u_bias[l] = u_param[l].data() + width * width;
+      u_gw[l] = u_grad[l].data();
+      u_gb[l] = u_grad[l].data() + width * width;
+    }
+    // (c) Forward + backward alone, into gradients nobody reads.
+    std::vector<std::vector<float>> c_grad(depth, std::vector<float>(layer_numel, 0.0f));
+    std::vector<float*> c_gw(depth), c_gb(depth);
+    for (size_t l = 0; l < depth; ++l) {
+      c_gw[l] = c_grad[l].data();
+      c_gb[l] = c_grad[l].data() + width * width;
+    }
+
+    Mlp mlp(width, depth, batch);
+    int64_t stage2_step = 0, unsharded_step = 0;
+    uint64_t my_stage2_syncs = 0, my_unsharded_syncs = 0;
+    std::vector<std::shared_ptr<Work>> reduced(depth);
+
+    auto run_stage2 = [&](bool timed) {
+      const uint64_t before = host_sync_count_thread();
+      mlp.make_batch(stage2_step++, rank);
+      mlp.forward_backward(
+          s_w, s_b, s_gw, s_gb,
+          [&](size_t l) { check(engine.wait_parameters(static_cast<int32_t>(l)), "wait_parameters"); },
+          [&](size_t l) {
+            check(engine.grad_ready(2 * l), "grad_ready");
+            check(engine.grad_ready(2 * l + 1), "grad_ready");
+          });
+      check(engine.step(), "Stage2Engine::step");
+      if (timed) my_stage2_syncs = std::max(my_stage2_syncs, host_sync_count_thread() - before);
+    };
+    auto run_unsharded = [&](bool timed) {
+      const uint64_t before = host_sync_count_thread();
+      mlp.make_batch(unsharded_step++, rank);
+      mlp.forward_backward(u_w, u_bias, u_gw, u_gb, nullptr, [&](size_t l) {
+        auto work = comm->all_reduce(u_grad[l].data(), u_grad[l].data(), layer_numel,
+                                     DType::kFloat32, ReduceOp::kAvg);
+        if (!work.ok()) die("all_reduce: " + work.status().to_string());
+        reduced[l] = std::move(*work);
+      });
+      double squares = 0;
+      for (size_t l = 0; l < depth; ++l) {
+        check(reduced[l]->wait(), "all_reduce wait");
+        if (config.clip > 0) {
+          squares += cpu::sum_of_squares(DType::kFloat32, u_grad[l].data(), layer_numel);
+        }
+      }
+      float coefficient = 1.0f;
+      if (config.clip > 0) {
+        const double norm = std::sqrt(squares);
+        coefficient = static_cast<float>(config.clip / (std::max(norm, config.clip) + 1e-6));
+      }
+      const float* coef = config.clip > 0 ? &coefficient : nullptr;
+      for (size_t l = 0; l < depth; ++l) {
+        if (config.adamw) {
+          cpu::adamw(u_param[l].data(), u_grad[l].data(), u_a[l].data(), u_b[l].data(),
+                     layer_numel, eo.adamw, static_cast<long>(unsharded_step), coef, 1.0f);
+        } else {
+          cpu::sgd(u_param[l].data(), u_grad[l].data(), u_a[l].data(), layer_numel, eo.sgd, coef,
+                   1.0f, unsharded_step == 1);
+        }
+        std::memset(u_grad[l].data(), 0, layer_numel * sizeof(float));
+      }
+      if (timed) my_unsharded_syncs = std::max(my_unsharded_syncs, host_sync_count_thread() - before);
+    };
+    auto run_compute = [&](bool) {
+      mlp.make_batch(0, rank);
+      mlp.forward_backward(u_w, u_bias, c_gw, c_gb, nullptr, nullptr);
+    };
+
+    for (int32_t rep = 0; rep < total_reps; ++rep) {
+      const bool timed = rep >= config.warmup;
+      if (rep == config.warmup) {
+        sync.arrive_and_wait();
+        if (rank == 0) dependency_wait_reset();
+        sync.arrive_and_wait();
+      }
+      if (rank == 0 && config.progress) {
+        std::fprintf(stderr, "[hpshard-bench] step, %d ranks, repetition %d/%d%s\n", ranks,
+                     rep + 1, total_reps, timed ? "" : " (warmup)");
+      }
+      for (size_t k = 0; k < kContenders; ++k) {
+        const size_t rotated = (k + static_cast<size_t>(rep)) % kContenders;
+        const size_t c = rep % 2 ? kContenders - 1 - rotated : rotated;
+        sync.arrive_and_wait();
+        const auto start = Clock::now();
+        for (int32_t s = 0; s < config.steps; ++s) {
+          if (c == kStage2) run_stage2(timed);
+          if (c == kUnsharded) run_unsharded(timed);
+          if (c == kCompute) run_compute(timed);
+        }
+        // Stage 2's last step is still in flight: its time includes draining it.
+        if (c == kStage2) check(engine.synchronize(), "Stage2Engine::synchronize");
+        const double t = std::chrono::duration<double>(Clock::now() - start).count();
+        if (timed) {
+          times[c][static_cast<size_t>((rep - config.warmup) * ranks + rank)] = t / config.steps;
+        }
+      }
+    }
+    sync.arrive_and_wait();
+
+    // The same training on both sides: compare the parameters.
+    double diff = 0;
+    for (size_t l = 0; l < depth; ++l) {
+      for (size_t i = 0; i < width * width; ++i) {
+        diff = std::max(diff, static_cast<double>(std::fabs(s_w[l][i] - u_w[l][i])));
+      }
+      for (size_t i = 0; i < width; ++i) {
+        diff = std::max(diff, static_cast<double>(std::fabs(s_b[l][i] - u_bias[l][i])));
+      }
+    }
+    uint64_t unsharded_bytes = 0;
+    for (size_t l = 0; l < depth; ++l) {
+      unsharded_bytes += (u_param[l].size() + u_grad[l].size() + u_a[l].size() + u_b[l].size()) *
+                         sizeof(float);
+    }
+    {
+      std::lock_guard lock(result_mutex);
+      world.max_param_diff = std::max(world.max_param_diff, diff);
+      world.stage2_resident_bytes = std::max(world.stage2_resident_bytes, engine.resident_bytes());
+      world.unsharded_resident_bytes = std::max(world.unsharded_resident_bytes, unsharded_bytes);
+      world.stage2_host_syncs_max = std::max(world.stage2_host_syncs_max, my_stage2_syncs);
+      world.unsharded_host_syncs_max = std::max(world.unsharded_host_syncs_max, my_unsharded_syncs);
+    }
+    sync.arrive_and_wait();
+    if (rank == 0) {
+      world.dependency_waits = dependency_wait_count();
+      world.dependency_wait_seconds = static_cast<double>(dependency_wait_nanoseconds()) * 1e-9;
+    }
+    sync.arrive_and_wait();
+    created_engine->reset();
+    comm.reset();
+  };
+
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < ranks; ++r) threads.emplace_back(rank_main, r);
+  for (auto& t : threads) t.join();
+
+  world.stage2_seconds = median_of_slowest(times[kStage2], ranks);
+  world.unsharded_seconds = median_of_slowest(times[kUnsharded], ranks);
+  world.compute_seconds = median_of_slowest(times[kCompute], ranks);
+  return world;
+}
+
+namespace {
+
+std::optional<double> ratio_of(std::optional<double> a, std::optional<double> b) {
+  if (!a || !b || *b <= 0) return std::nullopt;
+  return *a / *b;
+}
+
+std::string mib(uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", static_cast<double>(bytes) / (1 << 20));
+  return b;
+}
+
+}  // namespace
+
+void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
+                const std::vector<StepWorld>& worlds) {
+  std::fprintf(out, "# hpshard-bench step — %s — %s\n", info.date.c_str(), info.machine.c_str());
+  std::fprintf(out, "# command: %s\n", info.command.c_str());
+  std::fprintf(out,
+               "# MLP width %d depth %d (ReLU, squared error), batch %d per rank, %s%s; ranks as "
+               "threads; time per step = median over %d repetitions of the slowest rank's time "
+               "for %d steps (last drained) / %d, in ms\n",
+               config.width, config.depth, config.batch, config.adamw ? "AdamW" : "SGD momentum",
+               config.clip > 0 ? (", clip " + json_number(config.clip)).c_str() : "", config.reps,
+               config.steps, config.steps);
+  std::fprintf(out,
+               "# reference: unsharded data parallel on the same backend (per-layer all_reduce "
+               "avg as each layer's backward ends, clip + optimizer on the full parameters), "
+               "alternated with stage 2; compute = forward + backward alone\n");
+  std::fprintf(out, "# torch: %s\n", info.torch.c_str());
+  std::fprintf(out, "\n## training step\n");
+  std::fprintf(out, "%5s %10s %10s %12s %7s %11s", "ranks", "params", "stage2_ms", "unsharded_ms",
+               "ratio", "compute_ms");
+  if (info.torch_ran) std::fprintf(out, " %10s %12s %9s", "torch_ms", "t_compute_ms", "speedup");
+  std::fprintf(out, "\n");
+  for (const auto& w : worlds) {
+    std::fprintf(out, "%5d %10zu %10.2f %12.2f %7.3f %11.2f", w.ranks, w.parameters,
+                 w.stage2_seconds * 1e3, w.unsharded_seconds * 1e3,
+                 w.stage2_seconds / w.unsharded_seconds, w.compute_seconds * 1e3);
+    if (info.torch_ran) {
+      if (w.torch_seconds) {
+        std::fprintf(out, " %10.2f %12.2f %9.3f", *w.torch_seconds * 1e3,
+                     w.torch_compute_seconds ? *w.torch_compute_seconds * 1e3 : 0.0,
+                     *w.torch_seconds / w.stage2_seconds);
+      } else {
+        std::fprintf(out, " %10s %12s %9s", "-", "-", "-");
+      }
+    }
+    std::fprintf(out, "\n");
+  }
+  std::fprintf(out, "\n## per rank: resident bytes, host syncs, dependency waits\n");
+  std::fprintf(out, "%5s %14s %17s %7s %14s %17s %10s %12s %14s\n", "ranks", "stage2_MiB",
+               "unsharded_MiB", "ratio", "s2_host_syncs", "unsh_host_syncs", "dep_waits",
+               "dep_wait_ms", "max_param_diff");
+  for (const auto& w : worlds) {
+    const double steps = static_cast<double>(w.timed_steps * w.ranks);
+    std::fprintf(out, "%5d %14s %17s %7.3f %14llu %17llu %10.2f %12.3f %14.3g\n", w.ranks,
+                 mib(w.stage2_resident_bytes).c_str(), mib(w.unsharded_resident_bytes).c_str(),
+                 static_cast<double>(w.stage2_resident_bytes) /
+                     static_cast<double>(w.unsharded_resident_bytes),
+                 static_cast<unsigned long long>(w.stage2_host_syncs_max),
+                 static_cast<unsigned long long>(w.unsharded_host_syncs_max),
+                 static_cast<double>(w.dependency_waits) / steps,
+                 w.dependency_wait_seconds / steps * 1e3, w.max_param_diff);
+  }
+  std::fprintf(out,
+               "# host syncs: the most counted in one steady step on any rank "
+               "(hps::host_sync_count_thread; stage 2 must be 0); dep_waits, dep_wait_ms: per "
+               "step and rank\n");
+  for (const auto& w : worlds) {
+    const double r = w.stage2_seconds / w.unsharded_seconds;
+    std::fprintf(out,
+                 "summary: step %d ranks: stage2 / unsharded time = %.3f: %s (target <= %.2fx); "
+                 "host syncs per steady step %llu: %s\n",
+                 w.ranks, r, r <= kStepUnshardedTarget ? "MEETS" : "ABOVE", kStepUnshardedTarget,
+                 static_cast<unsigned long long>(w.stage2_host_syncs_max),
+                 w.stage2_host_syncs_max == 0 ? "MEETS" : "ABOVE (target 0)");
+    if (w.torch_seconds) {
+      const double s = *w.torch_seconds / w.stage2_seconds;
+      std::fprintf(out,
+                   "summary: step %d ranks: torch DDP+ZeRO / hpshard stage 2 time = %.3f: %s "
+                   "(target >= %.1fx faster)\n",
+                   w.ranks, s, s >= kStepTorchTarget ? "MEETS" : "BELOW", kStepTorchTarget);
+    }
+  }
+}
+
+std::string step_to_json(const StepConfig& config, const RunInfo& info,
+                         const std::vector<StepWorld>& worlds) {
+  std::ostringstream j;
+  j << "{\n  \"tool\": \"hpshard-bench\",\n  \"family\": \"step\",\n";
+  j << "  \"command\": " << json_string(info.command) << ",\n";
+  j << "  \"date\": " << json_string(info.date) << ",\n";
+  j << "  \"machine\": " << json_string(info.machine) << ",\n";
+  j << "  \"config\": {\"ranks\": [";
+  for (size_t i = 0; i < config.ranks.size(); ++i) j << (i ? ", " : "") << config.ranks[i];
+  j << "], \"width\": " << config.width << ", \"depth\": " << config.depth
+    << ", \"batch_per_rank\": " << config.batch << ", \"steps\": " << config.steps
+    << ", \"reps\": " << config.reps << ", \"warmup\": " << config.warmup
+    << ", \"optimizer\": " << json_string(config.adamw ? "adamw" : "sgd")
+    << ", \"clip\": " << json_number(config.clip) << "},\n";
+  j << "  \"units\": {\"time\": \"seconds per step, median over repetitions of the slowest "
+       "rank\", \"bytes\": \"per rank: parameters, gradients, optimizer state\"},\n";
+  j << "  \"reference\": \"unsharded data parallel, same backend: per-layer all_reduce (avg), "
+       "clip and optimizer on the full parameters\",\n";
+  j << "  \"targets\": {\"unsharded_ratio_max\": " << kStepUnshardedTarget
+    << ", \"torch_speedup_min\": " << kStepTorchTarget << ", \"host_syncs\": 0},\n";
+  j << "  \"torch\": {\"ran\": " << (info.torch_ran ? "true" : "false")
+    << ", \"status\": " << json_string(info.torch) << "},\n";
+  j << "  \"results\": [";
+  for (size_t i = 0; i < worlds.size(); ++i) {
+    const auto& w = worlds[i];
+    const double steps = static_cast<double>(w.timed_steps * w.ranks);
+    const double r = w.stage2_seconds / w.unsharded_seconds;
+    const auto speedup = ratio_of(w.torch_seconds, w.stage2_seconds);
+    j << (i ? ",\n" : "\n") << "    {\"ranks\": " << w.ranks << ", \"parameters\": " << w.parameters
+      << ", \"stage2_seconds\": " << json_number(w.stage2_seconds)
+      << ", \"unsharded_seconds\": " << json_number(w.unsharded_seconds)
+      << ", \"ratio\": " << json_number(r)
+      << ", \"meets_target\": " << (r <= kStepUnshardedTarget ? "true" : "false")
+      << ", \"compute_seconds\": " << json_number(w.compute_seconds)
+      << ", \"torch_seconds\": " << json_optional(w.torch_seconds)
+      << ", \"torch_compute_seconds\": " << json_optional(w.torch_compute_seconds)
+      << ", \"torch_speedup\": " << json_optional(speedup) << ", \"meets_torch_target\": "
+      << json_optional(speedup ? std::optional<bool>(*speedup >= kStepTorchTarget) : std::nullopt)
+      << ", \"stage2_resident_bytes\": " << w.stage2_resident_bytes
+      << ", \"unsharded_resident_bytes\": " << w.unsharded_resident_bytes
+      << ", \"stage2_host_syncs_per_step_max\": " << w.stage2_host_syncs_max
+      << ", \"unsharded_host_syncs_per_step_max\": " << w.unsharded_host_syncs_max
+      << ", \"dependency_waits_per_step\": "
+      << json_number(static_cast<double>(w.dependency_waits) / steps)
+      << ", \"dependency_wait_seconds_per_step\": "
+      << json_number(w.dependency_wait_seconds / steps)
+      << ", \"max_param_diff\": " << json_number(w.max_param_diff) << "}";
+  }
+  j << "\n  ]\n}\n";
+  return j.str();
+}
+
+}  // namespace hps::bench

@@ -1,0 +1,63 @@
+// The step family of hpshard-bench: one training step of an MLP (forward and backward
+// written here, the same code for every contender) with ranks as threads, timed with
+// hpshard's Stage2Engine beside an unsharded data-parallel step on the same backend
+// (full gradients all-reduced by the Communicator, the optimizer on the full parameters),
+// alternated in the same run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/hpshard-bench/report.h"
+
+namespace hps::bench {
+
+// Targets of /work/shared/PERFORMANCE.md for the step.
+inline constexpr double kStepUnshardedTarget = 1.15;  // stage 2 ≤ 1.15× the unsharded step
+inline constexpr double kStepTorchTarget = 3.0;       // ≥ 3× faster than torch
+
+struct StepConfig {
+  std::vector<int32_t> ranks{2, 4};
+  int32_t width = 1024;
+  int32_t depth = 8;
+  int32_t batch = 8;   // samples per rank per step
+  int32_t steps = 3;   // steps per timed repetition
+  int32_t reps = 5;    // timed repetitions per contender
+  int32_t warmup = 1;  // untimed repetitions per contender
+  bool adamw = true;   // false: SGD with momentum 0.9
+  double clip = 1.0;   // global-norm max_norm; 0: no clipping
+  bool progress = true;
+};
+
+struct StepWorld {
+  int32_t ranks = 0;
+  size_t parameters = 0;  // elements
+  // Seconds per step: the median over repetitions of the slowest rank's time for `steps`
+  // steps (the last one drained), divided by `steps`.
+  double stage2_seconds = 0;
+  double unsharded_seconds = 0;
+  double compute_seconds = 0;  // forward + backward alone, no communication or optimizer
+  std::optional<double> torch_seconds;
+  std::optional<double> torch_compute_seconds;
+  uint64_t stage2_resident_bytes = 0;     // per rank: params, grads, shard grads, state
+  uint64_t unsharded_resident_bytes = 0;  // per rank: params, grads, optimizer state
+  uint64_t stage2_host_syncs_max = 0;     // most host syncs seen in one steady step, any rank
+  uint64_t unsharded_host_syncs_max = 0;  // the reference waits on its all-reduces (counted)
+  uint64_t dependency_waits = 0;          // stage 2, over all timed steps and ranks
+  double dependency_wait_seconds = 0;
+  int64_t timed_steps = 0;      // per rank, per contender (reps × steps)
+  double max_param_diff = 0;    // stage 2 vs unsharded parameters after the same training
+};
+
+StepWorld run_step_world(const StepConfig& config, int32_t ranks);
+
+void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
+                const std::vector<StepWorld>& worlds);
+std::string step_to_json(const StepConfig& config, const RunInfo& info,
+                         const std::vector<StepWorld>& worlds);
+
+}  // namespace hps::bench
