@@ -177,10 +177,7 @@ HPS_API hps_status_t hps_engine_step(hps_engine_t* engine) {
 
 HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] {
-    hps::count_host_sync(hps::HostSyncKind::kTaskFlowDrain);
-    return engine->impl->synchronize();
-  });
+  return guard(__func__, [&] { return engine->impl->synchronize(); });
 }
 
 HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes) {

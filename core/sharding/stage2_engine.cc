@@ -181,7 +181,7 @@ Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
   }
   Bucket& bucket = buckets_[b];
   auto& flag = bucket.checked_in[position_in_buffer_[index]];
-  if (flag) {
+  if (flag || bucket.complete) {
     return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
                                "' checked in twice in one micro-batch");
   }
@@ -192,14 +192,16 @@ Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
   if (last_micro_batch) HPS_RETURN_IF_ERROR(launch_reduce(b, ready));
   std::fill(bucket.checked_in.begin(), bucket.checked_in.end(), 0);
   bucket.pending = bucket.checked_in.size();
+  bucket.complete = true;
   // When every trained bucket is complete, the micro-batch is over.
   bool all_complete = true;
   for (size_t k = 0; k < buckets_.size(); ++k) {
-    if (plan_.buffers()[k].trainable && buckets_[k].pending != buckets_[k].checked_in.size()) {
-      all_complete = false;
-    }
+    if (plan_.buffers()[k].trainable && !buckets_[k].complete) all_complete = false;
   }
-  if (all_complete && !last_micro_batch) ++micro_batch_;
+  if (all_complete && !last_micro_batch) {
+    ++micro_batch_;
+    for (auto& other : buckets_) other.complete = false;
+  }
   return Status::Ok();
 }
 
@@ -207,7 +209,7 @@ Status Stage2Engine::step() {
   if (!sealed_) return failed_precondition("engine: step() before seal()");
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
-    if (!buckets_[b].reduced || buckets_[b].pending != buckets_[b].checked_in.size()) {
+    if (!buckets_[b].reduced || !buckets_[b].complete) {
       return failed_precondition(
           "engine: step() before backward finished: not every gradient checked in on the last "
           "micro-batch (" +
@@ -256,6 +258,7 @@ Status Stage2Engine::step() {
     HPS_ASSIGN_OR_RETURN(buckets_[b].gathered, sharding_->all_gather(param_shard, params_[b].data(),
                                                                      n, DType::kFloat32, &opt));
     buckets_[b].reduced.reset();
+    buckets_[b].complete = false;
   }
   micro_batch_ = 0;
   return Status::Ok();
@@ -263,6 +266,10 @@ Status Stage2Engine::step() {
 
 Status Stage2Engine::synchronize() {
   if (!sealed_) return Status::Ok();
+  // Reductions started by grad_ready() may still read the gradients: wait for them too.
+  for (auto& bucket : buckets_) {
+    if (bucket.reduced) HPS_RETURN_IF_ERROR(bucket.reduced->wait());
+  }
   HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
   for (auto& bucket : buckets_) {
     if (bucket.gathered) HPS_RETURN_IF_ERROR(bucket.gathered->wait());

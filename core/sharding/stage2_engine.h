@@ -63,6 +63,7 @@ class Stage2Engine final : public ShardedEngine {
   struct Bucket {
     std::vector<uint8_t> checked_in;  // per parameter of the buffer
     size_t pending = 0;               // parameters not checked in this micro-batch
+    bool complete = false;            // every parameter checked in this micro-batch
     std::shared_ptr<Work> reduced;    // reduce-scatter (+ dp all-reduce) of this step
     std::shared_ptr<Work> gathered;   // the latest parameter all-gather
   };

@@ -261,12 +261,16 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
                                "' is not trainable");
   }
   Buffer& buf = buffers_[b];
+  if (!buf.grads && buf.reduced_this_micro_batch) {
+    return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
+                               "' checked in twice in one micro-batch");
+  }
   if (!buf.grads) {
     return failed_precondition("engine: grad_ready for '" + plan_.params()[index].name +
                                "' without a gradient: take grad() while its unit is gathered");
   }
   auto& flag = buf.checked_in[position_in_buffer_[index]];
-  if (flag) {
+  if (flag || buf.reduced_this_micro_batch) {
     return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
                                "' checked in twice in one micro-batch");
   }
@@ -367,6 +371,9 @@ Status Stage3Engine::step() {
 
 Status Stage3Engine::synchronize() {
   if (!sealed_) return Status::Ok();
+  for (auto& buf : buffers_) {
+    if (buf.reduced) HPS_RETURN_IF_ERROR(buf.reduced->wait());
+  }
   HPS_RETURN_IF_ERROR(sharding_->stream().synchronize());
   HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
   for (auto& buf : buffers_) {

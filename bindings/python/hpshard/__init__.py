@@ -7,7 +7,15 @@ Two layers:
   status raised as :class:`hpshard.Error`.
 * this module: the pythonic layer — :class:`Stream` / :class:`Event` handles (context
   managers, destroyed exactly once), :class:`DType` / :class:`DeviceType` enums,
-  :func:`memcpy_async` over NumPy arrays and other buffer-protocol objects.
+  :func:`memcpy_async` over NumPy arrays and other buffer-protocol objects; and the
+  communication layer: :class:`Store`, :func:`rendezvous_from_env`,
+  :class:`Communicator` (collectives over NumPy arrays returning :class:`Work`),
+  :class:`Topology` and :class:`HybridGroup`; hybrid global-norm clipping
+  (:class:`Clip`) and the sharded training engine (:class:`Engine`, whose parameter and
+  gradient views are NumPy arrays over the engine's memory).
+
+Blocking calls (creating a communicator, ``Work.wait``, ``Store.get``/``wait``) release
+the GIL, so ranks may be threads of one process (``Store.open("memory://NAME", rank)``).
 
 Every failing call raises :class:`Error` (``.status``, ``.status_name``, ``.message``) or
 one of its per-status subclasses.
@@ -17,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 import threading
-from typing import Any, Optional, Tuple
+import weakref
+from typing import Any, List, Optional, Sequence, Tuple
 
 from . import capi as _c
 from ._errors import (
@@ -41,6 +51,10 @@ __all__ = [
     "properties_struct_size",
     "Stream", "Event", "memcpy_async",
     "host_sync_count_thread", "host_sync_count_total", "host_sync_reset",
+    "Store", "RendezvousInfo", "rendezvous_from_env", "rendezvous_info_struct_size",
+    "ReduceOp", "Group", "Communicator", "Work", "Topology", "HybridGroup",
+    "ClipFlag", "ClipOptions", "Clip", "Optimizer", "ParamFlag", "EngineOptions", "Engine",
+    "dependency_wait_stats",
 ]
 
 # ---- version ---------------------------------------------------------------------------
@@ -350,3 +364,959 @@ def host_sync_count_total() -> int:
 def host_sync_reset() -> None:
     """Reset the total counter and this thread's counter to zero."""
     _c.hps_host_sync_reset()
+
+
+
+# ---- stores and rendezvous -------------------------------------------------------------
+#: Default wait of Store.open / get / wait, in milliseconds.
+DEFAULT_STORE_TIMEOUT_MS = 30000
+
+
+class _Handle:
+    """A C handle destroyed exactly once (close(), ``with``, or garbage collection)."""
+
+    _kind = "handle"
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+        self._lock = threading.RLock()
+
+    def _h(self) -> Any:
+        h = self._handle
+        if h is None:
+            raise ValueError(f"operation on a closed hpshard.{type(self).__name__}")
+        return h
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def _destroy(self, h: Any) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Destroy the handle; harmless when already closed."""
+        with self._lock:
+            h, self._handle = self._handle, None
+            if h is not None:
+                self._destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None and getattr(self, "_lock", None):
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 — never raise from a finaliser
+                pass
+
+    def __repr__(self) -> str:
+        return f"<hpshard.{type(self).__name__} {'closed' if self.closed else 'open'}>"
+
+
+class Store(_Handle):
+    """A key-value store through which ranks meet (hps_store_t); see :meth:`open`.
+
+    One store may be used from several threads at once."""
+
+    def __init__(self, handle: Any, url: str, rank: int) -> None:
+        super().__init__()
+        self._handle = handle
+        self.url = url
+        self.rank = rank
+
+    @classmethod
+    def open(cls, url: str, rank: int, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> "Store":
+        """Open the store at ``url`` as ``rank``: "memory://NAME" (shared by the threads of
+        this process), "file:///DIR" or "tcp://HOST:PORT" (rank 0 serves)."""
+        return cls(_c.hps_store_open(str(url), int(rank), int(timeout_ms)), str(url), int(rank))
+
+    def _destroy(self, h: Any) -> None:
+        _c.hps_store_destroy(h)
+
+    def set(self, key: str, value: Any) -> None:
+        """Set ``key`` to ``value``: bytes (binary-safe), any bytes-like object, or str
+        (stored as UTF-8)."""
+        if isinstance(value, str):
+            value = value.encode()
+        _c.hps_store_set(self._h(), str(key), value)
+
+    def get(self, key: str, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> bytes:
+        """Wait up to ``timeout_ms`` for ``key``, then return its value (Error TIMEOUT)."""
+        return _c.hps_store_get(self._h(), str(key), int(timeout_ms))
+
+    def add(self, key: str, delta: int = 1) -> int:
+        """Add ``delta`` to the integer at ``key`` (0 when unset); the new value."""
+        return _c.hps_store_add(self._h(), str(key), int(delta))
+
+    def wait(self, key: str, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> None:
+        """Wait up to ``timeout_ms`` until ``key`` is set (Error TIMEOUT)."""
+        _c.hps_store_wait(self._h(), str(key), int(timeout_ms))
+
+    def check(self, key: str) -> bool:
+        """Whether ``key`` is set, without waiting."""
+        return bool(_c.hps_store_check(self._h(), str(key)))
+
+    def __repr__(self) -> str:
+        return f"<hpshard.Store {self.url!r} rank {self.rank} " \
+               f"{'closed' if self.closed else 'open'}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class RendezvousInfo:
+    """Where this process sits in the job (a copy of hps_rendezvous_info_t)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    store_url: str
+    source: str
+
+
+def rendezvous_from_env() -> RendezvousInfo:
+    """Read HPS_RANK / HPS_WORLD_SIZE / HPS_STORE (hpshard-run), else torchrun's, Open
+    MPI's or Slurm's variables. Error NOT_FOUND when none is set, INVALID_ARGUMENT for a
+    malformed or missing variable."""
+    info = _c.hps_rendezvous_from_env()
+    return RendezvousInfo(rank=info.rank, world_size=info.world_size,
+                          local_rank=info.local_rank, store_url=info.store_url,
+                          source=info.source)
+
+
+def rendezvous_info_struct_size(struct_size: Optional[int] = None) -> int:
+    """The struct_size hps_rendezvous_info_init records (default: sizeof as built);
+    sizes smaller than the first version raise Error (INVALID_ARGUMENT)."""
+    if struct_size is None:
+        struct_size = _c.HPS_SWIG_RENDEZVOUS_STRUCT_SIZE
+    return _c.hps_rendezvous_info_init(int(struct_size)).struct_size
+
+
+# ---- communicators and work ------------------------------------------------------------
+class ReduceOp(enum.IntEnum):
+    """Mirror of hps_reduce_op_t."""
+
+    SUM = _c.HPS_REDUCE_SUM
+    AVG = _c.HPS_REDUCE_AVG
+    MAX = _c.HPS_REDUCE_MAX
+    MIN = _c.HPS_REDUCE_MIN
+
+
+class Group(enum.IntEnum):
+    """Mirror of hps_group_t: the five axes, then the check groups."""
+
+    DP = _c.HPS_GROUP_DP
+    PP = _c.HPS_GROUP_PP
+    SHARDING = _c.HPS_GROUP_SHARDING
+    SEP = _c.HPS_GROUP_SEP
+    MP = _c.HPS_GROUP_MP
+    CHECK = _c.HPS_GROUP_CHECK
+    SHARDING_CHECK = _c.HPS_GROUP_SHARDING_CHECK
+
+
+_LITTLE = sys.byteorder == "little"
+
+
+def _dtype_of(view: memoryview, what: str) -> DType:
+    """The DType of a buffer's element format (NumPy float32 -> FLOAT32, ...)."""
+    fmt = view.format
+    if fmt and fmt[0] in "@=<>!":
+        if fmt[0] in (">", "!") if _LITTLE else fmt[0] == "<":
+            raise TypeError(f"{what}: non-native byte order {fmt!r}")
+        fmt = fmt[1:]
+    size = view.itemsize
+    if fmt == "f" and size == 4:
+        return DType.FLOAT32
+    if fmt == "d" and size == 8:
+        return DType.FLOAT64
+    if fmt == "e" and size == 2:
+        return DType.FLOAT16
+    if fmt == "B" and size == 1:
+        return DType.UINT8
+    if fmt in ("b", "h", "i", "l", "q", "n") and size in (4, 8):
+        return DType.INT32 if size == 4 else DType.INT64
+    raise TypeError(f"{what}: unsupported element type {view.format!r} ({size} bytes); use "
+                    f"float32/64/16, int32/64 or uint8 (or pass dtype=)")
+
+
+class _Buf:
+    """A collective buffer: its memoryview (keeps the object alive and un-resizable), its
+    dtype and element count."""
+
+    __slots__ = ("view", "dtype", "count")
+
+    def __init__(self, obj: Any, what: str, writable: bool, dtype: Optional[int]) -> None:
+        if obj is None:
+            raise ValueError(f"{what} is None")
+        try:
+            view = memoryview(obj)
+        except TypeError:
+            raise TypeError(f"{what} must support the buffer protocol (a NumPy array, ...), "
+                            f"not {type(obj).__name__}") from None
+        if writable and view.readonly:
+            raise ValueError(f"{what} is read-only")
+        if not view.c_contiguous:
+            raise ValueError(f"{what} is not C-contiguous")
+        if dtype is None:
+            self.dtype = _dtype_of(view, what)
+            elem = view.itemsize
+        else:
+            self.dtype = DType(dtype)
+            elem = dtype_size(self.dtype)
+            if view.itemsize not in (1, elem):
+                raise TypeError(f"{what}: {view.itemsize}-byte elements given as "
+                                f"{self.dtype.name}")
+        if view.nbytes % elem:
+            raise ValueError(f"{what}: {view.nbytes} bytes are no whole number of "
+                             f"{self.dtype.name} elements")
+        self.view = view
+        self.count = view.nbytes // elem
+
+
+def _same_dtype(op: str, *bufs: "_Buf") -> int:
+    kinds = {b.dtype for b in bufs}
+    if len(kinds) != 1:
+        raise TypeError(f"{op}: buffers of different dtypes "
+                        f"({', '.join(DType(b.dtype).name for b in bufs)})")
+    return int(bufs[0].dtype)
+
+
+def _ready(ready: Optional[Stream]) -> Any:
+    if ready is None:
+        return None
+    if not isinstance(ready, Stream):
+        raise TypeError(f"ready must be an hpshard.Stream or None, not {type(ready).__name__}")
+    return ready._h()
+
+
+class Work(_Handle):
+    """One asynchronous operation (hps_work_t), returned by every collective.
+
+    It keeps the operation's buffers (and ``ready`` stream) referenced until the operation
+    has finished and been observed: :meth:`wait` returned (or raised), :meth:`test`
+    returned True (or raised), or :meth:`close`, which waits first when the operation was
+    not observed finished yet (the C API needs the buffers until then), then destroys
+    the handle exactly once. As a context manager, leaving the block closes it."""
+
+    def __init__(self, handle: Any, keep: tuple) -> None:
+        super().__init__()
+        self._handle = handle
+        self._keep: Optional[tuple] = keep
+        self._done = False
+
+    def _finished(self) -> None:
+        self._done = True
+        self._keep = None
+
+    def test(self) -> bool:
+        """True when the operation has finished (never blocks, no host sync); a finished
+        operation that failed raises its Error."""
+        with self._lock:
+            try:
+                done = bool(_c.hps_work_test(self._h()))
+            except Error:
+                self._finished()
+                raise
+            if done:
+                self._finished()
+            return done
+
+    def wait(self) -> None:
+        """Block until the operation has finished (one host sync); raises its Error
+        (TIMEOUT, ABORTED, INVALID_ARGUMENT when ranks disagree, ...)."""
+        h = self._h()
+        try:
+            _c.hps_work_wait(h)
+        finally:
+            self._finished()
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Make work queued on ``stream`` after this call wait for the operation (no host
+        block). The buffers stay referenced until this Work is waited on or closed."""
+        if not isinstance(stream, Stream):
+            raise TypeError(f"wait_stream expects an hpshard.Stream, not {type(stream).__name__}")
+        _c.hps_work_wait_stream(self._h(), stream._h())
+        with self._lock:
+            if self._keep is not None:
+                self._keep = self._keep + (stream,)
+
+    def _destroy(self, h: Any) -> None:
+        try:
+            if not self._done:
+                try:
+                    _c.hps_work_wait(h)
+                except Error:
+                    pass  # the operation has ended; its error was not asked for
+        finally:
+            self._finished()
+            _c.hps_work_destroy(h)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("finished" if self._done else "pending")
+        return f"<hpshard.Work {state}>"
+
+
+class Communicator(_Handle):
+    """This rank's member of a group of ranks (hps_comm_t); see :meth:`create`.
+
+    Collectives take C-contiguous NumPy arrays (or other buffer-protocol objects) of host
+    memory on CPU; the dtype comes from the array (float32/64/16, int32/64, uint8; pass
+    ``dtype=`` e.g. for bfloat16 stored as uint16) and the element count from its size.
+    Each returns a :class:`Work` that keeps the arrays referenced; do not touch them
+    before it has been waited on. One thread at a time per communicator, except
+    :meth:`abort` (any thread)."""
+
+    def __init__(self, handle: Any, name: Optional[str] = None) -> None:
+        super().__init__()
+        self._handle = handle
+        self.name = name
+        self._groups: "weakref.WeakSet[HybridGroup]" = weakref.WeakSet()
+        self._users: "weakref.WeakSet[_Handle]" = weakref.WeakSet()  # Clip, Engine
+
+    @classmethod
+    def create(cls, store: Store, rank: int, size: int, device_type: int = DeviceType.CPU,
+               device_index: int = 0, timeout_ms: Optional[int] = None,
+               check_arguments: Optional[bool] = None,
+               name: Optional[str] = None) -> "Communicator":
+        """Collective: every rank of ``size`` calls it; blocks until all have connected
+        (the GIL is released meanwhile). Unset options keep the library's defaults
+        (HPS_COMM_TIMEOUT_MS / HPS_COMM_CHECK, else 300000 ms and on; name "world")."""
+        if not isinstance(store, Store):
+            raise TypeError(f"store must be an hpshard.Store, not {type(store).__name__}")
+        options = None
+        if timeout_ms is not None or check_arguments is not None or name is not None:
+            options = _c.hps_comm_options_init(_c.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE)
+            if timeout_ms is not None:
+                options.timeout_ms = int(timeout_ms)
+            if check_arguments is not None:
+                options.check_arguments = 1 if check_arguments else 0
+            if name is not None:
+                options.name = str(name)
+        h = _c.hps_comm_create(store._h(), int(rank), int(size), int(device_type),
+                               int(device_index), options)
+        return cls(h, name)
+
+    def _destroy(self, h: Any) -> None:
+        for group in list(self._groups):  # hybrid groups over this world go first
+            group.close()
+        for user in list(self._users):  # clips and engines over it too
+            user.close()
+        _c.hps_comm_destroy(h)
+
+    @property
+    def rank(self) -> int:
+        """This rank's position in the communicator."""
+        return _c.hps_comm_rank(self._h())
+
+    @property
+    def size(self) -> int:
+        """The number of ranks."""
+        return _c.hps_comm_size(self._h())
+
+    def abort(self) -> None:
+        """From any thread: pending and later operations end with Error ABORTED."""
+        with self._lock:  # not concurrently with close()
+            _c.hps_comm_abort(self._h())
+
+    def set_timeout(self, timeout_ms: int) -> None:
+        """Change the timeout of later operations (<= 0: Error INVALID_ARGUMENT)."""
+        _c.hps_comm_set_timeout(self._h(), int(timeout_ms))
+
+    def split(self, ranks: Sequence[int], name: Optional[str] = None) -> Optional["Communicator"]:
+        """Collective: every rank passes the same ranks (of this communicator) in the same
+        order. Members get a new Communicator (rank = position in ``ranks``), the others
+        None."""
+        h = _c.hps_comm_split(self._h(), [int(r) for r in ranks],
+                              None if name is None else str(name))
+        return None if h is None else Communicator(h, name)
+
+    # -- collectives --
+    def _work(self, handle: Any, bufs: tuple, ready: Optional[Stream]) -> Work:
+        return Work(handle, tuple(b.view for b in bufs) + ((ready,) if ready else ()))
+
+    def all_reduce(self, send: Any, recv: Any, op: int = ReduceOp.SUM,
+                   ready: Optional[Stream] = None, dtype: Optional[int] = None) -> Work:
+        """recv[i] = op over ranks of send[i]; recv may be send (in place); both the same
+        dtype and size."""
+        s = _Buf(send, "all_reduce: send", False, dtype)
+        r = _Buf(recv, "all_reduce: recv", True, dtype)
+        d = _same_dtype("all_reduce", s, r)
+        if s.count != r.count:
+            raise ValueError(f"all_reduce: send has {s.count} elements, recv {r.count}")
+        return self._work(_c.hps_comm_all_reduce(self._h(), s.view, r.view, s.count, d,
+                                                 int(op), _ready(ready)), (s, r), ready)
+
+    def reduce(self, send: Any, recv: Any, root: int, op: int = ReduceOp.SUM,
+               ready: Optional[Stream] = None, dtype: Optional[int] = None) -> Work:
+        """Like all_reduce, but only ``root`` receives (recv may be None elsewhere)."""
+        s = _Buf(send, "reduce: send", False, dtype)
+        bufs: tuple = (s,)
+        recv_view = None
+        if recv is not None:
+            r = _Buf(recv, "reduce: recv", True, dtype)
+            _same_dtype("reduce", s, r)
+            if s.count != r.count:
+                raise ValueError(f"reduce: send has {s.count} elements, recv {r.count}")
+            bufs, recv_view = (s, r), r.view
+        return self._work(_c.hps_comm_reduce(self._h(), s.view, recv_view, s.count,
+                                             int(s.dtype), int(op), int(root), _ready(ready)),
+                          bufs, ready)
+
+    def broadcast(self, buffer: Any, root: int, ready: Optional[Stream] = None,
+                  dtype: Optional[int] = None) -> Work:
+        """``root``'s buffer is copied into every rank's buffer."""
+        b = _Buf(buffer, "broadcast: buffer", True, dtype)
+        return self._work(_c.hps_comm_broadcast(self._h(), b.view, b.count, int(b.dtype),
+                                                int(root), _ready(ready)), (b,), ready)
+
+    def all_gather(self, send: Any, recv: Any, ready: Optional[Stream] = None,
+                   dtype: Optional[int] = None) -> Work:
+        """Rank r's send lands at recv[r * len(send):]; recv needs size * len(send)
+        elements (fewer: Error INVALID_ARGUMENT, nothing sent)."""
+        s = _Buf(send, "all_gather: send", False, dtype)
+        r = _Buf(recv, "all_gather: recv", True, dtype)
+        d = _same_dtype("all_gather", s, r)
+        return self._work(_c.hps_comm_all_gather(self._h(), s.view, s.count, r.view, r.count,
+                                                 d, _ready(ready)), (s, r), ready)
+
+    def reduce_scatter(self, send: Any, recv: Any, op: int = ReduceOp.SUM,
+                       ready: Optional[Stream] = None, dtype: Optional[int] = None) -> Work:
+        """Rank r receives the reduction of slice r (len(recv) elements) of every rank's
+        send; send needs size * len(recv) elements."""
+        s = _Buf(send, "reduce_scatter: send", False, dtype)
+        r = _Buf(recv, "reduce_scatter: recv", True, dtype)
+        d = _same_dtype("reduce_scatter", s, r)
+        return self._work(_c.hps_comm_reduce_scatter(self._h(), s.view, s.count, r.view,
+                                                     r.count, d, int(op), _ready(ready)),
+                          (s, r), ready)
+
+    def send(self, buffer: Any, peer: int, ready: Optional[Stream] = None,
+             dtype: Optional[int] = None) -> Work:
+        """Send the buffer to ``peer``, which receives it with :meth:`recv`."""
+        b = _Buf(buffer, "send: buffer", False, dtype)
+        return self._work(_c.hps_comm_send(self._h(), b.view, b.count, int(b.dtype),
+                                           int(peer), _ready(ready)), (b,), ready)
+
+    def recv(self, buffer: Any, peer: int, ready: Optional[Stream] = None,
+             dtype: Optional[int] = None) -> Work:
+        """Receive the buffer's size from ``peer``."""
+        b = _Buf(buffer, "recv: buffer", True, dtype)
+        return self._work(_c.hps_comm_recv(self._h(), b.view, b.count, int(b.dtype),
+                                           int(peer), _ready(ready)), (b,), ready)
+
+    def barrier(self, ready: Optional[Stream] = None) -> Work:
+        """Completes once every rank has reached it."""
+        return self._work(_c.hps_comm_barrier(self._h(), _ready(ready)), (), ready)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<hpshard.Communicator closed>"
+        return f"<hpshard.Communicator {self.name or 'world'} rank {self.rank}/{self.size}>"
+
+
+# ---- topology and the hybrid communicate group -----------------------------------------
+class Topology(_Handle):
+    """Axes dp x pp x sharding x sep x mp and the rank arithmetic (hps_topology_t; pure,
+    no communication). ``order`` names the axes slowest first (default
+    "dp,pp,sharding,sep,mp"); with it rank = ((((d*P + p)*S + s)*E + e)*M + m)."""
+
+    def __init__(self, dp: int, pp: int, sharding: int, sep: int, mp: int, world_size: int,
+                 order: Optional[str] = None) -> None:
+        super().__init__()
+        self._handle = _c.hps_topology_create(int(dp), int(pp), int(sharding), int(sep),
+                                              int(mp), order, int(world_size))
+        self.world_size = int(world_size)
+
+    def _destroy(self, h: Any) -> None:
+        _c.hps_topology_destroy(h)
+
+    def degree(self, axis: int) -> int:
+        """The degree of an axis (Group.DP .. Group.MP)."""
+        return _c.hps_topology_degree(self._h(), int(axis))
+
+    def coordinate(self, rank: int, axis: int) -> int:
+        """``rank``'s coordinate on ``axis`` (Error OUT_OF_RANGE for a bad rank)."""
+        return _c.hps_topology_coordinate(self._h(), int(rank), int(axis))
+
+    def rank_of(self, dp: int, pp: int, sharding: int, sep: int, mp: int) -> int:
+        """The rank at these coordinates (Error OUT_OF_RANGE for a bad coordinate)."""
+        return _c.hps_topology_rank_of(self._h(), int(dp), int(pp), int(sharding), int(sep),
+                                       int(mp))
+
+    def group_ranks(self, group: int, rank: int) -> List[int]:
+        """The ranks of ``rank``'s group of kind ``group``, ascending."""
+        return list(_c.hps_topology_group_ranks(self._h(), int(group), int(rank)))
+
+    def pipeline_neighbors(self, rank: int) -> Tuple[int, int]:
+        """(previous, next) stage of ``rank`` in its pipeline, wrapping around."""
+        prev, nxt = _c.hps_topology_pipeline_neighbors(self._h(), int(rank))
+        return (prev, nxt)
+
+
+class HybridGroup(_Handle):
+    """This rank's communicators for every group of a topology (hps_hybrid_group_t).
+
+    It keeps ``world`` referenced; closing ``world`` closes it first."""
+
+    def __init__(self, handle: Any, world: Communicator, topology: Topology) -> None:
+        super().__init__()
+        self._handle = handle
+        self.world = world
+        self.topology = topology
+
+    @classmethod
+    def create(cls, world: Communicator, topology: Topology) -> "HybridGroup":
+        """Collective over ``world`` (whose size must be the topology's)."""
+        if not isinstance(world, Communicator):
+            raise TypeError(f"world must be an hpshard.Communicator, not {type(world).__name__}")
+        if not isinstance(topology, Topology):
+            raise TypeError(f"topology must be an hpshard.Topology, not "
+                            f"{type(topology).__name__}")
+        group = cls(_c.hps_hybrid_group_create(world._h(), topology._h()), world, topology)
+        world._groups.add(group)
+        return group
+
+    def _destroy(self, h: Any) -> None:
+        _c.hps_hybrid_group_destroy(h)
+
+    def comm(self, kind: int) -> Communicator:
+        """A new Communicator handle for this rank's group of ``kind`` (it stays valid after
+        the hybrid group is closed; close it yourself)."""
+        try:
+            name = Group(kind).name.lower()
+        except ValueError:
+            name = None
+        return Communicator(_c.hps_hybrid_group_comm(self._h(), int(kind)), name)
+
+
+# ---- hybrid global-norm clipping --------------------------------------------------------
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is a dependency of the views
+        raise ImportError("hpshard: views of library memory need NumPy") from None
+    return numpy
+
+
+def _view(address: int, shape: Tuple[int, ...], owner: Any, readonly: bool = False) -> Any:
+    """A float32 NumPy array of ``shape`` over the memory at ``address`` (not copied). Its
+    base is a ctypes array that references ``owner``, so the owner outlives the view."""
+    import ctypes
+    np = _numpy()
+    count = 1
+    for d in shape:
+        count *= int(d)
+    if address == 0:
+        raise ValueError("hpshard: NULL view address")
+    raw = (ctypes.c_float * max(count, 1)).from_address(int(address))
+    raw._hpshard_owner = owner  # the view -> raw -> owner: the owner stays alive
+    array = np.frombuffer(raw, dtype=np.float32, count=count).reshape(shape)
+    if readonly:
+        array.flags.writeable = False
+    return array
+
+
+class ClipFlag(enum.IntFlag):
+    """Mirror of hps_clip_flag_t (a bitwise or)."""
+
+    DISTRIBUTED = _c.HPS_CLIP_DISTRIBUTED
+    NO_CLIP = _c.HPS_CLIP_NO_CLIP
+    SHARED_NOT_FIRST = _c.HPS_CLIP_SHARED_NOT_FIRST
+
+
+@dataclasses.dataclass
+class ClipOptions:
+    """Clip options (hps_clip_options_t). :meth:`defaults` reads the library's defaults."""
+
+    max_norm: float = 1.0
+    deterministic: bool = False
+
+    @classmethod
+    def defaults(cls) -> "ClipOptions":
+        """The defaults hps_clip_options_init sets."""
+        o = _c.hps_clip_options_init(_c.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE)
+        return cls(max_norm=o.max_norm, deterministic=bool(o.deterministic))
+
+    @staticmethod
+    def struct_size(struct_size: Optional[int] = None) -> int:
+        """The struct_size hps_clip_options_init records (default: sizeof as built);
+        sizes smaller than the first version raise Error (INVALID_ARGUMENT)."""
+        if struct_size is None:
+            struct_size = _c.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE
+        return _c.hps_clip_options_init(int(struct_size)).struct_size
+
+    def _to_c(self) -> Any:
+        o = _c.hps_clip_options_init(_c.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE)
+        o.max_norm = float(self.max_norm)
+        o.deterministic = 1 if self.deterministic else 0
+        return o
+
+
+def _comm_or_none(comm: Optional[Communicator], what: str) -> Any:
+    if comm is None:
+        return None
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"{what} must be an hpshard.Communicator or None, not "
+                        f"{type(comm).__name__}")
+    return comm._h()
+
+
+class Clip(_Handle):
+    """Clips gradients by their global L2 norm over a hybrid topology (hps_clip_t).
+
+    ``sharding``, ``mp`` and ``pp`` are Communicators (or None: not reduced over); the Clip
+    keeps them referenced, and closing one of them closes the Clip first. Gradients
+    registered with :meth:`add_tensor` stay referenced (and un-resizable) while the Clip
+    lives. One thread at a time per clip."""
+
+    def __init__(self, sharding: Optional[Communicator] = None,
+                 mp: Optional[Communicator] = None, pp: Optional[Communicator] = None,
+                 max_norm: float = 1.0, deterministic: bool = False,
+                 options: Optional[ClipOptions] = None) -> None:
+        super().__init__()
+        if options is None:
+            options = ClipOptions(max_norm=max_norm, deterministic=deterministic)
+        handles = (_comm_or_none(sharding, "sharding"), _comm_or_none(mp, "mp"),
+                   _comm_or_none(pp, "pp"))
+        self._handle = _c.hps_clip_create(*handles, options._to_c())
+        self.options = options
+        self._comms = tuple(c for c in (sharding, mp, pp) if c is not None)
+        self._tensors: list = []
+        for comm in self._comms:
+            comm._users.add(self)
+
+    def _destroy(self, h: Any) -> None:
+        try:
+            _c.hps_clip_destroy(h)
+        finally:
+            self._tensors = []
+
+    def add_tensor(self, grad: Any, distributed: bool = False, clip: bool = True,
+                   shared_not_first: bool = False, dtype: Optional[int] = None,
+                   flags: Optional[int] = None) -> None:
+        """Register a gradient: a writable, C-contiguous NumPy array (or buffer) of float32,
+        float64 or float16 (bfloat16: pass ``dtype=DType.BFLOAT16``). ``distributed``: split
+        across mp; ``clip=False``: neither counted nor scaled; ``shared_not_first``: a
+        pipeline-shared copy, scaled but not counted. ``flags`` (raw ClipFlag bits)
+        replaces the three booleans. Error INVALID_ARGUMENT (dtype, unknown flag bits),
+        FAILED_PRECONDITION (sealed)."""
+        b = _Buf(grad, "Clip.add_tensor: grad", True, dtype)
+        if flags is None:
+            flags = ((ClipFlag.DISTRIBUTED if distributed else 0)
+                     | (0 if clip else ClipFlag.NO_CLIP)
+                     | (ClipFlag.SHARED_NOT_FIRST if shared_not_first else 0))
+        with self._lock:
+            _c.hps_clip_add_tensor(self._h(), b.view, b.count, int(b.dtype), int(flags))
+            self._tensors.append(b.view)
+
+    def seal(self) -> None:
+        """Finish registration (collective over mp; one host sync at set-up). Error
+        INVALID_ARGUMENT when mp ranks registered different flags."""
+        _c.hps_clip_seal(self._h())
+
+    def run(self, stream: Stream, norm_out: Any = None, scale: bool = True) -> None:
+        """Enqueue one clip on ``stream``: the global norm into ``norm_out`` (a writable
+        float32 array of >= 1 element, or None) and, when ``scale``, the gradients scaled.
+        Nothing blocks: read ``norm_out`` after ``stream.synchronize()``, which is also
+        how long the stream keeps it referenced. Error FAILED_PRECONDITION (not sealed)."""
+        if not isinstance(stream, Stream):
+            raise TypeError(f"run expects an hpshard.Stream, not {type(stream).__name__}")
+        view = None
+        if norm_out is not None:
+            b = _Buf(norm_out, "Clip.run: norm_out", True, None)
+            if b.dtype != DType.FLOAT32 or b.count < 1:
+                raise ValueError("Clip.run: norm_out must hold at least one float32")
+            view = b.view
+        handle = stream._h()
+        with stream._lock:
+            _c.hps_clip_run(self._h(), handle, view, 1 if scale else 0)
+            if view is not None:
+                stream._keep.append(view)
+
+    @property
+    def coefficient_address(self) -> int:
+        """The address of the latest coefficient (hps_clip_coefficient; owned by the clip,
+        valid in stream order after :meth:`run`)."""
+        return _c.hps_clip_coefficient(self._h())
+
+    def coefficient(self) -> Any:
+        """A read-only 1-element float32 view of the latest coefficient (CPU clips: host
+        memory). Read it after synchronizing the stream of :meth:`run`; it keeps the Clip
+        alive but becomes invalid when the Clip is closed."""
+        return _view(self.coefficient_address, (1,), self, readonly=True)
+
+
+# ---- sharded training engine ------------------------------------------------------------
+class Optimizer(enum.IntEnum):
+    """Mirror of hps_optimizer_t."""
+
+    SGD = _c.HPS_OPTIMIZER_SGD
+    ADAMW = _c.HPS_OPTIMIZER_ADAMW
+
+
+class ParamFlag(enum.IntFlag):
+    """Mirror of hps_param_flag_t (a bitwise or)."""
+
+    FROZEN = _c.HPS_PARAM_FROZEN
+    DISTRIBUTED = _c.HPS_PARAM_DISTRIBUTED
+    NO_CLIP = _c.HPS_PARAM_NO_CLIP
+    SHARED_NOT_FIRST = _c.HPS_PARAM_SHARED_NOT_FIRST
+
+
+@dataclasses.dataclass
+class EngineOptions:
+    """Engine options (hps_engine_options_t); :meth:`defaults` reads the library's."""
+
+    stage: int = 2
+    optimizer: int = Optimizer.SGD
+    learning_rate: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+    clip_max_norm: float = 0.0
+    deterministic_clip: bool = False
+    accumulation_steps: int = 1
+    alignment_bytes: int = 256
+    prefetch_window: int = 2
+
+    @classmethod
+    def defaults(cls) -> "EngineOptions":
+        """The defaults hps_engine_options_init sets."""
+        o = _c.hps_engine_options_init(_c.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE)
+        return cls(stage=o.stage, optimizer=Optimizer(o.optimizer),
+                   learning_rate=o.learning_rate, momentum=o.momentum,
+                   weight_decay=o.weight_decay, nesterov=bool(o.nesterov), beta1=o.beta1,
+                   beta2=o.beta2, epsilon=o.epsilon, clip_max_norm=o.clip_max_norm,
+                   deterministic_clip=bool(o.deterministic_clip),
+                   accumulation_steps=o.accumulation_steps, alignment_bytes=o.alignment_bytes,
+                   prefetch_window=o.prefetch_window)
+
+    @staticmethod
+    def struct_size(struct_size: Optional[int] = None) -> int:
+        """The struct_size hps_engine_options_init records (default: sizeof as built)."""
+        if struct_size is None:
+            struct_size = _c.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE
+        return _c.hps_engine_options_init(int(struct_size)).struct_size
+
+    def _to_c(self) -> Any:
+        o = _c.hps_engine_options_init(_c.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE)
+        o.stage = int(self.stage)
+        o.optimizer = int(self.optimizer)
+        o.learning_rate = float(self.learning_rate)
+        o.momentum = float(self.momentum)
+        o.weight_decay = float(self.weight_decay)
+        o.nesterov = 1 if self.nesterov else 0
+        o.beta1 = float(self.beta1)
+        o.beta2 = float(self.beta2)
+        o.epsilon = float(self.epsilon)
+        o.clip_max_norm = float(self.clip_max_norm)
+        o.deterministic_clip = 1 if self.deterministic_clip else 0
+        o.accumulation_steps = int(self.accumulation_steps)
+        o.alignment_bytes = int(self.alignment_bytes)
+        o.prefetch_window = int(self.prefetch_window)
+        return o
+
+
+def _as_dtype(dtype: Any) -> int:
+    """A DType (or int) as is; a NumPy dtype-like (np.float32, "float16") mapped."""
+    if isinstance(dtype, int):
+        return int(dtype)
+    np = _numpy()
+    names = {"float32": DType.FLOAT32, "float64": DType.FLOAT64, "float16": DType.FLOAT16,
+             "int32": DType.INT32, "int64": DType.INT64, "uint8": DType.UINT8,
+             "bfloat16": DType.BFLOAT16}
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in names:
+        raise TypeError(f"unsupported dtype {dtype!r}")
+    return int(names[name])
+
+
+class Engine(_Handle):
+    """ZeRO-style sharded data parallelism (hps_engine_t, stage 2) for a framework that keeps
+    its own forward and backward; see :meth:`create`.
+
+    :meth:`param` and :meth:`grad` return float32 NumPy arrays VIEWING the engine's memory
+    (not copies): write parameters and add gradients into them in place. A view keeps the
+    Engine object alive, but every view becomes invalid (reading or writing it is undefined)
+    once the engine is closed; with stage 3, a parameter view is valid only between
+    :meth:`wait_parameters` and :meth:`release_parameters` of its unit. The communicators stay referenced; closing one closes the
+    engine first. One thread at a time per engine."""
+
+    def __init__(self, handle: Any, sharding: Communicator, dp: Optional[Communicator],
+                 options: EngineOptions) -> None:
+        super().__init__()
+        self._handle = handle
+        self.options = options
+        self._comms = tuple(c for c in (sharding, dp) if c is not None)
+        self._shapes: List[Tuple[int, ...]] = []
+        self._names: List[str] = []
+        self._keep: list = []  # ready streams until synchronize()
+        for comm in self._comms:
+            comm._users.add(self)
+
+    @classmethod
+    def create(cls, sharding: Communicator, dp: Optional[Communicator] = None,
+               optimizer: int = Optimizer.SGD, learning_rate: Optional[float] = None,
+               momentum: Optional[float] = None, weight_decay: Optional[float] = None,
+               nesterov: Optional[bool] = None,
+               betas: Optional[Tuple[float, float]] = None, eps: Optional[float] = None,
+               clip_max_norm: float = 0.0, deterministic_clip: bool = False,
+               accumulation_steps: int = 1, stage: int = 2,
+               alignment_bytes: Optional[int] = None, prefetch_window: Optional[int] = None,
+               options: Optional[EngineOptions] = None) -> "Engine":
+        """An engine sharding over ``sharding`` (required) with an optional ``dp`` group
+        above it. Unset options keep the library's defaults (stage 2, SGD, lr 0.01, betas
+        (0.9, 0.999), eps 1e-8, ...); ``options`` replaces every keyword. Error
+        INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators)."""
+        if not isinstance(sharding, Communicator):
+            raise TypeError(f"sharding must be an hpshard.Communicator, not "
+                            f"{type(sharding).__name__}")
+        dp_handle = _comm_or_none(dp, "dp")
+        if options is None:
+            options = EngineOptions.defaults()
+            options.stage = int(stage)
+            options.optimizer = Optimizer(optimizer) if optimizer in (0, 1) else int(optimizer)
+            if learning_rate is not None:
+                options.learning_rate = float(learning_rate)
+            if momentum is not None:
+                options.momentum = float(momentum)
+            if weight_decay is not None:
+                options.weight_decay = float(weight_decay)
+            if nesterov is not None:
+                options.nesterov = bool(nesterov)
+            if betas is not None:
+                options.beta1, options.beta2 = (float(b) for b in betas)
+            if eps is not None:
+                options.epsilon = float(eps)
+            options.clip_max_norm = float(clip_max_norm)
+            options.deterministic_clip = bool(deterministic_clip)
+            options.accumulation_steps = int(accumulation_steps)
+            if alignment_bytes is not None:
+                options.alignment_bytes = int(alignment_bytes)
+            if prefetch_window is not None:
+                options.prefetch_window = int(prefetch_window)
+        h = _c.hps_engine_create(sharding._h(), dp_handle, options._to_c())
+        return cls(h, sharding, dp, options)
+
+    def _destroy(self, h: Any) -> None:
+        try:
+            _c.hps_engine_destroy(h)  # finishes what is in flight first
+        finally:
+            self._keep = []
+
+    def add_param(self, name: str, shape: Sequence[int], dtype: Any = DType.FLOAT32,
+                  frozen: bool = False, distributed: bool = False, clip: bool = True,
+                  shared_not_first: bool = False, unit: int = 0,
+                  flags: Optional[int] = None) -> int:
+        """Register a parameter before :meth:`seal`; its index (registration order).
+        ``unit``: the layer its forward belongs to. Every rank registers the same
+        parameters in the same order. ``flags`` (raw ParamFlag bits) replaces the four
+        booleans. Error INVALID_ARGUMENT, ALREADY_EXISTS (name), FAILED_PRECONDITION
+        (sealed), UNIMPLEMENTED (a dtype other than float32)."""
+        shape = tuple(int(d) for d in shape)
+        if flags is None:
+            flags = ((ParamFlag.FROZEN if frozen else 0)
+                     | (ParamFlag.DISTRIBUTED if distributed else 0)
+                     | (0 if clip else ParamFlag.NO_CLIP)
+                     | (ParamFlag.SHARED_NOT_FIRST if shared_not_first else 0))
+        with self._lock:
+            index = _c.hps_engine_add_param(self._h(), str(name), list(shape),
+                                            _as_dtype(dtype), int(flags), int(unit))
+            while len(self._shapes) <= index:
+                self._shapes.append(())
+                self._names.append("")
+            self._shapes[index] = shape
+            self._names[index] = str(name)
+        return index
+
+    def seal(self) -> None:
+        """Lay the parameters out and allocate the (zero-filled) buffers. Collective over
+        the sharding and dp groups: ranks that registered different parameters get Error
+        INVALID_ARGUMENT."""
+        _c.hps_engine_seal(self._h())
+
+    def broadcast_parameters(self) -> None:
+        """Collective: every rank's parameters become its groups' source rank's (set-up)."""
+        _c.hps_engine_broadcast_parameters(self._h())
+
+    def _shape(self, index: int) -> Tuple[int, ...]:
+        if not 0 <= int(index) < len(self._shapes):
+            raise IndexError(f"no parameter {index} (the engine has {len(self._shapes)})")
+        return self._shapes[int(index)]
+
+    def param(self, index: int) -> Any:
+        """The parameter's float32 array of its shape, VIEWING the engine's memory (valid
+        until the engine is closed)."""
+        address = _c.hps_engine_param(self._h(), int(index))
+        return _view(address, self._shape(index), self)
+
+    def grad(self, index: int) -> Any:
+        """The gradient's float32 array VIEWING the engine's memory: zero at the start of
+        every step, backward adds into it (Error FAILED_PRECONDITION: frozen, not
+        sealed)."""
+        address = _c.hps_engine_grad(self._h(), int(index))
+        return _view(address, self._shape(index), self)
+
+    def name(self, index: int) -> str:
+        """The name the parameter was registered with."""
+        self._shape(index)
+        return self._names[int(index)]
+
+    @property
+    def num_params(self) -> int:
+        """The number of registered parameters."""
+        return len(self._shapes)
+
+    def wait_parameters(self, unit: int) -> None:
+        """Before the forward of ``unit``: wait for the last step's all-gather of its
+        parameters (a dependency wait, not a host sync). Error NOT_FOUND (no such unit)."""
+        _c.hps_engine_wait_parameters(self._h(), int(unit))
+
+    def release_parameters(self, unit: int) -> None:
+        """After the forward or the backward of ``unit``: stage 3 frees its full parameters
+        (their views become invalid until the next :meth:`wait_parameters`); stage 2 does
+        nothing. Error NOT_FOUND, FAILED_PRECONDITION (gradients not all checked in)."""
+        _c.hps_engine_release_parameters(self._h(), int(unit))
+
+    def grad_ready(self, index: int, ready: Optional[Stream] = None) -> None:
+        """Parameter ``index``'s gradient is complete for this micro-batch; ``ready``: the
+        stream it was produced on (kept referenced until :meth:`synchronize`), or None when
+        this thread wrote it. Error FAILED_PRECONDITION (twice, frozen), OUT_OF_RANGE."""
+        with self._lock:
+            _c.hps_engine_grad_ready(self._h(), int(index), _ready(ready))
+            if ready is not None:
+                self._keep.append(ready)
+
+    def step(self) -> None:
+        """Enqueue the optimizer step on this rank's shards and the all-gathers; returns at
+        once (no host sync). Error FAILED_PRECONDITION (a gradient has not checked in)."""
+        _c.hps_engine_step(self._h())
+
+    def synchronize(self) -> None:
+        """Block until everything in flight has finished (one host sync)."""
+        _c.hps_engine_synchronize(self._h())
+        with self._lock:
+            self._keep = []
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes this rank holds: parameters, gradients and optimizer state."""
+        return _c.hps_engine_resident_bytes(self._h())
+
+    def shard_range(self, index: int) -> Tuple[int, int]:
+        """(begin, end): the element offsets of parameter ``index`` this rank's shard holds
+        and updates; begin == end when none."""
+        begin, end = _c.hps_engine_shard_range(self._h(), int(index))
+        return (begin, end)
+
+
+def dependency_wait_stats() -> Tuple[int, int]:
+    """(count, nanoseconds): dependency waits so far (process-wide) and the time blocked."""
+    count, nanoseconds = _c.hps_dependency_wait_stats()
+    return (count, nanoseconds)

@@ -781,7 +781,10 @@ HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index, h
  */
 HPS_API hps_status_t hps_engine_step(hps_engine_t* engine);
 
-/** Block until everything in flight has finished (counted as a host sync). */
+/**
+ * Block until everything in flight (reductions, the optimizer, all-gathers) has finished.
+ * Each wait it makes is counted as a host sync: not for the training step.
+ */
 HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine);
 
 /** Bytes this rank holds: parameters, gradients and optimizer state. */

@@ -1,5 +1,8 @@
-//! Prints the hpshard version, the devices, and does a stream/event round trip.
-use hpshard::{DeviceType, Event, Stream};
+//! Prints the hpshard version, the devices, does a stream/event round trip, and an
+//! all_reduce over two ranks that are threads meeting through a memory:// store.
+use std::time::Duration;
+
+use hpshard::{CommOptions, Communicator, DeviceType, Event, ReduceOp, Store, Stream};
 
 fn main() -> hpshard::Result<()> {
     println!("hpshard {} (rust)", hpshard::version());
@@ -43,6 +46,35 @@ fn main() -> hpshard::Result<()> {
         hpshard::host_sync_count_thread()?
     );
     if !ok || !completed {
+        std::process::exit(1);
+    }
+
+    // Two thread-ranks: each sums [rank + 1; 4] over the group.
+    let url = format!("memory://hpshard-example-{}", std::process::id());
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let url = url.clone();
+            std::thread::spawn(move || -> hpshard::Result<Vec<f32>> {
+                let store = Store::open(&url, rank, Duration::from_secs(10))?;
+                let options = CommOptions::new().timeout(Duration::from_secs(20));
+                let comm =
+                    Communicator::create(&store, rank, 2, DeviceType::CPU, 0, Some(options))?;
+                let send = [(rank + 1) as f32; 4];
+                let mut recv = [0f32; 4];
+                // The scope waits for the operation before the borrows of send/recv end.
+                comm.scope(|s| s.all_reduce(&send, &mut recv, ReduceOp::SUM)?.wait())?;
+                Ok(recv.to_vec())
+            })
+        })
+        .collect();
+    let mut sums_ok = true;
+    for (rank, handle) in ranks.into_iter().enumerate() {
+        let sums = handle.join().expect("rank thread panicked")?;
+        sums_ok &= sums.iter().all(|&x| x == 3.0);
+        println!("rank {} all_reduce(sum): {:?}", rank, sums);
+    }
+    println!("all_reduce over 2 thread-ranks: equal={}", sums_ok);
+    if !sums_ok {
         std::process::exit(1);
     }
     Ok(())

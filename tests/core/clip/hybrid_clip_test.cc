@@ -125,7 +125,9 @@ float run_layout(const Layout& layout, bool deterministic, double max_norm) {
   const double coefficient = max_norm / (std::max(expected, max_norm) + 1e-6);
   testing_util::run_ranks(world, [&](int32_t rank, Communicator& comm) {
     std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
-    auto hg = std::move(HybridGroup::create(w, topology)).value();
+    auto hg_or = HybridGroup::create(w, topology);
+    ASSERT_TRUE(hg_or.ok()) << hg_or.status().to_string();
+    auto hg = std::move(hg_or).value();
     auto clip = HybridClip::create(hg->group(GroupKind::kSharding), hg->group(GroupKind::kMp),
                                    hg->group(GroupKind::kPp), {max_norm, deterministic});
     ASSERT_TRUE(clip.ok()) << clip.status().to_string();

@@ -84,7 +84,9 @@ void train_and_compare(const TrainingSetup& s) {
   auto topology = *Topology::create({s.dp, 1, s.sharding, 1, 1}, world);
   testing_util::run_ranks(world, [&](int32_t rank, Communicator& comm) {
     std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
-    auto hg = std::move(HybridGroup::create(w, topology)).value();
+    auto hg_or = HybridGroup::create(w, topology);
+    ASSERT_TRUE(hg_or.ok()) << hg_or.status().to_string();
+    auto hg = std::move(hg_or).value();
     auto engine = Stage3Engine::create(hg->group(GroupKind::kSharding),
                                        s.dp > 1 ? hg->group(GroupKind::kDp) : nullptr, s.options);
     ASSERT_TRUE(engine.ok()) << engine.status().to_string();
@@ -198,6 +200,8 @@ TEST(Stage3, BadInputIsRefused) {
     g[0] = 1;
     EXPECT_EQ(e->release(0).code(), StatusCode::kFailedPrecondition) << "gradients pending";
     ASSERT_TRUE(e->grad_ready(0, nullptr).ok());
+    EXPECT_EQ(e->grad_ready(0, nullptr).code(), StatusCode::kFailedPrecondition)
+        << "checked in twice";
     ASSERT_TRUE(e->release(0).ok());
     ASSERT_TRUE(e->step().ok());
     ASSERT_TRUE(e->synchronize().ok());

@@ -116,6 +116,13 @@ public final class Stream implements AutoCloseable {
     }
   }
 
+  /** Keeps {@code buffer} reachable until {@link #synchronize()} or {@link #close()}. */
+  void keepUntilSynchronized(ByteBuffer buffer) {
+    synchronized (state) {
+      if (buffer != null) state.inFlight.add(buffer);
+    }
+  }
+
   /** Finishes the queued work and destroys the stream; does nothing when already closed. */
   @Override
   public void close() {

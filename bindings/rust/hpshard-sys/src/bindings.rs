@@ -7,6 +7,7 @@ pub const HPS_VERSION_NUMBER: u32 = 100;
 pub const HPS_VERSION_STRING: &[u8; 6usize] = b"0.1.0\0";
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
+pub type __int64_t = ::std::os::raw::c_long;
 pub type __uint64_t = ::std::os::raw::c_ulong;
 impl hps_status {
     pub const HPS_STATUS_OK: hps_status = hps_status(0);
@@ -452,4 +453,1341 @@ extern "C" {
     #[doc = " Reset the total counter and the calling thread's counter to zero."]
     #[doc = " Thread safety: any thread; other threads' own counters are not changed."]
     pub fn hps_host_sync_reset() -> hps_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_store {
+    _unused: [u8; 0],
+}
+#[doc = " A key-value store through which ranks meet. Thread safety: a store handle may be used"]
+#[doc = " from several threads at once (ranks that are threads share one)."]
+pub type hps_store_t = hps_store;
+extern "C" {
+    #[doc = " Open the store at `url` as rank `rank`, into *out_store (owned by the caller; free with"]
+    #[doc = " hps_store_destroy):"]
+    #[doc = "   \"memory://NAME\"    shared by every open of NAME in this process (thread-ranks);"]
+    #[doc = "   \"file:///DIR\"      a directory on a filesystem all ranks see;"]
+    #[doc = "   \"tcp://HOST:PORT\"  rank 0 serves on HOST:PORT, every rank connects, retrying until"]
+    #[doc = "                      timeout_ms."]
+    #[doc = " Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),"]
+    #[doc = " TIMEOUT (no server), BACKEND_ERROR. Thread safety: any thread."]
+    pub fn hps_store_open(
+        url: *const ::std::os::raw::c_char,
+        rank: i32,
+        timeout_ms: i64,
+        out_store: *mut *mut hps_store_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Free `store`; NULL is a no-op. A serving TCP store stops serving."]
+    pub fn hps_store_destroy(store: *mut hps_store_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Set `key` to the `size` bytes at `value` (binary-safe). Errors: INVALID_ARGUMENT."]
+    pub fn hps_store_set(
+        store: *mut hps_store_t,
+        key: *const ::std::os::raw::c_char,
+        value: *const ::std::os::raw::c_void,
+        size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Wait up to timeout_ms for `key`, then copy its value into `buffer` (capacity bytes) and"]
+    #[doc = " its size into *out_size. When the value does not fit (or buffer is NULL), nothing is"]
+    #[doc = " copied, *out_size receives the size needed and the status is OUT_OF_RANGE."]
+    #[doc = " Errors: INVALID_ARGUMENT, TIMEOUT (naming the key), OUT_OF_RANGE."]
+    pub fn hps_store_get(
+        store: *mut hps_store_t,
+        key: *const ::std::os::raw::c_char,
+        timeout_ms: i64,
+        buffer: *mut ::std::os::raw::c_void,
+        capacity: usize,
+        out_size: *mut usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Add `delta` to the integer at `key` (0 when unset); the new value into *out_value."]
+    pub fn hps_store_add(
+        store: *mut hps_store_t,
+        key: *const ::std::os::raw::c_char,
+        delta: i64,
+        out_value: *mut i64,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Wait up to timeout_ms until `key` is set. Errors: INVALID_ARGUMENT, TIMEOUT."]
+    pub fn hps_store_wait(
+        store: *mut hps_store_t,
+        key: *const ::std::os::raw::c_char,
+        timeout_ms: i64,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Without waiting, *out_present = 1 when `key` is set, else 0."]
+    pub fn hps_store_check(
+        store: *mut hps_store_t,
+        key: *const ::std::os::raw::c_char,
+        out_present: *mut i32,
+    ) -> hps_status_t;
+}
+#[doc = " Where this process sits in the job, as the environment says. ABI-extensible."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_rendezvous_info {
+    #[doc = "< set by hps_rendezvous_info_init"]
+    pub struct_size: usize,
+    pub rank: i32,
+    pub world_size: i32,
+    #[doc = "< rank among the processes of this host"]
+    pub local_rank: i32,
+    #[doc = "< for hps_store_open"]
+    pub store_url: [::std::os::raw::c_char; 512usize],
+    #[doc = "< which variables were read (\"hpshard-run\", \"torchrun\", ...)"]
+    pub source: [::std::os::raw::c_char; 128usize],
+}
+#[test]
+fn bindgen_test_layout_hps_rendezvous_info() {
+    assert_eq!(
+        ::std::mem::size_of::<hps_rendezvous_info>(),
+        664usize,
+        concat!("Size of: ", stringify!(hps_rendezvous_info))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<hps_rendezvous_info>(),
+        8usize,
+        concat!("Alignment of ", stringify!(hps_rendezvous_info))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_rendezvous_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_rendezvous_info),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_rendezvous_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rank) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_rendezvous_info),
+                "::",
+                stringify!(rank)
+            )
+        );
+    }
+    test_field_rank();
+    fn test_field_world_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_rendezvous_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).world_size) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_rendezvous_info),
+                "::",
+                stringify!(world_size)
+            )
+        );
+    }
+    test_field_world_size();
+    fn test_field_local_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_rendezvous_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).local_rank) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_rendezvous_info),
+                "::",
+                stringify!(local_rank)
+            )
+        );
+    }
+    test_field_local_rank();
+    fn test_field_store_url() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_rendezvous_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_url) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_rendezvous_info),
+                "::",
+                stringify!(store_url)
+            )
+        );
+    }
+    test_field_store_url();
+    fn test_field_source() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_rendezvous_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).source) as usize - ptr as usize
+            },
+            532usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_rendezvous_info),
+                "::",
+                stringify!(source)
+            )
+        );
+    }
+    test_field_source();
+}
+#[doc = " Where this process sits in the job, as the environment says. ABI-extensible."]
+pub type hps_rendezvous_info_t = hps_rendezvous_info;
+extern "C" {
+    #[doc = " Zero `info` and set its struct_size. Errors: INVALID_ARGUMENT."]
+    pub fn hps_rendezvous_info_init(
+        info: *mut hps_rendezvous_info_t,
+        struct_size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Fill `info` from the environment: HPS_RANK / HPS_WORLD_SIZE / HPS_STORE (set by"]
+    #[doc = " hpshard-run), else torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, else Open"]
+    #[doc = " MPI's OMPI_COMM_WORLD_*, else Slurm's SLURM_PROCID / SLURM_NTASKS."]
+    #[doc = " Errors: NOT_FOUND (none set), INVALID_ARGUMENT (a malformed or missing variable, named)."]
+    #[doc = " Thread safety: any thread."]
+    pub fn hps_rendezvous_from_env(info: *mut hps_rendezvous_info_t) -> hps_status_t;
+}
+impl hps_reduce_op {
+    pub const HPS_REDUCE_SUM: hps_reduce_op = hps_reduce_op(0);
+}
+impl hps_reduce_op {
+    pub const HPS_REDUCE_AVG: hps_reduce_op = hps_reduce_op(1);
+}
+impl hps_reduce_op {
+    pub const HPS_REDUCE_MAX: hps_reduce_op = hps_reduce_op(2);
+}
+impl hps_reduce_op {
+    pub const HPS_REDUCE_MIN: hps_reduce_op = hps_reduce_op(3);
+}
+impl hps_reduce_op {
+    pub const HPS_REDUCE_OP_FORCE32: hps_reduce_op = hps_reduce_op(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct hps_reduce_op(pub ::std::os::raw::c_uint);
+pub use self::hps_reduce_op as hps_reduce_op_t;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_comm {
+    _unused: [u8; 0],
+}
+#[doc = " A group of ranks that runs collectives on its own stream: Gloo on CPU buffers, NCCL on"]
+#[doc = " CUDA buffers. Every operation is asynchronous and returns a work handle. Thread safety:"]
+#[doc = " one thread at a time per communicator, except hps_comm_abort (any thread)."]
+pub type hps_comm_t = hps_comm;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_work {
+    _unused: [u8; 0],
+}
+#[doc = " One asynchronous operation. Its buffers must stay valid until it has completed."]
+pub type hps_work_t = hps_work;
+#[doc = " Communicator options. ABI-extensible: fields are only ever appended."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_comm_options {
+    #[doc = "< set by hps_comm_options_init"]
+    pub struct_size: usize,
+    #[doc = "< every operation ends by then: TIMEOUT (default 300000)"]
+    pub timeout_ms: i64,
+    #[doc = "< 1: ranks check they called the same collective (default)"]
+    pub check_arguments: i32,
+    #[doc = "< the group's name in messages (default \"world\"); copied"]
+    pub name: *const ::std::os::raw::c_char,
+}
+#[test]
+fn bindgen_test_layout_hps_comm_options() {
+    assert_eq!(
+        ::std::mem::size_of::<hps_comm_options>(),
+        32usize,
+        concat!("Size of: ", stringify!(hps_comm_options))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<hps_comm_options>(),
+        8usize,
+        concat!("Alignment of ", stringify!(hps_comm_options))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_comm_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_comm_options),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_timeout_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_comm_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).timeout_ms) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_comm_options),
+                "::",
+                stringify!(timeout_ms)
+            )
+        );
+    }
+    test_field_timeout_ms();
+    fn test_field_check_arguments() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_comm_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).check_arguments) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_comm_options),
+                "::",
+                stringify!(check_arguments)
+            )
+        );
+    }
+    test_field_check_arguments();
+    fn test_field_name() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_comm_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).name) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_comm_options),
+                "::",
+                stringify!(name)
+            )
+        );
+    }
+    test_field_name();
+}
+#[doc = " Communicator options. ABI-extensible: fields are only ever appended."]
+pub type hps_comm_options_t = hps_comm_options;
+extern "C" {
+    #[doc = " Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size."]
+    pub fn hps_comm_options_init(
+        options: *mut hps_comm_options_t,
+        struct_size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Create this rank's member of a group of `size` ranks meeting through `store`, on device"]
+    #[doc = " (type, device_index); `options` may be NULL. Collective: every rank calls it. Blocks"]
+    #[doc = " until all ranks have connected or the timeout passed. The caller owns *out_comm."]
+    #[doc = " Errors: INVALID_ARGUMENT, OUT_OF_RANGE (rank or device), UNAVAILABLE (backend not"]
+    #[doc = " built or not loadable), TIMEOUT, BACKEND_ERROR."]
+    pub fn hps_comm_create(
+        store: *mut hps_store_t,
+        rank: i32,
+        size: i32,
+        type_: hps_device_type_t,
+        device_index: i32,
+        options: *const hps_comm_options_t,
+        out_comm: *mut *mut hps_comm_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Free `comm` after its queued operations end; NULL is a no-op."]
+    pub fn hps_comm_destroy(comm: *mut hps_comm_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Local and immediate, from any thread: pending and later operations of `comm` end with"]
+    #[doc = " ABORTED. Thread safety: any thread."]
+    pub fn hps_comm_abort(comm: *mut hps_comm_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " This rank's position in `comm` into *out_rank."]
+    pub fn hps_comm_rank(comm: *mut hps_comm_t, out_rank: *mut i32) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The number of ranks of `comm` into *out_size."]
+    pub fn hps_comm_size(comm: *mut hps_comm_t, out_size: *mut i32) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Change the timeout of later operations. Errors: INVALID_ARGUMENT (<= 0)."]
+    pub fn hps_comm_set_timeout(comm: *mut hps_comm_t, timeout_ms: i64) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Collective over `comm`: every rank calls it with the same `count` ranks (numbered in"]
+    #[doc = " `comm`) in the same order. Members get a new communicator in *out_comm (rank = position"]
+    #[doc = " in `ranks`; owned by the caller); the others get NULL."]
+    pub fn hps_comm_split(
+        comm: *mut hps_comm_t,
+        ranks: *const i32,
+        count: usize,
+        name: *const ::std::os::raw::c_char,
+        out_comm: *mut *mut hps_comm_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " recv[i] = op over ranks of send[i], for i < count. send may equal recv."]
+    pub fn hps_comm_all_reduce(
+        comm: *mut hps_comm_t,
+        send: *const ::std::os::raw::c_void,
+        recv: *mut ::std::os::raw::c_void,
+        count: u64,
+        dtype: hps_dtype_t,
+        op: hps_reduce_op_t,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Like all_reduce, but only `root` receives (recv may be NULL elsewhere)."]
+    pub fn hps_comm_reduce(
+        comm: *mut hps_comm_t,
+        send: *const ::std::os::raw::c_void,
+        recv: *mut ::std::os::raw::c_void,
+        count: u64,
+        dtype: hps_dtype_t,
+        op: hps_reduce_op_t,
+        root: i32,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " `root`'s buffer is copied into every rank's buffer."]
+    pub fn hps_comm_broadcast(
+        comm: *mut hps_comm_t,
+        buffer: *mut ::std::os::raw::c_void,
+        count: u64,
+        dtype: hps_dtype_t,
+        root: i32,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Rank r's send_count elements land at recv + r * send_count; recv_count (the capacity of"]
+    #[doc = " recv) must be at least size * send_count."]
+    pub fn hps_comm_all_gather(
+        comm: *mut hps_comm_t,
+        send: *const ::std::os::raw::c_void,
+        send_count: u64,
+        recv: *mut ::std::os::raw::c_void,
+        recv_count: u64,
+        dtype: hps_dtype_t,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Rank r receives (recv_count elements) the reduction of slice r of every rank's send;"]
+    #[doc = " send_count must be at least size * recv_count."]
+    pub fn hps_comm_reduce_scatter(
+        comm: *mut hps_comm_t,
+        send: *const ::std::os::raw::c_void,
+        send_count: u64,
+        recv: *mut ::std::os::raw::c_void,
+        recv_count: u64,
+        dtype: hps_dtype_t,
+        op: hps_reduce_op_t,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Send `count` elements to `peer`, which receives them with hps_comm_recv."]
+    pub fn hps_comm_send(
+        comm: *mut hps_comm_t,
+        buffer: *const ::std::os::raw::c_void,
+        count: u64,
+        dtype: hps_dtype_t,
+        peer: i32,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Receive `count` elements from `peer`."]
+    pub fn hps_comm_recv(
+        comm: *mut hps_comm_t,
+        buffer: *mut ::std::os::raw::c_void,
+        count: u64,
+        dtype: hps_dtype_t,
+        peer: i32,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Completes once every rank has reached it."]
+    pub fn hps_comm_barrier(
+        comm: *mut hps_comm_t,
+        ready: *mut hps_stream_t,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Without blocking, *out_completed = 1 when the operation has finished, else 0; a finished"]
+    #[doc = " operation that failed returns its error instead. Not a host synchronisation."]
+    pub fn hps_work_test(work: *mut hps_work_t, out_completed: *mut i32) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Block the host until the operation has finished; its status. Counted as a host sync."]
+    pub fn hps_work_wait(work: *mut hps_work_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Work queued on `stream` after this call waits for the operation, host not blocked."]
+    pub fn hps_work_wait_stream(work: *mut hps_work_t, stream: *mut hps_stream_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Free the handle (the operation itself goes on); NULL is a no-op."]
+    pub fn hps_work_destroy(work: *mut hps_work_t) -> hps_status_t;
+}
+impl hps_group {
+    pub const HPS_GROUP_DP: hps_group = hps_group(0);
+}
+impl hps_group {
+    pub const HPS_GROUP_PP: hps_group = hps_group(1);
+}
+impl hps_group {
+    pub const HPS_GROUP_SHARDING: hps_group = hps_group(2);
+}
+impl hps_group {
+    pub const HPS_GROUP_SEP: hps_group = hps_group(3);
+}
+impl hps_group {
+    pub const HPS_GROUP_MP: hps_group = hps_group(4);
+}
+impl hps_group {
+    #[doc = "< the model replica: every rank with this dp coordinate"]
+    pub const HPS_GROUP_CHECK: hps_group = hps_group(5);
+}
+impl hps_group {
+    #[doc = "< every rank with this sharding coordinate"]
+    pub const HPS_GROUP_SHARDING_CHECK: hps_group = hps_group(6);
+}
+impl hps_group {
+    pub const HPS_GROUP_FORCE32: hps_group = hps_group(2147483647);
+}
+#[repr(transparent)]
+#[doc = " Groups of the hybrid topology; the first five are its axes."]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct hps_group(pub ::std::os::raw::c_uint);
+#[doc = " Groups of the hybrid topology; the first five are its axes."]
+pub use self::hps_group as hps_group_t;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_topology {
+    _unused: [u8; 0],
+}
+#[doc = " Axes dp × pp × sharding × sep × mp and the rank arithmetic (pure, no communication)."]
+pub type hps_topology_t = hps_topology;
+extern "C" {
+    #[doc = " Create a topology with the given degrees (each >= 1, multiplying to world_size) and"]
+    #[doc = " axis order, slowest first: a comma-separated list naming each axis once, e.g."]
+    #[doc = " \"dp,pp,sharding,sep,mp\" (the default, used when `order` is NULL). Ranks are row-major,"]
+    #[doc = " the last axis fastest. The caller owns *out_topology. Errors: INVALID_ARGUMENT."]
+    #[doc = " Thread safety: a topology is immutable; any thread."]
+    pub fn hps_topology_create(
+        dp: i32,
+        pp: i32,
+        sharding: i32,
+        sep: i32,
+        mp: i32,
+        order: *const ::std::os::raw::c_char,
+        world_size: i32,
+        out_topology: *mut *mut hps_topology_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Free `topology`; NULL is a no-op."]
+    pub fn hps_topology_destroy(topology: *mut hps_topology_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The degree of axis `axis` (HPS_GROUP_DP .. HPS_GROUP_MP) into *out_degree."]
+    pub fn hps_topology_degree(
+        topology: *const hps_topology_t,
+        axis: hps_group_t,
+        out_degree: *mut i32,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " `rank`'s coordinate on `axis` into *out_coordinate. Errors: OUT_OF_RANGE (rank)."]
+    pub fn hps_topology_coordinate(
+        topology: *const hps_topology_t,
+        rank: i32,
+        axis: hps_group_t,
+        out_coordinate: *mut i32,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The rank at the given coordinates. Errors: OUT_OF_RANGE (a coordinate)."]
+    pub fn hps_topology_rank_of(
+        topology: *const hps_topology_t,
+        dp: i32,
+        pp: i32,
+        sharding: i32,
+        sep: i32,
+        mp: i32,
+        out_rank: *mut i32,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The ranks of `rank`'s group of kind `group`, ascending (the first is the group's source"]
+    #[doc = " rank), into out_ranks (capacity entries) and their number into *out_count. When they do"]
+    #[doc = " not fit, nothing is copied, *out_count receives the number needed and the status is"]
+    #[doc = " OUT_OF_RANGE."]
+    pub fn hps_topology_group_ranks(
+        topology: *const hps_topology_t,
+        group: hps_group_t,
+        rank: i32,
+        out_ranks: *mut i32,
+        capacity: usize,
+        out_count: *mut usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The previous and next stage of `rank` in its pipeline (wrapping around)."]
+    pub fn hps_topology_pipeline_neighbors(
+        topology: *const hps_topology_t,
+        rank: i32,
+        out_prev: *mut i32,
+        out_next: *mut i32,
+    ) -> hps_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_hybrid_group {
+    _unused: [u8; 0],
+}
+#[doc = " This rank's communicators for every group of a topology."]
+pub type hps_hybrid_group_t = hps_hybrid_group;
+extern "C" {
+    #[doc = " Collective over `world` (whose size must equal the topology's): creates every group's"]
+    #[doc = " communicator in the same order on every rank. The caller owns *out_group; `world` must"]
+    #[doc = " outlive it. Errors: INVALID_ARGUMENT, and those of hps_comm_create."]
+    pub fn hps_hybrid_group_create(
+        world: *mut hps_comm_t,
+        topology: *const hps_topology_t,
+        out_group: *mut *mut hps_hybrid_group_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Free `group` (communicator handles taken from it stay valid); NULL is a no-op."]
+    pub fn hps_hybrid_group_destroy(group: *mut hps_hybrid_group_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " A new handle to this rank's communicator of `group` (it shares the communicator with the"]
+    #[doc = " hybrid group); the caller owns it and frees it with hps_comm_destroy."]
+    pub fn hps_hybrid_group_comm(
+        group: *mut hps_hybrid_group_t,
+        kind: hps_group_t,
+        out_comm: *mut *mut hps_comm_t,
+    ) -> hps_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_clip {
+    _unused: [u8; 0],
+}
+#[doc = " Clips gradients by their global L2 norm over a hybrid topology. Per gradient the squared"]
+#[doc = " norm goes into D (HPS_CLIP_DISTRIBUTED: split across mp) or N (the rest); D is summed"]
+#[doc = " over the sharding, mp and pp groups, N over the sharding and pp groups, each once;"]
+#[doc = " norm = sqrt(D + N); coef = max_norm / (max(norm, max_norm) + 1e-6); every clipped"]
+#[doc = " gradient is multiplied by coef on the device. A NaN gradient makes the norm NaN and the"]
+#[doc = " gradients NaN; an infinite one makes coef 0 (torch's clip_grad_norm_ without"]
+#[doc = " error_if_nonfinite). Thread safety: one thread at a time per clip."]
+pub type hps_clip_t = hps_clip;
+impl hps_clip_flag {
+    #[doc = "< split across mp: its norm is summed over mp"]
+    pub const HPS_CLIP_DISTRIBUTED: hps_clip_flag = hps_clip_flag(1);
+}
+impl hps_clip_flag {
+    #[doc = "< need_clip false: neither counted nor scaled"]
+    pub const HPS_CLIP_NO_CLIP: hps_clip_flag = hps_clip_flag(2);
+}
+impl hps_clip_flag {
+    #[doc = "< a pipeline-shared copy: scaled but not counted"]
+    pub const HPS_CLIP_SHARED_NOT_FIRST: hps_clip_flag = hps_clip_flag(4);
+}
+impl hps_clip_flag {
+    pub const HPS_CLIP_FLAG_FORCE32: hps_clip_flag = hps_clip_flag(2147483647);
+}
+#[repr(transparent)]
+#[doc = " Flags of a registered gradient (a bitwise or)."]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct hps_clip_flag(pub ::std::os::raw::c_uint);
+#[doc = " Flags of a registered gradient (a bitwise or)."]
+pub use self::hps_clip_flag as hps_clip_flag_t;
+#[doc = " Clip options. ABI-extensible."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_clip_options {
+    #[doc = "< set by hps_clip_options_init"]
+    pub struct_size: usize,
+    #[doc = "< > 0 (default 1.0)"]
+    pub max_norm: f64,
+    #[doc = "< 1: exact fixed-point partials, the norm bitwise identical"]
+    #[doc = "whatever the dp/sharding/mp/pp layout (default 0)"]
+    pub deterministic: i32,
+}
+#[test]
+fn bindgen_test_layout_hps_clip_options() {
+    assert_eq!(
+        ::std::mem::size_of::<hps_clip_options>(),
+        24usize,
+        concat!("Size of: ", stringify!(hps_clip_options))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<hps_clip_options>(),
+        8usize,
+        concat!("Alignment of ", stringify!(hps_clip_options))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_clip_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_clip_options),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_max_norm() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_clip_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_norm) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_clip_options),
+                "::",
+                stringify!(max_norm)
+            )
+        );
+    }
+    test_field_max_norm();
+    fn test_field_deterministic() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_clip_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).deterministic) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_clip_options),
+                "::",
+                stringify!(deterministic)
+            )
+        );
+    }
+    test_field_deterministic();
+}
+#[doc = " Clip options. ABI-extensible."]
+pub type hps_clip_options_t = hps_clip_options;
+extern "C" {
+    #[doc = " Set the defaults and struct_size."]
+    pub fn hps_clip_options_init(
+        options: *mut hps_clip_options_t,
+        struct_size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Create a clip over the given groups (each may be NULL: not reduced over); `options` may"]
+    #[doc = " be NULL for the defaults. The communicators must outlive the clip. Errors:"]
+    #[doc = " INVALID_ARGUMENT (max_norm not positive and finite), UNIMPLEMENTED (CUDA communicators:"]
+    #[doc = " this version clips CPU gradients)."]
+    pub fn hps_clip_create(
+        sharding: *mut hps_comm_t,
+        mp: *mut hps_comm_t,
+        pp: *mut hps_comm_t,
+        options: *const hps_clip_options_t,
+        out_clip: *mut *mut hps_clip_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Free `clip`; NULL is a no-op."]
+    pub fn hps_clip_destroy(clip: *mut hps_clip_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Register a gradient of `count` elements of `dtype` (float32, float64, float16 or"]
+    #[doc = " bfloat16) at `data`, which must stay valid while the clip is used. Errors:"]
+    #[doc = " INVALID_ARGUMENT (dtype, NULL data, unknown flag bits), FAILED_PRECONDITION (sealed)."]
+    pub fn hps_clip_add_tensor(
+        clip: *mut hps_clip_t,
+        data: *mut ::std::os::raw::c_void,
+        count: u64,
+        dtype: hps_dtype_t,
+        flags: u32,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Finish registration. Collective over the mp group, blocking the host once (counted) at"]
+    #[doc = " set-up: mp ranks that registered different flags get INVALID_ARGUMENT."]
+    pub fn hps_clip_seal(clip: *mut hps_clip_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Enqueue one clip of the registered gradients on `stream`: partial norms, their"]
+    #[doc = " reduction over the groups, the norm into *norm_out (device memory of the stream's"]
+    #[doc = " device; may be NULL) and, when scale is 1, the scaling of the gradients. Nothing"]
+    #[doc = " blocks the host; read the norm after synchronizing with the stream. Use one stream per"]
+    #[doc = " clip. Errors: FAILED_PRECONDITION (not sealed), INVALID_ARGUMENT."]
+    pub fn hps_clip_run(
+        clip: *mut hps_clip_t,
+        stream: *mut hps_stream_t,
+        norm_out: *mut f32,
+        scale: i32,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The device address of the latest coefficient (valid in stream order after"]
+    #[doc = " hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip."]
+    pub fn hps_clip_coefficient(
+        clip: *mut hps_clip_t,
+        out_coefficient: *mut *const f32,
+    ) -> hps_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_engine {
+    _unused: [u8; 0],
+}
+#[doc = " ZeRO-style sharded data parallelism for a framework that keeps its own forward and"]
+#[doc = " backward: it registers its parameters, points its tensors at the engine's views,"]
+#[doc = " adds gradients into the gradient views and checks each one in; the engine reduces"]
+#[doc = " every complete bucket while backward goes on and steps the optimizer on this rank's"]
+#[doc = " shard. Per step, for each unit (layer):"]
+#[doc = "   forward:  hps_engine_wait_parameters(u); compute; hps_engine_release_parameters(u)"]
+#[doc = "   backward: hps_engine_wait_parameters(u); add into the gradient views;"]
+#[doc = "             hps_engine_grad_ready(i) for each of its parameters; hps_engine_release_parameters(u)"]
+#[doc = " then hps_engine_step. Stage 2 keeps full parameters resident (an all-gather after each"]
+#[doc = " step brings them back; release does nothing). Stage 3 keeps only this rank's shards:"]
+#[doc = " wait_parameters gathers the unit (prefetched in the order recorded on the first step,"]
+#[doc = " at most prefetch_window units live) and release frees it. Nothing in a steady-state"]
+#[doc = " step blocks the host. This version trains float32 parameters on CPU communicators."]
+#[doc = " Thread safety: one thread at a time per engine."]
+pub type hps_engine_t = hps_engine;
+impl hps_optimizer {
+    #[doc = "< momentum, weight decay, nesterov (torch.optim.SGD)"]
+    pub const HPS_OPTIMIZER_SGD: hps_optimizer = hps_optimizer(0);
+}
+impl hps_optimizer {
+    #[doc = "< decoupled weight decay (torch.optim.AdamW)"]
+    pub const HPS_OPTIMIZER_ADAMW: hps_optimizer = hps_optimizer(1);
+}
+impl hps_optimizer {
+    pub const HPS_OPTIMIZER_FORCE32: hps_optimizer = hps_optimizer(2147483647);
+}
+#[repr(transparent)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct hps_optimizer(pub ::std::os::raw::c_uint);
+pub use self::hps_optimizer as hps_optimizer_t;
+impl hps_param_flag {
+    #[doc = "< not trainable: no gradient, never updated"]
+    pub const HPS_PARAM_FROZEN: hps_param_flag = hps_param_flag(1);
+}
+impl hps_param_flag {
+    #[doc = "< split across mp (for clipping)"]
+    pub const HPS_PARAM_DISTRIBUTED: hps_param_flag = hps_param_flag(2);
+}
+impl hps_param_flag {
+    #[doc = "< excluded from gradient clipping"]
+    pub const HPS_PARAM_NO_CLIP: hps_param_flag = hps_param_flag(4);
+}
+impl hps_param_flag {
+    #[doc = "< a pipeline-shared copy: not counted in the norm"]
+    pub const HPS_PARAM_SHARED_NOT_FIRST: hps_param_flag = hps_param_flag(8);
+}
+impl hps_param_flag {
+    pub const HPS_PARAM_FLAG_FORCE32: hps_param_flag = hps_param_flag(2147483647);
+}
+#[repr(transparent)]
+#[doc = " Flags of a registered parameter (a bitwise or)."]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct hps_param_flag(pub ::std::os::raw::c_uint);
+#[doc = " Flags of a registered parameter (a bitwise or)."]
+pub use self::hps_param_flag as hps_param_flag_t;
+#[doc = " Engine options. ABI-extensible."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_engine_options {
+    #[doc = "< set by hps_engine_options_init"]
+    pub struct_size: usize,
+    #[doc = "< 2 (default) or 3"]
+    pub stage: i32,
+    #[doc = "< default SGD"]
+    pub optimizer: hps_optimizer_t,
+    #[doc = "< default 0.01"]
+    pub learning_rate: f32,
+    #[doc = "< SGD, default 0"]
+    pub momentum: f32,
+    #[doc = "< default 0"]
+    pub weight_decay: f32,
+    #[doc = "< SGD, default 0"]
+    pub nesterov: i32,
+    #[doc = "< AdamW, default 0.9"]
+    pub beta1: f32,
+    #[doc = "< AdamW, default 0.999"]
+    pub beta2: f32,
+    #[doc = "< AdamW, default 1e-8"]
+    pub epsilon: f32,
+    #[doc = "< > 0: global-norm clipping folded into the optimizer"]
+    pub clip_max_norm: f64,
+    #[doc = "< 1: the clip norm is bitwise layout-independent"]
+    pub deterministic_clip: i32,
+    #[doc = "< micro-batches per step (default 1)"]
+    pub accumulation_steps: i32,
+    #[doc = "< parameter alignment in the flat buffers (default 256)"]
+    pub alignment_bytes: u64,
+    #[doc = "< stage 3: units live at once, prefetch included (default 2)"]
+    pub prefetch_window: i32,
+}
+#[test]
+fn bindgen_test_layout_hps_engine_options() {
+    assert_eq!(
+        ::std::mem::size_of::<hps_engine_options>(),
+        80usize,
+        concat!("Size of: ", stringify!(hps_engine_options))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<hps_engine_options>(),
+        8usize,
+        concat!("Alignment of ", stringify!(hps_engine_options))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_stage() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stage) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(stage)
+            )
+        );
+    }
+    test_field_stage();
+    fn test_field_optimizer() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).optimizer) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(optimizer)
+            )
+        );
+    }
+    test_field_optimizer();
+    fn test_field_learning_rate() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).learning_rate) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(learning_rate)
+            )
+        );
+    }
+    test_field_learning_rate();
+    fn test_field_momentum() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).momentum) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(momentum)
+            )
+        );
+    }
+    test_field_momentum();
+    fn test_field_weight_decay() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).weight_decay) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(weight_decay)
+            )
+        );
+    }
+    test_field_weight_decay();
+    fn test_field_nesterov() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).nesterov) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(nesterov)
+            )
+        );
+    }
+    test_field_nesterov();
+    fn test_field_beta1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).beta1) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(beta1)
+            )
+        );
+    }
+    test_field_beta1();
+    fn test_field_beta2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).beta2) as usize - ptr as usize
+            },
+            36usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(beta2)
+            )
+        );
+    }
+    test_field_beta2();
+    fn test_field_epsilon() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).epsilon) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(epsilon)
+            )
+        );
+    }
+    test_field_epsilon();
+    fn test_field_clip_max_norm() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).clip_max_norm) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(clip_max_norm)
+            )
+        );
+    }
+    test_field_clip_max_norm();
+    fn test_field_deterministic_clip() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).deterministic_clip) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(deterministic_clip)
+            )
+        );
+    }
+    test_field_deterministic_clip();
+    fn test_field_accumulation_steps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).accumulation_steps) as usize - ptr as usize
+            },
+            60usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(accumulation_steps)
+            )
+        );
+    }
+    test_field_accumulation_steps();
+    fn test_field_alignment_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).alignment_bytes) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(alignment_bytes)
+            )
+        );
+    }
+    test_field_alignment_bytes();
+    fn test_field_prefetch_window() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).prefetch_window) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(prefetch_window)
+            )
+        );
+    }
+    test_field_prefetch_window();
+}
+#[doc = " Engine options. ABI-extensible."]
+pub type hps_engine_options_t = hps_engine_options;
+extern "C" {
+    #[doc = " Set the defaults and struct_size."]
+    pub fn hps_engine_options_init(
+        options: *mut hps_engine_options_t,
+        struct_size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Create an engine sharding over `sharding` (required) with an optional `dp` group above"]
+    #[doc = " it; `options` may be NULL. The communicators must outlive the engine. The caller owns"]
+    #[doc = " *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators)."]
+    pub fn hps_engine_create(
+        sharding: *mut hps_comm_t,
+        dp: *mut hps_comm_t,
+        options: *const hps_engine_options_t,
+        out_engine: *mut *mut hps_engine_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Finish what is in flight, then free `engine`; NULL is a no-op."]
+    pub fn hps_engine_destroy(engine: *mut hps_engine_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Register a parameter before hps_engine_seal; its index (registration order) into"]
+    #[doc = " *out_index. `unit` is the layer its forward belongs to. Every rank must register the"]
+    #[doc = " same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),"]
+    #[doc = " FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32)."]
+    pub fn hps_engine_add_param(
+        engine: *mut hps_engine_t,
+        name: *const ::std::os::raw::c_char,
+        shape: *const i64,
+        ndim: usize,
+        dtype: hps_dtype_t,
+        flags: u32,
+        unit: i32,
+        out_index: *mut usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Lay the parameters out and allocate the buffers (zero-filled). Collective over the"]
+    #[doc = " sharding and dp groups, host-blocking once at set-up: ranks that registered different"]
+    #[doc = " parameters get INVALID_ARGUMENT."]
+    pub fn hps_engine_seal(engine: *mut hps_engine_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Collective: every rank's parameters become its groups' source rank's. Set-up only."]
+    #[doc = " Stage 3: write the initial values into the views after hps_engine_seal, then call this;"]
+    #[doc = " it shards them (from here on views exist only while their unit is gathered)."]
+    pub fn hps_engine_broadcast_parameters(engine: *mut hps_engine_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The parameter view of `index`, owned by the engine. Stage 2: valid until the engine is"]
+    #[doc = " destroyed. Stage 3: valid between hps_engine_wait_parameters and"]
+    #[doc = " hps_engine_release_parameters of its unit (FAILED_PRECONDITION otherwise)."]
+    pub fn hps_engine_param(
+        engine: *mut hps_engine_t,
+        index: usize,
+        out_data: *mut *mut ::std::os::raw::c_void,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The gradient view of `index`: zero at the start of every step; backward adds into it."]
+    #[doc = " Errors: FAILED_PRECONDITION (frozen parameter or not sealed), OUT_OF_RANGE."]
+    pub fn hps_engine_grad(
+        engine: *mut hps_engine_t,
+        index: usize,
+        out_data: *mut *mut ::std::os::raw::c_void,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Before the forward of `unit` reads its parameters (and before backward writes their"]
+    #[doc = " gradients): waits for their all-gather (stage 3 starts it unless it was prefetched)."]
+    #[doc = " A dependency wait, counted by hps_dependency_wait_stats, not a host sync."]
+    #[doc = " Errors: NOT_FOUND (no such unit), FAILED_PRECONDITION (stage 3 before"]
+    #[doc = " hps_engine_broadcast_parameters)."]
+    pub fn hps_engine_wait_parameters(engine: *mut hps_engine_t, unit: i32) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " After the forward or the backward of `unit`: stage 3 frees its full parameters (their"]
+    #[doc = " gradients go once reduced); stage 2 does nothing. Errors: NOT_FOUND, FAILED_PRECONDITION"]
+    #[doc = " (gradients taken in this backward that have not all checked in)."]
+    pub fn hps_engine_release_parameters(engine: *mut hps_engine_t, unit: i32) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Parameter `index`'s gradient is complete for this micro-batch. When the last parameter"]
+    #[doc = " of a bucket checks in on the last micro-batch, the bucket's reduction starts. `ready`:"]
+    #[doc = " the stream the gradient was produced on, or NULL when the calling thread wrote it."]
+    #[doc = " Errors: FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE."]
+    pub fn hps_engine_grad_ready(
+        engine: *mut hps_engine_t,
+        index: usize,
+        ready: *mut hps_stream_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Enqueue the optimizer step on this rank's shards and the parameter all-gathers."]
+    #[doc = " Returns at once: no host sync. Errors: FAILED_PRECONDITION (a gradient has not"]
+    #[doc = " checked in: step before backward)."]
+    pub fn hps_engine_step(engine: *mut hps_engine_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Block until everything in flight (reductions, the optimizer, all-gathers) has finished."]
+    #[doc = " Each wait it makes is counted as a host sync: not for the training step."]
+    pub fn hps_engine_synchronize(engine: *mut hps_engine_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Bytes this rank holds: parameters, gradients and optimizer state."]
+    pub fn hps_engine_resident_bytes(
+        engine: *mut hps_engine_t,
+        out_bytes: *mut u64,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The part of parameter `index` (as element offsets [*out_begin, *out_end) within it)"]
+    #[doc = " that this rank's shard holds and updates; begin == end when none."]
+    pub fn hps_engine_shard_range(
+        engine: *mut hps_engine_t,
+        index: usize,
+        out_begin: *mut u64,
+        out_end: *mut u64,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds."]
+    pub fn hps_dependency_wait_stats(
+        out_count: *mut u64,
+        out_nanoseconds: *mut u64,
+    ) -> hps_status_t;
 }

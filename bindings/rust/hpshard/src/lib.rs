@@ -35,6 +35,62 @@
 //!   while the copy may still write into the buffer. If that final synchronise
 //!   fails, the C API does not promise the copy has stopped, so the process aborts
 //!   rather than hand back memory a copy may still be writing.
+//!
+//! # Stores, communicators and topology
+//!
+//! [`Store`] (`Send + Sync`: the C API allows concurrent use), [`Communicator`]
+//! (`Send`, not `Sync`), [`Topology`] (immutable, `Send + Sync`) and
+//! [`HybridGroup`] wrap the communication section of the C API; enums
+//! [`ReduceOp`] and [`Group`] are newtypes like [`DType`].
+//! [`Communicator::abort`] is the one call the C API allows from any thread while
+//! another thread uses the communicator: [`Communicator::aborter`] hands out an
+//! [`Aborter`] (`Send + Sync + Copy`, can only abort) that borrows the communicator,
+//! so it cannot outlive it; give it to a watchdog with `std::thread::scope`.
+//!
+//! # Collectives
+//!
+//! Every collective is asynchronous: the C API requires its buffers to stay valid
+//! (and the receive buffer unaliased) until the operation completed. As for copies:
+//!
+//! * `unsafe` `*_raw` methods of [`Communicator`] on raw pointers return an owned
+//!   [`Work`] (dropping it frees the handle, `hps_work_destroy`, without waiting).
+//! * [`Communicator::scope`] is safe: the [`CommScope`] methods take typed slices
+//!   ([`Element`]: `f32`, `f64`, `i32`, `i64`, `u8`, and `u16` bits as [`F16`] /
+//!   [`BF16`]) borrowed for the whole scope, and return [`ScopedWork`]s. When the
+//!   closure returns or unwinds, the scope waits (`hps_work_wait`) for every
+//!   operation not yet known finished, also for works that were dropped or
+//!   forgotten, because the scope, not the `ScopedWork`, owns the C handle. Errors
+//!   of those final waits are returned from `scope` (the closure's own error
+//!   first). `hps_work_wait` returns only once the operation finished, however it
+//!   ended; should waiting itself fail with the operation still running (a device
+//!   error, checked with `hps_work_test`), the process aborts rather than hand back
+//!   memory the operation may still use.
+//!
+//! # Hybrid global-norm clipping
+//!
+//! A [`Clip`] keeps the addresses of its gradients and uses them asynchronously on
+//! every run, for as long as it exists. So it borrows its communicators and mutably
+//! borrows every gradient given to [`Clip::add_tensor`] (typed slices of a
+//! [`FloatElement`]: `f32`, `f64`, [`F16`], [`BF16`]) until it is dropped
+//! (`hps_clip_destroy`). [`Clip::run`] synchronises the stream before it returns
+//! the norm (one counted host sync per call), so no run is in flight once it
+//! returned and forgetting the clip only leaks it; the `unsafe`
+//! [`Clip::run_async`] does not synchronise. Flags are the bit set [`ClipFlags`].
+//!
+//! # Sharded training engine
+//!
+//! An [`Engine`] (stage 2: ZeRO-style sharded data parallelism) mutably borrows its
+//! communicators for its whole life (so it can be `Send`; they stay usable on its
+//! thread through [`Engine::sharding`] / [`Engine::dp`]). Its parameter and gradient
+//! views are engine-owned memory that its streams use asynchronously; the safe views
+//! ([`Engine::param`], [`Engine::grad`], [`Engine::views`]) borrow the engine mutably
+//! and are handed out only once nothing in flight touches them: a parameter or
+//! gradient view of a unit first waits for the unit's all-gather
+//! ([`Engine::wait_parameters`], the wait the C API requires before forward anyway: a
+//! dependency wait, not a host sync), and a unit's gradient views are refused from
+//! the check-in that completes them on the last micro-batch ([`Engine::grad_ready`]:
+//! the unit's reduction starts) until the next [`Engine::step`]. Raw addresses: [`Engine::param_ptr`] / [`Engine::grad_ptr`]. See
+//! the `engine` module documentation for the full argument.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -44,6 +100,19 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
+
+mod clip;
+mod comm;
+mod engine;
+mod topology;
+
+pub use clip::{Clip, ClipFlags, ClipOptions, FloatElement};
+pub use comm::{
+    rendezvous_from_env, Aborter, CommOptions, CommScope, Communicator, Element, ReduceOp,
+    RendezvousInfo, ScopedWork, Store, Work, BF16, F16,
+};
+pub use engine::{dependency_wait_stats, Engine, EngineOptions, Optimizer, ParamFlags, View};
+pub use topology::{Group, HybridGroup, Topology};
 
 /// The raw bindings this crate wraps.
 pub use hpshard_sys as sys;
@@ -469,6 +538,8 @@ pub fn device_properties(device_type: DeviceType, index: i32) -> Result<DevicePr
 /// `Send` but not `Sync`: see the crate documentation, "Threads".
 pub struct Stream {
     raw: NonNull<sys::hps_stream_t>,
+    device_type: DeviceType,
+    device_index: i32,
 }
 
 // SAFETY: the C API allows a handle to be used by any one thread at a time, so it may
@@ -484,7 +555,11 @@ impl Stream {
         // SAFETY: out-param points to a live pointer.
         check(unsafe { sys::hps_stream_create(device_type.0, index, &mut raw) })?;
         match NonNull::new(raw) {
-            Some(raw) => Ok(Stream { raw }),
+            Some(raw) => Ok(Stream {
+                raw,
+                device_type,
+                device_index: index,
+            }),
             None => Err(Error::new(
                 Status::Internal,
                 "hps_stream_create returned OK and a NULL stream",
@@ -495,6 +570,16 @@ impl Stream {
     /// The raw handle, still owned by `self`.
     pub fn as_ptr(&self) -> *mut sys::hps_stream_t {
         self.raw.as_ptr()
+    }
+
+    /// The type of the device this stream was created on.
+    pub fn device_type(&self) -> DeviceType {
+        self.device_type
+    }
+
+    /// The index of the device this stream was created on.
+    pub fn device_index(&self) -> i32 {
+        self.device_index
     }
 
     /// Block until all work queued so far has completed (`hps_stream_synchronize`).

@@ -1,0 +1,355 @@
+package org.hpshard;
+
+import java.lang.ref.Cleaner;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+import org.hpshard.internal.HpshardNative;
+import org.hpshard.internal.HpshardNativeConstants;
+import org.hpshard.internal.SWIGTYPE_p_hps_comm;
+import org.hpshard.internal.SWIGTYPE_p_hps_stream;
+import org.hpshard.internal.hps_comm_options_t;
+
+/**
+ * This rank's member of a group of ranks (hps_comm_t), running collectives on its own
+ * stream (Gloo on CPU buffers).
+ *
+ * <p>Data are DIRECT ByteBuffers ({@link ByteBuffer#allocateDirect}) in native byte order,
+ * read from their position to their limit; the element count is the bytes remaining divided
+ * by the dtype's size. Outputs must be writable. Every collective returns a {@link Work}
+ * that keeps the buffers reachable: do not touch them before it has been awaited. One thread
+ * at a time per communicator, except {@link #abort()} (any thread). {@link #close()}
+ * destroys it exactly once (after its queued operations end).
+ */
+public final class Communicator implements AutoCloseable {
+  /** Communicator options; unset ones keep the library's defaults. */
+  public static final class Options {
+    private Long timeoutMs;
+    private Boolean checkArguments;
+    private String name;
+
+    /** Every operation ends by then with TIMEOUT (default 300000, or HPS_COMM_TIMEOUT_MS). */
+    public Options timeoutMs(long timeoutMs) {
+      this.timeoutMs = timeoutMs;
+      return this;
+    }
+
+    /** Ranks check they called the same collective (default on, or HPS_COMM_CHECK). */
+    public Options checkArguments(boolean checkArguments) {
+      this.checkArguments = checkArguments;
+      return this;
+    }
+
+    /** The group's name in messages (default "world"). */
+    public Options name(String name) {
+      this.name = name;
+      return this;
+    }
+  }
+
+  private static final class State implements Runnable {
+    private SWIGTYPE_p_hps_comm handle;
+    // Hybrid groups, clips and engines over this communicator: closed before it.
+    private final List<Runnable> groups = new ArrayList<>();
+
+    State(SWIGTYPE_p_hps_comm handle) {
+      this.handle = handle;
+    }
+
+    @Override
+    public void run() {
+      List<Runnable> dependents;
+      synchronized (this) {
+        dependents = new ArrayList<>(groups);
+        groups.clear();
+      }
+      for (Runnable g : dependents) g.run(); // hybrid groups, clips, engines over it first
+      SWIGTYPE_p_hps_comm h;
+      synchronized (this) {
+        h = handle;
+        handle = null;
+      }
+      if (h != null) HpshardNative.hps_comm_destroy(h);
+    }
+  }
+
+  private final State state;
+  private final Cleaner.Cleanable cleanable;
+  private final String name;
+
+  Communicator(SWIGTYPE_p_hps_comm handle, String name) {
+    this.state = new State(handle);
+    this.cleanable = Stream.CLEANER.register(this, state);
+    this.name = name;
+  }
+
+  /** {@link #create(Store, int, int, DeviceType, int, Options)} on the CPU, defaults. */
+  public static Communicator create(Store store, int rank, int size) {
+    return create(store, rank, size, DeviceType.CPU, 0, null);
+  }
+
+  /** {@link #create(Store, int, int, DeviceType, int, Options)} on the CPU. */
+  public static Communicator create(Store store, int rank, int size, Options options) {
+    return create(store, rank, size, DeviceType.CPU, 0, options);
+  }
+
+  /**
+   * Collective: every one of {@code size} ranks calls it; blocks until all have connected or
+   * the timeout passed. {@code options} may be null.
+   */
+  public static Communicator create(Store store, int rank, int size, DeviceType type,
+      int deviceIndex, Options options) {
+    Objects.requireNonNull(store, "store");
+    Objects.requireNonNull(type, "type");
+    hps_comm_options_t opts = null;
+    try {
+      if (options != null) {
+        opts = HpshardNative.hps_comm_options_init(
+            HpshardNativeConstants.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE);
+        if (options.timeoutMs != null) opts.setTimeout_ms(options.timeoutMs);
+        if (options.checkArguments != null) opts.setCheck_arguments(options.checkArguments ? 1 : 0);
+        if (options.name != null) opts.setName(options.name);
+      }
+      return new Communicator(
+          HpshardNative.hps_comm_create(store.handle(), rank, size, type.code(), deviceIndex, opts),
+          options == null ? null : options.name);
+    } finally {
+      if (opts != null) opts.delete();
+    }
+  }
+
+  void remember(Runnable group) {
+    synchronized (state) {
+      state.groups.add(group);
+    }
+  }
+
+  void forget(Runnable group) {
+    synchronized (state) {
+      state.groups.remove(group);
+    }
+  }
+
+  /** The name given at creation (null: the library's default). */
+  public String name() {
+    return name;
+  }
+
+  public boolean isClosed() {
+    synchronized (state) {
+      return state.handle == null;
+    }
+  }
+
+  SWIGTYPE_p_hps_comm handle() {
+    synchronized (state) {
+      if (state.handle == null) throw new IllegalStateException("hpshard communicator is closed");
+      return state.handle;
+    }
+  }
+
+  /** This rank's position in the communicator. */
+  public int rank() {
+    return HpshardNative.hps_comm_rank(handle());
+  }
+
+  /** The number of ranks. */
+  public int size() {
+    return HpshardNative.hps_comm_size(handle());
+  }
+
+  /** From any thread: pending and later operations end with ABORTED. */
+  public void abort() {
+    synchronized (state) { // not concurrently with close()
+      if (state.handle == null) throw new IllegalStateException("hpshard communicator is closed");
+      HpshardNative.hps_comm_abort(state.handle);
+    }
+  }
+
+  /** Changes the timeout of later operations; INVALID_ARGUMENT when <= 0. */
+  public void setTimeout(long timeoutMs) {
+    HpshardNative.hps_comm_set_timeout(handle(), timeoutMs);
+  }
+
+  /**
+   * Collective: every rank passes the same {@code ranks} (of this communicator) in the same
+   * order. Members get a new communicator (rank = position in {@code ranks}), others null.
+   */
+  public Communicator split(int[] ranks, String name) {
+    Objects.requireNonNull(ranks, "ranks");
+    SWIGTYPE_p_hps_comm h = HpshardNative.hps_comm_split(handle(), ranks, name);
+    return h == null ? null : new Communicator(h, name);
+  }
+
+  // ---- buffers ---------------------------------------------------------------------------
+  /** The slice from position to limit, checked; its element count via count(). */
+  private static ByteBuffer data(ByteBuffer b, String op, String what, boolean writable) {
+    Objects.requireNonNull(b, op + ": " + what);
+    if (!b.isDirect()) {
+      throw new IllegalArgumentException(
+          op + ": " + what + " is a heap ByteBuffer; use ByteBuffer.allocateDirect");
+    }
+    if (writable && b.isReadOnly()) {
+      throw new IllegalArgumentException(op + ": " + what + " is read-only");
+    }
+    return b.slice();
+  }
+
+  private static long count(ByteBuffer slice, DType dtype, String op, String what) {
+    long size = dtype.size();
+    if (slice.remaining() % size != 0) {
+      throw new IllegalArgumentException(op + ": " + what + " has " + slice.remaining()
+          + " bytes, no whole number of " + dtype.name() + " elements");
+    }
+    return slice.remaining() / size;
+  }
+
+  private static SWIGTYPE_p_hps_stream ready(Stream ready) {
+    return ready == null ? null : ready.handle();
+  }
+
+  private static Work work(org.hpshard.internal.SWIGTYPE_p_hps_work h, Stream ready,
+      ByteBuffer... buffers) {
+    Work w = new Work(h, buffers);
+    w.keep(ready);
+    return w;
+  }
+
+  private static void sameCount(long a, long b, String op) {
+    if (a != b) {
+      throw new IllegalArgumentException(op + ": send has " + a + " elements, recv " + b);
+    }
+  }
+
+  // ---- collectives -----------------------------------------------------------------------
+  /** recv[i] = op over ranks of send[i]; recv may be send (in place). */
+  public Work allReduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op) {
+    return allReduce(send, recv, dtype, op, null);
+  }
+
+  /** As above; the operation starts after the work queued on {@code ready} (may be null). */
+  public Work allReduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op,
+      Stream ready) {
+    Objects.requireNonNull(dtype, "dtype");
+    Objects.requireNonNull(op, "op");
+    ByteBuffer s = data(send, "allReduce", "send", false);
+    ByteBuffer r = data(recv, "allReduce", "recv", true);
+    long n = count(s, dtype, "allReduce", "send");
+    sameCount(n, count(r, dtype, "allReduce", "recv"), "allReduce");
+    return work(HpshardNative.hps_comm_all_reduce(handle(), s, r, n, dtype.code(), op.code(),
+        ready(ready)), ready, s, r);
+  }
+
+  /** Like allReduce, but only {@code root} receives ({@code recv} may be null elsewhere). */
+  public Work reduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op, int root) {
+    return reduce(send, recv, dtype, op, root, null);
+  }
+
+  public Work reduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op, int root,
+      Stream ready) {
+    Objects.requireNonNull(dtype, "dtype");
+    Objects.requireNonNull(op, "op");
+    ByteBuffer s = data(send, "reduce", "send", false);
+    long n = count(s, dtype, "reduce", "send");
+    ByteBuffer r = null;
+    if (recv != null) {
+      r = data(recv, "reduce", "recv", true);
+      sameCount(n, count(r, dtype, "reduce", "recv"), "reduce");
+    }
+    return work(HpshardNative.hps_comm_reduce(handle(), s, r, n, dtype.code(), op.code(), root,
+        ready(ready)), ready, s, r);
+  }
+
+  /** {@code root}'s buffer is copied into every rank's buffer. */
+  public Work broadcast(ByteBuffer buffer, DType dtype, int root) {
+    return broadcast(buffer, dtype, root, null);
+  }
+
+  public Work broadcast(ByteBuffer buffer, DType dtype, int root, Stream ready) {
+    Objects.requireNonNull(dtype, "dtype");
+    ByteBuffer b = data(buffer, "broadcast", "buffer", true);
+    long n = count(b, dtype, "broadcast", "buffer");
+    return work(HpshardNative.hps_comm_broadcast(handle(), b, n, dtype.code(), root,
+        ready(ready)), ready, b);
+  }
+
+  /**
+   * Rank r's send lands at element r * (send elements) of recv, which needs size * (send
+   * elements); fewer throws INVALID_ARGUMENT with nothing sent.
+   */
+  public Work allGather(ByteBuffer send, ByteBuffer recv, DType dtype) {
+    return allGather(send, recv, dtype, null);
+  }
+
+  public Work allGather(ByteBuffer send, ByteBuffer recv, DType dtype, Stream ready) {
+    Objects.requireNonNull(dtype, "dtype");
+    ByteBuffer s = data(send, "allGather", "send", false);
+    ByteBuffer r = data(recv, "allGather", "recv", true);
+    return work(HpshardNative.hps_comm_all_gather(handle(), s, count(s, dtype, "allGather",
+        "send"), r, count(r, dtype, "allGather", "recv"), dtype.code(), ready(ready)), ready, s, r);
+  }
+
+  /** Rank r receives the reduction of slice r of every rank's send (size * recv elements). */
+  public Work reduceScatter(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op) {
+    return reduceScatter(send, recv, dtype, op, null);
+  }
+
+  public Work reduceScatter(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op,
+      Stream ready) {
+    Objects.requireNonNull(dtype, "dtype");
+    Objects.requireNonNull(op, "op");
+    ByteBuffer s = data(send, "reduceScatter", "send", false);
+    ByteBuffer r = data(recv, "reduceScatter", "recv", true);
+    return work(HpshardNative.hps_comm_reduce_scatter(handle(), s, count(s, dtype,
+        "reduceScatter", "send"), r, count(r, dtype, "reduceScatter", "recv"), dtype.code(),
+        op.code(), ready(ready)), ready, s, r);
+  }
+
+  /** Sends the buffer to {@code peer}, which receives it with {@link #recv}. */
+  public Work send(ByteBuffer buffer, DType dtype, int peer) {
+    return send(buffer, dtype, peer, null);
+  }
+
+  public Work send(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
+    Objects.requireNonNull(dtype, "dtype");
+    ByteBuffer b = data(buffer, "send", "buffer", false);
+    return work(HpshardNative.hps_comm_send(handle(), b, count(b, dtype, "send", "buffer"),
+        dtype.code(), peer, ready(ready)), ready, b);
+  }
+
+  /** Receives the buffer's element count from {@code peer}. */
+  public Work recv(ByteBuffer buffer, DType dtype, int peer) {
+    return recv(buffer, dtype, peer, null);
+  }
+
+  public Work recv(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
+    Objects.requireNonNull(dtype, "dtype");
+    ByteBuffer b = data(buffer, "recv", "buffer", true);
+    return work(HpshardNative.hps_comm_recv(handle(), b, count(b, dtype, "recv", "buffer"),
+        dtype.code(), peer, ready(ready)), ready, b);
+  }
+
+  /** Completes once every rank has reached it. */
+  public Work barrier() {
+    return barrier(null);
+  }
+
+  public Work barrier(Stream ready) {
+    return work(HpshardNative.hps_comm_barrier(handle(), ready(ready)), ready);
+  }
+
+  /**
+   * Destroys the communicator (hybrid groups, clips and engines over it first); nothing when
+   * closed.
+   */
+  @Override
+  public void close() {
+    cleanable.clean();
+  }
+
+  @Override
+  public String toString() {
+    return "Communicator[" + (name == null ? "world" : name) + (isClosed() ? ", closed]" : "]");
+  }
+}

@@ -1,0 +1,431 @@
+package org.hpshard;
+
+import java.lang.ref.Cleaner;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+import org.hpshard.internal.HpshardNative;
+import org.hpshard.internal.HpshardNativeConstants;
+import org.hpshard.internal.SWIGTYPE_p_hps_engine;
+import org.hpshard.internal.hps_engine_options_t;
+import org.hpshard.internal.hps_param_flag_t;
+
+/**
+ * ZeRO-style sharded data parallelism (hps_engine_t) for a framework that keeps its own
+ * forward and backward: register the parameters, {@link #seal()}, write the parameters into
+ * the {@link #param} views, add gradients into the {@link #grad} views, check each in with
+ * {@link #gradReady}, then {@link #step()}.
+ *
+ * <p>{@link #param} and {@link #grad} return DIRECT ByteBuffers in native byte order OVER the
+ * engine's memory (float32 elements; no copy). They are INVALID once the engine is closed:
+ * using one afterwards reads or writes freed memory. With stage 3 a parameter buffer is valid
+ * only between {@link #waitParameters} and {@link #releaseParameters} of its unit. The engine
+ * keeps its communicators reachable, and closing one of them closes the engine first.
+ * {@link #close()} finishes what is in flight and destroys it exactly once. One thread at a
+ * time per engine.
+ */
+public final class Engine implements AutoCloseable {
+  /** hps_param_flag_t bits, for {@link #addParam(String, long[], DType, long, int)}. */
+  public static final int FROZEN = hps_param_flag_t.HPS_PARAM_FROZEN;
+  public static final int DISTRIBUTED = hps_param_flag_t.HPS_PARAM_DISTRIBUTED;
+  public static final int NO_CLIP = hps_param_flag_t.HPS_PARAM_NO_CLIP;
+  public static final int SHARED_NOT_FIRST = hps_param_flag_t.HPS_PARAM_SHARED_NOT_FIRST;
+
+  /** Engine options; unset ones keep the library's defaults (hps_engine_options_init). */
+  public static final class Options {
+    private Integer stage;
+    private Optimizer optimizer;
+    private Float learningRate;
+    private Float momentum;
+    private Float weightDecay;
+    private Boolean nesterov;
+    private Float beta1;
+    private Float beta2;
+    private Float eps;
+    private Double clipMaxNorm;
+    private Boolean deterministicClip;
+    private Integer accumulationSteps;
+    private Long alignmentBytes;
+    private Integer prefetchWindow;
+
+    /** 2 (default) or 3. */
+    public Options stage(int stage) {
+      this.stage = stage;
+      return this;
+    }
+
+    public Options optimizer(Optimizer optimizer) {
+      this.optimizer = Objects.requireNonNull(optimizer, "optimizer");
+      return this;
+    }
+
+    public Options learningRate(float learningRate) {
+      this.learningRate = learningRate;
+      return this;
+    }
+
+    public Options momentum(float momentum) {
+      this.momentum = momentum;
+      return this;
+    }
+
+    public Options weightDecay(float weightDecay) {
+      this.weightDecay = weightDecay;
+      return this;
+    }
+
+    public Options nesterov(boolean nesterov) {
+      this.nesterov = nesterov;
+      return this;
+    }
+
+    /** AdamW's (beta1, beta2). */
+    public Options betas(float beta1, float beta2) {
+      this.beta1 = beta1;
+      this.beta2 = beta2;
+      return this;
+    }
+
+    /** AdamW's epsilon. */
+    public Options eps(float eps) {
+      this.eps = eps;
+      return this;
+    }
+
+    /** > 0: global-norm clipping folded into the optimizer. */
+    public Options clipMaxNorm(double clipMaxNorm) {
+      this.clipMaxNorm = clipMaxNorm;
+      return this;
+    }
+
+    public Options deterministicClip(boolean deterministicClip) {
+      this.deterministicClip = deterministicClip;
+      return this;
+    }
+
+    public Options accumulationSteps(int accumulationSteps) {
+      this.accumulationSteps = accumulationSteps;
+      return this;
+    }
+
+    public Options alignmentBytes(long alignmentBytes) {
+      this.alignmentBytes = alignmentBytes;
+      return this;
+    }
+
+    /** Stage 3: units live at once, prefetch included. */
+    public Options prefetchWindow(int prefetchWindow) {
+      this.prefetchWindow = prefetchWindow;
+      return this;
+    }
+
+    void applyTo(hps_engine_options_t o) {
+      if (stage != null) o.setStage(stage);
+      if (optimizer != null) o.setOptimizer(optimizer.code());
+      if (learningRate != null) o.setLearning_rate(learningRate);
+      if (momentum != null) o.setMomentum(momentum);
+      if (weightDecay != null) o.setWeight_decay(weightDecay);
+      if (nesterov != null) o.setNesterov(nesterov ? 1 : 0);
+      if (beta1 != null) o.setBeta1(beta1);
+      if (beta2 != null) o.setBeta2(beta2);
+      if (eps != null) o.setEpsilon(eps);
+      if (clipMaxNorm != null) o.setClip_max_norm(clipMaxNorm);
+      if (deterministicClip != null) o.setDeterministic_clip(deterministicClip ? 1 : 0);
+      if (accumulationSteps != null) o.setAccumulation_steps(accumulationSteps);
+      if (alignmentBytes != null) o.setAlignment_bytes(alignmentBytes);
+      if (prefetchWindow != null) o.setPrefetch_window(prefetchWindow);
+    }
+  }
+
+  private static final class State implements Runnable {
+    private SWIGTYPE_p_hps_engine handle;
+    private final List<Object> keep = new ArrayList<>(); // ready streams until synchronize
+    private final List<Communicator> comms = new ArrayList<>();
+
+    State(SWIGTYPE_p_hps_engine handle) {
+      this.handle = handle;
+    }
+
+    @Override
+    public void run() {
+      SWIGTYPE_p_hps_engine h;
+      List<Communicator> cs;
+      synchronized (this) {
+        h = handle;
+        handle = null;
+        cs = new ArrayList<>(comms);
+        comms.clear();
+      }
+      try {
+        if (h != null) HpshardNative.hps_engine_destroy(h); // finishes what is in flight
+      } finally {
+        synchronized (this) {
+          keep.clear();
+        }
+        for (Communicator c : cs) c.forget(this);
+      }
+    }
+  }
+
+  private final State state;
+  private final Cleaner.Cleanable cleanable;
+  private final List<long[]> shapes = new ArrayList<>();
+  private final List<String> names = new ArrayList<>();
+
+  private Engine(SWIGTYPE_p_hps_engine handle, Communicator sharding, Communicator dp) {
+    this.state = new State(handle);
+    this.cleanable = Stream.CLEANER.register(this, state);
+    for (Communicator c : new Communicator[] {sharding, dp}) {
+      if (c != null) {
+        state.comms.add(c);
+        c.remember(state);
+      }
+    }
+  }
+
+  /** An engine over {@code sharding} with the library's default options. */
+  public static Engine create(Communicator sharding) {
+    return create(sharding, null, null);
+  }
+
+  /**
+   * An engine sharding over {@code sharding} (required) with an optional {@code dp} group
+   * above it; {@code options} may be null. INVALID_ARGUMENT, UNIMPLEMENTED (CUDA).
+   */
+  public static Engine create(Communicator sharding, Communicator dp, Options options) {
+    Objects.requireNonNull(sharding, "sharding");
+    hps_engine_options_t opts = HpshardNative.hps_engine_options_init(
+        HpshardNativeConstants.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE);
+    try {
+      if (options != null) options.applyTo(opts);
+      return new Engine(HpshardNative.hps_engine_create(sharding.handle(),
+          dp == null ? null : dp.handle(), opts), sharding, dp);
+    } finally {
+      opts.delete();
+    }
+  }
+
+  /**
+   * The struct_size hps_engine_options_init records for {@code structSize} bytes; sizes below
+   * the first version of the struct throw INVALID_ARGUMENT.
+   */
+  public static long optionsStructSize(long structSize) {
+    hps_engine_options_t o = HpshardNative.hps_engine_options_init(structSize);
+    try {
+      return o.getStruct_size();
+    } finally {
+      o.delete();
+    }
+  }
+
+  /** The library's default learning rate (hps_engine_options_init). */
+  public static float defaultLearningRate() {
+    hps_engine_options_t o = HpshardNative.hps_engine_options_init(
+        HpshardNativeConstants.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE);
+    try {
+      return o.getLearning_rate();
+    } finally {
+      o.delete();
+    }
+  }
+
+  public boolean isClosed() {
+    synchronized (state) {
+      return state.handle == null;
+    }
+  }
+
+  SWIGTYPE_p_hps_engine handle() {
+    synchronized (state) {
+      if (state.handle == null) throw new IllegalStateException("hpshard engine is closed");
+      return state.handle;
+    }
+  }
+
+  /** A trainable FLOAT32 parameter of {@code unit} 0. */
+  public int addParam(String name, long[] shape) {
+    return addParam(name, shape, DType.FLOAT32, false, false, true, false, 0);
+  }
+
+  /**
+   * Registers a parameter before {@link #seal()}; its index (registration order). Every rank
+   * registers the same parameters in the same order. INVALID_ARGUMENT, ALREADY_EXISTS
+   * (name), FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than FLOAT32).
+   */
+  public int addParam(String name, long[] shape, DType dtype, boolean frozen,
+      boolean distributed, boolean clip, boolean sharedNotFirst, int unit) {
+    return addParam(name, shape, dtype, (frozen ? FROZEN : 0) | (distributed ? DISTRIBUTED : 0)
+        | (clip ? 0 : NO_CLIP) | (sharedNotFirst ? SHARED_NOT_FIRST : 0), unit);
+  }
+
+  /** As above with raw hps_param_flag_t bits. */
+  public int addParam(String name, long[] shape, DType dtype, long flags, int unit) {
+    Objects.requireNonNull(name, "name");
+    Objects.requireNonNull(shape, "shape");
+    Objects.requireNonNull(dtype, "dtype");
+    long[] copy = shape.clone();
+    synchronized (state) {
+      int index = (int) HpshardNative.hps_engine_add_param(handle(), name, copy, dtype.code(),
+          flags, unit);
+      while (shapes.size() <= index) {
+        shapes.add(new long[0]);
+        names.add("");
+      }
+      shapes.set(index, copy);
+      names.set(index, name);
+      return index;
+    }
+  }
+
+  /** The number of registered parameters. */
+  public int numParams() {
+    synchronized (state) {
+      return shapes.size();
+    }
+  }
+
+  /** The shape a parameter was registered with. */
+  public long[] shape(int index) {
+    return shapeOf(index).clone();
+  }
+
+  /** The name a parameter was registered with. */
+  public String name(int index) {
+    synchronized (state) {
+      shapeOf(index);
+      return names.get(index);
+    }
+  }
+
+  private long[] shapeOf(int index) {
+    synchronized (state) {
+      if (index < 0 || index >= shapes.size()) {
+        throw new IndexOutOfBoundsException("no parameter " + index + " (the engine has "
+            + shapes.size() + ")");
+      }
+      return shapes.get(index);
+    }
+  }
+
+  /** Elements of a parameter. */
+  public long numel(int index) {
+    long n = 1;
+    for (long d : shapeOf(index)) n *= d;
+    return n;
+  }
+
+  /**
+   * Lays the parameters out and allocates the (zero-filled) buffers. Collective over the
+   * sharding and dp groups: ranks that registered different parameters get INVALID_ARGUMENT.
+   */
+  public void seal() {
+    HpshardNative.hps_engine_seal(handle());
+  }
+
+  /** Collective: every rank's parameters become its groups' source rank's (set-up only). */
+  public void broadcastParameters() {
+    HpshardNative.hps_engine_broadcast_parameters(handle());
+  }
+
+  private ByteBuffer view(long address, int index) {
+    long bytes = numel(index) * 4;
+    if (bytes > Integer.MAX_VALUE) {
+      throw new UnsupportedOperationException("parameter " + index + " exceeds 2 GiB");
+    }
+    return HpshardNative.hps_swig_direct_buffer(address, bytes).order(ByteOrder.nativeOrder());
+  }
+
+  /**
+   * The parameter's float32 elements: a direct ByteBuffer (native order) OVER the engine's
+   * memory, invalid once the engine is closed.
+   */
+  public ByteBuffer param(int index) {
+    return view(HpshardNative.hps_engine_param(handle(), index), index);
+  }
+
+  /**
+   * The gradient's float32 elements (zero at every step's start; backward adds into it): a
+   * direct ByteBuffer (native order) OVER the engine's memory, invalid once the engine is
+   * closed. FAILED_PRECONDITION (frozen, not sealed).
+   */
+  public ByteBuffer grad(int index) {
+    return view(HpshardNative.hps_engine_grad(handle(), index), index);
+  }
+
+  /**
+   * Before the forward of {@code unit}: waits for the last step's all-gather of its
+   * parameters (a dependency wait, not a host sync). NOT_FOUND (no such unit).
+   */
+  public void waitParameters(int unit) {
+    HpshardNative.hps_engine_wait_parameters(handle(), unit);
+  }
+
+  /**
+   * After the forward or the backward of {@code unit}: stage 3 frees its full parameters;
+   * stage 2 does nothing. NOT_FOUND, FAILED_PRECONDITION.
+   */
+  public void releaseParameters(int unit) {
+    HpshardNative.hps_engine_release_parameters(handle(), unit);
+  }
+
+  /** Parameter {@code index}'s gradient, written by this thread, is complete. */
+  public void gradReady(int index) {
+    gradReady(index, null);
+  }
+
+  /**
+   * Parameter {@code index}'s gradient is complete for this micro-batch; {@code ready}: the
+   * stream it was produced on (kept reachable until {@link #synchronize()}), or null.
+   * FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE.
+   */
+  public void gradReady(int index, Stream ready) {
+    synchronized (state) {
+      HpshardNative.hps_engine_grad_ready(handle(), index, ready == null ? null : ready.handle());
+      if (ready != null) state.keep.add(ready);
+    }
+  }
+
+  /**
+   * Enqueues the optimizer step and the all-gathers; returns at once (no host sync).
+   * FAILED_PRECONDITION (a gradient has not checked in).
+   */
+  public void step() {
+    HpshardNative.hps_engine_step(handle());
+  }
+
+  /** Blocks until everything in flight has finished (one host sync). */
+  public void synchronize() {
+    HpshardNative.hps_engine_synchronize(handle());
+    synchronized (state) {
+      state.keep.clear();
+    }
+  }
+
+  /** Bytes this rank holds: parameters, gradients and optimizer state. */
+  public long residentBytes() {
+    return HpshardNative.hps_engine_resident_bytes(handle());
+  }
+
+  /** {begin, end}: the element offsets of parameter {@code index} this rank's shard holds. */
+  public long[] shardRange(int index) {
+    return HpshardNative.hps_engine_shard_range(handle(), index);
+  }
+
+  /** {count, nanoseconds}: dependency waits so far (process-wide) and the time blocked. */
+  public static long[] dependencyWaitStats() {
+    return HpshardNative.hps_dependency_wait_stats();
+  }
+
+  /** Finishes what is in flight and destroys the engine; nothing when already closed. */
+  @Override
+  public void close() {
+    cleanable.clean();
+  }
+
+  @Override
+  public String toString() {
+    return "Engine[" + numParams() + " parameters" + (isClosed() ? ", closed]" : "]");
+  }
+}

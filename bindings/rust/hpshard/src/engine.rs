@@ -1,0 +1,1124 @@
+//! The sharded training engine (the C API's "Sharded training engine" section):
+//! ZeRO-style stage 2 over a sharding group (and an optional dp group above it) for a
+//! framework that keeps its own forward and backward (and stage 3).
+//!
+//! An [`Engine`] registers parameters ([`Engine::add_param`]), is sealed (collective),
+//! takes rank 0's initial values ([`Engine::broadcast_parameters`]), and then, per
+//! step: forward reads the parameter views, backward adds into the gradient views and
+//! checks each gradient in ([`Engine::grad_ready`]), and [`Engine::step`] enqueues the
+//! optimizer on this rank's shard and the all-gathers of the parameters, without
+//! blocking the host.
+//!
+//! # Soundness of the views
+//!
+//! The parameter and gradient views are memory owned by the C engine that its streams
+//! read and write asynchronously:
+//!
+//! * after [`Engine::grad_ready`] completes a unit's bucket on the last micro-batch,
+//!   that bucket's reduce-scatter (on the sharding communicator's stream) reads the
+//!   unit's gradients;
+//! * [`Engine::step`] enqueues, on the engine's optimizer stream, after each bucket's
+//!   reduction, the zeroing of every gradient, then the optimizer on this rank's
+//!   shard of the parameters, then the in-place all-gather of every unit's
+//!   parameters, which writes the whole parameter buffer.
+//!
+//! The C API's ordering gives: once [`Engine::wait_parameters`] of a unit returned OK
+//! after a successful step, that unit's all-gather has completed, and so have the
+//! optimizer and the zeroing of all gradients before it (the all-gather is enqueued
+//! behind them on the optimizer stream). From then until the next `grad_ready` that
+//! may start the unit's reduction, or the next `step`, nothing in flight touches the
+//! unit's parameters or gradients.
+//!
+//! Every call that starts asynchronous work takes `&mut self`, and every safe view
+//! ([`Engine::param`], [`Engine::grad`], [`Engine::views`]) borrows the engine
+//! mutably for as long as it lives, so no such call can happen while a view exists.
+//! Before handing a view out, the engine makes sure nothing in flight touches it,
+//! from a mirror of the engine's state kept by this wrapper:
+//!
+//! * a **parameter** view of unit `u` is given after [`Engine::wait_parameters`]`(u)`
+//!   (called by the accessor when a step happened since the last successful wait of
+//!   `u`). That is the wait the C API requires before forward anyway: it is a
+//!   *dependency wait* ([`dependency_wait_stats`]), not a host sync, so a step driven
+//!   through the safe views keeps [`crate::host_sync_count_thread`] at 0;
+//! * a **gradient** view of unit `u` is given after the same wait (which also proves
+//!   the previous step's zeroing done), and is refused with
+//!   [`Status::FailedPrecondition`] from the [`Engine::grad_ready`] that completes
+//!   `u`'s gradients on the last micro-batch of a step (the one that starts the
+//!   reduction of `u`'s bucket) until that step ([`Engine::step`]) and the wait: the
+//!   reduction may be reading it. On earlier micro-batches of gradient accumulation
+//!   nothing is launched and the gradients stay accessible. The wrapper mirrors the
+//!   library's bucket bookkeeping to know when that is: one bucket per unit (this
+//!   version has one trainable float32 buffer per unit), complete when each of its
+//!   trainable parameters checked in once, the micro-batch counter advancing when
+//!   every bucket is complete.
+//!
+//! Stage 3 keeps only this rank's shards: a unit's full parameters exist between
+//! [`Engine::wait_parameters`] (which gathers them) and
+//! [`Engine::release_parameters`] (which frees them), and each completed gradient
+//! buffer is handed to its reduction (the next [`Engine::grad`] gets a fresh, zeroed
+//! one). So in stage 3 the views call `wait_parameters` of the unit every time (a no-op
+//! while it is gathered), take every address after all their waits (the library
+//! refuses the address of a unit that is not gathered), and cannot outlive a release
+//! (it takes `&mut self`). The gradient refusal above is kept (conservative).
+//!
+//! Distinct parameters have disjoint memory, and parameters and gradients live in
+//! distinct buffers, so [`Engine::views`] may hand out several views at once (it
+//! refuses the same view twice). No extra host sync is ever needed.
+//!
+//! A `step`, `grad_ready` or `broadcast_parameters` that fails in a way that may have
+//! left part of its work in flight (any status but [`Status::FailedPrecondition`] /
+//! [`Status::OutOfRange`], which the library reports before starting anything)
+//! *poisons* the engine: the safe views are refused from then on, and the engine is
+//! leaked rather than destroyed when dropped (as [`crate::Clip`] does), so nothing in
+//! flight can ever touch freed memory.
+//!
+//! The raw pointers of [`Engine::param_ptr`] / [`Engine::grad_ptr`] carry none of
+//! these guarantees: dereferencing them is the caller's `unsafe` business.
+//!
+//! # Communicators and threads
+//!
+//! The engine uses its communicators on every call (seal, broadcast, reductions,
+//! all-gathers), so it borrows them **mutably** for its whole life: that makes it
+//! sound for [`Engine`] to be `Send` (a `&Communicator` kept by another thread would
+//! otherwise let two threads use one communicator at once, which the C API forbids).
+//! The communicators stay usable on the engine's thread through
+//! [`Engine::sharding`] / [`Engine::dp`] (e.g. to all-reduce a loss, or to take an
+//! [`crate::Aborter`] for a watchdog). Not `Sync`: one thread at a time per engine.
+
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::fmt;
+use std::ops::{BitOr, BitOrAssign, Range};
+use std::ptr::{self, NonNull};
+use std::time::Duration;
+
+use crate::comm::{c_string, Communicator};
+use crate::{check, sys, DType, Error, Result, Status, Stream};
+
+// ---------------------------------------------------------------------------------
+// Optimizer
+// ---------------------------------------------------------------------------------
+
+/// The optimizer the engine steps with (`hps_optimizer_t`). A newtype over the C value:
+/// [`Optimizer::from_raw`] builds any value, the library rejects unknown ones with
+/// [`Status::InvalidArgument`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Optimizer(sys::hps_optimizer_t);
+
+impl Optimizer {
+    /// `HPS_OPTIMIZER_SGD`: momentum, weight decay, nesterov (`torch.optim.SGD`).
+    pub const SGD: Optimizer = Optimizer(sys::hps_optimizer::HPS_OPTIMIZER_SGD);
+    /// `HPS_OPTIMIZER_ADAMW`: decoupled weight decay (`torch.optim.AdamW`).
+    pub const ADAMW: Optimizer = Optimizer(sys::hps_optimizer::HPS_OPTIMIZER_ADAMW);
+
+    /// An optimizer from its C value, known or not (unknown ones fail in the library).
+    pub const fn from_raw(value: u32) -> Optimizer {
+        Optimizer(sys::hps_optimizer(value))
+    }
+
+    /// The C value.
+    pub const fn raw(self) -> u32 {
+        (self.0).0
+    }
+}
+
+impl fmt::Debug for Optimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Optimizer::SGD => f.write_str("Optimizer::SGD"),
+            Optimizer::ADAMW => f.write_str("Optimizer::ADAMW"),
+            other => write!(f, "Optimizer({})", other.raw()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Parameter flags
+// ---------------------------------------------------------------------------------
+
+/// Flags of a registered parameter (`hps_param_flag_t`, a bitwise or). Any bits can be
+/// built with [`ParamFlags::from_bits`]; the library rejects bits it does not know
+/// with [`Status::InvalidArgument`].
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ParamFlags(u32);
+
+impl ParamFlags {
+    /// No flag: trained, counted in clipping.
+    pub const NONE: ParamFlags = ParamFlags(0);
+    /// `HPS_PARAM_FROZEN`: not trainable, no gradient, never updated.
+    pub const FROZEN: ParamFlags = ParamFlags(sys::hps_param_flag::HPS_PARAM_FROZEN.0);
+    /// `HPS_PARAM_DISTRIBUTED`: split across mp (for clipping).
+    pub const DISTRIBUTED: ParamFlags = ParamFlags(sys::hps_param_flag::HPS_PARAM_DISTRIBUTED.0);
+    /// `HPS_PARAM_NO_CLIP`: excluded from gradient clipping.
+    pub const NO_CLIP: ParamFlags = ParamFlags(sys::hps_param_flag::HPS_PARAM_NO_CLIP.0);
+    /// `HPS_PARAM_SHARED_NOT_FIRST`: a pipeline-shared copy, not counted in the norm.
+    pub const SHARED_NOT_FIRST: ParamFlags =
+        ParamFlags(sys::hps_param_flag::HPS_PARAM_SHARED_NOT_FIRST.0);
+    /// Every flag these bindings know.
+    pub const ALL: ParamFlags = ParamFlags(
+        ParamFlags::FROZEN.0
+            | ParamFlags::DISTRIBUTED.0
+            | ParamFlags::NO_CLIP.0
+            | ParamFlags::SHARED_NOT_FIRST.0,
+    );
+
+    /// Flags from raw bits, known or not (unknown ones fail in the library).
+    pub const fn from_bits(bits: u32) -> ParamFlags {
+        ParamFlags(bits)
+    }
+
+    /// The raw bits.
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// Whether every bit of `other` is set in `self`.
+    pub const fn contains(self, other: ParamFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether no bit is set.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The bits of both.
+    pub const fn union(self, other: ParamFlags) -> ParamFlags {
+        ParamFlags(self.0 | other.0)
+    }
+}
+
+impl BitOr for ParamFlags {
+    type Output = ParamFlags;
+    fn bitor(self, rhs: ParamFlags) -> ParamFlags {
+        self.union(rhs)
+    }
+}
+
+impl BitOrAssign for ParamFlags {
+    fn bitor_assign(&mut self, rhs: ParamFlags) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl fmt::Debug for ParamFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = [
+            (ParamFlags::FROZEN, "FROZEN"),
+            (ParamFlags::DISTRIBUTED, "DISTRIBUTED"),
+            (ParamFlags::NO_CLIP, "NO_CLIP"),
+            (ParamFlags::SHARED_NOT_FIRST, "SHARED_NOT_FIRST"),
+        ];
+        let mut parts: Vec<String> = Vec::new();
+        for &(flag, name) in names.iter() {
+            if self.contains(flag) {
+                parts.push(name.to_string());
+            }
+        }
+        let unknown = self.0 & !ParamFlags::ALL.0;
+        if unknown != 0 {
+            parts.push(format!("{:#x}", unknown));
+        }
+        if parts.is_empty() {
+            parts.push("NONE".to_string());
+        }
+        write!(f, "ParamFlags({})", parts.join(" | "))
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------
+
+/// Options of [`Engine::new`] (`hps_engine_options_t`). `Default` is the library's
+/// default (what `hps_engine_options_init` sets, as [`EngineOptions::library_defaults`]
+/// reports it): stage 2, SGD, learning rate 0.01, no momentum, no weight decay, AdamW
+/// betas (0.9, 0.999) and epsilon 1e-8, no clipping, one micro-batch per step,
+/// 256-byte alignment, a stage-3 window of 2 units. Builder setters change one field each.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineOptions {
+    /// The ZeRO stage: 2 (full parameters resident) or 3 (only this rank's shards;
+    /// a unit's parameters exist between [`Engine::wait_parameters`] and
+    /// [`Engine::release_parameters`]); other values are [`Status::InvalidArgument`].
+    pub stage: i32,
+    /// The optimizer.
+    pub optimizer: Optimizer,
+    /// Learning rate (both optimizers).
+    pub learning_rate: f32,
+    /// SGD momentum.
+    pub momentum: f32,
+    /// Weight decay (SGD: L2 added to the gradient; AdamW: decoupled).
+    pub weight_decay: f32,
+    /// SGD: Nesterov momentum.
+    pub nesterov: bool,
+    /// AdamW beta1.
+    pub beta1: f32,
+    /// AdamW beta2.
+    pub beta2: f32,
+    /// AdamW epsilon.
+    pub epsilon: f32,
+    /// > 0: global-norm clipping to this norm, folded into the optimizer; 0: none.
+    pub clip_max_norm: f64,
+    /// The clip norm is bitwise independent of the layout.
+    pub deterministic_clip: bool,
+    /// Micro-batches per step (gradient accumulation), at least 1.
+    pub accumulation_steps: i32,
+    /// Alignment of each parameter in the flat buffers, in bytes.
+    pub alignment_bytes: u64,
+    /// Stage 3: units live at once, prefetch included.
+    pub prefetch_window: i32,
+}
+
+impl Default for EngineOptions {
+    fn default() -> EngineOptions {
+        EngineOptions {
+            stage: 2,
+            optimizer: Optimizer::SGD,
+            learning_rate: 0.01,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+            clip_max_norm: 0.0,
+            deterministic_clip: false,
+            accumulation_steps: 1,
+            alignment_bytes: 256,
+            prefetch_window: 2,
+        }
+    }
+}
+
+impl EngineOptions {
+    /// The defaults ([`Default`]).
+    pub fn new() -> EngineOptions {
+        EngineOptions::default()
+    }
+
+    /// The library's defaults as `hps_engine_options_init` reports them.
+    pub fn library_defaults() -> Result<EngineOptions> {
+        let raw = raw_engine_options()?;
+        Ok(EngineOptions {
+            stage: raw.stage,
+            optimizer: Optimizer(raw.optimizer),
+            learning_rate: raw.learning_rate,
+            momentum: raw.momentum,
+            weight_decay: raw.weight_decay,
+            nesterov: raw.nesterov != 0,
+            beta1: raw.beta1,
+            beta2: raw.beta2,
+            epsilon: raw.epsilon,
+            clip_max_norm: raw.clip_max_norm,
+            deterministic_clip: raw.deterministic_clip != 0,
+            accumulation_steps: raw.accumulation_steps,
+            alignment_bytes: raw.alignment_bytes,
+            prefetch_window: raw.prefetch_window,
+        })
+    }
+
+    /// Builder: the ZeRO stage.
+    pub fn stage(mut self, stage: i32) -> EngineOptions {
+        self.stage = stage;
+        self
+    }
+    /// Builder: the optimizer.
+    pub fn optimizer(mut self, optimizer: Optimizer) -> EngineOptions {
+        self.optimizer = optimizer;
+        self
+    }
+    /// Builder: the learning rate.
+    pub fn learning_rate(mut self, learning_rate: f32) -> EngineOptions {
+        self.learning_rate = learning_rate;
+        self
+    }
+    /// Builder: SGD momentum.
+    pub fn momentum(mut self, momentum: f32) -> EngineOptions {
+        self.momentum = momentum;
+        self
+    }
+    /// Builder: weight decay.
+    pub fn weight_decay(mut self, weight_decay: f32) -> EngineOptions {
+        self.weight_decay = weight_decay;
+        self
+    }
+    /// Builder: SGD Nesterov momentum.
+    pub fn nesterov(mut self, nesterov: bool) -> EngineOptions {
+        self.nesterov = nesterov;
+        self
+    }
+    /// Builder: AdamW beta1.
+    pub fn beta1(mut self, beta1: f32) -> EngineOptions {
+        self.beta1 = beta1;
+        self
+    }
+    /// Builder: AdamW beta2.
+    pub fn beta2(mut self, beta2: f32) -> EngineOptions {
+        self.beta2 = beta2;
+        self
+    }
+    /// Builder: AdamW epsilon.
+    pub fn epsilon(mut self, epsilon: f32) -> EngineOptions {
+        self.epsilon = epsilon;
+        self
+    }
+    /// Builder: global-norm clipping to `max_norm` (0: none).
+    pub fn clip_max_norm(mut self, max_norm: f64) -> EngineOptions {
+        self.clip_max_norm = max_norm;
+        self
+    }
+    /// Builder: deterministic clip norm.
+    pub fn deterministic_clip(mut self, deterministic: bool) -> EngineOptions {
+        self.deterministic_clip = deterministic;
+        self
+    }
+    /// Builder: micro-batches per step.
+    pub fn accumulation_steps(mut self, steps: i32) -> EngineOptions {
+        self.accumulation_steps = steps;
+        self
+    }
+    /// Builder: stage 3's window of live units.
+    pub fn prefetch_window(mut self, units: i32) -> EngineOptions {
+        self.prefetch_window = units;
+        self
+    }
+    /// Builder: parameter alignment in the flat buffers, in bytes.
+    pub fn alignment_bytes(mut self, bytes: u64) -> EngineOptions {
+        self.alignment_bytes = bytes;
+        self
+    }
+
+    fn to_raw(self) -> Result<sys::hps_engine_options_t> {
+        let mut raw = raw_engine_options()?;
+        raw.stage = self.stage;
+        raw.optimizer = self.optimizer.0;
+        raw.learning_rate = self.learning_rate;
+        raw.momentum = self.momentum;
+        raw.weight_decay = self.weight_decay;
+        raw.nesterov = if self.nesterov { 1 } else { 0 };
+        raw.beta1 = self.beta1;
+        raw.beta2 = self.beta2;
+        raw.epsilon = self.epsilon;
+        raw.clip_max_norm = self.clip_max_norm;
+        raw.deterministic_clip = if self.deterministic_clip { 1 } else { 0 };
+        raw.accumulation_steps = self.accumulation_steps;
+        raw.alignment_bytes = self.alignment_bytes;
+        raw.prefetch_window = self.prefetch_window;
+        Ok(raw)
+    }
+}
+
+fn raw_engine_options() -> Result<sys::hps_engine_options_t> {
+    // SAFETY: integers, floats and a newtype enum over an integer; all-zero is valid.
+    let mut raw: sys::hps_engine_options_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `raw` is live and has the size passed.
+    check(unsafe {
+        sys::hps_engine_options_init(&mut raw, std::mem::size_of::<sys::hps_engine_options_t>())
+    })?;
+    Ok(raw)
+}
+
+// ---------------------------------------------------------------------------------
+// Dependency-wait statistics
+// ---------------------------------------------------------------------------------
+
+/// Dependency waits so far, process-wide, and the time blocked in them
+/// (`hps_dependency_wait_stats`). [`Engine::wait_parameters`] (also when called by the
+/// view accessors) counts here when the all-gather had not arrived yet; these are not
+/// host syncs.
+pub fn dependency_wait_stats() -> Result<(u64, Duration)> {
+    let mut count: u64 = 0;
+    let mut nanoseconds: u64 = 0;
+    // SAFETY: out-params point to live u64s.
+    check(unsafe { sys::hps_dependency_wait_stats(&mut count, &mut nanoseconds) })?;
+    Ok((count, Duration::from_nanos(nanoseconds)))
+}
+
+// ---------------------------------------------------------------------------------
+// Views
+// ---------------------------------------------------------------------------------
+
+/// One view requested from [`Engine::views`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum View {
+    /// The parameter view of this index.
+    Param(usize),
+    /// The gradient view of this index.
+    Grad(usize),
+}
+
+// ---------------------------------------------------------------------------------
+// Engine
+// ---------------------------------------------------------------------------------
+
+/// What the wrapper knows of a registered parameter.
+#[derive(Debug, Clone, Copy)]
+struct ParamInfo {
+    numel: usize,
+    /// Index into `Engine::units`.
+    unit: usize,
+}
+
+/// Where the gradients of a unit stand (the mirror of its trainable bucket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GradState {
+    /// Nothing in flight reads or writes them.
+    Idle,
+    /// A gradient of the unit checked in on the last micro-batch: the bucket's
+    /// reduction may be running (or start with a later check-in) until the step.
+    Reducing,
+    /// A step was enqueued after the reduction: the zeroing is in flight until a
+    /// successful wait_parameters of the unit (or synchronize).
+    Zeroing,
+}
+
+/// The mirror of one unit's state.
+#[derive(Debug, Clone)]
+struct UnitState {
+    id: i32,
+    /// Trainable parameters of the unit (the size of its bucket).
+    trainable: usize,
+    /// Of those, checked in during the current micro-batch.
+    checked_in: usize,
+    /// A step happened since the last successful wait of this unit: its all-gather may
+    /// still be writing the parameters.
+    gather_pending: bool,
+    grads: GradState,
+}
+
+/// A stage-2 sharded training engine (`hps_engine_t`). Dropping it calls
+/// `hps_engine_destroy` (which finishes what is in flight) and only then ends the
+/// borrows of the communicators; a poisoned engine is leaked instead (see the module
+/// documentation, "Soundness of the views").
+///
+/// `Send` (it borrows its communicators mutably), not `Sync` (one thread at a time).
+///
+/// ```no_run
+/// # fn main() -> hpshard::Result<()> {
+/// use std::time::Duration;
+/// use hpshard::{Communicator, DType, DeviceType, Engine, EngineOptions, ParamFlags, Store};
+/// let store = Store::open("memory://doc-engine", 0, Duration::from_secs(5))?;
+/// let mut comm = Communicator::create(&store, 0, 1, DeviceType::CPU, 0, None)?;
+/// let mut engine = Engine::new(&mut comm, None, EngineOptions::default().learning_rate(0.5))?;
+/// let w = engine.add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0)?;
+/// engine.seal()?;
+/// engine.param(w)?.copy_from_slice(&[1.0, 2.0]);
+/// engine.broadcast_parameters()?;
+/// for _ in 0..3 {
+///     let [p, g] = engine.views([hpshard::View::Param(w), hpshard::View::Grad(w)])?;
+///     for (g, p) in g.iter_mut().zip(p.iter()) {
+///         *g += 2.0 * *p; // d/dp of p^2
+///     }
+///     engine.grad_ready(w, None)?;
+///     engine.step()?; // returns at once
+/// }
+/// let p = engine.param(w)?; // waits for the last all-gather (a dependency wait)
+/// assert!((p[0] - 0.0).abs() < 1e-6);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A view keeps the engine borrowed, so no call that starts asynchronous work can
+/// happen while it lives:
+///
+/// ```compile_fail
+/// # fn f(engine: &mut hpshard::Engine<'_>) -> hpshard::Result<()> {
+/// let g = engine.grad(0)?;
+/// engine.grad_ready(0, None)?; // error: `*engine` is already borrowed mutably
+/// g[0] += 1.0;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// and the communicators cannot be used from elsewhere while the engine lives:
+///
+/// ```compile_fail
+/// # fn f(comm: &mut hpshard::Communicator) -> hpshard::Result<()> {
+/// let engine = hpshard::Engine::new(comm, None, Default::default())?;
+/// comm.barrier(None)?; // error: `*comm` is borrowed mutably by the engine
+/// drop(engine);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Engine<'c> {
+    raw: NonNull<sys::hps_engine_t>,
+    sharding: &'c mut Communicator,
+    dp: Option<&'c mut Communicator>,
+    accumulation_steps: i32,
+    stage: i32,
+    /// broadcast_parameters succeeded (stage 3 gathers only from then on).
+    initialised: bool,
+    params: Vec<ParamInfo>,
+    units: Vec<UnitState>,
+    /// The library's micro-batch counter, mirrored.
+    micro_batch: i32,
+    sealed: bool,
+    /// Work may have been left in flight by a failed call: no safe views, leak on drop.
+    poisoned: bool,
+}
+
+// SAFETY: the C API allows an engine to be used by one thread at a time, any thread.
+// The communicators it uses are borrowed mutably, so no other thread can use them
+// meanwhile; the views it hands out borrow the engine. Not Sync: every method that
+// calls the library would otherwise be callable from two threads at once.
+unsafe impl Send for Engine<'_> {}
+
+fn comm_ptr(comm: &Option<&mut Communicator>) -> *mut sys::hps_comm_t {
+    match comm {
+        Some(comm) => comm.as_ptr(),
+        None => ptr::null_mut(),
+    }
+}
+
+/// Whether a failed call was refused before the library started anything.
+fn refused_before_starting(err: &Error) -> bool {
+    matches!(err.status, Status::FailedPrecondition | Status::OutOfRange)
+}
+
+impl<'c> Engine<'c> {
+    /// An engine sharding over `sharding`, with an optional `dp` group above it
+    /// (`hps_engine_options_init`, then `hps_engine_create`). Both communicators stay
+    /// mutably borrowed until the engine is dropped; use them meanwhile through
+    /// [`Engine::sharding`] / [`Engine::dp`].
+    /// Errors: [`Status::InvalidArgument`] (bad options), [`Status::Unimplemented`]
+    /// (stage 3, CUDA communicators).
+    pub fn new(
+        sharding: &'c mut Communicator,
+        dp: Option<&'c mut Communicator>,
+        options: EngineOptions,
+    ) -> Result<Engine<'c>> {
+        let raw_opts = options.to_raw()?;
+        let mut raw: *mut sys::hps_engine_t = ptr::null_mut();
+        // SAFETY: the communicators are live and borrowed until the engine is dropped
+        // (the C API: they must outlive it); options initialised; out-param live.
+        check(unsafe {
+            sys::hps_engine_create(sharding.as_ptr(), comm_ptr(&dp), &raw_opts, &mut raw)
+        })?;
+        match NonNull::new(raw) {
+            Some(raw) => Ok(Engine {
+                raw,
+                sharding,
+                dp,
+                accumulation_steps: options.accumulation_steps,
+                stage: options.stage,
+                initialised: false,
+                params: Vec::new(),
+                units: Vec::new(),
+                micro_batch: 0,
+                sealed: false,
+                poisoned: false,
+            }),
+            None => Err(Error::new(
+                Status::Internal,
+                "hps_engine_create returned OK and a NULL handle",
+            )),
+        }
+    }
+
+    /// The raw handle, still owned by `self`.
+    pub fn as_ptr(&self) -> *mut sys::hps_engine_t {
+        self.raw.as_ptr()
+    }
+
+    /// The sharding communicator, for use on this thread while the engine lives (e.g.
+    /// to all-reduce a loss, or [`Communicator::aborter`] for a watchdog).
+    pub fn sharding(&self) -> &Communicator {
+        self.sharding
+    }
+
+    /// The dp communicator, if any (see [`Engine::sharding`]).
+    pub fn dp(&self) -> Option<&Communicator> {
+        match &self.dp {
+            Some(comm) => Some(&**comm),
+            None => None,
+        }
+    }
+
+    /// Register a parameter before [`Engine::seal`] and return its index (registration
+    /// order) (`hps_engine_add_param`). `unit` is the layer whose forward uses it (its
+    /// parameters are gathered together). Every rank must register the same
+    /// parameters in the same order.
+    /// Errors: [`Status::InvalidArgument`] (bad shape, unknown flag bits, interior
+    /// NUL in `name`), [`Status::AlreadyExists`] (name), [`Status::FailedPrecondition`]
+    /// (sealed), [`Status::Unimplemented`] (a dtype other than float32).
+    pub fn add_param(
+        &mut self,
+        name: &str,
+        shape: &[i64],
+        dtype: DType,
+        flags: ParamFlags,
+        unit: i32,
+    ) -> Result<usize> {
+        let c_name = c_string("parameter name", name)?;
+        let mut index: usize = 0;
+        // SAFETY: live handle, this thread only (&mut self); name NUL-terminated and
+        // shape valid for shape.len() elements during the call (copied); out-param live.
+        check(unsafe {
+            sys::hps_engine_add_param(
+                self.raw.as_ptr(),
+                c_name.as_ptr(),
+                shape.as_ptr(),
+                shape.len(),
+                dtype.0,
+                flags.bits(),
+                unit,
+                &mut index,
+            )
+        })?;
+        let mut numel: Option<usize> = Some(1);
+        for &d in shape {
+            numel = match (numel, usize::try_from(d)) {
+                (Some(n), Ok(d)) => n.checked_mul(d),
+                _ => None,
+            };
+        }
+        let numel = match numel {
+            Some(n) if index == self.params.len() => n,
+            _ => {
+                // The library accepted what this wrapper cannot describe: refuse every
+                // view rather than guess a length.
+                self.poisoned = true;
+                return Err(Error::new(
+                    Status::Internal,
+                    format!(
+                        "hps_engine_add_param accepted '{}' (shape {:?}) as index {}, which this \
+                         wrapper cannot describe",
+                        name, shape, index
+                    ),
+                ));
+            }
+        };
+        let trainable = !flags.contains(ParamFlags::FROZEN);
+        let u = match self.units.iter().position(|s| s.id == unit) {
+            Some(u) => u,
+            None => {
+                self.units.push(UnitState {
+                    id: unit,
+                    trainable: 0,
+                    checked_in: 0,
+                    gather_pending: false,
+                    grads: GradState::Idle,
+                });
+                self.units.len() - 1
+            }
+        };
+        if trainable {
+            self.units[u].trainable += 1;
+        }
+        self.params.push(ParamInfo { numel, unit: u });
+        Ok(index)
+    }
+
+    /// Lay the parameters out and allocate the (zero-filled) buffers
+    /// (`hps_engine_seal`). Collective over the sharding and dp groups; blocks the
+    /// host once, at set-up.
+    /// Errors: [`Status::InvalidArgument`] (ranks registered different parameters),
+    /// [`Status::FailedPrecondition`] (no parameters, sealed twice), the
+    /// communicators' errors.
+    pub fn seal(&mut self) -> Result<()> {
+        // SAFETY: live handle, this thread only; the borrowed communicators are live.
+        check(unsafe { sys::hps_engine_seal(self.raw.as_ptr()) })?;
+        self.sealed = true;
+        Ok(())
+    }
+
+    /// Every rank's parameters become its groups' source rank's (rank 0's)
+    /// (`hps_engine_broadcast_parameters`). Collective, host-blocking, set-up only.
+    /// Errors: [`Status::FailedPrecondition`] (not sealed), the communicators' errors
+    /// (these poison the engine: a broadcast may still be writing the parameters).
+    pub fn broadcast_parameters(&mut self) -> Result<()> {
+        // SAFETY: live handle, this thread only; no view exists (&mut self).
+        let result = check(unsafe { sys::hps_engine_broadcast_parameters(self.raw.as_ptr()) });
+        match &result {
+            Ok(()) => self.initialised = true,
+            Err(err) => {
+                if !refused_before_starting(err) {
+                    self.poisoned = true;
+                }
+            }
+        }
+        result
+    }
+
+    /// Wait until the last step's all-gather of `unit`'s parameters has arrived
+    /// (`hps_engine_wait_parameters`): the C API's required wait before the forward of
+    /// `unit`. A dependency wait ([`dependency_wait_stats`]), not a host sync. The
+    /// view accessors call it themselves when needed.
+    /// Errors: [`Status::NotFound`] (no such unit), [`Status::FailedPrecondition`]
+    /// (not sealed), the error of the all-gather.
+    pub fn wait_parameters(&mut self, unit: i32) -> Result<()> {
+        // SAFETY: live handle, this thread only.
+        check(unsafe { sys::hps_engine_wait_parameters(self.raw.as_ptr(), unit) })?;
+        if let Some(state) = self.units.iter_mut().find(|s| s.id == unit) {
+            state.gather_pending = false;
+            if state.grads == GradState::Zeroing {
+                state.grads = GradState::Idle;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the forward or the backward of `unit` (`hps_engine_release_parameters`):
+    /// stage 3 frees its full parameters (the views of the unit end with the borrow of
+    /// the engine, so none can outlive this); stage 2 does nothing.
+    /// Errors: [`Status::NotFound`], [`Status::FailedPrecondition`] (gradients taken
+    /// in this backward that have not all checked in).
+    pub fn release_parameters(&mut self, unit: i32) -> Result<()> {
+        // SAFETY: live handle, this thread only; no view exists (&mut self).
+        check(unsafe { sys::hps_engine_release_parameters(self.raw.as_ptr(), unit) })
+    }
+
+    /// Parameter `index`'s gradient is complete for this micro-batch
+    /// (`hps_engine_grad_ready`). When the last parameter of a unit checks in on the
+    /// last micro-batch, the unit's reduction starts; from then until the next
+    /// [`Engine::step`] (and the wait after it), the unit's gradient views are
+    /// refused. `ready`: the stream the gradient
+    /// was produced on (the reduction waits for its work queued so far), or `None`
+    /// when this thread wrote it (the safe views).
+    /// Errors: [`Status::FailedPrecondition`] (checked in twice, frozen, not sealed),
+    /// [`Status::OutOfRange`] (no such index), the communicator's errors (these
+    /// poison the engine).
+    pub fn grad_ready(&mut self, index: usize, ready: Option<&Stream>) -> Result<()> {
+        let ready_ptr = match ready {
+            Some(stream) => stream.as_ptr(),
+            None => ptr::null_mut(),
+        };
+        let last = self.micro_batch >= self.accumulation_steps - 1;
+        // SAFETY: live handles, this thread only; no view exists (&mut self). The
+        // library records the ready stream's position during the call.
+        let result =
+            check(unsafe { sys::hps_engine_grad_ready(self.raw.as_ptr(), index, ready_ptr) });
+        let info = self.params.get(index).copied();
+        let p = match (result, info) {
+            (Ok(()), Some(p)) => p,
+            (Ok(()), None) => {
+                self.poisoned = true;
+                return Err(Error::new(
+                    Status::Internal,
+                    format!("hps_engine_grad_ready accepted unknown parameter {}", index),
+                ));
+            }
+            (Err(err), _) => {
+                // FailedPrecondition / OutOfRange: refused, nothing changed. Otherwise the
+                // bucket was complete and its reduction failed to start, maybe in part.
+                if !refused_before_starting(&err) {
+                    self.poisoned = true;
+                    if let Some(p) = info {
+                        self.units[p.unit].grads = GradState::Reducing;
+                    }
+                }
+                return Err(err);
+            }
+        };
+        // Mirror the library's bucket bookkeeping: the library refuses a second
+        // check-in of a parameter in one micro-batch without changing anything, so a
+        // count per unit is exact.
+        let unit = &mut self.units[p.unit];
+        unit.checked_in += 1;
+        if unit.checked_in < unit.trainable {
+            return Ok(());
+        }
+        // The bucket is complete: on the last micro-batch its reduction started.
+        unit.checked_in = 0;
+        if last {
+            unit.grads = GradState::Reducing;
+        }
+        let all_complete = self.units.iter().all(|u| u.checked_in == 0);
+        if all_complete && !last {
+            self.micro_batch += 1;
+        }
+        Ok(())
+    }
+
+    /// Enqueue the optimizer step on this rank's shards and the parameter all-gathers
+    /// (`hps_engine_step`); returns at once, no host sync. Every unit's parameter
+    /// views then wait for its all-gather (a dependency wait) when next taken.
+    /// Errors: [`Status::FailedPrecondition`] (a gradient has not checked in: step
+    /// before backward; nothing was started), others (these poison the engine).
+    pub fn step(&mut self) -> Result<()> {
+        // SAFETY: live handle, this thread only; no view exists (&mut self).
+        let result = check(unsafe { sys::hps_engine_step(self.raw.as_ptr()) });
+        match &result {
+            Ok(()) => {
+                for unit in self.units.iter_mut() {
+                    unit.gather_pending = true;
+                    if unit.grads == GradState::Reducing {
+                        unit.grads = GradState::Zeroing;
+                    }
+                    unit.checked_in = 0;
+                }
+                self.micro_batch = 0;
+            }
+            Err(err) => {
+                if !refused_before_starting(err) {
+                    // Part of the step may have been enqueued.
+                    for unit in self.units.iter_mut() {
+                        unit.gather_pending = true;
+                    }
+                    self.poisoned = true;
+                }
+            }
+        }
+        result
+    }
+
+    /// Block until everything in flight has finished (`hps_engine_synchronize`; one
+    /// counted host sync): for shutdown, checkpoints and tests. Afterwards the views
+    /// need no wait (except gradients checked in since the last step, whose reduction
+    /// belongs to the next step).
+    pub fn synchronize(&mut self) -> Result<()> {
+        // SAFETY: live handle, this thread only.
+        check(unsafe { sys::hps_engine_synchronize(self.raw.as_ptr()) })?;
+        for unit in self.units.iter_mut() {
+            unit.gather_pending = false;
+            if unit.grads == GradState::Zeroing {
+                unit.grads = GradState::Idle;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes this rank holds: parameters, gradients and optimizer state
+    /// (`hps_engine_resident_bytes`).
+    pub fn resident_bytes(&self) -> Result<u64> {
+        let mut bytes: u64 = 0;
+        // SAFETY: live handle; out-param live. Not Sync: this thread only.
+        check(unsafe { sys::hps_engine_resident_bytes(self.raw.as_ptr(), &mut bytes) })?;
+        Ok(bytes)
+    }
+
+    /// The element range of parameter `index` that this rank's shard holds and updates
+    /// (`hps_engine_shard_range`); empty when none.
+    /// Errors: [`Status::FailedPrecondition`] (not sealed), [`Status::OutOfRange`].
+    pub fn shard_range(&self, index: usize) -> Result<Range<u64>> {
+        let (mut begin, mut end) = (0u64, 0u64);
+        // SAFETY: live handle; out-params live.
+        check(unsafe {
+            sys::hps_engine_shard_range(self.raw.as_ptr(), index, &mut begin, &mut end)
+        })?;
+        Ok(begin..end)
+    }
+
+    /// How many parameters were registered.
+    pub fn param_count(&self) -> usize {
+        self.params.len()
+    }
+
+    /// The number of elements of parameter `index` (its views' length).
+    pub fn numel(&self, index: usize) -> Option<usize> {
+        self.params.get(index).map(|p| p.numel)
+    }
+
+    /// The unit parameter `index` was registered with.
+    pub fn unit_of(&self, index: usize) -> Option<i32> {
+        self.params.get(index).map(|p| self.units[p.unit].id)
+    }
+
+    /// Whether [`Engine::seal`] succeeded.
+    pub fn is_sealed(&self) -> bool {
+        self.sealed
+    }
+
+    /// Whether a failed call may have left work in flight: the safe views are refused
+    /// and the engine is leaked when dropped.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// The address of parameter `index`'s view (`hps_engine_param`), `numel(index)`
+    /// `f32`s of host memory owned by the engine, valid until it is dropped.
+    ///
+    /// Getting the pointer is safe; using it is not: the engine's streams write the
+    /// parameters asynchronously (the all-gather after [`Engine::step`], until
+    /// [`Engine::wait_parameters`] of the unit returned). Read or write through it
+    /// only between that wait and the next step, never while a safe view of the same
+    /// memory exists, and not after the engine is dropped.
+    /// Errors: [`Status::FailedPrecondition`] (not sealed), [`Status::OutOfRange`].
+    pub fn param_ptr(&self, index: usize) -> Result<*mut f32> {
+        let mut data: *mut c_void = ptr::null_mut();
+        // SAFETY: live handle; out-param live. Only an address is returned.
+        check(unsafe { sys::hps_engine_param(self.raw.as_ptr(), index, &mut data) })?;
+        Ok(data.cast())
+    }
+
+    /// The address of parameter `index`'s gradient view (`hps_engine_grad`),
+    /// `numel(index)` `f32`s owned by the engine. As for [`Engine::param_ptr`], using
+    /// it is the caller's responsibility: the gradient is read by the unit's
+    /// reduction from its last check-in on the last micro-batch, and zeroed by the
+    /// step, until [`Engine::wait_parameters`] of the unit after that step.
+    /// Errors: [`Status::FailedPrecondition`] (frozen parameter, not sealed),
+    /// [`Status::OutOfRange`].
+    pub fn grad_ptr(&self, index: usize) -> Result<*mut f32> {
+        let mut data: *mut c_void = ptr::null_mut();
+        // SAFETY: live handle; out-param live. Only an address is returned.
+        check(unsafe { sys::hps_engine_grad(self.raw.as_ptr(), index, &mut data) })?;
+        Ok(data.cast())
+    }
+
+    /// The parameter view of `index`, after making sure nothing in flight writes it:
+    /// [`Engine::wait_parameters`] of its unit if a step happened since the last wait
+    /// (a dependency wait, no host sync). Valid while the engine stays borrowed.
+    /// Errors: as [`Engine::param_ptr`] and [`Engine::wait_parameters`];
+    /// [`Status::FailedPrecondition`] on a poisoned engine.
+    pub fn param(&mut self, index: usize) -> Result<&mut [f32]> {
+        let [view] = self.views([View::Param(index)])?;
+        Ok(view)
+    }
+
+    /// The gradient view of `index` (zero at the start of every step; backward adds
+    /// into it), after [`Engine::wait_parameters`] of its unit if a step happened
+    /// since (that wait proves the step's zeroing done).
+    /// Errors: [`Status::FailedPrecondition`] when its unit's gradients all checked
+    /// in on the last micro-batch of the current step (the reduction may be reading
+    /// them; call [`Engine::step`] first), frozen parameter, not sealed, poisoned;
+    /// [`Status::OutOfRange`].
+    pub fn grad(&mut self, index: usize) -> Result<&mut [f32]> {
+        let [view] = self.views([View::Grad(index)])?;
+        Ok(view)
+    }
+
+    /// Several views at once (forward and backward need the parameters of several
+    /// units and the gradients together), each made safe as by [`Engine::param`] /
+    /// [`Engine::grad`]. Distinct views never overlap; asking for one view twice is
+    /// [`Status::InvalidArgument`].
+    ///
+    /// ```no_run
+    /// # fn f(engine: &mut hpshard::Engine<'_>) -> hpshard::Result<()> {
+    /// use hpshard::View;
+    /// let [w, b, gw, gb] = engine.views([View::Param(0), View::Param(1), View::Grad(0), View::Grad(1)])?;
+    /// # let _ = (w, b, gw, gb);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn views<const N: usize>(&mut self, requests: [View; N]) -> Result<[&mut [f32]; N]> {
+        if self.poisoned {
+            return Err(Error::new(
+                Status::FailedPrecondition,
+                "engine: an earlier call failed with work possibly in flight; the safe views \
+                 are no longer available",
+            ));
+        }
+        let mut seen: HashSet<View> = HashSet::new();
+        for &request in requests.iter() {
+            if !seen.insert(request) {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    format!("Engine::views: {:?} requested twice", request),
+                ));
+            }
+        }
+        // 1. What each view needs; 2. the waits; 3. the addresses, taken after every
+        // wait (in stage 3 a wait may move or free other units' parameters: an
+        // address taken afterwards is refused by the library rather than dangling).
+        let mut infos: Vec<ParamInfo> = Vec::with_capacity(N);
+        let mut waits: Vec<i32> = Vec::new();
+        for &request in requests.iter() {
+            let index = match request {
+                View::Param(index) | View::Grad(index) => index,
+            };
+            let info = match self.params.get(index) {
+                Some(info) => *info,
+                None => {
+                    // Not registered: the library reports it (out of range, not sealed).
+                    self.param_ptr(index)?;
+                    return Err(Error::new(
+                        Status::OutOfRange,
+                        format!("engine: no parameter {}", index),
+                    ));
+                }
+            };
+            let state = &self.units[info.unit];
+            if let View::Grad(_) = request {
+                if state.grads == GradState::Reducing {
+                    return Err(Error::new(
+                        Status::FailedPrecondition,
+                        format!(
+                            "engine: the gradients of unit {} all checked in on the last \
+                             micro-batch; their reduction may be reading them until step() (and \
+                             the wait for the unit's parameters after it)",
+                            state.id
+                        ),
+                    ));
+                }
+            }
+            let wait = if self.stage == 2 {
+                state.gather_pending || state.grads == GradState::Zeroing
+            } else {
+                // Stage 3: the unit's parameters exist only while it is gathered; the
+                // wait gathers it (a no-op while it is live). Before the broadcast the
+                // views are the initial values, which nothing in flight touches.
+                self.initialised
+            };
+            if wait && !waits.contains(&state.id) {
+                waits.push(state.id);
+            }
+            infos.push(info);
+        }
+        for &unit in waits.iter() {
+            self.wait_parameters(unit)?;
+        }
+        let mut pointers: Vec<(*mut f32, usize)> = Vec::with_capacity(N);
+        for (&request, info) in requests.iter().zip(infos.iter()) {
+            let data = match request {
+                View::Param(index) => self.param_ptr(index)?,
+                View::Grad(index) => self.grad_ptr(index)?,
+            };
+            pointers.push((data, info.numel));
+        }
+        let views: Vec<&mut [f32]> = pointers
+            .into_iter()
+            .map(|(data, numel)| {
+                if numel == 0 || data.is_null() {
+                    // SAFETY: an empty slice at a dangling, aligned address.
+                    unsafe { std::slice::from_raw_parts_mut(NonNull::dangling().as_ptr(), 0) }
+                } else {
+                    // SAFETY: the engine owns `numel` f32s of host memory at `data`, valid
+                    // until it is destroyed, which the borrow of `self` prevents while the
+                    // view lives. Nothing in flight touches them (checked above: the unit's
+                    // all-gather and zeroing completed, its reduction not started; stage 3:
+                    // the unit is gathered and this buffer not handed to a reduction), and
+                    // nothing can start one while `self` is borrowed (every such call
+                    // takes &mut self). Distinct requests are disjoint memory (distinct
+                    // parameters lie apart in the flat buffers; parameters and gradients
+                    // are separate buffers), and duplicates were refused.
+                    unsafe { std::slice::from_raw_parts_mut(data, numel) }
+                }
+            })
+            .collect();
+        match views.try_into() {
+            Ok(array) => Ok(array),
+            Err(_) => Err(Error::new(
+                Status::Internal,
+                "Engine::views: length mismatch",
+            )),
+        }
+    }
+}
+
+impl Drop for Engine<'_> {
+    fn drop(&mut self) {
+        if self.poisoned || self.units.iter().any(|u| u.grads == GradState::Reducing) {
+            // A failed call may have left work in flight on the engine's memory, or a
+            // reduction started by grad_ready has not been consumed by a step (this
+            // library version's destroy does not wait for such reductions): leak the
+            // engine (it keeps the communicators' internals alive) rather than free
+            // memory that may still be read or written.
+            return;
+        }
+        // SAFETY: we own the handle; no view exists (&mut self). The C function
+        // finishes what is in flight, then frees the engine; only afterwards do the
+        // borrows of the communicators end.
+        let _ = unsafe { sys::hps_engine_destroy(self.raw.as_ptr()) };
+    }
+}
+
+impl fmt::Debug for Engine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("raw", &self.raw)
+            .field("params", &self.params.len())
+            .field("sealed", &self.sealed)
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}

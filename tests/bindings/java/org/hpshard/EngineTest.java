@@ -1,0 +1,351 @@
+package org.hpshard;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.nio.ByteBuffer;
+import java.util.List;
+import java.util.UUID;
+import org.hpshard.internal.HpshardNative;
+import org.hpshard.internal.HpshardNativeConstants;
+import org.hpshard.internal.hps_engine_options_t;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.function.Executable;
+
+/** Hybrid clipping (Clip) and the sharded training engine (Engine); ranks are threads. */
+class EngineTest {
+  static final int INVALID_ARGUMENT = 1;
+  static final int OUT_OF_RANGE = 2;
+  static final int NOT_FOUND = 3;
+  static final int ALREADY_EXISTS = 4;
+  static final int FAILED_PRECONDITION = 5;
+  static final int UNIMPLEMENTED = 6;
+
+  static int status(Executable call) {
+    return assertThrows(HpsException.class, call).status();
+  }
+
+  static Communicator comm(Store store, int rank, int size) {
+    return Communicator.create(store, rank, size, new Communicator.Options().timeoutMs(20000));
+  }
+
+  // ---- clip ------------------------------------------------------------------------------
+  @Test
+  void clipOptionsAndNullHandles() {
+    assertEquals(1.0, Clip.defaultMaxNorm());
+    assertEquals(HpshardNativeConstants.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE,
+        Clip.optionsStructSize(HpshardNativeConstants.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE));
+    assertEquals(INVALID_ARGUMENT, status(() -> Clip.optionsStructSize(3)));
+    HpshardNative.hps_clip_destroy(null);
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_clip_seal(null)));
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_clip_coefficient(null)));
+    assertEquals(1, Clip.DISTRIBUTED);
+    assertEquals(2, Clip.NO_CLIP);
+    assertEquals(4, Clip.SHARED_NOT_FIRST);
+  }
+
+  @Test
+  void clipSingleRank() {
+    ByteBuffer grads = CommTest.floats(3f, 4f);
+    ByteBuffer frozen = CommTest.floats(100f, 100f);
+    ByteBuffer norm = CommTest.floats(-1f);
+    Clip kept;
+    try (Clip clip = new Clip(1.0); Stream stream = new Stream()) {
+      kept = clip;
+      assertEquals(1.0, clip.maxNorm());
+      clip.addTensor(grads, DType.FLOAT32);
+      clip.addTensor(frozen, DType.FLOAT32, false, false, false);
+      clip.addTensor(CommTest.direct(8), DType.FLOAT64, false, true, true);
+      assertEquals(FAILED_PRECONDITION, status(() -> clip.run(stream, norm, true)));
+      clip.seal();
+      assertEquals(FAILED_PRECONDITION, status(clip::seal));
+      assertEquals(FAILED_PRECONDITION, status(() -> clip.addTensor(grads, DType.FLOAT32)));
+      Hpshard.hostSyncReset();
+      clip.run(stream, norm, true);
+      assertEquals(0, Hpshard.hostSyncCountThread());
+      stream.synchronize();
+      assertEquals(5.0f, norm.getFloat(0), 1e-6f);
+      float coef = (float) (1.0 / (5.0 + 1e-6));
+      assertEquals(3f * coef, grads.getFloat(0), 1e-6f);
+      assertEquals(4f * coef, grads.getFloat(4), 1e-6f);
+      assertEquals(100f, frozen.getFloat(0));
+      assertEquals(100f, frozen.getFloat(4));
+      ByteBuffer c = clip.coefficient();
+      assertTrue(c.isDirect() && c.isReadOnly());
+      assertEquals(coef, c.getFloat(0), 1e-6f);
+      assertNotEquals(0, clip.coefficientAddress());
+      clip.run(stream); // no norm out
+      stream.synchronize();
+    }
+    assertTrue(kept.isClosed());
+    kept.close(); // harmless
+  }
+
+  @Test
+  void clipBadInput() {
+    assertEquals(INVALID_ARGUMENT, status(() -> new Clip(0.0)));
+    try (Clip clip = new Clip(1.0); Stream stream = new Stream()) {
+      ByteBuffer ints = CommTest.direct(8);
+      assertEquals(INVALID_ARGUMENT, status(() -> clip.addTensor(ints, DType.INT32)));
+      assertEquals(INVALID_ARGUMENT,
+          status(() -> clip.addTensor(CommTest.floats(1f, 2f), DType.FLOAT32, 64)));
+      assertThrows(IllegalArgumentException.class,
+          () -> clip.addTensor(ByteBuffer.allocate(8), DType.FLOAT32));
+      assertThrows(IllegalArgumentException.class,
+          () -> clip.addTensor(CommTest.direct(6), DType.FLOAT32));
+      assertEquals(FAILED_PRECONDITION, status(() -> clip.run(stream))); // before seal
+      assertThrows(IllegalArgumentException.class, () -> clip.run(stream, CommTest.direct(2), true));
+    }
+  }
+
+  static float clipMpRank(int r, String url, boolean mismatched) {
+    float[] w = {1f, 2f, 3f, 4f};
+    ByteBuffer wPart = CommTest.floats(w[2 * r], w[2 * r + 1]);
+    ByteBuffer b = CommTest.floats(5f, 6f);
+    ByteBuffer norm = CommTest.floats(-1f);
+    Clip clip;
+    try (Store store = Store.open(url, r, 10000); Communicator mp = comm(store, r, 2);
+        Stream stream = new Stream()) {
+      clip = new Clip(null, mp, null, 100.0, true);
+      clip.addTensor(wPart, DType.FLOAT32, !(mismatched && r == 1), true, false);
+      clip.addTensor(b, DType.FLOAT32);
+      if (mismatched) {
+        HpsException e = assertThrows(HpsException.class, clip::seal);
+        assertEquals(INVALID_ARGUMENT, e.status());
+        assertTrue(e.getMessage().contains("mp"), e.getMessage());
+        assertEquals(FAILED_PRECONDITION, status(() -> clip.run(stream, norm, true)));
+      } else {
+        clip.seal();
+        clip.run(stream, norm, true);
+        stream.synchronize();
+      }
+      assertFalse(clip.isClosed());
+    }
+    assertTrue(clip.isClosed()); // closing the communicator closed the clip first
+    return norm.getFloat(0);
+  }
+
+  @Test
+  void clipTwoRanksMpGroup() throws Exception {
+    List<Float> norms = CommTest.runRanks(2, (r, url) -> clipMpRank(r, url, false));
+    assertEquals((float) Math.sqrt(91.0), norms.get(0), 1e-5f);
+    assertEquals(norms.get(0), norms.get(1));
+    CommTest.runRanks(2, (r, url) -> clipMpRank(r, url, true));
+  }
+
+  // ---- engine ------------------------------------------------------------------------------
+  @Test
+  void engineOptionsAndNullHandles() {
+    hps_engine_options_t o = HpshardNative.hps_engine_options_init(
+        HpshardNativeConstants.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE);
+    try {
+      assertEquals(2, o.getStage());
+      assertEquals(Optimizer.SGD, Optimizer.fromCode(o.getOptimizer()));
+      assertEquals(1, o.getAccumulation_steps());
+      assertTrue(o.getAlignment_bytes() > 0 && o.getPrefetch_window() >= 1);
+    } finally {
+      o.delete();
+    }
+    assertEquals(0.01f, Engine.defaultLearningRate(), 1e-7f);
+    assertEquals(INVALID_ARGUMENT, status(() -> Engine.optionsStructSize(3)));
+    HpshardNative.hps_engine_destroy(null);
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_create(null, null, null)));
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_step(null)));
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_param(null, 0)));
+    long[] waits = Engine.dependencyWaitStats();
+    assertEquals(2, waits.length);
+    assertTrue(waits[0] >= 0 && waits[1] >= 0);
+    assertEquals(1, Optimizer.ADAMW.code());
+    assertEquals(8, Engine.SHARED_NOT_FIRST);
+  }
+
+  @Test
+  void engineSingleRankViewsAndErrors() throws Exception {
+    String url = "memory://java-engine1-" + UUID.randomUUID();
+    try (Store store = Store.open(url, 0, 10000); Communicator c = comm(store, 0, 1)) {
+      assertEquals(INVALID_ARGUMENT,
+          status(() -> Engine.create(c, null, new Engine.Options().stage(4))));
+      Engine kept;
+      try (Engine engine = Engine.create(c, null, new Engine.Options().learningRate(0.5f))) {
+        kept = engine;
+        int w = engine.addParam("w", new long[] {2, 3});
+        int b = engine.addParam("b", new long[] {3}, DType.FLOAT32, false, false, true, false, 1);
+        int f = engine.addParam("frozen", new long[] {2}, DType.FLOAT32, true, false, true, false, 1);
+        assertEquals(0, w);
+        assertEquals(2, f);
+        assertEquals("b", engine.name(b));
+        assertArrayEquals(new long[] {2, 3}, engine.shape(w));
+        assertEquals(ALREADY_EXISTS, status(() -> engine.addParam("w", new long[] {1})));
+        assertEquals(UNIMPLEMENTED, status(() -> engine.addParam("h", new long[] {2},
+            DType.FLOAT16, false, false, true, false, 0)));
+        assertEquals(FAILED_PRECONDITION, status(() -> engine.param(w)));
+        assertEquals(FAILED_PRECONDITION, status(engine::step));
+        engine.seal();
+        ByteBuffer p = engine.param(w);
+        assertTrue(p.isDirect());
+        assertEquals(24, p.capacity());
+        for (int i = 0; i < 6; i++) {
+          assertEquals(0f, p.getFloat(4 * i));
+          p.putFloat(4 * i, i);
+        }
+        assertEquals(5f, engine.param(w).getFloat(20)); // a view, not a copy
+        assertEquals(FAILED_PRECONDITION, status(() -> engine.grad(f)));
+        assertEquals(OUT_OF_RANGE, status(() -> engine.param(99)));
+        assertArrayEquals(new long[] {0, 6}, engine.shardRange(w));
+        assertTrue(engine.residentBytes() > 0);
+        assertEquals(NOT_FOUND, status(() -> engine.waitParameters(7)));
+        assertEquals(NOT_FOUND, status(() -> engine.releaseParameters(7)));
+        engine.waitParameters(0);
+        engine.waitParameters(1);
+        ByteBuffer gw = engine.grad(w);
+        ByteBuffer gb = engine.grad(b);
+        for (int i = 0; i < 6; i++) gw.putFloat(4 * i, gw.getFloat(4 * i) + 1f);
+        for (int i = 0; i < 3; i++) gb.putFloat(4 * i, gb.getFloat(4 * i) + 2f);
+        assertEquals(FAILED_PRECONDITION, status(() -> engine.gradReady(f)));
+        assertEquals(OUT_OF_RANGE, status(() -> engine.gradReady(99)));
+        try (Stream ready = new Stream()) {
+          engine.gradReady(w, ready);
+          engine.gradReady(b);
+          engine.releaseParameters(1);
+          engine.releaseParameters(0);
+          engine.step();
+          engine.synchronize();
+        }
+        engine.waitParameters(0);
+        engine.waitParameters(1);
+        for (int i = 0; i < 6; i++) assertEquals(i - 0.5f, engine.param(w).getFloat(4 * i), 1e-6f);
+        assertEquals(-1f, engine.param(b).getFloat(0), 1e-6f);
+      }
+      assertTrue(kept.isClosed());
+      kept.close(); // harmless
+      Engine dependent = Engine.create(c);
+      c.close();
+      assertTrue(dependent.isClosed()); // closing the communicator closed the engine first
+      assertThrows(IllegalStateException.class, dependent::seal);
+    }
+  }
+
+  static final String[] NAMES = {"layer0.weight", "layer0.bias", "layer1.weight"};
+  static final long[][] SHAPES = {{3, 4}, {4}, {4, 2}};
+  static final int[] UNITS = {0, 0, 1};
+  static final float LR = 0.1f;
+  static final int STEPS = 3;
+
+  static int numel(int k) {
+    int n = 1;
+    for (long d : SHAPES[k]) n *= (int) d;
+    return n;
+  }
+
+  static float initial(int k, int i) {
+    return (float) Math.sin(i * 0.7 + NAMES[k].length());
+  }
+
+  static float gradient(int k, int i, int step, int rank) {
+    return (float) (Math.cos(i * 0.3 + step * 1.1 + rank * 0.5 + NAMES[k].length()) * (rank + 1));
+  }
+
+  @Test
+  void engineTwoRanksSgdMatchesUnshardedReference() throws Exception {
+    List<float[][]> results = CommTest.runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator c = comm(store, r, 2);
+          Engine engine = Engine.create(c, null, new Engine.Options().learningRate(LR))) {
+        int[] index = new int[NAMES.length];
+        for (int k = 0; k < NAMES.length; k++) {
+          index[k] = engine.addParam(NAMES[k], SHAPES[k], DType.FLOAT32, false, false, true,
+              false, UNITS[k]);
+        }
+        engine.seal();
+        for (int k = 0; k < NAMES.length; k++) {
+          ByteBuffer p = engine.param(index[k]);
+          for (int i = 0; i < numel(k); i++) p.putFloat(4 * i, r == 0 ? initial(k, i) : 0f);
+        }
+        engine.broadcastParameters();
+        for (int k = 0; k < NAMES.length; k++) {
+          assertEquals(initial(k, 1), engine.param(index[k]).getFloat(4));
+        }
+        for (int step = 0; step < STEPS; step++) {
+          Hpshard.hostSyncReset();
+          engine.waitParameters(0);
+          engine.waitParameters(1);
+          for (int k = NAMES.length - 1; k >= 0; k--) { // backward order
+            ByteBuffer g = engine.grad(index[k]);
+            for (int i = 0; i < numel(k); i++) {
+              assertEquals(0f, g.getFloat(4 * i)); // zero at every step's start
+              g.putFloat(4 * i, g.getFloat(4 * i) + gradient(k, i, step, r));
+            }
+            engine.gradReady(index[k]);
+          }
+          engine.releaseParameters(1);
+          engine.releaseParameters(0);
+          engine.step();
+          assertEquals(0, Hpshard.hostSyncCountThread(), "host syncs in step " + step);
+        }
+        engine.synchronize();
+        engine.waitParameters(0);
+        engine.waitParameters(1);
+        float[][] out = new float[NAMES.length][];
+        for (int k = 0; k < NAMES.length; k++) {
+          ByteBuffer p = engine.param(index[k]);
+          out[k] = new float[numel(k)];
+          for (int i = 0; i < numel(k); i++) out[k][i] = p.getFloat(4 * i);
+          long[] range = engine.shardRange(index[k]);
+          assertTrue(0 <= range[0] && range[0] <= range[1] && range[1] <= numel(k));
+        }
+        return out;
+      }
+    });
+    for (int k = 0; k < NAMES.length; k++) {
+      for (int i = 0; i < numel(k); i++) {
+        float ref = initial(k, i);
+        for (int step = 0; step < STEPS; step++) {
+          float mean = (gradient(k, i, step, 0) + gradient(k, i, step, 1)) / 2f;
+          ref = ref - LR * mean;
+        }
+        for (int r = 0; r < 2; r++) {
+          float got = results.get(r)[k][i];
+          assertTrue(Math.abs(got - ref) <= 1e-6 * Math.abs(ref) + 1e-7,
+              "rank " + r + " " + NAMES[k] + "[" + i + "]: " + got + " vs " + ref);
+        }
+      }
+    }
+  }
+
+  @Test
+  void engineTwoRanksBadInput() throws Exception {
+    CommTest.runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator c = comm(store, r, 2)) {
+        try (Engine bad = Engine.create(c)) {
+          bad.addParam("w", new long[] {r == 0 ? 4 : 5});
+          assertEquals(INVALID_ARGUMENT, status(bad::seal));
+        }
+        try (Engine engine = Engine.create(c)) {
+          assertEquals(UNIMPLEMENTED, status(() -> engine.addParam("h", new long[] {2},
+              DType.FLOAT16, false, false, true, false, 0)));
+          int a = engine.addParam("a", new long[] {4});
+          int a2 = engine.addParam("a2", new long[] {3});
+          int b = engine.addParam("b", new long[] {2}, DType.FLOAT32, false, false, true, false, 1);
+          engine.seal();
+          engine.broadcastParameters();
+          assertEquals(FAILED_PRECONDITION, status(engine::step)); // before backward
+          assertEquals(NOT_FOUND, status(() -> engine.waitParameters(5)));
+          engine.waitParameters(0);
+          engine.waitParameters(1);
+          engine.grad(a).putFloat(0, 1f);
+          engine.gradReady(a);
+          assertEquals(FAILED_PRECONDITION, status(() -> engine.gradReady(a))); // twice
+          engine.gradReady(a2);
+          assertEquals(FAILED_PRECONDITION, status(engine::step)); // b not checked in
+          engine.gradReady(b);
+          engine.step();
+          engine.synchronize();
+        }
+        return true;
+      }
+    });
+  }
+}

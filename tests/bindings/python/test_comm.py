@@ -1,0 +1,559 @@
+"""Stores, rendezvous, communicators, work, topology and hybrid groups through the Python
+binding: ranks are threads meeting through a memory:// store (the wrapper releases the
+GIL in every blocking call). Every multi-rank test is bounded by thread join timeouts."""
+
+import gc
+import itertools
+import os
+import threading
+import time
+import uuid
+import weakref
+
+import numpy as np
+import pytest
+
+import hpshard
+from hpshard import Communicator, DType, Group, HybridGroup, ReduceOp, Store, Topology, capi
+
+INVALID_ARGUMENT = 1
+OUT_OF_RANGE = 2
+NOT_FOUND = 3
+TIMEOUT = 8
+ABORTED = 9
+WORLD = 4
+JOIN_S = 60.0
+
+
+def unique_url(tag):
+    return f"memory://py-{tag}-{uuid.uuid4().hex}"
+
+
+def run_ranks(n, fn, tag="ranks", timeout_s=JOIN_S):
+    """Run fn(rank, url) on n threads; fail when one is still running after timeout_s,
+    re-raise the first rank's exception; the ranks' results in rank order."""
+    url = unique_url(tag)
+    results = [None] * n
+    errors = [None] * n
+
+    def body(r):
+        try:
+            results[r] = fn(r, url)
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True, name=f"rank{r}")
+               for r in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = [t.name for t in threads if t.is_alive()]
+    if hung:
+        pytest.fail(f"ranks still running after {timeout_s} s: {hung}")
+    for r, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError(f"rank {r} failed: {e!r}") from e
+    return results
+
+
+def world(rank, url, size=WORLD, **kw):
+    store = Store.open(url, rank, timeout_ms=10000)
+    kw.setdefault("timeout_ms", 20000)
+    comm = Communicator.create(store, rank, size, **kw)
+    return store, comm
+
+
+def status_of(call):
+    with pytest.raises(hpshard.Error) as info:
+        call()
+    return info.value.status
+
+
+# ---- all_reduce over dtypes and ops ------------------------------------------------------
+def rank_data(rank, dtype, n=16):
+    i = np.arange(n)
+    # Multiples of 4: the average over 4 ranks is exact for integers too.
+    return (((i * 7 + rank * 13) % 17 - 8) * 4).astype(dtype)
+
+
+REFERENCE = {ReduceOp.SUM: lambda a: a.sum(axis=0),
+             ReduceOp.AVG: lambda a: a.sum(axis=0) // WORLD if a.dtype.kind == "i"
+             else a.sum(axis=0) / WORLD,
+             ReduceOp.MAX: lambda a: a.max(axis=0),
+             ReduceOp.MIN: lambda a: a.min(axis=0)}
+
+
+def test_all_reduce_ops_and_dtypes():
+    combos = list(itertools.product([np.float32, np.int64], list(ReduceOp)))
+
+    def rank(r, url):
+        store, comm = world(r, url, name="py-world")
+        with store, comm:
+            assert comm.rank == r and comm.size == WORLD
+            out = []
+            for dtype, op in combos:
+                send = rank_data(r, dtype)
+                recv = np.zeros_like(send)
+                with comm.all_reduce(send, recv, op=op) as work:
+                    work.wait()
+                    assert work.test() is True
+                out.append(recv)
+            # in place
+            buf = np.full(8, r + 1, dtype=np.float32)
+            comm.all_reduce(buf, buf).wait()
+            assert np.all(buf == 10)
+            return out
+
+    results = run_ranks(WORLD, rank, "allreduce")
+    for k, (dtype, op) in enumerate(combos):
+        ref = REFERENCE[op](np.stack([rank_data(r, dtype) for r in range(WORLD)]))
+        for r in range(WORLD):
+            assert results[r][k].dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(results[r][k], ref.astype(dtype), f"{dtype} {op!r}")
+
+
+# ---- the other collectives ---------------------------------------------------------------
+def test_collectives():
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            send = np.arange(8, dtype=np.float32) + r * 100
+            gathered = np.zeros(8 * WORLD, dtype=np.float32)
+            comm.all_gather(send, gathered).wait()
+            np.testing.assert_array_equal(
+                gathered, np.concatenate([np.arange(8, dtype=np.float32) + q * 100
+                                          for q in range(WORLD)]))
+
+            big = (np.arange(2 * WORLD, dtype=np.int64) + 1) * (r + 1)
+            scattered = np.zeros(2, dtype=np.int64)
+            comm.reduce_scatter(big, scattered, op=ReduceOp.SUM).wait()
+            total = sum(q + 1 for q in range(WORLD))
+            np.testing.assert_array_equal(scattered, (np.arange(2) + 2 * r + 1) * total)
+
+            value = np.array([77 if r == 2 else 0], dtype=np.int32)
+            comm.broadcast(value, root=2).wait()
+            assert value[0] == 77
+
+            mine = np.array([r + 1.0, -r], dtype=np.float64)
+            reduced = np.zeros(2, dtype=np.float64) if r == 1 else None
+            comm.reduce(mine, reduced, root=1, op=ReduceOp.MAX).wait()
+            if r == 1:
+                np.testing.assert_array_equal(reduced, [WORLD, 0.0])
+
+            # send / recv around the ring, the receive waited through a stream
+            sent = np.array([r * 10], dtype=np.int64)
+            got = np.array([-1], dtype=np.int64)
+            s = comm.send(sent, (r + 1) % WORLD)
+            rv = comm.recv(got, (r + WORLD - 1) % WORLD)
+            with hpshard.Stream() as stream:
+                rv.wait_stream(stream)
+                stream.synchronize()
+            assert got[0] == ((r + WORLD - 1) % WORLD) * 10
+            s.wait()
+            rv.close()
+            s.close()
+
+            with comm.barrier() as b:
+                b.wait()
+            b.close()  # closing again is harmless
+            return True
+
+    assert run_ranks(WORLD, rank, "collectives") == [True] * WORLD
+
+
+def test_split():
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            evens = comm.split([0, 2], "even")
+            odds = comm.split([1, 3], "odd")
+            assert (evens is not None) == (r % 2 == 0)
+            assert (odds is not None) == (r % 2 == 1)
+            sub = evens or odds
+            with sub:
+                assert sub.size == 2 and sub.rank == r // 2
+                mine = np.array([r], dtype=np.int64)
+                total = np.zeros(1, dtype=np.int64)
+                sub.all_reduce(mine, total).wait()
+            assert sub.closed
+            return int(total[0])
+
+    assert run_ranks(WORLD, rank, "split") == [2, 4, 2, 4]
+
+
+def test_hybrid_group_dp2_sharding2():
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm, Topology(2, 1, 2, 1, 1, WORLD) as topo:
+            with HybridGroup.create(comm, topo) as hg:
+                sharding = hg.comm(Group.SHARDING)
+                dp = hg.comm(Group.DP)
+            assert hg.closed  # handles taken from it stay valid
+            with sharding, dp:
+                assert sharding.size == 2 and dp.size == 2
+                mine = np.array([1 << r], dtype=np.int64)
+                s_sum = np.zeros(1, dtype=np.int64)
+                d_sum = np.zeros(1, dtype=np.int64)
+                sharding.all_reduce(mine, s_sum).wait()
+                dp.all_reduce(mine, d_sum).wait()
+                expect_s = sum(1 << q for q in topo.group_ranks(Group.SHARDING, r))
+                expect_d = sum(1 << q for q in topo.group_ranks(Group.DP, r))
+                return int(s_sum[0]), int(d_sum[0]), expect_s, expect_d
+
+    res = run_ranks(WORLD, rank, "hybrid")
+    # sharding groups {0,1} and {2,3}; dp groups {0,2} and {1,3}
+    assert [x[0] for x in res] == [3, 3, 12, 12]
+    assert [x[1] for x in res] == [5, 10, 5, 10]
+    assert all(x[0] == x[2] and x[1] == x[3] for x in res)
+
+
+def test_closing_world_closes_its_hybrid_groups_first():
+    def rank(r, url):
+        store, comm = world(r, url, size=2)
+        topo = Topology(1, 1, 2, 1, 1, 2)
+        hg = HybridGroup.create(comm, topo)
+        comm.close()
+        assert hg.closed
+        store.close()
+        topo.close()
+        return True
+
+    assert run_ranks(2, rank, "hgclose") == [True, True]
+
+
+# ---- bad input ------------------------------------------------------------------------------
+def test_bad_input_is_refused_with_nothing_sent():
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            send = np.arange(8, dtype=np.float32)
+            small = np.zeros(8 * WORLD - 1, dtype=np.float32)
+            with pytest.raises(hpshard.InvalidArgumentError) as info:
+                comm.all_gather(send, small)
+            assert info.value.status == INVALID_ARGUMENT
+            assert "needs 32" in info.value.message
+            recv = np.zeros(8, dtype=np.float32)
+            assert status_of(lambda: comm.all_reduce(send, recv, op=9)) == INVALID_ARGUMENT
+            assert "9" in hpshard.last_error_message()
+            assert status_of(lambda: comm.broadcast(recv, root=WORLD)) == OUT_OF_RANGE
+            assert status_of(lambda: comm.reduce(send, recv, root=-1)) == OUT_OF_RANGE
+            assert status_of(lambda: comm.set_timeout(0)) == INVALID_ARGUMENT
+            # wrong dtype / size / kind of NumPy buffer: refused before the library
+            with pytest.raises(TypeError):
+                comm.all_reduce(send, np.zeros(8, dtype=np.int64))
+            with pytest.raises(ValueError):
+                comm.all_reduce(send, np.zeros(9, dtype=np.float32))
+            with pytest.raises(TypeError):
+                comm.all_reduce(np.zeros(8, dtype=np.int16), np.zeros(8, dtype=np.int16))
+            with pytest.raises(TypeError):
+                comm.all_reduce(send, [0.0] * 8)
+            ro = np.zeros(8, dtype=np.float32)
+            ro.flags.writeable = False
+            with pytest.raises(ValueError):
+                comm.all_reduce(send, ro)
+            with pytest.raises(ValueError):
+                comm.broadcast(np.zeros(16, dtype=np.float32)[::2], root=0)
+            with pytest.raises(TypeError):
+                comm.all_reduce(send, recv, ready="stream")
+            # the low-level wrapper refuses counts that do not fit the buffers
+            with pytest.raises(ValueError):
+                capi.hps_comm_all_reduce(comm._h(), send, recv, 9, capi.HPS_DTYPE_FLOAT32,
+                                         capi.HPS_REDUCE_SUM, None)
+            with pytest.raises(ValueError):
+                capi.hps_comm_recv(comm._h(), b"read-only", 1, capi.HPS_DTYPE_UINT8, 0, None)
+            # nothing was sent: the next collective matches on every rank
+            mine = np.array([r], dtype=np.int64)
+            total = np.zeros(1, dtype=np.int64)
+            comm.all_reduce(mine, total).wait()
+            # explicit dtype: bfloat16 payload in uint16 storage
+            bf = np.full(4, 0x3F80, dtype=np.uint16)  # 1.0 in bfloat16
+            comm.all_reduce(bf, bf, op=ReduceOp.MAX, dtype=DType.BFLOAT16).wait()
+            assert np.all(bf == 0x3F80)
+            return int(total[0])
+
+    assert run_ranks(WORLD, rank, "badinput") == [6] * WORLD
+
+
+def test_wait_timeout_when_a_rank_never_joins():
+    finished = threading.Event()
+
+    def rank(r, url):
+        store, comm = world(r, url, size=2)
+        with store, comm:
+            comm.set_timeout(200)
+            if r == 0:
+                send = np.ones(4, dtype=np.float32)
+                recv = np.zeros(4, dtype=np.float32)
+                work = comm.all_reduce(send, recv)
+                t0 = time.monotonic()
+                try:
+                    with pytest.raises(hpshard.Error) as info:
+                        work.wait()
+                finally:
+                    finished.set()
+                elapsed = time.monotonic() - t0
+                work.close()
+                return info.value.status, elapsed
+            # rank 1 never joins, but stays alive until rank 0 has finished
+            assert finished.wait(JOIN_S)
+            return None
+
+    status, elapsed = run_ranks(2, rank, "timeout")[0]
+    assert status == TIMEOUT
+    assert elapsed < 10.0
+
+
+def test_abort_from_another_thread():
+    finished = threading.Event()
+
+    def rank(r, url):
+        store, comm = world(r, url, size=2)
+        with store, comm:
+            if r == 0:
+                send = np.ones(4, dtype=np.float32)
+                recv = np.zeros(4, dtype=np.float32)
+                work = comm.all_reduce(send, recv)
+                aborter = threading.Timer(0.1, comm.abort)
+                aborter.start()
+                try:
+                    with pytest.raises(hpshard.Error) as info:
+                        work.wait()
+                finally:
+                    finished.set()
+                    aborter.join(JOIN_S)
+                # later operations end with ABORTED too (refused at once, or when waited)
+                assert status_of(lambda: comm.barrier().wait()) == ABORTED
+                work.close()
+                return info.value.status
+            assert finished.wait(JOIN_S)
+            return None
+
+    assert run_ranks(2, rank, "abort")[0] == ABORTED
+
+
+# ---- work keeps its buffers ------------------------------------------------------------
+def test_work_keeps_buffers_until_waited():
+    def rank(r, url):
+        store, comm = world(r, url, size=2)
+        with store, comm:
+            send = np.arange(1024, dtype=np.float64)
+            recv = np.zeros(1024, dtype=np.float64)
+            refs = weakref.ref(send), weakref.ref(recv)
+            work = comm.all_reduce(send, recv)
+            del send, recv
+            gc.collect()
+            assert all(ref() is not None for ref in refs)
+            with pytest.raises(ValueError):  # pending: still exported
+                refs[1]().resize(8, refcheck=False)
+            recv = refs[1]()
+            work.wait()
+            result = recv.copy()
+            del recv
+            gc.collect()
+            assert all(ref() is None for ref in refs)
+            work.close()
+            # close() of a pending work waits for it, then lets the buffers go
+            a = np.ones(4, dtype=np.int32)
+            w2 = comm.all_reduce(a, a)
+            ref = weakref.ref(a)
+            del a
+            w2.close()
+            gc.collect()
+            assert ref() is None and w2.closed
+            with pytest.raises(ValueError):
+                w2.wait()
+            return result
+
+    res = run_ranks(2, rank, "keep")
+    np.testing.assert_array_equal(res[0], np.arange(1024) * 2.0)
+
+
+# ---- the GIL -----------------------------------------------------------------------------
+def test_blocking_calls_release_the_gil():
+    """While one thread blocks in the library, another runs Python code."""
+    ticks = [0]
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    with Store.open(unique_url("gil"), 0, timeout_ms=1000) as store:
+        counter = threading.Thread(target=count, daemon=True)
+        counter.start()
+        try:
+            time.sleep(0.05)
+            before = ticks[0]
+            with pytest.raises(hpshard.Error) as info:
+                store.wait("never-set", timeout_ms=400)
+            during = ticks[0] - before
+        finally:
+            stop.set()
+            counter.join(JOIN_S)
+    assert info.value.status == TIMEOUT
+    assert during > 1000, during
+
+
+def test_communicator_create_from_threads_needs_the_gil_released():
+    # Two thread-ranks: a create holding the GIL would never see its peer.
+    def rank(r, url):
+        store, comm = world(r, url, size=2, timeout_ms=5000)
+        with store, comm:
+            return comm.rank, comm.size, repr(comm)
+
+    res = run_ranks(2, rank, "gil2", timeout_s=30)
+    assert [x[:2] for x in res] == [(0, 2), (1, 2)]
+
+
+# ---- stores and rendezvous ------------------------------------------------------------
+def test_store():
+    url = unique_url("store")
+    with Store.open(url, 0, timeout_ms=1000) as store, Store.open(url, 1) as other:
+        binary = b"a\0b\0\xff"
+        store.set("k", binary)
+        assert other.get("k", timeout_ms=1000) == binary
+        big = bytes(range(256)) * 10  # larger than the wrapper's first buffer
+        store.set("big", bytearray(big))
+        assert other.get("big") == big
+        store.set("empty", b"")
+        assert other.get("empty") == b""
+        store.set("text", "héllo")
+        assert store.get("text") == "héllo".encode()
+        assert store.add("n", 5) == 5
+        assert other.add("n", -2) == 3
+        assert store.add("n") == 4
+        assert store.check("k") is True
+        assert store.check("missing") is False
+        store.wait("k", timeout_ms=1000)
+        with pytest.raises(hpshard.Error) as info:
+            store.wait("missing", timeout_ms=50)
+        assert info.value.status == TIMEOUT and "missing" in info.value.message
+        with pytest.raises(hpshard.Error) as info:
+            store.get("missing", timeout_ms=50)
+        assert info.value.status == TIMEOUT
+        assert status_of(lambda: store.get("k", timeout_ms=0)) == INVALID_ARGUMENT
+        with pytest.raises(TypeError):
+            store.set("k", 12)
+    assert store.closed
+    store.close()
+    with pytest.raises(ValueError):
+        store.get("k")
+    assert status_of(lambda: Store.open("gopher://x", 0)) == INVALID_ARGUMENT
+    assert status_of(lambda: Store.open(url, 0, timeout_ms=0)) == INVALID_ARGUMENT
+
+
+def test_store_get_waits_for_a_value_set_by_another_thread():
+    url = unique_url("storewait")
+    with Store.open(url, 0) as a, Store.open(url, 1) as b:
+        setter = threading.Timer(0.1, lambda: b.set("late", b"x" * 1000))
+        setter.start()
+        try:
+            assert a.get("late", timeout_ms=10000) == b"x" * 1000
+        finally:
+            setter.join(JOIN_S)
+
+
+RENDEZVOUS_VARS = ["HPS_RANK", "HPS_WORLD_SIZE", "HPS_STORE", "HPS_LOCAL_RANK", "RANK",
+                   "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                   "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                   "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS",
+                   "SLURM_LOCALID"]
+
+
+def test_rendezvous_from_env(monkeypatch):
+    for v in RENDEZVOUS_VARS:
+        monkeypatch.delenv(v, raising=False)
+    assert status_of(hpshard.rendezvous_from_env) == NOT_FOUND
+    monkeypatch.setenv("HPS_RANK", "2")
+    monkeypatch.setenv("HPS_WORLD_SIZE", "4")
+    monkeypatch.setenv("HPS_STORE", "file:///tmp/hps-store")
+    info = hpshard.rendezvous_from_env()
+    assert isinstance(info, hpshard.RendezvousInfo)
+    assert (info.rank, info.world_size) == (2, 4)
+    assert info.store_url == "file:///tmp/hps-store"
+    assert info.source and info.local_rank >= 0
+    monkeypatch.setenv("HPS_RANK", "9")
+    with pytest.raises(hpshard.Error) as err:
+        hpshard.rendezvous_from_env()
+    assert err.value.status in (INVALID_ARGUMENT, OUT_OF_RANGE)
+    assert hpshard.rendezvous_info_struct_size() == capi.HPS_SWIG_RENDEZVOUS_STRUCT_SIZE
+    assert status_of(lambda: hpshard.rendezvous_info_struct_size(3)) == INVALID_ARGUMENT
+
+
+def test_comm_options_struct():
+    o = capi.hps_comm_options_init(capi.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE)
+    assert o.struct_size == capi.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE
+    assert o.timeout_ms > 0 and o.check_arguments in (0, 1)
+    o.name = "x" * 1000
+    assert o.name == "x" * 1000
+    o.name = None
+    assert o.name is None
+    with pytest.raises(hpshard.Error):
+        capi.hps_comm_options_init(3)
+
+
+# ---- topology --------------------------------------------------------------------------
+SHAPES = [(2, 2, 2, 1, 1), (1, 2, 1, 2, 2), (3, 1, 2, 1, 2), (1, 1, 1, 1, 1), (2, 3, 1, 1, 2)]
+AXES = [Group.DP, Group.PP, Group.SHARDING, Group.SEP, Group.MP]
+
+
+def formula(c, deg):
+    d, p, s, e, m = c
+    _, P, S, E, M = deg
+    return (((d * P + p) * S + s) * E + e) * M + m
+
+
+@pytest.mark.parametrize("deg", SHAPES)
+def test_topology_matches_the_rank_formula(deg):
+    world_size = int(np.prod(deg))
+    with Topology(*deg, world_size=world_size) as topo:
+        assert [topo.degree(a) for a in AXES] == list(deg)
+        coords = {}
+        for c in itertools.product(*[range(x) for x in deg]):
+            rank = formula(c, deg)
+            coords[rank] = c
+            assert topo.rank_of(*c) == rank
+            assert tuple(topo.coordinate(rank, a) for a in AXES) == c
+        assert sorted(coords) == list(range(world_size))
+        for rank, c in coords.items():
+            for k, axis in enumerate(AXES):  # the axis group: vary only that axis
+                expect = sorted(formula(c[:k] + (v,) + c[k + 1:], deg) for v in range(deg[k]))
+                assert topo.group_ranks(axis, rank) == expect
+            assert topo.group_ranks(Group.CHECK, rank) == sorted(
+                q for q, cq in coords.items() if cq[0] == c[0])
+            assert topo.group_ranks(Group.SHARDING_CHECK, rank) == sorted(
+                q for q, cq in coords.items() if cq[2] == c[2])
+            P = deg[1]
+            prev = formula(c[:1] + ((c[1] - 1) % P,) + c[2:], deg)
+            nxt = formula(c[:1] + ((c[1] + 1) % P,) + c[2:], deg)
+            assert topo.pipeline_neighbors(rank) == (prev, nxt)
+
+
+def test_topology_large_group_and_bad_input():
+    with Topology(1, 1, 100, 1, 1, 100) as topo:  # more ranks than the first buffer holds
+        assert topo.group_ranks(Group.SHARDING, 42) == list(range(100))
+        assert status_of(lambda: topo.coordinate(100, Group.DP)) == OUT_OF_RANGE
+        assert status_of(lambda: topo.rank_of(0, 0, 100, 0, 0)) == OUT_OF_RANGE
+        assert status_of(lambda: topo.degree(Group.CHECK)) == INVALID_ARGUMENT
+        assert status_of(lambda: topo.group_ranks(Group.DP, 100)) == OUT_OF_RANGE
+        assert status_of(lambda: topo.group_ranks(9, 0)) == INVALID_ARGUMENT
+    with Topology(1, 1, 2, 1, 2, 4, order="mp,sharding,dp,pp,sep") as topo:
+        assert topo.group_ranks(Group.SHARDING, 0) == [0, 1]
+    assert status_of(lambda: Topology(2, 2, 1, 1, 1, 8)) == INVALID_ARGUMENT
+    assert status_of(lambda: Topology(1, 1, 1, 1, 1, 1, order="dp,dp,sharding,sep,mp")) \
+        == INVALID_ARGUMENT
+    t = Topology(1, 1, 1, 1, 1, 1)
+    t.close()
+    t.close()
+    with pytest.raises(ValueError):
+        t.degree(Group.DP)
+
+
+def test_enums_match_the_header():
+    assert [int(o) for o in ReduceOp] == [0, 1, 2, 3]
+    assert [int(g) for g in Group] == [0, 1, 2, 3, 4, 5, 6]
+    assert capi.HPS_REDUCE_MIN == 3 and capi.HPS_GROUP_SHARDING_CHECK == 6
+    assert not hasattr(capi, "HPS_REDUCE_OP_FORCE32")
+    assert not hasattr(capi, "HPS_GROUP_FORCE32")

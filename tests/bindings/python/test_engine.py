@@ -1,0 +1,454 @@
+"""Hybrid global-norm clipping and the sharded training engine through the Python binding:
+hpshard.Clip / hpshard.Engine (and the capi functions under them). Ranks are threads meeting
+through a memory:// store; every multi-rank test is bounded by thread join timeouts."""
+
+import gc
+import math
+import threading
+import time
+import uuid
+import weakref
+
+import numpy as np
+import pytest
+
+import hpshard
+from hpshard import (Clip, ClipFlag, ClipOptions, Communicator, DType, Engine, EngineOptions,
+                     Optimizer, ParamFlag, Store, Stream, capi)
+
+INVALID_ARGUMENT = 1
+OUT_OF_RANGE = 2
+NOT_FOUND = 3
+FAILED_PRECONDITION = 5
+UNIMPLEMENTED = 6
+JOIN_S = 60.0
+
+
+def run_ranks(n, fn, tag, timeout_s=JOIN_S):
+    """Run fn(rank, url) on n threads over a fresh memory:// store; fail when one is still
+    running after timeout_s, re-raise the first rank's exception; results in rank order."""
+    url = f"memory://py-{tag}-{uuid.uuid4().hex}"
+    results = [None] * n
+    errors = [None] * n
+
+    def body(r):
+        try:
+            results[r] = fn(r, url)
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True, name=f"rank{r}")
+               for r in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = [t.name for t in threads if t.is_alive()]
+    if hung:
+        pytest.fail(f"ranks still running after {timeout_s} s: {hung}")
+    for r, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError(f"rank {r} failed: {e!r}") from e
+    return results
+
+
+def world(rank, url, size=2):
+    store = Store.open(url, rank, timeout_ms=10000)
+    comm = Communicator.create(store, rank, size, timeout_ms=20000)
+    return store, comm
+
+
+def status_of(call):
+    with pytest.raises(hpshard.Error) as info:
+        call()
+    return info.value.status
+
+
+# ---- clip: the low-level layer -------------------------------------------------------------
+def test_capi_clip_options_and_null_handles():
+    o = capi.hps_clip_options_init(capi.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE)
+    assert o.struct_size == capi.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE
+    assert o.max_norm == 1.0 and o.deterministic == 0
+    assert status_of(lambda: capi.hps_clip_options_init(3)) == INVALID_ARGUMENT
+    assert ClipOptions.struct_size() == capi.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE
+    assert ClipOptions.defaults() == ClipOptions(max_norm=1.0, deterministic=False)
+    assert capi.hps_clip_destroy(None) is None
+    assert status_of(lambda: capi.hps_clip_seal(None)) == INVALID_ARGUMENT
+    assert status_of(lambda: capi.hps_clip_coefficient(None)) == INVALID_ARGUMENT
+    assert capi.HPS_CLIP_DISTRIBUTED == 1 and capi.HPS_CLIP_NO_CLIP == 2
+    assert capi.HPS_CLIP_SHARED_NOT_FIRST == 4
+    assert not hasattr(capi, "HPS_CLIP_FLAG_FORCE32")
+
+
+def test_capi_clip_round_trip_and_buffer_checks():
+    clip = capi.hps_clip_create(None, None, None, None)  # default options
+    s = capi.hps_stream_create(capi.HPS_DEVICE_CPU, 0)
+    try:
+        g = np.array([3.0, 4.0], dtype=np.float32)
+        with pytest.raises(ValueError):  # 3 float32 do not fit in 2
+            capi.hps_clip_add_tensor(clip, g, 3, capi.HPS_DTYPE_FLOAT32, 0)
+        with pytest.raises(ValueError):  # read-only
+            capi.hps_clip_add_tensor(clip, bytes(8), 2, capi.HPS_DTYPE_FLOAT32, 0)
+        assert status_of(lambda: capi.hps_clip_add_tensor(
+            clip, None, 2, capi.HPS_DTYPE_FLOAT32, 0)) == INVALID_ARGUMENT
+        capi.hps_clip_add_tensor(clip, g, 2, capi.HPS_DTYPE_FLOAT32, 0)
+        capi.hps_clip_seal(clip)
+        with pytest.raises(ValueError):  # no room for one float32
+            capi.hps_clip_run(clip, s, bytearray(2), 1)
+        norm = np.zeros(1, dtype=np.float32)
+        capi.hps_clip_run(clip, s, norm, 1)
+        capi.hps_stream_synchronize(s)
+        assert abs(norm[0] - 5.0) < 1e-6
+        address = capi.hps_clip_coefficient(clip)
+        assert isinstance(address, int) and address != 0
+    finally:
+        capi.hps_stream_destroy(s)
+        capi.hps_clip_destroy(clip)
+
+
+# ---- clip: one rank ----------------------------------------------------------------------
+def test_clip_single_rank():
+    grads = np.array([3.0, 4.0], dtype=np.float32)
+    frozen = np.array([100.0, 100.0], dtype=np.float32)
+    shared = np.array([0.0], dtype=np.float64)
+    with Clip(max_norm=1.0) as clip, Stream() as stream:
+        assert clip.options == ClipOptions(1.0, False)
+        clip.add_tensor(grads)
+        clip.add_tensor(frozen, clip=False)
+        clip.add_tensor(shared, shared_not_first=True)
+        norm = np.full(1, -1.0, dtype=np.float32)
+        assert status_of(lambda: clip.run(stream, norm)) == FAILED_PRECONDITION
+        clip.seal()
+        assert status_of(clip.seal) == FAILED_PRECONDITION
+        assert status_of(lambda: clip.add_tensor(grads)) == FAILED_PRECONDITION
+        hpshard.host_sync_reset()
+        clip.run(stream, norm)
+        assert hpshard.host_sync_count_thread() == 0  # nothing blocks the host
+        stream.synchronize()
+        assert abs(norm[0] - 5.0) < 1e-6
+        coef = 1.0 / (5.0 + 1e-6)
+        np.testing.assert_allclose(grads, [3.0 * coef, 4.0 * coef], rtol=1e-6)
+        np.testing.assert_array_equal(frozen, [100.0, 100.0])  # NO_CLIP: untouched
+        c = clip.coefficient()
+        assert c.shape == (1,) and c.dtype == np.float32 and not c.flags.writeable
+        assert abs(c[0] - coef) < 1e-6
+        assert clip.coefficient_address == c.ctypes.data
+        # scale=False: the norm only (of the already scaled gradients), nothing scaled
+        before = grads.copy()
+        clip.run(stream, norm, scale=False)
+        clip.run(stream)  # norm_out None
+        stream.synchronize()
+        assert abs(norm[0] - 1.0) < 1e-5
+        np.testing.assert_allclose(grads, before * (1.0 / (float(np.linalg.norm(before)) + 1e-6)),
+                                   rtol=1e-5)
+    assert clip.closed
+    clip.close()  # harmless
+
+
+def test_clip_keeps_its_gradients_alive():
+    clip = Clip(max_norm=10.0)
+    g = np.ones(4, dtype=np.float32)
+    ref = weakref.ref(g)
+    clip.add_tensor(g)
+    del g
+    gc.collect()
+    assert ref() is not None  # the clip still holds it
+    clip.close()
+    gc.collect()
+    assert ref() is None
+
+
+def test_clip_bad_input():
+    assert status_of(lambda: Clip(max_norm=0.0)) == INVALID_ARGUMENT
+    assert status_of(lambda: Clip(max_norm=float("inf"))) == INVALID_ARGUMENT
+    with Clip() as clip:
+        assert status_of(lambda: clip.add_tensor(np.array([1, 2], dtype=np.int32))) \
+            == INVALID_ARGUMENT
+        assert status_of(lambda: clip.add_tensor(np.zeros(2, np.float32), flags=64)) \
+            == INVALID_ARGUMENT
+        with pytest.raises(ValueError):
+            clip.add_tensor(np.zeros(4, np.float32)[::2])  # not contiguous
+        with Stream() as stream:
+            assert status_of(lambda: clip.run(stream)) == FAILED_PRECONDITION  # before seal
+            with pytest.raises(ValueError):
+                clip.run(stream, np.zeros(1, np.float64))
+        with pytest.raises(TypeError):
+            clip.run("not a stream")
+    with pytest.raises(TypeError):
+        Clip(mp="not a communicator")
+
+
+def clip_mp_rank(mismatched):
+    def rank(r, url):
+        w = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)[2 * r:2 * r + 2].copy()
+        b = np.array([5.0, 6.0], dtype=np.float32)
+        store, mp = world(r, url)
+        with store, mp, Stream() as stream:
+            clip = Clip(mp=mp, max_norm=100.0, deterministic=True)
+            distributed = not (mismatched and r == 1)
+            clip.add_tensor(w, distributed=distributed)
+            clip.add_tensor(b)
+            norm = np.full(1, -1.0, dtype=np.float32)
+            if mismatched:
+                with pytest.raises(hpshard.Error) as info:
+                    clip.seal()
+                assert info.value.status == INVALID_ARGUMENT
+                assert "mp" in info.value.message
+                assert status_of(lambda: clip.run(stream, norm)) == FAILED_PRECONDITION
+            else:
+                clip.seal()
+                clip.run(stream, norm)
+                stream.synchronize()
+            assert not clip.closed
+        assert clip.closed  # closing the communicator closed the clip first
+        return float(norm[0])
+    return rank
+
+
+def test_clip_two_ranks_mp_group():
+    norms = run_ranks(2, clip_mp_rank(False), "clip-mp")
+    # sqrt(1 + 4 + 9 + 16 + 25 + 36): w counted once in halves, b once though on both ranks
+    assert abs(norms[0] - math.sqrt(91.0)) < 1e-5
+    assert norms[0] == norms[1]
+
+
+def test_clip_mp_ranks_with_different_flags():
+    run_ranks(2, clip_mp_rank(True), "clip-mismatch")
+
+
+# ---- engine: the low-level layer ---------------------------------------------------------
+def test_capi_engine_options_and_null_handles():
+    o = capi.hps_engine_options_init(capi.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE)
+    assert o.struct_size == capi.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE
+    assert o.stage == 2 and o.optimizer == capi.HPS_OPTIMIZER_SGD
+    assert o.accumulation_steps == 1 and o.alignment_bytes > 0
+    assert abs(o.learning_rate - 0.01) < 1e-7 and abs(o.beta2 - 0.999) < 1e-7
+    o.momentum = 0.5
+    assert o.momentum == 0.5
+    assert status_of(lambda: capi.hps_engine_options_init(3)) == INVALID_ARGUMENT
+    assert EngineOptions.struct_size() == capi.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE
+    d = EngineOptions.defaults()
+    assert d.stage == 2 and d.optimizer == Optimizer.SGD and d.accumulation_steps == 1
+    assert d.prefetch_window == o.prefetch_window >= 1
+    assert capi.hps_engine_destroy(None) is None
+    assert status_of(lambda: capi.hps_engine_create(None, None, None)) == INVALID_ARGUMENT
+    for call in (lambda: capi.hps_engine_seal(None),
+                 lambda: capi.hps_engine_step(None),
+                 lambda: capi.hps_engine_param(None, 0),
+                 lambda: capi.hps_engine_resident_bytes(None),
+                 lambda: capi.hps_engine_shard_range(None, 0)):
+        assert status_of(call) == INVALID_ARGUMENT
+    count, ns = capi.hps_dependency_wait_stats()
+    assert count >= 0 and ns >= 0
+    assert hpshard.dependency_wait_stats()[0] >= count
+    assert (capi.HPS_PARAM_FROZEN, capi.HPS_PARAM_DISTRIBUTED, capi.HPS_PARAM_NO_CLIP,
+            capi.HPS_PARAM_SHARED_NOT_FIRST) == (1, 2, 4, 8)
+    assert (Optimizer.SGD, Optimizer.ADAMW) == (0, 1)
+    assert int(ParamFlag.FROZEN | ParamFlag.NO_CLIP) == 5
+
+
+def test_engine_single_rank_views_and_errors():
+    store, comm = world(0, f"memory://py-engine1-{uuid.uuid4().hex}", size=1)
+    with store, comm:
+        with pytest.raises(TypeError):
+            Engine.create("not a communicator")
+        assert status_of(lambda: Engine.create(comm, stage=4)) == INVALID_ARGUMENT
+        engine = Engine.create(comm, learning_rate=0.5)
+        with engine:
+            w = engine.add_param("w", (2, 3), unit=0)
+            b = engine.add_param("b", [3], dtype=np.float32, unit=1)
+            f = engine.add_param("frozen", (2,), frozen=True, unit=1)
+            assert (w, b, f) == (0, 1, 2) and engine.num_params == 3
+            assert engine.name(1) == "b"
+            assert status_of(lambda: engine.add_param("w", (1,))) == 4  # ALREADY_EXISTS
+            assert status_of(lambda: engine.add_param("h", (2,), dtype=DType.FLOAT16)) \
+                == UNIMPLEMENTED
+            assert status_of(lambda: engine.add_param("u", (2,), flags=1 << 10)) \
+                == INVALID_ARGUMENT
+            assert status_of(lambda: engine.param(w)) == FAILED_PRECONDITION  # not sealed
+            assert status_of(engine.step) == FAILED_PRECONDITION
+            engine.seal()
+            assert status_of(lambda: engine.add_param("late", (1,))) == FAILED_PRECONDITION
+            p = engine.param(w)
+            assert p.shape == (2, 3) and p.dtype == np.float32 and p.flags.writeable
+            np.testing.assert_array_equal(p, np.zeros((2, 3)))  # zero-filled
+            p[:] = np.arange(6, dtype=np.float32).reshape(2, 3)
+            again = engine.param(w)
+            assert again.ctypes.data == p.ctypes.data  # a view, not a copy
+            np.testing.assert_array_equal(again, p)
+            assert status_of(lambda: engine.grad(f)) == FAILED_PRECONDITION  # frozen
+            assert status_of(lambda: engine.param(99)) == OUT_OF_RANGE
+            assert status_of(lambda: engine.shard_range(99)) == OUT_OF_RANGE
+            assert engine.shard_range(w) == (0, 6)  # one rank holds everything
+            assert engine.resident_bytes > 0
+            assert status_of(lambda: engine.wait_parameters(7)) == NOT_FOUND
+            assert status_of(lambda: engine.release_parameters(7)) == NOT_FOUND
+            for unit in (0, 1):
+                engine.wait_parameters(unit)
+                engine.release_parameters(unit)  # stage 2: nothing
+                engine.wait_parameters(unit)
+            engine.grad(w)[:] += 1.0
+            engine.grad(b)[:] += 2.0
+            assert status_of(lambda: engine.grad_ready(f)) == FAILED_PRECONDITION  # frozen
+            assert status_of(lambda: engine.grad_ready(99)) == OUT_OF_RANGE
+            with Stream() as ready:
+                engine.grad_ready(w, ready)  # produced on a stream
+                engine.grad_ready(b)
+                engine.step()
+                engine.synchronize()
+            engine.wait_parameters(0)
+            np.testing.assert_allclose(engine.param(w),
+                                       np.arange(6).reshape(2, 3) - 0.5, rtol=1e-6)
+            np.testing.assert_allclose(engine.param(b), [-1.0] * 3, rtol=1e-6)
+            view = engine.grad(b)
+        assert engine.closed
+        engine.close()  # harmless
+        del view
+
+
+def test_engine_view_keeps_the_engine_alive():
+    store, comm = world(0, f"memory://py-engine-ref-{uuid.uuid4().hex}", size=1)
+    with store, comm:
+        engine = Engine.create(comm)
+        engine.add_param("w", (4,))
+        engine.seal()
+        view = engine.param(0)
+        ref = weakref.ref(engine)
+        del engine
+        gc.collect()
+        assert ref() is not None and not ref().closed
+        view[:] = 3.0
+        assert ref().param(0)[2] == 3.0
+        del view
+        gc.collect()
+        assert ref() is None  # collected (and destroyed) once the views are gone
+
+
+# ---- engine: two thread-ranks against an unsharded reference -----------------------------
+SHAPES = {"layer0.weight": ((3, 4), 0), "layer0.bias": ((4,), 0), "layer1.weight": ((4, 2), 1)}
+LR = 0.1
+STEPS = 3
+
+
+def initial(name):
+    shape, _ = SHAPES[name]
+    n = int(np.prod(shape))
+    return (np.sin(np.arange(n, dtype=np.float32) * 0.7 + len(name))).reshape(shape) \
+        .astype(np.float32)
+
+
+def gradient(name, step, rank):
+    shape, _ = SHAPES[name]
+    n = int(np.prod(shape))
+    i = np.arange(n, dtype=np.float32)
+    return (np.cos(i * 0.3 + step * 1.1 + rank * 0.5 + len(name)) * (rank + 1)) \
+        .astype(np.float32).reshape(shape)
+
+
+def test_engine_two_ranks_sgd_matches_unsharded_reference():
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            engine = Engine.create(comm, learning_rate=LR)
+            with engine:
+                index = {n: engine.add_param(n, shape, unit=unit)
+                         for n, (shape, unit) in SHAPES.items()}
+                engine.seal()
+                for n, i in index.items():
+                    engine.param(i)[...] = initial(n) if r == 0 else 0.0
+                engine.broadcast_parameters()
+                for n, i in index.items():
+                    np.testing.assert_array_equal(engine.param(i), initial(n))
+                ranges = {n: engine.shard_range(i) for n, i in index.items()}
+                syncs = []
+                for step in range(STEPS):
+                    hpshard.host_sync_reset()
+                    for unit in (0, 1):
+                        engine.wait_parameters(unit)
+                    for n in reversed(list(index)):  # backward order
+                        g = engine.grad(index[n])
+                        np.testing.assert_array_equal(g, 0.0)  # zero at every step's start
+                        g += gradient(n, step, r)
+                        engine.grad_ready(index[n])
+                    for unit in (1, 0):
+                        engine.release_parameters(unit)
+                    engine.step()
+                    syncs.append(hpshard.host_sync_count_thread())
+                engine.synchronize()
+                for unit in (0, 1):
+                    engine.wait_parameters(unit)
+                final = {n: engine.param(i).copy() for n, i in index.items()}
+                waits = hpshard.dependency_wait_stats()
+            return final, syncs, ranges, waits
+
+    results = run_ranks(2, rank, "engine-sgd")
+    reference = {n: initial(n) for n in SHAPES}
+    for step in range(STEPS):
+        for n in SHAPES:
+            mean = (gradient(n, step, 0) + gradient(n, step, 1)) / np.float32(2)
+            reference[n] = (reference[n] - np.float32(LR) * mean).astype(np.float32)
+    for r, (final, syncs, ranges, waits) in enumerate(results):
+        assert syncs == [0] * STEPS, f"rank {r}: host syncs in step() {syncs}"
+        for n in SHAPES:
+            np.testing.assert_allclose(final[n], reference[n], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"rank {r} {n}")
+        assert waits[0] >= 0 and waits[1] >= 0
+    # The two ranks' shards cover every parameter exactly once.
+    for n, (shape, _) in SHAPES.items():
+        size = int(np.prod(shape))
+        covered = np.zeros(size, dtype=int)
+        for _, _, ranges, _ in results:
+            begin, end = ranges[n]
+            assert 0 <= begin <= end <= size
+            covered[begin:end] += 1
+        assert (covered == 1).all(), f"{n}: {covered}"
+
+
+def test_engine_two_ranks_bad_input():
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            # a parameter registered differently on the two ranks: seal fails on both
+            with Engine.create(comm) as bad:
+                bad.add_param("w", (4,) if r == 0 else (5,))
+                assert status_of(bad.seal) == INVALID_ARGUMENT
+            # the rest on a good engine
+            with Engine.create(comm) as engine:
+                assert status_of(lambda: engine.add_param("h", (2,), dtype=np.float16)) \
+                    == UNIMPLEMENTED
+                # a and a2 share unit 0's bucket, b has unit 1's
+                a = engine.add_param("a", (4,), unit=0)
+                a2 = engine.add_param("a2", (3,), unit=0)
+                b = engine.add_param("b", (2,), unit=1)
+                engine.seal()
+                engine.broadcast_parameters()
+                assert status_of(engine.step) == FAILED_PRECONDITION  # before backward
+                assert status_of(lambda: engine.wait_parameters(5)) == NOT_FOUND
+                engine.wait_parameters(0)
+                engine.wait_parameters(1)
+                engine.grad(a)[:] += 1.0
+                engine.grad_ready(a)
+                # twice in one micro-batch (its bucket still waits for a2)
+                assert status_of(lambda: engine.grad_ready(a)) == FAILED_PRECONDITION
+                engine.grad(a2)[:] += 1.0
+                engine.grad_ready(a2)
+                assert status_of(engine.step) == FAILED_PRECONDITION  # b not checked in
+                engine.grad(b)[:] += 1.0
+                engine.grad_ready(b)
+                engine.step()
+                engine.synchronize()
+            assert not comm.closed
+            return True
+
+    assert run_ranks(2, rank, "engine-bad") == [True, True]
+
+
+def test_closing_the_communicator_closes_the_engine_first():
+    store, comm = world(0, f"memory://py-engine-close-{uuid.uuid4().hex}", size=1)
+    with store:
+        engine = Engine.create(comm)
+        comm.close()
+        assert engine.closed
+        with pytest.raises(ValueError):
+            engine.seal()
