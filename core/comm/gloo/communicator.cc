@@ -182,6 +182,68 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
       scratch_(3),
       waiter_([this] { complete_transfers(); }) {}
 
+// Gloo closes a pair's socket with SO_LINGER 0: a reset that discards whatever the peer
+// has not read yet. A rank whose last collective has completed may still have bytes in
+// flight to a peer (a completed send means written to the socket, not received), so a
+// communicator's transport is kept open for a grace period after it is destroyed, by one
+// process-wide thread, and closed after that.
+class ContextReaper {
+ public:
+  static ContextReaper& instance() {
+    static ContextReaper reaper;
+    return reaper;
+  }
+  void retire(std::shared_ptr<::gloo::Context> context) {
+    std::lock_guard lock(mutex_);
+    retired_.push_back({std::move(context), Clock::now() + kGrace});
+    cv_.notify_one();
+  }
+  ~ContextReaper() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  static constexpr std::chrono::seconds kGrace{5};
+  struct Retired {
+    std::shared_ptr<::gloo::Context> context;
+    Clock::time_point close_at;
+  };
+  ContextReaper() : thread_([this] { run(); }) {}
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!stopping_ || !retired_.empty()) {
+      if (stopping_) {  // process exit: close the rest now
+        retired_.clear();
+        break;
+      }
+      if (retired_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      const auto next = retired_.front().close_at;
+      if (Clock::now() < next) {
+        cv_.wait_until(lock, next);
+        continue;
+      }
+      auto expired = std::move(retired_.front().context);
+      retired_.pop_front();
+      lock.unlock();
+      expired.reset();  // closes the sockets, outside the lock
+      lock.lock();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Retired> retired_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 GlooCommunicator::~GlooCommunicator() {
   // Finish (or, once aborted, fail fast) the queued operations before the transport goes.
   stream_.reset();
@@ -191,6 +253,13 @@ GlooCommunicator::~GlooCommunicator() {
   }
   waiter_cv_.notify_all();
   waiter_.join();
+  bool healthy = !aborted_;
+  {
+    std::lock_guard lock(failure_mutex_);
+    healthy = healthy && failure_.ok();
+  }
+  // After an abort or a failure the peers must learn at once that this rank is gone.
+  if (healthy && context_) ContextReaper::instance().retire(std::move(context_));
   context_.reset();
 }
 
