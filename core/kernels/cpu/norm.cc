@@ -1,5 +1,6 @@
 #include "core/kernels/norm.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -62,6 +63,17 @@ double FixedSquares::value() const {
 namespace cpu {
 namespace {
 
+// float → bf16 with round-to-nearest-even and quiet NaNs, as float_to_bf16_bits, written
+// without branches so the scale loop vectorises.
+inline uint16_t to_bf16_select(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (x >> 16) | 0x0040u;
+  // A signed compare (the masked value is below 2^31): SSE2 has no unsigned one.
+  return static_cast<uint16_t>(static_cast<int32_t>(x & 0x7fffffffu) > 0x7f800000 ? quiet_nan
+                                                                                  : rounded);
+}
+
 constexpr size_t kChunk = 4096;  // fp32 partial sums stay short; chunks add in fp64
 
 template <typename Load>
@@ -92,7 +104,11 @@ void fixed_squares(size_t count, Load load, FixedSquares& out) {
 
 }  // namespace
 
-double sum_of_squares(DType dtype, const void* data, size_t count) {
+// AVX2 clones where the processor has it (the 16-bit conversions vectorise poorly with
+// baseline SSE2), chosen once at load time by the dynamic linker.
+#define HPS_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))
+
+HPS_KERNEL_CLONES double sum_of_squares(DType dtype, const void* data, size_t count) {
   switch (dtype) {
     case DType::kFloat32: {
       const auto* x = static_cast<const float*>(data);
@@ -147,7 +163,7 @@ void sum_of_squares_fixed(DType dtype, const void* data, size_t count, FixedSqua
   }
 }
 
-void scale(DType dtype, void* data, size_t count, double coefficient) {
+HPS_KERNEL_CLONES void scale(DType dtype, void* data, size_t count, double coefficient) {
   switch (dtype) {
     case DType::kFloat32: {
       auto* x = static_cast<float*>(data);
@@ -165,13 +181,15 @@ void scale(DType dtype, void* data, size_t count, double coefficient) {
     case DType::kFloat16: {
       auto* x = static_cast<uint16_t*>(data);
       const auto c = static_cast<float>(coefficient);
+#pragma omp simd
       for (size_t i = 0; i < count; ++i) x[i] = float_to_half_bits(half_bits_to_float(x[i]) * c);
       return;
     }
     case DType::kBFloat16: {
       auto* x = static_cast<uint16_t*>(data);
       const auto c = static_cast<float>(coefficient);
-      for (size_t i = 0; i < count; ++i) x[i] = float_to_bf16_bits(bf16_bits_to_float(x[i]) * c);
+#pragma omp simd
+      for (size_t i = 0; i < count; ++i) x[i] = to_bf16_select(bf16_bits_to_float(x[i]) * c);
       return;
     }
     default: return;
