@@ -197,6 +197,7 @@ Status Stage3Engine::prefetch_after(size_t position) {
 
 Status Stage3Engine::gather(int32_t unit) {
   if (!sealed_) return failed_precondition("engine: gather() before seal()");
+  HPS_RETURN_IF_ERROR(in_flight_.poll().status());
   if (!initialised_) {
     return failed_precondition(
         "engine: call broadcast_parameters() after writing the initial "
@@ -282,6 +283,7 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
   float* shard = grad_shards_[b].data();
   const size_t n = fb.shard_numel;
   auto& comm_stream = static_cast<cpu::CpuStream&>(sharding_->stream());
+  HPS_RETURN_IF_ERROR(in_flight_.poll().status());
   std::shared_ptr<Work> work;
   if (micro_batch_ == 0) {
     // The first micro-batch lands in the shard directly (the step zeroed nothing else).
@@ -292,10 +294,15 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
     float* incoming = incoming_[b].data();
     HPS_ASSIGN_OR_RETURN(
         work, sharding_->reduce_scatter(full, incoming, n, DType::kFloat32, ReduceOp::kSum, ready));
-    comm_stream.enqueue([keep = buf.grads, incoming, shard, n] {
+    comm_stream.enqueue([incoming, shard, n] {
       for (size_t i = 0; i < n; ++i) shard[i] += incoming[i];
     });
   }
+  // The full gradient buffer lives until its reduction has read it; poll() lets it go.
+  const uint64_t bytes = buf.grads->size() * sizeof(float);
+  in_flight_bytes_ += bytes;
+  HPS_RETURN_IF_ERROR(in_flight_.add(
+      {work, {buf.grads}, [this, bytes](const Status&) { in_flight_bytes_ -= bytes; }}));
   buf.grads.reset();
   const bool last_micro_batch = micro_batch_ == options_.accumulation_steps - 1;
   if (last_micro_batch && dp_ && dp_->size() > 1) {
@@ -371,6 +378,7 @@ Status Stage3Engine::step() {
 
 Status Stage3Engine::synchronize() {
   if (!sealed_) return Status::Ok();
+  HPS_RETURN_IF_ERROR(in_flight_.drain());
   for (auto& buf : buffers_) {
     if (buf.reduced) HPS_RETURN_IF_ERROR(buf.reduced->wait());
   }
@@ -411,7 +419,7 @@ uint64_t Stage3Engine::resident_bytes() const {
     if (buf.params) n += buf.params->size() * sizeof(float);
     if (buf.grads) n += buf.grads->size() * sizeof(float);
   }
-  return n;
+  return n + in_flight_bytes_;
 }
 
 void Stage3Engine::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }

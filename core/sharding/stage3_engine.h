@@ -13,6 +13,7 @@
 
 #include "core/clip/hybrid_clip.h"
 #include "core/device/cpu/stream.h"
+#include "core/flow/task_flow.h"
 #include "core/sharding/sharded_engine.h"
 
 namespace hps {
@@ -89,6 +90,9 @@ class Stage3Engine final : public ShardedEngine {
   uint64_t peak_resident_ = 0;
   std::unique_ptr<cpu::CpuStream> optimizer_stream_;
   std::unique_ptr<HybridClip> clip_;
+  // Reductions in flight, keeping their full gradient buffers alive until they finish.
+  TaskFlow in_flight_;
+  uint64_t in_flight_bytes_ = 0;
 };
 
 }  // namespace hps
