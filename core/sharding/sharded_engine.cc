@@ -42,6 +42,43 @@ Status check_same_model(Communicator& comm, const LayoutPlan& plan) {
   return Status::Ok();
 }
 
+StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec) {
+  if (plan.sealed()) {
+    return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
+  }
+  if (spec.dtype != DType::kFloat32) {
+    return unimplemented("engine: parameter '" + spec.name + "' is " +
+                         std::string(dtype_name(spec.dtype)) +
+                         "; this version trains float32 parameters (fp16/bf16 master weights are "
+                         "not implemented yet)");
+  }
+  HPS_RETURN_IF_ERROR(plan.add(std::move(spec)));
+  return plan.params().size() - 1;
+}
+
+StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(
+    std::shared_ptr<Communicator> sharding, const EngineOptions& options, const LayoutPlan& plan,
+    std::vector<std::vector<float>>& grad_shards) {
+  if (options.clip_max_norm <= 0) return std::unique_ptr<HybridClip>();
+  const int32_t rank = sharding->rank();
+  HPS_ASSIGN_OR_RETURN(auto clip,
+                       HybridClip::create(sharding, nullptr, nullptr,
+                                          {options.clip_max_norm, options.deterministic_clip}));
+  for (size_t i = 0; i < plan.params().size(); ++i) {
+    const ParamSpec& p = plan.params()[i];
+    const Placement& pl = plan.placement(i);
+    if (!plan.buffers()[pl.buffer].trainable) continue;
+    const auto [lo, hi] = plan.local_part(i, rank);
+    if (lo == hi) continue;
+    const uint64_t shard_begin = plan.shard(pl.buffer, rank).first;
+    float* data = grad_shards[pl.buffer].data() + (pl.offset + lo - shard_begin);
+    HPS_RETURN_IF_ERROR(clip->add_tensor(
+        {data, hi - lo, DType::kFloat32, p.is_distributed, p.need_clip, p.shared_not_first}));
+  }
+  HPS_RETURN_IF_ERROR(clip->seal());
+  return clip;
+}
+
 StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(
     int32_t stage, std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
     const EngineOptions& options) {

@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "core/clip/hybrid_clip.h"
 #include "core/comm/communicator.h"
 #include "core/kernels/optimizer.h"
 #include "core/storage/layout_plan.h"
@@ -61,5 +62,13 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               const EngineOptions& options);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
+// Registers `spec` in `plan` unless the plan is sealed or the dtype is not trainable yet.
+StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec);
+// The clip over this rank's reduced gradient shards (one tensor per parameter part, with
+// its flags), sealed; null when options.clip_max_norm is 0.
+StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(std::shared_ptr<Communicator> sharding,
+                                                      const EngineOptions& options,
+                                                      const LayoutPlan& plan,
+                                                      std::vector<std::vector<float>>& grad_shards);
 
 }  // namespace hps

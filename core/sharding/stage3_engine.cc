@@ -27,17 +27,7 @@ StatusOr<std::unique_ptr<Stage3Engine>> Stage3Engine::create(std::shared_ptr<Com
 }
 
 StatusOr<size_t> Stage3Engine::add_param(ParamSpec spec) {
-  if (sealed_) {
-    return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
-  }
-  if (spec.dtype != DType::kFloat32) {
-    return unimplemented("engine: parameter '" + spec.name + "' is " +
-                         std::string(dtype_name(spec.dtype)) +
-                         "; this version trains float32 parameters (fp16/bf16 master weights are "
-                         "not implemented yet)");
-  }
-  HPS_RETURN_IF_ERROR(plan_.add(std::move(spec)));
-  return plan_.params().size() - 1;
+  return add_engine_param(plan_, std::move(spec));
 }
 
 Status Stage3Engine::seal() {
@@ -73,24 +63,7 @@ Status Stage3Engine::seal() {
     for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
     units_[buf.unit].buffers.push_back(b);
   }
-  if (options_.clip_max_norm > 0) {
-    HPS_ASSIGN_OR_RETURN(clip_,
-                         HybridClip::create(sharding_, nullptr, nullptr,
-                                            {options_.clip_max_norm, options_.deterministic_clip}));
-    const int32_t rank = sharding_->rank();
-    for (size_t i = 0; i < plan_.params().size(); ++i) {
-      const ParamSpec& p = plan_.params()[i];
-      const Placement& pl = plan_.placement(i);
-      if (!plan_.buffers()[pl.buffer].trainable) continue;
-      const auto [lo, hi] = plan_.local_part(i, rank);
-      if (lo == hi) continue;
-      const uint64_t shard_begin = plan_.shard(pl.buffer, rank).first;
-      float* data = grad_shards_[pl.buffer].data() + (pl.offset + lo - shard_begin);
-      HPS_RETURN_IF_ERROR(clip_->add_tensor(
-          {data, hi - lo, DType::kFloat32, p.is_distributed, p.need_clip, p.shared_not_first}));
-    }
-    HPS_RETURN_IF_ERROR(clip_->seal());
-  }
+  HPS_ASSIGN_OR_RETURN(clip_, make_shard_clip(sharding_, options_, plan_, grad_shards_));
   sealed_ = true;
   return Status::Ok();
 }
