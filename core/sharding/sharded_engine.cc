@@ -1,5 +1,9 @@
 #include "core/sharding/sharded_engine.h"
 
+#include <cmath>
+#include <cstring>
+
+#include "core/kernels/norm.h"
 #include "core/sharding/stage2_engine.h"
 #include "core/sharding/stage3_engine.h"
 
@@ -22,6 +26,15 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
     return invalid_argument("engine: unknown optimizer");
   }
   if (options.prefetch_window < 1) return invalid_argument("engine: prefetch_window must be >= 1");
+  if (options.dynamic_loss_scaling &&
+      (!(options.initial_loss_scale > 0) || !std::isfinite(options.initial_loss_scale) ||
+       !(options.growth_factor >= 1) ||
+       !(options.backoff_factor > 0 && options.backoff_factor < 1) ||
+       options.growth_interval < 1)) {
+    return invalid_argument(
+        "engine: loss scaling needs initial_loss_scale > 0, growth_factor >= 1, 0 < "
+        "backoff_factor < 1 and growth_interval >= 1");
+  }
   return Status::Ok();
 }
 
@@ -77,6 +90,73 @@ StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(
   }
   HPS_RETURN_IF_ERROR(clip->seal());
   return clip;
+}
+
+Status enqueue_unscale_and_check(cpu::CpuStream& opt, StepState* state,
+                                 const std::vector<ShardGradients>& grads, float mean_scale,
+                                 const EngineOptions& options, Communicator& sharding,
+                                 Communicator* dp) {
+  const bool check = options.dynamic_loss_scaling;
+  opt.enqueue([state, grads, mean_scale, check] {
+    // The loss scale is read here, in stream order: the previous step's update is done.
+    const float factor = mean_scale / state->loss_scale;
+    int32_t found = 0;
+    for (const auto& g : grads) {
+      if (g.full != nullptr) std::memset(g.full, 0, g.full_count * sizeof(float));
+      cpu::scale(DType::kFloat32, g.shard, g.shard_count, factor);
+      if (check && found == 0 &&
+          !std::isfinite(cpu::sum_of_squares(DType::kFloat32, g.shard, g.shard_count))) {
+        found = 1;
+      }
+    }
+    state->found_inf = found;
+  });
+  if (!check) return Status::Ok();
+  // Every rank skips or steps together: the flag is the max over the groups.
+  Stream* after = &opt;
+  std::shared_ptr<Work> work;
+  for (Communicator* c : {&sharding, dp}) {
+    if (c == nullptr || c->size() == 1) continue;
+    HPS_ASSIGN_OR_RETURN(work, c->all_reduce(&state->found_inf, &state->found_inf, 1, DType::kInt32,
+                                             ReduceOp::kMax, after));
+    after = &c->stream();
+  }
+  if (work) HPS_RETURN_IF_ERROR(work->wait_on(opt));
+  return Status::Ok();
+}
+
+void enqueue_optimizer(cpu::CpuStream& opt, StepState* state, const EngineOptions& options,
+                       float* param, float* grad, float* state_a, float* state_b, size_t count,
+                       const float* clip_coefficient) {
+  const EngineOptions o = options;
+  opt.enqueue([o, state, param, grad, state_a, state_b, count, clip_coefficient] {
+    if (state->found_inf != 0) return;  // a skipped step changes no parameter or state
+    const int64_t step = state->applied_steps + 1;
+    if (o.optimizer == OptimizerKind::kAdamW) {
+      cpu::adamw(param, grad, state_a, state_b, count, o.adamw, static_cast<long>(step),
+                 clip_coefficient, 1.0f);
+    } else {
+      cpu::sgd(param, grad, state_a, count, o.sgd, clip_coefficient, 1.0f, step == 1);
+    }
+  });
+}
+
+void enqueue_step_update(cpu::CpuStream& opt, StepState* state, const EngineOptions& options) {
+  const EngineOptions o = options;
+  opt.enqueue([o, state] {
+    if (state->found_inf != 0) {
+      ++state->skipped_steps;
+      state->good_steps = 0;
+      state->loss_scale *= o.backoff_factor;
+      state->found_inf = 0;
+      return;
+    }
+    ++state->applied_steps;
+    if (o.dynamic_loss_scaling && ++state->good_steps >= o.growth_interval) {
+      state->loss_scale *= o.growth_factor;
+      state->good_steps = 0;
+    }
+  });
 }
 
 StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(

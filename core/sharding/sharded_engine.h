@@ -14,6 +14,7 @@
 
 #include "core/clip/hybrid_clip.h"
 #include "core/comm/communicator.h"
+#include "core/device/cpu/stream.h"
 #include "core/kernels/optimizer.h"
 #include "core/storage/layout_plan.h"
 
@@ -30,6 +31,15 @@ struct EngineOptions {
   uint64_t alignment_bytes = 256;
   int32_t accumulation_steps = 1;  // micro-batches per step; dp reduces on the last only
   int32_t prefetch_window = 2;     // stage 3: units gathered ahead, at most, live at once
+  // Dynamic loss scaling: the framework multiplies its loss by *loss_scale(); the engine
+  // unscales the gradients, skips the step when any rank found a non-finite gradient
+  // (halving the scale) and grows the scale after `growth_interval` good steps. The
+  // found-inf flag and the scale never leave the engine's stream: no host reads.
+  bool dynamic_loss_scaling = false;
+  float initial_loss_scale = 65536.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+  int32_t growth_interval = 2000;
 };
 
 class ShardedEngine {
@@ -49,7 +59,41 @@ class ShardedEngine {
   virtual uint64_t resident_bytes() const = 0;
   virtual const LayoutPlan& plan() const = 0;
   virtual int32_t shard_rank() const = 0;
+  // The current loss scale (1 without dynamic loss scaling), in the engine's memory; read it
+  // after wait_parameters()/gather() of the next step, when the last update has landed.
+  virtual const float* loss_scale() const = 0;
+  // Steps skipped for non-finite gradients so far (same ordering rule).
+  virtual const int64_t* skipped_steps() const = 0;
 };
+
+// The state of the optimizer step that only tasks on the optimizer stream touch.
+struct StepState {
+  float loss_scale = 1.0f;
+  int32_t found_inf = 0;  // all-reduced (max) over the groups before the update
+  int32_t good_steps = 0;
+  int64_t applied_steps = 0;  // AdamW's step count and SGD's first-step rule
+  int64_t skipped_steps = 0;
+};
+
+// Enqueues on `opt`, after the gradient shards are reduced: the mean and the unscale
+// (one pass), the zeroing of the consumed full gradients, and with dynamic loss scaling
+// the found-inf check all-reduced over `sharding` and `dp`. `full` may hold nulls.
+struct ShardGradients {
+  float* full;
+  size_t full_count;
+  float* shard;
+  size_t shard_count;
+};
+Status enqueue_unscale_and_check(cpu::CpuStream& opt, StepState* state,
+                                 const std::vector<ShardGradients>& grads, float mean_scale,
+                                 const EngineOptions& options, Communicator& sharding,
+                                 Communicator* dp);
+// After the optimizer tasks: the skip bookkeeping and the scale update.
+void enqueue_step_update(cpu::CpuStream& opt, StepState* state, const EngineOptions& options);
+// One shard's optimizer update, skipped when the step found a non-finite gradient.
+void enqueue_optimizer(cpu::CpuStream& opt, StepState* state, const EngineOptions& options,
+                       float* param, float* grad, float* state_a, float* state_b, size_t count,
+                       const float* clip_coefficient);
 
 // Stage 2 or 3 over `sharding` (CPU communicators in this version), `dp` optional.
 StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(

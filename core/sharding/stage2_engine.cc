@@ -59,6 +59,7 @@ Status Stage2Engine::seal() {
     for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
   }
   HPS_ASSIGN_OR_RETURN(clip_, make_shard_clip(sharding_, options_, plan_, shard_grads_));
+  step_state_.loss_scale = options_.dynamic_loss_scaling ? options_.initial_loss_scale : 1.0f;
   sealed_ = true;
   return Status::Ok();
 }
@@ -189,46 +190,41 @@ Status Stage2Engine::step() {
     }
   }
   cpu::CpuStream& opt = *optimizer_stream_;
-  const float grad_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
+  const float mean_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
                                                      options_.accumulation_steps);
+  // The reductions consumed the full gradients: zero them for the next step; take the mean
+  // and the loss-scale inverse once, on the shards; find non-finite gradients.
+  std::vector<ShardGradients> shards;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
     HPS_RETURN_IF_ERROR(buckets_[b].reduced->wait_on(opt));
-    // The reduction consumed the full gradients: zero them for the next step, and take
-    // the mean once, on the shard.
-    float* full = grads_[b].data();
-    float* shard = shard_grads_[b].data();
-    const size_t full_n = grads_[b].size(), shard_n = shard_grads_[b].size();
-    opt.enqueue([full, shard, full_n, shard_n, grad_scale] {
-      std::memset(full, 0, full_n * sizeof(float));
-      cpu::scale(DType::kFloat32, shard, shard_n, grad_scale);
-    });
+    shards.push_back(
+        {grads_[b].data(), grads_[b].size(), shard_grads_[b].data(), shard_grads_[b].size()});
   }
+  HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
+                                                *sharding_, dp_.get()));
   if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
   const float* coefficient = clip_ ? clip_->coefficient() : nullptr;
   const int32_t rank = sharding_->rank();
-  const int64_t step_number = ++steps_;
+  ++steps_;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const FlatBuffer& buf = plan_.buffers()[b];
     if (!buf.trainable) continue;
-    const uint64_t begin = plan_.shard(b, rank).first;
-    float* param_shard = params_[b].data() + begin;
-    float* shard = shard_grads_[b].data();
-    float* a = state_a_[b].empty() ? nullptr : state_a_[b].data();
-    float* s = state_b_[b].empty() ? nullptr : state_b_[b].data();
-    const size_t n = buf.shard_numel;
-    const EngineOptions o = options_;
-    opt.enqueue([o, param_shard, shard, a, s, n, step_number, coefficient] {
-      if (o.optimizer == OptimizerKind::kAdamW) {
-        cpu::adamw(param_shard, shard, a, s, n, o.adamw, static_cast<long>(step_number),
-                   coefficient, 1.0f);
-      } else {
-        cpu::sgd(param_shard, shard, a, n, o.sgd, coefficient, 1.0f, step_number == 1);
-      }
-    });
+    float* param_shard = params_[b].data() + plan_.shard(b, rank).first;
+    enqueue_optimizer(opt, &step_state_, options_, param_shard, shard_grads_[b].data(),
+                      state_a_[b].empty() ? nullptr : state_a_[b].data(),
+                      state_b_[b].empty() ? nullptr : state_b_[b].data(), buf.shard_numel,
+                      coefficient);
+  }
+  enqueue_step_update(opt, &step_state_, options_);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    if (!buf.trainable) continue;
     // Bring the updated shards back, in place; the next forward of the unit waits on it.
-    HPS_ASSIGN_OR_RETURN(buckets_[b].gathered, sharding_->all_gather(param_shard, params_[b].data(),
-                                                                     n, DType::kFloat32, &opt));
+    float* param_shard = params_[b].data() + plan_.shard(b, rank).first;
+    HPS_ASSIGN_OR_RETURN(buckets_[b].gathered,
+                         sharding_->all_gather(param_shard, params_[b].data(), buf.shard_numel,
+                                               DType::kFloat32, &opt));
     buckets_[b].reduced.reset();
     buckets_[b].complete = false;
   }

@@ -52,6 +52,8 @@ class Stage2Engine final : public ShardedEngine {
   int32_t shard_rank() const override { return sharding_->rank(); }
   uint64_t resident_bytes() const override;
   int64_t steps_taken() const { return steps_; }
+  const float* loss_scale() const override { return &step_state_.loss_scale; }
+  const int64_t* skipped_steps() const override { return &step_state_.skipped_steps; }
   // Drains everything in flight (a host sync; for shutdown, checkpoints and tests).
   Status synchronize() override;
 
@@ -80,6 +82,7 @@ class Stage2Engine final : public ShardedEngine {
   int64_t steps_ = 0;
   std::unique_ptr<cpu::CpuStream> optimizer_stream_;
   std::unique_ptr<HybridClip> clip_;
+  StepState step_state_;  // touched only by tasks on optimizer_stream_ after seal()
 };
 
 }  // namespace hps

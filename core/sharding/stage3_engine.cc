@@ -64,6 +64,7 @@ Status Stage3Engine::seal() {
     units_[buf.unit].buffers.push_back(b);
   }
   HPS_ASSIGN_OR_RETURN(clip_, make_shard_clip(sharding_, options_, plan_, grad_shards_));
+  step_state_.loss_scale = options_.dynamic_loss_scaling ? options_.initial_loss_scale : 1.0f;
   sealed_ = true;
   return Status::Ok();
 }
@@ -309,40 +310,33 @@ Status Stage3Engine::step() {
         std::to_string(options_.accumulation_steps) + " per step)");
   }
   cpu::CpuStream& opt = *optimizer_stream_;
-  const float grad_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
+  const float mean_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
                                                      options_.accumulation_steps);
+  std::vector<ShardGradients> shards;
   for (size_t b = 0; b < buffers_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
     HPS_RETURN_IF_ERROR(buffers_[b].reduced->wait_on(opt));
-    // The sharding stream adds each micro-batch into the shard after its reduction: wait
-    // for that too (it is the last thing on that stream for this buffer).
-    cpu::CpuEvent added;
-    HPS_RETURN_IF_ERROR(added.record(sharding_->stream()));
-    HPS_RETURN_IF_ERROR(opt.wait(added));
-    float* shard = grad_shards_[b].data();
-    const size_t n = grad_shards_[b].size();
-    opt.enqueue([shard, n, grad_scale] { cpu::scale(DType::kFloat32, shard, n, grad_scale); });
+    shards.push_back({nullptr, 0, grad_shards_[b].data(), grad_shards_[b].size()});
   }
+  // The sharding stream adds later micro-batches into the shards after their reductions:
+  // wait for everything on it so far.
+  cpu::CpuEvent added;
+  HPS_RETURN_IF_ERROR(added.record(sharding_->stream()));
+  HPS_RETURN_IF_ERROR(opt.wait(added));
+  HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
+                                                *sharding_, dp_.get()));
   if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
   const float* coefficient = clip_ ? clip_->coefficient() : nullptr;
-  const int64_t step_number = ++steps_;
+  ++steps_;
   for (size_t b = 0; b < buffers_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
-    float* p = param_shards_[b].data();
-    float* g = grad_shards_[b].data();
-    float* a = state_a_[b].empty() ? nullptr : state_a_[b].data();
-    float* s = state_b_[b].empty() ? nullptr : state_b_[b].data();
-    const size_t n = param_shards_[b].size();
-    const EngineOptions o = options_;
-    opt.enqueue([o, p, g, a, s, n, step_number, coefficient] {
-      if (o.optimizer == OptimizerKind::kAdamW) {
-        cpu::adamw(p, g, a, s, n, o.adamw, static_cast<long>(step_number), coefficient, 1.0f);
-      } else {
-        cpu::sgd(p, g, a, n, o.sgd, coefficient, 1.0f, step_number == 1);
-      }
-    });
+    enqueue_optimizer(opt, &step_state_, options_, param_shards_[b].data(), grad_shards_[b].data(),
+                      state_a_[b].empty() ? nullptr : state_a_[b].data(),
+                      state_b_[b].empty() ? nullptr : state_b_[b].data(), param_shards_[b].size(),
+                      coefficient);
     buffers_[b].reduced.reset();
   }
+  enqueue_step_update(opt, &step_state_, options_);
   micro_batch_ = 0;
   recording_ = false;
   cursor_ = 0;

@@ -44,6 +44,8 @@ class Stage3Engine final : public ShardedEngine {
   // The most bytes held at once since seal() (after initialisation).
   uint64_t peak_resident_bytes() const { return peak_resident_; }
   const LayoutPlan& plan() const override { return plan_; }
+  const float* loss_scale() const override { return &step_state_.loss_scale; }
+  const int64_t* skipped_steps() const override { return &step_state_.skipped_steps; }
   int32_t shard_rank() const override { return sharding_->rank(); }
   // Full copies of every parameter (for saving or evaluation; Paddle's
   // get_all_parameters). Collective; host-blocking.
@@ -92,6 +94,7 @@ class Stage3Engine final : public ShardedEngine {
   std::unique_ptr<HybridClip> clip_;
   // Reductions in flight, keeping their full gradient buffers alive until they finish.
   TaskFlow in_flight_;
+  StepState step_state_;  // touched only by tasks on optimizer_stream_ after seal()
   uint64_t in_flight_bytes_ = 0;
 };
 

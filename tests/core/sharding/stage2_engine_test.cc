@@ -262,3 +262,98 @@ TEST(LayoutPlan, AlignedShardedAndDeterministic) {
 
 }  // namespace
 }  // namespace hps
+
+namespace hps {
+namespace {
+
+// Dynamic loss scaling, stage 2 and 3: the framework scales its gradients by the current
+// loss scale; a non-finite gradient on one rank makes every rank skip that step and halve
+// the scale; growth_interval good steps double it. No host reads of the flag or scale.
+template <typename MakeEngine>
+void loss_scaling_case(int32_t stage, MakeEngine make_engine) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const size_t n = 300;
+  const int steps = 5, bad_step = 1;
+  EngineOptions o;
+  o.sgd = {0.1f, 0.9f, 0.0f, false};
+  o.dynamic_loss_scaling = true;
+  o.initial_loss_scale = 1024.0f;
+  o.growth_interval = 2;
+  auto grad = [](int32_t rank, int step, size_t i) {
+    return std::sin(0.3f * static_cast<float>(i) + static_cast<float>(rank + 3 * step));
+  };
+  // Reference: steps other than the bad one, plain fp32, the mean over 2 ranks.
+  std::vector<float> ref(n), buf(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) ref[i] = 0.01f * static_cast<float>(i);
+  int applied = 0;
+  for (int step = 0; step < steps; ++step) {
+    if (step == bad_step) continue;
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = (grad(0, step, i) + grad(1, step, i)) / 2;
+    cpu::sgd(ref.data(), g.data(), buf.data(), n, o.sgd, nullptr, 1.0f, applied++ == 0);
+  }
+  testing_util::run_ranks(2, [&](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto e = make_engine(w, o);
+    ParamSpec spec{"w", {static_cast<int64_t>(n)}, DType::kFloat32};
+    ASSERT_TRUE(e->add_param(spec).ok());
+    ASSERT_TRUE(e->seal().ok());
+    float* init = *e->param(0);
+    for (size_t i = 0; i < n; ++i) init[i] = 0.01f * static_cast<float>(i);
+    ASSERT_TRUE(e->broadcast_parameters().ok());
+    std::vector<float> scales;
+    for (int step = 0; step < steps; ++step) {
+      host_sync_reset();
+      ASSERT_TRUE(e->gather(0).ok());
+      const float scale = *e->loss_scale();  // the previous update has landed
+      scales.push_back(scale);
+      float* g = *e->grad(0);
+      for (size_t i = 0; i < n; ++i) g[i] += grad(rank, step, i) * scale;
+      if (step == bad_step && rank == 1) g[7] = INFINITY;
+      ASSERT_TRUE(e->grad_ready(0, nullptr).ok());
+      ASSERT_TRUE(e->release(0).ok());
+      ASSERT_TRUE(e->step().ok());
+      EXPECT_EQ(host_sync_count_thread(), 0u) << "stage " << stage;
+    }
+    ASSERT_TRUE(e->synchronize().ok());
+    // 1024 → (good) → skip: 512 → good → good: 1024 (interval 2).
+    EXPECT_EQ(scales, (std::vector<float>{1024, 1024, 512, 512, 1024})) << "stage " << stage;
+    EXPECT_EQ(*e->skipped_steps(), 1);
+    ASSERT_TRUE(e->gather(0).ok());
+    const float* v = *e->param(0);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_NEAR(v[i], ref[i], 1e-6f * std::max(1.0f, std::fabs(ref[i])))
+          << "stage " << stage << " [" << i << "]";
+    }
+    ASSERT_TRUE(e->release(0).ok());
+  });
+}
+
+TEST(LossScaling, SkipsANonFiniteStepOnEveryRankAndAdjustsTheScale) {
+  loss_scaling_case(2, [](std::shared_ptr<Communicator> w, const EngineOptions& o) {
+    return std::move(create_sharded_engine(2, w, nullptr, o)).value();
+  });
+  loss_scaling_case(3, [](std::shared_ptr<Communicator> w, const EngineOptions& o) {
+    return std::move(create_sharded_engine(3, w, nullptr, o)).value();
+  });
+}
+
+TEST(LossScaling, BadOptionsAreRefused) {
+  EngineOptions o;
+  o.dynamic_loss_scaling = true;
+  o.backoff_factor = 1.5f;
+  auto store = make_in_memory_store();
+  EXPECT_EQ(check_engine_arguments(nullptr, nullptr, o).code(), StatusCode::kInvalidArgument);
+  testing_util::run_ranks(1, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    EXPECT_EQ(create_sharded_engine(2, w, nullptr, o).status().code(),
+              StatusCode::kInvalidArgument);
+    o.backoff_factor = 0.5f;
+    o.initial_loss_scale = 0.0f;
+    EXPECT_EQ(create_sharded_engine(3, w, nullptr, o).status().code(),
+              StatusCode::kInvalidArgument);
+  });
+}
+
+}  // namespace
+}  // namespace hps
