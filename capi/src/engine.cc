@@ -48,6 +48,11 @@ HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size
     options->accumulation_steps = 1;
     options->alignment_bytes = d.alignment_bytes;
     options->prefetch_window = d.prefetch_window;
+    options->dynamic_loss_scaling = d.dynamic_loss_scaling ? 1 : 0;
+    options->initial_loss_scale = d.initial_loss_scale;
+    options->growth_factor = d.growth_factor;
+    options->backoff_factor = d.backoff_factor;
+    options->growth_interval = d.growth_interval;
     return hps::Status::Ok();
   });
 }
@@ -79,6 +84,12 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
       o.deterministic_clip = options->deterministic_clip != 0;
       o.accumulation_steps = options->accumulation_steps;
       o.alignment_bytes = options->alignment_bytes;
+      o.prefetch_window = options->prefetch_window;
+      o.dynamic_loss_scaling = options->dynamic_loss_scaling != 0;
+      o.initial_loss_scale = options->initial_loss_scale;
+      o.growth_factor = options->growth_factor;
+      o.backoff_factor = options->backoff_factor;
+      o.growth_interval = options->growth_interval;
     }
     HPS_ASSIGN_OR_RETURN(
         auto engine, hps::create_sharded_engine(stage, sharding->impl, dp ? dp->impl : nullptr, o));
@@ -203,6 +214,16 @@ HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, 
     *out_end = e;
     return hps::Status::Ok();
   });
+}
+
+HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** out_scale,
+                                           const int64_t** out_skipped_steps) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_scale);
+  HPS_CHECK_ARG(out_skipped_steps);
+  *out_scale = engine->impl->loss_scale();
+  *out_skipped_steps = engine->impl->skipped_steps();
+  return HPS_STATUS_OK;
 }
 
 HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds) {

@@ -54,7 +54,7 @@ static float init_value(int layer, int i) {
 /* Forward and backward over samples [first, first + count) of step `step`'s batch; adds
  * the gradient of their mean loss into m's gradients and returns that mean loss. Each rank
  * takes the mean over its own samples, as with DDP: the engine averages over the ranks. */
-static double forward_backward(const model_t* m, int step, int first, int count) {
+static double forward_backward(const model_t* m, int step, int first, int count, float loss_scale) {
   float act[kLayers + 1][kHidden], pre[kLayers][kHidden], delta[kHidden], next_delta[kHidden];
   double loss = 0;
   int s, l, i, o;
@@ -70,7 +70,7 @@ static double forward_backward(const model_t* m, int step, int first, int count)
       }
     }
     loss += 0.5 * (act[kLayers][0] - y) * (act[kLayers][0] - y) / count;
-    delta[0] = (act[kLayers][0] - y) / (float)count;
+    delta[0] = (act[kLayers][0] - y) / (float)count * loss_scale;
     for (l = kLayers - 1; l >= 0; --l) {
       for (o = 0; o < kFanOut[l]; ++o) {
         m->gb[l][o] += delta[o];
@@ -138,7 +138,9 @@ int main(int argc, char** argv) {
   model_t sharded;
   reference_t ref;
   size_t index[2 * kLayers];
-  int steps = 10, l, i, step, a;
+  int steps = 10, l, i, step, a, inject_inf = -1;
+  const float* loss_scale = NULL;
+  const int64_t* skipped = NULL;
   uint64_t resident = 0;
 
   TRY(hps_engine_options_init(&options, sizeof options));
@@ -153,10 +155,19 @@ int main(int argc, char** argv) {
       options.weight_decay = 0.01f;
     } else if (strcmp(argv[a], "--clip") == 0 && a + 1 < argc)
       options.clip_max_norm = atof(argv[++a]);
+    else if (strcmp(argv[a], "--loss-scaling") == 0) {
+      options.dynamic_loss_scaling = 1;
+      options.initial_loss_scale = 1024.0f;
+      options.growth_interval = 3;
+    } else if (strcmp(argv[a], "--inject-inf") == 0 && a + 1 < argc)
+      inject_inf = atoi(argv[++a]);
     else if (strcmp(argv[a], "--stage") == 0 && a + 1 < argc)
       options.stage = atoi(argv[++a]);
     else {
-      fprintf(stderr, "usage: %s [--steps N] [--stage 2|3] [--adamw] [--clip MAX_NORM]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--steps N] [--stage 2|3] [--adamw] [--clip MAX_NORM] "
+              "[--loss-scaling] [--inject-inf STEP]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -229,7 +240,10 @@ int main(int argc, char** argv) {
       TRY(hps_engine_grad(engine, index[2 * l], (void**)&sharded.gw[l]));
       TRY(hps_engine_grad(engine, index[2 * l + 1], (void**)&sharded.gb[l]));
     }
-    local_loss = forward_backward(&sharded, step, info.rank * per_rank, per_rank);
+    /* The scale the engine's last update left (1 without loss scaling). */
+    TRY(hps_engine_loss_scale(engine, &loss_scale, &skipped));
+    local_loss = forward_backward(&sharded, step, info.rank * per_rank, per_rank, *loss_scale);
+    if (step == inject_inf && info.rank == info.world_size - 1) sharded.gw[0][0] = INFINITY;
     for (l = kLayers - 1; l >= 0; --l) { /* backward order */
       TRY(hps_engine_grad_ready(engine, index[2 * l + 1], NULL));
       TRY(hps_engine_grad_ready(engine, index[2 * l], NULL));
@@ -244,7 +258,7 @@ int main(int argc, char** argv) {
     TRY(hps_work_wait(work));
     hps_work_destroy(work);
     if (info.rank == 0) {
-      ref_loss = forward_backward(&ref.m, step, 0, kBatch);
+      ref_loss = forward_backward(&ref.m, step, 0, kBatch, 1.0f);
       if (options.clip_max_norm > 0) {
         double sq = 0, coef;
         for (l = 0; l < kLayers; ++l) {
@@ -258,7 +272,15 @@ int main(int argc, char** argv) {
           for (i = 0; i < kFanOut[l]; ++i) ref.m.gb[l][i] *= (float)coef;
         }
       }
-      reference_step(&ref, &options);
+      if (step ==
+          inject_inf) { /* the engine skips this step on every rank: so does the reference */
+        for (l = 0; l < kLayers; ++l) {
+          memset(ref.m.gw[l], 0, sizeof(float) * (size_t)(kFanIn[l] * kFanOut[l]));
+          memset(ref.m.gb[l], 0, sizeof(float) * (size_t)kFanOut[l]);
+        }
+      } else {
+        reference_step(&ref, &options);
+      }
       printf("%5d  %14.8f  %14.8f  %10.2e  %llu\n", step, global_loss, ref_loss,
              fabs(global_loss - ref_loss) / fmax(fabs(ref_loss), 1e-30), (unsigned long long)syncs);
       if (fabs(global_loss - ref_loss) > 1e-4 * fabs(ref_loss) || syncs != 0) {
@@ -268,6 +290,15 @@ int main(int argc, char** argv) {
     }
   }
   TRY(hps_engine_synchronize(engine));
+  if (info.rank == 0 && options.dynamic_loss_scaling) {
+    TRY(hps_engine_loss_scale(engine, &loss_scale, &skipped));
+    printf("loss scale %.0f after %lld skipped step(s)\n", (double)*loss_scale,
+           (long long)*skipped);
+    if (*skipped != (inject_inf >= 0 && inject_inf < steps ? 1 : 0)) {
+      fprintf(stderr, "expected exactly the injected step to be skipped\n");
+      return 1;
+    }
+  }
   {
     uint64_t waits = 0, nanoseconds = 0;
     TRY(hps_dependency_wait_stats(&waits, &nanoseconds));

@@ -681,21 +681,27 @@ typedef enum hps_param_flag {
 
 /** Engine options. ABI-extensible. */
 typedef struct hps_engine_options {
-  size_t struct_size;         /**< set by hps_engine_options_init */
-  int32_t stage;              /**< 2 (default) or 3 */
-  hps_optimizer_t optimizer;  /**< default SGD */
-  float learning_rate;        /**< default 0.01 */
-  float momentum;             /**< SGD, default 0 */
-  float weight_decay;         /**< default 0 */
-  int32_t nesterov;           /**< SGD, default 0 */
-  float beta1;                /**< AdamW, default 0.9 */
-  float beta2;                /**< AdamW, default 0.999 */
-  float epsilon;              /**< AdamW, default 1e-8 */
-  double clip_max_norm;       /**< > 0: global-norm clipping folded into the optimizer */
-  int32_t deterministic_clip; /**< 1: the clip norm is bitwise layout-independent */
-  int32_t accumulation_steps; /**< micro-batches per step (default 1) */
-  uint64_t alignment_bytes;   /**< parameter alignment in the flat buffers (default 256) */
-  int32_t prefetch_window;    /**< stage 3: units live at once, prefetch included (default 2) */
+  size_t struct_size;           /**< set by hps_engine_options_init */
+  int32_t stage;                /**< 2 (default) or 3 */
+  hps_optimizer_t optimizer;    /**< default SGD */
+  float learning_rate;          /**< default 0.01 */
+  float momentum;               /**< SGD, default 0 */
+  float weight_decay;           /**< default 0 */
+  int32_t nesterov;             /**< SGD, default 0 */
+  float beta1;                  /**< AdamW, default 0.9 */
+  float beta2;                  /**< AdamW, default 0.999 */
+  float epsilon;                /**< AdamW, default 1e-8 */
+  double clip_max_norm;         /**< > 0: global-norm clipping folded into the optimizer */
+  int32_t deterministic_clip;   /**< 1: the clip norm is bitwise layout-independent */
+  int32_t accumulation_steps;   /**< micro-batches per step (default 1) */
+  uint64_t alignment_bytes;     /**< parameter alignment in the flat buffers (default 256) */
+  int32_t prefetch_window;      /**< stage 3: units live at once, prefetch included (default 2) */
+  int32_t dynamic_loss_scaling; /**< 1: multiply the loss by hps_engine_loss_scale; non-finite
+                                     gradients skip the step on every rank (default 0) */
+  float initial_loss_scale;     /**< default 65536 */
+  float growth_factor;          /**< applied after growth_interval good steps (default 2) */
+  float backoff_factor;         /**< applied on a skipped step (default 0.5) */
+  int32_t growth_interval;      /**< default 2000 */
 } hps_engine_options_t;
 
 /** Set the defaults and struct_size. */
@@ -796,6 +802,16 @@ HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* o
  */
 HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, uint64_t* out_begin,
                                             uint64_t* out_end);
+
+/**
+ * The engine's current loss scale (1 without dynamic loss scaling) in *out_scale: engine
+ * memory the optimizer's stream updates. Multiply the loss by it before backward; read it
+ * after the step's hps_engine_wait_parameters, when the last update has landed. Also the
+ * number of steps skipped for non-finite gradients, under the same rule. Both pointers
+ * stay valid until the engine is destroyed.
+ */
+HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** out_scale,
+                                           const int64_t** out_skipped_steps);
 
 /** Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds. */
 HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds);
