@@ -96,6 +96,20 @@ struct Chunks {
 
 int32_t wrap(int64_t i, int32_t n) { return static_cast<int32_t>(((i % n) + n) % n); }
 
+// Ring steps move a chunk in up to 8 segments of at least 256 KiB, so the reduction of one
+// segment overlaps the transfer of the next.
+constexpr size_t kMaxSegments = 8;
+constexpr size_t kMinSegmentBytes = 256 * 1024;
+size_t segments_for(size_t bytes) {
+  return std::max<size_t>(1, std::min(kMaxSegments, bytes / kMinSegmentBytes));
+}
+// Element range [begin, end) of segment k of `count` elements cut into `parts`.
+std::pair<size_t, size_t> segment(size_t count, size_t parts, size_t k) {
+  const size_t base = count / parts, extra = count % parts;
+  const size_t begin = k * base + std::min(k, extra);
+  return {begin, begin + base + (k < extra ? 1 : 0)};
+}
+
 }  // namespace
 
 // The transport as one running operation sees it: unbound buffers registered for
@@ -151,6 +165,15 @@ class GlooCommunicator::Op {
     pending_sends_.clear();
   }
 
+  // Waits for the oldest posted receive alone. Receives from one peer complete in the
+  // order they were posted (one TCP stream), which lets a caller reduce segment k while
+  // segments k+1.. are still arriving.
+  void wait_next_recv() {
+    const size_t i = pending_recvs_.front();
+    if (!buffers_[i]->waitRecv(remaining())) throw AbortedByUser();
+    pending_recvs_.erase(pending_recvs_.begin());
+  }
+
   struct AbortedByUser {};
 
   GlooCommunicator& comm_;
@@ -179,7 +202,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
       options_(std::move(options)),
       timeout_ms_(options_.timeout.count()),
       stream_(std::make_unique<cpu::CpuStream>()),
-      scratch_(3),
+      scratch_(4),
       waiter_([this] { complete_transfers(); }) {}
 
 // Gloo closes a pair's socket with SO_LINGER 0: a reset that discards whatever the peer
@@ -465,16 +488,35 @@ Status GlooCommunicator::ring_all_reduce(Op& op, void* buffer, size_t count, DTy
   const size_t whole = op.buffer(buffer, count * element);
   const size_t tmp = op.buffer(incoming, chunks.largest() * element);
   const int32_t next = wrap(r + 1, n), prev = wrap(r - 1, n);
-  // Reduce-scatter: after n-1 steps this rank holds the reduction of chunk r+1.
+  // Reduce-scatter: after n-1 steps this rank holds the reduction of chunk r+1. Each
+  // step's chunk travels in segments; segment k is reduced while k+1.. arrive.
   for (int32_t s = 0; s < n - 1; ++s) {
     const int32_t send_index = wrap(r - s, n), recv_index = wrap(r - s - 1, n);
-    const uint32_t step = static_cast<uint32_t>(s);
-    op.post_recv(tmp, prev, op.slot(1, step), 0, chunks.size(recv_index) * element);
-    op.post_send(whole, next, op.slot(1, step), chunks.offset(send_index) * element,
-                 chunks.size(send_index) * element);
-    op.wait_all();
+    const size_t recv_count = chunks.size(recv_index), send_count = chunks.size(send_index);
+    // Both ends cut a chunk by its own size, so their segments (and slots) agree.
+    const size_t recv_parts = segments_for(recv_count * element);
+    const size_t send_parts = segments_for(send_count * element);
+    const uint32_t base = static_cast<uint32_t>(s) * kMaxSegments;
+    for (size_t k = 0; k < recv_parts; ++k) {
+      const auto [b, e] = segment(recv_count, recv_parts, k);
+      op.post_recv(tmp, prev, op.slot(1, base + static_cast<uint32_t>(k)), b * element,
+                   (e - b) * element);
+    }
+    for (size_t k = 0; k < send_parts; ++k) {
+      const auto [b, e] = segment(send_count, send_parts, k);
+      op.post_send(whole, next, op.slot(1, base + static_cast<uint32_t>(k)),
+                   (chunks.offset(send_index) + b) * element, (e - b) * element);
+    }
     uint8_t* target = data + chunks.offset(recv_index) * element;
-    reduce_elements(dtype, reduce_op, target, target, incoming, chunks.size(recv_index));
+    const auto* in = static_cast<const uint8_t*>(incoming);
+    for (size_t k = 0; k < recv_parts; ++k) {
+      const auto [b, e] = segment(recv_count, recv_parts, k);
+      if (e == b) continue;
+      op.wait_next_recv();
+      reduce_elements(dtype, reduce_op, target + b * element, target + b * element,
+                      in + b * element, e - b);
+    }
+    op.wait_all();  // the sends
   }
   const int32_t own = wrap(r + 1, n);
   if (reduce_op == ReduceOp::kAvg) {
@@ -504,26 +546,40 @@ Status GlooCommunicator::ring_reduce_scatter(Op& op, const void* send, void* rec
     if (recv != send) std::memcpy(recv, send, bytes);
     return Status::Ok();
   }
-  void* partial = scratch(0, bytes);   // what this rank sends next
+  // Two partial sums alternate: one is being sent while the next is being reduced.
+  void* partial[2] = {scratch(0, bytes), scratch(3, bytes)};
   void* incoming = scratch(1, bytes);  // what it received last
   const size_t whole_input = op.buffer(send, bytes * static_cast<size_t>(n));
-  const size_t out = op.buffer(partial, bytes);
+  const size_t out[2] = {op.buffer(partial[0], bytes), op.buffer(partial[1], bytes)};
   const size_t in = op.buffer(incoming, bytes);
   const int32_t next = wrap(r + 1, n), prev = wrap(r - 1, n);
+  const size_t parts = segments_for(bytes);  // every step moves `count` elements
+  const auto* in_bytes = static_cast<const uint8_t*>(incoming);
   for (int32_t s = 0; s < n - 1; ++s) {
     const int32_t send_index = wrap(r - s - 1, n), recv_index = wrap(r - s - 2, n);
-    const uint32_t step = static_cast<uint32_t>(s);
-    op.post_recv(in, prev, op.slot(4, step), 0, bytes);
-    if (s == 0) {
-      op.post_send(whole_input, next, op.slot(4, step), static_cast<size_t>(send_index) * bytes,
-                   bytes);
-    } else {
-      op.post_send(out, next, op.slot(4, step), 0, bytes);
+    const uint32_t base = static_cast<uint32_t>(s) * kMaxSegments;
+    for (size_t k = 0; k < parts; ++k) {
+      const auto [b, e] = segment(count, parts, k);
+      const uint64_t slot = op.slot(4, base + static_cast<uint32_t>(k));
+      op.post_recv(in, prev, slot, b * element, (e - b) * element);
+      if (s == 0) {
+        op.post_send(whole_input, next, slot, static_cast<size_t>(send_index) * bytes + b * element,
+                     (e - b) * element);
+      } else {
+        op.post_send(out[(s - 1) % 2], next, slot, b * element, (e - b) * element);
+      }
     }
-    op.wait_all();
     const uint8_t* mine = input + static_cast<size_t>(recv_index) * bytes;
-    void* target = s == n - 2 ? recv : partial;  // the last step lands chunk r in recv
-    reduce_elements(dtype, reduce_op, target, incoming, mine, count);
+    // The last step lands chunk r in recv.
+    auto* target = static_cast<uint8_t*>(s == n - 2 ? recv : partial[s % 2]);
+    for (size_t k = 0; k < parts; ++k) {
+      const auto [b, e] = segment(count, parts, k);
+      if (e == b) continue;
+      op.wait_next_recv();
+      reduce_elements(dtype, reduce_op, target + b * element, in_bytes + b * element,
+                      mine + b * element, e - b);
+    }
+    op.wait_all();  // the sends: partial[s % 2] is sent in the next step
   }
   if (reduce_op == ReduceOp::kAvg) finish_average(dtype, recv, count, n);
   return Status::Ok();

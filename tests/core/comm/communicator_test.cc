@@ -315,3 +315,42 @@ TEST_F(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
 
 }  // namespace
 }  // namespace hps
+
+namespace hps {
+namespace {
+
+// Chunks of several 256 KiB segments: the pipelined ring steps, at odd sizes.
+TEST(CollectivesLarge, SegmentedRingStepsMatchTheReference) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (int32_t size : {2, 3}) {
+    testing_util::run_ranks(size, [size](int32_t rank, Communicator& comm) {
+      const size_t count = 1'234'567;  // ~4.7 MiB of float32, cut unevenly
+      std::vector<float> in(count), out(count);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank * 7 + i * 3) % 11 + 1);
+      ASSERT_TRUE((*comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum))
+                      ->wait()
+                      .ok());
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int32_t r = 0; r < size; ++r) want += static_cast<float>((r * 7 + i * 3) % 11 + 1);
+        ASSERT_EQ(out[i], want) << "element " << i;
+      }
+      std::vector<double> rs_in(count * static_cast<size_t>(size)), rs_out(count);
+      for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<double>((rank + i) % 5);
+      ASSERT_TRUE((*comm.reduce_scatter(rs_in.data(), rs_out.data(), count, DType::kFloat64,
+                                        ReduceOp::kMax))
+                      ->wait()
+                      .ok());
+      for (size_t i = 0; i < count; ++i) {
+        double want = 0;
+        for (int32_t r = 0; r < size; ++r) {
+          want = std::max(want, static_cast<double>((r + rank * count + i) % 5));
+        }
+        ASSERT_EQ(rs_out[i], want) << "element " << i;
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace hps
