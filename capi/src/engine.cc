@@ -147,7 +147,7 @@ HPS_API hps_status_t hps_engine_param(hps_engine_t* engine, size_t index, void**
   HPS_CHECK_ARG(engine);
   HPS_CHECK_ARG(out_data);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_ASSIGN_OR_RETURN(float* p, engine->impl->param(index));
+    HPS_ASSIGN_OR_RETURN(void* p, engine->impl->param_data(index));
     *out_data = p;
     return hps::Status::Ok();
   });
@@ -157,7 +157,7 @@ HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** 
   HPS_CHECK_ARG(engine);
   HPS_CHECK_ARG(out_data);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_ASSIGN_OR_RETURN(float* g, engine->impl->grad(index));
+    HPS_ASSIGN_OR_RETURN(void* g, engine->impl->grad_data(index));
     *out_data = g;
     return hps::Status::Ok();
   });

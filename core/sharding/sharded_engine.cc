@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
 #include "core/sharding/stage2_engine.h"
 #include "core/sharding/stage3_engine.h"
@@ -55,15 +56,16 @@ Status check_same_model(Communicator& comm, const LayoutPlan& plan) {
   return Status::Ok();
 }
 
-StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec) {
+StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec, bool half_masters) {
   if (plan.sealed()) {
     return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
   }
-  if (spec.dtype != DType::kFloat32) {
+  const bool half = spec.dtype == DType::kFloat16 || spec.dtype == DType::kBFloat16;
+  if (spec.dtype != DType::kFloat32 && !(half && half_masters)) {
     return unimplemented("engine: parameter '" + spec.name + "' is " +
                          std::string(dtype_name(spec.dtype)) +
-                         "; this version trains float32 parameters (fp16/bf16 master weights are "
-                         "not implemented yet)");
+                         (half ? "; fp16/bf16 parameters train with stage 2 in this version"
+                               : "; parameters must be float32, float16 or bfloat16"));
   }
   HPS_RETURN_IF_ERROR(plan.add(std::move(spec)));
   return plan.params().size() - 1;
@@ -102,7 +104,9 @@ Status enqueue_unscale_and_check(cpu::CpuStream& opt, StepState* state,
     const float factor = mean_scale / state->loss_scale;
     int32_t found = 0;
     for (const auto& g : grads) {
-      if (g.full != nullptr) std::memset(g.full, 0, g.full_count * sizeof(float));
+      if (g.full != nullptr) std::memset(g.full, 0, g.full_bytes);
+      if (g.reduced != nullptr)
+        cpu::cast(g.reduced_dtype, g.reduced, DType::kFloat32, g.shard, g.shard_count);
       cpu::scale(DType::kFloat32, g.shard, g.shard_count, factor);
       if (check && found == 0 &&
           !std::isfinite(cpu::sum_of_squares(DType::kFloat32, g.shard, g.shard_count))) {

@@ -49,8 +49,12 @@ class ShardedEngine {
   virtual StatusOr<size_t> add_param(ParamSpec spec) = 0;
   virtual Status seal() = 0;
   virtual Status broadcast_parameters() = 0;
+  // float32 views (FAILED_PRECONDITION for a parameter of another dtype)...
   virtual StatusOr<float*> param(size_t index) = 0;
   virtual StatusOr<float*> grad(size_t index) = 0;
+  // ...and views of any dtype (fp16/bf16 parameters keep fp32 master weights inside).
+  virtual StatusOr<void*> param_data(size_t index) = 0;
+  virtual StatusOr<void*> grad_data(size_t index) = 0;
   virtual Status gather(int32_t unit) = 0;
   virtual Status release(int32_t unit) = 0;
   virtual Status grad_ready(size_t index, Stream* ready) = 0;
@@ -79,10 +83,12 @@ struct StepState {
 // (one pass), the zeroing of the consumed full gradients, and with dynamic loss scaling
 // the found-inf check all-reduced over `sharding` and `dp`. `full` may hold nulls.
 struct ShardGradients {
-  float* full;
-  size_t full_count;
-  float* shard;
+  void* full;  // the consumed full gradients, zeroed (may be null)
+  size_t full_bytes;
+  float* shard;  // the fp32 gradient shard the optimizer reads
   size_t shard_count;
+  const void* reduced = nullptr;  // fp16/bf16: the reduced shard, converted into `shard`
+  DType reduced_dtype = DType::kFloat32;
 };
 Status enqueue_unscale_and_check(cpu::CpuStream& opt, StepState* state,
                                  const std::vector<ShardGradients>& grads, float mean_scale,
@@ -106,8 +112,9 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               const EngineOptions& options);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
-// Registers `spec` in `plan` unless the plan is sealed or the dtype is not trainable yet.
-StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec);
+// Registers `spec` in `plan` unless the plan is sealed or the dtype is not trainable:
+// float32 always, float16/bfloat16 when `half_masters` (fp32 master weights inside).
+StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec, bool half_masters);
 // The clip over this rank's reduced gradient shards (one tensor per parameter part, with
 // its flags), sealed; null when options.clip_max_norm is 0.
 StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(std::shared_ptr<Communicator> sharding,

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/device/host_sync.h"
+#include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
 
 namespace hps {
@@ -26,7 +27,7 @@ StatusOr<std::unique_ptr<Stage2Engine>> Stage2Engine::create(std::shared_ptr<Com
 }
 
 StatusOr<size_t> Stage2Engine::add_param(ParamSpec spec) {
-  return add_engine_param(plan_, std::move(spec));
+  return add_engine_param(plan_, std::move(spec), /*half_masters=*/true);
 }
 
 Status Stage2Engine::seal() {
@@ -45,12 +46,19 @@ Status Stage2Engine::seal() {
   position_in_buffer_.assign(plan_.params().size(), 0);
   const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
   const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
+  reduced_.resize(n);
+  masters_.resize(n);
   for (size_t b = 0; b < n; ++b) {
     const FlatBuffer& buf = plan_.buffers()[b];
-    params_[b].assign(buf.numel, 0.0f);
+    const size_t element = dtype_size(buf.dtype);
+    params_[b].assign(buf.numel * element, 0);
     if (buf.trainable) {
-      grads_[b].assign(buf.numel, 0.0f);
+      grads_[b].assign(buf.numel * element, 0);
       shard_grads_[b].assign(buf.shard_numel, 0.0f);
+      if (buf.dtype != DType::kFloat32) {
+        reduced_[b].assign(buf.shard_numel * element, 0);
+        masters_[b].assign(buf.shard_numel, 0.0f);
+      }
       if (adamw || momentum) state_a_[b].assign(buf.shard_numel, 0.0f);
       if (adamw) state_b_[b].assign(buf.shard_numel, 0.0f);
     }
@@ -66,35 +74,64 @@ Status Stage2Engine::seal() {
 
 Status Stage2Engine::broadcast_parameters() {
   if (!sealed_) return failed_precondition("engine: broadcast_parameters() before seal()");
-  for (auto& p : params_) {
-    HPS_ASSIGN_OR_RETURN(auto w, sharding_->broadcast(p.data(), p.size(), DType::kFloat32, 0));
+  const int32_t rank = sharding_->rank();
+  for (size_t b = 0; b < params_.size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    void* p = params_[b].data();
+    HPS_ASSIGN_OR_RETURN(auto w, sharding_->broadcast(p, buf.numel, buf.dtype, 0));
     HPS_RETURN_IF_ERROR(w->wait());
     if (dp_) {
-      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(p.data(), p.size(), DType::kFloat32, 0));
+      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(p, buf.numel, buf.dtype, 0));
       HPS_RETURN_IF_ERROR(d->wait());
+    }
+    if (!masters_[b].empty()) {  // fp32 masters start from the broadcast values
+      const uint64_t begin = plan_.shard(b, rank).first;
+      cpu::cast(buf.dtype, params_[b].data() + begin * dtype_size(buf.dtype), DType::kFloat32,
+                masters_[b].data(), buf.shard_numel);
     }
   }
   return Status::Ok();
 }
 
-StatusOr<float*> Stage2Engine::param(size_t index) {
+StatusOr<void*> Stage2Engine::param_data(size_t index) {
   if (!sealed_) return failed_precondition("engine: views exist after seal()");
   if (index >= plan_.params().size()) {
     return out_of_range("engine: no parameter " + std::to_string(index));
   }
   const Placement& p = plan_.placement(index);
-  return params_[p.buffer].data() + p.offset;
+  const DType d = plan_.buffers()[p.buffer].dtype;
+  return static_cast<void*>(params_[p.buffer].data() + p.offset * dtype_size(d));
 }
 
-StatusOr<float*> Stage2Engine::grad(size_t index) {
-  HPS_ASSIGN_OR_RETURN(float* p, param(index));
-  (void)p;
+StatusOr<void*> Stage2Engine::grad_data(size_t index) {
+  HPS_RETURN_IF_ERROR(param_data(index).status());
   const Placement& pl = plan_.placement(index);
-  if (!plan_.buffers()[pl.buffer].trainable) {
+  const FlatBuffer& buf = plan_.buffers()[pl.buffer];
+  if (!buf.trainable) {
     return failed_precondition("engine: parameter '" + plan_.params()[index].name +
                                "' is not trainable and has no gradient");
   }
-  return grads_[pl.buffer].data() + pl.offset;
+  return static_cast<void*>(grads_[pl.buffer].data() + pl.offset * dtype_size(buf.dtype));
+}
+
+// The float32 views of float32 parameters.
+static Status check_float32(const LayoutPlan& plan, size_t index) {
+  const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
+  if (d == DType::kFloat32) return Status::Ok();
+  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' is " +
+                             std::string(dtype_name(d)) + ": use its data view");
+}
+
+StatusOr<float*> Stage2Engine::param(size_t index) {
+  HPS_ASSIGN_OR_RETURN(void* p, param_data(index));
+  HPS_RETURN_IF_ERROR(check_float32(plan_, index));
+  return static_cast<float*>(p);
+}
+
+StatusOr<float*> Stage2Engine::grad(size_t index) {
+  HPS_ASSIGN_OR_RETURN(void* g, grad_data(index));
+  HPS_RETURN_IF_ERROR(check_float32(plan_, index));
+  return static_cast<float*>(g);
 }
 
 Status Stage2Engine::wait_parameters(int32_t unit) {
@@ -130,13 +167,15 @@ Status Stage2Engine::release(int32_t unit) {
 
 Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
   const FlatBuffer& buf = plan_.buffers()[b];
-  HPS_ASSIGN_OR_RETURN(auto work, sharding_->reduce_scatter(
-                                      grads_[b].data(), shard_grads_[b].data(), buf.shard_numel,
-                                      DType::kFloat32, ReduceOp::kSum, ready));
+  // fp32 buffers reduce straight into the optimizer's shard; fp16/bf16 ones into a shard
+  // of their own dtype (the ring adds in fp32), converted at the step.
+  void* out = buf.dtype == DType::kFloat32 ? static_cast<void*>(shard_grads_[b].data())
+                                           : static_cast<void*>(reduced_[b].data());
+  HPS_ASSIGN_OR_RETURN(auto work, sharding_->reduce_scatter(grads_[b].data(), out, buf.shard_numel,
+                                                            buf.dtype, ReduceOp::kSum, ready));
   if (dp_ && dp_->size() > 1) {
-    HPS_ASSIGN_OR_RETURN(
-        work, dp_->all_reduce(shard_grads_[b].data(), shard_grads_[b].data(), buf.shard_numel,
-                              DType::kFloat32, ReduceOp::kSum, &sharding_->stream()));
+    HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(out, out, buf.shard_numel, buf.dtype, ReduceOp::kSum,
+                                               &sharding_->stream()));
   }
   buckets_[b].reduced = std::move(work);
   return Status::Ok();
@@ -198,8 +237,10 @@ Status Stage2Engine::step() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
     HPS_RETURN_IF_ERROR(buckets_[b].reduced->wait_on(opt));
-    shards.push_back(
-        {grads_[b].data(), grads_[b].size(), shard_grads_[b].data(), shard_grads_[b].size()});
+    const DType d = plan_.buffers()[b].dtype;
+    shards.push_back({grads_[b].data(), grads_[b].size(), shard_grads_[b].data(),
+                      shard_grads_[b].size(), d == DType::kFloat32 ? nullptr : reduced_[b].data(),
+                      d});
   }
   HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
                                                 *sharding_, dp_.get()));
@@ -210,7 +251,10 @@ Status Stage2Engine::step() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const FlatBuffer& buf = plan_.buffers()[b];
     if (!buf.trainable) continue;
-    float* param_shard = params_[b].data() + plan_.shard(b, rank).first;
+    // fp32 parameters are their own masters; fp16/bf16 ones step their fp32 masters.
+    float* param_shard = masters_[b].empty() ? reinterpret_cast<float*>(params_[b].data()) +
+                                                   plan_.shard(b, rank).first
+                                             : masters_[b].data();
     enqueue_optimizer(opt, &step_state_, options_, param_shard, shard_grads_[b].data(),
                       state_a_[b].empty() ? nullptr : state_a_[b].data(),
                       state_b_[b].empty() ? nullptr : state_b_[b].data(), buf.shard_numel,
@@ -220,11 +264,19 @@ Status Stage2Engine::step() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const FlatBuffer& buf = plan_.buffers()[b];
     if (!buf.trainable) continue;
+    uint8_t* param_shard = params_[b].data() + plan_.shard(b, rank).first * dtype_size(buf.dtype);
+    if (!masters_[b].empty()) {  // the updated masters, rounded once into the parameters
+      const float* master = masters_[b].data();
+      const DType d = buf.dtype;
+      const size_t count = buf.shard_numel;
+      opt.enqueue([master, param_shard, d, count] {
+        cpu::cast(DType::kFloat32, master, d, param_shard, count);
+      });
+    }
     // Bring the updated shards back, in place; the next forward of the unit waits on it.
-    float* param_shard = params_[b].data() + plan_.shard(b, rank).first;
-    HPS_ASSIGN_OR_RETURN(buckets_[b].gathered,
-                         sharding_->all_gather(param_shard, params_[b].data(), buf.shard_numel,
-                                               DType::kFloat32, &opt));
+    HPS_ASSIGN_OR_RETURN(
+        buckets_[b].gathered,
+        sharding_->all_gather(param_shard, params_[b].data(), buf.shard_numel, buf.dtype, &opt));
     buckets_[b].reduced.reset();
     buckets_[b].complete = false;
   }
@@ -247,7 +299,10 @@ Status Stage2Engine::synchronize() {
 
 uint64_t Stage2Engine::resident_bytes() const {
   uint64_t n = 0;
-  for (const auto* group : {&params_, &grads_, &shard_grads_, &state_a_, &state_b_}) {
+  for (const auto* group : {&params_, &grads_, &reduced_}) {
+    for (const auto& v : *group) n += v.size();
+  }
+  for (const auto* group : {&shard_grads_, &masters_, &state_a_, &state_b_}) {
     for (const auto& v : *group) n += v.size() * sizeof(float);
   }
   return n;

@@ -36,6 +36,8 @@ class Stage2Engine final : public ShardedEngine {
   // Views the framework points its tensors at (valid after seal).
   StatusOr<float*> param(size_t index) override;
   StatusOr<float*> grad(size_t index) override;
+  StatusOr<void*> param_data(size_t index) override;
+  StatusOr<void*> grad_data(size_t index) override;
 
   // Before the forward of `unit`: waits until the last all-gather of its parameters has
   // arrived. A dependency wait (counted apart from host syncs), zero once prefetched.
@@ -74,7 +76,11 @@ class Stage2Engine final : public ShardedEngine {
   EngineOptions options_;
   LayoutPlan plan_;
   bool sealed_ = false;
-  std::vector<std::vector<float>> params_, grads_, shard_grads_;
+  // Full parameters and gradients in the parameters' dtype; the fp32 gradient shard the
+  // optimizer reads; for fp16/bf16 buffers the reduced shard in that dtype and the fp32
+  // master weights of this rank's shard.
+  std::vector<std::vector<uint8_t>> params_, grads_, reduced_;
+  std::vector<std::vector<float>> shard_grads_, masters_;
   std::vector<std::vector<float>> state_a_, state_b_;  // momentum / exp_avg, exp_avg_sq
   std::vector<Bucket> buckets_;
   std::vector<size_t> position_in_buffer_;

@@ -27,7 +27,7 @@ StatusOr<std::unique_ptr<Stage3Engine>> Stage3Engine::create(std::shared_ptr<Com
 }
 
 StatusOr<size_t> Stage3Engine::add_param(ParamSpec spec) {
-  return add_engine_param(plan_, std::move(spec));
+  return add_engine_param(plan_, std::move(spec), /*half_masters=*/false);
 }
 
 Status Stage3Engine::seal() {
@@ -316,7 +316,8 @@ Status Stage3Engine::step() {
   for (size_t b = 0; b < buffers_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
     HPS_RETURN_IF_ERROR(buffers_[b].reduced->wait_on(opt));
-    shards.push_back({nullptr, 0, grad_shards_[b].data(), grad_shards_[b].size()});
+    shards.push_back(
+        {nullptr, 0, grad_shards_[b].data(), grad_shards_[b].size(), nullptr, DType::kFloat32});
   }
   // The sharding stream adds later micro-batches into the shards after their reductions:
   // wait for everything on it so far.

@@ -35,6 +35,8 @@ class Stage3Engine final : public ShardedEngine {
   StatusOr<float*> param(size_t index) override;
   // Valid while the unit is gathered; zero when first taken in a micro-batch.
   StatusOr<float*> grad(size_t index) override;
+  StatusOr<void*> param_data(size_t index) override { return to_void(param(index)); }
+  StatusOr<void*> grad_data(size_t index) override { return to_void(grad(index)); }
   Status gather(int32_t unit) override;
   Status release(int32_t unit) override;
   Status grad_ready(size_t index, Stream* ready) override;
@@ -55,6 +57,10 @@ class Stage3Engine final : public ShardedEngine {
   Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
                EngineOptions options);
   using Full = std::shared_ptr<std::vector<float>>;
+  static StatusOr<void*> to_void(StatusOr<float*> p) {
+    if (!p.ok()) return p.status();
+    return static_cast<void*>(*p);
+  }
   struct Unit {
     std::vector<size_t> buffers;
   };
