@@ -39,7 +39,8 @@
  *    writable host buffer checked against count and dtype; hps_clip_run's `norm_out` a
  *    writable buffer of at least one float32 (None / null is NULL). Addresses owned by the
  *    library (hps_engine_param / hps_engine_grad's out_data, hps_clip_coefficient's
- *    out_coefficient) come back as integers (Python int / Java long): the hand-written
+ *    out_coefficient, hps_engine_loss_scale's out_scale and out_skipped_steps, as a pair
+ *    (scale, skipped) / long[2]) come back as integers (Python int / Java long): the hand-written
  *    layers turn them into NumPy views / direct ByteBuffers of the size they know.
  *    hps_engine_add_param takes a sequence / long[] shape; hps_engine_shard_range returns
  *    (begin, end); hps_dependency_wait_stats returns (count, nanoseconds).
@@ -167,6 +168,7 @@
 %hps_unignore hps_engine_synchronize;
 %hps_unignore hps_engine_resident_bytes;
 %hps_unignore hps_engine_shard_range;
+%hps_unignore hps_engine_loss_scale;
 %hps_unignore hps_dependency_wait_stats;
 
 /* Version macros (hpshard/version.h). */
@@ -351,6 +353,11 @@
 %hps_options_field(hps_engine_options, accumulation_steps)
 %hps_options_field(hps_engine_options, alignment_bytes)
 %hps_options_field(hps_engine_options, prefetch_window)
+%hps_options_field(hps_engine_options, dynamic_loss_scaling)
+%hps_options_field(hps_engine_options, initial_loss_scale)
+%hps_options_field(hps_engine_options, growth_factor)
+%hps_options_field(hps_engine_options, backoff_factor)
+%hps_options_field(hps_engine_options, growth_interval)
 
 /* ---------------------------------------------------------------------------------- */
 /* Errors: one block for every function returning hps_status_t.                       */

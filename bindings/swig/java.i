@@ -137,6 +137,8 @@ HPS_JAVA_RETURNS(hps_engine_resident_bytes, jlong, long, { return $jnicall; })
 /* {begin, end} and {count, nanoseconds} */
 HPS_JAVA_RETURNS(hps_engine_shard_range, jlongArray, long[], { return $jnicall; })
 HPS_JAVA_RETURNS(hps_dependency_wait_stats, jlongArray, long[], { return $jnicall; })
+/* {scale address, skipped-steps address} */
+HPS_JAVA_RETURNS(hps_engine_loss_scale, jlongArray, long[], { return $jnicall; })
 
 /* ---- out-params into the result ---------------------------------------------------- */
 %typemap(in, numinputs=0) hps_stream_t** out_stream (hps_stream_t* tmp = NULL) "$1 = &tmp;"
@@ -455,6 +457,20 @@ HPS_JAVA_HANDLE_OUT(hps_engine_t, out_engine)
 %enddef
 HPS_JAVA_UINT64_PAIR(out_begin, out_end)
 HPS_JAVA_UINT64_PAIR(out_count, out_nanoseconds)
+/* hps_engine_loss_scale -> long[] {scale address, skipped-steps address}. */
+%typemap(in, numinputs=0) (const float** out_scale, const int64_t** out_skipped_steps)
+    (const float* a_tmp = NULL, const int64_t* b_tmp = NULL) {
+  $1 = ($1_ltype)&a_tmp;
+  $2 = ($2_ltype)&b_tmp;
+}
+%typemap(argout) (const float** out_scale, const int64_t** out_skipped_steps) {
+  jlong pair[2];
+  pair[0] = (jlong)(intptr_t)*$1;
+  pair[1] = (jlong)(intptr_t)*$2;
+  $result = (*jenv)->NewLongArray(jenv, 2);
+  if (!$result) return $null;
+  (*jenv)->SetLongArrayRegion(jenv, $result, 0, 2, pair);
+}
 /* hps_engine_add_param(engine, name, long[] shape, dtype, flags, unit); null is NULL. */
 %typemap(jni) (const int64_t* shape, size_t ndim) "jlongArray"
 %typemap(jtype) (const int64_t* shape, size_t ndim) "long[]"

@@ -352,6 +352,17 @@ HPS_PY_UINT64_OUT(out_nanoseconds)
   $result = SWIG_Python_AppendOutput($result,
       PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)*$1));
 }
+/* hps_engine_loss_scale: (scale address, skipped-steps address), a list of two ints. */
+%typemap(in, numinputs=0) const float** out_scale (const float* tmp = NULL) "$1 = ($1_ltype)&tmp;"
+%typemap(argout) const float** out_scale {
+  $result = SWIG_Python_AppendOutput($result,
+      PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)*$1));
+}
+%typemap(in, numinputs=0) const int64_t** out_skipped_steps (const int64_t* tmp = NULL) "$1 = ($1_ltype)&tmp;"
+%typemap(argout) const int64_t** out_skipped_steps {
+  $result = SWIG_Python_AppendOutput($result,
+      PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)*$1));
+}
 /* hps_engine_add_param(engine, name, shape, dtype, flags, unit): shape a sequence of ints. */
 %typemap(in) (const int64_t* shape, size_t ndim) {
   PyObject* seq = PySequence_Fast($input, "hps_engine_add_param: shape must be a sequence of ints");

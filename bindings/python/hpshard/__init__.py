@@ -901,9 +901,12 @@ def _numpy() -> Any:
     return numpy
 
 
-def _view(address: int, shape: Tuple[int, ...], owner: Any, readonly: bool = False) -> Any:
-    """A float32 NumPy array of ``shape`` over the memory at ``address`` (not copied). Its
-    base is a ctypes array that references ``owner``, so the owner outlives the view."""
+def _view(address: int, shape: Tuple[int, ...], owner: Any, readonly: bool = False,
+          dtype: Any = None) -> Any:
+    """A NumPy array of ``shape`` over the memory at ``address`` (not copied): float32 by
+    default, float16 for FLOAT16 and uint16 bit patterns for BFLOAT16 (NumPy has no
+    bfloat16). Its base is a ctypes array that references ``owner``, so the owner outlives
+    the view."""
     import ctypes
     np = _numpy()
     count = 1
@@ -911,9 +914,17 @@ def _view(address: int, shape: Tuple[int, ...], owner: Any, readonly: bool = Fal
         count *= int(d)
     if address == 0:
         raise ValueError("hpshard: NULL view address")
-    raw = (ctypes.c_float * max(count, 1)).from_address(int(address))
+    if dtype is None or int(dtype) == DType.FLOAT32:
+        element, np_dtype = ctypes.c_float, np.float32
+    elif int(dtype) == DType.FLOAT16:
+        element, np_dtype = ctypes.c_uint16, np.float16
+    elif int(dtype) == DType.BFLOAT16:
+        element, np_dtype = ctypes.c_uint16, np.uint16
+    else:
+        raise ValueError(f"hpshard: no view for dtype {dtype}")
+    raw = (element * max(count, 1)).from_address(int(address))
     raw._hpshard_owner = owner  # the view -> raw -> owner: the owner stays alive
-    array = np.frombuffer(raw, dtype=np.float32, count=count).reshape(shape)
+    array = np.frombuffer(raw, dtype=np_dtype, count=count).reshape(shape)
     if readonly:
         array.flags.writeable = False
     return array
@@ -1084,6 +1095,11 @@ class EngineOptions:
     accumulation_steps: int = 1
     alignment_bytes: int = 256
     prefetch_window: int = 2
+    dynamic_loss_scaling: bool = False
+    initial_loss_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
 
     @classmethod
     def defaults(cls) -> "EngineOptions":
@@ -1095,7 +1111,10 @@ class EngineOptions:
                    beta2=o.beta2, epsilon=o.epsilon, clip_max_norm=o.clip_max_norm,
                    deterministic_clip=bool(o.deterministic_clip),
                    accumulation_steps=o.accumulation_steps, alignment_bytes=o.alignment_bytes,
-                   prefetch_window=o.prefetch_window)
+                   prefetch_window=o.prefetch_window,
+                   dynamic_loss_scaling=bool(o.dynamic_loss_scaling),
+                   initial_loss_scale=o.initial_loss_scale, growth_factor=o.growth_factor,
+                   backoff_factor=o.backoff_factor, growth_interval=o.growth_interval)
 
     @staticmethod
     def struct_size(struct_size: Optional[int] = None) -> int:
@@ -1120,6 +1139,11 @@ class EngineOptions:
         o.accumulation_steps = int(self.accumulation_steps)
         o.alignment_bytes = int(self.alignment_bytes)
         o.prefetch_window = int(self.prefetch_window)
+        o.dynamic_loss_scaling = 1 if self.dynamic_loss_scaling else 0
+        o.initial_loss_scale = float(self.initial_loss_scale)
+        o.growth_factor = float(self.growth_factor)
+        o.backoff_factor = float(self.backoff_factor)
+        o.growth_interval = int(self.growth_interval)
         return o
 
 
@@ -1155,6 +1179,7 @@ class Engine(_Handle):
         self.options = options
         self._comms = tuple(c for c in (sharding, dp) if c is not None)
         self._shapes: List[Tuple[int, ...]] = []
+        self._dtypes: List[DType] = []
         self._names: List[str] = []
         self._keep: list = []  # ready streams until synchronize()
         for comm in self._comms:
@@ -1169,10 +1194,17 @@ class Engine(_Handle):
                clip_max_norm: float = 0.0, deterministic_clip: bool = False,
                accumulation_steps: int = 1, stage: int = 2,
                alignment_bytes: Optional[int] = None, prefetch_window: Optional[int] = None,
+               dynamic_loss_scaling: bool = False, initial_loss_scale: float = 65536.0,
+               growth_factor: float = 2.0, backoff_factor: float = 0.5,
+               growth_interval: int = 2000,
                options: Optional[EngineOptions] = None) -> "Engine":
         """An engine sharding over ``sharding`` (required) with an optional ``dp`` group
         above it. Unset options keep the library's defaults (stage 2, SGD, lr 0.01, betas
-        (0.9, 0.999), eps 1e-8, ...); ``options`` replaces every keyword. Error
+        (0.9, 0.999), eps 1e-8, ...); ``options`` replaces every keyword.
+        ``dynamic_loss_scaling``: multiply the loss by :attr:`loss_scale`; a step with
+        non-finite gradients is skipped on every rank, the scale backs off by
+        ``backoff_factor`` and grows by ``growth_factor`` after ``growth_interval`` good
+        steps. Error
         INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators)."""
         if not isinstance(sharding, Communicator):
             raise TypeError(f"sharding must be an hpshard.Communicator, not "
@@ -1201,6 +1233,11 @@ class Engine(_Handle):
                 options.alignment_bytes = int(alignment_bytes)
             if prefetch_window is not None:
                 options.prefetch_window = int(prefetch_window)
+            options.dynamic_loss_scaling = bool(dynamic_loss_scaling)
+            options.initial_loss_scale = float(initial_loss_scale)
+            options.growth_factor = float(growth_factor)
+            options.backoff_factor = float(backoff_factor)
+            options.growth_interval = int(growth_interval)
         h = _c.hps_engine_create(sharding._h(), dp_handle, options._to_c())
         return cls(h, sharding, dp, options)
 
@@ -1218,7 +1255,9 @@ class Engine(_Handle):
         ``unit``: the layer its forward belongs to. Every rank registers the same
         parameters in the same order. ``flags`` (raw ParamFlag bits) replaces the four
         booleans. Error INVALID_ARGUMENT, ALREADY_EXISTS (name), FAILED_PRECONDITION
-        (sealed), UNIMPLEMENTED (a dtype other than float32)."""
+        (sealed), UNIMPLEMENTED (a dtype other than float32, float16 or bfloat16; the
+        last two need stage 2). Views of FLOAT16 parameters are float16 arrays, of BFLOAT16
+        ones uint16 bit patterns."""
         shape = tuple(int(d) for d in shape)
         if flags is None:
             flags = ((ParamFlag.FROZEN if frozen else 0)
@@ -1226,13 +1265,16 @@ class Engine(_Handle):
                      | (0 if clip else ParamFlag.NO_CLIP)
                      | (ParamFlag.SHARED_NOT_FIRST if shared_not_first else 0))
         with self._lock:
+            code = _as_dtype(dtype)
             index = _c.hps_engine_add_param(self._h(), str(name), list(shape),
-                                            _as_dtype(dtype), int(flags), int(unit))
+                                            code, int(flags), int(unit))
             while len(self._shapes) <= index:
                 self._shapes.append(())
                 self._names.append("")
+                self._dtypes.append(DType.FLOAT32)
             self._shapes[index] = shape
             self._names[index] = str(name)
+            self._dtypes[index] = DType(int(code))
         return index
 
     def seal(self) -> None:
@@ -1254,14 +1296,14 @@ class Engine(_Handle):
         """The parameter's float32 array of its shape, VIEWING the engine's memory (valid
         until the engine is closed)."""
         address = _c.hps_engine_param(self._h(), int(index))
-        return _view(address, self._shape(index), self)
+        return _view(address, self._shape(index), self, dtype=self._dtypes[int(index)])
 
     def grad(self, index: int) -> Any:
         """The gradient's float32 array VIEWING the engine's memory: zero at the start of
         every step, backward adds into it (Error FAILED_PRECONDITION: frozen, not
         sealed)."""
         address = _c.hps_engine_grad(self._h(), int(index))
-        return _view(address, self._shape(index), self)
+        return _view(address, self._shape(index), self, dtype=self._dtypes[int(index)])
 
     def name(self, index: int) -> str:
         """The name the parameter was registered with."""
@@ -1314,6 +1356,25 @@ class Engine(_Handle):
         and updates; begin == end when none."""
         begin, end = _c.hps_engine_shard_range(self._h(), int(index))
         return (begin, end)
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without dynamic loss scaling), read from the engine's
+        memory (hps_engine_loss_scale): multiply the loss by it before backward. Read it
+        after the step's :meth:`wait_parameters`, when the last update has landed."""
+        import ctypes
+        with self._lock:
+            scale, _ = _c.hps_engine_loss_scale(self._h())
+            return float(ctypes.c_float.from_address(int(scale)).value)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for non-finite gradients so far, under the same rule as
+        :attr:`loss_scale`."""
+        import ctypes
+        with self._lock:
+            _, skipped = _c.hps_engine_loss_scale(self._h())
+            return int(ctypes.c_int64.from_address(int(skipped)).value)
 
 
 def dependency_wait_stats() -> Tuple[int, int]:

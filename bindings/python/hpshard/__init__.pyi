@@ -267,12 +267,19 @@ class EngineOptions:
     accumulation_steps: int
     alignment_bytes: int
     prefetch_window: int
+    dynamic_loss_scaling: bool
+    initial_loss_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
     def __init__(self, stage: int = ..., optimizer: int = ..., learning_rate: float = ...,
                  momentum: float = ..., weight_decay: float = ..., nesterov: bool = ...,
                  beta1: float = ..., beta2: float = ..., epsilon: float = ...,
                  clip_max_norm: float = ..., deterministic_clip: bool = ...,
                  accumulation_steps: int = ..., alignment_bytes: int = ...,
-                 prefetch_window: int = ...) -> None: ...
+                 prefetch_window: int = ..., dynamic_loss_scaling: bool = ...,
+                 initial_loss_scale: float = ..., growth_factor: float = ...,
+                 backoff_factor: float = ..., growth_interval: int = ...) -> None: ...
     @classmethod
     def defaults(cls) -> EngineOptions: ...
     @staticmethod
@@ -289,6 +296,9 @@ class Engine:
                deterministic_clip: bool = ..., accumulation_steps: int = ...,
                stage: int = ..., alignment_bytes: Optional[int] = ...,
                prefetch_window: Optional[int] = ...,
+               dynamic_loss_scaling: bool = ..., initial_loss_scale: float = ...,
+               growth_factor: float = ..., backoff_factor: float = ...,
+               growth_interval: int = ...,
                options: Optional[EngineOptions] = ...) -> Engine: ...
     @property
     def closed(self) -> bool: ...
@@ -310,6 +320,10 @@ class Engine:
     @property
     def resident_bytes(self) -> int: ...
     def shard_range(self, index: int) -> Tuple[int, int]: ...
+    @property
+    def loss_scale(self) -> float: ...
+    @property
+    def skipped_steps(self) -> int: ...
     def close(self) -> None: ...
     def __enter__(self) -> Engine: ...
     def __exit__(self, *exc: object) -> None: ...

@@ -262,7 +262,7 @@ def test_engine_single_rank_views_and_errors():
             assert (w, b, f) == (0, 1, 2) and engine.num_params == 3
             assert engine.name(1) == "b"
             assert status_of(lambda: engine.add_param("w", (1,))) == 4  # ALREADY_EXISTS
-            assert status_of(lambda: engine.add_param("h", (2,), dtype=DType.FLOAT16)) \
+            assert status_of(lambda: engine.add_param("h", (2,), dtype=DType.FLOAT64)) \
                 == UNIMPLEMENTED
             assert status_of(lambda: engine.add_param("u", (2,), flags=1 << 10)) \
                 == INVALID_ARGUMENT
@@ -405,6 +405,69 @@ def test_engine_two_ranks_sgd_matches_unsharded_reference():
         assert (covered == 1).all(), f"{n}: {covered}"
 
 
+LS_STEPS = 5
+LS_SHAPE = (5,)
+
+
+def ls_gradient(step, rank):
+    i = np.arange(LS_SHAPE[0], dtype=np.float32)
+    return (np.cos(i * 0.4 + step * 0.9 + rank * 0.3) * (rank + 1)).astype(np.float32)
+
+
+def test_engine_options_loss_scaling_defaults():
+    d = EngineOptions.defaults()
+    assert d.dynamic_loss_scaling is False
+    assert (d.initial_loss_scale, d.growth_factor, d.backoff_factor, d.growth_interval) \
+        == (65536.0, 2.0, 0.5, 2000)
+    o = EngineOptions()
+    assert (o.dynamic_loss_scaling, o.initial_loss_scale, o.growth_factor, o.backoff_factor,
+            o.growth_interval) == (False, 65536.0, 2.0, 0.5, 2000)
+
+
+def test_engine_two_ranks_dynamic_loss_scaling():
+    initial_w = np.linspace(-1.0, 1.0, LS_SHAPE[0], dtype=np.float32)
+
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            assert status_of(lambda: Engine.create(comm, dynamic_loss_scaling=True,
+                                                   backoff_factor=1.5)) == INVALID_ARGUMENT
+            with Engine.create(comm, learning_rate=LR, dynamic_loss_scaling=True,
+                               initial_loss_scale=1024.0, growth_interval=2) as engine:
+                w = engine.add_param("w", LS_SHAPE)
+                engine.seal()
+                engine.param(w)[...] = initial_w if r == 0 else 0.0
+                engine.broadcast_parameters()
+                scales = []
+                for step in range(LS_STEPS):
+                    engine.wait_parameters(0)
+                    scale = engine.loss_scale
+                    scales.append(scale)
+                    g = engine.grad(w)
+                    g += ls_gradient(step, r) * np.float32(scale)
+                    if step == 1 and r == 1:
+                        g[0] = np.inf
+                    engine.grad_ready(w)
+                    engine.release_parameters(0)
+                    engine.step()
+                engine.wait_parameters(0)
+                skipped = engine.skipped_steps
+                engine.synchronize()
+                return scales, skipped, engine.param(w).copy()
+
+    results = run_ranks(2, rank, "engine-loss-scale")
+    reference = initial_w.copy()
+    for step in range(LS_STEPS):
+        if step == 1:
+            continue  # skipped on every rank
+        mean = (ls_gradient(step, 0) + ls_gradient(step, 1)) / np.float32(2)
+        reference = (reference - np.float32(LR) * mean).astype(np.float32)
+    for r, (scales, skipped, final) in enumerate(results):
+        assert scales == [1024.0, 1024.0, 512.0, 512.0, 1024.0], f"rank {r}: {scales}"
+        assert skipped == 1, f"rank {r}"
+        np.testing.assert_allclose(final, reference, rtol=1e-6, atol=1e-7, err_msg=f"rank {r}")
+
+
 def test_engine_two_ranks_bad_input():
     def rank(r, url):
         store, comm = world(r, url)
@@ -415,7 +478,7 @@ def test_engine_two_ranks_bad_input():
                 assert status_of(bad.seal) == INVALID_ARGUMENT
             # the rest on a good engine
             with Engine.create(comm) as engine:
-                assert status_of(lambda: engine.add_param("h", (2,), dtype=np.float16)) \
+                assert status_of(lambda: engine.add_param("h", (2,), dtype=np.float64)) \
                     == UNIMPLEMENTED
                 # a and a2 share unit 0's bucket, b has unit 1's
                 a = engine.add_param("a", (4,), unit=0)
@@ -452,3 +515,20 @@ def test_closing_the_communicator_closes_the_engine_first():
         assert engine.closed
         with pytest.raises(ValueError):
             engine.seal()
+
+
+def test_engine_half_precision_views_have_their_dtype():
+    """Stage 2 fp16/bf16 parameters: float16 views, and uint16 bit patterns for bfloat16."""
+    store = hpshard.Store.open(f"memory://half-views-{uuid.uuid4().hex}", 0, timeout_ms=5000)
+    with store, hpshard.Communicator.create(store, 0, 1) as comm:
+        with hpshard.Engine.create(comm) as engine:
+            h = engine.add_param("h", (3,), dtype=np.float16)
+            b = engine.add_param("b", (2, 2), dtype=DType.BFLOAT16)
+            engine.seal()
+            assert engine.param(h).dtype == np.float16 and engine.param(h).shape == (3,)
+            assert engine.grad(b).dtype == np.uint16 and engine.grad(b).shape == (2, 2)
+            engine.param(h)[:] = [1.5, -2.0, 0.25]
+            engine.param(b)[:] = 0x3F80  # 1.0 in bfloat16
+            engine.broadcast_parameters()
+            assert list(engine.param(h)) == [1.5, -2.0, 0.25]
+            assert int(engine.param(b)[1, 1]) == 0x3F80

@@ -49,6 +49,11 @@ public final class Engine implements AutoCloseable {
     private Integer accumulationSteps;
     private Long alignmentBytes;
     private Integer prefetchWindow;
+    private Boolean dynamicLossScaling;
+    private Float initialLossScale;
+    private Float growthFactor;
+    private Float backoffFactor;
+    private Integer growthInterval;
 
     /** 2 (default) or 3. */
     public Options stage(int stage) {
@@ -121,6 +126,39 @@ public final class Engine implements AutoCloseable {
       return this;
     }
 
+    /**
+     * Multiply the loss by {@link Engine#lossScale()}; non-finite gradients skip the step on
+     * every rank (default off).
+     */
+    public Options dynamicLossScaling(boolean dynamicLossScaling) {
+      this.dynamicLossScaling = dynamicLossScaling;
+      return this;
+    }
+
+    /** Default 65536. */
+    public Options initialLossScale(float initialLossScale) {
+      this.initialLossScale = initialLossScale;
+      return this;
+    }
+
+    /** Applied after growthInterval good steps (default 2). */
+    public Options growthFactor(float growthFactor) {
+      this.growthFactor = growthFactor;
+      return this;
+    }
+
+    /** Applied on a skipped step (default 0.5). */
+    public Options backoffFactor(float backoffFactor) {
+      this.backoffFactor = backoffFactor;
+      return this;
+    }
+
+    /** Good steps before the scale grows (default 2000). */
+    public Options growthInterval(int growthInterval) {
+      this.growthInterval = growthInterval;
+      return this;
+    }
+
     void applyTo(hps_engine_options_t o) {
       if (stage != null) o.setStage(stage);
       if (optimizer != null) o.setOptimizer(optimizer.code());
@@ -136,6 +174,11 @@ public final class Engine implements AutoCloseable {
       if (accumulationSteps != null) o.setAccumulation_steps(accumulationSteps);
       if (alignmentBytes != null) o.setAlignment_bytes(alignmentBytes);
       if (prefetchWindow != null) o.setPrefetch_window(prefetchWindow);
+      if (dynamicLossScaling != null) o.setDynamic_loss_scaling(dynamicLossScaling ? 1 : 0);
+      if (initialLossScale != null) o.setInitial_loss_scale(initialLossScale);
+      if (growthFactor != null) o.setGrowth_factor(growthFactor);
+      if (backoffFactor != null) o.setBackoff_factor(backoffFactor);
+      if (growthInterval != null) o.setGrowth_interval(growthInterval);
     }
   }
 
@@ -172,6 +215,7 @@ public final class Engine implements AutoCloseable {
   private final State state;
   private final Cleaner.Cleanable cleanable;
   private final List<long[]> shapes = new ArrayList<>();
+  private final List<Integer> elementBytes = new ArrayList<>();
   private final List<String> names = new ArrayList<>();
 
   private Engine(SWIGTYPE_p_hps_engine handle, Communicator sharding, Communicator dp) {
@@ -272,9 +316,11 @@ public final class Engine implements AutoCloseable {
       while (shapes.size() <= index) {
         shapes.add(new long[0]);
         names.add("");
+        elementBytes.add(4);
       }
       shapes.set(index, copy);
       names.set(index, name);
+      elementBytes.set(index, (int) Hpshard.dtypeSize(dtype));
       return index;
     }
   }
@@ -330,7 +376,11 @@ public final class Engine implements AutoCloseable {
   }
 
   private ByteBuffer view(long address, int index) {
-    long bytes = numel(index) * 4;
+    long element;
+    synchronized (state) {
+      element = elementBytes.get(index);
+    }
+    long bytes = numel(index) * element;  // float32: 4; float16 / bfloat16 bit patterns: 2
     if (bytes > Integer.MAX_VALUE) {
       throw new UnsupportedOperationException("parameter " + index + " exceeds 2 GiB");
     }
@@ -411,6 +461,27 @@ public final class Engine implements AutoCloseable {
   /** {begin, end}: the element offsets of parameter {@code index} this rank's shard holds. */
   public long[] shardRange(int index) {
     return HpshardNative.hps_engine_shard_range(handle(), index);
+  }
+
+  /**
+   * The current loss scale (1 without dynamic loss scaling), read from the engine's memory:
+   * multiply the loss by it before backward. Read it after the step's
+   * {@link #waitParameters}, when the last update has landed.
+   */
+  public float lossScale() {
+    long address = HpshardNative.hps_engine_loss_scale(handle())[0];
+    return HpshardNative.hps_swig_direct_buffer(address, 4).order(ByteOrder.nativeOrder())
+        .getFloat(0);
+  }
+
+  /**
+   * The number of steps skipped for non-finite gradients, under the same rule as
+   * {@link #lossScale()}.
+   */
+  public long skippedSteps() {
+    long address = HpshardNative.hps_engine_loss_scale(handle())[1];
+    return HpshardNative.hps_swig_direct_buffer(address, 8).order(ByteOrder.nativeOrder())
+        .getLong(0);
   }
 
   /** {count, nanoseconds}: dependency waits so far (process-wide) and the time blocked. */

@@ -1314,7 +1314,9 @@ pub struct hps_engine {
 #[doc = " step brings them back; release does nothing). Stage 3 keeps only this rank's shards:"]
 #[doc = " wait_parameters gathers the unit (prefetched in the order recorded on the first step,"]
 #[doc = " at most prefetch_window units live) and release frees it. Nothing in a steady-state"]
-#[doc = " step blocks the host. This version trains float32 parameters on CPU communicators."]
+#[doc = " step blocks the host. This version shards over CPU communicators; parameters are float32,"]
+#[doc = " or float16/bfloat16 with stage 2 (views and gradients in that dtype, reductions adding in"]
+#[doc = " fp32, fp32 master weights and optimizer state inside, rounded once per step)."]
 #[doc = " Thread safety: one thread at a time per engine."]
 pub type hps_engine_t = hps_engine;
 impl hps_optimizer {
@@ -1391,12 +1393,23 @@ pub struct hps_engine_options {
     pub alignment_bytes: u64,
     #[doc = "< stage 3: units live at once, prefetch included (default 2)"]
     pub prefetch_window: i32,
+    #[doc = "< 1: multiply the loss by hps_engine_loss_scale; non-finite"]
+    #[doc = "gradients skip the step on every rank (default 0)"]
+    pub dynamic_loss_scaling: i32,
+    #[doc = "< default 65536"]
+    pub initial_loss_scale: f32,
+    #[doc = "< applied after growth_interval good steps (default 2)"]
+    pub growth_factor: f32,
+    #[doc = "< applied on a skipped step (default 0.5)"]
+    pub backoff_factor: f32,
+    #[doc = "< default 2000"]
+    pub growth_interval: i32,
 }
 #[test]
 fn bindgen_test_layout_hps_engine_options() {
     assert_eq!(
         ::std::mem::size_of::<hps_engine_options>(),
-        80usize,
+        96usize,
         concat!("Size of: ", stringify!(hps_engine_options))
     );
     assert_eq!(
@@ -1659,6 +1672,91 @@ fn bindgen_test_layout_hps_engine_options() {
         );
     }
     test_field_prefetch_window();
+    fn test_field_dynamic_loss_scaling() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dynamic_loss_scaling) as usize - ptr as usize
+            },
+            76usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(dynamic_loss_scaling)
+            )
+        );
+    }
+    test_field_dynamic_loss_scaling();
+    fn test_field_initial_loss_scale() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).initial_loss_scale) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(initial_loss_scale)
+            )
+        );
+    }
+    test_field_initial_loss_scale();
+    fn test_field_growth_factor() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).growth_factor) as usize - ptr as usize
+            },
+            84usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(growth_factor)
+            )
+        );
+    }
+    test_field_growth_factor();
+    fn test_field_backoff_factor() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).backoff_factor) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(backoff_factor)
+            )
+        );
+    }
+    test_field_backoff_factor();
+    fn test_field_growth_interval() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).growth_interval) as usize - ptr as usize
+            },
+            92usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(growth_interval)
+            )
+        );
+    }
+    test_field_growth_interval();
 }
 #[doc = " Engine options. ABI-extensible."]
 pub type hps_engine_options_t = hps_engine_options;
@@ -1688,7 +1786,7 @@ extern "C" {
     #[doc = " Register a parameter before hps_engine_seal; its index (registration order) into"]
     #[doc = " *out_index. `unit` is the layer its forward belongs to. Every rank must register the"]
     #[doc = " same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),"]
-    #[doc = " FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32)."]
+    #[doc = " FAILED_PRECONDITION (sealed), UNIMPLEMENTED (another dtype, or fp16/bf16 with stage 3)."]
     pub fn hps_engine_add_param(
         engine: *mut hps_engine_t,
         name: *const ::std::os::raw::c_char,
@@ -1782,6 +1880,18 @@ extern "C" {
         index: usize,
         out_begin: *mut u64,
         out_end: *mut u64,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The engine's current loss scale (1 without dynamic loss scaling) in *out_scale: engine"]
+    #[doc = " memory the optimizer's stream updates. Multiply the loss by it before backward; read it"]
+    #[doc = " after the step's hps_engine_wait_parameters, when the last update has landed. Also the"]
+    #[doc = " number of steps skipped for non-finite gradients, under the same rule. Both pointers"]
+    #[doc = " stay valid until the engine is destroyed."]
+    pub fn hps_engine_loss_scale(
+        engine: *mut hps_engine_t,
+        out_scale: *mut *const f32,
+        out_skipped_steps: *mut *const i64,
     ) -> hps_status_t;
 }
 extern "C" {

@@ -234,7 +234,9 @@ impl fmt::Debug for ParamFlags {
 /// default (what `hps_engine_options_init` sets, as [`EngineOptions::library_defaults`]
 /// reports it): stage 2, SGD, learning rate 0.01, no momentum, no weight decay, AdamW
 /// betas (0.9, 0.999) and epsilon 1e-8, no clipping, one micro-batch per step,
-/// 256-byte alignment, a stage-3 window of 2 units. Builder setters change one field each.
+/// 256-byte alignment, a stage-3 window of 2 units, no dynamic loss scaling (initial
+/// scale 65536, growth factor 2, backoff factor 0.5, growth interval 2000). Builder
+/// setters change one field each.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineOptions {
     /// The ZeRO stage: 2 (full parameters resident) or 3 (only this rank's shards;
@@ -267,6 +269,17 @@ pub struct EngineOptions {
     pub alignment_bytes: u64,
     /// Stage 3: units live at once, prefetch included.
     pub prefetch_window: i32,
+    /// Dynamic loss scaling: multiply the loss by [`Engine::loss_scale`]; a step with
+    /// non-finite gradients is skipped on every rank ([`Engine::skipped_steps`]).
+    pub dynamic_loss_scaling: bool,
+    /// The loss scale to start from.
+    pub initial_loss_scale: f32,
+    /// Applied to the scale after `growth_interval` good steps in a row.
+    pub growth_factor: f32,
+    /// Applied to the scale on a skipped step.
+    pub backoff_factor: f32,
+    /// Good steps in a row before the scale grows.
+    pub growth_interval: i32,
 }
 
 impl Default for EngineOptions {
@@ -286,6 +299,11 @@ impl Default for EngineOptions {
             accumulation_steps: 1,
             alignment_bytes: 256,
             prefetch_window: 2,
+            dynamic_loss_scaling: false,
+            initial_loss_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
         }
     }
 }
@@ -314,6 +332,11 @@ impl EngineOptions {
             accumulation_steps: raw.accumulation_steps,
             alignment_bytes: raw.alignment_bytes,
             prefetch_window: raw.prefetch_window,
+            dynamic_loss_scaling: raw.dynamic_loss_scaling != 0,
+            initial_loss_scale: raw.initial_loss_scale,
+            growth_factor: raw.growth_factor,
+            backoff_factor: raw.backoff_factor,
+            growth_interval: raw.growth_interval,
         })
     }
 
@@ -387,6 +410,31 @@ impl EngineOptions {
         self.alignment_bytes = bytes;
         self
     }
+    /// Builder: dynamic loss scaling on or off.
+    pub fn dynamic_loss_scaling(mut self, enabled: bool) -> EngineOptions {
+        self.dynamic_loss_scaling = enabled;
+        self
+    }
+    /// Builder: the initial loss scale.
+    pub fn initial_loss_scale(mut self, scale: f32) -> EngineOptions {
+        self.initial_loss_scale = scale;
+        self
+    }
+    /// Builder: the factor the scale grows by after `growth_interval` good steps.
+    pub fn growth_factor(mut self, factor: f32) -> EngineOptions {
+        self.growth_factor = factor;
+        self
+    }
+    /// Builder: the factor the scale backs off by on a skipped step.
+    pub fn backoff_factor(mut self, factor: f32) -> EngineOptions {
+        self.backoff_factor = factor;
+        self
+    }
+    /// Builder: good steps in a row before the scale grows.
+    pub fn growth_interval(mut self, steps: i32) -> EngineOptions {
+        self.growth_interval = steps;
+        self
+    }
 
     fn to_raw(self) -> Result<sys::hps_engine_options_t> {
         let mut raw = raw_engine_options()?;
@@ -404,6 +452,11 @@ impl EngineOptions {
         raw.accumulation_steps = self.accumulation_steps;
         raw.alignment_bytes = self.alignment_bytes;
         raw.prefetch_window = self.prefetch_window;
+        raw.dynamic_loss_scaling = if self.dynamic_loss_scaling { 1 } else { 0 };
+        raw.initial_loss_scale = self.initial_loss_scale;
+        raw.growth_factor = self.growth_factor;
+        raw.backoff_factor = self.backoff_factor;
+        raw.growth_interval = self.growth_interval;
         Ok(raw)
     }
 }
@@ -455,6 +508,8 @@ pub enum View {
 #[derive(Debug, Clone, Copy)]
 struct ParamInfo {
     numel: usize,
+    /// The safe views are `f32`: other dtypes go through the raw pointers.
+    dtype: DType,
     /// Index into `Engine::units`.
     unit: usize,
 }
@@ -705,7 +760,11 @@ impl<'c> Engine<'c> {
         if trainable {
             self.units[u].trainable += 1;
         }
-        self.params.push(ParamInfo { numel, unit: u });
+        self.params.push(ParamInfo {
+            numel,
+            dtype,
+            unit: u,
+        });
         Ok(index)
     }
 
@@ -899,6 +958,70 @@ impl<'c> Engine<'c> {
         Ok(begin..end)
     }
 
+    /// The current loss scale (1 without dynamic loss scaling), read from the engine's
+    /// memory (`hps_engine_loss_scale`): multiply the loss by it before backward.
+    ///
+    /// The optimizer's stream updates it in each [`Engine::step`]; the update has landed
+    /// once [`Engine::wait_parameters`] of a unit returned after the step (the unit's
+    /// all-gather is enqueued behind the optimizer). When a step happened since the last
+    /// successful wait of every unit, stage 2 makes that wait here on its first unit (a
+    /// dependency wait, no host sync) and stage 3 refuses (it would gather a unit out of
+    /// the caller's order): call [`Engine::wait_parameters`] first.
+    /// Errors: [`Status::FailedPrecondition`] (stage 3 with the step's update possibly in
+    /// flight, poisoned engine), the errors of [`Engine::wait_parameters`].
+    pub fn loss_scale(&mut self) -> Result<f32> {
+        let (scale, _) = self.loss_scale_ptrs()?;
+        // SAFETY: `scale` points to an f32 owned by the engine, valid until it is
+        // destroyed (the borrow of `self` prevents that during the read). No update is in
+        // flight (checked by loss_scale_ptrs), and none can start during this call.
+        Ok(unsafe { *scale })
+    }
+
+    /// The number of steps skipped for non-finite gradients (`hps_engine_loss_scale`),
+    /// under the same rule as [`Engine::loss_scale`].
+    pub fn skipped_steps(&mut self) -> Result<i64> {
+        let (_, skipped) = self.loss_scale_ptrs()?;
+        // SAFETY: as in loss_scale: an i64 owned by the engine, no update in flight.
+        Ok(unsafe { *skipped })
+    }
+
+    /// The addresses of the loss scale and the skipped-step count, after making sure no
+    /// step's update of them is in flight.
+    fn loss_scale_ptrs(&mut self) -> Result<(*const f32, *const i64)> {
+        if self.poisoned {
+            return Err(Error::new(
+                Status::FailedPrecondition,
+                "engine: an earlier call failed with work possibly in flight; the loss scale \
+                 is no longer readable",
+            ));
+        }
+        // After a successful step every unit has gather_pending set; a successful wait of
+        // any unit (or synchronize) clears it and proves the step's optimizer done.
+        if !self.units.is_empty() && self.units.iter().all(|u| u.gather_pending) {
+            if self.stage != 2 {
+                return Err(Error::new(
+                    Status::FailedPrecondition,
+                    "engine: the last step's loss-scale update may be in flight; call \
+                     wait_parameters of a unit first",
+                ));
+            }
+            let unit = self.units[0].id;
+            self.wait_parameters(unit)?;
+        }
+        let mut scale: *const f32 = ptr::null();
+        let mut skipped: *const i64 = ptr::null();
+        // SAFETY: live handle, this thread only; out-params live. Only addresses are
+        // returned.
+        check(unsafe { sys::hps_engine_loss_scale(self.raw.as_ptr(), &mut scale, &mut skipped) })?;
+        if scale.is_null() || skipped.is_null() {
+            return Err(Error::new(
+                Status::Internal,
+                "hps_engine_loss_scale returned OK and a NULL address",
+            ));
+        }
+        Ok((scale, skipped))
+    }
+
     /// How many parameters were registered.
     pub fn param_count(&self) -> usize {
         self.params.len()
@@ -933,6 +1056,8 @@ impl<'c> Engine<'c> {
     /// [`Engine::wait_parameters`] of the unit returned). Read or write through it
     /// only between that wait and the next step, never while a safe view of the same
     /// memory exists, and not after the engine is dropped.
+    /// For a float16 / bfloat16 parameter (stage 2) the address holds `numel(index)`
+    /// 16-bit elements: cast the pointer (the safe views refuse such parameters).
     /// Errors: [`Status::FailedPrecondition`] (not sealed), [`Status::OutOfRange`].
     pub fn param_ptr(&self, index: usize) -> Result<*mut f32> {
         let mut data: *mut c_void = ptr::null_mut();
@@ -1000,6 +1125,21 @@ impl<'c> Engine<'c> {
         }
         let mut seen: HashSet<View> = HashSet::new();
         for &request in requests.iter() {
+            let index = match request {
+                View::Param(i) | View::Grad(i) => i,
+            };
+            if let Some(info) = self.params.get(index) {
+                if info.dtype != DType::FLOAT32 {
+                    return Err(Error::new(
+                        Status::FailedPrecondition,
+                        format!(
+                            "Engine::views: parameter {} is {:?}; the safe views are f32 (use \
+                             param_ptr / grad_ptr for fp16 and bf16 parameters)",
+                            index, info.dtype
+                        ),
+                    ));
+                }
+            }
             if !seen.insert(request) {
                 return Err(Error::new(
                     Status::InvalidArgument,

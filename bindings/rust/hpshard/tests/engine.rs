@@ -575,7 +575,7 @@ fn bad_registrations() {
     let mut comm = one_rank("register");
     let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
     expect_status(
-        engine.add_param("h", &[4], DType::FLOAT16, ParamFlags::NONE, 0),
+        engine.add_param("h", &[4], DType::FLOAT64, ParamFlags::NONE, 0),
         Status::Unimplemented,
     );
     expect_status(
@@ -697,4 +697,147 @@ fn the_ready_stream_is_accepted() {
     assert!(engine.dp().is_none());
     let p = engine.param(0).unwrap().to_vec();
     assert_close("a", &p, &[-0.01, -0.02, -0.03]);
+}
+
+// ---------------------------------------------------------------------------------
+// Dynamic loss scaling
+// ---------------------------------------------------------------------------------
+
+const LS_STEPS: usize = 5;
+const LS_N: usize = 5;
+const LS_LR: f32 = 0.1;
+
+fn ls_initial(k: usize) -> f32 {
+    -1.0 + 0.5 * k as f32
+}
+
+fn ls_gradient(rank: i32, step: usize, k: usize) -> f32 {
+    ((k as f64 * 0.4 + step as f64 * 0.9 + rank as f64 * 0.3).cos() * (rank as f64 + 1.0)) as f32
+}
+
+#[test]
+fn loss_scaling_options_and_bad_backoff() {
+    let o = EngineOptions::new()
+        .dynamic_loss_scaling(true)
+        .initial_loss_scale(1024.0)
+        .growth_factor(4.0)
+        .backoff_factor(0.25)
+        .growth_interval(7);
+    assert!(o.dynamic_loss_scaling);
+    assert_eq!(
+        (o.initial_loss_scale, o.growth_factor, o.backoff_factor, o.growth_interval),
+        (1024.0, 4.0, 0.25, 7)
+    );
+    let d = EngineOptions::default();
+    assert!(!d.dynamic_loss_scaling);
+    assert_eq!(
+        (d.initial_loss_scale, d.growth_factor, d.backoff_factor, d.growth_interval),
+        (65536.0, 2.0, 0.5, 2000)
+    );
+    let mut comm = one_rank("loss-scale-bad");
+    expect_status(
+        Engine::new(
+            &mut comm,
+            None,
+            EngineOptions::default().dynamic_loss_scaling(true).backoff_factor(1.5),
+        ),
+        Status::InvalidArgument,
+    );
+    // Without loss scaling the scale is 1 and nothing is skipped.
+    let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+    engine.add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0).unwrap();
+    engine.seal().unwrap();
+    assert_eq!(engine.loss_scale().unwrap(), 1.0);
+    assert_eq!(engine.skipped_steps().unwrap(), 0);
+}
+
+#[test]
+fn two_ranks_dynamic_loss_scaling_skips_the_non_finite_step() {
+    let results = run_ranks("loss-scale", |rank, mut comm| {
+        expect_status(
+            Engine::new(
+                &mut comm,
+                None,
+                EngineOptions::default().dynamic_loss_scaling(true).backoff_factor(1.5),
+            ),
+            Status::InvalidArgument,
+        );
+        let options = EngineOptions::default()
+            .learning_rate(LS_LR)
+            .dynamic_loss_scaling(true)
+            .initial_loss_scale(1024.0)
+            .growth_interval(2);
+        let mut engine = Engine::new(&mut comm, None, options).unwrap();
+        let w = engine
+            .add_param("w", &[LS_N as i64], DType::FLOAT32, ParamFlags::NONE, 0)
+            .unwrap();
+        engine.seal().unwrap();
+        for (k, p) in engine.param(w).unwrap().iter_mut().enumerate() {
+            *p = if rank == 0 { ls_initial(k) } else { 0.0 };
+        }
+        engine.broadcast_parameters().unwrap();
+        let mut scales = Vec::new();
+        for step in 0..LS_STEPS {
+            engine.wait_parameters(0).unwrap();
+            let scale = engine.loss_scale().unwrap();
+            scales.push(scale);
+            let g = engine.grad(w).unwrap();
+            for (k, g) in g.iter_mut().enumerate() {
+                *g += ls_gradient(rank, step, k) * scale;
+            }
+            if step == 1 && rank == 1 {
+                g[0] = f32::INFINITY;
+            }
+            engine.grad_ready(w, None).unwrap();
+            engine.release_parameters(0).unwrap();
+            engine.step().unwrap();
+        }
+        // No explicit wait: the accessor waits for the last step's update itself.
+        let skipped = engine.skipped_steps().unwrap();
+        engine.synchronize().unwrap();
+        let params = engine.param(w).unwrap().to_vec();
+        (scales, skipped, params)
+    });
+    let mut reference: Vec<f32> = (0..LS_N).map(ls_initial).collect();
+    for step in 0..LS_STEPS {
+        if step == 1 {
+            continue; // skipped on every rank
+        }
+        for (k, r) in reference.iter_mut().enumerate() {
+            let mean = (ls_gradient(0, step, k) + ls_gradient(1, step, k)) / 2.0;
+            *r -= LS_LR * mean;
+        }
+    }
+    for (rank, (scales, skipped, params)) in results.iter().enumerate() {
+        assert_eq!(scales, &vec![1024.0, 1024.0, 512.0, 512.0, 1024.0], "rank {}", rank);
+        assert_eq!(*skipped, 1, "rank {}", rank);
+        for (k, (&got, &want)) in params.iter().zip(reference.iter()).enumerate() {
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs() + 1e-7,
+                "rank {} w[{}]: {} vs {}",
+                rank,
+                k,
+                got,
+                want
+            );
+        }
+    }
+}
+
+#[test]
+fn half_precision_parameters_have_no_safe_f32_view() {
+    let mut comm = one_rank("half-views");
+    let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+    let h = engine
+        .add_param("h", &[4], DType::BFLOAT16, ParamFlags::NONE, 0)
+        .unwrap();
+    engine.seal().unwrap();
+    expect_status(engine.param(h), Status::FailedPrecondition);
+    expect_status(engine.grad(h), Status::FailedPrecondition);
+    // The raw address is there, holding four bfloat16 bit patterns (zero at seal).
+    let p = engine.param_ptr(h).unwrap() as *const u16;
+    assert!(!p.is_null());
+    // SAFETY: sealed, single rank, nothing in flight; 4 u16 elements at p.
+    let first = unsafe { *p };
+    assert_eq!(first, 0);
 }

@@ -181,7 +181,7 @@ class EngineTest {
         assertArrayEquals(new long[] {2, 3}, engine.shape(w));
         assertEquals(ALREADY_EXISTS, status(() -> engine.addParam("w", new long[] {1})));
         assertEquals(UNIMPLEMENTED, status(() -> engine.addParam("h", new long[] {2},
-            DType.FLOAT16, false, false, true, false, 0)));
+            DType.FLOAT64, false, false, true, false, 0)));
         assertEquals(FAILED_PRECONDITION, status(() -> engine.param(w)));
         assertEquals(FAILED_PRECONDITION, status(engine::step));
         engine.seal();
@@ -315,6 +315,79 @@ class EngineTest {
     }
   }
 
+  static final int LS_STEPS = 5;
+  static final int LS_N = 5;
+
+  static float lsGradient(int i, int step, int rank) {
+    return (float) (Math.cos(i * 0.4 + step * 0.9 + rank * 0.3) * (rank + 1));
+  }
+
+  static float lsInitial(int i) {
+    return -1f + 0.5f * i;
+  }
+
+  static final class LossScaleResult {
+    final float[] scales = new float[LS_STEPS];
+    long skipped;
+    final float[] params = new float[LS_N];
+  }
+
+  @Test
+  void engineTwoRanksDynamicLossScaling() throws Exception {
+    List<LossScaleResult> results = CommTest.runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator c = comm(store, r, 2)) {
+        assertEquals(INVALID_ARGUMENT, status(() -> Engine.create(c, null,
+            new Engine.Options().dynamicLossScaling(true).backoffFactor(1.5f))));
+        try (Engine engine = Engine.create(c, null, new Engine.Options().learningRate(LR)
+            .dynamicLossScaling(true).initialLossScale(1024f).growthInterval(2))) {
+          int w = engine.addParam("w", new long[] {LS_N});
+          engine.seal();
+          ByteBuffer p = engine.param(w);
+          for (int i = 0; i < LS_N; i++) p.putFloat(4 * i, r == 0 ? lsInitial(i) : 0f);
+          engine.broadcastParameters();
+          LossScaleResult out = new LossScaleResult();
+          for (int step = 0; step < LS_STEPS; step++) {
+            engine.waitParameters(0);
+            float scale = engine.lossScale();
+            out.scales[step] = scale;
+            ByteBuffer g = engine.grad(w);
+            for (int i = 0; i < LS_N; i++) {
+              g.putFloat(4 * i, g.getFloat(4 * i) + lsGradient(i, step, r) * scale);
+            }
+            if (step == 1 && r == 1) g.putFloat(0, Float.POSITIVE_INFINITY);
+            engine.gradReady(w);
+            engine.releaseParameters(0);
+            engine.step();
+          }
+          engine.waitParameters(0);
+          out.skipped = engine.skippedSteps();
+          engine.synchronize();
+          for (int i = 0; i < LS_N; i++) out.params[i] = engine.param(w).getFloat(4 * i);
+          return out;
+        }
+      }
+    });
+    float[] ref = new float[LS_N];
+    for (int i = 0; i < LS_N; i++) {
+      ref[i] = lsInitial(i);
+      for (int step = 0; step < LS_STEPS; step++) {
+        if (step == 1) continue; // skipped on every rank
+        float mean = (lsGradient(i, step, 0) + lsGradient(i, step, 1)) / 2f;
+        ref[i] = ref[i] - LR * mean;
+      }
+    }
+    for (int r = 0; r < 2; r++) {
+      LossScaleResult res = results.get(r);
+      assertArrayEquals(new float[] {1024f, 1024f, 512f, 512f, 1024f}, res.scales, "rank " + r);
+      assertEquals(1, res.skipped, "rank " + r);
+      for (int i = 0; i < LS_N; i++) {
+        float got = res.params[i];
+        assertTrue(Math.abs(got - ref[i]) <= 1e-6 * Math.abs(ref[i]) + 1e-7,
+            "rank " + r + " w[" + i + "]: " + got + " vs " + ref[i]);
+      }
+    }
+  }
+
   @Test
   void engineTwoRanksBadInput() throws Exception {
     CommTest.runRanks(2, (r, url) -> {
@@ -325,7 +398,7 @@ class EngineTest {
         }
         try (Engine engine = Engine.create(c)) {
           assertEquals(UNIMPLEMENTED, status(() -> engine.addParam("h", new long[] {2},
-              DType.FLOAT16, false, false, true, false, 0)));
+              DType.FLOAT64, false, false, true, false, 0)));
           int a = engine.addParam("a", new long[] {4});
           int a2 = engine.addParam("a2", new long[] {3});
           int b = engine.addParam("b", new long[] {2}, DType.FLOAT32, false, false, true, false, 1);
