@@ -164,7 +164,10 @@ Status Stage3Engine::prefetch_after(size_t position) {
   };
   for (size_t k = position + 1; k < order_.size(); ++k) {
     if (live_units() >= options_.prefetch_window) break;
-    for (size_t b : find_unit(order_[k])->buffers) HPS_RETURN_IF_ERROR(start_gather(b));
+    for (size_t b : find_unit(order_[k])->buffers) {
+      if (!buffers_[b].params) ++prefetched_;
+      HPS_RETURN_IF_ERROR(start_gather(b));
+    }
   }
   return Status::Ok();
 }
@@ -180,7 +183,10 @@ Status Stage3Engine::gather(int32_t unit) {
   const Unit* u = find_unit(unit);
   if (u == nullptr)
     return not_found("engine: no parameters belong to unit " + std::to_string(unit));
-  for (size_t b : u->buffers) HPS_RETURN_IF_ERROR(start_gather(b));
+  for (size_t b : u->buffers) {
+    if (buffers_[b].params) ++found_in_flight_;
+    HPS_RETURN_IF_ERROR(start_gather(b));
+  }
   size_t position = 0;
   if (recording_) {
     order_.push_back(unit);

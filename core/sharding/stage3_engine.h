@@ -45,6 +45,10 @@ class Stage3Engine final : public ShardedEngine {
   uint64_t resident_bytes() const override;
   // The most bytes held at once since seal() (after initialisation).
   uint64_t peak_resident_bytes() const { return peak_resident_; }
+  // All-gathers started ahead of their gather() call (prefetch), and gather() calls that
+  // found their unit already in flight or arrived.
+  uint64_t prefetched_gathers() const { return prefetched_; }
+  uint64_t gathers_found_in_flight() const { return found_in_flight_; }
   const LayoutPlan& plan() const override { return plan_; }
   const float* loss_scale() const override { return &step_state_.loss_scale; }
   const int64_t* skipped_steps() const override { return &step_state_.skipped_steps; }
@@ -96,6 +100,8 @@ class Stage3Engine final : public ShardedEngine {
   int32_t micro_batch_ = 0;
   int64_t steps_ = 0;
   uint64_t peak_resident_ = 0;
+  uint64_t prefetched_ = 0;
+  uint64_t found_in_flight_ = 0;
   std::unique_ptr<cpu::CpuStream> optimizer_stream_;
   std::unique_ptr<HybridClip> clip_;
   // Reductions in flight, keeping their full gradient buffers alive until they finish.

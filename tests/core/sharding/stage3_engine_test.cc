@@ -126,6 +126,12 @@ void train_and_compare(const TrainingSetup& s) {
       ASSERT_TRUE(e.step().ok());
       EXPECT_EQ(host_sync_count_thread(), 0u) << "step " << step << " blocked the host";
     }
+    if (s.steps > 1 && kUnits > 1) {
+      // From the second step on, gathers ahead of use start in the recorded order, and the
+      // framework's gather() finds its unit already in flight.
+      EXPECT_GT(e.prefetched_gathers(), 0u);
+      EXPECT_GT(e.gathers_found_in_flight(), 0u);
+    }
     auto all = e.gather_all();
     ASSERT_TRUE(all.ok()) << all.status().to_string();
     for (size_t p = 0; p < kModel.size(); ++p) {
