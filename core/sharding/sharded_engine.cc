@@ -56,16 +56,15 @@ Status check_same_model(Communicator& comm, const LayoutPlan& plan) {
   return Status::Ok();
 }
 
-StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec, bool half_masters) {
+StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec) {
   if (plan.sealed()) {
     return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
   }
-  const bool half = spec.dtype == DType::kFloat16 || spec.dtype == DType::kBFloat16;
-  if (spec.dtype != DType::kFloat32 && !(half && half_masters)) {
+  if (spec.dtype != DType::kFloat32 && spec.dtype != DType::kFloat16 &&
+      spec.dtype != DType::kBFloat16) {
     return unimplemented("engine: parameter '" + spec.name + "' is " +
                          std::string(dtype_name(spec.dtype)) +
-                         (half ? "; fp16/bf16 parameters train with stage 2 in this version"
-                               : "; parameters must be float32, float16 or bfloat16"));
+                         "; parameters must be float32, float16 or bfloat16");
   }
   HPS_RETURN_IF_ERROR(plan.add(std::move(spec)));
   return plan.params().size() - 1;

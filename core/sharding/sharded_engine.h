@@ -112,9 +112,9 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               const EngineOptions& options);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
-// Registers `spec` in `plan` unless the plan is sealed or the dtype is not trainable:
-// float32 always, float16/bfloat16 when `half_masters` (fp32 master weights inside).
-StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec, bool half_masters);
+// Registers `spec` in `plan` unless the plan is sealed or the dtype is not trainable
+// (float32, or float16/bfloat16 with fp32 master weights inside).
+StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec);
 // The clip over this rank's reduced gradient shards (one tensor per parameter part, with
 // its flags), sealed; null when options.clip_max_norm is 0.
 StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(std::shared_ptr<Communicator> sharding,

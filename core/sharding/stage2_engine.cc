@@ -27,7 +27,7 @@ StatusOr<std::unique_ptr<Stage2Engine>> Stage2Engine::create(std::shared_ptr<Com
 }
 
 StatusOr<size_t> Stage2Engine::add_param(ParamSpec spec) {
-  return add_engine_param(plan_, std::move(spec), /*half_masters=*/true);
+  return add_engine_param(plan_, std::move(spec));
 }
 
 Status Stage2Engine::seal() {

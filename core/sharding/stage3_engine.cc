@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/device/host_sync.h"
+#include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
 
 namespace hps {
@@ -27,7 +28,7 @@ StatusOr<std::unique_ptr<Stage3Engine>> Stage3Engine::create(std::shared_ptr<Com
 }
 
 StatusOr<size_t> Stage3Engine::add_param(ParamSpec spec) {
-  return add_engine_param(plan_, std::move(spec), /*half_masters=*/false);
+  return add_engine_param(plan_, std::move(spec));
 }
 
 Status Stage3Engine::seal() {
@@ -38,6 +39,8 @@ Status Stage3Engine::seal() {
   HPS_RETURN_IF_ERROR(plan_.seal(sharding_->size(), options_.alignment_bytes));
   const size_t n = plan_.buffers().size();
   init_.resize(n);
+  wire_shards_.resize(n);
+  wire_reduced_.resize(n);
   param_shards_.resize(n);
   grad_shards_.resize(n);
   incoming_.resize(n);
@@ -49,8 +52,13 @@ Status Stage3Engine::seal() {
   const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
   for (size_t b = 0; b < n; ++b) {
     const FlatBuffer& buf = plan_.buffers()[b];
-    init_[b].assign(buf.numel, 0.0f);
+    const size_t element = dtype_size(buf.dtype);
+    init_[b].assign(buf.numel * element, 0);
     param_shards_[b].assign(buf.shard_numel, 0.0f);
+    if (buf.dtype != DType::kFloat32) {
+      wire_shards_[b].assign(buf.shard_numel * element, 0);
+      if (buf.trainable) wire_reduced_[b].assign(buf.shard_numel * element, 0);
+    }
     if (buf.trainable) {
       grad_shards_[b].assign(buf.shard_numel, 0.0f);
       // Micro-batches after the first are reduced into a scratch shard and added.
@@ -75,17 +83,17 @@ Status Stage3Engine::broadcast_parameters() {
   const int32_t rank = sharding_->rank();
   for (size_t b = 0; b < init_.size(); ++b) {
     auto& full = init_[b];
-    HPS_ASSIGN_OR_RETURN(auto w,
-                         sharding_->broadcast(full.data(), full.size(), DType::kFloat32, 0));
+    const FlatBuffer& fb = plan_.buffers()[b];
+    HPS_ASSIGN_OR_RETURN(auto w, sharding_->broadcast(full.data(), fb.numel, fb.dtype, 0));
     HPS_RETURN_IF_ERROR(w->wait());
     if (dp_) {
-      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(full.data(), full.size(), DType::kFloat32, 0));
+      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(full.data(), fb.numel, fb.dtype, 0));
       HPS_RETURN_IF_ERROR(d->wait());
     }
-    const uint64_t begin = plan_.shard(b, rank).first;
-    std::memcpy(param_shards_[b].data(), full.data() + begin,
-                param_shards_[b].size() * sizeof(float));
-    std::vector<float>().swap(full);  // from here on only the shard is resident
+    const uint8_t* mine = full.data() + plan_.shard(b, rank).first * dtype_size(fb.dtype);
+    cpu::cast(fb.dtype, mine, DType::kFloat32, param_shards_[b].data(), fb.shard_numel);
+    if (!wire_shards_[b].empty()) std::memcpy(wire_shards_[b].data(), mine, wire_shards_[b].size());
+    std::vector<uint8_t>().swap(full);  // from here on only the shard is resident
   }
   initialised_ = true;
   peak_resident_ = 0;
@@ -98,38 +106,59 @@ const Stage3Engine::Unit* Stage3Engine::find_unit(int32_t unit) const {
   return it == units_.end() ? nullptr : &it->second;
 }
 
-StatusOr<float*> Stage3Engine::param(size_t index) {
+StatusOr<void*> Stage3Engine::param_data(size_t index) {
   if (!sealed_) return failed_precondition("engine: views exist after seal()");
   if (index >= plan_.params().size()) {
     return out_of_range("engine: no parameter " + std::to_string(index));
   }
   const Placement& p = plan_.placement(index);
-  if (!initialised_) return init_[p.buffer].data() + p.offset;
+  const size_t offset = p.offset * dtype_size(plan_.buffers()[p.buffer].dtype);
+  if (!initialised_) return static_cast<void*>(init_[p.buffer].data() + offset);
   const Buffer& buf = buffers_[p.buffer];
   if (!buf.in_use) {
     return failed_precondition("engine: parameter '" + plan_.params()[index].name + "' of unit " +
                                std::to_string(plan_.buffers()[p.buffer].unit) +
                                " is not gathered: call gather(unit) first (stage 3)");
   }
-  return buf.params->data() + p.offset;
+  return static_cast<void*>(buf.params->data() + offset);
 }
 
-StatusOr<float*> Stage3Engine::grad(size_t index) {
-  HPS_ASSIGN_OR_RETURN(float* p, param(index));
-  (void)p;
-  if (!initialised_)
+StatusOr<void*> Stage3Engine::grad_data(size_t index) {
+  HPS_RETURN_IF_ERROR(param_data(index).status());
+  if (!initialised_) {
     return failed_precondition("engine: gradients exist after broadcast_parameters()");
+  }
   const Placement& pl = plan_.placement(index);
-  if (!plan_.buffers()[pl.buffer].trainable) {
+  const FlatBuffer& fb = plan_.buffers()[pl.buffer];
+  if (!fb.trainable) {
     return failed_precondition("engine: parameter '" + plan_.params()[index].name +
                                "' is not trainable and has no gradient");
   }
   Buffer& buf = buffers_[pl.buffer];
   if (!buf.grads) {
-    buf.grads = std::make_shared<std::vector<float>>(plan_.buffers()[pl.buffer].numel, 0.0f);
+    buf.grads = std::make_shared<std::vector<uint8_t>>(fb.numel * dtype_size(fb.dtype), 0);
     note_resident();
   }
-  return buf.grads->data() + pl.offset;
+  return static_cast<void*>(buf.grads->data() + pl.offset * dtype_size(fb.dtype));
+}
+
+static Status check_float32_view(const LayoutPlan& plan, size_t index) {
+  const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
+  if (d == DType::kFloat32) return Status::Ok();
+  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' is " +
+                             std::string(dtype_name(d)) + ": use its data view");
+}
+
+StatusOr<float*> Stage3Engine::param(size_t index) {
+  HPS_ASSIGN_OR_RETURN(void* p, param_data(index));
+  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
+  return static_cast<float*>(p);
+}
+
+StatusOr<float*> Stage3Engine::grad(size_t index) {
+  HPS_ASSIGN_OR_RETURN(void* g, grad_data(index));
+  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
+  return static_cast<float*>(g);
 }
 
 Status Stage3Engine::start_gather(size_t b) {
@@ -137,15 +166,16 @@ Status Stage3Engine::start_gather(size_t b) {
   if (buf.params) return Status::Ok();  // live or in flight already
   const FlatBuffer& fb = plan_.buffers()[b];
   const uint64_t begin = plan_.shard(b, sharding_->rank()).first;
-  buf.params = std::make_shared<std::vector<float>>(fb.numel);
+  const size_t element = dtype_size(fb.dtype);
+  buf.params = std::make_shared<std::vector<uint8_t>>(fb.numel * element);
   // Our shard goes in place first (on the optimizer stream, after the latest update), then
-  // the all-gather fills in the others'.
-  float* full = buf.params->data();
-  const float* shard = param_shards_[b].data();
+  // the all-gather fills in the others'. fp16/bf16 buffers send their rounded shard.
+  uint8_t* own = buf.params->data() + begin * element;
+  const void* shard = wire_shards_[b].empty() ? static_cast<const void*>(param_shards_[b].data())
+                                              : static_cast<const void*>(wire_shards_[b].data());
   const size_t n = fb.shard_numel;
-  optimizer_stream_->enqueue(
-      [full, shard, n, begin] { std::memcpy(full + begin, shard, n * sizeof(float)); });
-  HPS_ASSIGN_OR_RETURN(buf.gathering, sharding_->all_gather(full + begin, full, n, DType::kFloat32,
+  optimizer_stream_->enqueue([own, shard, n, element] { std::memcpy(own, shard, n * element); });
+  HPS_ASSIGN_OR_RETURN(buf.gathering, sharding_->all_gather(own, buf.params->data(), n, fb.dtype,
                                                             optimizer_stream_.get()));
   note_resident();
   return Status::Ok();
@@ -259,27 +289,41 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
   if (--buf.pending > 0) return Status::Ok();
   // The unit's full gradient is complete: reduce-scatter it into the shard, add it to the
   // shard's accumulated gradient, and let the full buffer go once the reduction is done.
-  float* full = buf.grads->data();
+  uint8_t* full = buf.grads->data();
   float* shard = grad_shards_[b].data();
   const size_t n = fb.shard_numel;
   auto& comm_stream = static_cast<cpu::CpuStream&>(sharding_->stream());
   HPS_RETURN_IF_ERROR(in_flight_.poll().status());
   std::shared_ptr<Work> work;
-  if (micro_batch_ == 0) {
-    // The first micro-batch lands in the shard directly (the step zeroed nothing else).
+  const bool first = micro_batch_ == 0;
+  if (fb.dtype == DType::kFloat32) {
+    // The first micro-batch lands in the shard directly; later ones are added to it.
+    float* out = first ? shard : incoming_[b].data();
     HPS_ASSIGN_OR_RETURN(
-        work, sharding_->reduce_scatter(full, shard, n, DType::kFloat32, ReduceOp::kSum, ready));
-    comm_stream.enqueue([keep = buf.grads] {});  // frees the full buffer after the reduction
+        work, sharding_->reduce_scatter(full, out, n, DType::kFloat32, ReduceOp::kSum, ready));
+    if (!first) {
+      comm_stream.enqueue([out, shard, n] {
+        for (size_t i = 0; i < n; ++i) shard[i] += out[i];
+      });
+    }
   } else {
-    float* incoming = incoming_[b].data();
-    HPS_ASSIGN_OR_RETURN(
-        work, sharding_->reduce_scatter(full, incoming, n, DType::kFloat32, ReduceOp::kSum, ready));
-    comm_stream.enqueue([incoming, shard, n] {
-      for (size_t i = 0; i < n; ++i) shard[i] += incoming[i];
+    // fp16/bf16: reduced in the dtype (the ring adds in fp32), then into the fp32 shard.
+    uint8_t* reduced = wire_reduced_[b].data();
+    const DType d = fb.dtype;
+    HPS_ASSIGN_OR_RETURN(work,
+                         sharding_->reduce_scatter(full, reduced, n, d, ReduceOp::kSum, ready));
+    comm_stream.enqueue([reduced, shard, n, d, first] {
+      if (first) {
+        cpu::cast(d, reduced, DType::kFloat32, shard, n);
+        return;
+      }
+      std::vector<float> widened(n);
+      cpu::cast(d, reduced, DType::kFloat32, widened.data(), n);
+      for (size_t i = 0; i < n; ++i) shard[i] += widened[i];
     });
   }
   // The full gradient buffer lives until its reduction has read it; poll() lets it go.
-  const uint64_t bytes = buf.grads->size() * sizeof(float);
+  const uint64_t bytes = buf.grads->size();
   in_flight_bytes_ += bytes;
   HPS_RETURN_IF_ERROR(in_flight_.add(
       {work, {buf.grads}, [this, bytes](const Status&) { in_flight_bytes_ -= bytes; }}));
@@ -344,6 +388,15 @@ Status Stage3Engine::step() {
     buffers_[b].reduced.reset();
   }
   enqueue_step_update(opt, &step_state_, options_);
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (wire_shards_[b].empty() || !plan_.buffers()[b].trainable) continue;
+    // The updated fp32 masters, rounded once into what the next gathers send.
+    const float* master = param_shards_[b].data();
+    uint8_t* wire = wire_shards_[b].data();
+    const DType d = plan_.buffers()[b].dtype;
+    const size_t count = param_shards_[b].size();
+    opt.enqueue([master, wire, d, count] { cpu::cast(DType::kFloat32, master, d, wire, count); });
+  }
   micro_batch_ = 0;
   recording_ = false;
   cursor_ = 0;
@@ -364,6 +417,8 @@ Status Stage3Engine::synchronize() {
   return Status::Ok();
 }
 
+// The fp32 masters of every parameter (for fp16/bf16 parameters more precise than what
+// the views hold).
 StatusOr<std::vector<std::vector<float>>> Stage3Engine::gather_all() {
   if (!sealed_ || !initialised_) return failed_precondition("engine: gather_all() before training");
   HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
@@ -385,13 +440,15 @@ StatusOr<std::vector<std::vector<float>>> Stage3Engine::gather_all() {
 
 uint64_t Stage3Engine::resident_bytes() const {
   uint64_t n = 0;
-  for (const auto* group :
-       {&init_, &param_shards_, &grad_shards_, &incoming_, &state_a_, &state_b_}) {
+  for (const auto* group : {&init_, &wire_shards_, &wire_reduced_}) {
+    for (const auto& v : *group) n += v.size();
+  }
+  for (const auto* group : {&param_shards_, &grad_shards_, &incoming_, &state_a_, &state_b_}) {
     for (const auto& v : *group) n += v.size() * sizeof(float);
   }
   for (const auto& buf : buffers_) {
-    if (buf.params) n += buf.params->size() * sizeof(float);
-    if (buf.grads) n += buf.grads->size() * sizeof(float);
+    if (buf.params) n += buf.params->size();
+    if (buf.grads) n += buf.grads->size();
   }
   return n + in_flight_bytes_;
 }

@@ -35,8 +35,8 @@ class Stage3Engine final : public ShardedEngine {
   StatusOr<float*> param(size_t index) override;
   // Valid while the unit is gathered; zero when first taken in a micro-batch.
   StatusOr<float*> grad(size_t index) override;
-  StatusOr<void*> param_data(size_t index) override { return to_void(param(index)); }
-  StatusOr<void*> grad_data(size_t index) override { return to_void(grad(index)); }
+  StatusOr<void*> param_data(size_t index) override;
+  StatusOr<void*> grad_data(size_t index) override;
   Status gather(int32_t unit) override;
   Status release(int32_t unit) override;
   Status grad_ready(size_t index, Stream* ready) override;
@@ -60,11 +60,8 @@ class Stage3Engine final : public ShardedEngine {
  private:
   Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
                EngineOptions options);
-  using Full = std::shared_ptr<std::vector<float>>;
-  static StatusOr<void*> to_void(StatusOr<float*> p) {
-    if (!p.ok()) return p.status();
-    return static_cast<void*>(*p);
-  }
+  // A full unit buffer in the parameters' dtype.
+  using Full = std::shared_ptr<std::vector<uint8_t>>;
   struct Unit {
     std::vector<size_t> buffers;
   };
@@ -89,7 +86,11 @@ class Stage3Engine final : public ShardedEngine {
   LayoutPlan plan_;
   bool sealed_ = false;
   bool initialised_ = false;  // broadcast_parameters() done: the init buffers are gone
-  std::vector<std::vector<float>> init_, param_shards_, grad_shards_, incoming_, state_a_, state_b_;
+  // init_: full buffers in the parameters' dtype until broadcast_parameters(). The fp32
+  // shards (masters, gradients, optimizer state) for every dtype; for fp16/bf16 buffers the
+  // shard in that dtype too (what the all-gather sends) and the reduced gradient shard.
+  std::vector<std::vector<uint8_t>> init_, wire_shards_, wire_reduced_;
+  std::vector<std::vector<float>> param_shards_, grad_shards_, incoming_, state_a_, state_b_;
   std::vector<Buffer> buffers_;
   std::map<int32_t, Unit> units_;
   std::vector<size_t> position_in_buffer_;

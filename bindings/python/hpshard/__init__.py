@@ -1162,7 +1162,7 @@ def _as_dtype(dtype: Any) -> int:
 
 
 class Engine(_Handle):
-    """ZeRO-style sharded data parallelism (hps_engine_t, stage 2) for a framework that keeps
+    """ZeRO-style sharded data parallelism (hps_engine_t, stage 2 or 3) for a framework that keeps
     its own forward and backward; see :meth:`create`.
 
     :meth:`param` and :meth:`grad` return float32 NumPy arrays VIEWING the engine's memory
@@ -1255,8 +1255,7 @@ class Engine(_Handle):
         ``unit``: the layer its forward belongs to. Every rank registers the same
         parameters in the same order. ``flags`` (raw ParamFlag bits) replaces the four
         booleans. Error INVALID_ARGUMENT, ALREADY_EXISTS (name), FAILED_PRECONDITION
-        (sealed), UNIMPLEMENTED (a dtype other than float32, float16 or bfloat16; the
-        last two need stage 2). Views of FLOAT16 parameters are float16 arrays, of BFLOAT16
+        (sealed), UNIMPLEMENTED (a dtype other than float32, float16 or bfloat16). Views of FLOAT16 parameters are float16 arrays, of BFLOAT16
         ones uint16 bit patterns."""
         shape = tuple(int(d) for d in shape)
         if flags is None:

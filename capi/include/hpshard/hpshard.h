@@ -660,8 +660,8 @@ HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_co
  * wait_parameters gathers the unit (prefetched in the order recorded on the first step,
  * at most prefetch_window units live) and release frees it. Nothing in a steady-state
  * step blocks the host. This version shards over CPU communicators; parameters are float32,
- * or float16/bfloat16 with stage 2 (views and gradients in that dtype, reductions adding in
- * fp32, fp32 master weights and optimizer state inside, rounded once per step).
+ * float16 or bfloat16 (views and gradients in that dtype, reductions adding in fp32, fp32
+ * master weights and optimizer state inside, parameters rounded once per step).
  * Thread safety: one thread at a time per engine.
  */
 typedef struct hps_engine hps_engine_t;
@@ -725,7 +725,7 @@ HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
  * Register a parameter before hps_engine_seal; its index (registration order) into
  * *out_index. `unit` is the layer its forward belongs to. Every rank must register the
  * same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),
- * FAILED_PRECONDITION (sealed), UNIMPLEMENTED (another dtype, or fp16/bf16 with stage 3).
+ * FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32, float16, bfloat16).
  */
 HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name,
                                           const int64_t* shape, size_t ndim, hps_dtype_t dtype,

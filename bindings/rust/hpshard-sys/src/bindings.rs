@@ -1315,8 +1315,8 @@ pub struct hps_engine {
 #[doc = " wait_parameters gathers the unit (prefetched in the order recorded on the first step,"]
 #[doc = " at most prefetch_window units live) and release frees it. Nothing in a steady-state"]
 #[doc = " step blocks the host. This version shards over CPU communicators; parameters are float32,"]
-#[doc = " or float16/bfloat16 with stage 2 (views and gradients in that dtype, reductions adding in"]
-#[doc = " fp32, fp32 master weights and optimizer state inside, rounded once per step)."]
+#[doc = " float16 or bfloat16 (views and gradients in that dtype, reductions adding in fp32, fp32"]
+#[doc = " master weights and optimizer state inside, parameters rounded once per step)."]
 #[doc = " Thread safety: one thread at a time per engine."]
 pub type hps_engine_t = hps_engine;
 impl hps_optimizer {
@@ -1786,7 +1786,7 @@ extern "C" {
     #[doc = " Register a parameter before hps_engine_seal; its index (registration order) into"]
     #[doc = " *out_index. `unit` is the layer its forward belongs to. Every rank must register the"]
     #[doc = " same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),"]
-    #[doc = " FAILED_PRECONDITION (sealed), UNIMPLEMENTED (another dtype, or fp16/bf16 with stage 3)."]
+    #[doc = " FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32, float16, bfloat16)."]
     pub fn hps_engine_add_param(
         engine: *mut hps_engine_t,
         name: *const ::std::os::raw::c_char,
