@@ -191,6 +191,28 @@ HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine) {
   return guard(__func__, [&] { return engine->impl->synchronize(); });
 }
 
+HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t index, float* out,
+                                                 uint64_t count) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out);
+  return guard(__func__, [&]() -> hps::Status {
+    const auto& plan = engine->impl->plan();
+    if (!plan.sealed()) return hps::failed_precondition("the engine is not sealed");
+    if (index >= plan.params().size()) {
+      return hps::out_of_range("no parameter " + std::to_string(index));
+    }
+    const uint64_t numel = plan.params()[index].numel();
+    if (count < numel) {
+      return hps::out_of_range("parameter " + std::to_string(index) + " has " +
+                               std::to_string(numel) + " elements; out holds " +
+                               std::to_string(count));
+    }
+    HPS_ASSIGN_OR_RETURN(auto all, engine->impl->gather_all());
+    std::memcpy(out, all[index].data(), numel * sizeof(float));
+    return hps::Status::Ok();
+  });
+}
+
 HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes) {
   HPS_CHECK_ARG(engine);
   HPS_CHECK_ARG(out_bytes);

@@ -60,6 +60,10 @@ class ShardedEngine {
   virtual Status grad_ready(size_t index, Stream* ready) = 0;
   virtual Status step() = 0;
   virtual Status synchronize() = 0;
+  // Full fp32 copies of every parameter (for saving or evaluation; Paddle's
+  // get_all_parameters): the masters for fp16/bf16 ones. Collective over the sharding
+  // group; host-blocking.
+  virtual StatusOr<std::vector<std::vector<float>>> gather_all() = 0;
   virtual uint64_t resident_bytes() const = 0;
   virtual const LayoutPlan& plan() const = 0;
   virtual int32_t shard_rank() const = 0;

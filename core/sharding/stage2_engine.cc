@@ -297,6 +297,29 @@ Status Stage2Engine::synchronize() {
   return Status::Ok();
 }
 
+StatusOr<std::vector<std::vector<float>>> Stage2Engine::gather_all() {
+  if (!sealed_) return failed_precondition("engine: gather_all() before seal()");
+  HPS_RETURN_IF_ERROR(synchronize());  // parameters are resident once the gathers landed
+  std::vector<std::vector<float>> out(plan_.params().size());
+  for (size_t b = 0; b < params_.size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    std::vector<float> full(buf.numel);
+    if (masters_[b].empty()) {
+      cpu::cast(buf.dtype, params_[b].data(), DType::kFloat32, full.data(), buf.numel);
+    } else {  // fp16/bf16: every rank's fp32 master shard, not the rounded parameters
+      HPS_ASSIGN_OR_RETURN(auto w, sharding_->all_gather(masters_[b].data(), full.data(),
+                                                         buf.shard_numel, DType::kFloat32));
+      HPS_RETURN_IF_ERROR(w->wait());
+    }
+    for (size_t i : buf.params) {
+      const Placement& p = plan_.placement(i);
+      out[i].assign(full.begin() + static_cast<std::ptrdiff_t>(p.offset),
+                    full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
+    }
+  }
+  return out;
+}
+
 uint64_t Stage2Engine::resident_bytes() const {
   uint64_t n = 0;
   for (const auto* group : {&params_, &grads_, &reduced_}) {

@@ -58,6 +58,7 @@ class Stage2Engine final : public ShardedEngine {
   const int64_t* skipped_steps() const override { return &step_state_.skipped_steps; }
   // Drains everything in flight (a host sync; for shutdown, checkpoints and tests).
   Status synchronize() override;
+  StatusOr<std::vector<std::vector<float>>> gather_all() override;
 
  private:
   Stage2Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,

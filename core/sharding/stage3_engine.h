@@ -55,7 +55,7 @@ class Stage3Engine final : public ShardedEngine {
   int32_t shard_rank() const override { return sharding_->rank(); }
   // Full copies of every parameter (for saving or evaluation; Paddle's
   // get_all_parameters). Collective; host-blocking.
-  StatusOr<std::vector<std::vector<float>>> gather_all();
+  StatusOr<std::vector<std::vector<float>>> gather_all() override;
 
  private:
   Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,

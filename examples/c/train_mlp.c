@@ -290,6 +290,26 @@ int main(int argc, char** argv) {
     }
   }
   TRY(hps_engine_synchronize(engine));
+  { /* The full first weight (collective), as a checkpoint would save it, against the
+       unsharded run's; a buffer one element short is refused. */
+    const int nw = kFanIn[0] * kFanOut[0];
+    float* full = (float*)malloc(sizeof(float) * (size_t)nw);
+    int mismatches = 0;
+    if (hps_engine_gather_parameter(engine, index[0], full, (uint64_t)nw - 1) !=
+        HPS_STATUS_OUT_OF_RANGE) {
+      fprintf(stderr, "a too-small buffer was accepted\n");
+      return 1;
+    }
+    TRY(hps_engine_gather_parameter(engine, index[0], full, (uint64_t)nw));
+    for (i = 0; i < nw && info.rank == 0; ++i) {
+      if (fabsf(full[i] - ref.m.w[0][i]) > 1e-5f * fabsf(ref.m.w[0][i]) + 1e-6f) ++mismatches;
+    }
+    if (info.rank == 0)
+      printf("gathered layer0.weight: %d of %d elements differ from the unsharded run\n",
+             mismatches, nw);
+    free(full);
+    if (mismatches != 0) return 1;
+  }
   if (info.rank == 0 && options.dynamic_loss_scaling) {
     TRY(hps_engine_loss_scale(engine, &loss_scale, &skipped));
     printf("loss scale %.0f after %lld skipped step(s)\n", (double)*loss_scale,

@@ -795,6 +795,16 @@ HPS_API hps_status_t hps_engine_step(hps_engine_t* engine);
  */
 HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine);
 
+/**
+ * Copy the full value of parameter `index` as float32 into `out` (`count` elements, at least
+ * the parameter's): for saving or evaluation (Paddle's get_all_parameters). fp16/bf16
+ * parameters give their fp32 master weights. Collective over the sharding group: every
+ * rank calls it with the same index; it blocks the host (counted) until the copy is done.
+ * Errors: OUT_OF_RANGE (index, or count too small), FAILED_PRECONDITION (not trained yet).
+ */
+HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t index, float* out,
+                                                 uint64_t count);
+
 /** Bytes this rank holds: parameters, gradients and optimizer state. */
 HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes);
 
