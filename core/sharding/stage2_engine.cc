@@ -231,26 +231,21 @@ Status Stage2Engine::step() {
   cpu::CpuStream& opt = *optimizer_stream_;
   const float mean_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
                                                      options_.accumulation_steps);
-  // The reductions consumed the full gradients: zero them for the next step; take the mean
-  // and the loss-scale inverse once, on the shards; find non-finite gradients.
-  std::vector<ShardGradients> shards;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (!plan_.buffers()[b].trainable) continue;
-    HPS_RETURN_IF_ERROR(buckets_[b].reduced->wait_on(opt));
-    const DType d = plan_.buffers()[b].dtype;
-    shards.push_back({grads_[b].data(), grads_[b].size(), shard_grads_[b].data(),
-                      shard_grads_[b].size(), d == DType::kFloat32 ? nullptr : reduced_[b].data(),
-                      d});
-  }
-  HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
-                                                *sharding_, dp_.get()));
-  if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
-  const float* coefficient = clip_ ? clip_->coefficient() : nullptr;
   const int32_t rank = sharding_->rank();
   ++steps_;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  // The reductions consumed the full gradients: zero them for the next step; take the mean
+  // and the loss-scale inverse once, on the shard; with loss scaling, find non-finite ones.
+  auto shard_of = [&](size_t b) -> ShardGradients {
+    const DType d = plan_.buffers()[b].dtype;
+    return {grads_[b].data(),
+            grads_[b].size(),
+            shard_grads_[b].data(),
+            shard_grads_[b].size(),
+            d == DType::kFloat32 ? nullptr : reduced_[b].data(),
+            d};
+  };
+  auto optimize = [&](size_t b, const float* coefficient) {
     const FlatBuffer& buf = plan_.buffers()[b];
-    if (!buf.trainable) continue;
     // fp32 parameters are their own masters; fp16/bf16 ones step their fp32 masters.
     float* param_shard = masters_[b].empty() ? reinterpret_cast<float*>(params_[b].data()) +
                                                    plan_.shard(b, rank).first
@@ -259,11 +254,9 @@ Status Stage2Engine::step() {
                       state_a_[b].empty() ? nullptr : state_a_[b].data(),
                       state_b_[b].empty() ? nullptr : state_b_[b].data(), buf.shard_numel,
                       coefficient);
-  }
-  enqueue_step_update(opt, &step_state_, options_);
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  };
+  auto gather_back = [&](size_t b) -> Status {
     const FlatBuffer& buf = plan_.buffers()[b];
-    if (!buf.trainable) continue;
     uint8_t* param_shard = params_[b].data() + plan_.shard(b, rank).first * dtype_size(buf.dtype);
     if (!masters_[b].empty()) {  // the updated masters, rounded once into the parameters
       const float* master = masters_[b].data();
@@ -279,6 +272,36 @@ Status Stage2Engine::step() {
         sharding_->all_gather(param_shard, params_[b].data(), buf.shard_numel, buf.dtype, &opt));
     buckets_[b].reduced.reset();
     buckets_[b].complete = false;
+    return Status::Ok();
+  };
+  std::vector<size_t> trained;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (plan_.buffers()[b].trainable) trained.push_back(b);
+  }
+  if (!clip_ && !options_.dynamic_loss_scaling) {
+    // Nothing global in this step: each bucket's update and all-gather start as soon as its
+    // own reduction is done, so the first units' parameters come back earliest.
+    for (size_t b : trained) {
+      HPS_RETURN_IF_ERROR(buckets_[b].reduced->wait_on(opt));
+      HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, {shard_of(b)}, mean_scale,
+                                                    options_, *sharding_, dp_.get()));
+      optimize(b, nullptr);
+      HPS_RETURN_IF_ERROR(gather_back(b));
+    }
+    enqueue_step_update(opt, &step_state_, options_);
+  } else {
+    // The clip's norm and the found-inf flag need every reduced shard first.
+    std::vector<ShardGradients> shards;
+    for (size_t b : trained) {
+      HPS_RETURN_IF_ERROR(buckets_[b].reduced->wait_on(opt));
+      shards.push_back(shard_of(b));
+    }
+    HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
+                                                  *sharding_, dp_.get()));
+    if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
+    for (size_t b : trained) optimize(b, clip_ ? clip_->coefficient() : nullptr);
+    enqueue_step_update(opt, &step_state_, options_);
+    for (size_t b : trained) HPS_RETURN_IF_ERROR(gather_back(b));
   }
   micro_batch_ = 0;
   return Status::Ok();
