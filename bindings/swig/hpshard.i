@@ -37,7 +37,8 @@
  *  - Clipping and the engine: hps_clip_t* and hps_engine_t* are opaque handles like the
  *    others (out_clip, out_engine become return values). hps_clip_add_tensor's `data` is a
  *    writable host buffer checked against count and dtype; hps_clip_run's `norm_out` a
- *    writable buffer of at least one float32 (None / null is NULL). Addresses owned by the
+ *    writable buffer of at least one float32 (None / null is NULL); hps_engine_gather_parameter's
+ *    `out` a writable buffer checked against count float32s. Addresses owned by the
  *    library (hps_engine_param / hps_engine_grad's out_data, hps_clip_coefficient's
  *    out_coefficient, hps_engine_loss_scale's out_scale and out_skipped_steps, as a pair
  *    (scale, skipped) / long[2]) come back as integers (Python int / Java long): the hand-written
@@ -166,6 +167,7 @@
 %hps_unignore hps_engine_grad_ready;
 %hps_unignore hps_engine_step;
 %hps_unignore hps_engine_synchronize;
+%hps_unignore hps_engine_gather_parameter;
 %hps_unignore hps_engine_resident_bytes;
 %hps_unignore hps_engine_shard_range;
 %hps_unignore hps_engine_loss_scale;
@@ -502,6 +504,8 @@ HPS_SWIG_COLLECTIVE1(hps_comm_recv, arg2, hps_nbytes2, arg3, arg4)
 HPS_SWIG_COLLECTIVE1(hps_clip_add_tensor, arg2, hps_nbytes2, arg3, arg4)
 /* (clip, stream, norm_out, scale): one float32 */
 HPS_SWIG_COLLECTIVE1(hps_clip_run, arg3, hps_nbytes3, 1, HPS_DTYPE_FLOAT32)
+/* (engine, index, out, count): count float32 */
+HPS_SWIG_COLLECTIVE1(hps_engine_gather_parameter, arg3, hps_nbytes3, arg4, HPS_DTYPE_FLOAT32)
 
 /* Outputs of unknown size: the overlays' typemaps start with a malloc'd array (arg4) of
  * arg5 elements; on OUT_OF_RANGE with a larger *arg6 the array grows and the call is

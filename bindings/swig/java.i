@@ -425,6 +425,8 @@ HPS_JAVA_COLLECTIVE_BUFFER(void* buffer, 1)
  * while it lives, the stream keeps norm_out until it is synchronised). */
 HPS_JAVA_COLLECTIVE_BUFFER(void* data, 1)
 HPS_JAVA_COLLECTIVE_BUFFER(float* norm_out, 1)
+/* hps_engine_gather_parameter's out (count float32): filled before the call returns. */
+HPS_JAVA_COLLECTIVE_BUFFER(float* out, 1)
 %define HPS_SWIG_BUFFER_FAIL(message)
   SWIG_JavaThrowException(jenv, SWIG_JavaIllegalArgumentException, (message)); return $null;
 %enddef

@@ -317,6 +317,9 @@ HPS_PY_COLLECTIVE_BUFFER(void* data, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS,
                          "a writable, C-contiguous buffer")
 HPS_PY_COLLECTIVE_BUFFER(float* norm_out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS,
                          "a writable, C-contiguous buffer")
+/* hps_engine_gather_parameter's out (count float32): filled before the call returns. */
+HPS_PY_COLLECTIVE_BUFFER(float* out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS,
+                         "a writable, C-contiguous buffer")
 %define HPS_SWIG_BUFFER_FAIL(message)
   PyErr_SetString(PyExc_ValueError, (message)); SWIG_fail;
 %enddef

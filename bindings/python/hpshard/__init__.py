@@ -1345,6 +1345,22 @@ class Engine(_Handle):
         with self._lock:
             self._keep = []
 
+    def gather_parameter(self, index: int) -> Any:
+        """A new float32 array of parameter ``index``'s shape holding its full value (fp16 /
+        bf16 parameters give their fp32 master weights): for saving or evaluation.
+        Collective over the sharding group: every rank calls it with the same index; it
+        blocks (one host sync) until the copy is done. Error OUT_OF_RANGE (no such
+        parameter), FAILED_PRECONDITION (not sealed; stage 3: before
+        :meth:`broadcast_parameters`)."""
+        np = _numpy()
+        index = int(index)
+        if not 0 <= index < len(self._shapes):
+            # An unknown index: the library refuses it (OUT_OF_RANGE) with its own message.
+            _c.hps_engine_gather_parameter(self._h(), index, np.empty(1, np.float32), 0)
+        out = np.empty(self._shape(index), dtype=np.float32)
+        _c.hps_engine_gather_parameter(self._h(), index, out, int(out.size))
+        return out
+
     @property
     def resident_bytes(self) -> int:
         """Bytes this rank holds: parameters, gradients and optimizer state."""

@@ -405,6 +405,31 @@ def test_engine_two_ranks_sgd_matches_unsharded_reference():
         assert (covered == 1).all(), f"{n}: {covered}"
 
 
+def test_engine_two_ranks_gather_parameter():
+    initial = (np.arange(5, dtype=np.float32) * np.float32(1.25) + np.float32(0.5))
+
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            with Engine.create(comm) as engine:
+                w = engine.add_param("w", (5,))
+                assert status_of(lambda: engine.gather_parameter(w)) == FAILED_PRECONDITION
+                engine.seal()
+                engine.param(w)[...] = initial if r == 0 else 0.0
+                engine.broadcast_parameters()
+                got = engine.gather_parameter(w)
+                assert status_of(lambda: engine.gather_parameter(3)) == OUT_OF_RANGE
+                # The low-level call refuses a buffer too small for count.
+                with pytest.raises(ValueError):
+                    capi.hps_engine_gather_parameter(engine._h(), w,
+                                                     np.empty(2, np.float32), 5)
+                return got
+
+    for r, got in enumerate(run_ranks(2, rank, "engine-gather")):
+        assert got.dtype == np.float32 and got.shape == (5,), f"rank {r}"
+        np.testing.assert_array_equal(got, initial, err_msg=f"rank {r}")
+
+
 LS_STEPS = 5
 LS_SHAPE = (5,)
 

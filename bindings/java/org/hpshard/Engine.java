@@ -453,6 +453,30 @@ public final class Engine implements AutoCloseable {
     }
   }
 
+  /**
+   * A new float[] holding the full value of parameter {@code index} (float16 / bfloat16
+   * parameters give their float32 master weights), for saving or evaluation. Collective over
+   * the sharding group: every rank calls it with the same index; it blocks (one host sync)
+   * until the copy is done. OUT_OF_RANGE (no such parameter), FAILED_PRECONDITION (not
+   * sealed; stage 3: before {@link #broadcastParameters()}).
+   */
+  public float[] gatherParameter(int index) {
+    long count;
+    synchronized (state) {
+      // An unknown index gets an empty buffer: the library refuses it (OUT_OF_RANGE).
+      count = index >= 0 && index < shapes.size() ? numel(index) : 0;
+    }
+    if (count * 4 > Integer.MAX_VALUE) {
+      throw new UnsupportedOperationException("parameter " + index + " exceeds 2 GiB");
+    }
+    ByteBuffer out = ByteBuffer.allocateDirect((int) Math.max(4, count * 4))
+        .order(ByteOrder.nativeOrder());
+    HpshardNative.hps_engine_gather_parameter(handle(), index, out, count);
+    float[] values = new float[(int) count];
+    out.asFloatBuffer().get(values);
+    return values;
+  }
+
   /** Bytes this rank holds: parameters, gradients and optimizer state. */
   public long residentBytes() {
     return HpshardNative.hps_engine_resident_bytes(handle());

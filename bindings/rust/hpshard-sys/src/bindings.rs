@@ -1866,6 +1866,19 @@ extern "C" {
     pub fn hps_engine_synchronize(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " Copy the full value of parameter `index` as float32 into `out` (`count` elements, at least"]
+    #[doc = " the parameter's): for saving or evaluation (Paddle's get_all_parameters). fp16/bf16"]
+    #[doc = " parameters give their fp32 master weights. Collective over the sharding group: every"]
+    #[doc = " rank calls it with the same index; it blocks the host (counted) until the copy is done."]
+    #[doc = " Errors: OUT_OF_RANGE (index, or count too small), FAILED_PRECONDITION (not trained yet)."]
+    pub fn hps_engine_gather_parameter(
+        engine: *mut hps_engine_t,
+        index: usize,
+        out: *mut f32,
+        count: u64,
+    ) -> hps_status_t;
+}
+extern "C" {
     #[doc = " Bytes this rank holds: parameters, gradients and optimizer state."]
     pub fn hps_engine_resident_bytes(
         engine: *mut hps_engine_t,

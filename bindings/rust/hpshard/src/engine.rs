@@ -937,6 +937,50 @@ impl<'c> Engine<'c> {
         Ok(())
     }
 
+    /// A copy of the full value of parameter `index` (`numel(index)` elements; float16 /
+    /// bfloat16 parameters give their fp32 master weights), for saving or evaluation
+    /// (`hps_engine_gather_parameter`). Collective over the sharding group: every rank
+    /// calls it with the same index. It first finishes everything in flight (one
+    /// counted host sync), as [`Engine::synchronize`] does.
+    /// Errors: [`Status::OutOfRange`] (no such index), [`Status::FailedPrecondition`]
+    /// (not sealed; stage 3: before [`Engine::broadcast_parameters`]), the
+    /// communicators' errors (these poison the engine).
+    pub fn gather_parameter(&mut self, index: usize) -> Result<Vec<f32>> {
+        // An unknown index still reaches the library, which refuses it (OutOfRange)
+        // with its own message; `out` must not be NULL, so it gets one element.
+        let numel = self.params.get(index).map_or(0, |p| p.numel);
+        let mut out = vec![0f32; numel.max(1)];
+        // SAFETY: live handle, this thread only; no view exists (&mut self). `out` holds
+        // at least `numel` f32s and is only written during the call.
+        let result = check(unsafe {
+            sys::hps_engine_gather_parameter(
+                self.raw.as_ptr(),
+                index,
+                out.as_mut_ptr(),
+                numel as u64,
+            )
+        });
+        match &result {
+            Ok(()) => {
+                // The library synchronised first: nothing is in flight any more.
+                for unit in self.units.iter_mut() {
+                    unit.gather_pending = false;
+                    if unit.grads == GradState::Zeroing {
+                        unit.grads = GradState::Idle;
+                    }
+                }
+            }
+            Err(err) => {
+                if !refused_before_starting(err) {
+                    self.poisoned = true;
+                }
+            }
+        }
+        result?;
+        out.truncate(numel);
+        Ok(out)
+    }
+
     /// Bytes this rank holds: parameters, gradients and optimizer state
     /// (`hps_engine_resident_bytes`).
     pub fn resident_bytes(&self) -> Result<u64> {

@@ -841,3 +841,29 @@ fn half_precision_parameters_have_no_safe_f32_view() {
     let first = unsafe { *p };
     assert_eq!(first, 0);
 }
+
+#[test]
+fn gather_parameter_gives_rank_0s_values_on_every_rank() {
+    let initial: Vec<f32> = (0..5).map(|k| 0.5 + k as f32 * 1.25).collect();
+    let want = initial.clone();
+    let results = run_ranks("gather", move |rank, mut comm| {
+        let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+        let w = engine
+            .add_param("w", &[5], DType::FLOAT32, ParamFlags::NONE, 0)
+            .unwrap();
+        expect_status(engine.gather_parameter(w), Status::FailedPrecondition); // not sealed
+        engine.seal().unwrap();
+        if rank == 0 {
+            engine.param(w).unwrap().copy_from_slice(&initial);
+        }
+        engine.broadcast_parameters().unwrap();
+        let gathered = engine.gather_parameter(w).unwrap();
+        let err = expect_status(engine.gather_parameter(3), Status::OutOfRange);
+        assert_eq!(err.status.code(), 2);
+        assert!(!engine.is_poisoned());
+        gathered
+    });
+    for (rank, got) in results.iter().enumerate() {
+        assert_eq!(got, &want, "rank {}", rank);
+    }
+}

@@ -389,6 +389,29 @@ class EngineTest {
   }
 
   @Test
+  void engineTwoRanksGatherParameter() throws Exception {
+    float[] initial = new float[5];
+    for (int i = 0; i < 5; i++) initial[i] = 0.5f + 1.25f * i;
+    List<float[]> results = CommTest.runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator c = comm(store, r, 2);
+          Engine engine = Engine.create(c)) {
+        int w = engine.addParam("w", new long[] {5});
+        assertEquals(FAILED_PRECONDITION, status(() -> engine.gatherParameter(w)));
+        engine.seal();
+        ByteBuffer p = engine.param(w);
+        for (int i = 0; i < 5; i++) p.putFloat(4 * i, r == 0 ? initial[i] : 0f);
+        engine.broadcastParameters();
+        float[] got = engine.gatherParameter(w);
+        assertEquals(OUT_OF_RANGE, status(() -> engine.gatherParameter(3)));
+        return got;
+      }
+    });
+    for (int r = 0; r < 2; r++) {
+      assertArrayEquals(initial, results.get(r), "rank " + r);
+    }
+  }
+
+  @Test
   void engineTwoRanksBadInput() throws Exception {
     CommTest.runRanks(2, (r, url) -> {
       try (Store store = Store.open(url, r, 10000); Communicator c = comm(store, r, 2)) {
