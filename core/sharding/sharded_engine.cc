@@ -56,6 +56,13 @@ Status check_same_model(Communicator& comm, const LayoutPlan& plan) {
   return Status::Ok();
 }
 
+Status check_float32_view(const LayoutPlan& plan, size_t index) {
+  const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
+  if (d == DType::kFloat32) return Status::Ok();
+  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' is " +
+                             std::string(dtype_name(d)) + ": use its data view");
+}
+
 StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec) {
   if (plan.sealed()) {
     return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");

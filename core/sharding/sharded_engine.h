@@ -116,6 +116,9 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               const EngineOptions& options);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
+// OK when parameter `index` is float32 (its float* views); else FAILED_PRECONDITION
+// pointing at the data views.
+Status check_float32_view(const LayoutPlan& plan, size_t index);
 // Registers `spec` in `plan` unless the plan is sealed or the dtype is not trainable
 // (float32, or float16/bfloat16 with fp32 master weights inside).
 StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec);

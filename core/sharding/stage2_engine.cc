@@ -114,23 +114,15 @@ StatusOr<void*> Stage2Engine::grad_data(size_t index) {
   return static_cast<void*>(grads_[pl.buffer].data() + pl.offset * dtype_size(buf.dtype));
 }
 
-// The float32 views of float32 parameters.
-static Status check_float32(const LayoutPlan& plan, size_t index) {
-  const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
-  if (d == DType::kFloat32) return Status::Ok();
-  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' is " +
-                             std::string(dtype_name(d)) + ": use its data view");
-}
-
 StatusOr<float*> Stage2Engine::param(size_t index) {
   HPS_ASSIGN_OR_RETURN(void* p, param_data(index));
-  HPS_RETURN_IF_ERROR(check_float32(plan_, index));
+  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
   return static_cast<float*>(p);
 }
 
 StatusOr<float*> Stage2Engine::grad(size_t index) {
   HPS_ASSIGN_OR_RETURN(void* g, grad_data(index));
-  HPS_RETURN_IF_ERROR(check_float32(plan_, index));
+  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
   return static_cast<float*>(g);
 }
 

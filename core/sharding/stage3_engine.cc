@@ -142,13 +142,6 @@ StatusOr<void*> Stage3Engine::grad_data(size_t index) {
   return static_cast<void*>(buf.grads->data() + pl.offset * dtype_size(fb.dtype));
 }
 
-static Status check_float32_view(const LayoutPlan& plan, size_t index) {
-  const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
-  if (d == DType::kFloat32) return Status::Ok();
-  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' is " +
-                             std::string(dtype_name(d)) + ": use its data view");
-}
-
 StatusOr<float*> Stage3Engine::param(size_t index) {
   HPS_ASSIGN_OR_RETURN(void* p, param_data(index));
   HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
