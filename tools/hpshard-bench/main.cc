@@ -235,7 +235,6 @@ std::string find_script(const std::string& explicit_path, const std::string& nam
   if (std::filesystem::exists(beside, ec)) return beside;
   return {};
 }
-std::string find_torch_script(const Cli& cli) { return find_script(cli.torch_script, "torch_coll.py"); }
 
 // Minimal field extraction from the flat one-result-per-line JSON torch_coll.py writes.
 std::optional<std::string> json_field(const std::string& line, const std::string& key) {
@@ -394,8 +393,8 @@ void parse_options(int argc, char** argv, std::string& json_path, bool& torch,
       char* end = nullptr;
       const double x = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !(x >= min && x <= max)) {
-        usage_error(std::string(flag) + ": '" + v + "' is not a number in [" +
-                    std::to_string(min) + ", " + std::to_string(max) + "]");
+        usage_error(std::string(flag) + ": '" + v + "' is not a number in [" + std::to_string(min) +
+                    ", " + std::to_string(max) + "]");
       }
       return x;
     };
@@ -475,9 +474,9 @@ std::string run_torch_clip(const std::string& script, const ClipConfig& config,
       spec << "\n";
     }
   }
-  const std::string command = "timeout 1800 /usr/bin/python3 " + shell_quote(script) +
-                              " --cases " + shell_quote(cases.string()) + " --out " +
-                              shell_quote(out.string()) + " 2>&1";
+  const std::string command = "timeout 1800 /usr/bin/python3 " + shell_quote(script) + " --cases " +
+                              shell_quote(cases.string()) + " --out " + shell_quote(out.string()) +
+                              " 2>&1";
   if (config.progress) std::fprintf(stderr, "[hpshard-bench] torch clip_grad_norm_\n");
   int status = 0;
   const std::string log = run_and_capture(command, &status);
@@ -582,9 +581,8 @@ std::string run_torch_step(const std::string& script, const StepConfig& config, 
       std::to_string(world.ranks) + " --width " + std::to_string(config.width) + " --depth " +
       std::to_string(config.depth) + " --batch " + std::to_string(config.batch) + " --steps " +
       std::to_string(config.steps) + " --reps " + std::to_string(config.reps) + " --warmup " +
-      std::to_string(config.warmup) + " --clip " + std::to_string(config.clip) +
-      " --optimizer " + (config.adamw ? "adam" : "sgd") + " --threads 1 --out " +
-      shell_quote(out.string()) + " 2>&1";
+      std::to_string(config.warmup) + " --clip " + std::to_string(config.clip) + " --optimizer " +
+      (config.adamw ? "adam" : "sgd") + " --threads 1 --out " + shell_quote(out.string()) + " 2>&1";
   if (config.progress) {
     std::fprintf(stderr, "[hpshard-bench] torch DDP + ZeroRedundancyOptimizer, %d ranks\n",
                  world.ranks);
@@ -632,8 +630,8 @@ int main_step(int argc, char** argv) {
   }
   if (!script.empty() && !torch_failed) {
     info.torch_ran = true;
-    info.torch = "torch " + version +
-                 " DDP + ZeroRedundancyOptimizer(" + (cli.config.adamw ? "Adam" : "SGD") +
+    info.torch = "torch " + version + " DDP + ZeroRedundancyOptimizer(" +
+                 (cli.config.adamw ? "Adam" : "SGD") +
                  ") + clip_grad_norm_, gloo, processes, 1 intra-op thread each, measured after "
                  "hpshard";
   }
@@ -645,18 +643,7 @@ int main_coll(int argc, char** argv) {
   Cli cli = parse(argc, argv);
   RunInfo info = run_info(argc, argv);
 
-  std::string torch_script;
-  if (!cli.torch) {
-    info.torch = "skipped (--no-torch)";
-  } else if (std::system("/usr/bin/python3 -c 'import torch.distributed as d; "
-                         "assert d.is_available()' >/dev/null 2>&1") != 0) {
-    info.torch = "not installed";
-  } else if ((torch_script = find_torch_script(cli)).empty()) {
-    info.torch = "torch_coll.py not found (--torch-script or HPS_BENCH_TORCH_SCRIPT), skipped";
-  } else {
-    info.torch = "torch.distributed gloo";
-  }
-  if (!cli.torch || torch_script.empty()) std::printf("torch: %s\n", info.torch.c_str());
+  const std::string torch_script = torch_setup(cli.torch, cli.torch_script, "torch_coll.py", info);
 
   std::vector<WorldResult> worlds;
   std::string torch_version;
