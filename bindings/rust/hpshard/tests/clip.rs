@@ -4,17 +4,17 @@
 // ranks have not all finished within RANKS_DEADLINE.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hpshard::{
-    host_sync_count_thread, Clip, ClipFlags, ClipOptions, CommOptions, Communicator, DeviceType,
-    Error, Status, Store, Stream, BF16, F16,
+    host_sync_count_thread, Clip, ClipFlags, ClipOptions, Communicator, DeviceType, Error, Status,
+    Stream, BF16, F16,
 };
 
 const COMM_TIMEOUT: Duration = Duration::from_secs(20);
 const RANKS_DEADLINE: Duration = Duration::from_secs(60);
-const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+mod common;
 
 /// 1 / (5 + 1e-6): the coefficient for a norm of 5 and max_norm 1.
 const COEF_5: f64 = 1.0 / 5.000001;
@@ -314,61 +314,20 @@ fn bad_input() {
 // Two thread-ranks forming an mp group
 // ---------------------------------------------------------------------------------
 
-/// Runs `f(rank, comm)` on 2 thread-ranks of one communicator and returns the
-/// results by rank; a panic in a rank, or a rank not finished by RANKS_DEADLINE,
-/// fails the test (its thread is left behind).
 fn run_ranks<F, R>(tag: &str, f: F) -> Vec<R>
 where
     F: Fn(i32, Communicator) -> R + Send + Sync + 'static,
     R: Send + 'static,
 {
-    const WORLD: i32 = 2;
-    let url = unique_url(tag);
-    let f = Arc::new(f);
-    let (tx, rx) = mpsc::channel();
-    for rank in 0..WORLD {
-        let (f, tx, url) = (f.clone(), tx.clone(), url.clone());
-        std::thread::Builder::new()
-            .name(format!("{}-{}", tag, rank))
-            .spawn(move || {
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let store = Store::open(&url, rank, OPEN_TIMEOUT).unwrap();
-                    let options = CommOptions::new().timeout(COMM_TIMEOUT).name("mp");
-                    let comm = Communicator::create(
-                        &store,
-                        rank,
-                        WORLD,
-                        DeviceType::CPU,
-                        0,
-                        Some(options),
-                    )
-                    .unwrap();
-                    drop(store);
-                    f(rank, comm)
-                }));
-                let _ = tx.send((rank, result));
-            })
-            .unwrap();
-    }
-    drop(tx);
-    let deadline = Instant::now() + RANKS_DEADLINE;
-    let mut results: Vec<Option<R>> = (0..WORLD).map(|_| None).collect();
-    for _ in 0..WORLD {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((rank, Ok(value))) => results[rank as usize] = Some(value),
-            Ok((rank, Err(panic))) => {
-                let text = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                panic!("rank {} of {} panicked: {}", rank, tag, text);
-            }
-            Err(_) => panic!("{}: ranks did not finish within {:?}", tag, RANKS_DEADLINE),
-        }
-    }
-    results.into_iter().map(|r| r.unwrap()).collect()
+    common::run_ranks_on(
+        unique_url(tag),
+        2,
+        tag,
+        "mp",
+        COMM_TIMEOUT,
+        RANKS_DEADLINE,
+        f,
+    )
 }
 
 /// The model: w (distributed, 4 elements split 2 + 2 over mp) and b (replicated).

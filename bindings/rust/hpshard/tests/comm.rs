@@ -4,7 +4,7 @@
 // test when the ranks have not all finished within RANKS_DEADLINE.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hpshard::{
@@ -16,6 +16,8 @@ const WORLD: i32 = 4;
 const COMM_TIMEOUT: Duration = Duration::from_secs(20);
 const RANKS_DEADLINE: Duration = Duration::from_secs(90);
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+mod common;
 
 fn unique_url(tag: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -34,61 +36,22 @@ fn expect_status<T: std::fmt::Debug>(result: hpshard::Result<T>, status: Status)
     err
 }
 
-/// Runs `f(rank, comm)` on `world` thread-ranks of one communicator (timeout
-/// `timeout`) and returns the results by rank. Panics in a rank fail the test, and so
-/// does a rank that has not finished by RANKS_DEADLINE (its thread is left behind).
+/// `f(rank, comm)` on `world` thread-ranks (communicator timeout `timeout`), results by
+/// rank; bounded by RANKS_DEADLINE (common::run_ranks_on).
 fn run_ranks_with<F, R>(world: i32, tag: &str, timeout: Duration, f: F) -> Vec<R>
 where
     F: Fn(i32, Communicator) -> R + Send + Sync + 'static,
     R: Send + 'static,
 {
-    let url = unique_url(tag);
-    let f = Arc::new(f);
-    let (tx, rx) = mpsc::channel();
-    for rank in 0..world {
-        let (f, tx, url) = (f.clone(), tx.clone(), url.clone());
-        let name = format!("{}-{}", tag, rank);
-        std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let store = Store::open(&url, rank, OPEN_TIMEOUT).unwrap();
-                    let options = CommOptions::new().timeout(timeout).name("rust-test");
-                    let comm = Communicator::create(
-                        &store,
-                        rank,
-                        world,
-                        DeviceType::CPU,
-                        0,
-                        Some(options),
-                    )
-                    .unwrap();
-                    drop(store); // the communicator keeps what it needs
-                    f(rank, comm)
-                }));
-                let _ = tx.send((rank, result));
-            })
-            .unwrap();
-    }
-    drop(tx);
-    let deadline = Instant::now() + RANKS_DEADLINE;
-    let mut results: Vec<Option<R>> = (0..world).map(|_| None).collect();
-    for _ in 0..world {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((rank, Ok(value))) => results[rank as usize] = Some(value),
-            Ok((rank, Err(panic))) => {
-                let text = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                panic!("rank {} of {} panicked: {}", rank, tag, text);
-            }
-            Err(_) => panic!("{}: ranks did not finish within {:?}", tag, RANKS_DEADLINE),
-        }
-    }
-    results.into_iter().map(|r| r.unwrap()).collect()
+    common::run_ranks_on(
+        unique_url(tag),
+        world,
+        tag,
+        "rust-test",
+        timeout,
+        RANKS_DEADLINE,
+        f,
+    )
 }
 
 fn run_ranks<F, R>(tag: &str, f: F) -> Vec<R>

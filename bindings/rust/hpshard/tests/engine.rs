@@ -6,8 +6,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hpshard::{
     dependency_wait_stats, host_sync_count_thread, host_sync_reset, CommOptions, Communicator,
@@ -19,6 +18,8 @@ const RANKS_DEADLINE: Duration = Duration::from_secs(60);
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 const WORLD: i32 = 2;
 const STEPS: usize = 3;
+
+mod common;
 
 fn unique_url(tag: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -53,52 +54,15 @@ where
     F: Fn(i32, Communicator) -> R + Send + Sync + 'static,
     R: Send + 'static,
 {
-    let url = unique_url(tag);
-    let f = Arc::new(f);
-    let (tx, rx) = mpsc::channel();
-    for rank in 0..WORLD {
-        let (f, tx, url) = (f.clone(), tx.clone(), url.clone());
-        std::thread::Builder::new()
-            .name(format!("{}-{}", tag, rank))
-            .spawn(move || {
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    let store = Store::open(&url, rank, OPEN_TIMEOUT).unwrap();
-                    let options = CommOptions::new().timeout(COMM_TIMEOUT).name("sharding");
-                    let comm = Communicator::create(
-                        &store,
-                        rank,
-                        WORLD,
-                        DeviceType::CPU,
-                        0,
-                        Some(options),
-                    )
-                    .unwrap();
-                    drop(store);
-                    f(rank, comm)
-                }));
-                let _ = tx.send((rank, result));
-            })
-            .unwrap();
-    }
-    drop(tx);
-    let deadline = Instant::now() + RANKS_DEADLINE;
-    let mut results: Vec<Option<R>> = (0..WORLD).map(|_| None).collect();
-    for _ in 0..WORLD {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((rank, Ok(value))) => results[rank as usize] = Some(value),
-            Ok((rank, Err(panic))) => {
-                let text = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                panic!("rank {} of {} panicked: {}", rank, tag, text);
-            }
-            Err(_) => panic!("{}: ranks did not finish within {:?}", tag, RANKS_DEADLINE),
-        }
-    }
-    results.into_iter().map(|r| r.unwrap()).collect()
+    common::run_ranks_on(
+        unique_url(tag),
+        WORLD,
+        tag,
+        "sharding",
+        COMM_TIMEOUT,
+        RANKS_DEADLINE,
+        f,
+    )
 }
 
 // ---------------------------------------------------------------------------------
@@ -725,13 +689,23 @@ fn loss_scaling_options_and_bad_backoff() {
         .growth_interval(7);
     assert!(o.dynamic_loss_scaling);
     assert_eq!(
-        (o.initial_loss_scale, o.growth_factor, o.backoff_factor, o.growth_interval),
+        (
+            o.initial_loss_scale,
+            o.growth_factor,
+            o.backoff_factor,
+            o.growth_interval
+        ),
         (1024.0, 4.0, 0.25, 7)
     );
     let d = EngineOptions::default();
     assert!(!d.dynamic_loss_scaling);
     assert_eq!(
-        (d.initial_loss_scale, d.growth_factor, d.backoff_factor, d.growth_interval),
+        (
+            d.initial_loss_scale,
+            d.growth_factor,
+            d.backoff_factor,
+            d.growth_interval
+        ),
         (65536.0, 2.0, 0.5, 2000)
     );
     let mut comm = one_rank("loss-scale-bad");
@@ -739,13 +713,17 @@ fn loss_scaling_options_and_bad_backoff() {
         Engine::new(
             &mut comm,
             None,
-            EngineOptions::default().dynamic_loss_scaling(true).backoff_factor(1.5),
+            EngineOptions::default()
+                .dynamic_loss_scaling(true)
+                .backoff_factor(1.5),
         ),
         Status::InvalidArgument,
     );
     // Without loss scaling the scale is 1 and nothing is skipped.
     let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
-    engine.add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0).unwrap();
+    engine
+        .add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0)
+        .unwrap();
     engine.seal().unwrap();
     assert_eq!(engine.loss_scale().unwrap(), 1.0);
     assert_eq!(engine.skipped_steps().unwrap(), 0);
@@ -758,7 +736,9 @@ fn two_ranks_dynamic_loss_scaling_skips_the_non_finite_step() {
             Engine::new(
                 &mut comm,
                 None,
-                EngineOptions::default().dynamic_loss_scaling(true).backoff_factor(1.5),
+                EngineOptions::default()
+                    .dynamic_loss_scaling(true)
+                    .backoff_factor(1.5),
             ),
             Status::InvalidArgument,
         );
@@ -809,7 +789,12 @@ fn two_ranks_dynamic_loss_scaling_skips_the_non_finite_step() {
         }
     }
     for (rank, (scales, skipped, params)) in results.iter().enumerate() {
-        assert_eq!(scales, &vec![1024.0, 1024.0, 512.0, 512.0, 1024.0], "rank {}", rank);
+        assert_eq!(
+            scales,
+            &vec![1024.0, 1024.0, 512.0, 512.0, 1024.0],
+            "rank {}",
+            rank
+        );
         assert_eq!(*skipped, 1, "rank {}", rank);
         for (k, (&got, &want)) in params.iter().zip(reference.iter()).enumerate() {
             assert!(
