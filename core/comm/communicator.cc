@@ -1,7 +1,9 @@
 #include "core/comm/communicator.h"
 
+#include <cstring>
 #include <limits>
 
+#include "core/comm/descriptor.h"
 #include "core/common/config.h"
 #include "core/common/env.h"
 #if HPS_HAVE_GLOO
@@ -36,8 +38,15 @@ StatusOr<CommOptions> comm_options_from_env(CommOptions defaults) {
                        env_int("HPS_COMM_TIMEOUT_MS", defaults.timeout.count()));
   if (timeout_ms <= 0) return invalid_argument("HPS_COMM_TIMEOUT_MS must be positive");
   HPS_ASSIGN_OR_RETURN(int64_t check, env_int("HPS_COMM_CHECK", defaults.check_arguments ? 1 : 0));
+  HPS_ASSIGN_OR_RETURN(int64_t shm, env_int("HPS_COMM_SHM", defaults.shared_memory ? 1 : 0));
+  HPS_ASSIGN_OR_RETURN(
+      int64_t slot_bytes,
+      env_int("HPS_COMM_SHM_SLOT_BYTES", static_cast<int64_t>(defaults.shared_memory_slot_bytes)));
+  if (slot_bytes < 0) return invalid_argument("HPS_COMM_SHM_SLOT_BYTES must not be negative");
   defaults.timeout = Milliseconds(timeout_ms);
   defaults.check_arguments = check != 0;
+  defaults.shared_memory = shm != 0;
+  defaults.shared_memory_slot_bytes = static_cast<size_t>(slot_bytes);
   return defaults;
 }
 
@@ -54,6 +63,25 @@ Status check_buffer(const CommArgs& a, const char* which, const void* pointer, s
                             " is null with count " + std::to_string(count));
   }
   return Status::Ok();
+}
+
+Status check_agreement(const std::string& place, const CollectiveDescriptor& mine,
+                       const CollectiveDescriptor* all, int32_t size) {
+  std::string differences;
+  for (int32_t r = 0; r < size; ++r) {
+    const CollectiveDescriptor& d = all[r];
+    if (std::memcmp(&d, &mine, sizeof(d)) == 0) continue;
+    differences += "; rank " + std::to_string(r) + " called operation kind " +
+                   std::to_string(d.kind) + " #" + std::to_string(d.sequence) + " with count " +
+                   std::to_string(d.count) + ", dtype " + std::to_string(d.dtype) + ", op " +
+                   std::to_string(d.op) + ", root " + std::to_string(d.root);
+  }
+  if (differences.empty()) return Status::Ok();
+  return invalid_argument((place.empty() ? std::string() : place + ": ") +
+                          "ranks disagree on the call (nothing was sent): this rank has count " +
+                          std::to_string(mine.count) + ", dtype " + std::to_string(mine.dtype) +
+                          ", op " + std::to_string(mine.op) + ", root " +
+                          std::to_string(mine.root) + differences);
 }
 
 Status check_rank_in_group(const CommArgs& a, const char* which, int32_t rank) {

@@ -34,9 +34,18 @@ struct CommOptions {
   // root, sequence number) so mismatched calls fail on every rank with nothing sent.
   // Costs one small all-gather per collective. Default from HPS_COMM_CHECK (1 = on).
   bool check_arguments = true;
+  // CPU groups whose ranks all run on one host (processes or threads) move collective
+  // data through a shared-memory segment instead of TCP (send / recv stay on TCP). The
+  // ranks agree at creation; any rank that cannot map the segment makes all use TCP.
+  // Default from HPS_COMM_SHM (1 = on).
+  bool shared_memory = true;
+  // Bytes of each of a rank's two staging slots in that segment; 0 = the default
+  // (2 MiB), or HPS_COMM_SHM_SLOT_BYTES.
+  size_t shared_memory_slot_bytes = 0;
 };
 
-// Reads HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK over the defaults.
+// Reads HPS_COMM_TIMEOUT_MS, HPS_COMM_CHECK, HPS_COMM_SHM and HPS_COMM_SHM_SLOT_BYTES over
+// the defaults.
 StatusOr<CommOptions> comm_options_from_env(CommOptions defaults = {});
 
 class Communicator {
@@ -47,6 +56,8 @@ class Communicator {
   virtual int32_t size() const = 0;
   virtual Device device() const = 0;
   virtual const std::string& name() const = 0;
+  // How collectives move data: "shm" (one host, shared memory), "tcp" (Gloo), "nccl".
+  virtual std::string_view transport() const = 0;
   // The communicator's own stream: every operation runs there, in call order.
   virtual Stream& stream() = 0;
   virtual Milliseconds timeout() const = 0;

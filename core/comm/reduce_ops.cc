@@ -43,6 +43,52 @@ void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const uint16_t* 
   }
 }
 
+// Blocks keep the running result in L1 while every input streams past it once.
+constexpr size_t kBlock = 2048;
+
+template <typename T>
+void reduce_many_typed(ReduceOp op, T* out, const void* const* inputs, int32_t n, size_t count) {
+  for (size_t b = 0; b < count; b += kBlock) {
+    const size_t len = std::min(kBlock, count - b);
+    const T* first = static_cast<const T*>(inputs[0]) + b;
+    if (n == 1) {
+      if (out + b != first) std::copy(first, first + len, out + b);
+      continue;
+    }
+    reduce_typed(op, out + b, first, static_cast<const T*>(inputs[1]) + b, len);
+    for (int32_t q = 2; q < n; ++q) {
+      reduce_typed(op, out + b, out + b, static_cast<const T*>(inputs[q]) + b, len);
+    }
+  }
+}
+
+template <Decode decode, Encode encode>
+void reduce_many_half(ReduceOp op, uint16_t* out, const void* const* inputs, int32_t n,
+                      size_t count) {
+  float acc[kBlock];
+  for (size_t b = 0; b < count; b += kBlock) {
+    const size_t len = std::min(kBlock, count - b);
+    const auto* first = static_cast<const uint16_t*>(inputs[0]) + b;
+    for (size_t i = 0; i < len; ++i) acc[i] = decode(first[i]);
+    for (int32_t q = 1; q < n; ++q) {
+      const auto* in = static_cast<const uint16_t*>(inputs[q]) + b;
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          for (size_t i = 0; i < len; ++i) acc[i] += decode(in[i]);
+          break;
+        case ReduceOp::kMax:
+          for (size_t i = 0; i < len; ++i) acc[i] = std::max(acc[i], decode(in[i]));
+          break;
+        case ReduceOp::kMin:
+          for (size_t i = 0; i < len; ++i) acc[i] = std::min(acc[i], decode(in[i]));
+          break;
+      }
+    }
+    for (size_t i = 0; i < len; ++i) out[b + i] = encode(acc[i]);
+  }
+}
+
 template <typename T>
 void average_typed(T* buffer, size_t n, int32_t divisor) {
   for (size_t i = 0; i < n; ++i) buffer[i] = static_cast<T>(buffer[i] / static_cast<T>(divisor));
@@ -88,6 +134,27 @@ void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const v
       reduce_half<bf16_bits_to_float, float_to_bf16_bits>(op, static_cast<uint16_t*>(out),
                                                           static_cast<const uint16_t*>(a),
                                                           static_cast<const uint16_t*>(b), count);
+      return;
+  }
+}
+
+void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs, int32_t n,
+                 size_t count) {
+  switch (dtype) {
+    case DType::kFloat32: reduce_many_typed(op, static_cast<float*>(out), inputs, n, count); return;
+    case DType::kFloat64:
+      reduce_many_typed(op, static_cast<double*>(out), inputs, n, count);
+      return;
+    case DType::kInt32: reduce_many_typed(op, static_cast<int32_t*>(out), inputs, n, count); return;
+    case DType::kInt64: reduce_many_typed(op, static_cast<int64_t*>(out), inputs, n, count); return;
+    case DType::kUInt8: reduce_many_typed(op, static_cast<uint8_t*>(out), inputs, n, count); return;
+    case DType::kFloat16:
+      reduce_many_half<half_bits_to_float, float_to_half_bits>(op, static_cast<uint16_t*>(out),
+                                                               inputs, n, count);
+      return;
+    case DType::kBFloat16:
+      reduce_many_half<bf16_bits_to_float, float_to_bf16_bits>(op, static_cast<uint16_t*>(out),
+                                                               inputs, n, count);
       return;
   }
 }

@@ -12,6 +12,11 @@ namespace hps {
 // (the division by the group size is finish_average's).
 void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
                      size_t count);
+// out[i] = op(inputs[0][i], ..., inputs[n-1][i]), applied in input order, so every rank
+// that reduces the same inputs gets the same bits. fp16 / bf16 accumulate in fp32 and
+// round once. out may alias inputs[0].
+void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs, int32_t n,
+                 size_t count);
 // buffer[i] /= divisor (integers: truncating division).
 void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor);
 

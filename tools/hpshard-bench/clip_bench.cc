@@ -92,8 +92,7 @@ double clip_bandwidth_gbps(const ClipRow& row, double seconds) {
   return seconds > 0 ? 3.0 * static_cast<double>(row.bytes) / seconds / 1e9 : 0.0;
 }
 double copy_bandwidth_gbps(const ClipRow& row) {
-  return row.copy_seconds > 0 ? 2.0 * static_cast<double>(row.bytes) / row.copy_seconds / 1e9
-                              : 0.0;
+  return row.copy_seconds > 0 ? 2.0 * static_cast<double>(row.bytes) / row.copy_seconds / 1e9 : 0.0;
 }
 
 std::vector<ClipRow> run_clip(const ClipConfig& config) {
@@ -138,8 +137,8 @@ std::vector<ClipRow> run_clip(const ClipConfig& config) {
       stream.enqueue([ts, hyper, step, coefficient] {
         for (auto& t : *ts) {
           cpu::adamw(t.param.data(), reinterpret_cast<const float*>(t.grad.data()),
-                     t.exp_avg.data(), t.exp_avg_sq.data(), t.spec.count, hyper, step,
-                     coefficient, 1.0f);
+                     t.exp_avg.data(), t.exp_avg_sq.data(), t.spec.count, hyper, step, coefficient,
+                     1.0f);
         }
       });
     };
@@ -150,23 +149,29 @@ std::vector<ClipRow> run_clip(const ClipConfig& config) {
       std::vector<double> times;
     };
     std::vector<Contender> contenders;
-    contenders.push_back({"copy", [&] {
+    contenders.push_back({"copy",
+                          [&] {
                             for (auto& t : tensors) {
-                              check(stream.memcpy_async(t.copy.data(), t.grad.data(), t.grad.size()),
-                                    "memcpy_async");
+                              check(
+                                  stream.memcpy_async(t.copy.data(), t.grad.data(), t.grad.size()),
+                                  "memcpy_async");
                             }
-                          }, {}});
-    contenders.push_back({"clip", [&] { check(clip->run(stream, nullptr, true), "clip run"); }, {}});
+                          },
+                          {}});
+    contenders.push_back(
+        {"clip", [&] { check(clip->run(stream, nullptr, true), "clip run"); }, {}});
     contenders.push_back(
         {"deterministic",
          [&] { check(deterministic->run(stream, nullptr, true), "deterministic clip run"); },
          {}});
     if (fold) {
       contenders.push_back({"adamw", [&] { enqueue_adamw(nullptr); }, {}});
-      contenders.push_back({"adamw+clip", [&] {
+      contenders.push_back({"adamw+clip",
+                            [&] {
                               check(fold->run(stream, nullptr, false), "clip run (scale=false)");
                               enqueue_adamw(fold->coefficient());
-                            }, {}});
+                            },
+                            {}});
     }
 
     // Rounds: every contender once, the order rotated each round (and reversed every
@@ -208,10 +213,10 @@ std::optional<double> ratio_of(std::optional<double> a, std::optional<double> b)
 }
 
 struct ClipSummary {
-  std::optional<double> copy_ratio;      // median clip bw / copy bw
-  std::optional<double> fold_ratio;      // median (adamw+clip) / adamw time
-  std::optional<double> det_cost;        // median deterministic / float clip time
-  std::optional<double> torch_speedup;   // median torch / hpshard clip time
+  std::optional<double> copy_ratio;     // median clip bw / copy bw
+  std::optional<double> fold_ratio;     // median (adamw+clip) / adamw time
+  std::optional<double> det_cost;       // median deterministic / float clip time
+  std::optional<double> torch_speedup;  // median torch / hpshard clip time
 };
 
 ClipSummary summarize_clip(const std::vector<ClipRow>& rows) {
@@ -352,8 +357,7 @@ std::string clip_to_json(const ClipConfig& config, const RunInfo& info,
       << ", \"adamw_clip_seconds\": " << json_optional(r.adamw_clip_seconds)
       << ", \"fold_ratio\": " << json_optional(ratio_of(r.adamw_clip_seconds, r.adamw_seconds))
       << ", \"torch_seconds\": " << json_optional(r.torch_seconds)
-      << ", \"torch_speedup\": " << json_optional(ratio_of(r.torch_seconds, r.clip_seconds))
-      << "}";
+      << ", \"torch_speedup\": " << json_optional(ratio_of(r.torch_seconds, r.clip_seconds)) << "}";
   }
   const ClipSummary s = summarize_clip(rows);
   j << "\n  ],\n  \"summary\": {\"median_clip_copy_ratio\": " << json_optional(s.copy_ratio)

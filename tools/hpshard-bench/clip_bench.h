@@ -27,9 +27,8 @@ struct ClipModel {
 };
 
 struct ClipConfig {
-  std::vector<ClipModel> models{{size_t{16} << 20, false},
-                                {size_t{64} << 20, false},
-                                {size_t{32} << 20, true}};
+  std::vector<ClipModel> models{
+      {size_t{16} << 20, false}, {size_t{64} << 20, false}, {size_t{32} << 20, true}};
   int32_t iters = 0;   // 0: by size (clip_iterations_for)
   int32_t warmup = 2;  // untimed rounds of every contender
   double max_norm = 1.0;

@@ -197,8 +197,14 @@ WorldResult run_world(const CollConfig& config, int32_t ranks) {
     options.timeout = config.timeout;
     options.name = "bench";
     options.check_arguments = config.check_arguments;
+    options.shared_memory = config.shared_memory;
     auto comm = create_communicator(store, rank, ranks, Device::cpu(), options);
     if (!comm.ok()) die("creating the hpshard communicator: " + comm.status().to_string());
+    const std::string_view wanted = config.shared_memory ? "shm" : "tcp";
+    if ((*comm)->transport() != wanted) {
+      die("the hpshard communicator uses " + std::string((*comm)->transport()) + ", not " +
+          std::string(wanted));
+    }
     std::unique_ptr<GlooReference> gloo;
     try {
       gloo = std::make_unique<GlooReference>(rank, ranks, gloo_store, gloo_device, config.timeout);

@@ -26,6 +26,8 @@ struct CollConfig {
   std::vector<CollOp> ops{std::begin(kAllCollOps), std::end(kAllCollOps)};
   DType dtype = DType::kFloat32;
   bool check_arguments = true;
+  // false: hpshard's collectives use Gloo TCP even between same-host ranks.
+  bool shared_memory = true;
   std::chrono::milliseconds timeout{120'000};
   bool progress = true;  // a line on stderr per case
 };

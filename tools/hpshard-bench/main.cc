@@ -4,7 +4,8 @@
 //   hpshard-bench coll [--ranks 2,4] [--min-bytes 4096] [--max-bytes 67108864] [--iters N]
 //                      [--warmup N] [--ops all_reduce,all_gather,reduce_scatter,broadcast]
 //                      [--dtype float32|float64] [--json FILE] [--no-torch]
-//                      [--torch-script FILE] [--check-arguments 0|1] [--quiet]
+//                      [--torch-script FILE] [--check-arguments 0|1] [--transport shm|tcp]
+//                      [--quiet]
 //   hpshard-bench clip [--sizes 16M,64M,32M:mixed] [--iters N] [--warmup N] [--max-norm X]
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
 //   hpshard-bench step [--ranks 2,4] [--width 1024] [--depth 8] [--batch 8] [--steps 3]
@@ -56,6 +57,7 @@ const char kUsage[] =
     "  --ops LIST              all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
     "  --dtype T               float32 or float64 (default float32)\n"
     "  --check-arguments 0|1   hpshard's per-collective argument agreement (default 1)\n"
+    "  --transport shm|tcp     hpshard's transport between its same-host ranks (default shm)\n"
     "  --json FILE             also write every figure as one JSON object\n"
     "  --no-torch              skip the torch.distributed column\n"
     "  --torch-script FILE     torch_coll.py (default: beside the sources, or\n"
@@ -170,6 +172,10 @@ Cli parse(int argc, char** argv) {
         usage_error("--dtype: '" + std::string(v) + "' is not float32 or float64");
       }
       c.dtype = *dtype;
+    } else if (flag == "--transport") {
+      const std::string v = value();
+      if (v != "shm" && v != "tcp") usage_error("--transport: '" + v + "' is not shm or tcp");
+      c.shared_memory = v == "shm";
     } else if (flag == "--check-arguments") {
       c.check_arguments = integer(0, 1) == 1;
     } else if (flag == "--json") {

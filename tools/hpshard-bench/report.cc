@@ -106,9 +106,10 @@ void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
   std::fprintf(out, "# hpshard-bench coll — %s — %s\n", info.date.c_str(), info.machine.c_str());
   std::fprintf(out, "# command: %s\n", info.command.c_str());
   std::fprintf(out,
-               "# dtype %s, check_arguments %d; time = median over iterations of the slowest "
-               "rank (us); bandwidth in GB/s (1e9)\n",
-               std::string(dtype_name(config.dtype)).c_str(), config.check_arguments ? 1 : 0);
+               "# dtype %s, check_arguments %d, hpshard transport %s; time = median over "
+               "iterations of the slowest rank (us); bandwidth in GB/s (1e9)\n",
+               std::string(dtype_name(config.dtype)).c_str(), config.check_arguments ? 1 : 0,
+               config.shared_memory ? "shm" : "tcp");
   std::fprintf(out,
                "# reference: Gloo called directly (gloo::allreduce ring, gloo::allgather, "
                "gloo::broadcast, ReduceScatterHalvingDoubling), measured alternately with "
@@ -185,7 +186,8 @@ std::string to_json(const CollConfig& config, const RunInfo& info,
     j << (i ? ", " : "") << json_string(std::string(coll_op_name(config.ops[i])));
   }
   j << "], \"dtype\": " << json_string(std::string(dtype_name(config.dtype)))
-    << ", \"check_arguments\": " << (config.check_arguments ? "true" : "false") << "},\n";
+    << ", \"check_arguments\": " << (config.check_arguments ? "true" : "false")
+    << ", \"transport\": " << json_string(config.shared_memory ? "shm" : "tcp") << "},\n";
   j << "  \"units\": {\"time\": \"seconds, median over iterations of the slowest rank\", "
        "\"bandwidth\": \"GB/s (1e9 bytes)\", \"ratio\": \"hpshard busbw / reference busbw\"},\n";
   j << "  \"reference\": \"gloo direct: gloo::allreduce (ring), gloo::allgather, gloo::broadcast, "

@@ -32,7 +32,7 @@ Summary summarize(CollOp op, const std::vector<CollRow>& rows);
 
 // Helpers shared by the families' reports (clip_bench.cc, step_bench.cc).
 double median(std::vector<double> v);  // 0 for an empty list
-std::string size_text(size_t bytes);    // "4 KiB", "16 MiB"
+std::string size_text(size_t bytes);   // "4 KiB", "16 MiB"
 std::string json_string(const std::string& s);
 std::string json_number(double v);  // null when not finite
 std::string json_optional(const std::optional<double>& v);

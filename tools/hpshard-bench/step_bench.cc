@@ -257,7 +257,9 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
       mlp.make_batch(stage2_step++, rank);
       mlp.forward_backward(
           s_w, s_b, s_gw, s_gb,
-          [&](size_t l) { check(engine.wait_parameters(static_cast<int32_t>(l)), "wait_parameters"); },
+          [&](size_t l) {
+            check(engine.wait_parameters(static_cast<int32_t>(l)), "wait_parameters");
+          },
           [&](size_t l) {
             check(engine.grad_ready(2 * l), "grad_ready");
             check(engine.grad_ready(2 * l + 1), "grad_ready");
@@ -289,15 +291,16 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
       const float* coef = config.clip > 0 ? &coefficient : nullptr;
       for (size_t l = 0; l < depth; ++l) {
         if (config.adamw) {
-          cpu::adamw(u_param[l].data(), u_grad[l].data(), u_a[l].data(), u_b[l].data(),
-                     layer_numel, eo.adamw, static_cast<long>(unsharded_step), coef, 1.0f);
+          cpu::adamw(u_param[l].data(), u_grad[l].data(), u_a[l].data(), u_b[l].data(), layer_numel,
+                     eo.adamw, static_cast<long>(unsharded_step), coef, 1.0f);
         } else {
           cpu::sgd(u_param[l].data(), u_grad[l].data(), u_a[l].data(), layer_numel, eo.sgd, coef,
                    1.0f, unsharded_step == 1);
         }
         std::memset(u_grad[l].data(), 0, layer_numel * sizeof(float));
       }
-      if (timed) my_unsharded_syncs = std::max(my_unsharded_syncs, host_sync_count_thread() - before);
+      if (timed)
+        my_unsharded_syncs = std::max(my_unsharded_syncs, host_sync_count_thread() - before);
     };
     auto run_compute = [&](bool) {
       mlp.make_batch(0, rank);
@@ -312,8 +315,8 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
         sync.arrive_and_wait();
       }
       if (rank == 0 && config.progress) {
-        std::fprintf(stderr, "[hpshard-bench] step, %d ranks, repetition %d/%d%s\n", ranks,
-                     rep + 1, total_reps, timed ? "" : " (warmup)");
+        std::fprintf(stderr, "[hpshard-bench] step, %d ranks, repetition %d/%d%s\n", ranks, rep + 1,
+                     total_reps, timed ? "" : " (warmup)");
       }
       for (size_t k = 0; k < kContenders; ++k) {
         const size_t rotated = (k + static_cast<size_t>(rep)) % kContenders;
@@ -347,8 +350,8 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
     }
     uint64_t unsharded_bytes = 0;
     for (size_t l = 0; l < depth; ++l) {
-      unsharded_bytes += (u_param[l].size() + u_grad[l].size() + u_a[l].size() + u_b[l].size()) *
-                         sizeof(float);
+      unsharded_bytes +=
+          (u_param[l].size() + u_grad[l].size() + u_a[l].size() + u_b[l].size()) * sizeof(float);
     }
     {
       std::lock_guard lock(result_mutex);

@@ -49,8 +49,8 @@ struct StepWorld {
   uint64_t unsharded_host_syncs_max = 0;  // the reference waits on its all-reduces (counted)
   uint64_t dependency_waits = 0;          // stage 2, over all timed steps and ranks
   double dependency_wait_seconds = 0;
-  int64_t timed_steps = 0;      // per rank, per contender (reps × steps)
-  double max_param_diff = 0;    // stage 2 vs unsharded parameters after the same training
+  int64_t timed_steps = 0;    // per rank, per contender (reps × steps)
+  double max_param_diff = 0;  // stage 2 vs unsharded parameters after the same training
 };
 
 StepWorld run_step_world(const StepConfig& config, int32_t ranks);

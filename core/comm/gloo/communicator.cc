@@ -68,15 +68,6 @@ StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
   return slot;
 }
 
-enum Kind : int32_t {
-  kAllReduce = 1,
-  kReduce,
-  kBroadcast,
-  kAllGather,
-  kReduceScatter,
-  kBarrier,
-};
-
 constexpr uint64_t kPointToPointBit = uint64_t{1} << 63;
 // Slot layout: operation base (sequence << 20) | phase << 16 | ring step.
 constexpr uint32_t kAllGatherPhase = 3;
@@ -176,9 +167,12 @@ class GlooCommunicator::Op {
 
   struct AbortedByUser {};
 
+  Clock::time_point deadline() const { return deadline_; }
+
   GlooCommunicator& comm_;
   const std::string operation;
   const uint64_t sequence;
+  const Descriptor* descriptor = nullptr;  // the collective's, when it has one
 
  private:
   std::chrono::milliseconds remaining() const {
@@ -276,6 +270,7 @@ GlooCommunicator::~GlooCommunicator() {
   }
   waiter_cv_.notify_all();
   waiter_.join();
+  shm_.reset();  // tells same-host peers still waiting for this rank that it has gone
   bool healthy = !aborted_;
   {
     std::lock_guard lock(failure_mutex_);
@@ -302,6 +297,14 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     GlooStoreAdapter adapter(make_prefix_store(store, "gloo"), options.timeout);
     context->connectFullMesh(adapter, device);
     comm->context_ = std::move(context);
+    // Ranks that all run here also share memory for collectives (send / recv stay on TCP).
+    const size_t slot_bytes = options.shared_memory_slot_bytes ? options.shared_memory_slot_bytes
+                                                               : shm::kDefaultSlotBytes;
+    auto shm_store = make_prefix_store(store, "shm");
+    auto shm = shm::ShmGroup::create(*shm_store, rank, size, options.shared_memory, slot_bytes,
+                                     options.timeout);
+    if (!shm.ok()) throw std::runtime_error(shm.status().to_string());
+    comm->shm_ = std::move(shm).value();
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string m = "creating communicator '" + options.name + "' (rank " +
@@ -313,7 +316,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     return backend_error(m);
   }
   HPS_LOG(kDebug) << "communicator '" << options.name << "' rank " << rank << "/" << size
-                  << " connected";
+                  << " connected over " << comm->transport();
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 
@@ -334,10 +337,16 @@ void GlooCommunicator::unregister_buffer(::gloo::transport::UnboundBuffer* buffe
 void GlooCommunicator::abort() {
   std::lock_guard lock(buffers_mutex_);
   aborted_ = true;
+  if (shm_) shm_->abort();
   for (auto* b : active_buffers_) {
     b->abortWaitRecv();
     b->abortWaitSend();
   }
+}
+
+Status GlooCommunicator::located(const Op& op, Status s) const {
+  if (s.ok()) return s;
+  return Status(s.code(), where(op.operation, op.sequence) + ": " + s.message());
 }
 
 std::string GlooCommunicator::where(const std::string& operation, uint64_t sequence) const {
@@ -379,7 +388,8 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
                     body = std::move(body)] {
     const auto deadline = Clock::now() + timeout();
     Op op(*this, operation, sequence, slot_base, deadline);
-    Status s = run(op, checked ? &*checked : nullptr, body);
+    op.descriptor = checked ? &*checked : nullptr;
+    Status s = run(op, op.descriptor, body);
     record_failure(s);
     work->set_status(std::move(s));
   });
@@ -389,7 +399,8 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
 
 Status GlooCommunicator::run(Op& op, const Descriptor* descriptor, const Body& body) {
   return guarded(op, [&]() -> Status {
-    if (descriptor && options_.check_arguments && size_ > 1) {
+    // Shared memory checks every collective's descriptor itself, in its first round.
+    if (descriptor && options_.check_arguments && size_ > 1 && !shm_) {
       HPS_RETURN_IF_ERROR(check_descriptors(op, *descriptor));
     }
     return body(op);
@@ -425,6 +436,7 @@ void GlooCommunicator::record_failure(const Status& s) {
   if (s.ok()) return;
   std::lock_guard lock(failure_mutex_);
   if (failure_.ok()) failure_ = s;
+  if (shm_) shm_->mark_failed();
   HPS_LOG(kWarn) << s.to_string();
 }
 
@@ -442,21 +454,7 @@ Status GlooCommunicator::check_descriptors(Op& op, const Descriptor& mine) {
     op.post_send(outgoing, peer, op.slot(kCheckPhase, 0), 0, bytes);
   }
   op.wait_all();
-  std::string differences;
-  for (int32_t r = 0; r < size_; ++r) {
-    const Descriptor& d = all[r];
-    if (std::memcmp(&d, &mine, bytes) == 0) continue;
-    differences += "; rank " + std::to_string(r) + " called operation kind " +
-                   std::to_string(d.kind) + " #" + std::to_string(d.sequence) + " with count " +
-                   std::to_string(d.count) + ", dtype " + std::to_string(d.dtype) + ", op " +
-                   std::to_string(d.op) + ", root " + std::to_string(d.root);
-  }
-  if (differences.empty()) return Status::Ok();
-  return invalid_argument(where(op.operation, op.sequence) +
-                          ": ranks disagree on the call (nothing was sent): this rank has count " +
-                          std::to_string(mine.count) + ", dtype " + std::to_string(mine.dtype) +
-                          ", op " + std::to_string(mine.op) + ", root " +
-                          std::to_string(mine.root) + differences);
+  return check_agreement(where(op.operation, op.sequence), mine, all, size_);
 }
 
 Status GlooCommunicator::ring_all_gather(Op& op, void* recv, size_t bytes_per_rank,
@@ -655,13 +653,17 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_reduce(const void* send, v
   const CommArgs a{"all_reduce", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
   HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
-  Descriptor d{kAllReduce,      static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
+  Descriptor d{kAllReduceKind,  static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
                next_sequence_++};
-  return enqueue("all_reduce", ready, &d, d.sequence << 20,
-                 [this, send, recv, count, dtype, op](Op& o) {
-                   if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
-                   return ring_all_reduce(o, recv, count, dtype, op);
-                 });
+  return enqueue(
+      "all_reduce", ready, &d, d.sequence << 20, [this, send, recv, count, dtype, op](Op& o) {
+        if (shm_) {
+          return located(
+              o, shm_->all_reduce(*o.descriptor, o.deadline(), send, recv, count, dtype, op));
+        }
+        if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
+        return ring_all_reduce(o, recv, count, dtype, op);
+      });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void* recv, size_t count,
@@ -671,18 +673,23 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void*
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
   HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
   if (rank_ == root) HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
-  Descriptor d{kReduce,         static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count,
+  Descriptor d{kReduceKind,     static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count,
                next_sequence_++};
-  return enqueue("reduce", ready, &d, d.sequence << 20,
-                 [this, send, recv, count, dtype, op, root](Op& o) {
-                   // A ring all-reduce into scratch; the root keeps the result.
-                   const size_t bytes = count * dtype_size(dtype);
-                   void* work_buffer = scratch(2, bytes);
-                   std::memcpy(work_buffer, send, bytes);
-                   HPS_RETURN_IF_ERROR(ring_all_reduce(o, work_buffer, count, dtype, op));
-                   if (rank_ == root) std::memcpy(recv, work_buffer, bytes);
-                   return Status::Ok();
-                 });
+  return enqueue(
+      "reduce", ready, &d, d.sequence << 20, [this, send, recv, count, dtype, op, root](Op& o) {
+        // A ring all-reduce into scratch; the root keeps the result.
+        const size_t bytes = count * dtype_size(dtype);
+        void* work_buffer = scratch(2, bytes);
+        if (shm_) {
+          HPS_RETURN_IF_ERROR(located(o, shm_->all_reduce(*o.descriptor, o.deadline(), send,
+                                                          work_buffer, count, dtype, op)));
+        } else {
+          std::memcpy(work_buffer, send, bytes);
+          HPS_RETURN_IF_ERROR(ring_all_reduce(o, work_buffer, count, dtype, op));
+        }
+        if (rank_ == root) std::memcpy(recv, work_buffer, bytes);
+        return Status::Ok();
+      });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::broadcast(void* buffer, size_t count, DType dtype,
@@ -690,11 +697,15 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::broadcast(void* buffer, size_t
   const CommArgs a{"broadcast", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  Descriptor d{kBroadcast, static_cast<int32_t>(dtype), 0, root, count, next_sequence_++};
-  return enqueue("broadcast", ready, &d, d.sequence << 20,
-                 [this, buffer, count, dtype, root](Op& o) {
-                   return one_to_all_broadcast(o, buffer, count * dtype_size(dtype), root);
-                 });
+  Descriptor d{kBroadcastKind, static_cast<int32_t>(dtype), 0, root, count, next_sequence_++};
+  return enqueue(
+      "broadcast", ready, &d, d.sequence << 20, [this, buffer, count, dtype, root](Op& o) {
+        const size_t bytes = count * dtype_size(dtype);
+        if (shm_) {
+          return located(o, shm_->broadcast(*o.descriptor, o.deadline(), buffer, bytes, root));
+        }
+        return one_to_all_broadcast(o, buffer, bytes, root);
+      });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_gather(const void* send, void* recv,
@@ -703,14 +714,17 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_gather(const void* send, v
   const CommArgs a{"all_gather", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
   HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype, static_cast<size_t>(size_)));
-  Descriptor d{kAllGather, static_cast<int32_t>(dtype), 0, 0, count, next_sequence_++};
-  return enqueue("all_gather", ready, &d, d.sequence << 20,
-                 [this, send, recv, count, dtype](Op& o) {
-                   const size_t bytes = count * dtype_size(dtype);
-                   auto* own = static_cast<uint8_t*>(recv) + static_cast<size_t>(rank_) * bytes;
-                   if (own != send && bytes) std::memcpy(own, send, bytes);
-                   return ring_all_gather(o, recv, bytes, kAllGatherPhase);
-                 });
+  Descriptor d{kAllGatherKind, static_cast<int32_t>(dtype), 0, 0, count, next_sequence_++};
+  return enqueue(
+      "all_gather", ready, &d, d.sequence << 20, [this, send, recv, count, dtype](Op& o) {
+        const size_t bytes = count * dtype_size(dtype);
+        if (shm_) {
+          return located(o, shm_->all_gather(*o.descriptor, o.deadline(), send, recv, bytes));
+        }
+        auto* own = static_cast<uint8_t*>(recv) + static_cast<size_t>(rank_) * bytes;
+        if (own != send && bytes) std::memcpy(own, send, bytes);
+        return ring_all_gather(o, recv, bytes, kAllGatherPhase);
+      });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* send, void* recv,
@@ -719,12 +733,16 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* sen
   const CommArgs a{"reduce_scatter", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype, static_cast<size_t>(size_)));
   HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
-  Descriptor d{kReduceScatter,  static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
+  Descriptor d{kReduceScatterKind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
                next_sequence_++};
-  return enqueue("reduce_scatter", ready, &d, d.sequence << 20,
-                 [this, send, recv, count, dtype, op](Op& o) {
-                   return ring_reduce_scatter(o, send, recv, count, dtype, op);
-                 });
+  return enqueue(
+      "reduce_scatter", ready, &d, d.sequence << 20, [this, send, recv, count, dtype, op](Op& o) {
+        if (shm_) {
+          return located(
+              o, shm_->reduce_scatter(*o.descriptor, o.deadline(), send, recv, count, dtype, op));
+        }
+        return ring_reduce_scatter(o, send, recv, count, dtype, op);
+      });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::send(const void* buffer, size_t count,
@@ -754,8 +772,9 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::recv(void* buffer, size_t coun
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
-  Descriptor d{kBarrier, 0, 0, 0, 0, next_sequence_++};
+  Descriptor d{kBarrierKind, 0, 0, 0, 0, next_sequence_++};
   return enqueue("barrier", ready, &d, d.sequence << 20, [this](Op& o) {
+    if (shm_) return located(o, shm_->barrier(*o.descriptor, o.deadline()));
     // The descriptor exchange is itself a barrier when checking is on; otherwise one
     // byte per rank goes round the ring.
     if (options_.check_arguments) return Status::Ok();

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "core/comm/communicator.h"
+#include "core/comm/descriptor.h"
+#include "core/comm/shm/shm_group.h"
 #include "core/device/cpu/stream.h"
 
 namespace gloo {
@@ -35,6 +37,7 @@ class GlooCommunicator final : public Communicator {
   int32_t size() const override { return size_; }
   Device device() const override { return Device::cpu(); }
   const std::string& name() const override { return options_.name; }
+  std::string_view transport() const override { return shm_ ? "shm" : "tcp"; }
   Stream& stream() override { return *stream_; }
   Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
   void set_timeout(Milliseconds timeout) override { timeout_ms_ = timeout.count(); }
@@ -64,15 +67,7 @@ class GlooCommunicator final : public Communicator {
  private:
   GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, int32_t size, CommOptions options);
 
-  // What every collective's ranks must agree on; exchanged first when checking is on.
-  struct Descriptor {
-    int32_t kind = 0;
-    int32_t dtype = 0;
-    int32_t op = 0;
-    int32_t root = 0;
-    uint64_t count = 0;
-    uint64_t sequence = 0;
-  };
+  using Descriptor = CollectiveDescriptor;
 
   using Body = std::function<Status(Op&)>;
   // Validates nothing; queues `body` on the stream with a fresh Work. `descriptor` is
@@ -102,6 +97,7 @@ class GlooCommunicator final : public Communicator {
   void register_buffer(::gloo::transport::UnboundBuffer* buffer);
   void unregister_buffer(::gloo::transport::UnboundBuffer* buffer);
   std::string where(const std::string& operation, uint64_t sequence) const;
+  Status located(const Op& op, Status s) const;  // prefixes where `op` failed
 
   std::shared_ptr<Store> store_;
   int32_t rank_;
@@ -109,6 +105,8 @@ class GlooCommunicator final : public Communicator {
   CommOptions options_;
   std::atomic<int64_t> timeout_ms_;
   std::shared_ptr<::gloo::Context> context_;
+  // Set when every rank runs on this host: collectives go through shared memory.
+  std::unique_ptr<shm::ShmGroup> shm_;
   std::unique_ptr<cpu::CpuStream> stream_;
 
   uint64_t next_sequence_ = 1;        // collectives, host thread

@@ -26,6 +26,7 @@ class NcclCommunicator final : public Communicator {
   int32_t size() const override { return size_; }
   Device device() const override { return Device::cuda(device_index_); }
   const std::string& name() const override { return options_.name; }
+  std::string_view transport() const override { return "nccl"; }
   Stream& stream() override { return *stream_; }
   Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
   void set_timeout(Milliseconds timeout) override { timeout_ms_ = timeout.count(); }

@@ -1,4 +1,5 @@
-// The CPU (Gloo) communicator with ranks as threads: every collective × dtype × world
+// The CPU communicator with ranks as threads, over both of its transports (shared memory,
+// which same-host ranks get by default, and Gloo TCP): every collective × dtype × world
 // size 1..4 against a reference computed here, then failure and bad input.
 #include "core/comm/communicator.h"
 
@@ -51,7 +52,19 @@ double expected_reduction(DType dtype, ReduceOp op, int32_t size, size_t i) {
   return reduce_reference(op, size, i);
 }
 
-class CollectivesTest : public ::testing::TestWithParam<int32_t> {
+// The transports a CPU group can use; the tests run each.
+CommOptions over(bool shared_memory) {
+  CommOptions options;
+  options.shared_memory = shared_memory;
+  return options;
+}
+std::string transport_name(bool shared_memory) { return shared_memory ? "shm" : "tcp"; }
+// World size 1 needs no transport at all.
+std::string expected_transport(int32_t size, bool shared_memory) {
+  return size > 1 && shared_memory ? "shm" : "tcp";
+}
+
+class CollectivesTest : public ::testing::TestWithParam<std::tuple<int32_t, bool>> {
  protected:
   void SetUp() override {
     if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
@@ -59,170 +72,203 @@ class CollectivesTest : public ::testing::TestWithParam<int32_t> {
 };
 
 TEST_P(CollectivesTest, EveryCollectiveAndDtypeMatchesTheReference) {
-  const int32_t size = GetParam();
-  run_ranks(size, [size](int32_t rank, Communicator& comm) {
-    EXPECT_EQ(comm.rank(), rank);
-    EXPECT_EQ(comm.size(), size);
-    for (DType dtype : kAllDTypes) {
-      for (size_t count : {size_t{1}, size_t{7}, size_t{1003}}) {
-        SCOPED_TRACE(std::string(dtype_name(dtype)) + " count " + std::to_string(count));
-        Buffer input(dtype, count);
-        for (size_t i = 0; i < count; ++i) input.set(i, value(rank, i));
+  const auto [size, shared_memory] = GetParam();
+  // Small slots: multi-round collectives already at count 1003.
+  CommOptions options = over(shared_memory);
+  options.shared_memory_slot_bytes = 4096;
+  run_ranks(
+      size,
+      [size, shared_memory](int32_t rank, Communicator& comm) {
+        EXPECT_EQ(comm.rank(), rank);
+        EXPECT_EQ(comm.size(), size);
+        EXPECT_EQ(comm.transport(), expected_transport(size, shared_memory));
+        for (DType dtype : kAllDTypes) {
+          for (size_t count : {size_t{1}, size_t{7}, size_t{1003}}) {
+            SCOPED_TRACE(std::string(dtype_name(dtype)) + " count " + std::to_string(count));
+            Buffer input(dtype, count);
+            for (size_t i = 0; i < count; ++i) input.set(i, value(rank, i));
 
-        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
-          Buffer out(dtype, count);
-          auto w = comm.all_reduce(input.data(), out.data(), count, dtype, op);
-          ASSERT_TRUE(w.ok()) << w.status().to_string();
-          ASSERT_TRUE((*w)->wait().ok()) << (*w)->status().to_string();
-          for (size_t i = 0; i < count; ++i) {
-            ASSERT_EQ(out.at(i), expected_reduction(dtype, op, size, i))
-                << "all_reduce " << reduce_op_name(op) << " element " << i;
-          }
-          // reduce_scatter: slice r of size*count inputs.
-          Buffer rs_in(dtype, count * size), rs_out(dtype, count);
-          for (size_t i = 0; i < count * size; ++i) rs_in.set(i, value(rank, i));
-          auto rs = comm.reduce_scatter(rs_in.data(), rs_out.data(), count, dtype, op);
-          ASSERT_TRUE(rs.ok()) << rs.status().to_string();
-          ASSERT_TRUE((*rs)->wait().ok()) << (*rs)->status().to_string();
-          for (size_t i = 0; i < count; ++i) {
-            ASSERT_EQ(rs_out.at(i), expected_reduction(dtype, op, size, rank * count + i))
-                << "reduce_scatter " << reduce_op_name(op) << " element " << i;
-          }
-        }
-        // In-place all_reduce.
-        Buffer inplace(dtype, count);
-        for (size_t i = 0; i < count; ++i) inplace.set(i, value(rank, i));
-        ASSERT_TRUE((*comm.all_reduce(inplace.data(), inplace.data(), count, dtype, ReduceOp::kSum))
-                        ->wait()
-                        .ok());
-        for (size_t i = 0; i < count; ++i)
-          ASSERT_EQ(inplace.at(i), reduce_reference(ReduceOp::kSum, size, i));
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+              Buffer out(dtype, count);
+              auto w = comm.all_reduce(input.data(), out.data(), count, dtype, op);
+              ASSERT_TRUE(w.ok()) << w.status().to_string();
+              ASSERT_TRUE((*w)->wait().ok()) << (*w)->status().to_string();
+              for (size_t i = 0; i < count; ++i) {
+                ASSERT_EQ(out.at(i), expected_reduction(dtype, op, size, i))
+                    << "all_reduce " << reduce_op_name(op) << " element " << i;
+              }
+              // reduce_scatter: slice r of size*count inputs.
+              Buffer rs_in(dtype, count * size), rs_out(dtype, count);
+              for (size_t i = 0; i < count * size; ++i) rs_in.set(i, value(rank, i));
+              auto rs = comm.reduce_scatter(rs_in.data(), rs_out.data(), count, dtype, op);
+              ASSERT_TRUE(rs.ok()) << rs.status().to_string();
+              ASSERT_TRUE((*rs)->wait().ok()) << (*rs)->status().to_string();
+              for (size_t i = 0; i < count; ++i) {
+                ASSERT_EQ(rs_out.at(i), expected_reduction(dtype, op, size, rank * count + i))
+                    << "reduce_scatter " << reduce_op_name(op) << " element " << i;
+              }
+            }
+            // In-place all_reduce.
+            Buffer inplace(dtype, count);
+            for (size_t i = 0; i < count; ++i) inplace.set(i, value(rank, i));
+            ASSERT_TRUE(
+                (*comm.all_reduce(inplace.data(), inplace.data(), count, dtype, ReduceOp::kSum))
+                    ->wait()
+                    .ok());
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(inplace.at(i), reduce_reference(ReduceOp::kSum, size, i));
 
-        // all_gather.
-        Buffer gathered(dtype, count * size);
-        ASSERT_TRUE((*comm.all_gather(input.data(), gathered.data(), count, dtype))->wait().ok());
-        for (int32_t r = 0; r < size; ++r) {
-          for (size_t i = 0; i < count; ++i) ASSERT_EQ(gathered.at(r * count + i), value(r, i));
+            // all_gather.
+            Buffer gathered(dtype, count * size);
+            ASSERT_TRUE(
+                (*comm.all_gather(input.data(), gathered.data(), count, dtype))->wait().ok());
+            for (int32_t r = 0; r < size; ++r) {
+              for (size_t i = 0; i < count; ++i) ASSERT_EQ(gathered.at(r * count + i), value(r, i));
+            }
+            // broadcast and reduce from the last rank.
+            const int32_t root = size - 1;
+            Buffer b(dtype, count);
+            for (size_t i = 0; i < count; ++i) b.set(i, rank == root ? value(root, i) : 0.0);
+            ASSERT_TRUE((*comm.broadcast(b.data(), count, dtype, root))->wait().ok());
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(b.at(i), value(root, i));
+            Buffer reduced(dtype, count);
+            ASSERT_TRUE(
+                (*comm.reduce(input.data(), reduced.data(), count, dtype, ReduceOp::kMax, root))
+                    ->wait()
+                    .ok());
+            if (rank == root) {
+              for (size_t i = 0; i < count; ++i)
+                ASSERT_EQ(reduced.at(i), reduce_reference(ReduceOp::kMax, size, i));
+            }
+          }
         }
-        // broadcast and reduce from the last rank.
-        const int32_t root = size - 1;
-        Buffer b(dtype, count);
-        for (size_t i = 0; i < count; ++i) b.set(i, rank == root ? value(root, i) : 0.0);
-        ASSERT_TRUE((*comm.broadcast(b.data(), count, dtype, root))->wait().ok());
-        for (size_t i = 0; i < count; ++i) ASSERT_EQ(b.at(i), value(root, i));
-        Buffer reduced(dtype, count);
-        ASSERT_TRUE((*comm.reduce(input.data(), reduced.data(), count, dtype, ReduceOp::kMax, root))
-                        ->wait()
-                        .ok());
-        if (rank == root) {
-          for (size_t i = 0; i < count; ++i)
-            ASSERT_EQ(reduced.at(i), reduce_reference(ReduceOp::kMax, size, i));
+        // Point to point around the ring, and a barrier.
+        if (size > 1) {
+          Buffer out(DType::kInt64, 5), in(DType::kInt64, 5);
+          for (size_t i = 0; i < 5; ++i) out.set(i, rank * 100 + static_cast<double>(i));
+          const int32_t next = (rank + 1) % size, prev = (rank + size - 1) % size;
+          auto s = comm.send(out.data(), 5, DType::kInt64, next);
+          auto r = comm.recv(in.data(), 5, DType::kInt64, prev);
+          ASSERT_TRUE(s.ok() && r.ok());
+          ASSERT_TRUE((*r)->wait().ok());
+          ASSERT_TRUE((*s)->wait().ok());
+          for (size_t i = 0; i < 5; ++i) ASSERT_EQ(in.at(i), prev * 100 + static_cast<double>(i));
         }
-      }
-    }
-    // Point to point around the ring, and a barrier.
-    if (size > 1) {
-      Buffer out(DType::kInt64, 5), in(DType::kInt64, 5);
-      for (size_t i = 0; i < 5; ++i) out.set(i, rank * 100 + static_cast<double>(i));
-      const int32_t next = (rank + 1) % size, prev = (rank + size - 1) % size;
-      auto s = comm.send(out.data(), 5, DType::kInt64, next);
-      auto r = comm.recv(in.data(), 5, DType::kInt64, prev);
-      ASSERT_TRUE(s.ok() && r.ok());
-      ASSERT_TRUE((*r)->wait().ok());
-      ASSERT_TRUE((*s)->wait().ok());
-      for (size_t i = 0; i < 5; ++i) ASSERT_EQ(in.at(i), prev * 100 + static_cast<double>(i));
-    }
-    ASSERT_TRUE((*comm.barrier())->wait().ok());
-  });
+        ASSERT_TRUE((*comm.barrier())->wait().ok());
+      },
+      options);
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& p) { return "world" + std::to_string(p.param); });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         [](const auto& p) {
+                           return "world" + std::to_string(std::get<0>(p.param)) + "_" +
+                                  transport_name(std::get<1>(p.param));
+                         });
 
-class CommunicatorTest : public ::testing::Test {
+class CommunicatorTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   }
+  CommOptions options() const { return over(GetParam()); }
 };
 
-TEST_F(CommunicatorTest, OperationsRunOnTheCommStreamWithoutBlockingTheHost) {
-  run_ranks(2, [](int32_t rank, Communicator& comm) {
-    std::vector<float> in(1 << 16, static_cast<float>(rank + 1)), out(1 << 16, 0.0f);
-    host_sync_reset();
-    auto work = comm.all_reduce(in.data(), out.data(), in.size(), DType::kFloat32, ReduceOp::kSum);
-    ASSERT_TRUE(work.ok());
-    // A consumer stream waits on the work stream-side; the host counts no sync.
-    auto consumer = std::move(create_stream(Device::cpu())).value();
-    ASSERT_TRUE((*work)->wait_on(*consumer).ok());
-    std::vector<float> copy(out.size());
-    ASSERT_TRUE(consumer->memcpy_async(copy.data(), out.data(), out.size() * sizeof(float)).ok());
-    EXPECT_EQ(host_sync_count_thread(), 0u);
-    ASSERT_TRUE(consumer->synchronize().ok());
-    EXPECT_EQ(copy.front(), 3.0f);
-    EXPECT_EQ(copy.back(), 3.0f);
-    auto done = (*work)->test();
-    ASSERT_TRUE(done.ok());
-    EXPECT_TRUE(*done);
-  });
+INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorTest, ::testing::Bool(),
+                         [](const auto& p) { return transport_name(p.param); });
+
+TEST_P(CommunicatorTest, OperationsRunOnTheCommStreamWithoutBlockingTheHost) {
+  run_ranks(
+      2,
+      [](int32_t rank, Communicator& comm) {
+        std::vector<float> in(1 << 16, static_cast<float>(rank + 1)), out(1 << 16, 0.0f);
+        host_sync_reset();
+        auto work =
+            comm.all_reduce(in.data(), out.data(), in.size(), DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(work.ok());
+        // A consumer stream waits on the work stream-side; the host counts no sync.
+        auto consumer = std::move(create_stream(Device::cpu())).value();
+        ASSERT_TRUE((*work)->wait_on(*consumer).ok());
+        std::vector<float> copy(out.size());
+        ASSERT_TRUE(
+            consumer->memcpy_async(copy.data(), out.data(), out.size() * sizeof(float)).ok());
+        EXPECT_EQ(host_sync_count_thread(), 0u);
+        ASSERT_TRUE(consumer->synchronize().ok());
+        EXPECT_EQ(copy.front(), 3.0f);
+        EXPECT_EQ(copy.back(), 3.0f);
+        auto done = (*work)->test();
+        ASSERT_TRUE(done.ok());
+        EXPECT_TRUE(*done);
+      },
+      options());
 }
 
-TEST_F(CommunicatorTest, ReadyStreamOrdersTheCollectiveAfterCompute) {
-  run_ranks(2, [](int32_t rank, Communicator& comm) {
-    auto compute = std::move(create_stream(Device::cpu())).value();
-    std::vector<int32_t> produced(100, 0), result(100, 0), source(100, rank + 1);
-    // "Compute" fills the input on its own stream; the collective must see the result.
-    ASSERT_TRUE(compute->memcpy_async(produced.data(), source.data(), 400).ok());
-    auto w = comm.all_reduce(produced.data(), result.data(), 100, DType::kInt32, ReduceOp::kSum,
-                             compute.get());
-    ASSERT_TRUE(w.ok());
-    ASSERT_TRUE((*w)->wait().ok());
-    EXPECT_EQ(result[0], 3);
-    EXPECT_EQ(result[99], 3);
-  });
+TEST_P(CommunicatorTest, ReadyStreamOrdersTheCollectiveAfterCompute) {
+  run_ranks(
+      2,
+      [](int32_t rank, Communicator& comm) {
+        auto compute = std::move(create_stream(Device::cpu())).value();
+        std::vector<int32_t> produced(100, 0), result(100, 0), source(100, rank + 1);
+        // "Compute" fills the input on its own stream; the collective must see the result.
+        ASSERT_TRUE(compute->memcpy_async(produced.data(), source.data(), 400).ok());
+        auto w = comm.all_reduce(produced.data(), result.data(), 100, DType::kInt32, ReduceOp::kSum,
+                                 compute.get());
+        ASSERT_TRUE(w.ok());
+        ASSERT_TRUE((*w)->wait().ok());
+        EXPECT_EQ(result[0], 3);
+        EXPECT_EQ(result[99], 3);
+      },
+      options());
 }
 
-TEST_F(CommunicatorTest, SplitMakesSubgroups) {
-  run_ranks(4, [](int32_t rank, Communicator& comm) {
-    auto evens = comm.split({0, 2}, "even");
-    auto odds = comm.split({1, 3}, "odd");
-    ASSERT_TRUE(evens.ok() && odds.ok()) << evens.status().to_string();
-    Communicator* mine = rank % 2 == 0 ? evens->get() : odds->get();
-    ASSERT_NE(mine, nullptr);
-    EXPECT_EQ(rank % 2 == 0 ? odds->get() : evens->get(), nullptr);
-    EXPECT_EQ(mine->size(), 2);
-    EXPECT_EQ(mine->rank(), rank / 2);
-    int64_t v = rank, sum = 0;
-    ASSERT_TRUE((*mine->all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum))->wait().ok());
-    EXPECT_EQ(sum, rank % 2 == 0 ? 0 + 2 : 1 + 3);
-    EXPECT_EQ(comm.split({0, 0}, "dup").status().code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(comm.split({0, 9}, "far").status().code(), StatusCode::kOutOfRange);
-  });
+TEST_P(CommunicatorTest, SplitMakesSubgroups) {
+  run_ranks(
+      4,
+      [](int32_t rank, Communicator& comm) {
+        auto evens = comm.split({0, 2}, "even");
+        auto odds = comm.split({1, 3}, "odd");
+        ASSERT_TRUE(evens.ok() && odds.ok()) << evens.status().to_string();
+        Communicator* mine = rank % 2 == 0 ? evens->get() : odds->get();
+        ASSERT_NE(mine, nullptr);
+        EXPECT_EQ(rank % 2 == 0 ? odds->get() : evens->get(), nullptr);
+        EXPECT_EQ(mine->size(), 2);
+        EXPECT_EQ(mine->rank(), rank / 2);
+        int64_t v = rank, sum = 0;
+        ASSERT_TRUE((*mine->all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum))->wait().ok());
+        EXPECT_EQ(sum, rank % 2 == 0 ? 0 + 2 : 1 + 3);
+        EXPECT_EQ(comm.split({0, 0}, "dup").status().code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(comm.split({0, 9}, "far").status().code(), StatusCode::kOutOfRange);
+      },
+      options());
 }
 
-TEST_F(CommunicatorTest, MismatchedCallsFailOnEveryRankWithNothingSent) {
-  run_ranks(3, [](int32_t rank, Communicator& comm) {
-    std::vector<float> in(10, 1.0f), out(10, -1.0f);
-    const size_t count = rank == 1 ? 9 : 10;  // rank 1 disagrees
-    auto w = comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
-    ASSERT_TRUE(w.ok());
-    Status s = (*w)->wait();
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-    EXPECT_NE(s.message().find("all_reduce #1 on group 'world'"), std::string::npos) << s.message();
-    EXPECT_NE(s.message().find("count 9"), std::string::npos) << s.message();
-    EXPECT_EQ(out[0], -1.0f) << "a refused collective changes nothing";
-    // The communicator is unusable after a failure; later calls say why at once.
-    auto later = comm.barrier();
-    if (later.ok()) {
-      EXPECT_EQ((*later)->wait().code(), StatusCode::kAborted);
-    } else {
-      EXPECT_EQ(later.status().code(), StatusCode::kAborted);
-    }
-  });
+TEST_P(CommunicatorTest, MismatchedCallsFailOnEveryRankWithNothingSent) {
+  run_ranks(
+      3,
+      [](int32_t rank, Communicator& comm) {
+        std::vector<float> in(10, 1.0f), out(10, -1.0f);
+        const size_t count = rank == 1 ? 9 : 10;  // rank 1 disagrees
+        auto w = comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        Status s = (*w)->wait();
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+        EXPECT_NE(s.message().find("all_reduce #1 on group 'world'"), std::string::npos)
+            << s.message();
+        EXPECT_NE(s.message().find("count 9"), std::string::npos) << s.message();
+        EXPECT_EQ(out[0], -1.0f) << "a refused collective changes nothing";
+        // The communicator is unusable after a failure; later calls say why at once.
+        auto later = comm.barrier();
+        if (later.ok()) {
+          EXPECT_EQ((*later)->wait().code(), StatusCode::kAborted);
+        } else {
+          EXPECT_EQ(later.status().code(), StatusCode::kAborted);
+        }
+      },
+      options());
 }
 
-TEST_F(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
-  CommOptions options;
+TEST_P(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
+  CommOptions options = this->options();
   options.timeout = Milliseconds(300);
   std::atomic<bool> finished{false};
   run_ranks(
@@ -247,9 +293,9 @@ TEST_F(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
       options);
 }
 
-TEST_F(CommunicatorTest, APeerThatLeavesMidCollectiveAbortsTheOthers) {
+TEST_P(CommunicatorTest, APeerThatLeavesMidCollectiveAbortsTheOthers) {
   // A rank whose neighbour left sees the connection close; the others time out.
-  CommOptions options;
+  CommOptions options = this->options();
   options.timeout = Milliseconds(3000);
   run_ranks(
       3,
@@ -269,43 +315,56 @@ TEST_F(CommunicatorTest, APeerThatLeavesMidCollectiveAbortsTheOthers) {
       options);
 }
 
-TEST_F(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
-  run_ranks(2, [](int32_t rank, Communicator& comm) {
-    if (rank == 1) return;
-    float x = 1, y = 0;
-    auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
-    ASSERT_TRUE(w.ok());
-    std::thread aborter([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      comm.abort();
-    });
-    Status s = (*w)->wait();
-    aborter.join();
-    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
-    EXPECT_EQ(comm.barrier().status().code(), StatusCode::kAborted);
-  });
+TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
+  std::atomic<bool> finished{false};
+  run_ranks(
+      2,
+      [&finished](int32_t rank, Communicator& comm) {
+        if (rank == 1) {  // stays, never joins: only the abort can end rank 0's wait
+          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        float x = 1, y = 0;
+        auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        std::thread aborter([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          comm.abort();
+        });
+        Status s = (*w)->wait();
+        aborter.join();
+        finished = true;
+        EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+        EXPECT_NE(s.message().find("aborted"), std::string::npos) << s.message();
+        EXPECT_EQ(comm.barrier().status().code(), StatusCode::kAborted);
+      },
+      options());
 }
 
-TEST_F(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
-  run_ranks(2, [](int32_t, Communicator& comm) {
-    float x = 0;
-    EXPECT_EQ(comm.broadcast(&x, 1, DType::kFloat32, 2).status().code(), StatusCode::kOutOfRange);
-    EXPECT_EQ(comm.reduce(&x, &x, 1, DType::kFloat32, ReduceOp::kSum, -1).status().code(),
-              StatusCode::kOutOfRange);
-    EXPECT_EQ(comm.send(&x, 1, DType::kFloat32, 5).status().code(), StatusCode::kOutOfRange);
-    EXPECT_EQ(comm.send(&x, 1, DType::kFloat32, comm.rank()).status().code(),
-              StatusCode::kInvalidArgument);
-    EXPECT_EQ(comm.all_reduce(nullptr, &x, 1, DType::kFloat32, ReduceOp::kSum).status().code(),
-              StatusCode::kInvalidArgument);
-    auto overflow = comm.all_gather(&x, &x, (size_t{1} << 62), DType::kFloat64);
-    EXPECT_EQ(overflow.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(overflow.status().message().find("overflows"), std::string::npos);
-    EXPECT_EQ(reduce_op_from_int(7).status().code(), StatusCode::kInvalidArgument);
-    // Nothing was sent: the group still works.
-    float a = 1, b = 0;
-    ASSERT_TRUE((*comm.all_reduce(&a, &b, 1, DType::kFloat32, ReduceOp::kSum))->wait().ok());
-    EXPECT_EQ(b, 2.0f);
-  });
+TEST_P(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
+  run_ranks(
+      2,
+      [](int32_t, Communicator& comm) {
+        float x = 0;
+        EXPECT_EQ(comm.broadcast(&x, 1, DType::kFloat32, 2).status().code(),
+                  StatusCode::kOutOfRange);
+        EXPECT_EQ(comm.reduce(&x, &x, 1, DType::kFloat32, ReduceOp::kSum, -1).status().code(),
+                  StatusCode::kOutOfRange);
+        EXPECT_EQ(comm.send(&x, 1, DType::kFloat32, 5).status().code(), StatusCode::kOutOfRange);
+        EXPECT_EQ(comm.send(&x, 1, DType::kFloat32, comm.rank()).status().code(),
+                  StatusCode::kInvalidArgument);
+        EXPECT_EQ(comm.all_reduce(nullptr, &x, 1, DType::kFloat32, ReduceOp::kSum).status().code(),
+                  StatusCode::kInvalidArgument);
+        auto overflow = comm.all_gather(&x, &x, (size_t{1} << 62), DType::kFloat64);
+        EXPECT_EQ(overflow.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(overflow.status().message().find("overflows"), std::string::npos);
+        EXPECT_EQ(reduce_op_from_int(7).status().code(), StatusCode::kInvalidArgument);
+        // Nothing was sent: the group still works.
+        float a = 1, b = 0;
+        ASSERT_TRUE((*comm.all_reduce(&a, &b, 1, DType::kFloat32, ReduceOp::kSum))->wait().ok());
+        EXPECT_EQ(b, 2.0f);
+      },
+      options());
   auto store = make_in_memory_store();
   EXPECT_EQ(create_communicator(store, 2, 2, Device::cpu()).status().code(),
             StatusCode::kOutOfRange);
@@ -319,37 +378,103 @@ TEST_F(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
 namespace hps {
 namespace {
 
-// Chunks of several 256 KiB segments: the pipelined ring steps, at odd sizes.
-TEST(CollectivesLarge, SegmentedRingStepsMatchTheReference) {
+// Large buffers cut unevenly: the ring's pipelined 256 KiB segments over TCP; over
+// shared memory, many rounds of 256 KiB slots (the two-round all-reduce path).
+class CollectivesLarge : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CollectivesLarge, SegmentedStepsMatchTheReference) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  CommOptions options = over(GetParam());
+  options.shared_memory_slot_bytes = 256 * 1024;
   for (int32_t size : {2, 3}) {
-    testing_util::run_ranks(size, [size](int32_t rank, Communicator& comm) {
-      const size_t count = 1'234'567;  // ~4.7 MiB of float32, cut unevenly
-      std::vector<float> in(count), out(count);
-      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank * 7 + i * 3) % 11 + 1);
-      ASSERT_TRUE((*comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum))
-                      ->wait()
-                      .ok());
-      for (size_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int32_t r = 0; r < size; ++r) want += static_cast<float>((r * 7 + i * 3) % 11 + 1);
-        ASSERT_EQ(out[i], want) << "element " << i;
-      }
-      std::vector<double> rs_in(count * static_cast<size_t>(size)), rs_out(count);
-      for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<double>((rank + i) % 5);
-      ASSERT_TRUE((*comm.reduce_scatter(rs_in.data(), rs_out.data(), count, DType::kFloat64,
-                                        ReduceOp::kMax))
-                      ->wait()
-                      .ok());
-      for (size_t i = 0; i < count; ++i) {
-        double want = 0;
-        for (int32_t r = 0; r < size; ++r) {
-          want = std::max(want, static_cast<double>((r + rank * count + i) % 5));
-        }
-        ASSERT_EQ(rs_out[i], want) << "element " << i;
-      }
+    testing_util::run_ranks(
+        size,
+        [size](int32_t rank, Communicator& comm) {
+          const size_t count = 1'234'567;  // ~4.7 MiB of float32, cut unevenly
+          std::vector<float> in(count), out(count);
+          for (size_t i = 0; i < count; ++i)
+            in[i] = static_cast<float>((rank * 7 + i * 3) % 11 + 1);
+          ASSERT_TRUE(
+              (*comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum))
+                  ->wait()
+                  .ok());
+          for (size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int32_t r = 0; r < size; ++r) want += static_cast<float>((r * 7 + i * 3) % 11 + 1);
+            ASSERT_EQ(out[i], want) << "element " << i;
+          }
+          std::vector<double> rs_in(count * static_cast<size_t>(size)), rs_out(count);
+          for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<double>((rank + i) % 5);
+          ASSERT_TRUE((*comm.reduce_scatter(rs_in.data(), rs_out.data(), count, DType::kFloat64,
+                                            ReduceOp::kMax))
+                          ->wait()
+                          .ok());
+          for (size_t i = 0; i < count; ++i) {
+            double want = 0;
+            for (int32_t r = 0; r < size; ++r) {
+              want = std::max(want, static_cast<double>((r + rank * count + i) % 5));
+            }
+            ASSERT_EQ(rs_out[i], want) << "element " << i;
+          }
+          std::vector<int32_t> gathered(count * static_cast<size_t>(size));
+          std::vector<int32_t> mine(count, rank + 1);
+          ASSERT_TRUE(
+              (*comm.all_gather(mine.data(), gathered.data(), count, DType::kInt32))->wait().ok());
+          for (size_t i = 0; i < gathered.size(); i += 4099) {
+            ASSERT_EQ(gathered[i], static_cast<int32_t>(i / count) + 1) << "element " << i;
+          }
+          std::vector<double> b(count, rank == 1 ? 2.5 : 0.0);
+          ASSERT_TRUE((*comm.broadcast(b.data(), count, DType::kFloat64, 1))->wait().ok());
+          ASSERT_EQ(b.front(), 2.5);
+          ASSERT_EQ(b.back(), 2.5);
+        },
+        options);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CollectivesLarge, ::testing::Bool(),
+                         [](const auto& p) { return transport_name(p.param); });
+
+TEST(SharedMemory, RanksAgreeOnTheTransportAndAnyRankCanRefuseIt) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  // Rank 2 alone turns shared memory off: the whole group uses TCP, and works.
+  auto store = make_in_memory_store();
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < 3; ++r) {
+    threads.emplace_back([&store, r] {
+      CommOptions options = over(r != 2);
+      options.timeout = Milliseconds(20'000);
+      auto comm = create_communicator(store, r, 3, Device::cpu(), options);
+      ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+      EXPECT_EQ((*comm)->transport(), "tcp");
+      int64_t v = r, sum = 0;
+      ASSERT_TRUE((*(*comm)->all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum))->wait().ok());
+      EXPECT_EQ(sum, 3);
     });
   }
+  for (auto& t : threads) t.join();
+}
+
+TEST(SharedMemory, HalfPrecisionSumsAccumulateInFloat32AndRoundOnce) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  // 2048 + 1 + 1 + 1: rounding to fp16 after each addition keeps 2048 (the spacing there
+  // is 2); accumulating in fp32 gives 2051, rounded once to 2052.
+  run_ranks(
+      4,
+      [](int32_t rank, Communicator& comm) {
+        ASSERT_EQ(comm.transport(), "shm");
+        const uint16_t x = float_to_half_bits(rank == 0 ? 2048.0f : 1.0f);
+        uint16_t sum = 0, scattered = 0;
+        ASSERT_TRUE((*comm.all_reduce(&x, &sum, 1, DType::kFloat16, ReduceOp::kSum))->wait().ok());
+        EXPECT_EQ(half_bits_to_float(sum), 2052.0f);
+        std::vector<uint16_t> in(4, x);
+        ASSERT_TRUE(
+            (*comm.reduce_scatter(in.data(), &scattered, 1, DType::kFloat16, ReduceOp::kSum))
+                ->wait()
+                .ok());
+        EXPECT_EQ(half_bits_to_float(scattered), 2052.0f);
+      },
+      over(true));
 }
 
 }  // namespace

@@ -1,0 +1,509 @@
+#include "core/comm/shm/shm_group.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "core/comm/reduce_ops.h"
+#include "core/common/logging.h"
+
+namespace hps::shm {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr uint64_t kMagic = 0x6870736861726431ULL;  // "hpshard1"
+constexpr size_t kPage = 4096;
+
+enum State : uint32_t { kActive = 0, kLeft = 1, kFailed = 2, kAborted = 3 };
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
+              "futex words must be plain 32-bit integers");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "round counters must be lock-free");
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// Which machine and boot this is: ranks that differ here cannot share memory.
+std::string host_identity() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  return std::string(name) + "/" + boot;
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
+bool process_ended(int32_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  const char state = stat[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::nanoseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Element range of part i when `count` is cut into n nearly equal parts.
+std::pair<size_t, size_t> part(size_t count, int32_t n, int32_t i) {
+  const size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n);
+  const size_t k = static_cast<size_t>(i);
+  const size_t begin = k * base + std::min(k, extra);
+  return {begin, begin + base + (k < extra ? 1 : 0)};
+}
+
+// Below this many bytes per round every rank reduces the whole piece itself: one round
+// (one synchronisation) instead of a reduce-scatter round and an all-gather round.
+constexpr size_t kSingleRoundAllReduceBytes = 64 * 1024;
+
+}  // namespace
+
+struct ShmGroup::Header {
+  uint64_t magic;
+  uint64_t nonce;
+  int64_t size;
+  uint64_t slot_bytes;
+  std::atomic<uint32_t> signal;    // futex word: bumped whenever any counter moves
+  std::atomic<uint32_t> sleepers;  // ranks asleep on it
+};
+
+struct alignas(128) ShmGroup::Control {
+  std::atomic<uint64_t> posted;    // rounds this rank has published
+  std::atomic<uint64_t> consumed;  // rounds this rank has finished reading
+  std::atomic<uint32_t> state;     // State
+  int32_t pid;
+  uint64_t pid_ns;
+  CollectiveDescriptor descriptor[2];  // of the collective whose first round is k, at k % 2
+};
+
+namespace {
+size_t controls_offset() { return round_up(sizeof(ShmGroup::Header), kPage); }
+size_t slots_offset(int32_t size) {
+  return controls_offset() + round_up(sizeof(ShmGroup::Control) * static_cast<size_t>(size), kPage);
+}
+size_t segment_bytes(int32_t size, size_t slot_bytes) {
+  return slots_offset(size) + static_cast<size_t>(size) * 2 * slot_bytes;
+}
+}  // namespace
+
+ShmGroup::ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base, size_t mapped_bytes)
+    : rank_(rank), size_(size), slot_bytes_(slot_bytes), base_(base), mapped_bytes_(mapped_bytes) {}
+
+ShmGroup::~ShmGroup() {
+  uint32_t active = kActive;
+  control(rank_).state.compare_exchange_strong(active, kLeft);
+  notify();
+  munmap(base_, mapped_bytes_);
+}
+
+ShmGroup::Header& ShmGroup::header() const { return *static_cast<Header*>(base_); }
+
+ShmGroup::Control& ShmGroup::control(int32_t q) const {
+  return reinterpret_cast<Control*>(static_cast<uint8_t*>(base_) + controls_offset())[q];
+}
+
+uint8_t* ShmGroup::slot(int32_t q, uint64_t round) const {
+  return static_cast<uint8_t*>(base_) + slots_offset(size_) +
+         (static_cast<size_t>(q) * 2 + round % 2) * slot_bytes_;
+}
+
+StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank, int32_t size,
+                                                     bool enabled, size_t slot_bytes,
+                                                     Milliseconds timeout) {
+  if (size < 2) return std::unique_ptr<ShmGroup>();
+  slot_bytes = round_up(std::max<size_t>(slot_bytes, kPage), kPage);
+  const size_t bytes = segment_bytes(size, slot_bytes);
+  const std::string host = host_identity();
+  void* base = nullptr;
+  std::string name;
+  std::string why_not;  // empty when this rank mapped the segment
+
+  auto map = [&](int fd) -> bool {
+    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      base = nullptr;
+      why_not = std::string("mmap: ") + std::strerror(errno);
+      return false;
+    }
+    return true;
+  };
+
+  if (rank == 0) {
+    std::random_device random;
+    const uint64_t nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
+    if (enabled) {
+      static std::atomic<uint64_t> counter{0};
+      std::ostringstream n;
+      n << "/hpshard-" << getpid() << "-" << counter++ << "-" << std::hex << nonce;
+      name = n.str();
+      const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) {
+        why_not = std::string("shm_open: ") + std::strerror(errno);
+      } else {
+        // Reserve every page now: a full /dev/shm must mean "use TCP", not SIGBUS later.
+        int rc = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+        if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+        if (rc != 0) {
+          why_not =
+              std::string("reserving ") + std::to_string(bytes) + " bytes: " + std::strerror(rc);
+        } else if (map(fd)) {
+          auto* h = static_cast<Header*>(base);
+          h->magic = kMagic;
+          h->nonce = nonce;
+          h->size = size;
+          h->slot_bytes = slot_bytes;
+        }
+        close(fd);
+        if (!why_not.empty()) shm_unlink(name.c_str());
+      }
+    } else {
+      why_not = "disabled";
+    }
+    std::ostringstream published;
+    if (why_not.empty()) {
+      published << name << ' ' << nonce << ' ' << host;
+    } else {
+      published << "none";
+    }
+    HPS_RETURN_IF_ERROR(store.set("segment", published.str()));
+  } else {
+    HPS_ASSIGN_OR_RETURN(std::string published, store.get("segment", timeout));
+    std::istringstream in(published);
+    uint64_t nonce = 0;
+    std::string their_host;
+    in >> name >> nonce;
+    std::getline(in >> std::ws, their_host);
+    if (!enabled) {
+      why_not = "disabled";
+    } else if (name == "none") {
+      why_not = "rank 0 has no segment";
+    } else if (their_host != host) {
+      why_not = "another host";
+    } else {
+      const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+      struct stat st {};
+      if (fd < 0) {
+        why_not = std::string("shm_open: ") + std::strerror(errno);
+      } else if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+        why_not = "the segment has another size";
+      } else if (map(fd)) {
+        auto* h = static_cast<Header*>(base);
+        if (h->magic != kMagic || h->nonce != nonce || h->size != size ||
+            h->slot_bytes != slot_bytes) {
+          why_not = "the segment is not this group's";
+        }
+      }
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  if (why_not.empty()) {
+    auto& mine = reinterpret_cast<Control*>(static_cast<uint8_t*>(base) + controls_offset())[rank];
+    mine.pid = static_cast<int32_t>(getpid());
+    mine.pid_ns = pid_namespace();
+  }
+  // Every rank learns whether every rank mapped it; they all decide alike.
+  HPS_RETURN_IF_ERROR(store.set("mapped/" + std::to_string(rank), why_not.empty() ? "1" : "0"));
+  bool all = true;
+  for (int32_t q = 0; q < size; ++q) {
+    auto v = store.get("mapped/" + std::to_string(q), timeout);
+    if (!v.ok()) return v.status();
+    all = all && v->size() == 1 && v->front() == '1';
+  }
+  // Every rank that will ever open it has: the name can go (the memory stays until unmapped).
+  if (rank == 0 && !name.empty() && name != "none") shm_unlink(name.c_str());
+  if (!all) {
+    if (base) munmap(base, bytes);
+    HPS_LOG(kDebug) << "rank " << rank << ": no shared-memory transport"
+                    << (why_not.empty() ? std::string(" (a peer could not map it)")
+                                        : " (" + why_not + ")");
+    return std::unique_ptr<ShmGroup>();
+  }
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, slot_bytes, base, bytes));
+}
+
+void ShmGroup::notify() {
+  Header& h = header();
+  h.signal.fetch_add(1, std::memory_order_seq_cst);
+  if (h.sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&h.signal);
+}
+
+void ShmGroup::abort() {
+  aborted_ = true;
+  control(rank_).state.store(kAborted, std::memory_order_seq_cst);
+  notify();
+}
+
+void ShmGroup::mark_failed() {
+  uint32_t active = kActive;
+  if (control(rank_).state.compare_exchange_strong(active, kFailed)) notify();
+}
+
+Status ShmGroup::peer_gone(int32_t peer) const {
+  if (aborted_) return aborted("the communicator was aborted");
+  const Control& c = control(peer);
+  switch (c.state.load(std::memory_order_seq_cst)) {
+    case kLeft:
+      return aborted("rank " + std::to_string(peer) +
+                     " destroyed its communicator before joining (did a rank exit?)");
+    case kFailed: return aborted("rank " + std::to_string(peer) + " failed an earlier operation");
+    case kAborted: return aborted("rank " + std::to_string(peer) + " aborted the communicator");
+    default: break;
+  }
+  return Status::Ok();
+}
+
+Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline) {
+  Control& c = control(peer);
+  auto& counter = posted ? c.posted : c.consumed;
+  if (counter.load(std::memory_order_acquire) >= target) return Status::Ok();
+  Header& h = header();
+  const bool check_pid = c.pid != getpid() && c.pid_ns == control(rank_).pid_ns;
+  auto next_pid_check = Clock::now() + std::chrono::milliseconds(200);
+  for (int spins = 0;; ++spins) {
+    const uint32_t seen = h.signal.load(std::memory_order_seq_cst);
+    if (counter.load(std::memory_order_seq_cst) >= target) return Status::Ok();
+    HPS_RETURN_IF_ERROR(peer_gone(peer));
+    if (spins < 64) {
+      cpu_relax();
+      continue;
+    }
+    if (spins < 80) {
+      sched_yield();
+      continue;
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return timeout_error("timed out waiting for rank " + std::to_string(peer) +
+                           " (a peer is missing or called a different operation)");
+    }
+    if (check_pid && now >= next_pid_check) {
+      if (process_ended(c.pid)) {
+        return aborted("rank " + std::to_string(peer) + " (process " + std::to_string(c.pid) +
+                       ") has exited");
+      }
+      next_pid_check = now + std::chrono::milliseconds(200);
+    }
+    h.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    futex_wait(&h.signal, seen,
+               std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
+    h.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+Status ShmGroup::acquire(uint64_t round, Deadline deadline) {
+  if (aborted_) return aborted("the communicator was aborted");
+  if (round < 2) return Status::Ok();
+  // Slot round % 2 last held round - 2: every rank must have finished reading it.
+  for (int32_t q = 0; q < size_; ++q) {
+    if (q != rank_) HPS_RETURN_IF_ERROR(wait_for(false, round - 1, q, deadline));
+  }
+  return Status::Ok();
+}
+
+void ShmGroup::post(uint64_t round, const CollectiveDescriptor* d) {
+  Control& me = control(rank_);
+  if (d) me.descriptor[round % 2] = *d;
+  me.posted.store(round + 1, std::memory_order_seq_cst);
+  notify();
+}
+
+Status ShmGroup::wait_posted(uint64_t round, Deadline deadline, int32_t only) {
+  for (int32_t q = 0; q < size_; ++q) {
+    if (q == rank_ || (only >= 0 && q != only)) continue;
+    HPS_RETURN_IF_ERROR(wait_for(true, round + 1, q, deadline));
+  }
+  return Status::Ok();
+}
+
+Status ShmGroup::check(uint64_t round, const CollectiveDescriptor& mine) {
+  std::vector<CollectiveDescriptor> all(static_cast<size_t>(size_));
+  for (int32_t q = 0; q < size_; ++q)
+    all[static_cast<size_t>(q)] = control(q).descriptor[round % 2];
+  return check_agreement("", mine, all.data(), size_);
+}
+
+void ShmGroup::finish(uint64_t round) {
+  control(rank_).consumed.store(round + 1, std::memory_order_seq_cst);
+  notify();
+}
+
+// ---- collectives ----
+
+Status ShmGroup::barrier(const CollectiveDescriptor& d, Deadline deadline) {
+  const uint64_t k = next_round_++;
+  HPS_RETURN_IF_ERROR(acquire(k, deadline));
+  post(k, &d);
+  HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
+  HPS_RETURN_IF_ERROR(check(k, d));
+  finish(k);
+  return Status::Ok();
+}
+
+Status ShmGroup::all_gather(const CollectiveDescriptor& d, Deadline deadline, const void* send,
+                            void* recv, size_t bytes_per_rank) {
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const size_t rounds = std::max<size_t>(1, (bytes_per_rank + slot_bytes_ - 1) / slot_bytes_);
+  for (size_t j = 0; j < rounds; ++j) {
+    const uint64_t k = next_round_++;
+    const size_t begin = j * slot_bytes_;
+    const size_t len = std::min(slot_bytes_, bytes_per_rank - std::min(bytes_per_rank, begin));
+    HPS_RETURN_IF_ERROR(acquire(k, deadline));
+    if (len) std::memcpy(slot(rank_, k), in + begin, len);
+    post(k, j == 0 ? &d : nullptr);
+    HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
+    if (j == 0) HPS_RETURN_IF_ERROR(check(k, d));
+    for (int32_t q = 0; q < size_; ++q) {
+      uint8_t* target = out + static_cast<size_t>(q) * bytes_per_rank + begin;
+      const uint8_t* source = q == rank_ ? in + begin : slot(q, k);
+      if (len && target != source) std::memcpy(target, source, len);
+    }
+    finish(k);
+  }
+  return Status::Ok();
+}
+
+Status ShmGroup::broadcast(const CollectiveDescriptor& d, Deadline deadline, void* buffer,
+                           size_t bytes, int32_t root) {
+  auto* data = static_cast<uint8_t*>(buffer);
+  const size_t rounds = std::max<size_t>(1, (bytes + slot_bytes_ - 1) / slot_bytes_);
+  for (size_t j = 0; j < rounds; ++j) {
+    const uint64_t k = next_round_++;
+    const size_t begin = j * slot_bytes_;
+    const size_t len = std::min(slot_bytes_, bytes - std::min(bytes, begin));
+    HPS_RETURN_IF_ERROR(acquire(k, deadline));
+    if (rank_ == root && len) std::memcpy(slot(rank_, k), data + begin, len);
+    post(k, j == 0 ? &d : nullptr);
+    // The first round checks everyone's descriptor; later ones need the root alone.
+    HPS_RETURN_IF_ERROR(wait_posted(k, deadline, j == 0 ? -1 : root));
+    if (j == 0) HPS_RETURN_IF_ERROR(check(k, d));
+    if (rank_ != root && len) std::memcpy(data + begin, slot(root, k), len);
+    finish(k);
+  }
+  return Status::Ok();
+}
+
+Status ShmGroup::reduce_scatter(const CollectiveDescriptor& d, Deadline deadline, const void* send,
+                                void* recv, size_t count, DType dtype, ReduceOp op) {
+  const size_t element = dtype_size(dtype);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const size_t n = static_cast<size_t>(size_);
+  // Each round carries `piece` elements for every destination.
+  const size_t piece = std::max<size_t>(1, slot_bytes_ / (n * element));
+  const size_t rounds = std::max<size_t>(1, (count + piece - 1) / piece);
+  std::vector<const void*> inputs(n);
+  for (size_t j = 0; j < rounds; ++j) {
+    const uint64_t k = next_round_++;
+    const size_t begin = j * piece;
+    const size_t len = std::min(piece, count - std::min(count, begin));
+    HPS_RETURN_IF_ERROR(acquire(k, deadline));
+    uint8_t* mine = slot(rank_, k);
+    for (size_t dst = 0; dst < n && len; ++dst) {
+      std::memcpy(mine + dst * len * element, in + (dst * count + begin) * element, len * element);
+    }
+    post(k, j == 0 ? &d : nullptr);
+    HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
+    if (j == 0) HPS_RETURN_IF_ERROR(check(k, d));
+    if (len) {
+      for (size_t q = 0; q < n; ++q) {
+        inputs[q] = slot(static_cast<int32_t>(q), k) + static_cast<size_t>(rank_) * len * element;
+      }
+      reduce_many(dtype, op, out + begin * element, inputs.data(), size_, len);
+    }
+    finish(k);
+  }
+  if (op == ReduceOp::kAvg) finish_average(dtype, recv, count, size_);
+  return Status::Ok();
+}
+
+Status ShmGroup::all_reduce(const CollectiveDescriptor& d, Deadline deadline, const void* send,
+                            void* recv, size_t count, DType dtype, ReduceOp op) {
+  const size_t element = dtype_size(dtype);
+  const auto* in = static_cast<const uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  const size_t n = static_cast<size_t>(size_);
+  const size_t piece = std::max<size_t>(n, slot_bytes_ / element);
+  const size_t rounds = std::max<size_t>(1, (count + piece - 1) / piece);
+  std::vector<const void*> inputs(n);
+  for (size_t j = 0; j < rounds; ++j) {
+    const size_t begin = j * piece;
+    const size_t len = std::min(piece, count - std::min(count, begin));
+    const uint64_t a = next_round_++;
+    HPS_RETURN_IF_ERROR(acquire(a, deadline));
+    if (len) std::memcpy(slot(rank_, a), in + begin * element, len * element);
+    post(a, j == 0 ? &d : nullptr);
+    HPS_RETURN_IF_ERROR(wait_posted(a, deadline));
+    if (j == 0) HPS_RETURN_IF_ERROR(check(a, d));
+    if (len * element <= kSingleRoundAllReduceBytes) {
+      // Small: every rank reduces the whole piece, in the same order, from the slots.
+      for (size_t q = 0; q < n; ++q) inputs[q] = slot(static_cast<int32_t>(q), a);
+      if (len) reduce_many(dtype, op, out + begin * element, inputs.data(), size_, len);
+      if (len && op == ReduceOp::kAvg) finish_average(dtype, out + begin * element, len, size_);
+      finish(a);
+      continue;
+    }
+    // Large: rank r reduces part r of the piece into its slot for the next round, then
+    // every rank gathers the parts.
+    const uint64_t b = next_round_++;
+    HPS_RETURN_IF_ERROR(acquire(b, deadline));
+    const auto [first, last] = part(len, size_, rank_);
+    for (size_t q = 0; q < n; ++q) inputs[q] = slot(static_cast<int32_t>(q), a) + first * element;
+    uint8_t* reduced = slot(rank_, b) + first * element;
+    reduce_many(dtype, op, reduced, inputs.data(), size_, last - first);
+    if (op == ReduceOp::kAvg) finish_average(dtype, reduced, last - first, size_);
+    finish(a);
+    post(b, nullptr);
+    HPS_RETURN_IF_ERROR(wait_posted(b, deadline));
+    for (int32_t q = 0; q < size_; ++q) {
+      const auto [f, l] = part(len, size_, q);
+      std::memcpy(out + (begin + f) * element, slot(q, b) + f * element, (l - f) * element);
+    }
+    finish(b);
+  }
+  return Status::Ok();
+}
+
+}  // namespace hps::shm

@@ -1,0 +1,99 @@
+// Shared-memory collectives for a group whose ranks all run on one host, as processes
+// or as threads. One POSIX shared-memory segment per group holds, for every rank, a
+// control block (round counters, a descriptor) and two staging slots. A collective
+// moves its data through the slots in rounds: a rank writes its piece into its slot for
+// round k and publishes it, every rank reads what it needs from the others' slots and
+// says it has finished; slot k % 2 is written again in round k + 2, once every rank has
+// finished round k. Each byte is copied twice (into the segment, out of it), with no
+// kernel transport in between, where a TCP loopback transfer costs two copies plus the
+// socket stack.
+//
+// Every collective checks the ranks' descriptors in its first round, for free. Waits
+// spin briefly, then sleep on a futex in the segment; they end at the deadline, on
+// abort(), or as soon as the rank waited for has failed, aborted, left, or its process
+// died.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/comm/communicator.h"
+#include "core/comm/descriptor.h"
+#include "core/comm/store.h"
+
+namespace hps::shm {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+inline constexpr size_t kDefaultSlotBytes = size_t{2} << 20;
+
+class ShmGroup {
+ public:
+  // Collective over `store`: every rank of the group calls it. Returns the group when
+  // every rank asked for it (`enabled`), runs on this host and mapped the segment;
+  // otherwise nullptr, on every rank alike (the caller keeps its other transport).
+  static StatusOr<std::unique_ptr<ShmGroup>> create(Store& store, int32_t rank, int32_t size,
+                                                    bool enabled, size_t slot_bytes,
+                                                    Milliseconds timeout);
+  ~ShmGroup();  // tells the peers this rank has left
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  int32_t rank() const { return rank_; }
+  int32_t size() const { return size_; }
+  size_t slot_bytes() const { return slot_bytes_; }
+
+  // Run on one thread (the communicator's stream worker), in the same order on every
+  // rank, each until done or the deadline. Messages name no operation: the caller
+  // prefixes where it was. Same buffer rules as Communicator.
+  Status all_reduce(const CollectiveDescriptor& d, Deadline deadline, const void* send, void* recv,
+                    size_t count, DType dtype, ReduceOp op);
+  Status reduce_scatter(const CollectiveDescriptor& d, Deadline deadline, const void* send,
+                        void* recv, size_t count, DType dtype, ReduceOp op);
+  Status all_gather(const CollectiveDescriptor& d, Deadline deadline, const void* send, void* recv,
+                    size_t bytes_per_rank);
+  Status broadcast(const CollectiveDescriptor& d, Deadline deadline, void* buffer, size_t bytes,
+                   int32_t root);
+  Status barrier(const CollectiveDescriptor& d, Deadline deadline);
+
+  // From any thread: the running and later collectives end with ABORTED, here and on
+  // the peers waiting for this rank.
+  void abort();
+  // This rank's communicator failed: peers waiting for it stop at once.
+  void mark_failed();
+
+  struct Control;
+  struct Header;
+
+ private:
+  ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base, size_t mapped_bytes);
+
+  Control& control(int32_t q) const;
+  Header& header() const;
+  uint8_t* slot(int32_t q, uint64_t round) const;
+
+  // Round protocol.
+  Status acquire(uint64_t round, Deadline deadline);  // my slot for `round` may be written
+  void post(uint64_t round, const CollectiveDescriptor* d);
+  // Every rank (or only `only`, when >= 0) has published `round`.
+  Status wait_posted(uint64_t round, Deadline deadline, int32_t only = -1);
+  Status check(uint64_t round, const CollectiveDescriptor& mine);
+  void finish(uint64_t round);
+  Status wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline);
+  Status peer_gone(int32_t peer) const;
+  void notify();
+
+  int32_t rank_;
+  int32_t size_;
+  size_t slot_bytes_;
+  void* base_;
+  size_t mapped_bytes_;
+  uint64_t next_round_ = 0;  // worker thread only
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace hps::shm

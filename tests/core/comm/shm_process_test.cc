@@ -1,0 +1,143 @@
+// The CPU communicator with ranks as real processes (this program starts copies of
+// itself over a file store), over shared memory and over TCP: the collectives match a
+// reference, then one rank is killed with SIGKILL and the others' next collective must
+// end with ABORTED soon, long before its 60 s timeout.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/comm/communicator.h"
+#include "core/comm/rendezvous.h"
+#include "core/common/config.h"
+
+extern char** environ;
+
+namespace {
+
+constexpr int32_t kWorld = 3;
+constexpr int kSkip = 77;
+
+#define CHECK_OR_FAIL(cond, ...)                              \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      std::fprintf(stderr, "rank %d: ", rank);                \
+      std::fprintf(stderr, __VA_ARGS__);                      \
+      std::fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__); \
+      return 1;                                               \
+    }                                                         \
+  } while (0)
+
+int child(int32_t rank, const std::string& dir, bool shared_memory) {
+  using namespace hps;
+  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
+  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
+  CommOptions options;
+  options.timeout = Milliseconds(60'000);
+  options.shared_memory = shared_memory;
+  options.shared_memory_slot_bytes = 64 * 1024;  // many rounds
+  auto comm_or = create_communicator(*store, rank, kWorld, Device::cpu(), options);
+  CHECK_OR_FAIL(comm_or.ok(), "create: %s", comm_or.status().to_string().c_str());
+  Communicator& comm = **comm_or;
+  const std::string want = shared_memory ? "shm" : "tcp";
+  CHECK_OR_FAIL(comm.transport() == want, "transport %s, wanted %s",
+                std::string(comm.transport()).c_str(), want.c_str());
+
+  const size_t count = 300'001;
+  std::vector<float> in(count), out(count);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) * (i % 7));
+  auto w = comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
+  CHECK_OR_FAIL(w.ok() && (*w)->wait().ok(), "all_reduce failed");
+  for (size_t i = 0; i < count; ++i) {
+    CHECK_OR_FAIL(out[i] == static_cast<float>(6 * (i % 7)), "all_reduce element %zu", i);
+  }
+  std::vector<int64_t> mine(count, rank), all(count * kWorld);
+  w = comm.all_gather(mine.data(), all.data(), count, DType::kInt64);
+  CHECK_OR_FAIL(w.ok() && (*w)->wait().ok(), "all_gather failed");
+  for (size_t i = 0; i < all.size(); ++i) {
+    CHECK_OR_FAIL(all[i] == static_cast<int64_t>(i / count), "all_gather element %zu", i);
+  }
+  std::vector<double> scatter_in(count * kWorld), scatter_out(count);
+  for (size_t i = 0; i < scatter_in.size(); ++i) scatter_in[i] = static_cast<double>(i + rank);
+  w = comm.reduce_scatter(scatter_in.data(), scatter_out.data(), count, DType::kFloat64,
+                          ReduceOp::kMax);
+  CHECK_OR_FAIL(w.ok() && (*w)->wait().ok(), "reduce_scatter failed");
+  for (size_t i = 0; i < count; ++i) {
+    CHECK_OR_FAIL(scatter_out[i] == static_cast<double>(rank * count + i + kWorld - 1),
+                  "reduce_scatter element %zu", i);
+  }
+
+  // The last rank dies without a word; the others' next collective must end soon.
+  if (rank == kWorld - 1) raise(SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  w = comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
+  CHECK_OR_FAIL(w.ok(), "enqueue after the kill: %s", w.status().to_string().c_str());
+  Status s = (*w)->wait();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("rank %d (%s): %s after %.2f s\n", rank, want.c_str(), s.to_string().c_str(),
+              seconds);
+  CHECK_OR_FAIL(s.code() == StatusCode::kAborted, "wanted ABORTED, got %s", s.to_string().c_str());
+  CHECK_OR_FAIL(s.message().find("all_reduce #4 on group 'world'") != std::string::npos,
+                "the message names no operation: %s", s.message().c_str());
+  CHECK_OR_FAIL(seconds < 15, "took %.1f s", seconds);
+  return 0;
+}
+
+// Starts kWorld copies of this program; the last must die of SIGKILL, the rest pass.
+bool run_group(bool shared_memory) {
+  char dir_template[] = "/tmp/hps-shm-process-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (!dir) return false;
+  std::vector<pid_t> pids;
+  for (int32_t r = 0; r < kWorld; ++r) {
+    std::string rank = std::to_string(r), shm = shared_memory ? "1" : "0";
+    std::vector<std::string> args = {"/proc/self/exe", "--child", rank, dir, shm};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+      std::perror("posix_spawn");
+      return false;
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (int32_t r = 0; r < kWorld; ++r) {
+    int status = 0;
+    waitpid(pids[static_cast<size_t>(r)], &status, 0);
+    const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    const bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (r == kWorld - 1 ? !killed : !passed) {
+      std::fprintf(stderr, "%s: rank %d ended with status 0x%x\n", shared_memory ? "shm" : "tcp", r,
+                   status);
+      ok = false;
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--child") {
+    return child(std::atoi(argv[2]), argv[3], std::string(argv[4]) == "1");
+  }
+  if (!HPS_HAVE_GLOO) {
+    std::printf("skipped: built without Gloo\n");
+    return kSkip;
+  }
+  bool ok = true;
+  for (bool shared_memory : {true, false}) ok = run_group(shared_memory) && ok;
+  std::printf(ok ? "shm_process_test: passed\n" : "shm_process_test: FAILED\n");
+  return ok ? 0 : 1;
+}
