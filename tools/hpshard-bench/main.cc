@@ -173,7 +173,7 @@ Cli parse(int argc, char** argv) {
       }
       c.dtype = *dtype;
     } else if (flag == "--transport") {
-      const std::string v = value();
+      const std::string v(value());
       if (v != "shm" && v != "tcp") usage_error("--transport: '" + v + "' is not shm or tcp");
       c.shared_memory = v == "shm";
     } else if (flag == "--check-arguments") {
