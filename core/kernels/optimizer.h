@@ -56,6 +56,8 @@ Status sgd(float* param, const float* grad, float* momentum_buffer, size_t count
 Status adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t count,
              const AdamWHyper& h, long step, const float* clip_coefficient, float grad_scale,
              cudaStream_t stream);
+// dst[i] += src[i] (gradient accumulation over micro-batches).
+Status accumulate(float* dst, const float* src, size_t count, cudaStream_t stream);
 
 }  // namespace cuda
 #endif

@@ -5,19 +5,25 @@
 
 #include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
+#include "core/sharding/cuda_stage3_engine.h"
 #include "core/sharding/stage2_engine.h"
 #include "core/sharding/stage3_engine.h"
 
 namespace hps {
 
 Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
-                              const std::shared_ptr<Communicator>& dp,
-                              const EngineOptions& options) {
+                              const std::shared_ptr<Communicator>& dp, const EngineOptions& options,
+                              DeviceType device) {
   if (!sharding) return invalid_argument("engine: the sharding communicator is null");
   for (const auto* c : {&sharding, &dp}) {
-    if (*c && (*c)->device().type != DeviceType::kCpu) {
-      return unimplemented("engine: this version shards over CPU communicators only");
+    if (*c && (*c)->device().type != device) {
+      return invalid_argument("engine: a communicator is on " + (*c)->device().to_string() +
+                              " and this engine works on " +
+                              (device == DeviceType::kCpu ? "the cpu" : "CUDA devices"));
     }
+  }
+  if (dp && !(dp->device() == sharding->device())) {
+    return invalid_argument("engine: the dp and sharding communicators are on different devices");
   }
   if (options.accumulation_steps < 1) {
     return invalid_argument("engine: accumulation_steps must be >= 1");
@@ -77,9 +83,16 @@ StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec) {
   return plan.params().size() - 1;
 }
 
-StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(
-    std::shared_ptr<Communicator> sharding, const EngineOptions& options, const LayoutPlan& plan,
-    std::vector<std::vector<float>>& grad_shards) {
+std::vector<float*> shard_pointers(std::vector<std::vector<float>>& shards) {
+  std::vector<float*> out;
+  for (auto& s : shards) out.push_back(s.empty() ? nullptr : s.data());
+  return out;
+}
+
+StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(std::shared_ptr<Communicator> sharding,
+                                                      const EngineOptions& options,
+                                                      const LayoutPlan& plan,
+                                                      const std::vector<float*>& grad_shards) {
   if (options.clip_max_norm <= 0) return std::unique_ptr<HybridClip>();
   const int32_t rank = sharding->rank();
   HPS_ASSIGN_OR_RETURN(auto clip,
@@ -92,7 +105,7 @@ StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(
     const auto [lo, hi] = plan.local_part(i, rank);
     if (lo == hi) continue;
     const uint64_t shard_begin = plan.shard(pl.buffer, rank).first;
-    float* data = grad_shards[pl.buffer].data() + (pl.offset + lo - shard_begin);
+    float* data = grad_shards[pl.buffer] + (pl.offset + lo - shard_begin);
     HPS_RETURN_IF_ERROR(clip->add_tensor(
         {data, hi - lo, DType::kFloat32, p.is_distributed, p.need_clip, p.shared_not_first}));
   }
@@ -172,6 +185,21 @@ void enqueue_step_update(cpu::CpuStream& opt, StepState* state, const EngineOpti
 StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(
     int32_t stage, std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
     const EngineOptions& options) {
+  if (sharding && sharding->device().type == DeviceType::kCuda) {
+#if HPS_HAVE_CUDA
+    if (stage == 3) {
+      HPS_ASSIGN_OR_RETURN(auto e,
+                           CudaStage3Engine::create(std::move(sharding), std::move(dp), options));
+      return std::unique_ptr<ShardedEngine>(std::move(e));
+    }
+    if (stage == 2) {
+      return unimplemented(
+          "engine: stage 2 on CUDA communicators is not implemented yet (stage 3 is)");
+    }
+#else
+    return unavailable("engine: this build of hpshard has no CUDA");
+#endif
+  }
   if (stage == 2) {
     HPS_ASSIGN_OR_RETURN(auto e, Stage2Engine::create(std::move(sharding), std::move(dp), options));
     return std::unique_ptr<ShardedEngine>(std::move(e));

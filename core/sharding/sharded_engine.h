@@ -40,6 +40,11 @@ struct EngineOptions {
   float growth_factor = 2.0f;
   float backoff_factor = 0.5f;
   int32_t growth_interval = 2000;
+  // CUDA engines: the stream the framework runs forward and backward on. gather() makes it
+  // wait for the unit's all-gather, release() frees the unit after the work queued on it,
+  // grad_ready() without a `ready` stream orders the reduction after it. Null: the CUDA
+  // legacy default stream. Ignored on CPU.
+  Stream* compute_stream = nullptr;
 };
 
 class ShardedEngine {
@@ -105,15 +110,17 @@ void enqueue_optimizer(cpu::CpuStream& opt, StepState* state, const EngineOption
                        float* param, float* grad, float* state_a, float* state_b, size_t count,
                        const float* clip_coefficient);
 
-// Stage 2 or 3 over `sharding` (CPU communicators in this version), `dp` optional.
+// Stage 2 or 3 over `sharding`, `dp` optional. CPU communicators: both stages; CUDA
+// communicators (NCCL): stage 3 with float32 parameters (CudaStage3Engine).
 StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(
     int32_t stage, std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
     const EngineOptions& options);
 
 // Checks shared by the stages.
+// `device`: the device type the engine works on; both communicators must be on it.
 Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
-                              const std::shared_ptr<Communicator>& dp,
-                              const EngineOptions& options);
+                              const std::shared_ptr<Communicator>& dp, const EngineOptions& options,
+                              DeviceType device = DeviceType::kCpu);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
 // OK when parameter `index` is float32 (its float* views); else FAILED_PRECONDITION
@@ -124,9 +131,13 @@ Status check_float32_view(const LayoutPlan& plan, size_t index);
 StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec);
 // The clip over this rank's reduced gradient shards (one tensor per parameter part, with
 // its flags), sealed; null when options.clip_max_norm is 0.
+// grad_shards[b]: buffer b's fp32 gradient shard (host or device memory, as the
+// communicator's device), or null for buffers that are not trainable.
 StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(std::shared_ptr<Communicator> sharding,
                                                       const EngineOptions& options,
                                                       const LayoutPlan& plan,
-                                                      std::vector<std::vector<float>>& grad_shards);
+                                                      const std::vector<float*>& grad_shards);
+// Every buffer's data() (null for empty ones).
+std::vector<float*> shard_pointers(std::vector<std::vector<float>>& shards);
 
 }  // namespace hps

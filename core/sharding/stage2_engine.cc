@@ -66,7 +66,8 @@ Status Stage2Engine::seal() {
     buckets_[b].pending = buf.trainable ? buf.params.size() : 0;
     for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
   }
-  HPS_ASSIGN_OR_RETURN(clip_, make_shard_clip(sharding_, options_, plan_, shard_grads_));
+  HPS_ASSIGN_OR_RETURN(clip_,
+                       make_shard_clip(sharding_, options_, plan_, shard_pointers(shard_grads_)));
   step_state_.loss_scale = options_.dynamic_loss_scaling ? options_.initial_loss_scale : 1.0f;
   sealed_ = true;
   return Status::Ok();

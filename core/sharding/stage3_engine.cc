@@ -71,7 +71,8 @@ Status Stage3Engine::seal() {
     for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
     units_[buf.unit].buffers.push_back(b);
   }
-  HPS_ASSIGN_OR_RETURN(clip_, make_shard_clip(sharding_, options_, plan_, grad_shards_));
+  HPS_ASSIGN_OR_RETURN(clip_,
+                       make_shard_clip(sharding_, options_, plan_, shard_pointers(grad_shards_)));
   step_state_.loss_scale = options_.dynamic_loss_scaling ? options_.initial_loss_scale : 1.0f;
   sealed_ = true;
   return Status::Ok();

@@ -659,9 +659,13 @@ HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_co
  * step brings them back; release does nothing). Stage 3 keeps only this rank's shards:
  * wait_parameters gathers the unit (prefetched in the order recorded on the first step,
  * at most prefetch_window units live) and release frees it. Nothing in a steady-state
- * step blocks the host. This version shards over CPU communicators; parameters are float32,
+ * step blocks the host. Over CPU communicators: both stages; parameters are float32,
  * float16 or bfloat16 (views and gradients in that dtype, reductions adding in fp32, fp32
- * master weights and optimizer state inside, parameters rounded once per step).
+ * master weights and optimizer state inside, parameters rounded once per step). Over CUDA
+ * communicators: stage 3 with float32 parameters and no dynamic loss scaling; views are
+ * device pointers, and the framework's forward and backward are taken to run on the CUDA
+ * legacy default stream (wait_parameters makes it wait for the unit's all-gather on the
+ * device; the host never blocks).
  * Thread safety: one thread at a time per engine.
  */
 typedef struct hps_engine hps_engine_t;
@@ -712,7 +716,8 @@ HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size
 /**
  * Create an engine sharding over `sharding` (required) with an optional `dp` group above
  * it; `options` may be NULL. The communicators must outlive the engine. The caller owns
- * *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators).
+ * *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators with stage 2 or
+ * dynamic loss scaling).
  */
 HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
                                        const hps_engine_options_t* options,
@@ -820,7 +825,7 @@ HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, 
  * memory the optimizer's stream updates. Multiply the loss by it before backward; read it
  * after the step's hps_engine_wait_parameters, when the last update has landed. Also the
  * number of steps skipped for non-finite gradients, under the same rule. Both pointers
- * stay valid until the engine is destroyed.
+ * stay valid until the engine is destroyed. On CUDA communicators both are device memory.
  */
 HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** out_scale,
                                            const int64_t** out_skipped_steps);

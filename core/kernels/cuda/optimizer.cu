@@ -59,7 +59,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    accumulate_kernel(float* dst, const float* src, size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    dst[i] += src[i];
+  }
+}
+
 }  // namespace
+
+Status accumulate(float* dst, const float* src, size_t count, cudaStream_t stream) {
+  if (count == 0) return Status::Ok();
+  if (dst == nullptr || src == nullptr) return invalid_argument("accumulate: null buffer");
+  accumulate_kernel<<<blocks_for(count), kThreads, 0, stream>>>(dst, src, count);
+  return cuda_status(cudaGetLastError(), "accumulate kernel");
+}
 
 Status sgd(float* param, const float* grad, float* momentum_buffer, size_t count, const SgdHyper& h,
            const float* clip_coefficient, float grad_scale, bool first_step, cudaStream_t stream) {

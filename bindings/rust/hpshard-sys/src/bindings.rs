@@ -1314,9 +1314,13 @@ pub struct hps_engine {
 #[doc = " step brings them back; release does nothing). Stage 3 keeps only this rank's shards:"]
 #[doc = " wait_parameters gathers the unit (prefetched in the order recorded on the first step,"]
 #[doc = " at most prefetch_window units live) and release frees it. Nothing in a steady-state"]
-#[doc = " step blocks the host. This version shards over CPU communicators; parameters are float32,"]
+#[doc = " step blocks the host. Over CPU communicators: both stages; parameters are float32,"]
 #[doc = " float16 or bfloat16 (views and gradients in that dtype, reductions adding in fp32, fp32"]
-#[doc = " master weights and optimizer state inside, parameters rounded once per step)."]
+#[doc = " master weights and optimizer state inside, parameters rounded once per step). Over CUDA"]
+#[doc = " communicators: stage 3 with float32 parameters and no dynamic loss scaling; views are"]
+#[doc = " device pointers, and the framework's forward and backward are taken to run on the CUDA"]
+#[doc = " legacy default stream (wait_parameters makes it wait for the unit's all-gather on the"]
+#[doc = " device; the host never blocks)."]
 #[doc = " Thread safety: one thread at a time per engine."]
 pub type hps_engine_t = hps_engine;
 impl hps_optimizer {
@@ -1770,7 +1774,8 @@ extern "C" {
 extern "C" {
     #[doc = " Create an engine sharding over `sharding` (required) with an optional `dp` group above"]
     #[doc = " it; `options` may be NULL. The communicators must outlive the engine. The caller owns"]
-    #[doc = " *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators)."]
+    #[doc = " *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators with stage 2 or"]
+    #[doc = " dynamic loss scaling)."]
     pub fn hps_engine_create(
         sharding: *mut hps_comm_t,
         dp: *mut hps_comm_t,
@@ -1900,7 +1905,7 @@ extern "C" {
     #[doc = " memory the optimizer's stream updates. Multiply the loss by it before backward; read it"]
     #[doc = " after the step's hps_engine_wait_parameters, when the last update has landed. Also the"]
     #[doc = " number of steps skipped for non-finite gradients, under the same rule. Both pointers"]
-    #[doc = " stay valid until the engine is destroyed."]
+    #[doc = " stay valid until the engine is destroyed. On CUDA communicators both are device memory."]
     pub fn hps_engine_loss_scale(
         engine: *mut hps_engine_t,
         out_scale: *mut *const f32,
