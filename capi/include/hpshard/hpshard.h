@@ -603,8 +603,8 @@ HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t s
 /**
  * Create a clip over the given groups (each may be NULL: not reduced over); `options` may
  * be NULL for the defaults. The communicators must outlive the clip. Errors:
- * INVALID_ARGUMENT (max_norm not positive and finite), UNIMPLEMENTED (CUDA communicators:
- * this version clips CPU gradients).
+ * INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices),
+ * UNIMPLEMENTED (CUDA communicators in a build without CUDA).
  */
 HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
                                      const hps_clip_options_t* options, hps_clip_t** out_clip);

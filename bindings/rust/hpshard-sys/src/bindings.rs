@@ -1245,8 +1245,8 @@ extern "C" {
 extern "C" {
     #[doc = " Create a clip over the given groups (each may be NULL: not reduced over); `options` may"]
     #[doc = " be NULL for the defaults. The communicators must outlive the clip. Errors:"]
-    #[doc = " INVALID_ARGUMENT (max_norm not positive and finite), UNIMPLEMENTED (CUDA communicators:"]
-    #[doc = " this version clips CPU gradients)."]
+    #[doc = " INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices),"]
+    #[doc = " UNIMPLEMENTED (CUDA communicators in a build without CUDA)."]
     pub fn hps_clip_create(
         sharding: *mut hps_comm_t,
         mp: *mut hps_comm_t,
