@@ -18,8 +18,10 @@ case "$family" in
   step)
     "$bench" step --ranks 1,2 --width 32 --depth 3 --batch 2 --steps 2 --reps 2 --no-torch \
       --quiet --json "$out/bench.json" >"$out/stdout.txt"
-    grep -q '^summary: step 2 ranks: stage2 / unsharded time' "$out/stdout.txt" \
-      || { cat "$out/stdout.txt"; exit 1; }
+    for line in 'stage2 / unsharded time' 'stage3 / unsharded time'; do
+      grep -q "^summary: step 2 ranks: $line" "$out/stdout.txt" \
+        || { cat "$out/stdout.txt"; exit 1; }
+    done
     ;;
   *) echo "usage: $0 HPSHARD_BENCH clip|step" >&2; exit 2 ;;
 esac
@@ -51,18 +53,24 @@ else:
     assert doc["config"]["ranks"] == [1, 2] and doc["config"]["width"] == 32
     assert [r["ranks"] for r in doc["results"]] == [1, 2]
     for row in doc["results"]:
-        for key in ("parameters", "stage2_seconds", "unsharded_seconds", "ratio", "meets_target",
-                    "compute_seconds", "torch_seconds", "torch_speedup",
+        for key in ("parameters", "transport", "stage2_seconds", "unsharded_seconds", "ratio",
+                    "meets_target", "compute_seconds", "torch_seconds", "torch_speedup",
                     "stage2_resident_bytes", "unsharded_resident_bytes",
                     "stage2_host_syncs_per_step_max", "unsharded_host_syncs_per_step_max",
                     "dependency_waits_per_step", "dependency_wait_seconds_per_step",
-                    "max_param_diff"):
+                    "max_param_diff", "stage3_seconds", "stage3_ratio", "stage3_meets_target",
+                    "stage3_torch_speedup", "stage3_meets_torch_target", "stage3_resident_bytes",
+                    "stage3_host_syncs_per_step_max", "stage3_dependency_waits_per_step",
+                    "stage3_dependency_wait_seconds_per_step", "stage3_max_param_diff"):
             assert key in row, f"missing row key {key}"
         assert row["parameters"] == 3 * (32 * 32 + 32)
         assert row["stage2_seconds"] > 0 and row["unsharded_seconds"] > 0
-        # Not a timing: the engine must not block the host in a steady step, and stage 2
-        # must train the same parameters as the unsharded reference.
+        assert row["stage3_seconds"] > 0 and row["stage3_resident_bytes"] > 0
+        # Not a timing: the engines must not block the host in a steady step, and stage 2
+        # and stage 3 must train the same parameters as the unsharded reference.
         assert row["stage2_host_syncs_per_step_max"] == 0, row
+        assert row["stage3_host_syncs_per_step_max"] == 0, row
         assert row["max_param_diff"] < 1e-4, row
+        assert row["stage3_max_param_diff"] < 1e-4, row
 print(f"bench {family} smoke OK:", len(doc["results"]), "rows")
 PY

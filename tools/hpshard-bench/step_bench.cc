@@ -18,6 +18,7 @@
 #include "core/kernels/norm.h"
 #include "core/kernels/optimizer.h"
 #include "core/sharding/stage2_engine.h"
+#include "core/sharding/stage3_engine.h"
 
 namespace hps::bench {
 namespace {
@@ -90,6 +91,14 @@ void linear_backward(const float* in, const float* w, const float* dz, float* gw
   }
 }
 
+// Per layer: the parameters and the gradient buffers one contender's forward and backward
+// use.
+struct LayerViews {
+  std::vector<const float*> w, b;
+  std::vector<float*> gw, gb;
+  explicit LayerViews(size_t depth) : w(depth), b(depth), gw(depth), gb(depth) {}
+};
+
 struct Mlp {
   size_t width = 0, depth = 0, batch = 0;
   std::vector<std::vector<float>> act;  // depth + 1 activations, [batch][width]
@@ -115,27 +124,35 @@ struct Mlp {
     }
   }
 
-  // w[l], b[l]: layer l's parameters; g_w[l], g_b[l]: where its gradients are added.
-  // before(l) runs before layer l's forward, after(l) once its gradients are complete.
-  void forward_backward(const std::vector<const float*>& w, const std::vector<const float*>& b,
-                        const std::vector<float*>& g_w, const std::vector<float*>& g_b,
-                        const std::function<void(size_t)>& before,
-                        const std::function<void(size_t)>& after) {
+  // One forward and backward. views.w[l], views.b[l]: layer l's parameters; views.gw[l],
+  // views.gb[l]: where its gradients are added. The hooks (each may be empty) get the
+  // layer and the views, which they may change (stage 3's views exist only while the
+  // layer is gathered and may move between gathers): the loops read layer l's pointers
+  // after the hook before its use. before_forward(l) / after_forward(l) run around layer
+  // l's forward, before_backward(l) before its backward, after_backward(l) once its
+  // gradients are complete.
+  struct Hooks {
+    std::function<void(size_t, LayerViews&)> before_forward, after_forward, before_backward,
+        after_backward;
+  };
+  void forward_backward(LayerViews& views, const Hooks& hooks) {
     for (size_t l = 0; l < depth; ++l) {
-      if (before) before(l);
-      linear_forward(act[l].data(), w[l], b[l], pre[l].data(), batch, width, width);
+      if (hooks.before_forward) hooks.before_forward(l, views);
+      linear_forward(act[l].data(), views.w[l], views.b[l], pre[l].data(), batch, width, width);
       float* next = act[l + 1].data();
       const float* p = pre[l].data();
       const bool relu = l + 1 < depth;
       for (size_t j = 0; j < batch * width; ++j) next[j] = relu ? std::max(p[j], 0.0f) : p[j];
+      if (hooks.after_forward) hooks.after_forward(l, views);
     }
     // Loss = mean over samples of ½‖out − target‖²: dz = (out − target) / batch.
     const float inv = 1.0f / static_cast<float>(batch);
     for (size_t j = 0; j < batch * width; ++j) dz[j] = (act[depth][j] - target[j]) * inv;
     for (size_t l = depth; l-- > 0;) {
-      linear_backward(act[l].data(), w[l], dz.data(), g_w[l], g_b[l], l > 0 ? din.data() : nullptr,
-                      batch, width, width);
-      if (after) after(l);
+      if (hooks.before_backward) hooks.before_backward(l, views);
+      linear_backward(act[l].data(), views.w[l], dz.data(), views.gw[l], views.gb[l],
+                      l > 0 ? din.data() : nullptr, batch, width, width);
+      if (hooks.after_backward) hooks.after_backward(l, views);
       if (l == 0) break;
       const float* p = pre[l - 1].data();
       for (size_t j = 0; j < batch * width; ++j) dz[j] = p[j] > 0 ? din[j] : 0.0f;
@@ -158,7 +175,49 @@ double median_of_slowest(const std::vector<double>& times, int32_t ranks) {
   return median(slowest);
 }
 
-enum Contender : size_t { kStage2 = 0, kUnsharded = 1, kCompute = 2, kContenders = 3 };
+enum Contender : size_t { kStage2 = 0, kStage3 = 1, kUnsharded = 2, kCompute = 3, kContenders = 4 };
+
+// Stage 2 and stage 3 with the same options and the same model registration: each layer
+// is one unit (one bucket: its weight and bias).
+template <typename Engine>
+std::unique_ptr<Engine> make_engine(const std::shared_ptr<Communicator>& comm,
+                                    const EngineOptions& eo, size_t width, size_t depth,
+                                    const char* what) {
+  auto created = Engine::create(comm, nullptr, eo);
+  if (!created.ok()) die(std::string(what) + "::create: " + created.status().to_string());
+  std::unique_ptr<Engine> engine = std::move(*created);
+  const int64_t wide = static_cast<int64_t>(width);
+  for (size_t l = 0; l < depth; ++l) {
+    ParamSpec weight{"layer" + std::to_string(l) + ".weight", {wide, wide}};
+    weight.unit = static_cast<int32_t>(l);
+    ParamSpec bias{"layer" + std::to_string(l) + ".bias", {wide}};
+    bias.unit = static_cast<int32_t>(l);
+    if (!engine->add_param(weight).ok() || !engine->add_param(bias).ok()) {
+      die(std::string(what) + "::add_param");
+    }
+  }
+  check(engine->seal(), std::string(what) + "::seal");
+  return engine;
+}
+
+float* view(StatusOr<float*> v, const char* what) {
+  if (!v.ok()) die(std::string(what) + ": " + v.status().to_string());
+  return *v;
+}
+
+// Rank 0 writes the initial values into the engine's views (before broadcast_parameters()
+// both engines expose full buffers), then every rank broadcasts.
+void initialise(ShardedEngine& engine, int32_t rank, size_t width, size_t depth) {
+  if (rank == 0) {
+    for (size_t l = 0; l < depth; ++l) {
+      float* w = view(engine.param(2 * l), "param");
+      float* b = view(engine.param(2 * l + 1), "param");
+      for (size_t i = 0; i < width * width; ++i) w[i] = initial_value(l, i, width);
+      for (size_t i = 0; i < width; ++i) b[i] = initial_value(l, width * width + i, width);
+    }
+  }
+  check(engine.broadcast_parameters(), "broadcast_parameters");
+}
 
 }  // namespace
 
@@ -189,93 +248,118 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
     auto created = create_communicator(store, rank, ranks, Device::cpu(), *options);
     if (!created.ok()) die("creating the hpshard communicator: " + created.status().to_string());
     std::shared_ptr<Communicator> comm = std::move(*created);
+    if (rank == 0) world.transport = std::string(comm->transport());
 
-    // (a) Stage 2: each layer is one unit (one bucket: its weight and bias).
     EngineOptions eo;
     eo.optimizer = config.adamw ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
     eo.sgd = {0.01f, 0.9f, 0.0f, false};
     eo.clip_max_norm = config.clip;
-    auto created_engine = Stage2Engine::create(comm, nullptr, eo);
-    if (!created_engine.ok()) die("Stage2Engine::create: " + created_engine.status().to_string());
-    Stage2Engine& engine = **created_engine;
-    const int64_t wide = static_cast<int64_t>(width);
-    for (size_t l = 0; l < depth; ++l) {
-      ParamSpec weight{"layer" + std::to_string(l) + ".weight", {wide, wide}};
-      weight.unit = static_cast<int32_t>(l);
-      ParamSpec bias{"layer" + std::to_string(l) + ".bias", {wide}};
-      bias.unit = static_cast<int32_t>(l);
-      if (!engine.add_param(weight).ok() || !engine.add_param(bias).ok()) die("add_param");
-    }
-    check(engine.seal(), "Stage2Engine::seal");
-    std::vector<const float*> s_w(depth), s_b(depth);
-    std::vector<float*> s_gw(depth), s_gb(depth);
-    for (size_t l = 0; l < depth; ++l) {
-      float* w = *engine.param(2 * l);
-      float* b = *engine.param(2 * l + 1);
-      s_w[l] = w;
-      s_b[l] = b;
-      s_gw[l] = *engine.grad(2 * l);
-      s_gb[l] = *engine.grad(2 * l + 1);
-      if (rank == 0) {
-        for (size_t i = 0; i < width * width; ++i) w[i] = initial_value(l, i, width);
-        for (size_t i = 0; i < width; ++i) b[i] = initial_value(l, width * width + i, width);
-      }
-    }
-    check(engine.broadcast_parameters(), "broadcast_parameters");
 
-    // (b) Unsharded data parallel: per layer one flat [W | b] buffer, its gradient, the
+    // (a) Stage 2: full parameters and gradients stay resident, so the views are fixed.
+    std::unique_ptr<Stage2Engine> stage2 =
+        make_engine<Stage2Engine>(comm, eo, width, depth, "Stage2Engine");
+    LayerViews s_views(depth);
+    for (size_t l = 0; l < depth; ++l) {
+      s_views.w[l] = view(stage2->param(2 * l), "Stage2Engine::param");
+      s_views.b[l] = view(stage2->param(2 * l + 1), "Stage2Engine::param");
+      s_views.gw[l] = view(stage2->grad(2 * l), "Stage2Engine::grad");
+      s_views.gb[l] = view(stage2->grad(2 * l + 1), "Stage2Engine::grad");
+    }
+    initialise(*stage2, rank, width, depth);
+
+    // (b) Stage 3: only shards resident; a layer's views exist while it is gathered and are
+    // taken again after every gather().
+    std::unique_ptr<Stage3Engine> stage3 =
+        make_engine<Stage3Engine>(comm, eo, width, depth, "Stage3Engine");
+    initialise(*stage3, rank, width, depth);
+    LayerViews s3_views(depth);  // filled by the hooks
+
+    // (c) Unsharded data parallel: per layer one flat [W | b] buffer, its gradient, the
     // optimizer state over the full parameters.
     std::vector<std::vector<float>> u_param(depth), u_grad(depth), u_a(depth), u_b(depth);
-    std::vector<const float*> u_w(depth), u_bias(depth);
-    std::vector<float*> u_gw(depth), u_gb(depth);
+    LayerViews u_views(depth);
     for (size_t l = 0; l < depth; ++l) {
       u_param[l].resize(layer_numel);
       for (size_t i = 0; i < layer_numel; ++i) u_param[l][i] = initial_value(l, i, width);
       u_grad[l].assign(layer_numel, 0.0f);
       u_a[l].assign(layer_numel, 0.0f);
       if (config.adamw) u_b[l].assign(layer_numel, 0.0f);
-      u_w[l] = u_param[l].data();
-      u_bias[l] = u_param[l].data() + width * width;
-      u_gw[l] = u_grad[l].data();
-      u_gb[l] = u_grad[l].data() + width * width;
+      u_views.w[l] = u_param[l].data();
+      u_views.b[l] = u_param[l].data() + width * width;
+      u_views.gw[l] = u_grad[l].data();
+      u_views.gb[l] = u_grad[l].data() + width * width;
     }
-    // (c) Forward + backward alone, into gradients nobody reads.
+    // (d) Forward + backward alone, on the unsharded parameters, into gradients nobody
+    // reads.
     std::vector<std::vector<float>> c_grad(depth, std::vector<float>(layer_numel, 0.0f));
-    std::vector<float*> c_gw(depth), c_gb(depth);
+    LayerViews c_views = u_views;
     for (size_t l = 0; l < depth; ++l) {
-      c_gw[l] = c_grad[l].data();
-      c_gb[l] = c_grad[l].data() + width * width;
+      c_views.gw[l] = c_grad[l].data();
+      c_views.gb[l] = c_grad[l].data() + width * width;
     }
 
     Mlp mlp(width, depth, batch);
-    int64_t stage2_step = 0, unsharded_step = 0;
-    uint64_t my_stage2_syncs = 0, my_unsharded_syncs = 0;
+    int64_t stage2_step = 0, stage3_step = 0, unsharded_step = 0;
+    uint64_t my_stage2_syncs = 0, my_stage3_syncs = 0, my_unsharded_syncs = 0;
     std::vector<std::shared_ptr<Work>> reduced(depth);
 
+    Mlp::Hooks stage2_hooks;
+    stage2_hooks.before_forward = [&](size_t l, LayerViews&) {
+      check(stage2->wait_parameters(static_cast<int32_t>(l)), "wait_parameters");
+    };
+    stage2_hooks.after_backward = [&](size_t l, LayerViews&) {
+      check(stage2->grad_ready(2 * l), "grad_ready");
+      check(stage2->grad_ready(2 * l + 1), "grad_ready");
+    };
     auto run_stage2 = [&](bool timed) {
       const uint64_t before = host_sync_count_thread();
       mlp.make_batch(stage2_step++, rank);
-      mlp.forward_backward(
-          s_w, s_b, s_gw, s_gb,
-          [&](size_t l) {
-            check(engine.wait_parameters(static_cast<int32_t>(l)), "wait_parameters");
-          },
-          [&](size_t l) {
-            check(engine.grad_ready(2 * l), "grad_ready");
-            check(engine.grad_ready(2 * l + 1), "grad_ready");
-          });
-      check(engine.step(), "Stage2Engine::step");
+      mlp.forward_backward(s_views, stage2_hooks);
+      check(stage2->step(), "Stage2Engine::step");
       if (timed) my_stage2_syncs = std::max(my_stage2_syncs, host_sync_count_thread() - before);
+    };
+
+    Mlp::Hooks stage3_hooks;
+    const auto gather3 = [&](size_t l, LayerViews& v, bool grads) {
+      check(stage3->gather(static_cast<int32_t>(l)), "Stage3Engine::gather");
+      v.w[l] = view(stage3->param(2 * l), "Stage3Engine::param");
+      v.b[l] = view(stage3->param(2 * l + 1), "Stage3Engine::param");
+      if (grads) {
+        v.gw[l] = view(stage3->grad(2 * l), "Stage3Engine::grad");
+        v.gb[l] = view(stage3->grad(2 * l + 1), "Stage3Engine::grad");
+      }
+    };
+    stage3_hooks.before_forward = [&](size_t l, LayerViews& v) { gather3(l, v, false); };
+    stage3_hooks.after_forward = [&](size_t l, LayerViews&) {
+      check(stage3->release(static_cast<int32_t>(l)), "Stage3Engine::release");
+    };
+    stage3_hooks.before_backward = [&](size_t l, LayerViews& v) { gather3(l, v, true); };
+    stage3_hooks.after_backward = [&](size_t l, LayerViews& v) {
+      check(stage3->grad_ready(2 * l, nullptr), "grad_ready");
+      check(stage3->grad_ready(2 * l + 1, nullptr), "grad_ready");
+      check(stage3->release(static_cast<int32_t>(l)), "Stage3Engine::release");
+      v.w[l] = v.b[l] = nullptr;  // gone with the release
+      v.gw[l] = v.gb[l] = nullptr;
+    };
+    auto run_stage3 = [&](bool timed) {
+      const uint64_t before = host_sync_count_thread();
+      mlp.make_batch(stage3_step++, rank);
+      mlp.forward_backward(s3_views, stage3_hooks);
+      check(stage3->step(), "Stage3Engine::step");
+      if (timed) my_stage3_syncs = std::max(my_stage3_syncs, host_sync_count_thread() - before);
+    };
+
+    Mlp::Hooks unsharded_hooks;
+    unsharded_hooks.after_backward = [&](size_t l, LayerViews&) {
+      auto work = comm->all_reduce(u_grad[l].data(), u_grad[l].data(), layer_numel, DType::kFloat32,
+                                   ReduceOp::kAvg);
+      if (!work.ok()) die("all_reduce: " + work.status().to_string());
+      reduced[l] = std::move(*work);
     };
     auto run_unsharded = [&](bool timed) {
       const uint64_t before = host_sync_count_thread();
       mlp.make_batch(unsharded_step++, rank);
-      mlp.forward_backward(u_w, u_bias, u_gw, u_gb, nullptr, [&](size_t l) {
-        auto work = comm->all_reduce(u_grad[l].data(), u_grad[l].data(), layer_numel,
-                                     DType::kFloat32, ReduceOp::kAvg);
-        if (!work.ok()) die("all_reduce: " + work.status().to_string());
-        reduced[l] = std::move(*work);
-      });
+      mlp.forward_backward(u_views, unsharded_hooks);
       double squares = 0;
       for (size_t l = 0; l < depth; ++l) {
         check(reduced[l]->wait(), "all_reduce wait");
@@ -302,18 +386,27 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
       if (timed)
         my_unsharded_syncs = std::max(my_unsharded_syncs, host_sync_count_thread() - before);
     };
+    const Mlp::Hooks no_hooks;
     auto run_compute = [&](bool) {
       mlp.make_batch(0, rank);
-      mlp.forward_backward(u_w, u_bias, c_gw, c_gb, nullptr, nullptr);
+      mlp.forward_backward(c_views, no_hooks);
     };
+
+    // The dependency-wait counters are process-global and only the rank threads add to
+    // them (in gather()/wait_parameters()). Contenders never overlap: after each one a
+    // barrier, then rank 0 reads the counters and charges the difference since its last
+    // reading to that contender; the other ranks wait at the next contender's barrier
+    // meanwhile, so nothing counts between the readings but that contender's steps.
+    uint64_t last_waits = 0, last_wait_ns = 0;
+    std::vector<uint64_t> waits(kContenders, 0), wait_ns(kContenders, 0);
+    sync.arrive_and_wait();
+    if (rank == 0) {
+      last_waits = dependency_wait_count();
+      last_wait_ns = dependency_wait_nanoseconds();
+    }
 
     for (int32_t rep = 0; rep < total_reps; ++rep) {
       const bool timed = rep >= config.warmup;
-      if (rep == config.warmup) {
-        sync.arrive_and_wait();
-        if (rank == 0) dependency_wait_reset();
-        sync.arrive_and_wait();
-      }
       if (rank == 0 && config.progress) {
         std::fprintf(stderr, "[hpshard-bench] step, %d ranks, repetition %d/%d%s\n", ranks, rep + 1,
                      total_reps, timed ? "" : " (warmup)");
@@ -325,27 +418,46 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
         const auto start = Clock::now();
         for (int32_t s = 0; s < config.steps; ++s) {
           if (c == kStage2) run_stage2(timed);
+          if (c == kStage3) run_stage3(timed);
           if (c == kUnsharded) run_unsharded(timed);
           if (c == kCompute) run_compute(timed);
         }
-        // Stage 2's last step is still in flight: its time includes draining it.
-        if (c == kStage2) check(engine.synchronize(), "Stage2Engine::synchronize");
+        // The engines' last step is still in flight: their time includes draining it.
+        if (c == kStage2) check(stage2->synchronize(), "Stage2Engine::synchronize");
+        if (c == kStage3) check(stage3->synchronize(), "Stage3Engine::synchronize");
         const double t = std::chrono::duration<double>(Clock::now() - start).count();
         if (timed) {
           times[c][static_cast<size_t>((rep - config.warmup) * ranks + rank)] = t / config.steps;
+        }
+        sync.arrive_and_wait();
+        if (rank == 0) {
+          const uint64_t n = dependency_wait_count(), ns = dependency_wait_nanoseconds();
+          if (timed) {
+            waits[c] += n - last_waits;
+            wait_ns[c] += ns - last_wait_ns;
+          }
+          last_waits = n;
+          last_wait_ns = ns;
         }
       }
     }
     sync.arrive_and_wait();
 
-    // The same training on both sides: compare the parameters.
-    double diff = 0;
+    // The same training on every side: compare the parameters with the reference's.
+    auto gathered = stage3->gather_all();  // collective
+    if (!gathered.ok()) die("Stage3Engine::gather_all: " + gathered.status().to_string());
+    double diff2 = 0, diff3 = 0;
     for (size_t l = 0; l < depth; ++l) {
+      const std::vector<float>& w3 = (*gathered)[2 * l];
+      const std::vector<float>& b3 = (*gathered)[2 * l + 1];
+      if (w3.size() != width * width || b3.size() != width) die("gather_all: wrong sizes");
       for (size_t i = 0; i < width * width; ++i) {
-        diff = std::max(diff, static_cast<double>(std::fabs(s_w[l][i] - u_w[l][i])));
+        diff2 = std::max(diff2, static_cast<double>(std::fabs(s_views.w[l][i] - u_views.w[l][i])));
+        diff3 = std::max(diff3, static_cast<double>(std::fabs(w3[i] - u_views.w[l][i])));
       }
       for (size_t i = 0; i < width; ++i) {
-        diff = std::max(diff, static_cast<double>(std::fabs(s_b[l][i] - u_bias[l][i])));
+        diff2 = std::max(diff2, static_cast<double>(std::fabs(s_views.b[l][i] - u_views.b[l][i])));
+        diff3 = std::max(diff3, static_cast<double>(std::fabs(b3[i] - u_views.b[l][i])));
       }
     }
     uint64_t unsharded_bytes = 0;
@@ -355,19 +467,25 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
     }
     {
       std::lock_guard lock(result_mutex);
-      world.max_param_diff = std::max(world.max_param_diff, diff);
-      world.stage2_resident_bytes = std::max(world.stage2_resident_bytes, engine.resident_bytes());
+      world.max_param_diff = std::max(world.max_param_diff, diff2);
+      world.stage3_max_param_diff = std::max(world.stage3_max_param_diff, diff3);
+      world.stage2_resident_bytes = std::max(world.stage2_resident_bytes, stage2->resident_bytes());
+      world.stage3_resident_bytes =
+          std::max(world.stage3_resident_bytes, stage3->peak_resident_bytes());
       world.unsharded_resident_bytes = std::max(world.unsharded_resident_bytes, unsharded_bytes);
       world.stage2_host_syncs_max = std::max(world.stage2_host_syncs_max, my_stage2_syncs);
+      world.stage3_host_syncs_max = std::max(world.stage3_host_syncs_max, my_stage3_syncs);
       world.unsharded_host_syncs_max = std::max(world.unsharded_host_syncs_max, my_unsharded_syncs);
+      if (rank == 0) {
+        world.dependency_waits = waits[kStage2];
+        world.dependency_wait_seconds = static_cast<double>(wait_ns[kStage2]) * 1e-9;
+        world.stage3_dependency_waits = waits[kStage3];
+        world.stage3_dependency_wait_seconds = static_cast<double>(wait_ns[kStage3]) * 1e-9;
+      }
     }
     sync.arrive_and_wait();
-    if (rank == 0) {
-      world.dependency_waits = dependency_wait_count();
-      world.dependency_wait_seconds = static_cast<double>(dependency_wait_nanoseconds()) * 1e-9;
-    }
-    sync.arrive_and_wait();
-    created_engine->reset();
+    stage3.reset();
+    stage2.reset();
     comm.reset();
   };
 
@@ -376,6 +494,7 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
   for (auto& t : threads) t.join();
 
   world.stage2_seconds = median_of_slowest(times[kStage2], ranks);
+  world.stage3_seconds = median_of_slowest(times[kStage3], ranks);
   world.unsharded_seconds = median_of_slowest(times[kUnsharded], ranks);
   world.compute_seconds = median_of_slowest(times[kCompute], ranks);
   return world;
@@ -408,49 +527,81 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                config.clip > 0 ? (", clip " + json_number(config.clip)).c_str() : "", config.reps,
                config.steps, config.steps);
   std::fprintf(out,
+               "# stage2: Stage2Engine; stage3: Stage3Engine (gather/release around each layer's "
+               "forward and backward, prefetch window %d); one unit per layer\n",
+               EngineOptions{}.prefetch_window);
+  std::fprintf(out,
                "# reference: unsharded data parallel on the same backend (per-layer all_reduce "
                "avg as each layer's backward ends, clip + optimizer on the full parameters), "
-               "alternated with stage 2; compute = forward + backward alone\n");
+               "alternated with stage 2 and stage 3; compute = forward + backward alone\n");
+  std::string transports;
+  for (const auto& w : worlds) {
+    transports += (transports.empty() ? "" : ", ") + std::to_string(w.ranks) + " ranks " +
+                  (w.transport.empty() ? "-" : w.transport);
+  }
+  std::fprintf(out, "# transport of the hpshard communicators: %s (HPS_COMM_SHM=0: tcp, Gloo)\n",
+               transports.c_str());
   std::fprintf(out, "# torch: %s\n", info.torch.c_str());
   std::fprintf(out, "\n## training step\n");
-  std::fprintf(out, "%5s %10s %10s %12s %7s %11s", "ranks", "params", "stage2_ms", "unsharded_ms",
-               "ratio", "compute_ms");
-  if (info.torch_ran) std::fprintf(out, " %10s %12s %9s", "torch_ms", "t_compute_ms", "speedup");
+  std::fprintf(out, "%5s %10s %10s %10s %12s %8s %8s %11s", "ranks", "params", "stage2_ms",
+               "stage3_ms", "unsharded_ms", "s2_ratio", "s3_ratio", "compute_ms");
+  if (info.torch_ran) {
+    std::fprintf(out, " %10s %12s %10s %10s", "torch_ms", "t_compute_ms", "s2_speedup",
+                 "s3_speedup");
+  }
   std::fprintf(out, "\n");
   for (const auto& w : worlds) {
-    std::fprintf(out, "%5d %10zu %10.2f %12.2f %7.3f %11.2f", w.ranks, w.parameters,
-                 w.stage2_seconds * 1e3, w.unsharded_seconds * 1e3,
-                 w.stage2_seconds / w.unsharded_seconds, w.compute_seconds * 1e3);
+    std::fprintf(out, "%5d %10zu %10.2f %10.2f %12.2f %8.3f %8.3f %11.2f", w.ranks, w.parameters,
+                 w.stage2_seconds * 1e3, w.stage3_seconds * 1e3, w.unsharded_seconds * 1e3,
+                 w.stage2_seconds / w.unsharded_seconds, w.stage3_seconds / w.unsharded_seconds,
+                 w.compute_seconds * 1e3);
     if (info.torch_ran) {
       if (w.torch_seconds) {
-        std::fprintf(out, " %10.2f %12.2f %9.3f", *w.torch_seconds * 1e3,
+        std::fprintf(out, " %10.2f %12.2f %10.3f %10.3f", *w.torch_seconds * 1e3,
                      w.torch_compute_seconds ? *w.torch_compute_seconds * 1e3 : 0.0,
-                     *w.torch_seconds / w.stage2_seconds);
+                     *w.torch_seconds / w.stage2_seconds, *w.torch_seconds / w.stage3_seconds);
       } else {
-        std::fprintf(out, " %10s %12s %9s", "-", "-", "-");
+        std::fprintf(out, " %10s %12s %10s %10s", "-", "-", "-", "-");
       }
     }
     std::fprintf(out, "\n");
   }
-  std::fprintf(out, "\n## per rank: resident bytes, host syncs, dependency waits\n");
-  std::fprintf(out, "%5s %14s %17s %7s %14s %17s %10s %12s %14s\n", "ranks", "stage2_MiB",
-               "unsharded_MiB", "ratio", "s2_host_syncs", "unsh_host_syncs", "dep_waits",
-               "dep_wait_ms", "max_param_diff");
+  std::fprintf(out, "\n## per rank: resident bytes, host syncs\n");
+  std::fprintf(out, "%5s %11s %11s %14s %8s %8s %14s %14s %16s\n", "ranks", "stage2_MiB",
+               "stage3_MiB", "unsharded_MiB", "s2_ratio", "s3_ratio", "s2_host_syncs",
+               "s3_host_syncs", "unsh_host_syncs");
   for (const auto& w : worlds) {
-    const double steps = static_cast<double>(w.timed_steps * w.ranks);
-    std::fprintf(out, "%5d %14s %17s %7.3f %14llu %17llu %10.2f %12.3f %14.3g\n", w.ranks,
-                 mib(w.stage2_resident_bytes).c_str(), mib(w.unsharded_resident_bytes).c_str(),
-                 static_cast<double>(w.stage2_resident_bytes) /
-                     static_cast<double>(w.unsharded_resident_bytes),
+    const double unsharded = static_cast<double>(w.unsharded_resident_bytes);
+    std::fprintf(out, "%5d %11s %11s %14s %8.3f %8.3f %14llu %14llu %16llu\n", w.ranks,
+                 mib(w.stage2_resident_bytes).c_str(), mib(w.stage3_resident_bytes).c_str(),
+                 mib(w.unsharded_resident_bytes).c_str(),
+                 static_cast<double>(w.stage2_resident_bytes) / unsharded,
+                 static_cast<double>(w.stage3_resident_bytes) / unsharded,
                  static_cast<unsigned long long>(w.stage2_host_syncs_max),
-                 static_cast<unsigned long long>(w.unsharded_host_syncs_max),
-                 static_cast<double>(w.dependency_waits) / steps,
-                 w.dependency_wait_seconds / steps * 1e3, w.max_param_diff);
+                 static_cast<unsigned long long>(w.stage3_host_syncs_max),
+                 static_cast<unsigned long long>(w.unsharded_host_syncs_max));
   }
   std::fprintf(out,
-               "# host syncs: the most counted in one steady step on any rank "
-               "(hps::host_sync_count_thread; stage 2 must be 0); dep_waits, dep_wait_ms: per "
-               "step and rank\n");
+               "# stage2_MiB: resident_bytes() (full params and grads, grad shard, state); "
+               "stage3_MiB: peak_resident_bytes() over the run (shards, state, live gathered "
+               "units and gradients); host syncs: the most counted in one steady step on any "
+               "rank (hps::host_sync_count_thread; stage 2 and 3 must be 0)\n");
+  std::fprintf(out, "\n## per step and rank: dependency waits; parameters vs the reference\n");
+  std::fprintf(out, "%5s %13s %15s %13s %15s %14s %14s\n", "ranks", "s2_dep_waits",
+               "s2_dep_wait_ms", "s3_dep_waits", "s3_dep_wait_ms", "s2_param_diff",
+               "s3_param_diff");
+  for (const auto& w : worlds) {
+    const double steps = static_cast<double>(w.timed_steps * w.ranks);
+    std::fprintf(
+        out, "%5d %13.2f %15.3f %13.2f %15.3f %14.3g %14.3g\n", w.ranks,
+        static_cast<double>(w.dependency_waits) / steps, w.dependency_wait_seconds / steps * 1e3,
+        static_cast<double>(w.stage3_dependency_waits) / steps,
+        w.stage3_dependency_wait_seconds / steps * 1e3, w.max_param_diff, w.stage3_max_param_diff);
+  }
+  std::fprintf(out,
+               "# dep_waits, dep_wait_ms: gather()/wait_parameters() calls that blocked on their "
+               "layer's all-gather, and the time blocked, per step and rank; param_diff: the "
+               "largest difference from the unsharded reference's parameters after the run\n");
   for (const auto& w : worlds) {
     const double r = w.stage2_seconds / w.unsharded_seconds;
     std::fprintf(out,
@@ -459,12 +610,24 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                  w.ranks, r, r <= kStepUnshardedTarget ? "MEETS" : "ABOVE", kStepUnshardedTarget,
                  static_cast<unsigned long long>(w.stage2_host_syncs_max),
                  w.stage2_host_syncs_max == 0 ? "MEETS" : "ABOVE (target 0)");
+    const double r3 = w.stage3_seconds / w.unsharded_seconds;
+    std::fprintf(out,
+                 "summary: step %d ranks: stage3 / unsharded time = %.3f: %s (target <= %.2fx); "
+                 "host syncs per steady step %llu: %s\n",
+                 w.ranks, r3, r3 <= kStepUnshardedTarget ? "MEETS" : "ABOVE", kStepUnshardedTarget,
+                 static_cast<unsigned long long>(w.stage3_host_syncs_max),
+                 w.stage3_host_syncs_max == 0 ? "MEETS" : "ABOVE (target 0)");
     if (w.torch_seconds) {
       const double s = *w.torch_seconds / w.stage2_seconds;
       std::fprintf(out,
                    "summary: step %d ranks: torch DDP+ZeRO / hpshard stage 2 time = %.3f: %s "
                    "(target >= %.1fx faster)\n",
                    w.ranks, s, s >= kStepTorchTarget ? "MEETS" : "BELOW", kStepTorchTarget);
+      const double s3 = *w.torch_seconds / w.stage3_seconds;
+      std::fprintf(out,
+                   "summary: step %d ranks: torch DDP+ZeRO / hpshard stage 3 time = %.3f: %s "
+                   "(target >= %.1fx faster)\n",
+                   w.ranks, s3, s3 >= kStepTorchTarget ? "MEETS" : "BELOW", kStepTorchTarget);
     }
   }
 }
@@ -482,9 +645,11 @@ std::string step_to_json(const StepConfig& config, const RunInfo& info,
     << ", \"batch_per_rank\": " << config.batch << ", \"steps\": " << config.steps
     << ", \"reps\": " << config.reps << ", \"warmup\": " << config.warmup
     << ", \"optimizer\": " << json_string(config.adamw ? "adamw" : "sgd")
-    << ", \"clip\": " << json_number(config.clip) << "},\n";
+    << ", \"clip\": " << json_number(config.clip)
+    << ", \"stage3_prefetch_window\": " << EngineOptions{}.prefetch_window << "},\n";
   j << "  \"units\": {\"time\": \"seconds per step, median over repetitions of the slowest "
-       "rank\", \"bytes\": \"per rank: parameters, gradients, optimizer state\"},\n";
+       "rank\", \"bytes\": \"per rank: parameters, gradients, optimizer state (stage 3: the "
+       "peak over the run)\"},\n";
   j << "  \"reference\": \"unsharded data parallel, same backend: per-layer all_reduce (avg), "
        "clip and optimizer on the full parameters\",\n";
   j << "  \"targets\": {\"unsharded_ratio_max\": " << kStepUnshardedTarget
@@ -496,8 +661,14 @@ std::string step_to_json(const StepConfig& config, const RunInfo& info,
     const auto& w = worlds[i];
     const double steps = static_cast<double>(w.timed_steps * w.ranks);
     const double r = w.stage2_seconds / w.unsharded_seconds;
+    const double r3 = w.stage3_seconds / w.unsharded_seconds;
     const auto speedup = ratio_of(w.torch_seconds, w.stage2_seconds);
+    const auto speedup3 = ratio_of(w.torch_seconds, w.stage3_seconds);
+    const auto meets_torch = [](std::optional<double> s) {
+      return s ? std::optional<bool>(*s >= kStepTorchTarget) : std::nullopt;
+    };
     j << (i ? ",\n" : "\n") << "    {\"ranks\": " << w.ranks << ", \"parameters\": " << w.parameters
+      << ", \"transport\": " << json_string(w.transport)
       << ", \"stage2_seconds\": " << json_number(w.stage2_seconds)
       << ", \"unsharded_seconds\": " << json_number(w.unsharded_seconds)
       << ", \"ratio\": " << json_number(r)
@@ -505,8 +676,8 @@ std::string step_to_json(const StepConfig& config, const RunInfo& info,
       << ", \"compute_seconds\": " << json_number(w.compute_seconds)
       << ", \"torch_seconds\": " << json_optional(w.torch_seconds)
       << ", \"torch_compute_seconds\": " << json_optional(w.torch_compute_seconds)
-      << ", \"torch_speedup\": " << json_optional(speedup) << ", \"meets_torch_target\": "
-      << json_optional(speedup ? std::optional<bool>(*speedup >= kStepTorchTarget) : std::nullopt)
+      << ", \"torch_speedup\": " << json_optional(speedup)
+      << ", \"meets_torch_target\": " << json_optional(meets_torch(speedup))
       << ", \"stage2_resident_bytes\": " << w.stage2_resident_bytes
       << ", \"unsharded_resident_bytes\": " << w.unsharded_resident_bytes
       << ", \"stage2_host_syncs_per_step_max\": " << w.stage2_host_syncs_max
@@ -515,7 +686,19 @@ std::string step_to_json(const StepConfig& config, const RunInfo& info,
       << json_number(static_cast<double>(w.dependency_waits) / steps)
       << ", \"dependency_wait_seconds_per_step\": "
       << json_number(w.dependency_wait_seconds / steps)
-      << ", \"max_param_diff\": " << json_number(w.max_param_diff) << "}";
+      << ", \"max_param_diff\": " << json_number(w.max_param_diff)
+      << ", \"stage3_seconds\": " << json_number(w.stage3_seconds)
+      << ", \"stage3_ratio\": " << json_number(r3)
+      << ", \"stage3_meets_target\": " << (r3 <= kStepUnshardedTarget ? "true" : "false")
+      << ", \"stage3_torch_speedup\": " << json_optional(speedup3)
+      << ", \"stage3_meets_torch_target\": " << json_optional(meets_torch(speedup3))
+      << ", \"stage3_resident_bytes\": " << w.stage3_resident_bytes
+      << ", \"stage3_host_syncs_per_step_max\": " << w.stage3_host_syncs_max
+      << ", \"stage3_dependency_waits_per_step\": "
+      << json_number(static_cast<double>(w.stage3_dependency_waits) / steps)
+      << ", \"stage3_dependency_wait_seconds_per_step\": "
+      << json_number(w.stage3_dependency_wait_seconds / steps)
+      << ", \"stage3_max_param_diff\": " << json_number(w.stage3_max_param_diff) << "}";
   }
   j << "\n  ]\n}\n";
   return j.str();

@@ -1,8 +1,8 @@
 // The step family of hpshard-bench: one training step of an MLP (forward and backward
 // written here, the same code for every contender) with ranks as threads, timed with
-// hpshard's Stage2Engine beside an unsharded data-parallel step on the same backend
-// (full gradients all-reduced by the Communicator, the optimizer on the full parameters),
-// alternated in the same run.
+// hpshard's Stage2Engine and Stage3Engine beside an unsharded data-parallel step on the
+// same backend (full gradients all-reduced by the Communicator, the optimizer on the full
+// parameters), alternated in the same run.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +17,7 @@
 namespace hps::bench {
 
 // Targets of /work/shared/PERFORMANCE.md for the step.
-inline constexpr double kStepUnshardedTarget = 1.15;  // stage 2 ≤ 1.15× the unsharded step
+inline constexpr double kStepUnshardedTarget = 1.15;  // stage 2, 3 ≤ 1.15× the unsharded step
 inline constexpr double kStepTorchTarget = 3.0;       // ≥ 3× faster than torch
 
 struct StepConfig {
@@ -36,21 +36,32 @@ struct StepConfig {
 struct StepWorld {
   int32_t ranks = 0;
   size_t parameters = 0;  // elements
+  std::string transport;  // how the communicators moved collective data: "shm" or "tcp"
   // Seconds per step: the median over repetitions of the slowest rank's time for `steps`
   // steps (the last one drained), divided by `steps`.
   double stage2_seconds = 0;
+  double stage3_seconds = 0;
   double unsharded_seconds = 0;
   double compute_seconds = 0;  // forward + backward alone, no communication or optimizer
   std::optional<double> torch_seconds;
   std::optional<double> torch_compute_seconds;
-  uint64_t stage2_resident_bytes = 0;     // per rank: params, grads, shard grads, state
+  uint64_t stage2_resident_bytes = 0;  // per rank: params, grads, shard grads, state
+  // Per rank: the most bytes stage 3 held at once over the run (shards, state, the live
+  // gathered units and gradient buffers, reductions in flight): peak_resident_bytes().
+  uint64_t stage3_resident_bytes = 0;
   uint64_t unsharded_resident_bytes = 0;  // per rank: params, grads, optimizer state
   uint64_t stage2_host_syncs_max = 0;     // most host syncs seen in one steady step, any rank
+  uint64_t stage3_host_syncs_max = 0;
   uint64_t unsharded_host_syncs_max = 0;  // the reference waits on its all-reduces (counted)
-  uint64_t dependency_waits = 0;          // stage 2, over all timed steps and ranks
+  // Dependency waits (a forward or backward that had to wait for its layer's all-gather),
+  // over all timed steps and ranks, counted apart for each engine.
+  uint64_t dependency_waits = 0;  // stage 2
   double dependency_wait_seconds = 0;
-  int64_t timed_steps = 0;    // per rank, per contender (reps × steps)
-  double max_param_diff = 0;  // stage 2 vs unsharded parameters after the same training
+  uint64_t stage3_dependency_waits = 0;
+  double stage3_dependency_wait_seconds = 0;
+  int64_t timed_steps = 0;           // per rank, per contender (reps × steps)
+  double max_param_diff = 0;         // stage 2 vs unsharded parameters after the same training
+  double stage3_max_param_diff = 0;  // stage 3 (gather_all()) vs unsharded
 };
 
 StepWorld run_step_world(const StepConfig& config, int32_t ranks);
