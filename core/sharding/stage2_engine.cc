@@ -292,9 +292,13 @@ Status Stage2Engine::step() {
     HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
                                                   *sharding_, dp_.get()));
     if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
-    for (size_t b : trained) optimize(b, clip_ ? clip_->coefficient() : nullptr);
+    // Each bucket's all-gather waits only for the updates enqueued before it: the first
+    // units' parameters travel while the later buckets are still being updated.
+    for (size_t b : trained) {
+      optimize(b, clip_ ? clip_->coefficient() : nullptr);
+      HPS_RETURN_IF_ERROR(gather_back(b));
+    }
     enqueue_step_update(opt, &step_state_, options_);
-    for (size_t b : trained) HPS_RETURN_IF_ERROR(gather_back(b));
   }
   micro_batch_ = 0;
   return Status::Ok();

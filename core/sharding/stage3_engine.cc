@@ -47,6 +47,8 @@ Status Stage3Engine::seal() {
   state_a_.resize(n);
   state_b_.resize(n);
   buffers_.resize(n);
+  updated_.clear();
+  for (size_t b = 0; b < n; ++b) updated_.push_back(std::make_unique<cpu::CpuEvent>());
   position_in_buffer_.assign(plan_.params().size(), 0);
   const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
   const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
@@ -168,9 +170,13 @@ Status Stage3Engine::start_gather(size_t b) {
   const void* shard = wire_shards_[b].empty() ? static_cast<const void*>(param_shards_[b].data())
                                               : static_cast<const void*>(wire_shards_[b].data());
   const size_t n = fb.shard_numel;
-  optimizer_stream_->enqueue([own, shard, n, element] { std::memcpy(own, shard, n * element); });
-  HPS_ASSIGN_OR_RETURN(buf.gathering, sharding_->all_gather(own, buf.params->data(), n, fb.dtype,
-                                                            optimizer_stream_.get()));
+  // On the communicator's stream, after this buffer's latest update only (not the whole
+  // optimizer step): the first units travel while later ones are still being updated.
+  auto& comm_stream = static_cast<cpu::CpuStream&>(sharding_->stream());
+  if (updated_[b]->recorded()) HPS_RETURN_IF_ERROR(comm_stream.wait(*updated_[b]));
+  comm_stream.enqueue([own, shard, n, element] { std::memcpy(own, shard, n * element); });
+  HPS_ASSIGN_OR_RETURN(buf.gathering,
+                       sharding_->all_gather(own, buf.params->data(), n, fb.dtype, nullptr));
   note_resident();
   return Status::Ok();
 }
@@ -247,7 +253,16 @@ Status Stage3Engine::release(int32_t unit) {
       return failed_precondition("engine: release(" + std::to_string(unit) +
                                  ") while some of its gradients have not checked in");
     }
+  }
+  // The unit the recorded order gathers next (the last layer of a forward, gathered again
+  // at once for its backward) stays live: no second all-gather of the same values. It
+  // counts against the window like any live unit.
+  const bool gathered_next = !recording_ && cursor_ < order_.size() && order_[cursor_] == unit;
+  if (gathered_next) ++kept_live_;
+  for (size_t b : u->buffers) {
+    Buffer& buf = buffers_[b];
     buf.in_use = false;
+    if (gathered_next) continue;
     buf.params.reset();  // nothing in flight reads it: the gather completed before use
     buf.gathering.reset();
   }
@@ -380,17 +395,18 @@ Status Stage3Engine::step() {
                       state_b_[b].empty() ? nullptr : state_b_[b].data(), param_shards_[b].size(),
                       coefficient);
     buffers_[b].reduced.reset();
+    if (!wire_shards_[b].empty()) {
+      // The updated fp32 masters, rounded once into what the next gathers send.
+      const float* master = param_shards_[b].data();
+      uint8_t* wire = wire_shards_[b].data();
+      const DType d = plan_.buffers()[b].dtype;
+      const size_t count = param_shards_[b].size();
+      opt.enqueue([master, wire, d, count] { cpu::cast(DType::kFloat32, master, d, wire, count); });
+    }
+    // What the buffer's next all-gather waits for.
+    HPS_RETURN_IF_ERROR(updated_[b]->record(opt));
   }
   enqueue_step_update(opt, &step_state_, options_);
-  for (size_t b = 0; b < buffers_.size(); ++b) {
-    if (wire_shards_[b].empty() || !plan_.buffers()[b].trainable) continue;
-    // The updated fp32 masters, rounded once into what the next gathers send.
-    const float* master = param_shards_[b].data();
-    uint8_t* wire = wire_shards_[b].data();
-    const DType d = plan_.buffers()[b].dtype;
-    const size_t count = param_shards_[b].size();
-    opt.enqueue([master, wire, d, count] { cpu::cast(DType::kFloat32, master, d, wire, count); });
-  }
   micro_batch_ = 0;
   recording_ = false;
   cursor_ = 0;

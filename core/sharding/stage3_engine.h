@@ -49,6 +49,8 @@ class Stage3Engine final : public ShardedEngine {
   // found their unit already in flight or arrived.
   uint64_t prefetched_gathers() const { return prefetched_; }
   uint64_t gathers_found_in_flight() const { return found_in_flight_; }
+  // release() calls that kept their unit live because the recorded order gathers it next.
+  uint64_t releases_kept_live() const { return kept_live_; }
   const LayoutPlan& plan() const override { return plan_; }
   const float* loss_scale() const override { return &step_state_.loss_scale; }
   const int64_t* skipped_steps() const override { return &step_state_.skipped_steps; }
@@ -103,7 +105,11 @@ class Stage3Engine final : public ShardedEngine {
   uint64_t peak_resident_ = 0;
   uint64_t prefetched_ = 0;
   uint64_t found_in_flight_ = 0;
+  uint64_t kept_live_ = 0;
   std::unique_ptr<cpu::CpuStream> optimizer_stream_;
+  // Per buffer: recorded on the optimizer stream after its latest update; its next
+  // all-gather (on the communicator's stream) waits for this alone.
+  std::vector<std::unique_ptr<cpu::CpuEvent>> updated_;
   std::unique_ptr<HybridClip> clip_;
   // Reductions in flight, keeping their full gradient buffers alive until they finish.
   TaskFlow in_flight_;
