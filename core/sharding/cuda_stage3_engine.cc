@@ -113,6 +113,7 @@ Status CudaStage3Engine::seal() {
     v->assign(n, nullptr);
   }
   buffers_.resize(n);
+  updated_.assign(n, nullptr);
   position_in_buffer_.assign(plan_.params().size(), 0);
   const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
   const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
@@ -252,19 +253,24 @@ Status CudaStage3Engine::start_gather(size_t b) {
   const FlatBuffer& fb = plan_.buffers()[b];
   const uint64_t begin = plan_.shard(b, sharding_->rank()).first;
   const size_t n = fb.shard_numel;
-  // Allocated and filled with our shard on the optimizer stream, after the latest update;
-  // the all-gather (communicator stream, after that) fills in the others' shards.
+  // On the communicator stream, after this buffer's latest update only (not the whole
+  // optimizer step): allocated, our shard copied in, the others' all-gathered around it.
+  const cudaStream_t cs = comm_stream();
+  if (updated_[b] != nullptr) {
+    HPS_RETURN_IF_ERROR(
+        cuda_status(cudaStreamWaitEvent(cs, updated_[b], 0), "cudaStreamWaitEvent"));
+  }
   void* p = nullptr;
   HPS_RETURN_IF_ERROR(
-      cuda_status(cudaMallocAsync(&p, fb.numel * sizeof(float), opt_stream()), "cudaMallocAsync"));
+      cuda_status(cudaMallocAsync(&p, fb.numel * sizeof(float), cs), "cudaMallocAsync"));
   buf.params = static_cast<float*>(p);
   live_bytes_ += fb.numel * sizeof(float);
   float* own = buf.params + begin;
-  HPS_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(own, param_shards_[b], n * sizeof(float),
-                                                  cudaMemcpyDeviceToDevice, opt_stream()),
-                                  "cudaMemcpyAsync"));
-  HPS_ASSIGN_OR_RETURN(buf.gathering, sharding_->all_gather(own, buf.params, n, DType::kFloat32,
-                                                            optimizer_stream_.get()));
+  HPS_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(own, param_shards_[b], n * sizeof(float), cudaMemcpyDeviceToDevice, cs),
+      "cudaMemcpyAsync"));
+  HPS_ASSIGN_OR_RETURN(buf.gathering,
+                       sharding_->all_gather(own, buf.params, n, DType::kFloat32, nullptr));
   note_resident();
   return Status::Ok();
 }
@@ -331,9 +337,15 @@ Status CudaStage3Engine::release(int32_t unit) {
                                  ") while some of its gradients have not checked in");
     }
   }
+  // The unit the recorded order gathers next stays live (see Stage3Engine::release).
+  const bool gathered_next = !recording_ && cursor_ < order_.size() && order_[cursor_] == unit;
   for (size_t b : u->buffers) {
     Buffer& buf = buffers_[b];
     if (buf.params == nullptr) continue;
+    if (gathered_next) {
+      buf.in_use = false;
+      continue;
+    }
     if (!buf.in_use) {
       // Prefetched but never used: the compute stream has not waited for its all-gather.
       HPS_ASSIGN_OR_RETURN(cudaEvent_t gathered, done_event(*buf.gathering));
@@ -454,6 +466,12 @@ Status CudaStage3Engine::step() {
                                     coefficient, 1.0f, steps_ == 1, opt));
     }
     buffers_[b].reduced.reset();
+    // What the buffer's next all-gather waits for.
+    if (updated_[b] == nullptr) {
+      HPS_RETURN_IF_ERROR(cuda_status(
+          cudaEventCreateWithFlags(&updated_[b], cudaEventDisableTiming), "cudaEventCreate"));
+    }
+    HPS_RETURN_IF_ERROR(cuda_status(cudaEventRecord(updated_[b], opt), "cudaEventRecord"));
   }
   micro_batch_ = 0;
   recording_ = false;
@@ -525,6 +543,10 @@ Status CudaStage3Engine::free_device_memory() {
       if (buf.params) cudaFree(buf.params);
       if (buf.grads) cudaFree(buf.grads);
       buf.params = buf.grads = nullptr;
+    }
+    for (cudaEvent_t& e : updated_) {
+      if (e) cudaEventDestroy(e);
+      e = nullptr;
     }
     for (void* p : {static_cast<void*>(device_mean_scale_), static_cast<void*>(device_loss_scale_),
                     static_cast<void*>(device_skipped_)}) {

@@ -97,6 +97,9 @@ class CudaStage3Engine final : public ShardedEngine {
   // fp32 shards, gradient shards, accumulation scratch, optimizer state.
   std::vector<float*> init_, param_shards_, grad_shards_, incoming_, state_a_, state_b_;
   std::vector<Buffer> buffers_;
+  // Per buffer: recorded on the optimizer stream after its latest update (null before the
+  // first step); its next all-gather waits for this alone.
+  std::vector<cudaEvent_t> updated_;
   std::map<int32_t, Unit> units_;
   std::vector<size_t> position_in_buffer_;
   std::vector<int32_t> order_;
