@@ -153,8 +153,8 @@ void enqueue_optimizer(cpu::CpuStream& opt, StepState* state, const EngineOption
                        const float* clip_coefficient) {
   const EngineOptions o = options;
   opt.enqueue([o, state, param, grad, state_a, state_b, count, clip_coefficient] {
-    if (state->found_inf != 0) return;  // a skipped step changes no parameter or state
-    const int64_t step = state->applied_steps + 1;
+    if (state->skip != 0) return;               // a skipped step changes no parameter or state
+    const int64_t step = state->applied_steps;  // counted by the step update, before us
     if (o.optimizer == OptimizerKind::kAdamW) {
       cpu::adamw(param, grad, state_a, state_b, count, o.adamw, static_cast<long>(step),
                  clip_coefficient, 1.0f);
@@ -172,8 +172,10 @@ void enqueue_step_update(cpu::CpuStream& opt, StepState* state, const EngineOpti
       state->good_steps = 0;
       state->loss_scale *= o.backoff_factor;
       state->found_inf = 0;
+      state->skip = 1;
       return;
     }
+    state->skip = 0;
     ++state->applied_steps;
     if (o.dynamic_loss_scaling && ++state->good_steps >= o.growth_interval) {
       state->loss_scale *= o.growth_factor;

@@ -83,8 +83,9 @@ class ShardedEngine {
 struct StepState {
   float loss_scale = 1.0f;
   int32_t found_inf = 0;  // all-reduced (max) over the groups before the update
+  int32_t skip = 0;       // this step's verdict, set by the step update before the optimizers
   int32_t good_steps = 0;
-  int64_t applied_steps = 0;  // AdamW's step count and SGD's first-step rule
+  int64_t applied_steps = 0;  // AdamW's step count and SGD's first-step rule (this step's)
   int64_t skipped_steps = 0;
 };
 
@@ -103,7 +104,9 @@ Status enqueue_unscale_and_check(cpu::CpuStream& opt, StepState* state,
                                  const std::vector<ShardGradients>& grads, float mean_scale,
                                  const EngineOptions& options, Communicator& sharding,
                                  Communicator* dp);
-// After the optimizer tasks: the skip bookkeeping and the scale update.
+// After the found-inf check, before the optimizer tasks: whether this step is skipped,
+// the step counts and the scale update. Enqueued before any all-gather of the step, so a
+// completed all-gather (wait_parameters) means the scale and the counts have landed.
 void enqueue_step_update(cpu::CpuStream& opt, StepState* state, const EngineOptions& options);
 // One shard's optimizer update, skipped when the step found a non-finite gradient.
 void enqueue_optimizer(cpu::CpuStream& opt, StepState* state, const EngineOptions& options,

@@ -274,6 +274,7 @@ Status Stage2Engine::step() {
   if (!clip_ && !options_.dynamic_loss_scaling) {
     // Nothing global in this step: each bucket's update and all-gather start as soon as its
     // own reduction is done, so the first units' parameters come back earliest.
+    enqueue_step_update(opt, &step_state_, options_);  // no found-inf: counts the step
     for (size_t b : trained) {
       HPS_RETURN_IF_ERROR(buckets_[b].reduced->wait_on(opt));
       HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, {shard_of(b)}, mean_scale,
@@ -281,7 +282,6 @@ Status Stage2Engine::step() {
       optimize(b, nullptr);
       HPS_RETURN_IF_ERROR(gather_back(b));
     }
-    enqueue_step_update(opt, &step_state_, options_);
   } else {
     // The clip's norm and the found-inf flag need every reduced shard first.
     std::vector<ShardGradients> shards;
@@ -292,13 +292,13 @@ Status Stage2Engine::step() {
     HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
                                                   *sharding_, dp_.get()));
     if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
+    enqueue_step_update(opt, &step_state_, options_);
     // Each bucket's all-gather waits only for the updates enqueued before it: the first
     // units' parameters travel while the later buckets are still being updated.
     for (size_t b : trained) {
       optimize(b, clip_ ? clip_->coefficient() : nullptr);
       HPS_RETURN_IF_ERROR(gather_back(b));
     }
-    enqueue_step_update(opt, &step_state_, options_);
   }
   micro_batch_ = 0;
   return Status::Ok();

@@ -387,6 +387,9 @@ Status Stage3Engine::step() {
                                                 *sharding_, dp_.get()));
   if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
   const float* coefficient = clip_ ? clip_->coefficient() : nullptr;
+  // Before the updates (and so before any all-gather that follows them): the skip verdict,
+  // the step count and the loss scale.
+  enqueue_step_update(opt, &step_state_, options_);
   ++steps_;
   for (size_t b = 0; b < buffers_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
@@ -406,7 +409,6 @@ Status Stage3Engine::step() {
     // What the buffer's next all-gather waits for.
     HPS_RETURN_IF_ERROR(updated_[b]->record(opt));
   }
-  enqueue_step_update(opt, &step_state_, options_);
   micro_batch_ = 0;
   recording_ = false;
   cursor_ = 0;
