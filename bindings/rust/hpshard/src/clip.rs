@@ -31,7 +31,8 @@ use std::marker::PhantomData;
 use std::ops::{BitOr, BitOrAssign};
 use std::ptr::{self, NonNull};
 
-use crate::comm::{Communicator, Element, BF16, F16};
+use crate::comm::{Communicator, Element};
+use crate::half::{BF16, F16};
 use crate::{check, sys, DeviceType, Error, Result, Status, Stream};
 
 // ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
 use std::time::Duration;
 
+use crate::half::{BF16, F16};
 use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream};
 
 // ---------------------------------------------------------------------------------
@@ -278,39 +279,6 @@ impl fmt::Debug for ReduceOp {
         }
     }
 }
-
-/// An IEEE half-precision value by its bits (`HPS_DTYPE_FLOAT16`): use it to hand
-/// `u16` storage to collectives with an explicit dtype
-/// (see [`F16::from_bits_slice_mut`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct F16(pub u16);
-
-/// A bfloat16 value by its bits (`HPS_DTYPE_BFLOAT16`); see [`F16`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[repr(transparent)]
-pub struct BF16(pub u16);
-
-macro_rules! half_slices {
-    ($t:ident) => {
-        impl $t {
-            /// View `u16` bits as this type (same layout, `#[repr(transparent)]`).
-            pub fn from_bits_slice(bits: &[u16]) -> &[$t] {
-                // SAFETY: $t is #[repr(transparent)] over u16: same size, alignment and
-                // validity; the lifetime is carried over.
-                unsafe { std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len()) }
-            }
-
-            /// View mutable `u16` bits as this type.
-            pub fn from_bits_slice_mut(bits: &mut [u16]) -> &mut [$t] {
-                // SAFETY: as from_bits_slice; the unique borrow is carried over.
-                unsafe { std::slice::from_raw_parts_mut(bits.as_mut_ptr().cast(), bits.len()) }
-            }
-        }
-    };
-}
-half_slices!(F16);
-half_slices!(BF16);
 
 /// An element type collectives accept in slices: the Rust type and its
 /// [`DType`]. Implemented for `f32`, `f64`, `i32`, `i64`, `u8`, and for [`F16`] /

@@ -30,8 +30,9 @@
 //! unit's parameters or gradients.
 //!
 //! Every call that starts asynchronous work takes `&mut self`, and every safe view
-//! ([`Engine::param`], [`Engine::grad`], [`Engine::views`]) borrows the engine
-//! mutably for as long as it lives, so no such call can happen while a view exists.
+//! ([`Engine::param`], [`Engine::grad`], [`Engine::views`], and their typed forms
+//! below) borrows the engine mutably for as long as it lives, so no such call can
+//! happen while a view exists.
 //! Before handing a view out, the engine makes sure nothing in flight touches it,
 //! from a mirror of the engine's state kept by this wrapper:
 //!
@@ -47,10 +48,12 @@
 //!   reduction of `u`'s bucket) until that step ([`Engine::step`]) and the wait: the
 //!   reduction may be reading it. On earlier micro-batches of gradient accumulation
 //!   nothing is launched and the gradients stay accessible. The wrapper mirrors the
-//!   library's bucket bookkeeping to know when that is: one bucket per unit (this
-//!   version has one trainable float32 buffer per unit), complete when each of its
-//!   trainable parameters checked in once, the micro-batch counter advancing when
-//!   every bucket is complete.
+//!   library's bucket bookkeeping to know when that is: one bucket per unit and dtype
+//!   of its trainable parameters (the library's flat buffers: a unit holding float32
+//!   and float16 parameters has two buckets, reduced independently), complete when
+//!   each of its parameters checked in once, the micro-batch counter advancing when
+//!   every bucket is complete. Only the gradients of the bucket whose reduction
+//!   started are refused.
 //!
 //! Stage 3 keeps only this rank's shards: a unit's full parameters exist between
 //! [`Engine::wait_parameters`] (which gathers them) and
@@ -75,6 +78,20 @@
 //! The raw pointers of [`Engine::param_ptr`] / [`Engine::grad_ptr`] carry none of
 //! these guarantees: dereferencing them is the caller's `unsafe` business.
 //!
+//! # Element types of the views
+//!
+//! Views and gradients are in the parameter's dtype (the C API: float16 and bfloat16
+//! parameters have float16 / bfloat16 views and gradients; the reductions add in fp32
+//! and the optimizer keeps fp32 master weights). Each safe view is typed by a
+//! [`ParamElement`]: `f32` ([`Engine::param`], [`Engine::grad`], [`Engine::views`]),
+//! [`F16`] ([`Engine::param_f16`], [`Engine::grad_f16`]), [`BF16`]
+//! ([`Engine::param_bf16`], [`Engine::grad_bf16`]), or generically
+//! [`Engine::param_as`], [`Engine::grad_as`], [`Engine::views_as`]. A request whose
+//! type is not the parameter's dtype is refused with [`Status::FailedPrecondition`]
+//! and a message naming both dtypes. [`Engine::typed_views`] hands out views of
+//! several dtypes at once (a [`TypedView`] each), for models mixing them. All of them
+//! follow the rules above, unchanged.
+//!
 //! # Communicators and threads
 //!
 //! The engine uses its communicators on every call (seal, broadcast, reductions,
@@ -92,7 +109,8 @@ use std::ops::{BitOr, BitOrAssign, Range};
 use std::ptr::{self, NonNull};
 use std::time::Duration;
 
-use crate::comm::{c_string, Communicator};
+use crate::comm::{c_string, Communicator, Element};
+use crate::half::{BF16, F16};
 use crate::{check, sys, DType, Error, Result, Status, Stream};
 
 // ---------------------------------------------------------------------------------
@@ -500,21 +518,136 @@ pub enum View {
     Grad(usize),
 }
 
+impl View {
+    fn index(self) -> usize {
+        match self {
+            View::Param(index) | View::Grad(index) => index,
+        }
+    }
+}
+
+mod private {
+    use super::{TypedView, BF16, F16};
+
+    pub trait Sealed: Sized {
+        /// The slice of a [`TypedView`] of this type, or the view back.
+        fn from_typed_view<'a>(
+            view: TypedView<'a>,
+        ) -> std::result::Result<&'a mut [Self], TypedView<'a>>;
+    }
+    impl Sealed for f32 {
+        fn from_typed_view<'a>(
+            view: TypedView<'a>,
+        ) -> std::result::Result<&'a mut [f32], TypedView<'a>> {
+            match view {
+                TypedView::F32(slice) => Ok(slice),
+                other => Err(other),
+            }
+        }
+    }
+    impl Sealed for F16 {
+        fn from_typed_view<'a>(
+            view: TypedView<'a>,
+        ) -> std::result::Result<&'a mut [F16], TypedView<'a>> {
+            match view {
+                TypedView::F16(slice) => Ok(slice),
+                other => Err(other),
+            }
+        }
+    }
+    impl Sealed for BF16 {
+        fn from_typed_view<'a>(
+            view: TypedView<'a>,
+        ) -> std::result::Result<&'a mut [BF16], TypedView<'a>> {
+            match view {
+                TypedView::BF16(slice) => Ok(slice),
+                other => Err(other),
+            }
+        }
+    }
+}
+
+/// The element types of the engine's safe views, one per parameter dtype the engine
+/// accepts: `f32` (float32), [`F16`] (float16), [`BF16`] (bfloat16). Sealed.
+///
+/// [`Engine::param_as`], [`Engine::grad_as`] and [`Engine::views_as`] hand out
+/// `&mut [T]` for a parameter registered with dtype [`Element::DTYPE`] of `T`, and
+/// refuse any other.
+pub trait ParamElement: Element + private::Sealed {}
+impl ParamElement for f32 {}
+impl ParamElement for F16 {}
+impl ParamElement for BF16 {}
+
+/// One view of [`Engine::typed_views`], typed by its parameter's dtype.
+#[derive(Debug, PartialEq)]
+pub enum TypedView<'a> {
+    /// A float32 parameter's view.
+    F32(&'a mut [f32]),
+    /// A float16 parameter's view.
+    F16(&'a mut [F16]),
+    /// A bfloat16 parameter's view.
+    BF16(&'a mut [BF16]),
+}
+
+impl<'a> TypedView<'a> {
+    /// The dtype of the elements.
+    pub fn dtype(&self) -> DType {
+        match self {
+            TypedView::F32(_) => DType::FLOAT32,
+            TypedView::F16(_) => DType::FLOAT16,
+            TypedView::BF16(_) => DType::BFLOAT16,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            TypedView::F32(s) => s.len(),
+            TypedView::F16(s) => s.len(),
+            TypedView::BF16(s) => s.len(),
+        }
+    }
+
+    /// Whether the view has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The slice, when its element type is `T`; otherwise the view back.
+    ///
+    /// ```no_run
+    /// # fn f(engine: &mut hpshard::Engine<'_>) -> hpshard::Result<()> {
+    /// use hpshard::{View, F16};
+    /// let [w, b] = engine.typed_views([View::Param(0), View::Param(1)])?;
+    /// let w: &mut [F16] = w.into_slice().expect("w is float16");
+    /// let b: &mut [f32] = b.into_slice().expect("b is float32");
+    /// # let _ = (w, b);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn into_slice<T: ParamElement>(self) -> std::result::Result<&'a mut [T], TypedView<'a>> {
+        T::from_typed_view(self)
+    }
+}
+
 // ---------------------------------------------------------------------------------
 // Engine
 // ---------------------------------------------------------------------------------
 
 /// What the wrapper knows of a registered parameter.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct ParamInfo {
+    name: String,
     numel: usize,
-    /// The safe views are `f32`: other dtypes go through the raw pointers.
+    /// The element type of its views and gradient.
     dtype: DType,
     /// Index into `Engine::units`.
     unit: usize,
+    /// Index into `Engine::buckets`; `None` when frozen (no gradient).
+    bucket: Option<usize>,
 }
 
-/// Where the gradients of a unit stand (the mirror of its trainable bucket).
+/// Where the gradients of a bucket stand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GradState {
     /// Nothing in flight reads or writes them.
@@ -531,13 +664,25 @@ enum GradState {
 #[derive(Debug, Clone)]
 struct UnitState {
     id: i32,
-    /// Trainable parameters of the unit (the size of its bucket).
-    trainable: usize,
-    /// Of those, checked in during the current micro-batch.
-    checked_in: usize,
     /// A step happened since the last successful wait of this unit: its all-gather may
     /// still be writing the parameters.
     gather_pending: bool,
+}
+
+/// The mirror of one bucket: the trainable parameters of one unit and one dtype (the
+/// library's trainable flat buffer of that unit and dtype), reduced together.
+#[derive(Debug, Clone)]
+struct BucketState {
+    /// Index into `Engine::units`.
+    unit: usize,
+    dtype: DType,
+    /// Parameters of the bucket.
+    trainable: usize,
+    /// Of those, checked in during the current micro-batch.
+    checked_in: usize,
+    /// Every parameter checked in during the current micro-batch (the library's flag;
+    /// the micro-batch ends when every bucket is complete).
+    complete: bool,
     grads: GradState,
 }
 
@@ -605,6 +750,7 @@ pub struct Engine<'c> {
     initialised: bool,
     params: Vec<ParamInfo>,
     units: Vec<UnitState>,
+    buckets: Vec<BucketState>,
     /// The library's micro-batch counter, mirrored.
     micro_batch: i32,
     sealed: bool,
@@ -659,6 +805,7 @@ impl<'c> Engine<'c> {
                 initialised: false,
                 params: Vec::new(),
                 units: Vec::new(),
+                buckets: Vec::new(),
                 micro_batch: 0,
                 sealed: false,
                 poisoned: false,
@@ -695,7 +842,10 @@ impl<'c> Engine<'c> {
     /// parameters in the same order.
     /// Errors: [`Status::InvalidArgument`] (bad shape, unknown flag bits, interior
     /// NUL in `name`), [`Status::AlreadyExists`] (name), [`Status::FailedPrecondition`]
-    /// (sealed), [`Status::Unimplemented`] (a dtype other than float32).
+    /// (sealed), [`Status::Unimplemented`] (a dtype other than float32, float16 and
+    /// bfloat16). The views of a parameter are typed by its dtype: `f32`
+    /// ([`Engine::param`]), [`F16`] ([`Engine::param_f16`]), [`BF16`]
+    /// ([`Engine::param_bf16`]).
     pub fn add_param(
         &mut self,
         name: &str,
@@ -749,21 +899,41 @@ impl<'c> Engine<'c> {
             None => {
                 self.units.push(UnitState {
                     id: unit,
-                    trainable: 0,
-                    checked_in: 0,
                     gather_pending: false,
-                    grads: GradState::Idle,
                 });
                 self.units.len() - 1
             }
         };
-        if trainable {
-            self.units[u].trainable += 1;
-        }
+        let bucket = if trainable {
+            let b = match self
+                .buckets
+                .iter()
+                .position(|b| b.unit == u && b.dtype == dtype)
+            {
+                Some(b) => b,
+                None => {
+                    self.buckets.push(BucketState {
+                        unit: u,
+                        dtype,
+                        trainable: 0,
+                        checked_in: 0,
+                        complete: false,
+                        grads: GradState::Idle,
+                    });
+                    self.buckets.len() - 1
+                }
+            };
+            self.buckets[b].trainable += 1;
+            Some(b)
+        } else {
+            None
+        };
         self.params.push(ParamInfo {
+            name: name.to_string(),
             numel,
             dtype,
             unit: u,
+            bucket,
         });
         Ok(index)
     }
@@ -808,10 +978,12 @@ impl<'c> Engine<'c> {
     pub fn wait_parameters(&mut self, unit: i32) -> Result<()> {
         // SAFETY: live handle, this thread only.
         check(unsafe { sys::hps_engine_wait_parameters(self.raw.as_ptr(), unit) })?;
-        if let Some(state) = self.units.iter_mut().find(|s| s.id == unit) {
-            state.gather_pending = false;
-            if state.grads == GradState::Zeroing {
-                state.grads = GradState::Idle;
+        if let Some(u) = self.units.iter().position(|s| s.id == unit) {
+            self.units[u].gather_pending = false;
+            for bucket in self.buckets.iter_mut().filter(|b| b.unit == u) {
+                if bucket.grads == GradState::Zeroing {
+                    bucket.grads = GradState::Idle;
+                }
             }
         }
         Ok(())
@@ -828,12 +1000,12 @@ impl<'c> Engine<'c> {
     }
 
     /// Parameter `index`'s gradient is complete for this micro-batch
-    /// (`hps_engine_grad_ready`). When the last parameter of a unit checks in on the
-    /// last micro-batch, the unit's reduction starts; from then until the next
-    /// [`Engine::step`] (and the wait after it), the unit's gradient views are
-    /// refused. `ready`: the stream the gradient
-    /// was produced on (the reduction waits for its work queued so far), or `None`
-    /// when this thread wrote it (the safe views).
+    /// (`hps_engine_grad_ready`). When the last parameter of a bucket (the unit's
+    /// trainable parameters of one dtype) checks in on the last micro-batch, the
+    /// bucket's reduction starts; from then until the next [`Engine::step`] (and the
+    /// wait after it), the bucket's gradient views are refused. `ready`: the stream
+    /// the gradient was produced on (the reduction waits for its work queued so far),
+    /// or `None` when this thread wrote it (the safe views).
     /// Errors: [`Status::FailedPrecondition`] (checked in twice, frozen, not sealed),
     /// [`Status::OutOfRange`] (no such index), the communicator's errors (these
     /// poison the engine).
@@ -847,14 +1019,17 @@ impl<'c> Engine<'c> {
         // library records the ready stream's position during the call.
         let result =
             check(unsafe { sys::hps_engine_grad_ready(self.raw.as_ptr(), index, ready_ptr) });
-        let info = self.params.get(index).copied();
-        let p = match (result, info) {
-            (Ok(()), Some(p)) => p,
+        let bucket = self.params.get(index).and_then(|p| p.bucket);
+        let b = match (result, bucket) {
+            (Ok(()), Some(b)) => b,
             (Ok(()), None) => {
                 self.poisoned = true;
                 return Err(Error::new(
                     Status::Internal,
-                    format!("hps_engine_grad_ready accepted unknown parameter {}", index),
+                    format!(
+                        "hps_engine_grad_ready accepted parameter {}, unknown or frozen here",
+                        index
+                    ),
                 ));
             }
             (Err(err), _) => {
@@ -862,29 +1037,35 @@ impl<'c> Engine<'c> {
                 // bucket was complete and its reduction failed to start, maybe in part.
                 if !refused_before_starting(&err) {
                     self.poisoned = true;
-                    if let Some(p) = info {
-                        self.units[p.unit].grads = GradState::Reducing;
+                    if let Some(b) = bucket {
+                        self.buckets[b].grads = GradState::Reducing;
                     }
                 }
                 return Err(err);
             }
         };
-        // Mirror the library's bucket bookkeeping: the library refuses a second
-        // check-in of a parameter in one micro-batch without changing anything, so a
-        // count per unit is exact.
-        let unit = &mut self.units[p.unit];
-        unit.checked_in += 1;
-        if unit.checked_in < unit.trainable {
+        // Mirror the library's bucket bookkeeping (one bucket per unit and dtype): the
+        // library refuses a second check-in of a parameter in one micro-batch, and any
+        // check-in into a bucket already complete in this micro-batch, without changing
+        // anything, so a count per bucket is exact.
+        let bucket = &mut self.buckets[b];
+        bucket.checked_in += 1;
+        if bucket.checked_in < bucket.trainable {
             return Ok(());
         }
         // The bucket is complete: on the last micro-batch its reduction started.
-        unit.checked_in = 0;
+        bucket.checked_in = 0;
+        bucket.complete = true;
         if last {
-            unit.grads = GradState::Reducing;
+            bucket.grads = GradState::Reducing;
         }
-        let all_complete = self.units.iter().all(|u| u.checked_in == 0);
-        if all_complete && !last {
+        // The micro-batch ends when every bucket is complete (on the last one, the
+        // buckets stay complete until the step).
+        if !last && self.buckets.iter().all(|b| b.complete) {
             self.micro_batch += 1;
+            for bucket in self.buckets.iter_mut() {
+                bucket.complete = false;
+            }
         }
         Ok(())
     }
@@ -901,10 +1082,13 @@ impl<'c> Engine<'c> {
             Ok(()) => {
                 for unit in self.units.iter_mut() {
                     unit.gather_pending = true;
-                    if unit.grads == GradState::Reducing {
-                        unit.grads = GradState::Zeroing;
+                }
+                for bucket in self.buckets.iter_mut() {
+                    if bucket.grads == GradState::Reducing {
+                        bucket.grads = GradState::Zeroing;
                     }
-                    unit.checked_in = 0;
+                    bucket.checked_in = 0;
+                    bucket.complete = false;
                 }
                 self.micro_batch = 0;
             }
@@ -921,6 +1105,19 @@ impl<'c> Engine<'c> {
         result
     }
 
+    /// The mirror after a full synchronisation: every all-gather and zeroing done
+    /// (reductions started since the last step stay: they belong to the next step).
+    fn nothing_in_flight(&mut self) {
+        for unit in self.units.iter_mut() {
+            unit.gather_pending = false;
+        }
+        for bucket in self.buckets.iter_mut() {
+            if bucket.grads == GradState::Zeroing {
+                bucket.grads = GradState::Idle;
+            }
+        }
+    }
+
     /// Block until everything in flight has finished (`hps_engine_synchronize`; one
     /// counted host sync): for shutdown, checkpoints and tests. Afterwards the views
     /// need no wait (except gradients checked in since the last step, whose reduction
@@ -928,12 +1125,7 @@ impl<'c> Engine<'c> {
     pub fn synchronize(&mut self) -> Result<()> {
         // SAFETY: live handle, this thread only.
         check(unsafe { sys::hps_engine_synchronize(self.raw.as_ptr()) })?;
-        for unit in self.units.iter_mut() {
-            unit.gather_pending = false;
-            if unit.grads == GradState::Zeroing {
-                unit.grads = GradState::Idle;
-            }
-        }
+        self.nothing_in_flight();
         Ok(())
     }
 
@@ -963,12 +1155,7 @@ impl<'c> Engine<'c> {
         match &result {
             Ok(()) => {
                 // The library synchronised first: nothing is in flight any more.
-                for unit in self.units.iter_mut() {
-                    unit.gather_pending = false;
-                    if unit.grads == GradState::Zeroing {
-                        unit.grads = GradState::Idle;
-                    }
-                }
+                self.nothing_in_flight();
             }
             Err(err) => {
                 if !refused_before_starting(err) {
@@ -1081,6 +1268,12 @@ impl<'c> Engine<'c> {
         self.params.get(index).map(|p| self.units[p.unit].id)
     }
 
+    /// The dtype parameter `index` was registered with: the element type of its views
+    /// and gradient (`f32`, [`F16`] or [`BF16`]).
+    pub fn dtype(&self, index: usize) -> Option<DType> {
+        self.params.get(index).map(|p| p.dtype)
+    }
+
     /// Whether [`Engine::seal`] succeeded.
     pub fn is_sealed(&self) -> bool {
         self.sealed
@@ -1100,56 +1293,136 @@ impl<'c> Engine<'c> {
     /// [`Engine::wait_parameters`] of the unit returned). Read or write through it
     /// only between that wait and the next step, never while a safe view of the same
     /// memory exists, and not after the engine is dropped.
-    /// For a float16 / bfloat16 parameter (stage 2) the address holds `numel(index)`
-    /// 16-bit elements: cast the pointer (the safe views refuse such parameters).
+    /// For a float16 / bfloat16 parameter the address holds `numel(index)` 16-bit
+    /// elements: cast the pointer (or use the safe [`Engine::param_f16`] /
+    /// [`Engine::param_bf16`]).
     /// Errors: [`Status::FailedPrecondition`] (not sealed), [`Status::OutOfRange`].
     pub fn param_ptr(&self, index: usize) -> Result<*mut f32> {
-        let mut data: *mut c_void = ptr::null_mut();
-        // SAFETY: live handle; out-param live. Only an address is returned.
-        check(unsafe { sys::hps_engine_param(self.raw.as_ptr(), index, &mut data) })?;
-        Ok(data.cast())
+        Ok(self.param_data(index)?.cast())
     }
 
     /// The address of parameter `index`'s gradient view (`hps_engine_grad`),
-    /// `numel(index)` `f32`s owned by the engine. As for [`Engine::param_ptr`], using
-    /// it is the caller's responsibility: the gradient is read by the unit's
-    /// reduction from its last check-in on the last micro-batch, and zeroed by the
-    /// step, until [`Engine::wait_parameters`] of the unit after that step.
+    /// `numel(index)` elements of the parameter's dtype (`f32`s for float32; cast the
+    /// pointer for float16 / bfloat16) owned by the engine. As for
+    /// [`Engine::param_ptr`], using it is the caller's responsibility: the gradient is
+    /// read by its bucket's reduction from the check-in that completes the bucket on
+    /// the last micro-batch, and zeroed by the step, until [`Engine::wait_parameters`]
+    /// of the unit after that step.
     /// Errors: [`Status::FailedPrecondition`] (frozen parameter, not sealed),
     /// [`Status::OutOfRange`].
     pub fn grad_ptr(&self, index: usize) -> Result<*mut f32> {
+        Ok(self.grad_data(index)?.cast())
+    }
+
+    fn param_data(&self, index: usize) -> Result<*mut c_void> {
+        let mut data: *mut c_void = ptr::null_mut();
+        // SAFETY: live handle; out-param live. Only an address is returned.
+        check(unsafe { sys::hps_engine_param(self.raw.as_ptr(), index, &mut data) })?;
+        Ok(data)
+    }
+
+    fn grad_data(&self, index: usize) -> Result<*mut c_void> {
         let mut data: *mut c_void = ptr::null_mut();
         // SAFETY: live handle; out-param live. Only an address is returned.
         check(unsafe { sys::hps_engine_grad(self.raw.as_ptr(), index, &mut data) })?;
-        Ok(data.cast())
+        Ok(data)
     }
 
-    /// The parameter view of `index`, after making sure nothing in flight writes it:
-    /// [`Engine::wait_parameters`] of its unit if a step happened since the last wait
-    /// (a dependency wait, no host sync). Valid while the engine stays borrowed.
+    /// The parameter view of `index`, a float32 parameter, after making sure nothing
+    /// in flight writes it: [`Engine::wait_parameters`] of its unit if a step happened
+    /// since the last wait (a dependency wait, no host sync). Valid while the engine
+    /// stays borrowed.
     /// Errors: as [`Engine::param_ptr`] and [`Engine::wait_parameters`];
-    /// [`Status::FailedPrecondition`] on a poisoned engine.
+    /// [`Status::FailedPrecondition`] on a poisoned engine, or when the parameter is
+    /// not float32 (see [`Engine::param_f16`], [`Engine::param_bf16`]).
     pub fn param(&mut self, index: usize) -> Result<&mut [f32]> {
-        let [view] = self.views([View::Param(index)])?;
-        Ok(view)
+        self.param_as::<f32>(index)
     }
 
-    /// The gradient view of `index` (zero at the start of every step; backward adds
-    /// into it), after [`Engine::wait_parameters`] of its unit if a step happened
-    /// since (that wait proves the step's zeroing done).
-    /// Errors: [`Status::FailedPrecondition`] when its unit's gradients all checked
+    /// The gradient view of `index`, a float32 parameter (zero at the start of every
+    /// step; backward adds into it), after [`Engine::wait_parameters`] of its unit if
+    /// a step happened since (that wait proves the step's zeroing done).
+    /// Errors: [`Status::FailedPrecondition`] when its bucket's gradients all checked
     /// in on the last micro-batch of the current step (the reduction may be reading
-    /// them; call [`Engine::step`] first), frozen parameter, not sealed, poisoned;
+    /// them; call [`Engine::step`] first), frozen parameter, not sealed, poisoned, not
+    /// float32 (see [`Engine::grad_f16`], [`Engine::grad_bf16`]);
     /// [`Status::OutOfRange`].
     pub fn grad(&mut self, index: usize) -> Result<&mut [f32]> {
-        let [view] = self.views([View::Grad(index)])?;
+        self.grad_as::<f32>(index)
+    }
+
+    /// The parameter view of `index`, a float16 parameter: as [`Engine::param`], with
+    /// [`F16`] elements (convert with [`F16::to_f32`] / [`F16::from_f32`], which round
+    /// as the library does).
+    ///
+    /// The engine keeps fp32 master weights for float16 / bfloat16 parameters: they
+    /// are taken from the views by [`Engine::broadcast_parameters`] (write the initial
+    /// values before it), and every [`Engine::step`] rounds the updated masters into
+    /// the views. So a value written into a half-precision parameter view after the
+    /// broadcast is lost at the next step; [`Engine::gather_parameter`] returns the
+    /// masters.
+    /// Errors: as [`Engine::param`]; [`Status::FailedPrecondition`] when the parameter
+    /// is not float16.
+    ///
+    /// ```no_run
+    /// # fn f(engine: &mut hpshard::Engine<'_>) -> hpshard::Result<()> {
+    /// use hpshard::F16;
+    /// for (k, w) in engine.param_f16(0)?.iter_mut().enumerate() {
+    ///     *w = F16::from_f32(0.01 * k as f32);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn param_f16(&mut self, index: usize) -> Result<&mut [F16]> {
+        self.param_as::<F16>(index)
+    }
+
+    /// The parameter view of `index`, a bfloat16 parameter: as [`Engine::param`], with
+    /// [`BF16`] elements (master weights: see [`Engine::param_f16`]).
+    /// Errors: as [`Engine::param`]; [`Status::FailedPrecondition`] when the parameter
+    /// is not bfloat16.
+    pub fn param_bf16(&mut self, index: usize) -> Result<&mut [BF16]> {
+        self.param_as::<BF16>(index)
+    }
+
+    /// The gradient view of `index`, a float16 parameter (its gradient is float16 too):
+    /// as [`Engine::grad`], with [`F16`] elements. Backward adds into it in f32 and
+    /// rounds: `*g = F16::from_f32(g.to_f32() + dg)`.
+    /// Errors: as [`Engine::grad`]; [`Status::FailedPrecondition`] when the parameter
+    /// is not float16.
+    pub fn grad_f16(&mut self, index: usize) -> Result<&mut [F16]> {
+        self.grad_as::<F16>(index)
+    }
+
+    /// The gradient view of `index`, a bfloat16 parameter (its gradient is bfloat16
+    /// too): as [`Engine::grad`], with [`BF16`] elements.
+    /// Errors: as [`Engine::grad`]; [`Status::FailedPrecondition`] when the parameter
+    /// is not bfloat16.
+    pub fn grad_bf16(&mut self, index: usize) -> Result<&mut [BF16]> {
+        self.grad_as::<BF16>(index)
+    }
+
+    /// The parameter view of `index` with elements `T`, which must be the parameter's
+    /// dtype (`f32`: float32, [`F16`]: float16, [`BF16`]: bfloat16): [`Engine::param`],
+    /// [`Engine::param_f16`] and [`Engine::param_bf16`] for generic code.
+    pub fn param_as<T: ParamElement>(&mut self, index: usize) -> Result<&mut [T]> {
+        let [view] = self.views_as::<T, 1>([View::Param(index)])?;
         Ok(view)
     }
 
-    /// Several views at once (forward and backward need the parameters of several
-    /// units and the gradients together), each made safe as by [`Engine::param`] /
-    /// [`Engine::grad`]. Distinct views never overlap; asking for one view twice is
-    /// [`Status::InvalidArgument`].
+    /// The gradient view of `index` with elements `T`, the parameter's dtype (see
+    /// [`Engine::param_as`], [`Engine::grad`]).
+    pub fn grad_as<T: ParamElement>(&mut self, index: usize) -> Result<&mut [T]> {
+        let [view] = self.views_as::<T, 1>([View::Grad(index)])?;
+        Ok(view)
+    }
+
+    /// Several views of float32 parameters at once (forward and backward need the
+    /// parameters of several units and the gradients together), each made safe as by
+    /// [`Engine::param`] / [`Engine::grad`]. Distinct views never overlap; asking for
+    /// one view twice is [`Status::InvalidArgument`]. [`Engine::views_as`] is the same
+    /// for float16 / bfloat16 parameters, [`Engine::typed_views`] for several dtypes at
+    /// once.
     ///
     /// ```no_run
     /// # fn f(engine: &mut hpshard::Engine<'_>) -> hpshard::Result<()> {
@@ -1160,6 +1433,90 @@ impl<'c> Engine<'c> {
     /// # }
     /// ```
     pub fn views<const N: usize>(&mut self, requests: [View; N]) -> Result<[&mut [f32]; N]> {
+        self.views_as::<f32, N>(requests)
+    }
+
+    /// Several views at once, all with elements `T` (every requested parameter must
+    /// have `T`'s dtype), made safe as by [`Engine::views`].
+    ///
+    /// ```no_run
+    /// # fn f(engine: &mut hpshard::Engine<'_>) -> hpshard::Result<()> {
+    /// use hpshard::{View, BF16};
+    /// let [p, g] = engine.views_as::<BF16, 2>([View::Param(0), View::Grad(0)])?;
+    /// for (g, p) in g.iter_mut().zip(p.iter()) {
+    ///     *g = BF16::from_f32(g.to_f32() + 2.0 * p.to_f32()); // d/dp of p^2
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn views_as<T: ParamElement, const N: usize>(
+        &mut self,
+        requests: [View; N],
+    ) -> Result<[&mut [T]; N]> {
+        let pointers = self.prepare_views(&requests, Some(T::DTYPE))?;
+        let views: Vec<&mut [T]> = pointers
+            .into_iter()
+            .map(|(data, numel, _)| {
+                // SAFETY: see raw_view; the dtype of every requested parameter was checked
+                // to be T::DTYPE, and T is the one ParamElement of that dtype.
+                unsafe { raw_view::<T>(data, numel) }
+            })
+            .collect();
+        into_array(views)
+    }
+
+    /// Several views at once, of parameters of any dtypes, each a [`TypedView`] of its
+    /// parameter's dtype, made safe as by [`Engine::views`] (for a model mixing
+    /// float32 and half-precision parameters).
+    ///
+    /// ```no_run
+    /// # fn f(engine: &mut hpshard::Engine<'_>) -> hpshard::Result<()> {
+    /// use hpshard::{TypedView, View, F16};
+    /// let [w, b] = engine.typed_views([View::Param(0), View::Param(1)])?;
+    /// if let (TypedView::F16(w), TypedView::F32(b)) = (w, b) {
+    ///     b[0] += w[0].to_f32();
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn typed_views<const N: usize>(
+        &mut self,
+        requests: [View; N],
+    ) -> Result<[TypedView<'_>; N]> {
+        let pointers = self.prepare_views(&requests, None)?;
+        let mut views: Vec<TypedView<'_>> = Vec::with_capacity(N);
+        for (data, numel, dtype) in pointers {
+            // SAFETY (each): see raw_view; the element type is the parameter's dtype.
+            let view = if dtype == DType::FLOAT32 {
+                TypedView::F32(unsafe { raw_view::<f32>(data, numel) })
+            } else if dtype == DType::FLOAT16 {
+                TypedView::F16(unsafe { raw_view::<F16>(data, numel) })
+            } else if dtype == DType::BFLOAT16 {
+                TypedView::BF16(unsafe { raw_view::<BF16>(data, numel) })
+            } else {
+                return Err(Error::new(
+                    Status::Internal,
+                    format!(
+                        "Engine::typed_views: the library accepted a parameter of dtype {}, \
+                         which has no view type here",
+                        dtype_name(dtype)
+                    ),
+                ));
+            };
+            views.push(view);
+        }
+        into_array(views)
+    }
+
+    /// The checks, waits and addresses of the safe views: for each request, the
+    /// address, the length and the dtype of its elements, once nothing in flight
+    /// touches it (module documentation, "Soundness of the views"). `want`: the dtype
+    /// every requested parameter must have (`None`: any).
+    fn prepare_views(
+        &mut self,
+        requests: &[View],
+        want: Option<DType>,
+    ) -> Result<Vec<(*mut c_void, usize, DType)>> {
         if self.poisoned {
             return Err(Error::new(
                 Status::FailedPrecondition,
@@ -1169,17 +1526,20 @@ impl<'c> Engine<'c> {
         }
         let mut seen: HashSet<View> = HashSet::new();
         for &request in requests.iter() {
-            let index = match request {
-                View::Param(i) | View::Grad(i) => i,
-            };
-            if let Some(info) = self.params.get(index) {
-                if info.dtype != DType::FLOAT32 {
+            if let (Some(info), Some(want)) = (self.params.get(request.index()), want) {
+                if info.dtype != want {
                     return Err(Error::new(
                         Status::FailedPrecondition,
                         format!(
-                            "Engine::views: parameter {} is {:?}; the safe views are f32 (use \
-                             param_ptr / grad_ptr for fp16 and bf16 parameters)",
-                            index, info.dtype
+                            "engine: parameter {} ('{}') is {}, not {}: its views are {} \
+                             (Engine::{}, views_as::<{}>, typed_views)",
+                            request.index(),
+                            info.name,
+                            dtype_name(info.dtype),
+                            dtype_name(want),
+                            element_name(info.dtype),
+                            accessor_name(request, info.dtype),
+                            element_name(info.dtype),
                         ),
                     ));
                 }
@@ -1194,94 +1554,152 @@ impl<'c> Engine<'c> {
         // 1. What each view needs; 2. the waits; 3. the addresses, taken after every
         // wait (in stage 3 a wait may move or free other units' parameters: an
         // address taken afterwards is refused by the library rather than dangling).
-        let mut infos: Vec<ParamInfo> = Vec::with_capacity(N);
+        let mut infos: Vec<(usize, DType)> = Vec::with_capacity(requests.len());
         let mut waits: Vec<i32> = Vec::new();
         for &request in requests.iter() {
-            let index = match request {
-                View::Param(index) | View::Grad(index) => index,
-            };
+            let index = request.index();
             let info = match self.params.get(index) {
-                Some(info) => *info,
+                Some(info) => info,
                 None => {
                     // Not registered: the library reports it (out of range, not sealed).
-                    self.param_ptr(index)?;
+                    self.param_data(index)?;
                     return Err(Error::new(
                         Status::OutOfRange,
                         format!("engine: no parameter {}", index),
                     ));
                 }
             };
-            let state = &self.units[info.unit];
-            if let View::Grad(_) = request {
-                if state.grads == GradState::Reducing {
+            let unit = &self.units[info.unit];
+            // Frozen parameters have no bucket: the library refuses their gradient.
+            let bucket = info.bucket.map(|b| &self.buckets[b]);
+            let mut zeroing = false;
+            if let (View::Grad(_), Some(bucket)) = (request, bucket) {
+                if bucket.grads == GradState::Reducing {
                     return Err(Error::new(
                         Status::FailedPrecondition,
                         format!(
-                            "engine: the gradients of unit {} all checked in on the last \
+                            "engine: the {} gradients of unit {} all checked in on the last \
                              micro-batch; their reduction may be reading them until step() (and \
                              the wait for the unit's parameters after it)",
-                            state.id
+                            dtype_name(bucket.dtype),
+                            unit.id
                         ),
                     ));
                 }
+                zeroing = bucket.grads == GradState::Zeroing;
             }
             let wait = if self.stage == 2 {
-                state.gather_pending || state.grads == GradState::Zeroing
+                unit.gather_pending || zeroing
             } else {
                 // Stage 3: the unit's parameters exist only while it is gathered; the
                 // wait gathers it (a no-op while it is live). Before the broadcast the
                 // views are the initial values, which nothing in flight touches.
                 self.initialised
             };
-            if wait && !waits.contains(&state.id) {
-                waits.push(state.id);
+            if wait && !waits.contains(&unit.id) {
+                waits.push(unit.id);
             }
-            infos.push(info);
+            infos.push((info.numel, info.dtype));
         }
         for &unit in waits.iter() {
             self.wait_parameters(unit)?;
         }
-        let mut pointers: Vec<(*mut f32, usize)> = Vec::with_capacity(N);
-        for (&request, info) in requests.iter().zip(infos.iter()) {
+        let mut pointers: Vec<(*mut c_void, usize, DType)> = Vec::with_capacity(requests.len());
+        for (&request, &(numel, dtype)) in requests.iter().zip(infos.iter()) {
             let data = match request {
-                View::Param(index) => self.param_ptr(index)?,
-                View::Grad(index) => self.grad_ptr(index)?,
+                View::Param(index) => self.param_data(index)?,
+                View::Grad(index) => self.grad_data(index)?,
             };
-            pointers.push((data, info.numel));
+            pointers.push((data, numel, dtype));
         }
-        let views: Vec<&mut [f32]> = pointers
-            .into_iter()
-            .map(|(data, numel)| {
-                if numel == 0 || data.is_null() {
-                    // SAFETY: an empty slice at a dangling, aligned address.
-                    unsafe { std::slice::from_raw_parts_mut(NonNull::dangling().as_ptr(), 0) }
-                } else {
-                    // SAFETY: the engine owns `numel` f32s of host memory at `data`, valid
-                    // until it is destroyed, which the borrow of `self` prevents while the
-                    // view lives. Nothing in flight touches them (checked above: the unit's
-                    // all-gather and zeroing completed, its reduction not started; stage 3:
-                    // the unit is gathered and this buffer not handed to a reduction), and
-                    // nothing can start one while `self` is borrowed (every such call
-                    // takes &mut self). Distinct requests are disjoint memory (distinct
-                    // parameters lie apart in the flat buffers; parameters and gradients
-                    // are separate buffers), and duplicates were refused.
-                    unsafe { std::slice::from_raw_parts_mut(data, numel) }
-                }
-            })
-            .collect();
-        match views.try_into() {
-            Ok(array) => Ok(array),
-            Err(_) => Err(Error::new(
-                Status::Internal,
-                "Engine::views: length mismatch",
-            )),
+        Ok(pointers)
+    }
+}
+
+/// A view of `numel` elements `T` at `data`, for the engine's safe views.
+///
+/// # Safety
+/// `data` is null, or the address of `numel` elements of `T`'s dtype owned by the
+/// engine (as [`Engine::prepare_views`] returns it, for a parameter of dtype
+/// `T::DTYPE`), and the returned slice must not outlive the mutable borrow of the
+/// engine that the caller holds.
+unsafe fn raw_view<'a, T: ParamElement>(data: *mut c_void, numel: usize) -> &'a mut [T] {
+    if numel == 0 || data.is_null() {
+        // SAFETY: an empty slice at a dangling, aligned address.
+        unsafe { std::slice::from_raw_parts_mut(NonNull::<T>::dangling().as_ptr(), 0) }
+    } else {
+        // SAFETY: the engine owns `numel` elements of T's dtype at `data` (f32, or u16
+        // bits for F16 / BF16, which are #[repr(transparent)] over u16 with every bit
+        // pattern valid), aligned for their size (each parameter starts a whole number
+        // of elements into a buffer the library allocated with malloc's alignment),
+        // valid until the engine is destroyed, which
+        // the borrow of the engine prevents while the view lives. Nothing in flight
+        // touches them (checked by prepare_views: the unit's all-gather and zeroing
+        // completed, its bucket's reduction not started; stage 3: the unit is gathered
+        // and this buffer not handed to a reduction), and nothing can start one while
+        // the engine is borrowed (every such call takes &mut self). Distinct requests
+        // are disjoint memory (distinct parameters lie apart in the flat buffers;
+        // parameters and gradients are separate buffers), and duplicates were refused.
+        unsafe { std::slice::from_raw_parts_mut(data.cast::<T>(), numel) }
+    }
+}
+
+fn into_array<T, const N: usize>(views: Vec<T>) -> Result<[T; N]> {
+    match views.try_into() {
+        Ok(array) => Ok(array),
+        Err(_) => Err(Error::new(
+            Status::Internal,
+            "Engine::views: length mismatch",
+        )),
+    }
+}
+
+/// "float32", "float16", ... (the library's names), for messages.
+fn dtype_name(dtype: DType) -> String {
+    match dtype.name() {
+        Ok(name) => name.to_string(),
+        Err(_) => format!("{:?}", dtype),
+    }
+}
+
+/// The Rust element type of a dtype's views, for messages.
+fn element_name(dtype: DType) -> &'static str {
+    if dtype == DType::FLOAT32 {
+        "f32"
+    } else if dtype == DType::FLOAT16 {
+        "F16"
+    } else if dtype == DType::BFLOAT16 {
+        "BF16"
+    } else {
+        "none"
+    }
+}
+
+/// The accessor of a request for a parameter of this dtype (`param_f16`), for messages.
+fn accessor_name(request: View, dtype: DType) -> &'static str {
+    let param = matches!(request, View::Param(_));
+    if dtype == DType::FLOAT16 {
+        if param {
+            "param_f16"
+        } else {
+            "grad_f16"
         }
+    } else if dtype == DType::BFLOAT16 {
+        if param {
+            "param_bf16"
+        } else {
+            "grad_bf16"
+        }
+    } else if param {
+        "param"
+    } else {
+        "grad"
     }
 }
 
 impl Drop for Engine<'_> {
     fn drop(&mut self) {
-        if self.poisoned || self.units.iter().any(|u| u.grads == GradState::Reducing) {
+        if self.poisoned || self.buckets.iter().any(|b| b.grads == GradState::Reducing) {
             // A failed call may have left work in flight on the engine's memory, or a
             // reduction started by grad_ready has not been consumed by a step (this
             // library version's destroy does not wait for such reductions): leak the

@@ -91,6 +91,14 @@
 //! the check-in that completes them on the last micro-batch ([`Engine::grad_ready`]:
 //! the unit's reduction starts) until the next [`Engine::step`]. Raw addresses: [`Engine::param_ptr`] / [`Engine::grad_ptr`]. See
 //! the `engine` module documentation for the full argument.
+//!
+//! Views and gradients are in the parameter's dtype: `f32` for float32, and the
+//! `#[repr(transparent)]` `u16` newtypes [`F16`] / [`BF16`] for float16 / bfloat16
+//! ([`Engine::param_f16`], [`Engine::grad_bf16`], generically [`Engine::param_as`] /
+//! [`Engine::views_as`] over a [`ParamElement`], or [`Engine::typed_views`] for several
+//! dtypes at once), under the same rules; a view of another type than the parameter's
+//! dtype is refused. [`F16::from_f32`] / [`BF16::from_f32`] round to nearest even and
+//! [`F16::to_f32`] / [`BF16::to_f32`] are exact, bit for bit as the C++ core converts.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -104,14 +112,19 @@ use std::ptr::{self, NonNull};
 mod clip;
 mod comm;
 mod engine;
+mod half;
 mod topology;
 
 pub use clip::{Clip, ClipFlags, ClipOptions, FloatElement};
 pub use comm::{
     rendezvous_from_env, Aborter, CommOptions, CommScope, Communicator, Element, ReduceOp,
-    RendezvousInfo, ScopedWork, Store, Work, BF16, F16,
+    RendezvousInfo, ScopedWork, Store, Work,
 };
-pub use engine::{dependency_wait_stats, Engine, EngineOptions, Optimizer, ParamFlags, View};
+pub use engine::{
+    dependency_wait_stats, Engine, EngineOptions, Optimizer, ParamElement, ParamFlags, TypedView,
+    View,
+};
+pub use half::{BF16, F16};
 pub use topology::{Group, HybridGroup, Topology};
 
 /// The raw bindings this crate wraps.

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use hpshard::{
     dependency_wait_stats, host_sync_count_thread, host_sync_reset, CommOptions, Communicator,
-    DType, DeviceType, Engine, EngineOptions, Error, Optimizer, ParamFlags, Status, Store, View,
+    DType, DeviceType, Engine, EngineOptions, Error, Optimizer, ParamFlags, Status, Store,
+    TypedView, View, BF16, F16,
 };
 
 const COMM_TIMEOUT: Duration = Duration::from_secs(20);
@@ -373,9 +374,8 @@ fn nesterov_matches_the_reference() {
 
 /// Gradient accumulation over a one-unit model (two parameters): on the first
 /// micro-batch the gradient views stay writable after check-in; on the last, they are
-/// refused once the unit is complete. (One unit: this library version advances its
-/// micro-batch counter whenever every bucket is complete at once, which with several
-/// units happens after each unit's check-in; the views follow the library.)
+/// refused once the unit is complete. (Several units and dtypes:
+/// half_precision_accumulation_matches_the_reference.)
 #[test]
 fn gradient_accumulation_matches_the_reference() {
     const MICRO: usize = 2;
@@ -851,4 +851,504 @@ fn gather_parameter_gives_rank_0s_values_on_every_rank() {
     for (rank, got) in results.iter().enumerate() {
         assert_eq!(got, &want, "rank {}", rank);
     }
+}
+
+// ---------------------------------------------------------------------------------
+// float16 / bfloat16 parameters through the safe views
+// ---------------------------------------------------------------------------------
+
+/// (name, shape, dtype, unit): each unit mixes dtypes, so each has two buckets (one per
+/// dtype) that the library reduces independently. w0 (150 float16 elements) is split
+/// across the two shards of its buffer.
+const HALF_PARAMS: [(&str, &[i64], DType, i32); 4] = [
+    ("w0", &[10, 15], DType::FLOAT16, 0),
+    ("b0", &[15], DType::FLOAT32, 0),
+    ("w1", &[15, 3], DType::BFLOAT16, 1),
+    ("b1", &[3], DType::FLOAT16, 1),
+];
+const HALF_STEPS: usize = 4;
+const HALF_LR: f32 = 0.05;
+const HALF_MOMENTUM: f32 = 0.9;
+
+fn half_numel(p: usize) -> usize {
+    HALF_PARAMS[p].1.iter().product::<i64>() as usize
+}
+
+/// A value rounded to parameter `p`'s dtype, as f32.
+fn rounded(p: usize, x: f32) -> f32 {
+    let dtype = HALF_PARAMS[p].2;
+    if dtype == DType::FLOAT16 {
+        F16::from_f32(x).to_f32()
+    } else if dtype == DType::BFLOAT16 {
+        BF16::from_f32(x).to_f32()
+    } else {
+        x
+    }
+}
+
+/// The gradient a rank adds for element `k` of parameter `p`, given the parameter's
+/// value as its view shows it (the "forward" reads the views).
+fn half_gradient(rank: i32, step: usize, micro: usize, p: usize, k: usize, value: f32) -> f32 {
+    gradient(rank, step, micro, p, k) + 0.5 * value
+}
+
+/// The tolerance the README states ("Tolerances"): fp16 4e-3 and bf16 2e-2 relative
+/// plus 1e-3 absolute against an fp32 run on the dtype-rounded gradients; fp32 1e-6.
+fn half_tolerance(p: usize, want: f32) -> f32 {
+    let dtype = HALF_PARAMS[p].2;
+    if dtype == DType::FLOAT16 {
+        4e-3 * want.abs() + 1e-3
+    } else if dtype == DType::BFLOAT16 {
+        2e-2 * want.abs() + 1e-3
+    } else {
+        1e-6 * want.abs().max(1.0)
+    }
+}
+
+fn assert_half_close(what: &str, p: usize, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{}", what);
+    for (k, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+        let tolerance = half_tolerance(p, w);
+        assert!(
+            (g - w).abs() <= tolerance,
+            "{}[{}] ({:?}): got {}, want {} (tolerance {})",
+            what,
+            k,
+            HALF_PARAMS[p].2,
+            g,
+            w,
+            tolerance
+        );
+    }
+}
+
+/// The unsharded fp32 reference: fp32 master weights starting from the dtype-rounded
+/// initial values; each rank's gradient accumulated in the parameter's dtype (rounded
+/// after every addition, as into the views), from the dtype-rounded parameters; the
+/// mean over ranks and micro-batches in fp32; torch-style SGD with momentum in fp32.
+/// The masters before each step and after the last (HALF_STEPS + 1 snapshots).
+fn half_reference(micro: usize) -> Vec<Vec<Vec<f32>>> {
+    let mut masters: Vec<Vec<f32>> = (0..HALF_PARAMS.len())
+        .map(|p| {
+            (0..half_numel(p))
+                .map(|k| rounded(p, initial(p, k)))
+                .collect()
+        })
+        .collect();
+    let mut momentum: Vec<Vec<f32>> = masters.iter().map(|m| vec![0.0; m.len()]).collect();
+    let mut snapshots = vec![masters.clone()];
+    let scale = 1.0f32 / (WORLD as usize * micro) as f32;
+    for step in 0..HALF_STEPS {
+        for p in 0..HALF_PARAMS.len() {
+            for k in 0..half_numel(p) {
+                let value = rounded(p, masters[p][k]);
+                let mut sum = 0.0f32;
+                for rank in 0..WORLD {
+                    let mut local = 0.0f32;
+                    for m in 0..micro {
+                        local = rounded(p, local + half_gradient(rank, step, m, p, k, value));
+                    }
+                    sum += local;
+                }
+                let g = sum * scale;
+                let b = if step == 0 {
+                    g
+                } else {
+                    HALF_MOMENTUM * momentum[p][k] + g
+                };
+                momentum[p][k] = b;
+                masters[p][k] -= HALF_LR * b;
+            }
+        }
+        snapshots.push(masters.clone());
+    }
+    snapshots
+}
+
+/// Parameter `p`'s view as f32 values (whatever its dtype), through the typed views.
+fn read_param(engine: &mut Engine<'_>, p: usize) -> Vec<f32> {
+    let dtype = HALF_PARAMS[p].2;
+    if dtype == DType::FLOAT16 {
+        engine
+            .param_f16(p)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_f32())
+            .collect()
+    } else if dtype == DType::BFLOAT16 {
+        engine
+            .param_bf16(p)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_f32())
+            .collect()
+    } else {
+        engine.param(p).unwrap().to_vec()
+    }
+}
+
+/// Whether the gradient view of `p` is refused with FailedPrecondition.
+fn grad_refused(engine: &mut Engine<'_>, p: usize) -> bool {
+    let [view] = match engine.typed_views([View::Grad(p)]) {
+        Ok(views) => views,
+        Err(err) => {
+            assert_eq!(err.status, Status::FailedPrecondition, "{}", err);
+            return true;
+        }
+    };
+    assert_eq!(view.len(), half_numel(p));
+    false
+}
+
+/// What one rank of the half-precision training reports.
+struct HalfRankResult {
+    /// gather_parameter: the fp32 master weights (float32: the parameter).
+    masters: Vec<Vec<f32>>,
+    /// The views after the last step, as f32.
+    views: Vec<Vec<f32>>,
+    /// The views' bits after the last step (float16 / bfloat16 parameters).
+    view_bits: Vec<Vec<u16>>,
+    syncs_after_step: Vec<u64>,
+}
+
+fn train_half_rank(rank: i32, comm: Communicator, options: EngineOptions) -> HalfRankResult {
+    let micro = options.accumulation_steps as usize;
+    let want = half_reference(micro);
+    let mut comm = comm;
+    let mut engine = Engine::new(&mut comm, None, options).unwrap();
+    for (p, &(name, shape, dtype, unit)) in HALF_PARAMS.iter().enumerate() {
+        assert_eq!(
+            engine
+                .add_param(name, shape, dtype, ParamFlags::NONE, unit)
+                .unwrap(),
+            p
+        );
+        assert_eq!(engine.dtype(p), Some(dtype));
+    }
+    engine.seal().unwrap();
+    // Rank 0's initial values, written through the typed views; rank 1 writes garbage,
+    // which the broadcast replaces.
+    for p in 0..HALF_PARAMS.len() {
+        let [view] = engine.typed_views([View::Param(p)]).unwrap();
+        assert_eq!(view.dtype(), HALF_PARAMS[p].2);
+        let value = |k: usize| if rank == 0 { initial(p, k) } else { 99.0 };
+        match view {
+            TypedView::F32(v) => {
+                for (k, x) in v.iter_mut().enumerate() {
+                    *x = value(k);
+                }
+            }
+            TypedView::F16(v) => {
+                assert!(v.iter().all(|&x| x == F16::ZERO), "zero-filled");
+                for (k, x) in v.iter_mut().enumerate() {
+                    *x = F16::from_f32(value(k));
+                }
+            }
+            TypedView::BF16(v) => {
+                assert!(v.iter().all(|&x| x == BF16::ZERO), "zero-filled");
+                for (k, x) in v.iter_mut().enumerate() {
+                    *x = BF16::from_f32(value(k));
+                }
+            }
+        }
+    }
+    engine.broadcast_parameters().unwrap();
+    let mut syncs_after_step = Vec::new();
+    for step in 0..HALF_STEPS {
+        host_sync_reset().unwrap();
+        // "Forward": read every parameter through its view.
+        let values: Vec<Vec<f32>> = (0..HALF_PARAMS.len())
+            .map(|p| read_param(&mut engine, p))
+            .collect();
+        for p in 0..HALF_PARAMS.len() {
+            let want_view: Vec<f32> = want[step][p].iter().map(|&x| rounded(p, x)).collect();
+            assert_half_close(
+                &format!("rank {} step {} {}", rank, step, HALF_PARAMS[p].0),
+                p,
+                &values[p],
+                &want_view,
+            );
+        }
+        for m in 0..micro {
+            let last = m + 1 == micro;
+            // "Backward", last parameter first; each gradient added into its view in
+            // the parameter's dtype (rounded after the addition).
+            for p in (0..HALF_PARAMS.len()).rev() {
+                let dg = |k: usize| half_gradient(rank, step, m, p, k, values[p][k]);
+                let dtype = HALF_PARAMS[p].2;
+                if dtype == DType::FLOAT16 {
+                    let [g] = engine.views_as::<F16, 1>([View::Grad(p)]).unwrap();
+                    for (k, x) in g.iter_mut().enumerate() {
+                        if m == 0 {
+                            assert_eq!(*x, F16::ZERO, "step {} {} not zeroed", step, p);
+                        }
+                        *x = F16::from_f32(x.to_f32() + dg(k));
+                    }
+                } else if dtype == DType::BFLOAT16 {
+                    let g = engine.grad_bf16(p).unwrap();
+                    for (k, x) in g.iter_mut().enumerate() {
+                        if m == 0 {
+                            assert_eq!(*x, BF16::ZERO, "step {} {} not zeroed", step, p);
+                        }
+                        *x = BF16::from_f32(x.to_f32() + dg(k));
+                    }
+                } else {
+                    let g = engine.grad_as::<f32>(p).unwrap();
+                    for (k, x) in g.iter_mut().enumerate() {
+                        if m == 0 {
+                            assert_eq!(*x, 0.0, "step {} {} not zeroed", step, p);
+                        }
+                        *x += dg(k);
+                    }
+                }
+                engine.grad_ready(p, None).unwrap();
+                // Each parameter is alone in its bucket (unit, dtype): on the last
+                // micro-batch its check-in starts the bucket's reduction and only its
+                // own gradient is refused; the other dtype's bucket of the same unit
+                // stays writable until it checks in.
+                for q in 0..HALF_PARAMS.len() {
+                    let reducing = last && q >= p;
+                    assert_eq!(
+                        grad_refused(&mut engine, q),
+                        reducing,
+                        "step {} micro {} after {} checked in: gradient of {}",
+                        step,
+                        m,
+                        HALF_PARAMS[p].0,
+                        HALF_PARAMS[q].0
+                    );
+                }
+                // The parameters stay readable during backward.
+                engine.typed_views([View::Param(p)]).unwrap();
+            }
+        }
+        for unit in [0, 1].iter() {
+            engine.release_parameters(*unit).unwrap();
+        }
+        engine.step().unwrap();
+        syncs_after_step.push(host_sync_count_thread().unwrap());
+    }
+    let views: Vec<Vec<f32>> = (0..HALF_PARAMS.len())
+        .map(|p| read_param(&mut engine, p))
+        .collect();
+    let view_bits: Vec<Vec<u16>> = (0..HALF_PARAMS.len())
+        .map(|p| {
+            let [view] = engine.typed_views([View::Param(p)]).unwrap();
+            match view {
+                TypedView::F16(v) => F16::to_bits_slice(v).to_vec(),
+                TypedView::BF16(v) => BF16::to_bits_slice(v).to_vec(),
+                TypedView::F32(_) => Vec::new(),
+            }
+        })
+        .collect();
+    assert_eq!(host_sync_count_thread().unwrap(), 0);
+    for unit in [0, 1].iter() {
+        engine.release_parameters(*unit).unwrap();
+    }
+    // Collective, host-blocking: the fp32 masters of the half-precision parameters.
+    let masters: Vec<Vec<f32>> = (0..HALF_PARAMS.len())
+        .map(|p| engine.gather_parameter(p).unwrap())
+        .collect();
+    assert!(!engine.is_poisoned());
+    HalfRankResult {
+        masters,
+        views,
+        view_bits,
+        syncs_after_step,
+    }
+}
+
+fn train_half_and_compare(tag: &str, options: EngineOptions) {
+    let want = half_reference(options.accumulation_steps as usize);
+    let results = run_ranks(tag, move |rank, comm| train_half_rank(rank, comm, options));
+    for (rank, r) in results.iter().enumerate() {
+        assert_eq!(
+            r.syncs_after_step,
+            vec![0; HALF_STEPS],
+            "rank {}: host syncs",
+            rank
+        );
+        for p in 0..HALF_PARAMS.len() {
+            let what = format!("rank {} final {}", rank, HALF_PARAMS[p].0);
+            assert_half_close(&what, p, &r.masters[p], &want[HALF_STEPS][p]);
+            let want_view: Vec<f32> = want[HALF_STEPS][p].iter().map(|&x| rounded(p, x)).collect();
+            assert_half_close(&what, p, &r.views[p], &want_view);
+            // The library rounded its masters into the parameters exactly as from_f32
+            // rounds them here (core/common/half.h, bit for bit).
+            let dtype = HALF_PARAMS[p].2;
+            let mine: Vec<u16> = r.masters[p]
+                .iter()
+                .map(|&x| {
+                    if dtype == DType::FLOAT16 {
+                        F16::from_f32(x).to_bits()
+                    } else {
+                        BF16::from_f32(x).to_bits()
+                    }
+                })
+                .collect();
+            if dtype == DType::FLOAT32 {
+                assert_eq!(r.views[p], r.masters[p], "{}", what);
+            } else {
+                assert_eq!(r.view_bits[p], mine, "{}: views vs rounded masters", what);
+            }
+        }
+        // Both ranks hold the same parameters.
+        assert_eq!(r.view_bits, results[0].view_bits, "rank {}", rank);
+    }
+}
+
+#[test]
+fn half_precision_parameters_match_the_reference() {
+    train_half_and_compare(
+        "half",
+        EngineOptions::default()
+            .learning_rate(HALF_LR)
+            .momentum(HALF_MOMENTUM),
+    );
+}
+
+#[test]
+fn half_precision_parameters_stage_3_match_the_reference() {
+    train_half_and_compare(
+        "half-stage3",
+        EngineOptions::default()
+            .stage(3)
+            .learning_rate(HALF_LR)
+            .momentum(HALF_MOMENTUM),
+    );
+}
+
+/// Accumulation over two units of two dtypes each: on the first micro-batch every
+/// gradient stays writable after its check-in (the micro-batch ends only when every
+/// bucket is complete); on the last, each bucket's gradients are refused from its own
+/// completion.
+#[test]
+fn half_precision_accumulation_matches_the_reference() {
+    train_half_and_compare(
+        "half-accumulation",
+        EngineOptions::default()
+            .learning_rate(HALF_LR)
+            .momentum(HALF_MOMENTUM)
+            .accumulation_steps(2),
+    );
+}
+
+#[test]
+fn typed_views_refuse_other_dtypes() {
+    let mut comm = one_rank("typed-views");
+    let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+    let f = engine
+        .add_param("f", &[4], DType::FLOAT32, ParamFlags::NONE, 0)
+        .unwrap();
+    let h = engine
+        .add_param("h", &[3], DType::FLOAT16, ParamFlags::NONE, 0)
+        .unwrap();
+    let b = engine
+        .add_param("b", &[2], DType::BFLOAT16, ParamFlags::NONE, 1)
+        .unwrap();
+    let frozen = engine
+        .add_param("frozen", &[5], DType::FLOAT16, ParamFlags::FROZEN, 1)
+        .unwrap();
+    assert_eq!(engine.dtype(h), Some(DType::FLOAT16));
+    assert_eq!(engine.dtype(9), None);
+    engine.seal().unwrap();
+    // Every mismatch is refused, naming both dtypes and the parameter.
+    let err = expect_status(engine.param(h), Status::FailedPrecondition);
+    assert!(
+        err.message.contains("'h'")
+            && err.message.contains("float16")
+            && err.message.contains("float32")
+            && err.message.contains("param_f16"),
+        "{}",
+        err.message
+    );
+    let err = expect_status(engine.grad_bf16(h), Status::FailedPrecondition);
+    assert!(
+        err.message.contains("bfloat16") && err.message.contains("grad_f16"),
+        "{}",
+        err.message
+    );
+    let err = expect_status(engine.param_f16(f), Status::FailedPrecondition);
+    assert!(
+        err.message.contains("is float32, not float16"),
+        "{}",
+        err.message
+    );
+    expect_status(engine.param_f16(b), Status::FailedPrecondition);
+    expect_status(engine.grad_f16(b), Status::FailedPrecondition);
+    expect_status(engine.param_bf16(f), Status::FailedPrecondition);
+    expect_status(
+        engine.views_as::<F16, 2>([View::Param(h), View::Param(b)]),
+        Status::FailedPrecondition,
+    );
+    expect_status(
+        engine.views_as::<F16, 2>([View::Param(h), View::Param(h)]),
+        Status::InvalidArgument,
+    );
+    expect_status(
+        engine.typed_views([View::Grad(f), View::Grad(f)]),
+        Status::InvalidArgument,
+    );
+    // Frozen: a parameter view, no gradient; unknown indices are out of range.
+    assert_eq!(engine.param_f16(frozen).unwrap().len(), 5);
+    expect_status(engine.grad_f16(frozen), Status::FailedPrecondition);
+    expect_status(engine.param_f16(7), Status::OutOfRange);
+    expect_status(engine.grad_bf16(7), Status::OutOfRange);
+    // The right types are handed out, together.
+    {
+        let [pf, ph, pb, gf, gh, gb] = engine
+            .typed_views([
+                View::Param(f),
+                View::Param(h),
+                View::Param(b),
+                View::Grad(f),
+                View::Grad(h),
+                View::Grad(b),
+            ])
+            .unwrap();
+        assert_eq!(
+            [pf.dtype(), ph.dtype(), pb.dtype()],
+            [DType::FLOAT32, DType::FLOAT16, DType::BFLOAT16]
+        );
+        assert_eq!((gf.len(), gh.len(), gb.len()), (4, 3, 2));
+        assert!(!gb.is_empty());
+        let pf: &mut [f32] = pf.into_slice().unwrap();
+        let ph = ph.into_slice::<BF16>().unwrap_err(); // not bfloat16: the view back
+        let ph: &mut [F16] = ph.into_slice().unwrap();
+        let gh: &mut [F16] = gh.into_slice().unwrap();
+        let gb: &mut [BF16] = gb.into_slice().unwrap();
+        pf[0] = 1.5;
+        ph[1] = F16::from_f32(-2.0);
+        gh[2] = F16::ONE;
+        gb[0] = BF16::from_f32(0.5);
+    }
+    // The initial values seed the fp32 master weights of h and b.
+    engine.broadcast_parameters().unwrap();
+    {
+        let [ph, gh] = engine
+            .views_as::<F16, 2>([View::Param(h), View::Grad(h)])
+            .unwrap();
+        assert_eq!(ph.to_vec(), vec![F16::ZERO, F16(0xc000), F16::ZERO]);
+        assert_eq!(gh[2], F16::ONE);
+    }
+    assert_eq!(engine.param(f).unwrap()[0], 1.5);
+    assert_eq!(engine.grad_bf16(b).unwrap()[0].to_f32(), 0.5);
+    // The f32 views (and views) keep refusing half-precision parameters.
+    expect_status(
+        engine.views([View::Param(f), View::Param(b)]),
+        Status::FailedPrecondition,
+    );
+    // One step (one rank, lr 0.01): h -= 0.01 * g, rounded to float16 from the master.
+    for p in [f, h, b].iter() {
+        engine.grad_ready(*p, None).unwrap();
+    }
+    // Each bucket refused once complete: f and h share unit 0 but not a bucket.
+    expect_status(engine.grad_f16(h), Status::FailedPrecondition);
+    expect_status(engine.grad(f), Status::FailedPrecondition);
+    engine.step().unwrap();
+    let ph = engine.param_f16(h).unwrap().to_vec();
+    assert_eq!(ph[1], F16(0xc000));
+    assert_eq!(ph[2], F16::from_f32(-0.01));
+    assert_eq!(engine.grad_f16(h).unwrap().to_vec(), vec![F16::ZERO; 3]);
+    assert!(!engine.is_poisoned());
 }
