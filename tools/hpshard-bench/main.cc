@@ -10,6 +10,7 @@
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
 //   hpshard-bench step [--ranks 2,4] [--width 1024] [--depth 8] [--batch 8] [--steps 3]
 //                      [--reps 5] [--warmup 1] [--optimizer adamw|sgd] [--clip X]
+//                      [--prefetch-window N]
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
 //
 // Exit status: 0 when every case ran and gave the right result; 1 on an error or a wrong
@@ -89,6 +90,7 @@ const char kUsage[] =
     "  --reps N, --warmup N    timed and untimed repetitions (default 5, 1)\n"
     "  --optimizer adamw|sgd   (default adamw; sgd: momentum 0.9)\n"
     "  --clip X                global-norm max_norm, 0 for none (default 1)\n"
+    "  --prefetch-window N     stage 3: units live at once, prefetch included (default 2)\n"
     "  --json FILE, --no-torch, --torch-script FILE (torch_step.py), --quiet: as for coll\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -570,6 +572,8 @@ StepCli parse_step(int argc, char** argv) {
                     c.adamw = v == "adamw";
                   } else if (flag == "--clip") {
                     c.clip = real(0, 1e30);
+                  } else if (flag == "--prefetch-window") {
+                    c.prefetch_window = static_cast<int32_t>(integer(1, 1024));
                   } else {
                     return false;
                   }

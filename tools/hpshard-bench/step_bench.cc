@@ -254,6 +254,7 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
     eo.optimizer = config.adamw ? OptimizerKind::kAdamW : OptimizerKind::kSgd;
     eo.sgd = {0.01f, 0.9f, 0.0f, false};
     eo.clip_max_norm = config.clip;
+    eo.prefetch_window = config.prefetch_window;
 
     // (a) Stage 2: full parameters and gradients stay resident, so the views are fixed.
     std::unique_ptr<Stage2Engine> stage2 =
@@ -529,7 +530,7 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
   std::fprintf(out,
                "# stage2: Stage2Engine; stage3: Stage3Engine (gather/release around each layer's "
                "forward and backward, prefetch window %d); one unit per layer\n",
-               EngineOptions{}.prefetch_window);
+               config.prefetch_window);
   std::fprintf(out,
                "# reference: unsharded data parallel on the same backend (per-layer all_reduce "
                "avg as each layer's backward ends, clip + optimizer on the full parameters), "
@@ -646,7 +647,7 @@ std::string step_to_json(const StepConfig& config, const RunInfo& info,
     << ", \"reps\": " << config.reps << ", \"warmup\": " << config.warmup
     << ", \"optimizer\": " << json_string(config.adamw ? "adamw" : "sgd")
     << ", \"clip\": " << json_number(config.clip)
-    << ", \"stage3_prefetch_window\": " << EngineOptions{}.prefetch_window << "},\n";
+    << ", \"stage3_prefetch_window\": " << config.prefetch_window << "},\n";
   j << "  \"units\": {\"time\": \"seconds per step, median over repetitions of the slowest "
        "rank\", \"bytes\": \"per rank: parameters, gradients, optimizer state (stage 3: the "
        "peak over the run)\"},\n";

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/sharding/sharded_engine.h"
 #include "tools/hpshard-bench/report.h"
 
 namespace hps::bench {
@@ -30,6 +31,7 @@ struct StepConfig {
   int32_t warmup = 1;  // untimed repetitions per contender
   bool adamw = true;   // false: SGD with momentum 0.9
   double clip = 1.0;   // global-norm max_norm; 0: no clipping
+  int32_t prefetch_window = EngineOptions{}.prefetch_window;  // stage 3
   bool progress = true;
 };
 
