@@ -43,10 +43,13 @@ StatusOr<CommOptions> comm_options_from_env(CommOptions defaults) {
       int64_t slot_bytes,
       env_int("HPS_COMM_SHM_SLOT_BYTES", static_cast<int64_t>(defaults.shared_memory_slot_bytes)));
   if (slot_bytes < 0) return invalid_argument("HPS_COMM_SHM_SLOT_BYTES must not be negative");
+  HPS_ASSIGN_OR_RETURN(int64_t direct,
+                       env_int("HPS_COMM_SHM_DIRECT", defaults.shared_memory_direct ? 1 : 0));
   defaults.timeout = Milliseconds(timeout_ms);
   defaults.check_arguments = check != 0;
   defaults.shared_memory = shm != 0;
   defaults.shared_memory_slot_bytes = static_cast<size_t>(slot_bytes);
+  defaults.shared_memory_direct = direct != 0;
   return defaults;
 }
 

@@ -42,10 +42,16 @@ struct CommOptions {
   // Bytes of each of a rank's two staging slots in that segment; 0 = the default
   // (2 MiB), or HPS_COMM_SHM_SLOT_BYTES.
   size_t shared_memory_slot_bytes = 0;
+  // Over shared memory, all-gather and broadcast read the peers' buffers in place (one
+  // copy instead of two) where every rank can read every other's memory: threads of one
+  // process, or processes that cross-memory attach (process_vm_readv) allows. Off by
+  // default: on the 2-core VM it was measured on it gained nothing (docs/benchmarks.md).
+  // Default from HPS_COMM_SHM_DIRECT (0 = off).
+  bool shared_memory_direct = false;
 };
 
-// Reads HPS_COMM_TIMEOUT_MS, HPS_COMM_CHECK, HPS_COMM_SHM and HPS_COMM_SHM_SLOT_BYTES over
-// the defaults.
+// Reads HPS_COMM_TIMEOUT_MS, HPS_COMM_CHECK, HPS_COMM_SHM, HPS_COMM_SHM_SLOT_BYTES and
+// HPS_COMM_SHM_DIRECT over the defaults.
 StatusOr<CommOptions> comm_options_from_env(CommOptions defaults = {});
 
 class Communicator {

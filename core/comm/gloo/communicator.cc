@@ -302,7 +302,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
                                                                : shm::kDefaultSlotBytes;
     auto shm_store = make_prefix_store(store, "shm");
     auto shm = shm::ShmGroup::create(*shm_store, rank, size, options.shared_memory, slot_bytes,
-                                     options.timeout);
+                                     options.timeout, options.shared_memory_direct);
     if (!shm.ok()) throw std::runtime_error(shm.status().to_string());
     comm->shm_ = std::move(shm).value();
   } catch (const std::exception& e) {

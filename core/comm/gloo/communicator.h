@@ -38,6 +38,8 @@ class GlooCommunicator final : public Communicator {
   Device device() const override { return Device::cpu(); }
   const std::string& name() const override { return options_.name; }
   std::string_view transport() const override { return shm_ ? "shm" : "tcp"; }
+  // Over shared memory, whether all-gather and broadcast read the peers' buffers in place.
+  bool shared_memory_direct() const { return shm_ && shm_->direct(); }
   Stream& stream() override { return *stream_; }
   Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
   void set_timeout(Milliseconds timeout) override { timeout_ms_ = timeout.count(); }

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,6 +94,10 @@ std::pair<size_t, size_t> part(size_t count, int32_t n, int32_t i) {
   return {begin, begin + base + (k < extra ? 1 : 0)};
 }
 
+// What peers read to learn whether they can read this process's memory directly.
+constexpr uint64_t kProbeValue = 0x7072626568617264ULL;
+volatile uint64_t probe_word = kProbeValue;
+
 // Below this many bytes per round every rank reduces the whole piece itself: one round
 // (one synchronisation) instead of a reduce-scatter round and an all-gather round.
 constexpr size_t kSingleRoundAllReduceBytes = 64 * 1024;
@@ -115,6 +120,8 @@ struct alignas(128) ShmGroup::Control {
   int32_t pid;
   uint64_t pid_ns;
   CollectiveDescriptor descriptor[2];  // of the collective whose first round is k, at k % 2
+  uint64_t address[2];                 // direct mode: this rank's buffer for round k, at k % 2
+  uint64_t probe;                      // the address of this process's probe_word
 };
 
 namespace {
@@ -150,7 +157,7 @@ uint8_t* ShmGroup::slot(int32_t q, uint64_t round) const {
 
 StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank, int32_t size,
                                                      bool enabled, size_t slot_bytes,
-                                                     Milliseconds timeout) {
+                                                     Milliseconds timeout, bool direct) {
   if (size < 2) return std::unique_ptr<ShmGroup>();
   slot_bytes = round_up(std::max<size_t>(slot_bytes, kPage), kPage);
   const size_t bytes = segment_bytes(size, slot_bytes);
@@ -242,6 +249,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
     auto& mine = reinterpret_cast<Control*>(static_cast<uint8_t*>(base) + controls_offset())[rank];
     mine.pid = static_cast<int32_t>(getpid());
     mine.pid_ns = pid_namespace();
+    mine.probe = reinterpret_cast<uint64_t>(&probe_word);
   }
   // Every rank learns whether every rank mapped it; they all decide alike.
   HPS_RETURN_IF_ERROR(store.set("mapped/" + std::to_string(rank), why_not.empty() ? "1" : "0"));
@@ -260,7 +268,55 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
                                         : " (" + why_not + ")");
     return std::unique_ptr<ShmGroup>();
   }
-  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, slot_bytes, base, bytes));
+  std::unique_ptr<ShmGroup> group(new ShmGroup(rank, size, slot_bytes, base, bytes));
+  // Direct mode when every rank can read every other's memory: its own process, or others
+  // through cross-memory attach (process_vm_readv: same user, ptrace allowed). Everyone's
+  // control block is complete here (written before its "mapped" key).
+  bool readable = direct;
+  for (int32_t q = 0; q < size && readable; ++q) {
+    if (q == rank) continue;
+    uint64_t seen = 0;
+    const void* remote = reinterpret_cast<const void*>(group->control(q).probe);
+    readable = group->read_peer(q, &seen, remote, sizeof seen).ok() && seen == kProbeValue;
+  }
+  HPS_RETURN_IF_ERROR(store.set("direct/" + std::to_string(rank), readable ? "1" : "0"));
+  bool all_direct = true;
+  for (int32_t q = 0; q < size; ++q) {
+    auto v = store.get("direct/" + std::to_string(q), timeout);
+    if (!v.ok()) return v.status();
+    all_direct = all_direct && v->size() == 1 && v->front() == '1';
+  }
+  group->direct_ = all_direct;
+  return group;
+}
+
+Status ShmGroup::read_peer(int32_t q, void* local, const void* remote, size_t bytes) const {
+  const Control& c = control(q);
+  if (c.pid == getpid()) {  // a thread of this process: its memory is ours
+    std::memcpy(local, remote, bytes);
+    return Status::Ok();
+  }
+  auto* out = static_cast<uint8_t*>(local);
+  auto* in = static_cast<uint8_t*>(const_cast<void*>(remote));
+  while (bytes > 0) {
+    iovec l{out, bytes}, r{in, bytes};
+    const ssize_t n = process_vm_readv(c.pid, &l, 1, &r, 1, 0);
+    if (n <= 0) {
+      return aborted("reading rank " + std::to_string(q) + "'s buffer (process " +
+                     std::to_string(c.pid) + "): " + std::strerror(n < 0 ? errno : EIO));
+    }
+    out += n;
+    in += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status ShmGroup::wait_all_consumed(uint64_t round, Deadline deadline) {
+  for (int32_t q = 0; q < size_; ++q) {
+    if (q != rank_) HPS_RETURN_IF_ERROR(wait_for(false, round + 1, q, deadline));
+  }
+  return Status::Ok();
 }
 
 void ShmGroup::notify() {
@@ -385,6 +441,27 @@ Status ShmGroup::all_gather(const CollectiveDescriptor& d, Deadline deadline, co
                             void* recv, size_t bytes_per_rank) {
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
+  if (direct_) {
+    // One round, one copy: every rank reads the others' send buffers into its own recv,
+    // and returns once every rank has read its send buffer.
+    const uint64_t k = next_round_++;
+    HPS_RETURN_IF_ERROR(acquire(k, deadline));
+    control(rank_).address[k % 2] = reinterpret_cast<uint64_t>(send);
+    post(k, &d);
+    HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
+    HPS_RETURN_IF_ERROR(check(k, d));
+    for (int32_t q = 0; q < size_ && bytes_per_rank; ++q) {
+      uint8_t* target = out + static_cast<size_t>(q) * bytes_per_rank;
+      if (q == rank_) {
+        if (target != in) std::memcpy(target, in, bytes_per_rank);
+        continue;
+      }
+      const void* remote = reinterpret_cast<const void*>(control(q).address[k % 2]);
+      HPS_RETURN_IF_ERROR(read_peer(q, target, remote, bytes_per_rank));
+    }
+    finish(k);
+    return wait_all_consumed(k, deadline);
+  }
   const size_t rounds = std::max<size_t>(1, (bytes_per_rank + slot_bytes_ - 1) / slot_bytes_);
   for (size_t j = 0; j < rounds; ++j) {
     const uint64_t k = next_round_++;
@@ -408,6 +485,22 @@ Status ShmGroup::all_gather(const CollectiveDescriptor& d, Deadline deadline, co
 Status ShmGroup::broadcast(const CollectiveDescriptor& d, Deadline deadline, void* buffer,
                            size_t bytes, int32_t root) {
   auto* data = static_cast<uint8_t*>(buffer);
+  if (direct_) {
+    // One round, one copy: the others read the root's buffer; the root returns once they
+    // all have.
+    const uint64_t k = next_round_++;
+    HPS_RETURN_IF_ERROR(acquire(k, deadline));
+    control(rank_).address[k % 2] = reinterpret_cast<uint64_t>(buffer);
+    post(k, &d);
+    HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
+    HPS_RETURN_IF_ERROR(check(k, d));
+    if (rank_ != root && bytes) {
+      const void* remote = reinterpret_cast<const void*>(control(root).address[k % 2]);
+      HPS_RETURN_IF_ERROR(read_peer(root, data, remote, bytes));
+    }
+    finish(k);
+    return rank_ == root ? wait_all_consumed(k, deadline) : Status::Ok();
+  }
   const size_t rounds = std::max<size_t>(1, (bytes + slot_bytes_ - 1) / slot_bytes_);
   for (size_t j = 0; j < rounds; ++j) {
     const uint64_t k = next_round_++;

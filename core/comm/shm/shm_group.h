@@ -36,9 +36,12 @@ class ShmGroup {
   // Collective over `store`: every rank of the group calls it. Returns the group when
   // every rank asked for it (`enabled`), runs on this host and mapped the segment;
   // otherwise nullptr, on every rank alike (the caller keeps its other transport).
+  // `direct`: all-gather and broadcast read the peers' buffers in place (one copy instead
+  // of two) when every rank can read every other's memory (threads of one process, or
+  // processes that cross-memory attach allows); the ranks agree here.
   static StatusOr<std::unique_ptr<ShmGroup>> create(Store& store, int32_t rank, int32_t size,
                                                     bool enabled, size_t slot_bytes,
-                                                    Milliseconds timeout);
+                                                    Milliseconds timeout, bool direct = false);
   ~ShmGroup();  // tells the peers this rank has left
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -46,6 +49,7 @@ class ShmGroup {
   int32_t rank() const { return rank_; }
   int32_t size() const { return size_; }
   size_t slot_bytes() const { return slot_bytes_; }
+  bool direct() const { return direct_; }
 
   // Run on one thread (the communicator's stream worker), in the same order on every
   // rank, each until done or the deadline. Messages name no operation: the caller
@@ -85,6 +89,10 @@ class ShmGroup {
   void finish(uint64_t round);
   Status wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline);
   Status peer_gone(int32_t peer) const;
+  // Copies `bytes` at `remote` in rank q's address space to `local`.
+  Status read_peer(int32_t q, void* local, const void* remote, size_t bytes) const;
+  // Every other rank has finished `round` (it read what this rank posted).
+  Status wait_all_consumed(uint64_t round, Deadline deadline);
   void notify();
 
   int32_t rank_;
@@ -93,6 +101,7 @@ class ShmGroup {
   void* base_;
   size_t mapped_bytes_;
   uint64_t next_round_ = 0;  // worker thread only
+  bool direct_ = false;
   std::atomic<bool> aborted_{false};
 };
 

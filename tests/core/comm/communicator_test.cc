@@ -12,6 +12,9 @@
 #include "core/common/config.h"
 #include "core/device/host_sync.h"
 #include "tests/core/comm/comm_test_util.h"
+#if HPS_HAVE_GLOO
+#include "core/comm/gloo/communicator.h"
+#endif
 
 namespace hps {
 namespace {
@@ -52,19 +55,34 @@ double expected_reduction(DType dtype, ReduceOp op, int32_t size, size_t i) {
   return reduce_reference(op, size, i);
 }
 
-// The transports a CPU group can use; the tests run each.
-CommOptions over(bool shared_memory) {
+// The transports a CPU group can use; the tests run each: Gloo TCP, shared memory through
+// the staging slots only, and shared memory reading peers' buffers in place (direct).
+enum Transport { kTcp, kShmStaged, kShmDirect };
+const auto kTransports = ::testing::Values(kTcp, kShmStaged, kShmDirect);
+CommOptions over(Transport t) {
   CommOptions options;
-  options.shared_memory = shared_memory;
+  options.shared_memory = t != kTcp;
+  options.shared_memory_direct = t == kShmDirect;
   return options;
 }
-std::string transport_name(bool shared_memory) { return shared_memory ? "shm" : "tcp"; }
+std::string transport_name(Transport t) {
+  return t == kTcp ? "tcp" : t == kShmStaged ? "shm_staged" : "shm_direct";
+}
 // World size 1 needs no transport at all.
-std::string expected_transport(int32_t size, bool shared_memory) {
-  return size > 1 && shared_memory ? "shm" : "tcp";
+std::string expected_transport(int32_t size, Transport t) {
+  return size > 1 && t != kTcp ? "shm" : "tcp";
+}
+bool direct(Communicator& comm) {
+#if HPS_HAVE_GLOO
+  auto* cpu = dynamic_cast<gloo_backend::GlooCommunicator*>(&comm);
+  return cpu != nullptr && cpu->shared_memory_direct();
+#else
+  (void)comm;
+  return false;
+#endif
 }
 
-class CollectivesTest : public ::testing::TestWithParam<std::tuple<int32_t, bool>> {
+class CollectivesTest : public ::testing::TestWithParam<std::tuple<int32_t, Transport>> {
  protected:
   void SetUp() override {
     if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
@@ -72,16 +90,17 @@ class CollectivesTest : public ::testing::TestWithParam<std::tuple<int32_t, bool
 };
 
 TEST_P(CollectivesTest, EveryCollectiveAndDtypeMatchesTheReference) {
-  const auto [size, shared_memory] = GetParam();
+  const auto [size, transport] = GetParam();
   // Small slots: multi-round collectives already at count 1003.
-  CommOptions options = over(shared_memory);
+  CommOptions options = over(transport);
   options.shared_memory_slot_bytes = 4096;
   run_ranks(
       size,
-      [size, shared_memory](int32_t rank, Communicator& comm) {
+      [size, transport](int32_t rank, Communicator& comm) {
         EXPECT_EQ(comm.rank(), rank);
         EXPECT_EQ(comm.size(), size);
-        EXPECT_EQ(comm.transport(), expected_transport(size, shared_memory));
+        EXPECT_EQ(comm.transport(), expected_transport(size, transport));
+        EXPECT_EQ(direct(comm), size > 1 && transport == kShmDirect);
         for (DType dtype : kAllDTypes) {
           for (size_t count : {size_t{1}, size_t{7}, size_t{1003}}) {
             SCOPED_TRACE(std::string(dtype_name(dtype)) + " count " + std::to_string(count));
@@ -160,13 +179,13 @@ TEST_P(CollectivesTest, EveryCollectiveAndDtypeMatchesTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), kTransports),
                          [](const auto& p) {
                            return "world" + std::to_string(std::get<0>(p.param)) + "_" +
                                   transport_name(std::get<1>(p.param));
                          });
 
-class CommunicatorTest : public ::testing::TestWithParam<bool> {
+class CommunicatorTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
     if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
@@ -174,7 +193,7 @@ class CommunicatorTest : public ::testing::TestWithParam<bool> {
   CommOptions options() const { return over(GetParam()); }
 };
 
-INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorTest, kTransports,
                          [](const auto& p) { return transport_name(p.param); });
 
 TEST_P(CommunicatorTest, OperationsRunOnTheCommStreamWithoutBlockingTheHost) {
@@ -380,7 +399,7 @@ namespace {
 
 // Large buffers cut unevenly: the ring's pipelined 256 KiB segments over TCP; over
 // shared memory, many rounds of 256 KiB slots (the two-round all-reduce path).
-class CollectivesLarge : public ::testing::TestWithParam<bool> {};
+class CollectivesLarge : public ::testing::TestWithParam<Transport> {};
 
 TEST_P(CollectivesLarge, SegmentedStepsMatchTheReference) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
@@ -432,7 +451,7 @@ TEST_P(CollectivesLarge, SegmentedStepsMatchTheReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, CollectivesLarge, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Transports, CollectivesLarge, kTransports,
                          [](const auto& p) { return transport_name(p.param); });
 
 TEST(SharedMemory, RanksAgreeOnTheTransportAndAnyRankCanRefuseIt) {
@@ -442,7 +461,7 @@ TEST(SharedMemory, RanksAgreeOnTheTransportAndAnyRankCanRefuseIt) {
   std::vector<std::thread> threads;
   for (int32_t r = 0; r < 3; ++r) {
     threads.emplace_back([&store, r] {
-      CommOptions options = over(r != 2);
+      CommOptions options = over(r != 2 ? kShmDirect : kTcp);
       options.timeout = Milliseconds(20'000);
       auto comm = create_communicator(store, r, 3, Device::cpu(), options);
       ASSERT_TRUE(comm.ok()) << comm.status().to_string();
@@ -474,7 +493,7 @@ TEST(SharedMemory, HalfPrecisionSumsAccumulateInFloat32AndRoundOnce) {
                 .ok());
         EXPECT_EQ(half_bits_to_float(scattered), 2052.0f);
       },
-      over(true));
+      over(kShmDirect));
 }
 
 }  // namespace
