@@ -4,8 +4,14 @@
 
 namespace hps::cpu {
 
-void sgd(float* param, const float* grad, float* momentum_buffer, size_t count, const SgdHyper& h,
-         const float* clip_coefficient, float grad_scale, bool first_step) {
+// AVX2 clones where the processor has it, chosen once at load time (as the norm kernels).
+// No FMA: every product rounds on its own, as in the CUDA kernels (--fmad=false). The file
+// is compiled with -fno-math-errno, so sqrt vectorises (it never sets errno here: v >= 0).
+#define HPS_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))
+
+HPS_KERNEL_CLONES void sgd(float* param, const float* grad, float* momentum_buffer, size_t count,
+                           const SgdHyper& h, const float* clip_coefficient, float grad_scale,
+                           bool first_step) {
   const float g_scale = (clip_coefficient ? *clip_coefficient : 1.0f) * grad_scale;
   const float lr = h.learning_rate, wd = h.weight_decay, mu = h.momentum;
   if (mu == 0.0f) {
@@ -26,8 +32,9 @@ void sgd(float* param, const float* grad, float* momentum_buffer, size_t count, 
   }
 }
 
-void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t count,
-           const AdamWHyper& h, long step, const float* clip_coefficient, float grad_scale) {
+HPS_KERNEL_CLONES void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                             size_t count, const AdamWHyper& h, long step,
+                             const float* clip_coefficient, float grad_scale) {
   const float g_scale = (clip_coefficient ? *clip_coefficient : 1.0f) * grad_scale;
   const double s = static_cast<double>(step);
   const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), s));
