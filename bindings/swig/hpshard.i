@@ -47,6 +47,9 @@
  *    (begin, end); hps_dependency_wait_stats returns (count, nanoseconds).
  *    hps_clip_options_t and hps_engine_options_t are value structs returned by their _init
  *    (owned by the proxy); every field but struct_size is settable.
+ *  - Devices and transports: hps_comm_device and hps_engine_device return (type, index) /
+ *    int[] {type, index} (the type as the raw hps_device_type_t value);
+ *    hps_comm_transport returns a str / String (a copy of the library's static name).
  *  - Blocking calls (collective creation, hps_work_wait, hps_store_wait/get) do not hold
  *    the interpreter: the Python module is built with threads="1" (every call but the
  *    four infallible queries releases the GIL), and the error message is read on the
@@ -117,6 +120,8 @@
 %hps_unignore hps_comm_abort;
 %hps_unignore hps_comm_rank;
 %hps_unignore hps_comm_size;
+%hps_unignore hps_comm_device;
+%hps_unignore hps_comm_transport;
 %hps_unignore hps_comm_set_timeout;
 %hps_unignore hps_comm_split;
 %hps_unignore hps_comm_all_reduce;
@@ -168,6 +173,7 @@
 %hps_unignore hps_engine_step;
 %hps_unignore hps_engine_synchronize;
 %hps_unignore hps_engine_gather_parameter;
+%hps_unignore hps_engine_device;
 %hps_unignore hps_engine_resident_bytes;
 %hps_unignore hps_engine_shard_range;
 %hps_unignore hps_engine_loss_scale;

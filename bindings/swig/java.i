@@ -104,6 +104,9 @@ HPS_JAVA_RETURNS(hps_store_check, jint, int, { return $jnicall; })
 HPS_JAVA_RETURNS_PROXY(hps_comm_create, SWIGTYPE_p_hps_comm, false)
 HPS_JAVA_RETURNS(hps_comm_rank, jint, int, { return $jnicall; })
 HPS_JAVA_RETURNS(hps_comm_size, jint, int, { return $jnicall; })
+/* {type, index} (the raw hps_device_type_t value) */
+HPS_JAVA_RETURNS(hps_comm_device, jintArray, int[], { return $jnicall; })
+HPS_JAVA_RETURNS(hps_comm_transport, jstring, String, { return $jnicall; })
 HPS_JAVA_RETURNS_PROXY(hps_comm_split, SWIGTYPE_p_hps_comm, false)
 HPS_JAVA_RETURNS_PROXY(hps_comm_all_reduce, SWIGTYPE_p_hps_work, false)
 HPS_JAVA_RETURNS_PROXY(hps_comm_reduce, SWIGTYPE_p_hps_work, false)
@@ -133,6 +136,7 @@ HPS_JAVA_RETURNS_PROXY(hps_engine_create, SWIGTYPE_p_hps_engine, false)
 HPS_JAVA_RETURNS(hps_engine_add_param, jlong, long, { return $jnicall; })
 HPS_JAVA_RETURNS(hps_engine_param, jlong, long, { return $jnicall; })
 HPS_JAVA_RETURNS(hps_engine_grad, jlong, long, { return $jnicall; })
+HPS_JAVA_RETURNS(hps_engine_device, jintArray, int[], { return $jnicall; })
 HPS_JAVA_RETURNS(hps_engine_resident_bytes, jlong, long, { return $jnicall; })
 /* {begin, end} and {count, nanoseconds} */
 HPS_JAVA_RETURNS(hps_engine_shard_range, jlongArray, long[], { return $jnicall; })
@@ -250,6 +254,21 @@ HPS_JAVA_INT32_OUT(out_coordinate)
   $2 = &next;
 }
 %typemap(argout) (int32_t* out_prev, int32_t* out_next) {
+  jint pair[2];
+  pair[0] = (jint)*$1;
+  pair[1] = (jint)*$2;
+  $result = (*jenv)->NewIntArray(jenv, 2);
+  if (!$result) return $null;
+  (*jenv)->SetIntArrayRegion(jenv, $result, 0, 2, pair);
+}
+
+/* hps_comm_device / hps_engine_device -> int[] {type, index}. */
+%typemap(in, numinputs=0) (hps_device_type_t* out_type, int32_t* out_index)
+    (hps_device_type_t type_tmp = HPS_DEVICE_CPU, int32_t index_tmp = 0) {
+  $1 = &type_tmp;
+  $2 = &index_tmp;
+}
+%typemap(argout) (hps_device_type_t* out_type, int32_t* out_index) {
   jint pair[2];
   pair[0] = (jint)*$1;
   pair[1] = (jint)*$2;

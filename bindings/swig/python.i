@@ -324,6 +324,19 @@ HPS_PY_COLLECTIVE_BUFFER(float* out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS,
   PyErr_SetString(PyExc_ValueError, (message)); SWIG_fail;
 %enddef
 
+/* ---- devices of communicators and engines ------------------------------------------ */
+/* hps_comm_device / hps_engine_device -> (type, index): SWIG_Python_AppendOutput makes a
+ * list of the two; the type is the raw hps_device_type_t value. */
+%typemap(in, numinputs=0) (hps_device_type_t* out_type, int32_t* out_index)
+    (hps_device_type_t type_tmp = HPS_DEVICE_CPU, int32_t index_tmp = 0) {
+  $1 = &type_tmp;
+  $2 = &index_tmp;
+}
+%typemap(argout) (hps_device_type_t* out_type, int32_t* out_index) {
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$1));
+  $result = SWIG_Python_AppendOutput($result, PyLong_FromLong((long)*$2));
+}
+
 /* ---- clipping and the engine ------------------------------------------------------- */
 HPS_PY_HANDLE_OUT(hps_clip_t, out_clip)
 HPS_PY_HANDLE_OUT(hps_engine_t, out_engine)

@@ -122,6 +122,25 @@ HPS_API hps_status_t hps_comm_size(hps_comm_t* comm, int32_t* out_size) {
   return HPS_STATUS_OK;
 }
 
+HPS_API hps_status_t hps_comm_device(hps_comm_t* comm, hps_device_type_t* out_type,
+                                     int32_t* out_index) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_type);
+  HPS_CHECK_ARG(out_index);
+  const hps::Device device = comm->impl->device();
+  *out_type = static_cast<hps_device_type_t>(device.type);
+  *out_index = device.index;
+  return HPS_STATUS_OK;
+}
+
+HPS_API hps_status_t hps_comm_transport(hps_comm_t* comm, const char** out_name) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_name);
+  // transport() views a string literal: NUL-terminated, static storage.
+  *out_name = comm->impl->transport().data();
+  return HPS_STATUS_OK;
+}
+
 HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms) {
   HPS_CHECK_ARG(comm);
   return guard(__func__, [&]() -> hps::Status {

@@ -11,6 +11,7 @@ using hps::capi::raw_enum;
 
 struct hps_engine {
   std::unique_ptr<hps::ShardedEngine> impl;
+  hps::Device device;  // the sharding communicator's, fixed at creation
 };
 
 namespace {
@@ -93,7 +94,7 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
     }
     HPS_ASSIGN_OR_RETURN(
         auto engine, hps::create_sharded_engine(stage, sharding->impl, dp ? dp->impl : nullptr, o));
-    *out_engine = new hps_engine{std::move(engine)};
+    *out_engine = new hps_engine{std::move(engine), sharding->impl->device()};
     return hps::Status::Ok();
   });
 }
@@ -211,6 +212,16 @@ HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t in
     std::memcpy(out, all[index].data(), numel * sizeof(float));
     return hps::Status::Ok();
   });
+}
+
+HPS_API hps_status_t hps_engine_device(hps_engine_t* engine, hps_device_type_t* out_type,
+                                       int32_t* out_index) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_type);
+  HPS_CHECK_ARG(out_index);
+  *out_type = static_cast<hps_device_type_t>(engine->device.type);
+  *out_index = engine->device.index;
+  return HPS_STATUS_OK;
 }
 
 HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes) {

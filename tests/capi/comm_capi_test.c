@@ -39,6 +39,40 @@ static hps_status_t finish(hps_status_t enqueued, hps_work_t** work) {
 
 enum { kWorld = 4 };
 
+/* The transport a group of `size` ranks of this process uses: shared memory unless
+ * HPS_COMM_SHM=0 (a non-zero integer keeps it on), or a group of one rank (TCP). */
+static const char* expected_transport(int32_t size) {
+  const char* shm = getenv("HPS_COMM_SHM");
+  if (size < 2) return "tcp";
+  if (shm != NULL && *shm != '\0' && strtol(shm, NULL, 10) == 0) return "tcp";
+  return "shm";
+}
+
+/* hps_comm_device is CPU 0 and hps_comm_transport the expected name; NULL arguments are
+ * refused. */
+static void check_device_and_transport(hps_comm_t* comm, int32_t size) {
+  hps_device_type_t type = (hps_device_type_t)77;
+  int32_t index = -1;
+  const char* name = NULL;
+  CHECK_OK(hps_comm_device(comm, &type, &index));
+  CHECK(type == HPS_DEVICE_CPU && index == 0);
+  CHECK_OK(hps_comm_transport(comm, &name));
+  CHECK(name != NULL && strcmp(name, expected_transport(size)) == 0);
+  if (name != NULL && strcmp(name, expected_transport(size)) != 0) {
+    fprintf(stderr, "transport of a group of %d: '%s', expected '%s'\n", (int)size, name,
+            expected_transport(size));
+  }
+  CHECK(hps_comm_device(NULL, &type, &index) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "comm is NULL") != NULL);
+  CHECK(hps_comm_device(comm, NULL, &index) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "out_type") != NULL);
+  CHECK(hps_comm_device(comm, &type, NULL) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "out_index") != NULL);
+  CHECK(hps_comm_transport(NULL, &name) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_comm_transport(comm, NULL) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "out_name") != NULL);
+}
+
 typedef struct {
   int rank;
   const char* store_url;
@@ -64,6 +98,7 @@ static void* rank_main(void* p) {
   CHECK_OK(hps_comm_rank(comm, &me));
   CHECK_OK(hps_comm_size(comm, &size));
   CHECK(me == rank && size == kWorld);
+  check_device_and_transport(comm, kWorld);
 
   /* all_reduce, with the host free until it waits. */
   for (i = 0; i < 8; ++i) in[i] = (float)(rank + i);
@@ -132,6 +167,7 @@ static void* rank_main(void* p) {
     CHECK_OK(hps_comm_split(comm, evens, 2, "even", &e));
     CHECK_OK(hps_comm_split(comm, odds, 2, "odd", &o));
     CHECK((rank % 2 == 0) == (e != NULL) && (rank % 2 == 1) == (o != NULL));
+    check_device_and_transport(e ? e : o, 2); /* a 2-rank group of this process */
     CHECK_OK(finish(hps_comm_all_reduce(e ? e : o, &mine, &sum, 1, HPS_DTYPE_INT64, HPS_REDUCE_SUM,
                                         NULL, &work),
                     &work));
@@ -155,12 +191,39 @@ static void* rank_main(void* p) {
         &work));
     /* sharding groups: {0,1} and {2,3} */
     CHECK(sum == (rank < 2 ? 3 : 12));
+    check_device_and_transport(sharding, 2);
+    /* An engine over it: the sharding communicator's device, CPU. */
+    {
+      hps_engine_t* engine = NULL;
+      hps_device_type_t type = (hps_device_type_t)77;
+      int32_t index = -1;
+      CHECK_OK(hps_engine_create(sharding, NULL, NULL, &engine));
+      CHECK_OK(hps_engine_device(engine, &type, &index));
+      CHECK(type == HPS_DEVICE_CPU && index == 0);
+      CHECK(hps_engine_device(NULL, &type, &index) == HPS_STATUS_INVALID_ARGUMENT);
+      CHECK(strstr(hps_last_error_message(), "engine is NULL") != NULL);
+      CHECK(hps_engine_device(engine, NULL, &index) == HPS_STATUS_INVALID_ARGUMENT);
+      CHECK(hps_engine_device(engine, &type, NULL) == HPS_STATUS_INVALID_ARGUMENT);
+      CHECK(strstr(hps_last_error_message(), "out_index") != NULL);
+      CHECK_OK(hps_engine_destroy(engine));
+    }
     hps_comm_destroy(sharding);
     hps_topology_destroy(topo);
   }
   CHECK_OK(hps_comm_destroy(comm));
   CHECK_OK(hps_store_destroy(store));
   return NULL;
+}
+
+/* A group of one rank: no peer to share memory with, so TCP. */
+static void test_single_rank(void) {
+  hps_store_t* store = NULL;
+  hps_comm_t* comm = NULL;
+  CHECK_OK(hps_store_open("memory://capi-single", 0, 10000, &store));
+  CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
+  if (comm != NULL) check_device_and_transport(comm, 1);
+  CHECK_OK(hps_comm_destroy(comm));
+  CHECK_OK(hps_store_destroy(store));
 }
 
 static void test_collectives(void) {
@@ -272,7 +335,10 @@ int main(void) {
   test_topology();
   test_rendezvous();
   collectives = have_cpu_communicators();
-  if (collectives) test_collectives();
+  if (collectives) {
+    test_single_rank();
+    test_collectives();
+  }
   printf("%d checks, %d failed\n", g_checks, g_failures);
   if (g_failures != 0) return 1;
   return collectives ? 0 : 77; /* 77: ctest reports Skipped */

@@ -118,6 +118,22 @@ class DeviceType(enum.IntEnum):
     CUDA = _c.HPS_DEVICE_CUDA
 
 
+def _device_type(raw: int) -> Any:
+    """The DeviceType of a raw hps_device_type_t value; an unknown one (from a newer
+    library) stays an int."""
+    try:
+        return DeviceType(raw)
+    except ValueError:
+        return int(raw)
+
+
+def _device_name(device: Tuple[Any, int]) -> str:
+    """"cpu:0", "cuda:1" (the library's spelling), for messages."""
+    kind, index = device
+    name = kind.name.lower() if isinstance(kind, DeviceType) else f"device-type-{int(kind)}"
+    return f"{name}:{int(index)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceProperties:
     """A copy of hps_device_properties_t."""
@@ -144,12 +160,8 @@ def device_count(device_type: int = DeviceType.CPU) -> int:
 def device_properties(device_type: int = DeviceType.CPU, index: int = 0) -> DeviceProperties:
     """Properties of device (type, index); a missing index raises Error (OUT_OF_RANGE)."""
     p = _c.hps_device_get_properties(int(device_type), int(index))
-    try:
-        dtype = DeviceType(p.type)
-    except ValueError:  # a type added by a newer library
-        dtype = p.type
     return DeviceProperties(
-        type=dtype,
+        type=_device_type(p.type),
         index=p.index,
         name=p.name,
         total_memory_bytes=p.total_memory_bytes,
@@ -716,6 +728,19 @@ class Communicator(_Handle):
         """The number of ranks."""
         return _c.hps_comm_size(self._h())
 
+    @property
+    def device(self) -> Tuple[DeviceType, int]:
+        """(type, index): the device the communicator was created on (hps_comm_device).
+        Collectives of a CUDA communicator take device memory, not NumPy arrays."""
+        kind, index = _c.hps_comm_device(self._h())
+        return (_device_type(kind), index)
+
+    @property
+    def transport(self) -> str:
+        """How collectives move data (hps_comm_transport): "shm" (CPU ranks all on this
+        host), "tcp" (Gloo TCP; also a group of one, or HPS_COMM_SHM=0) or "nccl"."""
+        return _c.hps_comm_transport(self._h())
+
     def abort(self) -> None:
         """From any thread: pending and later operations end with Error ABORTED."""
         with self._lock:  # not concurrently with close()
@@ -1161,12 +1186,27 @@ def _as_dtype(dtype: Any) -> int:
     return int(names[name])
 
 
+def _require_host_memory(device: Tuple[Any, int], what: str, raw: str) -> None:
+    """Refuse a host view of engine memory on ``device`` unless it is the CPU: a NumPy
+    array or a ctypes read over a CUDA device pointer would dereference device memory on
+    the host."""
+    kind, _ = device
+    if kind != DeviceType.CPU:
+        raise FailedPreconditionError(
+            Status.FAILED_PRECONDITION,
+            f"{what}: the engine's memory is on {_device_name(device)}, not the host; it has "
+            f"no host view there. Use {raw} (a device address) with that device's tools")
+
+
 class Engine(_Handle):
     """ZeRO-style sharded data parallelism (hps_engine_t, stage 2 or 3) for a framework that keeps
     its own forward and backward; see :meth:`create`.
 
     :meth:`param` and :meth:`grad` return float32 NumPy arrays VIEWING the engine's memory
-    (not copies): write parameters and add gradients into them in place. A view keeps the
+    (not copies) on a CPU engine; on another :attr:`device` (CUDA) they, :attr:`loss_scale`
+    and :attr:`skipped_steps` raise FailedPreconditionError, and :meth:`param_address`,
+    :meth:`grad_address` and :attr:`loss_scale_addresses` give the device addresses
+    instead. Write parameters and add gradients into the views in place. A view keeps the
     Engine object alive, but every view becomes invalid (reading or writing it is undefined)
     once the engine is closed; with stage 3, a parameter view is valid only between
     :meth:`wait_parameters` and :meth:`release_parameters` of its unit. The communicators stay referenced; closing one closes the
@@ -1182,6 +1222,9 @@ class Engine(_Handle):
         self._dtypes: List[DType] = []
         self._names: List[str] = []
         self._keep: list = []  # ready streams until synchronize()
+        # Fixed at creation: the views are host memory only on a CPU engine.
+        kind, index = _c.hps_engine_device(handle)
+        self._device: Tuple[Any, int] = (_device_type(kind), index)
         for comm in self._comms:
             comm._users.add(self)
 
@@ -1286,6 +1329,17 @@ class Engine(_Handle):
         """Collective: every rank's parameters become its groups' source rank's (set-up)."""
         _c.hps_engine_broadcast_parameters(self._h())
 
+    @property
+    def device(self) -> Tuple[DeviceType, int]:
+        """(type, index): the device of the sharding communicator (hps_engine_device), where
+        the parameters, gradients and loss scale live. Only on the CPU are :meth:`param`,
+        :meth:`grad`, :attr:`loss_scale` and :attr:`skipped_steps` available; elsewhere
+        use the addresses (:meth:`param_address`, ...) with the device's own tools."""
+        return self._device
+
+    def _require_host(self, what: str, raw: str) -> None:
+        _require_host_memory(self._device, what, raw)
+
     def _shape(self, index: int) -> Tuple[int, ...]:
         if not 0 <= int(index) < len(self._shapes):
             raise IndexError(f"no parameter {index} (the engine has {len(self._shapes)})")
@@ -1293,16 +1347,31 @@ class Engine(_Handle):
 
     def param(self, index: int) -> Any:
         """The parameter's float32 array of its shape, VIEWING the engine's memory (valid
-        until the engine is closed)."""
+        until the engine is closed). FailedPreconditionError on an engine whose
+        :attr:`device` is not the CPU (see :meth:`param_address`)."""
+        self._require_host("Engine.param", "Engine.param_address")
         address = _c.hps_engine_param(self._h(), int(index))
         return _view(address, self._shape(index), self, dtype=self._dtypes[int(index)])
 
     def grad(self, index: int) -> Any:
         """The gradient's float32 array VIEWING the engine's memory: zero at the start of
         every step, backward adds into it (Error FAILED_PRECONDITION: frozen, not
-        sealed)."""
+        sealed, or an engine whose :attr:`device` is not the CPU: see
+        :meth:`grad_address`)."""
+        self._require_host("Engine.grad", "Engine.grad_address")
         address = _c.hps_engine_grad(self._h(), int(index))
         return _view(address, self._shape(index), self, dtype=self._dtypes[int(index)])
+
+    def param_address(self, index: int) -> int:
+        """The address of parameter ``index``'s view (hps_engine_param), on the engine's
+        :attr:`device` (a CUDA device pointer on a CUDA engine): for the device's own tools
+        (e.g. a framework tensor over it). Valid as the view is."""
+        return _c.hps_engine_param(self._h(), int(index))
+
+    def grad_address(self, index: int) -> int:
+        """The address of parameter ``index``'s gradient view (hps_engine_grad), on the
+        engine's :attr:`device`; see :meth:`param_address`."""
+        return _c.hps_engine_grad(self._h(), int(index))
 
     def name(self, index: int) -> str:
         """The name the parameter was registered with."""
@@ -1378,6 +1447,7 @@ class Engine(_Handle):
         memory (hps_engine_loss_scale): multiply the loss by it before backward. Read it
         after the step's :meth:`wait_parameters`, when the last update has landed."""
         import ctypes
+        self._require_host("Engine.loss_scale", "Engine.loss_scale_addresses")
         with self._lock:
             scale, _ = _c.hps_engine_loss_scale(self._h())
             return float(ctypes.c_float.from_address(int(scale)).value)
@@ -1387,9 +1457,18 @@ class Engine(_Handle):
         """Steps skipped for non-finite gradients so far, under the same rule as
         :attr:`loss_scale`."""
         import ctypes
+        self._require_host("Engine.skipped_steps", "Engine.loss_scale_addresses")
         with self._lock:
             _, skipped = _c.hps_engine_loss_scale(self._h())
             return int(ctypes.c_int64.from_address(int(skipped)).value)
+
+    @property
+    def loss_scale_addresses(self) -> Tuple[int, int]:
+        """(scale, skipped_steps): the addresses of the float32 loss scale and the int64
+        skipped-step count (hps_engine_loss_scale), on the engine's :attr:`device`; valid
+        until the engine is closed, read under the rule of :attr:`loss_scale`."""
+        scale, skipped = _c.hps_engine_loss_scale(self._h())
+        return (scale, skipped)
 
 
 def dependency_wait_stats() -> Tuple[int, int]:

@@ -403,6 +403,24 @@ HPS_API hps_status_t hps_comm_rank(hps_comm_t* comm, int32_t* out_rank);
 /** The number of ranks of `comm` into *out_size. */
 HPS_API hps_status_t hps_comm_size(hps_comm_t* comm, int32_t* out_size);
 
+/**
+ * The device `comm` was created on: its type into *out_type and its index into *out_index
+ * (HPS_DEVICE_CPU, 0 for CPU communicators). Collectives of a CUDA communicator take device
+ * buffers. Errors: INVALID_ARGUMENT (a NULL argument). Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_comm_device(hps_comm_t* comm, hps_device_type_t* out_type,
+                                     int32_t* out_index);
+
+/**
+ * How the collectives of `comm` move data, into *out_name: "shm" (CPU ranks all on one
+ * host, through shared memory), "tcp" (CPU ranks over Gloo TCP; also a group of one rank,
+ * or HPS_COMM_SHM=0) or "nccl" (CUDA). The ranks of a group agree on it at creation. The
+ * string is a static NUL-terminated constant owned by the library: never free it; it stays
+ * valid after `comm` is destroyed. Later versions may add names. Errors: INVALID_ARGUMENT
+ * (a NULL argument). Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_comm_transport(hps_comm_t* comm, const char** out_name);
+
 /** Change the timeout of later operations. Errors: INVALID_ARGUMENT (<= 0). */
 HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
 
@@ -809,6 +827,15 @@ HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine);
  */
 HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t index, float* out,
                                                  uint64_t count);
+
+/**
+ * The device of the engine's sharding communicator (hps_comm_device): where its parameter
+ * and gradient views, and the loss scale, live. HPS_DEVICE_CUDA means they are device
+ * pointers, not to be dereferenced on the host. Errors: INVALID_ARGUMENT (a NULL argument).
+ * Thread safety: any thread (the device is fixed at creation).
+ */
+HPS_API hps_status_t hps_engine_device(hps_engine_t* engine, hps_device_type_t* out_type,
+                                       int32_t* out_index);
 
 /** Bytes this rank holds: parameters, gradients and optimizer state. */
 HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes);

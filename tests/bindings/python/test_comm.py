@@ -557,3 +557,36 @@ def test_enums_match_the_header():
     assert capi.HPS_REDUCE_MIN == 3 and capi.HPS_GROUP_SHARDING_CHECK == 6
     assert not hasattr(capi, "HPS_REDUCE_OP_FORCE32")
     assert not hasattr(capi, "HPS_GROUP_FORCE32")
+
+
+# ---- device and transport ------------------------------------------------------------------
+def expected_transport(size):
+    """What a group of `size` thread-ranks of this process uses: shared memory, unless it is
+    a single rank or HPS_COMM_SHM=0 (a non-zero integer keeps it on)."""
+    shm = os.environ.get("HPS_COMM_SHM", "").strip()
+    if size < 2 or (shm and int(shm) == 0):
+        return "tcp"
+    return "shm"
+
+
+def test_capi_device_and_transport_null_handles():
+    assert status_of(lambda: capi.hps_comm_device(None)) == INVALID_ARGUMENT
+    assert status_of(lambda: capi.hps_comm_transport(None)) == INVALID_ARGUMENT
+
+
+def test_device_and_transport_of_cpu_communicators():
+    def rank(r, url):
+        store, comm = world(r, url, size=2)
+        with store, comm:
+            kind, index = capi.hps_comm_device(comm._h())
+            assert (kind, index) == (capi.HPS_DEVICE_CPU, 0)
+            assert comm.device == (hpshard.DeviceType.CPU, 0)
+            assert isinstance(comm.device[0], hpshard.DeviceType)
+            assert comm.transport == capi.hps_comm_transport(comm._h()) == expected_transport(2)
+            return comm.transport
+
+    assert run_ranks(2, rank, "device") == [expected_transport(2)] * 2
+    store, comm = world(0, unique_url("device1"), size=1)
+    with store, comm:
+        assert comm.device == (hpshard.DeviceType.CPU, 0)
+        assert comm.transport == "tcp"  # a group of one has no peer to share memory with

@@ -557,3 +557,56 @@ def test_engine_half_precision_views_have_their_dtype():
             engine.broadcast_parameters()
             assert list(engine.param(h)) == [1.5, -2.0, 0.25]
             assert int(engine.param(b)[1, 1]) == 0x3F80
+
+
+# ---- the engine's device and the host-view guard --------------------------------------------
+def test_capi_engine_device_null_handle():
+    assert status_of(lambda: capi.hps_engine_device(None)) == INVALID_ARGUMENT
+
+
+def test_engine_device_is_the_sharding_communicators():
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm, Engine.create(comm) as engine:
+            assert engine.device == comm.device == (hpshard.DeviceType.CPU, 0)
+            assert tuple(capi.hps_engine_device(engine._h())) == (capi.HPS_DEVICE_CPU, 0)
+            return engine.device
+
+    assert run_ranks(2, rank, "engine-device") == [(hpshard.DeviceType.CPU, 0)] * 2
+
+
+def test_host_memory_guard_decision():
+    # CPU engines get host views; every other device is refused with a message naming the
+    # device and the address accessor (no GPU is needed to decide).
+    hpshard._require_host_memory((hpshard.DeviceType.CPU, 0), "Engine.param", "x")
+    for device, name in (((hpshard.DeviceType.CUDA, 1), "cuda:1"), ((7, 0), "device-type-7:0")):
+        with pytest.raises(hpshard.FailedPreconditionError) as info:
+            hpshard._require_host_memory(device, "Engine.param", "Engine.param_address")
+        assert info.value.status == FAILED_PRECONDITION
+        assert name in info.value.message and "Engine.param_address" in info.value.message
+
+
+def test_engine_views_refused_off_the_cpu():
+    # A CUDA engine cannot be created without a GPU: a CPU engine marked as being on CUDA
+    # shows that every host view and reader consults the device first (the memory is host
+    # memory here, so nothing would crash without the guard: a missing guard fails the test).
+    store, comm = world(0, f"memory://py-engine-guard-{uuid.uuid4().hex}", size=1)
+    with store, comm, Engine.create(comm, dynamic_loss_scaling=True) as engine:
+        w = engine.add_param("w", (2,))
+        engine.seal()
+        assert engine.param(w).shape == (2,)  # on the CPU: views
+        assert engine.loss_scale == 65536.0 and engine.skipped_steps == 0
+        engine._device = (hpshard.DeviceType.CUDA, 0)
+        for call, accessor in ((lambda: engine.param(w), "param_address"),
+                               (lambda: engine.grad(w), "grad_address"),
+                               (lambda: engine.loss_scale, "loss_scale_addresses"),
+                               (lambda: engine.skipped_steps, "loss_scale_addresses")):
+            with pytest.raises(hpshard.FailedPreconditionError) as info:
+                call()
+            assert "cuda:0" in info.value.message and accessor in info.value.message
+        # The addresses stay available.
+        assert engine.param_address(w) == capi.hps_engine_param(engine._h(), w) != 0
+        assert engine.grad_address(w) == capi.hps_engine_grad(engine._h(), w) != 0
+        scale, skipped = engine.loss_scale_addresses
+        assert scale != 0 and skipped != 0
+        engine._device = (hpshard.DeviceType.CPU, 0)

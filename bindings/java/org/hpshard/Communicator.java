@@ -159,6 +159,22 @@ public final class Communicator implements AutoCloseable {
     return HpshardNative.hps_comm_size(handle());
   }
 
+  /**
+   * The device the communicator was created on (hps_comm_device). Collectives of a CUDA
+   * communicator take device memory, not ByteBuffers of host memory.
+   */
+  public Device device() {
+    return Device.fromNative(HpshardNative.hps_comm_device(handle()));
+  }
+
+  /**
+   * How collectives move data (hps_comm_transport): "shm" (CPU ranks all on this host), "tcp"
+   * (Gloo TCP; also a group of one, or HPS_COMM_SHM=0) or "nccl".
+   */
+  public String transport() {
+    return HpshardNative.hps_comm_transport(handle());
+  }
+
   /** From any thread: pending and later operations end with ABORTED. */
   public void abort() {
     synchronized (state) { // not concurrently with close()

@@ -11,6 +11,7 @@ import org.hpshard.internal.HpshardNativeConstants;
 import org.hpshard.internal.SWIGTYPE_p_hps_engine;
 import org.hpshard.internal.hps_engine_options_t;
 import org.hpshard.internal.hps_param_flag_t;
+import org.hpshard.internal.hps_status_t;
 
 /**
  * ZeRO-style sharded data parallelism (hps_engine_t) for a framework that keeps its own
@@ -19,7 +20,11 @@ import org.hpshard.internal.hps_param_flag_t;
  * {@link #gradReady}, then {@link #step()}.
  *
  * <p>{@link #param} and {@link #grad} return DIRECT ByteBuffers in native byte order OVER the
- * engine's memory (float32 elements; no copy). They are INVALID once the engine is closed:
+ * engine's memory (float32 elements; no copy) on an engine whose {@link #device()} is the CPU;
+ * on another device (CUDA) they, {@link #lossScale()} and {@link #skippedSteps()} throw
+ * HpsException FAILED_PRECONDITION, and {@link #paramAddress}, {@link #gradAddress} and
+ * {@link #lossScaleAddresses()} give the device addresses instead. They are INVALID once the
+ * engine is closed:
  * using one afterwards reads or writes freed memory. With stage 3 a parameter buffer is valid
  * only between {@link #waitParameters} and {@link #releaseParameters} of its unit. The engine
  * keeps its communicators reachable, and closing one of them closes the engine first.
@@ -217,10 +222,14 @@ public final class Engine implements AutoCloseable {
   private final List<long[]> shapes = new ArrayList<>();
   private final List<Integer> elementBytes = new ArrayList<>();
   private final List<String> names = new ArrayList<>();
+  // Fixed at creation: the views are host memory only on a CPU engine. Not final so the
+  // package's tests can show the guard without a GPU.
+  private Device device;
 
   private Engine(SWIGTYPE_p_hps_engine handle, Communicator sharding, Communicator dp) {
     this.state = new State(handle);
     this.cleanable = Stream.CLEANER.register(this, state);
+    this.device = Device.fromNative(HpshardNative.hps_engine_device(handle));
     for (Communicator c : new Communicator[] {sharding, dp}) {
       if (c != null) {
         state.comms.add(c);
@@ -375,6 +384,32 @@ public final class Engine implements AutoCloseable {
     HpshardNative.hps_engine_broadcast_parameters(handle());
   }
 
+  /**
+   * The device of the sharding communicator (hps_engine_device), where the parameters,
+   * gradients and loss scale live. Only on the CPU are {@link #param}, {@link #grad},
+   * {@link #lossScale()} and {@link #skippedSteps()} available.
+   */
+  public Device device() {
+    return device;
+  }
+
+  /** For the package's tests: the guard's decision without a GPU. */
+  void setDeviceForTest(Device device) {
+    this.device = Objects.requireNonNull(device, "device");
+  }
+
+  /**
+   * Refuses a host view of memory on {@code device} unless it is the CPU: a ByteBuffer over a
+   * CUDA device pointer would read device memory on the host.
+   */
+  static void requireHostMemory(Device device, String what, String raw) {
+    if (!device.isHost()) {
+      throw new HpsException(hps_status_t.HPS_STATUS_FAILED_PRECONDITION, what
+          + ": the engine's memory is on " + device + ", not the host; it has no host view "
+          + "there. Use " + raw + " (a device address) with that device's tools");
+    }
+  }
+
   private ByteBuffer view(long address, int index) {
     long element;
     synchronized (state) {
@@ -392,6 +427,7 @@ public final class Engine implements AutoCloseable {
    * memory, invalid once the engine is closed.
    */
   public ByteBuffer param(int index) {
+    requireHostMemory(device, "Engine.param", "Engine.paramAddress");
     return view(HpshardNative.hps_engine_param(handle(), index), index);
   }
 
@@ -401,7 +437,25 @@ public final class Engine implements AutoCloseable {
    * closed. FAILED_PRECONDITION (frozen, not sealed).
    */
   public ByteBuffer grad(int index) {
+    requireHostMemory(device, "Engine.grad", "Engine.gradAddress");
     return view(HpshardNative.hps_engine_grad(handle(), index), index);
+  }
+
+  /**
+   * The address of parameter {@code index}'s view (hps_engine_param), on the engine's
+   * {@link #device()} (a CUDA device pointer on a CUDA engine), for that device's own tools.
+   * Valid as the view is.
+   */
+  public long paramAddress(int index) {
+    return HpshardNative.hps_engine_param(handle(), index);
+  }
+
+  /**
+   * The address of parameter {@code index}'s gradient view (hps_engine_grad), on the engine's
+   * {@link #device()}; see {@link #paramAddress}.
+   */
+  public long gradAddress(int index) {
+    return HpshardNative.hps_engine_grad(handle(), index);
   }
 
   /**
@@ -493,6 +547,7 @@ public final class Engine implements AutoCloseable {
    * {@link #waitParameters}, when the last update has landed.
    */
   public float lossScale() {
+    requireHostMemory(device, "Engine.lossScale", "Engine.lossScaleAddresses");
     long address = HpshardNative.hps_engine_loss_scale(handle())[0];
     return HpshardNative.hps_swig_direct_buffer(address, 4).order(ByteOrder.nativeOrder())
         .getFloat(0);
@@ -503,9 +558,19 @@ public final class Engine implements AutoCloseable {
    * {@link #lossScale()}.
    */
   public long skippedSteps() {
+    requireHostMemory(device, "Engine.skippedSteps", "Engine.lossScaleAddresses");
     long address = HpshardNative.hps_engine_loss_scale(handle())[1];
     return HpshardNative.hps_swig_direct_buffer(address, 8).order(ByteOrder.nativeOrder())
         .getLong(0);
+  }
+
+  /**
+   * {scale, skippedSteps}: the addresses of the float32 loss scale and the int64 skipped-step
+   * count (hps_engine_loss_scale), on the engine's {@link #device()}; valid until the engine
+   * is closed, read under the rule of {@link #lossScale()}.
+   */
+  public long[] lossScaleAddresses() {
+    return HpshardNative.hps_engine_loss_scale(handle());
   }
 
   /** {count, nanoseconds}: dependency waits so far (process-wide) and the time blocked. */

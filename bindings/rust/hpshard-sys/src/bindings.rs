@@ -849,6 +849,28 @@ extern "C" {
     pub fn hps_comm_size(comm: *mut hps_comm_t, out_size: *mut i32) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " The device `comm` was created on: its type into *out_type and its index into *out_index"]
+    #[doc = " (HPS_DEVICE_CPU, 0 for CPU communicators). Collectives of a CUDA communicator take device"]
+    #[doc = " buffers. Errors: INVALID_ARGUMENT (a NULL argument). Thread safety: any thread."]
+    pub fn hps_comm_device(
+        comm: *mut hps_comm_t,
+        out_type: *mut hps_device_type_t,
+        out_index: *mut i32,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " How the collectives of `comm` move data, into *out_name: \"shm\" (CPU ranks all on one"]
+    #[doc = " host, through shared memory), \"tcp\" (CPU ranks over Gloo TCP; also a group of one rank,"]
+    #[doc = " or HPS_COMM_SHM=0) or \"nccl\" (CUDA). The ranks of a group agree on it at creation. The"]
+    #[doc = " string is a static NUL-terminated constant owned by the library: never free it; it stays"]
+    #[doc = " valid after `comm` is destroyed. Later versions may add names. Errors: INVALID_ARGUMENT"]
+    #[doc = " (a NULL argument). Thread safety: any thread."]
+    pub fn hps_comm_transport(
+        comm: *mut hps_comm_t,
+        out_name: *mut *const ::std::os::raw::c_char,
+    ) -> hps_status_t;
+}
+extern "C" {
     #[doc = " Change the timeout of later operations. Errors: INVALID_ARGUMENT (<= 0)."]
     pub fn hps_comm_set_timeout(comm: *mut hps_comm_t, timeout_ms: i64) -> hps_status_t;
 }
@@ -1881,6 +1903,17 @@ extern "C" {
         index: usize,
         out: *mut f32,
         count: u64,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The device of the engine's sharding communicator (hps_comm_device): where its parameter"]
+    #[doc = " and gradient views, and the loss scale, live. HPS_DEVICE_CUDA means they are device"]
+    #[doc = " pointers, not to be dereferenced on the host. Errors: INVALID_ARGUMENT (a NULL argument)."]
+    #[doc = " Thread safety: any thread (the device is fixed at creation)."]
+    pub fn hps_engine_device(
+        engine: *mut hps_engine_t,
+        out_type: *mut hps_device_type_t,
+        out_index: *mut i32,
     ) -> hps_status_t;
 }
 extern "C" {

@@ -12,7 +12,7 @@ use std::ptr::{self, NonNull};
 use std::time::Duration;
 
 use crate::half::{BF16, F16};
-use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream};
+use crate::{check, static_str, sys, DType, DeviceType, Error, Result, Status, Stream};
 
 // ---------------------------------------------------------------------------------
 // Helpers
@@ -493,6 +493,29 @@ impl Communicator {
         // SAFETY: live handle, live out-param.
         check(unsafe { sys::hps_comm_size(self.raw.as_ptr(), &mut size) })?;
         Ok(size)
+    }
+
+    /// The device the communicator was created on, as (type, index)
+    /// (`hps_comm_device`). Collectives of a CUDA communicator take device memory: only
+    /// the `*_raw` methods can pass it.
+    pub fn device(&self) -> Result<(DeviceType, i32)> {
+        let mut device_type = DeviceType::CPU.0;
+        let mut index: i32 = -1;
+        // SAFETY: live handle, live out-params.
+        check(unsafe { sys::hps_comm_device(self.raw.as_ptr(), &mut device_type, &mut index) })?;
+        Ok((DeviceType(device_type), index))
+    }
+
+    /// How collectives move data (`hps_comm_transport`): `"shm"` (CPU ranks all on this
+    /// host, through shared memory), `"tcp"` (Gloo TCP; also a group of one rank, or
+    /// `HPS_COMM_SHM=0`) or `"nccl"` (CUDA); later library versions may add names.
+    pub fn transport(&self) -> Result<&'static str> {
+        let mut name: *const c_char = ptr::null();
+        // SAFETY: live handle, live out-param.
+        check(unsafe { sys::hps_comm_transport(self.raw.as_ptr(), &mut name) })?;
+        // SAFETY: the C API returns a static NUL-terminated constant of the library,
+        // valid for the rest of the program (the library is never unloaded).
+        Ok(unsafe { static_str(name) })
     }
 
     /// Change the timeout of later operations (`hps_comm_set_timeout`; rounded up

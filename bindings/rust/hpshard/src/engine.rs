@@ -78,6 +78,15 @@
 //! The raw pointers of [`Engine::param_ptr`] / [`Engine::grad_ptr`] carry none of
 //! these guarantees: dereferencing them is the caller's `unsafe` business.
 //!
+//! # Devices
+//!
+//! An engine works where its sharding communicator does ([`Engine::device`]). Over a
+//! CUDA communicator the parameters, gradients and loss scale are device memory, which
+//! a slice must never point at: every safe view and [`Engine::loss_scale`] /
+//! [`Engine::skipped_steps`] is then refused with [`Status::FailedPrecondition`], and
+//! [`Engine::param_ptr`], [`Engine::grad_ptr`] and [`Engine::loss_scale_ptrs`] hand
+//! out the device pointers for the device's own tools.
+//!
 //! # Element types of the views
 //!
 //! Views and gradients are in the parameter's dtype (the C API: float16 and bfloat16
@@ -111,7 +120,7 @@ use std::time::Duration;
 
 use crate::comm::{c_string, Communicator, Element};
 use crate::half::{BF16, F16};
-use crate::{check, sys, DType, Error, Result, Status, Stream};
+use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream};
 
 // ---------------------------------------------------------------------------------
 // Optimizer
@@ -756,6 +765,9 @@ pub struct Engine<'c> {
     sealed: bool,
     /// Work may have been left in flight by a failed call: no safe views, leak on drop.
     poisoned: bool,
+    /// The sharding communicator's device (`hps_engine_device`), fixed at creation: the
+    /// safe views exist only on the CPU.
+    device: (DeviceType, i32),
 }
 
 // SAFETY: the C API allows an engine to be used by one thread at a time, any thread.
@@ -795,31 +807,54 @@ impl<'c> Engine<'c> {
         check(unsafe {
             sys::hps_engine_create(sharding.as_ptr(), comm_ptr(&dp), &raw_opts, &mut raw)
         })?;
-        match NonNull::new(raw) {
-            Some(raw) => Ok(Engine {
-                raw,
-                sharding,
-                dp,
-                accumulation_steps: options.accumulation_steps,
-                stage: options.stage,
-                initialised: false,
-                params: Vec::new(),
-                units: Vec::new(),
-                buckets: Vec::new(),
-                micro_batch: 0,
-                sealed: false,
-                poisoned: false,
-            }),
-            None => Err(Error::new(
-                Status::Internal,
-                "hps_engine_create returned OK and a NULL handle",
-            )),
+        let raw = match NonNull::new(raw) {
+            Some(raw) => raw,
+            None => {
+                return Err(Error::new(
+                    Status::Internal,
+                    "hps_engine_create returned OK and a NULL handle",
+                ))
+            }
+        };
+        let mut device_type = DeviceType::CPU.0;
+        let mut device_index: i32 = -1;
+        // SAFETY: live handle (just created, this thread only); out-params live.
+        let queried = check(unsafe {
+            sys::hps_engine_device(raw.as_ptr(), &mut device_type, &mut device_index)
+        });
+        if let Err(err) = queried {
+            // SAFETY: we own the handle; nothing was started on it.
+            let _ = unsafe { sys::hps_engine_destroy(raw.as_ptr()) };
+            return Err(err);
         }
+        Ok(Engine {
+            raw,
+            sharding,
+            dp,
+            accumulation_steps: options.accumulation_steps,
+            stage: options.stage,
+            initialised: false,
+            params: Vec::new(),
+            units: Vec::new(),
+            buckets: Vec::new(),
+            micro_batch: 0,
+            sealed: false,
+            poisoned: false,
+            device: (DeviceType(device_type), device_index),
+        })
     }
 
     /// The raw handle, still owned by `self`.
     pub fn as_ptr(&self) -> *mut sys::hps_engine_t {
         self.raw.as_ptr()
+    }
+
+    /// The device of the sharding communicator, as (type, index) (`hps_engine_device`,
+    /// queried at creation): where the parameters, gradients and loss scale live. Only
+    /// on [`DeviceType::CPU`] are the safe views, [`Engine::loss_scale`] and
+    /// [`Engine::skipped_steps`] available (module documentation, "Devices").
+    pub fn device(&self) -> (DeviceType, i32) {
+        self.device
     }
 
     /// The sharding communicator, for use on this thread while the engine lives (e.g.
@@ -1201,7 +1236,7 @@ impl<'c> Engine<'c> {
     /// Errors: [`Status::FailedPrecondition`] (stage 3 with the step's update possibly in
     /// flight, poisoned engine), the errors of [`Engine::wait_parameters`].
     pub fn loss_scale(&mut self) -> Result<f32> {
-        let (scale, _) = self.loss_scale_ptrs()?;
+        let (scale, _) = self.readable_loss_scale_ptrs("Engine::loss_scale")?;
         // SAFETY: `scale` points to an f32 owned by the engine, valid until it is
         // destroyed (the borrow of `self` prevents that during the read). No update is in
         // flight (checked by loss_scale_ptrs), and none can start during this call.
@@ -1211,14 +1246,16 @@ impl<'c> Engine<'c> {
     /// The number of steps skipped for non-finite gradients (`hps_engine_loss_scale`),
     /// under the same rule as [`Engine::loss_scale`].
     pub fn skipped_steps(&mut self) -> Result<i64> {
-        let (_, skipped) = self.loss_scale_ptrs()?;
+        let (_, skipped) = self.readable_loss_scale_ptrs("Engine::skipped_steps")?;
         // SAFETY: as in loss_scale: an i64 owned by the engine, no update in flight.
         Ok(unsafe { *skipped })
     }
 
-    /// The addresses of the loss scale and the skipped-step count, after making sure no
-    /// step's update of them is in flight.
-    fn loss_scale_ptrs(&mut self) -> Result<(*const f32, *const i64)> {
+    /// The addresses of the loss scale and the skipped-step count, after making sure they
+    /// are host memory and no step's update of them is in flight. `what`: the caller,
+    /// for messages.
+    fn readable_loss_scale_ptrs(&mut self, what: &str) -> Result<(*const f32, *const i64)> {
+        require_host_memory(self.device, what, "Engine::loss_scale_ptrs")?;
         if self.poisoned {
             return Err(Error::new(
                 Status::FailedPrecondition,
@@ -1239,10 +1276,22 @@ impl<'c> Engine<'c> {
             let unit = self.units[0].id;
             self.wait_parameters(unit)?;
         }
+        self.loss_scale_ptrs()
+    }
+
+    /// The addresses of the f32 loss scale and the i64 skipped-step count
+    /// (`hps_engine_loss_scale`), on the engine's [`Engine::device`] (device pointers on
+    /// a CUDA engine), owned by the engine and valid until it is dropped.
+    ///
+    /// Getting the pointers is safe; reading through them is not: the optimizer's
+    /// stream updates both in every [`Engine::step`], and the update has landed only
+    /// once [`Engine::wait_parameters`] of a unit returned after the step (see
+    /// [`Engine::loss_scale`], which makes those checks on the CPU).
+    pub fn loss_scale_ptrs(&self) -> Result<(*const f32, *const i64)> {
         let mut scale: *const f32 = ptr::null();
         let mut skipped: *const i64 = ptr::null();
-        // SAFETY: live handle, this thread only; out-params live. Only addresses are
-        // returned.
+        // SAFETY: live handle; out-params live. Only addresses are returned. Not Sync:
+        // this thread only.
         check(unsafe { sys::hps_engine_loss_scale(self.raw.as_ptr(), &mut scale, &mut skipped) })?;
         if scale.is_null() || skipped.is_null() {
             return Err(Error::new(
@@ -1286,7 +1335,8 @@ impl<'c> Engine<'c> {
     }
 
     /// The address of parameter `index`'s view (`hps_engine_param`), `numel(index)`
-    /// `f32`s of host memory owned by the engine, valid until it is dropped.
+    /// `f32`s owned by the engine on its [`Engine::device`] (host memory on the CPU, a
+    /// device pointer on CUDA), valid until it is dropped.
     ///
     /// Getting the pointer is safe; using it is not: the engine's streams write the
     /// parameters asynchronously (the all-gather after [`Engine::step`], until
@@ -1517,6 +1567,11 @@ impl<'c> Engine<'c> {
         requests: &[View],
         want: Option<DType>,
     ) -> Result<Vec<(*mut c_void, usize, DType)>> {
+        require_host_memory(
+            self.device,
+            "Engine views (param, grad, views, typed_views, ...)",
+            "Engine::param_ptr / Engine::grad_ptr",
+        )?;
         if self.poisoned {
             return Err(Error::new(
                 Status::FailedPrecondition,
@@ -1654,6 +1709,23 @@ fn into_array<T, const N: usize>(views: Vec<T>) -> Result<[T; N]> {
     }
 }
 
+/// Refuses a host view of engine memory on `device` unless it is the CPU: a slice over a
+/// CUDA device pointer would be undefined behaviour on first use. `what`: the refused
+/// accessor, `raw`: the pointer accessor to use instead (for the message).
+fn require_host_memory(device: (DeviceType, i32), what: &str, raw: &str) -> Result<()> {
+    if device.0 == DeviceType::CPU {
+        return Ok(());
+    }
+    Err(Error::new(
+        Status::FailedPrecondition,
+        format!(
+            "{}: the engine's memory is on {}:{}, not the host; it has no host view there. \
+             Use {} (device pointers) with that device's tools",
+            what, device.0, device.1, raw
+        ),
+    ))
+}
+
 /// "float32", "float16", ... (the library's names), for messages.
 fn dtype_name(dtype: DType) -> String {
     match dtype.name() {
@@ -1721,6 +1793,89 @@ impl fmt::Debug for Engine<'_> {
             .field("params", &self.params.len())
             .field("sealed", &self.sealed)
             .field("poisoned", &self.poisoned)
+            .field("device", &self.device)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::Store;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn expect_refused<T>(result: Result<T>, needles: &[&str]) {
+        let err = match result {
+            Ok(_) => panic!("a host view off the CPU should be refused"),
+            Err(err) => err,
+        };
+        assert_eq!(err.status, Status::FailedPrecondition, "{}", err);
+        for needle in needles {
+            assert!(err.message.contains(needle), "{:?} lacks {:?}", err, needle);
+        }
+    }
+
+    #[test]
+    fn host_memory_guard_decision() {
+        // CPU engines get host views; every other device is refused with a message naming
+        // the device and the pointer accessor (no GPU is needed to decide).
+        require_host_memory((DeviceType::CPU, 0), "Engine::param", "x").unwrap();
+        expect_refused(
+            require_host_memory((DeviceType::CUDA, 1), "Engine::param", "Engine::param_ptr"),
+            &["cuda:1", "Engine::param_ptr", "Engine::param"],
+        );
+        expect_refused(
+            require_host_memory((DeviceType::from_raw(7), 0), "Engine::param", "p"),
+            &["device-type-7:0"],
+        );
+    }
+
+    #[test]
+    fn views_and_loss_scale_refused_off_the_cpu() {
+        // A CUDA engine cannot be created without a GPU: a CPU engine marked as being on
+        // CUDA shows that every safe view and reader consults the device first (the memory
+        // is host memory here, so nothing would go wrong without the guard: a missing
+        // guard fails the test).
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let url = format!(
+            "memory://rust-engine-unit-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        let store = Store::open(&url, 0, Duration::from_secs(10)).unwrap();
+        let mut comm = Communicator::create(&store, 0, 1, DeviceType::CPU, 0, None).unwrap();
+        let options = EngineOptions::default().dynamic_loss_scaling(true);
+        let mut engine = Engine::new(&mut comm, None, options).unwrap();
+        assert_eq!(engine.device(), (DeviceType::CPU, 0));
+        let w = engine
+            .add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0)
+            .unwrap();
+        engine.seal().unwrap();
+        assert_eq!(engine.param(w).unwrap().len(), 2); // on the CPU: views
+        assert_eq!(engine.loss_scale().unwrap(), 65536.0);
+        engine.device = (DeviceType::CUDA, 0);
+        let views = ["cuda:0", "Engine::param_ptr / Engine::grad_ptr"];
+        expect_refused(engine.param(w), &views);
+        expect_refused(engine.grad(w), &views);
+        expect_refused(engine.param_as::<f32>(w), &views);
+        expect_refused(engine.grad_as::<f32>(w), &views);
+        expect_refused(engine.views([View::Param(w), View::Grad(w)]), &views);
+        expect_refused(engine.views_as::<f32, 1>([View::Grad(w)]), &views);
+        expect_refused(engine.typed_views([View::Param(w)]), &views);
+        expect_refused(
+            engine.loss_scale(),
+            &["cuda:0", "Engine::loss_scale", "Engine::loss_scale_ptrs"],
+        );
+        expect_refused(
+            engine.skipped_steps(),
+            &["cuda:0", "Engine::skipped_steps", "Engine::loss_scale_ptrs"],
+        );
+        // The pointers stay available.
+        assert!(!engine.param_ptr(w).unwrap().is_null());
+        assert!(!engine.grad_ptr(w).unwrap().is_null());
+        let (scale, skipped) = engine.loss_scale_ptrs().unwrap();
+        assert!(!scale.is_null() && !skipped.is_null());
+        engine.device = (DeviceType::CPU, 0);
+        assert_eq!(engine.param(w).unwrap().len(), 2);
     }
 }

@@ -698,3 +698,35 @@ fn hybrid_group_dp2_sharding2() {
         expect_status(HybridGroup::create(&comm, &wrong), Status::InvalidArgument);
     });
 }
+
+// ---------------------------------------------------------------------------------
+// Device and transport
+// ---------------------------------------------------------------------------------
+
+/// What a group of `size` thread-ranks of this process uses: shared memory, unless it
+/// is a single rank or HPS_COMM_SHM=0 (a non-zero integer keeps it on).
+fn expected_transport(size: i32) -> &'static str {
+    let shm_off = match std::env::var("HPS_COMM_SHM") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse::<i64>().unwrap() == 0,
+        _ => false,
+    };
+    if size < 2 || shm_off {
+        "tcp"
+    } else {
+        "shm"
+    }
+}
+
+#[test]
+fn device_and_transport_of_cpu_communicators() {
+    let got = run_ranks_with(2, "device", COMM_TIMEOUT, |_, comm| {
+        assert_eq!(comm.device().unwrap(), (DeviceType::CPU, 0));
+        comm.transport().unwrap()
+    });
+    assert_eq!(got, vec![expected_transport(2); 2]);
+    let store = Store::open(&unique_url("device1"), 0, OPEN_TIMEOUT).unwrap();
+    let comm = Communicator::create(&store, 0, 1, DeviceType::CPU, 0, None).unwrap();
+    assert_eq!(comm.device().unwrap(), (DeviceType::CPU, 0));
+    // A group of one has no peer to share memory with.
+    assert_eq!(comm.transport().unwrap(), "tcp");
+}

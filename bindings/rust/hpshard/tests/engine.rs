@@ -1352,3 +1352,21 @@ fn typed_views_refuse_other_dtypes() {
     assert_eq!(engine.grad_f16(h).unwrap().to_vec(), vec![F16::ZERO; 3]);
     assert!(!engine.is_poisoned());
 }
+
+// ---------------------------------------------------------------------------------
+// The engine's device
+// ---------------------------------------------------------------------------------
+
+#[test]
+fn engine_device_is_the_sharding_communicators() {
+    // CPU communicators: CPU engines, whose safe views work (the refusal off the CPU is
+    // tested in the crate's unit tests: a CUDA engine needs a GPU).
+    let devices = run_ranks("device", |_, mut comm| {
+        let comm_device = comm.device().unwrap();
+        let engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+        assert_eq!(engine.device(), comm_device);
+        assert!(!engine.sharding().transport().unwrap().is_empty());
+        engine.device()
+    });
+    assert_eq!(devices, vec![(DeviceType::CPU, 0); WORLD as usize]);
+}

@@ -487,4 +487,40 @@ class CommTest {
     t.close();
     assertThrows(IllegalStateException.class, () -> t.degree(Group.DP));
   }
+
+  // ---- device and transport --------------------------------------------------------------
+  /**
+   * What a group of {@code size} thread-ranks of this process uses: shared memory, unless it
+   * is a single rank or HPS_COMM_SHM=0 (a non-zero integer keeps it on).
+   */
+  static String expectedTransport(int size) {
+    String shm = System.getenv("HPS_COMM_SHM");
+    if (size < 2 || (shm != null && !shm.isBlank() && Long.parseLong(shm.strip()) == 0)) {
+      return "tcp";
+    }
+    return "shm";
+  }
+
+  @Test
+  void deviceAndTransportOfCpuCommunicators() throws Exception {
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_comm_device(null)));
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_comm_transport(null)));
+    List<String> transports = runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator comm = world(store, r, 2)) {
+        assertArrayEquals(new int[] {DeviceType.CPU.code(), 0},
+            HpshardNative.hps_comm_device(comm.handle()));
+        assertEquals(new Device(DeviceType.CPU, 0), comm.device());
+        assertTrue(comm.device().isHost());
+        assertEquals("cpu:0", comm.device().toString());
+        assertEquals(expectedTransport(2), comm.transport());
+        return comm.transport();
+      }
+    });
+    assertEquals(List.of(expectedTransport(2), expectedTransport(2)), transports);
+    try (Store store = Store.open("memory://java-single-" + UUID.randomUUID(), 0, 10000);
+        Communicator comm = world(store, 0, 1)) {
+      assertEquals(new Device(DeviceType.CPU, 0), comm.device());
+      assertEquals("tcp", comm.transport()); // a group of one has no peer to share memory with
+    }
+  }
 }

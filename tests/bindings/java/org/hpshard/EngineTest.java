@@ -444,4 +444,67 @@ class EngineTest {
       }
     });
   }
+
+  // ---- the engine's device and the host-view guard ----------------------------------------
+  @Test
+  void engineDeviceIsTheShardingCommunicators() throws Exception {
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_device(null)));
+    List<Device> devices = CommTest.runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator c = comm(store, r, 2);
+          Engine engine = Engine.create(c)) {
+        assertEquals(c.device(), engine.device());
+        assertArrayEquals(new int[] {DeviceType.CPU.code(), 0},
+            HpshardNative.hps_engine_device(engine.handle()));
+        return engine.device();
+      }
+    });
+    assertEquals(List.of(new Device(DeviceType.CPU, 0), new Device(DeviceType.CPU, 0)), devices);
+  }
+
+  @Test
+  void hostMemoryGuardDecision() {
+    // CPU engines get host views; every other device is refused with a message naming the
+    // device and the address accessor (no GPU is needed to decide).
+    Engine.requireHostMemory(new Device(DeviceType.CPU, 0), "Engine.param", "x");
+    HpsException e = assertThrows(HpsException.class, () -> Engine.requireHostMemory(
+        new Device(DeviceType.CUDA, 1), "Engine.param", "Engine.paramAddress"));
+    assertEquals(FAILED_PRECONDITION, e.status());
+    assertTrue(e.getMessage().contains("cuda:1"), e.getMessage());
+    assertTrue(e.getMessage().contains("Engine.paramAddress"), e.getMessage());
+  }
+
+  @Test
+  void engineViewsRefusedOffTheCpu() {
+    // A CUDA engine cannot be created without a GPU: a CPU engine marked as being on CUDA
+    // shows that every host view and reader consults the device first (the memory is host
+    // memory here, so nothing would crash without the guard: a missing guard fails the test).
+    try (Store store = Store.open("memory://java-guard-" + UUID.randomUUID(), 0, 10000);
+        Communicator c = comm(store, 0, 1);
+        Engine engine = Engine.create(c, null, new Engine.Options().dynamicLossScaling(true))) {
+      int w = engine.addParam("w", new long[] {2});
+      engine.seal();
+      assertEquals(8, engine.param(w).capacity()); // on the CPU: views
+      assertEquals(65536f, engine.lossScale());
+      assertEquals(0, engine.skippedSteps());
+      engine.setDeviceForTest(new Device(DeviceType.CUDA, 0));
+      List<Executable> calls = List.of(() -> engine.param(w), () -> engine.grad(w),
+          engine::lossScale, engine::skippedSteps);
+      List<String> accessors = List.of("paramAddress", "gradAddress", "lossScaleAddresses",
+          "lossScaleAddresses");
+      for (int i = 0; i < calls.size(); i++) {
+        HpsException e = assertThrows(HpsException.class, calls.get(i));
+        assertEquals(FAILED_PRECONDITION, e.status());
+        assertTrue(e.getMessage().contains("cuda:0"), e.getMessage());
+        assertTrue(e.getMessage().contains(accessors.get(i)), e.getMessage());
+      }
+      // The addresses stay available.
+      assertEquals(HpshardNative.hps_engine_param(engine.handle(), w), engine.paramAddress(w));
+      assertNotEquals(0, engine.paramAddress(w));
+      assertNotEquals(0, engine.gradAddress(w));
+      long[] addresses = engine.lossScaleAddresses();
+      assertNotEquals(0, addresses[0]);
+      assertNotEquals(0, addresses[1]);
+      engine.setDeviceForTest(new Device(DeviceType.CPU, 0));
+    }
+  }
 }
