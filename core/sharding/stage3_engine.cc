@@ -139,7 +139,8 @@ StatusOr<void*> Stage3Engine::grad_data(size_t index) {
   }
   Buffer& buf = buffers_[pl.buffer];
   if (!buf.grads) {
-    buf.grads = std::make_shared<std::vector<uint8_t>>(fb.numel * dtype_size(fb.dtype), 0);
+    buf.grads = std::make_shared<FullBuffer>(fb.numel * dtype_size(fb.dtype));
+    std::memset(buf.grads->data(), 0, buf.grads->size());
     note_resident();
   }
   return static_cast<void*>(buf.grads->data() + pl.offset * dtype_size(fb.dtype));
@@ -163,7 +164,7 @@ Status Stage3Engine::start_gather(size_t b) {
   const FlatBuffer& fb = plan_.buffers()[b];
   const uint64_t begin = plan_.shard(b, sharding_->rank()).first;
   const size_t element = dtype_size(fb.dtype);
-  buf.params = std::make_shared<std::vector<uint8_t>>(fb.numel * element);
+  buf.params = std::make_shared<FullBuffer>(fb.numel * element);
   // Our shard goes in place first (on the optimizer stream, after the latest update), then
   // the all-gather fills in the others'. fp16/bf16 buffers send their rounded shard.
   uint8_t* own = buf.params->data() + begin * element;

@@ -63,7 +63,18 @@ class Stage3Engine final : public ShardedEngine {
   Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
                EngineOptions options);
   // A full unit buffer in the parameters' dtype.
-  using Full = std::shared_ptr<std::vector<uint8_t>>;
+  // Not value-initialised: the all-gather writes every byte of a parameter buffer, so
+  // only gradient buffers are zeroed.
+  struct FullBuffer {
+    explicit FullBuffer(size_t bytes) : bytes_(new uint8_t[bytes]), size_(bytes) {}
+    uint8_t* data() { return bytes_.get(); }
+    size_t size() const { return size_; }
+
+   private:
+    std::unique_ptr<uint8_t[]> bytes_;
+    size_t size_;
+  };
+  using Full = std::shared_ptr<FullBuffer>;
   struct Unit {
     std::vector<size_t> buffers;
   };
