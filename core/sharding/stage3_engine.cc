@@ -101,7 +101,62 @@ Status Stage3Engine::broadcast_parameters() {
   initialised_ = true;
   peak_resident_ = 0;
   note_resident();
+  uint64_t largest_unit = 0;
+  for (const auto& [id, unit] : units_) {
+    uint64_t bytes = 0;
+    for (size_t b : unit.buffers) {
+      const FlatBuffer& fb = plan_.buffers()[b];
+      bytes += fb.numel * dtype_size(fb.dtype) * (fb.trainable ? 2 : 1);
+    }
+    largest_unit = std::max(largest_unit, bytes);
+  }
+  memory_budget_ =
+      resident_bytes() + static_cast<uint64_t>(options_.prefetch_window) * largest_unit;
   return Status::Ok();
+}
+
+Stage3Engine::Full Stage3Engine::take_full(size_t bytes) {
+  ++taken_full_;
+  std::unique_ptr<uint8_t[]> storage;
+  size_t capacity = bytes;
+  {
+    std::lock_guard lock(pool_mutex_);
+    // The same size only: a larger buffer would hold more than the request needs and let
+    // the resident bytes creep above what the engine needs at once.
+    auto it = pool_.find(bytes);
+    if (it != pool_.end()) {
+      capacity = it->first;
+      storage = std::move(it->second);
+      pool_.erase(it);
+      pooled_bytes_ -= capacity;
+    }
+  }
+  if (!storage) {
+    // A fresh allocation: first drop pooled buffers (of other sizes) that would take the
+    // resident bytes above the peak so far.
+    std::vector<std::unique_ptr<uint8_t[]>> dropped;
+    const uint64_t resident = resident_bytes();
+    {
+      std::lock_guard lock(pool_mutex_);
+      const uint64_t live = resident - std::min(resident, pooled_bytes_);
+      const uint64_t limit = std::max(peak_resident_, memory_budget_);
+      while (!pool_.empty() && live + pooled_bytes_ + bytes > limit) {
+        pooled_bytes_ -= pool_.begin()->first;
+        dropped.push_back(std::move(pool_.begin()->second));
+        pool_.erase(pool_.begin());
+      }
+    }
+    storage.reset(new uint8_t[bytes]);
+    ++fresh_full_;
+  }
+  return Full(new FullBuffer(std::move(storage), bytes, capacity), [this](FullBuffer* f) {
+    {
+      std::lock_guard lock(pool_mutex_);
+      pooled_bytes_ += f->capacity();
+      pool_.emplace(f->capacity(), std::move(f->bytes));
+    }
+    delete f;
+  });
 }
 
 const Stage3Engine::Unit* Stage3Engine::find_unit(int32_t unit) const {
@@ -139,7 +194,7 @@ StatusOr<void*> Stage3Engine::grad_data(size_t index) {
   }
   Buffer& buf = buffers_[pl.buffer];
   if (!buf.grads) {
-    buf.grads = std::make_shared<FullBuffer>(fb.numel * dtype_size(fb.dtype));
+    buf.grads = take_full(fb.numel * dtype_size(fb.dtype));
     std::memset(buf.grads->data(), 0, buf.grads->size());
     note_resident();
   }
@@ -164,7 +219,7 @@ Status Stage3Engine::start_gather(size_t b) {
   const FlatBuffer& fb = plan_.buffers()[b];
   const uint64_t begin = plan_.shard(b, sharding_->rank()).first;
   const size_t element = dtype_size(fb.dtype);
-  buf.params = std::make_shared<FullBuffer>(fb.numel * element);
+  buf.params = take_full(fb.numel * element);
   // Our shard goes in place first (on the optimizer stream, after the latest update), then
   // the all-gather fills in the others'. fp16/bf16 buffers send their rounded shard.
   uint8_t* own = buf.params->data() + begin * element;
@@ -333,7 +388,7 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
     });
   }
   // The full gradient buffer lives until its reduction has read it; poll() lets it go.
-  const uint64_t bytes = buf.grads->size();
+  const uint64_t bytes = buf.grads->capacity();
   in_flight_bytes_ += bytes;
   HPS_RETURN_IF_ERROR(in_flight_.add(
       {work, {buf.grads}, [this, bytes](const Status&) { in_flight_bytes_ -= bytes; }}));
@@ -460,10 +515,15 @@ uint64_t Stage3Engine::resident_bytes() const {
     for (const auto& v : *group) n += v.size() * sizeof(float);
   }
   for (const auto& buf : buffers_) {
-    if (buf.params) n += buf.params->size();
-    if (buf.grads) n += buf.grads->size();
+    if (buf.params) n += buf.params->capacity();
+    if (buf.grads) n += buf.grads->capacity();
   }
-  return n + in_flight_bytes_;
+  uint64_t pooled = 0;
+  {
+    std::lock_guard lock(pool_mutex_);
+    pooled = pooled_bytes_;
+  }
+  return n + in_flight_bytes_ + pooled;
 }
 
 void Stage3Engine::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }

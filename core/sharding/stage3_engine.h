@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/clip/hybrid_clip.h"
@@ -51,6 +52,10 @@ class Stage3Engine final : public ShardedEngine {
   uint64_t gathers_found_in_flight() const { return found_in_flight_; }
   // release() calls that kept their unit live because the recorded order gathers it next.
   uint64_t releases_kept_live() const { return kept_live_; }
+  // Full buffers handed out since seal(), and those of them allocated afresh (not reused
+  // from the pool).
+  uint64_t full_buffers_taken() const { return taken_full_; }
+  uint64_t fresh_full_buffers() const { return fresh_full_; }
   const LayoutPlan& plan() const override { return plan_; }
   const float* loss_scale() const override { return &step_state_.loss_scale; }
   const int64_t* skipped_steps() const override { return &step_state_.skipped_steps; }
@@ -66,15 +71,25 @@ class Stage3Engine final : public ShardedEngine {
   // Not value-initialised: the all-gather writes every byte of a parameter buffer, so
   // only gradient buffers are zeroed.
   struct FullBuffer {
-    explicit FullBuffer(size_t bytes) : bytes_(new uint8_t[bytes]), size_(bytes) {}
-    uint8_t* data() { return bytes_.get(); }
+    FullBuffer(std::unique_ptr<uint8_t[]> storage, size_t size, size_t capacity)
+        : bytes(std::move(storage)), size_(size), capacity_(capacity) {}
+    uint8_t* data() { return bytes.get(); }
     size_t size() const { return size_; }
+    size_t capacity() const { return capacity_; }  // what it holds resident
+    std::unique_ptr<uint8_t[]> bytes;
 
    private:
-    std::unique_ptr<uint8_t[]> bytes_;
     size_t size_;
+    size_t capacity_;
   };
   using Full = std::shared_ptr<FullBuffer>;
+  // A full buffer of `bytes`, reusing a freed one of that size when the pool has one.
+  // Freed buffers return to the pool; before a fresh allocation the pool gives back what
+  // would lift the resident bytes above both the peak so far and the memory budget (the
+  // shards plus prefetch_window units of full parameters and gradients), so pooling never
+  // takes the engine past either: it keeps memory the engine may use anyway (no page
+  // faults and no allocator trips per gather in steady steps).
+  Full take_full(size_t bytes);
   struct Unit {
     std::vector<size_t> buffers;
   };
@@ -104,6 +119,10 @@ class Stage3Engine final : public ShardedEngine {
   // shard in that dtype too (what the all-gather sends) and the reduced gradient shard.
   std::vector<std::vector<uint8_t>> init_, wire_shards_, wire_reduced_;
   std::vector<std::vector<float>> param_shards_, grad_shards_, incoming_, state_a_, state_b_;
+  mutable std::mutex pool_mutex_;  // buffers are freed where their last holder lets go
+  std::multimap<size_t, std::unique_ptr<uint8_t[]>> pool_;
+  uint64_t pooled_bytes_ = 0;
+  uint64_t memory_budget_ = 0;  // set by broadcast_parameters()
   std::vector<Buffer> buffers_;
   std::map<int32_t, Unit> units_;
   std::vector<size_t> position_in_buffer_;
@@ -117,6 +136,8 @@ class Stage3Engine final : public ShardedEngine {
   uint64_t prefetched_ = 0;
   uint64_t found_in_flight_ = 0;
   uint64_t kept_live_ = 0;
+  uint64_t fresh_full_ = 0;
+  uint64_t taken_full_ = 0;
   std::unique_ptr<cpu::CpuStream> optimizer_stream_;
   // Per buffer: recorded on the optimizer stream after its latest update; its next
   // all-gather (on the communicator's stream) waits for this alone.

@@ -103,7 +103,12 @@ void train_and_compare(const TrainingSetup& s) {
     }
     ASSERT_TRUE(e.broadcast_parameters().ok());
     EXPECT_EQ(e.gather_all().status().code(), StatusCode::kOk);
+    uint64_t fresh_before = 0, taken_before = 0;
     for (int step = 0; step < s.steps; ++step) {
+      if (step == 2) {
+        fresh_before = e.fresh_full_buffers();
+        taken_before = e.full_buffers_taken();
+      }
       host_sync_reset();
       for (int m = 0; m < s.options.accumulation_steps; ++m) {
         for (int32_t u = 0; u < kUnits; ++u) {  // forward
@@ -134,6 +139,15 @@ void train_and_compare(const TrainingSetup& s) {
       // The last unit of the forward is gathered again at once for its backward: its
       // release keeps it live instead of gathering the same values twice.
       EXPECT_GE(e.releases_kept_live(), static_cast<uint64_t>(s.steps - 1));
+    }
+    if (s.steps > 2) {
+      // Steady steps reuse full buffers freed before (no allocation, no page faults) as far
+      // as the memory budget lets the pool keep this model's four unit sizes: most of them
+      // here (without the pool every one would be fresh).
+      const uint64_t taken = e.full_buffers_taken() - taken_before;
+      const uint64_t fresh = e.fresh_full_buffers() - fresh_before;
+      EXPECT_GT(taken, 0u);
+      EXPECT_LE(2 * fresh, taken) << fresh << " of " << taken << " full buffers fresh";
     }
     auto all = e.gather_all();
     ASSERT_TRUE(all.ok()) << all.status().to_string();
