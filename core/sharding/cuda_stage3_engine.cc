@@ -114,7 +114,7 @@ Status CudaStage3Engine::seal() {
   }
   buffers_.resize(n);
   updated_.assign(n, nullptr);
-  position_in_buffer_.assign(plan_.params().size(), 0);
+  schedule_.init(plan_, options_.accumulation_steps, options_.prefetch_window);
   const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
   const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
   const cudaStream_t s = opt_stream();
@@ -140,10 +140,6 @@ Status CudaStage3Engine::seal() {
         shard_bytes_ += shard * sizeof(float);
       }
     }
-    buffers_[b].checked_in.assign(buf.params.size(), 0);
-    buffers_[b].pending = buf.trainable ? buf.params.size() : 0;
-    for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
-    units_[buf.unit].buffers.push_back(b);
   }
   // Constants the kernels read from device memory, written once here (set-up, not a step).
   HPS_RETURN_IF_ERROR(device_alloc(&device_mean_scale_, 1, s));
@@ -193,11 +189,6 @@ Status CudaStage3Engine::broadcast_parameters() {
   peak_resident_ = 0;
   note_resident();
   return Status::Ok();
-}
-
-const CudaStage3Engine::Unit* CudaStage3Engine::find_unit(int32_t unit) const {
-  auto it = units_.find(unit);
-  return it == units_.end() ? nullptr : &it->second;
 }
 
 StatusOr<void*> CudaStage3Engine::param_data(size_t index) {
@@ -275,26 +266,6 @@ Status CudaStage3Engine::start_gather(size_t b) {
   return Status::Ok();
 }
 
-Status CudaStage3Engine::prefetch_after(size_t position) {
-  auto live_units = [&] {
-    int32_t live = 0;
-    for (const auto& [id, unit] : units_) {
-      bool any = false;
-      for (size_t b : unit.buffers) any = any || buffers_[b].params != nullptr;
-      live += any ? 1 : 0;
-    }
-    return live;
-  };
-  for (size_t k = position + 1; k < order_.size(); ++k) {
-    if (live_units() >= options_.prefetch_window) break;
-    for (size_t b : find_unit(order_[k])->buffers) {
-      if (buffers_[b].params == nullptr) ++prefetched_;
-      HPS_RETURN_IF_ERROR(start_gather(b));
-    }
-  }
-  return Status::Ok();
-}
-
 Status CudaStage3Engine::gather(int32_t unit) {
   if (!sealed_) return failed_precondition("engine: gather() before seal()");
   if (!initialised_) {
@@ -302,21 +273,16 @@ Status CudaStage3Engine::gather(int32_t unit) {
         "engine: call broadcast_parameters() after writing the initial values, before the "
         "first gather() (stage 3)");
   }
-  const Unit* u = find_unit(unit);
-  if (u == nullptr)
-    return not_found("engine: no parameters belong to unit " + std::to_string(unit));
+  HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* unit_buffers, schedule_.unit_buffers(unit));
   HPS_RETURN_IF_ERROR(cuda::set_device(device_index_));
-  for (size_t b : u->buffers) HPS_RETURN_IF_ERROR(start_gather(b));
-  if (recording_) {
-    order_.push_back(unit);
-  } else {
-    const size_t position =
-        cursor_ < order_.size() && order_[cursor_] == unit ? cursor_ : order_.size();
-    ++cursor_;
-    if (position < order_.size()) HPS_RETURN_IF_ERROR(prefetch_after(position));
+  for (size_t b : *unit_buffers) HPS_RETURN_IF_ERROR(start_gather(b));
+  for (size_t b :
+       schedule_.on_gather(unit, [this](size_t k) { return buffers_[k].params != nullptr; })) {
+    ++prefetched_;
+    HPS_RETURN_IF_ERROR(start_gather(b));
   }
   // The compute stream waits for the unit's all-gathers on the device; the host goes on.
-  for (size_t b : u->buffers) {
+  for (size_t b : *unit_buffers) {
     Buffer& buf = buffers_[b];
     HPS_ASSIGN_OR_RETURN(cudaEvent_t gathered, done_event(*buf.gathering));
     HPS_RETURN_IF_ERROR(
@@ -328,18 +294,16 @@ Status CudaStage3Engine::gather(int32_t unit) {
 
 Status CudaStage3Engine::release(int32_t unit) {
   if (!sealed_) return failed_precondition("engine: release() before seal()");
-  const Unit* u = find_unit(unit);
-  if (u == nullptr)
-    return not_found("engine: no parameters belong to unit " + std::to_string(unit));
-  for (size_t b : u->buffers) {
+  HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* unit_buffers, schedule_.unit_buffers(unit));
+  for (size_t b : *unit_buffers) {
     if (buffers_[b].grads != nullptr) {
       return failed_precondition("engine: release(" + std::to_string(unit) +
                                  ") while some of its gradients have not checked in");
     }
   }
   // The unit the recorded order gathers next stays live (see Stage3Engine::release).
-  const bool gathered_next = !recording_ && cursor_ < order_.size() && order_[cursor_] == unit;
-  for (size_t b : u->buffers) {
+  const bool gathered_next = schedule_.gathered_next(unit);
+  for (size_t b : *unit_buffers) {
     Buffer& buf = buffers_[b];
     if (buf.params == nullptr) continue;
     if (gathered_next) {
@@ -379,19 +343,14 @@ Status CudaStage3Engine::grad_ready(size_t index, Stream* ready) {
   Buffer& buf = buffers_[b];
   if (buf.grads == nullptr) {
     return failed_precondition(
-        buf.reduced_this_micro_batch
+        schedule_.reduced_this_micro_batch(b)
             ? "engine: the gradient of '" + plan_.params()[index].name +
                   "' checked in twice in one micro-batch"
             : "engine: grad_ready for '" + plan_.params()[index].name +
                   "' without a gradient: take grad() while its unit is gathered");
   }
-  auto& flag = buf.checked_in[position_in_buffer_[index]];
-  if (flag) {
-    return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
-                               "' checked in twice in one micro-batch");
-  }
-  flag = 1;
-  if (--buf.pending > 0) return Status::Ok();
+  HPS_ASSIGN_OR_RETURN(bool complete, schedule_.check_in(plan_, index));
+  if (!complete) return Status::Ok();
   HPS_RETURN_IF_ERROR(cuda::set_device(device_index_));
   // The unit's full gradient is complete: reduce-scatter it (after the stream that wrote
   // it) into the shard, or into scratch and add for later micro-batches; then free it in
@@ -399,7 +358,7 @@ Status CudaStage3Engine::grad_ready(size_t index, Stream* ready) {
   const cudaStream_t cs = comm_stream();
   HPS_RETURN_IF_ERROR(order_after(cs, ready ? native(*ready) : compute()));
   const size_t n = fb.shard_numel;
-  const bool first = micro_batch_ == 0;
+  const bool first = schedule_.first_micro_batch();
   float* out = first ? grad_shards_[b] : incoming_[b];
   HPS_ASSIGN_OR_RETURN(auto work, sharding_->reduce_scatter(buf.grads, out, n, DType::kFloat32,
                                                             ReduceOp::kSum, nullptr));
@@ -407,36 +366,20 @@ Status CudaStage3Engine::grad_ready(size_t index, Stream* ready) {
   HPS_RETURN_IF_ERROR(cuda_status(cudaFreeAsync(buf.grads, cs), "cudaFreeAsync"));
   live_bytes_ -= fb.numel * sizeof(float);
   buf.grads = nullptr;
-  const bool last_micro_batch = micro_batch_ == options_.accumulation_steps - 1;
-  if (last_micro_batch && dp_ && dp_->size() > 1) {
+  if (schedule_.last_micro_batch() && dp_ && dp_->size() > 1) {
     HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(grad_shards_[b], grad_shards_[b], n, DType::kFloat32,
                                                ReduceOp::kSum, &sharding_->stream()));
   }
   // step() orders the optimizer after the whole communicator stream (the accumulation
   // included); the work is kept for its status and for synchronize().
   buf.reduced = std::move(work);
-  buf.reduced_this_micro_batch = true;
-  std::fill(buf.checked_in.begin(), buf.checked_in.end(), 0);
-  buf.pending = buf.checked_in.size();
-  bool all = true;
-  for (size_t k = 0; k < buffers_.size(); ++k) {
-    if (plan_.buffers()[k].trainable) all = all && buffers_[k].reduced_this_micro_batch;
-  }
-  if (all) {
-    for (auto& x : buffers_) x.reduced_this_micro_batch = false;
-    micro_batch_ = last_micro_batch ? options_.accumulation_steps : micro_batch_ + 1;
-  }
+  schedule_.buffer_reduced(plan_, b);
   return Status::Ok();
 }
 
 Status CudaStage3Engine::step() {
   if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
-  if (micro_batch_ != options_.accumulation_steps) {
-    return failed_precondition(
-        "engine: step() before backward finished: not every gradient checked in on the last "
-        "micro-batch (" +
-        std::to_string(options_.accumulation_steps) + " per step)");
-  }
+  HPS_RETURN_IF_ERROR(schedule_.check_step_due());
   HPS_RETURN_IF_ERROR(cuda::set_device(device_index_));
   const cudaStream_t opt = opt_stream();
   // Everything the communicator streams did for this step, then the mean (one pass), the
@@ -473,9 +416,7 @@ Status CudaStage3Engine::step() {
     }
     HPS_RETURN_IF_ERROR(cuda_status(cudaEventRecord(updated_[b], opt), "cudaEventRecord"));
   }
-  micro_batch_ = 0;
-  recording_ = false;
-  cursor_ = 0;
+  schedule_.stepped();
   return Status::Ok();
 }
 

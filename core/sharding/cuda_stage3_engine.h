@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/sharding/sharded_engine.h"
+#include "core/sharding/stage3_schedule.h"
 
 namespace hps {
 
@@ -63,27 +64,19 @@ class CudaStage3Engine final : public ShardedEngine {
  private:
   CudaStage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
                    EngineOptions options);
-  struct Unit {
-    std::vector<size_t> buffers;
-  };
   struct Buffer {
     float* params = nullptr;          // live full parameters (gathered or in flight)
     std::shared_ptr<Work> gathering;  // the all-gather filling `params` (owns its event)
     bool in_use = false;
-    float* grads = nullptr;  // full gradients of this micro-batch
-    std::vector<uint8_t> checked_in;
-    size_t pending = 0;
+    float* grads = nullptr;         // full gradients of this micro-batch
     std::shared_ptr<Work> reduced;  // this step's reduction into the shard (last of them)
-    bool reduced_this_micro_batch = false;
   };
 
   cudaStream_t compute() const;
   cudaStream_t comm_stream() const;
   cudaStream_t opt_stream() const;
   Status start_gather(size_t b);
-  Status prefetch_after(size_t position);
   void note_resident();
-  const Unit* find_unit(int32_t unit) const;
   Status free_device_memory();
 
   std::shared_ptr<Communicator> sharding_, dp_;
@@ -100,12 +93,7 @@ class CudaStage3Engine final : public ShardedEngine {
   // Per buffer: recorded on the optimizer stream after its latest update (null before the
   // first step); its next all-gather waits for this alone.
   std::vector<cudaEvent_t> updated_;
-  std::map<int32_t, Unit> units_;
-  std::vector<size_t> position_in_buffer_;
-  std::vector<int32_t> order_;
-  bool recording_ = true;
-  size_t cursor_ = 0;
-  int32_t micro_batch_ = 0;
+  Stage3Schedule schedule_;  // units, the recorded gather order, check-ins, micro-batches
   int64_t steps_ = 0;
   float* device_mean_scale_ = nullptr;
   float* device_loss_scale_ = nullptr;

@@ -49,7 +49,7 @@ Status Stage3Engine::seal() {
   buffers_.resize(n);
   updated_.clear();
   for (size_t b = 0; b < n; ++b) updated_.push_back(std::make_unique<cpu::CpuEvent>());
-  position_in_buffer_.assign(plan_.params().size(), 0);
+  schedule_.init(plan_, options_.accumulation_steps, options_.prefetch_window);
   const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
   const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
   for (size_t b = 0; b < n; ++b) {
@@ -68,10 +68,6 @@ Status Stage3Engine::seal() {
       if (adamw || momentum) state_a_[b].assign(buf.shard_numel, 0.0f);
       if (adamw) state_b_[b].assign(buf.shard_numel, 0.0f);
     }
-    buffers_[b].checked_in.assign(buf.params.size(), 0);
-    buffers_[b].pending = buf.trainable ? buf.params.size() : 0;
-    for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
-    units_[buf.unit].buffers.push_back(b);
   }
   HPS_ASSIGN_OR_RETURN(clip_,
                        make_shard_clip(sharding_, options_, plan_, shard_pointers(grad_shards_)));
@@ -101,15 +97,12 @@ Status Stage3Engine::broadcast_parameters() {
   initialised_ = true;
   peak_resident_ = 0;
   note_resident();
-  uint64_t largest_unit = 0;
-  for (const auto& [id, unit] : units_) {
-    uint64_t bytes = 0;
-    for (size_t b : unit.buffers) {
-      const FlatBuffer& fb = plan_.buffers()[b];
-      bytes += fb.numel * dtype_size(fb.dtype) * (fb.trainable ? 2 : 1);
-    }
-    largest_unit = std::max(largest_unit, bytes);
+  std::map<int32_t, uint64_t> unit_bytes;
+  for (const FlatBuffer& fb : plan_.buffers()) {
+    unit_bytes[fb.unit] += fb.numel * dtype_size(fb.dtype) * (fb.trainable ? 2 : 1);
   }
+  uint64_t largest_unit = 0;
+  for (const auto& [unit, bytes] : unit_bytes) largest_unit = std::max(largest_unit, bytes);
   memory_budget_ =
       resident_bytes() + static_cast<uint64_t>(options_.prefetch_window) * largest_unit;
   return Status::Ok();
@@ -157,11 +150,6 @@ Stage3Engine::Full Stage3Engine::take_full(size_t bytes) {
     }
     delete f;
   });
-}
-
-const Stage3Engine::Unit* Stage3Engine::find_unit(int32_t unit) const {
-  auto it = units_.find(unit);
-  return it == units_.end() ? nullptr : &it->second;
 }
 
 StatusOr<void*> Stage3Engine::param_data(size_t index) {
@@ -237,27 +225,6 @@ Status Stage3Engine::start_gather(size_t b) {
   return Status::Ok();
 }
 
-Status Stage3Engine::prefetch_after(size_t position) {
-  // Units ahead in the recorded order, while fewer than `window` units hold live buffers.
-  auto live_units = [&] {
-    int32_t live = 0;
-    for (const auto& [id, unit] : units_) {
-      bool any = false;
-      for (size_t b : unit.buffers) any = any || static_cast<bool>(buffers_[b].params);
-      live += any ? 1 : 0;
-    }
-    return live;
-  };
-  for (size_t k = position + 1; k < order_.size(); ++k) {
-    if (live_units() >= options_.prefetch_window) break;
-    for (size_t b : find_unit(order_[k])->buffers) {
-      if (!buffers_[b].params) ++prefetched_;
-      HPS_RETURN_IF_ERROR(start_gather(b));
-    }
-  }
-  return Status::Ok();
-}
-
 Status Stage3Engine::gather(int32_t unit) {
   if (!sealed_) return failed_precondition("engine: gather() before seal()");
   HPS_RETURN_IF_ERROR(in_flight_.poll().status());
@@ -266,22 +233,17 @@ Status Stage3Engine::gather(int32_t unit) {
         "engine: call broadcast_parameters() after writing the initial "
         "values, before the first gather() (stage 3)");
   }
-  const Unit* u = find_unit(unit);
-  if (u == nullptr)
-    return not_found("engine: no parameters belong to unit " + std::to_string(unit));
-  for (size_t b : u->buffers) {
+  HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* unit_buffers, schedule_.unit_buffers(unit));
+  for (size_t b : *unit_buffers) {
     if (buffers_[b].params) ++found_in_flight_;
     HPS_RETURN_IF_ERROR(start_gather(b));
   }
-  size_t position = 0;
-  if (recording_) {
-    order_.push_back(unit);
-  } else {
-    position = cursor_ < order_.size() && order_[cursor_] == unit ? cursor_ : order_.size();
-    ++cursor_;
-    if (position < order_.size()) HPS_RETURN_IF_ERROR(prefetch_after(position));
+  // Later steps start the next units' all-gathers ahead, in the recorded order.
+  for (size_t b : schedule_.on_gather(unit, [this](size_t k) { return !!buffers_[k].params; })) {
+    ++prefetched_;
+    HPS_RETURN_IF_ERROR(start_gather(b));
   }
-  for (size_t b : u->buffers) {
+  for (size_t b : *unit_buffers) {
     Buffer& buf = buffers_[b];
     HPS_ASSIGN_OR_RETURN(bool done, buf.gathering->test());
     if (!done) {
@@ -300,10 +262,8 @@ Status Stage3Engine::gather(int32_t unit) {
 
 Status Stage3Engine::release(int32_t unit) {
   if (!sealed_) return failed_precondition("engine: release() before seal()");
-  const Unit* u = find_unit(unit);
-  if (u == nullptr)
-    return not_found("engine: no parameters belong to unit " + std::to_string(unit));
-  for (size_t b : u->buffers) {
+  HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* unit_buffers, schedule_.unit_buffers(unit));
+  for (size_t b : *unit_buffers) {
     Buffer& buf = buffers_[b];
     if (buf.grads) {  // taken this micro-batch, and the unit's reduction not yet started
       return failed_precondition("engine: release(" + std::to_string(unit) +
@@ -313,9 +273,9 @@ Status Stage3Engine::release(int32_t unit) {
   // The unit the recorded order gathers next (the last layer of a forward, gathered again
   // at once for its backward) stays live: no second all-gather of the same values. It
   // counts against the window like any live unit.
-  const bool gathered_next = !recording_ && cursor_ < order_.size() && order_[cursor_] == unit;
+  const bool gathered_next = schedule_.gathered_next(unit);
   if (gathered_next) ++kept_live_;
-  for (size_t b : u->buffers) {
+  for (size_t b : *unit_buffers) {
     Buffer& buf = buffers_[b];
     buf.in_use = false;
     if (gathered_next) continue;
@@ -337,7 +297,7 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
                                "' is not trainable");
   }
   Buffer& buf = buffers_[b];
-  if (!buf.grads && buf.reduced_this_micro_batch) {
+  if (!buf.grads && schedule_.reduced_this_micro_batch(b)) {
     return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
                                "' checked in twice in one micro-batch");
   }
@@ -345,13 +305,8 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
     return failed_precondition("engine: grad_ready for '" + plan_.params()[index].name +
                                "' without a gradient: take grad() while its unit is gathered");
   }
-  auto& flag = buf.checked_in[position_in_buffer_[index]];
-  if (flag || buf.reduced_this_micro_batch) {
-    return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
-                               "' checked in twice in one micro-batch");
-  }
-  flag = 1;
-  if (--buf.pending > 0) return Status::Ok();
+  HPS_ASSIGN_OR_RETURN(bool complete, schedule_.check_in(plan_, index));
+  if (!complete) return Status::Ok();
   // The unit's full gradient is complete: reduce-scatter it into the shard, add it to the
   // shard's accumulated gradient, and let the full buffer go once the reduction is done.
   uint8_t* full = buf.grads->data();
@@ -360,7 +315,7 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
   auto& comm_stream = static_cast<cpu::CpuStream&>(sharding_->stream());
   HPS_RETURN_IF_ERROR(in_flight_.poll().status());
   std::shared_ptr<Work> work;
-  const bool first = micro_batch_ == 0;
+  const bool first = schedule_.first_micro_batch();
   if (fb.dtype == DType::kFloat32) {
     // The first micro-batch lands in the shard directly; later ones are added to it.
     float* out = first ? shard : incoming_[b].data();
@@ -393,37 +348,18 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
   HPS_RETURN_IF_ERROR(in_flight_.add(
       {work, {buf.grads}, [this, bytes](const Status&) { in_flight_bytes_ -= bytes; }}));
   buf.grads.reset();
-  const bool last_micro_batch = micro_batch_ == options_.accumulation_steps - 1;
-  if (last_micro_batch && dp_ && dp_->size() > 1) {
+  if (schedule_.last_micro_batch() && dp_ && dp_->size() > 1) {
     HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(shard, shard, n, DType::kFloat32, ReduceOp::kSum,
                                                &sharding_->stream()));
   }
   buf.reduced = std::move(work);
-  buf.reduced_this_micro_batch = true;
-  std::fill(buf.checked_in.begin(), buf.checked_in.end(), 0);
-  buf.pending = buf.checked_in.size();
-  bool all = true;
-  for (size_t k = 0; k < buffers_.size(); ++k) {
-    if (plan_.buffers()[k].trainable) all = all && buffers_[k].reduced_this_micro_batch;
-  }
-  if (all) {
-    for (auto& x : buffers_) x.reduced_this_micro_batch = false;
-    if (!last_micro_batch)
-      ++micro_batch_;
-    else
-      micro_batch_ = options_.accumulation_steps;  // the step is due
-  }
+  schedule_.buffer_reduced(plan_, b);
   return Status::Ok();
 }
 
 Status Stage3Engine::step() {
   if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
-  if (micro_batch_ != options_.accumulation_steps) {
-    return failed_precondition(
-        "engine: step() before backward finished: not every gradient checked in on the last "
-        "micro-batch (" +
-        std::to_string(options_.accumulation_steps) + " per step)");
-  }
+  HPS_RETURN_IF_ERROR(schedule_.check_step_due());
   cpu::CpuStream& opt = *optimizer_stream_;
   const float mean_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
                                                      options_.accumulation_steps);
@@ -465,9 +401,7 @@ Status Stage3Engine::step() {
     // What the buffer's next all-gather waits for.
     HPS_RETURN_IF_ERROR(updated_[b]->record(opt));
   }
-  micro_batch_ = 0;
-  recording_ = false;
-  cursor_ = 0;
+  schedule_.stepped();
   return Status::Ok();
 }
 

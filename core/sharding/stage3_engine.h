@@ -16,6 +16,7 @@
 #include "core/device/cpu/stream.h"
 #include "core/flow/task_flow.h"
 #include "core/sharding/sharded_engine.h"
+#include "core/sharding/stage3_schedule.h"
 
 namespace hps {
 
@@ -90,24 +91,16 @@ class Stage3Engine final : public ShardedEngine {
   // takes the engine past either: it keeps memory the engine may use anyway (no page
   // faults and no allocator trips per gather in steady steps).
   Full take_full(size_t bytes);
-  struct Unit {
-    std::vector<size_t> buffers;
-  };
   struct Buffer {
     Full params;                      // live full parameters (gathered or in flight)
     std::shared_ptr<Work> gathering;  // the all-gather filling `params`
     bool in_use = false;              // gathered by the framework and not released
     Full grads;                       // live full gradients of this micro-batch
-    std::vector<uint8_t> checked_in;  // per parameter of the buffer
-    size_t pending = 0;
-    std::shared_ptr<Work> reduced;  // this step's reduction into the shard
-    bool reduced_this_micro_batch = false;
+    std::shared_ptr<Work> reduced;    // this step's reduction into the shard
   };
 
   Status start_gather(size_t b);
-  Status prefetch_after(size_t position);
   void note_resident();
-  const Unit* find_unit(int32_t unit) const;
 
   std::shared_ptr<Communicator> sharding_, dp_;
   EngineOptions options_;
@@ -124,13 +117,7 @@ class Stage3Engine final : public ShardedEngine {
   uint64_t pooled_bytes_ = 0;
   uint64_t memory_budget_ = 0;  // set by broadcast_parameters()
   std::vector<Buffer> buffers_;
-  std::map<int32_t, Unit> units_;
-  std::vector<size_t> position_in_buffer_;
-  // The gather order of the first step, then the cursor into it within a step.
-  std::vector<int32_t> order_;
-  bool recording_ = true;
-  size_t cursor_ = 0;
-  int32_t micro_batch_ = 0;
+  Stage3Schedule schedule_;  // units, the recorded gather order, check-ins, micro-batches
   int64_t steps_ = 0;
   uint64_t peak_resident_ = 0;
   uint64_t prefetched_ = 0;
