@@ -62,6 +62,22 @@ Status check_same_model(Communicator& comm, const LayoutPlan& plan) {
   return Status::Ok();
 }
 
+Status check_param_index(const LayoutPlan& plan, size_t index) {
+  if (index < plan.params().size()) return Status::Ok();
+  return out_of_range("engine: no parameter " + std::to_string(index));
+}
+
+Status check_trainable(const LayoutPlan& plan, size_t index, const char* what) {
+  if (plan.buffers()[plan.placement(index).buffer].trainable) return Status::Ok();
+  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' " + what);
+}
+
+Status not_gathered(const LayoutPlan& plan, size_t index) {
+  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' of unit " +
+                             std::to_string(plan.buffers()[plan.placement(index).buffer].unit) +
+                             " is not gathered: call gather(unit) first (stage 3)");
+}
+
 Status check_float32_view(const LayoutPlan& plan, size_t index) {
   const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
   if (d == DType::kFloat32) return Status::Ok();

@@ -126,6 +126,13 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               DeviceType device = DeviceType::kCpu);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
+// OUT_OF_RANGE unless `index` names a registered parameter.
+Status check_param_index(const LayoutPlan& plan, size_t index);
+// FAILED_PRECONDITION naming the parameter when it is frozen; `what` ends the message
+// ("is not trainable" ...).
+Status check_trainable(const LayoutPlan& plan, size_t index, const char* what);
+// Stage 3: the FAILED_PRECONDITION of a view of a parameter whose unit is not gathered.
+Status not_gathered(const LayoutPlan& plan, size_t index);
 // OK when parameter `index` is float32 (its float* views); else FAILED_PRECONDITION
 // pointing at the data views.
 Status check_float32_view(const LayoutPlan& plan, size_t index);

@@ -96,9 +96,7 @@ Status Stage2Engine::broadcast_parameters() {
 
 StatusOr<void*> Stage2Engine::param_data(size_t index) {
   if (!sealed_) return failed_precondition("engine: views exist after seal()");
-  if (index >= plan_.params().size()) {
-    return out_of_range("engine: no parameter " + std::to_string(index));
-  }
+  HPS_RETURN_IF_ERROR(check_param_index(plan_, index));
   const Placement& p = plan_.placement(index);
   const DType d = plan_.buffers()[p.buffer].dtype;
   return static_cast<void*>(params_[p.buffer].data() + p.offset * dtype_size(d));
@@ -108,10 +106,7 @@ StatusOr<void*> Stage2Engine::grad_data(size_t index) {
   HPS_RETURN_IF_ERROR(param_data(index).status());
   const Placement& pl = plan_.placement(index);
   const FlatBuffer& buf = plan_.buffers()[pl.buffer];
-  if (!buf.trainable) {
-    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
-                               "' is not trainable and has no gradient");
-  }
+  HPS_RETURN_IF_ERROR(check_trainable(plan_, index, "is not trainable and has no gradient"));
   return static_cast<void*>(grads_[pl.buffer].data() + pl.offset * dtype_size(buf.dtype));
 }
 
@@ -176,14 +171,9 @@ Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
 
 Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
   if (!sealed_) return failed_precondition("engine: grad_ready() before seal()");
-  if (index >= plan_.params().size()) {
-    return out_of_range("engine: no parameter " + std::to_string(index));
-  }
+  HPS_RETURN_IF_ERROR(check_param_index(plan_, index));
   const size_t b = plan_.placement(index).buffer;
-  if (!plan_.buffers()[b].trainable) {
-    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
-                               "' is not trainable");
-  }
+  HPS_RETURN_IF_ERROR(check_trainable(plan_, index, "is not trainable"));
   Bucket& bucket = buckets_[b];
   auto& flag = bucket.checked_in[position_in_buffer_[index]];
   if (flag || bucket.complete) {

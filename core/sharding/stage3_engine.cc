@@ -154,17 +154,13 @@ Stage3Engine::Full Stage3Engine::take_full(size_t bytes) {
 
 StatusOr<void*> Stage3Engine::param_data(size_t index) {
   if (!sealed_) return failed_precondition("engine: views exist after seal()");
-  if (index >= plan_.params().size()) {
-    return out_of_range("engine: no parameter " + std::to_string(index));
-  }
+  HPS_RETURN_IF_ERROR(check_param_index(plan_, index));
   const Placement& p = plan_.placement(index);
   const size_t offset = p.offset * dtype_size(plan_.buffers()[p.buffer].dtype);
   if (!initialised_) return static_cast<void*>(init_[p.buffer].data() + offset);
   const Buffer& buf = buffers_[p.buffer];
   if (!buf.in_use) {
-    return failed_precondition("engine: parameter '" + plan_.params()[index].name + "' of unit " +
-                               std::to_string(plan_.buffers()[p.buffer].unit) +
-                               " is not gathered: call gather(unit) first (stage 3)");
+    return not_gathered(plan_, index);
   }
   return static_cast<void*>(buf.params->data() + offset);
 }
@@ -176,10 +172,7 @@ StatusOr<void*> Stage3Engine::grad_data(size_t index) {
   }
   const Placement& pl = plan_.placement(index);
   const FlatBuffer& fb = plan_.buffers()[pl.buffer];
-  if (!fb.trainable) {
-    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
-                               "' is not trainable and has no gradient");
-  }
+  HPS_RETURN_IF_ERROR(check_trainable(plan_, index, "is not trainable and has no gradient"));
   Buffer& buf = buffers_[pl.buffer];
   if (!buf.grads) {
     buf.grads = take_full(fb.numel * dtype_size(fb.dtype));
@@ -287,15 +280,10 @@ Status Stage3Engine::release(int32_t unit) {
 
 Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
   if (!sealed_ || !initialised_) return failed_precondition("engine: grad_ready() before training");
-  if (index >= plan_.params().size()) {
-    return out_of_range("engine: no parameter " + std::to_string(index));
-  }
+  HPS_RETURN_IF_ERROR(check_param_index(plan_, index));
   const size_t b = plan_.placement(index).buffer;
   const FlatBuffer& fb = plan_.buffers()[b];
-  if (!fb.trainable) {
-    return failed_precondition("engine: parameter '" + plan_.params()[index].name +
-                               "' is not trainable");
-  }
+  HPS_RETURN_IF_ERROR(check_trainable(plan_, index, "is not trainable"));
   Buffer& buf = buffers_[b];
   if (!buf.grads && schedule_.reduced_this_micro_batch(b)) {
     return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
