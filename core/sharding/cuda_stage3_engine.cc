@@ -439,11 +439,7 @@ StatusOr<std::vector<std::vector<float>>> CudaStage3Engine::gather_all() {
     }
     cudaFree(full);
     HPS_RETURN_IF_ERROR(s);
-    for (size_t i : fb.params) {
-      const Placement& p = plan_.placement(i);
-      out[i].assign(host.begin() + static_cast<std::ptrdiff_t>(p.offset),
-                    host.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
-    }
+    split_buffer(plan_, b, host, out);
   }
   return out;
 }

@@ -62,6 +62,15 @@ Status check_same_model(Communicator& comm, const LayoutPlan& plan) {
   return Status::Ok();
 }
 
+void split_buffer(const LayoutPlan& plan, size_t b, const std::vector<float>& full,
+                  std::vector<std::vector<float>>& out) {
+  for (size_t i : plan.buffers()[b].params) {
+    const Placement& p = plan.placement(i);
+    out[i].assign(full.begin() + static_cast<std::ptrdiff_t>(p.offset),
+                  full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
+  }
+}
+
 Status check_param_index(const LayoutPlan& plan, size_t index) {
   if (index < plan.params().size()) return Status::Ok();
   return out_of_range("engine: no parameter " + std::to_string(index));

@@ -126,6 +126,9 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               DeviceType device = DeviceType::kCpu);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
+// gather_all's last part: buffer b's full fp32 values cut into its parameters' vectors.
+void split_buffer(const LayoutPlan& plan, size_t b, const std::vector<float>& full,
+                  std::vector<std::vector<float>>& out);
 // OUT_OF_RANGE unless `index` names a registered parameter.
 Status check_param_index(const LayoutPlan& plan, size_t index);
 // FAILED_PRECONDITION naming the parameter when it is frozen; `what` ends the message

@@ -321,11 +321,7 @@ StatusOr<std::vector<std::vector<float>>> Stage2Engine::gather_all() {
                                                          buf.shard_numel, DType::kFloat32));
       HPS_RETURN_IF_ERROR(w->wait());
     }
-    for (size_t i : buf.params) {
-      const Placement& p = plan_.placement(i);
-      out[i].assign(full.begin() + static_cast<std::ptrdiff_t>(p.offset),
-                    full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
-    }
+    split_buffer(plan_, b, full, out);
   }
   return out;
 }

@@ -419,11 +419,7 @@ StatusOr<std::vector<std::vector<float>>> Stage3Engine::gather_all() {
     HPS_ASSIGN_OR_RETURN(auto w, sharding_->all_gather(param_shards_[b].data(), full.data(),
                                                        fb.shard_numel, DType::kFloat32));
     HPS_RETURN_IF_ERROR(w->wait());
-    for (size_t i : fb.params) {
-      const Placement& p = plan_.placement(i);
-      out[i].assign(full.begin() + static_cast<std::ptrdiff_t>(p.offset),
-                    full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
-    }
+    split_buffer(plan_, b, full, out);
   }
   return out;
 }
