@@ -216,10 +216,12 @@ int main(int argc, char** argv) {
   }
 
   if (info.rank == 0) {
+    const char* transport = "?";
+    TRY(hps_comm_transport(world, &transport));
     printf(
-        "hpshard %s: stage %d over %d CPU ranks (%s), %s%s, MLP %d-%d-%d-%d, batch %d; "
-        "%llu bytes resident on rank 0 between steps\n",
-        hps_version_string(), (int)options.stage, (int)info.world_size, info.source,
+        "hpshard %s: stage %d over %d CPU ranks (%s; collectives over %s), %s%s, MLP "
+        "%d-%d-%d-%d, batch %d; %llu bytes resident on rank 0 between steps\n",
+        hps_version_string(), (int)options.stage, (int)info.world_size, info.source, transport,
         options.optimizer == HPS_OPTIMIZER_ADAMW ? "AdamW" : "SGD+momentum",
         options.clip_max_norm > 0 ? " with clipping" : "", kIn, kHidden, kHidden, kOut, kBatch,
         (unsigned long long)resident);
