@@ -475,15 +475,24 @@ Status GlooCommunicator::ring_all_gather(Op& op, void* recv, size_t bytes_per_ra
   return Status::Ok();
 }
 
-Status GlooCommunicator::ring_all_reduce(Op& op, void* buffer, size_t count, DType dtype,
-                                         ReduceOp reduce_op) {
+Status GlooCommunicator::ring_all_reduce(Op& op, const void* send, void* recv, size_t count,
+                                         DType dtype, ReduceOp reduce_op) {
   const int32_t n = size_, r = rank_;
   const size_t element = dtype_size(dtype);
-  auto* data = static_cast<uint8_t*>(buffer);
-  if (n == 1 || count == 0) return Status::Ok();
+  auto* data = static_cast<uint8_t*>(recv);
+  const auto* original = static_cast<const uint8_t*>(send);
+  if (n == 1 || count == 0) {
+    if (send != recv && count) std::memcpy(recv, send, count * element);
+    return Status::Ok();
+  }
   const Chunks chunks(count, n);
   void* incoming = scratch(0, chunks.largest() * element);
-  const size_t whole = op.buffer(buffer, count * element);
+  const size_t whole = op.buffer(recv, count * element);
+  // Step 0 sends this rank's own chunk straight from `send`; every later step sends the
+  // chunk reduced in the step before, from `recv`. Each chunk is reduced once per rank,
+  // from `send`'s values and what arrived, so `recv` needs no first copy: the one chunk
+  // never reduced here is overwritten by the all-gather.
+  const size_t source = send == recv ? whole : op.buffer(send, count * element);
   const size_t tmp = op.buffer(incoming, chunks.largest() * element);
   const int32_t next = wrap(r + 1, n), prev = wrap(r - 1, n);
   // Reduce-scatter: after n-1 steps this rank holds the reduction of chunk r+1. Each
@@ -502,17 +511,18 @@ Status GlooCommunicator::ring_all_reduce(Op& op, void* buffer, size_t count, DTy
     }
     for (size_t k = 0; k < send_parts; ++k) {
       const auto [b, e] = segment(send_count, send_parts, k);
-      op.post_send(whole, next, op.slot(1, base + static_cast<uint32_t>(k)),
+      op.post_send(s == 0 ? source : whole, next, op.slot(1, base + static_cast<uint32_t>(k)),
                    (chunks.offset(send_index) + b) * element, (e - b) * element);
     }
     uint8_t* target = data + chunks.offset(recv_index) * element;
+    const uint8_t* mine = original + chunks.offset(recv_index) * element;
     const auto* in = static_cast<const uint8_t*>(incoming);
     for (size_t k = 0; k < recv_parts; ++k) {
       const auto [b, e] = segment(recv_count, recv_parts, k);
       if (e == b) continue;
       op.wait_next_recv();
-      reduce_elements(dtype, reduce_op, target + b * element, target + b * element,
-                      in + b * element, e - b);
+      reduce_elements(dtype, reduce_op, target + b * element, mine + b * element, in + b * element,
+                      e - b);
     }
     op.wait_all();  // the sends
   }
@@ -661,8 +671,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_reduce(const void* send, v
           return located(
               o, shm_->all_reduce(*o.descriptor, o.deadline(), send, recv, count, dtype, op));
         }
-        if (send != recv) std::memcpy(recv, send, count * dtype_size(dtype));
-        return ring_all_reduce(o, recv, count, dtype, op);
+        return ring_all_reduce(o, send, recv, count, dtype, op);
       });
 }
 
@@ -684,8 +693,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void*
           HPS_RETURN_IF_ERROR(located(o, shm_->all_reduce(*o.descriptor, o.deadline(), send,
                                                           work_buffer, count, dtype, op)));
         } else {
-          std::memcpy(work_buffer, send, bytes);
-          HPS_RETURN_IF_ERROR(ring_all_reduce(o, work_buffer, count, dtype, op));
+          HPS_RETURN_IF_ERROR(ring_all_reduce(o, send, work_buffer, count, dtype, op));
         }
         if (rank_ == root) std::memcpy(recv, work_buffer, bytes);
         return Status::Ok();

@@ -89,7 +89,10 @@ class GlooCommunicator final : public Communicator {
   Status check_descriptors(Op& op, const Descriptor& mine);
 
   // Ring algorithms; they run on the stream worker.
-  Status ring_all_reduce(Op& op, void* buffer, size_t count, DType dtype, ReduceOp reduce_op);
+  // Out of place without a first copy: the first step sends from `send`, every step
+  // reduces `send`'s own chunk with what arrives into `recv`. send == recv is allowed.
+  Status ring_all_reduce(Op& op, const void* send, void* recv, size_t count, DType dtype,
+                         ReduceOp reduce_op);
   Status ring_reduce_scatter(Op& op, const void* send, void* recv, size_t count, DType dtype,
                              ReduceOp reduce_op);
   Status ring_all_gather(Op& op, void* recv, size_t bytes_per_rank, uint32_t phase);
