@@ -15,6 +15,8 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -94,6 +96,51 @@ std::pair<size_t, size_t> part(size_t count, int32_t n, int32_t i) {
   return {begin, begin + base + (k < extra ? 1 : 0)};
 }
 
+// One mapping per segment and process: ranks that are threads of one process share it, so
+// every rank sees the control blocks (and a thread sanitizer their synchronisation) at the
+// same addresses, and the process maps each segment once.
+struct Mapping {
+  void* base;
+  size_t bytes;
+  int users;
+};
+std::mutex& mappings_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, Mapping>& mappings() {
+  static std::map<std::string, Mapping> m;
+  return m;
+}
+// The process's mapping of segment `name`, mapping it from `fd` (when >= 0) if there is none.
+void* map_segment(const std::string& name, int fd, size_t bytes, std::string* why_not) {
+  std::lock_guard lock(mappings_mutex());
+  auto it = mappings().find(name);
+  if (it != mappings().end()) {
+    ++it->second.users;
+    return it->second.base;
+  }
+  if (fd < 0) return nullptr;
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    *why_not = std::string("mmap: ") + std::strerror(errno);
+    return nullptr;
+  }
+  mappings()[name] = {base, bytes, 1};
+  return base;
+}
+void unmap_segment(void* base) {
+  std::lock_guard lock(mappings_mutex());
+  for (auto it = mappings().begin(); it != mappings().end(); ++it) {
+    if (it->second.base != base) continue;
+    if (--it->second.users == 0) {
+      munmap(base, it->second.bytes);
+      mappings().erase(it);
+    }
+    return;
+  }
+}
+
 // What peers read to learn whether they can read this process's memory directly.
 constexpr uint64_t kProbeValue = 0x7072626568617264ULL;
 volatile uint64_t probe_word = kProbeValue;
@@ -134,14 +181,14 @@ size_t segment_bytes(int32_t size, size_t slot_bytes) {
 }
 }  // namespace
 
-ShmGroup::ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base, size_t mapped_bytes)
-    : rank_(rank), size_(size), slot_bytes_(slot_bytes), base_(base), mapped_bytes_(mapped_bytes) {}
+ShmGroup::ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base)
+    : rank_(rank), size_(size), slot_bytes_(slot_bytes), base_(base) {}
 
 ShmGroup::~ShmGroup() {
   uint32_t active = kActive;
   control(rank_).state.compare_exchange_strong(active, kLeft);
   notify();
-  munmap(base_, mapped_bytes_);
+  unmap_segment(base_);
 }
 
 ShmGroup::Header& ShmGroup::header() const { return *static_cast<Header*>(base_); }
@@ -167,13 +214,8 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
   std::string why_not;  // empty when this rank mapped the segment
 
   auto map = [&](int fd) -> bool {
-    base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-      base = nullptr;
-      why_not = std::string("mmap: ") + std::strerror(errno);
-      return false;
-    }
-    return true;
+    base = map_segment(name, fd, bytes, &why_not);
+    return base != nullptr;
   };
 
   if (rank == 0) {
@@ -227,6 +269,8 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
       why_not = "rank 0 has no segment";
     } else if (their_host != host) {
       why_not = "another host";
+    } else if (map(-1)) {
+      // Another rank of this process mapped it already: the same addresses.
     } else {
       const int fd = shm_open(name.c_str(), O_RDWR, 0600);
       struct stat st {};
@@ -262,13 +306,13 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
   // Every rank that will ever open it has: the name can go (the memory stays until unmapped).
   if (rank == 0 && !name.empty() && name != "none") shm_unlink(name.c_str());
   if (!all) {
-    if (base) munmap(base, bytes);
+    if (base) unmap_segment(base);
     HPS_LOG(kDebug) << "rank " << rank << ": no shared-memory transport"
                     << (why_not.empty() ? std::string(" (a peer could not map it)")
                                         : " (" + why_not + ")");
     return std::unique_ptr<ShmGroup>();
   }
-  std::unique_ptr<ShmGroup> group(new ShmGroup(rank, size, slot_bytes, base, bytes));
+  std::unique_ptr<ShmGroup> group(new ShmGroup(rank, size, slot_bytes, base));
   // Direct mode when every rank can read every other's memory: its own process, or others
   // through cross-memory attach (process_vm_readv: same user, ptrace allowed). Everyone's
   // control block is complete here (written before its "mapped" key).

@@ -74,7 +74,7 @@ class ShmGroup {
   struct Header;
 
  private:
-  ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base, size_t mapped_bytes);
+  ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base);
 
   Control& control(int32_t q) const;
   Header& header() const;
@@ -99,7 +99,6 @@ class ShmGroup {
   int32_t size_;
   size_t slot_bytes_;
   void* base_;
-  size_t mapped_bytes_;
   uint64_t next_round_ = 0;  // worker thread only
   bool direct_ = false;
   std::atomic<bool> aborted_{false};

@@ -90,7 +90,9 @@ class CollectivesTest : public ::testing::TestWithParam<std::tuple<int32_t, Tran
 };
 
 TEST_P(CollectivesTest, EveryCollectiveAndDtypeMatchesTheReference) {
-  const auto [size, transport] = GetParam();
+  // Not a structured binding: clang 14 cannot capture those in a lambda.
+  const int32_t size = std::get<0>(GetParam());
+  const Transport transport = std::get<1>(GetParam());
   // Small slots: multi-round collectives already at count 1003.
   CommOptions options = over(transport);
   options.shared_memory_slot_bytes = 4096;
