@@ -102,12 +102,8 @@ StatusOr<size_t> CudaStage3Engine::add_param(ParamSpec spec) {
 }
 
 Status CudaStage3Engine::seal() {
-  if (sealed_) return failed_precondition("engine: sealed twice");
-  if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
   HPS_RETURN_IF_ERROR(cuda::set_device(device_index_));
-  HPS_RETURN_IF_ERROR(check_same_model(*sharding_, plan_));
-  if (dp_) HPS_RETURN_IF_ERROR(check_same_model(*dp_, plan_));
-  HPS_RETURN_IF_ERROR(plan_.seal(sharding_->size(), options_.alignment_bytes));
+  HPS_RETURN_IF_ERROR(seal_plan(plan_, sealed_, *sharding_, dp_.get(), options_.alignment_bytes));
   const size_t n = plan_.buffers().size();
   for (auto* v : {&init_, &param_shards_, &grad_shards_, &incoming_, &state_a_, &state_b_}) {
     v->assign(n, nullptr);

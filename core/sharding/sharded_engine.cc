@@ -87,6 +87,15 @@ Status not_gathered(const LayoutPlan& plan, size_t index) {
                              " is not gathered: call gather(unit) first (stage 3)");
 }
 
+Status seal_plan(LayoutPlan& plan, bool sealed, Communicator& sharding, Communicator* dp,
+                 uint64_t alignment_bytes) {
+  if (sealed) return failed_precondition("engine: sealed twice");
+  if (plan.params().empty()) return failed_precondition("engine: no parameters registered");
+  HPS_RETURN_IF_ERROR(check_same_model(sharding, plan));
+  if (dp) HPS_RETURN_IF_ERROR(check_same_model(*dp, plan));
+  return plan.seal(sharding.size(), alignment_bytes);
+}
+
 Status check_float32_view(const LayoutPlan& plan, size_t index) {
   const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
   if (d == DType::kFloat32) return Status::Ok();

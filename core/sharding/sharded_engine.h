@@ -126,6 +126,10 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               DeviceType device = DeviceType::kCpu);
 // All ranks of `comm` registered the same parameters (a host-blocking all-gather, set-up).
 Status check_same_model(Communicator& comm, const LayoutPlan& plan);
+// seal()'s common part: refuses a second seal and an empty model, checks that every rank of
+// both groups registered the same parameters, and seals the plan over `sharding`.
+Status seal_plan(LayoutPlan& plan, bool sealed, Communicator& sharding, Communicator* dp,
+                 uint64_t alignment_bytes);
 // gather_all's last part: buffer b's full fp32 values cut into its parameters' vectors.
 void split_buffer(const LayoutPlan& plan, size_t b, const std::vector<float>& full,
                   std::vector<std::vector<float>>& out);
