@@ -21,7 +21,9 @@ gtest_args=()
 export PATH="/usr/local/cuda/bin:$PATH"
 
 echo "== configure"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHPS_WITH_CUDA=ON \
+# Warnings stay warnings there (CI here enforces them): an unknown compiler's new warning
+# must not cost the only run on a GPU.
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHPS_WITH_CUDA=ON -DHPS_WERROR=OFF \
   -DHPS_BUILD_PYTHON=OFF -DHPS_BUILD_JAVA=OFF -DHPS_BUILD_RUST=OFF -DHPS_PACKAGING_TESTS=OFF \
   -DHPS_NO_SANITIZER_SUBBUILD=ON "${gtest_args[@]}" || exit 1
 echo "== build"

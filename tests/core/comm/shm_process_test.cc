@@ -39,7 +39,7 @@ constexpr int kSkip = 77;
 
 // Whether this kernel lets a process read a sibling's memory (process_vm_readv): no Yama,
 // Yama scope 0, or scope 1 or 2 with CAP_SYS_PTRACE (root here).
-bool cross_memory_attach_expected() {
+[[maybe_unused]] bool cross_memory_attach_expected() {
   std::FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
   if (f == nullptr) return true;
   int scope = 3;

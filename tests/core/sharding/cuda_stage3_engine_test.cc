@@ -78,7 +78,7 @@ struct Model {
   Model() {
     const std::vector<int64_t> sizes = {37, 5, 300, 17, 1025, 3};
     for (size_t i = 0; i < sizes.size(); ++i) {
-      ParamSpec p{"p" + std::to_string(i), {sizes[i]}, DType::kFloat32};
+      ParamSpec p{std::string("p").append(std::to_string(i)), {sizes[i]}, DType::kFloat32};
       p.unit = static_cast<int32_t>(i / 2);
       specs.push_back(p);
       std::vector<float> w(static_cast<size_t>(sizes[i])), t(w.size());
