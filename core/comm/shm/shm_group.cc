@@ -356,11 +356,16 @@ Status ShmGroup::read_peer(int32_t q, void* local, const void* remote, size_t by
   return Status::Ok();
 }
 
-Status ShmGroup::wait_all_consumed(uint64_t round, Deadline deadline) {
+Status ShmGroup::wait_peers(bool posted, uint64_t target, Deadline deadline, int32_t only) {
   for (int32_t q = 0; q < size_; ++q) {
-    if (q != rank_) HPS_RETURN_IF_ERROR(wait_for(false, round + 1, q, deadline));
+    if (q == rank_ || (only >= 0 && q != only)) continue;
+    HPS_RETURN_IF_ERROR(wait_for(posted, target, q, deadline));
   }
   return Status::Ok();
+}
+
+Status ShmGroup::wait_all_consumed(uint64_t round, Deadline deadline) {
+  return wait_peers(false, round + 1, deadline);
 }
 
 void ShmGroup::notify() {
@@ -436,10 +441,7 @@ Status ShmGroup::acquire(uint64_t round, Deadline deadline) {
   if (aborted_) return aborted("the communicator was aborted");
   if (round < 2) return Status::Ok();
   // Slot round % 2 last held round - 2: every rank must have finished reading it.
-  for (int32_t q = 0; q < size_; ++q) {
-    if (q != rank_) HPS_RETURN_IF_ERROR(wait_for(false, round - 1, q, deadline));
-  }
-  return Status::Ok();
+  return wait_peers(false, round - 1, deadline);
 }
 
 void ShmGroup::post(uint64_t round, const CollectiveDescriptor* d) {
@@ -450,11 +452,7 @@ void ShmGroup::post(uint64_t round, const CollectiveDescriptor* d) {
 }
 
 Status ShmGroup::wait_posted(uint64_t round, Deadline deadline, int32_t only) {
-  for (int32_t q = 0; q < size_; ++q) {
-    if (q == rank_ || (only >= 0 && q != only)) continue;
-    HPS_RETURN_IF_ERROR(wait_for(true, round + 1, q, deadline));
-  }
-  return Status::Ok();
+  return wait_peers(true, round + 1, deadline, only);
 }
 
 Status ShmGroup::check(uint64_t round, const CollectiveDescriptor& mine) {

@@ -88,6 +88,8 @@ class ShmGroup {
   Status check(uint64_t round, const CollectiveDescriptor& mine);
   void finish(uint64_t round);
   Status wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline);
+  // wait_for on every other rank (or only `only`, when >= 0).
+  Status wait_peers(bool posted, uint64_t target, Deadline deadline, int32_t only = -1);
   Status peer_gone(int32_t peer) const;
   // Copies `bytes` at `remote` in rank q's address space to `local`.
   Status read_peer(int32_t q, void* local, const void* remote, size_t bytes) const;
