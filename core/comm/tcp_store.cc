@@ -27,13 +27,14 @@
 #include <system_error>
 #include <thread>
 
+#include "core/comm/socket.h"
 #include "core/comm/store.h"
 #include "core/common/logging.h"
 
 namespace hps {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace net;  // NOLINT: the socket helpers
 
 enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5 };
 
@@ -48,15 +49,7 @@ constexpr Milliseconds kServerSendTimeout{5'000};
 // Waits longer than this are treated as this long (keeps deadlines from overflowing).
 constexpr Milliseconds kMaxWait{24LL * 3600 * 1000 * 365};
 
-std::string errno_message(int error) {
-  return std::error_code(error, std::generic_category()).message();
-}
-
 Milliseconds clamp_wait(Milliseconds t) { return std::clamp(t, Milliseconds(0), kMaxWait); }
-
-void close_fd(int fd) {
-  if (fd >= 0) ::close(fd);
-}
 
 // ---- encoding ----------------------------------------------------------------------
 
@@ -132,58 +125,6 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// ---- socket I/O with deadlines -----------------------------------------------------
-
-// Waits until `fd` is ready for `events`; false with errno set (ETIMEDOUT at the deadline).
-bool poll_until(int fd, short events, Clock::time_point deadline) {
-  while (true) {
-    int timeout_ms = -1;
-    if (deadline != Clock::time_point::max()) {
-      const auto left =
-          std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count() + 1;
-      if (left <= 0) {
-        errno = ETIMEDOUT;
-        return false;
-      }
-      timeout_ms = static_cast<int>(std::min<int64_t>(left, 1'000'000));
-    }
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, timeout_ms);
-    if (n > 0) return true;  // readiness or error: the following send/recv tells which
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
-
-// OK, or the errno text; EPIPE/ECONNRESET/EOF all mean the peer is gone.
-Status send_all(int fd, std::string_view data, Clock::time_point deadline) {
-  size_t done = 0;
-  while (done < data.size()) {
-    if (!poll_until(fd, POLLOUT, deadline)) return aborted(errno_message(errno));
-    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return aborted(errno_message(errno));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
-Status recv_all(int fd, char* data, size_t size, Clock::time_point deadline) {
-  size_t done = 0;
-  while (done < size) {
-    if (!poll_until(fd, POLLIN, deadline)) return aborted(errno_message(errno));
-    const ssize_t n = ::recv(fd, data + done, size - done, 0);
-    if (n == 0) return aborted("connection closed by peer");
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return aborted(errno_message(errno));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
 Status send_frame(int fd, std::string_view payload, Clock::time_point deadline) {
   Writer header;
   header.u32(static_cast<uint32_t>(payload.size()));
@@ -202,67 +143,6 @@ Status recv_frame(int fd, std::string* payload, Clock::time_point deadline) {
   }
   payload->resize(size);
   return recv_all(fd, payload->data(), size, deadline);
-}
-
-void set_socket_options(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-std::string endpoint(const std::string& host, uint16_t port) {
-  const bool ipv6 = host.find(':') != std::string::npos;
-  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
-struct AddrInfoDeleter {
-  void operator()(addrinfo* a) const { ::freeaddrinfo(a); }
-};
-using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
-
-StatusOr<AddrInfoList> resolve(const std::string& host, uint16_t port, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  addrinfo* list = nullptr;
-  const std::string service = std::to_string(port);
-  const int rc =
-      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list);
-  if (rc != 0) {
-    return unavailable("tcp store: cannot resolve '" + host + "': " + ::gai_strerror(rc));
-  }
-  return AddrInfoList(list);
-}
-
-// One non-blocking connect attempt to each address of host:port, bounded by `deadline`.
-StatusOr<int> connect_once(const std::string& host, uint16_t port, Clock::time_point deadline) {
-  HPS_ASSIGN_OR_RETURN(auto list, resolve(host, port, false));
-  std::string last_error = "no address";
-  for (addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
-    const int fd =
-        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) {
-      last_error = errno_message(errno);
-      continue;
-    }
-    int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      if (poll_until(fd, POLLOUT, deadline)) {
-        int error = 0;
-        socklen_t len = sizeof error;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
-        rc = error == 0 ? 0 : -1;
-        errno = error;
-      }
-    }
-    if (rc == 0) {
-      set_socket_options(fd);
-      return fd;
-    }
-    last_error = errno_message(errno);
-    close_fd(fd);
-  }
-  return unavailable(last_error);
 }
 
 // ---- server ------------------------------------------------------------------------
@@ -324,7 +204,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(Milliseconds(50));
         continue;  // otherwise the client gave up already, or a transient error
       }
-      set_socket_options(fd);
+      set_no_delay(fd);
       auto c = std::make_unique<Connection>();
       c->fd = fd;
       Connection* raw = c.get();
@@ -648,36 +528,10 @@ std::string local_address_for(const std::string& host) {
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host,
                                                                 uint16_t port) {
-  HPS_ASSIGN_OR_RETURN(auto list, resolve(host, port, true));
-  std::string last_error = "no address";
-  int listen_fd = -1;
-  for (addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last_error = errno_message(errno);
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
-      listen_fd = fd;
-      break;
-    }
-    last_error = errno_message(errno);
-    close_fd(fd);
-  }
-  if (listen_fd < 0) {
-    return unavailable("tcp store: cannot listen on " + endpoint(host, port) + ": " + last_error);
-  }
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  uint16_t bound_port = port;
-  if (bound.ss_family == AF_INET) {
-    bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  } else if (bound.ss_family == AF_INET6) {
-    bound_port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
-  }
+  auto listener = listen_on(host, port, 1024);
+  if (!listener.ok()) return unavailable("tcp store: " + listener.status().message());
+  const int listen_fd = listener->fd;
+  const uint16_t bound_port = listener->port;
   int wake[2];
   if (::pipe2(wake, O_CLOEXEC) != 0) {
     const int error = errno;

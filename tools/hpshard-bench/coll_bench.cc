@@ -7,7 +7,6 @@
 #include <atomic>
 #include <barrier>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -157,6 +156,9 @@ int32_t warmup_for(const CollConfig& config, size_t bytes) {
   return bytes < (size_t{1} << 20) ? 3 : 1;
 }
 
+// Timed blocks per implementation and case (fewer when a case has fewer iterations).
+constexpr int32_t kBlocks = 4;
+
 WorldResult run_world(const CollConfig& config, int32_t ranks) {
   const size_t element = dtype_size(config.dtype);
   std::vector<Case> cases;
@@ -251,28 +253,38 @@ WorldResult run_world(const CollConfig& config, int32_t ranks) {
         }
       }
 
-      // A/B/B/A...: which goes first alternates, so drift and cache effects fall on both.
-      for (int32_t it = 0; it < c.warmup + c.iters; ++it) {
+      // Blocks, A/B/B/A...: the timed iterations run in up to kBlocks blocks per
+      // implementation, each after its own warmup, and which goes first alternates, so drift
+      // falls on both. Blocks rather than single runs: Gloo 0.5's event loop spins while a
+      // pair's lock is held, and with a second context busy on the other run's heels those
+      // spins starve the lock holder for whole scheduler ticks (docs/benchmarks.md).
+      const int32_t blocks = std::min(c.iters, kBlocks);
+      int32_t done = 0;
+      for (int32_t b = 0; b < blocks; ++b) {
+        const int32_t timed = (c.iters - done) / (blocks - b);
         for (int32_t k = 0; k < 2; ++k) {
-          const bool hpshard_turn = (k == 0) == (it % 2 == 0);
-          sync.arrive_and_wait();
-          const auto start = Clock::now();
-          if (hpshard_turn) {
-            s = run_hpshard(**comm, c, config.dtype, send.data(), recv.data());
-            if (!s.ok()) die("hpshard " + what + ": " + s.to_string());
-          } else {
-            try {
-              gloo->run(c.op, config.dtype, send.data(), recv.data(), c.count);
-            } catch (const std::exception& e) {
-              die("Gloo " + what + ": " + e.what());
+          const bool hpshard_turn = (k == 0) == (b % 2 == 0);
+          auto& times = hpshard_turn ? hpshard_times[ci] : gloo_times[ci];
+          for (int32_t it = 0; it < c.warmup + timed; ++it) {
+            sync.arrive_and_wait();
+            const auto start = Clock::now();
+            if (hpshard_turn) {
+              s = run_hpshard(**comm, c, config.dtype, send.data(), recv.data());
+              if (!s.ok()) die("hpshard " + what + ": " + s.to_string());
+            } else {
+              try {
+                gloo->run(c.op, config.dtype, send.data(), recv.data(), c.count);
+              } catch (const std::exception& e) {
+                die("Gloo " + what + ": " + e.what());
+              }
+            }
+            const double t = seconds_between(start, Clock::now());
+            if (it >= c.warmup) {
+              times[static_cast<size_t>((done + it - c.warmup) * ranks + rank)] = t;
             }
           }
-          const double t = seconds_between(start, Clock::now());
-          if (it >= c.warmup) {
-            auto& times = hpshard_turn ? hpshard_times[ci] : gloo_times[ci];
-            times[static_cast<size_t>((it - c.warmup) * ranks + rank)] = t;
-          }
         }
+        done += timed;
       }
       sync.arrive_and_wait();  // every rank is done with this case's Gloo buffers
       gloo->release();

@@ -12,6 +12,7 @@
 #include <functional>
 #include <optional>
 
+#include "core/comm/gloo/control_mesh.h"
 #include "core/comm/reduce_ops.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
@@ -48,11 +49,17 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
   Milliseconds timeout_;
 };
 
+}  // namespace
+
+std::string device_host() { return env_string("HPS_COMM_HOST").value_or("127.0.0.1"); }
+
+namespace {
+
 // One TCP device per process and address: every communicator shares its event loop.
 StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
   static std::mutex mutex;
   static std::map<std::string, std::shared_ptr<::gloo::transport::Device>> devices;
-  std::string host = env_string("HPS_COMM_HOST").value_or("127.0.0.1");
+  const std::string host = device_host();
   std::lock_guard lock(mutex);
   auto& slot = devices[host];
   if (!slot) {
@@ -71,7 +78,6 @@ StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
 constexpr uint64_t kPointToPointBit = uint64_t{1} << 63;
 // Slot layout: operation base (sequence << 20) | phase << 16 | ring step.
 constexpr uint32_t kAllGatherPhase = 3;
-constexpr uint32_t kCheckPhase = 7;
 
 // Chunk i of `count` elements cut into n nearly equal parts.
 struct Chunks {
@@ -87,12 +93,16 @@ struct Chunks {
 
 int32_t wrap(int64_t i, int32_t n) { return static_cast<int32_t>(((i % n) + n) % n); }
 
-// Ring steps move a chunk in up to 8 segments of at least 256 KiB, so the reduction of one
-// segment overlaps the transfer of the next.
+// Ring steps move a chunk in up to 8 segments, so the reduction of one segment overlaps
+// the transfer of the next (at least 256 KiB each), or, where nothing is reduced, the
+// peer's reading of one overlaps the writing of the next (at least 1 MiB each: every
+// segment costs Gloo an announce message handled by its one event-loop thread, and
+// smaller ones measured slower at 4 ranks, docs/benchmarks.md).
 constexpr size_t kMaxSegments = 8;
 constexpr size_t kMinSegmentBytes = 256 * 1024;
-size_t segments_for(size_t bytes) {
-  return std::max<size_t>(1, std::min(kMaxSegments, bytes / kMinSegmentBytes));
+constexpr size_t kMinCopySegmentBytes = 1024 * 1024;
+size_t segments_for(size_t bytes, size_t min_segment = kMinSegmentBytes) {
+  return std::max<size_t>(1, std::min(kMaxSegments, bytes / min_segment));
 }
 // Element range [begin, end) of segment k of `count` elements cut into `parts`.
 std::pair<size_t, size_t> segment(size_t count, size_t parts, size_t k) {
@@ -305,6 +315,14 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
                                      options.timeout, options.shared_memory_direct);
     if (!shm.ok()) throw std::runtime_error(shm.status().to_string());
     comm->shm_ = std::move(shm).value();
+    // Over TCP the argument check travels on its own connections (shared memory checks
+    // in its first round).
+    if (!comm->shm_ && options.check_arguments && size > 1) {
+      auto control = ControlMesh::create(*make_prefix_store(store, "control"), rank, size,
+                                         device_host(), Clock::now() + options.timeout);
+      if (!control.ok()) throw std::runtime_error(control.status().to_string());
+      comm->control_ = std::move(control).value();
+    }
   } catch (const std::exception& e) {
     const std::string what = e.what();
     const std::string m = "creating communicator '" + options.name + "' (rank " +
@@ -338,6 +356,7 @@ void GlooCommunicator::abort() {
   std::lock_guard lock(buffers_mutex_);
   aborted_ = true;
   if (shm_) shm_->abort();
+  if (control_) control_->abort();
   for (auto* b : active_buffers_) {
     b->abortWaitRecv();
     b->abortWaitSend();
@@ -441,38 +460,64 @@ void GlooCommunicator::record_failure(const Status& s) {
 }
 
 Status GlooCommunicator::check_descriptors(Op& op, const Descriptor& mine) {
-  // Every rank sends its descriptor to every other rank at once: one message latency,
-  // not the n - 1 sequential steps of a ring.
+  // Every rank sends its descriptor to every other rank at once over the control mesh:
+  // one message latency, read by this thread without Gloo's announce round trip.
   const size_t bytes = sizeof(Descriptor);
   auto* all = static_cast<Descriptor*>(scratch(2, bytes * static_cast<size_t>(size_)));
   std::memcpy(&all[rank_], &mine, bytes);
-  const size_t outgoing = op.buffer(&all[rank_], bytes);
-  const size_t incoming = op.buffer(all, bytes * static_cast<size_t>(size_));
-  for (int32_t peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    op.post_recv(incoming, peer, op.slot(kCheckPhase, 0), static_cast<size_t>(peer) * bytes, bytes);
-    op.post_send(outgoing, peer, op.slot(kCheckPhase, 0), 0, bytes);
-  }
-  op.wait_all();
+  HPS_RETURN_IF_ERROR(located(op, control_->exchange(&mine, all, bytes, op.deadline())));
   return check_agreement(where(op.operation, op.sequence), mine, all, size_);
 }
 
 Status GlooCommunicator::ring_all_gather(Op& op, void* recv, size_t bytes_per_rank,
                                          uint32_t phase) {
-  const int32_t n = size_, r = rank_;
-  if (n == 1 || bytes_per_rank == 0) return Status::Ok();
-  const size_t all = op.buffer(recv, bytes_per_rank * static_cast<size_t>(n));
-  const int32_t next = wrap(r + 1, n), prev = wrap(r - 1, n);
-  for (int32_t s = 0; s < n - 1; ++s) {
-    const int32_t send_index = wrap(r - s, n), recv_index = wrap(r - s - 1, n);
-    const uint32_t step = static_cast<uint32_t>(s);
-    op.post_recv(all, prev, op.slot(phase, step), static_cast<size_t>(recv_index) * bytes_per_rank,
-                 bytes_per_rank);
-    op.post_send(all, next, op.slot(phase, step), static_cast<size_t>(send_index) * bytes_per_rank,
-                 bytes_per_rank);
-    op.wait_all();
-  }
+  if (size_ == 1 || bytes_per_rank == 0) return Status::Ok();
+  const size_t all = op.buffer(recv, bytes_per_rank * static_cast<size_t>(size_));
+  ring_pass_blocks(
+      op, all, rank_,
+      [bytes_per_rank](int32_t i) {
+        return std::pair{static_cast<size_t>(i) * bytes_per_rank, bytes_per_rank};
+      },
+      phase);
   return Status::Ok();
+}
+
+void GlooCommunicator::ring_pass_blocks(
+    Op& op, size_t buffer, int32_t first,
+    const std::function<std::pair<size_t, size_t>(int32_t)>& block, uint32_t phase) {
+  const int32_t n = size_;
+  const int32_t next = wrap(rank_ + 1, n), prev = wrap(rank_ - 1, n);
+  // Step s receives block first - s - 1 and forwards it at step s + 1. Every receive is
+  // posted up front (the blocks are disjoint), so no step waits for its announce round
+  // trip; each block travels in segments, and a segment is forwarded as soon as it has
+  // arrived, so the steps pipeline around the ring.
+  auto segments = [&](int32_t index) {
+    return segments_for(block(index).second, kMinCopySegmentBytes);
+  };
+  auto slot = [&](int32_t step, size_t k) {
+    return op.slot(phase, static_cast<uint32_t>(static_cast<size_t>(step) * kMaxSegments + k));
+  };
+  for (int32_t s = 0; s < n - 1; ++s) {
+    const int32_t index = wrap(first - s - 1, n);
+    const auto [offset, bytes] = block(index);
+    const size_t parts = segments(index);
+    for (size_t k = 0; k < parts; ++k) {
+      const auto [b, e] = segment(bytes, parts, k);
+      op.post_recv(buffer, prev, slot(s, k), offset + b, e - b);
+    }
+  }
+  for (int32_t s = 0; s < n - 1; ++s) {
+    const int32_t index = wrap(first - s, n);
+    const auto [offset, bytes] = block(index);
+    const size_t parts = segments(index);
+    for (size_t k = 0; k < parts; ++k) {
+      const auto [b, e] = segment(bytes, parts, k);
+      // Segment k of this block, received at step s - 1 (an empty one was never posted).
+      if (s > 0 && e > b) op.wait_next_recv();
+      op.post_send(buffer, next, slot(s, k), offset + b, e - b);
+    }
+  }
+  op.wait_all();
 }
 
 Status GlooCommunicator::ring_all_reduce(Op& op, const void* send, void* recv, size_t count,
@@ -530,16 +575,13 @@ Status GlooCommunicator::ring_all_reduce(Op& op, const void* send, void* recv, s
   if (reduce_op == ReduceOp::kAvg) {
     finish_average(dtype, data + chunks.offset(own) * element, chunks.size(own), n);
   }
-  // All-gather of the reduced chunks, in place.
-  for (int32_t s = 0; s < n - 1; ++s) {
-    const int32_t send_index = wrap(r - s + 1, n), recv_index = wrap(r - s, n);
-    const uint32_t step = static_cast<uint32_t>(s);
-    op.post_recv(whole, prev, op.slot(2, step), chunks.offset(recv_index) * element,
-                 chunks.size(recv_index) * element);
-    op.post_send(whole, next, op.slot(2, step), chunks.offset(send_index) * element,
-                 chunks.size(send_index) * element);
-    op.wait_all();
-  }
+  // All-gather of the reduced chunks, in place: this rank holds chunk r + 1.
+  ring_pass_blocks(
+      op, whole, own,
+      [&](int32_t i) {
+        return std::pair{chunks.offset(i) * element, chunks.size(i) * element};
+      },
+      2);
   return Status::Ok();
 }
 
@@ -593,15 +635,36 @@ Status GlooCommunicator::ring_reduce_scatter(Op& op, const void* send, void* rec
   return Status::Ok();
 }
 
-Status GlooCommunicator::one_to_all_broadcast(Op& op, void* buffer, size_t bytes, int32_t root) {
-  if (size_ == 1 || bytes == 0) return Status::Ok();
+Status GlooCommunicator::tree_broadcast(Op& op, void* buffer, size_t bytes, int32_t root) {
+  const int32_t n = size_;
+  if (n == 1 || bytes == 0) return Status::Ok();
   const size_t b = op.buffer(buffer, bytes);
-  if (rank_ == root) {
-    for (int32_t peer = 0; peer < size_; ++peer) {
-      if (peer != root) op.post_send(b, peer, op.slot(5, 0), 0, bytes);
+  // A binomial tree over ranks renumbered from the root (v): v's parent is v without its
+  // highest bit, its children v + 2^i for every 2^i > v, largest subtree first. The root
+  // sends log2(n) copies instead of n - 1, and an inner rank forwards each segment as
+  // soon as it has arrived.
+  const int32_t v = wrap(rank_ - root, n);
+  int32_t high = 1;
+  while (high <= v / 2) high <<= 1;  // v's highest bit (v > 0)
+  std::vector<int32_t> children;
+  for (int32_t mask = 1; mask < n; mask <<= 1) {
+    if (v < mask && v + mask < n) children.push_back(wrap(v + mask + root, n));
+  }
+  std::reverse(children.begin(), children.end());
+  const size_t parts = segments_for(bytes, kMinCopySegmentBytes);
+  if (v != 0) {
+    const int32_t parent = wrap((v - high) + root, n);
+    for (size_t k = 0; k < parts; ++k) {
+      const auto [begin, end] = segment(bytes, parts, k);
+      op.post_recv(b, parent, op.slot(5, static_cast<uint32_t>(k)), begin, end - begin);
     }
-  } else {
-    op.post_recv(b, root, op.slot(5, 0), 0, bytes);
+  }
+  for (size_t k = 0; k < parts; ++k) {
+    const auto [begin, end] = segment(bytes, parts, k);
+    if (v != 0 && end > begin) op.wait_next_recv();
+    for (int32_t child : children) {
+      op.post_send(b, child, op.slot(5, static_cast<uint32_t>(k)), begin, end - begin);
+    }
   }
   op.wait_all();
   return Status::Ok();
@@ -712,7 +775,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::broadcast(void* buffer, size_t
         if (shm_) {
           return located(o, shm_->broadcast(*o.descriptor, o.deadline(), buffer, bytes, root));
         }
-        return one_to_all_broadcast(o, buffer, bytes, root);
+        return tree_broadcast(o, buffer, bytes, root);
       });
 }
 

@@ -22,10 +22,16 @@ namespace gloo {
 class Context;
 namespace transport {
 class UnboundBuffer;
-}
+}  // namespace transport
 }  // namespace gloo
 
 namespace hps::gloo_backend {
+
+// The address this process's Gloo TCP device and the control mesh bind to
+// (HPS_COMM_HOST, default 127.0.0.1).
+std::string device_host();
+
+class ControlMesh;
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -96,7 +102,12 @@ class GlooCommunicator final : public Communicator {
   Status ring_reduce_scatter(Op& op, const void* send, void* recv, size_t count, DType dtype,
                              ReduceOp reduce_op);
   Status ring_all_gather(Op& op, void* recv, size_t bytes_per_rank, uint32_t phase);
-  Status one_to_all_broadcast(Op& op, void* buffer, size_t bytes, int32_t root);
+  // Passes blocks around the ring in `buffer` (an Op buffer index) until every rank has
+  // all of them; this rank starts with block `first`; block(i) = {byte offset, bytes}.
+  void ring_pass_blocks(Op& op, size_t buffer, int32_t first,
+                        const std::function<std::pair<size_t, size_t>(int32_t)>& block,
+                        uint32_t phase);
+  Status tree_broadcast(Op& op, void* buffer, size_t bytes, int32_t root);
 
   void* scratch(size_t index, size_t bytes);  // worker-owned, grows as needed
   void register_buffer(::gloo::transport::UnboundBuffer* buffer);
@@ -112,6 +123,8 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<::gloo::Context> context_;
   // Set when every rank runs on this host: collectives go through shared memory.
   std::unique_ptr<shm::ShmGroup> shm_;
+  // Otherwise, with checking on, the argument check's own connections.
+  std::unique_ptr<ControlMesh> control_;
   std::unique_ptr<cpu::CpuStream> stream_;
 
   uint64_t next_sequence_ = 1;        // collectives, host thread

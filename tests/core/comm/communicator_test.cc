@@ -336,6 +336,31 @@ TEST_P(CommunicatorTest, APeerThatLeavesMidCollectiveAbortsTheOthers) {
       options);
 }
 
+TEST_P(CommunicatorTest, APeerThatHasGoneIsNamedAtOnceNotAtTheTimeout) {
+  // Rank 1 destroys its communicator before rank 0's collective: rank 0 learns it from the
+  // closed connection (TCP: the argument check's; shared memory: the segment's) long
+  // before its 60 s timeout, and the message names the rank.
+  CommOptions options = this->options();
+  options.timeout = Milliseconds(60'000);
+  run_ranks(
+      2,
+      [](int32_t rank, Communicator& comm) {
+        if (rank == 1) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        float x = 1, y = 0;
+        const auto start = std::chrono::steady_clock::now();
+        auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        Status s = (*w)->wait();
+        EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+        EXPECT_NE(s.message().find("all_reduce #1 on group 'world'"), std::string::npos)
+            << s.message();
+        EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      },
+      options);
+}
+
 TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
   std::atomic<bool> finished{false};
   run_ranks(

@@ -1,0 +1,162 @@
+#include "core/comm/socket.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
+
+namespace hps::net {
+
+std::string errno_message(int error) {
+  return std::error_code(error, std::generic_category()).message();
+}
+
+void close_fd(int fd) {
+  if (fd >= 0) ::close(fd);
+}
+
+bool poll_until(int fd, short events, Clock::time_point deadline) {
+  while (true) {
+    int timeout_ms = -1;
+    if (deadline != Clock::time_point::max()) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count() +
+          1;
+      if (left <= 0) {
+        errno = ETIMEDOUT;
+        return false;
+      }
+      timeout_ms = static_cast<int>(std::min<int64_t>(left, 1'000'000));
+    }
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, timeout_ms);
+    if (n > 0) return true;  // readiness or error: the following send/recv tells which
+    if (n < 0 && errno != EINTR) return false;
+  }
+}
+
+Status send_all(int fd, std::string_view data, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    if (!poll_until(fd, POLLOUT, deadline)) return aborted(errno_message(errno));
+    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return aborted(errno_message(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status recv_all(int fd, char* data, size_t size, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < size) {
+    if (!poll_until(fd, POLLIN, deadline)) return aborted(errno_message(errno));
+    const ssize_t n = ::recv(fd, data + done, size - done, 0);
+    if (n == 0) return aborted("connection closed by peer");
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return aborted(errno_message(errno));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+void set_no_delay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::string endpoint(const std::string& host, uint16_t port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+StatusOr<AddrInfoList> resolve(const std::string& host, uint16_t port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* list = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list);
+  if (rc != 0) {
+    return unavailable("cannot resolve '" + host + "': " + ::gai_strerror(rc));
+  }
+  return AddrInfoList(list);
+}
+
+StatusOr<int> connect_once(const std::string& host, uint16_t port, Clock::time_point deadline) {
+  HPS_ASSIGN_OR_RETURN(auto list, resolve(host, port, false));
+  std::string last_error = "no address";
+  for (addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      last_error = errno_message(errno);
+      continue;
+    }
+    int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      if (poll_until(fd, POLLOUT, deadline)) {
+        int error = 0;
+        socklen_t len = sizeof error;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+        rc = error == 0 ? 0 : -1;
+        errno = error;
+      }
+    }
+    if (rc == 0) {
+      set_no_delay(fd);
+      return fd;
+    }
+    last_error = errno_message(errno);
+    close_fd(fd);
+  }
+  return unavailable(last_error);
+}
+
+StatusOr<Listener> listen_on(const std::string& host, uint16_t port, int backlog) {
+  HPS_ASSIGN_OR_RETURN(auto list, resolve(host, port, true));
+  std::string last_error = "no address";
+  int listen_fd = -1;
+  for (addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last_error = errno_message(errno);
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, backlog) == 0) {
+      listen_fd = fd;
+      break;
+    }
+    last_error = errno_message(errno);
+    close_fd(fd);
+  }
+  if (listen_fd < 0) {
+    return unavailable("cannot listen on " + endpoint(host, port) + ": " + last_error);
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  uint16_t bound_port = port;
+  if (bound.ss_family == AF_INET) {
+    bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  } else if (bound.ss_family == AF_INET6) {
+    bound_port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  }
+  return Listener{listen_fd, bound_port};
+}
+
+}  // namespace hps::net

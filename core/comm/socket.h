@@ -1,0 +1,48 @@
+// TCP helpers with deadlines, shared by the TCP store and the Gloo backend's control mesh.
+#pragma once
+
+#include <netdb.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/common/status.h"
+
+namespace hps::net {
+
+using Clock = std::chrono::steady_clock;
+
+std::string errno_message(int error);
+void close_fd(int fd);  // -1 is a no-op
+
+// Waits until `fd` is ready for `events`; false with errno set (ETIMEDOUT at the deadline).
+bool poll_until(int fd, short events, Clock::time_point deadline);
+
+// OK, or ABORTED with the errno text; EPIPE/ECONNRESET/EOF all mean the peer is gone.
+Status send_all(int fd, std::string_view data, Clock::time_point deadline);
+Status recv_all(int fd, char* data, size_t size, Clock::time_point deadline);
+
+void set_no_delay(int fd);
+std::string endpoint(const std::string& host, uint16_t port);  // host:port, [v6]:port
+
+struct AddrInfoDeleter {
+  void operator()(addrinfo* a) const { ::freeaddrinfo(a); }
+};
+using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
+StatusOr<AddrInfoList> resolve(const std::string& host, uint16_t port, bool passive);
+
+// One non-blocking connect attempt to each address of host:port, bounded by `deadline`;
+// the socket it returns is non-blocking, with TCP_NODELAY.
+StatusOr<int> connect_once(const std::string& host, uint16_t port, Clock::time_point deadline);
+
+struct Listener {
+  int fd = -1;
+  uint16_t port = 0;  // the bound port (the one asked for, or the kernel's pick for 0)
+};
+// A listening socket on host:port (port 0: any free port).
+StatusOr<Listener> listen_on(const std::string& host, uint16_t port, int backlog);
+
+}  // namespace hps::net
