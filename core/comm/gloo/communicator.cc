@@ -640,7 +640,8 @@ Status GlooCommunicator::tree_broadcast(Op& op, void* buffer, size_t bytes, int3
   if (n == 1 || bytes == 0) return Status::Ok();
   const size_t b = op.buffer(buffer, bytes);
   // A binomial tree over ranks renumbered from the root (v): v's parent is v without its
-  // highest bit, its children v + 2^i for every 2^i > v, largest subtree first. The root
+  // highest bit, its children v + 2^i for every 2^i > v (the smallest 2^i heads the
+  // largest subtree, so it is served first). The root
   // sends log2(n) copies instead of n - 1, and an inner rank forwards each segment as
   // soon as it has arrived.
   const int32_t v = wrap(rank_ - root, n);
@@ -650,7 +651,6 @@ Status GlooCommunicator::tree_broadcast(Op& op, void* buffer, size_t bytes, int3
   for (int32_t mask = 1; mask < n; mask <<= 1) {
     if (v < mask && v + mask < n) children.push_back(wrap(v + mask + root, n));
   }
-  std::reverse(children.begin(), children.end());
   const size_t parts = segments_for(bytes, kMinCopySegmentBytes);
   if (v != 0) {
     const int32_t parent = wrap((v - high) + root, n);
