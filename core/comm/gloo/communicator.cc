@@ -403,6 +403,15 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
   auto work = std::make_shared<Work>(where(operation, sequence), std::make_unique<cpu::CpuEvent>());
   std::optional<Descriptor> checked;
   if (descriptor) checked = *descriptor;
+  if (checks_over_control_mesh(descriptor)) {
+    // The descriptor leaves now, so the peers have it before the stream runs the check.
+    Status posted = control_->post(descriptor, sizeof(Descriptor), Clock::now() + timeout());
+    if (!posted.ok()) {
+      posted = Status(posted.code(), where(operation, sequence) + ": " + posted.message());
+      record_failure(posted);
+      return posted;
+    }
+  }
   stream_->enqueue([this, work, operation = std::move(operation), sequence, slot_base, checked,
                     body = std::move(body)] {
     const auto deadline = Clock::now() + timeout();
@@ -419,7 +428,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
 Status GlooCommunicator::run(Op& op, const Descriptor* descriptor, const Body& body) {
   return guarded(op, [&]() -> Status {
     // Shared memory checks every collective's descriptor itself, in its first round.
-    if (descriptor && options_.check_arguments && size_ > 1 && !shm_) {
+    if (checks_over_control_mesh(descriptor)) {
       HPS_RETURN_IF_ERROR(check_descriptors(op, *descriptor));
     }
     return body(op);
@@ -459,13 +468,17 @@ void GlooCommunicator::record_failure(const Status& s) {
   HPS_LOG(kWarn) << s.to_string();
 }
 
+bool GlooCommunicator::checks_over_control_mesh(const Descriptor* descriptor) const {
+  return descriptor && options_.check_arguments && size_ > 1 && !shm_;
+}
+
 Status GlooCommunicator::check_descriptors(Op& op, const Descriptor& mine) {
-  // Every rank sends its descriptor to every other rank at once over the control mesh:
-  // one message latency, read by this thread without Gloo's announce round trip.
+  // This rank's descriptor went to every peer when the collective was enqueued; the
+  // peers' have most likely arrived by now.
   const size_t bytes = sizeof(Descriptor);
   auto* all = static_cast<Descriptor*>(scratch(2, bytes * static_cast<size_t>(size_)));
   std::memcpy(&all[rank_], &mine, bytes);
-  HPS_RETURN_IF_ERROR(located(op, control_->exchange(&mine, all, bytes, op.deadline())));
+  HPS_RETURN_IF_ERROR(located(op, control_->collect(all, bytes, op.deadline())));
   return check_agreement(where(op.operation, op.sequence), mine, all, size_);
 }
 
@@ -846,10 +859,9 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
   Descriptor d{kBarrierKind, 0, 0, 0, 0, next_sequence_++};
   return enqueue("barrier", ready, &d, d.sequence << 20, [this](Op& o) {
     if (shm_) return located(o, shm_->barrier(*o.descriptor, o.deadline()));
-    // The descriptor exchange is itself a barrier when checking is on; otherwise one
-    // byte per rank goes round the ring.
-    if (options_.check_arguments) return Status::Ok();
-    auto* tokens = static_cast<uint8_t*>(scratch(2, static_cast<size_t>(size_)));
+    // The descriptors were posted when each rank enqueued, not when its stream got here,
+    // so one byte per rank goes round the ring as well.
+    auto* tokens = static_cast<uint8_t*>(scratch(3, static_cast<size_t>(size_)));
     tokens[rank_] = 1;
     return ring_all_gather(o, tokens, 1, kAllGatherPhase);
   });

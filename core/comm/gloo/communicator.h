@@ -92,6 +92,8 @@ class GlooCommunicator final : public Communicator {
                                                          uint64_t slot_base,
                                                          std::function<void(Op&)> post);
   void complete_transfers();  // the waiter thread
+  // True when `descriptor` is checked across ranks over control_ (TCP, checking on).
+  bool checks_over_control_mesh(const Descriptor* descriptor) const;
   Status check_descriptors(Op& op, const Descriptor& mine);
 
   // Ring algorithms; they run on the stream worker.

@@ -111,8 +111,7 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
   return mesh;
 }
 
-Status ControlMesh::exchange(const void* mine, void* all, size_t bytes,
-                             Clock::time_point deadline) {
+Status ControlMesh::post(const void* mine, size_t bytes, Clock::time_point deadline) {
   if (aborted_) return aborted("the communicator was aborted");
   const std::string_view message(static_cast<const char*>(mine), bytes);
   for (int32_t peer = 0; peer < size_; ++peer) {
@@ -123,6 +122,11 @@ Status ControlMesh::exchange(const void* mine, void* all, size_t bytes,
                      " failed (did it exit?): " + s.message());
     }
   }
+  return Status::Ok();
+}
+
+Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline) {
+  if (aborted_) return aborted("the communicator was aborted");
   // Read every peer's message as it comes, waking on abort().
   std::vector<size_t> got(static_cast<size_t>(size_), 0);
   got[static_cast<size_t>(rank_)] = bytes;

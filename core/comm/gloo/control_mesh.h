@@ -1,5 +1,7 @@
 // A full mesh of small TCP connections beside Gloo's, for the messages that gate a
-// collective: the argument agreement. Gloo's unbound buffers move a message only after the
+// collective: the argument agreement. A rank posts its descriptor when the collective is
+// enqueued and collects its peers' when the collective runs, so the exchange is mostly
+// over before the stream gets to it. Gloo's unbound buffers move a message only after the
 // receiver has announced it (a round trip) and through the device's event-loop thread;
 // here a message is written straight to the socket and read by the waiting thread itself,
 // one wake-up instead of three.
@@ -30,12 +32,16 @@ class ControlMesh {
   ControlMesh(const ControlMesh&) = delete;
   ControlMesh& operator=(const ControlMesh&) = delete;
 
-  // Sends `bytes` at `mine` to every peer and receives each peer's `bytes` into
-  // all + peer * bytes (all + rank * bytes is left alone). TIMEOUT past `deadline` naming
-  // the ranks still missing, ABORTED when a peer's connection closed or abort() ran.
-  Status exchange(const void* mine, void* all, size_t bytes, Clock::time_point deadline);
+  // Sends `bytes` at `mine` to every peer (the messages queue in the sockets; a peer reads
+  // them in order). ABORTED when a peer's connection failed or abort() ran. One thread at
+  // a time calls post(), one (possibly another) collect().
+  Status post(const void* mine, size_t bytes, Clock::time_point deadline);
+  // Receives each peer's next `bytes` into all + peer * bytes (all + rank * bytes is left
+  // alone). TIMEOUT past `deadline` naming the ranks still missing, ABORTED when a peer's
+  // connection closed or abort() ran.
+  Status collect(void* all, size_t bytes, Clock::time_point deadline);
 
-  // Any thread: a running exchange returns ABORTED at once, and so do later ones.
+  // Any thread: a running collect() returns ABORTED at once, and so do later calls.
   void abort();
 
  private:
