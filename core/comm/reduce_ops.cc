@@ -102,7 +102,12 @@ void average_half(uint16_t* buffer, size_t n, int32_t divisor) {
 
 }  // namespace
 
-void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
+// AVX2 clones where the processor has it, chosen once at load time (as for the optimizer
+// and norm kernels), with every helper inlined into each clone; element-wise, so every
+// clone gives the same bits.
+#define HPS_REDUCE_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+
+HPS_REDUCE_CLONES void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
                      size_t count) {
   switch (dtype) {
     case DType::kFloat32:
@@ -138,7 +143,7 @@ void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const v
   }
 }
 
-void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs, int32_t n,
+HPS_REDUCE_CLONES void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs, int32_t n,
                  size_t count) {
   switch (dtype) {
     case DType::kFloat32: reduce_many_typed(op, static_cast<float*>(out), inputs, n, count); return;
@@ -159,7 +164,7 @@ void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs,
   }
 }
 
-void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor) {
+HPS_REDUCE_CLONES void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor) {
   switch (dtype) {
     case DType::kFloat32: average_typed(static_cast<float*>(buffer), count, divisor); return;
     case DType::kFloat64: average_typed(static_cast<double*>(buffer), count, divisor); return;

@@ -109,6 +109,8 @@ class GlooCommunicator final : public Communicator {
   void ring_pass_blocks(Op& op, size_t buffer, int32_t first,
                         const std::function<std::pair<size_t, size_t>(int32_t)>& block,
                         uint32_t phase);
+  Status halving_reduce_scatter(Op& op, const void* send, void* recv, size_t count, DType dtype,
+                                ReduceOp reduce_op);  // power-of-two groups
   Status tree_broadcast(Op& op, void* buffer, size_t bytes, int32_t root);
 
   void* scratch(size_t index, size_t bytes);  // worker-owned, grows as needed
