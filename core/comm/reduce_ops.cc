@@ -107,8 +107,8 @@ void average_half(uint16_t* buffer, size_t n, int32_t divisor) {
 // clone gives the same bits.
 #define HPS_REDUCE_CLONES __attribute__((target_clones("avx2", "default"), flatten))
 
-HPS_REDUCE_CLONES void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
-                     size_t count) {
+HPS_REDUCE_CLONES void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a,
+                                       const void* b, size_t count) {
   switch (dtype) {
     case DType::kFloat32:
       reduce_typed(op, static_cast<float*>(out), static_cast<const float*>(a),
@@ -143,8 +143,8 @@ HPS_REDUCE_CLONES void reduce_elements(DType dtype, ReduceOp op, void* out, cons
   }
 }
 
-HPS_REDUCE_CLONES void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs, int32_t n,
-                 size_t count) {
+HPS_REDUCE_CLONES void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs,
+                                   int32_t n, size_t count) {
   switch (dtype) {
     case DType::kFloat32: reduce_many_typed(op, static_cast<float*>(out), inputs, n, count); return;
     case DType::kFloat64:

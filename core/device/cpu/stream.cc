@@ -20,47 +20,89 @@ bool EventMark::completed() const {
 }
 
 void EventMark::wait() const {
+  if (auto stream = stream_.lock()) {
+    {
+      std::lock_guard lock(mutex_);
+      if (completed_) return;
+    }
+    stream->help_until(index_);
+  }
   std::unique_lock lock(mutex_);
   done_cv_.wait(lock, [&] { return completed_; });
 }
 
-CpuStream::CpuStream() : worker_([this] { run(); }) {}
+uint64_t StreamCore::enqueue(std::function<void()> task) {
+  uint64_t index = 0;
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(task));
+    index = ++enqueued_;
+  }
+  work_cv_.notify_one();
+  return index;
+}
 
-CpuStream::~CpuStream() {
+void StreamCore::run_front(std::unique_lock<std::mutex>& lock) {
+  std::function<void()> task = std::move(queue_.front());
+  queue_.pop_front();
+  ++started_;
+  busy_ = true;
+  lock.unlock();
+  task();
+  lock.lock();
+  busy_ = false;
+  ++finished_;
+  idle_cv_.notify_all();
+}
+
+void StreamCore::help_until(uint64_t index) {
+  std::unique_lock lock(mutex_);
+  bool ran = false;
+  while (!busy_ && !queue_.empty() && started_ < index) {
+    run_front(lock);
+    ran = true;
+  }
+  // The worker may have gone back to sleep while this thread held the queue.
+  if (ran && !queue_.empty()) work_cv_.notify_one();
+}
+
+void StreamCore::run_worker() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return (stopping_ && !busy_) || (!queue_.empty() && !busy_); });
+    if (queue_.empty()) return;  // stopping, and everything queued has run
+    run_front(lock);
+  }
+}
+
+void StreamCore::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
   work_cv_.notify_all();
+}
+
+void StreamCore::synchronize() {
+  std::unique_lock lock(mutex_);
+  const uint64_t target = enqueued_;
+  idle_cv_.wait(lock, [&] { return finished_ >= target; });
+}
+
+CpuStream::CpuStream()
+    : core_(std::make_shared<StreamCore>()), worker_([core = core_] { core->run_worker(); }) {}
+
+CpuStream::~CpuStream() {
+  core_->stop();
   worker_.join();
 }
 
-void CpuStream::enqueue(std::function<void()> task) {
-  {
-    std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(task));
-    ++enqueued_;
-  }
-  work_cv_.notify_one();
-}
-
-void CpuStream::run() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      std::unique_lock lock(mutex_);
-      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything queued has run
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    task();
-    {
-      std::lock_guard lock(mutex_);
-      ++finished_;
-    }
-    idle_cv_.notify_all();
-  }
+std::shared_ptr<EventMark> CpuStream::record_mark() {
+  // The task may run (and complete the mark) before enqueue returns; only the helping
+  // wait needs the index, and no one can wait on the mark before it is returned.
+  auto mark = std::make_shared<EventMark>(core_);
+  mark->set_index(core_->enqueue([mark] { mark->complete(); }));
+  return mark;
 }
 
 Status CpuStream::wait(Event& event) {
@@ -73,9 +115,7 @@ Status CpuStream::wait(Event& event) {
 
 Status CpuStream::synchronize() {
   count_host_sync(HostSyncKind::kStreamSynchronize);
-  std::unique_lock lock(mutex_);
-  const uint64_t target = enqueued_;
-  idle_cv_.wait(lock, [&] { return finished_ >= target; });
+  core_->synchronize();
   return Status::Ok();
 }
 
@@ -90,9 +130,7 @@ Status CpuStream::memcpy_async(void* dst, const void* src, size_t bytes) {
 
 Status CpuEvent::record(Stream& stream) {
   HPS_RETURN_IF_ERROR(check_same_device(stream, *this, "event record"));
-  auto mark = std::make_shared<EventMark>();
-  static_cast<CpuStream&>(stream).enqueue([mark] { mark->complete(); });
-  mark_ = std::move(mark);
+  mark_ = static_cast<CpuStream&>(stream).record_mark();
   return Status::Ok();
 }
 

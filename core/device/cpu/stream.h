@@ -14,17 +14,56 @@
 
 namespace hps::cpu {
 
+class StreamCore;
+
 // The completion mark of one event record; shared by the event and the queued task.
 class EventMark {
  public:
+  EventMark() = default;
+  // A mark completed by a task on `stream`; set_index() says which, before anyone waits.
+  explicit EventMark(std::weak_ptr<StreamCore> stream) : stream_(std::move(stream)) {}
+  void set_index(uint64_t index) { index_ = index; }
   void complete();
   bool completed() const;
-  void wait() const;  // blocks the calling thread (a worker or, counted, the host)
+  // Blocks the calling thread (a worker or, counted, the host) until the mark completes.
+  // While the stream's worker is idle, the waiting thread runs the stream's queued tasks
+  // up to the one that completes the mark itself, in order and one at a time, instead of
+  // waking the worker and sleeping until it is done: two thread hand-offs saved.
+  void wait() const;
 
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable done_cv_;
   bool completed_ = false;
+  std::weak_ptr<StreamCore> stream_;
+  uint64_t index_ = 0;
+};
+
+// A CPU stream's queue, shared by its worker and by threads that wait on its marks.
+class StreamCore {
+ public:
+  // Returns the 1-based index of the task.
+  uint64_t enqueue(std::function<void()> task);
+  // Runs queued tasks on the calling thread while no one else runs one, up to task
+  // `index`.
+  void help_until(uint64_t index);
+  void run_worker();  // the worker's loop, until stop() and an empty queue
+  void stop();
+  void synchronize();  // until every task enqueued so far has finished
+
+ private:
+  // Pops the front task (the caller holds `lock`), runs it unlocked, and records it done.
+  void run_front(std::unique_lock<std::mutex>& lock);
+
+  std::mutex mutex_;
+  std::condition_variable work_cv_;
+  std::condition_variable idle_cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0;
+  uint64_t started_ = 0;
+  uint64_t finished_ = 0;
+  bool busy_ = false;  // a task is running (on the worker or a helping thread)
+  bool stopping_ = false;
 };
 
 class CpuStream final : public Stream {
@@ -40,18 +79,12 @@ class CpuStream final : public Stream {
   Status memcpy_async(void* dst, const void* src, size_t bytes) override;
 
   // Enqueues `task` to run on the worker after everything enqueued before it.
-  void enqueue(std::function<void()> task);
+  void enqueue(std::function<void()> task) { core_->enqueue(std::move(task)); }
+  // Enqueues a task that completes a new mark, and returns the mark.
+  std::shared_ptr<EventMark> record_mark();
 
  private:
-  void run();
-
-  std::mutex mutex_;
-  std::condition_variable work_cv_;
-  std::condition_variable idle_cv_;
-  std::deque<std::function<void()>> queue_;
-  uint64_t enqueued_ = 0;
-  uint64_t finished_ = 0;
-  bool stopping_ = false;
+  std::shared_ptr<StreamCore> core_;
   std::thread worker_;
 };
 
