@@ -8,8 +8,12 @@
 namespace hps {
 namespace {
 
+// Inlined into each of the public functions' target clones below, so every clone gets its
+// own vectorised copy.
+#define HPS_INLINE __attribute__((always_inline)) inline
+
 template <typename T>
-void reduce_typed(ReduceOp op, T* out, const T* a, const T* b, size_t n) {
+HPS_INLINE void reduce_typed(ReduceOp op, T* out, const T* a, const T* b, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
@@ -28,7 +32,8 @@ using Decode = float (*)(uint16_t);
 using Encode = uint16_t (*)(float);
 
 template <Decode decode, Encode encode>
-void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n) {
+HPS_INLINE void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const uint16_t* b,
+                            size_t n) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
@@ -47,7 +52,8 @@ void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const uint16_t* 
 constexpr size_t kBlock = 2048;
 
 template <typename T>
-void reduce_many_typed(ReduceOp op, T* out, const void* const* inputs, int32_t n, size_t count) {
+HPS_INLINE void reduce_many_typed(ReduceOp op, T* out, const void* const* inputs, int32_t n,
+                                  size_t count) {
   for (size_t b = 0; b < count; b += kBlock) {
     const size_t len = std::min(kBlock, count - b);
     const T* first = static_cast<const T*>(inputs[0]) + b;
@@ -63,8 +69,8 @@ void reduce_many_typed(ReduceOp op, T* out, const void* const* inputs, int32_t n
 }
 
 template <Decode decode, Encode encode>
-void reduce_many_half(ReduceOp op, uint16_t* out, const void* const* inputs, int32_t n,
-                      size_t count) {
+HPS_INLINE void reduce_many_half(ReduceOp op, uint16_t* out, const void* const* inputs, int32_t n,
+                                 size_t count) {
   float acc[kBlock];
   for (size_t b = 0; b < count; b += kBlock) {
     const size_t len = std::min(kBlock, count - b);
@@ -90,12 +96,12 @@ void reduce_many_half(ReduceOp op, uint16_t* out, const void* const* inputs, int
 }
 
 template <typename T>
-void average_typed(T* buffer, size_t n, int32_t divisor) {
+HPS_INLINE void average_typed(T* buffer, size_t n, int32_t divisor) {
   for (size_t i = 0; i < n; ++i) buffer[i] = static_cast<T>(buffer[i] / static_cast<T>(divisor));
 }
 
 template <Decode decode, Encode encode>
-void average_half(uint16_t* buffer, size_t n, int32_t divisor) {
+HPS_INLINE void average_half(uint16_t* buffer, size_t n, int32_t divisor) {
   const float d = static_cast<float>(divisor);
   for (size_t i = 0; i < n; ++i) buffer[i] = encode(decode(buffer[i]) / d);
 }
@@ -103,9 +109,8 @@ void average_half(uint16_t* buffer, size_t n, int32_t divisor) {
 }  // namespace
 
 // AVX2 clones where the processor has it, chosen once at load time (as for the optimizer
-// and norm kernels), with every helper inlined into each clone; element-wise, so every
-// clone gives the same bits.
-#define HPS_REDUCE_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+// and norm kernels); element-wise, so every clone gives the same bits.
+#define HPS_REDUCE_CLONES __attribute__((target_clones("avx2", "default")))
 
 HPS_REDUCE_CLONES void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a,
                                        const void* b, size_t count) {
