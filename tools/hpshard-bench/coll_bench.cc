@@ -314,4 +314,33 @@ WorldResult run_world(const CollConfig& config, int32_t ranks) {
   return result;
 }
 
+WorldResult run_world_repeated(const CollConfig& config, int32_t ranks) {
+  std::vector<WorldResult> runs;
+  for (int32_t k = 0; k < config.repeat; ++k) {
+    if (config.progress && config.repeat > 1) {
+      std::fprintf(stderr, "[hpshard-bench] %d ranks, repetition %d of %d\n", ranks, k + 1,
+                   config.repeat);
+    }
+    runs.push_back(run_world(config, ranks));
+  }
+  WorldResult merged = runs.front();
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  for (size_t i = 0; i < merged.rows.size(); ++i) {
+    std::vector<double> hpshard, gloo;
+    for (const auto& run : runs) {
+      hpshard.push_back(run.rows[i].hpshard_seconds);
+      gloo.push_back(run.rows[i].gloo_seconds);
+    }
+    merged.rows[i].hpshard_seconds = median(hpshard);
+    merged.rows[i].gloo_seconds = median(gloo);
+  }
+  merged.gloo_reduce_scatter_wrong = 0;
+  for (const auto& run : runs) merged.gloo_reduce_scatter_wrong += run.gloo_reduce_scatter_wrong;
+  return merged;
+}
+
 }  // namespace hps::bench

@@ -30,6 +30,9 @@ struct CollConfig {
   bool shared_memory = true;
   std::chrono::milliseconds timeout{120'000};
   bool progress = true;  // a line on stderr per case
+  // The whole sweep this many times per world size; each row's figures are then the
+  // median over the repetitions (PERFORMANCE.md: the median of several repetitions).
+  int32_t repeat = 1;
 };
 
 // Sizes S doubling from min_bytes to max_bytes.
@@ -65,5 +68,8 @@ struct WorldResult {
 // ends the process (exit status 1) with the reason on stderr: a rank thread that fails
 // cannot release its peers from a collective they are already waiting in.
 WorldResult run_world(const CollConfig& config, int32_t ranks);
+// run_world config.repeat times, merged: every time the median over the repetitions, the
+// wrong Gloo results summed.
+WorldResult run_world_repeated(const CollConfig& config, int32_t ranks);
 
 }  // namespace hps::bench

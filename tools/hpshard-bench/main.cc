@@ -2,7 +2,8 @@
 // the same run beside each figure (docs/benchmarks.md).
 //
 //   hpshard-bench coll [--ranks 2,4] [--min-bytes 4096] [--max-bytes 67108864] [--iters N]
-//                      [--warmup N] [--ops all_reduce,all_gather,reduce_scatter,broadcast]
+//                      [--warmup N] [--repeat N]
+//                      [--ops all_reduce,all_gather,reduce_scatter,broadcast]
 //                      [--dtype float32|float64] [--json FILE] [--no-torch]
 //                      [--torch-script FILE] [--check-arguments 0|1] [--transport shm|tcp]
 //                      [--quiet]
@@ -55,6 +56,8 @@ const char kUsage[] =
     "  --max-bytes N           largest message S in bytes (default 67108864; up to 268435456)\n"
     "  --iters N               timed iterations per size (default: 40 small .. 5 large)\n"
     "  --warmup N              untimed runs per size after the checked one (default 3 / 1)\n"
+    "  --repeat N              the whole sweep N times; each figure is the median of the N\n"
+    "                          (default 1)\n"
     "  --ops LIST              all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
     "  --dtype T               float32 or float64 (default float32)\n"
     "  --check-arguments 0|1   hpshard's per-collective argument agreement (default 1)\n"
@@ -159,6 +162,8 @@ Cli parse(int argc, char** argv) {
       c.iters = static_cast<int32_t>(integer(1, 100000));
     } else if (flag == "--warmup") {
       c.warmup = static_cast<int32_t>(integer(0, 100000));
+    } else if (flag == "--repeat") {
+      c.repeat = static_cast<int32_t>(integer(1, 100));
     } else if (flag == "--ops") {
       c.ops.clear();
       for (const auto& part : split_list(value())) {
@@ -659,7 +664,7 @@ int main_coll(int argc, char** argv) {
   std::string torch_version;
   bool torch_failed = false;
   for (int32_t ranks : cli.config.ranks) {
-    worlds.push_back(run_world(cli.config, ranks));
+    worlds.push_back(run_world_repeated(cli.config, ranks));
     if (!torch_script.empty() && !torch_failed) {
       const std::string why = run_torch(torch_script, cli.config, worlds.back(), &torch_version);
       if (!why.empty()) {

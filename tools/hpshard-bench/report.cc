@@ -107,9 +107,10 @@ void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
   std::fprintf(out, "# command: %s\n", info.command.c_str());
   std::fprintf(out,
                "# dtype %s, check_arguments %d, hpshard transport %s; time = median over "
-               "iterations of the slowest rank (us); bandwidth in GB/s (1e9)\n",
+               "iterations of the slowest rank (us), then over %d repetition(s) of the sweep; "
+               "bandwidth in GB/s (1e9)\n",
                std::string(dtype_name(config.dtype)).c_str(), config.check_arguments ? 1 : 0,
-               config.shared_memory ? "shm" : "tcp");
+               config.shared_memory ? "shm" : "tcp", config.repeat);
   std::fprintf(out,
                "# reference: Gloo called directly (gloo::allreduce ring, gloo::allgather, "
                "gloo::broadcast, ReduceScatterHalvingDoubling), measured alternately with "
@@ -181,7 +182,8 @@ std::string to_json(const CollConfig& config, const RunInfo& info,
   j << "  \"config\": {\"ranks\": [";
   for (size_t i = 0; i < config.ranks.size(); ++i) j << (i ? ", " : "") << config.ranks[i];
   j << "], \"min_bytes\": " << config.min_bytes << ", \"max_bytes\": " << config.max_bytes
-    << ", \"iters\": " << config.iters << ", \"warmup\": " << config.warmup << ", \"ops\": [";
+    << ", \"iters\": " << config.iters << ", \"warmup\": " << config.warmup
+    << ", \"repeat\": " << config.repeat << ", \"ops\": [";
   for (size_t i = 0; i < config.ops.size(); ++i) {
     j << (i ? ", " : "") << json_string(std::string(coll_op_name(config.ops[i])));
   }

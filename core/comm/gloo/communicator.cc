@@ -198,6 +198,25 @@ class GlooCommunicator::Op {
   std::vector<size_t> pending_recvs_;
 };
 
+namespace {
+
+// Reduces `count` elements in `parts` segments as each arrives (receives from one peer
+// complete in the order they were posted): target = first op second, segment by segment.
+void reduce_as_received(GlooCommunicator::Op& op, DType dtype, ReduceOp reduce_op, size_t count,
+                        size_t parts, uint8_t* target, const uint8_t* first,
+                        const uint8_t* second) {
+  const size_t element = dtype_size(dtype);
+  for (size_t k = 0; k < parts; ++k) {
+    const auto [b, e] = segment(count, parts, k);
+    if (e == b) continue;  // never posted
+    op.wait_next_recv();
+    reduce_elements(dtype, reduce_op, target + b * element, first + b * element,
+                    second + b * element, e - b);
+  }
+}
+
+}  // namespace
+
 GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, int32_t size,
                                    CommOptions options)
     : store_(std::move(store)),
@@ -572,16 +591,9 @@ Status GlooCommunicator::ring_all_reduce(Op& op, const void* send, void* recv, s
       op.post_send(s == 0 ? source : whole, next, op.slot(1, base + static_cast<uint32_t>(k)),
                    (chunks.offset(send_index) + b) * element, (e - b) * element);
     }
-    uint8_t* target = data + chunks.offset(recv_index) * element;
-    const uint8_t* mine = original + chunks.offset(recv_index) * element;
-    const auto* in = static_cast<const uint8_t*>(incoming);
-    for (size_t k = 0; k < recv_parts; ++k) {
-      const auto [b, e] = segment(recv_count, recv_parts, k);
-      if (e == b) continue;
-      op.wait_next_recv();
-      reduce_elements(dtype, reduce_op, target + b * element, mine + b * element, in + b * element,
-                      e - b);
-    }
+    reduce_as_received(
+        op, dtype, reduce_op, recv_count, recv_parts, data + chunks.offset(recv_index) * element,
+        original + chunks.offset(recv_index) * element, static_cast<const uint8_t*>(incoming));
     op.wait_all();  // the sends
   }
   const int32_t own = wrap(r + 1, n);
@@ -635,13 +647,7 @@ Status GlooCommunicator::ring_reduce_scatter(Op& op, const void* send, void* rec
     const uint8_t* mine = input + static_cast<size_t>(recv_index) * bytes;
     // The last step lands chunk r in recv.
     auto* target = static_cast<uint8_t*>(s == n - 2 ? recv : partial[s % 2]);
-    for (size_t k = 0; k < parts; ++k) {
-      const auto [b, e] = segment(count, parts, k);
-      if (e == b) continue;
-      op.wait_next_recv();
-      reduce_elements(dtype, reduce_op, target + b * element, in_bytes + b * element,
-                      mine + b * element, e - b);
-    }
+    reduce_as_received(op, dtype, reduce_op, count, parts, target, in_bytes, mine);
     op.wait_all();  // the sends: partial[s % 2] is sent in the next step
   }
   if (reduce_op == ReduceOp::kAvg) finish_average(dtype, recv, count, n);
@@ -687,13 +693,7 @@ Status GlooCommunicator::halving_reduce_scatter(Op& op, const void* send, void* 
                                     : partial + static_cast<size_t>(keep - base) * bytes;
     uint8_t* target =
         d == 1 ? static_cast<uint8_t*>(recv) : partial + static_cast<size_t>(keep - base) * bytes;
-    for (size_t k = 0; k < parts; ++k) {
-      const auto [b, e] = segment(elements, parts, k);
-      if (e == b) continue;
-      op.wait_next_recv();
-      reduce_elements(dtype, reduce_op, target + b * element, incoming + b * element,
-                      mine + b * element, e - b);
-    }
+    reduce_as_received(op, dtype, reduce_op, elements, parts, target, incoming, mine);
     op.wait_all();  // the sends, before the next step reuses `incoming`
     lo = keep;
   }
