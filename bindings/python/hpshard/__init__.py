@@ -1020,6 +1020,8 @@ class Clip(_Handle):
         self._handle = _c.hps_clip_create(*handles, options._to_c())
         self.options = options
         self._comms = tuple(c for c in (sharding, mp, pp) if c is not None)
+        # hps_clip_create refuses communicators on different devices; none: the CPU.
+        self._device = self._comms[0].device if self._comms else (DeviceType.CPU, 0)
         self._tensors: list = []
         for comm in self._comms:
             comm._users.add(self)
@@ -1079,9 +1081,13 @@ class Clip(_Handle):
         return _c.hps_clip_coefficient(self._h())
 
     def coefficient(self) -> Any:
-        """A read-only 1-element float32 view of the latest coefficient (CPU clips: host
-        memory). Read it after synchronizing the stream of :meth:`run`; it keeps the Clip
-        alive but becomes invalid when the Clip is closed."""
+        """A read-only 1-element float32 view of the latest coefficient (CPU clips only: a
+        clip over CUDA communicators keeps it in device memory, and this raises
+        FailedPreconditionError; use :attr:`coefficient_address`). Read it after
+        synchronizing the stream of :meth:`run`; it keeps the Clip alive but becomes invalid
+        when the Clip is closed."""
+        _require_host_memory(self._device, "Clip.coefficient", "coefficient_address",
+                             "the clip's")
         return _view(self.coefficient_address, (1,), self, readonly=True)
 
 
@@ -1186,15 +1192,16 @@ def _as_dtype(dtype: Any) -> int:
     return int(names[name])
 
 
-def _require_host_memory(device: Tuple[Any, int], what: str, raw: str) -> None:
-    """Refuse a host view of engine memory on ``device`` unless it is the CPU: a NumPy
-    array or a ctypes read over a CUDA device pointer would dereference device memory on
-    the host."""
+def _require_host_memory(device: Tuple[Any, int], what: str, raw: str,
+                         owner: str = "the engine's") -> None:
+    """Refuse a host view of engine (or clip) memory on ``device`` unless it is the CPU: a
+    NumPy array or a ctypes read over a CUDA device pointer would dereference device memory
+    on the host."""
     kind, _ = device
     if kind != DeviceType.CPU:
         raise FailedPreconditionError(
             Status.FAILED_PRECONDITION,
-            f"{what}: the engine's memory is on {_device_name(device)}, not the host; it has "
+            f"{what}: {owner} memory is on {_device_name(device)}, not the host; it has "
             f"no host view there. Use {raw} (a device address) with that device's tools")
 
 

@@ -134,6 +134,15 @@ def test_clip_single_rank():
         assert c.shape == (1,) and c.dtype == np.float32 and not c.flags.writeable
         assert abs(c[0] - coef) < 1e-6
         assert clip.coefficient_address == c.ctypes.data
+        # A clip over CUDA communicators keeps the coefficient on the device: no host view
+        # (marked here; the memory is host memory, so only the guard can fail this).
+        clip._device = (hpshard.DeviceType.CUDA, 0)
+        with pytest.raises(hpshard.FailedPreconditionError) as info:
+            clip.coefficient()
+        assert "cuda:0" in info.value.message and "coefficient_address" in info.value.message
+        assert "the clip's memory" in info.value.message
+        assert clip.coefficient_address == c.ctypes.data  # the address stays available
+        clip._device = (hpshard.DeviceType.CPU, 0)
         # scale=False: the norm only (of the already scaled gradients), nothing scaled
         before = grads.copy()
         clip.run(stream, norm, scale=False)

@@ -63,6 +63,7 @@ public final class Clip implements AutoCloseable {
   private final Cleaner.Cleanable cleanable;
   private final double maxNorm;
   private final boolean deterministic;
+  private volatile Device device; // the communicators' (CPU without any)
 
   /** A clip over no group (one rank) with max_norm {@code maxNorm}. */
   public Clip(double maxNorm) {
@@ -89,12 +90,21 @@ public final class Clip implements AutoCloseable {
     this.cleanable = Stream.CLEANER.register(this, state);
     this.maxNorm = maxNorm;
     this.deterministic = deterministic;
+    Device first = null;
     for (Communicator c : new Communicator[] {sharding, mp, pp}) {
       if (c != null) {
         state.comms.add(c);
         c.remember(state);
+        if (first == null) first = c.device();
       }
     }
+    // hps_clip_create refuses communicators on different devices; none: the CPU.
+    this.device = first != null ? first : new Device(DeviceType.CPU, 0);
+  }
+
+  /** Tests only: pretend the clip's memory is on {@code device}. */
+  void setDeviceForTest(Device device) {
+    this.device = Objects.requireNonNull(device, "device");
   }
 
   private static SWIGTYPE_p_hps_comm handle(Communicator c) {
@@ -227,10 +237,12 @@ public final class Clip implements AutoCloseable {
 
   /**
    * A read-only 4-byte direct ByteBuffer (native order) over the latest coefficient (CPU
-   * clips: host memory); read it after synchronizing the stream of {@link #run}. It is
-   * INVALID after the clip is closed.
+   * clips only: a clip over CUDA communicators keeps it in device memory, and this throws
+   * HpsException FAILED_PRECONDITION; use {@link #coefficientAddress}); read it after
+   * synchronizing the stream of {@link #run}. It is INVALID after the clip is closed.
    */
   public ByteBuffer coefficient() {
+    Engine.requireHostMemory(device, "Clip.coefficient", "coefficientAddress()", "the clip's");
     return HpshardNative.hps_swig_direct_buffer(coefficientAddress(), 4)
         .order(ByteOrder.nativeOrder()).asReadOnlyBuffer().order(ByteOrder.nativeOrder());
   }

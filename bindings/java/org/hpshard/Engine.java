@@ -403,9 +403,14 @@ public final class Engine implements AutoCloseable {
    * CUDA device pointer would read device memory on the host.
    */
   static void requireHostMemory(Device device, String what, String raw) {
+    requireHostMemory(device, what, raw, "the engine's");
+  }
+
+  /** The same for memory that {@code owner} (e.g. "the clip's") keeps. */
+  static void requireHostMemory(Device device, String what, String raw, String owner) {
     if (!device.isHost()) {
       throw new HpsException(hps_status_t.HPS_STATUS_FAILED_PRECONDITION, what
-          + ": the engine's memory is on " + device + ", not the host; it has no host view "
+          + ": " + owner + " memory is on " + device + ", not the host; it has no host view "
           + "there. Use " + raw + " (a device address) with that device's tools");
     }
   }

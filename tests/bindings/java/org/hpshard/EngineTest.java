@@ -78,6 +78,15 @@ class EngineTest {
       assertTrue(c.isDirect() && c.isReadOnly());
       assertEquals(coef, c.getFloat(0), 1e-6f);
       assertNotEquals(0, clip.coefficientAddress());
+      // A clip over CUDA communicators keeps the coefficient on the device: no host view
+      // (marked here; the memory is host memory, so only the guard can fail this).
+      clip.setDeviceForTest(new Device(DeviceType.CUDA, 0));
+      HpsException e = assertThrows(HpsException.class, clip::coefficient);
+      assertEquals(FAILED_PRECONDITION, e.status());
+      assertTrue(e.getMessage().contains("cuda:0"), e.getMessage());
+      assertTrue(e.getMessage().contains("the clip's memory"), e.getMessage());
+      assertNotEquals(0, clip.coefficientAddress()); // the address stays available
+      clip.setDeviceForTest(new Device(DeviceType.CPU, 0));
       clip.run(stream); // no norm out
       stream.synchronize();
     }
