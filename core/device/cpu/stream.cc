@@ -62,8 +62,9 @@ void StreamCore::help_until(uint64_t index) {
     run_front(lock);
     ran = true;
   }
-  // The worker may have gone back to sleep while this thread held the queue.
-  if (ran && !queue_.empty()) work_cv_.notify_one();
+  // The worker may have gone back to sleep while this thread ran tasks: more may be
+  // queued, or a destructor may be waiting for the worker to see the queue idle.
+  if (ran) work_cv_.notify_one();
 }
 
 void StreamCore::run_worker() {

@@ -126,6 +126,28 @@ TEST(CpuStream, EnqueueThenWaitMostlyRunsOnTheWaitingThread) {
   std::printf("%d of %d tasks ran on the waiting thread\n", on_waiter, kRounds);
 }
 
+TEST(CpuStream, DestroyingAStreamWhileAWaiterRunsItsTaskDoesNotHang) {
+  // The destructor waits for the worker, and the worker for the task a helping waiter
+  // runs: the waiter must wake the worker when it is done.
+  for (int round = 0; round < 50; ++round) {
+    auto stream = make_stream();
+    auto& cpu = static_cast<cpu::CpuStream&>(*stream);
+    std::promise<void> release;
+    auto released = release.get_future().share();
+    cpu.enqueue([released] { released.wait(); });
+    auto event = make_event();
+    ASSERT_TRUE(event->record(*stream).ok());
+    std::thread waiter([&] { ASSERT_TRUE(event->synchronize().ok()); });
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    auto destroyed = std::async(std::launch::async, [&] { stream.reset(); });
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    release.set_value();
+    ASSERT_EQ(destroyed.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+        << "the stream's destructor hung (round " << round << ")";
+    waiter.join();
+  }
+}
+
 TEST(CpuStream, WaitersAndTheWorkerNeverRunTwoTasksAtOnce) {
   auto stream = make_stream();
   auto& cpu = static_cast<cpu::CpuStream&>(*stream);
