@@ -625,17 +625,20 @@ std::string run_torch_step(const std::string& script, const StepConfig& config, 
   return {};
 }
 
-int main_step(int argc, char** argv) {
-  StepCli cli = parse_step(argc, argv);
-  RunInfo info = run_info(argc, argv);
-  const std::string script = torch_setup(cli.torch, cli.torch_script, "torch_step.py", info);
-  std::vector<StepWorld> worlds;
+// Runs every world size, each followed by torch's figures while torch keeps working; a
+// torch failure drops its column (the reason goes into info.torch), otherwise info.torch
+// becomes describe(torch's version).
+template <typename World, typename RunWorld, typename RunTorch, typename Describe>
+std::vector<World> run_worlds(const std::vector<int32_t>& ranks, const std::string& script,
+                              RunInfo& info, RunWorld run_world_at, RunTorch run_torch_beside,
+                              Describe describe) {
+  std::vector<World> worlds;
   std::string version;
   bool torch_failed = false;
-  for (int32_t ranks : cli.config.ranks) {
-    worlds.push_back(run_step_world(cli.config, ranks));
+  for (int32_t n : ranks) {
+    worlds.push_back(run_world_at(n));
     if (!script.empty() && !torch_failed) {
-      const std::string why = run_torch_step(script, cli.config, worlds.back(), &version);
+      const std::string why = run_torch_beside(worlds.back(), &version);
       if (!why.empty()) {
         torch_failed = true;
         info.torch = why;
@@ -645,11 +648,27 @@ int main_step(int argc, char** argv) {
   }
   if (!script.empty() && !torch_failed) {
     info.torch_ran = true;
-    info.torch = "torch " + version + " DDP + ZeroRedundancyOptimizer(" +
-                 (cli.config.adamw ? "Adam" : "SGD") +
-                 ") + clip_grad_norm_, gloo, processes, 1 intra-op thread each, measured after "
-                 "hpshard";
+    info.torch = describe(version);
   }
+  return worlds;
+}
+
+int main_step(int argc, char** argv) {
+  StepCli cli = parse_step(argc, argv);
+  RunInfo info = run_info(argc, argv);
+  const std::string script = torch_setup(cli.torch, cli.torch_script, "torch_step.py", info);
+  auto worlds = run_worlds<StepWorld>(
+      cli.config.ranks, script, info,
+      [&](int32_t ranks) { return run_step_world(cli.config, ranks); },
+      [&](StepWorld& world, std::string* version) {
+        return run_torch_step(script, cli.config, world, version);
+      },
+      [&](const std::string& version) {
+        return "torch " + version + " DDP + ZeroRedundancyOptimizer(" +
+               (cli.config.adamw ? "Adam" : "SGD") +
+               ") + clip_grad_norm_, gloo, processes, 1 intra-op thread each, measured after "
+               "hpshard";
+      });
   print_step(stdout, cli.config, info, worlds);
   return write_json(cli.json_path, step_to_json(cli.config, info, worlds));
 }
@@ -657,28 +676,16 @@ int main_step(int argc, char** argv) {
 int main_coll(int argc, char** argv) {
   Cli cli = parse(argc, argv);
   RunInfo info = run_info(argc, argv);
-
-  const std::string torch_script = torch_setup(cli.torch, cli.torch_script, "torch_coll.py", info);
-
-  std::vector<WorldResult> worlds;
-  std::string torch_version;
-  bool torch_failed = false;
-  for (int32_t ranks : cli.config.ranks) {
-    worlds.push_back(run_world_repeated(cli.config, ranks));
-    if (!torch_script.empty() && !torch_failed) {
-      const std::string why = run_torch(torch_script, cli.config, worlds.back(), &torch_version);
-      if (!why.empty()) {
-        torch_failed = true;
-        info.torch = why;
-        std::fprintf(stderr, "hpshard-bench: torch column dropped: %s\n", why.c_str());
-      }
-    }
-  }
-  if (!torch_script.empty() && !torch_failed) {
-    info.torch_ran = true;
-    info.torch = "torch " + torch_version + " torch.distributed gloo (processes, 127.0.0.1)";
-  }
-
+  const std::string script = torch_setup(cli.torch, cli.torch_script, "torch_coll.py", info);
+  auto worlds = run_worlds<WorldResult>(
+      cli.config.ranks, script, info,
+      [&](int32_t ranks) { return run_world_repeated(cli.config, ranks); },
+      [&](WorldResult& world, std::string* version) {
+        return run_torch(script, cli.config, world, version);
+      },
+      [](const std::string& version) {
+        return "torch " + version + " torch.distributed gloo (processes, 127.0.0.1)";
+      });
   print_tables(stdout, cli.config, info, worlds);
   return write_json(cli.json_path, to_json(cli.config, info, worlds));
 }
