@@ -128,11 +128,13 @@ Status ControlMesh::post(const void* mine, size_t bytes, Clock::time_point deadl
 Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline) {
   if (aborted_) return aborted("the communicator was aborted");
   // Read every peer's message as it comes, waking on abort().
-  std::vector<size_t> got(static_cast<size_t>(size_), 0);
+  // Per-call state in members reused across collectives (one collect() at a time).
+  std::vector<size_t>& got = got_;
+  got.assign(static_cast<size_t>(size_), 0);
   got[static_cast<size_t>(rank_)] = bytes;
   int32_t missing = size_ - 1;
-  std::vector<pollfd> fds;
-  std::vector<int32_t> peers;
+  std::vector<pollfd>& fds = poll_fds_;
+  std::vector<int32_t>& peers = poll_peers_;
   while (missing > 0) {
     fds.clear();
     peers.clear();

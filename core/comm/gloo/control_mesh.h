@@ -7,6 +7,8 @@
 // one wake-up instead of three.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -50,6 +52,10 @@ class ControlMesh {
   int32_t size_;
   std::vector<int> sockets_;  // by peer rank; -1 for this rank
   int wake_fd_ = -1;          // an eventfd abort() writes to
+  // collect()'s bytes received per peer and poll set, kept to spare allocations per call.
+  std::vector<size_t> got_;
+  std::vector<struct pollfd> poll_fds_;
+  std::vector<int32_t> poll_peers_;
   std::atomic<bool> aborted_{false};
 };
 
