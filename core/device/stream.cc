@@ -4,6 +4,7 @@
 
 #include "core/common/config.h"
 #include "core/device/cpu/stream.h"
+#include "core/device/host_sync.h"
 #if HPS_HAVE_CUDA
 #include "core/device/cuda/stream.h"
 #endif
@@ -24,6 +25,15 @@ StatusOr<std::unique_ptr<Event>> create_event(Device device) {
   if (device.type == DeviceType::kCuda) return cuda::CudaEvent::create(device.index);
 #endif
   return std::unique_ptr<Event>(std::make_unique<cpu::CpuEvent>());
+}
+
+Status copy_to_host(Stream& stream, void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  HPS_RETURN_IF_ERROR(stream.memcpy_async(host, device, bytes));
+  count_host_sync(HostSyncKind::kDeviceToHostRead);
+  HPS_ASSIGN_OR_RETURN(auto done, create_event(stream.device()));
+  HPS_RETURN_IF_ERROR(done->record(stream));
+  return done->synchronize_uncounted();
 }
 
 Status check_same_device(const Stream& stream, const Event& event, const char* operation) {

@@ -23,7 +23,12 @@ class Stream {
   // Blocks the host until everything enqueued so far has completed. Counted.
   virtual Status synchronize() = 0;
   // Enqueues a copy of `bytes` bytes; the regions must stay valid until it completes.
+  // Either side may be host memory (on CUDA through unified addressing); a copy into host
+  // memory is complete only when the stream gets there (read it after an event or
+  // synchronize()).
   virtual Status memcpy_async(void* dst, const void* src, size_t bytes) = 0;
+  // Enqueues `bytes` bytes of `dst` (memory of the stream's device) set to `value`.
+  virtual Status memset_async(void* dst, int value, size_t bytes) = 0;
 };
 
 class Event {
@@ -43,6 +48,11 @@ class Event {
 
 StatusOr<std::unique_ptr<Stream>> create_stream(Device device);
 StatusOr<std::unique_ptr<Event>> create_event(Device device);
+
+// Copies `bytes` of device memory into host memory after the work enqueued on `stream`
+// and blocks the host until it has arrived. A host sync (counted as a device-to-host
+// read): for set-up, gather_all and checkpoints, never inside a step.
+Status copy_to_host(Stream& stream, void* host, const void* device, size_t bytes);
 
 // Shared argument checks of the implementations.
 Status check_same_device(const Stream& stream, const Event& event, const char* operation);

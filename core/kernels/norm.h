@@ -46,6 +46,13 @@ double sum_of_squares(DType dtype, const void* data, size_t count);
 void sum_of_squares_fixed(DType dtype, const void* data, size_t count, FixedSquares& out);
 // data[i] *= coefficient, in fp32 for 16-bit types (rounded once), in the type otherwise.
 void scale(DType dtype, void* data, size_t count, double coefficient);
+// The unscale pass of a step, one read of the gradient: dst[i] = src[i] · factor in fp32
+// (src is fp32 — it may be dst — fp16 or bf16, converted first). Returns false when
+// `check_finite` and some dst[i] is Inf or NaN. When `partial` is given it gets Σ dst[i]²
+// accumulated as sum_of_squares does (fp32 chunks of 4096 added in fp64); when `fixed` is
+// given it gets the exact squares, as sum_of_squares_fixed does.
+bool unscale(DType src_dtype, const void* src, float* dst, size_t count, float factor,
+             bool check_finite, double* partial, FixedSquares* fixed);
 
 }  // namespace cpu
 

@@ -33,6 +33,14 @@ struct AdamWHyper {
   float weight_decay = 0.01f;  // decoupled (torch.optim.AdamW)
 };
 
+// AdamW's per-step constants from its step count t (from 1): lr / (1 - beta1^t) and
+// sqrt(1 - beta2^t), computed in fp64 and rounded to fp32.
+struct AdamWConstants {
+  float step_size = 0;
+  float bias2_sqrt = 0;
+};
+AdamWConstants adamw_constants(const AdamWHyper& h, int64_t step);
+
 namespace cpu {
 
 // g' = g · coef (coef = *clip_coefficient, or 1 when null) · grad_scale
@@ -42,6 +50,10 @@ void sgd(float* param, const float* grad, float* momentum_buffer, size_t count, 
 // `step` counts from 1 (bias correction).
 void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t count,
            const AdamWHyper& h, long step, const float* clip_coefficient, float grad_scale);
+// The same update with the step's constants given.
+void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t count,
+           const AdamWHyper& h, AdamWConstants constants, const float* clip_coefficient,
+           float grad_scale);
 
 }  // namespace cpu
 

@@ -1,5 +1,6 @@
 #include "core/device/cpu/stream.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "core/device/host_sync.h"
@@ -98,6 +99,10 @@ CpuStream::~CpuStream() {
   worker_.join();
 }
 
+void CpuStream::enqueue(std::function<void()> task, const char* /*label*/) {
+  core_->enqueue(std::move(task));
+}
+
 std::shared_ptr<EventMark> CpuStream::record_mark() {
   // The task may run (and complete the mark) before enqueue returns; only the helping
   // wait needs the index, and no one can wait on the mark before it is returned.
@@ -120,18 +125,46 @@ Status CpuStream::synchronize() {
   return Status::Ok();
 }
 
-Status CpuStream::memcpy_async(void* dst, const void* src, size_t bytes) {
+Status HostQueue::memcpy_async(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return Status::Ok();
   if (dst == nullptr || src == nullptr) {
     return invalid_argument("memcpy_async: null pointer with a non-zero size");
   }
-  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); }, "memcpy");
   return Status::Ok();
+}
+
+Status HostQueue::memset_async(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr) return invalid_argument("memset_async: null pointer with a non-zero size");
+  enqueue([dst, value, bytes] { std::memset(dst, value, bytes); }, "memset");
+  return Status::Ok();
+}
+
+Status CallerStream::wait(Event& event) {
+  HPS_RETURN_IF_ERROR(check_same_device(*this, event, "stream wait"));
+  auto mark = static_cast<CpuEvent&>(event).mark();
+  if (!mark) return failed_precondition("stream wait: the event was never recorded");
+  if (mark->completed()) return Status::Ok();
+  const auto start = std::chrono::steady_clock::now();
+  mark->wait();
+  count_dependency_wait(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count()));
+  return Status::Ok();
+}
+
+void CallerStream::enqueue(std::function<void()> task, const char* /*label*/) { task(); }
+
+std::shared_ptr<EventMark> CallerStream::record_mark() {
+  auto mark = std::make_shared<EventMark>();
+  mark->complete();
+  return mark;
 }
 
 Status CpuEvent::record(Stream& stream) {
   HPS_RETURN_IF_ERROR(check_same_device(stream, *this, "event record"));
-  mark_ = static_cast<CpuStream&>(stream).record_mark();
+  mark_ = static_cast<HostQueue&>(stream).record_mark();
   return Status::Ok();
 }
 

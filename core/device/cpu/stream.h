@@ -66,26 +66,52 @@ class StreamCore {
   bool stopping_ = false;
 };
 
-class CpuStream final : public Stream {
+// What the CPU kernels, copies and events need of a CPU stream: a place to enqueue host
+// work in order, and a mark for an event record. Two kinds: CpuStream (a worker thread
+// runs the queue beside the caller) and CallerStream (the calling thread itself).
+class HostQueue : public Stream {
+ public:
+  Device device() const override { return Device::cpu(); }
+  // Runs `task` after everything enqueued before it. `label` (a static string) names the
+  // task for timelines.
+  virtual void enqueue(std::function<void()> task, const char* label = nullptr) = 0;
+  // Enqueues the completion of a new mark and returns it.
+  virtual std::shared_ptr<EventMark> record_mark() = 0;
+  Status memcpy_async(void* dst, const void* src, size_t bytes) override;
+  Status memset_async(void* dst, int value, size_t bytes) override;
+};
+
+class CpuStream final : public HostQueue {
  public:
   CpuStream();
   ~CpuStream() override;  // finishes the queued work, then joins the worker
   CpuStream(const CpuStream&) = delete;
   CpuStream& operator=(const CpuStream&) = delete;
 
-  Device device() const override { return Device::cpu(); }
   Status wait(Event& event) override;
   Status synchronize() override;
-  Status memcpy_async(void* dst, const void* src, size_t bytes) override;
 
   // Enqueues `task` to run on the worker after everything enqueued before it.
-  void enqueue(std::function<void()> task) { core_->enqueue(std::move(task)); }
-  // Enqueues a task that completes a new mark, and returns the mark.
-  std::shared_ptr<EventMark> record_mark();
+  void enqueue(std::function<void()> task, const char* label = nullptr) override;
+  std::shared_ptr<EventMark> record_mark() override;
 
  private:
   std::shared_ptr<StreamCore> core_;
   std::thread worker_;
+};
+
+// The calling thread as a stream: on the CPU a framework computes on its own thread, so
+// "work enqueued on the compute stream" runs at once, and "the compute stream waits for
+// an event" blocks that thread — a dependency wait (counted apart from host syncs, with
+// the time blocked; host_sync.h), not a host sync. Engines use it when the framework
+// gives no compute stream, so their protocol is the same for every device.
+class CallerStream final : public HostQueue {
+ public:
+  Status wait(Event& event) override;
+  // Everything enqueued has already run.
+  Status synchronize() override { return Status::Ok(); }
+  void enqueue(std::function<void()> task, const char* label = nullptr) override;
+  std::shared_ptr<EventMark> record_mark() override;
 };
 
 class CpuEvent final : public Event {

@@ -40,6 +40,12 @@ Status CudaStream::memcpy_async(void* dst, const void* src, size_t bytes) {
                      "cudaMemcpyAsync");
 }
 
+Status CudaStream::memset_async(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr) return invalid_argument("memset_async: null pointer with a non-zero size");
+  return cuda_status(cudaMemsetAsync(dst, value, bytes, stream_), "cudaMemsetAsync");
+}
+
 StatusOr<std::unique_ptr<Event>> CudaEvent::create(int32_t index) {
   HPS_RETURN_IF_ERROR(set_device(index));
   cudaEvent_t event = nullptr;

@@ -18,6 +18,7 @@ class CudaStream final : public Stream {
   Status wait(Event& event) override;
   Status synchronize() override;
   Status memcpy_async(void* dst, const void* src, size_t bytes) override;
+  Status memset_async(void* dst, int value, size_t bytes) override;
   cudaStream_t native() const { return stream_; }
 
  private:

@@ -196,5 +196,67 @@ HPS_KERNEL_CLONES void scale(DType dtype, void* data, size_t count, double coeff
   }
 }
 
+namespace {
+
+// One chunk of the unscale pass; returns the chunk's fp32 sum of squares and sets
+// `nonfinite` when a result is Inf or NaN (x · 0 is NaN exactly then).
+template <typename Load>
+__attribute__((always_inline)) inline float unscale_chunk(Load load, float* dst, size_t begin,
+                                                          size_t end, float factor,
+                                                          bool& nonfinite) {
+  float squares = 0;
+  float poison = 0;
+#pragma omp simd reduction(+ : squares, poison)
+  for (size_t i = begin; i < end; ++i) {
+    const float x = load(i) * factor;
+    dst[i] = x;
+    squares += x * x;
+    poison += x * 0.0f;
+  }
+  if (poison != 0 || poison != poison) nonfinite = true;
+  return squares;
+}
+
+template <typename Load>
+bool unscale_with(Load load, float* dst, size_t count, float factor, bool check_finite,
+                  double* partial, FixedSquares* fixed) {
+  bool nonfinite = false;
+  double total = 0;
+  for (size_t start = 0; start < count; start += kChunk) {
+    const size_t end = std::min(count, start + kChunk);
+    total += unscale_chunk(load, dst, start, end, factor, nonfinite);
+  }
+  if (partial != nullptr) *partial += total;
+  if (fixed != nullptr) {
+    fixed_squares(
+        count, [dst](size_t i) { return static_cast<double>(dst[i]); }, *fixed);
+  }
+  return !(check_finite && nonfinite);
+}
+
+}  // namespace
+
+HPS_KERNEL_CLONES bool unscale(DType src_dtype, const void* src, float* dst, size_t count,
+                               float factor, bool check_finite, double* partial,
+                               FixedSquares* fixed) {
+  switch (src_dtype) {
+    case DType::kFloat16: {
+      const auto* x = static_cast<const uint16_t*>(src);
+      return unscale_with([x](size_t i) { return half_bits_to_float(x[i]); }, dst, count, factor,
+                          check_finite, partial, fixed);
+    }
+    case DType::kBFloat16: {
+      const auto* x = static_cast<const uint16_t*>(src);
+      return unscale_with([x](size_t i) { return bf16_bits_to_float(x[i]); }, dst, count, factor,
+                          check_finite, partial, fixed);
+    }
+    default: {
+      const auto* x = static_cast<const float*>(src);
+      return unscale_with([x](size_t i) { return x[i]; }, dst, count, factor, check_finite, partial,
+                          fixed);
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace hps

@@ -2,7 +2,16 @@
 
 #include <cmath>
 
-namespace hps::cpu {
+namespace hps {
+
+AdamWConstants adamw_constants(const AdamWHyper& h, int64_t step) {
+  const double s = static_cast<double>(step);
+  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), s));
+  const auto bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta2), s));
+  return {h.learning_rate / bias1, std::sqrt(bias2)};
+}
+
+namespace cpu {
 
 // AVX2 clones where the processor has it, chosen once at load time (as the norm kernels).
 // No FMA: every product rounds on its own, as in the CUDA kernels (--fmad=false). The file
@@ -32,15 +41,18 @@ HPS_KERNEL_CLONES void sgd(float* param, const float* grad, float* momentum_buff
   }
 }
 
+void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t count,
+           const AdamWHyper& h, long step, const float* clip_coefficient, float grad_scale) {
+  adamw(param, grad, exp_avg, exp_avg_sq, count, h, adamw_constants(h, step), clip_coefficient,
+        grad_scale);
+}
+
 HPS_KERNEL_CLONES void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
-                             size_t count, const AdamWHyper& h, long step,
+                             size_t count, const AdamWHyper& h, AdamWConstants constants,
                              const float* clip_coefficient, float grad_scale) {
   const float g_scale = (clip_coefficient ? *clip_coefficient : 1.0f) * grad_scale;
-  const double s = static_cast<double>(step);
-  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), s));
-  const auto bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta2), s));
-  const float step_size = h.learning_rate / bias1;
-  const float bias2_sqrt = std::sqrt(bias2);
+  const float step_size = constants.step_size;
+  const float bias2_sqrt = constants.bias2_sqrt;
   const float decay = 1.0f - h.learning_rate * h.weight_decay;
   const float b1 = h.beta1, b2 = h.beta2, eps = h.epsilon;
 #pragma omp simd
@@ -54,4 +66,5 @@ HPS_KERNEL_CLONES void adamw(float* param, const float* grad, float* exp_avg, fl
   }
 }
 
-}  // namespace hps::cpu
+}  // namespace cpu
+}  // namespace hps
