@@ -2,9 +2,9 @@
 // norm goes into D (is_distributed) or N (the rest); D is summed over the sharding,
 // tensor (mp) and pipeline groups, N over the sharding and pipeline groups, each once.
 // norm = sqrt(D + N); coef = max_norm / (max(norm, max_norm) + 1e-6); gradients *= coef.
-// Everything is enqueued on the caller's stream and the communicators' streams: the
-// norm and the coefficient never leave the device, the host never blocks. Gradients on a
-// CUDA device (CUDA communicators and stream) run the kernels of kernels/cuda/norm.cu.
+// Written once against the device layer and the kernel table: everything is enqueued on
+// the caller's stream and the communicators' streams, the partials, the norm and the
+// coefficient live in device memory (ClipState) and the host never blocks.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "core/comm/communicator.h"
-#include "core/kernels/norm.h"
+#include "core/device/buffer.h"
+#include "core/kernels/kernel_table.h"
 
 namespace hps {
 
@@ -40,62 +41,54 @@ class HybridClip {
                                                       std::shared_ptr<Communicator> mp,
                                                       std::shared_ptr<Communicator> pp,
                                                       const ClipOptions& options);
-  ~HybridClip();  // frees the device buffers (cudaFree waits for work still using them)
   HybridClip(const HybridClip&) = delete;
   HybridClip& operator=(const HybridClip&) = delete;
 
   // Registration, before seal(). Refuses non-float dtypes and null data.
   Status add_tensor(const ClipTensor& tensor);
   // Collective over the mp group (host-blocking once, at set-up): every mp rank must have
-  // registered the same number of tensors with the same flags. On CUDA it also allocates
-  // the clip's device buffers (partials, coefficient, scratch), once.
+  // registered the same number of tensors with the same flags. Allocates the clip's device
+  // state on the communicators' device (the CPU when there are none).
   Status seal();
   bool sealed() const { return sealed_; }
 
-  // Enqueues the clip of the registered gradients on `stream` (a CPU stream for CPU
-  // gradients). The norm is written to *norm_out (device memory; nullable) when the
-  // stream gets there. With scale = false the gradients are left alone and the
-  // coefficient waits in coefficient() for a fused optimizer. Calls on one clip must use
-  // one stream. Host syncs: none. On CUDA the stream must be on the communicators'
-  // device; with no communicators, the first run() picks the device.
+  // Enqueues the clip of the registered gradients on `stream`: the partials, their
+  // reduction over the groups, the coefficient and, with scale, the scaling. The norm is
+  // copied to *norm_out (device memory of the stream's device; nullable) in stream order.
+  // With scale = false the coefficient waits in coefficient() for a fused optimizer. Calls
+  // on one clip must use one stream. Host syncs: none. With no communicators, the first
+  // run() on a CUDA stream moves the clip's state to that device.
   Status run(Stream& stream, float* norm_out, bool scale = true);
 
-  // Device memory holding the latest coefficient (valid in stream order after run()). On
-  // CUDA, from seal() (or, with no communicators, the first run()) on.
-  const float* coefficient() const {
-    return device_coefficient_ != nullptr ? device_coefficient_ : &state_->coefficient;
-  }
+  // The same steps for callers that add the local partial sums themselves (the engines do
+  // it in their unscale pass): begin() zeroes the partials of state(), then the caller's
+  // kernels add to state()->partials / fixed, then finish() reduces them over the groups
+  // and computes the coefficient. All in `stream`'s order.
+  Status begin(Stream& stream);
+  DevicePtr<ClipState> state() const { return state_.data<ClipState>(); }
+  Status finish(Stream& stream, float* norm_out);
+
+  // Device memory holding the latest coefficient (valid in stream order after run() or
+  // finish(); 1 before the first), from seal() on.
+  const float* coefficient() const;
   const ClipOptions& options() const { return options_; }
   size_t tensor_count() const { return tensors_.size(); }
 
  private:
   HybridClip(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> mp,
              std::shared_ptr<Communicator> pp, ClipOptions options);
-
-  // What travels: float mode {D, N}; deterministic mode D's slots then N's slots.
-  struct State {
-    double partials[2] = {0, 0};
-    FixedSquares fixed[2];
-    float coefficient = 1.0f;
-  };
-  // Reduces `count` elements of the partials over `comm` after everything on `after`.
-  StatusOr<std::shared_ptr<Work>> reduce_over(Communicator& comm, bool both, Stream& after);
-  // The mp flags check of seal() with the fingerprints in device memory (NCCL).
-  Status check_mp_flags_on_device(uint64_t mine, std::vector<uint64_t>& all);
-  // The CUDA path: device buffers (allocated once) and run() on a CUDA stream.
-  Status allocate_device_state(Device device, bool initialize_coefficient);
-  Status run_cuda(Stream& stream, float* norm_out, bool scale);
+  // The device state on `device`, its coefficient 1 (on `stream`, or synchronously).
+  Status allocate_state(Device device);
+  // Checks `stream` against the state's device (moving a communicator-less clip's state).
+  Status use_stream(Stream& stream);
 
   std::shared_ptr<Communicator> sharding_, mp_, pp_;
   ClipOptions options_;
   std::vector<ClipTensor> tensors_;
   bool sealed_ = false;
-  std::unique_ptr<State> state_;  // stable address: stream tasks and collectives use it
-  // The communicators' device (CPU when there are none, until a CUDA run() sets it).
-  Device device_ = Device::cpu();
-  // On CUDA: one allocation holding a State-like block and the reduction scratch.
-  void* device_memory_ = nullptr;
-  float* device_coefficient_ = nullptr;
+  bool has_groups_ = false;
+  DeviceBuffer state_;  // one ClipState
+  const Kernels* kernels_ = nullptr;
 };
 
 }  // namespace hps

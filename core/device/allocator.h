@@ -22,7 +22,8 @@ class Allocator {
   virtual Device device() const = 0;
   // Returns memory of at least `bytes` bytes (a unique non-null pointer for 0 bytes).
   virtual StatusOr<void*> allocate(size_t bytes) = 0;
-  // Frees memory from allocate(); null is a no-op.
+  // Frees memory from allocate() (or from allocate_async() once no work uses it); null is
+  // a no-op.
   virtual void deallocate(void* pointer) = 0;
   // Memory that work enqueued on `stream` after this call may use (and anything ordered
   // after that work). `stream` must be on this allocator's device.

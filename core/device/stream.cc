@@ -19,6 +19,14 @@ StatusOr<std::unique_ptr<Stream>> create_stream(Device device) {
   return std::unique_ptr<Stream>(std::make_unique<cpu::CpuStream>());
 }
 
+StatusOr<std::unique_ptr<Stream>> default_compute_stream(Device device) {
+  HPS_RETURN_IF_ERROR(check_device(device));
+#if HPS_HAVE_CUDA
+  if (device.type == DeviceType::kCuda) return cuda::CudaStream::legacy_default(device.index);
+#endif
+  return std::unique_ptr<Stream>(std::make_unique<cpu::CallerStream>());
+}
+
 StatusOr<std::unique_ptr<Event>> create_event(Device device) {
   HPS_RETURN_IF_ERROR(check_device(device));
 #if HPS_HAVE_CUDA

@@ -47,6 +47,10 @@ class Event {
 };
 
 StatusOr<std::unique_ptr<Stream>> create_stream(Device device);
+// The stream a framework computes on when it names none: on the CPU the calling thread
+// (cpu::CallerStream: work runs at once, waits block the caller as dependency waits); on
+// CUDA the device's legacy default stream (not owned).
+StatusOr<std::unique_ptr<Stream>> default_compute_stream(Device device);
 StatusOr<std::unique_ptr<Event>> create_event(Device device);
 
 // Copies `bytes` of device memory into host memory after the work enqueued on `stream`

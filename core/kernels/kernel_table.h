@@ -66,8 +66,6 @@ struct ClipState {
   float coefficient = 1.0f;
   float norm = 0.0f;
 };
-inline constexpr int kClipPartialD = 0;
-inline constexpr int kClipPartialN = 1;
 
 // One unscale pass over a reduced gradient shard (see Kernels::unscale).
 struct UnscaleArgs {

@@ -37,6 +37,11 @@ struct FixedSquares {
   double value() const;  // +Inf / NaN when any contribution was
 };
 
+// The two partial sums of squares of hybrid clipping: gradients of is_distributed
+// parameters (summed over mp too) and the others.
+inline constexpr int kClipPartialD = 0;
+inline constexpr int kClipPartialN = 1;
+
 namespace cpu {
 
 // Σ x² over `count` elements: fp16, bf16 and fp32 accumulate in fp32 per chunk (chunks

@@ -1,241 +1,101 @@
 #include "core/sharding/sharded_engine.h"
 
 #include <cmath>
-#include <cstring>
+#include <string>
 
-#include "core/kernels/cast.h"
-#include "core/kernels/norm.h"
-#include "core/sharding/cuda_stage3_engine.h"
+#include "core/kernels/kernel_table.h"
 #include "core/sharding/stage2_engine.h"
 #include "core/sharding/stage3_engine.h"
 
 namespace hps {
+namespace {
+
+bool finite_at_least(double v, double low) { return std::isfinite(v) && v >= low; }
+
+// INVALID_ARGUMENT "engine: <name> must be <rule>, not <value>".
+Status bad_option(const char* name, const char* rule, double value) {
+  return invalid_argument(std::string("engine: ") + name + " must be " + rule + ", not " +
+                          std::to_string(value));
+}
+
+Status check_hyperparameters(const EngineOptions& o) {
+  if (o.optimizer == OptimizerKind::kSgd) {
+    const SgdHyper& h = o.sgd;
+    if (!finite_at_least(h.learning_rate, 0))
+      return bad_option("learning_rate", ">= 0 and finite", h.learning_rate);
+    if (!finite_at_least(h.momentum, 0))
+      return bad_option("momentum", ">= 0 and finite", h.momentum);
+    if (!finite_at_least(h.weight_decay, 0))
+      return bad_option("weight_decay", ">= 0 and finite", h.weight_decay);
+    if (h.nesterov && h.momentum == 0.0f) {
+      return invalid_argument("engine: nesterov needs a momentum above 0");
+    }
+    return Status::Ok();
+  }
+  const AdamWHyper& h = o.adamw;
+  if (!finite_at_least(h.learning_rate, 0))
+    return bad_option("learning_rate", ">= 0 and finite", h.learning_rate);
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) return bad_option("beta1", "in [0, 1)", h.beta1);
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) return bad_option("beta2", "in [0, 1)", h.beta2);
+  if (!finite_at_least(h.epsilon, 0)) return bad_option("epsilon", ">= 0 and finite", h.epsilon);
+  if (!finite_at_least(h.weight_decay, 0))
+    return bad_option("weight_decay", ">= 0 and finite", h.weight_decay);
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
-                              const std::shared_ptr<Communicator>& dp, const EngineOptions& options,
-                              DeviceType device) {
+                              const std::shared_ptr<Communicator>& dp,
+                              const EngineOptions& options) {
   if (!sharding) return invalid_argument("engine: the sharding communicator is null");
-  for (const auto* c : {&sharding, &dp}) {
-    if (*c && (*c)->device().type != device) {
-      return invalid_argument("engine: a communicator is on " + (*c)->device().to_string() +
-                              " and this engine works on " +
-                              (device == DeviceType::kCpu ? "the cpu" : "CUDA devices"));
-    }
-  }
   if (dp && !(dp->device() == sharding->device())) {
-    return invalid_argument("engine: the dp and sharding communicators are on different devices");
+    return invalid_argument("engine: the dp communicator is on " + dp->device().to_string() +
+                            " and the sharding one on " + sharding->device().to_string());
   }
+  if (!kernels_for(sharding->device().type).ok()) {
+    return unavailable("engine: this build of hpshard has no kernels for " +
+                       sharding->device().to_string());
+  }
+  if (options.compute_stream != nullptr &&
+      !(options.compute_stream->device() == sharding->device())) {
+    return invalid_argument("engine: the compute stream is on " +
+                            options.compute_stream->device().to_string() +
+                            ", the communicators on " + sharding->device().to_string());
+  }
+  if (options.optimizer != OptimizerKind::kSgd && options.optimizer != OptimizerKind::kAdamW) {
+    return invalid_argument("engine: unknown optimizer");
+  }
+  HPS_RETURN_IF_ERROR(check_hyperparameters(options));
   if (options.accumulation_steps < 1) {
     return invalid_argument("engine: accumulation_steps must be >= 1");
   }
-  if (!(options.clip_max_norm >= 0)) return invalid_argument("engine: clip_max_norm must be >= 0");
-  if (options.optimizer != OptimizerKind::kSgd && options.optimizer != OptimizerKind::kAdamW) {
-    return invalid_argument("engine: unknown optimizer");
+  if (!(options.clip_max_norm >= 0) || !std::isfinite(options.clip_max_norm)) {
+    return bad_option("clip_max_norm", ">= 0 and finite (0: no clipping)", options.clip_max_norm);
+  }
+  if (options.alignment_bytes == 0 ||
+      (options.alignment_bytes & (options.alignment_bytes - 1)) != 0 ||
+      options.alignment_bytes > kMaxAlignmentBytes) {
+    return invalid_argument("engine: alignment_bytes must be a power of two from 1 to " +
+                            std::to_string(kMaxAlignmentBytes) + ", not " +
+                            std::to_string(options.alignment_bytes));
   }
   if (options.prefetch_window < 1) return invalid_argument("engine: prefetch_window must be >= 1");
   if (options.dynamic_loss_scaling &&
       (!(options.initial_loss_scale > 0) || !std::isfinite(options.initial_loss_scale) ||
-       !(options.growth_factor >= 1) ||
+       !(options.growth_factor >= 1) || !std::isfinite(options.growth_factor) ||
        !(options.backoff_factor > 0 && options.backoff_factor < 1) ||
        options.growth_interval < 1)) {
     return invalid_argument(
-        "engine: loss scaling needs initial_loss_scale > 0, growth_factor >= 1, 0 < "
-        "backoff_factor < 1 and growth_interval >= 1");
+        "engine: loss scaling needs initial_loss_scale > 0, growth_factor >= 1 (both finite), "
+        "0 < backoff_factor < 1 and growth_interval >= 1");
   }
   return Status::Ok();
-}
-
-Status check_same_model(Communicator& comm, const LayoutPlan& plan) {
-  if (comm.size() == 1) return Status::Ok();
-  const uint64_t mine = plan.fingerprint();
-  std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
-  HPS_ASSIGN_OR_RETURN(auto work, comm.all_gather(&mine, all.data(), 1, DType::kInt64));
-  HPS_RETURN_IF_ERROR(work->wait());
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] != mine) {
-      return invalid_argument("engine: rank " + std::to_string(r) + " of group '" + comm.name() +
-                              "' registered different parameters (names, shapes, dtypes, flags "
-                              "or units differ from this rank's " +
-                              std::to_string(plan.params().size()) + ")");
-    }
-  }
-  return Status::Ok();
-}
-
-void split_buffer(const LayoutPlan& plan, size_t b, const std::vector<float>& full,
-                  std::vector<std::vector<float>>& out) {
-  for (size_t i : plan.buffers()[b].params) {
-    const Placement& p = plan.placement(i);
-    out[i].assign(full.begin() + static_cast<std::ptrdiff_t>(p.offset),
-                  full.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
-  }
-}
-
-Status check_param_index(const LayoutPlan& plan, size_t index) {
-  if (index < plan.params().size()) return Status::Ok();
-  return out_of_range("engine: no parameter " + std::to_string(index));
-}
-
-Status check_trainable(const LayoutPlan& plan, size_t index, const char* what) {
-  if (plan.buffers()[plan.placement(index).buffer].trainable) return Status::Ok();
-  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' " + what);
-}
-
-Status not_gathered(const LayoutPlan& plan, size_t index) {
-  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' of unit " +
-                             std::to_string(plan.buffers()[plan.placement(index).buffer].unit) +
-                             " is not gathered: call gather(unit) first (stage 3)");
-}
-
-Status seal_plan(LayoutPlan& plan, bool sealed, Communicator& sharding, Communicator* dp,
-                 uint64_t alignment_bytes) {
-  if (sealed) return failed_precondition("engine: sealed twice");
-  if (plan.params().empty()) return failed_precondition("engine: no parameters registered");
-  HPS_RETURN_IF_ERROR(check_same_model(sharding, plan));
-  if (dp) HPS_RETURN_IF_ERROR(check_same_model(*dp, plan));
-  return plan.seal(sharding.size(), alignment_bytes);
-}
-
-Status check_float32_view(const LayoutPlan& plan, size_t index) {
-  const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
-  if (d == DType::kFloat32) return Status::Ok();
-  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' is " +
-                             std::string(dtype_name(d)) + ": use its data view");
-}
-
-StatusOr<size_t> add_engine_param(LayoutPlan& plan, ParamSpec spec) {
-  if (plan.sealed()) {
-    return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
-  }
-  if (spec.dtype != DType::kFloat32 && spec.dtype != DType::kFloat16 &&
-      spec.dtype != DType::kBFloat16) {
-    return unimplemented("engine: parameter '" + spec.name + "' is " +
-                         std::string(dtype_name(spec.dtype)) +
-                         "; parameters must be float32, float16 or bfloat16");
-  }
-  HPS_RETURN_IF_ERROR(plan.add(std::move(spec)));
-  return plan.params().size() - 1;
-}
-
-std::vector<float*> shard_pointers(std::vector<std::vector<float>>& shards) {
-  std::vector<float*> out;
-  for (auto& s : shards) out.push_back(s.empty() ? nullptr : s.data());
-  return out;
-}
-
-StatusOr<std::unique_ptr<HybridClip>> make_shard_clip(std::shared_ptr<Communicator> sharding,
-                                                      const EngineOptions& options,
-                                                      const LayoutPlan& plan,
-                                                      const std::vector<float*>& grad_shards) {
-  if (options.clip_max_norm <= 0) return std::unique_ptr<HybridClip>();
-  const int32_t rank = sharding->rank();
-  HPS_ASSIGN_OR_RETURN(auto clip,
-                       HybridClip::create(sharding, nullptr, nullptr,
-                                          {options.clip_max_norm, options.deterministic_clip}));
-  for (size_t i = 0; i < plan.params().size(); ++i) {
-    const ParamSpec& p = plan.params()[i];
-    const Placement& pl = plan.placement(i);
-    if (!plan.buffers()[pl.buffer].trainable) continue;
-    const auto [lo, hi] = plan.local_part(i, rank);
-    if (lo == hi) continue;
-    const uint64_t shard_begin = plan.shard(pl.buffer, rank).first;
-    float* data = grad_shards[pl.buffer] + (pl.offset + lo - shard_begin);
-    HPS_RETURN_IF_ERROR(clip->add_tensor(
-        {data, hi - lo, DType::kFloat32, p.is_distributed, p.need_clip, p.shared_not_first}));
-  }
-  HPS_RETURN_IF_ERROR(clip->seal());
-  return clip;
-}
-
-Status enqueue_unscale_and_check(cpu::CpuStream& opt, StepState* state,
-                                 const std::vector<ShardGradients>& grads, float mean_scale,
-                                 const EngineOptions& options, Communicator& sharding,
-                                 Communicator* dp) {
-  const bool check = options.dynamic_loss_scaling;
-  opt.enqueue([state, grads, mean_scale, check] {
-    // The loss scale is read here, in stream order: the previous step's update is done.
-    const float factor = mean_scale / state->loss_scale;
-    int32_t found = 0;
-    for (const auto& g : grads) {
-      if (g.full != nullptr) std::memset(g.full, 0, g.full_bytes);
-      if (g.reduced != nullptr)
-        cpu::cast(g.reduced_dtype, g.reduced, DType::kFloat32, g.shard, g.shard_count);
-      cpu::scale(DType::kFloat32, g.shard, g.shard_count, factor);
-      if (check && found == 0 &&
-          !std::isfinite(cpu::sum_of_squares(DType::kFloat32, g.shard, g.shard_count))) {
-        found = 1;
-      }
-    }
-    state->found_inf = found;
-  });
-  if (!check) return Status::Ok();
-  // Every rank skips or steps together: the flag is the max over the groups.
-  Stream* after = &opt;
-  std::shared_ptr<Work> work;
-  for (Communicator* c : {&sharding, dp}) {
-    if (c == nullptr || c->size() == 1) continue;
-    HPS_ASSIGN_OR_RETURN(work, c->all_reduce(&state->found_inf, &state->found_inf, 1, DType::kInt32,
-                                             ReduceOp::kMax, after));
-    after = &c->stream();
-  }
-  if (work) HPS_RETURN_IF_ERROR(work->wait_on(opt));
-  return Status::Ok();
-}
-
-void enqueue_optimizer(cpu::CpuStream& opt, StepState* state, const EngineOptions& options,
-                       float* param, float* grad, float* state_a, float* state_b, size_t count,
-                       const float* clip_coefficient) {
-  const EngineOptions o = options;
-  opt.enqueue([o, state, param, grad, state_a, state_b, count, clip_coefficient] {
-    if (state->skip != 0) return;               // a skipped step changes no parameter or state
-    const int64_t step = state->applied_steps;  // counted by the step update, before us
-    if (o.optimizer == OptimizerKind::kAdamW) {
-      cpu::adamw(param, grad, state_a, state_b, count, o.adamw, static_cast<long>(step),
-                 clip_coefficient, 1.0f);
-    } else {
-      cpu::sgd(param, grad, state_a, count, o.sgd, clip_coefficient, 1.0f, step == 1);
-    }
-  });
-}
-
-void enqueue_step_update(cpu::CpuStream& opt, StepState* state, const EngineOptions& options) {
-  const EngineOptions o = options;
-  opt.enqueue([o, state] {
-    if (state->found_inf != 0) {
-      ++state->skipped_steps;
-      state->good_steps = 0;
-      state->loss_scale *= o.backoff_factor;
-      state->found_inf = 0;
-      state->skip = 1;
-      return;
-    }
-    state->skip = 0;
-    ++state->applied_steps;
-    if (o.dynamic_loss_scaling && ++state->good_steps >= o.growth_interval) {
-      state->loss_scale *= o.growth_factor;
-      state->good_steps = 0;
-    }
-  });
 }
 
 StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(
     int32_t stage, std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
     const EngineOptions& options) {
-  if (sharding && sharding->device().type == DeviceType::kCuda) {
-#if HPS_HAVE_CUDA
-    if (stage == 3) {
-      HPS_ASSIGN_OR_RETURN(auto e,
-                           CudaStage3Engine::create(std::move(sharding), std::move(dp), options));
-      return std::unique_ptr<ShardedEngine>(std::move(e));
-    }
-    if (stage == 2) {
-      return unimplemented(
-          "engine: stage 2 on CUDA communicators is not implemented yet (stage 3 is)");
-    }
-#else
-    return unavailable("engine: this build of hpshard has no CUDA");
-#endif
-  }
   if (stage == 2) {
     HPS_ASSIGN_OR_RETURN(auto e, Stage2Engine::create(std::move(sharding), std::move(dp), options));
     return std::unique_ptr<ShardedEngine>(std::move(e));

@@ -1,164 +1,134 @@
 #include "core/sharding/stage3_engine.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
-
-#include "core/device/host_sync.h"
-#include "core/kernels/cast.h"
-#include "core/kernels/norm.h"
+#include <map>
 
 namespace hps {
 
 Stage3Engine::Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
-                           EngineOptions options)
-    : sharding_(std::move(sharding)),
-      dp_(std::move(dp)),
-      options_(options),
-      optimizer_stream_(std::make_unique<cpu::CpuStream>()) {}
-
-Stage3Engine::~Stage3Engine() { (void)synchronize(); }
+                           EngineOptions options, bool checked_views)
+    : EngineBase(std::move(sharding), std::move(dp), options),
+      pool_(std::make_unique<FullBufferPool>(device_, checked_views)) {}
 
 StatusOr<std::unique_ptr<Stage3Engine>> Stage3Engine::create(std::shared_ptr<Communicator> sharding,
                                                              std::shared_ptr<Communicator> dp,
                                                              const EngineOptions& options) {
   HPS_RETURN_IF_ERROR(check_engine_arguments(sharding, dp, options));
-  return std::unique_ptr<Stage3Engine>(
-      new Stage3Engine(std::move(sharding), std::move(dp), options));
+  HPS_ASSIGN_OR_RETURN(bool checked, debug_views_from_env());
+  std::unique_ptr<Stage3Engine> e(
+      new Stage3Engine(std::move(sharding), std::move(dp), options, checked));
+  HPS_RETURN_IF_ERROR(e->init_device());
+  return e;
 }
 
-StatusOr<size_t> Stage3Engine::add_param(ParamSpec spec) {
-  return add_engine_param(plan_, std::move(spec));
+Stage3Engine::~Stage3Engine() {
+  (void)synchronize();
+  // Lent buffers go back before the pool goes (every user is done after synchronize).
+  for (Unit& u : buffers_) {
+    u.params.reset();
+    u.grads.reset();
+  }
 }
 
 Status Stage3Engine::seal() {
-  HPS_RETURN_IF_ERROR(seal_plan(plan_, sealed_, *sharding_, dp_.get(), options_.alignment_bytes));
+  auto all = [](const FlatBuffer&) { return true; };
+  auto trainable = [](const FlatBuffer& b) { return b.trainable; };
+  auto is_16 = [](const FlatBuffer& b) { return b.dtype != DType::kFloat32; };
+  auto master = [](const FlatBuffer& b) { return b.dtype == DType::kFloat32 || b.trainable; };
+  auto trainable_16 = [](const FlatBuffer& b) { return b.trainable && b.dtype != DType::kFloat32; };
+  const bool accumulates = options_.accumulation_steps > 1;
+  auto incoming = [accumulates](const FlatBuffer& b) {
+    return accumulates && b.trainable && b.dtype == DType::kFloat32;
+  };
+  // The full parameters exist only until broadcast_parameters(). The fp32 masters are the
+  // parameter shards (fp32 buffers send theirs; fp16/bf16 ones send the rounded shard in
+  // their dtype); gradients reduce into the fp32 shard (fp16/bf16 ones in their dtype
+  // first, then widened; later micro-batches into scratch, then added).
+  HPS_RETURN_IF_ERROR(seal_storage({{StorageRole::kParams, true, true, all},
+                                    {StorageRole::kMasters, false, false, master},
+                                    {StorageRole::kWireShard, false, true, is_16},
+                                    {StorageRole::kGradShard, false, false, trainable},
+                                    {StorageRole::kReducedShard, false, true, trainable_16},
+                                    {StorageRole::kIncoming, false, false, incoming}}));
   const size_t n = plan_.buffers().size();
-  init_.resize(n);
-  wire_shards_.resize(n);
-  wire_reduced_.resize(n);
-  param_shards_.resize(n);
-  grad_shards_.resize(n);
-  incoming_.resize(n);
-  state_a_.resize(n);
-  state_b_.resize(n);
+  buffers_.clear();
   buffers_.resize(n);
   updated_.clear();
-  for (size_t b = 0; b < n; ++b) updated_.push_back(std::make_unique<cpu::CpuEvent>());
-  schedule_.init(plan_, options_.accumulation_steps, options_.prefetch_window);
-  const bool adamw = options_.optimizer == OptimizerKind::kAdamW;
-  const bool momentum = options_.optimizer == OptimizerKind::kSgd && options_.sgd.momentum != 0.0f;
   for (size_t b = 0; b < n; ++b) {
-    const FlatBuffer& buf = plan_.buffers()[b];
-    const size_t element = dtype_size(buf.dtype);
-    init_[b].assign(buf.numel * element, 0);
-    param_shards_[b].assign(buf.shard_numel, 0.0f);
-    if (buf.dtype != DType::kFloat32) {
-      wire_shards_[b].assign(buf.shard_numel * element, 0);
-      if (buf.trainable) wire_reduced_[b].assign(buf.shard_numel * element, 0);
-    }
-    if (buf.trainable) {
-      grad_shards_[b].assign(buf.shard_numel, 0.0f);
-      // Micro-batches after the first are reduced into a scratch shard and added.
-      if (options_.accumulation_steps > 1) incoming_[b].assign(buf.shard_numel, 0.0f);
-      if (adamw || momentum) state_a_[b].assign(buf.shard_numel, 0.0f);
-      if (adamw) state_b_[b].assign(buf.shard_numel, 0.0f);
-    }
+    HPS_ASSIGN_OR_RETURN(auto event, create_event(device_));
+    updated_.push_back(std::move(event));
   }
-  HPS_ASSIGN_OR_RETURN(clip_,
-                       make_shard_clip(sharding_, options_, plan_, shard_pointers(grad_shards_)));
-  step_state_.loss_scale = options_.dynamic_loss_scaling ? options_.initial_loss_scale : 1.0f;
-  sealed_ = true;
+  updated_recorded_.assign(n, false);
+  HPS_ASSIGN_OR_RETURN(accumulated_, create_event(device_));
+  schedule_.init(plan_, options_.prefetch_window);
   return Status::Ok();
 }
 
-Status Stage3Engine::broadcast_parameters() {
-  if (!sealed_) return failed_precondition("engine: broadcast_parameters() before seal()");
-  if (initialised_) return failed_precondition("engine: parameters were broadcast already");
-  const int32_t rank = sharding_->rank();
-  for (size_t b = 0; b < init_.size(); ++b) {
-    auto& full = init_[b];
-    const FlatBuffer& fb = plan_.buffers()[b];
-    HPS_ASSIGN_OR_RETURN(auto w, sharding_->broadcast(full.data(), fb.numel, fb.dtype, 0));
-    HPS_RETURN_IF_ERROR(w->wait());
-    if (dp_) {
-      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(full.data(), fb.numel, fb.dtype, 0));
-      HPS_RETURN_IF_ERROR(d->wait());
-    }
-    const uint8_t* mine = full.data() + plan_.shard(b, rank).first * dtype_size(fb.dtype);
-    cpu::cast(fb.dtype, mine, DType::kFloat32, param_shards_[b].data(), fb.shard_numel);
-    if (!wire_shards_[b].empty()) std::memcpy(wire_shards_[b].data(), mine, wire_shards_[b].size());
-    std::vector<uint8_t>().swap(full);  // from here on only the shard is resident
+std::pair<DevicePtr<const void>, DType> Stage3Engine::parameter_shard(size_t b) const {
+  if (storage_->holds(StorageRole::kMasters, b)) {
+    return {storage_->get(StorageRole::kMasters, b), DType::kFloat32};
   }
+  return {storage_->get(StorageRole::kWireShard, b), plan_.buffers()[b].dtype};
+}
+
+Status Stage3Engine::broadcast_parameters() {
+  HPS_RETURN_IF_ERROR(check_sealed("broadcast_parameters()"));
+  if (initialised_) return failed_precondition("engine: parameters were broadcast already");
+  HPS_RETURN_IF_ERROR(
+      broadcast_full([this](size_t b) { return storage_->get(StorageRole::kParams, b); }));
+  const int32_t rank = sharding_->rank();
+  Stream& opt = optimizer_stream();
+  for (size_t b = 0; b < plan_.buffers().size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    DevicePtr<const void> mine =
+        storage_->get(StorageRole::kParams, b)
+            .byte_offset(plan_.shard(b, rank).first * dtype_size(buf.dtype));
+    if (storage_->holds(StorageRole::kMasters, b)) {
+      HPS_RETURN_IF_ERROR(kernels_->cast(opt, buf.dtype, mine, DType::kFloat32,
+                                         storage_->get(StorageRole::kMasters, b), buf.shard_numel));
+    }
+    if (storage_->holds(StorageRole::kWireShard, b)) {
+      HPS_RETURN_IF_ERROR(kernels_->cast(opt, buf.dtype, mine, buf.dtype,
+                                         storage_->get(StorageRole::kWireShard, b),
+                                         buf.shard_numel));
+    }
+  }
+  HPS_RETURN_IF_ERROR(opt.synchronize());  // set-up: the full buffers go now
+  storage_->release(StorageRole::kParams);
   initialised_ = true;
-  peak_resident_ = 0;
-  note_resident();
+  // The pool's budget: the shards plus the window's units of full parameters and
+  // gradients.
   std::map<int32_t, uint64_t> unit_bytes;
   for (const FlatBuffer& fb : plan_.buffers()) {
     unit_bytes[fb.unit] += fb.numel * dtype_size(fb.dtype) * (fb.trainable ? 2 : 1);
   }
   uint64_t largest_unit = 0;
   for (const auto& [unit, bytes] : unit_bytes) largest_unit = std::max(largest_unit, bytes);
-  memory_budget_ =
-      resident_bytes() + static_cast<uint64_t>(options_.prefetch_window) * largest_unit;
+  pool_->set_budget(static_cast<uint64_t>(options_.prefetch_window) * largest_unit);
+  peak_resident_ = 0;
+  note_resident();
   return Status::Ok();
 }
 
-Stage3Engine::Full Stage3Engine::take_full(size_t bytes) {
-  ++taken_full_;
-  std::unique_ptr<uint8_t[]> storage;
-  size_t capacity = bytes;
-  {
-    std::lock_guard lock(pool_mutex_);
-    // The same size only: a larger buffer would hold more than the request needs and let
-    // the resident bytes creep above what the engine needs at once.
-    auto it = pool_.find(bytes);
-    if (it != pool_.end()) {
-      capacity = it->first;
-      storage = std::move(it->second);
-      pool_.erase(it);
-      pooled_bytes_ -= capacity;
-    }
-  }
-  if (!storage) {
-    // A fresh allocation: first drop pooled buffers (of other sizes) that would take the
-    // resident bytes above the peak so far.
-    std::vector<std::unique_ptr<uint8_t[]>> dropped;
-    const uint64_t resident = resident_bytes();
-    {
-      std::lock_guard lock(pool_mutex_);
-      const uint64_t live = resident - std::min(resident, pooled_bytes_);
-      const uint64_t limit = std::max(peak_resident_, memory_budget_);
-      while (!pool_.empty() && live + pooled_bytes_ + bytes > limit) {
-        pooled_bytes_ -= pool_.begin()->first;
-        dropped.push_back(std::move(pool_.begin()->second));
-        pool_.erase(pool_.begin());
-      }
-    }
-    storage.reset(new uint8_t[bytes]);
-    ++fresh_full_;
-  }
-  return Full(new FullBuffer(std::move(storage), bytes, capacity), [this](FullBuffer* f) {
-    {
-      std::lock_guard lock(pool_mutex_);
-      pooled_bytes_ += f->capacity();
-      pool_.emplace(f->capacity(), std::move(f->bytes));
-    }
-    delete f;
-  });
+uint64_t Stage3Engine::transient_bytes() const {
+  return pool_->lent_bytes() + pool_->pooled_bytes();
 }
 
+void Stage3Engine::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+
 StatusOr<void*> Stage3Engine::param_data(size_t index) {
-  if (!sealed_) return failed_precondition("engine: views exist after seal()");
+  HPS_RETURN_IF_ERROR(check_sealed("a parameter view"));
   HPS_RETURN_IF_ERROR(check_param_index(plan_, index));
   const Placement& p = plan_.placement(index);
   const size_t offset = p.offset * dtype_size(plan_.buffers()[p.buffer].dtype);
-  if (!initialised_) return static_cast<void*>(init_[p.buffer].data() + offset);
-  const Buffer& buf = buffers_[p.buffer];
-  if (!buf.in_use) {
-    return not_gathered(plan_, index);
+  if (!initialised_) return storage_->get(StorageRole::kParams, p.buffer).byte_offset(offset).get();
+  const Unit& u = buffers_[p.buffer];
+  if (!u.in_use) {
+    return failed_precondition("engine: parameter '" + plan_.params()[index].name + "' of unit " +
+                               std::to_string(plan_.buffers()[p.buffer].unit) +
+                               " is not gathered: call gather(unit) first (stage 3)");
   }
-  return static_cast<void*>(buf.params->data() + offset);
+  return u.params->data().byte_offset(offset).get();
 }
 
 StatusOr<void*> Stage3Engine::grad_data(size_t index) {
@@ -166,57 +136,47 @@ StatusOr<void*> Stage3Engine::grad_data(size_t index) {
   if (!initialised_) {
     return failed_precondition("engine: gradients exist after broadcast_parameters()");
   }
-  const Placement& pl = plan_.placement(index);
-  const FlatBuffer& fb = plan_.buffers()[pl.buffer];
   HPS_RETURN_IF_ERROR(check_trainable(plan_, index, "is not trainable and has no gradient"));
-  Buffer& buf = buffers_[pl.buffer];
-  if (!buf.grads) {
-    buf.grads = take_full(fb.numel * dtype_size(fb.dtype));
-    std::memset(buf.grads->data(), 0, buf.grads->size());
+  const Placement& p = plan_.placement(index);
+  const FlatBuffer& fb = plan_.buffers()[p.buffer];
+  Unit& u = buffers_[p.buffer];
+  if (!u.grads) {
+    // Zeroed on the compute stream, before the backward that adds into it.
+    const size_t bytes = fb.numel * dtype_size(fb.dtype);
+    HPS_ASSIGN_OR_RETURN(u.grads, pool_->take(bytes, compute()));
+    HPS_RETURN_IF_ERROR(compute().memset_async(u.grads->data().get(), 0, bytes));
     note_resident();
   }
-  return static_cast<void*>(buf.grads->data() + pl.offset * dtype_size(fb.dtype));
-}
-
-StatusOr<float*> Stage3Engine::param(size_t index) {
-  HPS_ASSIGN_OR_RETURN(void* p, param_data(index));
-  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
-  return static_cast<float*>(p);
-}
-
-StatusOr<float*> Stage3Engine::grad(size_t index) {
-  HPS_ASSIGN_OR_RETURN(void* g, grad_data(index));
-  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
-  return static_cast<float*>(g);
+  return u.grads->data().byte_offset(p.offset * dtype_size(fb.dtype)).get();
 }
 
 Status Stage3Engine::start_gather(size_t b) {
-  Buffer& buf = buffers_[b];
-  if (buf.params) return Status::Ok();  // live or in flight already
+  Unit& u = buffers_[b];
+  if (u.params) return Status::Ok();  // live or in flight already
   const FlatBuffer& fb = plan_.buffers()[b];
-  const uint64_t begin = plan_.shard(b, sharding_->rank()).first;
   const size_t element = dtype_size(fb.dtype);
-  buf.params = take_full(fb.numel * element);
-  // Our shard goes in place first (on the optimizer stream, after the latest update), then
-  // the all-gather fills in the others'. fp16/bf16 buffers send their rounded shard.
-  uint8_t* own = buf.params->data() + begin * element;
-  const void* shard = wire_shards_[b].empty() ? static_cast<const void*>(param_shards_[b].data())
-                                              : static_cast<const void*>(wire_shards_[b].data());
-  const size_t n = fb.shard_numel;
+  Stream& comm = sharding_->stream();
   // On the communicator's stream, after this buffer's latest update only (not the whole
   // optimizer step): the first units travel while later ones are still being updated.
-  auto& comm_stream = static_cast<cpu::CpuStream&>(sharding_->stream());
-  if (updated_[b]->recorded()) HPS_RETURN_IF_ERROR(comm_stream.wait(*updated_[b]));
-  comm_stream.enqueue([own, shard, n, element] { std::memcpy(own, shard, n * element); });
-  HPS_ASSIGN_OR_RETURN(buf.gathering,
-                       sharding_->all_gather(own, buf.params->data(), n, fb.dtype, nullptr));
+  if (updated_recorded_[b]) HPS_RETURN_IF_ERROR(comm.wait(*updated_[b]));
+  HPS_ASSIGN_OR_RETURN(u.params, pool_->take(fb.numel * element, comm));
+  // Our shard goes in place first, then the all-gather fills in the others'. fp16/bf16
+  // buffers send their rounded shard.
+  const auto [shard, dtype] = parameter_shard(b);
+  const DevicePtr<const void> wire =
+      dtype == fb.dtype ? shard : storage_->get(StorageRole::kWireShard, b);
+  DevicePtr<void> own =
+      u.params->data().byte_offset(plan_.shard(b, sharding_->rank()).first * element);
+  HPS_RETURN_IF_ERROR(comm.memcpy_async(own.get(), wire.get(), fb.shard_numel * element));
+  HPS_ASSIGN_OR_RETURN(u.gathering, sharding_->all_gather(own.get(), u.params->data().get(),
+                                                          fb.shard_numel, fb.dtype, nullptr));
+  u.used = false;
   note_resident();
   return Status::Ok();
 }
 
 Status Stage3Engine::gather(int32_t unit) {
-  if (!sealed_) return failed_precondition("engine: gather() before seal()");
-  HPS_RETURN_IF_ERROR(in_flight_.poll().status());
+  HPS_RETURN_IF_ERROR(check_sealed("gather()"));
   if (!initialised_) {
     return failed_precondition(
         "engine: call broadcast_parameters() after writing the initial "
@@ -232,29 +192,22 @@ Status Stage3Engine::gather(int32_t unit) {
     ++prefetched_;
     HPS_RETURN_IF_ERROR(start_gather(b));
   }
+  // The compute stream waits for the unit's all-gathers (device-side; on the CPU calling
+  // thread a dependency wait).
   for (size_t b : *unit_buffers) {
-    Buffer& buf = buffers_[b];
-    HPS_ASSIGN_OR_RETURN(bool done, buf.gathering->test());
-    if (!done) {
-      const auto start = std::chrono::steady_clock::now();
-      HPS_RETURN_IF_ERROR(buf.gathering->done_event().synchronize_uncounted());
-      count_dependency_wait(
-          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                    std::chrono::steady_clock::now() - start)
-                                    .count()));
-      HPS_RETURN_IF_ERROR(buf.gathering->status());
-    }
-    buf.in_use = true;
+    Unit& u = buffers_[b];
+    HPS_RETURN_IF_ERROR(wait_for(compute(), *u.gathering));
+    u.in_use = true;
+    u.used = true;
   }
   return Status::Ok();
 }
 
 Status Stage3Engine::release(int32_t unit) {
-  if (!sealed_) return failed_precondition("engine: release() before seal()");
+  HPS_RETURN_IF_ERROR(check_sealed("release()"));
   HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* unit_buffers, schedule_.unit_buffers(unit));
   for (size_t b : *unit_buffers) {
-    Buffer& buf = buffers_[b];
-    if (buf.grads) {  // taken this micro-batch, and the unit's reduction not yet started
+    if (buffers_[b].grads) {  // taken this micro-batch, and the bucket's reduction not started
       return failed_precondition("engine: release(" + std::to_string(unit) +
                                  ") while some of its gradients have not checked in");
     }
@@ -265,11 +218,14 @@ Status Stage3Engine::release(int32_t unit) {
   const bool gathered_next = schedule_.gathered_next(unit);
   if (gathered_next) ++kept_live_;
   for (size_t b : *unit_buffers) {
-    Buffer& buf = buffers_[b];
-    buf.in_use = false;
-    if (gathered_next) continue;
-    buf.params.reset();  // nothing in flight reads it: the gather completed before use
-    buf.gathering.reset();
+    Unit& u = buffers_[b];
+    u.in_use = false;
+    if (gathered_next || !u.params) continue;
+    // Back to the pool after its last reader: the compute stream's forward or backward,
+    // or, for a prefetched unit never used, the all-gather itself.
+    HPS_RETURN_IF_ERROR(
+        pool_->give_back(std::move(u.params), u.used ? compute() : sharding_->stream()));
+    u.gathering.reset();
   }
   return Status::Ok();
 }
@@ -277,169 +233,92 @@ Status Stage3Engine::release(int32_t unit) {
 Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
   if (!sealed_ || !initialised_) return failed_precondition("engine: grad_ready() before training");
   HPS_RETURN_IF_ERROR(check_param_index(plan_, index));
-  const size_t b = plan_.placement(index).buffer;
-  const FlatBuffer& fb = plan_.buffers()[b];
   HPS_RETURN_IF_ERROR(check_trainable(plan_, index, "is not trainable"));
-  Buffer& buf = buffers_[b];
-  if (!buf.grads && schedule_.reduced_this_micro_batch(b)) {
-    return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
-                               "' checked in twice in one micro-batch");
+  if (ready != nullptr && !(ready->device() == device_)) {
+    return invalid_argument("engine: grad_ready's stream is on " + ready->device().to_string() +
+                            ", the engine on " + device_.to_string());
   }
-  if (!buf.grads) {
+  const size_t b = plan_.placement(index).buffer;
+  Unit& u = buffers_[b];
+  if (!u.grads && !buckets_.complete(b)) {
     return failed_precondition("engine: grad_ready for '" + plan_.params()[index].name +
                                "' without a gradient: take grad() while its unit is gathered");
   }
-  HPS_ASSIGN_OR_RETURN(bool complete, schedule_.check_in(plan_, index));
+  HPS_ASSIGN_OR_RETURN(bool complete, buckets_.check_in(plan_, index));
   if (!complete) return Status::Ok();
-  // The unit's full gradient is complete: reduce-scatter it into the shard, add it to the
-  // shard's accumulated gradient, and let the full buffer go once the reduction is done.
-  uint8_t* full = buf.grads->data();
-  float* shard = grad_shards_[b].data();
+  // The bucket's full gradient is complete: reduce-scatter it into the shard (the first
+  // micro-batch) or into scratch and add (later ones); the full buffer goes back to the
+  // pool after the reduction has read it.
+  const FlatBuffer& fb = plan_.buffers()[b];
   const size_t n = fb.shard_numel;
-  auto& comm_stream = static_cast<cpu::CpuStream&>(sharding_->stream());
-  HPS_RETURN_IF_ERROR(in_flight_.poll().status());
-  std::shared_ptr<Work> work;
-  const bool first = schedule_.first_micro_batch();
-  if (fb.dtype == DType::kFloat32) {
-    // The first micro-batch lands in the shard directly; later ones are added to it.
-    float* out = first ? shard : incoming_[b].data();
+  Stream& comm = sharding_->stream();
+  const bool first = buckets_.first_micro_batch();
+  DevicePtr<float> shard = storage_->get<float>(StorageRole::kGradShard, b);
+  DevicePtr<void> out = fb.dtype != DType::kFloat32 ? storage_->get(StorageRole::kReducedShard, b)
+                        : first                     ? DevicePtr<void>(shard)
+                                                    : storage_->get(StorageRole::kIncoming, b);
+  HPS_ASSIGN_OR_RETURN(auto work,
+                       sharding_->reduce_scatter(u.grads->data().get(), out.get(), n, fb.dtype,
+                                                 ReduceOp::kSum, &gradients_from(ready)));
+  HPS_RETURN_IF_ERROR(pool_->give_back(std::move(u.grads), comm));
+  if (fb.dtype != DType::kFloat32 && first) {
+    HPS_RETURN_IF_ERROR(kernels_->cast(comm, fb.dtype, out, DType::kFloat32, shard, n));
+  } else if (!first) {
+    HPS_RETURN_IF_ERROR(kernels_->accumulate(comm, shard, fb.dtype, out, n));
+  }
+  if (buckets_.last_micro_batch() && dp_ && dp_->size() > 1) {
     HPS_ASSIGN_OR_RETURN(
-        work, sharding_->reduce_scatter(full, out, n, DType::kFloat32, ReduceOp::kSum, ready));
-    if (!first) {
-      comm_stream.enqueue([out, shard, n] {
-        for (size_t i = 0; i < n; ++i) shard[i] += out[i];
-      });
-    }
-  } else {
-    // fp16/bf16: reduced in the dtype (the ring adds in fp32), then into the fp32 shard.
-    uint8_t* reduced = wire_reduced_[b].data();
-    const DType d = fb.dtype;
-    HPS_ASSIGN_OR_RETURN(work,
-                         sharding_->reduce_scatter(full, reduced, n, d, ReduceOp::kSum, ready));
-    comm_stream.enqueue([reduced, shard, n, d, first] {
-      if (first) {
-        cpu::cast(d, reduced, DType::kFloat32, shard, n);
-        return;
-      }
-      std::vector<float> widened(n);
-      cpu::cast(d, reduced, DType::kFloat32, widened.data(), n);
-      for (size_t i = 0; i < n; ++i) shard[i] += widened[i];
-    });
+        work, dp_->all_reduce(shard.get(), shard.get(), n, DType::kFloat32, ReduceOp::kSum, &comm));
   }
-  // The full gradient buffer lives until its reduction has read it; poll() lets it go.
-  const uint64_t bytes = buf.grads->capacity();
-  in_flight_bytes_ += bytes;
-  HPS_RETURN_IF_ERROR(in_flight_.add(
-      {work, {buf.grads}, [this, bytes](const Status&) { in_flight_bytes_ -= bytes; }}));
-  buf.grads.reset();
-  if (schedule_.last_micro_batch() && dp_ && dp_->size() > 1) {
-    HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(shard, shard, n, DType::kFloat32, ReduceOp::kSum,
-                                               &sharding_->stream()));
-  }
-  buf.reduced = std::move(work);
-  schedule_.buffer_reduced(plan_, b);
+  u.reduced = std::move(work);
+  buckets_.completed(plan_, b);
   return Status::Ok();
 }
 
 Status Stage3Engine::step() {
   if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
-  HPS_RETURN_IF_ERROR(schedule_.check_step_due());
-  cpu::CpuStream& opt = *optimizer_stream_;
-  const float mean_scale = 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
-                                                     options_.accumulation_steps);
-  std::vector<ShardGradients> shards;
-  for (size_t b = 0; b < buffers_.size(); ++b) {
+  HPS_RETURN_IF_ERROR(buckets_.check_step_due());
+  Stream& opt = optimizer_stream();
+  // The sharding stream widens and adds micro-batches into the shards after their
+  // reductions: the step follows everything on it so far.
+  HPS_RETURN_IF_ERROR(accumulated_->record(sharding_->stream()));
+  HPS_RETURN_IF_ERROR(opt.wait(*accumulated_));
+  std::vector<ShardStep> shards;
+  for (size_t b = 0; b < plan_.buffers().size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
-    HPS_RETURN_IF_ERROR(buffers_[b].reduced->wait_on(opt));
-    shards.push_back(
-        {nullptr, 0, grad_shards_[b].data(), grad_shards_[b].size(), nullptr, DType::kFloat32});
-  }
-  // The sharding stream adds later micro-batches into the shards after their reductions:
-  // wait for everything on it so far.
-  cpu::CpuEvent added;
-  HPS_RETURN_IF_ERROR(added.record(sharding_->stream()));
-  HPS_RETURN_IF_ERROR(opt.wait(added));
-  HPS_RETURN_IF_ERROR(enqueue_unscale_and_check(opt, &step_state_, shards, mean_scale, options_,
-                                                *sharding_, dp_.get()));
-  if (clip_) HPS_RETURN_IF_ERROR(clip_->run(opt, nullptr, /*scale=*/false));
-  const float* coefficient = clip_ ? clip_->coefficient() : nullptr;
-  // Before the updates (and so before any all-gather that follows them): the skip verdict,
-  // the step count and the loss scale.
-  enqueue_step_update(opt, &step_state_, options_);
-  ++steps_;
-  for (size_t b = 0; b < buffers_.size(); ++b) {
-    if (!plan_.buffers()[b].trainable) continue;
-    enqueue_optimizer(opt, &step_state_, options_, param_shards_[b].data(), grad_shards_[b].data(),
-                      state_a_[b].empty() ? nullptr : state_a_[b].data(),
-                      state_b_[b].empty() ? nullptr : state_b_[b].data(), param_shards_[b].size(),
-                      coefficient);
-    buffers_[b].reduced.reset();
-    if (!wire_shards_[b].empty()) {
-      // The updated fp32 masters, rounded once into what the next gathers send.
-      const float* master = param_shards_[b].data();
-      uint8_t* wire = wire_shards_[b].data();
-      const DType d = plan_.buffers()[b].dtype;
-      const size_t count = param_shards_[b].size();
-      opt.enqueue([master, wire, d, count] { cpu::cast(DType::kFloat32, master, d, wire, count); });
+    ShardStep s = shard_step(b);
+    s.reduced = s.grad;
+    s.master = storage_->get<float>(StorageRole::kMasters, b);
+    if (storage_->holds(StorageRole::kWireShard, b)) {  // what the next gathers send
+      s.rounded = storage_->get(StorageRole::kWireShard, b);
+      s.rounded_dtype = plan_.buffers()[b].dtype;
     }
-    // What the buffer's next all-gather waits for.
-    HPS_RETURN_IF_ERROR(updated_[b]->record(opt));
+    shards.push_back(std::move(s));
   }
+  HPS_RETURN_IF_ERROR(optimizer_->step(
+      opt, shards, mean_scale(), [&](size_t b) { return buffers_[b].reduced->wait_on(opt); },
+      [&](size_t b) -> Status {
+        buffers_[b].reduced.reset();
+        updated_recorded_[b] = true;
+        return updated_[b]->record(opt);  // what the buffer's next all-gather waits for
+      }));
+  ++steps_;
+  buckets_.stepped();
   schedule_.stepped();
   return Status::Ok();
 }
 
 Status Stage3Engine::synchronize() {
   if (!sealed_) return Status::Ok();
-  HPS_RETURN_IF_ERROR(in_flight_.drain());
-  for (auto& buf : buffers_) {
-    if (buf.reduced) HPS_RETURN_IF_ERROR(buf.reduced->wait());
+  for (auto& u : buffers_) {
+    if (u.reduced) HPS_RETURN_IF_ERROR(u.reduced->wait());
   }
   HPS_RETURN_IF_ERROR(sharding_->stream().synchronize());
-  HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
-  for (auto& buf : buffers_) {
-    if (buf.gathering) HPS_RETURN_IF_ERROR(buf.gathering->wait());
+  HPS_RETURN_IF_ERROR(optimizer_stream().synchronize());
+  for (auto& u : buffers_) {
+    if (u.gathering) HPS_RETURN_IF_ERROR(u.gathering->wait());
   }
-  return Status::Ok();
+  return compute().synchronize();
 }
-
-// The fp32 masters of every parameter (for fp16/bf16 parameters more precise than what
-// the views hold).
-StatusOr<std::vector<std::vector<float>>> Stage3Engine::gather_all() {
-  if (!sealed_ || !initialised_) return failed_precondition("engine: gather_all() before training");
-  HPS_RETURN_IF_ERROR(optimizer_stream_->synchronize());
-  std::vector<std::vector<float>> out(plan_.params().size());
-  for (size_t b = 0; b < buffers_.size(); ++b) {
-    const FlatBuffer& fb = plan_.buffers()[b];
-    std::vector<float> full(fb.numel);
-    HPS_ASSIGN_OR_RETURN(auto w, sharding_->all_gather(param_shards_[b].data(), full.data(),
-                                                       fb.shard_numel, DType::kFloat32));
-    HPS_RETURN_IF_ERROR(w->wait());
-    split_buffer(plan_, b, full, out);
-  }
-  return out;
-}
-
-uint64_t Stage3Engine::resident_bytes() const {
-  uint64_t n = 0;
-  for (const auto* group : {&init_, &wire_shards_, &wire_reduced_}) {
-    for (const auto& v : *group) n += v.size();
-  }
-  for (const auto* group : {&param_shards_, &grad_shards_, &incoming_, &state_a_, &state_b_}) {
-    for (const auto& v : *group) n += v.size() * sizeof(float);
-  }
-  for (const auto& buf : buffers_) {
-    if (buf.params) n += buf.params->capacity();
-    if (buf.grads) n += buf.grads->capacity();
-  }
-  uint64_t pooled = 0;
-  {
-    std::lock_guard lock(pool_mutex_);
-    pooled = pooled_bytes_;
-  }
-  return n + in_flight_bytes_ + pooled;
-}
-
-void Stage3Engine::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
 
 }  // namespace hps

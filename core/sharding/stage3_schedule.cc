@@ -5,23 +5,10 @@
 
 namespace hps {
 
-void Stage3Schedule::init(const LayoutPlan& plan, int32_t accumulation_steps,
-                          int32_t prefetch_window) {
-  const size_t n = plan.buffers().size();
-  accumulation_steps_ = accumulation_steps;
+void Stage3Schedule::init(const LayoutPlan& plan, int32_t prefetch_window) {
   window_ = prefetch_window;
   units_.clear();
-  checked_in_.assign(n, {});
-  pending_.assign(n, 0);
-  reduced_.assign(n, 0);
-  position_in_buffer_.assign(plan.params().size(), 0);
-  for (size_t b = 0; b < n; ++b) {
-    const FlatBuffer& buf = plan.buffers()[b];
-    checked_in_[b].assign(buf.params.size(), 0);
-    pending_[b] = buf.trainable ? buf.params.size() : 0;
-    for (size_t k = 0; k < buf.params.size(); ++k) position_in_buffer_[buf.params[k]] = k;
-    units_[buf.unit].push_back(b);
-  }
+  for (size_t b = 0; b < plan.buffers().size(); ++b) units_[plan.buffers()[b].unit].push_back(b);
 }
 
 StatusOr<const std::vector<size_t>*> Stage3Schedule::unit_buffers(int32_t unit) const {
@@ -67,39 +54,7 @@ bool Stage3Schedule::gathered_next(int32_t unit) const {
   return !recording_ && cursor_ < order_.size() && order_[cursor_] == unit;
 }
 
-StatusOr<bool> Stage3Schedule::check_in(const LayoutPlan& plan, size_t index) {
-  const size_t b = plan.placement(index).buffer;
-  auto& flag = checked_in_[b][position_in_buffer_[index]];
-  if (flag || reduced_[b]) {
-    return failed_precondition("engine: the gradient of '" + plan.params()[index].name +
-                               "' checked in twice in one micro-batch");
-  }
-  flag = 1;
-  return --pending_[b] == 0;
-}
-
-void Stage3Schedule::buffer_reduced(const LayoutPlan& plan, size_t b) {
-  reduced_[b] = 1;
-  std::fill(checked_in_[b].begin(), checked_in_[b].end(), 0);
-  pending_[b] = checked_in_[b].size();
-  for (size_t k = 0; k < reduced_.size(); ++k) {
-    if (plan.buffers()[k].trainable && !reduced_[k]) return;
-  }
-  std::fill(reduced_.begin(), reduced_.end(), 0);
-  // The last micro-batch leaves the step due (micro_batch_ == accumulation_steps_).
-  ++micro_batch_;
-}
-
-Status Stage3Schedule::check_step_due() const {
-  if (micro_batch_ == accumulation_steps_) return Status::Ok();
-  return failed_precondition(
-      "engine: step() before backward finished: not every gradient checked in on the last "
-      "micro-batch (" +
-      std::to_string(accumulation_steps_) + " per step)");
-}
-
 void Stage3Schedule::stepped() {
-  micro_batch_ = 0;
   recording_ = false;
   cursor_ = 0;
 }

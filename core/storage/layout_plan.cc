@@ -1,10 +1,17 @@
 #include "core/storage/layout_plan.h"
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 
+#include "core/kernels/norm.h"
+
 namespace hps {
 namespace {
+
+// Elements in one flat buffer, at most: far below 2^64 so that offsets, byte counts of
+// 8-byte elements and the padding arithmetic never overflow.
+constexpr uint64_t kMaxBufferElements = uint64_t{1} << 56;
 
 uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
 
@@ -40,42 +47,69 @@ Status LayoutPlan::add(ParamSpec spec) {
   return Status::Ok();
 }
 
-Status LayoutPlan::seal(int32_t degree, uint64_t alignment_bytes) {
+Status LayoutPlan::seal(int32_t degree, uint64_t alignment_bytes, uint64_t bucket_bytes) {
   if (sealed_) return failed_precondition("the layout plan is sealed already");
   if (degree < 1) return invalid_argument("sharding degree must be at least 1");
-  if (alignment_bytes == 0 || (alignment_bytes & (alignment_bytes - 1)) != 0) {
-    return invalid_argument("alignment must be a power of two");
+  if (alignment_bytes == 0 || (alignment_bytes & (alignment_bytes - 1)) != 0 ||
+      alignment_bytes > kMaxAlignmentBytes) {
+    return invalid_argument("alignment_bytes must be a power of two from 1 to " +
+                            std::to_string(kMaxAlignmentBytes) + ", not " +
+                            std::to_string(alignment_bytes));
   }
-  // Buffers in (trainable, dtype, unit) order — frozen parameters never share a buffer
-  // with trained ones; parameters in registration order within each.
-  using Key = std::tuple<bool, int32_t, int32_t>;
-  auto key_of = [](const ParamSpec& p) {
-    return Key{!p.trainable, static_cast<int32_t>(p.dtype), p.unit};
+  // Buffers in (trainable, dtype, unit, bucket) order — frozen parameters never share a
+  // buffer with trained ones; parameters in registration order within each.
+  using Group = std::tuple<bool, int32_t, int32_t>;
+  auto group_of = [](const ParamSpec& p) {
+    return Group{!p.trainable, static_cast<int32_t>(p.dtype), p.unit};
   };
-  std::map<Key, size_t> index;
-  for (const auto& p : params_) index.emplace(key_of(p), 0);
-  buffers_.clear();
-  for (auto& [key, b] : index) {
-    b = buffers_.size();
-    buffers_.push_back(
-        {static_cast<DType>(std::get<1>(key)), std::get<2>(key), !std::get<0>(key), 0, 0, {}});
-  }
-  placements_.assign(params_.size(), {});
+  // Each group's parameters cut into buckets by the cap, in registration order.
+  std::map<Group, std::vector<std::vector<size_t>>> groups;
+  std::map<Group, uint64_t> filled;  // elements in the group's last bucket so far
   for (size_t i = 0; i < params_.size(); ++i) {
-    const size_t b = index.at(key_of(params_[i]));
-    FlatBuffer& buf = buffers_[b];
-    const uint64_t align = std::max<uint64_t>(1, alignment_bytes / dtype_size(buf.dtype));
-    const uint64_t offset = round_up(buf.numel, align);
-    placements_[i] = {b, offset, params_[i].numel()};
-    buf.numel = offset + params_[i].numel();
-    buf.params.push_back(i);
+    const Group g = group_of(params_[i]);
+    auto& buckets = groups[g];
+    const uint64_t element = dtype_size(params_[i].dtype);
+    const uint64_t align = std::max<uint64_t>(1, alignment_bytes / element);
+    const uint64_t start = buckets.empty() ? 0 : round_up(filled[g], align);
+    const bool full = bucket_bytes > 0 && !buckets.empty() && !buckets.back().empty() &&
+                      (start + params_[i].numel()) * element > bucket_bytes;
+    if (buckets.empty() || full) {
+      buckets.emplace_back();
+      filled[g] = 0;
+    }
+    buckets.back().push_back(i);
+    filled[g] = round_up(filled[g], align) + params_[i].numel();
+    if (filled[g] > kMaxBufferElements) {
+      return invalid_argument("parameters of unit " + std::to_string(params_[i].unit) +
+                              " are too large for one flat buffer (at '" + params_[i].name +
+                              "'): set a bucket size cap");
+    }
   }
-  for (auto& buf : buffers_) {
-    const uint64_t align = std::max<uint64_t>(1, alignment_bytes / dtype_size(buf.dtype));
-    buf.numel = round_up(std::max<uint64_t>(buf.numel, 1), align * static_cast<uint64_t>(degree));
-    buf.shard_numel = buf.numel / static_cast<uint64_t>(degree);
+  buffers_.clear();
+  placements_.assign(params_.size(), {});
+  for (const auto& [group, buckets] : groups) {
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      FlatBuffer buf{static_cast<DType>(std::get<1>(group)),
+                     std::get<2>(group),
+                     !std::get<0>(group),
+                     0,
+                     0,
+                     {},
+                     static_cast<int32_t>(k)};
+      const uint64_t align = std::max<uint64_t>(1, alignment_bytes / dtype_size(buf.dtype));
+      for (size_t i : buckets[k]) {
+        const uint64_t offset = round_up(buf.numel, align);
+        placements_[i] = {buffers_.size(), offset, params_[i].numel()};
+        buf.numel = offset + params_[i].numel();
+        buf.params.push_back(i);
+      }
+      buf.numel = round_up(std::max<uint64_t>(buf.numel, 1), align * static_cast<uint64_t>(degree));
+      buf.shard_numel = buf.numel / static_cast<uint64_t>(degree);
+      buffers_.push_back(std::move(buf));
+    }
   }
   degree_ = degree;
+  alignment_bytes_ = alignment_bytes;
   sealed_ = true;
   return Status::Ok();
 }
@@ -91,6 +125,32 @@ std::pair<uint64_t, uint64_t> LayoutPlan::local_part(size_t param, int32_t rank)
   const uint64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
   if (lo >= hi) return {0, 0};
   return {lo - p.offset, hi - p.offset};
+}
+
+std::vector<ShardSpan> LayoutPlan::shard_spans(size_t b, int32_t rank, bool clip) const {
+  const auto [shard_begin, shard_end] = shard(b, rank);
+  const uint64_t length = shard_end - shard_begin;
+  if (!clip) return {{0, length, -1, false}};
+  std::vector<ShardSpan> spans;
+  for (size_t i : buffers_[b].params) {
+    const auto [lo, hi] = local_part(i, rank);
+    if (lo == hi) continue;
+    const ParamSpec& p = params_[i];
+    const int partial = (!p.need_clip || p.shared_not_first)
+                            ? -1
+                            : (p.is_distributed ? kClipPartialD : kClipPartialN);
+    const uint64_t begin = placements_[i].offset + lo - shard_begin;
+    const uint64_t end = placements_[i].offset + hi - shard_begin;
+    if (!spans.empty() && spans.back().partial == partial && spans.back().clipped == p.need_clip) {
+      spans.back().end = end;  // the padding between them joins too
+      continue;
+    }
+    if (!spans.empty()) spans.back().end = begin;  // padding before this one joins the last
+    spans.push_back({spans.empty() ? 0 : begin, end, partial, p.need_clip});
+  }
+  if (spans.empty()) return {{0, length, -1, false}};  // padding only
+  spans.back().end = length;
+  return spans;
 }
 
 uint64_t LayoutPlan::fingerprint() const {

@@ -35,7 +35,14 @@ StatusOr<void*> CpuAllocator::allocate(size_t bytes) {
   return aligned(rounded, bytes);
 }
 
-void CpuAllocator::deallocate(void* pointer) { std::free(pointer); }
+void CpuAllocator::deallocate(void* pointer) {
+  if (pointer == nullptr) return;
+  {
+    std::lock_guard lock(mutex_);
+    async_blocks_.erase(pointer);  // a stream-ordered block freed at once is fine too
+  }
+  std::free(pointer);
+}
 
 StatusOr<void*> CpuAllocator::allocate_async(size_t bytes, Stream& stream) {
   if (stream.device().type != DeviceType::kCpu) {

@@ -10,10 +10,15 @@ StatusOr<std::unique_ptr<Stream>> CudaStream::create(int32_t index) {
   cudaStream_t stream = nullptr;
   HPS_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                   "cudaStreamCreateWithFlags"));
-  return std::unique_ptr<Stream>(new CudaStream(index, stream));
+  return std::unique_ptr<Stream>(new CudaStream(index, stream, true));
+}
+
+std::unique_ptr<Stream> CudaStream::legacy_default(int32_t index) {
+  return std::unique_ptr<Stream>(new CudaStream(index, cudaStreamLegacy, false));
 }
 
 CudaStream::~CudaStream() {
+  if (!owned_) return;
   // cudaStreamDestroy returns at once; queued work still completes (CUDA semantics).
   (void)cudaSetDevice(index_);
   (void)cudaStreamDestroy(stream_);

@@ -10,6 +10,8 @@ namespace hps::cuda {
 class CudaStream final : public Stream {
  public:
   static StatusOr<std::unique_ptr<Stream>> create(int32_t index);
+  // The legacy default stream of device `index`, not owned (never destroyed).
+  static std::unique_ptr<Stream> legacy_default(int32_t index);
   ~CudaStream() override;
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
@@ -22,9 +24,11 @@ class CudaStream final : public Stream {
   cudaStream_t native() const { return stream_; }
 
  private:
-  CudaStream(int32_t index, cudaStream_t stream) : index_(index), stream_(stream) {}
+  CudaStream(int32_t index, cudaStream_t stream, bool owned)
+      : index_(index), stream_(stream), owned_(owned) {}
   int32_t index_;
   cudaStream_t stream_;
+  bool owned_;
 };
 
 class CudaEvent final : public Event {

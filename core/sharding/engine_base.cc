@@ -1,0 +1,191 @@
+#include "core/sharding/engine_base.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/comm/agreement.h"
+
+namespace hps {
+
+Status check_param_index(const LayoutPlan& plan, size_t index) {
+  if (index < plan.params().size()) return Status::Ok();
+  return out_of_range("engine: no parameter " + std::to_string(index));
+}
+
+Status check_trainable(const LayoutPlan& plan, size_t index, const char* what) {
+  if (plan.buffers()[plan.placement(index).buffer].trainable) return Status::Ok();
+  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' " + what);
+}
+
+Status check_float32_view(const LayoutPlan& plan, size_t index) {
+  const DType d = plan.buffers()[plan.placement(index).buffer].dtype;
+  if (d == DType::kFloat32) return Status::Ok();
+  return failed_precondition("engine: parameter '" + plan.params()[index].name + "' is " +
+                             std::string(dtype_name(d)) + ": use its data view");
+}
+
+EngineBase::EngineBase(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
+                       EngineOptions options)
+    : sharding_(std::move(sharding)),
+      dp_(std::move(dp)),
+      options_(options),
+      device_(sharding_->device()) {}
+
+Status EngineBase::init_device() {
+  HPS_ASSIGN_OR_RETURN(kernels_, kernels_for(device_.type));
+  HPS_ASSIGN_OR_RETURN(optimizer_stream_, create_stream(device_));
+  if (options_.compute_stream != nullptr) {
+    compute_ = options_.compute_stream;
+  } else {
+    HPS_ASSIGN_OR_RETURN(default_compute_, default_compute_stream(device_));
+    compute_ = default_compute_.get();
+  }
+  return Status::Ok();
+}
+
+StatusOr<size_t> EngineBase::add_param(ParamSpec spec) {
+  if (plan_.sealed()) {
+    return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
+  }
+  if (spec.dtype != DType::kFloat32 && spec.dtype != DType::kFloat16 &&
+      spec.dtype != DType::kBFloat16) {
+    return unimplemented("engine: parameter '" + spec.name + "' is " +
+                         std::string(dtype_name(spec.dtype)) +
+                         "; parameters must be float32, float16 or bfloat16");
+  }
+  HPS_RETURN_IF_ERROR(plan_.add(std::move(spec)));
+  return plan_.params().size() - 1;
+}
+
+Status EngineBase::check_sealed(const char* call) const {
+  if (sealed_) return Status::Ok();
+  return failed_precondition(std::string("engine: ") + call + " before seal()");
+}
+
+Status EngineBase::seal_storage(std::vector<RoleLayout> roles) {
+  if (sealed_) return failed_precondition("engine: sealed twice");
+  if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
+  // Every rank of both groups registered the same model (host-blocking, set-up).
+  const uint64_t mine = plan_.fingerprint();
+  for (const auto* group : {&sharding_, &dp_}) {
+    if (!*group) continue;
+    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, mine));
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r] != mine) {
+        return invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
+                                (*group)->name() +
+                                "' registered different parameters (names, shapes, dtypes, "
+                                "flags or units differ from this rank's " +
+                                std::to_string(plan_.params().size()) + ")");
+      }
+    }
+  }
+  HPS_RETURN_IF_ERROR(
+      plan_.seal(sharding_->size(), options_.alignment_bytes, options_.bucket_bytes));
+  for (RoleLayout& r : ShardedOptimizer::state_roles(options_)) roles.push_back(std::move(r));
+  Stream& stream = optimizer_stream();
+  HPS_ASSIGN_OR_RETURN(storage_, ShardedStorage::create(plan_, device_, roles, stream));
+  HPS_ASSIGN_OR_RETURN(
+      optimizer_, ShardedOptimizer::create(options_, device_, *storage_, sharding_, dp_, stream));
+  // The framework writes its initial values on its compute stream: after the zeroing.
+  HPS_ASSIGN_OR_RETURN(auto zeroed, create_event(device_));
+  HPS_RETURN_IF_ERROR(zeroed->record(stream));
+  HPS_RETURN_IF_ERROR(compute().wait(*zeroed));
+  buckets_.init(plan_, options_.accumulation_steps);
+  sealed_ = true;
+  return Status::Ok();
+}
+
+Status EngineBase::broadcast_full(const std::function<DevicePtr<void>(size_t)>& full) {
+  for (size_t b = 0; b < plan_.buffers().size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    void* data = full(b).get();
+    // After the framework wrote its initial values on its compute stream.
+    HPS_ASSIGN_OR_RETURN(auto w, sharding_->broadcast(data, buf.numel, buf.dtype, 0, &compute()));
+    HPS_RETURN_IF_ERROR(w->wait());
+    if (dp_) {
+      HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(data, buf.numel, buf.dtype, 0, &compute()));
+      HPS_RETURN_IF_ERROR(d->wait());
+    }
+  }
+  return Status::Ok();
+}
+
+Status EngineBase::wait_for(Stream& consumer, Work& work) {
+  HPS_RETURN_IF_ERROR(work.test().status());  // finished with an error: say so now
+  HPS_RETURN_IF_ERROR(consumer.wait(work.done_event()));
+  return work.test().status();
+}
+
+float EngineBase::mean_scale() const {
+  return 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
+                                   options_.accumulation_steps);
+}
+
+ShardStep EngineBase::shard_step(size_t b) const {
+  ShardStep s;
+  s.buffer = b;
+  s.count = plan_.buffers()[b].shard_numel;
+  s.grad = storage_->get<float>(StorageRole::kGradShard, b);
+  s.spans = plan_.shard_spans(b, sharding_->rank(), optimizer_->clips());
+  return s;
+}
+
+StatusOr<float*> EngineBase::param(size_t index) {
+  HPS_ASSIGN_OR_RETURN(void* p, param_data(index));
+  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
+  return static_cast<float*>(p);
+}
+
+StatusOr<float*> EngineBase::grad(size_t index) {
+  HPS_ASSIGN_OR_RETURN(void* g, grad_data(index));
+  HPS_RETURN_IF_ERROR(check_float32_view(plan_, index));
+  return static_cast<float*>(g);
+}
+
+const float* EngineBase::loss_scale() const {
+  return optimizer_ ? &optimizer_->state().get()->loss_scale : nullptr;  // an address
+}
+
+const int64_t* EngineBase::skipped_steps() const {
+  return optimizer_ ? &optimizer_->state().get()->skipped_steps : nullptr;  // an address
+}
+
+uint64_t EngineBase::resident_bytes() const {
+  return (storage_ ? storage_->bytes() : 0) + transient_bytes();
+}
+
+StatusOr<std::vector<std::vector<float>>> EngineBase::gather_all() {
+  HPS_RETURN_IF_ERROR(check_sealed("gather_all()"));
+  HPS_RETURN_IF_ERROR(synchronize());
+  std::vector<std::vector<float>> out(plan_.params().size());
+  Stream& stream = sharding_->stream();
+  for (size_t b = 0; b < plan_.buffers().size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    const auto [shard, dtype] = parameter_shard(b);
+    const size_t element = dtype_size(dtype);
+    HPS_ASSIGN_OR_RETURN(DeviceBuffer gathered,
+                         DeviceBuffer::allocate(device_, buf.numel * element));
+    HPS_ASSIGN_OR_RETURN(auto work, sharding_->all_gather(shard.get(), gathered.data().get(),
+                                                          buf.shard_numel, dtype));
+    HPS_RETURN_IF_ERROR(work->wait());
+    DeviceBuffer widened;
+    DevicePtr<const float> full = gathered.data<const float>();
+    if (dtype != DType::kFloat32) {
+      HPS_ASSIGN_OR_RETURN(widened, DeviceBuffer::allocate(device_, buf.numel * sizeof(float)));
+      HPS_RETURN_IF_ERROR(kernels_->cast(stream, dtype, gathered.data<const void>(),
+                                         DType::kFloat32, widened.data(), buf.numel));
+      full = widened.data<const float>();
+    }
+    std::vector<float> host(buf.numel);
+    HPS_RETURN_IF_ERROR(copy_to_host(stream, host.data(), full.get(), buf.numel * sizeof(float)));
+    for (size_t i : buf.params) {
+      const Placement& p = plan_.placement(i);
+      out[i].assign(host.begin() + static_cast<std::ptrdiff_t>(p.offset),
+                    host.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel));
+    }
+  }
+  return out;
+}
+
+}  // namespace hps

@@ -1,0 +1,88 @@
+// What stage 2 and stage 3 share: the communicators, the layout, the streams (the
+// framework's compute stream and the engine's optimizer stream), the sharded storages, the
+// sharded optimizer and the gradient buckets' check-ins, and the calls that do not depend
+// on the stage. Each stage adds only its protocol (stage2_engine.cc, stage3_engine.cc).
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/kernels/kernel_table.h"
+#include "core/sharding/grad_buckets.h"
+#include "core/sharding/sharded_engine.h"
+#include "core/sharding/sharded_optimizer.h"
+#include "core/storage/sharded_storage.h"
+
+namespace hps {
+
+class EngineBase : public ShardedEngine {
+ public:
+  ~EngineBase() override = default;
+
+  StatusOr<size_t> add_param(ParamSpec spec) override;
+  StatusOr<float*> param(size_t index) override;
+  StatusOr<float*> grad(size_t index) override;
+  StatusOr<std::vector<std::vector<float>>> gather_all() override;
+  const LayoutPlan& plan() const override { return plan_; }
+  int32_t shard_rank() const override { return sharding_->rank(); }
+  Device device() const override { return device_; }
+  const float* loss_scale() const override;
+  const int64_t* skipped_steps() const override;
+  uint64_t resident_bytes() const override;
+  int64_t steps_taken() const { return steps_; }
+
+ protected:
+  EngineBase(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
+             EngineOptions options);
+  // The streams and kernels of the sharding communicator's device.
+  Status init_device();
+  // seal()'s shared part: refuses a second seal and an empty model, checks every rank of
+  // both groups registered the same model, lays it out, allocates `roles` plus the
+  // optimizer state and creates the optimizer.
+  Status seal_storage(std::vector<RoleLayout> roles);
+  // Parameters broadcast from rank 0 of the sharding group, then of the dp group, in
+  // `full` (buffer b's full parameters, model dtype). Host-blocking (set-up).
+  Status broadcast_full(const std::function<DevicePtr<void>(size_t)>& full);
+  Stream& compute() { return *compute_; }
+  Stream& optimizer_stream() { return *optimizer_stream_; }
+  // The stream a reduction of the framework's gradients must follow.
+  Stream& gradients_from(Stream* ready) { return ready != nullptr ? *ready : compute(); }
+  // `consumer` waits (device-side; on the CPU calling thread a dependency wait) for
+  // `work`, and its failure is reported once known.
+  Status wait_for(Stream& consumer, Work& work);
+  // 1 / (ranks that hold replicas of a gradient × micro-batches): the mean's factor.
+  float mean_scale() const;
+  // Buffer b's fp32 parameter shard (or, for a frozen 16-bit buffer, its model-dtype
+  // shard): what gather_all() gathers.
+  virtual std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const = 0;
+  // Bytes held outside the storages (stage 3's full buffers).
+  virtual uint64_t transient_bytes() const { return 0; }
+  // The ShardStep of trainable buffer b with its clip spans; the stage fills in where its
+  // gradients and parameters are.
+  ShardStep shard_step(size_t b) const;
+  Status check_sealed(const char* call) const;
+
+  std::shared_ptr<Communicator> sharding_, dp_;
+  EngineOptions options_;
+  Device device_;
+  const Kernels* kernels_ = nullptr;
+  LayoutPlan plan_;
+  bool sealed_ = false;
+  int64_t steps_ = 0;
+  std::unique_ptr<Stream> default_compute_;  // when the framework names no compute stream
+  Stream* compute_ = nullptr;
+  std::unique_ptr<Stream> optimizer_stream_;
+  std::unique_ptr<ShardedStorage> storage_;
+  std::unique_ptr<ShardedOptimizer> optimizer_;
+  GradBuckets buckets_;
+};
+
+// Shared argument checks of the views.
+Status check_param_index(const LayoutPlan& plan, size_t index);
+// FAILED_PRECONDITION naming the parameter when it is frozen; `what` ends the message.
+Status check_trainable(const LayoutPlan& plan, size_t index, const char* what);
+// OK when parameter `index` is float32 (its float* views); else FAILED_PRECONDITION.
+Status check_float32_view(const LayoutPlan& plan, size_t index);
+
+}  // namespace hps

@@ -1,0 +1,44 @@
+// Which gradients have checked in (grad_ready) this micro-batch, per flat buffer (bucket),
+// and where the step is in its micro-batches. A bucket is complete when every parameter in
+// it checked in once; its reduction starts then. When every trainable bucket is complete
+// the micro-batch ends, and after the last one the step is due. Both stages keep one.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/common/status.h"
+#include "core/storage/layout_plan.h"
+
+namespace hps {
+
+class GradBuckets {
+ public:
+  // After plan.seal().
+  void init(const LayoutPlan& plan, int32_t accumulation_steps);
+
+  // grad_ready(index) for a parameter of a trainable bucket: FAILED_PRECONDITION naming it
+  // when it checked in already this micro-batch (or the step is due); true when its
+  // bucket is now complete. The caller starts the bucket's reduction, then calls
+  // completed(b).
+  StatusOr<bool> check_in(const LayoutPlan& plan, size_t index);
+  void completed(const LayoutPlan& plan, size_t b);
+  // Whether bucket b completed this micro-batch (its gradients are being reduced).
+  bool complete(size_t b) const { return complete_[b] != 0; }
+  bool first_micro_batch() const { return micro_batch_ == 0; }
+  bool last_micro_batch() const { return micro_batch_ == accumulation_steps_ - 1; }
+  // FAILED_PRECONDITION unless every gradient checked in on the last micro-batch.
+  Status check_step_due() const;
+  // step() enqueued the update: the next step's first micro-batch starts.
+  void stepped() { micro_batch_ = 0; }
+
+ private:
+  std::vector<std::vector<uint8_t>> checked_in_;  // per bucket, per parameter of it
+  std::vector<size_t> pending_;                   // per bucket: parameters not checked in
+  std::vector<size_t> position_;                  // per parameter, within its bucket
+  std::vector<uint8_t> complete_;                 // per bucket, this micro-batch
+  int32_t micro_batch_ = 0;
+  int32_t accumulation_steps_ = 1;
+};
+
+}  // namespace hps

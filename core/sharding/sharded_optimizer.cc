@@ -1,0 +1,134 @@
+#include "core/sharding/sharded_optimizer.h"
+
+namespace hps {
+
+std::vector<RoleLayout> ShardedOptimizer::state_roles(const EngineOptions& options) {
+  auto trainable = [](const FlatBuffer& b) { return b.trainable; };
+  if (options.optimizer == OptimizerKind::kAdamW) {
+    return {{StorageRole::kExpAvg, false, false, trainable},
+            {StorageRole::kExpAvgSq, false, false, trainable}};
+  }
+  if (options.sgd.momentum != 0.0f) return {{StorageRole::kMomentum, false, false, trainable}};
+  return {};
+}
+
+StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::create(
+    const EngineOptions& options, Device device, const ShardedStorage& storage,
+    std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp, Stream& stream) {
+  std::unique_ptr<ShardedOptimizer> o(new ShardedOptimizer());
+  o->options_ = options;
+  HPS_ASSIGN_OR_RETURN(o->kernels_, kernels_for(device.type));
+  o->storage_ = &storage;
+  o->sharding_ = sharding;
+  o->dp_ = dp;
+  if (options.clip_max_norm > 0) {
+    // The engine's clip reduces over the sharding group only: dp replicas hold the same
+    // reduced gradients, and the engine knows no mp or pp group.
+    HPS_ASSIGN_OR_RETURN(o->clip_,
+                         HybridClip::create(sharding, nullptr, nullptr,
+                                            {options.clip_max_norm, options.deterministic_clip}));
+    HPS_RETURN_IF_ERROR(o->clip_->seal());
+  }
+  HPS_ASSIGN_OR_RETURN(o->state_, DeviceBuffer::allocate(device, sizeof(StepState)));
+  StepState initial;
+  initial.loss_scale = options.dynamic_loss_scaling ? options.initial_loss_scale : 1.0f;
+  HPS_RETURN_IF_ERROR(o->kernels_->write_step_state(stream, o->state(), initial));
+  o->rule_ = {options.dynamic_loss_scaling,
+              options.growth_factor,
+              options.backoff_factor,
+              options.growth_interval,
+              options.optimizer == OptimizerKind::kAdamW,
+              options.adamw};
+  return o;
+}
+
+Status ShardedOptimizer::optimize(Stream& stream, const ShardStep& shard,
+                                  const ShardSpan& span) const {
+  const size_t count = span.end - span.begin;
+  if (count == 0) return Status::Ok();
+  const size_t b = shard.buffer;
+  DevicePtr<const float> coefficient;
+  if (clip_ && span.clipped) coefficient = DevicePtr<const float>(clip_->coefficient());
+  DevicePtr<float> param = shard.master + span.begin;
+  DevicePtr<const float> grad = shard.grad + span.begin;
+  if (options_.optimizer == OptimizerKind::kAdamW) {
+    return kernels_->adamw(stream,
+                           {param, grad, storage_->get<float>(StorageRole::kExpAvg, b) + span.begin,
+                            storage_->get<float>(StorageRole::kExpAvgSq, b) + span.begin, count,
+                            options_.adamw, state(), coefficient});
+  }
+  DevicePtr<float> momentum = storage_->get<float>(StorageRole::kMomentum, b);
+  if (momentum) momentum = momentum + span.begin;
+  return kernels_->sgd(stream, {param, grad, momentum, count, options_.sgd, state(), coefficient});
+}
+
+Status ShardedOptimizer::step(Stream& stream, const std::vector<ShardStep>& shards,
+                              float mean_scale, const std::function<Status(size_t)>& wait_reduced,
+                              const std::function<Status(size_t)>& updated) {
+  const bool check = options_.dynamic_loss_scaling;
+  const bool deterministic = options_.deterministic_clip;
+  auto unscale = [&](const ShardStep& s) -> Status {
+    const size_t element = dtype_size(s.reduced_dtype);
+    for (const ShardSpan& span : s.spans) {
+      UnscaleArgs a;
+      a.src_dtype = s.reduced_dtype;
+      a.src = s.reduced.byte_offset(span.begin * element);
+      a.dst = s.grad + span.begin;
+      a.count = span.end - span.begin;
+      a.mean_scale = mean_scale;
+      a.state = state();
+      a.check_finite = check;
+      if (clip_) a.clip = clip_->state();
+      a.partial = clip_ ? span.partial : -1;
+      a.deterministic = deterministic;
+      HPS_RETURN_IF_ERROR(kernels_->unscale(stream, a));
+    }
+    if (s.consumed) HPS_RETURN_IF_ERROR(stream.memset_async(s.consumed.get(), 0, s.consumed_bytes));
+    return Status::Ok();
+  };
+  auto update = [&](const ShardStep& s) -> Status {
+    for (const ShardSpan& span : s.spans) HPS_RETURN_IF_ERROR(optimize(stream, s, span));
+    if (s.rounded) {
+      HPS_RETURN_IF_ERROR(
+          kernels_->cast(stream, DType::kFloat32, s.master, s.rounded_dtype, s.rounded, s.count));
+    }
+    return updated(s.buffer);
+  };
+
+  if (!clip_ && !check) {
+    // Nothing global in this step: each buffer's update (and the stage's hook: its
+    // all-gather) starts as soon as its own reduction is done.
+    HPS_RETURN_IF_ERROR(kernels_->update_step_state(stream, state(), rule_));
+    for (const ShardStep& s : shards) {
+      HPS_RETURN_IF_ERROR(wait_reduced(s.buffer));
+      HPS_RETURN_IF_ERROR(unscale(s));
+      HPS_RETURN_IF_ERROR(update(s));
+    }
+    return Status::Ok();
+  }
+  // The clip's norm and the found-inf flag need every reduced shard first.
+  if (clip_) HPS_RETURN_IF_ERROR(clip_->begin(stream));
+  for (const ShardStep& s : shards) HPS_RETURN_IF_ERROR(wait_reduced(s.buffer));
+  for (const ShardStep& s : shards) HPS_RETURN_IF_ERROR(unscale(s));
+  if (check) {
+    // Every rank skips or steps together: the flag is the max over the groups.
+    int32_t* found = &state().get()->found_inf;  // an address: the collectives read it
+    Stream* after = &stream;
+    std::shared_ptr<Work> work;
+    for (Communicator* c : {sharding_.get(), dp_.get()}) {
+      if (c == nullptr || c->size() == 1) continue;
+      HPS_ASSIGN_OR_RETURN(work,
+                           c->all_reduce(found, found, 1, DType::kInt32, ReduceOp::kMax, after));
+      after = &c->stream();
+    }
+    if (work) HPS_RETURN_IF_ERROR(work->wait_on(stream));
+  }
+  if (clip_) HPS_RETURN_IF_ERROR(clip_->finish(stream, nullptr));
+  HPS_RETURN_IF_ERROR(kernels_->update_step_state(stream, state(), rule_));
+  // Each buffer's hook (an all-gather) waits only for the updates enqueued before it: the
+  // first buffers' parameters travel while the later ones are still being updated.
+  for (const ShardStep& s : shards) HPS_RETURN_IF_ERROR(update(s));
+  return Status::Ok();
+}
+
+}  // namespace hps

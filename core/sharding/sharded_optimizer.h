@@ -1,0 +1,81 @@
+// The sharded optimizer: the step pipeline both stages run on their optimizer stream,
+// written once against the kernel table —
+//
+//   unscale (mean over ranks and micro-batches, loss scale; found-inf; the clip's partial
+//   sums of squares, split by the clip flags, in the same pass) → found-inf max over the
+//   groups → the clip's reduction and coefficient → the step's verdict (skip, step count,
+//   loss scale) → SGD / AdamW on each shard (the coefficient folded in where the flags
+//   say) → the updated masters rounded into the model dtype → the stage's hook (an
+//   all-gather, or the event the next one waits for).
+//
+// Every scalar that steers it lives in device memory (StepState, ClipState). Nothing
+// blocks the host.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/clip/hybrid_clip.h"
+#include "core/comm/communicator.h"
+#include "core/device/buffer.h"
+#include "core/kernels/kernel_table.h"
+#include "core/sharding/sharded_engine.h"
+#include "core/storage/sharded_storage.h"
+
+namespace hps {
+
+// One trainable flat buffer's shard, as the step sees it.
+struct ShardStep {
+  size_t buffer = 0;
+  size_t count = 0;  // shard elements
+  // The reduced gradient shard (sum over ranks), in `reduced_dtype`; for fp32 it may be
+  // `grad` itself.
+  DType reduced_dtype = DType::kFloat32;
+  DevicePtr<const void> reduced;
+  DevicePtr<float> grad;    // the fp32 gradient shard the optimizer reads
+  DevicePtr<float> master;  // the fp32 parameters the optimizer updates
+  // Where the updated master is rounded to after the update (null: nowhere).
+  DevicePtr<void> rounded;
+  DType rounded_dtype = DType::kFloat32;
+  // Full gradients the reduction consumed, zeroed for the next step (null: none).
+  DevicePtr<void> consumed;
+  size_t consumed_bytes = 0;
+  std::vector<ShardSpan> spans;  // the shard's clip treatment (LayoutPlan::shard_spans)
+};
+
+class ShardedOptimizer {
+ public:
+  // The optimizer state roles `options` needs (momentum; exp_avg and exp_avg_sq), for the
+  // storage to allocate.
+  static std::vector<RoleLayout> state_roles(const EngineOptions& options);
+  // The step state (initial loss scale) written on `stream`.
+  static StatusOr<std::unique_ptr<ShardedOptimizer>> create(
+      const EngineOptions& options, Device device, const ShardedStorage& storage,
+      std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp, Stream& stream);
+
+  // Enqueues one step on `stream`. `wait_reduced(b)` makes `stream` wait for buffer b's
+  // reduction; `updated(b)` runs once b's update (and rounding) are enqueued.
+  Status step(Stream& stream, const std::vector<ShardStep>& shards, float mean_scale,
+              const std::function<Status(size_t)>& wait_reduced,
+              const std::function<Status(size_t)>& updated);
+
+  DevicePtr<StepState> state() const { return state_.data<StepState>(); }
+  // The clip whose state step() fills (null without clipping).
+  const HybridClip* clip() const { return clip_.get(); }
+  bool clips() const { return clip_ != nullptr; }
+
+ private:
+  ShardedOptimizer() = default;
+  Status optimize(Stream& stream, const ShardStep& shard, const ShardSpan& span) const;
+
+  EngineOptions options_;
+  const Kernels* kernels_ = nullptr;
+  const ShardedStorage* storage_ = nullptr;
+  std::shared_ptr<Communicator> sharding_, dp_;
+  std::unique_ptr<HybridClip> clip_;
+  DeviceBuffer state_;  // one StepState
+  StepRule rule_;
+};
+
+}  // namespace hps
