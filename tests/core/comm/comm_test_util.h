@@ -3,7 +3,9 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -14,6 +16,13 @@
 #include "core/common/half.h"
 
 namespace hps::testing_util {
+
+// Death-test predicate: the child was killed by SIGSEGV, or (under AddressSanitizer, which
+// catches the fault and reports it) exited with a failure code; never an abort.
+inline bool faulted_on_access(int status) {
+  if (WIFSIGNALED(status)) return WTERMSIG(status) == SIGSEGV;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 1;
+}
 
 // Runs fn(rank, communicator) on `size` threads; each creates its communicator first.
 inline void run_ranks(int32_t size, const std::function<void(int32_t, Communicator&)>& fn,

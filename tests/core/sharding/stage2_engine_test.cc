@@ -230,37 +230,6 @@ TEST(Stage2, BadInputIsRefusedAndChangesNothing) {
             StatusCode::kInvalidArgument);
 }
 
-TEST(LayoutPlan, AlignedShardedAndDeterministic) {
-  LayoutPlan plan;
-  ASSERT_TRUE(plan.add({"a", {10}, DType::kFloat32}).ok());
-  ASSERT_TRUE(plan.add({"b", {70}, DType::kFloat32}).ok());
-  ParamSpec c{"c", {5}, DType::kFloat64};
-  ASSERT_TRUE(plan.add(c).ok());
-  ASSERT_TRUE(plan.seal(3, 256).ok());
-  ASSERT_EQ(plan.buffers().size(), 2u);  // fp32 and fp64
-  const auto& f32 = plan.buffers()[0];
-  EXPECT_EQ(plan.placement(0).offset, 0u);
-  EXPECT_EQ(plan.placement(1).offset, 64u) << "each parameter starts on a 256-byte boundary";
-  EXPECT_EQ(f32.numel % (64u * 3u), 0u) << "padded to alignment x degree";
-  EXPECT_EQ(f32.shard_numel * 3, f32.numel);
-  // 64 + 70 elements padded to 192: shards of 64. b = [64, 134) lies in ranks 1 and 2.
-  EXPECT_EQ(f32.numel, 192u);
-  EXPECT_EQ(plan.local_part(1, 0), (std::pair<uint64_t, uint64_t>{0, 0}));
-  EXPECT_EQ(plan.local_part(1, 1), (std::pair<uint64_t, uint64_t>{0, 64}));
-  EXPECT_EQ(plan.local_part(1, 2), (std::pair<uint64_t, uint64_t>{64, 70}));
-  EXPECT_EQ(plan.local_part(0, 2), (std::pair<uint64_t, uint64_t>{0, 0}));
-  LayoutPlan same;
-  ASSERT_TRUE(same.add({"a", {10}, DType::kFloat32}).ok());
-  ASSERT_TRUE(same.add({"b", {70}, DType::kFloat32}).ok());
-  ASSERT_TRUE(same.add(c).ok());
-  EXPECT_EQ(same.fingerprint(), plan.fingerprint());
-  EXPECT_EQ(plan.add({"late", {1}, DType::kFloat32}).code(), StatusCode::kFailedPrecondition);
-  LayoutPlan bad;
-  EXPECT_EQ(bad.add({"neg", {-1}, DType::kFloat32}).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(bad.add({"huge", {1 << 30, 1 << 30}, DType::kFloat32}).code(),
-            StatusCode::kInvalidArgument);
-}
-
 }  // namespace
 }  // namespace hps
 

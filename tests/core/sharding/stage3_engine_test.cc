@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 
 #include "core/common/config.h"
 #include "core/device/host_sync.h"
@@ -228,6 +229,53 @@ TEST(Stage3, BadInputIsRefused) {
     ASSERT_TRUE(e->release(0).ok());
     ASSERT_TRUE(e->step().ok());
     ASSERT_TRUE(e->synchronize().ok());
+  });
+}
+
+// Issue 10, item 4: a view kept past release(u) must never reach the full buffer handed to
+// another unit. In the checked mode (HPS_DEBUG_VIEWS=1) the write faults at once.
+TEST(Stage3DeathTest, AStaleViewFaultsInTheCheckedMode) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto write_through_stale_view = [] {
+    ::setenv("HPS_DEBUG_VIEWS", "1", 1);
+    testing_util::run_ranks(1, [](int32_t, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
+      ParamSpec a{"a", {4096}, DType::kFloat32};
+      ParamSpec b{"b", {4096}, DType::kFloat32};
+      b.unit = 1;
+      if (!e->add_param(a).ok() || !e->add_param(b).ok() || !e->seal().ok() ||
+          !e->broadcast_parameters().ok() || !e->gather(0).ok()) {
+        std::abort();
+      }
+      volatile float* stale = *e->param(0);
+      if (!e->release(0).ok() || !e->gather(1).ok()) std::abort();
+      float* other = *e->param(1);
+      if (other == stale) std::abort();
+      stale[7] = 42.0f;  // must fault
+      std::exit(0);
+    });
+    std::exit(0);
+  };
+  // A segmentation fault (AddressSanitizer builds report it and exit 1); not an abort.
+  EXPECT_EXIT(write_through_stale_view(), testing_util::faulted_on_access, "");
+}
+
+// Without the checked mode the pool reuses buffers (no allocation in steady steps), and a
+// released unit's view is refused from then on.
+TEST(Stage3, AReleasedUnitsViewIsRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  testing_util::run_ranks(1, [](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
+    ASSERT_TRUE(e->add_param({"a", {64}, DType::kFloat32}).ok());
+    ASSERT_TRUE(e->seal().ok());
+    ASSERT_TRUE(e->broadcast_parameters().ok());
+    ASSERT_TRUE(e->gather(0).ok());
+    EXPECT_TRUE(e->param(0).ok());
+    ASSERT_TRUE(e->release(0).ok());
+    EXPECT_EQ(e->param(0).status().code(), StatusCode::kFailedPrecondition);
   });
 }
 

@@ -1,0 +1,151 @@
+// LayoutPlan: alignment, equal shards, bucket caps, the clip spans of each shard.
+#include "core/storage/layout_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/kernels/norm.h"
+
+namespace hps {
+namespace {
+
+TEST(LayoutPlan, AlignedShardedAndDeterministic) {
+  LayoutPlan plan;
+  ASSERT_TRUE(plan.add({"a", {10}, DType::kFloat32}).ok());
+  ASSERT_TRUE(plan.add({"b", {70}, DType::kFloat32}).ok());
+  ParamSpec c{"c", {5}, DType::kFloat64};
+  ASSERT_TRUE(plan.add(c).ok());
+  ASSERT_TRUE(plan.seal(3, 256).ok());
+  ASSERT_EQ(plan.buffers().size(), 2u);  // fp32 and fp64
+  const auto& f32 = plan.buffers()[0];
+  EXPECT_EQ(plan.placement(0).offset, 0u);
+  EXPECT_EQ(plan.placement(1).offset, 64u) << "each parameter starts on a 256-byte boundary";
+  EXPECT_EQ(f32.numel % (64u * 3u), 0u) << "padded to alignment x degree";
+  EXPECT_EQ(f32.shard_numel * 3, f32.numel);
+  // 64 + 70 elements padded to 192: shards of 64. b = [64, 134) lies in ranks 1 and 2.
+  EXPECT_EQ(f32.numel, 192u);
+  EXPECT_EQ(plan.local_part(1, 0), (std::pair<uint64_t, uint64_t>{0, 0}));
+  EXPECT_EQ(plan.local_part(1, 1), (std::pair<uint64_t, uint64_t>{0, 64}));
+  EXPECT_EQ(plan.local_part(1, 2), (std::pair<uint64_t, uint64_t>{64, 70}));
+  EXPECT_EQ(plan.local_part(0, 2), (std::pair<uint64_t, uint64_t>{0, 0}));
+  LayoutPlan same;
+  ASSERT_TRUE(same.add({"a", {10}, DType::kFloat32}).ok());
+  ASSERT_TRUE(same.add({"b", {70}, DType::kFloat32}).ok());
+  ASSERT_TRUE(same.add(c).ok());
+  EXPECT_EQ(same.fingerprint(), plan.fingerprint());
+  EXPECT_EQ(plan.add({"late", {1}, DType::kFloat32}).code(), StatusCode::kFailedPrecondition);
+  LayoutPlan bad;
+  EXPECT_EQ(bad.add({"neg", {-1}, DType::kFloat32}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.add({"huge", {1 << 30, 1 << 30}, DType::kFloat32}).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(LayoutPlan, AlignmentMustBeAPowerOfTwoWithinTheCap) {
+  for (uint64_t bad : {uint64_t{0}, uint64_t{3}, uint64_t{1} << 63, kMaxAlignmentBytes * 2}) {
+    LayoutPlan plan;
+    ASSERT_TRUE(plan.add({"a", {10}, DType::kFloat32}).ok());
+    const Status s = plan.seal(2, bad);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("alignment_bytes"), std::string::npos) << s.message();
+    EXPECT_FALSE(plan.sealed());
+  }
+  LayoutPlan plan;
+  ASSERT_TRUE(plan.add({"a", {10}, DType::kFloat32}).ok());
+  ASSERT_TRUE(plan.seal(2, kMaxAlignmentBytes).ok());
+  EXPECT_EQ(plan.buffers()[0].numel % (kMaxAlignmentBytes / 4 * 2), 0u);
+}
+
+// A unit larger than the cap is cut into buckets, in registration order, each at most the
+// cap (a parameter above the cap alone in its bucket), so its reductions can start while
+// its backward goes on.
+TEST(LayoutPlan, BucketCapSplitsAUnitInRegistrationOrder) {
+  LayoutPlan plan;
+  const std::vector<int64_t> sizes = {1000, 1000, 1000, 5000, 10, 10, 1000};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(plan.add({"p" + std::to_string(i), {sizes[i]}, DType::kFloat32}).ok());
+  }
+  ParamSpec other{"other_unit", {100}, DType::kFloat32};
+  other.unit = 1;
+  ASSERT_TRUE(plan.add(other).ok());
+  const uint64_t cap = 8192;  // 2048 floats
+  ASSERT_TRUE(plan.seal(2, 256, cap).ok());
+  // Unit 0: {p0, p1} {p2} {p3} {p4, p5, p6}? p2 + p3 exceed; p3 alone; then p4..p6 fit.
+  std::vector<std::vector<size_t>> unit0;
+  for (const FlatBuffer& b : plan.buffers()) {
+    if (b.unit == 0) unit0.push_back(b.params);
+  }
+  ASSERT_EQ(unit0.size(), 4u);
+  EXPECT_EQ(unit0[0], (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(unit0[1], (std::vector<size_t>{2}));
+  EXPECT_EQ(unit0[2], (std::vector<size_t>{3}));
+  EXPECT_EQ(unit0[3], (std::vector<size_t>{4, 5, 6}));
+  for (const FlatBuffer& b : plan.buffers()) {
+    uint64_t used = 0;
+    for (size_t i : b.params) used = plan.placement(i).offset + plan.placement(i).numel;
+    if (b.params.size() > 1) {
+      EXPECT_LE(used * 4, cap);
+    }
+  }
+  // Without a cap: one buffer per unit.
+  LayoutPlan uncapped;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(uncapped.add({"p" + std::to_string(i), {sizes[i]}, DType::kFloat32}).ok());
+  }
+  ASSERT_TRUE(uncapped.seal(2, 256).ok());
+  EXPECT_EQ(uncapped.buffers().size(), 1u);
+}
+
+// Every element of every rank's shard lies in exactly one span, and the span's treatment
+// is its parameter's: counted in D, in N or not at all; scaled by the clip or not.
+TEST(LayoutPlan, ShardSpansFollowTheClipFlagsOfEveryElement) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    LayoutPlan plan;
+    const int n = 1 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < n; ++i) {
+      ParamSpec p{
+          "p" + std::to_string(i), {1 + static_cast<int64_t>(rng() % 300)}, DType::kFloat32};
+      p.need_clip = rng() % 3 != 0;
+      p.is_distributed = rng() % 2 == 0;
+      p.shared_not_first = rng() % 5 == 0;
+      ASSERT_TRUE(plan.add(p).ok());
+    }
+    const int32_t degree = 1 + static_cast<int32_t>(rng() % 4);
+    ASSERT_TRUE(plan.seal(degree, 64).ok());
+    const FlatBuffer& buf = plan.buffers()[0];
+    for (int32_t r = 0; r < degree; ++r) {
+      const auto [begin, end] = plan.shard(0, r);
+      const auto spans = plan.shard_spans(0, r, true);
+      ASSERT_FALSE(spans.empty());
+      EXPECT_EQ(spans.front().begin, 0u);
+      EXPECT_EQ(spans.back().end, end - begin);
+      for (size_t k = 1; k < spans.size(); ++k) EXPECT_EQ(spans[k].begin, spans[k - 1].end);
+      for (size_t i : buf.params) {
+        const Placement& pl = plan.placement(i);
+        const ParamSpec& p = plan.params()[i];
+        const int partial = (!p.need_clip || p.shared_not_first)
+                                ? -1
+                                : (p.is_distributed ? kClipPartialD : kClipPartialN);
+        for (uint64_t e = pl.offset; e < pl.offset + pl.numel; ++e) {
+          if (e < begin || e >= end) continue;
+          const uint64_t local = e - begin;
+          auto it = std::find_if(spans.begin(), spans.end(), [&](const ShardSpan& s) {
+            return s.begin <= local && local < s.end;
+          });
+          ASSERT_NE(it, spans.end());
+          EXPECT_EQ(it->partial, partial) << p.name << " element " << e;
+          EXPECT_EQ(it->clipped, p.need_clip) << p.name << " element " << e;
+        }
+      }
+      const auto plain = plan.shard_spans(0, r, false);
+      ASSERT_EQ(plain.size(), 1u);
+      EXPECT_EQ(plain[0].end, end - begin);
+      EXPECT_EQ(plain[0].partial, -1);
+      EXPECT_FALSE(plain[0].clipped);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hps
