@@ -2,7 +2,7 @@
 # Smoke test of hpshard-bench clip and step: tiny sizes exit 0 and write one JSON object
 # with the expected keys. No performance assertion (benchmarks print figures; they are
 # never timed tests).
-# Usage: bench_clip_step_smoke_test.sh HPSHARD_BENCH clip|step
+# Usage: bench_clip_step_smoke_test.sh HPSHARD_BENCH clip|step|step-device
 set -euo pipefail
 bench="$1"
 family="$2"
@@ -23,7 +23,23 @@ case "$family" in
         || { cat "$out/stdout.txt"; exit 1; }
     done
     ;;
-  *) echo "usage: $0 HPSHARD_BENCH clip|step" >&2; exit 2 ;;
+  step-device)
+    # The runtime's own step at world size 1 on the CPU: no host sync in a steady step, and
+    # the two engines end with the same parameters.
+    "$bench" step --device cpu --width 64 --depth 3 --steps 2 --reps 2 --warmup 1 \
+      --json "$out/bench.json" >"$out/stdout.txt"
+    /usr/bin/python3 - "$out/bench.json" <<'PY' || { cat "$out/stdout.txt"; exit 1; }
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["device"] == "cpu" and doc["parameters"] == 3 * (64 * 64 + 64), doc
+assert doc["stage2_host_syncs_max"] == 0 and doc["stage3_host_syncs_max"] == 0, doc
+assert doc["stage2_vs_stage3_max_diff"] < 1e-6, doc
+for key in ("stage2_seconds", "stage3_seconds", "optimizer_seconds"):
+    assert doc[key] > 0, key
+PY
+    exit 0
+    ;;
+  *) echo "usage: $0 HPSHARD_BENCH clip|step|step-device" >&2; exit 2 ;;
 esac
 /usr/bin/python3 - "$family" "$out/bench.json" <<'PY'
 import json, sys

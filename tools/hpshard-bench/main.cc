@@ -11,7 +11,7 @@
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
 //   hpshard-bench step [--ranks 2,4] [--width 1024] [--depth 8] [--batch 8] [--steps 3]
 //                      [--reps 5] [--warmup 1] [--optimizer adamw|sgd] [--clip X]
-//                      [--prefetch-window N]
+//                      [--prefetch-window N] [--device cpu|cuda[:N]]
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
 //
 // Exit status: 0 when every case ran and gave the right result; 1 on an error or a wrong
@@ -34,6 +34,7 @@
 
 #include "tools/hpshard-bench/clip_bench.h"
 #include "tools/hpshard-bench/coll_bench.h"
+#include "tools/hpshard-bench/device_step.h"
 #include "tools/hpshard-bench/report.h"
 #include "tools/hpshard-bench/step_bench.h"
 
@@ -94,6 +95,9 @@ const char kUsage[] =
     "  --optimizer adamw|sgd   (default adamw; sgd: momentum 0.9)\n"
     "  --clip X                global-norm max_norm, 0 for none (default 1)\n"
     "  --prefetch-window N     stage 3: units live at once, prefetch included (default 2)\n"
+    "  --device cpu|cuda[:N]   instead: the runtime's own step on that device at world size 1\n"
+    "                          (no model compute; synthetic gradients), beside the optimizer\n"
+    "                          kernel alone; exit 77 when the device is absent\n"
     "  --json FILE, --no-torch, --torch-script FILE (torch_step.py), --quiet: as for coll\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -579,6 +583,11 @@ StepCli parse_step(int argc, char** argv) {
                     c.clip = real(0, 1e30);
                   } else if (flag == "--prefetch-window") {
                     c.prefetch_window = static_cast<int32_t>(integer(1, 1024));
+                  } else if (flag == "--device") {
+                    c.device = std::string(value());
+                    if (!hps::parse_device(c.device).ok()) {
+                      usage_error("--device: '" + c.device + "' is not cpu, cuda or cuda:N");
+                    }
                   } else {
                     return false;
                   }
@@ -655,6 +664,24 @@ std::vector<World> run_worlds(const std::vector<int32_t>& ranks, const std::stri
 
 int main_step(int argc, char** argv) {
   StepCli cli = parse_step(argc, argv);
+  if (!cli.config.device.empty()) {
+    DeviceStepConfig d;
+    d.device = *hps::parse_device(cli.config.device);
+    d.width = cli.config.width;
+    d.depth = cli.config.depth;
+    d.steps = cli.config.steps;
+    d.reps = cli.config.reps;
+    d.warmup = cli.config.warmup;
+    d.adamw = cli.config.adamw;
+    d.clip = cli.config.clip;
+    if (d.device.type == hps::DeviceType::kCuda && hps::device_count(hps::DeviceType::kCuda) == 0) {
+      std::fprintf(stderr, "hpshard-bench: no CUDA device\n");
+      return 77;
+    }
+    const DeviceStepResult r = run_device_step(d);
+    print_device_step(d, r);
+    return write_json(cli.json_path, device_step_to_json(d, r));
+  }
   RunInfo info = run_info(argc, argv);
   const std::string script = torch_setup(cli.torch, cli.torch_script, "torch_step.py", info);
   auto worlds = run_worlds<StepWorld>(

@@ -33,6 +33,8 @@ struct StepConfig {
   double clip = 1.0;   // global-norm max_norm; 0: no clipping
   int32_t prefetch_window = EngineOptions{}.prefetch_window;  // stage 3
   bool progress = true;
+  // Set: the runtime's own step on this device at world size 1 (device_step.h) instead.
+  std::string device;
 };
 
 struct StepWorld {
