@@ -68,11 +68,9 @@ Status ShardedOptimizer::step(Stream& stream, const std::vector<ShardStep>& shar
   const bool check = options_.dynamic_loss_scaling;
   const bool deterministic = options_.deterministic_clip;
   auto unscale = [&](const ShardStep& s) -> Status {
-    const size_t element = dtype_size(s.reduced_dtype);
     for (const ShardSpan& span : s.spans) {
       UnscaleArgs a;
-      a.src_dtype = s.reduced_dtype;
-      a.src = s.reduced.byte_offset(span.begin * element);
+      a.src = s.grad + span.begin;
       a.dst = s.grad + span.begin;
       a.count = span.end - span.begin;
       a.mean_scale = mean_scale;

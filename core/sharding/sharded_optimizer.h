@@ -29,11 +29,9 @@ namespace hps {
 struct ShardStep {
   size_t buffer = 0;
   size_t count = 0;  // shard elements
-  // The reduced gradient shard (sum over ranks), in `reduced_dtype`; for fp32 it may be
-  // `grad` itself.
-  DType reduced_dtype = DType::kFloat32;
-  DevicePtr<const void> reduced;
-  DevicePtr<float> grad;    // the fp32 gradient shard the optimizer reads
+  // The reduced fp32 gradient shard (the sum over ranks and micro-batches): unscaled in
+  // place, then read by the optimizer.
+  DevicePtr<float> grad;
   DevicePtr<float> master;  // the fp32 parameters the optimizer updates
   // Where the updated master is rounded to after the update (null: nowhere).
   DevicePtr<void> rounded;

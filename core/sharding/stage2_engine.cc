@@ -26,6 +26,7 @@ Status Stage2Engine::seal() {
                                     {StorageRole::kMasters, false, false, trainable_16}}));
   reduced_.assign(plan_.buffers().size(), nullptr);
   gathered_.assign(plan_.buffers().size(), nullptr);
+  HPS_ASSIGN_OR_RETURN(widened_, create_event(device_));
   return Status::Ok();
 }
 
@@ -95,16 +96,24 @@ Status Stage2Engine::release(int32_t unit) {
 
 Status Stage2Engine::launch_reduce(size_t b, Stream& ready) {
   const FlatBuffer& buf = plan_.buffers()[b];
-  // fp32 buffers reduce straight into the optimizer's shard; fp16/bf16 ones into a shard
-  // of their own dtype, converted by the step's unscale pass.
-  DevicePtr<void> out = buf.dtype == DType::kFloat32 ? storage_->get(StorageRole::kGradShard, b)
-                                                     : storage_->get(StorageRole::kReducedShard, b);
+  // fp32 buffers reduce straight into the optimizer's shard; fp16/bf16 ones reduce in their
+  // dtype (the rings add in fp32) and are widened once, before the dp all-reduce, so the
+  // reduced gradient rounds once to the dtype whatever the dp degree (as in stage 3).
+  Stream& comm = sharding_->stream();
+  DevicePtr<float> shard = storage_->get<float>(StorageRole::kGradShard, b);
+  const bool fp32 = buf.dtype == DType::kFloat32;
+  DevicePtr<void> out =
+      fp32 ? DevicePtr<void>(shard) : storage_->get(StorageRole::kReducedShard, b);
   HPS_ASSIGN_OR_RETURN(
       auto work, sharding_->reduce_scatter(storage_->get(StorageRole::kGrads, b).get(), out.get(),
                                            buf.shard_numel, buf.dtype, ReduceOp::kSum, &ready));
+  if (!fp32) {
+    HPS_RETURN_IF_ERROR(
+        kernels_->cast(comm, buf.dtype, out, DType::kFloat32, shard, buf.shard_numel));
+  }
   if (dp_ && dp_->size() > 1) {
-    HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(out.get(), out.get(), buf.shard_numel, buf.dtype,
-                                               ReduceOp::kSum, &sharding_->stream()));
+    HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(shard.get(), shard.get(), buf.shard_numel,
+                                               DType::kFloat32, ReduceOp::kSum, &comm));
   }
   reduced_[b] = std::move(work);
   return Status::Ok();
@@ -136,8 +145,6 @@ Status Stage2Engine::step() {
     if (!buf.trainable) continue;
     ShardStep s = shard_step(b);
     const bool fp32 = buf.dtype == DType::kFloat32;
-    s.reduced_dtype = buf.dtype;
-    s.reduced = fp32 ? DevicePtr<const void>(s.grad) : storage_->get(StorageRole::kReducedShard, b);
     // fp32 parameters are updated in place; fp16/bf16 ones through their masters, rounded
     // back into the parameters.
     s.master =
@@ -151,6 +158,9 @@ Status Stage2Engine::step() {
     shards.push_back(std::move(s));
   }
   Stream& opt = optimizer_stream();
+  // The widening of fp16/bf16 reductions runs on the sharding stream after them.
+  HPS_RETURN_IF_ERROR(widened_->record(sharding_->stream()));
+  HPS_RETURN_IF_ERROR(opt.wait(*widened_));
   HPS_RETURN_IF_ERROR(optimizer_->step(
       opt, shards, mean_scale(), [&](size_t b) { return reduced_[b]->wait_on(opt); },
       [&](size_t b) -> Status {

@@ -47,6 +47,7 @@ class Stage2Engine final : public EngineBase {
 
   std::vector<std::shared_ptr<Work>> reduced_;   // per bucket: this step's reduction
   std::vector<std::shared_ptr<Work>> gathered_;  // per bucket: the latest all-gather
+  std::unique_ptr<Event> widened_;               // the sharding stream's widenings, before a step
 };
 
 }  // namespace hps

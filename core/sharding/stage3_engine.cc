@@ -287,7 +287,6 @@ Status Stage3Engine::step() {
   for (size_t b = 0; b < plan_.buffers().size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;
     ShardStep s = shard_step(b);
-    s.reduced = s.grad;
     s.master = storage_->get<float>(StorageRole::kMasters, b);
     if (storage_->holds(StorageRole::kWireShard, b)) {  // what the next gathers send
       s.rounded = storage_->get(StorageRole::kWireShard, b);
