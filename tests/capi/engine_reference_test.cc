@@ -11,7 +11,8 @@
 // gradients go to the model, so that one parameter's difference does not spread to the
 // others. Checks: every view the framework reads (forward and backward, every micro-batch of
 // every step) equals the model's visible parameter, so a stale gather or all-gather shows;
-// the gradient view holds what the framework added so far in the step (zero at its start);
+// the gradient view holds what the framework added so far in the step (stage 2) or in the
+// micro-batch (stage 3), zero at its start;
 // the loss scale and the skipped steps equal the model's; every parameter's master
 // (hps_engine_gather_parameter) is within the model's error bound after about half of the
 // steps and the last (gathering blocks until the step is done, which would hide a missing
@@ -712,6 +713,12 @@ void run_rank(Shared& shared, int rank) {
     for (int mb = 0; mb < micro; ++mb) {
       const std::string where =
           "step " + std::to_string(step) + " micro-batch " + std::to_string(mb);
+      // Stage 3 holds full gradients only while a micro-batch's bucket is open: each
+      // micro-batch's view starts at zero and is reduce-scattered into the shard when its
+      // bucket checks in (hpshard.h, hps_engine_grad); stage 2 keeps adding into one view.
+      if (c.stage == 3) {
+        for (auto& w : written) w.clear();
+      }
       if (!forward(where)) return;
       for (size_t k = c.forward_order.size(); k-- > 0;) {
         const int32_t unit = c.forward_order[k];
@@ -747,9 +754,7 @@ void run_rank(Shared& shared, int rank) {
               }
             }
             // The framework adds into whatever the view holds; the documentation says that
-            // is what it added earlier in the step (hpshard.h: "zero at the start of every
-            // step; backward adds into it"; DESIGN.md: accumulation reduces only on the last
-            // micro-batch).
+            // is what it added earlier in the step (stage 2) or in the micro-batch (stage 3).
             const double held = read_view(p.dtype, grad, e);
             if (!same_value(held, w[e])) {
               if (unexpected++ == 0) {
@@ -769,7 +774,7 @@ void run_rank(Shared& shared, int rank) {
                                " more elements) where the framework had added " +
                                (mb == 0 ? std::string("nothing yet this step")
                                         : number(first_expected) + " in the earlier micro-batches");
-            if (mb > 0 && zeros == unexpected) {
+            if (mb > 0 && zeros == unexpected && c.stage == 2) {
               what +=
                   ": the view was zero again at this micro-batch, what the earlier ones added "
                   "is gone from it (the engine reduced them already)";
