@@ -1,6 +1,7 @@
-// Stage 3 against unsharded training computed in the test, driven as a framework would:
-// gather/release around each unit's forward and backward. Also the resident-memory bound
-// (shards + the live window), prefetch, gather_all and bad input.
+// Stage 3's own promises, driven as a framework would (gather/release around each unit's
+// forward and backward): prefetch, the pool, the resident-memory bound (shards + the live
+// window), views only of gathered units (and the checked mode), bad input. The values both
+// stages train to are checked against the float64 model in engine_harness_test.cc.
 #include "core/sharding/stage3_engine.h"
 
 #include <gtest/gtest.h>
@@ -47,41 +48,12 @@ struct TrainingSetup {
   int steps = 3;
 };
 
-std::vector<std::vector<float>> reference(const TrainingSetup& s) {
-  const int32_t world = s.sharding * s.dp;
-  const int micro = s.options.accumulation_steps;
-  std::vector<std::vector<float>> params(kModel.size()), a(kModel.size()), b(kModel.size());
-  for (size_t p = 0; p < kModel.size(); ++p) {
-    for (size_t i = 0; i < numel(kModel[p]); ++i) params[p].push_back(initial(p, i));
-    a[p].assign(numel(kModel[p]), 0.0f);
-    b[p].assign(numel(kModel[p]), 0.0f);
-  }
-  for (int step = 0; step < s.steps; ++step) {
-    for (size_t p = 0; p < kModel.size(); ++p) {
-      std::vector<float> g;
-      for (size_t i = 0; i < numel(kModel[p]); ++i) {
-        double sum = 0;
-        for (int32_t r = 0; r < world; ++r) {
-          for (int m = 0; m < micro; ++m) sum += gradient(r, step, m, p, i, params[p][i]);
-        }
-        g.push_back(static_cast<float>(sum / (world * micro)));
-      }
-      if (s.options.optimizer == OptimizerKind::kAdamW) {
-        cpu::adamw(params[p].data(), g.data(), a[p].data(), b[p].data(), g.size(), s.options.adamw,
-                   step + 1, nullptr, 1.0f);
-      } else {
-        cpu::sgd(params[p].data(), g.data(), a[p].data(), g.size(), s.options.sgd, nullptr, 1.0f,
-                 step == 0);
-      }
-    }
-  }
-  return params;
-}
-
-void train_and_compare(const TrainingSetup& s) {
+// Trains as a framework would and checks what stage 3 promises beyond the values (which
+// the engine harness checks): prefetch in the recorded order, buffers reused from the pool,
+// no host sync in a step, and the resident memory bound.
+void train_and_check_memory(const TrainingSetup& s) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const int32_t world = s.sharding * s.dp;
-  const auto expected = reference(s);
   auto topology = *Topology::create({s.dp, 1, s.sharding, 1, 1}, world);
   testing_util::run_ranks(world, [&](int32_t rank, Communicator& comm) {
     std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
@@ -150,14 +122,7 @@ void train_and_compare(const TrainingSetup& s) {
       EXPECT_GT(taken, 0u);
       EXPECT_LE(2 * fresh, taken) << fresh << " of " << taken << " full buffers fresh";
     }
-    auto all = e.gather_all();
-    ASSERT_TRUE(all.ok()) << all.status().to_string();
-    for (size_t p = 0; p < kModel.size(); ++p) {
-      for (size_t i = 0; i < numel(kModel[p]); ++i) {
-        ASSERT_NEAR((*all)[p][i], expected[p][i], 1e-6f * std::max(1.0f, std::fabs(expected[p][i])))
-            << kModel[p].name << "[" << i << "] rank " << rank;
-      }
-    }
+    ASSERT_TRUE(e.gather_all().ok());
     // Memory: the shards (params, grads, optimizer state) plus at most the live window of
     // full units (parameters and gradients).
     uint64_t total = 0, largest_unit = 0;
@@ -180,31 +145,31 @@ void train_and_compare(const TrainingSetup& s) {
 
 class Stage3Test : public ::testing::TestWithParam<int32_t> {};
 
-TEST_P(Stage3Test, SgdMatchesUnshardedTraining) {
+TEST_P(Stage3Test, SgdPrefetchesReusesAndStaysWithinMemory) {
   TrainingSetup s;
   s.sharding = GetParam();
   s.options.sgd = {0.1f, 0.9f, 0.01f, false};
-  train_and_compare(s);
+  train_and_check_memory(s);
 }
 
-TEST_P(Stage3Test, AdamWMatchesUnshardedTraining) {
+TEST_P(Stage3Test, AdamWPrefetchesReusesAndStaysWithinMemory) {
   TrainingSetup s;
   s.sharding = GetParam();
   s.options.optimizer = OptimizerKind::kAdamW;
   s.options.adamw = {1e-2f, 0.9f, 0.99f, 1e-8f, 0.05f};
-  train_and_compare(s);
+  train_and_check_memory(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sharding, Stage3Test, ::testing::Values(1, 2, 3, 4),
                          [](const auto& p) { return "sharding" + std::to_string(p.param); });
 
-TEST(Stage3, DpAboveShardingAndAccumulation) {
+TEST(Stage3, DpAboveShardingAndAccumulationWithinMemory) {
   TrainingSetup s;
   s.sharding = 2;
   s.dp = 2;
   s.options.accumulation_steps = 2;
   s.options.sgd = {0.05f, 0.5f, 0.0f, true};
-  train_and_compare(s);
+  train_and_check_memory(s);
 }
 
 TEST(Stage3, BadInputIsRefused) {
