@@ -20,6 +20,10 @@ endfunction()
 
 set(common -DHPS_WITH_CUDA=OFF -DHPS_WITH_NCCL=OFF -DHPS_BUILD_PYTHON=OFF -DHPS_BUILD_JAVA=OFF
            -DHPS_BUILD_RUST=OFF -DHPS_PACKAGING_TESTS=OFF -DHPS_NO_SANITIZER_SUBBUILD=ON)
+# The parent build's compiler launcher (ccache, say), when it has one.
+if(LAUNCHER)
+  list(APPEND common -DCMAKE_C_COMPILER_LAUNCHER=${LAUNCHER} -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER})
+endif()
 if(SANITIZE STREQUAL "thread")
   foreach(v CC CXX)
     if(NOT DEFINED ${v})
@@ -28,7 +32,7 @@ if(SANITIZE STREQUAL "thread")
     set(ENV{${v}} ${${v}})
   endforeach()
   set(tests communicator_test shm_process_test stream_test task_flow_test hybrid_clip_test
-            stage2_engine_test stage3_engine_test)
+            full_buffer_pool_test engine_harness_test stage2_engine_test stage3_engine_test)
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BUILD_DIR} -G ${GENERATOR} ${common}
       -DHPS_SANITIZE=thread -DHPS_WERROR=OFF -DHPS_BUILD_EXAMPLES=OFF
       -DCMAKE_BUILD_TYPE=RelWithDebInfo)
