@@ -17,11 +17,12 @@
 
 namespace hps::testing_util {
 
-// Death-test predicate: the child was killed by SIGSEGV, or (under AddressSanitizer, which
-// catches the fault and reports it) exited with a failure code; never an abort.
+// Death-test predicate: the child was killed by SIGSEGV, or exited with the code of a
+// sanitizer that caught the fault and reported it (AddressSanitizer 1, ThreadSanitizer 66);
+// never an abort.
 inline bool faulted_on_access(int status) {
   if (WIFSIGNALED(status)) return WTERMSIG(status) == SIGSEGV;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 1;
+  return WIFEXITED(status) && (WEXITSTATUS(status) == 1 || WEXITSTATUS(status) == 66);
 }
 
 // Runs fn(rank, communicator) on `size` threads; each creates its communicator first.
