@@ -186,11 +186,12 @@ class FileStore final : public Store {
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
+    std::vector<std::filesystem::path> paths;
     for (const auto& key : keys) {
-      HPS_ASSIGN_OR_RETURN(auto path, key_path(key));
-      if (!file_exists(path)) return false;
+      HPS_ASSIGN_OR_RETURN(auto path, key_path(key));  // every key is checked, set or not
+      paths.push_back(std::move(path));
     }
-    return true;
+    return std::all_of(paths.begin(), paths.end(), file_exists);
   }
 
  private:

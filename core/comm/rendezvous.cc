@@ -224,8 +224,10 @@ StatusOr<StoreOptions> store_options_from_env(const std::string& url, int32_t ra
   if (auto fd_text = env_string("HPS_STORE_FD")) {
     // Taken once: a second open in this process must not serve on a socket already handed
     // to a server (and closed with it).
-    static std::atomic<bool> taken{false};
-    if (taken.exchange(true)) return options;
+    static std::mutex mutex;
+    static bool taken = false;
+    std::lock_guard lock(mutex);
+    if (taken) return options;
     HPS_ASSIGN_OR_RETURN(int64_t fd, env_int("HPS_STORE_FD", -1));
     if (fd < 0 || fd > std::numeric_limits<int>::max()) {
       return invalid_argument("environment variable HPS_STORE_FD=" + *fd_text +
@@ -234,6 +236,7 @@ StatusOr<StoreOptions> store_options_from_env(const std::string& url, int32_t ra
     HPS_ASSIGN_OR_RETURN(auto listener, net::adopt_listener(static_cast<int>(fd),
                                                             "environment variable HPS_STORE_FD"));
     options.listen_fd = listener.fd;
+    taken = true;
   }
   return options;
 }
