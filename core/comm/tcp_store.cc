@@ -118,17 +118,23 @@ class TcpStoreServerImpl final : public TcpStoreServer {
         HPS_LOG(kError) << "tcp store server: epoll_wait failed: " << errno_message(errno);
         break;
       }
-      for (int i = 0; i < n && !stopping_; ++i) {
-        const uint64_t token = events[i].data.u64;
-        if (token == kWakeToken) continue;
-        if (token == kListenerToken) {
-          accept_all();
-          continue;
+      // Nothing may escape into this thread (it would end the process): a failure to
+      // allocate for one event costs that event, and the loop goes on.
+      try {
+        for (int i = 0; i < n && !stopping_; ++i) {
+          const uint64_t token = events[i].data.u64;
+          if (token == kWakeToken) continue;
+          if (token == kListenerToken) {
+            accept_all();
+            continue;
+          }
+          auto it = connections_.find(token);
+          if (it != connections_.end()) on_event(*it->second, events[i].events);
         }
-        auto it = connections_.find(token);
-        if (it != connections_.end()) on_event(*it->second, events[i].events);
+        expire(Clock::now());
+      } catch (const std::exception& e) {
+        HPS_LOG(kError) << "tcp store server: " << e.what();
       }
-      expire(Clock::now());
     }
     // Last replies (a rank's final SET must not be reported lost because rank 0 left right
     // after seeing it) go out if the socket takes them now; everything else is closed.

@@ -118,6 +118,13 @@ case $case_name in
     [ $? -eq 2 ] || fail "-n 0: expected exit 2"
     "$run" -n 2 --store nfs -- "$probe" >"$work/out" 2>"$work/err"
     [ $? -eq 2 ] || fail "--store nfs: expected exit 2"
+    # Durations that would overflow the clock are refused, not run.
+    for t in 1e308 inf nan 99999999999; do
+      "$run" -n 1 --timeout "$t" -- "$probe" >"$work/out" 2>"$work/err"
+      [ $? -eq 2 ] || fail "--timeout $t: expected exit 2"
+      "$run" -n 1 --grace "$t" -- "$probe" >"$work/out" 2>"$work/err"
+      [ $? -eq 2 ] || fail "--grace $t: expected exit 2"
+    done
     "$run" -n 1 -- /nonexistent/program >"$work/out" 2>"$work/err"
     rc=$?
     [ $rc -eq 127 ] || fail "missing program: exit $rc, expected 127"

@@ -86,11 +86,16 @@ struct Options {
   std::vector<std::string> command;
 };
 
+// Durations beyond a year are refused: converted to clock ticks they would overflow.
+constexpr double kMaxSeconds = 365.0 * 24 * 3600;
+
 bool parse_number(const std::string& text, double* out) {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno != 0 || !(v >= 0)) return false;
+  if (text.empty() || *end != '\0' || errno != 0 || !(v >= 0) || !(v <= kMaxSeconds)) {
+    return false;
+  }
   *out = v;
   return true;
 }
@@ -141,7 +146,7 @@ std::optional<int> parse_options(int argc, char** argv, Options* options) {
       options->store = value;
     } else if (name == "--timeout" || name == "--grace") {
       if (!parse_number(value, &number)) {
-        usage((name + ": '" + value + "' is not a number of seconds").c_str());
+        usage((name + ": '" + value + "' is not a number of seconds (0 to a year)").c_str());
         return kUsageError;
       }
       (name == "--timeout" ? options->timeout_s : options->grace_s) = number;
