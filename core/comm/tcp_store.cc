@@ -598,7 +598,7 @@ class TcpStoreClient final : public Store {
     Status last = Status::Ok();
     while (true) {
       const auto attempt_deadline = std::min(deadline, Clock::now() + Milliseconds(1000));
-      auto fd = open_connection(attempt_deadline);
+      auto fd = open_connection(attempt_deadline, deadline);
       if (fd.ok()) {
         idle_.push_back({*fd, Clock::now()});
         return Status::Ok();
@@ -691,9 +691,11 @@ class TcpStoreClient final : public Store {
   // A connection that has completed the handshake: the server knows the token this client
   // has, and proved it knows it too. FAILED_PRECONDITION when the token is refused (either
   // way); other failures are worth retrying.
-  StatusOr<int> open_connection(Clock::time_point deadline) {
-    HPS_ASSIGN_OR_RETURN(int fd, connect_once(host_, port_, deadline));
-    auto done = handshake(fd, deadline);
+  // The handshake may take until `handshake_deadline`: a busy server greets late, but greets.
+  StatusOr<int> open_connection(Clock::time_point connect_deadline,
+                                Clock::time_point handshake_deadline) {
+    HPS_ASSIGN_OR_RETURN(int fd, connect_once(host_, port_, connect_deadline));
+    auto done = handshake(fd, std::max(connect_deadline, handshake_deadline));
     if (!done.ok()) {
       close_fd(fd);
       return done;
@@ -763,7 +765,7 @@ class TcpStoreClient final : public Store {
       close_fd(p.fd);
     }
     *reused = false;
-    auto fd = open_connection(std::min(deadline, Clock::now() + Milliseconds(5000)));
+    auto fd = open_connection(std::min(deadline, Clock::now() + Milliseconds(5000)), deadline);
     if (!fd.ok()) {
       if (fd.status().code() == StatusCode::kFailedPrecondition) return fd.status();
       return aborted("tcp store: cannot reach the server at " + endpoint(host_, port_) +

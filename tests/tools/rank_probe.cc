@@ -58,9 +58,14 @@ int meet(const hps::RendezvousInfo& info) {
     const auto colon = rest.rfind(':');
     auto stranger = hps::make_tcp_store(rest.substr(0, colon),
                                         static_cast<uint16_t>(std::stoi(rest.substr(colon + 1))),
-                                        false, std::chrono::seconds(5));
-    if (stranger.ok() || stranger.status().code() != hps::StatusCode::kFailedPrecondition) {
+                                        false, std::chrono::seconds(20));
+    if (stranger.ok()) {
       std::fprintf(stderr, "a client without the token was served\n");
+      return 1;
+    }
+    if (stranger.status().code() != hps::StatusCode::kFailedPrecondition) {
+      std::fprintf(stderr, "a client without the token failed otherwise: %s\n",
+                   stranger.status().to_string().c_str());
       return 1;
     }
     std::printf("a client without the token was refused\n");
