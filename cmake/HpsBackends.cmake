@@ -38,3 +38,18 @@ if(NOT HPS_WITH_GLOO STREQUAL "OFF")
     message(FATAL_ERROR "HPS_WITH_GLOO=ON but Gloo was not found (apt-get install libgloo-dev)")
   endif()
 endif()
+
+# OpenSSL's libcrypto: HMAC-SHA256 for the TCP store's token check. AUTO uses it when
+# Debian's libssl-dev is installed (tools/setup.sh installs it); without it a TCP store
+# works only without a token (HPS_STORE_TOKEN set is then an error, never ignored).
+set(HPS_WITH_OPENSSL AUTO CACHE STRING "Authenticate TCP stores with OpenSSL's HMAC: AUTO, ON or OFF")
+set_property(CACHE HPS_WITH_OPENSSL PROPERTY STRINGS AUTO ON OFF)
+set(HPS_HAVE_OPENSSL 0)
+if(NOT HPS_WITH_OPENSSL STREQUAL "OFF")
+  find_package(OpenSSL QUIET COMPONENTS Crypto)
+  if(OpenSSL_FOUND AND TARGET OpenSSL::Crypto)
+    set(HPS_HAVE_OPENSSL 1)
+  elseif(HPS_WITH_OPENSSL STREQUAL "ON")
+    message(FATAL_ERROR "HPS_WITH_OPENSSL=ON but OpenSSL was not found (apt-get install libssl-dev)")
+  endif()
+endif()

@@ -91,7 +91,8 @@ set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "${HPS_PKG_RUNTIME}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
     "${_hps_syn} - shared library\n${_hps_long}\nThis package contains the shared library libhpshard.so.${PROJECT_VERSION_MAJOR}.")
-# Depends from dpkg-shlibdeps: libc6, libstdc++6, libgcc-s1 (CUDA is linked statically).
+# Depends from dpkg-shlibdeps: libc6, libstdc++6, libgcc-s1, libgloo0 and libssl3 (libcrypto,
+# the TCP store's HMAC); CUDA is linked statically.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
 # A shlibs file (and the ldconfig trigger) so that other packages' shlibdeps resolve it.
 # (Only the runtime package holds a library with a SONAME; dev's .so is a symlink.)

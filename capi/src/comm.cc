@@ -144,7 +144,7 @@ HPS_API hps_status_t hps_comm_transport(hps_comm_t* comm, const char** out_name)
 HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms) {
   HPS_CHECK_ARG(comm);
   return guard(__func__, [&]() -> hps::Status {
-    if (timeout_ms <= 0) return hps::invalid_argument("timeout_ms must be positive");
+    HPS_RETURN_IF_ERROR(hps::check_comm_timeout(hps::Milliseconds(timeout_ms), "timeout_ms"));
     comm->impl->set_timeout(hps::Milliseconds(timeout_ms));
     return hps::Status::Ok();
   });

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/comm/descriptor.h"
+#include "core/comm/shm/shm_group.h"
 #include "core/common/config.h"
 #include "core/common/env.h"
 #if HPS_HAVE_GLOO
@@ -33,23 +34,29 @@ StatusOr<ReduceOp> reduce_op_from_int(int32_t raw) {
                           " (0=sum, 1=avg, 2=max, 3=min)");
 }
 
+Status check_comm_timeout(Milliseconds timeout, std::string_view what) {
+  if (timeout.count() > 0 && timeout <= kMaxCommTimeout) return Status::Ok();
+  return invalid_argument(std::string(what) + " = " + std::to_string(timeout.count()) +
+                          " ms is outside [1, " + std::to_string(kMaxCommTimeout.count()) +
+                          "] (one year)");
+}
+
 StatusOr<CommOptions> comm_options_from_env(CommOptions defaults) {
-  HPS_ASSIGN_OR_RETURN(int64_t timeout_ms,
-                       env_int("HPS_COMM_TIMEOUT_MS", defaults.timeout.count()));
-  if (timeout_ms <= 0) return invalid_argument("HPS_COMM_TIMEOUT_MS must be positive");
-  HPS_ASSIGN_OR_RETURN(int64_t check, env_int("HPS_COMM_CHECK", defaults.check_arguments ? 1 : 0));
-  HPS_ASSIGN_OR_RETURN(int64_t shm, env_int("HPS_COMM_SHM", defaults.shared_memory ? 1 : 0));
+  HPS_ASSIGN_OR_RETURN(
+      int64_t timeout_ms,
+      env_int_in("HPS_COMM_TIMEOUT_MS", defaults.timeout.count(), 1, kMaxCommTimeout.count()));
+  HPS_ASSIGN_OR_RETURN(bool check, env_flag("HPS_COMM_CHECK", defaults.check_arguments));
+  HPS_ASSIGN_OR_RETURN(bool shm, env_flag("HPS_COMM_SHM", defaults.shared_memory));
   HPS_ASSIGN_OR_RETURN(
       int64_t slot_bytes,
-      env_int("HPS_COMM_SHM_SLOT_BYTES", static_cast<int64_t>(defaults.shared_memory_slot_bytes)));
-  if (slot_bytes < 0) return invalid_argument("HPS_COMM_SHM_SLOT_BYTES must not be negative");
-  HPS_ASSIGN_OR_RETURN(int64_t direct,
-                       env_int("HPS_COMM_SHM_DIRECT", defaults.shared_memory_direct ? 1 : 0));
+      env_int_in("HPS_COMM_SHM_SLOT_BYTES", static_cast<int64_t>(defaults.shared_memory_slot_bytes),
+                 0, static_cast<int64_t>(shm::kMaxSlotBytes)));
+  HPS_ASSIGN_OR_RETURN(bool direct, env_flag("HPS_COMM_SHM_DIRECT", defaults.shared_memory_direct));
   defaults.timeout = Milliseconds(timeout_ms);
-  defaults.check_arguments = check != 0;
-  defaults.shared_memory = shm != 0;
+  defaults.check_arguments = check;
+  defaults.shared_memory = shm;
   defaults.shared_memory_slot_bytes = static_cast<size_t>(slot_bytes);
-  defaults.shared_memory_direct = direct != 0;
+  defaults.shared_memory_direct = direct;
   return defaults;
 }
 
@@ -102,12 +109,21 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Stor
                                                             const CommOptions& options) {
   if (!store) return invalid_argument("create_communicator: the store is null");
   if (size < 1) return invalid_argument("create_communicator: size must be at least 1");
+  if (size > kMaxGroupSize) {
+    return out_of_range("create_communicator: a group of " + std::to_string(size) +
+                        " ranks is larger than the largest hpshard creates (" +
+                        std::to_string(kMaxGroupSize) + ")");
+  }
   if (rank < 0 || rank >= size) {
     return out_of_range("create_communicator: rank " + std::to_string(rank) +
                         " is outside a group of " + std::to_string(size));
   }
-  if (options.timeout.count() <= 0) {
-    return invalid_argument("create_communicator: the timeout must be positive");
+  HPS_RETURN_IF_ERROR(check_comm_timeout(options.timeout, "create_communicator: the timeout"));
+  if (options.shared_memory_slot_bytes > shm::kMaxSlotBytes) {
+    return invalid_argument("create_communicator: shared-memory slots of " +
+                            std::to_string(options.shared_memory_slot_bytes) +
+                            " bytes are larger than the limit of " +
+                            std::to_string(shm::kMaxSlotBytes));
   }
   HPS_RETURN_IF_ERROR(check_device(device));
   if (device.type == DeviceType::kCpu) {

@@ -24,6 +24,14 @@ std::string_view reduce_op_name(ReduceOp op);
 StatusOr<ReduceOp> reduce_op_from_int(int32_t raw);
 
 inline constexpr Milliseconds kDefaultCommTimeout{300'000};
+// Timeouts beyond a year are refused (deadlines computed from them must not overflow).
+inline constexpr Milliseconds kMaxCommTimeout{365LL * 24 * 3600 * 1000};
+// The largest group a communicator is created for: each rank keeps per-peer state
+// (connections, counters), and a larger request is a mistake (OUT_OF_RANGE), not a job.
+inline constexpr int32_t kMaxGroupSize = 1 << 16;
+
+// INVALID_ARGUMENT naming `what` unless 0 < timeout <= kMaxCommTimeout.
+Status check_comm_timeout(Milliseconds timeout, std::string_view what);
 
 struct CommOptions {
   // Every operation ends by this deadline: TIMEOUT on the ranks still waiting.
@@ -40,7 +48,7 @@ struct CommOptions {
   // Default from HPS_COMM_SHM (1 = on).
   bool shared_memory = true;
   // Bytes of each of a rank's two staging slots in that segment; 0 = the default
-  // (2 MiB), or HPS_COMM_SHM_SLOT_BYTES.
+  // (2 MiB), or HPS_COMM_SHM_SLOT_BYTES; at most 1 GiB (shm::kMaxSlotBytes).
   size_t shared_memory_slot_bytes = 0;
   // Over shared memory, all-gather and broadcast read the peers' buffers in place (one
   // copy instead of two) where every rank can read every other's memory: threads of one
@@ -50,8 +58,9 @@ struct CommOptions {
   bool shared_memory_direct = false;
 };
 
-// Reads HPS_COMM_TIMEOUT_MS, HPS_COMM_CHECK, HPS_COMM_SHM, HPS_COMM_SHM_SLOT_BYTES and
-// HPS_COMM_SHM_DIRECT over the defaults.
+// Reads HPS_COMM_TIMEOUT_MS (1 ms to a year), HPS_COMM_CHECK, HPS_COMM_SHM and
+// HPS_COMM_SHM_DIRECT (each 0 or 1) and HPS_COMM_SHM_SLOT_BYTES (0 to 1 GiB) over the
+// defaults; a value outside its range is INVALID_ARGUMENT naming the variable.
 StatusOr<CommOptions> comm_options_from_env(CommOptions defaults = {});
 
 class Communicator {
@@ -105,7 +114,8 @@ class Communicator {
 
 // Creates this rank's member of a group of `size` ranks meeting through `store`.
 // Collective: every rank calls it. CPU → Gloo; CUDA → NCCL. Blocks until all ranks
-// have connected or options.timeout has passed.
+// have connected or options.timeout has passed. A size above kMaxGroupSize is
+// OUT_OF_RANGE; options out of range are INVALID_ARGUMENT, before anything is allocated.
 StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Store> store,
                                                             int32_t rank, int32_t size,
                                                             Device device,

@@ -1,6 +1,8 @@
 // FileStore: ranks meet through a directory on a filesystem they all see (NFS, Lustre, a
 // local /tmp for one host). One file per key; a value is written to a temp file and renamed
 // over the key's file, so a reader sees the old value or the new one, never a partial one.
+// Files are 0600 and a directory that other users may write to is refused: whoever can
+// write the keys can steer the job.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -10,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <system_error>
@@ -104,6 +107,12 @@ StatusOr<std::optional<std::string>> read_file(const std::filesystem::path& path
   return std::optional<std::string>(std::move(contents));
 }
 
+std::string octal(unsigned mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", mode);
+  return text;
+}
+
 bool file_exists(const std::filesystem::path& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0;
@@ -114,12 +123,14 @@ class FileStore final : public Store {
   explicit FileStore(std::filesystem::path directory) : directory_(std::move(directory)) {}
 
   Status set(std::string_view key, std::string_view value) override {
+    HPS_RETURN_IF_ERROR(check_store_value(key, value.size()));
     HPS_ASSIGN_OR_RETURN(auto path, key_path(key));
     return write_atomically(path, value);
   }
 
   StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
     HPS_ASSIGN_OR_RETURN(auto path, key_path(key));
+    timeout = clamp_store_wait(timeout);
     const auto deadline = Clock::now() + timeout;
     Milliseconds backoff = kFirstBackoff;
     while (true) {
@@ -137,7 +148,7 @@ class FileStore final : public Store {
     // its read-modify-write. Each call opens its own descriptor, so threads exclude each
     // other as processes do.
     const auto lock_path = directory_ / ".lock";
-    const int raw = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int raw = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (raw < 0) {
       return backend_error("file store add: cannot open '" + lock_path.string() +
                            "': " + errno_message(errno));
@@ -151,21 +162,8 @@ class FileStore final : public Store {
     }
     // Closing the descriptor (when `lock` goes out of scope) releases the flock.
     HPS_ASSIGN_OR_RETURN(auto contents, read_file(path));
-    int64_t current = 0;
-    if (contents && !contents->empty()) {
-      try {
-        size_t used = 0;
-        current = std::stoll(*contents, &used);
-        if (used != contents->size()) throw std::invalid_argument("trailing characters");
-      } catch (const std::exception&) {
-        return invalid_argument("store add: key '" + std::string(key) +
-                                "' holds a value that is not an integer");
-      }
-    }
-    int64_t result = 0;
-    if (__builtin_add_overflow(current, delta, &result)) {
-      return out_of_range("store add: key '" + std::string(key) + "' would overflow");
-    }
+    HPS_ASSIGN_OR_RETURN(int64_t result,
+                         store_add_result(key, contents ? &*contents : nullptr, delta));
     HPS_RETURN_IF_ERROR(write_atomically(path, std::to_string(result)));
     return result;
   }
@@ -176,6 +174,7 @@ class FileStore final : public Store {
       HPS_ASSIGN_OR_RETURN(auto path, key_path(key));
       paths.push_back(std::move(path));
     }
+    timeout = clamp_store_wait(timeout);
     const auto deadline = Clock::now() + timeout;
     Milliseconds backoff = kFirstBackoff;
     while (true) {
@@ -187,15 +186,17 @@ class FileStore final : public Store {
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
+    std::vector<std::filesystem::path> paths;
     for (const auto& key : keys) {
-      HPS_ASSIGN_OR_RETURN(auto path, key_path(key));
-      if (!file_exists(path)) return false;
+      HPS_ASSIGN_OR_RETURN(auto path, key_path(key));  // every key is checked, set or not
+      paths.push_back(std::move(path));
     }
-    return true;
+    return std::all_of(paths.begin(), paths.end(), file_exists);
   }
 
  private:
   StatusOr<std::filesystem::path> key_path(std::string_view key) const {
+    HPS_RETURN_IF_ERROR(check_store_key(key));
     std::string name = encode_key(key);
     if (name.size() > kMaxFileName) {
       return invalid_argument("file store: key of " + std::to_string(key.size()) +
@@ -221,7 +222,7 @@ class FileStore final : public Store {
     ::gethostname(host, sizeof host - 1);
     const auto temp = directory_ / (".tmp." + std::string(host) + "." + std::to_string(::getpid()) +
                                     "." + std::to_string(counter.fetch_add(1)));
-    const int raw = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const int raw = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (raw < 0) {
       return backend_error("file store: cannot create '" + temp.string() +
                            "': " + errno_message(errno));
@@ -249,6 +250,7 @@ class FileStore final : public Store {
 StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory) {
   if (directory.empty()) return invalid_argument("file store: the directory is empty");
   std::error_code error;
+  const bool existed = std::filesystem::exists(directory, error);
   std::filesystem::create_directories(directory, error);
   if (error) {
     return backend_error("file store: cannot create directory '" + directory +
@@ -256,6 +258,23 @@ StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory) {
   }
   if (!std::filesystem::is_directory(directory, error)) {
     return invalid_argument("file store: '" + directory + "' is not a directory");
+  }
+  // A directory made here is this user's alone (parents keep the umask's mode).
+  if (!existed && ::chmod(directory.c_str(), 0700) != 0) {
+    return backend_error("file store: cannot make '" + directory +
+                         "' private: " + errno_message(errno));
+  }
+  struct stat info {};
+  if (::stat(directory.c_str(), &info) != 0) {
+    return backend_error("file store: cannot stat '" + directory + "': " + errno_message(errno));
+  }
+  // Anyone who can create or replace files here can forge keys: refuse such a directory.
+  if ((info.st_mode & S_IWOTH) != 0) {
+    return failed_precondition(
+        "file store: '" + directory + "' is writable by every user (mode " +
+        octal(info.st_mode & 07777) + ", owner uid " + std::to_string(info.st_uid) +
+        "): another user could read and replace the job's keys; use a directory only you can "
+        "write to");
   }
   return std::shared_ptr<Store>(std::make_shared<FileStore>(std::move(directory)));
 }

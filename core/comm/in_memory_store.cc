@@ -10,6 +10,7 @@ namespace {
 class InMemoryStore final : public Store {
  public:
   Status set(std::string_view key, std::string_view value) override {
+    HPS_RETURN_IF_ERROR(check_store_value(key, value.size()));
     {
       std::lock_guard lock(mutex_);
       values_[std::string(key)] = std::string(value);
@@ -19,6 +20,8 @@ class InMemoryStore final : public Store {
   }
 
   StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
+    HPS_RETURN_IF_ERROR(check_store_key(key));
+    timeout = clamp_store_wait(timeout);
     const std::vector<std::string> keys{std::string(key)};
     std::unique_lock lock(mutex_);
     if (!changed_.wait_for(lock, timeout, [&] { return all_set(keys); })) {
@@ -28,27 +31,22 @@ class InMemoryStore final : public Store {
   }
 
   StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
+    HPS_RETURN_IF_ERROR(check_store_key(key));
     int64_t result = 0;
     {
       std::lock_guard lock(mutex_);
-      std::string& slot = values_[std::string(key)];
-      int64_t current = 0;
-      if (!slot.empty()) {
-        try {
-          current = std::stoll(slot);
-        } catch (const std::exception&) {
-          return invalid_argument("store add: key '" + std::string(key) +
-                                  "' holds a value that is not an integer");
-        }
-      }
-      result = current + delta;
-      slot = std::to_string(result);
+      auto it = values_.find(std::string(key));
+      HPS_ASSIGN_OR_RETURN(
+          result, store_add_result(key, it == values_.end() ? nullptr : &it->second, delta));
+      values_[std::string(key)] = std::to_string(result);
     }
     changed_.notify_all();
     return result;
   }
 
   Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
+    for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
+    timeout = clamp_store_wait(timeout);
     std::unique_lock lock(mutex_);
     if (!changed_.wait_for(lock, timeout, [&] { return all_set(keys); })) {
       return store_timeout("store wait", keys, timeout);
@@ -57,6 +55,7 @@ class InMemoryStore final : public Store {
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
+    for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
     std::lock_guard lock(mutex_);
     return all_set(keys);
   }
@@ -114,18 +113,6 @@ std::shared_ptr<Store> make_in_memory_store() { return std::make_shared<InMemory
 
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, std::string prefix) {
   return std::make_shared<PrefixStore>(std::move(base), std::move(prefix));
-}
-
-Status store_timeout(std::string_view operation, const std::vector<std::string>& keys,
-                     Milliseconds timeout) {
-  std::string m = std::string(operation) + " timed out after " + std::to_string(timeout.count()) +
-                  " ms waiting for key";
-  m += keys.size() == 1 ? " " : "s ";
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i) m += ", ";
-    m += "'" + keys[i] + "'";
-  }
-  return timeout_error(std::move(m));
 }
 
 }  // namespace hps

@@ -1,13 +1,20 @@
 #include "core/comm/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cctype>
 #include <charconv>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 
+#include "core/comm/auth.h"
+#include "core/comm/socket.h"
 #include "core/common/env.h"
 
 namespace hps {
@@ -203,25 +210,118 @@ StatusOr<RendezvousInfo> rendezvous_from_env() {
       "or run under torchrun, Open MPI or Slurm");
 }
 
+StatusOr<StoreOptions> store_options_from_env(const std::string& url, int32_t rank) {
+  StoreOptions options;
+  if (auto token = env_string("HPS_STORE_TOKEN")) {
+    HPS_RETURN_IF_ERROR(auth::check_token(*token, "environment variable HPS_STORE_TOKEN"));
+    options.token = *token;
+  }
+  HPS_ASSIGN_OR_RETURN(options.job, job_identity_from_env());
+  auto info = rendezvous_from_env();
+  if (!info.ok() || info->store_url != url) return options;
+  options.world_size = info->world_size;
+  if (rank != 0 || info->rank != 0) return options;
+  if (auto fd_text = env_string("HPS_STORE_FD")) {
+    // Taken once: a second open in this process must not serve on a socket already handed
+    // to a server (and closed with it).
+    static std::mutex mutex;
+    static bool taken = false;
+    std::lock_guard lock(mutex);
+    if (taken) return options;
+    HPS_ASSIGN_OR_RETURN(int64_t fd, env_int("HPS_STORE_FD", -1));
+    if (fd < 0 || fd > std::numeric_limits<int>::max()) {
+      return invalid_argument("environment variable HPS_STORE_FD=" + *fd_text +
+                              " is not a file descriptor");
+    }
+    HPS_ASSIGN_OR_RETURN(auto listener, net::adopt_listener(static_cast<int>(fd),
+                                                            "environment variable HPS_STORE_FD"));
+    options.listen_fd = listener.fd;
+    taken = true;
+  }
+  return options;
+}
+
+StatusOr<std::string> store_bind_address(const std::string& host) {
+  if (is_numeric_address(host)) return host;
+  std::string lower = host;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  auto ends_with = [&](std::string_view suffix) {
+    return lower.size() >= suffix.size() &&
+           lower.compare(lower.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (lower == "localhost" || ends_with(".localhost")) return std::string("127.0.0.1");
+  char own[256] = {};
+  ::gethostname(own, sizeof own - 1);
+  std::string own_lower = own;
+  std::transform(own_lower.begin(), own_lower.end(), own_lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string short_name = own_lower.substr(0, own_lower.find('.'));
+  if (!own_lower.empty() &&
+      (lower == own_lower || lower == short_name || lower.rfind(short_name + ".", 0) == 0)) {
+    return std::string("0.0.0.0");
+  }
+  HPS_ASSIGN_OR_RETURN(auto list, net::resolve(host, 0, false));
+  for (addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* address = nullptr;
+    if (a->ai_family == AF_INET) {
+      address = &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr;
+    } else if (a->ai_family == AF_INET6) {
+      address = &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr;
+    }
+    if (address && ::inet_ntop(a->ai_family, address, text, sizeof text)) return std::string(text);
+  }
+  return unavailable("cannot resolve '" + host + "' to an address to listen on");
+}
+
 StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank,
                                             Milliseconds timeout) {
+  HPS_ASSIGN_OR_RETURN(StoreOptions options, store_options_from_env(url, rank));
+  return open_store(url, rank, timeout, options);
+}
+
+StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank,
+                                            Milliseconds timeout, const StoreOptions& options) {
+  // A socket handed down is this call's to close, whatever happens below.
+  struct Closer {
+    int fd;
+    ~Closer() { net::close_fd(fd); }
+  } handed{options.listen_fd};
   HPS_ASSIGN_OR_RETURN(StoreUrl parsed, parse_store_url(url));
   if (rank < 0) return invalid_argument("open_store: rank " + std::to_string(rank) + " < 0");
-  if (parsed.scheme == "file") return make_file_store(parsed.path);
+  if (options.world_size < 0 || (options.world_size > 0 && rank >= options.world_size)) {
+    return invalid_argument("open_store: rank " + std::to_string(rank) + " is outside a world of " +
+                            std::to_string(options.world_size));
+  }
   if (parsed.scheme == "memory") {
     std::lock_guard lock(memory_stores_mutex());
     auto& store = memory_stores()[parsed.path];
     if (!store) store = make_in_memory_store();
     return store;
   }
-  // tcp: a hostname may resolve to an address this host does not listen on in the way the
-  // others reach it (Debian maps its own name to 127.0.1.1), so only a literal address is
-  // bound as given; otherwise rank 0 listens on every interface, as torchrun's store does.
-  if (rank == 0) {
-    const std::string bind_host = is_numeric_address(parsed.path) ? parsed.path : "0.0.0.0";
-    return make_tcp_store(bind_host, parsed.port, true, timeout);
+  std::shared_ptr<Store> store;
+  if (parsed.scheme == "file") {
+    HPS_ASSIGN_OR_RETURN(store, make_file_store(parsed.path));
+  } else {
+    TcpStoreOptions tcp;
+    tcp.token = options.token;
+    if (rank == 0) {
+      HPS_ASSIGN_OR_RETURN(std::string bind_host, store_bind_address(parsed.path));
+      tcp.listen_fd = handed.fd;
+      handed.fd = -1;  // the server takes it over
+      HPS_ASSIGN_OR_RETURN(store,
+                           make_tcp_store(bind_host, parsed.port, true, timeout, nullptr, tcp));
+    } else {
+      HPS_ASSIGN_OR_RETURN(store,
+                           make_tcp_store(parsed.path, parsed.port, false, timeout, nullptr, tcp));
+    }
   }
-  return make_tcp_store(parsed.path, parsed.port, false, timeout);
+  JobOptions job;
+  job.identity = options.job;
+  job.world_size = options.world_size;
+  job.where = url;
+  return join_job(std::move(store), rank, job, timeout);
 }
 
 }  // namespace hps

@@ -1,6 +1,7 @@
 #include "core/comm/socket.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -147,16 +148,40 @@ StatusOr<Listener> listen_on(const std::string& host, uint16_t port, int backlog
   if (listen_fd < 0) {
     return unavailable("cannot listen on " + endpoint(host, port) + ": " + last_error);
   }
+  const uint16_t bound = local_port(listen_fd);
+  return Listener{listen_fd, bound ? bound : port};
+}
+
+uint16_t local_port(int fd) {
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
-  ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  uint16_t bound_port = port;
-  if (bound.ss_family == AF_INET) {
-    bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  } else if (bound.ss_family == AF_INET6) {
-    bound_port = ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) return 0;
+  if (bound.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  if (bound.ss_family == AF_INET6) {
+    return ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
   }
-  return Listener{listen_fd, bound_port};
+  return 0;
+}
+
+StatusOr<Listener> adopt_listener(int fd, std::string_view what) {
+  auto refuse = [&](const std::string& why) {
+    return invalid_argument(std::string(what) + "=" + std::to_string(fd) + ": " + why);
+  };
+  if (fd < 0) return refuse("not a file descriptor");
+  int type = 0, listening = 0;
+  socklen_t len = sizeof type;
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0) {
+    return refuse("not an open socket (" + errno_message(errno) + ")");
+  }
+  len = sizeof listening;
+  if (type != SOCK_STREAM || ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+      listening == 0) {
+    return refuse("not a listening TCP socket");
+  }
+  const uint16_t port = local_port(fd);
+  if (port == 0) return refuse("not bound to an IP port");
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return Listener{fd, port};
 }
 
 }  // namespace hps::net

@@ -45,4 +45,11 @@ struct Listener {
 // A listening socket on host:port (port 0: any free port).
 StatusOr<Listener> listen_on(const std::string& host, uint16_t port, int backlog);
 
+// Takes over `fd`, a listening TCP socket another process (a launcher) bound and handed
+// down: checked to be one (INVALID_ARGUMENT naming `what` otherwise) and made close-on-exec.
+StatusOr<Listener> adopt_listener(int fd, std::string_view what);
+
+// The local port `fd` is bound to; 0 when it is not a bound IP socket.
+uint16_t local_port(int fd);
+
 }  // namespace hps::net

@@ -1,6 +1,8 @@
 // Key-value stores through which ranks meet: in-memory (ranks as threads of one
 // process), file (a shared filesystem), TCP (one rank serves, the others connect).
 // Every blocking call has a timeout and ends with TIMEOUT naming the keys it waited for.
+// Every store follows the same rules: keys of at most kMaxStoreKeyBytes, values of at most
+// kMaxStoreValueBytes, timeouts clamped to kMaxStoreWait, and one `add` (below).
 #pragma once
 
 #include <chrono>
@@ -16,6 +18,13 @@ namespace hps {
 
 using Milliseconds = std::chrono::milliseconds;
 
+// Limits every store enforces alike (INVALID_ARGUMENT naming the key beyond them). They also
+// bound what a TCP store's server reads from one client message.
+inline constexpr size_t kMaxStoreKeyBytes = 4096;
+inline constexpr size_t kMaxStoreValueBytes = size_t{16} << 20;
+// A wait longer than this is this long (a year): deadlines never overflow.
+inline constexpr Milliseconds kMaxStoreWait{365LL * 24 * 3600 * 1000};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -23,7 +32,9 @@ class Store {
   virtual Status set(std::string_view key, std::string_view value) = 0;
   // The value of `key`, waiting up to `timeout` for it to be set.
   virtual StatusOr<std::string> get(std::string_view key, Milliseconds timeout) = 0;
-  // Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
+  // Adds `delta` to the integer at `key` (0 when unset or empty) and returns the new value.
+  // A value that is not a plain base-10 integer ("5x", " 5", "+5") is INVALID_ARGUMENT and
+  // a sum beyond int64 is OUT_OF_RANGE; the value is then left as it was.
   virtual StatusOr<int64_t> add(std::string_view key, int64_t delta) = 0;
   // Waits up to `timeout` until every key is set.
   virtual Status wait(const std::vector<std::string>& keys, Milliseconds timeout) = 0;
@@ -41,6 +52,14 @@ std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, std::strin
 Status store_timeout(std::string_view operation, const std::vector<std::string>& keys,
                      Milliseconds timeout);
 
+// The rules every store shares. check_store_key/value: INVALID_ARGUMENT beyond the limits.
+Status check_store_key(std::string_view key);
+Status check_store_value(std::string_view key, size_t value_bytes);
+// `timeout` within [0, kMaxStoreWait].
+Milliseconds clamp_store_wait(Milliseconds timeout);
+// The value `add` stores: `current` (null or empty: 0) plus `delta`, or the error above.
+StatusOr<int64_t> store_add_result(std::string_view key, const std::string* current, int64_t delta);
+
 }  // namespace hps
 
 namespace hps {
@@ -50,23 +69,51 @@ namespace hps {
 // the directory, so it is atomic across processes. Reads poll with a short backoff.
 StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory);
 
-// Serves a TCP store on host:port until destroyed. Port 0 picks a free port (see port());
-// host "0.0.0.0" (or "::") listens on every interface.
+// How a TCP store serves and is reached.
+struct TcpStoreOptions {
+  // The job's shared secret (HPS_STORE_TOKEN). A server with a token serves only clients
+  // that prove they know it (an HMAC challenge) and closes every other connection; a client
+  // with a token talks only to a server that proves the same. Empty: no authentication.
+  std::string token;
+  // Connections served at once; a connection beyond them is told so and closed.
+  size_t max_connections = 4096;
+  // A connection that has not completed its handshake within this is closed.
+  Milliseconds handshake_timeout{10'000};
+  // A connection with nothing to do (no request waiting) for this long is closed; clients
+  // reconnect transparently.
+  Milliseconds idle_timeout{600'000};
+  // Serve on this listening socket (taken over, closed with the server) instead of binding
+  // host:port: a launcher binds it once and hands it down, so no other process can take
+  // the port in between. -1: bind.
+  int listen_fd = -1;
+};
+
+// Serves a TCP store on host:port until destroyed, from one thread (an event loop): a
+// blocked GET/WAIT holds no thread, and a client that leaves frees its connection at once.
+// Port 0 picks a free port (see port()); host "0.0.0.0" (or "::") listens on every
+// interface. Frames are limited to a value of kMaxStoreValueBytes plus its key; a larger
+// one closes the connection.
 class TcpStoreServer {
  public:
-  static StatusOr<std::unique_ptr<TcpStoreServer>> start(const std::string& host, uint16_t port);
+  static StatusOr<std::unique_ptr<TcpStoreServer>> start(const std::string& host, uint16_t port,
+                                                         const TcpStoreOptions& options = {});
   virtual ~TcpStoreServer() = default;
   // The port the server listens on (the chosen one when 0 was asked for).
   virtual uint16_t port() const = 0;
+  // Connections open right now (accepted and not yet closed).
+  virtual size_t connection_count() const = 0;
 };
 
 // A client of the TCP store at host:port; when `serve`, the returned store also owns the
-// server (it listens on host:port and stops when the store is destroyed). Connecting retries
-// until `connect_timeout` (the serving rank may start later than its clients). When not null,
-// `bound_port` receives the port served or connected to (the chosen one when port was 0).
-// A client whose server has gone gets ABORTED naming the server, never a hang.
+// server (it listens on host:port, or on options.listen_fd, and stops when the store is
+// destroyed). Connecting retries until `connect_timeout` (the serving rank may start later
+// than its clients); a refused token is not retried. When not null, `bound_port` receives
+// the port served or connected to (the chosen one when port was 0). A client whose server
+// has gone gets ABORTED naming the server, never a hang; a handshake that fails the token
+// check is FAILED_PRECONDITION.
 StatusOr<std::shared_ptr<Store>> make_tcp_store(std::string host, uint16_t port, bool serve,
                                                 Milliseconds connect_timeout,
-                                                uint16_t* bound_port = nullptr);
+                                                uint16_t* bound_port = nullptr,
+                                                const TcpStoreOptions& options = {});
 
 }  // namespace hps

@@ -1,395 +1,609 @@
 // TcpStore: one rank serves the key-value map, every rank (the serving one too) is a client.
-//
-// Wire format: every message is a frame, a big-endian u32 length then that many bytes.
-//   request:  u8 op, then per op   SET key value | GET key timeout_ms | ADD key delta
-//                                  CHECK n key... | WAIT n key... timeout_ms
-//   response: u8 status code; on OK the op's result (GET value, ADD i64, CHECK u8),
-//             otherwise a message.
-// Strings are a u32 length then bytes (any bytes, '\0' included); integers are big-endian.
-// The server runs one thread per connection, so a blocked GET/WAIT holds only its own
-// connection; the client keeps a pool of connections, one per concurrent call.
+// The wire protocol is in tcp_store_protocol.h. The server is one event-loop thread over
+// epoll: requests are applied in arrival order, a GET/WAIT whose keys are missing is parked
+// until they are set or its deadline passes, and every connection has a deadline (handshake,
+// idle, a reply the client does not read), so no client can hold a thread or memory it was
+// not given. The client keeps a pool of connections, one per concurrent call.
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
-#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <system_error>
+#include <set>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/comm/socket.h"
 #include "core/comm/store.h"
+#include "core/comm/tcp_store_protocol.h"
 #include "core/common/logging.h"
 
 namespace hps {
 namespace {
 
-using namespace net;  // NOLINT: the socket helpers
+using namespace net;        // NOLINT: the socket helpers
+using namespace tcp_store;  // NOLINT: the protocol
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5 };
-
-// A frame larger than this is a corrupt stream or a peer that is not a store.
-constexpr uint32_t kMaxFrame = 1u << 30;
 // How long a call that does not wait may take before the server is deemed hung, and the
 // extra time a GET/WAIT gives the server beyond its own timeout to answer.
 constexpr Milliseconds kCallTimeout{60'000};
 constexpr Milliseconds kReplySlack{10'000};
 // How long the server tries to hand an answer to a client that does not read it.
 constexpr Milliseconds kServerSendTimeout{5'000};
-// Waits longer than this are treated as this long (keeps deadlines from overflowing).
-constexpr Milliseconds kMaxWait{24LL * 3600 * 1000 * 365};
-
-Milliseconds clamp_wait(Milliseconds t) { return std::clamp(t, Milliseconds(0), kMaxWait); }
-
-// ---- encoding ----------------------------------------------------------------------
-
-class Writer {
- public:
-  void u8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void u32(uint32_t v) {
-    for (int shift = 24; shift >= 0; shift -= 8) u8(static_cast<uint8_t>(v >> shift));
-  }
-  void i64(int64_t v) {
-    const auto u = static_cast<uint64_t>(v);
-    for (int shift = 56; shift >= 0; shift -= 8) u8(static_cast<uint8_t>(u >> shift));
-  }
-  void str(std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string take() { return std::move(out_); }
-
- private:
-  std::string out_;
-};
-
-// gcc 12 at -O3 takes a response's bytes for uninitialized where Reader reads them (they
-// are filled by net::recv_all, in another translation unit): a false positive.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
-  bool u8(uint8_t* v) {
-    if (pos_ + 1 > in_.size()) return false;
-    *v = static_cast<uint8_t>(in_[pos_++]);
-    return true;
-  }
-  bool u32(uint32_t* v) {
-    uint32_t r = 0;
-    for (int i = 0; i < 4; ++i) {
-      uint8_t b = 0;
-      if (!u8(&b)) return false;
-      r = (r << 8) | b;
-    }
-    *v = r;
-    return true;
-  }
-  bool i64(int64_t* v) {
-    uint64_t r = 0;
-    for (int i = 0; i < 8; ++i) {
-      uint8_t b = 0;
-      if (!u8(&b)) return false;
-      r = (r << 8) | b;
-    }
-    *v = static_cast<int64_t>(r);
-    return true;
-  }
-  bool str(std::string* s) {
-    uint32_t n = 0;
-    if (!u32(&n) || n > in_.size() - pos_) return false;
-    s->assign(in_.substr(pos_, n));
-    pos_ += n;
-    return true;
-  }
-  bool keys(std::vector<std::string>* keys) {
-    uint32_t n = 0;
-    // Each key takes at least its 4-byte length: bounds n before reserving.
-    if (!u32(&n) || n > (in_.size() - pos_) / 4) return false;
-    keys->resize(n);
-    for (auto& k : *keys) {
-      if (!str(&k)) return false;
-    }
-    return true;
-  }
-  bool done() const { return pos_ == in_.size(); }
-
- private:
-  std::string_view in_;
-  size_t pos_ = 0;
-};
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
-Status send_frame(int fd, std::string_view payload, Clock::time_point deadline) {
-  Writer header;
-  header.u32(static_cast<uint32_t>(payload.size()));
-  const std::string h = header.take();
-  HPS_RETURN_IF_ERROR(send_all(fd, h, deadline));
-  return send_all(fd, payload, deadline);
-}
-
-Status recv_frame(int fd, std::string* payload, Clock::time_point deadline) {
-  char header[4];
-  HPS_RETURN_IF_ERROR(recv_all(fd, header, sizeof header, deadline));
-  uint32_t size = 0;
-  Reader(std::string_view(header, sizeof header)).u32(&size);
-  if (size > kMaxFrame) {
-    return aborted("frame of " + std::to_string(size) + " bytes exceeds the limit");
-  }
-  payload->resize(size);
-  return recv_all(fd, payload->data(), size, deadline);
-}
+// A pooled connection unused for this long is replaced rather than reused: the server
+// closes idle ones (TcpStoreOptions::idle_timeout, ten minutes by default).
+constexpr Milliseconds kClientReuseLimit{60'000};
+// Bytes read from a socket at a time.
+constexpr size_t kReadChunk = 64 * 1024;
 
 // ---- server ------------------------------------------------------------------------
 
 class TcpStoreServerImpl final : public TcpStoreServer {
  public:
-  TcpStoreServerImpl(int listen_fd, int wake_read, int wake_write, uint16_t port)
-      : listen_fd_(listen_fd), wake_read_(wake_read), wake_write_(wake_write), port_(port) {
-    accept_thread_ = std::thread([this] { accept_loop(); });
+  TcpStoreServerImpl(int listen_fd, uint16_t port, TcpStoreOptions options, int epoll_fd,
+                     int wake_fd)
+      : listen_fd_(listen_fd),
+        port_(port),
+        options_(std::move(options)),
+        epoll_fd_(epoll_fd),
+        wake_fd_(wake_fd) {
+    thread_ = std::thread([this] { loop(); });
   }
 
   ~TcpStoreServerImpl() override {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
+    stopping_ = true;
+    const uint64_t one = 1;
+    while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
     }
-    changed_.notify_all();
-    const char byte = 0;
-    while (::write(wake_write_, &byte, 1) < 0 && errno == EINTR) {
-    }
-    accept_thread_.join();
-    // The accept thread is gone: this thread alone owns the connection list now.
-    // Shutting down the read side wakes handlers blocked in recv, while a handler that has
-    // just applied a request still sends its answer (a rank's last SET must not be reported
-    // lost because rank 0 left right after seeing it); `stopping_` wakes those in GET/WAIT.
-    for (auto& c : connections_) ::shutdown(c->fd, SHUT_RD);
-    for (auto& c : connections_) {
-      c->thread.join();
-      close_fd(c->fd);
-    }
+    thread_.join();
     close_fd(listen_fd_);
-    close_fd(wake_read_);
-    close_fd(wake_write_);
+    close_fd(epoll_fd_);
+    close_fd(wake_fd_);
   }
 
   uint16_t port() const override { return port_; }
+  size_t connection_count() const override { return open_.load(); }
 
  private:
-  struct Connection {
-    int fd = -1;
-    std::thread thread;
-    std::atomic<bool> done{false};
+  struct Parked {
+    Request request;
+    Clock::time_point deadline;
+    std::string waiting_for;  // the first missing key, under which it is indexed
   };
 
-  void accept_loop() {
-    while (true) {
-      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
-      const int n = ::poll(fds, 2, 1000);
+  struct Connection {
+    int fd = -1;
+    uint64_t id = 0;
+    bool authenticated = false;
+    bool closing = false;  // close once the output is sent (a refused handshake)
+    Nonce nonce{};
+    FrameDecoder decoder{kMaxHandshakeFrame};
+    std::string input;  // read, not yet decoded (while a reply is pending or a request parked)
+    std::string output;
+    size_t sent = 0;
+    Clock::time_point send_deadline{};
+    Clock::time_point handshake_deadline{};
+    Clock::time_point idle_deadline{};
+    std::optional<Parked> parked;
+    bool peer_closed = false;                // the client shut down its side
+    std::optional<Clock::time_point> timer;  // its entry in timers_
+    uint32_t events = 0;                     // registered with epoll
+    bool registered = false;
+  };
+
+  // Tokens in epoll's data: the listener and the wake-up descriptor are not connections.
+  static constexpr uint64_t kListenerToken = 0;
+  static constexpr uint64_t kWakeToken = 1;
+
+  void loop() {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeToken;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    listen_paused_ = false;
+    watch_listener(true);
+    epoll_event events[64];
+    while (!stopping_) {
+      const int n = ::epoll_wait(epoll_fd_, events, 64, wait_ms());
       if (n < 0 && errno != EINTR) {
-        HPS_LOG(kError) << "tcp store server: poll failed: " << errno_message(errno);
-        return;
+        HPS_LOG(kError) << "tcp store server: epoll_wait failed: " << errno_message(errno);
+        break;
       }
-      if (fds[1].revents != 0) return;
-      reap_finished();
-      if (n <= 0 || fds[0].revents == 0) continue;
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      // Nothing may escape into this thread (it would end the process): a failure to
+      // allocate for one event costs that event, and the loop goes on.
+      try {
+        for (int i = 0; i < n && !stopping_; ++i) {
+          const uint64_t token = events[i].data.u64;
+          if (token == kWakeToken) continue;
+          if (token == kListenerToken) {
+            accept_all();
+            continue;
+          }
+          auto it = connections_.find(token);
+          if (it != connections_.end()) on_event(*it->second, events[i].events);
+        }
+        expire(Clock::now());
+      } catch (const std::exception& e) {
+        HPS_LOG(kError) << "tcp store server: " << e.what();
+      }
+    }
+    // Last replies (a rank's final SET must not be reported lost because rank 0 left right
+    // after seeing it) go out if the socket takes them now; everything else is closed.
+    for (auto& [id, c] : connections_) {
+      if (c->sent < c->output.size()) {
+        (void)::send(c->fd, c->output.data() + c->sent, c->output.size() - c->sent,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      ::shutdown(c->fd, SHUT_RDWR);
+      close_fd(c->fd);
+    }
+    connections_.clear();
+    open_ = 0;
+  }
+
+  int wait_ms() const {
+    std::optional<Clock::time_point> next;
+    if (!timers_.empty()) next = timers_.begin()->first;
+    if (listen_paused_ && (!next || listen_resume_ < *next)) next = listen_resume_;
+    if (!next) return -1;
+    const auto left = std::chrono::duration_cast<Milliseconds>(*next - Clock::now()).count() + 1;
+    return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+  }
+
+  void watch_listener(bool on) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenerToken;
+    ::epoll_ctl(epoll_fd_, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd_, on ? &ev : nullptr);
+  }
+
+  void accept_all() {
+    while (true) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
-        // Out of descriptors: back off instead of spinning on a listener that stays ready.
-        if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(Milliseconds(50));
-        continue;  // otherwise the client gave up already, or a transient error
+        if (errno == EMFILE || errno == ENFILE) {
+          // Out of descriptors: stop listening for a moment instead of spinning on a
+          // listener that stays ready.
+          HPS_LOG(kWarn) << "tcp store server: out of file descriptors with " << connections_.size()
+                         << " connections open";
+          watch_listener(false);
+          listen_paused_ = true;
+          listen_resume_ = Clock::now() + Milliseconds(100);
+        }
+        return;  // EAGAIN: none left; otherwise the client gave up already
       }
       set_no_delay(fd);
+      if (connections_.size() >= options_.max_connections) {
+        Hello full;
+        full.status = unavailable("the store serves its limit of " +
+                                  std::to_string(options_.max_connections) + " connections");
+        const std::string bytes = frame(encode_hello(full));
+        (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        close_fd(fd);
+        continue;
+      }
       auto c = std::make_unique<Connection>();
       c->fd = fd;
-      Connection* raw = c.get();
-      c->thread = std::thread([this, raw] {
-        serve(raw->fd);
-        raw->done = true;
-      });
-      connections_.push_back(std::move(c));
+      c->id = next_id_++;
+      const auto now = Clock::now();
+      c->handshake_deadline = now + options_.handshake_timeout;
+      Hello hello;
+      hello.token_required = !options_.token.empty();
+      if (!auth::random_bytes(c->nonce.data(), c->nonce.size()).ok()) {
+        close_fd(fd);
+        continue;
+      }
+      hello.nonce = c->nonce;
+      Connection& conn = *c;
+      connections_.emplace(c->id, std::move(c));
+      ++open_;
+      reply(conn, encode_hello(hello), now);
+      if (!flush(conn)) {
+        close(conn);
+        continue;
+      }
+      update(conn);
     }
   }
 
-  void reap_finished() {
-    for (auto it = connections_.begin(); it != connections_.end();) {
-      if ((*it)->done) {
-        (*it)->thread.join();
-        close_fd((*it)->fd);
-        it = connections_.erase(it);
-      } else {
-        ++it;
+  void on_event(Connection& c, uint32_t events) {
+    try {
+      if (events & (EPOLLERR | EPOLLHUP)) return close(c);
+      if (events & EPOLLRDHUP) {
+        // The client will send nothing more. One that leaves while its request is parked has
+        // abandoned it; otherwise what it sent before leaving is still answered.
+        if (c.parked) return close(c);
+        c.peer_closed = true;
+        while (true) {
+          const int got = read(c);
+          if (got < 0) return close(c);
+          if (got == 0) break;
+        }
+      } else if ((events & EPOLLIN) && read(c) < 0) {
+        return close(c);
+      }
+      if (!advance(c)) return close(c);
+      update(c);
+    } catch (const std::exception& e) {
+      // Out of memory for one client's request: that connection ends, the server goes on.
+      HPS_LOG(kWarn) << "tcp store server: dropping a connection: " << e.what();
+      close(c);
+    }
+  }
+
+  // Appends one chunk of what the socket holds to the connection's input: the bytes read,
+  // 0 when there are none now, -1 at the end of the stream or on an error.
+  int read(Connection& c) {
+    char buffer[kReadChunk];
+    while (true) {
+      const ssize_t n = ::recv(c.fd, buffer, sizeof buffer, 0);
+      if (n == 0) return c.peer_closed ? 0 : -1;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+      }
+      c.input.append(buffer, static_cast<size_t>(n));
+      if (c.authenticated && !c.parked) c.idle_deadline = Clock::now() + options_.idle_timeout;
+      return static_cast<int>(n);
+    }
+  }
+
+  // Sends what is pending and answers what has arrived until the connection must wait for
+  // the socket, for more bytes or for a parked request; false when it must close.
+  bool advance(Connection& c) {
+    while (true) {
+      if (!flush(c)) return false;
+      if (!c.output.empty() || c.closing || c.parked) return true;
+      const size_t before = c.input.size();
+      if (!process(c)) return false;
+      if (c.output.empty() && c.input.size() == before) return true;
+    }
+  }
+
+  // Decodes and answers requests while the connection is free to (no reply pending, nothing
+  // parked); false when it must close.
+  bool process(Connection& c) {
+    while (!c.closing && !c.parked && c.sent == c.output.size() && !c.input.empty()) {
+      std::string_view in = c.input;
+      const auto state = c.decoder.feed(&in);
+      c.input.erase(0, c.input.size() - in.size());
+      if (state == FrameDecoder::State::kTooLarge) {
+        HPS_LOG(kDebug) << "tcp store server: closing a connection that announced a frame of "
+                        << c.decoder.announced() << " bytes";
+        return false;
+      }
+      if (state == FrameDecoder::State::kMore) break;
+      const std::string payload = c.decoder.take();
+      if (!(c.authenticated ? handle(c, payload) : handshake(c, payload))) return false;
+    }
+    return true;
+  }
+
+  bool handshake(Connection& c, std::string_view payload) {
+    auto proof = parse_proof(payload);
+    if (!proof) return false;
+    Welcome welcome;
+    if (!options_.token.empty()) {
+      auto expected = handshake_mac(options_.token, true, c.nonce, proof->nonce);
+      if (!expected.ok() || !proof->mac ||
+          !auth::equal_secrets(expected->data(), proof->mac->data(), expected->size())) {
+        welcome.status = failed_precondition(
+            proof->mac ? "the store refused the token: it is not this job's HPS_STORE_TOKEN"
+                       : "this store requires the job's token (HPS_STORE_TOKEN)");
+        c.closing = true;
+        reply(c, encode_welcome(welcome), Clock::now());
+        return true;
+      }
+      auto mine = handshake_mac(options_.token, false, c.nonce, proof->nonce);
+      if (!mine.ok()) return false;
+      welcome.mac = *mine;
+    }
+    c.authenticated = true;
+    c.decoder.set_limit(kMaxFrame);
+    const auto now = Clock::now();
+    c.idle_deadline = now + options_.idle_timeout;
+    reply(c, encode_welcome(welcome), now);
+    return true;
+  }
+
+  // Applies one request; false when the payload is not a request (the stream is corrupt).
+  bool handle(Connection& c, std::string_view payload) {
+    auto request = parse_request(payload);
+    if (!request) return false;
+    const auto now = Clock::now();
+    for (const auto& key : request->keys) {
+      if (Status s = check_store_key(key); !s.ok()) {
+        reply(c, encode_error(s), now);
+        return true;
       }
     }
-  }
-
-  void serve(int fd) {
-    std::string request;
-    while (recv_frame(fd, &request, Clock::time_point::max()).ok()) {
-      std::optional<std::string> response = handle(request);
-      if (!response) break;  // stopping, or a request that makes no sense
-      // Bounded, so a client that stops reading cannot hold up the server's shutdown.
-      if (!send_frame(fd, *response, Clock::now() + kServerSendTimeout).ok()) break;
-    }
-    // The peer sees the end now; the descriptor itself is closed when the thread is reaped.
-    ::shutdown(fd, SHUT_RDWR);
-  }
-
-  static std::string error_response(const Status& status) {
-    Writer w;
-    w.u8(static_cast<uint8_t>(status.code()));
-    w.str(status.message());
-    return w.take();
-  }
-
-  bool all_set(const std::vector<std::string>& keys) const {
-    return std::all_of(keys.begin(), keys.end(),
-                       [&](const std::string& k) { return values_.count(k) != 0; });
-  }
-
-  // Waits (mutex held by `lock`) until the keys are set, the deadline passes or the server
-  // stops; true when the keys are set (then the answer goes out even while stopping).
-  bool wait_for_keys(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
-                     Milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
-    changed_.wait_until(lock, deadline, [&] { return stopping_ || all_set(keys); });
-    return all_set(keys);
-  }
-
-  // The response to one request; nothing when the connection should close.
-  std::optional<std::string> handle(std::string_view request) {
-    Reader r(request);
-    uint8_t op = 0;
-    Writer w;
-    w.u8(static_cast<uint8_t>(StatusCode::kOk));
-    if (!r.u8(&op)) return std::nullopt;
-    switch (static_cast<Op>(op)) {
+    switch (request->op) {
       case Op::kSet: {
-        std::string key, value;
-        if (!r.str(&key) || !r.str(&value) || !r.done()) return std::nullopt;
-        {
-          std::lock_guard lock(mutex_);
-          values_[std::move(key)] = std::move(value);
+        const std::string& key = request->keys[0];
+        if (Status s = check_store_value(key, request->value.size()); !s.ok()) {
+          reply(c, encode_error(s), now);
+          return true;
         }
-        changed_.notify_all();
-        return w.take();
-      }
-      case Op::kGet: {
-        std::vector<std::string> keys(1);
-        int64_t timeout_ms = 0;
-        if (!r.str(&keys[0]) || !r.i64(&timeout_ms) || !r.done()) return std::nullopt;
-        const Milliseconds timeout = clamp_wait(Milliseconds(timeout_ms));
-        std::unique_lock lock(mutex_);
-        if (!wait_for_keys(lock, keys, timeout)) {
-          if (stopping_) return std::nullopt;
-          return error_response(store_timeout("store get", keys, timeout));
-        }
-        w.str(values_.find(keys[0])->second);
-        return w.take();
+        values_[key] = std::move(request->value);
+        reply(c, encode_ok({}), now);
+        changed(key);
+        return true;
       }
       case Op::kAdd: {
-        std::string key;
-        int64_t delta = 0;
-        if (!r.str(&key) || !r.i64(&delta) || !r.done()) return std::nullopt;
-        int64_t result = 0;
-        {
-          std::lock_guard lock(mutex_);
-          std::string& slot = values_[key];
-          int64_t current = 0;
-          if (!slot.empty()) {
-            try {
-              size_t used = 0;
-              current = std::stoll(slot, &used);
-              if (used != slot.size()) throw std::invalid_argument("trailing characters");
-            } catch (const std::exception&) {
-              return error_response(invalid_argument("store add: key '" + key +
-                                                     "' holds a value that is not an integer"));
-            }
-          }
-          if (__builtin_add_overflow(current, delta, &result)) {
-            return error_response(out_of_range("store add: key '" + key + "' would overflow"));
-          }
-          slot = std::to_string(result);
+        const std::string& key = request->keys[0];
+        auto it = values_.find(key);
+        auto result =
+            store_add_result(key, it == values_.end() ? nullptr : &it->second, request->number);
+        if (!result.ok()) {
+          reply(c, encode_error(result.status()), now);
+          return true;
         }
-        changed_.notify_all();
-        w.i64(result);
-        return w.take();
+        values_[key] = std::to_string(*result);
+        Writer w;
+        w.i64(*result);
+        reply(c, encode_ok(w.take()), now);
+        changed(key);
+        return true;
       }
       case Op::kCheck: {
-        std::vector<std::string> keys;
-        if (!r.keys(&keys) || !r.done()) return std::nullopt;
-        std::lock_guard lock(mutex_);
-        w.u8(all_set(keys) ? 1 : 0);
-        return w.take();
+        const bool set = first_missing(request->keys) == nullptr;
+        reply(c, encode_ok(set ? std::string_view("\1", 1) : std::string_view("\0", 1)), now);
+        return true;
       }
+      case Op::kGet:
       case Op::kWait: {
-        std::vector<std::string> keys;
-        int64_t timeout_ms = 0;
-        if (!r.keys(&keys) || !r.i64(&timeout_ms) || !r.done()) return std::nullopt;
-        const Milliseconds timeout = clamp_wait(Milliseconds(timeout_ms));
-        std::unique_lock lock(mutex_);
-        if (!wait_for_keys(lock, keys, timeout)) {
-          if (stopping_) return std::nullopt;
-          return error_response(store_timeout("store wait", keys, timeout));
+        const Milliseconds timeout = clamp_store_wait(Milliseconds(request->number));
+        request->number = timeout.count();
+        const std::string* missing = first_missing(request->keys);
+        if (missing == nullptr) {
+          answer_wait(c, *request, now);
+        } else if (timeout.count() == 0) {
+          reply(c, encode_error(wait_timeout(*request)), now);
+        } else {
+          c.parked = Parked{std::move(*request), now + timeout, *missing};
+          waiters_[c.parked->waiting_for].insert(c.id);
         }
-        return w.take();
+        return true;
       }
     }
-    return std::nullopt;
+    return false;
+  }
+
+  const std::string* first_missing(const std::vector<std::string>& keys) const {
+    for (const auto& k : keys) {
+      if (values_.find(k) == values_.end()) return &k;
+    }
+    return nullptr;
+  }
+
+  static Status wait_timeout(const Request& r) {
+    return store_timeout(r.op == Op::kGet ? "store get" : "store wait", r.keys,
+                         Milliseconds(r.number));
+  }
+
+  void answer_wait(Connection& c, const Request& r, Clock::time_point now) {
+    if (r.op == Op::kGet) {
+      Writer w;
+      w.str(values_.find(r.keys[0])->second);
+      reply(c, encode_ok(w.take()), now);
+    } else {
+      reply(c, encode_ok({}), now);
+    }
+  }
+
+  // `key` was set: requests parked on it are answered or move on to their next missing key.
+  void changed(const std::string& key) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    const std::unordered_set<uint64_t> ids = std::move(it->second);
+    waiters_.erase(it);
+    const auto now = Clock::now();
+    for (uint64_t id : ids) {
+      auto c = connections_.find(id);
+      if (c == connections_.end() || !c->second->parked) continue;
+      Connection& conn = *c->second;
+      const std::string* missing = first_missing(conn.parked->request.keys);
+      if (missing != nullptr) {
+        conn.parked->waiting_for = *missing;
+        waiters_[*missing].insert(id);
+        continue;
+      }
+      Request r = std::move(conn.parked->request);
+      conn.parked.reset();
+      answer_wait(conn, r, now);
+      // Then requests the client sent behind this one (a client does not, but any may).
+      if (!advance(conn)) {
+        close(conn);
+        continue;
+      }
+      update(conn);
+    }
+  }
+
+  void unpark(Connection& c) {
+    if (!c.parked) return;
+    auto it = waiters_.find(c.parked->waiting_for);
+    if (it != waiters_.end()) {
+      it->second.erase(c.id);
+      if (it->second.empty()) waiters_.erase(it);
+    }
+    c.parked.reset();
+  }
+
+  void reply(Connection& c, std::string payload, Clock::time_point now) {
+    if (c.sent == c.output.size()) {
+      c.output.clear();
+      c.sent = 0;
+    }
+    c.output += frame(payload);
+    c.send_deadline = now + kServerSendTimeout;
+    if (c.authenticated) c.idle_deadline = now + options_.idle_timeout;
+  }
+
+  // Sends what the socket takes now; false when the connection broke.
+  bool flush(Connection& c) {
+    while (c.sent < c.output.size()) {
+      const ssize_t n = ::send(c.fd, c.output.data() + c.sent, c.output.size() - c.sent,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK;
+      }
+      c.sent += static_cast<size_t>(n);
+    }
+    if (c.sent == c.output.size()) {
+      c.output.clear();
+      c.sent = 0;
+    }
+    return true;
+  }
+
+  // Re-registers the connection's interest and deadline after a change of its state.
+  void update(Connection& c) {
+    if (c.closing && c.output.empty()) return close(c);
+    uint32_t events = c.peer_closed ? 0u : static_cast<uint32_t>(EPOLLRDHUP);
+    std::optional<Clock::time_point> deadline;
+    if (!c.output.empty()) {
+      events |= EPOLLOUT;
+      deadline = c.send_deadline;
+    } else if (c.parked) {
+      if (c.peer_closed) return close(c);  // a wait nobody will read
+      deadline = c.parked->deadline;       // only a hang-up is of interest meanwhile
+    } else if (c.peer_closed) {
+      return close(c);  // answered all it sent; nothing more can come
+    } else {
+      events |= EPOLLIN;
+      deadline = c.authenticated ? c.idle_deadline : c.handshake_deadline;
+    }
+    if (events != c.events) {
+      epoll_event ev{};
+      ev.events = events;
+      ev.data.u64 = c.id;
+      ::epoll_ctl(epoll_fd_, c.registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.fd, &ev);
+      c.registered = true;
+      c.events = events;
+    }
+    if (c.timer != deadline) {
+      if (c.timer) timers_.erase({*c.timer, c.id});
+      c.timer = deadline;
+      if (deadline) timers_.insert({*deadline, c.id});
+    }
+  }
+
+  void close(Connection& c) {
+    unpark(c);
+    if (c.timer) timers_.erase({*c.timer, c.id});
+    if (c.registered) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+    close_fd(c.fd);
+    --open_;
+    connections_.erase(c.id);  // destroys c
+  }
+
+  // Deadlines that have passed: parked requests time out, stalled connections close.
+  void expire(Clock::time_point now) {
+    if (listen_paused_ && now >= listen_resume_) {
+      listen_paused_ = false;
+      watch_listener(true);
+    }
+    while (!timers_.empty() && timers_.begin()->first <= now) {
+      const uint64_t id = timers_.begin()->second;
+      timers_.erase(timers_.begin());
+      auto it = connections_.find(id);
+      if (it == connections_.end()) continue;
+      Connection& c = *it->second;
+      c.timer.reset();
+      if (c.parked && c.output.empty()) {
+        const Request r = std::move(c.parked->request);
+        unpark(c);
+        try {
+          reply(c, encode_error(wait_timeout(r)), now);
+          if (!advance(c)) {
+            close(c);
+            continue;
+          }
+        } catch (const std::exception&) {
+          close(c);
+          continue;
+        }
+        update(c);
+      } else {
+        close(c);  // no handshake, idle, or a reply nobody reads
+      }
+    }
   }
 
   const int listen_fd_;
-  const int wake_read_;
-  const int wake_write_;
   const uint16_t port_;
-  std::thread accept_thread_;
-  // Touched by the accept thread only, then (after it is joined) by the destructor.
-  std::list<std::unique_ptr<Connection>> connections_;
+  const TcpStoreOptions options_;
+  const int epoll_fd_;
+  const int wake_fd_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<size_t> open_{0};
+  std::thread thread_;
 
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  bool stopping_ = false;
+  // The loop thread's alone.
+  uint64_t next_id_ = 2;  // after the listener's and the wake-up's tokens
+  std::map<uint64_t, std::unique_ptr<Connection>> connections_;
+  std::set<std::pair<Clock::time_point, uint64_t>> timers_;
+  std::unordered_map<std::string, std::unordered_set<uint64_t>> waiters_;
   std::map<std::string, std::string> values_;
+  bool listen_paused_ = false;
+  Clock::time_point listen_resume_{};
 };
 
 // ---- client ------------------------------------------------------------------------
 
+Status send_frame(int fd, std::string_view payload, Clock::time_point deadline) {
+  return send_all(fd, frame(payload), deadline);
+}
+
+Status recv_frame(int fd, std::string* payload, uint32_t limit, Clock::time_point deadline) {
+  char header[4];
+  HPS_RETURN_IF_ERROR(recv_all(fd, header, sizeof header, deadline));
+  uint32_t size = 0;
+  Reader(std::string_view(header, sizeof header)).u32(&size);
+  if (size > limit) {
+    return aborted("a frame of " + std::to_string(size) + " bytes exceeds the limit of " +
+                   std::to_string(limit));
+  }
+  payload->resize(size);
+  return recv_all(fd, payload->data(), size, deadline);
+}
+
 class TcpStoreClient final : public Store {
  public:
-  TcpStoreClient(std::string host, uint16_t port, std::unique_ptr<TcpStoreServer> server)
-      : host_(std::move(host)), port_(port), server_(std::move(server)) {}
+  TcpStoreClient(std::string host, uint16_t port, std::string token,
+                 std::unique_ptr<TcpStoreServer> server)
+      : host_(std::move(host)), port_(port), token_(std::move(token)), server_(std::move(server)) {}
 
   ~TcpStoreClient() override {
-    for (int fd : idle_) close_fd(fd);
+    for (auto& c : idle_) close_fd(c.fd);
     // server_ (when this rank serves) stops after its own connections are closed.
   }
 
-  // The first connection, retried until `connect_timeout`: the server may start later.
+  // The first connection, retried until `connect_timeout`: the server may start later. A
+  // refused token ends the attempts at once.
   Status connect_first(Milliseconds connect_timeout) {
-    const auto deadline = Clock::now() + clamp_wait(connect_timeout);
+    const auto deadline = Clock::now() + clamp_store_wait(connect_timeout);
     Milliseconds backoff{10};
     Status last = Status::Ok();
     while (true) {
       const auto attempt_deadline = std::min(deadline, Clock::now() + Milliseconds(1000));
-      auto fd = connect_once(host_, port_, attempt_deadline);
+      auto fd = open_connection(attempt_deadline, deadline);
       if (fd.ok()) {
-        idle_.push_back(*fd);
+        idle_.push_back({*fd, Clock::now()});
         return Status::Ok();
       }
+      if (fd.status().code() == StatusCode::kFailedPrecondition) return fd.status();
       last = fd.status();
       const auto now = Clock::now();
       if (now >= deadline) break;
@@ -401,21 +615,16 @@ class TcpStoreClient final : public Store {
   }
 
   Status set(std::string_view key, std::string_view value) override {
-    Writer w;
-    w.u8(static_cast<uint8_t>(Op::kSet));
-    w.str(key);
-    w.str(value);
-    return call(w.take(), Clock::now() + kCallTimeout, "set", key).status();
+    HPS_RETURN_IF_ERROR(check_store_value(key, value.size()));
+    Request q{Op::kSet, {std::string(key)}, std::string(value), 0};
+    return call(q, Clock::now() + kCallTimeout, key).status();
   }
 
   StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
-    timeout = clamp_wait(timeout);
-    Writer w;
-    w.u8(static_cast<uint8_t>(Op::kGet));
-    w.str(key);
-    w.i64(timeout.count());
-    HPS_ASSIGN_OR_RETURN(std::string response,
-                         call(w.take(), Clock::now() + timeout + kReplySlack, "get", key));
+    HPS_RETURN_IF_ERROR(check_store_key(key));
+    timeout = clamp_store_wait(timeout);
+    Request q{Op::kGet, {std::string(key)}, {}, timeout.count()};
+    HPS_ASSIGN_OR_RETURN(std::string response, call(q, Clock::now() + timeout + kReplySlack, key));
     Reader r(response);
     std::string value;
     if (!r.str(&value) || !r.done()) return malformed("get");
@@ -423,12 +632,9 @@ class TcpStoreClient final : public Store {
   }
 
   StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
-    Writer w;
-    w.u8(static_cast<uint8_t>(Op::kAdd));
-    w.str(key);
-    w.i64(delta);
-    HPS_ASSIGN_OR_RETURN(std::string response,
-                         call(w.take(), Clock::now() + kCallTimeout, "add", key));
+    HPS_RETURN_IF_ERROR(check_store_key(key));
+    Request q{Op::kAdd, {std::string(key)}, {}, delta};
+    HPS_ASSIGN_OR_RETURN(std::string response, call(q, Clock::now() + kCallTimeout, key));
     Reader r(response);
     int64_t value = 0;
     if (!r.i64(&value) || !r.done()) return malformed("add");
@@ -436,33 +642,41 @@ class TcpStoreClient final : public Store {
   }
 
   Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
-    timeout = clamp_wait(timeout);
-    Writer w;
-    w.u8(static_cast<uint8_t>(Op::kWait));
-    put_keys(w, keys);
-    w.i64(timeout.count());
-    return call(w.take(), Clock::now() + timeout + kReplySlack, "wait", first_key(keys)).status();
+    for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
+    timeout = clamp_store_wait(timeout);
+    Request q{Op::kWait, keys, {}, timeout.count()};
+    return call(q, Clock::now() + timeout + kReplySlack, first_key(keys)).status();
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
-    Writer w;
-    w.u8(static_cast<uint8_t>(Op::kCheck));
-    put_keys(w, keys);
+    for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
+    Request q{Op::kCheck, keys, {}, 0};
     HPS_ASSIGN_OR_RETURN(std::string response,
-                         call(w.take(), Clock::now() + kCallTimeout, "check", first_key(keys)));
+                         call(q, Clock::now() + kCallTimeout, first_key(keys)));
     Reader r(response);
     uint8_t set = 0;
-    if (!r.u8(&set) || !r.done()) return malformed("check");
+    if (!r.u8(&set) || !r.done() || set > 1) return malformed("check");
     return set != 0;
   }
 
  private:
-  static void put_keys(Writer& w, const std::vector<std::string>& keys) {
-    w.u32(static_cast<uint32_t>(keys.size()));
-    for (const auto& k : keys) w.str(k);
-  }
+  struct Pooled {
+    int fd;
+    Clock::time_point used;
+  };
+
   static std::string_view first_key(const std::vector<std::string>& keys) {
     return keys.empty() ? std::string_view() : std::string_view(keys[0]);
+  }
+  static std::string op_name(Op op) {
+    switch (op) {
+      case Op::kSet: return "set";
+      case Op::kGet: return "get";
+      case Op::kAdd: return "add";
+      case Op::kCheck: return "check";
+      case Op::kWait: return "wait";
+    }
+    return "call";
   }
 
   Status malformed(std::string_view op) const {
@@ -470,18 +684,90 @@ class TcpStoreClient final : public Store {
                          endpoint(host_, port_));
   }
 
-  // An idle connection, or a new one (one attempt: the server is known to have been up).
-  StatusOr<int> acquire(Clock::time_point deadline) {
-    {
-      std::lock_guard lock(pool_mutex_);
-      if (!idle_.empty()) {
-        const int fd = idle_.back();
-        idle_.pop_back();
-        return fd;
+  Status refused(const std::string& why) const {
+    return failed_precondition("tcp store at " + endpoint(host_, port_) + ": " + why);
+  }
+
+  // A connection that has completed the handshake: the server knows the token this client
+  // has, and proved it knows it too. FAILED_PRECONDITION when the token is refused (either
+  // way); other failures are worth retrying.
+  // The handshake may take until `handshake_deadline`: a busy server greets late, but greets.
+  StatusOr<int> open_connection(Clock::time_point connect_deadline,
+                                Clock::time_point handshake_deadline) {
+    HPS_ASSIGN_OR_RETURN(int fd, connect_once(host_, port_, connect_deadline));
+    auto done = handshake(fd, std::max(connect_deadline, handshake_deadline));
+    if (!done.ok()) {
+      close_fd(fd);
+      return done;
+    }
+    return fd;
+  }
+
+  Status handshake(int fd, Clock::time_point deadline) {
+    std::string payload;
+    Status io = recv_frame(fd, &payload, kMaxHandshakeFrame, deadline);
+    if (!io.ok()) return unavailable("handshake: " + io.message());
+    auto hello = parse_hello(payload);
+    if (!hello) return refused("the server's greeting is not an hpshard store's (version 2)");
+    if (!hello->status.ok()) {
+      return Status(hello->status.code(),
+                    "tcp store at " + endpoint(host_, port_) +
+                        " refused the connection: " + hello->status.message());
+    }
+    if (hello->token_required && token_.empty()) {
+      return refused(
+          "the store requires the job's token: set HPS_STORE_TOKEN (hpshard-run sets it for "
+          "its ranks)");
+    }
+    if (!hello->token_required && !token_.empty()) {
+      return refused(
+          "the server does not ask for a token, so it is not the store of this job "
+          "(HPS_STORE_TOKEN is set)");
+    }
+    Proof proof;
+    HPS_RETURN_IF_ERROR(auth::random_bytes(proof.nonce.data(), proof.nonce.size()));
+    if (!token_.empty()) {
+      HPS_ASSIGN_OR_RETURN(proof.mac, handshake_mac(token_, true, hello->nonce, proof.nonce));
+    }
+    io = send_frame(fd, encode_proof(proof), deadline);
+    if (io.ok()) io = recv_frame(fd, &payload, kMaxHandshakeFrame, deadline);
+    if (!io.ok()) return unavailable("handshake: " + io.message());
+    auto welcome = parse_welcome(payload);
+    if (!welcome) return refused("malformed handshake reply");
+    if (!welcome->status.ok()) return refused(welcome->status.message());
+    if (!token_.empty()) {
+      HPS_ASSIGN_OR_RETURN(auth::Mac expected,
+                           handshake_mac(token_, false, hello->nonce, proof.nonce));
+      if (!welcome->mac ||
+          !auth::equal_secrets(expected.data(), welcome->mac->data(), expected.size())) {
+        return refused("the server could not prove it knows the job's token (HPS_STORE_TOKEN)");
       }
     }
-    auto fd = connect_once(host_, port_, std::min(deadline, Clock::now() + Milliseconds(5000)));
+    return Status::Ok();
+  }
+
+  // An idle connection still usable, or a new one (one attempt: the server was up).
+  StatusOr<int> acquire(Clock::time_point deadline, bool* reused) {
+    while (true) {
+      Pooled p{-1, {}};
+      {
+        std::lock_guard lock(pool_mutex_);
+        if (idle_.empty()) break;
+        p = idle_.back();
+        idle_.pop_back();
+      }
+      // Readable while idle means the server closed it (idle too long, or it left).
+      pollfd check{p.fd, POLLIN, 0};
+      if (Clock::now() - p.used < kClientReuseLimit && ::poll(&check, 1, 0) == 0) {
+        *reused = true;
+        return p.fd;
+      }
+      close_fd(p.fd);
+    }
+    *reused = false;
+    auto fd = open_connection(std::min(deadline, Clock::now() + Milliseconds(5000)), deadline);
     if (!fd.ok()) {
+      if (fd.status().code() == StatusCode::kFailedPrecondition) return fd.status();
       return aborted("tcp store: cannot reach the server at " + endpoint(host_, port_) +
                      " (has the serving rank exited?): " + fd.status().message());
     }
@@ -490,39 +776,44 @@ class TcpStoreClient final : public Store {
 
   void release(int fd) {
     std::lock_guard lock(pool_mutex_);
-    idle_.push_back(fd);
+    idle_.push_back({fd, Clock::now()});
   }
 
   // Sends one request and returns the response after its status byte, or the error.
-  StatusOr<std::string> call(std::string request, Clock::time_point deadline, std::string_view op,
+  StatusOr<std::string> call(const Request& request, Clock::time_point deadline,
                              std::string_view key) {
-    HPS_ASSIGN_OR_RETURN(int fd, acquire(deadline));
-    std::string response;
-    Status io = send_frame(fd, request, deadline);
-    if (io.ok()) io = recv_frame(fd, &response, deadline);
-    if (!io.ok()) {
-      // The stream is in an unknown state: this connection is done.
-      close_fd(fd);
-      return aborted("tcp store " + std::string(op) + " '" + std::string(key) +
-                     "': lost the connection to the server at " + endpoint(host_, port_) +
-                     " (has the serving rank exited?): " + io.message());
+    const std::string op = op_name(request.op);
+    const std::string payload = encode_request(request);
+    // A pooled connection the server closed a moment ago fails before any reply: such a
+    // request is sent again on a new connection, except an add (it might have counted).
+    for (int attempt = 0;; ++attempt) {
+      bool reused = false;
+      HPS_ASSIGN_OR_RETURN(int fd, acquire(deadline, &reused));
+      std::string response;
+      Status io = send_frame(fd, payload, deadline);
+      if (io.ok()) io = recv_frame(fd, &response, kMaxFrame, deadline);
+      if (!io.ok()) {
+        // The stream is in an unknown state: this connection is done.
+        close_fd(fd);
+        if (reused && attempt == 0 && request.op != Op::kAdd && Clock::now() < deadline) continue;
+        return aborted("tcp store " + op + " '" + std::string(key) +
+                       "': lost the connection to the server at " + endpoint(host_, port_) +
+                       " (has the serving rank exited?): " + io.message());
+      }
+      release(fd);
+      std::string result;
+      auto status = parse_response(response, &result);
+      if (!status) return malformed(op);
+      if (!status->ok()) return *status;
+      return result;
     }
-    release(fd);
-    Reader r(response);
-    uint8_t code = 0;
-    if (!r.u8(&code)) return malformed(op);
-    if (static_cast<StatusCode>(code) != StatusCode::kOk) {
-      std::string message;
-      if (!r.str(&message)) return malformed(op);
-      return Status(static_cast<StatusCode>(code), std::move(message));
-    }
-    return response.substr(1);
   }
 
   const std::string host_;
   const uint16_t port_;
+  const std::string token_;
   std::mutex pool_mutex_;
-  std::vector<int> idle_;
+  std::vector<Pooled> idle_;
   std::unique_ptr<TcpStoreServer> server_;
 };
 
@@ -533,38 +824,87 @@ std::string local_address_for(const std::string& host) {
   return host;
 }
 
+StatusOr<std::unique_ptr<TcpStoreServer>> serve_on(Listener listener,
+                                                   const TcpStoreOptions& options) {
+  struct Closer {
+    int fd;
+    ~Closer() { close_fd(fd); }
+  } owned{listener.fd};
+  if (!options.token.empty()) HPS_RETURN_IF_ERROR(auth::check_token(options.token, "the token"));
+  if (options.max_connections == 0) {
+    return invalid_argument("tcp store: max_connections must be at least 1");
+  }
+  // Non-blocking, so one accept too many never blocks the loop.
+  const int flags = ::fcntl(listener.fd, F_GETFL);
+  if (flags < 0 || ::fcntl(listener.fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return backend_error("tcp store: fcntl: " + errno_message(errno));
+  }
+  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) return backend_error("tcp store: epoll_create1: " + errno_message(errno));
+  const int wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd < 0) {
+    const int error = errno;
+    close_fd(epoll_fd);
+    return backend_error("tcp store: eventfd: " + errno_message(error));
+  }
+  owned.fd = -1;  // the server owns it now
+  return std::unique_ptr<TcpStoreServer>(
+      std::make_unique<TcpStoreServerImpl>(listener.fd, listener.port, options, epoll_fd, wake_fd));
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(const std::string& host,
-                                                                uint16_t port) {
+                                                                uint16_t port,
+                                                                const TcpStoreOptions& options) {
+  if (options.listen_fd >= 0) {
+    auto listener = adopt_listener(options.listen_fd, "the listening socket");
+    if (!listener.ok()) {
+      close_fd(options.listen_fd);
+      return listener.status();
+    }
+    return serve_on(*listener, options);
+  }
   auto listener = listen_on(host, port, 1024);
   if (!listener.ok()) return unavailable("tcp store: " + listener.status().message());
-  const int listen_fd = listener->fd;
-  const uint16_t bound_port = listener->port;
-  int wake[2];
-  if (::pipe2(wake, O_CLOEXEC) != 0) {
-    const int error = errno;
-    close_fd(listen_fd);
-    return backend_error("tcp store: pipe failed: " + errno_message(error));
-  }
-  HPS_LOG(kDebug) << "tcp store: serving on " << endpoint(host, bound_port);
-  return std::unique_ptr<TcpStoreServer>(
-      std::make_unique<TcpStoreServerImpl>(listen_fd, wake[0], wake[1], bound_port));
+  HPS_LOG(kDebug) << "tcp store: serving on " << endpoint(host, listener->port);
+  return serve_on(*listener, options);
 }
 
 StatusOr<std::shared_ptr<Store>> make_tcp_store(std::string host, uint16_t port, bool serve,
-                                                Milliseconds connect_timeout,
-                                                uint16_t* bound_port) {
+                                                Milliseconds connect_timeout, uint16_t* bound_port,
+                                                const TcpStoreOptions& options) {
+  // A socket handed down is this call's to close, whatever happens below.
+  struct Closer {
+    int fd;
+    ~Closer() { close_fd(fd); }
+  } handed{serve ? options.listen_fd : -1};
+  if (!options.token.empty()) {
+    HPS_RETURN_IF_ERROR(auth::check_token(options.token, "tcp store: the token"));
+    if (!auth::hmac_available()) {
+      return unavailable(
+          "tcp store: a token is set (HPS_STORE_TOKEN) but this build of hpshard has no "
+          "OpenSSL to check it");
+    }
+  }
   std::unique_ptr<TcpStoreServer> server;
   std::string connect_host = host;
   if (serve) {
-    HPS_ASSIGN_OR_RETURN(server, TcpStoreServer::start(host, port));
+    TcpStoreOptions server_options = options;
+    server_options.listen_fd = handed.fd;
+    handed.fd = -1;  // start() takes it over
+    HPS_ASSIGN_OR_RETURN(server, TcpStoreServer::start(host, port, server_options));
+    if (options.listen_fd >= 0 && port != 0 && server->port() != port) {
+      return invalid_argument("tcp store: the listening socket handed down is bound to port " +
+                              std::to_string(server->port()) + ", not " + std::to_string(port));
+    }
     port = server->port();
     connect_host = local_address_for(host);
   } else if (port == 0) {
     return invalid_argument("tcp store: a client needs the server's port (0 given)");
   }
-  auto client = std::make_shared<TcpStoreClient>(std::move(connect_host), port, std::move(server));
+  auto client = std::make_shared<TcpStoreClient>(std::move(connect_host), port, options.token,
+                                                 std::move(server));
   HPS_RETURN_IF_ERROR(client->connect_first(connect_timeout));
   if (bound_port != nullptr) *bound_port = port;
   return std::shared_ptr<Store>(std::move(client));

@@ -25,4 +25,23 @@ StatusOr<int64_t> env_int(const char* name, int64_t fallback) {
   return value;
 }
 
+StatusOr<int64_t> env_int_in(const char* name, int64_t fallback, int64_t min, int64_t max) {
+  HPS_ASSIGN_OR_RETURN(int64_t value, env_int(name, fallback));
+  if (value < min || value > max) {
+    return invalid_argument(std::string("environment variable ") + name + "=" +
+                            std::to_string(value) + " is outside [" + std::to_string(min) + ", " +
+                            std::to_string(max) + "]");
+  }
+  return value;
+}
+
+StatusOr<bool> env_flag(const char* name, bool fallback) {
+  auto text = env_string(name);
+  if (!text) return fallback;
+  if (*text == "0") return false;
+  if (*text == "1") return true;
+  return invalid_argument(std::string("environment variable ") + name + "='" + *text +
+                          "' is not 0 or 1");
+}
+
 }  // namespace hps

@@ -14,5 +14,9 @@ std::optional<std::string> env_string(const char* name);
 // The variable as a base-10 integer; `fallback` when unset; an error naming the
 // variable when it is set but not an integer.
 StatusOr<int64_t> env_int(const char* name, int64_t fallback);
+// env_int within [min, max]; an error naming the variable and the range otherwise.
+StatusOr<int64_t> env_int_in(const char* name, int64_t fallback, int64_t min, int64_t max);
+// A switch: 0 or 1 (anything else is an error naming the variable); `fallback` when unset.
+StatusOr<bool> env_flag(const char* name, bool fallback);
 
 }  // namespace hps

@@ -138,8 +138,9 @@ runtime_deps="$(dpkg-deb -f "$(deb_file runtime)" Depends)"
 while read -r dep; do
   name="${dep%% *}"
   case "$name" in
-    libc6|libstdc++6|libgcc-s1|libgloo0) ;;  # libgloo0: the CPU communicator (Debian's Gloo)
-    *) fail "runtime package depends on '$dep' (expected only libc6, libstdc++6, libgcc-s1, libgloo0)" ;;
+    # libgloo0: the CPU communicator (Debian's Gloo); libssl3: HMAC for the TCP store's token
+    libc6|libstdc++6|libgcc-s1|libgloo0|libssl3) ;;
+    *) fail "runtime package depends on '$dep' (expected only libc6, libstdc++6, libgcc-s1, libgloo0, libssl3)" ;;
   esac
 done < <(tr ',|' '\n' <<<"$runtime_deps" | sed 's/^ *//; /^$/d')
 grep -qE "(^|, )$HPS_PKG_RUNTIME \(= $full_version\)" <<<"$(dpkg-deb -f "$(deb_file dev)" Depends)" \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs hpshard-run over rank_probe and checks exit codes, output prefixes and cleanup.
 # usage: launcher_test.sh CASE HPSHARD_RUN RANK_PROBE
-#   CASE: meet-tcp | meet-file | fail | fail-stubborn | signal | forward | timeout | usage
+#   CASE: meet-tcp | meet-file | fail | fail-stubborn | signal | forward | timeout | usage |
+#         store-fd | shm-cleanup
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -41,8 +42,15 @@ case $case_name in
     check_prefixes "$work/err"
     url=$(sed -n 's/^\[rank 0\] HPS_STORE=//p' "$work/out")
     [ "$(grep -c "HPS_STORE=$url\$" "$work/out")" -eq 3 ] || fail "ranks got different stores"
+    job=$(sed -n 's/^\[rank 0\] HPS_JOB_ID=//p' "$work/out")
+    [[ $job =~ ^hpshard-run-[0-9a-f]{24}$ ]] || fail "unexpected job id '$job'"
+    [ "$(grep -c "HPS_JOB_ID=$job\$" "$work/out")" -eq 3 ] || fail "ranks got different job ids"
+    # A 64-hex-digit token for every rank (the TCP store asks for it; a file store ignores it).
+    [ "$(grep -c "token bytes=64\$" "$work/out")" -eq 3 ] || fail "a rank got no token"
     if [ "$store" = tcp ]; then
       [[ $url =~ ^tcp://127\.0\.0\.1:[0-9]+$ ]] || fail "unexpected tcp store URL '$url'"
+      grep -qxF "[rank 1] a client without the token was refused" "$work/out" ||
+        fail "a client without the token was not refused"
     else
       [[ $url =~ ^file:///.+ ]] || fail "unexpected file store URL '$url'"
       [ -e "${url#file://}" ] && fail "store directory ${url#file://} was not removed"
@@ -110,11 +118,42 @@ case $case_name in
     [ $? -eq 2 ] || fail "-n 0: expected exit 2"
     "$run" -n 2 --store nfs -- "$probe" >"$work/out" 2>"$work/err"
     [ $? -eq 2 ] || fail "--store nfs: expected exit 2"
+    # Durations that would overflow the clock are refused, not run.
+    for t in 1e308 inf nan 99999999999; do
+      "$run" -n 1 --timeout "$t" -- "$probe" >"$work/out" 2>"$work/err"
+      [ $? -eq 2 ] || fail "--timeout $t: expected exit 2"
+      "$run" -n 1 --grace "$t" -- "$probe" >"$work/out" 2>"$work/err"
+      [ $? -eq 2 ] || fail "--grace $t: expected exit 2"
+    done
     "$run" -n 1 -- /nonexistent/program >"$work/out" 2>"$work/err"
     rc=$?
     [ $rc -eq 127 ] || fail "missing program: exit $rc, expected 127"
     grep -qF "[rank 0] hpshard-run: cannot run '/nonexistent/program'" "$work/err" ||
       fail "no message for a missing program"
+    ;;
+  store-fd)
+    # The store's socket is bound by the launcher and handed to rank 0 alone: no port is
+    # released for another process to take before rank 0 listens on it.
+    "$run" -n 3 --timeout 60 -- "$probe" store-fd >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "exit code $rc, expected 0"
+    grep -qxF "[rank 0] rank 0 holds the store's listening socket" "$work/out" ||
+      fail "rank 0 did not get the listening socket"
+    for r in 0 1 2; do
+      grep -qxF "[rank $r] rank $r of 3 met every rank" "$work/out" || fail "rank $r did not meet"
+    done
+    ;;
+  shm-cleanup)
+    # Every rank is killed while its segment's name exists: the launcher removes them.
+    "$run" -n 3 --grace 1 -- "$probe" leak-shm >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 137 ] || fail "exit code $rc, expected 137"
+    segments=$(sed -n 's/^\[rank [0-9]\] segment //p' "$work/out")
+    [ "$(wc -w <<<"$segments")" -ge 1 ] || fail "no rank made a segment"
+    for s in $segments; do
+      [ -e "$s" ] && { rm -f "$s"; fail "segment $s was left in /dev/shm"; }
+    done
+    grep -qF "shared-memory segment(s) the job left" "$work/err" || fail "no message about them"
     ;;
   *)
     echo "unknown case $case_name"

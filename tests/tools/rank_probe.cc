@@ -3,17 +3,28 @@
 //                                        open_store(rendezvous_from_env()) and exits 0;
 //   rank_probe fail RANK CODE [stubborn] rank RANK exits CODE; the others sleep 60 s
 //                                        (ignoring SIGTERM when "stubborn");
-//   rank_probe signal RANK SIGNAL        rank RANK kills itself with SIGNAL; the others sleep.
+//   rank_probe signal RANK SIGNAL        rank RANK kills itself with SIGNAL; the others sleep;
+//   rank_probe store-fd                  rank 0 checks HPS_STORE_FD is the store's listening
+//                                        socket, then every rank meets;
+//   rank_probe leak-shm                  every rank makes a shared-memory segment named for
+//                                        its job and is killed (SIGKILL) before removing it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <thread>
 
+#include "core/comm/host.h"
 #include "core/comm/rendezvous.h"
+#include "core/comm/shm/shm_group.h"
+#include "core/comm/socket.h"
 
 namespace {
 
@@ -40,6 +51,24 @@ int meet(const hps::RendezvousInfo& info) {
       std::fprintf(stderr, "rank %d has a wrong value\n", r);
       return 1;
     }
+  }
+  // A client without the job's token is refused by a TCP store that has one.
+  if (info.rank == 1 && info.store_url.rfind("tcp://", 0) == 0 && std::getenv("HPS_STORE_TOKEN")) {
+    const std::string rest = info.store_url.substr(6);
+    const auto colon = rest.rfind(':');
+    auto stranger = hps::make_tcp_store(rest.substr(0, colon),
+                                        static_cast<uint16_t>(std::stoi(rest.substr(colon + 1))),
+                                        false, std::chrono::seconds(20));
+    if (stranger.ok()) {
+      std::fprintf(stderr, "a client without the token was served\n");
+      return 1;
+    }
+    if (stranger.status().code() != hps::StatusCode::kFailedPrecondition) {
+      std::fprintf(stderr, "a client without the token failed otherwise: %s\n",
+                   stranger.status().to_string().c_str());
+      return 1;
+    }
+    std::printf("a client without the token was refused\n");
   }
   // Rank 0 may serve the store: it leaves only after every rank is done with it.
   if (auto s = (*store)->set("probe/done/" + std::to_string(info.rank), "1"); !s.ok()) {
@@ -78,9 +107,52 @@ int main(int argc, char** argv) {
     std::printf("%s=%s\n", name, value ? value : "(unset)");
   }
   std::printf("source=%s\npid=%d\n", info->source.c_str(), static_cast<int>(::getpid()));
+  // The job's name and whether a token came (never the token itself).
+  const char* job = std::getenv("HPS_JOB_ID");
+  const char* token = std::getenv("HPS_STORE_TOKEN");
+  std::printf("HPS_JOB_ID=%s\ntoken bytes=%zu\n", job ? job : "(unset)",
+              token ? std::strlen(token) : size_t{0});
   std::fflush(stdout);
 
   if (mode == "meet") return meet(*info);
+  if (mode == "store-fd") {
+    if (info->rank == 0) {
+      const char* fd_text = std::getenv("HPS_STORE_FD");
+      if (fd_text == nullptr) {
+        std::fprintf(stderr, "rank 0 got no HPS_STORE_FD\n");
+        return 1;
+      }
+      const int fd = std::atoi(fd_text);
+      int listening = 0;
+      socklen_t len = sizeof listening;
+      const std::string port = ":" + std::to_string(hps::net::local_port(fd));
+      if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
+          info->store_url.size() < port.size() ||
+          info->store_url.compare(info->store_url.size() - port.size(), port.size(), port) != 0) {
+        std::fprintf(stderr, "HPS_STORE_FD=%s is not the store's listening socket\n", fd_text);
+        return 1;
+      }
+      std::printf("rank 0 holds the store's listening socket\n");
+    } else if (std::getenv("HPS_STORE_FD") != nullptr) {
+      std::fprintf(stderr, "rank %d got HPS_STORE_FD\n", info->rank);
+      return 1;
+    }
+    return meet(*info);
+  }
+  if (mode == "leak-shm") {
+    const char* job_id = std::getenv("HPS_JOB_ID");
+    const std::string name = "/hpshard-" + hps::shm::segment_job_tag(job_id ? job_id : "") + "-" +
+                             std::to_string(hps::host::pid_namespace()) + "-" +
+                             std::to_string(::getpid()) + "-0-probe";
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      std::fprintf(stderr, "shm_open %s failed\n", name.c_str());
+      return 1;
+    }
+    std::printf("segment /dev/shm%s\n", name.c_str());
+    std::fflush(stdout);
+    std::raise(SIGKILL);
+  }
   if ((mode == "fail" || mode == "signal") && argc >= 4) {
     const int target = std::atoi(argv[2]);
     const int value = std::atoi(argv[3]);
@@ -100,6 +172,8 @@ int main(int argc, char** argv) {
     std::raise(value);
     return 1;
   }
-  std::fprintf(stderr, "usage: rank_probe [meet | fail RANK CODE [stubborn] | signal RANK SIG]\n");
+  std::fprintf(stderr,
+               "usage: rank_probe [meet | fail RANK CODE [stubborn] | signal RANK SIG | store-fd "
+               "| leak-shm]\n");
   return 2;
 }

@@ -1,15 +1,16 @@
 // hpshard-run: starts N local ranks of a program, each with HPS_RANK, HPS_WORLD_SIZE,
-// HPS_LOCAL_RANK and HPS_STORE set, prefixes their output lines with "[rank K] ", and stops
-// them all when one fails.
+// HPS_LOCAL_RANK, HPS_STORE, HPS_JOB_ID and HPS_STORE_TOKEN set, prefixes their output lines
+// with "[rank K] ", and stops them all when one fails. A TCP store's listening socket is
+// bound here, once, and handed to rank 0 (HPS_STORE_FD): no other process can take the port
+// between the launcher choosing it and rank 0 serving it. When the job ends, however it ends,
+// its shared-memory segments are removed.
 //
 //   hpshard-run -n N [--store tcp|file] [--timeout SECONDS] [--grace SECONDS] [--] program args...
 //
 // Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit code
 // (128+signal when it was killed by a signal); 124 when --timeout expired; 2 for bad usage.
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +26,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "core/comm/auth.h"
+#include "core/comm/shm/shm_group.h"
+#include "core/comm/socket.h"
 
 extern char** environ;
 
@@ -67,7 +72,8 @@ void usage(const char* problem) {
             "                   [--] program [args...]\n"
             "  -n, --nproc N      number of local ranks to start (>= 1)\n"
             "  --store tcp|file   how the ranks meet: a TCP store on 127.0.0.1 served by rank 0\n"
-            "                     (default), or a fresh temp directory removed at the end\n"
+            "                     on a socket bound here (default), or a fresh temp directory\n"
+            "                     removed at the end\n"
             "  --timeout SECONDS  stop every rank and exit 124 after this long (default: none)\n"
             "  --grace SECONDS    between SIGTERM and SIGKILL when stopping ranks (default 5)\n");
 }
@@ -80,11 +86,16 @@ struct Options {
   std::vector<std::string> command;
 };
 
+// Durations beyond a year are refused: converted to clock ticks they would overflow.
+constexpr double kMaxSeconds = 365.0 * 24 * 3600;
+
 bool parse_number(const std::string& text, double* out) {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno != 0 || !(v >= 0)) return false;
+  if (text.empty() || *end != '\0' || errno != 0 || !(v >= 0) || !(v <= kMaxSeconds)) {
+    return false;
+  }
   *out = v;
   return true;
 }
@@ -135,7 +146,7 @@ std::optional<int> parse_options(int argc, char** argv, Options* options) {
       options->store = value;
     } else if (name == "--timeout" || name == "--grace") {
       if (!parse_number(value, &number)) {
-        usage((name + ": '" + value + "' is not a number of seconds").c_str());
+        usage((name + ": '" + value + "' is not a number of seconds (0 to a year)").c_str());
         return kUsageError;
       }
       (name == "--timeout" ? options->timeout_s : options->grace_s) = number;
@@ -154,24 +165,6 @@ std::optional<int> parse_options(int argc, char** argv, Options* options) {
     return kUsageError;
   }
   return std::nullopt;
-}
-
-// A free TCP port on 127.0.0.1: bind port 0, read it, release it for rank 0 to take.
-int pick_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // One of a rank's output pipes; complete lines go out with the rank's prefix.
@@ -249,14 +242,32 @@ class Launcher {
 
   int run() {
     if (!install_signal_handlers()) return 1;
-    std::string store_url;
-    if (options_.store == "tcp") {
-      const int port = pick_free_port();
-      if (port <= 0) {
-        say(std::string("cannot find a free TCP port: ") + std::strerror(errno));
+    // The job's name (HPS_JOB_ID: its store and shared-memory segments carry it) and, where
+    // this build can check one, the secret its TCP store asks every client for.
+    auto random = hps::auth::new_token();
+    if (!random.ok()) {
+      say("cannot name the job: " + random.status().message());
+      return 1;
+    }
+    job_id_ = "hpshard-run-" + random->substr(0, 24);
+    if (hps::auth::hmac_available()) {
+      auto token = hps::auth::new_token();
+      if (!token.ok()) {
+        say("cannot make the store's token: " + token.status().message());
         return 1;
       }
-      store_url = "tcp://127.0.0.1:" + std::to_string(port);
+      token_ = *token;
+    }
+    std::string store_url;
+    if (options_.store == "tcp") {
+      // Bound once and handed to rank 0, never released in between.
+      auto listener = hps::net::listen_on("127.0.0.1", 0, 1024);
+      if (!listener.ok()) {
+        say("cannot listen for the TCP store: " + listener.status().message());
+        return 1;
+      }
+      store_fd_ = listener->fd;
+      store_url = "tcp://127.0.0.1:" + std::to_string(listener->port);
     } else {
       const char* tmp = std::getenv("TMPDIR");
       // Absolute: a file:// store URL needs an absolute path.
@@ -271,10 +282,18 @@ class Launcher {
       store_url = "file://" + pattern;
     }
     int code = 1;
-    if (start_ranks(store_url)) code = supervise();
+    const bool started = start_ranks(store_url);
+    // Rank 0 holds the socket now: once it is gone, clients must be refused, not queued.
+    hps::net::close_fd(store_fd_);
+    store_fd_ = -1;
+    if (started) code = supervise();
     if (!store_dir_.empty()) {
       std::error_code ignored;
       std::filesystem::remove_all(store_dir_, ignored);
+    }
+    // Segments whose names a killed rank left (a rank removes its own on every other path).
+    if (const int removed = hps::shm::remove_job_segments(job_id_); removed > 0) {
+      say("removed " + std::to_string(removed) + " shared-memory segment(s) the job left");
     }
     return code;
   }
@@ -300,7 +319,8 @@ class Launcher {
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string_view entry(*e);
       bool ours = false;
-      for (const char* name : {"HPS_RANK=", "HPS_WORLD_SIZE=", "HPS_LOCAL_RANK=", "HPS_STORE="}) {
+      for (const char* name : {"HPS_RANK=", "HPS_WORLD_SIZE=", "HPS_LOCAL_RANK=", "HPS_STORE=",
+                               "HPS_JOB_ID=", "HPS_STORE_TOKEN=", "HPS_STORE_FD="}) {
         if (entry.rfind(name, 0) == 0) ours = true;
       }
       if (!ours) env.emplace_back(entry);
@@ -309,6 +329,9 @@ class Launcher {
     env.push_back("HPS_WORLD_SIZE=" + std::to_string(options_.nproc));
     env.push_back("HPS_LOCAL_RANK=" + std::to_string(rank));
     env.push_back("HPS_STORE=" + store_url);
+    env.push_back("HPS_JOB_ID=" + job_id_);
+    if (!token_.empty()) env.push_back("HPS_STORE_TOKEN=" + token_);
+    if (rank == 0 && store_fd_ >= 0) env.push_back("HPS_STORE_FD=" + std::to_string(store_fd_));
     return env;
   }
 
@@ -345,6 +368,8 @@ class Launcher {
         ::dup2(out[1], STDOUT_FILENO);
         ::dup2(err[1], STDERR_FILENO);
         std::signal(SIGPIPE, SIG_DFL);
+        // Rank 0 inherits the store's listening socket (HPS_STORE_FD); the others do not.
+        if (r == 0 && store_fd_ >= 0) ::fcntl(store_fd_, F_SETFD, 0);
         sigset_t none;
         sigemptyset(&none);
         ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -506,6 +531,9 @@ class Launcher {
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
   std::string store_dir_;
+  std::string job_id_;
+  std::string token_;
+  int store_fd_ = -1;
 };
 
 }  // namespace

@@ -75,9 +75,44 @@ StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
   return slot;
 }
 
+// Slot layout: p2p bit 63 | sequence (23 bits) << 40 | fingerprint (20 bits) << 20 |
+// phase << 16 | ring step. The fingerprint hashes what fixes every message's size (the
+// collective's descriptor, a transfer's byte count), so ranks that called with different
+// counts never pair their messages: Gloo's event loop would throw (and abort the process)
+// on a message longer than the receive posted for it, and would take a shorter one as
+// complete. They time out instead, naming the ranks. (A mismatch whose fingerprints collide,
+// one in 2^20, is not caught this way; the argument check, on by default, catches all.)
 constexpr uint64_t kPointToPointBit = uint64_t{1} << 63;
-// Slot layout: operation base (sequence << 20) | phase << 16 | ring step.
 constexpr uint32_t kAllGatherPhase = 3;
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  // splitmix64's finaliser over the running hash and the next field.
+  uint64_t z = h ^ (v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t slot_base(uint64_t sequence, uint64_t fingerprint) {
+  return ((sequence & ((uint64_t{1} << 23) - 1)) << 40) | ((fingerprint & 0xFFFFF) << 20);
+}
+
+uint64_t collective_slot_base(const CollectiveDescriptor& d) {
+  uint64_t h = 0;
+  for (uint64_t field :
+       {static_cast<uint64_t>(d.kind), static_cast<uint64_t>(d.dtype), static_cast<uint64_t>(d.op),
+        static_cast<uint64_t>(d.root), static_cast<uint64_t>(d.count)}) {
+    h = mix(h, field);
+  }
+  return slot_base(d.sequence, h);
+}
+
+// A ring step's slot (step * kMaxSegments + segment) must fit its 16 bits.
+constexpr int32_t kMaxGlooGroupSize = 8192;
+
+uint64_t transfer_slot_base(uint64_t index, size_t bytes) {
+  return kPointToPointBit | slot_base(index, mix(0, bytes));
+}
 
 // Chunk i of `count` elements cut into n nearly equal parts.
 struct Chunks {
@@ -146,36 +181,32 @@ class GlooCommunicator::Op {
   void post_send(size_t buffer_index, int32_t peer, uint64_t slot, size_t offset, size_t bytes) {
     if (bytes == 0) return;
     buffers_[buffer_index]->send(peer, slot, offset, bytes);
-    pending_sends_.push_back(buffer_index);
+    pending_sends_.push_back({buffer_index, peer});
   }
   void post_recv(size_t buffer_index, int32_t peer, uint64_t slot, size_t offset, size_t bytes) {
     if (bytes == 0) return;
     buffers_[buffer_index]->recv(peer, slot, offset, bytes);
-    pending_recvs_.push_back(buffer_index);
+    pending_recvs_.push_back({buffer_index, peer});
   }
 
-  // Waits for every posted transfer; Gloo throws on timeout or a broken peer.
+  // Waits for every posted transfer; Gloo throws on a broken peer, PeerTimeout names the
+  // ranks still owed at the deadline.
   void wait_all() {
-    for (size_t i : pending_recvs_) {
-      if (!buffers_[i]->waitRecv(remaining())) throw AbortedByUser();
-    }
-    for (size_t i : pending_sends_) {
-      if (!buffers_[i]->waitSend(remaining())) throw AbortedByUser();
-    }
-    pending_recvs_.clear();
-    pending_sends_.clear();
+    while (!pending_recvs_.empty()) wait_one(pending_recvs_, true);
+    while (!pending_sends_.empty()) wait_one(pending_sends_, false);
   }
 
   // Waits for the oldest posted receive alone. Receives from one peer complete in the
   // order they were posted (one TCP stream), which lets a caller reduce segment k while
   // segments k+1.. are still arriving.
-  void wait_next_recv() {
-    const size_t i = pending_recvs_.front();
-    if (!buffers_[i]->waitRecv(remaining())) throw AbortedByUser();
-    pending_recvs_.erase(pending_recvs_.begin());
-  }
+  void wait_next_recv() { wait_one(pending_recvs_, true); }
 
   struct AbortedByUser {};
+  // The deadline passed with transfers to or from these ranks outstanding.
+  struct PeerTimeout {
+    std::vector<int32_t> peers;
+    bool receiving;
+  };
 
   Clock::time_point deadline() const { return deadline_; }
 
@@ -191,11 +222,42 @@ class GlooCommunicator::Op {
     return std::max(left, std::chrono::milliseconds(1));
   }
 
+  struct Pending {
+    size_t buffer;
+    int32_t peer;
+  };
+
+  // Waits for one transfer on the buffer of list's oldest entry and crosses off the one that
+  // completed (Gloo says which peer it was).
+  void wait_one(std::vector<Pending>& list, bool receiving) {
+    const size_t buffer = list.front().buffer;
+    int peer = -1;
+    bool done = false;
+    try {
+      done = receiving ? buffers_[buffer]->waitRecv(&peer, remaining())
+                       : buffers_[buffer]->waitSend(&peer, remaining());
+    } catch (const ::gloo::IoException& e) {
+      if (std::string_view(e.what()).find("Timed out") == std::string_view::npos) throw;
+      PeerTimeout timeout{{}, receiving};
+      for (const Pending& p : list) {
+        if (p.buffer == buffer &&
+            std::find(timeout.peers.begin(), timeout.peers.end(), p.peer) == timeout.peers.end()) {
+          timeout.peers.push_back(p.peer);
+        }
+      }
+      throw timeout;
+    }
+    if (!done) throw AbortedByUser();
+    auto it = std::find_if(list.begin(), list.end(),
+                           [&](const Pending& p) { return p.buffer == buffer && p.peer == peer; });
+    list.erase(it != list.end() ? it : list.begin());
+  }
+
   uint64_t slot_base_;
   Clock::time_point deadline_;
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers_;
-  std::vector<size_t> pending_sends_;
-  std::vector<size_t> pending_recvs_;
+  std::vector<Pending> pending_sends_;
+  std::vector<Pending> pending_recvs_;
 };
 
 namespace {
@@ -313,6 +375,10 @@ GlooCommunicator::~GlooCommunicator() {
 StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr<Store> store,
                                                                  int32_t rank, int32_t size,
                                                                  const CommOptions& options) {
+  if (size > kMaxGlooGroupSize) {
+    return out_of_range("the CPU communicator serves groups of up to " +
+                        std::to_string(kMaxGlooGroupSize) + " ranks, not " + std::to_string(size));
+  }
   HPS_ASSIGN_OR_RETURN(auto device, shared_device());
   // Ranks create communicators on one store in the same order, so a per-rank count in
   // the store gives every creation the same fresh key space on all of them.
@@ -433,12 +499,18 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
   }
   stream_->enqueue([this, work, operation = std::move(operation), sequence, slot_base, checked,
                     body = std::move(body)] {
-    const auto deadline = Clock::now() + timeout();
-    Op op(*this, operation, sequence, slot_base, deadline);
-    op.descriptor = checked ? &*checked : nullptr;
-    Status s = run(op, op.descriptor, body);
-    record_failure(s);
-    work->set_status(std::move(s));
+    // Nothing may escape into the stream's worker thread: whatever is thrown becomes this
+    // operation's error, and with it the communicator's.
+    Status s;
+    try {
+      const auto deadline = Clock::now() + timeout();
+      Op op(*this, operation, sequence, slot_base, deadline);
+      op.descriptor = checked ? &*checked : nullptr;
+      s = run(op, op.descriptor, body);
+    } catch (...) {
+      s = aborted(where(operation, sequence) + ": " + describe_exception());
+    }
+    finish(*work, std::move(s));
   });
   HPS_RETURN_IF_ERROR(work->done_event().record(*stream_));
   return work;
@@ -467,6 +539,14 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
     return fn();
   } catch (const Op::AbortedByUser&) {
     return aborted(place + ": the communicator was aborted");
+  } catch (const Op::PeerTimeout& t) {
+    if (aborted_) return aborted(place + ": the communicator was aborted");
+    std::string who;
+    for (int32_t peer : t.peers) who += (who.empty() ? "" : ", ") + std::to_string(peer);
+    return timeout_error(place + ": timed out after " + std::to_string(timeout().count()) + " ms " +
+                         (t.receiving ? "waiting for data from rank" : "sending to rank") +
+                         (t.peers.size() > 1 ? "s " : " ") + who +
+                         " (a peer is missing or called a different operation)");
   } catch (const std::exception& e) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
     const std::string what = e.what();
@@ -476,6 +556,27 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
                            " ms (a peer is missing or called a different operation): " + what);
     }
     return aborted(place + ": the connection to a peer failed (did a rank exit?): " + what);
+  } catch (...) {
+    return aborted(place + ": " + describe_exception());
+  }
+}
+
+void GlooCommunicator::finish(Work& work, Status s) noexcept {
+  try {
+    record_failure(s);
+  } catch (...) {
+    // Logging the failure failed (out of memory): the work still carries it.
+  }
+  work.set_status(std::move(s));
+}
+
+std::string GlooCommunicator::describe_exception() noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return std::string("unexpected exception: ") + e.what();
+  } catch (...) {
+    return "unexpected exception of an unknown type";
   }
 }
 
@@ -749,14 +850,19 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue_point_to_point(
   auto mark = static_cast<cpu::CpuEvent&>(work->done_event()).record_detached();
   stream_->enqueue(
       [this, work, mark, operation = std::move(operation), slot_base, post = std::move(post)] {
-        auto op = std::make_shared<Op>(*this, operation, 0, slot_base, Clock::now() + timeout());
-        Status s = guarded(*op, [&] {
-          post(*op);
-          return Status::Ok();
-        });
-        std::lock_guard lock(waiter_mutex_);
-        waiting_.push_back({op, work, mark, s});
-        waiter_cv_.notify_one();
+        try {
+          auto op = std::make_shared<Op>(*this, operation, 0, slot_base, Clock::now() + timeout());
+          Status s = guarded(*op, [&] {
+            post(*op);
+            return Status::Ok();
+          });
+          std::lock_guard lock(waiter_mutex_);
+          waiting_.push_back({op, work, mark, s});
+          waiter_cv_.notify_one();
+        } catch (...) {
+          finish(*work, aborted(where(operation, 0) + ": " + describe_exception()));
+          mark->complete();
+        }
       });
   return work;
 }
@@ -770,14 +876,17 @@ void GlooCommunicator::complete_transfers() {
     waiting_.pop_front();
     lock.unlock();
     Status s = t.posted;
-    if (s.ok()) {
-      s = guarded(*t.op, [&] {
-        t.op->wait_all();
-        return Status::Ok();
-      });
+    try {
+      if (s.ok()) {
+        s = guarded(*t.op, [&] {
+          t.op->wait_all();
+          return Status::Ok();
+        });
+      }
+    } catch (...) {
+      s = aborted(where(t.op->operation, 0) + ": " + describe_exception());
     }
-    record_failure(s);
-    t.work->set_status(std::move(s));
+    finish(*t.work, std::move(s));
     t.op.reset();
     t.mark->complete();
     lock.lock();
@@ -794,14 +903,14 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_reduce(const void* send, v
   HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
   Descriptor d{kAllReduceKind,  static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
                next_sequence_++};
-  return enqueue(
-      "all_reduce", ready, &d, d.sequence << 20, [this, send, recv, count, dtype, op](Op& o) {
-        if (shm_) {
-          return located(
-              o, shm_->all_reduce(*o.descriptor, o.deadline(), send, recv, count, dtype, op));
-        }
-        return ring_all_reduce(o, send, recv, count, dtype, op);
-      });
+  return enqueue("all_reduce", ready, &d, collective_slot_base(d),
+                 [this, send, recv, count, dtype, op](Op& o) {
+                   if (shm_) {
+                     return located(o, shm_->all_reduce(*o.descriptor, o.deadline(), send, recv,
+                                                        count, dtype, op));
+                   }
+                   return ring_all_reduce(o, send, recv, count, dtype, op);
+                 });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void* recv, size_t count,
@@ -814,7 +923,8 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void*
   Descriptor d{kReduceKind,     static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count,
                next_sequence_++};
   return enqueue(
-      "reduce", ready, &d, d.sequence << 20, [this, send, recv, count, dtype, op, root](Op& o) {
+      "reduce", ready, &d, collective_slot_base(d),
+      [this, send, recv, count, dtype, op, root](Op& o) {
         // A ring all-reduce into scratch; the root keeps the result.
         const size_t bytes = count * dtype_size(dtype);
         void* work_buffer = scratch(2, bytes);
@@ -836,7 +946,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::broadcast(void* buffer, size_t
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
   Descriptor d{kBroadcastKind, static_cast<int32_t>(dtype), 0, root, count, next_sequence_++};
   return enqueue(
-      "broadcast", ready, &d, d.sequence << 20, [this, buffer, count, dtype, root](Op& o) {
+      "broadcast", ready, &d, collective_slot_base(d), [this, buffer, count, dtype, root](Op& o) {
         const size_t bytes = count * dtype_size(dtype);
         if (shm_) {
           return located(o, shm_->broadcast(*o.descriptor, o.deadline(), buffer, bytes, root));
@@ -853,7 +963,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_gather(const void* send, v
   HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype, static_cast<size_t>(size_)));
   Descriptor d{kAllGatherKind, static_cast<int32_t>(dtype), 0, 0, count, next_sequence_++};
   return enqueue(
-      "all_gather", ready, &d, d.sequence << 20, [this, send, recv, count, dtype](Op& o) {
+      "all_gather", ready, &d, collective_slot_base(d), [this, send, recv, count, dtype](Op& o) {
         const size_t bytes = count * dtype_size(dtype);
         if (shm_) {
           return located(o, shm_->all_gather(*o.descriptor, o.deadline(), send, recv, bytes));
@@ -872,18 +982,19 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* sen
   HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
   Descriptor d{kReduceScatterKind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
                next_sequence_++};
-  return enqueue(
-      "reduce_scatter", ready, &d, d.sequence << 20, [this, send, recv, count, dtype, op](Op& o) {
-        if (shm_) {
-          return located(
-              o, shm_->reduce_scatter(*o.descriptor, o.deadline(), send, recv, count, dtype, op));
-        }
-        // Power-of-two groups of 4 or more halve recursively (at 2 it is the same exchange).
-        if (size_ > 2 && (size_ & (size_ - 1)) == 0 && count > 0) {
-          return halving_reduce_scatter(o, send, recv, count, dtype, op);
-        }
-        return ring_reduce_scatter(o, send, recv, count, dtype, op);
-      });
+  return enqueue("reduce_scatter", ready, &d, collective_slot_base(d),
+                 [this, send, recv, count, dtype, op](Op& o) {
+                   if (shm_) {
+                     return located(o, shm_->reduce_scatter(*o.descriptor, o.deadline(), send, recv,
+                                                            count, dtype, op));
+                   }
+                   // Power-of-two groups of 4 or more halve recursively (at 2 it is the same
+                   // exchange).
+                   if (size_ > 2 && (size_ & (size_ - 1)) == 0 && count > 0) {
+                     return halving_reduce_scatter(o, send, recv, count, dtype, op);
+                   }
+                   return ring_reduce_scatter(o, send, recv, count, dtype, op);
+                 });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::send(const void* buffer, size_t count,
@@ -892,7 +1003,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::send(const void* buffer, size_
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
   if (peer == rank_) return invalid_argument("send on group '" + options_.name + "': to itself");
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  const uint64_t slot = kPointToPointBit | (sent_[peer]++ << 20);
+  const uint64_t slot = transfer_slot_base(sent_[peer]++, count * dtype_size(dtype));
   return enqueue_point_to_point("send", ready, slot, [buffer, count, dtype, peer](Op& o) {
     const size_t bytes = count * dtype_size(dtype);
     o.post_send(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
@@ -905,7 +1016,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::recv(void* buffer, size_t coun
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
   if (peer == rank_) return invalid_argument("recv on group '" + options_.name + "': from itself");
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  const uint64_t slot = kPointToPointBit | (received_[peer]++ << 20);
+  const uint64_t slot = transfer_slot_base(received_[peer]++, count * dtype_size(dtype));
   return enqueue_point_to_point("recv", ready, slot, [buffer, count, dtype, peer](Op& o) {
     const size_t bytes = count * dtype_size(dtype);
     o.post_recv(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
@@ -914,7 +1025,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::recv(void* buffer, size_t coun
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
   Descriptor d{kBarrierKind, 0, 0, 0, 0, next_sequence_++};
-  return enqueue("barrier", ready, &d, d.sequence << 20, [this](Op& o) {
+  return enqueue("barrier", ready, &d, collective_slot_base(d), [this](Op& o) {
     if (shm_) return located(o, shm_->barrier(*o.descriptor, o.deadline()));
     // The descriptors were posted when each rank enqueued, not when its stream got here,
     // so one byte per rank goes round the ring as well.

@@ -2,6 +2,7 @@
 // run by the communicator's own CPU stream worker so they overlap the caller's compute.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -48,7 +49,9 @@ class GlooCommunicator final : public Communicator {
   bool shared_memory_direct() const { return shm_ && shm_->direct(); }
   Stream& stream() override { return *stream_; }
   Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
-  void set_timeout(Milliseconds timeout) override { timeout_ms_ = timeout.count(); }
+  void set_timeout(Milliseconds timeout) override {
+    timeout_ms_ = std::clamp(timeout, Milliseconds(1), kMaxCommTimeout).count();
+  }
 
   StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
                                              DType dtype, ReduceOp op, Stream* ready) override;
@@ -88,6 +91,10 @@ class GlooCommunicator final : public Communicator {
   // that name the operation, its sequence number and the group.
   Status guarded(Op& op, const std::function<Status()>& fn);
   void record_failure(const Status& s);
+  // Records a finished operation's status on its work (and the communicator's failure).
+  void finish(Work& work, Status s) noexcept;
+  // Inside a catch block: what was caught, in words.
+  static std::string describe_exception() noexcept;
   StatusOr<std::shared_ptr<Work>> enqueue_point_to_point(std::string operation, Stream* ready,
                                                          uint64_t slot_base,
                                                          std::function<void(Op&)> post);

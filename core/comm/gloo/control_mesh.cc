@@ -6,15 +6,27 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
+#include "core/comm/auth.h"
 #include "core/comm/socket.h"
+#include "core/common/logging.h"
 
 namespace hps::gloo_backend {
 namespace {
 
 using net::Clock;
+
+// Each rank publishes "host:port nonce" under control/<rank>. A connecting rank proves it
+// read the store (the job's, which strangers cannot) by sending the listener's nonce with its
+// rank; the listener answers with the connecting rank's nonce, proving the same. Anything
+// else that connects is closed without costing the job more than kHandshakeTimeout.
+constexpr size_t kNonceBytes = 16;
+constexpr Milliseconds kHandshakeTimeout{5'000};
+using Nonce = std::array<uint8_t, kNonceBytes>;
 
 std::string address_key(int32_t rank) { return "control/" + std::to_string(rank); }
 
@@ -24,16 +36,56 @@ int poll_timeout_ms(Clock::time_point deadline) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, 1'000'000));
 }
 
-// Splits "host:port" (the host may be "[v6]").
-bool parse_address(const std::string& text, std::string* host, uint16_t* port) {
-  const size_t colon = text.rfind(':');
+std::string to_hex(const Nonce& nonce) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : nonce) {
+    out += kHex[b >> 4];
+    out += kHex[b & 0xF];
+  }
+  return out;
+}
+
+bool from_hex(std::string_view text, Nonce* nonce) {
+  if (text.size() != 2 * kNonceBytes) return false;
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < kNonceBytes; ++i) {
+    const int hi = digit(text[2 * i]), lo = digit(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    (*nonce)[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  return true;
+}
+
+// Splits "host:port nonce" (the host may be "[v6]").
+bool parse_address(const std::string& text, std::string* host, uint16_t* port, Nonce* nonce) {
+  const size_t space = text.find(' ');
+  if (space == std::string::npos || !from_hex(std::string_view(text).substr(space + 1), nonce)) {
+    return false;
+  }
+  const std::string address = text.substr(0, space);
+  const size_t colon = address.rfind(':');
   if (colon == std::string::npos) return false;
-  *host = text.substr(0, colon);
+  *host = address.substr(0, colon);
   if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
     *host = host->substr(1, host->size() - 2);
   }
-  *port = static_cast<uint16_t>(std::stoul(text.substr(colon + 1)));
+  uint32_t value = 0;
+  const std::string digits = address.substr(colon + 1);
+  auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (error != std::errc() || end != digits.data() + digits.size() || value == 0 || value > 65535) {
+    return false;
+  }
+  *port = static_cast<uint16_t>(value);
   return true;
+}
+
+std::string_view bytes_of(const Nonce& nonce) {
+  return {reinterpret_cast<const char*>(nonce.data()), nonce.size()};
 }
 
 }  // namespace
@@ -58,17 +110,21 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
     int fd;
     ~Closer() { net::close_fd(fd); }
   } listening{listener.fd};
-  HPS_RETURN_IF_ERROR(store.set(address_key(rank), net::endpoint(host, listener.port)));
+  Nonce mine{};
+  HPS_RETURN_IF_ERROR(auth::random_bytes(mine.data(), mine.size()));
+  HPS_RETURN_IF_ERROR(
+      store.set(address_key(rank), net::endpoint(host, listener.port) + " " + to_hex(mine)));
 
   // Connect to every lower rank (its listen backlog completes the connection before it
-  // accepts), announcing this rank's number; then accept every higher one.
+  // accepts), proving this rank's number; then accept every higher one.
   for (int32_t peer = 0; peer < rank; ++peer) {
     const auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now());
     HPS_ASSIGN_OR_RETURN(std::string address,
                          store.get(address_key(peer), std::max(left, Milliseconds(1))));
     std::string peer_host;
     uint16_t port = 0;
-    if (!parse_address(address, &peer_host, &port)) {
+    Nonce theirs{};
+    if (!parse_address(address, &peer_host, &port, &theirs)) {
       return backend_error("control connection: rank " + std::to_string(peer) +
                            " published a malformed address '" + address + "'");
     }
@@ -78,11 +134,20 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
                                             " at " + address + ": " + fd.status().message());
     }
     mesh->sockets_[static_cast<size_t>(peer)] = *fd;
-    const int32_t me = rank;
-    HPS_RETURN_IF_ERROR(net::send_all(
-        *fd, std::string_view(reinterpret_cast<const char*>(&me), sizeof me), deadline));
+    char hello[4 + kNonceBytes];
+    for (int i = 0; i < 4; ++i)
+      hello[i] = static_cast<char>(static_cast<uint32_t>(rank) >> (24 - 8 * i));
+    std::memcpy(hello + 4, theirs.data(), kNonceBytes);
+    HPS_RETURN_IF_ERROR(net::send_all(*fd, std::string_view(hello, sizeof hello), deadline));
+    Nonce answer{};
+    Status s = net::recv_all(*fd, reinterpret_cast<char*>(answer.data()), answer.size(), deadline);
+    if (!s.ok() || !auth::equal_secrets(answer.data(), mine.data(), kNonceBytes)) {
+      return aborted("control connection to rank " + std::to_string(peer) + " at " + address +
+                     ": the peer did not prove it belongs to this group (" +
+                     (s.ok() ? std::string("wrong answer") : s.message()) + ")");
+    }
   }
-  for (int32_t accepted = rank + 1; accepted < size; ++accepted) {
+  for (int32_t accepted = rank + 1; accepted < size;) {
     if (!net::poll_until(listener.fd, POLLIN, deadline)) {
       return timeout_error("control connections: rank " + std::to_string(rank) + " accepted " +
                            std::to_string(accepted - rank - 1) + " of the " +
@@ -90,23 +155,50 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
     }
     const int fd = ::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) {
-        --accepted;
-        continue;
-      }
+      if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
       return backend_error("control connections: accept: " + net::errno_message(errno));
     }
     net::set_no_delay(fd);
+    const auto handshake_deadline = std::min(deadline, Clock::now() + kHandshakeTimeout);
+    char hello[4 + kNonceBytes];
+    Status s = net::recv_all(fd, hello, sizeof hello, handshake_deadline);
     int32_t peer = -1;
-    Status s = net::recv_all(fd, reinterpret_cast<char*>(&peer), sizeof peer, deadline);
-    if (!s.ok() || peer <= rank || peer >= size || mesh->sockets_[static_cast<size_t>(peer)] >= 0) {
+    if (s.ok()) {
+      uint32_t raw = 0;
+      for (int i = 0; i < 4; ++i) raw = raw << 8 | static_cast<uint8_t>(hello[i]);
+      peer = static_cast<int32_t>(raw);
+    }
+    std::string why;
+    if (!s.ok()) {
+      why = s.message();
+    } else if (!auth::equal_secrets(hello + 4, mine.data(), kNonceBytes)) {
+      why = "it does not know this rank's nonce";
+    } else if (peer <= rank || peer >= size || mesh->sockets_[static_cast<size_t>(peer)] >= 0) {
+      why = "it claims rank " + std::to_string(peer);
+    }
+    std::string their_address;
+    Nonce theirs{};
+    if (why.empty()) {
+      auto published = store.get(address_key(peer), Milliseconds(1));
+      std::string ignored_host;
+      uint16_t ignored_port = 0;
+      if (!published.ok() || !parse_address(*published, &ignored_host, &ignored_port, &theirs)) {
+        why = "rank " + std::to_string(peer) + " has published no address";
+      }
+    }
+    if (why.empty()) {
+      s = net::send_all(fd, bytes_of(theirs), handshake_deadline);
+      if (!s.ok()) why = s.message();
+    }
+    if (!why.empty()) {
+      // Not a rank of this group (or one that gave up): close it and keep waiting.
+      HPS_LOG(kWarn) << "control connections: rank " << rank
+                     << " closed a connection that is not a peer of its group (" << why << ")";
       net::close_fd(fd);
-      return backend_error(
-          "control connections: a connection that is not a higher rank of "
-          "this group (" +
-          (s.ok() ? "rank " + std::to_string(peer) : s.message()) + ")");
+      continue;
     }
     mesh->sockets_[static_cast<size_t>(peer)] = fd;
+    ++accepted;
   }
   return mesh;
 }

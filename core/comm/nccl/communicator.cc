@@ -140,29 +140,35 @@ void NcclCommunicator::watch() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     watch_cv_.wait_for(lock, std::chrono::milliseconds(10));
-    while (!pending_.empty()) {
-      Pending& p = pending_.front();
-      auto finished = p.work->done_event().query();
-      if (finished.ok() && *finished) {
-        pending_.pop_front();
-        continue;
+    // Nothing may escape into this thread: a failure to build a message (out of memory)
+    // is retried on the next round.
+    try {
+      while (!pending_.empty()) {
+        Pending& p = pending_.front();
+        auto finished = p.work->done_event().query();
+        if (finished.ok() && *finished) {
+          pending_.pop_front();
+          continue;
+        }
+        ncclResult_t state = ncclSuccess;
+        if (comm_ != nullptr) nccl().CommGetAsyncError(comm_, &state);
+        const bool failed = state != ncclSuccess && state != ncclInProgress;
+        if (failed || Clock::now() > p.deadline) {
+          Status s = failed ? nccl_status(state, p.work->description())
+                            : timeout_error(p.work->description() + ": timed out after " +
+                                            std::to_string(timeout().count()) + " ms");
+          failure_ = s;
+          aborted_ = true;
+          HPS_LOG(kError) << s.to_string() << "; aborting the NCCL communicator";
+          if (comm_ != nullptr) nccl().CommAbort(comm_);
+          comm_ = nullptr;
+          for (auto& q : pending_) q.work->set_status(s);
+          pending_.clear();
+        }
+        break;
       }
-      ncclResult_t state = ncclSuccess;
-      if (comm_ != nullptr) nccl().CommGetAsyncError(comm_, &state);
-      const bool failed = state != ncclSuccess && state != ncclInProgress;
-      if (failed || Clock::now() > p.deadline) {
-        Status s = failed ? nccl_status(state, p.work->description())
-                          : timeout_error(p.work->description() + ": timed out after " +
-                                          std::to_string(timeout().count()) + " ms");
-        failure_ = s;
-        aborted_ = true;
-        HPS_LOG(kError) << s.to_string() << "; aborting the NCCL communicator";
-        if (comm_ != nullptr) nccl().CommAbort(comm_);
-        comm_ = nullptr;
-        for (auto& q : pending_) q.work->set_status(s);
-        pending_.clear();
-      }
-      break;
+    } catch (const std::exception& e) {
+      HPS_LOG(kError) << "NCCL watchdog: " << e.what();
     }
   }
 }

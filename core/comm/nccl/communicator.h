@@ -5,6 +5,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -29,7 +30,9 @@ class NcclCommunicator final : public Communicator {
   std::string_view transport() const override { return "nccl"; }
   Stream& stream() override { return *stream_; }
   Milliseconds timeout() const override { return Milliseconds(timeout_ms_.load()); }
-  void set_timeout(Milliseconds timeout) override { timeout_ms_ = timeout.count(); }
+  void set_timeout(Milliseconds timeout) override {
+    timeout_ms_ = std::clamp(timeout, Milliseconds(1), kMaxCommTimeout).count();
+  }
 
   StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
                                              DType dtype, ReduceOp op, Stream* ready) override;

@@ -1,5 +1,6 @@
 #include "core/comm/shm/shm_group.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -11,17 +12,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <vector>
 
+#include "core/comm/host.h"
 #include "core/comm/reduce_ops.h"
+#include "core/common/env.h"
 #include "core/common/logging.h"
 
 namespace hps::shm {
@@ -41,32 +47,79 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free, "round counters must b
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
-// Which machine and boot this is: ranks that differ here cannot share memory.
-std::string host_identity() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  std::string boot;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::getline(in, boot);
-  return std::string(name) + "/" + boot;
+constexpr char kNamePrefix[] = "hpshard-";
+
+// The fields of a segment name "hpshard-JOB-PIDNS-PID-N-NONCE" (without the leading '/').
+struct SegmentName {
+  std::string job;
+  uint64_t pid_ns = 0;
+  int32_t pid = 0;
+};
+std::optional<SegmentName> parse_segment_name(const std::string& name) {
+  if (name.rfind(kNamePrefix, 0) != 0) return std::nullopt;
+  std::vector<std::string> fields;
+  std::stringstream in(name.substr(sizeof kNamePrefix - 1));
+  std::string field;
+  while (std::getline(in, field, '-')) fields.push_back(field);
+  if (fields.size() != 5) return std::nullopt;
+  SegmentName parsed;
+  parsed.job = fields[0];
+  char* end = nullptr;
+  parsed.pid_ns = std::strtoull(fields[1].c_str(), &end, 10);
+  if (fields[1].empty() || *end != '\0') return std::nullopt;
+  const long pid = std::strtol(fields[2].c_str(), &end, 10);
+  if (fields[2].empty() || *end != '\0' || pid <= 0 || pid > INT32_MAX) return std::nullopt;
+  parsed.pid = static_cast<int32_t>(pid);
+  return parsed;
 }
 
-uint64_t pid_namespace() {
-  struct stat st {};
-  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+// Unlinks the segments in /dev/shm that `remove` picks, owned by this user.
+template <typename Pick>
+int remove_segments(Pick remove) {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (dirent* entry = readdir(dir)) {
+    const std::string name = entry->d_name;
+    auto parsed = parse_segment_name(name);
+    if (!parsed || !remove(*parsed)) continue;
+    struct stat st {};
+    if (fstatat(dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        st.st_uid != geteuid() || !S_ISREG(st.st_mode)) {
+      continue;
+    }
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
 }
 
-// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
-bool process_ended(int32_t pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  std::getline(in, stat);
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
-  const char state = stat[paren + 2];
-  return state == 'Z' || state == 'X';
+// The name of a new segment of this process.
+std::string new_segment_name(uint64_t nonce) {
+  static std::atomic<uint64_t> counter{0};
+  std::ostringstream n;
+  n << '/' << kNamePrefix << segment_job_tag(env_string("HPS_JOB_ID").value_or("")) << '-'
+    << host::pid_namespace() << '-' << getpid() << '-' << counter++ << '-' << std::hex << nonce;
+  return n.str();
 }
+
+// Unlinks a segment's name when it goes out of scope, unless release()d first: every way
+// out of setting up a group leaves no name behind.
+class NameGuard {
+ public:
+  NameGuard() = default;
+  ~NameGuard() { release(); }
+  NameGuard(const NameGuard&) = delete;
+  NameGuard& operator=(const NameGuard&) = delete;
+  void hold(std::string name) { name_ = std::move(name); }
+  void release() {
+    if (!name_.empty()) shm_unlink(name_.c_str());
+    name_.clear();
+  }
+
+ private:
+  std::string name_;
+};
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::nanoseconds timeout) {
   timespec ts{};
@@ -176,10 +229,43 @@ size_t controls_offset() { return round_up(sizeof(ShmGroup::Header), kPage); }
 size_t slots_offset(int32_t size) {
   return controls_offset() + round_up(sizeof(ShmGroup::Control) * static_cast<size_t>(size), kPage);
 }
-size_t segment_bytes(int32_t size, size_t slot_bytes) {
-  return slots_offset(size) + static_cast<size_t>(size) * 2 * slot_bytes;
+// The segment's size, or INVALID_ARGUMENT when the slots are too large for the group.
+StatusOr<size_t> segment_bytes(int32_t size, size_t slot_bytes) {
+  size_t slots = 0, total = 0;
+  if (slot_bytes > kMaxSlotBytes ||
+      __builtin_mul_overflow(static_cast<size_t>(size), 2 * slot_bytes, &slots) ||
+      __builtin_add_overflow(slots_offset(size), slots, &total) ||
+      total > static_cast<size_t>(std::numeric_limits<off_t>::max())) {
+    return invalid_argument("shared-memory slots of " + std::to_string(slot_bytes) +
+                            " bytes (HPS_COMM_SHM_SLOT_BYTES, CommOptions::"
+                            "shared_memory_slot_bytes) are too large for " +
+                            std::to_string(size) + " ranks x 2 slots: at most " +
+                            std::to_string(kMaxSlotBytes) + " bytes per slot");
+  }
+  return total;
 }
 }  // namespace
+
+std::string segment_job_tag(const std::string& job_id) {
+  if (job_id.empty()) return "0";
+  std::string tag;
+  for (char ch : job_id.substr(0, 64)) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.';
+    tag += keep ? ch : '_';
+  }
+  return tag;
+}
+
+int remove_job_segments(const std::string& job_id) {
+  const std::string tag = segment_job_tag(job_id);
+  return remove_segments([&](const SegmentName& s) { return s.job == tag; });
+}
+
+int remove_stale_segments() {
+  const uint64_t ns = host::pid_namespace();
+  return remove_segments(
+      [&](const SegmentName& s) { return s.pid_ns == ns && host::process_ended(s.pid); });
+}
 
 ShmGroup::ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base)
     : rank_(rank), size_(size), slot_bytes_(slot_bytes), base_(base) {}
@@ -206,9 +292,11 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
                                                      bool enabled, size_t slot_bytes,
                                                      Milliseconds timeout, bool direct) {
   if (size < 2) return std::unique_ptr<ShmGroup>();
+  HPS_RETURN_IF_ERROR(segment_bytes(size, slot_bytes).status());
   slot_bytes = round_up(std::max<size_t>(slot_bytes, kPage), kPage);
-  const size_t bytes = segment_bytes(size, slot_bytes);
-  const std::string host = host_identity();
+  HPS_ASSIGN_OR_RETURN(const size_t bytes, segment_bytes(size, slot_bytes));
+  const std::string host = host::identity();
+  NameGuard unlink_on_exit;  // rank 0's segment name, until every rank has opened it
   void* base = nullptr;
   std::string name;
   std::string why_not;  // empty when this rank mapped the segment
@@ -222,14 +310,17 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
     std::random_device random;
     const uint64_t nonce = (static_cast<uint64_t>(random()) << 32) ^ random();
     if (enabled) {
-      static std::atomic<uint64_t> counter{0};
-      std::ostringstream n;
-      n << "/hpshard-" << getpid() << "-" << counter++ << "-" << std::hex << nonce;
-      name = n.str();
+      // Segments a killed process left behind go first: nobody will ever unlink them.
+      if (const int stale = remove_stale_segments(); stale > 0) {
+        HPS_LOG(kInfo) << "removed " << stale
+                       << " shared-memory segment(s) left by processes that have ended";
+      }
+      name = new_segment_name(nonce);
       const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) {
         why_not = std::string("shm_open: ") + std::strerror(errno);
       } else {
+        unlink_on_exit.hold(name);
         // Reserve every page now: a full /dev/shm must mean "use TCP", not SIGBUS later.
         int rc = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
         if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
@@ -244,7 +335,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
           h->slot_bytes = slot_bytes;
         }
         close(fd);
-        if (!why_not.empty()) shm_unlink(name.c_str());
+        if (!why_not.empty()) unlink_on_exit.release();
       }
     } else {
       why_not = "disabled";
@@ -255,7 +346,10 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
     } else {
       published << "none";
     }
-    HPS_RETURN_IF_ERROR(store.set("segment", published.str()));
+    if (Status s = store.set("segment", published.str()); !s.ok()) {
+      if (base) unmap_segment(base);
+      return s;
+    }
   } else {
     HPS_ASSIGN_OR_RETURN(std::string published, store.get("segment", timeout));
     std::istringstream in(published);
@@ -292,19 +386,26 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
   if (why_not.empty()) {
     auto& mine = reinterpret_cast<Control*>(static_cast<uint8_t*>(base) + controls_offset())[rank];
     mine.pid = static_cast<int32_t>(getpid());
-    mine.pid_ns = pid_namespace();
+    mine.pid_ns = host::pid_namespace();
     mine.probe = reinterpret_cast<uint64_t>(&probe_word);
   }
   // Every rank learns whether every rank mapped it; they all decide alike.
-  HPS_RETURN_IF_ERROR(store.set("mapped/" + std::to_string(rank), why_not.empty() ? "1" : "0"));
+  if (Status s = store.set("mapped/" + std::to_string(rank), why_not.empty() ? "1" : "0");
+      !s.ok()) {
+    if (base) unmap_segment(base);
+    return s;
+  }
   bool all = true;
   for (int32_t q = 0; q < size; ++q) {
     auto v = store.get("mapped/" + std::to_string(q), timeout);
-    if (!v.ok()) return v.status();
+    if (!v.ok()) {
+      if (base) unmap_segment(base);
+      return v.status();
+    }
     all = all && v->size() == 1 && v->front() == '1';
   }
   // Every rank that will ever open it has: the name can go (the memory stays until unmapped).
-  if (rank == 0 && !name.empty() && name != "none") shm_unlink(name.c_str());
+  unlink_on_exit.release();
   if (!all) {
     if (base) unmap_segment(base);
     HPS_LOG(kDebug) << "rank " << rank << ": no shared-memory transport"
@@ -424,7 +525,7 @@ Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline d
                            " (a peer is missing or called a different operation)");
     }
     if (check_pid && now >= next_pid_check) {
-      if (process_ended(c.pid)) {
+      if (host::process_ended(c.pid)) {
         return aborted("rank " + std::to_string(peer) + " (process " + std::to_string(c.pid) +
                        ") has exited");
       }

@@ -30,6 +30,21 @@ namespace hps::shm {
 using Deadline = std::chrono::steady_clock::time_point;
 
 inline constexpr size_t kDefaultSlotBytes = size_t{2} << 20;
+// A slot larger than this is refused (INVALID_ARGUMENT): it gains nothing and its segment
+// (ranks x 2 slots) would not fit in /dev/shm.
+inline constexpr size_t kMaxSlotBytes = size_t{1} << 30;
+
+// Segments are named "/hpshard-JOB-PIDNS-PID-N-NONCE": JOB is the job id (HPS_JOB_ID, with
+// every byte outside [A-Za-z0-9_.] made '_', at most 64 of them; "0" without one), PIDNS and
+// PID the creating process's pid namespace and pid. A segment's name exists only while its
+// group is being set up; one a killed process left is removed by the next group created on
+// the host (its creator is gone) and by hpshard-run when the job it named ends.
+std::string segment_job_tag(const std::string& job_id);
+// Removes (shm_unlink) the segments of job `job_id` this user owns; returns how many.
+int remove_job_segments(const std::string& job_id);
+// Removes the segments this user owns whose creating process has ended (same pid
+// namespace only); returns how many.
+int remove_stale_segments();
 
 class ShmGroup {
  public:

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
 
 #include "core/common/config.h"
 #include "core/device/host_sync.h"
@@ -571,6 +573,154 @@ TEST(SharedMemory, HalfPrecisionSumsAccumulateInFloat32AndRoundOnce) {
         EXPECT_EQ(half_bits_to_float(scattered), 2052.0f);
       },
       over(kShmDirect));
+}
+
+// ---- sizes, limits and failures that used to crash ------------------------------------
+
+// Restores an environment variable when it goes out of scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (saved_) {
+      ::setenv(name_, saved_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+TEST(CommOptionsFromEnv, EverySizeAndSwitchIsCheckedAndNamed) {
+  struct Case {
+    const char* name;
+    const char* value;
+  };
+  for (const Case& c :
+       {Case{"HPS_COMM_SHM_SLOT_BYTES", "4611686018427387904"},
+        Case{"HPS_COMM_SHM_SLOT_BYTES", "2305843009213693952"},
+        Case{"HPS_COMM_SHM_SLOT_BYTES", "-1"}, Case{"HPS_COMM_TIMEOUT_MS", "9223372036854775807"},
+        Case{"HPS_COMM_TIMEOUT_MS", "0"}, Case{"HPS_COMM_CHECK", "2"}, Case{"HPS_COMM_SHM", "yes"},
+        Case{"HPS_COMM_SHM_DIRECT", "-1"}}) {
+    ScopedEnv env(c.name, c.value);
+    auto options = comm_options_from_env();
+    ASSERT_FALSE(options.ok()) << c.name << "=" << c.value << " was accepted";
+    EXPECT_EQ(options.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(options.status().message().find(c.name), std::string::npos)
+        << options.status().message();
+  }
+  ScopedEnv largest("HPS_COMM_SHM_SLOT_BYTES", "1073741824");
+  EXPECT_TRUE(comm_options_from_env().ok());
+}
+
+// 2^61-byte slots at 4 ranks overflowed the segment size (ranks x 2 x slot) and crashed with
+// SIGSEGV; now every rank is told, before anything is mapped.
+TEST(CommLimits, OversizedSharedMemorySlotsAreRefusedOnEveryRank) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (size_t slot : {size_t{1} << 61, size_t{1} << 62, (size_t{1} << 30) + 1}) {
+    auto store = make_in_memory_store();
+    std::vector<Status> results(4);
+    std::vector<std::thread> threads;
+    for (int32_t r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] {
+        CommOptions options;
+        options.timeout = Milliseconds(5'000);
+        options.shared_memory_slot_bytes = slot;
+        results[static_cast<size_t>(r)] =
+            create_communicator(store, r, 4, Device::cpu(), options).status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const Status& st : results) {
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << slot << ": " << st.to_string();
+      EXPECT_NE(st.message().find("slots"), std::string::npos) << st.message();
+    }
+  }
+}
+
+// A group of 2e9 ranks made the C API report bad_alloc.
+TEST(CommLimits, AGroupLargerThanTheLimitIsRefusedBeforeAnythingIsAllocated) {
+  auto store = make_in_memory_store();
+  const auto start = std::chrono::steady_clock::now();
+  auto comm = create_communicator(store, 0, 2'000'000'000, Device::cpu());
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(comm.status().message().find("2000000000"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  CommOptions forever;
+  forever.timeout = Milliseconds::max();
+  EXPECT_EQ(create_communicator(store, 0, 1, Device::cpu(), forever).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// With shared memory and the argument check off, counts 4 and 5 used to reach Gloo's event
+// loop as a message longer than the receive posted for it: an exception in Gloo's thread
+// that aborted the process. Every rank now gets an error, and the process lives.
+TEST(CommLimits, MismatchedCountsWithoutTheCheckFailOnEveryRankWithoutAborting) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  CommOptions options = over(kTcp);
+  options.check_arguments = false;
+  options.timeout = Milliseconds(1'500);
+  for (int32_t world : {2, 3}) {
+    std::atomic<int> failed{0};
+    run_ranks(
+        world,
+        [&](int32_t rank, Communicator& comm) {
+          const size_t count = rank == 0 ? 5 : 4;
+          std::vector<float> x(count * 8, 1.0f), y(count * 8, 0.0f);
+          auto w = comm.all_reduce(x.data(), y.data(), count, DType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(w.ok());
+          Status s = (*w)->wait();
+          EXPECT_FALSE(s.ok()) << "rank " << rank << " reduced mismatched counts";
+          if (!s.ok()) ++failed;
+        },
+        options);
+    EXPECT_EQ(failed.load(), world);
+  }
+  // The same for a send longer than its receive.
+  std::atomic<int> failed{0};
+  run_ranks(
+      2,
+      [&](int32_t rank, Communicator& comm) {
+        std::vector<int32_t> data(5, rank);
+        auto w = rank == 0 ? comm.send(data.data(), 5, DType::kInt32, 1)
+                           : comm.recv(data.data(), 4, DType::kInt32, 0);
+        ASSERT_TRUE(w.ok());
+        if (!(*w)->wait().ok()) ++failed;
+      },
+      options);
+  EXPECT_EQ(failed.load(), 2);
+}
+
+// A timeout while data moves names the rank that never sent (it used to say "a peer").
+TEST(CommLimits, ADataPhaseTimeoutNamesTheMissingRank) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  CommOptions options = over(kTcp);
+  options.check_arguments = false;
+  options.timeout = Milliseconds(1'000);
+  std::atomic<int> done{0};
+  run_ranks(
+      3,
+      [&](int32_t rank, Communicator& comm) {
+        if (rank == 2) {  // never joins the collective; stays until the others have failed
+          while (done < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        std::vector<float> x(64, 1.0f), y(64, 0.0f);
+        auto w = comm.all_reduce(x.data(), y.data(), x.size(), DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        Status s = (*w)->wait();
+        EXPECT_EQ(s.code(), StatusCode::kTimeout);
+        EXPECT_NE(s.message().find("rank 2"), std::string::npos) << s.message();
+        ++done;
+      },
+      options);
 }
 
 }  // namespace

@@ -2,14 +2,19 @@
 // open_store over each URL scheme.
 #include "core/comm/rendezvous.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <thread>
+
+#include "core/comm/socket.h"
 
 namespace hps {
 namespace {
@@ -20,7 +25,8 @@ constexpr const char* kVariables[] = {
     "HPS_RANK",     "HPS_WORLD_SIZE",       "HPS_LOCAL_RANK",       "HPS_STORE",
     "RANK",         "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
     "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID",
+    "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID",        "HPS_STORE_TOKEN",
+    "HPS_STORE_FD", "HPS_JOB_ID",
 };
 
 // Every test starts with none of the variables set and leaves the environment as it was.
@@ -239,6 +245,60 @@ TEST_F(RendezvousEnv, MalformedValuesAreNamed) {
   expect_error_naming(failure(), "WORLD_SIZE", "at least 1");
 }
 
+TEST_F(RendezvousEnv, StoreOptionsComeFromTheEnvironment) {
+  set("HPS_STORE_TOKEN", "s3cret");
+  set("HPS_JOB_ID", "job-7");
+  set("HPS_RANK", "0");
+  set("HPS_WORLD_SIZE", "3");
+  set("HPS_STORE", "tcp://127.0.0.1:29500");
+  auto o = store_options_from_env("tcp://127.0.0.1:29500", 0);
+  ASSERT_TRUE(o.ok()) << o.status().to_string();
+  EXPECT_EQ(o->token, "s3cret");
+  EXPECT_EQ(o->job.id, "job-7");
+  EXPECT_EQ(o->world_size, 3);
+  EXPECT_EQ(o->listen_fd, -1);
+  // The world size belongs to the environment's store only.
+  EXPECT_EQ(store_options_from_env("file:///elsewhere", 0)->world_size, 0);
+
+  set("HPS_STORE_TOKEN", "");
+  auto empty = store_options_from_env("tcp://127.0.0.1:29500", 0);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("HPS_STORE_TOKEN"), std::string::npos);
+  set("HPS_STORE_TOKEN", std::string(2000, 't').c_str());
+  EXPECT_EQ(store_options_from_env("tcp://127.0.0.1:29500", 0).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// hpshard-run hands rank 0 its bound socket; anything else in HPS_STORE_FD is refused by name.
+TEST_F(RendezvousEnv, RankZeroTakesTheListeningSocketHandedDownOnce) {
+  auto listener = net::listen_on("127.0.0.1", 0, 16);
+  ASSERT_TRUE(listener.ok());
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(listener->port);
+  set("HPS_RANK", "0");
+  set("HPS_WORLD_SIZE", "2");
+  set("HPS_STORE", url.c_str());
+  set("HPS_STORE_FD", "not-a-number");
+  auto bad = store_options_from_env(url, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("HPS_STORE_FD"), std::string::npos)
+      << bad.status().message();
+  set("HPS_STORE_FD", std::to_string(listener->fd).c_str());
+  // Another rank, or another store, does not take it.
+  EXPECT_EQ(store_options_from_env(url, 1)->listen_fd, -1);
+  auto o = store_options_from_env(url, 0);
+  ASSERT_TRUE(o.ok()) << o.status().to_string();
+  EXPECT_EQ(o->listen_fd, listener->fd);
+  // Taken once per process.
+  EXPECT_EQ(store_options_from_env(url, 0)->listen_fd, -1);
+  std::thread client([&] {
+    auto rank1 = open_store(url, 1, seconds(5), StoreOptions{});
+    EXPECT_TRUE(rank1.ok()) << rank1.status().to_string();
+  });
+  auto rank0 = open_store(url, 0, seconds(5), *o);
+  client.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status().to_string();
+}
+
 // ---- open_store --------------------------------------------------------------------
 
 TEST(OpenStore, MemoryStoresAreSharedByName) {
@@ -285,6 +345,68 @@ TEST(OpenStore, TcpUrlRankZeroServes) {
     EXPECT_EQ(*(*rank0)->get("from", seconds(1)), "rank 1");
     rank1 = unavailable("closed");  // clients before the server
   }
+}
+
+// Whether a socket listens on `port` bound to `address` (hex as in /proc/net/tcp,
+// e.g. 0100007F for 127.0.0.1).
+bool listening_on(uint16_t port, const std::string& address) {
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  std::getline(tcp, line);
+  char wanted[16];
+  std::snprintf(wanted, sizeof wanted, ":%04X", port);
+  while (std::getline(tcp, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (state == "0A" && local.size() > 5 && local.substr(local.size() - 5) == wanted) {
+      return local.substr(0, local.size() - 5) == address;
+    }
+  }
+  return false;
+}
+
+TEST(OpenStore, LocalhostBindsLoopbackAndANumericAddressItself) {
+  EXPECT_EQ(*store_bind_address("localhost"), "127.0.0.1");
+  EXPECT_EQ(*store_bind_address("LocalHost"), "127.0.0.1");
+  EXPECT_EQ(*store_bind_address("node.localhost"), "127.0.0.1");
+  EXPECT_EQ(*store_bind_address("10.1.2.3"), "10.1.2.3");
+  EXPECT_EQ(*store_bind_address("::1"), "::1");
+  char own[256] = {};
+  ::gethostname(own, sizeof own - 1);
+  EXPECT_EQ(*store_bind_address(own), "0.0.0.0");
+
+  uint16_t port = 0;
+  {
+    auto probe = TcpStoreServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(probe.ok());
+    port = (*probe)->port();
+  }
+  auto store = open_store("tcp://localhost:" + std::to_string(port), 0, seconds(5));
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  EXPECT_TRUE(listening_on(port, "0100007F")) << "tcp://localhost did not bind 127.0.0.1 only";
+}
+
+TEST(OpenStore, ATcpStoreServesOnlyRanksWithTheToken) {
+  uint16_t port = 0;
+  {
+    auto probe = TcpStoreServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(probe.ok());
+    port = (*probe)->port();
+  }
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+  StoreOptions with;
+  with.token = "job token";
+  StatusOr<std::shared_ptr<Store>> rank1 = unavailable("not opened");
+  std::thread early([&] { rank1 = open_store(url, 1, seconds(5), with); });
+  auto rank0 = open_store(url, 0, seconds(5), with);
+  early.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status().to_string();
+  ASSERT_TRUE(rank1.ok()) << rank1.status().to_string();
+  auto stranger = open_store(url, 2, seconds(5), StoreOptions{});
+  ASSERT_FALSE(stranger.ok());
+  EXPECT_EQ(stranger.status().code(), StatusCode::kFailedPrecondition);
+  rank1 = unavailable("closed");
 }
 
 TEST(OpenStore, BadUrlsAreInvalidArguments) {

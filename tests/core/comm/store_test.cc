@@ -2,9 +2,14 @@
 // them has: TCP clients, connect retry and server death; file stores shared by processes.
 #include "core/comm/store.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,9 +17,13 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <thread>
+
+#include "core/comm/socket.h"
+#include "core/comm/tcp_store_protocol.h"
 
 namespace hps {
 namespace {
@@ -174,6 +183,59 @@ TYPED_TEST(StoreConformance, AddStartsAtZeroAndRejectsNonIntegers) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("'word'"), std::string::npos) << r.status().message();
+}
+
+// One add for every store: strict integers only, and a sum beyond int64 is refused with the
+// value left as it was (the in-memory store used to take "5x" as 5 and wrap at 2^63).
+TYPED_TEST(StoreConformance, AddRefusesMalformedIntegersAndOverflowAlike) {
+  for (const char* bad : {"5x", " 5", "+5", "5 ", "0x10", "--1", "1e3"}) {
+    ASSERT_TRUE(this->store().set("text", bad).ok());
+    auto r = this->other().add("text", 1);
+    ASSERT_FALSE(r.ok()) << "'" << bad << "' was taken for an integer: " << *r;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(*this->store().get("text", seconds(1)), bad) << "the value was changed";
+  }
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  const int64_t min = std::numeric_limits<int64_t>::min();
+  ASSERT_TRUE(this->store().set("big", std::to_string(max - 1)).ok());
+  EXPECT_EQ(*this->other().add("big", 1), max);
+  auto over = this->store().add("big", 1);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(over.status().message().find("'big'"), std::string::npos) << over.status().message();
+  EXPECT_EQ(*this->other().get("big", seconds(1)), std::to_string(max));
+  EXPECT_EQ(*this->store().add("low", min), min);
+  EXPECT_EQ(this->other().add("low", -1).status().code(), StatusCode::kOutOfRange);
+  // Beyond int64 in the text itself.
+  ASSERT_TRUE(this->store().set("huge", "99999999999999999999").ok());
+  EXPECT_EQ(this->other().add("huge", 0).status().code(), StatusCode::kOutOfRange);
+}
+
+TYPED_TEST(StoreConformance, KeysAndValuesBeyondTheLimitsAreRefused) {
+  const std::string too_long_key(kMaxStoreKeyBytes + 1, 'k');
+  EXPECT_EQ(this->store().set(too_long_key, "v").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->store().add(too_long_key, 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->store().get(too_long_key, milliseconds(1)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(this->store().check({"k", too_long_key}).status().code(), StatusCode::kInvalidArgument);
+  const std::string too_big(kMaxStoreValueBytes + 1, 'v');
+  Status s = this->store().set("big", too_big);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(std::to_string(kMaxStoreValueBytes)), std::string::npos)
+      << s.message();
+  EXPECT_FALSE(*this->other().check({"big"}));
+  // The limit itself is allowed.
+  const std::string largest(kMaxStoreValueBytes, 'w');
+  ASSERT_TRUE(this->store().set("largest", largest).ok());
+  EXPECT_EQ(this->other().get("largest", seconds(5))->size(), largest.size());
+}
+
+TYPED_TEST(StoreConformance, TheLongestTimeoutsDoNotOverflow) {
+  ASSERT_TRUE(this->store().set("here", "1").ok());
+  EXPECT_EQ(*this->other().get("here", milliseconds::max()), "1");
+  EXPECT_TRUE(this->other().wait({"here"}, milliseconds::max()).ok());
+  // A negative timeout is no wait at all.
+  EXPECT_EQ(this->other().get("absent", milliseconds(-5)).status().code(), StatusCode::kTimeout);
 }
 
 TYPED_TEST(StoreConformance, WaitForSeveralKeys) {
@@ -378,24 +440,323 @@ TEST(TcpStore, ABusyPortIsAnError) {
             StatusCode::kInvalidArgument);
 }
 
-TEST(TcpStore, AGarbagePeerDoesNotHurtTheServer) {
-  uint16_t port = 0;
-  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
-  ASSERT_TRUE(server.ok());
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
+// A raw TCP connection to 127.0.0.1:port (not a store client).
+int raw_connect(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  return fd;
+}
+
+// Whether the server closes `fd` within `limit` (whatever it sent before).
+bool closed_by_server(int fd, milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  char buffer[4096];
+  while (Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return true;
+  }
+  return false;
+}
+
+void send_bytes(int fd, std::string_view bytes) {
+  ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(bytes.size()));
+}
+
+// Reads one frame (a test's raw client talks to the server by hand).
+std::string read_frame(int fd) {
+  tcp_store::FrameDecoder decoder(tcp_store::kMaxFrame);
+  char byte = 0;
+  while (true) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0 || ::recv(fd, &byte, 1, 0) != 1) return {};
+    std::string_view in(&byte, 1);
+    if (decoder.feed(&in) == tcp_store::FrameDecoder::State::kFrame) return decoder.take();
+  }
+}
+
+// Completes the handshake with a server that asks for no token.
+void handshake_without_token(int fd) {
+  auto hello = tcp_store::parse_hello(read_frame(fd));
+  ASSERT_TRUE(hello.has_value());
+  ASSERT_TRUE(hello->status.ok()) << hello->status.to_string();
+  ASSERT_FALSE(hello->token_required);
+  send_bytes(fd, tcp_store::frame(tcp_store::encode_proof({})));
+  auto welcome = tcp_store::parse_welcome(read_frame(fd));
+  ASSERT_TRUE(welcome.has_value() && welcome->status.ok());
+}
+
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+size_t thread_count() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
+// Waits until the server counts `want` connections (it closes and counts asynchronously).
+bool connections_become(const TcpStoreServer& server, size_t want, milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (server.connection_count() == want) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return server.connection_count() == want;
+}
+
+TEST(TcpStore, AGarbagePeerDoesNotHurtTheServer) {
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+  ASSERT_TRUE(server.ok());
+  const int fd = raw_connect(port);
   const char junk[] = "\xff\xff\xff\xffGET / HTTP/1.0\r\n\r\n";
-  ASSERT_GT(::send(fd, junk, sizeof junk, MSG_NOSIGNAL), 0);
-  char reply = 0;
-  EXPECT_EQ(::recv(fd, &reply, 1, 0), 0);  // the server hung up
+  send_bytes(fd, std::string_view(junk, sizeof junk));
+  EXPECT_TRUE(closed_by_server(fd, seconds(5)));  // after its greeting, the server hung up
   ::close(fd);
   ASSERT_TRUE((*server)->set("still", "fine").ok());
   EXPECT_EQ(*(*server)->get("still", seconds(1)), "fine");
+}
+
+// ---- TCP: the token ------------------------------------------------------------------
+
+TEST(TcpStore, ATokenIsRequiredAndProvedBothWays) {
+  TcpStoreOptions with_token;
+  with_token.token = "the job's secret";
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port, with_token);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  ASSERT_TRUE((*server)->set("k", "v").ok());
+
+  auto good = make_tcp_store("127.0.0.1", port, false, seconds(5), nullptr, with_token);
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ(*(*good)->get("k", seconds(1)), "v");
+
+  // Refusals are final: no retry until the connect timeout.
+  auto start = Clock::now();
+  auto none = make_tcp_store("127.0.0.1", port, false, seconds(20));
+  EXPECT_LT(since(start).count(), 5000);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("HPS_STORE_TOKEN"), std::string::npos)
+      << none.status().message();
+
+  TcpStoreOptions wrong;
+  wrong.token = "a guess";
+  auto guessed = make_tcp_store("127.0.0.1", port, false, seconds(20), nullptr, wrong);
+  ASSERT_FALSE(guessed.ok());
+  EXPECT_EQ(guessed.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(guessed.status().message().find("refused the token"), std::string::npos)
+      << guessed.status().message();
+
+  // A client with a token trusts no server that cannot prove the same token.
+  uint16_t open_port = 0;
+  auto open_server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &open_port);
+  ASSERT_TRUE(open_server.ok());
+  auto misled = make_tcp_store("127.0.0.1", open_port, false, seconds(20), nullptr, with_token);
+  ASSERT_FALSE(misled.ok());
+  EXPECT_EQ(misled.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(misled.status().message().find("not the store of this job"), std::string::npos)
+      << misled.status().message();
+}
+
+// The attack of the issue: one unauthenticated 17-byte ADD to a job's counter. The server
+// closes such a connection, and the key is untouched.
+TEST(TcpStore, AConnectionWithoutTheTokenCannotTouchAKey) {
+  TcpStoreOptions options;
+  options.token = "secret";
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port, options);
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->set("communicators/rank1", "1").ok());
+  for (bool read_greeting : {false, true}) {
+    const int fd = raw_connect(port);
+    if (read_greeting) {
+      auto hello = tcp_store::parse_hello(read_frame(fd));
+      ASSERT_TRUE(hello && hello->token_required);
+    }
+    tcp_store::Request add{tcp_store::Op::kAdd, {"communicators/rank1"}, {}, 1};
+    send_bytes(fd, tcp_store::frame(tcp_store::encode_request(add)));
+    EXPECT_TRUE(closed_by_server(fd, seconds(5)));
+    ::close(fd);
+    // A proof without a MAC is refused as well.
+    const int second = raw_connect(port);
+    ASSERT_TRUE(tcp_store::parse_hello(read_frame(second)).has_value());
+    send_bytes(second, tcp_store::frame(tcp_store::encode_proof({})));
+    auto welcome = tcp_store::parse_welcome(read_frame(second));
+    ASSERT_TRUE(welcome.has_value());
+    EXPECT_EQ(welcome->status.code(), StatusCode::kFailedPrecondition);
+    send_bytes(second, tcp_store::frame(tcp_store::encode_request(add)));
+    EXPECT_TRUE(closed_by_server(second, seconds(5)));
+    ::close(second);
+  }
+  EXPECT_EQ(*(*server)->get("communicators/rank1", seconds(1)), "1");
+}
+
+// ---- TCP: what one client can cost the server ----------------------------------------
+
+TEST(TcpStore, OversizedFramesCloseTheConnectionAndAnnouncedOnesCostNothingYet) {
+  uint16_t port = 0;
+  auto store = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+  ASSERT_TRUE(store.ok());
+  // Before the handshake a frame is at most 512 bytes; after it, a value and its key.
+  const int early = raw_connect(port);
+  tcp_store::Writer big;
+  big.u32(1u << 30);
+  send_bytes(early, big.take());
+  EXPECT_TRUE(closed_by_server(early, seconds(5)));
+  ::close(early);
+  const int late = raw_connect(port);
+  handshake_without_token(late);
+  tcp_store::Writer over;
+  over.u32(tcp_store::kMaxFrame + 1);
+  send_bytes(late, over.take());
+  EXPECT_TRUE(closed_by_server(late, seconds(5)));
+  ::close(late);
+
+  // Frames announced at the limit, then silence: the server holds what arrived, not what
+  // was announced (it used to allocate and zero the announced size at once).
+  const size_t before = resident_bytes();
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.push_back(raw_connect(port));
+    handshake_without_token(idle.back());
+    tcp_store::Writer announce;
+    announce.u32(tcp_store::kMaxFrame);
+    announce.u8(static_cast<uint8_t>(tcp_store::Op::kSet));
+    send_bytes(idle.back(), announce.take());
+  }
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_LT(resident_bytes(), before + (8u << 20))
+      << "three announced frames made the server hold their size";
+  ASSERT_TRUE((*store)->set("still", "served").ok());
+  for (int fd : idle) ::close(fd);
+}
+
+TEST(TcpStore, IdleSilentAndAbandonedConnectionsAreClosed) {
+  TcpStoreOptions options;
+  options.handshake_timeout = milliseconds(300);
+  options.idle_timeout = milliseconds(300);
+  auto server = TcpStoreServer::start("127.0.0.1", 0, options);
+  ASSERT_TRUE(server.ok());
+  const uint16_t port = (*server)->port();
+  // Silent: never completes the handshake.
+  const int silent = raw_connect(port);
+  auto start = Clock::now();
+  EXPECT_TRUE(closed_by_server(silent, seconds(5)));
+  EXPECT_LT(since(start).count(), 3000);
+  ::close(silent);
+  // Idle after the handshake.
+  const int idle = raw_connect(port);
+  handshake_without_token(idle);
+  EXPECT_TRUE(closed_by_server(idle, seconds(5)));
+  ::close(idle);
+  // A store client whose pooled connection the server closed reconnects by itself.
+  auto client = make_tcp_store("127.0.0.1", port, false, seconds(5), nullptr, options);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->set("a", "1").ok());
+  std::this_thread::sleep_for(milliseconds(700));
+  EXPECT_EQ(*(*client)->add("n", 2), 2);
+  EXPECT_EQ(*(*client)->get("a", seconds(1)), "1");
+  client = unavailable("closed");
+  ASSERT_TRUE(connections_become(**server, 0, seconds(5)));
+
+  // GETs with an hour's timeout whose clients leave: their connections go at once.
+  constexpr int kClients = 50;
+  std::vector<int> waiting;
+  for (int i = 0; i < kClients; ++i) {
+    waiting.push_back(raw_connect(port));
+    handshake_without_token(waiting.back());
+    tcp_store::Request get{tcp_store::Op::kGet, {"never"}, {}, 3'600'000};
+    send_bytes(waiting.back(), tcp_store::frame(tcp_store::encode_request(get)));
+  }
+  ASSERT_TRUE(connections_become(**server, kClients, seconds(5)));
+  for (int fd : waiting) ::close(fd);
+  EXPECT_TRUE(connections_become(**server, 0, seconds(2)))
+      << (*server)->connection_count() << " abandoned GETs still held";
+}
+
+TEST(TcpStore, ConnectionsCostNoThreadEach) {
+  rlimit files{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
+  files.rlim_cur = files.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &files);
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  // Each connection costs this process two descriptors (client and server end).
+  const size_t count = std::min<size_t>(600, (files.rlim_cur - 64) / 2);
+  ASSERT_GE(count, 100u) << "too few file descriptors for the test";
+  auto server = TcpStoreServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  const size_t threads_before = thread_count();
+  std::vector<int> fds;
+  for (size_t i = 0; i < count; ++i) fds.push_back(raw_connect((*server)->port()));
+  ASSERT_TRUE(connections_become(**server, count, seconds(10)));
+  EXPECT_LE(thread_count(), threads_before + 1) << count << " connections added threads";
+  for (int fd : fds) ::close(fd);
+  EXPECT_TRUE(connections_become(**server, 0, seconds(5)));
+}
+
+TEST(TcpStore, ConnectionsBeyondTheLimitAreToldWhy) {
+  TcpStoreOptions options;
+  options.max_connections = 3;
+  auto server = TcpStoreServer::start("127.0.0.1", 0, options);
+  ASSERT_TRUE(server.ok());
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) held.push_back(raw_connect((*server)->port()));
+  ASSERT_TRUE(connections_become(**server, 3, seconds(5)));
+  auto client = make_tcp_store("127.0.0.1", (*server)->port(), false, milliseconds(500));
+  ASSERT_FALSE(client.ok());
+  EXPECT_NE(client.status().message().find("limit of 3 connections"), std::string::npos)
+      << client.status().message();
+  ::close(held[0]);
+  ASSERT_TRUE(connections_become(**server, 2, seconds(5)));
+  client = make_tcp_store("127.0.0.1", (*server)->port(), false, seconds(5));
+  EXPECT_TRUE(client.ok()) << client.status().to_string();
+  client = unavailable("closed");
+  for (size_t i = 1; i < held.size(); ++i) ::close(held[i]);
+}
+
+// A launcher binds the socket and hands it down; nothing binds the port in between.
+TEST(TcpStore, ServesOnAListeningSocketHandedDown) {
+  auto listener = net::listen_on("127.0.0.1", 0, 16);
+  ASSERT_TRUE(listener.ok());
+  TcpStoreOptions options;
+  options.listen_fd = listener->fd;
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", listener->port, true, seconds(5), &port, options);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  EXPECT_EQ(port, listener->port);
+  auto client = make_tcp_store("127.0.0.1", port, false, seconds(5));
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->set("k", "v").ok());
+  EXPECT_EQ(*(*server)->get("k", seconds(1)), "v");
+
+  // Something that is not a listening socket is refused, and closed.
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  ::close(pipe_fds[1]);
+  TcpStoreOptions bad;
+  bad.listen_fd = pipe_fds[0];
+  auto refused = make_tcp_store("127.0.0.1", 0, true, seconds(1), nullptr, bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("not an open socket"), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(::fcntl(pipe_fds[0], F_GETFD), -1) << "the descriptor handed over was not closed";
 }
 
 // ---- File --------------------------------------------------------------------------
@@ -457,6 +818,30 @@ TEST(FileStore, BadDirectoriesAreErrors) {
   auto store = make_file_store(dir.path().string());
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->set(std::string(300, 'k'), "v").code(), StatusCode::kInvalidArgument);
+}
+
+TEST(FileStore, KeysArePrivateAndADirectoryOthersMayWriteIsRefused) {
+  TempDir dir;
+  const auto created = dir.path() / "made-here";
+  auto store = make_file_store(created.string());
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  struct stat info {};
+  ASSERT_EQ(::stat(created.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0700u) << "a directory the store made is not private";
+  ASSERT_TRUE((*store)->set("key", "value").ok());
+  EXPECT_EQ(*(*store)->add("counter", 1), 1);
+  for (const auto& entry : std::filesystem::directory_iterator(created)) {
+    ASSERT_EQ(::stat(entry.path().c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 0777, 0600u) << entry.path();
+  }
+  const auto open = dir.path() / "open";
+  std::filesystem::create_directories(open);
+  ASSERT_EQ(::chmod(open.c_str(), 01777), 0);
+  auto refused = make_file_store(open.string());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("writable by every user"), std::string::npos)
+      << refused.status().message();
 }
 
 }  // namespace

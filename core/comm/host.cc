@@ -1,0 +1,67 @@
+#include "core/comm/host.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+
+namespace hps::host {
+namespace {
+
+// The fields of /proc/PID/stat after the command name (which may hold spaces and ')').
+std::string stat_fields(int32_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return {};
+  return stat.substr(paren + 2);
+}
+
+}  // namespace
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+std::string identity() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  return std::string(name) + "/" + boot + "/" + std::to_string(pid_namespace());
+}
+
+uint64_t process_start_time(int32_t pid) {
+  // Field 22 of stat is the start time; the fields here begin at field 3 (the state).
+  std::istringstream fields(stat_fields(pid));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {
+    if (!(fields >> field)) return 0;
+  }
+  return std::strtoull(field.c_str(), nullptr, 10);
+}
+
+bool process_ended(int32_t pid) {
+  if (pid <= 0) return true;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  const std::string fields = stat_fields(pid);
+  if (fields.empty()) return false;  // unreadable: assume it runs
+  return fields[0] == 'Z' || fields[0] == 'X';
+}
+
+bool process_running(int32_t pid, uint64_t start_time) {
+  if (process_ended(pid)) return false;
+  if (start_time == 0) return true;
+  const uint64_t now = process_start_time(pid);
+  return now == 0 || now == start_time;
+}
+
+}  // namespace hps::host

@@ -1,0 +1,415 @@
+// Keys of the protocol (in the store's own key space, beside the jobs' key spaces):
+//   hpshard/job/ticket              counter: each rank 0 that arrives takes the next ticket
+//   hpshard/job/owner/T             ticket T's record: job id, world size, host, pid
+//   hpshard/job/owner/T/decision    "accepted" or "refused: <why>"
+//   hpshard/job/owner/T/closed      set when T's rank 0 closed the store
+//   hpshard/job/current             the ticket of the job that holds the store
+//   hpshard/job/id/<job id>         the ticket of the last rank 0 of that job id
+//   hpshard/run/T/...               the keys of the job of ticket T (rank/R: joins of rank R)
+// Rank 0 with ticket T decides after ticket T-1 has decided, so rank 0s arriving together
+// are decided one at a time.
+#include "core/comm/job.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <sstream>
+#include <thread>
+
+#include "core/comm/auth.h"
+#include "core/comm/host.h"
+#include "core/common/env.h"
+#include "core/common/logging.h"
+
+namespace hps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxJobIdBytes = 256;
+constexpr Milliseconds kFirstPoll{2};
+constexpr Milliseconds kMaxPoll{50};
+
+const std::string kTicket = "hpshard/job/ticket";
+const std::string kCurrent = "hpshard/job/current";
+std::string owner_key(int64_t t) { return "hpshard/job/owner/" + std::to_string(t); }
+std::string decision_key(int64_t t) { return owner_key(t) + "/decision"; }
+std::string closed_key(int64_t t) { return owner_key(t) + "/closed"; }
+std::string id_key(const std::string& id) { return "hpshard/job/id/" + id; }
+std::string run_prefix(int64_t t) { return "hpshard/run/" + std::to_string(t); }
+
+// Who holds (or asked for) the store.
+struct Owner {
+  int64_t ticket = 0;
+  std::string id;
+  int32_t world_size = 0;
+  std::string host;
+  int32_t pid = 0;
+  uint64_t start = 0;
+
+  std::string encode() const {
+    std::ostringstream out;
+    out << "id " << id << "\nworld " << world_size << "\nhost " << host << "\npid " << pid
+        << "\nstart " << start << "\n";
+    return out.str();
+  }
+
+  static std::optional<Owner> parse(int64_t ticket, const std::string& text) {
+    Owner o;
+    o.ticket = ticket;
+    std::istringstream in(text);
+    std::string line;
+    int fields = 0;
+    while (std::getline(in, line)) {
+      const size_t space = line.find(' ');
+      if (space == std::string::npos) return std::nullopt;
+      const std::string name = line.substr(0, space), value = line.substr(space + 1);
+      auto number = [&](auto* out) {
+        auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), *out);
+        return error == std::errc() && end == value.data() + value.size();
+      };
+      bool ok = true;
+      if (name == "id") {
+        o.id = value;
+      } else if (name == "world") {
+        ok = number(&o.world_size);
+      } else if (name == "host") {
+        o.host = value;
+      } else if (name == "pid") {
+        ok = number(&o.pid);
+      } else if (name == "start") {
+        ok = number(&o.start);
+      } else {
+        continue;  // a later version's field
+      }
+      if (!ok) return std::nullopt;
+      ++fields;
+    }
+    if (fields < 5) return std::nullopt;
+    return o;
+  }
+
+  bool on_this_host() const { return host == host::identity(); }
+  // Provably ended: a process of this host that is gone (a pid reused since has another
+  // start time). A rank 0 elsewhere cannot be checked from here.
+  bool ended() const { return on_this_host() && !host::process_running(pid, start); }
+
+  std::string describe() const {
+    std::string d = "job '" + id + "' (rank 0 is process " + std::to_string(pid);
+    if (on_this_host()) {
+      d += " on this host)";
+    } else {
+      d += " on host " + host.substr(0, host.find('/')) + ")";
+    }
+    return d;
+  }
+};
+
+Status check_job_id(const std::string& id, const std::string& variable) {
+  if (id.size() > kMaxJobIdBytes) {
+    return invalid_argument("environment variable " + variable + " holds a job id of " +
+                            std::to_string(id.size()) + " bytes; at most " +
+                            std::to_string(kMaxJobIdBytes) + " are allowed");
+  }
+  for (char ch : id) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte < 0x20 || byte == 0x7F) {
+      return invalid_argument("environment variable " + variable +
+                              " holds a control character in its job id");
+    }
+  }
+  return Status::Ok();
+}
+
+// A job id from `variables` joined by ':' ("name" or "name:count"); empty when the first
+// is unset. `none` is a value that counts as unset (torchrun's default run id).
+StatusOr<JobIdentity> identity_from(const std::string& prefix,
+                                    std::initializer_list<const char*> variables,
+                                    const char* none = nullptr) {
+  JobIdentity identity;
+  auto first = env_string(*variables.begin());
+  if (!first || first->empty() || (none && *first == none)) return identity;
+  identity.id = prefix + *first;
+  identity.source = *variables.begin();
+  for (auto it = variables.begin() + 1; it != variables.end(); ++it) {
+    if (auto more = env_string(*it)) {
+      identity.id += ":" + *more;
+      identity.source += std::string(", ") + *it;
+    }
+  }
+  HPS_RETURN_IF_ERROR(check_job_id(identity.id, *variables.begin()));
+  return identity;
+}
+
+// Polls `done` until it is true or `deadline` passes; false at the deadline.
+template <typename Done>
+StatusOr<bool> poll_until(Clock::time_point deadline, Done done) {
+  Milliseconds backoff = kFirstPoll;
+  while (true) {
+    HPS_ASSIGN_OR_RETURN(bool finished, done());
+    if (finished) return true;
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    std::this_thread::sleep_until(std::min(deadline, now + backoff));
+    backoff = std::min(backoff * 2, kMaxPoll);
+  }
+}
+
+StatusOr<int64_t> parse_ticket(const std::string& key, const std::string& text) {
+  int64_t t = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), t);
+  if (error != std::errc() || end != text.data() + text.size() || t < 1) {
+    return backend_error("store key '" + key + "' holds '" + text + "', not a ticket");
+  }
+  return t;
+}
+
+// The job's key space; rank 0's marks the job closed when it goes.
+class JobStore final : public Store {
+ public:
+  JobStore(std::shared_ptr<Store> base, int64_t ticket, bool owner)
+      : base_(std::move(base)),
+        jobs_(make_prefix_store(base_, run_prefix(ticket))),
+        ticket_(ticket),
+        owner_(owner) {}
+  ~JobStore() override {
+    if (owner_) (void)base_->set(closed_key(ticket_), "1");
+  }
+  Status set(std::string_view key, std::string_view value) override {
+    return jobs_->set(key, value);
+  }
+  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
+    return jobs_->get(key, timeout);
+  }
+  StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
+    return jobs_->add(key, delta);
+  }
+  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
+    return jobs_->wait(keys, timeout);
+  }
+  StatusOr<bool> check(const std::vector<std::string>& keys) override { return jobs_->check(keys); }
+
+ private:
+  std::shared_ptr<Store> base_;
+  std::shared_ptr<Store> jobs_;
+  int64_t ticket_;
+  bool owner_;
+};
+
+class Joiner {
+ public:
+  Joiner(Store& store, int32_t rank, const JobOptions& options, Milliseconds timeout)
+      : store_(store),
+        rank_(rank),
+        options_(options),
+        timeout_(timeout),
+        deadline_(Clock::now() + clamp_store_wait(timeout)) {}
+
+  // Rank 0: takes a ticket, waits for the one before to decide, then takes the store over
+  // unless its holder still runs (or cannot be checked).
+  StatusOr<int64_t> take_over() {
+    Owner me;
+    me.id = options_.identity.id;
+    if (me.id.empty()) {
+      HPS_ASSIGN_OR_RETURN(std::string random, auth::new_token());
+      me.id = "random-" + random.substr(0, 16);
+    }
+    me.world_size = options_.world_size;
+    me.host = host::identity();
+    me.pid = static_cast<int32_t>(::getpid());
+    me.start = host::process_start_time(me.pid);
+    HPS_ASSIGN_OR_RETURN(me.ticket, store_.add(kTicket, 1));
+    HPS_RETURN_IF_ERROR(store_.set(owner_key(me.ticket), me.encode()));
+    HPS_RETURN_IF_ERROR(store_.set(id_key(me.id), std::to_string(me.ticket)));
+    if (me.ticket > 1) HPS_RETURN_IF_ERROR(wait_decided(me.ticket - 1));
+
+    std::string refusal;
+    HPS_ASSIGN_OR_RETURN(bool held, store_.check({kCurrent}));
+    if (held) {
+      HPS_ASSIGN_OR_RETURN(Owner holder, owner_of_pointer(kCurrent));
+      HPS_ASSIGN_OR_RETURN(bool closed, store_.check({closed_key(holder.ticket)}));
+      if (closed) {
+        HPS_LOG(kDebug) << "store " << options_.where << ": " << holder.describe()
+                        << " closed it; job '" << me.id << "' takes it over";
+      } else if (holder.ended()) {
+        HPS_LOG(kWarn) << "store " << options_.where << ": " << holder.describe()
+                       << " ended without closing it (a crashed run?); its keys are ignored "
+                          "and job '"
+                       << me.id << "' takes the store over";
+      } else if (holder.on_this_host()) {
+        refusal = "the store " + options_.where + " is in use by " + holder.describe() +
+                  ", which still runs: a second job cannot share a store; give this job "
+                  "another one";
+      } else {
+        refusal = "the store " + options_.where + " is held by " + holder.describe() +
+                  ", whose end cannot be checked from here: if that job has ended, remove "
+                  "the store (or give this job another one)";
+      }
+    }
+    if (!refusal.empty()) {
+      HPS_RETURN_IF_ERROR(store_.set(decision_key(me.ticket), "refused: " + refusal));
+      return failed_precondition(refusal);
+    }
+    HPS_RETURN_IF_ERROR(store_.set(kCurrent, std::to_string(me.ticket)));
+    HPS_RETURN_IF_ERROR(store_.set(decision_key(me.ticket), "accepted"));
+    HPS_RETURN_IF_ERROR(claim(me));
+    return me.ticket;
+  }
+
+  // Ranks 1..: follow their job's pointer (its id's, or the store's current job when the
+  // id is made up by rank 0) past records of jobs that have ended, to an accepted one.
+  StatusOr<int64_t> join() {
+    const bool named = !options_.identity.id.empty();
+    const std::string pointer = named ? id_key(options_.identity.id) : kCurrent;
+    int64_t skipped = 0;  // a ticket found stale: wait for the pointer to move past it
+    std::string stale_reason;
+    while (true) {
+      std::string text;
+      HPS_ASSIGN_OR_RETURN(bool found, poll_until(deadline_, [&]() -> StatusOr<bool> {
+                             HPS_ASSIGN_OR_RETURN(bool set, store_.check({pointer}));
+                             if (!set) return false;
+                             HPS_ASSIGN_OR_RETURN(text, store_.get(pointer, timeout_));
+                             return text != std::to_string(skipped);
+                           }));
+      if (!found) {
+        return timeout_error(
+            "store " + options_.where + ": rank " + std::to_string(rank_) + " waited " +
+            std::to_string(timeout_.count()) + " ms for rank 0 of " + job_name() +
+            (skipped
+                 ? " to take the store over from the job that ended there (" + stale_reason + ")"
+                 : " to open the store"));
+      }
+      HPS_ASSIGN_OR_RETURN(int64_t ticket, parse_ticket(pointer, text));
+      HPS_ASSIGN_OR_RETURN(Owner owner, owner_of(ticket));
+      HPS_ASSIGN_OR_RETURN(bool closed, store_.check({closed_key(ticket)}));
+      if (closed || owner.ended()) {
+        skipped = ticket;
+        stale_reason = owner.describe() + (closed ? " closed it" : " has ended");
+        continue;
+      }
+      std::string decision;
+      HPS_ASSIGN_OR_RETURN(bool decided, poll_until(deadline_, [&]() -> StatusOr<bool> {
+                             HPS_ASSIGN_OR_RETURN(bool set, store_.check({decision_key(ticket)}));
+                             if (!set) return owner.ended();
+                             HPS_ASSIGN_OR_RETURN(decision,
+                                                  store_.get(decision_key(ticket), timeout_));
+                             return true;
+                           }));
+      if (!decided) {
+        return timeout_error("store " + options_.where + ": rank " + std::to_string(rank_) +
+                             " waited " + std::to_string(timeout_.count()) + " ms for rank 0 of " +
+                             owner.describe() + " to take the store over");
+      }
+      if (decision.empty()) {  // rank 0 died before deciding
+        skipped = ticket;
+        stale_reason = owner.describe() + " has ended";
+        continue;
+      }
+      if (decision != "accepted") {
+        return failed_precondition("rank 0 of " + owner.describe() + " could not take the store " +
+                                   "over, so rank " + std::to_string(rank_) +
+                                   " cannot join: " + decision.substr(decision.find(' ') + 1));
+      }
+      if (owner.world_size > 0 && options_.world_size > 0 &&
+          owner.world_size != options_.world_size) {
+        return failed_precondition("store " + options_.where + " is held by " + owner.describe() +
+                                   " of " + std::to_string(owner.world_size) +
+                                   " ranks, but this rank " + std::to_string(rank_) +
+                                   " belongs to a job of " + std::to_string(options_.world_size) +
+                                   ": is another job using the store?");
+      }
+      HPS_RETURN_IF_ERROR(claim(owner));
+      return ticket;
+    }
+  }
+
+ private:
+  std::string job_name() const {
+    return options_.identity.id.empty()
+               ? std::string("this job")
+               : "job '" + options_.identity.id + "' (" + options_.identity.source + ")";
+  }
+
+  // Each rank joins a job once: a second one of the same rank belongs to another job.
+  Status claim(const Owner& owner) {
+    const std::string key = run_prefix(owner.ticket) + "/rank/" + std::to_string(rank_);
+    HPS_ASSIGN_OR_RETURN(int64_t joins, store_.add(key, 1));
+    if (joins == 1) return Status::Ok();
+    return failed_precondition("rank " + std::to_string(rank_) + " of " + owner.describe() +
+                               " has joined the store " + options_.where +
+                               " already: is a second job using it?");
+  }
+
+  StatusOr<Owner> owner_of(int64_t ticket) {
+    HPS_ASSIGN_OR_RETURN(std::string text, store_.get(owner_key(ticket), timeout_));
+    auto owner = Owner::parse(ticket, text);
+    if (!owner) {
+      return backend_error("store " + options_.where + ": the record of ticket " +
+                           std::to_string(ticket) + " is malformed");
+    }
+    return *owner;
+  }
+
+  StatusOr<Owner> owner_of_pointer(const std::string& pointer) {
+    HPS_ASSIGN_OR_RETURN(std::string text, store_.get(pointer, timeout_));
+    HPS_ASSIGN_OR_RETURN(int64_t ticket, parse_ticket(pointer, text));
+    return owner_of(ticket);
+  }
+
+  // Ticket t's rank 0 has decided, or has provably ended without deciding.
+  Status wait_decided(int64_t t) {
+    HPS_ASSIGN_OR_RETURN(bool done, poll_until(deadline_, [&]() -> StatusOr<bool> {
+                           HPS_ASSIGN_OR_RETURN(bool decided, store_.check({decision_key(t)}));
+                           if (decided) return true;
+                           HPS_ASSIGN_OR_RETURN(bool recorded, store_.check({owner_key(t)}));
+                           if (!recorded) return false;
+                           HPS_ASSIGN_OR_RETURN(Owner o, owner_of(t));
+                           return o.ended();
+                         }));
+    if (!done) {
+      return timeout_error("store " + options_.where + ": rank 0 waited " +
+                           std::to_string(timeout_.count()) +
+                           " ms for the rank 0 that opened the store just before it (ticket " +
+                           std::to_string(t) + ") to finish");
+    }
+    return Status::Ok();
+  }
+
+  Store& store_;
+  int32_t rank_;
+  const JobOptions& options_;
+  Milliseconds timeout_;
+  Clock::time_point deadline_;
+};
+
+}  // namespace
+
+StatusOr<JobIdentity> job_identity_from_env() {
+  HPS_ASSIGN_OR_RETURN(JobIdentity identity, identity_from("", {"HPS_JOB_ID"}));
+  if (!identity.id.empty()) return identity;
+  HPS_ASSIGN_OR_RETURN(
+      identity,
+      identity_from("torchrun:", {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"}, "none"));
+  if (!identity.id.empty()) return identity;
+  HPS_ASSIGN_OR_RETURN(identity, identity_from("openmpi:", {"PMIX_NAMESPACE"}));
+  if (!identity.id.empty()) return identity;
+  HPS_ASSIGN_OR_RETURN(identity, identity_from("openmpi:", {"OMPI_MCA_ess_base_jobid"}));
+  if (!identity.id.empty()) return identity;
+  return identity_from("slurm:", {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"});
+}
+
+StatusOr<std::shared_ptr<Store>> join_job(std::shared_ptr<Store> store, int32_t rank,
+                                          const JobOptions& options, Milliseconds timeout) {
+  if (!store) return invalid_argument("join_job: the store is null");
+  if (rank < 0) return invalid_argument("join_job: rank " + std::to_string(rank) + " < 0");
+  if (!options.identity.id.empty()) {
+    HPS_RETURN_IF_ERROR(check_job_id(options.identity.id, options.identity.source.empty()
+                                                              ? std::string("the job id")
+                                                              : options.identity.source));
+  }
+  Joiner joiner(*store, rank, options, timeout);
+  HPS_ASSIGN_OR_RETURN(int64_t ticket, rank == 0 ? joiner.take_over() : joiner.join());
+  return std::shared_ptr<Store>(std::make_shared<JobStore>(std::move(store), ticket, rank == 0));
+}
+
+}  // namespace hps

@@ -1,0 +1,65 @@
+// The rules every store shares: limits, timeouts and the arithmetic of `add`.
+#include "core/comm/store.h"
+
+#include <algorithm>
+#include <charconv>
+
+namespace hps {
+
+Status store_timeout(std::string_view operation, const std::vector<std::string>& keys,
+                     Milliseconds timeout) {
+  std::string m = std::string(operation) + " timed out after " + std::to_string(timeout.count()) +
+                  " ms waiting for key";
+  m += keys.size() == 1 ? " " : "s ";
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i) m += ", ";
+    m += "'" + keys[i] + "'";
+  }
+  return timeout_error(std::move(m));
+}
+
+Status check_store_key(std::string_view key) {
+  if (key.size() <= kMaxStoreKeyBytes) return Status::Ok();
+  return invalid_argument("store: a key of " + std::to_string(key.size()) +
+                          " bytes is longer than the limit of " +
+                          std::to_string(kMaxStoreKeyBytes));
+}
+
+Status check_store_value(std::string_view key, size_t value_bytes) {
+  HPS_RETURN_IF_ERROR(check_store_key(key));
+  if (value_bytes <= kMaxStoreValueBytes) return Status::Ok();
+  return invalid_argument("store: the value of '" + std::string(key) + "' has " +
+                          std::to_string(value_bytes) + " bytes, more than the limit of " +
+                          std::to_string(kMaxStoreValueBytes));
+}
+
+Milliseconds clamp_store_wait(Milliseconds timeout) {
+  return std::clamp(timeout, Milliseconds(0), kMaxStoreWait);
+}
+
+StatusOr<int64_t> store_add_result(std::string_view key, const std::string* current,
+                                   int64_t delta) {
+  int64_t value = 0;
+  if (current != nullptr && !current->empty()) {
+    // Strictly [-]digits: from_chars takes no sign '+', no spaces, and reports overflow.
+    const char* first = current->data();
+    const char* last = first + current->size();
+    auto [end, error] = std::from_chars(first, last, value);
+    if (error == std::errc::result_out_of_range) {
+      return out_of_range("store add: key '" + std::string(key) +
+                          "' holds an integer beyond the 64-bit range");
+    }
+    if (error != std::errc() || end != last) {
+      return invalid_argument("store add: key '" + std::string(key) +
+                              "' holds a value that is not an integer");
+    }
+  }
+  int64_t result = 0;
+  if (__builtin_add_overflow(value, delta, &result)) {
+    return out_of_range("store add: key '" + std::string(key) + "' would overflow (" +
+                        std::to_string(value) + " + " + std::to_string(delta) + ")");
+  }
+  return result;
+}
+
+}  // namespace hps

@@ -1,0 +1,60 @@
+// The control mesh accepts only ranks of its own group: a stranger who connects to a rank's
+// published port first (claiming to be a peer) is closed, and the real peer still connects.
+#include "core/comm/gloo/control_mesh.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "core/comm/socket.h"
+
+namespace hps::gloo_backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::seconds;
+
+TEST(ControlMesh, AStrangerIsClosedAndThePeersStillConnect) {
+  auto store = make_in_memory_store();
+  const auto deadline = Clock::now() + seconds(20);
+  StatusOr<std::unique_ptr<ControlMesh>> rank0 = unavailable("not made");
+  std::thread first([&] { rank0 = ControlMesh::create(*store, 0, 2, "127.0.0.1", deadline); });
+
+  // The stranger reads where rank 0 listens (a port scan would find it too), but not the
+  // nonce published beside it; it claims to be rank 1, as the old 4-byte hello let it.
+  auto published = store->get("control/0", seconds(10));
+  ASSERT_TRUE(published.ok()) << published.status().to_string();
+  const std::string address = published->substr(0, published->find(' '));
+  const uint16_t port = static_cast<uint16_t>(std::stoul(address.substr(address.rfind(':') + 1)));
+  auto stranger = net::connect_once("127.0.0.1", port, Clock::now() + seconds(5));
+  ASSERT_TRUE(stranger.ok());
+  char claim[20] = {0, 0, 0, 1};  // rank 1, and a guessed nonce
+  ASSERT_TRUE(net::send_all(*stranger, std::string_view(claim, sizeof claim), deadline).ok());
+  char byte = 0;
+  EXPECT_FALSE(net::recv_all(*stranger, &byte, 1, Clock::now() + seconds(10)).ok())
+      << "the stranger was answered";
+  net::close_fd(*stranger);
+
+  StatusOr<std::unique_ptr<ControlMesh>> rank1 = unavailable("not made");
+  std::thread second([&] { rank1 = ControlMesh::create(*store, 1, 2, "127.0.0.1", deadline); });
+  first.join();
+  second.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status().to_string();
+  ASSERT_TRUE(rank1.ok()) << rank1.status().to_string();
+  // And the mesh carries messages between the real ranks.
+  const int32_t from0 = 10, from1 = 11;
+  ASSERT_TRUE((*rank0)->post(&from0, sizeof from0, deadline).ok());
+  ASSERT_TRUE((*rank1)->post(&from1, sizeof from1, deadline).ok());
+  int32_t all0[2] = {from0, 0}, all1[2] = {0, from1};
+  ASSERT_TRUE((*rank0)->collect(all0, sizeof(int32_t), deadline).ok());
+  ASSERT_TRUE((*rank1)->collect(all1, sizeof(int32_t), deadline).ok());
+  EXPECT_EQ(all0[1], from1);
+  EXPECT_EQ(all1[0], from0);
+}
+
+}  // namespace
+}  // namespace hps::gloo_backend

@@ -1,0 +1,114 @@
+// Shared-memory segments leave no name in /dev/shm: not when setting up fails, not when a
+// process that made one was killed (the next group removes it), not for a slot size that
+// does not fit (refused before anything is made).
+#include "core/comm/shm/shm_group.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/comm/host.h"
+
+namespace hps::shm {
+namespace {
+
+// Names in /dev/shm made by this process (their pid field is ours).
+std::vector<std::string> own_segments() {
+  std::vector<std::string> names;
+  const std::string mine =
+      "-" + std::to_string(host::pid_namespace()) + "-" + std::to_string(::getpid()) + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("hpshard-", 0) == 0 && name.find(mine) != std::string::npos) {
+      names.push_back(name);
+    }
+  }
+  return names;
+}
+
+// A segment file as a killed process would leave it.
+std::string make_segment(const std::string& job, int32_t pid, int n) {
+  const std::string name = "/hpshard-" + segment_job_tag(job) + "-" +
+                           std::to_string(host::pid_namespace()) + "-" + std::to_string(pid) + "-" +
+                           std::to_string(n) + "-abc";
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  EXPECT_GE(fd, 0) << name;
+  if (fd >= 0) ::close(fd);
+  return name.substr(1);
+}
+
+bool exists(const std::string& name) { return std::filesystem::exists("/dev/shm/" + name); }
+
+// Rank 0 used to return before unlinking when a peer never came: one leaked segment per try.
+TEST(ShmGroup, SettingUpThatFailsLeavesNoSegment) {
+  ASSERT_TRUE(own_segments().empty());
+  auto store = make_in_memory_store();
+  auto group =
+      ShmGroup::create(*store, 0, 2, true, kDefaultSlotBytes, std::chrono::milliseconds(200));
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), StatusCode::kTimeout);
+  EXPECT_TRUE(own_segments().empty()) << "left: " << own_segments()[0];
+}
+
+TEST(ShmGroup, SegmentsOfProcessesThatEndedAreRemovedByTheNextGroup) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);  // its pid now names no process
+  const std::string dead = make_segment("old-job", child, 0);
+  const std::string alive = make_segment("old-job", ::getppid(), 0);
+  std::vector<StatusOr<std::unique_ptr<ShmGroup>>> groups;
+  for (int i = 0; i < 2; ++i) groups.emplace_back(unavailable("not made"));
+  auto store = make_in_memory_store();
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      groups[static_cast<size_t>(r)] =
+          ShmGroup::create(*store, r, 2, true, kDefaultSlotBytes, std::chrono::seconds(10));
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (auto& g : groups) {
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    EXPECT_NE(g->get(), nullptr);
+  }
+  EXPECT_FALSE(exists(dead)) << "the segment of an ended process stayed";
+  EXPECT_TRUE(exists(alive)) << "a running process's segment was removed";
+  EXPECT_TRUE(own_segments().empty()) << "the group's own name stayed after set-up";
+  ::shm_unlink(("/" + alive).c_str());
+}
+
+TEST(ShmGroup, TheLauncherRemovesItsJobsSegmentsByName) {
+  const std::string a = make_segment("hpshard-run-0123abcd", ::getppid(), 1);
+  const std::string b = make_segment("hpshard-run-0123abcd", ::getppid(), 2);
+  const std::string other = make_segment("another-job", ::getppid(), 3);
+  EXPECT_EQ(segment_job_tag("hpshard-run-0123abcd"), "hpshard_run_0123abcd");
+  EXPECT_EQ(remove_job_segments("hpshard-run-0123abcd"), 2);
+  EXPECT_FALSE(exists(a));
+  EXPECT_FALSE(exists(b));
+  EXPECT_TRUE(exists(other));
+  ::shm_unlink(("/" + other).c_str());
+}
+
+TEST(ShmGroup, SlotsThatOverflowTheSegmentAreRefusedBeforeAnythingIsMade) {
+  auto store = make_in_memory_store();
+  for (size_t slot : {size_t{1} << 62, size_t{1} << 61, ~size_t{0}}) {
+    auto group = ShmGroup::create(*store, 0, 4, true, slot, std::chrono::milliseconds(100));
+    ASSERT_FALSE(group.ok());
+    EXPECT_EQ(group.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(group.status().message().find("HPS_COMM_SHM_SLOT_BYTES"), std::string::npos)
+        << group.status().message();
+  }
+  EXPECT_TRUE(own_segments().empty());
+}
+
+}  // namespace
+}  // namespace hps::shm
