@@ -10,13 +10,6 @@
 #include "core/device/cpu/stream.h"
 #include "core/device/host_sync.h"
 
-#if HPS_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "core/device/cuda/error.h"
-#include "core/device/cuda/stream.h"
-#endif
-
 namespace hps {
 namespace {
 
@@ -155,117 +148,15 @@ StatusOr<std::shared_ptr<Work>> HybridClip::reduce_over(Communicator& comm, bool
   return comm.all_reduce(partials, partials, both ? 2 : 1, DType::kFloat64, ReduceOp::kSum, &after);
 }
 
-#if HPS_HAVE_CUDA
-
-Status HybridClip::check_mp_flags_on_device(uint64_t mine, std::vector<uint64_t>& all) {
-  HPS_ASSIGN_OR_RETURN(Allocator * allocator, allocator_for(mp_->device()));
-  HPS_ASSIGN_OR_RETURN(void* memory, allocator->allocate((all.size() + 1) * sizeof(uint64_t)));
-  auto* fingerprints = static_cast<uint64_t*>(memory);
-  const Status status = [&]() -> Status {
-    HPS_RETURN_IF_ERROR(mp_->stream().memcpy_async(fingerprints, &mine, sizeof(mine)));
-    HPS_ASSIGN_OR_RETURN(auto work,
-                         mp_->all_gather(fingerprints, fingerprints + 1, 1, DType::kInt64));
-    HPS_RETURN_IF_ERROR(work->wait());
-    // The gathered fingerprints come back to the host once, at set-up.
-    count_host_sync(HostSyncKind::kDeviceToHostRead);
-    return cuda::cuda_status(cudaMemcpy(all.data(), fingerprints + 1, all.size() * sizeof(uint64_t),
-                                        cudaMemcpyDeviceToHost),
-                             "clip: cudaMemcpy of the mp flags");
-  }();
-  allocator->deallocate(memory);
-  return status;
-}
-
-Status HybridClip::allocate_device_state(Device device, bool initialize_coefficient) {
-  if (device_memory_ != nullptr) return Status::Ok();
-  HPS_ASSIGN_OR_RETURN(Allocator * allocator, allocator_for(device));
-  HPS_ASSIGN_OR_RETURN(
-      device_memory_,
-      allocator->allocate(kScratchOffset + cuda::kSumOfSquaresMaxBlocks * sizeof(double)));
-  device_ = device;
-  device_coefficient_ = device_field<float>(device_memory_, offsetof(DeviceState, coefficient));
-  // The coefficient reads 1 until the first run(), as on the CPU (a copy at set-up; from
-  // run() the finish_clip kernel writes it before any reader in stream order).
-  if (!initialize_coefficient) return Status::Ok();
-  const float one = 1.0f;
-  return cuda::cuda_status(
-      cudaMemcpy(device_coefficient_, &one, sizeof(one), cudaMemcpyHostToDevice),
-      "clip: cudaMemcpy of the initial coefficient");
-}
-
-Status HybridClip::run_cuda(Stream& stream, float* norm_out, bool scale) {
-  const Device device = stream.device();
-  if (device_memory_ != nullptr || device_.type == DeviceType::kCuda) {
-    if (device != device_) {
-      return invalid_argument("clip: run() on a stream on " + device.to_string() +
-                              " but the clip's gradients are on " + device_.to_string());
-    }
-  } else if (sharding_ || mp_ || pp_) {
-    return invalid_argument("clip: run() on a stream on " + device.to_string() +
-                            " but the communicators are on " + device_.to_string());
-  }
-  HPS_RETURN_IF_ERROR(allocate_device_state(device, false));
-  HPS_RETURN_IF_ERROR(cuda::set_device(device.index));
-  cudaStream_t native = static_cast<cuda::CudaStream&>(stream).native();
-  double* partials = device_field<double>(device_memory_, offsetof(DeviceState, partials));
-  auto* fixed = device_field<FixedSquares>(device_memory_, offsetof(DeviceState, fixed));
-  auto* coefficient_fp64 =
-      device_field<double>(device_memory_, offsetof(DeviceState, coefficient_fp64));
-  double* scratch = device_field<double>(device_memory_, kScratchOffset);
-  const bool deterministic = options_.deterministic;
-
-  // 1. The local partial sums, on the caller's stream.
-  HPS_RETURN_IF_ERROR(cuda::cuda_status(
-      cudaMemsetAsync(device_memory_, 0, offsetof(DeviceState, coefficient_fp64), native),
-      "clip: cudaMemsetAsync of the partial sums"));
-  for (const auto& t : tensors_) {
-    if (!t.need_clip || t.shared_not_first) continue;
-    const int which = t.is_distributed ? 0 : 1;
-    if (deterministic) {
-      HPS_RETURN_IF_ERROR(
-          cuda::sum_of_squares_fixed(t.dtype, t.data, t.count, &fixed[which], native));
-    } else {
-      HPS_RETURN_IF_ERROR(
-          cuda::sum_of_squares(t.dtype, t.data, t.count, &partials[which], scratch, native));
-    }
-  }
-
-  // 2. The same groups as the CPU path, each collective after the previous one.
-  Stream* last = &stream;
-  std::shared_ptr<Work> work;
-  const std::pair<std::shared_ptr<Communicator>*, bool> steps[] = {
-      {&sharding_, true}, {&mp_, false}, {&pp_, true}};
-  for (const auto& [group, both] : steps) {
-    if (!reduces(*group)) continue;
-    HPS_ASSIGN_OR_RETURN(work, reduce_over(**group, both, *last));
-    last = &(*group)->stream();
-  }
-  if (work) HPS_RETURN_IF_ERROR(work->wait_on(stream));
-
-  // 3. The norm and the coefficient on the device, then the scaling.
-  HPS_RETURN_IF_ERROR(cuda::finish_clip(partials, fixed, deterministic, options_.max_norm, norm_out,
-                                        device_coefficient_, coefficient_fp64, native));
-  if (!scale) return Status::Ok();
-  for (const auto& t : tensors_) {
-    if (!t.need_clip) continue;
-    HPS_RETURN_IF_ERROR(cuda::scale(t.dtype, t.data, t.count, coefficient_fp64, native));
-  }
-  return Status::Ok();
-}
-
-#else
-
 Status HybridClip::check_mp_flags_on_device(uint64_t, std::vector<uint64_t>&) {
-  return unimplemented("clip: this build has no CUDA");
+  return unimplemented("clip: CUDA gradients need the kernel table's clip");
 }
 Status HybridClip::allocate_device_state(Device, bool) {
-  return unimplemented("clip: this build has no CUDA");
+  return unimplemented("clip: CUDA gradients need the kernel table's clip");
 }
 Status HybridClip::run_cuda(Stream&, float*, bool) {
-  return unimplemented("clip: this build has no CUDA");
+  return unimplemented("clip: CUDA gradients need the kernel table's clip");
 }
-
-#endif
 
 Status HybridClip::run(Stream& stream, float* norm_out, bool scale) {
   if (!sealed_) return failed_precondition("clip: run() before seal()");

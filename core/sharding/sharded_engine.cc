@@ -5,7 +5,6 @@
 
 #include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
-#include "core/sharding/cuda_stage3_engine.h"
 #include "core/sharding/stage2_engine.h"
 #include "core/sharding/stage3_engine.h"
 
@@ -222,19 +221,7 @@ StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(
     int32_t stage, std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
     const EngineOptions& options) {
   if (sharding && sharding->device().type == DeviceType::kCuda) {
-#if HPS_HAVE_CUDA
-    if (stage == 3) {
-      HPS_ASSIGN_OR_RETURN(auto e,
-                           CudaStage3Engine::create(std::move(sharding), std::move(dp), options));
-      return std::unique_ptr<ShardedEngine>(std::move(e));
-    }
-    if (stage == 2) {
-      return unimplemented(
-          "engine: stage 2 on CUDA communicators is not implemented yet (stage 3 is)");
-    }
-#else
-    return unavailable("engine: this build of hpshard has no CUDA");
-#endif
+    return unimplemented("engine: CUDA communicators need the device-neutral engines");
   }
   if (stage == 2) {
     HPS_ASSIGN_OR_RETURN(auto e, Stage2Engine::create(std::move(sharding), std::move(dp), options));
