@@ -198,15 +198,34 @@ HPS_COUNTED_ASYNC(cudaMemcpyAsync)
 HPS_COUNTED_ASYNC(cudaMemcpyAsync_ptsz)
 
 // Every wrapped function (the list CMakeLists.txt's --wrap options must match).
-#define HPS_WRAPPED(X)                                                                            \
-  X(cudaStreamSynchronize)                                                                        \
-  X(cudaStreamSynchronize_ptsz)                                                                   \
-  X(cudaEventSynchronize) X(cudaDeviceSynchronize) X(cudaMemcpy) X(cudaMemcpy_ptds)               \
-      X(cudaMemcpy2D) X(cudaMemcpy2D_ptds) X(cudaMemcpy3D) X(cudaMemcpy3D_ptds) X(cudaMemcpyPeer) \
-          X(cudaMemcpyToSymbol) X(cudaMemcpyToSymbol_ptds) X(cudaMemcpyFromSymbol)                \
-              X(cudaMemcpyFromSymbol_ptds) X(cudaMemset) X(cudaMemset_ptds) X(cudaMemset2D)       \
-                  X(cudaMemset2D_ptds) X(cudaMemset3D) X(cudaMemset3D_ptds) X(cudaFree)           \
-                      X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemcpyAsync_ptsz)
+// clang-format off
+#define HPS_WRAPPED(X) \
+  X(cudaStreamSynchronize) \
+  X(cudaStreamSynchronize_ptsz) \
+  X(cudaEventSynchronize) \
+  X(cudaDeviceSynchronize) \
+  X(cudaMemcpy) \
+  X(cudaMemcpy_ptds) \
+  X(cudaMemcpy2D) \
+  X(cudaMemcpy2D_ptds) \
+  X(cudaMemcpy3D) \
+  X(cudaMemcpy3D_ptds) \
+  X(cudaMemcpyPeer) \
+  X(cudaMemcpyToSymbol) \
+  X(cudaMemcpyToSymbol_ptds) \
+  X(cudaMemcpyFromSymbol) \
+  X(cudaMemcpyFromSymbol_ptds) \
+  X(cudaMemset) \
+  X(cudaMemset_ptds) \
+  X(cudaMemset2D) \
+  X(cudaMemset2D_ptds) \
+  X(cudaMemset3D) \
+  X(cudaMemset3D_ptds) \
+  X(cudaFree) \
+  X(cudaFreeHost) \
+  X(cudaMemcpyAsync) \
+  X(cudaMemcpyAsync_ptsz)
+// clang-format on
 #define HPS_PAIR(name) \
   {reinterpret_cast<const void*>(&name), reinterpret_cast<const void*>(&__wrap_##name)},
 

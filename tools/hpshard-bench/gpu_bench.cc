@@ -5,6 +5,8 @@
 // where no CUDA device is usable, 1 on any error.
 //
 //   hpshard-gpu-bench [--mib N] [--iters N] [--json FILE]
+//   hpshard-gpu-bench --info    the driver, runtime, device, stream-ordered allocator
+//                               support and the NCCL that would be loaded (and from where)
 //
 // Every buffer is device memory filled by the table's own kernels (no host copies); the
 // only host waits are the ones that read each round's timing events.
@@ -18,10 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "core/common/config.h"
 #include "core/device/buffer.h"
 #include "core/device/cuda/stream.h"
 #include "core/device/device.h"
 #include "core/kernels/kernel_table.h"
+#if HPS_HAVE_NCCL
+#include "core/comm/nccl/nccl_api.h"
+#endif
 
 namespace {
 
@@ -54,6 +60,48 @@ struct Contender {
   std::vector<double> ms;
 };
 
+// What a GPU run needs to know first. 77 when no CUDA device is usable.
+int print_info() {
+  int driver = 0, runtime = 0;
+  const cudaError_t driver_error = cudaDriverGetVersion(&driver);
+  (void)cudaRuntimeGetVersion(&runtime);
+  std::printf("cuda driver: %d.%d%s\n", driver / 1000, driver % 1000 / 10,
+              driver_error == cudaSuccess && driver > 0 ? "" : " (no driver)");
+  std::printf("cuda runtime: %d.%d (linked statically)\n", runtime / 1000, runtime % 1000 / 10);
+#if HPS_HAVE_NCCL
+  auto nccl = hps::nccl_backend::nccl_api();
+  if (nccl.ok()) {
+    std::printf("nccl: %s from %s\n", hps::nccl_backend::nccl_version_string(**nccl).c_str(),
+                (*nccl)->file.c_str());
+  } else {
+    std::printf("nccl: unavailable: %s\n", nccl.status().message().c_str());
+  }
+#else
+  std::printf("nccl: not in this build\n");
+#endif
+  const int32_t devices = hps::device_count(hps::DeviceType::kCuda);
+  std::printf("cuda devices: %d\n", devices);
+  for (int32_t d = 0; d < devices; ++d) {
+    auto p = hps::device_properties(hps::Device::cuda(d));
+    if (!p.ok()) die("device properties: " + p.status().to_string());
+    int pools = 0;
+    check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, d),
+          "cudaDeviceGetAttribute");
+    std::printf(
+        "cuda:%d: %s, compute capability %d.%d, %d SMs, %.1f GiB, stream-ordered "
+        "allocator (cudaMallocAsync): %s\n",
+        d, p->name.c_str(), p->compute_capability_major, p->compute_capability_minor,
+        p->multiprocessor_count,
+        static_cast<double>(p->total_memory_bytes) / (1024.0 * 1024.0 * 1024.0),
+        pools != 0 ? "supported" : "NOT supported");
+  }
+  if (devices == 0) {
+    std::printf("skipped: no usable CUDA device\n");
+    return 77;
+  }
+  return 0;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -77,8 +125,10 @@ int main(int argc, char** argv) {
       iters = std::atoi(value().c_str());
     } else if (flag == "--json") {
       json_path = value();
+    } else if (flag == "--info") {
+      return print_info();
     } else if (flag == "-h" || flag == "--help") {
-      std::puts("hpshard-gpu-bench [--mib N (256)] [--iters N (20)] [--json FILE]");
+      std::puts("hpshard-gpu-bench [--mib N (256)] [--iters N (20)] [--json FILE] | --info");
       return 0;
     } else {
       die("unknown flag " + flag);

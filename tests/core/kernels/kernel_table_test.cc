@@ -592,6 +592,67 @@ TEST_P(KernelTableTest, FixedSquaresAreExactAndOrderIndependent) {
   }
 }
 
+TEST_P(KernelTableTest, FixedSquaresTruncateBelowTheResolutionAndOverflowAbove) {
+  // Squares are truncated to multiples of 2^-160; a square of 2^160 or more is an overflow.
+  struct Case {
+    std::vector<double> values;
+    bool overflow, nan;
+  };
+  const Case cases[] = {
+      {{0x1p-80, 0x1p-81, 1e-24, 2e-24, 4.9e-324, 1e-90, -0.0, 3e-30}, false, false},
+      {{0x1p79, -0x1p79, 1.5}, false, false},
+      {{0x1p80, 1.0}, true, false},
+      {{INFINITY, 2.0, -INFINITY}, true, false},
+      {{std::nan(""), INFINITY, 1.0}, true, true},
+  };
+  for (const DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(name_of(dtype) + " case of " + std::to_string(c.values.size()) + " values");
+      Bytes data(c.values.size() * dtype_size(dtype));
+      for (size_t i = 0; i < c.values.size(); ++i) set_value(dtype, data, i, c.values[i]);
+      Buffer d = upload(data);
+      Buffer sum = upload_value(FixedSquares{});
+      ASSERT_TRUE(table_
+                      ->sum_of_squares_fixed(*stream_, dtype, d.ptr<const void>(), c.values.size(),
+                                             sum.ptr<FixedSquares>())
+                      .ok());
+      const auto got = download_value<FixedSquares>(sum);
+      if (on_cuda()) {
+        FixedSquares expected;
+        ASSERT_TRUE(cpu()
+                        .sum_of_squares_fixed(caller(), dtype, host<const void>(data.data()),
+                                              c.values.size(), host(&expected))
+                        .ok());
+        EXPECT_EQ(got.slots, expected.slots);
+        continue;
+      }
+      long double units = 0;  // the exact sum in units of 2^-160
+      int64_t overflows = 0, nans = 0;
+      for (size_t i = 0; i < c.values.size(); ++i) {
+        const long double x = value_at(dtype, data, i);
+        const long double square = x * x;
+        if (std::isnan(square)) {
+          ++nans;
+        } else if (square >= 0x1p160L) {
+          ++overflows;
+        } else {
+          units += std::floor(square * 0x1p160L);
+        }
+      }
+      EXPECT_EQ(got.slots[FixedSquares::kDigits], overflows);
+      EXPECT_EQ(got.slots[FixedSquares::kDigits + 1], nans);
+      EXPECT_EQ(overflows > 0, c.overflow);
+      EXPECT_EQ(nans > 0, c.nan);
+      if (!c.overflow && !c.nan) {
+        EXPECT_EQ(got.value(), static_cast<double>(units * 0x1p-160L));
+      } else {
+        EXPECT_EQ(std::isnan(got.value()), c.nan);
+        EXPECT_EQ(std::isinf(got.value()), c.overflow && !c.nan);
+      }
+    }
+  }
+}
+
 TEST_P(KernelTableTest, FinishClipIsBitwiseFromTheSamePartials) {
   struct Case {
     double d, n, max_norm;
