@@ -1,5 +1,6 @@
 // Gradient-norm kernels: sum of squares and in-place scaling of flat buffers. The CPU
-// versions (kernels/cpu/) are vectorised and chunked; names match the CUDA versions.
+// versions (kernels/cpu/) are vectorised and chunked; the CUDA ones live behind the kernel
+// table (kernel_table.h, kernels/cuda/).
 #pragma once
 
 #include <array>
@@ -9,14 +10,6 @@
 #include "core/common/config.h"
 #include "core/common/dtype.h"
 #include "core/common/status.h"
-
-#if HPS_HAVE_CUDA && defined(__CUDACC__)
-#include <cuda_runtime_api.h>
-#elif HPS_HAVE_CUDA
-// cudaStream_t without the CUDA headers (the same typedef as driver_types.h).
-struct CUstream_st;
-typedef struct CUstream_st* cudaStream_t;
-#endif
 
 namespace hps {
 
@@ -60,42 +53,4 @@ bool unscale(DType src_dtype, const void* src, float* dst, size_t count, float f
              bool check_finite, double* partial, FixedSquares* fixed);
 
 }  // namespace cpu
-
-#if HPS_HAVE_CUDA
-// The CUDA versions (kernels/cuda/norm.cu). Pointers are device memory; everything is
-// enqueued on `stream` and nothing blocks the host. Results do not depend on the device
-// (the launch shape depends only on `count`), so a rerun gives the same bits.
-namespace cuda {
-
-// The most per-block partials sum_of_squares needs in a scratch buffer (doubles).
-inline constexpr size_t kSumOfSquaresMaxBlocks = 1024;
-
-// *partial_out += Σ x² (one double in device memory), in stream order. fp16, bf16 and fp32
-// accumulate in fp32 per thread and block, the block partials in fp64 in a fixed order
-// (no floating-point atomics); fp64 in fp64 throughout. `scratch` holds at least
-// kSumOfSquaresMaxBlocks doubles of device memory, reused in stream order; the overload
-// without it takes one from the stream-ordered allocator (cudaMallocAsync) per call.
-// INVALID_ARGUMENT for non-float dtypes.
-Status sum_of_squares(DType dtype, const void* data, size_t count, double* partial_out,
-                      double* scratch, cudaStream_t stream);
-Status sum_of_squares(DType dtype, const void* data, size_t count, double* partial_out,
-                      cudaStream_t stream);
-// The same values added exactly into `*out` (device memory), bit for bit what
-// cpu::sum_of_squares_fixed adds; `*out` is left normalized like the CPU one.
-Status sum_of_squares_fixed(DType dtype, const void* data, size_t count, FixedSquares* out,
-                            cudaStream_t stream);
-// data[i] *= *coefficient (device memory): in fp32 for 16-bit types and fp32, in fp64 for
-// fp64 (the double overload casts to fp32 for the others, as cpu::scale does).
-Status scale(DType dtype, void* data, size_t count, const float* coefficient, cudaStream_t stream);
-Status scale(DType dtype, void* data, size_t count, const double* coefficient, cudaStream_t stream);
-// One thread: squares = partials[0] + partials[1] (or fixed[0].value() + fixed[1].value()
-// when deterministic); norm = sqrt(squares); coefficient = max_norm / (max(norm, max_norm)
-// + 1e-6), with the CPU clip's NaN / Inf behaviour. Outputs other than coefficient_out may
-// be null; coefficient_fp64_out keeps the unrounded coefficient for fp64 gradients.
-Status finish_clip(const double* partials, const FixedSquares* fixed, bool deterministic,
-                   double max_norm, float* norm_out, float* coefficient_out,
-                   double* coefficient_fp64_out, cudaStream_t stream);
-
-}  // namespace cuda
-#endif
 }  // namespace hps

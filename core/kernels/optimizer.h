@@ -8,14 +8,6 @@
 #include "core/common/config.h"
 #include "core/common/status.h"
 
-#if HPS_HAVE_CUDA && defined(__CUDACC__)
-#include <cuda_runtime_api.h>
-#elif HPS_HAVE_CUDA
-// cudaStream_t without the CUDA headers (the same typedef as driver_types.h).
-struct CUstream_st;
-typedef struct CUstream_st* cudaStream_t;
-#endif
-
 namespace hps {
 
 struct SgdHyper {
@@ -56,21 +48,4 @@ void adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, s
            float grad_scale);
 
 }  // namespace cpu
-
-#if HPS_HAVE_CUDA
-// The CUDA versions (kernels/cuda/optimizer.cu): the same arithmetic, operation for
-// operation (no fused multiply-adds), so they match the CPU ones. All pointers, the clip
-// coefficient included, are device memory, read by the kernel; enqueued on `stream`.
-namespace cuda {
-
-Status sgd(float* param, const float* grad, float* momentum_buffer, size_t count, const SgdHyper& h,
-           const float* clip_coefficient, float grad_scale, bool first_step, cudaStream_t stream);
-Status adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, size_t count,
-             const AdamWHyper& h, long step, const float* clip_coefficient, float grad_scale,
-             cudaStream_t stream);
-// dst[i] += src[i] (gradient accumulation over micro-batches).
-Status accumulate(float* dst, const float* src, size_t count, cudaStream_t stream);
-
-}  // namespace cuda
-#endif
 }  // namespace hps

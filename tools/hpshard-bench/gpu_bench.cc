@@ -1,25 +1,38 @@
-// hpshard-gpu-bench: the CUDA kernels beside a device-to-device copy of the same bytes, on
-// one GPU (/work/shared/PERFORMANCE.md: clip ≥ 0.85× the copy's bandwidth on GPU; the
-// clip folded into AdamW ≤ 1.1× AdamW alone). Built wherever CUDA is (no Gloo needed: the
-// GPU machine has none); tools/gpu-check.sh runs it. Exits 77 where no CUDA device is
-// usable.
+// hpshard-gpu-bench: the CUDA kernel table beside a device-to-device copy of the same
+// bytes, on one GPU (/work/shared/PERFORMANCE.md: the fused norm and AdamW kernels ≥ 0.85×
+// the copy's bandwidth; the clip folded into AdamW ≤ 1.1× AdamW alone). Built wherever
+// CUDA is (no Gloo needed: the GPU machine has none); tools/gpu-check.sh runs it. Exits 77
+// where no CUDA device is usable, 1 on any error.
 //
 //   hpshard-gpu-bench [--mib N] [--iters N] [--json FILE]
+//   hpshard-gpu-bench --info    the driver, runtime, device, stream-ordered allocator
+//                               support and the NCCL that would be loaded (and from where)
+//
+// Every buffer is device memory filled by the table's own kernels (no host copies); the
+// only host waits are the ones that read each round's timing events.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "core/common/config.h"
+#include "core/device/buffer.h"
+#include "core/device/cuda/stream.h"
 #include "core/device/device.h"
-#include "core/kernels/norm.h"
-#include "core/kernels/optimizer.h"
+#include "core/kernels/kernel_table.h"
+#if HPS_HAVE_NCCL
+#include "core/comm/nccl/nccl_api.h"
+#endif
 
 namespace {
+
+using hps::DevicePtr;
+using hps::DType;
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "hpshard-gpu-bench: %s\n", what.c_str());
@@ -35,11 +48,63 @@ void check(const hps::Status& s, const char* what) {
 }
 
 template <typename T>
-T* device_buffer(size_t count, int byte) {
-  void* p = nullptr;
-  check(cudaMalloc(&p, count * sizeof(T)), "cudaMalloc");
-  check(cudaMemset(p, byte, count * sizeof(T)), "cudaMemset");
-  return static_cast<T*>(p);
+T take(hps::StatusOr<T> v, const char* what) {
+  if (!v.ok()) die(std::string(what) + ": " + v.status().to_string());
+  return std::move(v).value();
+}
+
+struct Contender {
+  const char* name;
+  double bytes_per_element;  // bytes the kernel must read + write per element
+  std::function<void()> run;
+  std::vector<double> ms;
+};
+
+// What a GPU run needs to know first. 77 when no CUDA device is usable.
+int print_info() {
+  int driver = 0, runtime = 0;
+  const cudaError_t driver_error = cudaDriverGetVersion(&driver);
+  (void)cudaRuntimeGetVersion(&runtime);
+  std::printf("cuda driver: %d.%d%s\n", driver / 1000, driver % 1000 / 10,
+              driver_error == cudaSuccess && driver > 0 ? "" : " (no driver)");
+  std::printf("cuda runtime: %d.%d (linked statically)\n", runtime / 1000, runtime % 1000 / 10);
+#if HPS_HAVE_NCCL
+  auto nccl = hps::nccl_backend::nccl_api();
+  if (nccl.ok()) {
+    std::printf("nccl: %s from %s\n", hps::nccl_backend::nccl_version_string(**nccl).c_str(),
+                (*nccl)->file.c_str());
+  } else {
+    std::printf("nccl: unavailable: %s\n", nccl.status().message().c_str());
+  }
+#else
+  std::printf("nccl: not in this build\n");
+#endif
+  const int32_t devices = hps::device_count(hps::DeviceType::kCuda);
+  std::printf("cuda devices: %d\n", devices);
+  for (int32_t d = 0; d < devices; ++d) {
+    auto p = hps::device_properties(hps::Device::cuda(d));
+    if (!p.ok()) die("device properties: " + p.status().to_string());
+    int pools = 0;
+    check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, d),
+          "cudaDeviceGetAttribute");
+    std::printf(
+        "cuda:%d: %s, compute capability %d.%d, %d SMs, %.1f GiB, stream-ordered "
+        "allocator (cudaMallocAsync): %s\n",
+        d, p->name.c_str(), p->compute_capability_major, p->compute_capability_minor,
+        p->multiprocessor_count,
+        static_cast<double>(p->total_memory_bytes) / (1024.0 * 1024.0 * 1024.0),
+        pools != 0 ? "supported" : "NOT supported");
+  }
+  if (devices == 0) {
+    std::printf("skipped: no usable CUDA device\n");
+    return 77;
+  }
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -60,134 +125,171 @@ int main(int argc, char** argv) {
       iters = std::atoi(value().c_str());
     } else if (flag == "--json") {
       json_path = value();
+    } else if (flag == "--info") {
+      return print_info();
     } else if (flag == "-h" || flag == "--help") {
-      std::puts("hpshard-gpu-bench [--mib N (256)] [--iters N (20)] [--json FILE]");
+      std::puts("hpshard-gpu-bench [--mib N (256)] [--iters N (20)] [--json FILE] | --info");
       return 0;
     } else {
       die("unknown flag " + flag);
     }
   }
-  if (mib == 0 || iters < 1) die("--mib and --iters must be positive");
+  if (mib == 0 || mib > (size_t{1} << 20) || iters < 1 || iters > 10000) {
+    die("--mib must be in 1..1048576 and --iters in 1..10000");
+  }
   if (hps::device_count(hps::DeviceType::kCuda) == 0) {
     std::puts("skipped: no usable CUDA device");
     return 77;
   }
-  check(cudaSetDevice(0), "cudaSetDevice");
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  const hps::Device gpu = hps::Device::cuda(0);
+  const auto properties = take(hps::device_properties(gpu), "device properties");
+  const hps::Kernels& k = *take(hps::kernels_for(hps::DeviceType::kCuda), "kernels_for");
+  auto stream = take(hps::create_stream(gpu), "create_stream");
+  cudaStream_t native = static_cast<hps::cuda::CudaStream&>(*stream).native();
 
   const size_t bytes = mib << 20, n = bytes / sizeof(float);
-  // 0x3c3c3c3c is about 0.0115 as a float: finite, non-zero values everywhere.
-  float* grad = device_buffer<float>(n, 0x3c);
-  float* copy = device_buffer<float>(n, 0);
-  float* param = device_buffer<float>(n, 0x3c);
-  float* exp_avg = device_buffer<float>(n, 0);
-  float* exp_avg_sq = device_buffer<float>(n, 0);
-  double* partials = device_buffer<double>(2, 0);
-  double* scratch = device_buffer<double>(hps::cuda::kSumOfSquaresMaxBlocks, 0);
-  float* coefficient = device_buffer<float>(1, 0);
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-
-  const hps::AdamWHyper hyper;
-  long step = 0;
-  auto norm = [&] {
-    check(cudaMemsetAsync(partials, 0, 2 * sizeof(double), stream), "cudaMemsetAsync");
-    check(hps::cuda::sum_of_squares(hps::DType::kFloat32, grad, n, partials, scratch, stream),
-          "sum_of_squares");
-    // max_norm far above the norm: the coefficient stays 1, the gradients keep their values.
-    check(hps::cuda::finish_clip(partials, nullptr, false, 1e30, nullptr, coefficient, nullptr,
-                                 stream),
-          "finish_clip");
+  auto buffer = [&](size_t size, DType fill_dtype, size_t count, double value) {
+    auto b = take(hps::DeviceBuffer::allocate(gpu, size), "allocate");
+    check(k.fill(*stream, fill_dtype, b.data(), count, value), "fill");
+    return b;
   };
-  struct Contender {
-    const char* name;
-    std::function<void()> run;
-    std::vector<float> ms;
+  // Finite, non-zero values: a gradient the norm, unscale and AdamW read in full.
+  auto grad = buffer(bytes, DType::kFloat32, n, 0.0115);
+  auto grad16 = buffer(bytes / 2, DType::kBFloat16, n, 0.0115);
+  auto copy = buffer(bytes, DType::kFloat32, n, 0.0);
+  auto param = buffer(bytes, DType::kFloat32, n, 0.5);
+  auto exp_avg = buffer(bytes, DType::kFloat32, n, 0.0);
+  auto exp_avg_sq = buffer(bytes, DType::kFloat32, n, 0.0);
+  auto clip = take(hps::DeviceBuffer::allocate(gpu, sizeof(hps::ClipState)), "allocate");
+  auto state = take(hps::DeviceBuffer::allocate(gpu, sizeof(hps::StepState)), "allocate");
+  const auto clip_state = clip.data<hps::ClipState>();
+  const auto step_state = state.data<hps::StepState>();
+  const hps::AdamWHyper hyper;
+  hps::StepState initial;
+  initial.applied_steps = 1;
+  const hps::AdamWConstants constants = hps::adamw_constants(hyper, 1);
+  initial.adamw_step_size = constants.step_size;
+  initial.adamw_bias2_sqrt = constants.bias2_sqrt;
+  check(k.write_step_state(*stream, step_state, initial), "write_step_state");
+
+  // The clip's norm: the partials zeroed, the squares, the coefficient (max_norm far above
+  // the norm: the coefficient stays 1 and the gradients keep their values).
+  auto norm = [&](DType dtype, DevicePtr<const void> data) {
+    check(stream->memset_async(clip_state.get(), 0, 2 * sizeof(double)), "memset_async");
+    check(k.sum_of_squares(*stream, dtype, data, n, clip_state.as<double>()), "sum_of_squares");
+    check(k.finish_clip(*stream, clip_state, false, 1e30), "finish_clip");
+  };
+  auto adamw = [&](bool folded) {
+    hps::AdamWArgs a;
+    a.param = param.data<float>();
+    a.grad = grad.data<const float>();
+    a.exp_avg = exp_avg.data<float>();
+    a.exp_avg_sq = exp_avg_sq.data<float>();
+    a.count = n;
+    a.hyper = hyper;
+    a.state = step_state;
+    if (folded)
+      a.clip_coefficient =
+          clip_state.byte_offset(offsetof(hps::ClipState, coefficient)).as<const float>();
+    check(k.adamw(*stream, a), "adamw");
   };
   std::vector<Contender> contenders = {
       {"copy",
-       [&] { check(cudaMemcpyAsync(copy, grad, bytes, cudaMemcpyDeviceToDevice, stream), "copy"); },
+       8,
+       [&] { check(stream->memcpy_async(copy.data().get(), grad.data().get(), bytes), "copy"); },
        {}},
+      {"norm_fp32", 4, [&] { norm(DType::kFloat32, grad.data<const void>()); }, {}},
+      {"norm_bf16", 2, [&] { norm(DType::kBFloat16, grad16.data<const void>()); }, {}},
       {"clip",
+       12,
        [&] {
-         norm();
-         check(hps::cuda::scale(hps::DType::kFloat32, grad, n, coefficient, stream), "scale");
+         norm(DType::kFloat32, grad.data<const void>());
+         check(k.scale(*stream, DType::kFloat32, grad.data(), n, clip_state), "scale");
        },
        {}},
-      {"adamw",
+      {"unscale",
+       8,
        [&] {
-         check(hps::cuda::adamw(param, grad, exp_avg, exp_avg_sq, n, hyper, ++step, nullptr, 1.0f,
-                                stream),
-               "adamw");
+         hps::UnscaleArgs u;
+         u.src = grad.data<const void>();
+         u.dst = grad.data<float>();  // in place, as the engines unscale fp32 gradients
+         u.count = n;
+         u.state = step_state;  // loss scale 1: the values stay
+         u.check_finite = true;
+         u.clip = clip_state;
+         u.partial = hps::kClipPartialN;
+         check(k.unscale(*stream, u), "unscale");
        },
        {}},
+      {"adamw", 28, [&] { adamw(false); }, {}},
       {"adamw+clip",
+       32,
        [&] {
-         norm();
-         check(hps::cuda::adamw(param, grad, exp_avg, exp_avg_sq, n, hyper, ++step, coefficient,
-                                1.0f, stream),
-               "adamw");
+         norm(DType::kFloat32, grad.data<const void>());
+         adamw(true);
        },
        {}},
   };
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
   // Rounds: every contender once per round, the order rotated, after two warm-up rounds.
   for (int round = 0; round < iters + 2; ++round) {
-    for (size_t k = 0; k < contenders.size(); ++k) {
-      Contender& c = contenders[(k + static_cast<size_t>(round)) % contenders.size()];
-      check(cudaEventRecord(start, stream), "cudaEventRecord");
-      c.run();
-      check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    for (size_t c = 0; c < contenders.size(); ++c) {
+      Contender& x = contenders[(c + static_cast<size_t>(round)) % contenders.size()];
+      check(cudaEventRecord(start, native), "cudaEventRecord");
+      x.run();
+      check(cudaEventRecord(stop, native), "cudaEventRecord");
       check(cudaEventSynchronize(stop), "cudaEventSynchronize");
       float ms = 0;
       check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-      if (round >= 2) c.ms.push_back(ms);
+      if (round >= 2) x.ms.push_back(ms);
     }
   }
-  auto median = [](std::vector<float> v) {
-    std::sort(v.begin(), v.end());
-    return static_cast<double>(v[v.size() / 2]);
-  };
-  const double copy_ms = median(contenders[0].ms), clip_ms = median(contenders[1].ms);
-  const double adamw_ms = median(contenders[2].ms), fold_ms = median(contenders[3].ms);
-  const double gb = static_cast<double>(bytes) / 1e9;
-  // Bytes moved: the copy reads and writes S; the clip reads S (norm) and reads and writes
-  // S (scale), as the CPU table counts them.
-  const double copy_bw = 2 * gb / (copy_ms * 1e-3), clip_bw = 3 * gb / (clip_ms * 1e-3);
-  const double ratio = clip_bw / copy_bw, fold = fold_ms / adamw_ms;
-  std::printf("# hpshard-gpu-bench — %s, %zu MiB fp32, median of %d rounds (cudaEvent timing)\n",
-              prop.name, mib, iters);
-  std::printf("%10s %10s %10s %10s %10s %10s %8s %8s\n", "copy_ms", "copy_GB/s", "clip_ms",
-              "clip_GB/s", "adamw_ms", "fold_ms", "ratio", "fold");
-  std::printf("%10.3f %10.1f %10.3f %10.1f %10.3f %10.3f %8.3f %8.3f\n", copy_ms, copy_bw, clip_ms,
-              clip_bw, adamw_ms, fold_ms, ratio, fold);
-  std::printf("summary: gpu clip: clip/copy bandwidth = %.3f: %s (target >= 0.85x the copy)\n",
-              ratio, ratio >= 0.85 ? "MEETS" : "BELOW");
+  check(stream->synchronize(), "synchronize");
+
+  const double copy_ms = median(contenders[0].ms);
+  const double copy_gbps = 8.0 * static_cast<double>(n) / (copy_ms * 1e6);
+  std::printf("# hpshard-gpu-bench — %s, %zu MiB of fp32 (%zu elements), median of %d rounds\n",
+              properties.name.c_str(), mib, n, iters);
+  std::printf("%-12s %10s %10s %8s\n", "kernel", "ms", "GB/s", "vs copy");
+  std::string json = "{\"tool\": \"hpshard-gpu-bench\", \"device\": \"" + properties.name +
+                     "\", \"mib\": " + std::to_string(mib) +
+                     ", \"iters\": " + std::to_string(iters) + ", \"kernels\": {";
+  double ratios[8] = {};
+  for (size_t c = 0; c < contenders.size(); ++c) {
+    const Contender& x = contenders[c];
+    const double ms = median(x.ms);
+    const double gbps = x.bytes_per_element * static_cast<double>(n) / (ms * 1e6);
+    ratios[c] = gbps / copy_gbps;
+    std::printf("%-12s %10.3f %10.1f %8.3f\n", x.name, ms, gbps, ratios[c]);
+    char entry[256];
+    std::snprintf(entry, sizeof entry,
+                  "%s\"%s\": {\"ms\": %.6f, \"gbps\": %.3f, \"vs_copy\": %.4f}", c == 0 ? "" : ", ",
+                  x.name, ms, gbps, ratios[c]);
+    json += entry;
+  }
+  const double fold = median(contenders[6].ms) / median(contenders[5].ms);
+  std::printf("summary: gpu fused norm (fp32): bandwidth / copy = %.3f: %s (target >= 0.85x)\n",
+              ratios[1], ratios[1] >= 0.85 ? "MEETS" : "BELOW");
+  std::printf("summary: gpu clip (norm + scale): bandwidth / copy = %.3f: %s (target >= 0.85x)\n",
+              ratios[3], ratios[3] >= 0.85 ? "MEETS" : "BELOW");
+  std::printf("summary: gpu AdamW: bandwidth / copy = %.3f: %s (target >= 0.85x)\n", ratios[5],
+              ratios[5] >= 0.85 ? "MEETS" : "BELOW");
   std::printf(
-      "summary: gpu clip folded into AdamW: time / AdamW alone = %.3f: %s (target <= "
-      "1.10x)\n",
+      "summary: gpu clip folded into AdamW: time / AdamW alone = %.3f: %s (target <= 1.10x)\n",
       fold, fold <= 1.10 ? "MEETS" : "ABOVE");
+  char tail[160];
+  std::snprintf(tail, sizeof tail, "}, \"copy_gbps\": %.3f, \"fold_ratio\": %.4f}\n", copy_gbps,
+                fold);
+  json += tail;
   if (!json_path.empty()) {
     std::FILE* f = std::fopen(json_path.c_str(), "w");
     if (f == nullptr) die("cannot write " + json_path);
-    std::fprintf(f,
-                 "{\"tool\": \"hpshard-gpu-bench\", \"device\": \"%s\", \"mib\": %zu, "
-                 "\"iters\": %d, \"copy_ms\": %.6f, \"clip_ms\": %.6f, \"adamw_ms\": %.6f, "
-                 "\"adamw_clip_ms\": %.6f, \"copy_gbps\": %.3f, \"clip_gbps\": %.3f, "
-                 "\"clip_copy_ratio\": %.4f, \"fold_ratio\": %.4f}\n",
-                 prop.name, mib, iters, copy_ms, clip_ms, adamw_ms, fold_ms, copy_bw, clip_bw,
-                 ratio, fold);
+    std::fputs(json.c_str(), f);
     std::fclose(f);
   }
-  for (void* p :
-       {static_cast<void*>(grad), static_cast<void*>(copy), static_cast<void*>(param),
-        static_cast<void*>(exp_avg), static_cast<void*>(exp_avg_sq), static_cast<void*>(partials),
-        static_cast<void*>(scratch), static_cast<void*>(coefficient)}) {
-    cudaFree(p);
-  }
-  cudaStreamDestroy(stream);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   return 0;
 }

@@ -1,9 +1,9 @@
-// The CUDA communicator: NCCL in non-blocking mode on the communicator's own CUDA
-// stream. A watchdog thread ends operations that outlive the timeout by aborting the
-// NCCL communicator, so no rank hangs.
+// The CUDA communicator: NCCL in non-blocking mode (nccl_handle.h: why, and the protocol)
+// on the communicator's own CUDA stream. An operation's done-event is recorded only after
+// NCCL has finished enqueueing it. A watchdog thread ends operations that outlive the
+// timeout, or a communicator NCCL reports broken, by aborting the NCCL communicator — after
+// marking every pending operation failed — so no rank hangs and no waiter reads OK.
 #pragma once
-
-#include <nccl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/comm/communicator.h"
+#include "core/comm/nccl/nccl_handle.h"
 
 namespace hps::nccl_backend {
 
@@ -21,7 +22,11 @@ class NcclCommunicator final : public Communicator {
   static StatusOr<std::unique_ptr<Communicator>> create(std::shared_ptr<Store> store, int32_t rank,
                                                         int32_t size, int32_t device_index,
                                                         const CommOptions& options);
+  // Closes the NCCL communicator: finalisation flushes what was issued, for at most
+  // kCloseGrace (or the timeout when shorter); then it is aborted.
   ~NcclCommunicator() override;
+
+  static constexpr std::chrono::milliseconds kCloseGrace{10'000};
 
   int32_t rank() const override { return rank_; }
   int32_t size() const override { return size_; }
@@ -54,24 +59,31 @@ class NcclCommunicator final : public Communicator {
   void abort() override;
 
  private:
-  NcclCommunicator(int32_t rank, int32_t size, int32_t device_index, CommOptions options);
-  // Runs `launch` (an NCCL call on the stream) after `ready`, records the Work's event,
-  // and hands the Work to the watchdog.
+  NcclCommunicator(const NcclApi& api, int32_t rank, int32_t size, int32_t device_index,
+                   CommOptions options);
+  // The CUDA side of a new communicator: its stream, events, scratch and watchdog.
+  Status start();
+  // Runs `launch` (an NCCL call on the stream) after `ready`, waits until NCCL has enqueued
+  // it, records the Work's event, and hands the Work to the watchdog.
   template <typename Launch>
   StatusOr<std::shared_ptr<Work>> enqueue(const char* operation, Stream* ready, Launch&& launch);
-  Status wait_ready(ncclResult_t result, const char* operation);
+  // Marks every pending operation failed (the handle's before_abort).
+  void fail_pending(const Status& failure);
   void watch();
 
+  const NcclApi& nccl_;
   int32_t rank_;
   int32_t size_;
   int32_t device_index_;
   CommOptions options_;
   std::atomic<int64_t> timeout_ms_;
-  ncclComm_t comm_ = nullptr;
   std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Event> ready_event_;  // reused: a stream wait captures its state at the call
   void* barrier_scratch_ = nullptr;
   uint64_t next_sequence_ = 1;
 
+  // The operations the watchdog watches. Lock order: the handle's lock, then this one; the
+  // watchdog never calls the handle while holding it.
   std::mutex mutex_;
   std::condition_variable watch_cv_;
   struct Pending {
@@ -80,9 +92,9 @@ class NcclCommunicator final : public Communicator {
   };
   std::deque<Pending> pending_;
   bool stopping_ = false;
-  std::atomic<bool> aborted_{false};
-  Status failure_;
   std::thread watchdog_;
+  // Last: it is destroyed first, while what its before_abort touches still exists.
+  NcclHandle handle_;
 };
 
 }  // namespace hps::nccl_backend

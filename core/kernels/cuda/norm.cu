@@ -1,139 +1,129 @@
-// Gradient-norm kernels on CUDA (declared in kernels/norm.h). Deterministic by
-// construction: the launch shape depends only on the element count, every floating-point
-// sum is a fixed tree (warp shuffles, then one block over the block partials, in index
-// order), and the only atomics are integer ones (the fixed-point digits), which are exact
-// and order-independent. Compiled with --fmad=false so each product is rounded on its own,
-// as the CPU kernels do.
+// The norm entries of the CUDA kernel table: sums of squares (float and exact fixed-point),
+// the fused unscale pass, finish_clip and scale.
+//
+// One pass kernel serves the sums and the unscale: each thread reads 16-byte groups
+// (grid-stride, four groups in flight), converts, optionally multiplies by the unscale
+// factor and stores fp32, and adds the squares — in fp32 chunks of at most kSquaresChunk
+// elements added in fp64 (as the CPU does), or exactly into integer digits. The float sums
+// meet in a fixed tree (warp shuffles, the block's warps, then the block partials in index
+// order by a second one-block kernel), so a rerun on the same device and buffer gives the
+// same bits; the only atomics are integer ones (the fixed-point digits), exact in any order.
+// Every scalar that steers the pass (the loss scale, found-inf, the partials, the clip
+// coefficient) is read or written in device memory by the kernels.
 #include <cuda_runtime.h>
 
-#include <cstdint>
+#include <type_traits>
 
-#include "core/device/cuda/error.h"
-#include "core/kernels/norm.h"
+#include "core/device/buffer.h"
+#include "core/kernels/cuda/device_math.cuh"
 
 namespace hps::cuda {
 namespace {
 
-constexpr int kThreads = 256;      // per block; a multiple of the warp size
-constexpr size_t kPerThread = 16;  // fewer blocks until each thread has this many
-constexpr size_t kScaleMaxBlocks = 8192;
-constexpr int kDigits = FixedSquares::kDigits;
-constexpr int kSlots = FixedSquares::kSlots;
-static_assert(sizeof(FixedSquares) == sizeof(int64_t) * kSlots, "FixedSquares is its slots");
+constexpr size_t kMinGroupsPerThread = 4;  // fewer blocks for small buffers
 
-// fp16 / bf16 ⇄ fp32 exactly as core/common/half.h does it (same bits, NaN payloads too).
-__device__ inline float half_bits_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent == 0) {
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return __uint_as_float(sign | __float_as_uint(magnitude));
-  }
-  return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
+enum class Partial { kNone, kFloat, kFixed };
 
-__device__ inline uint16_t float_to_half_bits(float f) {
-  const uint32_t x = __float_as_uint(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t magnitude = x & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) {
-    return static_cast<uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
-  }
-  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (magnitude < 0x38800000u) {
-    const float shifted = __uint_as_float(magnitude) + 0.5f;
-    return static_cast<uint16_t>(sign | (__float_as_uint(shifted) - 0x3f000000u));
-  }
-  const uint32_t mantissa_odd = (magnitude >> 13) & 1u;
-  magnitude += 0xc8000fffu + mantissa_odd;
-  return static_cast<uint16_t>(sign | (magnitude >> 13));
-}
-
-__device__ inline float bf16_bits_to_float(uint16_t b) {
-  return __uint_as_float(static_cast<uint32_t>(b) << 16);
-}
-
-__device__ inline uint16_t float_to_bf16_bits(float f) {
-  const uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  const uint32_t lsb = (x >> 16) & 1u;
-  return static_cast<uint16_t>((x + 0x7fffu + lsb) >> 16);
-}
-
-// Element types: how a stored value becomes the fp32 (or fp64) it is computed in.
-struct Fp32 {
-  using Storage = float;
-  using Compute = float;
-  __device__ static float load(float x) { return x; }
-  __device__ static float store(float x) { return x; }
-};
-struct Fp16 {
-  using Storage = uint16_t;
-  using Compute = float;
-  __device__ static float load(uint16_t x) { return half_bits_to_float(x); }
-  __device__ static uint16_t store(float x) { return float_to_half_bits(x); }
-};
-struct Bf16 {
-  using Storage = uint16_t;
-  using Compute = float;
-  __device__ static float load(uint16_t x) { return bf16_bits_to_float(x); }
-  __device__ static uint16_t store(float x) { return float_to_bf16_bits(x); }
-};
-struct Fp64 {
-  using Storage = double;
-  using Compute = double;
-  __device__ static double load(double x) { return x; }
-  __device__ static double store(double x) { return x; }
+template <typename Type>
+struct PassArgs {
+  const typename Type::Storage* src = nullptr;
+  size_t count = 0;
+  // Unscale only: dst[i] = src[i] · (mean_scale / state->loss_scale); with check_finite,
+  // state->found_inf = 1 when a result is not finite.
+  float* dst = nullptr;
+  float mean_scale = 1.0f;
+  StepState* state = nullptr;
+  bool check_finite = false;
+  // Float partials: one per block into block_partials, or straight into *partial_out when
+  // the grid is one block.
+  double* block_partials = nullptr;
+  double* partial_out = nullptr;
+  int64_t* fixed_out = nullptr;  // fixed partials: FixedSquares slots
 };
 
-// Blocks for `count` elements: a function of the count alone, never of the device.
-unsigned blocks_for(size_t count, size_t max_blocks) {
-  const size_t per_block = static_cast<size_t>(kThreads) * kPerThread;
-  size_t blocks = (count + per_block - 1) / per_block;
-  if (blocks < 1) blocks = 1;
-  if (blocks > max_blocks) blocks = max_blocks;
-  return static_cast<unsigned>(blocks);
-}
+// One thread's share of the pass.
+template <typename Type, Partial kPartial, bool kUnscale>
+struct PassThread {
+  using Storage = typename Type::Storage;
+  // The squared values: the unscaled fp32 results, or the data in its compute precision.
+  using Value = std::conditional_t<kUnscale, float, typename Type::Compute>;
 
-// The block's sum in a fixed tree; the result is valid in thread 0.
-template <typename T>
-__device__ T block_sum(T value) {
-  __shared__ T warp_sums[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) {
-    value += __shfl_down_sync(0xffffffffu, value, offset);
-  }
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  if (lane == 0) warp_sums[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < kThreads / 32 ? warp_sums[lane] : T(0);
-    for (int offset = 16; offset > 0; offset /= 2) {
-      value += __shfl_down_sync(0xffffffffu, value, offset);
+  const PassArgs<Type>& a;
+  float factor = 1.0f;
+  SquaresAccumulator<Value> squares;
+  FixedAccumulator fixed;
+  bool nonfinite = false;
+
+  template <int N>
+  __device__ __forceinline__ void process(const Group<Storage, N>& g, size_t i) {
+    Value x[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if constexpr (kUnscale) {
+        x[j] = Type::widen(g.v[j]) * factor;
+      } else {
+        x[j] = Type::load(g.v[j]);
+      }
+    }
+    if constexpr (kUnscale) {
+      Group<float, N> out;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        out.v[j] = x[j];
+        nonfinite |= !isfinite(x[j]);
+      }
+      store_group<N>(a.dst, i, out);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if constexpr (kPartial == Partial::kFloat) squares.add(x[j]);
+      if constexpr (kPartial == Partial::kFixed) fixed.add(static_cast<double>(x[j]));
     }
   }
-  return value;
-}
+};
 
-// Pass 1: one partial per block, accumulated in the type's compute precision.
-template <typename Type>
-__global__ void __launch_bounds__(kThreads)
-    block_squares(const typename Type::Storage* x, size_t count, double* block_partials) {
-  using Compute = typename Type::Compute;
-  Compute sum = 0;
+template <typename Type, int W, Partial kPartial, bool kUnscale>
+__global__ void __launch_bounds__(kThreads) squares_pass(PassArgs<Type> a) {
+  PassThread<Type, kPartial, kUnscale> t{a};
+  if constexpr (kUnscale) t.factor = a.mean_scale / a.state->loss_scale;
+  const size_t groups = a.count / W;
+  const size_t first = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    const Compute v = Type::load(x[i]);
-    sum += v * v;
+  size_t g = first;
+  // Four groups in flight per thread, then the rest one at a time; always in index order.
+  for (; g + 3 * stride < groups; g += 4 * stride) {
+    Group<typename Type::Storage, W> v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = load_group<W>(a.src, (g + k * stride) * W);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) t.template process<W>(v[k], (g + k * stride) * W);
   }
-  sum = block_sum(sum);
-  if (threadIdx.x == 0) block_partials[blockIdx.x] = static_cast<double>(sum);
+  for (; g < groups; g += stride) t.template process<W>(load_group<W>(a.src, g * W), g * W);
+  if constexpr (W > 1) {
+    const size_t tail = groups * W + first;
+    if (tail < a.count) t.template process<1>(load_group<1>(a.src, tail), tail);
+  }
+
+  if constexpr (kPartial == Partial::kFloat) {
+    const double sum = block_sum(t.squares.finish());
+    if (threadIdx.x == 0) {
+      if (gridDim.x == 1) {
+        *a.partial_out += sum;
+      } else {
+        a.block_partials[blockIdx.x] = sum;
+      }
+    }
+  }
+  if constexpr (kPartial == Partial::kFixed) add_block_digits(t.fixed, a.fixed_out);
+  if constexpr (kUnscale) {
+    // Every thread reaches this (a.check_finite is the same for all).
+    if (a.check_finite && __syncthreads_or(t.nonfinite) && threadIdx.x == 0) {
+      a.state->found_inf = 1;
+    }
+  }
 }
 
-// Pass 2: one block adds the block partials in fp64, in a fixed order, to *out.
+// The block partials of a float pass, added in a fixed order by one block.
 __global__ void __launch_bounds__(kThreads)
     add_block_partials(const double* block_partials, unsigned blocks, double* out) {
   double sum = 0;
@@ -142,236 +132,149 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *out += sum;
 }
 
-// FixedSquares::add_square and ::normalize, operation for operation.
-__device__ void add_square(int64_t* slots, double square) {
-  if (isnan(square)) {
-    ++slots[kDigits + 1];
-    return;
-  }
-  if (square >= 0x1p160) {
-    ++slots[kDigits];
-    return;
-  }
-  if (square < 0x1p-160) return;
-  int exponent = 0;
-  const double fraction = frexp(square, &exponent);
-  auto mantissa = static_cast<uint64_t>(ldexp(fraction, 53));
-  int shift = exponent - 53 - FixedSquares::kLowestExponent;
-  if (shift < 0) {
-    mantissa >>= -shift;
-    shift = 0;
-  }
-  constexpr uint64_t kMask = 0xffffffffu;
-  const int offset = shift % 32;
-  const int digit = shift / 32;
-  const uint64_t low = (mantissa & kMask) << offset;
-  const uint64_t high = (mantissa >> 32) << offset;
-  slots[digit] += static_cast<int64_t>(low & kMask);
-  slots[digit + 1] += static_cast<int64_t>((low >> 32) + (high & kMask));
-  slots[digit + 2] += static_cast<int64_t>(high >> 32);
-}
-
-__device__ void normalize(int64_t* slots) {
-  for (int i = 0; i + 1 < kDigits; ++i) {
-    slots[i + 1] += slots[i] >> 32;
-    slots[i] &= 0xffffffff;
-  }
-}
-
-// Each thread sums exactly, the block's threads meet in shared memory and each block adds
-// its normalized digits to `out` — all integer additions, so the order does not matter.
-template <typename Type>
-__global__ void __launch_bounds__(kThreads)
-    fixed_squares(const typename Type::Storage* x, size_t count, int64_t* out) {
-  __shared__ unsigned long long block[kSlots];
-  if (threadIdx.x < kSlots) block[threadIdx.x] = 0;
-  __syncthreads();
-  int64_t local[kSlots] = {};
-  size_t n = 0;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    const double v = static_cast<double>(Type::load(x[i]));
-    add_square(local, v * v);  // exact for fp32/fp16/bf16; one rounding for fp64, as on CPU
-    if ((++n & 0xfffff) == 0) normalize(local);  // keep every digit far from overflow
-  }
-  normalize(local);
-  for (int s = 0; s < kSlots; ++s) {
-    if (local[s] != 0) atomicAdd(&block[s], static_cast<unsigned long long>(local[s]));
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t sum[kSlots];
-    for (int s = 0; s < kSlots; ++s) sum[s] = static_cast<int64_t>(block[s]);
-    normalize(sum);
-    for (int s = 0; s < kSlots; ++s) {
-      if (sum[s] != 0) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(out + s),
-                  static_cast<unsigned long long>(sum[s]));
-      }
-    }
-  }
-}
-
-// After every block: the canonical form the CPU leaves.
+// After every block of a fixed pass: the canonical form the CPU leaves.
 __global__ void normalize_slots(int64_t* slots) { normalize(slots); }
 
-template <typename Type, typename Coefficient>
-__global__ void __launch_bounds__(kThreads)
-    scale_values(typename Type::Storage* x, size_t count, const Coefficient* coefficient) {
-  using Compute = typename Type::Compute;
-  const auto c = static_cast<Compute>(*coefficient);
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    x[i] = Type::store(Type::load(x[i]) * c);
+template <typename Type, int W, Partial kPartial, bool kUnscale>
+Status run_pass(const LaunchContext& ctx, PassArgs<Type> a) {
+  auto* kernel = &squares_pass<Type, W, kPartial, kUnscale>;
+  const unsigned blocks =
+      grid_for(reinterpret_cast<const void*>(kernel), a.count / W + 1, kMinGroupsPerThread);
+  // The block partials live in stream-ordered scratch memory, freed in the stream's order.
+  DeviceBuffer scratch;
+  if (kPartial == Partial::kFloat && blocks > 1) {
+    HPS_ASSIGN_OR_RETURN(scratch, DeviceBuffer::allocate_async(
+                                      ctx.stream.device(), blocks * sizeof(double), ctx.stream));
+    a.block_partials = scratch.data<double>().get();
   }
+  kernel<<<blocks, kThreads, 0, ctx.native>>>(a);
+  HPS_RETURN_IF_ERROR(launched("sum of squares kernel"));
+  if (kPartial == Partial::kFloat && blocks > 1) {
+    add_block_partials<<<1, kThreads, 0, ctx.native>>>(a.block_partials, blocks, a.partial_out);
+    HPS_RETURN_IF_ERROR(launched("sum of squares: block partials kernel"));
+  }
+  if (kPartial == Partial::kFixed) {
+    normalize_slots<<<1, 1, 0, ctx.native>>>(a.fixed_out);
+    HPS_RETURN_IF_ERROR(launched("sum of squares: normalize kernel"));
+  }
+  return Status::Ok();
 }
 
-__device__ double fixed_value(const int64_t* slots) {
-  if (slots[kDigits + 1] != 0) return __longlong_as_double(0x7ff8000000000000ll);  // NaN
-  if (slots[kDigits] != 0) return __longlong_as_double(0x7ff0000000000000ll);      // +Inf
-  int64_t n[kSlots];
-  for (int s = 0; s < kSlots; ++s) n[s] = slots[s];
-  normalize(n);
-  double v = 0;
-  for (int i = kDigits - 1; i >= 0; --i) {
-    v += ldexp(static_cast<double>(n[i]), 32 * i + FixedSquares::kLowestExponent);
-  }
-  return v;
+// The pass with 16-byte groups where src (and dst) allow them, single elements otherwise.
+template <typename Type, Partial kPartial, bool kUnscale>
+Status run_pass_aligned(const LaunchContext& ctx, const PassArgs<Type>& a) {
+  using S = typename Type::Storage;
+  constexpr int W = kGroupOf<S>;
+  const bool aligned = group_aligned<S, W>(a.src) && (!kUnscale || group_aligned<float, W>(a.dst));
+  if (aligned) return run_pass<Type, W, kPartial, kUnscale>(ctx, a);
+  return run_pass<Type, 1, kPartial, kUnscale>(ctx, a);
 }
 
-__global__ void finish_clip_kernel(const double* partials, const int64_t* fixed, bool deterministic,
-                                   double max_norm, float* norm_out, float* coefficient_out,
-                                   double* coefficient_fp64_out) {
-  const double squares =
-      deterministic ? fixed_value(fixed) + fixed_value(fixed + kSlots) : partials[0] + partials[1];
+template <typename Type>
+struct ScaleOp {
+  typename Type::Storage* data;
+  const ClipState* clip;
+
+  template <int N>
+  __device__ void apply(size_t i) const {
+    auto g = load_group<N>(data, i);
+    if constexpr (std::is_same_v<Type, Fp64>) {
+      // fp64 data by the unrounded coefficient; the others by its fp32 rounding.
+      const double c = clip->coefficient_fp64;
+#pragma unroll
+      for (int j = 0; j < N; ++j) g.v[j] *= c;
+    } else {
+      const float c = clip->coefficient;
+#pragma unroll
+      for (int j = 0; j < N; ++j) g.v[j] = Type::store(Type::load(g.v[j]) * c);
+    }
+    store_group<N>(data, i, g);
+  }
+};
+
+__global__ void finish_clip_kernel(ClipState* clip, bool deterministic, double max_norm) {
+  const double squares = deterministic
+                             ? fixed_value(reinterpret_cast<const int64_t*>(&clip->fixed[0])) +
+                                   fixed_value(reinterpret_cast<const int64_t*>(&clip->fixed[1]))
+                             : clip->partials[0] + clip->partials[1];
   const double norm = sqrt(squares);
   // NaN stays NaN (torch's clip_grad_norm_ without error_if_nonfinite); Inf gives 0.
   const double denominator = (norm < max_norm ? max_norm : norm) + 1e-6;
-  const double coefficient = max_norm / denominator;
-  *coefficient_out = static_cast<float>(coefficient);
-  if (coefficient_fp64_out != nullptr) *coefficient_fp64_out = coefficient;
-  if (norm_out != nullptr) *norm_out = static_cast<float>(norm);
-}
-
-Status launched(const char* operation) { return cuda_status(cudaGetLastError(), operation); }
-
-Status not_float(const char* operation, DType dtype) {
-  return invalid_argument(std::string(operation) + ": dtype " + std::string(dtype_name(dtype)) +
-                          " is not a float type");
-}
-
-template <typename Type>
-void launch_squares(const void* data, size_t count, double* partial_out, double* scratch,
-                    cudaStream_t stream) {
-  const unsigned blocks = blocks_for(count, kSumOfSquaresMaxBlocks);
-  block_squares<Type><<<blocks, kThreads, 0, stream>>>(
-      static_cast<const typename Type::Storage*>(data), count, scratch);
-  add_block_partials<<<1, kThreads, 0, stream>>>(scratch, blocks, partial_out);
-}
-
-template <typename Type>
-void launch_fixed(const void* data, size_t count, FixedSquares* out, cudaStream_t stream) {
-  auto* slots = reinterpret_cast<int64_t*>(out);
-  fixed_squares<Type><<<blocks_for(count, kSumOfSquaresMaxBlocks), kThreads, 0, stream>>>(
-      static_cast<const typename Type::Storage*>(data), count, slots);
-  normalize_slots<<<1, 1, 0, stream>>>(slots);
-}
-
-template <typename Type, typename Coefficient>
-void launch_scale(void* data, size_t count, const Coefficient* coefficient, cudaStream_t stream) {
-  scale_values<Type, Coefficient><<<blocks_for(count, kScaleMaxBlocks), kThreads, 0, stream>>>(
-      static_cast<typename Type::Storage*>(data), count, coefficient);
-}
-
-template <typename Coefficient>
-Status scale_any(DType dtype, void* data, size_t count, const Coefficient* coefficient,
-                 cudaStream_t stream) {
-  if (!dtype_is_floating(dtype)) return not_float("scale", dtype);
-  if (count == 0) return Status::Ok();
-  if (data == nullptr || coefficient == nullptr) {
-    return invalid_argument("scale: null data or coefficient");
-  }
-  switch (dtype) {
-    case DType::kFloat32: launch_scale<Fp32>(data, count, coefficient, stream); break;
-    case DType::kFloat16: launch_scale<Fp16>(data, count, coefficient, stream); break;
-    case DType::kBFloat16: launch_scale<Bf16>(data, count, coefficient, stream); break;
-    case DType::kFloat64: launch_scale<Fp64>(data, count, coefficient, stream); break;
-    default: return not_float("scale", dtype);
-  }
-  return launched("scale kernel");
+  clip->coefficient_fp64 = max_norm / denominator;
+  clip->coefficient = __double2float_rn(clip->coefficient_fp64);
+  clip->norm = __double2float_rn(norm);
 }
 
 }  // namespace
 
-Status sum_of_squares(DType dtype, const void* data, size_t count, double* partial_out,
-                      double* scratch, cudaStream_t stream) {
-  if (!dtype_is_floating(dtype)) return not_float("sum_of_squares", dtype);
-  if (count == 0) return Status::Ok();
-  if (data == nullptr || partial_out == nullptr || scratch == nullptr) {
-    return invalid_argument("sum_of_squares: null data, output or scratch");
-  }
-  switch (dtype) {
-    case DType::kFloat32: launch_squares<Fp32>(data, count, partial_out, scratch, stream); break;
-    case DType::kFloat16: launch_squares<Fp16>(data, count, partial_out, scratch, stream); break;
-    case DType::kBFloat16: launch_squares<Bf16>(data, count, partial_out, scratch, stream); break;
-    case DType::kFloat64: launch_squares<Fp64>(data, count, partial_out, scratch, stream); break;
-    default: return not_float("sum_of_squares", dtype);
-  }
-  return launched("sum_of_squares kernel");
+Status launch_sum_of_squares(const LaunchContext& ctx, DType dtype, const void* data, size_t count,
+                             double* partial) {
+  return with_float_type(dtype, "sum_of_squares", [&](auto type) {
+    using Type = decltype(type);
+    PassArgs<Type> a;
+    a.src = static_cast<const typename Type::Storage*>(data);
+    a.count = count;
+    a.partial_out = partial;
+    return run_pass_aligned<Type, Partial::kFloat, false>(ctx, a);
+  });
 }
 
-Status sum_of_squares(DType dtype, const void* data, size_t count, double* partial_out,
-                      cudaStream_t stream) {
-  if (!dtype_is_floating(dtype)) return not_float("sum_of_squares", dtype);
-  if (count == 0) return Status::Ok();
-  void* scratch = nullptr;
-  HPS_RETURN_IF_ERROR(
-      cuda_status(cudaMallocAsync(&scratch, kSumOfSquaresMaxBlocks * sizeof(double), stream),
-                  "cudaMallocAsync"));
-  const Status status =
-      sum_of_squares(dtype, data, count, partial_out, static_cast<double*>(scratch), stream);
-  const Status freed = cuda_status(cudaFreeAsync(scratch, stream), "cudaFreeAsync");
-  return status.ok() ? freed : status;
+Status launch_sum_of_squares_fixed(const LaunchContext& ctx, DType dtype, const void* data,
+                                   size_t count, FixedSquares* out) {
+  return with_float_type(dtype, "sum_of_squares_fixed", [&](auto type) {
+    using Type = decltype(type);
+    PassArgs<Type> a;
+    a.src = static_cast<const typename Type::Storage*>(data);
+    a.count = count;
+    a.fixed_out = reinterpret_cast<int64_t*>(out);
+    return run_pass_aligned<Type, Partial::kFixed, false>(ctx, a);
+  });
 }
 
-Status sum_of_squares_fixed(DType dtype, const void* data, size_t count, FixedSquares* out,
-                            cudaStream_t stream) {
-  if (!dtype_is_floating(dtype)) return not_float("sum_of_squares_fixed", dtype);
-  if (count == 0) return Status::Ok();
-  if (data == nullptr || out == nullptr) {
-    return invalid_argument("sum_of_squares_fixed: null data or output");
+Status launch_unscale(const LaunchContext& ctx, const UnscaleArgs& u) {
+  if (u.src_dtype == DType::kFloat64) {
+    return invalid_argument("unscale: the gradient must be float32, float16 or bfloat16");
   }
-  switch (dtype) {
-    case DType::kFloat32: launch_fixed<Fp32>(data, count, out, stream); break;
-    case DType::kFloat16: launch_fixed<Fp16>(data, count, out, stream); break;
-    case DType::kBFloat16: launch_fixed<Bf16>(data, count, out, stream); break;
-    case DType::kFloat64: launch_fixed<Fp64>(data, count, out, stream); break;
-    default: return not_float("sum_of_squares_fixed", dtype);
-  }
-  return launched("sum_of_squares_fixed kernel");
+  return with_float_type(u.src_dtype, "unscale", [&](auto type) -> Status {
+    using Type = decltype(type);
+    if constexpr (std::is_same_v<Type, Fp64>) {
+      return Status::Ok();  // refused above
+    } else {
+      PassArgs<Type> a;
+      a.src = static_cast<const typename Type::Storage*>(u.src.get());
+      a.count = u.count;
+      a.dst = u.dst.get();
+      a.mean_scale = u.mean_scale;
+      a.state = u.state.get();
+      a.check_finite = u.check_finite;
+      if (!u.clip || u.partial < 0) return run_pass_aligned<Type, Partial::kNone, true>(ctx, a);
+      ClipState* clip = u.clip.get();
+      if (u.deterministic) {
+        a.fixed_out = reinterpret_cast<int64_t*>(&clip->fixed[u.partial]);
+        return run_pass_aligned<Type, Partial::kFixed, true>(ctx, a);
+      }
+      a.partial_out = &clip->partials[u.partial];
+      return run_pass_aligned<Type, Partial::kFloat, true>(ctx, a);
+    }
+  });
 }
 
-Status scale(DType dtype, void* data, size_t count, const float* coefficient, cudaStream_t stream) {
-  return scale_any(dtype, data, count, coefficient, stream);
-}
-
-Status scale(DType dtype, void* data, size_t count, const double* coefficient,
-             cudaStream_t stream) {
-  return scale_any(dtype, data, count, coefficient, stream);
-}
-
-Status finish_clip(const double* partials, const FixedSquares* fixed, bool deterministic,
-                   double max_norm, float* norm_out, float* coefficient_out,
-                   double* coefficient_fp64_out, cudaStream_t stream) {
-  if (coefficient_out == nullptr || (deterministic ? fixed == nullptr : partials == nullptr)) {
-    return invalid_argument("finish_clip: null partial sums or coefficient output");
-  }
-  finish_clip_kernel<<<1, 1, 0, stream>>>(partials, reinterpret_cast<const int64_t*>(fixed),
-                                          deterministic, max_norm, norm_out, coefficient_out,
-                                          coefficient_fp64_out);
+Status launch_finish_clip(const LaunchContext& ctx, ClipState* clip, bool deterministic,
+                          double max_norm) {
+  finish_clip_kernel<<<1, 1, 0, ctx.native>>>(clip, deterministic, max_norm);
   return launched("finish_clip kernel");
+}
+
+Status launch_scale(const LaunchContext& ctx, DType dtype, void* data, size_t count,
+                    const ClipState* clip) {
+  return with_float_type(dtype, "scale", [&](auto type) {
+    using Type = decltype(type);
+    using S = typename Type::Storage;
+    constexpr int W = kGroupOf<S>;
+    const ScaleOp<Type> op{static_cast<S*>(data), clip};
+    if (group_aligned<S, W>(data)) return launch_elementwise<W>(ctx.native, count, op, "scale");
+    return launch_elementwise<1>(ctx.native, count, op, "scale kernel");
+  });
 }
 
 }  // namespace hps::cuda

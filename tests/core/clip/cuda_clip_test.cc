@@ -12,12 +12,9 @@
 #include "core/clip/hybrid_clip.h"
 #include "core/common/config.h"
 #include "core/common/half.h"
+#include "core/device/buffer.h"
 #include "core/device/host_sync.h"
 #include "core/device/stream.h"
-
-#if HPS_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 namespace hps {
 namespace {
@@ -79,7 +76,9 @@ class CudaClipTest : public testing::Test {
     if (device_count(DeviceType::kCuda) == 0) {
       GTEST_SKIP() << "no usable CUDA device (or hpshard built without CUDA)";
     }
-    auto c = create_communicator(make_in_memory_store(), 0, 1, Device::cuda(0));
+    CommOptions options;
+    options.timeout = std::chrono::seconds(30);  // below ctest's timeout: a hang fails here
+    auto c = create_communicator(make_in_memory_store(), 0, 1, Device::cuda(0), options);
     if (c.status().code() == StatusCode::kUnavailable) GTEST_SKIP() << c.status().message();
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     comm_ = std::shared_ptr<Communicator>(std::move(c).value());
@@ -99,41 +98,40 @@ class CudaClipTest : public testing::Test {
     return out;
   }
 
-  // The CUDA clip of the same gradients, with `comm_` as every group.
+  // The CUDA clip of the same gradients, with `comm_` as every group. Host data moves by
+  // stream-ordered copies the test waits for.
   Outcome cuda_clip(const ClipOptions& options, bool scale, double nan_at) {
     Outcome out;
     auto created = HybridClip::create(comm_, comm_, comm_, options);
     EXPECT_TRUE(created.ok()) << created.status().to_string();
     auto clip = std::move(created).value();
-    std::vector<void*> device(kModel.size());
+    auto stream = std::move(create_stream(Device::cuda(0))).value();
+    auto copy = [&](void* dst, const void* src, size_t bytes) {
+      EXPECT_TRUE(stream->memcpy_async(dst, src, bytes).ok());
+      EXPECT_TRUE(stream->synchronize().ok());
+    };
+    std::vector<DeviceBuffer> device;
     for (size_t p = 0; p < kModel.size(); ++p) {
       out.gradients.push_back(gradient_bytes(p, nan_at));
-      EXPECT_EQ(cudaMalloc(&device[p], out.gradients[p].size()), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(device[p], out.gradients[p].data(), out.gradients[p].size(),
-                           cudaMemcpyHostToDevice),
-                cudaSuccess);
+      device.push_back(
+          std::move(DeviceBuffer::allocate(Device::cuda(0), out.gradients[p].size())).value());
+      copy(device[p].data().get(), out.gradients[p].data(), out.gradients[p].size());
     }
     for (size_t p = 0; p < kModel.size(); ++p) {
-      ClipTensor t{device[p],           kModel[p].size,
-                   kModel[p].dtype,     kModel[p].is_distributed,
-                   kModel[p].need_clip, kModel[p].shared_not_first};
+      ClipTensor t{device[p].data().get(),   kModel[p].size,      kModel[p].dtype,
+                   kModel[p].is_distributed, kModel[p].need_clip, kModel[p].shared_not_first};
       EXPECT_TRUE(clip->add_tensor(t).ok());
     }
     EXPECT_TRUE(clip->seal().ok());
     float initial = 0;
-    EXPECT_EQ(cudaMemcpy(&initial, clip->coefficient(), sizeof(float), cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    copy(&initial, clip->coefficient(), sizeof(float));
     EXPECT_EQ(initial, 1.0f) << "the coefficient reads 1 before the first run()";
-    void* norm_memory = nullptr;
-    EXPECT_EQ(cudaMalloc(&norm_memory, sizeof(float)), cudaSuccess);
-    auto* norm_device = static_cast<float*>(norm_memory);
-    auto stream = std::move(create_stream(Device::cuda(0))).value();
+    auto norm_memory = std::move(DeviceBuffer::allocate(Device::cuda(0), sizeof(float))).value();
+    auto* norm_device = norm_memory.data<float>().get();
     for (int repeat = 0; repeat < 2; ++repeat) {  // partials are zeroed on every run
       if (repeat == 1) {
         for (size_t p = 0; p < kModel.size(); ++p) {
-          EXPECT_EQ(cudaMemcpy(device[p], out.gradients[p].data(), out.gradients[p].size(),
-                               cudaMemcpyHostToDevice),
-                    cudaSuccess);
+          copy(device[p].data().get(), out.gradients[p].data(), out.gradients[p].size());
         }
       }
       host_sync_reset();
@@ -143,18 +141,11 @@ class CudaClipTest : public testing::Test {
       EXPECT_EQ(host_sync_count_total(), 0u);
       EXPECT_TRUE(stream->synchronize().ok());
     }
-    EXPECT_EQ(cudaMemcpy(&out.norm, norm_device, sizeof(float), cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    EXPECT_EQ(
-        cudaMemcpy(&out.coefficient, clip->coefficient(), sizeof(float), cudaMemcpyDeviceToHost),
-        cudaSuccess);
+    copy(&out.norm, norm_device, sizeof(float));
+    copy(&out.coefficient, clip->coefficient(), sizeof(float));
     for (size_t p = 0; p < kModel.size(); ++p) {
-      EXPECT_EQ(cudaMemcpy(out.gradients[p].data(), device[p], out.gradients[p].size(),
-                           cudaMemcpyDeviceToHost),
-                cudaSuccess);
-      cudaFree(device[p]);
+      copy(out.gradients[p].data(), device[p].data().get(), out.gradients[p].size());
     }
-    cudaFree(norm_device);
     return out;
   }
 

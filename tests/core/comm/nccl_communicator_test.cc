@@ -18,7 +18,9 @@ class NcclCommunicatorTest : public ::testing::Test {
     if (device_count(DeviceType::kCuda) == 0) {
       GTEST_SKIP() << "no usable CUDA device (or hpshard built without CUDA)";
     }
-    auto c = create_communicator(make_in_memory_store(), 0, 1, Device::cuda(0));
+    CommOptions options;
+    options.timeout = std::chrono::seconds(30);  // below ctest's timeout: a hang fails here
+    auto c = create_communicator(make_in_memory_store(), 0, 1, Device::cuda(0), options);
     if (c.status().code() == StatusCode::kUnavailable) {
       GTEST_SKIP() << c.status().message();
     }
@@ -66,6 +68,17 @@ TEST_F(NcclCommunicatorTest, BadInputIsRefused) {
   EXPECT_EQ(comm_->broadcast(none, 0, DType::kFloat32, 1).status().code(), StatusCode::kOutOfRange);
   EXPECT_EQ(comm_->all_reduce(nullptr, nullptr, 4, DType::kFloat32, ReduceOp::kSum).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST_F(NcclCommunicatorTest, SplitMakesAWorkingChild) {
+  auto child = comm_->split({0}, "child");
+  ASSERT_TRUE(child.ok()) << child.status().to_string();
+  ASSERT_NE(*child, nullptr);
+  EXPECT_EQ((*child)->name(), "child");
+  EXPECT_EQ((*child)->size(), 1);
+  auto barrier = (*child)->barrier(nullptr);
+  ASSERT_TRUE(barrier.ok()) << barrier.status().to_string();
+  EXPECT_TRUE((*barrier)->wait().ok());
 }
 
 TEST_F(NcclCommunicatorTest, AbortEndsLaterOperations) {
