@@ -1,14 +1,23 @@
 # CPack setup for hpshard: one .deb and one .rpm per install component.
 #
-#   component  Debian package         RPM package            contents
-#   runtime    libhpshard<major>      libhpshard<major>      libhpshard.so.<major>, .so.<version>
-#   dev        libhpshard-dev         libhpshard-devel       headers, libhpshard.so, .pc, CMake files
-#   python     python3-hpshard        python3-hpshard        lib/python3/dist-packages/hpshard
-#   java       libhpshard-java        libhpshard-java        share/java/hpshard.jar, JNI library
+#   component  Debian package           RPM package             contents
+#   runtime    libhpshard<major>        libhpshard<major>       libhpshard.so.<major>, .so.<version>
+#   dev        libhpshard-dev           libhpshard-devel        headers, libhpshard.so, .pc, CMake files
+#   tools      hpshard-tools            hpshard-tools           hpshard-run, hpshard-bench (hpshard-ckpt)
+#   python     python3-hpshard          python3-hpshard         the module hpshard
+#   java       libhpshard-java          libhpshard-java         hpshard.jar, the JNI library
+#   rust_sys   librust-hpshard-sys-dev  rust-hpshard-sys-devel  the hpshard-sys crate, as source
+#   rust       librust-hpshard-dev      rust-hpshard-devel      the hpshard crate, as source
 #
-# python and java are packaged only when those components have install rules (the
-# bindings were configured). No package depends on CUDA or NCCL: libhpshard links the
-# CUDA runtime statically and loads the driver at run time.
+# The runtime package holds the library only, so libraries of two SONAMEs install side by
+# side. The build installs in the Debian layout (lib/, lib/jni, lib/python3/dist-packages,
+# byte-compiled on install by the python package's maintainer scripts); the RPM packages
+# get the Fedora/RHEL layout (lib64, the interpreter's site-packages, ldconfig scriptlets)
+# from rpm_layout.cmake. The crates go where Debian and Fedora put Rust library crates,
+# share/cargo/registry/<crate>-<version>. python, java and the crates are packaged only
+# when those components have install rules (the bindings were configured). No package
+# depends on CUDA or NCCL: libhpshard links the CUDA runtime statically and loads the
+# driver at run time.
 #
 #   cpack -G DEB   (or RPM) in the build directory; files land in CPACK_PACKAGE_DIRECTORY.
 
@@ -25,6 +34,11 @@ set(HPS_PKG_DEV_DEB "libhpshard-dev")
 set(HPS_PKG_DEV_RPM "libhpshard-devel")
 set(HPS_PKG_PYTHON "python3-hpshard")
 set(HPS_PKG_JAVA "libhpshard-java")
+set(HPS_PKG_TOOLS "hpshard-tools")
+set(HPS_PKG_RUST_SYS_DEB "librust-hpshard-sys-dev")
+set(HPS_PKG_RUST_SYS_RPM "rust-hpshard-sys-devel")
+set(HPS_PKG_RUST_DEB "librust-hpshard-dev")
+set(HPS_PKG_RUST_RPM "rust-hpshard-devel")
 set(HPS_PKG_FULL_VERSION "${PROJECT_VERSION}-${HPS_PACKAGE_RELEASE}")
 
 # ---- which components to package --------------------------------------------------
@@ -32,7 +46,7 @@ set(HPS_PKG_FULL_VERSION "${PROJECT_VERSION}-${HPS_PACKAGE_RELEASE}")
 # the project (bindings included) is known here.
 get_cmake_property(_hps_all_components COMPONENTS)
 set(_hps_components "")
-foreach(c IN ITEMS runtime dev python java)
+foreach(c IN ITEMS runtime dev tools python java rust_sys rust)
   if(c IN_LIST _hps_all_components)
     list(APPEND _hps_components ${c})
   endif()
@@ -72,9 +86,15 @@ set(CPACK_COMPONENT_RUNTIME_DISPLAY_NAME "hpshard runtime library")
 set(CPACK_COMPONENT_DEV_DISPLAY_NAME "hpshard development files")
 set(CPACK_COMPONENT_PYTHON_DISPLAY_NAME "hpshard Python 3 binding")
 set(CPACK_COMPONENT_JAVA_DISPLAY_NAME "hpshard Java binding")
+set(CPACK_COMPONENT_TOOLS_DISPLAY_NAME "hpshard tools")
+set(CPACK_COMPONENT_RUST_SYS_DISPLAY_NAME "hpshard-sys Rust crate")
+set(CPACK_COMPONENT_RUST_DISPLAY_NAME "hpshard Rust crate")
 set(CPACK_COMPONENT_DEV_DEPENDS runtime)
 set(CPACK_COMPONENT_PYTHON_DEPENDS runtime)
 set(CPACK_COMPONENT_JAVA_DEPENDS runtime)
+set(CPACK_COMPONENT_TOOLS_DEPENDS runtime)
+set(CPACK_COMPONENT_RUST_SYS_DEPENDS dev)
+set(CPACK_COMPONENT_RUST_DEPENDS rust_sys)
 
 # ---- Debian -----------------------------------------------------------------------
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)     # <name>_<version>-<release>_<arch>.deb
@@ -101,9 +121,32 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME "${HPS_PKG_DEV_DEB}")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
-set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION})")
+# hpshard.h includes <dlpack/dlpack.h>.
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
+    "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), libdlpack-dev")
 set(CPACK_DEBIAN_DEV_DESCRIPTION
     "${_hps_syn} - development files\n${_hps_long}\nThis package contains the C headers, the libhpshard.so link, the pkg-config file and the CMake package (hpshard::hpshard).")
+
+set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME "${HPS_PKG_TOOLS}")
+set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION utils)
+set(CPACK_DEBIAN_TOOLS_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION})")
+set(CPACK_DEBIAN_TOOLS_DESCRIPTION
+    "${_hps_syn} - tools\n${_hps_long}\nThis package contains the launcher hpshard-run and the benchmark hpshard-bench.")
+
+# The crates as Debian ships Rust library crates (dh-cargo's librust-<crate>-dev).
+set(CPACK_DEBIAN_RUST_SYS_PACKAGE_NAME "${HPS_PKG_RUST_SYS_DEB}")
+set(CPACK_DEBIAN_RUST_SYS_PACKAGE_SECTION rust)
+set(CPACK_DEBIAN_RUST_SYS_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_RUST_SYS_PACKAGE_DEPENDS "${HPS_PKG_DEV_DEB} (= ${HPS_PKG_FULL_VERSION})")
+set(CPACK_DEBIAN_RUST_SYS_DESCRIPTION
+    "${_hps_syn} - Rust FFI crate hpshard-sys\n${_hps_long}\nThis package contains the source of the Rust crate hpshard-sys (the raw bindings of hpshard.h) for offline cargo builds.")
+set(CPACK_DEBIAN_RUST_PACKAGE_NAME "${HPS_PKG_RUST_DEB}")
+set(CPACK_DEBIAN_RUST_PACKAGE_SECTION rust)
+set(CPACK_DEBIAN_RUST_PACKAGE_ARCHITECTURE all)
+set(CPACK_DEBIAN_RUST_PACKAGE_DEPENDS "${HPS_PKG_RUST_SYS_DEB} (= ${HPS_PKG_FULL_VERSION})")
+set(CPACK_DEBIAN_RUST_DESCRIPTION
+    "${_hps_syn} - Rust crate hpshard\n${_hps_long}\nThis package contains the source of the Rust crate hpshard (the safe wrapper) for offline cargo builds.")
 
 set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "${HPS_PKG_PYTHON}")
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
@@ -124,6 +167,20 @@ set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
     "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), ${_hps_py_deb}, python3-numpy")
 set(CPACK_DEBIAN_PYTHON_DESCRIPTION
     "${_hps_syn} - Python 3 binding\n${_hps_long}\nThis package contains the Python 3 module hpshard.")
+# Byte-compiled on install, __pycache__ removed on remove and purge (dh_python3's way).
+if("python" IN_LIST _hps_components)
+  set(HPS_DEB_PYTHON_PACKAGE_DIR "${CPACK_PACKAGING_INSTALL_PREFIX}/${HPS_PYTHON_INSTALL_DIR}/hpshard")
+  set(_hps_scripts "")
+  foreach(script postinst prerm postrm)
+    configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/python3-hpshard.${script}.in
+                   ${PROJECT_BINARY_DIR}/packaging/debian/${script} @ONLY
+                   FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+                                    GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+    list(APPEND _hps_scripts ${PROJECT_BINARY_DIR}/packaging/debian/${script})
+  endforeach()
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_CONTROL_EXTRA "${_hps_scripts}")
+  set(CPACK_DEBIAN_PYTHON_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+endif()
 
 set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "${HPS_PKG_JAVA}")
 set(CPACK_DEBIAN_JAVA_PACKAGE_SECTION java)
@@ -145,33 +202,59 @@ set(CPACK_RPM_COMPRESSION_TYPE xz)
 # JNI/Python modules' libhpshard.so.N, which the runtime package Provides).
 set(CPACK_RPM_PACKAGE_AUTOREQ ON)
 set(CPACK_RPM_PACKAGE_AUTOPROV ON)
-# Directories owned by the distribution (filesystem, pkgconf, cmake, python3, java).
+# The Fedora/RHEL layout (rpm_layout.cmake moves the staged files there): %{_libdir}
+# (lib64 on x86_64), Fedora's JNI directory %{_libdir}/hpshard, %{python3_sitearch}.
+set(HPS_RPM_LIBDIR "lib64" CACHE STRING "The RPM packages' library directory (%{_libdir})")
+mark_as_advanced(HPS_RPM_LIBDIR)
+set(_hps_rpm_python_dir "${HPS_RPM_LIBDIR}/python3/site-packages")
+if(Python3_FOUND)
+  set(_hps_rpm_python_dir "${HPS_RPM_LIBDIR}/python${_hps_py_mm}/site-packages")
+endif()
+set(CPACK_PRE_BUILD_SCRIPTS "${CMAKE_CURRENT_LIST_DIR}/rpm_layout.cmake")
+set(CPACK_HPS_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+set(CPACK_HPS_RPM_LIBDIR "${HPS_RPM_LIBDIR}")
+set(CPACK_HPS_PYTHON_DIR "${HPS_PYTHON_INSTALL_DIR}")
+set(CPACK_HPS_RPM_PYTHON_DIR "${_hps_rpm_python_dir}")
+# Directories owned by the distribution (filesystem, pkgconf, cmake, python3, java, cargo).
 set(_hps_p "${CPACK_PACKAGING_INSTALL_PREFIX}")
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
-    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}"
-    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}/cmake"
-    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}/pkgconfig"
-    "${_hps_p}/${CMAKE_INSTALL_LIBDIR}/jni"
-    "${_hps_p}/lib"
-    "${_hps_p}/lib/python3"
-    "${_hps_p}/lib/python3/dist-packages"
-    "${_hps_p}/share/java")
-if(CMAKE_LIBRARY_ARCHITECTURE)
-  list(APPEND CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
-       "${_hps_p}/lib/${CMAKE_LIBRARY_ARCHITECTURE}"
-       "${_hps_p}/lib/${CMAKE_LIBRARY_ARCHITECTURE}/jni")
-endif()
+    "${_hps_p}/${HPS_RPM_LIBDIR}"
+    "${_hps_p}/${HPS_RPM_LIBDIR}/cmake"
+    "${_hps_p}/${HPS_RPM_LIBDIR}/pkgconfig"
+    "${_hps_p}/${_hps_rpm_python_dir}"
+    "${_hps_p}/${HPS_RPM_LIBDIR}/python${_hps_py_mm}"
+    "${_hps_p}/share/java"
+    "${_hps_p}/share/cargo"
+    "${_hps_p}/share/cargo/registry")
 
 set(CPACK_RPM_RUNTIME_PACKAGE_NAME "${HPS_PKG_RUNTIME}")
 set(CPACK_RPM_RUNTIME_PACKAGE_SUMMARY "${_hps_syn} - shared library")
 set(CPACK_RPM_RUNTIME_PACKAGE_DESCRIPTION "${_hps_long} This package contains the shared library libhpshard.so.${PROJECT_VERSION_MAJOR}.")
 set(CPACK_RPM_RUNTIME_PACKAGE_GROUP "System Environment/Libraries")
+set(CPACK_RPM_RUNTIME_POST_INSTALL_SCRIPT_FILE "${CMAKE_CURRENT_LIST_DIR}/rpm/ldconfig.sh")
+set(CPACK_RPM_RUNTIME_POST_UNINSTALL_SCRIPT_FILE "${CMAKE_CURRENT_LIST_DIR}/rpm/ldconfig.sh")
 
 set(CPACK_RPM_DEV_PACKAGE_NAME "${HPS_PKG_DEV_RPM}")
 set(CPACK_RPM_DEV_PACKAGE_SUMMARY "${_hps_syn} - development files")
 set(CPACK_RPM_DEV_PACKAGE_DESCRIPTION "${_hps_long} This package contains the C headers, the libhpshard.so link, the pkg-config file and the CMake package (hpshard::hpshard).")
 set(CPACK_RPM_DEV_PACKAGE_GROUP "Development/Libraries")
-set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}")
+set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}, dlpack-devel")
+
+set(CPACK_RPM_TOOLS_PACKAGE_NAME "${HPS_PKG_TOOLS}")
+set(CPACK_RPM_TOOLS_PACKAGE_SUMMARY "${_hps_syn} - tools")
+set(CPACK_RPM_TOOLS_PACKAGE_DESCRIPTION "${_hps_long} This package contains the launcher hpshard-run and the benchmark hpshard-bench.")
+set(CPACK_RPM_TOOLS_PACKAGE_REQUIRES "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}")
+
+set(CPACK_RPM_RUST_SYS_PACKAGE_NAME "${HPS_PKG_RUST_SYS_RPM}")
+set(CPACK_RPM_RUST_SYS_PACKAGE_SUMMARY "${_hps_syn} - Rust FFI crate hpshard-sys")
+set(CPACK_RPM_RUST_SYS_PACKAGE_DESCRIPTION "${_hps_long} This package contains the source of the Rust crate hpshard-sys for offline cargo builds.")
+set(CPACK_RPM_RUST_SYS_PACKAGE_ARCHITECTURE noarch)
+set(CPACK_RPM_RUST_SYS_PACKAGE_REQUIRES "${HPS_PKG_DEV_RPM} = ${HPS_PKG_FULL_VERSION}")
+set(CPACK_RPM_RUST_PACKAGE_NAME "${HPS_PKG_RUST_RPM}")
+set(CPACK_RPM_RUST_PACKAGE_SUMMARY "${_hps_syn} - Rust crate hpshard")
+set(CPACK_RPM_RUST_PACKAGE_DESCRIPTION "${_hps_long} This package contains the source of the Rust crate hpshard for offline cargo builds.")
+set(CPACK_RPM_RUST_PACKAGE_ARCHITECTURE noarch)
+set(CPACK_RPM_RUST_PACKAGE_REQUIRES "${HPS_PKG_RUST_SYS_RPM} = ${HPS_PKG_FULL_VERSION}")
 
 set(CPACK_RPM_PYTHON_PACKAGE_NAME "${HPS_PKG_PYTHON}")
 set(CPACK_RPM_PYTHON_PACKAGE_SUMMARY "${_hps_syn} - Python 3 binding")
@@ -198,6 +281,14 @@ HPS_PKG_DEV_DEB="@HPS_PKG_DEV_DEB@"
 HPS_PKG_DEV_RPM="@HPS_PKG_DEV_RPM@"
 HPS_PKG_PYTHON="@HPS_PKG_PYTHON@"
 HPS_PKG_JAVA="@HPS_PKG_JAVA@"
+HPS_PKG_TOOLS="@HPS_PKG_TOOLS@"
+HPS_PKG_RUST_SYS_DEB="@HPS_PKG_RUST_SYS_DEB@"
+HPS_PKG_RUST_SYS_RPM="@HPS_PKG_RUST_SYS_RPM@"
+HPS_PKG_RUST_DEB="@HPS_PKG_RUST_DEB@"
+HPS_PKG_RUST_RPM="@HPS_PKG_RUST_RPM@"
+HPS_INSTALL_PYTHONDIR="@HPS_PYTHON_INSTALL_DIR@"
+HPS_RPM_LIBDIR="@HPS_RPM_LIBDIR@"
+HPS_RPM_PYTHONDIR="@_hps_rpm_python_dir@"
 HPS_INSTALL_PREFIX="@CPACK_PACKAGING_INSTALL_PREFIX@"
 HPS_INSTALL_LIBDIR="@CMAKE_INSTALL_LIBDIR@"
 HPS_INSTALL_INCLUDEDIR="@CMAKE_INSTALL_INCLUDEDIR@"

@@ -10,6 +10,7 @@ packages=(
   swig python3-dev python3-numpy python3-pytest
   default-jdk-headless junit5
   bindgen rpm rpm2cpio cpio
+  libdlpack-dev abigail-tools
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libssl-dev
 )
 missing=()

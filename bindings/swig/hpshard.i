@@ -1,63 +1,42 @@
 /*
- * hpshard.i — the SWIG interface shared by every language binding.
+ * hpshard.i — the SWIG interface shared by the Python and Java bindings.
  *
- * It wraps ONLY the C API (hpshard/hpshard.h) and only by allow-list: everything is
- * ignored first, then each function, enum value, macro and struct member is listed
- * below. A function added to hpshard.h is NOT wrapped until it is listed here (and the
- * binding-parity test fails until it is).
+ * It wraps ONLY the C API (hpshard/hpshard.h), by allow-list: everything is ignored first;
+ * what is exposed is what this file declares.
  *
- * Conventions kept in every language:
- *  - Low-level names are the exact C names (hps_stream_create, HPS_STATUS_OK, ...).
- *  - Functions returning hps_status_t raise/throw a language exception carrying the
- *    status code and hps_last_error_message() when the status is not HPS_STATUS_OK
- *    (one %exception block, below). Their status return value then disappears:
- *    the function returns its trailing out-param (or nothing).
- *  - Trailing out-params become return values (typemaps in the language overlays,
- *    which know how to build the language's values): hps_stream_t** out_stream,
- *    hps_event_t** out_event, size_t* out_size, const char** out_name,
- *    int32_t* out_count, int32_t* out_completed, uint64_t* out_count, and the
- *    hps_device_properties_t* filled by hps_device_get_properties / _init.
- *  - Handles (hps_stream_t*, hps_event_t*, hps_store_t*, hps_comm_t*, hps_work_t*,
- *    hps_topology_t*, hps_hybrid_group_t*) are opaque; the hand-written layer owns them
- *    and calls hps_*_destroy exactly once. Their out-params (out_store, out_comm,
- *    out_work, out_topology, out_group) become return values; a NULL one (hps_comm_split
- *    on a non-member) is None / null.
- *  - Buffers: collective buffers (send, recv, buffer) are host buffers of the target
- *    language (buffer protocol / direct ByteBuffer; None / null is NULL); the element
- *    counts stay explicit, as in C, and the wrapper refuses (ValueError /
- *    IllegalArgumentException) a count of `dtype` that does not fit its buffer, and a
- *    read-only output. hps_store_set takes bytes; hps_store_get returns bytes (the
- *    OUT_OF_RANGE "too small" protocol is handled in the wrapper); hps_comm_split takes a
- *    sequence / int[] of ranks; hps_topology_group_ranks returns a list / int[] (same
- *    protocol); hps_topology_pipeline_neighbors returns (prev, next).
- *  - Value structs: hps_rendezvous_info_t (read-only, returned by
- *    hps_rendezvous_info_init / hps_rendezvous_from_env) and hps_comm_options_t (returned
- *    by hps_comm_options_init; timeout_ms, check_arguments and name are settable, the
- *    name is copied into memory owned by the proxy).
- *  - Clipping and the engine: hps_clip_t* and hps_engine_t* are opaque handles like the
- *    others (out_clip, out_engine become return values). hps_clip_add_tensor's `data` is a
- *    writable host buffer checked against count and dtype; hps_clip_run's `norm_out` a
- *    writable buffer of at least one float32 (None / null is NULL); hps_engine_gather_parameter's
- *    `out` a writable buffer checked against count float32s. Addresses owned by the
- *    library (hps_engine_param / hps_engine_grad's out_data, hps_clip_coefficient's
- *    out_coefficient, hps_engine_loss_scale's out_scale and out_skipped_steps, as a pair
- *    (scale, skipped) / long[2]) come back as integers (Python int / Java long): the hand-written
- *    layers turn them into NumPy views / direct ByteBuffers of the size they know.
- *    hps_engine_add_param takes a sequence / long[] shape; hps_engine_shard_range returns
- *    (begin, end); hps_dependency_wait_stats returns (count, nanoseconds).
- *    hps_clip_options_t and hps_engine_options_t are value structs returned by their _init
- *    (owned by the proxy); every field but struct_size is settable.
- *  - Devices and transports: hps_comm_device and hps_engine_device return (type, index) /
- *    int[] {type, index} (the type as the raw hps_device_type_t value);
- *    hps_comm_transport returns a str / String (a copy of the library's static name).
- *  - Blocking calls (collective creation, hps_work_wait, hps_store_wait/get) do not hold
- *    the interpreter: the Python module is built with threads="1" (every call but the
- *    four infallible queries releases the GIL), and the error message is read on the
- *    calling thread right after the call.
+ *  - Each handle (hps_stream_t, hps_event_t, hps_store_t, hps_comm_t, hps_work_t,
+ *    hps_topology_t, hps_hybrid_group_t, hps_clip_t, hps_engine_t) and DLManagedTensor is
+ *    a class whose methods are the C functions taking it first, written once below in
+ *    %extend blocks, one line each: `int32_t rank() { ... hps_comm_rank($self, &v) ... }`.
+ *    Creating functions are static methods (hps_comm.create, hps_store.open); their
+ *    results, and every handle a method returns, are owned by the proxy, whose destructor
+ *    calls hps_*_destroy exactly once. Python names are the C names without the handle
+ *    prefix (rank, all_reduce_dlpack); Java ones the same in lowerCamelCase (allReduceDlpack).
+ *  - Free functions (dtype, device, host-sync, rendezvous and options calls) are module
+ *    functions named as in C without "hps_" (dtype_size; Java dtypeSize).
+ *  - A method returns what the C call hands back through its out-param(s); the C status
+ *    goes into hps_swig_status, and one %exception block turns a failing status into a
+ *    language exception carrying the status and hps_last_error_message() (read right
+ *    after the call, on the calling thread). Several outputs come back as one of a few
+ *    value types (hps_swig_pair, hps_swig_ints, hps_swig_bytes) that each overlay maps
+ *    once (a tuple / list / bytes; long[] / int[] / byte[]).
+ *  - Buffers: the raw-pointer calls take buffers of the language (hps_swig_in_buffer /
+ *    hps_swig_out_buffer: a C-contiguous buffer-protocol object / a direct ByteBuffer,
+ *    None / null for NULL); the element counts stay explicit as in C, and a count of
+ *    `dtype` that does not fit, or a read-only output, is refused (ValueError /
+ *    IllegalArgumentException) before the library is called. The *_dlpack calls take
+ *    `const DLTensor*`: a "dltensor" PyCapsule (from any __dlpack__) / a DLManagedTensor.
+ *    DLPack views handed out come back as "dltensor" capsules (Python) / owned
+ *    DLManagedTensor proxies (Java).
+ *  - Options and info structs are value objects owned by their proxy (made by their
+ *    _init / the calls filling them, with the struct_size given), fields settable except
+ *    struct_size and the info structs' fields.
+ *  - Blocking calls do not hold the Python interpreter (threads="1").
  *
- * A language overlay (bindings/swig/python.i, bindings/swig/java.i) declares the
- * %module, defines the SWIG macro HPS_SWIG_RAISE(status, message) used by the
- * %exception block, and the typemaps; then it %includes this file.
+ * Adding a C function taking a handle: one line in that handle's %extend block (and the
+ * hand-written layers' method, see CONTRIBUTING.md). A language overlay (python.i,
+ * java.i) declares the %module, defines HPS_SWIG_RAISE(status, message), the typemaps of
+ * the value types and buffers, and the naming rules; then it %includes this file.
  */
 
 #ifndef HPS_SWIG_RAISE
@@ -65,349 +44,100 @@
 #endif
 
 %{
-#include "hpshard/hpshard.h"
-%}
-
-/* ---------------------------------------------------------------------------------- */
-/* Allow-list: ignore everything, then un-ignore by name.                             */
-/* ---------------------------------------------------------------------------------- */
-%define %hps_ignoreall %ignore ""; %enddef
-%define %hps_unignore %rename("%s") %enddef
-
-%hps_ignoreall
-
-/* Infallible queries (they do not return hps_status_t). */
-%hps_unignore hps_status_string;
-%hps_unignore hps_last_error_message;
-%hps_unignore hps_version_number;
-%hps_unignore hps_version_string;
-
-/* Fallible calls: every one returns hps_status_t. */
-%hps_unignore hps_dtype_size;
-%hps_unignore hps_dtype_name;
-%hps_unignore hps_device_count;
-%hps_unignore hps_device_properties_init;
-%hps_unignore hps_device_get_properties;
-%hps_unignore hps_stream_create;
-%hps_unignore hps_stream_destroy;
-%hps_unignore hps_stream_synchronize;
-%hps_unignore hps_stream_wait_event;
-%hps_unignore hps_memcpy_async;
-%hps_unignore hps_event_create;
-%hps_unignore hps_event_destroy;
-%hps_unignore hps_event_record;
-%hps_unignore hps_event_query;
-%hps_unignore hps_event_synchronize;
-%hps_unignore hps_host_sync_count_thread;
-%hps_unignore hps_host_sync_count_total;
-%hps_unignore hps_host_sync_reset;
-
-/* Stores and rendezvous. */
-%hps_unignore hps_store_open;
-%hps_unignore hps_store_destroy;
-%hps_unignore hps_store_set;
-%hps_unignore hps_store_get;
-%hps_unignore hps_store_add;
-%hps_unignore hps_store_wait;
-%hps_unignore hps_store_check;
-%hps_unignore hps_rendezvous_info_init;
-%hps_unignore hps_rendezvous_from_env;
-
-/* Communicators and work. */
-%hps_unignore hps_comm_options_init;
-%hps_unignore hps_comm_create;
-%hps_unignore hps_comm_destroy;
-%hps_unignore hps_comm_abort;
-%hps_unignore hps_comm_rank;
-%hps_unignore hps_comm_size;
-%hps_unignore hps_comm_device;
-%hps_unignore hps_comm_transport;
-%hps_unignore hps_comm_set_timeout;
-%hps_unignore hps_comm_split;
-%hps_unignore hps_comm_all_reduce;
-%hps_unignore hps_comm_reduce;
-%hps_unignore hps_comm_broadcast;
-%hps_unignore hps_comm_all_gather;
-%hps_unignore hps_comm_reduce_scatter;
-%hps_unignore hps_comm_send;
-%hps_unignore hps_comm_recv;
-%hps_unignore hps_comm_barrier;
-%hps_unignore hps_work_test;
-%hps_unignore hps_work_wait;
-%hps_unignore hps_work_wait_stream;
-%hps_unignore hps_work_destroy;
-
-/* Topology and the hybrid communicate group. */
-%hps_unignore hps_topology_create;
-%hps_unignore hps_topology_destroy;
-%hps_unignore hps_topology_degree;
-%hps_unignore hps_topology_coordinate;
-%hps_unignore hps_topology_rank_of;
-%hps_unignore hps_topology_group_ranks;
-%hps_unignore hps_topology_pipeline_neighbors;
-%hps_unignore hps_hybrid_group_create;
-%hps_unignore hps_hybrid_group_destroy;
-%hps_unignore hps_hybrid_group_comm;
-
-/* Hybrid global-norm clipping. */
-%hps_unignore hps_clip_options_init;
-%hps_unignore hps_clip_create;
-%hps_unignore hps_clip_destroy;
-%hps_unignore hps_clip_add_tensor;
-%hps_unignore hps_clip_seal;
-%hps_unignore hps_clip_run;
-%hps_unignore hps_clip_coefficient;
-
-/* The sharded training engine. */
-%hps_unignore hps_engine_options_init;
-%hps_unignore hps_engine_create;
-%hps_unignore hps_engine_destroy;
-%hps_unignore hps_engine_add_param;
-%hps_unignore hps_engine_seal;
-%hps_unignore hps_engine_broadcast_parameters;
-%hps_unignore hps_engine_param;
-%hps_unignore hps_engine_grad;
-%hps_unignore hps_engine_wait_parameters;
-%hps_unignore hps_engine_release_parameters;
-%hps_unignore hps_engine_grad_ready;
-%hps_unignore hps_engine_step;
-%hps_unignore hps_engine_synchronize;
-%hps_unignore hps_engine_gather_parameter;
-%hps_unignore hps_engine_device;
-%hps_unignore hps_engine_resident_bytes;
-%hps_unignore hps_engine_shard_range;
-%hps_unignore hps_engine_loss_scale;
-%hps_unignore hps_dependency_wait_stats;
-
-/* Version macros (hpshard/version.h). */
-%hps_unignore HPS_VERSION_MAJOR;
-%hps_unignore HPS_VERSION_MINOR;
-%hps_unignore HPS_VERSION_PATCH;
-%hps_unignore HPS_VERSION_NUMBER;
-%hps_unignore HPS_VERSION_STRING;
-
-/* Enums and their values (the *_FORCE32 sentinels stay hidden). */
-%hps_unignore hps_status;
-%hps_unignore hps_status_t;
-%hps_unignore HPS_STATUS_OK;
-%hps_unignore HPS_STATUS_INVALID_ARGUMENT;
-%hps_unignore HPS_STATUS_OUT_OF_RANGE;
-%hps_unignore HPS_STATUS_NOT_FOUND;
-%hps_unignore HPS_STATUS_ALREADY_EXISTS;
-%hps_unignore HPS_STATUS_FAILED_PRECONDITION;
-%hps_unignore HPS_STATUS_UNIMPLEMENTED;
-%hps_unignore HPS_STATUS_UNAVAILABLE;
-%hps_unignore HPS_STATUS_TIMEOUT;
-%hps_unignore HPS_STATUS_ABORTED;
-%hps_unignore HPS_STATUS_OUT_OF_MEMORY;
-%hps_unignore HPS_STATUS_INTERNAL;
-%hps_unignore HPS_STATUS_BACKEND_ERROR;
-
-%hps_unignore hps_dtype;
-%hps_unignore hps_dtype_t;
-%hps_unignore HPS_DTYPE_FLOAT32;
-%hps_unignore HPS_DTYPE_FLOAT64;
-%hps_unignore HPS_DTYPE_FLOAT16;
-%hps_unignore HPS_DTYPE_BFLOAT16;
-%hps_unignore HPS_DTYPE_INT32;
-%hps_unignore HPS_DTYPE_INT64;
-%hps_unignore HPS_DTYPE_UINT8;
-
-%hps_unignore hps_device_type;
-%hps_unignore hps_device_type_t;
-%hps_unignore HPS_DEVICE_CPU;
-%hps_unignore HPS_DEVICE_CUDA;
-
-%hps_unignore hps_reduce_op;
-%hps_unignore hps_reduce_op_t;
-%hps_unignore HPS_REDUCE_SUM;
-%hps_unignore HPS_REDUCE_AVG;
-%hps_unignore HPS_REDUCE_MAX;
-%hps_unignore HPS_REDUCE_MIN;
-
-%hps_unignore hps_group;
-%hps_unignore hps_group_t;
-%hps_unignore HPS_GROUP_DP;
-%hps_unignore HPS_GROUP_PP;
-%hps_unignore HPS_GROUP_SHARDING;
-%hps_unignore HPS_GROUP_SEP;
-%hps_unignore HPS_GROUP_MP;
-%hps_unignore HPS_GROUP_CHECK;
-%hps_unignore HPS_GROUP_SHARDING_CHECK;
-
-%hps_unignore hps_clip_flag;
-%hps_unignore hps_clip_flag_t;
-%hps_unignore HPS_CLIP_DISTRIBUTED;
-%hps_unignore HPS_CLIP_NO_CLIP;
-%hps_unignore HPS_CLIP_SHARED_NOT_FIRST;
-
-%hps_unignore hps_optimizer;
-%hps_unignore hps_optimizer_t;
-%hps_unignore HPS_OPTIMIZER_SGD;
-%hps_unignore HPS_OPTIMIZER_ADAMW;
-
-%hps_unignore hps_param_flag;
-%hps_unignore hps_param_flag_t;
-%hps_unignore HPS_PARAM_FROZEN;
-%hps_unignore HPS_PARAM_DISTRIBUTED;
-%hps_unignore HPS_PARAM_NO_CLIP;
-%hps_unignore HPS_PARAM_SHARED_NOT_FIRST;
-
-/* The device-properties struct: a read-only value object (returned by
- * hps_device_get_properties and hps_device_properties_init, owned by the proxy). */
-%hps_unignore hps_device_properties;
-%hps_unignore hps_device_properties_t;
-%define %hps_property(FIELD)
-%hps_unignore hps_device_properties::FIELD;
-%immutable hps_device_properties::FIELD;
-%noexception hps_device_properties::FIELD;
-%enddef
-%hps_property(struct_size)
-%hps_property(type)
-%hps_property(index)
-%hps_property(name)
-%hps_property(total_memory_bytes)
-%hps_property(compute_capability_major)
-%hps_property(compute_capability_minor)
-%hps_property(multiprocessor_count)
-%hps_unignore hps_device_properties::~hps_device_properties;
-%noexception hps_device_properties::~hps_device_properties;
-/* Created only by the library calls below, never by `new` from the language. */
-%nodefaultctor hps_device_properties;
-
-/* The rendezvous info: a read-only value object (returned by hps_rendezvous_info_init and
- * hps_rendezvous_from_env, owned by the proxy). */
-%hps_unignore hps_rendezvous_info;
-%hps_unignore hps_rendezvous_info_t;
-%define %hps_rendezvous_field(FIELD)
-%hps_unignore hps_rendezvous_info::FIELD;
-%immutable hps_rendezvous_info::FIELD;
-%noexception hps_rendezvous_info::FIELD;
-%enddef
-%hps_rendezvous_field(struct_size)
-%hps_rendezvous_field(rank)
-%hps_rendezvous_field(world_size)
-%hps_rendezvous_field(local_rank)
-%hps_rendezvous_field(store_url)
-%hps_rendezvous_field(source)
-%hps_unignore hps_rendezvous_info::~hps_rendezvous_info;
-%noexception hps_rendezvous_info::~hps_rendezvous_info;
-%nodefaultctor hps_rendezvous_info;
-
-/* Communicator options: returned by hps_comm_options_init (owned by the proxy), then
- * timeout_ms, check_arguments and name may be set before hps_comm_create. The proxy's
- * struct lives in an hps_swig_comm_options block that also owns a copy of the name (C
- * only keeps the pointer until hps_comm_create copies it); its destructor frees both. */
-%hps_unignore hps_comm_options;
-%hps_unignore hps_comm_options_t;
-%hps_unignore hps_comm_options::struct_size;
-%immutable hps_comm_options::struct_size;
-%noexception hps_comm_options::struct_size;
-%hps_unignore hps_comm_options::timeout_ms;
-%noexception hps_comm_options::timeout_ms;
-%hps_unignore hps_comm_options::check_arguments;
-%noexception hps_comm_options::check_arguments;
-%hps_unignore hps_comm_options::name;
-%noexception hps_comm_options::name;
-%hps_unignore hps_comm_options::~hps_comm_options;
-%noexception hps_comm_options::~hps_comm_options;
-%nodefaultctor hps_comm_options;
-/* Setting the name copies it into the block (arg1: the struct, as in every setter). */
-%typemap(memberin) const char* name {
-  if (!hps_swig_comm_options_set_name(arg1, $input)) {
-    HPS_SWIG_RAISE(HPS_STATUS_OUT_OF_MEMORY, "hps_comm_options_t.name: out of memory")
-  }
-}
-%extend hps_comm_options {
-  ~hps_comm_options() { hps_swig_comm_options_free($self); }
-}
-
-/* Clip and engine options: returned by hps_clip_options_init / hps_engine_options_init
- * (a malloc'd copy owned by the proxy, freed by its destructor); every field but
- * struct_size may be set before hps_clip_create / hps_engine_create, which take a proxy or
- * None / null (the defaults). */
-%define %hps_options_struct(TAG)
-%hps_unignore TAG;
-%hps_unignore TAG##_t;
-%hps_unignore TAG::struct_size;
-%immutable TAG::struct_size;
-%noexception TAG::struct_size;
-%hps_unignore TAG::~TAG;
-%noexception TAG::~TAG;
-%nodefaultctor TAG;
-%extend TAG {
-  ~TAG() { free($self); }
-}
-%enddef
-%define %hps_options_field(TAG, FIELD)
-%hps_unignore TAG::FIELD;
-%noexception TAG::FIELD;
-%enddef
-%hps_options_struct(hps_clip_options)
-%hps_options_field(hps_clip_options, max_norm)
-%hps_options_field(hps_clip_options, deterministic)
-%hps_options_struct(hps_engine_options)
-%hps_options_field(hps_engine_options, stage)
-%hps_options_field(hps_engine_options, optimizer)
-%hps_options_field(hps_engine_options, learning_rate)
-%hps_options_field(hps_engine_options, momentum)
-%hps_options_field(hps_engine_options, weight_decay)
-%hps_options_field(hps_engine_options, nesterov)
-%hps_options_field(hps_engine_options, beta1)
-%hps_options_field(hps_engine_options, beta2)
-%hps_options_field(hps_engine_options, epsilon)
-%hps_options_field(hps_engine_options, clip_max_norm)
-%hps_options_field(hps_engine_options, deterministic_clip)
-%hps_options_field(hps_engine_options, accumulation_steps)
-%hps_options_field(hps_engine_options, alignment_bytes)
-%hps_options_field(hps_engine_options, prefetch_window)
-%hps_options_field(hps_engine_options, dynamic_loss_scaling)
-%hps_options_field(hps_engine_options, initial_loss_scale)
-%hps_options_field(hps_engine_options, growth_factor)
-%hps_options_field(hps_engine_options, backoff_factor)
-%hps_options_field(hps_engine_options, growth_interval)
-
-/* ---------------------------------------------------------------------------------- */
-/* Errors: one block for every function returning hps_status_t.                       */
-/* ---------------------------------------------------------------------------------- */
-/* The message is thread-local and valid until the next hpshard call on this thread:
- * it is read right after the call, before anything else can run. */
-%exception {
-  $action
-  if (result != HPS_STATUS_OK) {
-    HPS_SWIG_RAISE(result, hps_last_error_message())
-  }
-}
-/* The four infallible queries return no status. */
-%noexception hps_status_string;
-%noexception hps_last_error_message;
-%noexception hps_version_number;
-%noexception hps_version_string;
-
-%{
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- hps_comm_options_t proxies: the struct plus the copy of its name. ---- */
+#include "hpshard/hpshard.h"
+
+/* The status of the last call made by a wrapper on this thread; the %exception block
+ * raises when it is not OK. HPS_SWIG_ARGUMENT_ERROR: the binding refused an argument
+ * itself (a buffer too small), with hps_swig_message. */
+#define HPS_SWIG_ARGUMENT_ERROR ((hps_status_t)-1)
+static __thread hps_status_t hps_swig_status;
+static __thread char hps_swig_message[256];
+#define HPS_SWIG_CHECK(call) (hps_swig_status = (call))
+
+static const char* hps_swig_error_message(hps_status_t status) {
+  return status == HPS_SWIG_ARGUMENT_ERROR ? hps_swig_message : hps_last_error_message();
+}
+
+/* Two values (begin/end, type/index, prev/next, count/nanoseconds). */
+typedef struct hps_swig_pair {
+  int64_t first;
+  int64_t second;
+} hps_swig_pair;
+static hps_swig_pair hps_swig_make_pair(int64_t first, int64_t second) {
+  hps_swig_pair p;
+  p.first = first;
+  p.second = second;
+  return p;
+}
+
+/* A malloc'd array of int32 (rank lists) and of bytes (store values): the overlay's out
+ * typemap copies and frees it. */
+typedef struct hps_swig_ints {
+  int32_t* data;
+  size_t count;
+} hps_swig_ints;
+typedef struct hps_swig_bytes {
+  char* data;
+  size_t size;
+} hps_swig_bytes;
+
+/* A buffer of the target language: its address and size in bytes (-1: unknown). */
+typedef struct hps_swig_in_buffer {
+  const void* data;
+  long long nbytes;
+} hps_swig_in_buffer;
+typedef struct hps_swig_out_buffer {
+  void* data;
+  long long nbytes;
+} hps_swig_out_buffer;
+
+/* 1 when `count` elements of `dtype` fit in `b`, else 0 with an argument error. A NULL
+ * buffer and an unknown dtype pass: the library refuses them itself. */
+static int hps_swig_fits(const char* function, const char* what, const void* data,
+                         long long nbytes, uint64_t count, hps_dtype_t dtype) {
+  size_t element = 0;
+  if (!data) return 1;
+  if (hps_dtype_size(dtype, &element) != HPS_STATUS_OK || element == 0) return 1;
+  if (nbytes >= 0 && count <= (uint64_t)nbytes / element) return 1;
+  snprintf(hps_swig_message, sizeof hps_swig_message,
+           "%s: %s holds %lld bytes, too few for %llu elements of %zu bytes", function, what,
+           nbytes, (unsigned long long)count, element);
+  hps_swig_status = HPS_SWIG_ARGUMENT_ERROR;
+  return 0;
+}
+#define HPS_SWIG_FITS(what, b, count, dtype) \
+  hps_swig_fits(__func__, what, (b).data, (b).nbytes, (uint64_t)(count), dtype)
+
+/* The address `call_with_out` hands back in a pointer v, as an integer. */
+#define HPS_SWIG_ADDRESS(T, call_with_out) \
+  T v = NULL;                              \
+  HPS_SWIG_CHECK(call_with_out);           \
+  return (uintptr_t)v
+
+/* The value of `call`'s output of type T, or a zero T when it failed. */
+#define HPS_SWIG_GET(T, call_with_out) \
+  T v;                                 \
+  memset(&v, 0, sizeof v);             \
+  HPS_SWIG_CHECK(call_with_out);       \
+  return v
+
+/* A malloc'd struct of at least sizeof(T) and `struct_size` bytes, zeroed, or NULL. */
+static void* hps_swig_struct_alloc(size_t size, size_t struct_size) {
+  size_t n = struct_size > size ? struct_size : size;
+  if (n > 65536) n = size; /* the library refuses such a struct_size */
+  return calloc(1, n);
+}
+
+/* Communicator options: the struct followed by the copy of its name it owns. */
 typedef struct hps_swig_comm_options {
   hps_comm_options_t options; /* first: the proxy points here */
   char* name_copy;
 } hps_swig_comm_options;
-
-/* A new block holding a copy of `init` (name included), or NULL without memory. */
-static hps_comm_options_t* hps_swig_comm_options_new(const hps_comm_options_t* init) {
-  hps_swig_comm_options* block = (hps_swig_comm_options*)calloc(1, sizeof *block);
-  if (!block) return NULL;
-  block->options = *init;
-  if (init->name) {
-    block->name_copy = (char*)malloc(strlen(init->name) + 1);
-    if (!block->name_copy) { free(block); return NULL; }
-    strcpy(block->name_copy, init->name);
-    block->options.name = block->name_copy;
-  }
-  return &block->options;
-}
 
 static int hps_swig_comm_options_set_name(hps_comm_options_t* options, const char* name) {
   hps_swig_comm_options* block = (hps_swig_comm_options*)options;
@@ -422,166 +152,526 @@ static int hps_swig_comm_options_set_name(hps_comm_options_t* options, const cha
   block->options.name = copy;
   return 1;
 }
+%}
 
+/* ---------------------------------------------------------------------------------- */
+/* Allow-list: ignore everything, then expose by name (members of exposed classes are   */
+/* exposed with them).                                                                  */
+/* ---------------------------------------------------------------------------------- */
+%ignore "";
+%rename("%s", %$ismember) "";
+%define %hps_expose %rename("%s") %enddef
+#ifdef SWIGJAVA
+%rename("%(lowercamelcase)s", %$ismember, %$isfunction) "";
+%define %hps_free(NAME) %rename("%(lowercamelcase)s") NAME; %enddef
+#else
+%define %hps_free(NAME) %hps_expose NAME; %enddef
+#endif
+
+/* The four infallible queries keep their C names. */
+%hps_expose hps_status_string;
+%hps_expose hps_last_error_message;
+%hps_expose hps_version_number;
+%hps_expose hps_version_string;
+
+/* Version macros and enum values (the *_FORCE32 sentinels stay hidden). */
+%hps_expose HPS_VERSION_MAJOR;
+%hps_expose HPS_VERSION_MINOR;
+%hps_expose HPS_VERSION_PATCH;
+%hps_expose HPS_VERSION_NUMBER;
+%hps_expose HPS_VERSION_STRING;
+%rename("%s", regextarget=1, notregexmatch$name="FORCE32$") "^HPS_(STATUS|DTYPE|DEVICE|REDUCE|GROUP|CLIP|OPTIMIZER|PARAM)_";
+%rename("%s", regextarget=1) "^hps_(status|dtype|device_type|reduce_op|group|clip_flag|optimizer|param_flag)(_t)?$";
+
+/* The error of every wrapped call. */
+%exception {
+  hps_swig_status = HPS_STATUS_OK;
+  $action
+  if (hps_swig_status != HPS_STATUS_OK) {
+    HPS_SWIG_RAISE(hps_swig_status, hps_swig_error_message(hps_swig_status))
+  }
+}
+
+/* Value types and buffers: mapped by each overlay. */
+typedef struct hps_swig_pair hps_swig_pair;
+typedef struct hps_swig_ints hps_swig_ints;
+typedef struct hps_swig_bytes hps_swig_bytes;
+typedef struct hps_swig_in_buffer hps_swig_in_buffer;
+typedef struct hps_swig_out_buffer hps_swig_out_buffer;
+
+/* ---------------------------------------------------------------------------------- */
+/* Free functions                                                                       */
+/* ---------------------------------------------------------------------------------- */
+%hps_free(dtype_size)
+%hps_free(dtype_name)
+%hps_free(device_count)
+%hps_free(device_properties_init)
+%hps_free(device_get_properties)
+%hps_free(host_sync_count_thread)
+%hps_free(host_sync_count_total)
+%hps_free(host_sync_reset)
+%hps_free(rendezvous_info_init)
+%hps_free(rendezvous_from_env)
+%hps_free(comm_options_init)
+%hps_free(clip_options_init)
+%hps_free(engine_options_init)
+%hps_free(dependency_wait_stats)
+%hps_free(dlpack_host_data)
+%hps_free(properties_struct_size)
+%hps_free(rendezvous_struct_size)
+%hps_free(comm_options_struct_size)
+%hps_free(clip_options_struct_size)
+%hps_free(engine_options_struct_size)
+%newobject device_properties_init;
+%newobject device_get_properties;
+%newobject rendezvous_info_init;
+%newobject rendezvous_from_env;
+%newobject comm_options_init;
+%newobject clip_options_init;
+%newobject engine_options_init;
+
+%inline %{
+static size_t dtype_size(hps_dtype_t dtype) { HPS_SWIG_GET(size_t, hps_dtype_size(dtype, &v)); }
+static const char* dtype_name(hps_dtype_t dtype) { HPS_SWIG_GET(const char*, hps_dtype_name(dtype, &v)); }
+static int32_t device_count(hps_device_type_t type) { HPS_SWIG_GET(int32_t, hps_device_count(type, &v)); }
+static uint64_t host_sync_count_thread(void) { HPS_SWIG_GET(uint64_t, hps_host_sync_count_thread(&v)); }
+static uint64_t host_sync_count_total(void) { HPS_SWIG_GET(uint64_t, hps_host_sync_count_total(&v)); }
+static void host_sync_reset(void) { HPS_SWIG_CHECK(hps_host_sync_reset()); }
+static hps_swig_pair dependency_wait_stats(void) {
+  uint64_t count = 0, ns = 0;
+  HPS_SWIG_CHECK(hps_dependency_wait_stats(&count, &ns));
+  return hps_swig_make_pair((int64_t)count, (int64_t)ns);
+}
+
+/* sizeof each struct as this binding was built: the struct_size to pass to its _init. */
+static size_t properties_struct_size(void) { return sizeof(hps_device_properties_t); }
+static size_t rendezvous_struct_size(void) { return sizeof(hps_rendezvous_info_t); }
+static size_t comm_options_struct_size(void) { return sizeof(hps_comm_options_t); }
+static size_t clip_options_struct_size(void) { return sizeof(hps_clip_options_t); }
+static size_t engine_options_struct_size(void) { return sizeof(hps_engine_options_t); }
+
+/* New structs initialised with `struct_size` (owned by the proxy). */
+static hps_device_properties_t* device_properties_init(size_t struct_size) {
+  hps_device_properties_t* p =
+      (hps_device_properties_t*)hps_swig_struct_alloc(sizeof *p, struct_size);
+  if (p && HPS_SWIG_CHECK(hps_device_properties_init(p, struct_size)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static hps_device_properties_t* device_get_properties(hps_device_type_t type, int32_t index) {
+  hps_device_properties_t* p = device_properties_init(sizeof *p);
+  if (p && HPS_SWIG_CHECK(hps_device_get_properties(type, index, p)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static hps_rendezvous_info_t* rendezvous_info_init(size_t struct_size) {
+  hps_rendezvous_info_t* p = (hps_rendezvous_info_t*)hps_swig_struct_alloc(sizeof *p, struct_size);
+  if (p && HPS_SWIG_CHECK(hps_rendezvous_info_init(p, struct_size)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static hps_rendezvous_info_t* rendezvous_from_env(void) {
+  hps_rendezvous_info_t* p = rendezvous_info_init(sizeof *p);
+  if (p && HPS_SWIG_CHECK(hps_rendezvous_from_env(p)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static hps_comm_options_t* comm_options_init(size_t struct_size) {
+  hps_swig_comm_options* b = (hps_swig_comm_options*)calloc(1, sizeof *b);
+  if (b && HPS_SWIG_CHECK(hps_comm_options_init(&b->options, struct_size)) != HPS_STATUS_OK) {
+    free(b);
+    b = NULL;
+  }
+  return b ? &b->options : NULL;
+}
+static hps_clip_options_t* clip_options_init(size_t struct_size) {
+  hps_clip_options_t* p = (hps_clip_options_t*)hps_swig_struct_alloc(sizeof *p, struct_size);
+  if (p && HPS_SWIG_CHECK(hps_clip_options_init(p, struct_size)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static hps_engine_options_t* engine_options_init(size_t struct_size) {
+  hps_engine_options_t* p = (hps_engine_options_t*)hps_swig_struct_alloc(sizeof *p, struct_size);
+  if (p && HPS_SWIG_CHECK(hps_engine_options_init(p, struct_size)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+%}
+
+/* The host/device policy of the C layer (hps_dlpack_host_data): the host address of a
+ * tensor's data. */
+%inline %{
+static uintptr_t dlpack_host_data(const DLTensor* tensor) {
+  HPS_SWIG_ADDRESS(void*, hps_dlpack_host_data(tensor, &v));
+}
+%}
+
+/* ---------------------------------------------------------------------------------- */
+/* Value structs (owned by their proxies).                                               */
+/* ---------------------------------------------------------------------------------- */
+%define %hps_value_struct(TAG, FREE)
+%hps_expose TAG;
+%hps_expose TAG##_t;
+%nodefaultctor TAG;
+%immutable TAG::struct_size;
+%extend TAG {
+  ~TAG() { FREE($self); }
+}
+%enddef
+%hps_value_struct(hps_device_properties, free)
+%immutable hps_device_properties::type;
+%immutable hps_device_properties::index;
+%immutable hps_device_properties::name;
+%immutable hps_device_properties::total_memory_bytes;
+%immutable hps_device_properties::compute_capability_major;
+%immutable hps_device_properties::compute_capability_minor;
+%immutable hps_device_properties::multiprocessor_count;
+%hps_value_struct(hps_rendezvous_info, free)
+%immutable hps_rendezvous_info::rank;
+%immutable hps_rendezvous_info::world_size;
+%immutable hps_rendezvous_info::local_rank;
+%immutable hps_rendezvous_info::store_url;
+%immutable hps_rendezvous_info::source;
+%{
 static void hps_swig_comm_options_free(hps_comm_options_t* options) {
   hps_swig_comm_options* block = (hps_swig_comm_options*)options;
   if (!block) return;
   free(block->name_copy);
   free(block);
 }
-
-/* ---- clip / engine options proxies: a malloc'd copy, freed by the proxy. ---- */
-static void* hps_swig_memdup(const void* init, size_t size) {
-  void* copy = malloc(size);
-  if (copy) memcpy(copy, init, size);
-  return copy;
-}
-
-/* ---- collective buffers ---- */
-/* 1 when `count` elements of `dtype` fit in the `nbytes` bytes at `ptr`, else 0 with a
- * message in msg. A NULL buffer and an unknown dtype pass: the library refuses them
- * itself, with its own status and message. */
-static int hps_swig_fits(const char* func, const char* what, const void* ptr, long long nbytes,
-                         uint64_t count, hps_dtype_t dtype, char* msg, size_t msg_size) {
-  size_t elem = 0;
-  if (!ptr) return 1;
-  if (hps_dtype_size(dtype, &elem) != HPS_STATUS_OK || elem == 0) return 1;
-  if (nbytes >= 0 && count <= (uint64_t)nbytes / elem) return 1;
-  snprintf(msg, msg_size, "%s: %s holds %lld bytes, too few for %llu elements of %zu bytes",
-           func, what, nbytes, (unsigned long long)count, elem);
-  return 0;
-}
-
-/* Grows a malloc'd array of `*capacity` elements of `elem` bytes to `need`; 0 without
- * memory (the array is left as it was). */
-static int hps_swig_grow(void** array, size_t* capacity, size_t need, size_t elem) {
-  void* p = realloc(*array, (need ? need : 1) * elem);
-  if (!p) return 0;
-  *array = p;
-  *capacity = need;
-  return 1;
-}
 %}
-
-/* Collectives: the buffer typemaps of the overlays keep each buffer's size in bytes in a
- * local hps_nbytes<argument number>; argument numbers are fixed by the C signatures. */
-%define HPS_SWIG_FITS(FUNC, WHAT, PTR, NBYTES, COUNT, DTYPE)
-  if (!hps_swig_fits(FUNC, WHAT, PTR, (long long)NBYTES, (uint64_t)COUNT, DTYPE, hps_msg,
-                     sizeof hps_msg)) {
-    HPS_SWIG_BUFFER_FAIL(hps_msg)
-  }
-%enddef
-%define HPS_SWIG_COLLECTIVE1(FUNC, B1, N1, C1, DTYPE)
-%exception FUNC {
-  {
-    char hps_msg[256];
-    HPS_SWIG_FITS(#FUNC, "the buffer", B1, N1, C1, DTYPE)
-  }
-  $action
-  if (result != HPS_STATUS_OK) {
-    HPS_SWIG_RAISE(result, hps_last_error_message())
+%hps_value_struct(hps_comm_options, hps_swig_comm_options_free)
+/* Setting the name copies it into the block (arg1: the struct, as in every setter). */
+%typemap(memberin) const char* name {
+  if (!hps_swig_comm_options_set_name(arg1, $input)) {
+    HPS_SWIG_RAISE(HPS_STATUS_OUT_OF_MEMORY, "hps_comm_options_t.name: out of memory")
   }
 }
-%enddef
-%define HPS_SWIG_COLLECTIVE2(FUNC, B1, N1, C1, B2, N2, C2, DTYPE)
-%exception FUNC {
-  {
-    char hps_msg[256];
-    HPS_SWIG_FITS(#FUNC, "send", B1, N1, C1, DTYPE)
-    HPS_SWIG_FITS(#FUNC, "recv", B2, N2, C2, DTYPE)
-  }
-  $action
-  if (result != HPS_STATUS_OK) {
-    HPS_SWIG_RAISE(result, hps_last_error_message())
-  }
-}
-%enddef
-/* (comm, send, recv, count, dtype, ...) */
-HPS_SWIG_COLLECTIVE2(hps_comm_all_reduce, arg2, hps_nbytes2, arg4, arg3, hps_nbytes3, arg4, arg5)
-HPS_SWIG_COLLECTIVE2(hps_comm_reduce, arg2, hps_nbytes2, arg4, arg3, hps_nbytes3, arg4, arg5)
-/* (comm, send, send_count, recv, recv_count, dtype, ...) */
-HPS_SWIG_COLLECTIVE2(hps_comm_all_gather, arg2, hps_nbytes2, arg3, arg4, hps_nbytes4, arg5, arg6)
-HPS_SWIG_COLLECTIVE2(hps_comm_reduce_scatter, arg2, hps_nbytes2, arg3, arg4, hps_nbytes4, arg5, arg6)
-/* (comm, buffer, count, dtype, ...) */
-HPS_SWIG_COLLECTIVE1(hps_comm_broadcast, arg2, hps_nbytes2, arg3, arg4)
-HPS_SWIG_COLLECTIVE1(hps_comm_send, arg2, hps_nbytes2, arg3, arg4)
-HPS_SWIG_COLLECTIVE1(hps_comm_recv, arg2, hps_nbytes2, arg3, arg4)
-/* (clip, data, count, dtype, flags) */
-HPS_SWIG_COLLECTIVE1(hps_clip_add_tensor, arg2, hps_nbytes2, arg3, arg4)
-/* (clip, stream, norm_out, scale): one float32 */
-HPS_SWIG_COLLECTIVE1(hps_clip_run, arg3, hps_nbytes3, 1, HPS_DTYPE_FLOAT32)
-/* (engine, index, out, count): count float32 */
-HPS_SWIG_COLLECTIVE1(hps_engine_gather_parameter, arg3, hps_nbytes3, arg4, HPS_DTYPE_FLOAT32)
+%hps_value_struct(hps_clip_options, free)
+%hps_value_struct(hps_engine_options, free)
 
-/* Outputs of unknown size: the overlays' typemaps start with a malloc'd array (arg4) of
- * arg5 elements; on OUT_OF_RANGE with a larger *arg6 the array grows and the call is
- * repeated (a value may grow between calls). Temporary arrays are freed before raising
- * (the Java overlay's raise returns at once, skipping freearg). */
-%define HPS_SWIG_GROWING(FUNC, ELEM)
-%exception FUNC {
-  for (;;) {
-    *arg6 = 0;
-    $action
-    if (result == HPS_STATUS_OUT_OF_RANGE && *arg6 > arg5) {
-      void* hps_array = (void*)arg4;
-      size_t hps_cap = arg5;
-      if (!hps_swig_grow(&hps_array, &hps_cap, *arg6, ELEM)) {
-        free((void*)arg4); arg4 = NULL;
-        HPS_SWIG_RAISE(HPS_STATUS_OUT_OF_MEMORY, #FUNC ": out of memory")
-      }
-      memcpy(&arg4, &hps_array, sizeof hps_array); /* void* or int32_t* */
-      arg5 = hps_cap;
-      continue;
-    }
-    break;
-  }
-  if (result != HPS_STATUS_OK) {
-    free((void*)arg4); arg4 = NULL;
-    HPS_SWIG_RAISE(result, hps_last_error_message())
-  }
-}
+/* ---------------------------------------------------------------------------------- */
+/* Handles                                                                              */
+/* ---------------------------------------------------------------------------------- */
+/* Each handle is a class of its own name (StreamHandle, ...) over the C struct: SWIG names
+ * the C helper of a method CLASS_METHOD, which for the C struct's own name would be the C
+ * function itself (hps_comm_rank). */
+%define %hps_handle(CLASS)
+%hps_expose CLASS;
+%nodefaultctor CLASS;
+struct CLASS {};
 %enddef
-HPS_SWIG_GROWING(hps_store_get, 1)
-HPS_SWIG_GROWING(hps_topology_group_ranks, sizeof(int32_t))
+/* The class names are the C structs' in the wrapper code; in C, `struct hps_comm` and a
+ * typedef named hps_comm may coexist, so the names work with and without `struct`. */
+%{
+#define StreamHandle hps_stream
+#define EventHandle hps_event
+#define StoreHandle hps_store
+#define CommHandle hps_comm
+#define WorkHandle hps_work
+#define TopologyHandle hps_topology
+#define HybridGroupHandle hps_hybrid_group
+#define ClipHandle hps_clip
+#define EngineHandle hps_engine
+#define TensorHandle DLManagedTensor
+typedef struct hps_stream hps_stream;
+typedef struct hps_event hps_event;
+typedef struct hps_store hps_store;
+typedef struct hps_comm hps_comm;
+typedef struct hps_work hps_work;
+typedef struct hps_topology hps_topology;
+typedef struct hps_hybrid_group hps_hybrid_group;
+typedef struct hps_clip hps_clip;
+typedef struct hps_engine hps_engine;
+%}
+%hps_handle(StreamHandle)
+%hps_handle(EventHandle)
+%hps_handle(StoreHandle)
+%hps_handle(CommHandle)
+%hps_handle(WorkHandle)
+%hps_handle(TopologyHandle)
+%hps_handle(HybridGroupHandle)
+%hps_handle(ClipHandle)
+%hps_handle(EngineHandle)
+%hps_handle(TensorHandle)
 
-/* Inputs copied into malloc'd arrays (hps_store_set's value: arg3; hps_comm_split's ranks:
- * arg2; hps_engine_add_param's shape: arg3) are freed before raising, for the same reason. */
-%define HPS_SWIG_FREEING(FUNC, ARG)
-%exception FUNC {
+/* compute_stream takes a StreamHandle (the engine keeps the stream alive). */
+%ignore hps_engine_options::compute_stream;
+%extend hps_engine_options {
+  void set_compute_stream(StreamHandle* stream) { $self->compute_stream = stream; }
+  int32_t has_compute_stream() { return $self->compute_stream != NULL; }
+}
+/* Handles a method creates are owned by their proxy. */
+%newobject StreamHandle::create;
+%newobject EventHandle::create;
+%newobject StoreHandle::open;
+%newobject CommHandle::create;
+%newobject CommHandle::split;
+%newobject HybridGroupHandle::comm;
+%newobject TopologyHandle::create;
+%newobject HybridGroupHandle::create;
+%newobject ClipHandle::create;
+%newobject EngineHandle::create;
+%newobject *::all_reduce;
+%newobject *::reduce;
+%newobject *::broadcast;
+%newobject *::all_gather;
+%newobject *::reduce_scatter;
+%newobject *::send;
+%newobject *::recv;
+%newobject *::barrier;
+%newobject *::all_reduce_dlpack;
+%newobject *::reduce_dlpack;
+%newobject *::broadcast_dlpack;
+%newobject *::all_gather_dlpack;
+%newobject *::reduce_scatter_dlpack;
+%newobject *::send_dlpack;
+%newobject *::recv_dlpack;
+%newobject *::coefficient_dlpack;
+%newobject *::param_dlpack;
+%newobject *::grad_dlpack;
+%newobject *::loss_scale_dlpack;
+%newobject *::skipped_steps_dlpack;
+
+/* Inputs copied into malloc'd arrays (StoreHandle::set's value, CommHandle::split's ranks,
+ * EngineHandle::add_param's shape) are freed before raising: the Java overlay's raise returns
+ * at once, skipping freearg. */
+%define %hps_freeing(METHOD, ARG)
+%exception METHOD {
+  hps_swig_status = HPS_STATUS_OK;
   $action
-  if (result != HPS_STATUS_OK) {
+  if (hps_swig_status != HPS_STATUS_OK) {
     free((void*)ARG); ARG = NULL;
-    HPS_SWIG_RAISE(result, hps_last_error_message())
+    HPS_SWIG_RAISE(hps_swig_status, hps_swig_error_message(hps_swig_status))
   }
 }
 %enddef
-HPS_SWIG_FREEING(hps_store_set, arg3)
-HPS_SWIG_FREEING(hps_comm_split, arg2)
-HPS_SWIG_FREEING(hps_engine_add_param, arg3)
+%hps_freeing(StoreHandle::set, arg3)
+%hps_freeing(CommHandle::split, arg2)
+%hps_freeing(EngineHandle::add_param, arg3)
 /* SWIG casts a const pointer argument to its resolved type (int64_t is `long long` to
- * SWIG, `long` to an LP64 compiler): call hps_engine_add_param with the header's types. */
-%feature("action") hps_engine_add_param {
-  result = hps_engine_add_param(arg1, (const char*)arg2, (const int64_t*)arg3, arg4, arg5,
-                                arg6, arg7, arg8);
+ * SWIG, `long` to an LP64 compiler): pass the header's type. */
+%feature("action") EngineHandle::add_param {
+  result = EngineHandle_add_param(arg1, (const char*)arg2, (const int64_t*)arg3, arg4, arg5, arg6, arg7);
 }
 
-/* ---------------------------------------------------------------------------------- */
-/* Binding-side constant: sizeof(hps_device_properties_t) as this binding was built,     */
-/* the struct_size to pass to hps_device_properties_init.                              */
-/* ---------------------------------------------------------------------------------- */
-%hps_unignore HPS_SWIG_PROPERTIES_STRUCT_SIZE;
-%constant size_t HPS_SWIG_PROPERTIES_STRUCT_SIZE = sizeof(hps_device_properties_t);
-/* ... and of hps_rendezvous_info_t and hps_comm_options_t (for their _init calls). */
-%hps_unignore HPS_SWIG_RENDEZVOUS_STRUCT_SIZE;
-%constant size_t HPS_SWIG_RENDEZVOUS_STRUCT_SIZE = sizeof(hps_rendezvous_info_t);
-%hps_unignore HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE;
-%constant size_t HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE = sizeof(hps_comm_options_t);
-/* ... and of hps_clip_options_t and hps_engine_options_t. */
-%hps_unignore HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE;
-%constant size_t HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE = sizeof(hps_clip_options_t);
-%hps_unignore HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE;
-%constant size_t HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE = sizeof(hps_engine_options_t);
+%extend StreamHandle {
+  static StreamHandle* create(hps_device_type_t type, int32_t index) { HPS_SWIG_GET(StreamHandle*, hps_stream_create(type, index, &v)); }
+  ~StreamHandle() { hps_stream_destroy($self); }
+  void synchronize() { HPS_SWIG_CHECK(hps_stream_synchronize($self)); }
+  void wait_event(EventHandle* event) { HPS_SWIG_CHECK(hps_stream_wait_event($self, event)); }
+  void memcpy_async(hps_swig_out_buffer dst, hps_swig_in_buffer src, size_t bytes) {
+    if (HPS_SWIG_FITS("dst", dst, bytes, HPS_DTYPE_UINT8) && HPS_SWIG_FITS("src", src, bytes, HPS_DTYPE_UINT8))
+      HPS_SWIG_CHECK(hps_memcpy_async(dst.data, src.data, bytes, $self));
+  }
+}
 
-/* The C declarations (the header's HPS_API expands to nothing for SWIG). */
+%extend EventHandle {
+  static EventHandle* create(hps_device_type_t type, int32_t index) { HPS_SWIG_GET(EventHandle*, hps_event_create(type, index, &v)); }
+  ~EventHandle() { hps_event_destroy($self); }
+  void record(StreamHandle* stream) { HPS_SWIG_CHECK(hps_event_record($self, stream)); }
+  int32_t query() { HPS_SWIG_GET(int32_t, hps_event_query($self, &v)); }
+  void synchronize() { HPS_SWIG_CHECK(hps_event_synchronize($self)); }
+}
+
+%extend StoreHandle {
+  static StoreHandle* open(const char* url, int32_t rank, int64_t timeout_ms) { HPS_SWIG_GET(StoreHandle*, hps_store_open(url, rank, timeout_ms, &v)); }
+  ~StoreHandle() { hps_store_destroy($self); }
+  void set(const char* key, const void* value, size_t size) { HPS_SWIG_CHECK(hps_store_set($self, key, value, size)); }
+  /* Values of any size: on OUT_OF_RANGE with the size needed, grow and ask again. */
+  hps_swig_bytes get(const char* key, int64_t timeout_ms) {
+    hps_swig_bytes b = {NULL, 0};
+    size_t capacity = 256, size = 0;
+    for (;;) {
+      char* grown = (char*)realloc(b.data, capacity ? capacity : 1);
+      if (!grown) { free(b.data); b.data = NULL; snprintf(hps_swig_message, sizeof hps_swig_message, "store get: out of memory"); hps_swig_status = HPS_SWIG_ARGUMENT_ERROR; return b; }
+      b.data = grown;
+      HPS_SWIG_CHECK(hps_store_get($self, key, timeout_ms, b.data, capacity, &size));
+      if (hps_swig_status == HPS_STATUS_OUT_OF_RANGE && size > capacity) { capacity = size; continue; }
+      break;
+    }
+    if (hps_swig_status != HPS_STATUS_OK) { free(b.data); b.data = NULL; return b; }
+    b.size = size;
+    return b;
+  }
+  int64_t add(const char* key, int64_t delta) { HPS_SWIG_GET(int64_t, hps_store_add($self, key, delta, &v)); }
+  void wait(const char* key, int64_t timeout_ms) { HPS_SWIG_CHECK(hps_store_wait($self, key, timeout_ms)); }
+  int32_t check(const char* key) { HPS_SWIG_GET(int32_t, hps_store_check($self, key, &v)); }
+}
+
+%extend CommHandle {
+  static CommHandle* create(StoreHandle* store, int32_t rank, int32_t size, hps_device_type_t type, int32_t device_index, const hps_comm_options_t* options) { HPS_SWIG_GET(CommHandle*, hps_comm_create(store, rank, size, type, device_index, options, &v)); }
+  ~CommHandle() { hps_comm_destroy($self); }
+  void abort() { HPS_SWIG_CHECK(hps_comm_abort($self)); }
+  int32_t rank() { HPS_SWIG_GET(int32_t, hps_comm_rank($self, &v)); }
+  int32_t size() { HPS_SWIG_GET(int32_t, hps_comm_size($self, &v)); }
+  hps_swig_pair device() { hps_device_type_t t = HPS_DEVICE_CPU; int32_t i = 0; HPS_SWIG_CHECK(hps_comm_device($self, &t, &i)); return hps_swig_make_pair((int64_t)t, i); }
+  const char* transport() { HPS_SWIG_GET(const char*, hps_comm_transport($self, &v)); }
+  void set_timeout(int64_t timeout_ms) { HPS_SWIG_CHECK(hps_comm_set_timeout($self, timeout_ms)); }
+  CommHandle* split(const int32_t* ranks, size_t count, const char* name) { HPS_SWIG_GET(CommHandle*, hps_comm_split($self, ranks, count, name, &v)); }
+  /* Raw buffers, counts in elements of dtype. */
+  WorkHandle* all_reduce(hps_swig_in_buffer send, hps_swig_out_buffer recv, uint64_t count, hps_dtype_t dtype, hps_reduce_op_t op, StreamHandle* ready) {
+    WorkHandle* v = NULL;
+    if (HPS_SWIG_FITS("send", send, count, dtype) && HPS_SWIG_FITS("recv", recv, count, dtype))
+      HPS_SWIG_CHECK(hps_comm_all_reduce($self, send.data, recv.data, count, dtype, op, ready, &v));
+    return v;
+  }
+  WorkHandle* reduce(hps_swig_in_buffer send, hps_swig_out_buffer recv, uint64_t count, hps_dtype_t dtype, hps_reduce_op_t op, int32_t root, StreamHandle* ready) {
+    WorkHandle* v = NULL;
+    if (HPS_SWIG_FITS("send", send, count, dtype) && HPS_SWIG_FITS("recv", recv, count, dtype))
+      HPS_SWIG_CHECK(hps_comm_reduce($self, send.data, recv.data, count, dtype, op, root, ready, &v));
+    return v;
+  }
+  WorkHandle* broadcast(hps_swig_out_buffer buffer, uint64_t count, hps_dtype_t dtype, int32_t root, StreamHandle* ready) {
+    WorkHandle* v = NULL;
+    if (HPS_SWIG_FITS("the buffer", buffer, count, dtype))
+      HPS_SWIG_CHECK(hps_comm_broadcast($self, buffer.data, count, dtype, root, ready, &v));
+    return v;
+  }
+  WorkHandle* all_gather(hps_swig_in_buffer send, uint64_t send_count, hps_swig_out_buffer recv, uint64_t recv_count, hps_dtype_t dtype, StreamHandle* ready) {
+    WorkHandle* v = NULL;
+    if (HPS_SWIG_FITS("send", send, send_count, dtype) && HPS_SWIG_FITS("recv", recv, recv_count, dtype))
+      HPS_SWIG_CHECK(hps_comm_all_gather($self, send.data, send_count, recv.data, recv_count, dtype, ready, &v));
+    return v;
+  }
+  WorkHandle* reduce_scatter(hps_swig_in_buffer send, uint64_t send_count, hps_swig_out_buffer recv, uint64_t recv_count, hps_dtype_t dtype, hps_reduce_op_t op, StreamHandle* ready) {
+    WorkHandle* v = NULL;
+    if (HPS_SWIG_FITS("send", send, send_count, dtype) && HPS_SWIG_FITS("recv", recv, recv_count, dtype))
+      HPS_SWIG_CHECK(hps_comm_reduce_scatter($self, send.data, send_count, recv.data, recv_count, dtype, op, ready, &v));
+    return v;
+  }
+  WorkHandle* send(hps_swig_in_buffer buffer, uint64_t count, hps_dtype_t dtype, int32_t peer, StreamHandle* ready) {
+    WorkHandle* v = NULL;
+    if (HPS_SWIG_FITS("the buffer", buffer, count, dtype))
+      HPS_SWIG_CHECK(hps_comm_send($self, buffer.data, count, dtype, peer, ready, &v));
+    return v;
+  }
+  WorkHandle* recv(hps_swig_out_buffer buffer, uint64_t count, hps_dtype_t dtype, int32_t peer, StreamHandle* ready) {
+    WorkHandle* v = NULL;
+    if (HPS_SWIG_FITS("the buffer", buffer, count, dtype))
+      HPS_SWIG_CHECK(hps_comm_recv($self, buffer.data, count, dtype, peer, ready, &v));
+    return v;
+  }
+  WorkHandle* barrier(StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_barrier($self, ready, &v)); }
+  /* DLPack tensors: dtype and counts from the tensors. */
+  WorkHandle* all_reduce_dlpack(const DLTensor* send, const DLTensor* recv, hps_reduce_op_t op, StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_all_reduce_dlpack($self, send, recv, op, ready, &v)); }
+  WorkHandle* reduce_dlpack(const DLTensor* send, const DLTensor* recv, hps_reduce_op_t op, int32_t root, StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_reduce_dlpack($self, send, recv, op, root, ready, &v)); }
+  WorkHandle* broadcast_dlpack(const DLTensor* buffer, int32_t root, StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_broadcast_dlpack($self, buffer, root, ready, &v)); }
+  WorkHandle* all_gather_dlpack(const DLTensor* send, const DLTensor* recv, StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_all_gather_dlpack($self, send, recv, ready, &v)); }
+  WorkHandle* reduce_scatter_dlpack(const DLTensor* send, const DLTensor* recv, hps_reduce_op_t op, StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_reduce_scatter_dlpack($self, send, recv, op, ready, &v)); }
+  WorkHandle* send_dlpack(const DLTensor* buffer, int32_t peer, StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_send_dlpack($self, buffer, peer, ready, &v)); }
+  WorkHandle* recv_dlpack(const DLTensor* buffer, int32_t peer, StreamHandle* ready) { HPS_SWIG_GET(WorkHandle*, hps_comm_recv_dlpack($self, buffer, peer, ready, &v)); }
+}
+
+%extend WorkHandle {
+  ~WorkHandle() { hps_work_destroy($self); }
+  int32_t test() { HPS_SWIG_GET(int32_t, hps_work_test($self, &v)); }
+  void wait() { HPS_SWIG_CHECK(hps_work_wait($self)); }
+  void wait_stream(StreamHandle* stream) { HPS_SWIG_CHECK(hps_work_wait_stream($self, stream)); }
+}
+
+%extend TopologyHandle {
+  static TopologyHandle* create(int32_t dp, int32_t pp, int32_t sharding, int32_t sep, int32_t mp, const char* order, int32_t world_size) { HPS_SWIG_GET(TopologyHandle*, hps_topology_create(dp, pp, sharding, sep, mp, order, world_size, &v)); }
+  ~TopologyHandle() { hps_topology_destroy($self); }
+  int32_t degree(hps_group_t axis) { HPS_SWIG_GET(int32_t, hps_topology_degree($self, axis, &v)); }
+  int32_t coordinate(int32_t rank, hps_group_t axis) { HPS_SWIG_GET(int32_t, hps_topology_coordinate($self, rank, axis, &v)); }
+  int32_t rank_of(int32_t dp, int32_t pp, int32_t sharding, int32_t sep, int32_t mp) { HPS_SWIG_GET(int32_t, hps_topology_rank_of($self, dp, pp, sharding, sep, mp, &v)); }
+  /* The ranks, however many: on OUT_OF_RANGE with the count needed, grow and ask again. */
+  hps_swig_ints group_ranks(hps_group_t group, int32_t rank) {
+    hps_swig_ints r = {NULL, 0};
+    size_t capacity = 64, count = 0;
+    for (;;) {
+      int32_t* grown = (int32_t*)realloc(r.data, (capacity ? capacity : 1) * sizeof(int32_t));
+      if (!grown) { free(r.data); r.data = NULL; snprintf(hps_swig_message, sizeof hps_swig_message, "group_ranks: out of memory"); hps_swig_status = HPS_SWIG_ARGUMENT_ERROR; return r; }
+      r.data = grown;
+      HPS_SWIG_CHECK(hps_topology_group_ranks($self, group, rank, r.data, capacity, &count));
+      if (hps_swig_status == HPS_STATUS_OUT_OF_RANGE && count > capacity) { capacity = count; continue; }
+      break;
+    }
+    if (hps_swig_status != HPS_STATUS_OK) { free(r.data); r.data = NULL; return r; }
+    r.count = count;
+    return r;
+  }
+  hps_swig_pair pipeline_neighbors(int32_t rank) { int32_t p = 0, n = 0; HPS_SWIG_CHECK(hps_topology_pipeline_neighbors($self, rank, &p, &n)); return hps_swig_make_pair(p, n); }
+}
+
+%extend HybridGroupHandle {
+  static HybridGroupHandle* create(CommHandle* world, const TopologyHandle* topology) { HPS_SWIG_GET(HybridGroupHandle*, hps_hybrid_group_create(world, topology, &v)); }
+  ~HybridGroupHandle() { hps_hybrid_group_destroy($self); }
+  CommHandle* comm(hps_group_t kind) { HPS_SWIG_GET(CommHandle*, hps_hybrid_group_comm($self, kind, &v)); }
+}
+
+%extend ClipHandle {
+  static ClipHandle* create(CommHandle* sharding, CommHandle* mp, CommHandle* pp, const hps_clip_options_t* options) { HPS_SWIG_GET(ClipHandle*, hps_clip_create(sharding, mp, pp, options, &v)); }
+  ~ClipHandle() { hps_clip_destroy($self); }
+  void add_tensor(hps_swig_out_buffer data, uint64_t count, hps_dtype_t dtype, uint32_t flags) {
+    if (HPS_SWIG_FITS("the gradient", data, count, dtype)) HPS_SWIG_CHECK(hps_clip_add_tensor($self, data.data, count, dtype, flags));
+  }
+  void add_tensor_dlpack(const DLTensor* gradient, uint32_t flags) { HPS_SWIG_CHECK(hps_clip_add_tensor_dlpack($self, gradient, flags)); }
+  void seal() { HPS_SWIG_CHECK(hps_clip_seal($self)); }
+  void run(StreamHandle* stream, hps_swig_out_buffer norm_out, int32_t scale) {
+    if (HPS_SWIG_FITS("norm_out", norm_out, 1, HPS_DTYPE_FLOAT32)) HPS_SWIG_CHECK(hps_clip_run($self, stream, (float*)norm_out.data, scale));
+  }
+  uintptr_t coefficient() { HPS_SWIG_ADDRESS(const float*, hps_clip_coefficient($self, &v)); }
+  TensorHandle* coefficient_dlpack() { HPS_SWIG_GET(TensorHandle*, hps_clip_coefficient_dlpack($self, &v)); }
+}
+
+%extend EngineHandle {
+  static EngineHandle* create(CommHandle* sharding, CommHandle* dp, const hps_engine_options_t* options) { HPS_SWIG_GET(EngineHandle*, hps_engine_create(sharding, dp, options, &v)); }
+  ~EngineHandle() { hps_engine_destroy($self); }
+  size_t add_param(const char* name, const int64_t* shape, size_t ndim, hps_dtype_t dtype, uint32_t flags, int32_t unit) { HPS_SWIG_GET(size_t, hps_engine_add_param($self, name, shape, ndim, dtype, flags, unit, &v)); }
+  void seal() { HPS_SWIG_CHECK(hps_engine_seal($self)); }
+  void broadcast_parameters() { HPS_SWIG_CHECK(hps_engine_broadcast_parameters($self)); }
+  uintptr_t param(size_t index) { HPS_SWIG_ADDRESS(void*, hps_engine_param($self, index, &v)); }
+  uintptr_t grad(size_t index) { HPS_SWIG_ADDRESS(void*, hps_engine_grad($self, index, &v)); }
+  void wait_parameters(int32_t unit) { HPS_SWIG_CHECK(hps_engine_wait_parameters($self, unit)); }
+  void release_parameters(int32_t unit) { HPS_SWIG_CHECK(hps_engine_release_parameters($self, unit)); }
+  void grad_ready(size_t index, StreamHandle* ready) { HPS_SWIG_CHECK(hps_engine_grad_ready($self, index, ready)); }
+  void step() { HPS_SWIG_CHECK(hps_engine_step($self)); }
+  void synchronize() { HPS_SWIG_CHECK(hps_engine_synchronize($self)); }
+  void gather_parameter(size_t index, hps_swig_out_buffer out, uint64_t count) {
+    if (HPS_SWIG_FITS("out", out, count, HPS_DTYPE_FLOAT32)) HPS_SWIG_CHECK(hps_engine_gather_parameter($self, index, (float*)out.data, count));
+  }
+  hps_swig_pair device() { hps_device_type_t t = HPS_DEVICE_CPU; int32_t i = 0; HPS_SWIG_CHECK(hps_engine_device($self, &t, &i)); return hps_swig_make_pair((int64_t)t, i); }
+  uint64_t resident_bytes() { HPS_SWIG_GET(uint64_t, hps_engine_resident_bytes($self, &v)); }
+  hps_swig_pair shard_range(size_t index) { uint64_t b = 0, e = 0; HPS_SWIG_CHECK(hps_engine_shard_range($self, index, &b, &e)); return hps_swig_make_pair((int64_t)b, (int64_t)e); }
+  /* (scale address, skipped-steps address) */
+  hps_swig_pair loss_scale() { const float* s = NULL; const int64_t* k = NULL; HPS_SWIG_CHECK(hps_engine_loss_scale($self, &s, &k)); return hps_swig_make_pair((int64_t)(uintptr_t)s, (int64_t)(uintptr_t)k); }
+  TensorHandle* param_dlpack(size_t index) { HPS_SWIG_GET(TensorHandle*, hps_engine_param_dlpack($self, index, &v)); }
+  TensorHandle* grad_dlpack(size_t index) { HPS_SWIG_GET(TensorHandle*, hps_engine_grad_dlpack($self, index, &v)); }
+  /* hps_engine_loss_scale_dlpack's two views, one per method. */
+  TensorHandle* loss_scale_dlpack() { TensorHandle *s = NULL, *k = NULL; if (HPS_SWIG_CHECK(hps_engine_loss_scale_dlpack($self, &s, &k)) == HPS_STATUS_OK) hps_dlpack_release(k); return s; }
+  TensorHandle* skipped_steps_dlpack() { TensorHandle *s = NULL, *k = NULL; if (HPS_SWIG_CHECK(hps_engine_loss_scale_dlpack($self, &s, &k)) == HPS_STATUS_OK) hps_dlpack_release(s); return k; }
+}
+
+/* A DLPack tensor handed out by the library (a view that keeps its owner's memory alive):
+ * the proxy releases it (hps_dlpack_release) when it goes. */
+%extend TensorHandle {
+  ~TensorHandle() { hps_dlpack_release($self); }
+  /* The data's address on the tensor's device (data + byte_offset). */
+  uintptr_t data() { return (uintptr_t)$self->dl_tensor.data + (uintptr_t)$self->dl_tensor.byte_offset; }
+  /* The host address of the data, or FAILED_PRECONDITION off the host (the C policy). */
+  uintptr_t host_data() { HPS_SWIG_ADDRESS(void*, hps_dlpack_host_data(&$self->dl_tensor, &v)); }
+  int32_t device_type() { return (int32_t)$self->dl_tensor.device.device_type; }
+  int32_t device_id() { return (int32_t)$self->dl_tensor.device.device_id; }
+  int32_t dtype_code() { return (int32_t)$self->dl_tensor.dtype.code; }
+  int32_t dtype_bits() { return (int32_t)$self->dl_tensor.dtype.bits; }
+  int32_t ndim() { return (int32_t)$self->dl_tensor.ndim; }
+  int64_t dim(int32_t i) { return i >= 0 && i < $self->dl_tensor.ndim ? $self->dl_tensor.shape[i] : -1; }
+}
+
+/* The C declarations: enums, value structs, macros (functions stay hidden). */
 %include "hpshard/version.h"
 %include "hpshard/hpshard.h"

@@ -2,8 +2,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
+#include "capi/src/dlpack.h"
 #include "capi/src/error.h"
+#include "capi/src/extensible.h"
 #include "capi/src/handles.h"
 #include "core/clip/hybrid_clip.h"
 
@@ -11,14 +14,37 @@ using hps::capi::guard;
 using hps::capi::raw_enum;
 
 struct hps_clip {
-  std::unique_ptr<hps::HybridClip> impl;
+  std::shared_ptr<hps::HybridClip> impl;  // shared with the coefficient's DLPack views
+  // The communicators' device; none: the first run's stream picks it (HybridClip::run).
+  std::optional<hps::Device> device;
+  hps::Device coefficient_device() const { return device.value_or(hps::Device::cpu()); }
 };
 
 namespace {
 
-constexpr size_t kOptionsMinSize = sizeof(hps_clip_options_t);
 constexpr uint32_t kKnownFlags =
     HPS_CLIP_DISTRIBUTED | HPS_CLIP_NO_CLIP | HPS_CLIP_SHARED_NOT_FIRST;
+
+hps_clip_options_t default_options() {
+  auto o = hps::capi::zeroed<hps_clip_options_t>();
+  o.max_norm = 1.0;
+  o.deterministic = 0;
+  return o;
+}
+
+hps::Status check_flags(uint32_t flags) {
+  if ((flags & ~kKnownFlags) == 0) return hps::Status::Ok();
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%x", flags & ~kKnownFlags);
+  return hps::invalid_argument("unknown clip flag bits 0x" + std::string(hex));
+}
+
+hps::Status add(hps_clip& clip, void* data, uint64_t count, hps::DType dtype, uint32_t flags) {
+  HPS_RETURN_IF_ERROR(check_flags(flags));
+  return clip.impl->add_tensor({data, count, dtype, (flags & HPS_CLIP_DISTRIBUTED) != 0,
+                                (flags & HPS_CLIP_NO_CLIP) == 0,
+                                (flags & HPS_CLIP_SHARED_NOT_FIRST) != 0});
+}
 
 std::shared_ptr<hps::Communicator> shared(hps_comm_t* comm) { return comm ? comm->impl : nullptr; }
 
@@ -28,18 +54,8 @@ extern "C" {
 
 HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t struct_size) {
   HPS_CHECK_ARG(options);
-  return guard(__func__, [&]() -> hps::Status {
-    if (struct_size < kOptionsMinSize) {
-      return hps::invalid_argument("struct_size " + std::to_string(struct_size) +
-                                   " is smaller than the first hps_clip_options_t (" +
-                                   std::to_string(kOptionsMinSize) + ")");
-    }
-    std::memset(options, 0, sizeof(hps_clip_options_t));
-    options->struct_size = struct_size;
-    options->max_norm = 1.0;
-    options->deterministic = 0;
-    return hps::Status::Ok();
-  });
+  return guard(__func__,
+               [&] { return hps::capi::init_struct(options, struct_size, default_options()); });
 }
 
 HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
@@ -48,16 +64,19 @@ HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_c
   return guard(__func__, [&]() -> hps::Status {
     hps::ClipOptions o;
     if (options != nullptr) {
-      if (options->struct_size < kOptionsMinSize) {
-        return hps::invalid_argument(
-            "options->struct_size is not set: call hps_clip_options_init first");
-      }
-      o.max_norm = options->max_norm;
-      o.deterministic = options->deterministic != 0;
+      HPS_ASSIGN_OR_RETURN(const hps_clip_options_t given,
+                           hps::capi::read_struct(options, default_options(), "options"));
+      o.max_norm = given.max_norm;
+      o.deterministic = given.deterministic != 0;
     }
-    HPS_ASSIGN_OR_RETURN(auto clip,
+    HPS_ASSIGN_OR_RETURN(std::shared_ptr<hps::HybridClip> clip,
                          hps::HybridClip::create(shared(sharding), shared(mp), shared(pp), o));
-    *out_clip = new hps_clip{std::move(clip)};
+    // HybridClip::create refuses communicators on different devices: any one tells.
+    std::optional<hps::Device> device;
+    for (hps_comm_t* c : {sharding, mp, pp}) {
+      if (c != nullptr) device = c->impl->device();
+    }
+    *out_clip = new hps_clip{std::move(clip), device};
     return hps::Status::Ok();
   });
 }
@@ -74,16 +93,17 @@ HPS_API hps_status_t hps_clip_add_tensor(hps_clip_t* clip, void* data, uint64_t 
   HPS_CHECK_ARG(clip);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, hps::dtype_from_int(raw_enum(dtype)));
-    if ((flags & ~kKnownFlags) != 0) {
-      return hps::invalid_argument("unknown clip flag bits 0x" + [&] {
-        char hex[16];
-        std::snprintf(hex, sizeof hex, "%x", flags & ~kKnownFlags);
-        return std::string(hex);
-      }());
-    }
-    return clip->impl->add_tensor({data, count, d, (flags & HPS_CLIP_DISTRIBUTED) != 0,
-                                   (flags & HPS_CLIP_NO_CLIP) == 0,
-                                   (flags & HPS_CLIP_SHARED_NOT_FIRST) != 0});
+    return add(*clip, data, count, d, flags);
+  });
+}
+
+HPS_API hps_status_t hps_clip_add_tensor_dlpack(hps_clip_t* clip, const DLTensor* gradient,
+                                                uint32_t flags) {
+  HPS_CHECK_ARG(clip);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto g, hps::capi::tensor_arg(gradient, "gradient"));
+    if (clip->device) HPS_RETURN_IF_ERROR(hps::capi::check_device(g, "gradient", *clip->device));
+    return add(*clip, g.data, g.count, g.dtype, flags);
   });
 }
 
@@ -96,7 +116,11 @@ HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float*
                                   int32_t scale) {
   HPS_CHECK_ARG(clip);
   HPS_CHECK_ARG(stream);
-  return guard(__func__, [&] { return clip->impl->run(*stream->impl, norm_out, scale != 0); });
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(clip->impl->run(*stream->impl, norm_out, scale != 0));
+    if (!clip->device) clip->device = stream->impl->device();  // the run placed the clip
+    return hps::Status::Ok();
+  });
 }
 
 HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient) {
@@ -104,6 +128,18 @@ HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_co
   HPS_CHECK_ARG(out_coefficient);
   *out_coefficient = clip->impl->coefficient();
   return HPS_STATUS_OK;
+}
+
+HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTensor** out_tensor) {
+  HPS_CHECK_ARG(clip);
+  HPS_CHECK_ARG(out_tensor);
+  return guard(__func__, [&]() -> hps::Status {
+    // A clip without communicators is placed by its first run; before it, the
+    // coefficient is host memory.
+    *out_tensor = hps::capi::make_view(clip->impl, const_cast<float*>(clip->impl->coefficient()),
+                                       hps::DType::kFloat32, {1}, clip->coefficient_device());
+    return hps::Status::Ok();
+  });
 }
 
 }  // extern "C"

@@ -3,15 +3,15 @@
 #include <string>
 #include <vector>
 
+#include "capi/src/dlpack.h"
 #include "capi/src/error.h"
+#include "capi/src/extensible.h"
 #include "capi/src/handles.h"
 
 using hps::capi::guard;
 using hps::capi::raw_enum;
 
 namespace {
-
-constexpr size_t kOptionsMinSize = sizeof(hps_comm_options_t);
 
 hps::StatusOr<hps::DType> to_dtype(hps_dtype_t dtype) {
   return hps::dtype_from_int(raw_enum(dtype));
@@ -45,6 +45,32 @@ hps::StatusOr<uint64_t> times(uint64_t a, int32_t b, const char* operation) {
   return a * n;
 }
 
+// The defaults hps_comm_options_init sets (the environment's, name NULL = "world").
+hps::StatusOr<hps_comm_options_t> default_options() {
+  HPS_ASSIGN_OR_RETURN(hps::CommOptions defaults, hps::comm_options_from_env());
+  auto o = hps::capi::zeroed<hps_comm_options_t>();
+  o.timeout_ms = defaults.timeout.count();
+  o.check_arguments = defaults.check_arguments ? 1 : 0;
+  o.name = nullptr;
+  return o;
+}
+
+// A DLPack operand of a collective, checked and on the communicator's device.
+hps::StatusOr<hps::capi::TensorArg> operand(const hps_comm& comm, const DLTensor* tensor,
+                                            const char* what) {
+  HPS_ASSIGN_OR_RETURN(hps::capi::TensorArg arg, hps::capi::tensor_arg(tensor, what));
+  HPS_RETURN_IF_ERROR(hps::capi::check_device(arg, what, comm.impl->device()));
+  return arg;
+}
+
+hps::Status same_count(const char* operation, const hps::capi::TensorArg& send,
+                       const hps::capi::TensorArg& recv) {
+  if (send.count == recv.count) return hps::Status::Ok();
+  return hps::invalid_argument(std::string(operation) + ": send has " + std::to_string(send.count) +
+                               " elements, recv " + std::to_string(recv.count) +
+                               "; nothing was sent");
+}
+
 }  // namespace
 
 extern "C" {
@@ -52,18 +78,8 @@ extern "C" {
 HPS_API hps_status_t hps_comm_options_init(hps_comm_options_t* options, size_t struct_size) {
   HPS_CHECK_ARG(options);
   return guard(__func__, [&]() -> hps::Status {
-    if (struct_size < kOptionsMinSize) {
-      return hps::invalid_argument("struct_size " + std::to_string(struct_size) +
-                                   " is smaller than the first hps_comm_options_t (" +
-                                   std::to_string(kOptionsMinSize) + ")");
-    }
-    HPS_ASSIGN_OR_RETURN(hps::CommOptions defaults, hps::comm_options_from_env());
-    std::memset(options, 0, sizeof(hps_comm_options_t));
-    options->struct_size = struct_size;
-    options->timeout_ms = defaults.timeout.count();
-    options->check_arguments = defaults.check_arguments ? 1 : 0;
-    options->name = nullptr;
-    return hps::Status::Ok();
+    HPS_ASSIGN_OR_RETURN(hps_comm_options_t defaults, default_options());
+    return hps::capi::init_struct(options, struct_size, defaults);
   });
 }
 
@@ -76,15 +92,14 @@ HPS_API hps_status_t hps_comm_create(hps_store_t* store, int32_t rank, int32_t s
     HPS_ASSIGN_OR_RETURN(hps::DeviceType t, hps::device_type_from_int(raw_enum(type)));
     HPS_ASSIGN_OR_RETURN(hps::CommOptions o, hps::comm_options_from_env());
     if (options != nullptr) {
-      if (options->struct_size < kOptionsMinSize) {
-        return hps::invalid_argument(
-            "options->struct_size is not set: call hps_comm_options_init first");
-      }
-      if (options->timeout_ms <= 0)
+      HPS_ASSIGN_OR_RETURN(hps_comm_options_t defaults, default_options());
+      HPS_ASSIGN_OR_RETURN(const hps_comm_options_t given,
+                           hps::capi::read_struct(options, defaults, "options"));
+      if (given.timeout_ms <= 0)
         return hps::invalid_argument("options->timeout_ms must be positive");
-      o.timeout = hps::Milliseconds(options->timeout_ms);
-      o.check_arguments = options->check_arguments != 0;
-      if (options->name != nullptr) o.name = options->name;
+      o.timeout = hps::Milliseconds(given.timeout_ms);
+      o.check_arguments = given.check_arguments != 0;
+      if (given.name != nullptr) o.name = given.name;
     }
     HPS_ASSIGN_OR_RETURN(auto comm,
                          hps::create_communicator(store->impl, rank, size, {t, device_index}, o));
@@ -259,6 +274,111 @@ HPS_API hps_status_t hps_comm_barrier(hps_comm_t* comm, hps_stream_t* ready,
   HPS_CHECK_ARG(out_work);
   return guard(__func__,
                [&] { return hand_out(comm->impl->barrier(ready_stream(ready)), out_work); });
+}
+
+HPS_API hps_status_t hps_comm_all_reduce_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                                const DLTensor* recv, hps_reduce_op_t op,
+                                                hps_stream_t* ready, hps_work_t** out_work) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_work);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
+    HPS_ASSIGN_OR_RETURN(auto r, operand(*comm, recv, "recv"));
+    HPS_RETURN_IF_ERROR(hps::capi::check_same_dtype(s, "send", r, "recv"));
+    HPS_RETURN_IF_ERROR(same_count("all_reduce", s, r));
+    HPS_ASSIGN_OR_RETURN(hps::ReduceOp o, to_op(op));
+    return hand_out(
+        comm->impl->all_reduce(s.data, r.data, s.count, s.dtype, o, ready_stream(ready)), out_work);
+  });
+}
+
+HPS_API hps_status_t hps_comm_reduce_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                            const DLTensor* recv, hps_reduce_op_t op, int32_t root,
+                                            hps_stream_t* ready, hps_work_t** out_work) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_work);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
+    void* recv_data = nullptr;
+    if (recv != nullptr) {
+      HPS_ASSIGN_OR_RETURN(auto r, operand(*comm, recv, "recv"));
+      HPS_RETURN_IF_ERROR(hps::capi::check_same_dtype(s, "send", r, "recv"));
+      HPS_RETURN_IF_ERROR(same_count("reduce", s, r));
+      recv_data = r.data;
+    }
+    HPS_ASSIGN_OR_RETURN(hps::ReduceOp o, to_op(op));
+    return hand_out(
+        comm->impl->reduce(s.data, recv_data, s.count, s.dtype, o, root, ready_stream(ready)),
+        out_work);
+  });
+}
+
+HPS_API hps_status_t hps_comm_broadcast_dlpack(hps_comm_t* comm, const DLTensor* buffer,
+                                               int32_t root, hps_stream_t* ready,
+                                               hps_work_t** out_work) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_work);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto b, operand(*comm, buffer, "buffer"));
+    return hand_out(comm->impl->broadcast(b.data, b.count, b.dtype, root, ready_stream(ready)),
+                    out_work);
+  });
+}
+
+HPS_API hps_status_t hps_comm_all_gather_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                                const DLTensor* recv, hps_stream_t* ready,
+                                                hps_work_t** out_work) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_work);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
+    HPS_ASSIGN_OR_RETURN(auto r, operand(*comm, recv, "recv"));
+    HPS_RETURN_IF_ERROR(hps::capi::check_same_dtype(s, "send", r, "recv"));
+    HPS_ASSIGN_OR_RETURN(uint64_t need, times(s.count, comm->impl->size(), "all_gather"));
+    HPS_RETURN_IF_ERROR(check_capacity("all_gather", "recv", r.count, need));
+    return hand_out(comm->impl->all_gather(s.data, r.data, s.count, s.dtype, ready_stream(ready)),
+                    out_work);
+  });
+}
+
+HPS_API hps_status_t hps_comm_reduce_scatter_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                                    const DLTensor* recv, hps_reduce_op_t op,
+                                                    hps_stream_t* ready, hps_work_t** out_work) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_work);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
+    HPS_ASSIGN_OR_RETURN(auto r, operand(*comm, recv, "recv"));
+    HPS_RETURN_IF_ERROR(hps::capi::check_same_dtype(s, "send", r, "recv"));
+    HPS_ASSIGN_OR_RETURN(hps::ReduceOp o, to_op(op));
+    HPS_ASSIGN_OR_RETURN(uint64_t need, times(r.count, comm->impl->size(), "reduce_scatter"));
+    HPS_RETURN_IF_ERROR(check_capacity("reduce_scatter", "send", s.count, need));
+    return hand_out(
+        comm->impl->reduce_scatter(s.data, r.data, r.count, s.dtype, o, ready_stream(ready)),
+        out_work);
+  });
+}
+
+HPS_API hps_status_t hps_comm_send_dlpack(hps_comm_t* comm, const DLTensor* buffer, int32_t peer,
+                                          hps_stream_t* ready, hps_work_t** out_work) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_work);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto b, operand(*comm, buffer, "buffer"));
+    return hand_out(comm->impl->send(b.data, b.count, b.dtype, peer, ready_stream(ready)),
+                    out_work);
+  });
+}
+
+HPS_API hps_status_t hps_comm_recv_dlpack(hps_comm_t* comm, const DLTensor* buffer, int32_t peer,
+                                          hps_stream_t* ready, hps_work_t** out_work) {
+  HPS_CHECK_ARG(comm);
+  HPS_CHECK_ARG(out_work);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto b, operand(*comm, buffer, "buffer"));
+    return hand_out(comm->impl->recv(b.data, b.count, b.dtype, peer, ready_stream(ready)),
+                    out_work);
+  });
 }
 
 HPS_API hps_status_t hps_work_test(hps_work_t* work, int32_t* out_completed) {

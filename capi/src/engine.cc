@@ -1,7 +1,9 @@
 // Sharded training engine handles.
 #include <cstring>
 
+#include "capi/src/dlpack.h"
 #include "capi/src/error.h"
+#include "capi/src/extensible.h"
 #include "capi/src/handles.h"
 #include "core/device/host_sync.h"
 #include "core/sharding/sharded_engine.h"
@@ -9,14 +11,64 @@
 using hps::capi::guard;
 using hps::capi::raw_enum;
 
+namespace {
+
+// What a handle and its DLPack views share. Members go in reverse order: the engine, then
+// the compute stream it may still use while it finishes.
+struct EngineState {
+  std::shared_ptr<hps::Stream> compute_stream;
+  std::unique_ptr<hps::ShardedEngine> engine;
+};
+
+}  // namespace
+
 struct hps_engine {
-  std::unique_ptr<hps::ShardedEngine> impl;
-  hps::Device device;  // the sharding communicator's, fixed at creation
+  std::shared_ptr<EngineState> state;
+  hps::ShardedEngine* impl;  // state->engine
+  hps::Device device;        // the sharding communicator's, fixed at creation
 };
 
 namespace {
 
-constexpr size_t kOptionsMinSize = sizeof(hps_engine_options_t);
+// The defaults hps_engine_options_init sets.
+hps_engine_options_t default_options() {
+  const hps::EngineOptions d;
+  auto o = hps::capi::zeroed<hps_engine_options_t>();
+  o.stage = 2;
+  o.optimizer = HPS_OPTIMIZER_SGD;
+  o.learning_rate = d.sgd.learning_rate;
+  o.momentum = d.sgd.momentum;
+  o.weight_decay = d.sgd.weight_decay;
+  o.nesterov = 0;
+  o.beta1 = d.adamw.beta1;
+  o.beta2 = d.adamw.beta2;
+  o.epsilon = d.adamw.epsilon;
+  o.clip_max_norm = 0;
+  o.deterministic_clip = 0;
+  o.accumulation_steps = 1;
+  o.alignment_bytes = d.alignment_bytes;
+  o.prefetch_window = d.prefetch_window;
+  o.dynamic_loss_scaling = d.dynamic_loss_scaling ? 1 : 0;
+  o.initial_loss_scale = d.initial_loss_scale;
+  o.growth_factor = d.growth_factor;
+  o.backoff_factor = d.backoff_factor;
+  o.growth_interval = d.growth_interval;
+  o.compute_stream = nullptr;
+  return o;
+}
+
+// A view of engine memory, keeping the engine's state alive.
+DLManagedTensor* engine_view(const hps_engine& engine, void* data, hps::DType dtype,
+                             const std::vector<int64_t>& shape) {
+  return hps::capi::make_view(engine.state, data, dtype, shape, engine.device);
+}
+
+// The dtype and shape of registered parameter `index`.
+hps::StatusOr<const hps::ParamSpec*> param_spec(const hps_engine& engine, size_t index) {
+  const auto& params = engine.impl->plan().params();
+  if (index >= params.size()) return hps::out_of_range("no parameter " + std::to_string(index));
+  return &params[index];
+}
 constexpr uint32_t kKnownFlags =
     HPS_PARAM_FROZEN | HPS_PARAM_DISTRIBUTED | HPS_PARAM_NO_CLIP | HPS_PARAM_SHARED_NOT_FIRST;
 
@@ -26,36 +78,8 @@ extern "C" {
 
 HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size_t struct_size) {
   HPS_CHECK_ARG(options);
-  return guard(__func__, [&]() -> hps::Status {
-    if (struct_size < kOptionsMinSize) {
-      return hps::invalid_argument("struct_size " + std::to_string(struct_size) +
-                                   " is smaller than the first hps_engine_options_t (" +
-                                   std::to_string(kOptionsMinSize) + ")");
-    }
-    const hps::EngineOptions d;
-    std::memset(options, 0, sizeof(hps_engine_options_t));
-    options->struct_size = struct_size;
-    options->stage = 2;
-    options->optimizer = HPS_OPTIMIZER_SGD;
-    options->learning_rate = d.sgd.learning_rate;
-    options->momentum = d.sgd.momentum;
-    options->weight_decay = d.sgd.weight_decay;
-    options->nesterov = 0;
-    options->beta1 = d.adamw.beta1;
-    options->beta2 = d.adamw.beta2;
-    options->epsilon = d.adamw.epsilon;
-    options->clip_max_norm = 0;
-    options->deterministic_clip = 0;
-    options->accumulation_steps = 1;
-    options->alignment_bytes = d.alignment_bytes;
-    options->prefetch_window = d.prefetch_window;
-    options->dynamic_loss_scaling = d.dynamic_loss_scaling ? 1 : 0;
-    options->initial_loss_scale = d.initial_loss_scale;
-    options->growth_factor = d.growth_factor;
-    options->backoff_factor = d.backoff_factor;
-    options->growth_interval = d.growth_interval;
-    return hps::Status::Ok();
-  });
+  return guard(__func__,
+               [&] { return hps::capi::init_struct(options, struct_size, default_options()); });
 }
 
 HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
@@ -64,45 +88,56 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
   HPS_CHECK_ARG(sharding);
   HPS_CHECK_ARG(out_engine);
   return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(const hps_engine_options_t given,
+                         options != nullptr
+                             ? hps::capi::read_struct(options, default_options(), "options")
+                             : hps::StatusOr<hps_engine_options_t>(default_options()));
     hps::EngineOptions o;
-    int32_t stage = 2;
-    if (options != nullptr) {
-      if (options->struct_size < kOptionsMinSize) {
-        return hps::invalid_argument(
-            "options->struct_size is not set: call hps_engine_options_init first");
-      }
-      stage = options->stage;
-      const int32_t optimizer = raw_enum(options->optimizer);
-      if (optimizer != HPS_OPTIMIZER_SGD && optimizer != HPS_OPTIMIZER_ADAMW) {
-        return hps::invalid_argument("unknown optimizer " + std::to_string(optimizer));
-      }
-      o.optimizer = static_cast<hps::OptimizerKind>(optimizer);
-      o.sgd = {options->learning_rate, options->momentum, options->weight_decay,
-               options->nesterov != 0};
-      o.adamw = {options->learning_rate, options->beta1, options->beta2, options->epsilon,
-                 options->weight_decay};
-      o.clip_max_norm = options->clip_max_norm;
-      o.deterministic_clip = options->deterministic_clip != 0;
-      o.accumulation_steps = options->accumulation_steps;
-      o.alignment_bytes = options->alignment_bytes;
-      o.prefetch_window = options->prefetch_window;
-      o.dynamic_loss_scaling = options->dynamic_loss_scaling != 0;
-      o.initial_loss_scale = options->initial_loss_scale;
-      o.growth_factor = options->growth_factor;
-      o.backoff_factor = options->backoff_factor;
-      o.growth_interval = options->growth_interval;
+    const int32_t optimizer = raw_enum(given.optimizer);
+    if (optimizer != HPS_OPTIMIZER_SGD && optimizer != HPS_OPTIMIZER_ADAMW) {
+      return hps::invalid_argument("unknown optimizer " + std::to_string(optimizer));
     }
-    HPS_ASSIGN_OR_RETURN(
-        auto engine, hps::create_sharded_engine(stage, sharding->impl, dp ? dp->impl : nullptr, o));
-    *out_engine = new hps_engine{std::move(engine), sharding->impl->device()};
+    o.optimizer = static_cast<hps::OptimizerKind>(optimizer);
+    o.sgd = {given.learning_rate, given.momentum, given.weight_decay, given.nesterov != 0};
+    o.adamw = {given.learning_rate, given.beta1, given.beta2, given.epsilon, given.weight_decay};
+    o.clip_max_norm = given.clip_max_norm;
+    o.deterministic_clip = given.deterministic_clip != 0;
+    o.accumulation_steps = given.accumulation_steps;
+    o.alignment_bytes = given.alignment_bytes;
+    o.prefetch_window = given.prefetch_window;
+    o.dynamic_loss_scaling = given.dynamic_loss_scaling != 0;
+    o.initial_loss_scale = given.initial_loss_scale;
+    o.growth_factor = given.growth_factor;
+    o.backoff_factor = given.backoff_factor;
+    o.growth_interval = given.growth_interval;
+    auto state = std::make_shared<EngineState>();
+    const hps::Device device = sharding->impl->device();
+    if (given.compute_stream != nullptr) {
+      state->compute_stream = given.compute_stream->impl;
+      if (!(state->compute_stream->device() == device)) {
+        return hps::invalid_argument("options->compute_stream is on " +
+                                     state->compute_stream->device().to_string() +
+                                     " but the engine works on " + device.to_string() +
+                                     " (the sharding communicator's device)");
+      }
+      o.compute_stream = state->compute_stream.get();
+    }
+    HPS_ASSIGN_OR_RETURN(state->engine, hps::create_sharded_engine(given.stage, sharding->impl,
+                                                                   dp ? dp->impl : nullptr, o));
+    hps::ShardedEngine* impl = state->engine.get();
+    *out_engine = new hps_engine{std::move(state), impl, device};
     return hps::Status::Ok();
   });
 }
 
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine) {
   return guard(__func__, [&]() -> hps::Status {
+    // Views keep the engine: what it has in flight still finishes now, as documented.
+    const hps::Status finished = engine != nullptr && engine->state.use_count() > 1
+                                     ? engine->impl->synchronize()
+                                     : hps::Status::Ok();
     delete engine;
-    return hps::Status::Ok();
+    return finished;
   });
 }
 
@@ -257,6 +292,50 @@ HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** o
   *out_scale = engine->impl->loss_scale();
   *out_skipped_steps = engine->impl->skipped_steps();
   return HPS_STATUS_OK;
+}
+
+HPS_API hps_status_t hps_engine_param_dlpack(hps_engine_t* engine, size_t index,
+                                             DLManagedTensor** out_tensor) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_tensor);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(void* data, engine->impl->param_data(index));
+    HPS_ASSIGN_OR_RETURN(const hps::ParamSpec* spec, param_spec(*engine, index));
+    *out_tensor = engine_view(*engine, data, spec->dtype, spec->shape);
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_engine_grad_dlpack(hps_engine_t* engine, size_t index,
+                                            DLManagedTensor** out_tensor) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_tensor);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(void* data, engine->impl->grad_data(index));
+    HPS_ASSIGN_OR_RETURN(const hps::ParamSpec* spec, param_spec(*engine, index));
+    *out_tensor = engine_view(*engine, data, spec->dtype, spec->shape);
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManagedTensor** out_scale,
+                                                  DLManagedTensor** out_skipped_steps) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_scale);
+  HPS_CHECK_ARG(out_skipped_steps);
+  return guard(__func__, [&]() -> hps::Status {
+    // The engine only reads these; a view is writable memory by DLPack's contract, and
+    // a caller that writes them owns the consequences, as with hps_engine_loss_scale.
+    std::unique_ptr<DLManagedTensor, void (*)(DLManagedTensor*)> scale(
+        engine_view(*engine, const_cast<float*>(engine->impl->loss_scale()), hps::DType::kFloat32,
+                    {1}),
+        [](DLManagedTensor* t) { t->deleter(t); });
+    DLManagedTensor* skipped = engine_view(
+        *engine, const_cast<int64_t*>(engine->impl->skipped_steps()), hps::DType::kInt64, {1});
+    *out_skipped_steps = skipped;
+    *out_scale = scale.release();
+    return hps::Status::Ok();
+  });
 }
 
 HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds) {

@@ -10,7 +10,7 @@
 #include "core/topology/topology.h"
 
 struct hps_stream {
-  std::unique_ptr<hps::Stream> impl;
+  std::shared_ptr<hps::Stream> impl;  // shared with engines using it as compute stream
 };
 
 struct hps_event {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "capi/src/error.h"
+#include "capi/src/extensible.h"
 #include "capi/src/handles.h"
 #include "core/comm/rendezvous.h"
 
@@ -16,8 +17,6 @@ hps::StatusOr<hps::Milliseconds> to_timeout(int64_t timeout_ms) {
   }
   return hps::Milliseconds(timeout_ms);
 }
-
-constexpr size_t kRendezvousMinSize = sizeof(hps_rendezvous_info_t);
 
 void copy_text(char* out, size_t capacity, const std::string& text) {
   const size_t n = std::min(text.size(), capacity - 1);
@@ -110,36 +109,27 @@ HPS_API hps_status_t hps_store_check(hps_store_t* store, const char* key, int32_
 
 HPS_API hps_status_t hps_rendezvous_info_init(hps_rendezvous_info_t* info, size_t struct_size) {
   HPS_CHECK_ARG(info);
-  return guard(__func__, [&]() -> hps::Status {
-    if (struct_size < kRendezvousMinSize) {
-      return hps::invalid_argument("struct_size " + std::to_string(struct_size) +
-                                   " is smaller than the first hps_rendezvous_info_t (" +
-                                   std::to_string(kRendezvousMinSize) + ")");
-    }
-    std::memset(info, 0, sizeof(hps_rendezvous_info_t));
-    info->struct_size = struct_size;
-    return hps::Status::Ok();
+  return guard(__func__, [&] {
+    return hps::capi::init_struct(info, struct_size, hps::capi::zeroed<hps_rendezvous_info_t>());
   });
 }
 
 HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info) {
   HPS_CHECK_ARG(info);
   return guard(__func__, [&]() -> hps::Status {
-    if (info->struct_size < kRendezvousMinSize) {
-      return hps::invalid_argument(
-          "info->struct_size is not set: call hps_rendezvous_info_init first");
-    }
+    HPS_RETURN_IF_ERROR(hps::capi::caller_struct_size(info, "info").status());
     HPS_ASSIGN_OR_RETURN(hps::RendezvousInfo r, hps::rendezvous_from_env());
-    if (r.store_url.size() >= sizeof info->store_url) {
+    auto out = hps::capi::zeroed<hps_rendezvous_info_t>();
+    if (r.store_url.size() >= sizeof out.store_url) {
       return hps::invalid_argument("the store URL is longer than " +
-                                   std::to_string(sizeof info->store_url - 1) + " bytes");
+                                   std::to_string(sizeof out.store_url - 1) + " bytes");
     }
-    info->rank = r.rank;
-    info->world_size = r.world_size;
-    info->local_rank = r.local_rank;
-    copy_text(info->store_url, sizeof info->store_url, r.store_url);
-    copy_text(info->source, sizeof info->source, r.source);
-    return hps::Status::Ok();
+    out.rank = r.rank;
+    out.world_size = r.world_size;
+    out.local_rank = r.local_rank;
+    copy_text(out.store_url, sizeof out.store_url, r.store_url);
+    copy_text(out.source, sizeof out.source, r.source);
+    return hps::capi::write_struct(info, out, "info");
   });
 }
 

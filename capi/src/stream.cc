@@ -4,16 +4,9 @@
 #include <memory>
 
 #include "capi/src/error.h"
+#include "capi/src/handles.h"
 
 using hps::capi::guard;
-
-struct hps_stream {
-  std::unique_ptr<hps::Stream> impl;
-};
-
-struct hps_event {
-  std::unique_ptr<hps::Event> impl;
-};
 
 namespace {
 
@@ -39,8 +32,12 @@ HPS_API hps_status_t hps_stream_create(hps_device_type_t type, int32_t index,
 
 HPS_API hps_status_t hps_stream_destroy(hps_stream_t* stream) {
   return guard(__func__, [&]() -> hps::Status {
+    // An engine keeping the stream alive: the queued work still finishes now, as documented.
+    const hps::Status finished = stream != nullptr && stream->impl.use_count() > 1
+                                     ? stream->impl->synchronize()
+                                     : hps::Status::Ok();
     delete stream;
-    return hps::Status::Ok();
+    return finished;
   });
 }
 

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Packaging test: builds the .deb and .rpm packages of a configured and built hpshard
-# build tree with CPack, checks their names, dependencies and contents, unpacks them
-# into two scratch roots (dpkg-deb -x, rpm2cpio | cpio) and, in each root, builds and
-# runs an outside C program (tests/packaging/consumer) against the unpacked package
-# twice: with pkg-config and with CMake's find_package(hpshard).
+# build tree with CPack and checks their names, dependencies, maintainer scripts and
+# file lists in both layouts (Debian; Fedora/RHEL for the RPMs). Then:
+#  - the .deb packages are installed for real into a scratch root (dpkg --root, maintainer
+#    scripts run chrootless with DPKG_ROOT, no container), and every language is used
+#    from the installed files only: C (pkg-config and find_package(hpshard)), Python
+#    (byte-compiled on install), Java, Rust (an offline cargo build from the installed
+#    crates) and the tools; then they are purged and nothing may be left behind;
+#  - the .rpm packages are unpacked into another root (rpm2cpio | cpio) and the C program
+#    and the Python import run from the Fedora layout there.
 #
 # Usage: package_test.sh --build-dir DIR [--cmake CMAKE] [--cpack CPACK] [--cc CC]
 #                        [--generator GEN]
@@ -44,7 +49,7 @@ manifest="$build_dir/packaging/hps_packages.env"
 # shellcheck source=/dev/null
 source "$manifest"
 
-for tool in dpkg-deb dpkg-shlibdeps dpkg rpmbuild rpm rpm2cpio cpio pkg-config readelf "$cc_bin" "$cmake_bin" "$cpack_bin"; do
+for tool in dpkg-deb dpkg-shlibdeps dpkg rpmbuild rpm rpm2cpio cpio pkg-config readelf python3 "$cc_bin" "$cmake_bin" "$cpack_bin"; do
   command -v "$tool" >/dev/null 2>&1 || fail "required tool '$tool' not found (apt-get install dpkg-dev rpm cpio pkg-config binutils)"
 done
 
@@ -89,23 +94,36 @@ full_version="$HPS_VERSION-$HPS_PKG_RELEASE"
 deb_name() {  # component -> Debian package name
   case "$1" in
     runtime) echo "$HPS_PKG_RUNTIME" ;; dev) echo "$HPS_PKG_DEV_DEB" ;;
+    tools) echo "$HPS_PKG_TOOLS" ;;
     python) echo "$HPS_PKG_PYTHON" ;; java) echo "$HPS_PKG_JAVA" ;;
+    rust_sys) echo "$HPS_PKG_RUST_SYS_DEB" ;; rust) echo "$HPS_PKG_RUST_DEB" ;;
     *) fail "unknown component '$1'" ;;
   esac
 }
 rpm_name() {  # component -> RPM package name
   case "$1" in
     runtime) echo "$HPS_PKG_RUNTIME" ;; dev) echo "$HPS_PKG_DEV_RPM" ;;
+    tools) echo "$HPS_PKG_TOOLS" ;;
     python) echo "$HPS_PKG_PYTHON" ;; java) echo "$HPS_PKG_JAVA" ;;
+    rust_sys) echo "$HPS_PKG_RUST_SYS_RPM" ;; rust) echo "$HPS_PKG_RUST_RPM" ;;
     *) fail "unknown component '$1'" ;;
   esac
 }
-deb_file() { echo "$scratch/pkg-DEB/$(deb_name "$1")_${full_version}_${deb_arch}.deb"; }
-rpm_file() { echo "$scratch/pkg-RPM/$(rpm_name "$1")-${full_version}.${rpm_arch}.rpm"; }
+is_source_crate() { [[ "$1" == rust || "$1" == rust_sys ]]; }
+deb_file() {
+  local arch="$deb_arch"
+  if is_source_crate "$1"; then arch=all; fi
+  echo "$scratch/pkg-DEB/$(deb_name "$1")_${full_version}_${arch}.deb"
+}
+rpm_file() {
+  local arch="$rpm_arch"
+  if is_source_crate "$1"; then arch=noarch; fi
+  echo "$scratch/pkg-RPM/$(rpm_name "$1")-${full_version}.${arch}.rpm"
+}
 
 # ---- 2. the expected package files, and nothing else -----------------------------------
 read -r -a components <<<"$HPS_COMPONENTS"
-for required in runtime dev; do
+for required in runtime dev tools; do
   [[ " ${components[*]} " == *" $required "* ]] || fail "component '$required' is not packaged (CPACK_COMPONENTS_ALL='$HPS_COMPONENTS')"
 done
 log "components: ${components[*]}"
@@ -147,78 +165,133 @@ grep -qE "(^|, )$HPS_PKG_RUNTIME \(= $full_version\)" <<<"$(dpkg-deb -f "$(deb_f
   || fail "dev package does not depend on $HPS_PKG_RUNTIME (= $full_version)"
 rpm -qpR "$(rpm_file dev)" 2>/dev/null | grep -qx "$HPS_PKG_RUNTIME = $full_version" \
   || fail "dev rpm does not require $HPS_PKG_RUNTIME = $full_version"
+# hpshard.h includes <dlpack/dlpack.h>.
+grep -q "libdlpack-dev" <<<"$(dpkg-deb -f "$(deb_file dev)" Depends)" \
+  || fail "dev package does not depend on libdlpack-dev"
+rpm -qpR "$(rpm_file dev)" 2>/dev/null | grep -qx "dlpack-devel" || fail "dev rpm does not require dlpack-devel"
+grep -qE "(^|, )$HPS_PKG_RUNTIME \(= $full_version\)" <<<"$(dpkg-deb -f "$(deb_file tools)" Depends)" \
+  || fail "tools package does not depend on $HPS_PKG_RUNTIME (= $full_version)"
+# The RPM runtime refreshes the linker cache on install and removal.
+scripts="$(rpm -qp --scripts "$(rpm_file runtime)" 2>/dev/null)"
+for phase in postinstall postuninstall; do
+  grep -A3 "^$phase scriptlet" <<<"$scripts" | grep -q "/sbin/ldconfig" \
+    || fail "$(basename "$(rpm_file runtime)") has no $phase ldconfig scriptlet: $scripts"
+done
+# The Debian python package byte-compiles on install and cleans up on removal.
+if has_component python; then
+  ctl="$scratch/ctl-python"
+  dpkg-deb -e "$(deb_file python)" "$ctl"
+  grep -q "compileall" "$ctl/postinst" || fail "python3-hpshard's postinst does not byte-compile"
+  grep -q "__pycache__" "$ctl/prerm" || fail "python3-hpshard's prerm does not remove __pycache__"
+  grep -q "__pycache__" "$ctl/postrm" || fail "python3-hpshard's postrm does not remove __pycache__"
+fi
 
-# ---- 4. contents ---------------------------------------------------------------------
+# ---- 4. file lists, in both layouts --------------------------------------------------------
 prefix="${HPS_INSTALL_PREFIX%/}"
 rel() {  # install dir (relative to the prefix, or absolute) -> absolute path
   if [[ "$1" == /* ]]; then echo "$1"; else echo "$prefix/$1"; fi
 }
-libdir="$(rel "$HPS_INSTALL_LIBDIR")"
 incdir="$(rel "$HPS_INSTALL_INCLUDEDIR")"
-cmakedir="$(rel "$HPS_INSTALL_CMAKEDIR")"
-so_major="$libdir/libhpshard.so.$HPS_VERSION_MAJOR"
-so_full="$libdir/libhpshard.so.$HPS_VERSION"
-dev_files=("$incdir/hpshard/hpshard.h" "$incdir/hpshard/version.h" "$libdir/libhpshard.so"
-           "$libdir/pkgconfig/hpshard.pc" "$cmakedir/hpshardConfig.cmake"
-           "$cmakedir/hpshardConfigVersion.cmake" "$cmakedir/hpshardTargets.cmake")
+deb_libdir="$(rel "$HPS_INSTALL_LIBDIR")"
+rpm_libdir="$(rel "$HPS_RPM_LIBDIR")"
+deb_pydir="$(rel "$HPS_INSTALL_PYTHONDIR")/hpshard"
+rpm_pydir="$(rel "$HPS_RPM_PYTHONDIR")/hpshard"
+registry="$prefix/share/cargo/registry"
 
-deb_list() { dpkg-deb --fsys-tarfile "$1" | tar -t | sed 's|^\./|/|; s|/$||' | grep -v '^$' ; }
-rpm_list() { rpm -qpl "$1" 2>/dev/null; }
 deb_files() { dpkg-deb --fsys-tarfile "$1" | tar -tv | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./|/|'; }
 rpm_files() { rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$1" 2>/dev/null | awk '$1 !~ /^d/ {print $2}' | grep -v '/\.build-id/'; }
 
-for kind in deb rpm; do
-  rt="$(${kind}_file runtime)"; dv="$(${kind}_file dev)"
-  mapfile -t rt_files < <(${kind}_files "$rt")
-  # The runtime holds the versioned library, the launcher and the benchmark, nothing else.
-  launcher="$prefix/bin/hpshard-run"; bench="$prefix/bin/hpshard-bench"
-  [[ ${#rt_files[@]} -eq 4 ]] || fail "$(basename "$rt") should hold exactly $so_major, $so_full, $launcher and $bench, holds: ${rt_files[*]}"
-  for f in "${rt_files[@]}"; do
-    [[ "$f" == "$so_major" || "$f" == "$so_full" || "$f" == "$launcher" || "$f" == "$bench" ]] || fail "$(basename "$rt") holds unexpected file $f"
-  done
-  all_dev="$(${kind}_list "$dv")"
-  for f in "${dev_files[@]}"; do
-    grep -qxF "$f" <<<"$all_dev" || fail "$(basename "$dv") lacks $f; it holds: $(tr '\n' ' ' <<<"$all_dev")"
-  done
-  if grep -q "libhpshard\.so\.$HPS_VERSION_MAJOR" <<<"$all_dev"; then
-    fail "$(basename "$dv") holds the versioned library (belongs to $HPS_PKG_RUNTIME)"
-  fi
-  if has_component python; then
-    all_py="$(${kind}_list "$(${kind}_file python)")"
-    for pat in "^$prefix/lib/python3/dist-packages/hpshard/__init__\.py\$" \
-               "^$prefix/lib/python3/dist-packages/hpshard/_capi[^/]*\.so\$"; do
-      grep -qE "$pat" <<<"$all_py" || fail "$(basename "$(${kind}_file python)") has no file matching $pat"
+# expected LAYOUT COMPONENT: the package's files, one per line (a trailing * matches any
+# suffix: the Python extension's ABI tag, hpshard-bench which needs Gloo).
+expected() {
+  local layout="$1" c="$2" lib py jni
+  if [[ "$layout" == deb ]]; then lib="$deb_libdir"; py="$deb_pydir"; jni="$deb_libdir/jni"
+  else lib="$rpm_libdir"; py="$rpm_pydir"; jni="$rpm_libdir/hpshard"; fi
+  case "$c" in
+    runtime) printf '%s\n' "$lib/libhpshard.so.$HPS_VERSION_MAJOR" "$lib/libhpshard.so.$HPS_VERSION" ;;
+    dev) printf '%s\n' "$incdir/hpshard/hpshard.h" "$incdir/hpshard/version.h" "$lib/libhpshard.so" \
+           "$lib/pkgconfig/hpshard.pc" "$lib/cmake/hpshard/hpshardConfig.cmake" \
+           "$lib/cmake/hpshard/hpshardConfigVersion.cmake" "$lib/cmake/hpshard/hpshardTargets.cmake" \
+           "$lib/cmake/hpshard/hpshardTargets-*.cmake" ;;
+    tools) printf '%s\n' "$prefix/bin/hpshard-run" "$prefix/bin/hpshard-bench*" ;;
+    python) printf '%s\n' "$py/__init__.py" "$py/__init__.pyi" "$py/_errors.py" "$py/capi.py" \
+              "$py/py.typed" "$py/_capi*.so" ;;
+    java) printf '%s\n' "$prefix/share/java/hpshard.jar" "$prefix/share/java/hpshard-$HPS_VERSION.jar" \
+            "$jni/libhpshard_jni.so" ;;
+    rust_sys) local d="$registry/hpshard-sys-$HPS_VERSION"
+      printf '%s\n' "$d/Cargo.toml" "$d/.cargo-checksum.json" "$d/build.rs" "$d/src/lib.rs" \
+        "$d/src/bindings.rs" ;;
+    rust) local d="$registry/hpshard-$HPS_VERSION"
+      printf '%s\n' "$d/Cargo.toml" "$d/.cargo-checksum.json" "$d/src/*.rs" ;;
+  esac
+}
+
+# Every file of the package matches an expected entry, and every entry without * is there.
+for layout in deb rpm; do
+  for c in "${components[@]}"; do
+    f="$(${layout}_file "$c")"
+    mapfile -t have < <(${layout}_files "$f")
+    mapfile -t want < <(expected "$layout" "$c")
+    for file in "${have[@]}"; do
+      ok=0
+      for w in "${want[@]}"; do
+        # shellcheck disable=SC2053  # the expected entry is a glob pattern
+        if [[ "$file" == $w ]]; then ok=1; break; fi
+      done
+      [[ $ok == 1 ]] || fail "[$layout] $(basename "$f") holds unexpected $file (expected: ${want[*]})"
     done
-  fi
-  if has_component java; then
-    all_java="$(${kind}_list "$(${kind}_file java)")"
-    grep -qE '\.jar$' <<<"$all_java" || fail "$(basename "$(${kind}_file java)") holds no .jar"
-    grep -qE '/libhpshard_jni[^/]*\.so$' <<<"$all_java" || fail "$(basename "$(${kind}_file java)") holds no JNI library"
-  fi
-  log "$kind contents OK: runtime = ${rt_files[*]}; dev = ${#dev_files[@]} required files present"
+    for w in "${want[@]}"; do
+      [[ "$w" == *'*'* ]] && continue
+      printf '%s\n' "${have[@]}" | grep -qxF "$w" || fail "[$layout] $(basename "$f") lacks $w; holds: ${have[*]}"
+    done
+  done
+  log "[$layout] file lists OK (${components[*]})"
 done
 
-# ---- 5. unpack into scratch roots ------------------------------------------------------
-root_deb="$scratch/root-deb"
+# ---- 5. the RPMs unpacked into a root; the .debs installed into another -------------------
 root_rpm="$scratch/root-rpm"
-mkdir -p "$root_deb" "$root_rpm"
+mkdir -p "$root_rpm"
 for c in "${components[@]}"; do
-  dpkg-deb -x "$(deb_file "$c")" "$root_deb"
   (cd "$root_rpm" && rpm2cpio "$(rpm_file "$c")" | cpio -idm --quiet)
 done
 
-# ---- 6. in each root: the library, then the outside program twice -------------------------
+# dpkg --root installs into a scratch root with its own package database. The maintainer
+# scripts run chrootless (the root holds no shell or Python), with DPKG_ROOT set to the
+# root, which they honour; the root holds none of the dependencies (libc6, python3, ...),
+# the host's serve, hence --force-depends.
+root_deb="$scratch/root-deb"
+admin="$root_deb/var/lib/dpkg"
+mkdir -p "$admin/info" "$admin/updates" "$admin/triggers"
+touch "$admin/status" "$admin/available"
+dpkg_root() {
+  dpkg --root="$root_deb" --force-script-chrootless --force-depends --force-not-root \
+       --log="$scratch/dpkg.log" "$@"
+}
+deb_all=()
+for c in "${components[@]}"; do deb_all+=("$(deb_file "$c")"); done
+dpkg_root -i "${deb_all[@]}" >"$scratch/dpkg-install.log" 2>&1 \
+  || { cat "$scratch/dpkg-install.log" >&2; fail "dpkg --root -i failed"; }
+names=()
+for c in "${components[@]}"; do names+=("$(deb_name "$c")"); done
+for n in "${names[@]}"; do
+  status="$(dpkg --root="$root_deb" -s "$n" 2>/dev/null | sed -n 's/^Status: //p')"
+  [[ "$status" == "install ok installed" ]] || fail "[deb] $n is '$status' after dpkg -i"
+done
+log "[deb] installed into $root_deb: ${names[*]}"
+
+# ---- 6. in each root: the library, then the outside C program twice -----------------------
 consumer_src="$here/consumer"
 gen_args=()
 if [[ -n "$generator" ]]; then gen_args=(-G "$generator"); fi
 
 check_root() {
-  local kind="$1" root="$2"
+  local kind="$1" root="$2" libdir="$3" pydir="$4"
   local rlib="$root$libdir" work="$scratch/consumer-$kind"
+  local so_major="$libdir/libhpshard.so.$HPS_VERSION_MAJOR" so_full="$libdir/libhpshard.so.$HPS_VERSION"
   mkdir -p "$work"
   log "[$kind] root $root"
 
-  [[ -f "$root$so_full" && -L "$root$so_major" ]] || fail "[$kind] $so_full / $so_major not unpacked"
+  [[ -f "$root$so_full" && -L "$root$so_major" ]] || fail "[$kind] $so_full / $so_major not there"
   local needed
   needed="$(readelf -d "$root$so_full" | awk '/NEEDED/ {print $NF}' | tr -d '[]' | tr '\n' ' ')"
   log "[$kind] libhpshard NEEDED: $needed"
@@ -244,10 +317,16 @@ check_root() {
     || fail "[$kind] compiling the consumer with pkg-config flags failed"
   run_consumer "$kind/pkg-config" "$work/consumer-pc" "$rlib" "$root"
 
-  # (b) CMake find_package(hpshard 0.1 REQUIRED), linking hpshard::hpshard
+  # (b) CMake find_package(hpshard 0.1 REQUIRED), linking hpshard::hpshard. A Fedora
+  # CMake searches lib64 (FIND_LIBRARY_USE_LIB64_PATHS); Debian's does not unless told.
+  local lib64_args=()
+  if [[ "$libdir" == */lib64 ]]; then
+    echo 'set_property(GLOBAL PROPERTY FIND_LIBRARY_USE_LIB64_PATHS TRUE)' >"$work/lib64.cmake"
+    lib64_args=(-DCMAKE_PROJECT_INCLUDE="$work/lib64.cmake")
+  fi
   if ! "$cmake_bin" -S "$consumer_src" -B "$work/cmake-build" "${gen_args[@]}" \
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER="$cc_bin" \
-        -DCMAKE_PREFIX_PATH="$root$prefix" \
+        -DCMAKE_PREFIX_PATH="$root$prefix" "${lib64_args[@]}" \
         -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF \
         >"$work/cmake-configure.log" 2>&1; then
     cat "$work/cmake-configure.log" >&2
@@ -265,7 +344,7 @@ check_root() {
 
   # (c) the Python package imports from the root (with the Debian python3 of the binding)
   if has_component python; then
-    local py=/usr/bin/python3 site="$root$prefix/lib/python3/dist-packages" out
+    local py=/usr/bin/python3 site="$root$(dirname "$pydir")" out
     if [[ -x "$py" ]]; then
       out="$(cd "$work" && PYTHONPATH="$site" LD_LIBRARY_PATH="$rlib" PYTHONDONTWRITEBYTECODE=1 \
              "$py" -s -c 'import sys, hpshard; print(hpshard.__file__)' 2>&1)" \
@@ -286,7 +365,72 @@ run_consumer() {
   log "[$what] consumer OK ($(head -n 1 "$exe.out"))"
 }
 
-check_root deb "$root_deb"
-check_root rpm "$root_rpm"
+check_root deb "$root_deb" "$deb_libdir" "$deb_pydir"
+check_root rpm "$root_rpm" "$rpm_libdir" "$rpm_pydir"
+
+# ---- 7. every language from the installed .deb files only -----------------------------------
+rlib="$root_deb$deb_libdir"
+work="$scratch/languages"
+mkdir -p "$work"
+export LD_LIBRARY_PATH="$rlib"
+
+# Python: byte-compiled by the postinst (as root, once), then used.
+if has_component python; then
+  pyc="$(find "$root_deb$deb_pydir/__pycache__" -name '__init__.*.pyc' 2>/dev/null | head -n 1)"
+  [[ -n "$pyc" ]] || fail "[deb/python] the postinst did not byte-compile $deb_pydir"
+  out="$(cd "$work" && PYTHONPATH="$root_deb$(dirname "$deb_pydir")" /usr/bin/python3 -s \
+         "$consumer_src/consumer.py" 2>&1)" || fail "[deb/python] the consumer failed: $out"
+  [[ "$out" == *"from $root_deb$deb_pydir/__init__.py"* ]] || fail "[deb/python] hpshard came from elsewhere: $out"
+  log "[deb/python] $out (byte-compiled: $(basename "$pyc"))"
+  # A byte-compiled file of another interpreter, as an import by root would leave: the
+  # removal must take it too.
+  touch "$root_deb$deb_pydir/__pycache__/capi.cpython-399.pyc"
+fi
+
+# Java: the installed jar, the JNI library from its installed directory.
+if has_component java; then
+  command -v javac >/dev/null 2>&1 && command -v java >/dev/null 2>&1 \
+    || fail "[deb/java] no javac/java (tools/setup.sh installs a JDK)"
+  jar="$root_deb$prefix/share/java/hpshard.jar"
+  javac -d "$work/java" -cp "$jar" "$consumer_src/java/Consumer.java" \
+    || fail "[deb/java] compiling the consumer against $jar failed"
+  out="$(java -Djava.library.path="$root_deb$deb_libdir/jni" -cp "$jar:$work/java" Consumer 2>&1)" \
+    || fail "[deb/java] the consumer failed: $out"
+  log "[deb/java] $out"
+fi
+
+# Rust: an offline cargo build of the consumer from the installed crates, the way Debian
+# builds Rust: crates.io replaced by the installed registry directory.
+if has_component rust; then
+  cargo_bin="$(command -v cargo || echo "$HOME/.cargo/bin/cargo")"
+  [[ -x "$cargo_bin" ]] || fail "[deb/rust] no cargo"
+  rust_src="$work/rust"
+  cp -r "$consumer_src/rust" "$rust_src"
+  mkdir -p "$rust_src/.cargo"
+  printf '[source.crates-io]\nreplace-with = "installed"\n[source.installed]\ndirectory = "%s"\n' \
+    "$root_deb$registry" >"$rust_src/.cargo/config.toml"
+  if ! (cd "$rust_src" && HPSHARD_LIB_DIR="$rlib" CARGO_TARGET_DIR="$rust_src/target" \
+        "$cargo_bin" build --offline --quiet) >"$work/cargo.log" 2>&1; then
+    cat "$work/cargo.log" >&2
+    fail "[deb/rust] cargo build --offline of the consumer from the installed crates failed"
+  fi
+  out="$("$rust_src/target/debug/hpshard-package-consumer" 2>&1)" || fail "[deb/rust] the consumer failed: $out"
+  log "[deb/rust] $out"
+fi
+
+# The tools.
+out="$("$root_deb$prefix/bin/hpshard-run" -n 2 -- /bin/sh -c 'echo rank $HPS_RANK of $HPS_WORLD_SIZE' 2>&1)" \
+  || fail "[deb/tools] hpshard-run failed: $out"
+[[ "$out" == *"rank 1 of 2"* ]] || fail "[deb/tools] hpshard-run printed: $out"
+log "[deb/tools] hpshard-run OK"
+unset LD_LIBRARY_PATH
+
+# ---- 8. purge: nothing may be left behind --------------------------------------------------
+dpkg_root --purge "${names[@]}" >"$scratch/dpkg-purge.log" 2>&1 \
+  || { cat "$scratch/dpkg-purge.log" >&2; fail "dpkg --root --purge failed"; }
+left="$(cd "$root_deb" && find . -mindepth 1 -not -path './var/lib/dpkg*' -not -path './var/lib' \
+          -not -path './var' | sort)"
+[[ -z "$left" ]] || fail "[deb] left behind after purge: $(tr '\n' ' ' <<<"$left")"
+log "[deb] purged: nothing left in $root_deb"
 
 log "PASS in $((SECONDS - start)) s: ${components[*]} as .deb and .rpm"

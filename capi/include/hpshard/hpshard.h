@@ -11,10 +11,35 @@
  *    destroy accepts NULL.
  *  - Thread safety, unless a function says otherwise: one handle is used by one
  *    thread at a time; distinct handles may be used concurrently.
+ *
+ * ABI-extensible structs (hps_device_properties_t, hps_rendezvous_info_t and the
+ * *_options_t structs) start with `size_t struct_size` and only ever gain fields at their
+ * end. The rules, the same for every one:
+ *  - Initialise with its _init function, passing sizeof the struct as you compiled it.
+ *    Any struct_size at least the struct's size in the release that introduced it (0.1.0
+ *    for all of these) is accepted; a smaller one is INVALID_ARGUMENT.
+ *  - _init writes the defaults into min(struct_size, the library's sizeof) bytes and
+ *    records struct_size; it never writes past struct_size.
+ *  - A struct read by the library takes the caller's fields up to struct_size; fields the
+ *    caller's (older) header did not have take their defaults.
+ *  - A caller compiled against a newer header than the library's passes a larger struct:
+ *    its fields the library does not know must be zero, else the call is refused with
+ *    INVALID_ARGUMENT naming the byte. Zero the struct (= {0}) before its _init: an older
+ *    library's _init leaves the newer fields alone.
+ *  - The library fills an output struct only up to struct_size.
+ * The ABI of the first release of a major version is kept in the repository
+ * (tests/capi/abi) and checked by the test suite: within a major version (one SONAME,
+ * libhpshard.so.MAJOR) functions, enum values and struct fields are only ever added.
+ *
+ * Tensors cross the C boundary as DLPack tensors (<dlpack/dlpack.h>, DLPack 0.6): views
+ * of library memory (parameters, gradients, the clip coefficient, the loss scale) are
+ * handed out as DLManagedTensor, and collectives accept DLTensor buffers (see "DLPack
+ * tensors" below).
  */
 #ifndef HPSHARD_HPSHARD_H_
 #define HPSHARD_HPSHARD_H_
 
+#include <dlpack/dlpack.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -138,9 +163,10 @@ typedef struct hps_device_properties {
 } hps_device_properties_t;
 
 /**
- * Zero `props` and set its struct_size; pass sizeof(hps_device_properties_t) as the
- * caller knows it. Errors: INVALID_ARGUMENT for NULL or a struct_size smaller than
- * the first version of the struct. Thread safety: any thread.
+ * Zero `props` (its first min(struct_size, sizeof) bytes) and set its struct_size; pass
+ * sizeof(hps_device_properties_t) as the caller knows it (see "ABI-extensible structs").
+ * Errors: INVALID_ARGUMENT for NULL or a struct_size smaller than the first version of
+ * the struct. Thread safety: any thread.
  */
 HPS_API hps_status_t hps_device_properties_init(hps_device_properties_t* props, size_t struct_size);
 
@@ -178,7 +204,8 @@ HPS_API hps_status_t hps_stream_create(hps_device_type_t type, int32_t index,
                                        hps_stream_t** out_stream);
 
 /**
- * Finish the work queued on `stream`, then free it. NULL is a no-op returning OK.
+ * Finish the work queued on `stream`, then free it (an engine that uses it as its
+ * compute_stream keeps the stream itself alive). NULL is a no-op returning OK.
  * Thread safety: no other thread may use the stream during or after the call.
  */
 HPS_API hps_status_t hps_stream_destroy(hps_stream_t* stream);
@@ -242,6 +269,52 @@ HPS_API hps_status_t hps_event_query(hps_event_t* event, int32_t* out_completed)
  * FAILED_PRECONDITION (never recorded), BACKEND_ERROR. Thread safety: per handle.
  */
 HPS_API hps_status_t hps_event_synchronize(hps_event_t* event);
+
+/* ------------------------------------------------------------------------ */
+/* DLPack tensors                                                           */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Views of library memory come out as DLManagedTensor (hps_engine_param_dlpack,
+ * hps_engine_grad_dlpack, hps_engine_loss_scale_dlpack, hps_clip_coefficient_dlpack): the
+ * device (kDLCPU, or kDLCUDA and the device index), dtype, shape and compact row-major
+ * strides of the memory, byte_offset 0. Each holds a reference that keeps the memory of
+ * the engine (or clip) it came from alive until its deleter runs: destroying the engine's
+ * handle first is allowed, and the memory goes when the last view is released. A view is
+ * handed to another framework as DLPack says (it calls the deleter when done), or released
+ * with hps_dlpack_release. The memory is still the engine's: what the engine does to it
+ * (the all-gather after a step, the zeroing of gradients) happens to the view too, and a
+ * stage-3 parameter view is valid only until hps_engine_release_parameters of its unit
+ * (the memory then goes back to the engine's pool of full buffers; with HPS_DEBUG_VIEWS=1
+ * the engine makes released full buffers inaccessible, so a write through a stale view
+ * faults at once instead of landing in another unit's parameters).
+ *
+ * Buffers go in as DLTensor (the hps_comm_*_dlpack collectives, hps_clip_add_tensor_dlpack):
+ * compact row-major (strides NULL or matching the shape), lanes 1, one of hpshard's dtypes
+ * (float32/64/16, bfloat16, int32/64, uint8), on the operation's device (host memory --
+ * kDLCPU, kDLCUDAHost, kDLCUDAManaged -- for CPU communicators; kDLCUDA with the same index
+ * for CUDA ones); the element count is the product of the shape. Anything else is refused
+ * with INVALID_ARGUMENT and nothing is started. The caller keeps the tensor's memory valid
+ * as for the raw-pointer functions (until the work completed, or the clip is destroyed).
+ */
+
+/**
+ * The host/device policy, in one place: the host address of `tensor`'s data (data +
+ * byte_offset) into *out_data when its memory is host memory (kDLCPU, kDLCUDAHost,
+ * kDLCUDAManaged); FAILED_PRECONDITION naming the device when it is not (no host view of
+ * device memory: hand such a tensor, or its data, to that device's tools). Bindings build
+ * their host views (NumPy arrays, ByteBuffers, slices) only through it.
+ * Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_dlpack_host_data(const DLTensor* tensor, void** out_data);
+
+/**
+ * Release a DLManagedTensor: call its deleter (any producer's, not only hpshard's). NULL,
+ * or a tensor without a deleter, is a no-op returning OK. The tensor must not be used
+ * afterwards. Thread safety: any thread; the release of the last view of a destroyed
+ * engine frees the engine on the calling thread (after what it has in flight).
+ */
+HPS_API hps_status_t hps_dlpack_release(DLManagedTensor* tensor);
 
 /* ------------------------------------------------------------------------ */
 /* Host-sync counter                                                        */
@@ -332,7 +405,10 @@ typedef struct hps_rendezvous_info {
   char source[128];    /**< which variables were read ("hpshard-run", "torchrun", ...) */
 } hps_rendezvous_info_t;
 
-/** Zero `info` and set its struct_size. Errors: INVALID_ARGUMENT. */
+/**
+ * Zero `info` (its first min(struct_size, sizeof) bytes) and set its struct_size (see
+ * "ABI-extensible structs"). Errors: INVALID_ARGUMENT. Thread safety: any thread.
+ */
 HPS_API hps_status_t hps_rendezvous_info_init(hps_rendezvous_info_t* info, size_t struct_size);
 
 /**
@@ -374,7 +450,11 @@ typedef struct hps_comm_options {
   const char* name;        /**< the group's name in messages (default "world"); copied */
 } hps_comm_options_t;
 
-/** Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size. */
+/**
+ * Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size, as
+ * every _init does (see "ABI-extensible structs"). Errors: INVALID_ARGUMENT (NULL,
+ * struct_size too small, a malformed environment variable). Thread safety: any thread.
+ */
 HPS_API hps_status_t hps_comm_options_init(hps_comm_options_t* options, size_t struct_size);
 
 /**
@@ -487,6 +567,49 @@ HPS_API hps_status_t hps_comm_recv(hps_comm_t* comm, void* buffer, uint64_t coun
 
 /** Completes once every rank has reached it. */
 HPS_API hps_status_t hps_comm_barrier(hps_comm_t* comm, hps_stream_t* ready, hps_work_t** out_work);
+
+/*
+ * The same collectives over DLPack tensors (see "DLPack tensors"): the dtype and element
+ * counts come from the tensors, which must share one dtype and be on the communicator's
+ * device. Counts: all_reduce and reduce need equal element counts in send and recv;
+ * all_gather a recv of at least size x send's; reduce_scatter a send of at least size x
+ * recv's (the recv count is the slice each rank gets). Errors as the raw-pointer forms,
+ * and INVALID_ARGUMENT for a tensor they refuse (the message names it). The caller owns
+ * *out_work. Thread safety: as the raw-pointer forms.
+ */
+
+/** hps_comm_all_reduce over tensors; send may be recv. */
+HPS_API hps_status_t hps_comm_all_reduce_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                                const DLTensor* recv, hps_reduce_op_t op,
+                                                hps_stream_t* ready, hps_work_t** out_work);
+
+/** hps_comm_reduce over tensors; recv may be NULL on ranks other than root. */
+HPS_API hps_status_t hps_comm_reduce_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                            const DLTensor* recv, hps_reduce_op_t op, int32_t root,
+                                            hps_stream_t* ready, hps_work_t** out_work);
+
+/** hps_comm_broadcast over a tensor. */
+HPS_API hps_status_t hps_comm_broadcast_dlpack(hps_comm_t* comm, const DLTensor* buffer,
+                                               int32_t root, hps_stream_t* ready,
+                                               hps_work_t** out_work);
+
+/** hps_comm_all_gather over tensors. */
+HPS_API hps_status_t hps_comm_all_gather_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                                const DLTensor* recv, hps_stream_t* ready,
+                                                hps_work_t** out_work);
+
+/** hps_comm_reduce_scatter over tensors. */
+HPS_API hps_status_t hps_comm_reduce_scatter_dlpack(hps_comm_t* comm, const DLTensor* send,
+                                                    const DLTensor* recv, hps_reduce_op_t op,
+                                                    hps_stream_t* ready, hps_work_t** out_work);
+
+/** hps_comm_send of a tensor. */
+HPS_API hps_status_t hps_comm_send_dlpack(hps_comm_t* comm, const DLTensor* buffer, int32_t peer,
+                                          hps_stream_t* ready, hps_work_t** out_work);
+
+/** hps_comm_recv into a tensor. */
+HPS_API hps_status_t hps_comm_recv_dlpack(hps_comm_t* comm, const DLTensor* buffer, int32_t peer,
+                                          hps_stream_t* ready, hps_work_t** out_work);
 
 /**
  * Without blocking, *out_completed = 1 when the operation has finished, else 0; a finished
@@ -615,19 +738,23 @@ typedef struct hps_clip_options {
                               whatever the dp/sharding/mp/pp layout (default 0) */
 } hps_clip_options_t;
 
-/** Set the defaults and struct_size. */
+/**
+ * Set the defaults and struct_size (see "ABI-extensible structs"). Errors:
+ * INVALID_ARGUMENT (NULL, struct_size too small). Thread safety: any thread.
+ */
 HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t struct_size);
 
 /**
  * Create a clip over the given groups (each may be NULL: not reduced over); `options` may
- * be NULL for the defaults. The communicators must outlive the clip. Errors:
+ * be NULL for the defaults. The clip holds its own reference to the communicators: their
+ * handles may be destroyed before it. Errors:
  * INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices),
  * UNIMPLEMENTED (CUDA communicators in a build without CUDA).
  */
 HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
                                      const hps_clip_options_t* options, hps_clip_t** out_clip);
 
-/** Free `clip`; NULL is a no-op. */
+/** Free `clip`; NULL is a no-op. DLPack views of its coefficient keep its memory until released. */
 HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip);
 
 /**
@@ -659,6 +786,25 @@ HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float*
  * hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip.
  */
 HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient);
+
+/**
+ * hps_clip_add_tensor over a DLPack tensor (float32, float64, float16 or bfloat16, on the
+ * clip's device: the communicators', the CPU when there are none): the gradient's data,
+ * count and dtype come from it. Its memory must stay valid while the clip is used.
+ * Errors: as hps_clip_add_tensor, and INVALID_ARGUMENT for a tensor it refuses.
+ * Thread safety: one thread at a time per clip.
+ */
+HPS_API hps_status_t hps_clip_add_tensor_dlpack(hps_clip_t* clip, const DLTensor* gradient,
+                                                uint32_t flags);
+
+/**
+ * The latest coefficient as a DLPack view (float32, shape [1], on the clip's device) into
+ * *out_tensor, owned by the caller: it keeps the clip's memory alive until its deleter
+ * runs (hps_dlpack_release). Valid in stream order after hps_clip_run, as
+ * hps_clip_coefficient. Errors: INVALID_ARGUMENT (NULL). Thread safety: as
+ * hps_clip_coefficient.
+ */
+HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTensor** out_tensor);
 
 /* ------------------------------------------------------------------------ */
 /* Sharded training engine                                                  */
@@ -726,22 +872,42 @@ typedef struct hps_engine_options {
   float growth_factor;          /**< applied after growth_interval good steps (default 2) */
   float backoff_factor;         /**< applied on a skipped step (default 0.5) */
   int32_t growth_interval;      /**< default 2000 */
+  /* Added in 0.2.0. */
+  hps_stream_t* compute_stream; /**< the framework's compute stream, on the engine's device
+                                     (default NULL). CUDA: wait_parameters makes it wait for
+                                     the unit's all-gather, release frees the unit after the
+                                     work queued on it, grad_ready without a ready stream
+                                     orders the reduction after it; NULL is the CUDA legacy
+                                     default stream. CPU engines take NULL (the framework
+                                     computes on the calling thread, which orders the
+                                     engine's work by its calls) or a CPU stream, which is
+                                     checked and kept alive but not otherwise used. The
+                                     engine keeps the stream alive while it lives. */
 } hps_engine_options_t;
 
-/** Set the defaults and struct_size. */
+/**
+ * Set the defaults and struct_size (see "ABI-extensible structs"). Errors:
+ * INVALID_ARGUMENT (NULL, struct_size too small). Thread safety: any thread.
+ */
 HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size_t struct_size);
 
 /**
  * Create an engine sharding over `sharding` (required) with an optional `dp` group above
- * it; `options` may be NULL. The communicators must outlive the engine. The caller owns
- * *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators with stage 2 or
- * dynamic loss scaling).
+ * it; `options` may be NULL. The engine holds its own reference to the communicators (and
+ * to options->compute_stream): their handles may be destroyed before it. The caller owns
+ * *out_engine. Errors: INVALID_ARGUMENT (also a compute_stream on another device, or an
+ * options struct refused by the ABI-extensible rules), UNIMPLEMENTED (CUDA communicators
+ * with stage 2 or dynamic loss scaling).
  */
 HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
                                        const hps_engine_options_t* options,
                                        hps_engine_t** out_engine);
 
-/** Finish what is in flight, then free `engine`; NULL is a no-op. */
+/**
+ * Finish what is in flight, then free `engine`; NULL is a no-op. DLPack views handed out
+ * by it keep its memory (and the engine's state) until they are released; the handle is
+ * gone at once. Thread safety: no other thread may use the handle.
+ */
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
 
 /**
@@ -856,6 +1022,36 @@ HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, 
  */
 HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** out_scale,
                                            const int64_t** out_skipped_steps);
+
+/**
+ * Parameter `index`'s view as a DLPack tensor into *out_tensor (the parameter's dtype and
+ * shape, on hps_engine_device's device), owned by the caller: it keeps the engine's memory
+ * alive until its deleter runs (hps_dlpack_release), also past hps_engine_destroy. The
+ * same memory as hps_engine_param, under the same rules: stage 3 hands it out only while
+ * the unit is gathered (FAILED_PRECONDITION otherwise), and it is valid until the unit's
+ * hps_engine_release_parameters. Errors: as hps_engine_param.
+ * Thread safety: one thread at a time per engine; the view itself may go to any thread.
+ */
+HPS_API hps_status_t hps_engine_param_dlpack(hps_engine_t* engine, size_t index,
+                                             DLManagedTensor** out_tensor);
+
+/**
+ * Gradient `index`'s view as a DLPack tensor into *out_tensor, owned by the caller, under
+ * the rules of hps_engine_param_dlpack. Errors: as hps_engine_grad.
+ * Thread safety: as hps_engine_param_dlpack.
+ */
+HPS_API hps_status_t hps_engine_grad_dlpack(hps_engine_t* engine, size_t index,
+                                            DLManagedTensor** out_tensor);
+
+/**
+ * The loss scale (float32, shape [1]) and the skipped-step count (int64, shape [1]) of
+ * hps_engine_loss_scale as DLPack views on the engine's device, into *out_scale and
+ * *out_skipped_steps, both owned by the caller and keeping the engine's memory alive until
+ * their deleters run. Read them under hps_engine_loss_scale's rule. Errors:
+ * INVALID_ARGUMENT (NULL). Thread safety: as hps_engine_param_dlpack.
+ */
+HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManagedTensor** out_scale,
+                                                  DLManagedTensor** out_skipped_steps);
 
 /** Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds. */
 HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds);

@@ -259,10 +259,10 @@ def test_bad_input_is_refused_with_nothing_sent():
                 comm.all_reduce(send, recv, ready="stream")
             # the low-level wrapper refuses counts that do not fit the buffers
             with pytest.raises(ValueError):
-                capi.hps_comm_all_reduce(comm._h(), send, recv, 9, capi.HPS_DTYPE_FLOAT32,
-                                         capi.HPS_REDUCE_SUM, None)
+                comm._h().all_reduce(send, recv, 9, capi.HPS_DTYPE_FLOAT32,
+                                     capi.HPS_REDUCE_SUM, None)
             with pytest.raises(ValueError):
-                capi.hps_comm_recv(comm._h(), b"read-only", 1, capi.HPS_DTYPE_UINT8, 0, None)
+                comm._h().recv(b"read-only", 1, capi.HPS_DTYPE_UINT8, 0, None)
             # nothing was sent: the next collective matches on every rank
             mine = np.array([r], dtype=np.int64)
             total = np.zeros(1, dtype=np.int64)
@@ -478,20 +478,20 @@ def test_rendezvous_from_env(monkeypatch):
     with pytest.raises(hpshard.Error) as err:
         hpshard.rendezvous_from_env()
     assert err.value.status in (INVALID_ARGUMENT, OUT_OF_RANGE)
-    assert hpshard.rendezvous_info_struct_size() == capi.HPS_SWIG_RENDEZVOUS_STRUCT_SIZE
+    assert hpshard.rendezvous_info_struct_size() == capi.rendezvous_struct_size()
     assert status_of(lambda: hpshard.rendezvous_info_struct_size(3)) == INVALID_ARGUMENT
 
 
 def test_comm_options_struct():
-    o = capi.hps_comm_options_init(capi.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE)
-    assert o.struct_size == capi.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE
+    o = capi.comm_options_init(capi.comm_options_struct_size())
+    assert o.struct_size == capi.comm_options_struct_size()
     assert o.timeout_ms > 0 and o.check_arguments in (0, 1)
     o.name = "x" * 1000
     assert o.name == "x" * 1000
     o.name = None
     assert o.name is None
     with pytest.raises(hpshard.Error):
-        capi.hps_comm_options_init(3)
+        capi.comm_options_init(3)
 
 
 # ---- topology --------------------------------------------------------------------------
@@ -569,20 +569,22 @@ def expected_transport(size):
     return "shm"
 
 
-def test_capi_device_and_transport_null_handles():
-    assert status_of(lambda: capi.hps_comm_device(None)) == INVALID_ARGUMENT
-    assert status_of(lambda: capi.hps_comm_transport(None)) == INVALID_ARGUMENT
+def test_capi_comm_null_handle_arguments():
+    # A handle argument that is None reaches the library as NULL and is refused.
+    assert status_of(lambda: capi.CommHandle.create(None, 0, 1, capi.HPS_DEVICE_CPU, 0,
+                                                    None)) == INVALID_ARGUMENT
+    assert "store is NULL" in hpshard.last_error_message()
 
 
 def test_device_and_transport_of_cpu_communicators():
     def rank(r, url):
         store, comm = world(r, url, size=2)
         with store, comm:
-            kind, index = capi.hps_comm_device(comm._h())
+            kind, index = comm._h().device()
             assert (kind, index) == (capi.HPS_DEVICE_CPU, 0)
             assert comm.device == (hpshard.DeviceType.CPU, 0)
             assert isinstance(comm.device[0], hpshard.DeviceType)
-            assert comm.transport == capi.hps_comm_transport(comm._h()) == expected_transport(2)
+            assert comm.transport == comm._h().transport() == expected_transport(2)
             return comm.transport
 
     assert run_ranks(2, rank, "device") == [expected_transport(2)] * 2

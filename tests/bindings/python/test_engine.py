@@ -2,6 +2,7 @@
 hpshard.Clip / hpshard.Engine (and the capi functions under them). Ranks are threads meeting
 through a memory:// store; every multi-rank test is bounded by thread join timeouts."""
 
+import ctypes
 import gc
 import math
 import threading
@@ -66,45 +67,42 @@ def status_of(call):
 
 
 # ---- clip: the low-level layer -------------------------------------------------------------
-def test_capi_clip_options_and_null_handles():
-    o = capi.hps_clip_options_init(capi.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE)
-    assert o.struct_size == capi.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE
+def test_capi_clip_options():
+    o = capi.clip_options_init(capi.clip_options_struct_size())
+    assert o.struct_size == capi.clip_options_struct_size()
     assert o.max_norm == 1.0 and o.deterministic == 0
-    assert status_of(lambda: capi.hps_clip_options_init(3)) == INVALID_ARGUMENT
-    assert ClipOptions.struct_size() == capi.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE
+    assert status_of(lambda: capi.clip_options_init(3)) == INVALID_ARGUMENT
+    assert ClipOptions.struct_size() == capi.clip_options_struct_size()
     assert ClipOptions.defaults() == ClipOptions(max_norm=1.0, deterministic=False)
-    assert capi.hps_clip_destroy(None) is None
-    assert status_of(lambda: capi.hps_clip_seal(None)) == INVALID_ARGUMENT
-    assert status_of(lambda: capi.hps_clip_coefficient(None)) == INVALID_ARGUMENT
+    o.max_norm = 0.0
+    assert status_of(lambda: capi.ClipHandle.create(None, None, None, o)) == INVALID_ARGUMENT
     assert capi.HPS_CLIP_DISTRIBUTED == 1 and capi.HPS_CLIP_NO_CLIP == 2
     assert capi.HPS_CLIP_SHARED_NOT_FIRST == 4
     assert not hasattr(capi, "HPS_CLIP_FLAG_FORCE32")
 
 
 def test_capi_clip_round_trip_and_buffer_checks():
-    clip = capi.hps_clip_create(None, None, None, None)  # default options
-    s = capi.hps_stream_create(capi.HPS_DEVICE_CPU, 0)
-    try:
-        g = np.array([3.0, 4.0], dtype=np.float32)
-        with pytest.raises(ValueError):  # 3 float32 do not fit in 2
-            capi.hps_clip_add_tensor(clip, g, 3, capi.HPS_DTYPE_FLOAT32, 0)
-        with pytest.raises(ValueError):  # read-only
-            capi.hps_clip_add_tensor(clip, bytes(8), 2, capi.HPS_DTYPE_FLOAT32, 0)
-        assert status_of(lambda: capi.hps_clip_add_tensor(
-            clip, None, 2, capi.HPS_DTYPE_FLOAT32, 0)) == INVALID_ARGUMENT
-        capi.hps_clip_add_tensor(clip, g, 2, capi.HPS_DTYPE_FLOAT32, 0)
-        capi.hps_clip_seal(clip)
-        with pytest.raises(ValueError):  # no room for one float32
-            capi.hps_clip_run(clip, s, bytearray(2), 1)
-        norm = np.zeros(1, dtype=np.float32)
-        capi.hps_clip_run(clip, s, norm, 1)
-        capi.hps_stream_synchronize(s)
-        assert abs(norm[0] - 5.0) < 1e-6
-        address = capi.hps_clip_coefficient(clip)
-        assert isinstance(address, int) and address != 0
-    finally:
-        capi.hps_stream_destroy(s)
-        capi.hps_clip_destroy(clip)
+    clip = capi.ClipHandle.create(None, None, None, None)  # default options
+    s = capi.StreamHandle.create(capi.HPS_DEVICE_CPU, 0)
+    g = np.array([3.0, 4.0], dtype=np.float32)
+    with pytest.raises(ValueError):  # 3 float32 do not fit in 2
+        clip.add_tensor(g, 3, capi.HPS_DTYPE_FLOAT32, 0)
+    with pytest.raises(ValueError):  # read-only
+        clip.add_tensor(bytes(8), 2, capi.HPS_DTYPE_FLOAT32, 0)
+    assert status_of(lambda: clip.add_tensor(None, 2, capi.HPS_DTYPE_FLOAT32, 0)) \
+        == INVALID_ARGUMENT
+    clip.add_tensor(g, 2, capi.HPS_DTYPE_FLOAT32, 0)
+    clip.seal()
+    with pytest.raises(ValueError):  # no room for one float32
+        clip.run(s, bytearray(2), 1)
+    norm = np.zeros(1, dtype=np.float32)
+    clip.run(s, norm, 1)
+    s.synchronize()
+    assert abs(norm[0] - 5.0) < 1e-6
+    address = clip.coefficient()
+    assert isinstance(address, int) and address != 0
+    view = clip.coefficient_dlpack()  # a "dltensor" capsule
+    assert capi.dlpack_host_data(view) == address
 
 
 # ---- clip: one rank ----------------------------------------------------------------------
@@ -134,15 +132,9 @@ def test_clip_single_rank():
         assert c.shape == (1,) and c.dtype == np.float32 and not c.flags.writeable
         assert abs(c[0] - coef) < 1e-6
         assert clip.coefficient_address == c.ctypes.data
-        # A clip over CUDA communicators keeps the coefficient on the device: no host view
-        # (marked here; the memory is host memory, so only the guard can fail this).
-        clip._device = (hpshard.DeviceType.CUDA, 0)
-        with pytest.raises(hpshard.FailedPreconditionError) as info:
-            clip.coefficient()
-        assert "cuda:0" in info.value.message and "coefficient_address" in info.value.message
-        assert "the clip's memory" in info.value.message
-        assert clip.coefficient_address == c.ctypes.data  # the address stays available
-        clip._device = (hpshard.DeviceType.CPU, 0)
+        t = clip.coefficient_tensor()
+        assert t.__dlpack_device__() == (1, 0) and t.shape == (1,)
+        assert np.from_dlpack(t)[0] == c[0]
         # scale=False: the norm only (of the already scaled gradients), nothing scaled
         before = grads.copy()
         clip.run(stream, norm, scale=False)
@@ -228,27 +220,24 @@ def test_clip_mp_ranks_with_different_flags():
 
 # ---- engine: the low-level layer ---------------------------------------------------------
 def test_capi_engine_options_and_null_handles():
-    o = capi.hps_engine_options_init(capi.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE)
-    assert o.struct_size == capi.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE
+    o = capi.engine_options_init(capi.engine_options_struct_size())
+    assert o.struct_size == capi.engine_options_struct_size()
     assert o.stage == 2 and o.optimizer == capi.HPS_OPTIMIZER_SGD
     assert o.accumulation_steps == 1 and o.alignment_bytes > 0
     assert abs(o.learning_rate - 0.01) < 1e-7 and abs(o.beta2 - 0.999) < 1e-7
     o.momentum = 0.5
     assert o.momentum == 0.5
-    assert status_of(lambda: capi.hps_engine_options_init(3)) == INVALID_ARGUMENT
-    assert EngineOptions.struct_size() == capi.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE
+    assert status_of(lambda: capi.engine_options_init(3)) == INVALID_ARGUMENT
+    assert EngineOptions.struct_size() == capi.engine_options_struct_size()
+    # An older caller's struct_size (0.1.0's, before compute_stream) is accepted.
+    assert EngineOptions.struct_size(96) == 96
+    assert not o.has_compute_stream()
     d = EngineOptions.defaults()
     assert d.stage == 2 and d.optimizer == Optimizer.SGD and d.accumulation_steps == 1
     assert d.prefetch_window == o.prefetch_window >= 1
-    assert capi.hps_engine_destroy(None) is None
-    assert status_of(lambda: capi.hps_engine_create(None, None, None)) == INVALID_ARGUMENT
-    for call in (lambda: capi.hps_engine_seal(None),
-                 lambda: capi.hps_engine_step(None),
-                 lambda: capi.hps_engine_param(None, 0),
-                 lambda: capi.hps_engine_resident_bytes(None),
-                 lambda: capi.hps_engine_shard_range(None, 0)):
-        assert status_of(call) == INVALID_ARGUMENT
-    count, ns = capi.hps_dependency_wait_stats()
+    assert status_of(lambda: capi.EngineHandle.create(None, None, None)) == INVALID_ARGUMENT
+    assert "sharding is NULL" in hpshard.last_error_message()
+    count, ns = capi.dependency_wait_stats()
     assert count >= 0 and ns >= 0
     assert hpshard.dependency_wait_stats()[0] >= count
     assert (capi.HPS_PARAM_FROZEN, capi.HPS_PARAM_DISTRIBUTED, capi.HPS_PARAM_NO_CLIP,
@@ -430,8 +419,7 @@ def test_engine_two_ranks_gather_parameter():
                 assert status_of(lambda: engine.gather_parameter(3)) == OUT_OF_RANGE
                 # The low-level call refuses a buffer too small for count.
                 with pytest.raises(ValueError):
-                    capi.hps_engine_gather_parameter(engine._h(), w,
-                                                     np.empty(2, np.float32), 5)
+                    engine._h().gather_parameter(w, np.empty(2, np.float32), 5)
                 return got
 
     for r, got in enumerate(run_ranks(2, rank, "engine-gather")):
@@ -568,9 +556,81 @@ def test_engine_half_precision_views_have_their_dtype():
             assert int(engine.param(b)[1, 1]) == 0x3F80
 
 
-# ---- the engine's device and the host-view guard --------------------------------------------
-def test_capi_engine_device_null_handle():
-    assert status_of(lambda: capi.hps_engine_device(None)) == INVALID_ARGUMENT
+# ---- the engine's device and the host/device policy -------------------------------------
+class _FakeDLPack:
+    """A DLPack tensor of another framework, built by hand (ctypes): any device type, over
+    host memory it owns, so no GPU is needed to show where the library draws the line."""
+
+    class Device(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+    class DataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class Tensor(ctypes.Structure):
+        pass
+
+    Tensor._fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int),
+                       ("dtype", DataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                       ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64),
+                       ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+    def __init__(self, device_type, device_id=0, n=2):
+        self.data = (ctypes.c_float * n)()
+        self.shape = (ctypes.c_int64 * 1)(n)
+        self.t = self.Tensor()
+        self.t.data = ctypes.addressof(self.data)
+        self.t.device = self.Device(device_type, device_id)
+        self.t.ndim = 1
+        self.t.dtype = self.DataType(2, 32, 1)  # float32
+        self.t.shape = self.shape
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+        return new(ctypes.addressof(self.t), b"dltensor", None)
+
+    def __dlpack_device__(self):
+        return (self.t.device.device_type, self.t.device.device_id)
+
+
+def test_host_device_policy_is_the_c_layers():
+    # hps_dlpack_host_data decides, once: host memory has a host view, device memory none.
+    cpu = _FakeDLPack(1)
+    assert capi.dlpack_host_data(cpu.__dlpack__()) == ctypes.addressof(cpu.data)
+    for fake, name in ((_FakeDLPack(2, 1), "cuda:1"), (_FakeDLPack(7), "dlpack-device-type-7:0")):
+        with pytest.raises(hpshard.FailedPreconditionError) as info:
+            capi.dlpack_host_data(fake.__dlpack__())
+        assert info.value.status == FAILED_PRECONDITION
+        assert name in info.value.message and "not the host" in info.value.message
+
+
+def test_engine_views_refused_off_the_cpu():
+    # A CUDA engine cannot be created without a GPU: a view whose export hands out a CUDA
+    # tensor shows that the binding's host views ask the library's policy (the memory is
+    # host memory here, so nothing would crash without it: a missing check fails the test).
+    store, comm = world(0, f"memory://py-engine-guard-{uuid.uuid4().hex}", size=1)
+    with store, comm, Engine.create(comm, dynamic_loss_scaling=True) as engine:
+        w = engine.add_param("w", (2,))
+        engine.seal()
+        assert engine.param(w).shape == (2,)  # on the CPU: views
+        assert engine.loss_scale == 65536.0 and engine.skipped_steps == 0
+        fake = _FakeDLPack(2, 0)
+        view = hpshard.Tensor(engine, lambda h: fake.__dlpack__(), (2,), DType.FLOAT32,
+                              "Engine.param(0)")
+        with pytest.raises(hpshard.FailedPreconditionError) as info:
+            view.numpy()
+        assert "cuda:0" in info.value.message and "Engine.param(0)" in info.value.message
+        # A collective refuses a tensor that is not on the communicator's device.
+        with pytest.raises(hpshard.InvalidArgumentError) as info:
+            comm.all_reduce(fake, _FakeDLPack(2, 0))
+        assert "on cuda:0 but the operation runs on cpu:0" in info.value.message
+        # The addresses stay available.
+        assert engine.param_address(w) == engine._h().param(w) != 0
+        assert engine.grad_address(w) == engine._h().grad(w) != 0
+        scale, skipped = engine.loss_scale_addresses
+        assert scale != 0 and skipped != 0
 
 
 def test_engine_device_is_the_sharding_communicators():
@@ -578,44 +638,7 @@ def test_engine_device_is_the_sharding_communicators():
         store, comm = world(r, url)
         with store, comm, Engine.create(comm) as engine:
             assert engine.device == comm.device == (hpshard.DeviceType.CPU, 0)
-            assert tuple(capi.hps_engine_device(engine._h())) == (capi.HPS_DEVICE_CPU, 0)
+            assert tuple(engine._h().device()) == (capi.HPS_DEVICE_CPU, 0)
             return engine.device
 
     assert run_ranks(2, rank, "engine-device") == [(hpshard.DeviceType.CPU, 0)] * 2
-
-
-def test_host_memory_guard_decision():
-    # CPU engines get host views; every other device is refused with a message naming the
-    # device and the address accessor (no GPU is needed to decide).
-    hpshard._require_host_memory((hpshard.DeviceType.CPU, 0), "Engine.param", "x")
-    for device, name in (((hpshard.DeviceType.CUDA, 1), "cuda:1"), ((7, 0), "device-type-7:0")):
-        with pytest.raises(hpshard.FailedPreconditionError) as info:
-            hpshard._require_host_memory(device, "Engine.param", "Engine.param_address")
-        assert info.value.status == FAILED_PRECONDITION
-        assert name in info.value.message and "Engine.param_address" in info.value.message
-
-
-def test_engine_views_refused_off_the_cpu():
-    # A CUDA engine cannot be created without a GPU: a CPU engine marked as being on CUDA
-    # shows that every host view and reader consults the device first (the memory is host
-    # memory here, so nothing would crash without the guard: a missing guard fails the test).
-    store, comm = world(0, f"memory://py-engine-guard-{uuid.uuid4().hex}", size=1)
-    with store, comm, Engine.create(comm, dynamic_loss_scaling=True) as engine:
-        w = engine.add_param("w", (2,))
-        engine.seal()
-        assert engine.param(w).shape == (2,)  # on the CPU: views
-        assert engine.loss_scale == 65536.0 and engine.skipped_steps == 0
-        engine._device = (hpshard.DeviceType.CUDA, 0)
-        for call, accessor in ((lambda: engine.param(w), "param_address"),
-                               (lambda: engine.grad(w), "grad_address"),
-                               (lambda: engine.loss_scale, "loss_scale_addresses"),
-                               (lambda: engine.skipped_steps, "loss_scale_addresses")):
-            with pytest.raises(hpshard.FailedPreconditionError) as info:
-                call()
-            assert "cuda:0" in info.value.message and accessor in info.value.message
-        # The addresses stay available.
-        assert engine.param_address(w) == capi.hps_engine_param(engine._h(), w) != 0
-        assert engine.grad_address(w) == capi.hps_engine_grad(engine._h(), w) != 0
-        scale, skipped = engine.loss_scale_addresses
-        assert scale != 0 and skipped != 0
-        engine._device = (hpshard.DeviceType.CPU, 0)

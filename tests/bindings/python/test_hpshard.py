@@ -124,7 +124,7 @@ def test_device_properties_bad_input():
 
 
 def test_properties_struct_size():
-    assert hpshard.properties_struct_size() == hpshard.capi.HPS_SWIG_PROPERTIES_STRUCT_SIZE
+    assert hpshard.properties_struct_size() == hpshard.capi.properties_struct_size()
     with raises_status(INVALID_ARGUMENT):
         hpshard.properties_struct_size(3)
 

@@ -1,15 +1,10 @@
 package org.hpshard;
 
-import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Objects;
+import org.hpshard.internal.ClipHandle;
+import org.hpshard.internal.CommHandle;
 import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.HpshardNativeConstants;
-import org.hpshard.internal.SWIGTYPE_p_hps_clip;
-import org.hpshard.internal.SWIGTYPE_p_hps_comm;
 import org.hpshard.internal.hps_clip_flag_t;
 import org.hpshard.internal.hps_clip_options_t;
 
@@ -19,51 +14,19 @@ import org.hpshard.internal.hps_clip_options_t;
  * coef = maxNorm / (max(norm, maxNorm) + 1e-6) scales every clipped gradient.
  *
  * <p>Gradients are DIRECT ByteBuffers in native byte order, registered from their position
- * to their limit; the clip keeps them reachable while it lives (the library writes them on
- * every {@link #run}). It keeps its communicators reachable too, and closing one of them
- * closes the clip first. {@link #close()} destroys it exactly once. One thread at a time.
+ * to their limit, or DLPack {@link Tensor}s (an engine's gradient views); the clip keeps them
+ * reachable while it lives (the library writes them on every {@link #run}). It keeps its
+ * communicators reachable too, and closing one of them closes the clip first. {@link
+ * #close()} destroys it exactly once. One thread at a time.
  */
-public final class Clip implements AutoCloseable {
+public final class Clip extends Handle<ClipHandle> {
   /** hps_clip_flag_t bits, for {@link #addTensor(ByteBuffer, DType, long)}. */
   public static final int DISTRIBUTED = hps_clip_flag_t.HPS_CLIP_DISTRIBUTED;
   public static final int NO_CLIP = hps_clip_flag_t.HPS_CLIP_NO_CLIP;
   public static final int SHARED_NOT_FIRST = hps_clip_flag_t.HPS_CLIP_SHARED_NOT_FIRST;
 
-  private static final class State implements Runnable {
-    private SWIGTYPE_p_hps_clip handle;
-    private final List<Object> keep = new ArrayList<>();
-    private final List<Communicator> comms = new ArrayList<>();
-
-    State(SWIGTYPE_p_hps_clip handle) {
-      this.handle = handle;
-    }
-
-    @Override
-    public void run() {
-      SWIGTYPE_p_hps_clip h;
-      List<Communicator> cs;
-      synchronized (this) {
-        h = handle;
-        handle = null;
-        cs = new ArrayList<>(comms);
-        comms.clear();
-      }
-      try {
-        if (h != null) HpshardNative.hps_clip_destroy(h);
-      } finally {
-        synchronized (this) {
-          keep.clear();
-        }
-        for (Communicator c : cs) c.forget(this);
-      }
-    }
-  }
-
-  private final State state;
-  private final Cleaner.Cleanable cleanable;
   private final double maxNorm;
   private final boolean deterministic;
-  private volatile Device device; // the communicators' (CPU without any)
 
   /** A clip over no group (one rank) with max_norm {@code maxNorm}. */
   public Clip(double maxNorm) {
@@ -76,45 +39,31 @@ public final class Clip implements AutoCloseable {
    */
   public Clip(Communicator sharding, Communicator mp, Communicator pp, double maxNorm,
       boolean deterministic) {
-    hps_clip_options_t opts =
-        HpshardNative.hps_clip_options_init(HpshardNativeConstants.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE);
-    SWIGTYPE_p_hps_clip h;
+    super(create(sharding, mp, pp, maxNorm, deterministic), ClipHandle::delete, "clip");
+    this.maxNorm = maxNorm;
+    this.deterministic = deterministic;
+    for (Communicator c : new Communicator[] {sharding, mp, pp}) dependOn(c);
+  }
+
+  private static ClipHandle create(Communicator sharding, Communicator mp, Communicator pp,
+      double maxNorm, boolean deterministic) {
+    hps_clip_options_t opts = HpshardNative.clipOptionsInit(HpshardNative.clipOptionsStructSize());
     try {
       opts.setMax_norm(maxNorm);
       opts.setDeterministic(deterministic ? 1 : 0);
-      h = HpshardNative.hps_clip_create(handle(sharding), handle(mp), handle(pp), opts);
+      return ClipHandle.create(handle(sharding), handle(mp), handle(pp), opts);
     } finally {
       opts.delete();
     }
-    this.state = new State(h);
-    this.cleanable = Stream.CLEANER.register(this, state);
-    this.maxNorm = maxNorm;
-    this.deterministic = deterministic;
-    Device first = null;
-    for (Communicator c : new Communicator[] {sharding, mp, pp}) {
-      if (c != null) {
-        state.comms.add(c);
-        c.remember(state);
-        if (first == null) first = c.device();
-      }
-    }
-    // hps_clip_create refuses communicators on different devices; none: the CPU.
-    this.device = first != null ? first : new Device(DeviceType.CPU, 0);
   }
 
-  /** Tests only: pretend the clip's memory is on {@code device}. */
-  void setDeviceForTest(Device device) {
-    this.device = Objects.requireNonNull(device, "device");
-  }
-
-  private static SWIGTYPE_p_hps_comm handle(Communicator c) {
-    return c == null ? null : c.handle();
+  private static CommHandle handle(Communicator c) {
+    return c == null ? null : c.h();
   }
 
   /** The library's default max_norm (hps_clip_options_init). */
   public static double defaultMaxNorm() {
-    hps_clip_options_t o =
-        HpshardNative.hps_clip_options_init(HpshardNativeConstants.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE);
+    hps_clip_options_t o = HpshardNative.clipOptionsInit(HpshardNative.clipOptionsStructSize());
     try {
       return o.getMax_norm();
     } finally {
@@ -127,7 +76,7 @@ public final class Clip implements AutoCloseable {
    * the first version of the struct throw INVALID_ARGUMENT.
    */
   public static long optionsStructSize(long structSize) {
-    hps_clip_options_t o = HpshardNative.hps_clip_options_init(structSize);
+    hps_clip_options_t o = HpshardNative.clipOptionsInit(structSize);
     try {
       return o.getStruct_size();
     } finally {
@@ -141,19 +90,6 @@ public final class Clip implements AutoCloseable {
 
   public boolean deterministic() {
     return deterministic;
-  }
-
-  public boolean isClosed() {
-    synchronized (state) {
-      return state.handle == null;
-    }
-  }
-
-  SWIGTYPE_p_hps_clip handle() {
-    synchronized (state) {
-      if (state.handle == null) throw new IllegalStateException("hpshard clip is closed");
-      return state.handle;
-    }
   }
 
   /** {@link #addTensor(ByteBuffer, DType, boolean, boolean, boolean)}: clipped, replicated. */
@@ -189,9 +125,20 @@ public final class Clip implements AutoCloseable {
           + " bytes, no whole number of " + dtype.name() + " elements");
     }
     synchronized (state) {
-      HpshardNative.hps_clip_add_tensor(handle(), slice, slice.remaining() / size, dtype.code(),
-          flags);
-      state.keep.add(slice);
+      h().addTensor(slice, slice.remaining() / size, dtype.code(), flags);
+      keep(slice);
+    }
+  }
+
+  /**
+   * Registers a gradient given as a DLPack {@link Tensor} (dtype, count and device from it,
+   * checked by the library) with raw hps_clip_flag_t bits; the clip keeps it reachable.
+   */
+  public void addTensor(Tensor grad, long flags) {
+    Objects.requireNonNull(grad, "grad");
+    synchronized (state) {
+      h().addTensorDlpack(grad.h(), flags);
+      keep(grad);
     }
   }
 
@@ -200,7 +147,7 @@ public final class Clip implements AutoCloseable {
    * when mp ranks registered different flags.
    */
   public void seal() {
-    HpshardNative.hps_clip_seal(handle());
+    h().seal();
   }
 
   /** {@link #run(Stream, ByteBuffer, boolean)} without the norm, scaling. */
@@ -226,31 +173,32 @@ public final class Clip implements AutoCloseable {
         throw new IllegalArgumentException("Clip.run: normOut holds no float32");
       }
     }
-    HpshardNative.hps_clip_run(handle(), stream.handle(), out, scale ? 1 : 0);
-    stream.keepUntilSynchronized(out);
+    h().run(stream.h(), out, scale ? 1 : 0);
+    stream.keep(out);
   }
 
   /** The address of the latest coefficient (owned by the clip; valid after run, in stream order). */
   public long coefficientAddress() {
-    return HpshardNative.hps_clip_coefficient(handle());
+    return h().coefficient();
   }
 
   /**
-   * A read-only 4-byte direct ByteBuffer (native order) over the latest coefficient (CPU
-   * clips only: a clip over CUDA communicators keeps it in device memory, and this throws
-   * HpsException FAILED_PRECONDITION; use {@link #coefficientAddress}); read it after
-   * synchronizing the stream of {@link #run}. It is INVALID after the clip is closed.
+   * The latest coefficient as a DLPack {@link Tensor} (float32, shape {1}, on the clip's
+   * device; hps_clip_coefficient_dlpack): it keeps the clip's memory alive.
    */
-  public ByteBuffer coefficient() {
-    Engine.requireHostMemory(device, "Clip.coefficient", "coefficientAddress()", "the clip's");
-    return HpshardNative.hps_swig_direct_buffer(coefficientAddress(), 4)
-        .order(ByteOrder.nativeOrder()).asReadOnlyBuffer().order(ByteOrder.nativeOrder());
+  public Tensor coefficientTensor() {
+    return new Tensor(h().coefficientDlpack(), this, "Clip.coefficient");
   }
 
-  /** Destroys the clip (and lets go of its gradients); nothing when already closed. */
-  @Override
-  public void close() {
-    cleanable.clean();
+  /**
+   * A read-only 4-byte direct ByteBuffer (native order) over the latest coefficient; read it
+   * after synchronizing the stream of {@link #run}. It keeps the clip's memory alive. A clip
+   * over CUDA communicators keeps the coefficient in device memory: the library refuses the
+   * host view (HpsException FAILED_PRECONDITION; see {@link #coefficientTensor}).
+   */
+  public ByteBuffer coefficient() {
+    return coefficientTensor().byteBuffer().asReadOnlyBuffer()
+        .order(java.nio.ByteOrder.nativeOrder());
   }
 
   @Override

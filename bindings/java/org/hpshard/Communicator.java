@@ -1,14 +1,11 @@
 package org.hpshard;
 
-import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Objects;
+import org.hpshard.internal.CommHandle;
 import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.HpshardNativeConstants;
-import org.hpshard.internal.SWIGTYPE_p_hps_comm;
-import org.hpshard.internal.SWIGTYPE_p_hps_stream;
+import org.hpshard.internal.StreamHandle;
+import org.hpshard.internal.WorkHandle;
 import org.hpshard.internal.hps_comm_options_t;
 
 /**
@@ -17,12 +14,14 @@ import org.hpshard.internal.hps_comm_options_t;
  *
  * <p>Data are DIRECT ByteBuffers ({@link ByteBuffer#allocateDirect}) in native byte order,
  * read from their position to their limit; the element count is the bytes remaining divided
- * by the dtype's size. Outputs must be writable. Every collective returns a {@link Work}
- * that keeps the buffers reachable: do not touch them before it has been awaited. One thread
- * at a time per communicator, except {@link #abort()} (any thread). {@link #close()}
- * destroys it exactly once (after its queued operations end).
+ * by the dtype's size. Outputs must be writable. Each collective also takes DLPack
+ * {@link Tensor}s (an engine's views): dtype, count and device come from them, checked by
+ * the library. Every collective returns a {@link Work} that keeps the buffers reachable: do
+ * not touch them before it has been awaited. One thread at a time per communicator, except
+ * {@link #abort()} (any thread). {@link #close()} destroys it exactly once (hybrid groups,
+ * clips and engines over it first; after its queued operations end).
  */
-public final class Communicator implements AutoCloseable {
+public final class Communicator extends Handle<CommHandle> {
   /** Communicator options; unset ones keep the library's defaults. */
   public static final class Options {
     private Long timeoutMs;
@@ -48,39 +47,10 @@ public final class Communicator implements AutoCloseable {
     }
   }
 
-  private static final class State implements Runnable {
-    private SWIGTYPE_p_hps_comm handle;
-    // Hybrid groups, clips and engines over this communicator: closed before it.
-    private final List<Runnable> groups = new ArrayList<>();
-
-    State(SWIGTYPE_p_hps_comm handle) {
-      this.handle = handle;
-    }
-
-    @Override
-    public void run() {
-      List<Runnable> dependents;
-      synchronized (this) {
-        dependents = new ArrayList<>(groups);
-        groups.clear();
-      }
-      for (Runnable g : dependents) g.run(); // hybrid groups, clips, engines over it first
-      SWIGTYPE_p_hps_comm h;
-      synchronized (this) {
-        h = handle;
-        handle = null;
-      }
-      if (h != null) HpshardNative.hps_comm_destroy(h);
-    }
-  }
-
-  private final State state;
-  private final Cleaner.Cleanable cleanable;
   private final String name;
 
-  Communicator(SWIGTYPE_p_hps_comm handle, String name) {
-    this.state = new State(handle);
-    this.cleanable = Stream.CLEANER.register(this, state);
+  Communicator(CommHandle handle, String name) {
+    super(handle, CommHandle::delete, "communicator");
     this.name = name;
   }
 
@@ -105,29 +75,16 @@ public final class Communicator implements AutoCloseable {
     hps_comm_options_t opts = null;
     try {
       if (options != null) {
-        opts = HpshardNative.hps_comm_options_init(
-            HpshardNativeConstants.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE);
+        opts = HpshardNative.commOptionsInit(HpshardNative.commOptionsStructSize());
         if (options.timeoutMs != null) opts.setTimeout_ms(options.timeoutMs);
         if (options.checkArguments != null) opts.setCheck_arguments(options.checkArguments ? 1 : 0);
         if (options.name != null) opts.setName(options.name);
       }
       return new Communicator(
-          HpshardNative.hps_comm_create(store.handle(), rank, size, type.code(), deviceIndex, opts),
+          CommHandle.create(store.h(), rank, size, type.code(), deviceIndex, opts),
           options == null ? null : options.name);
     } finally {
       if (opts != null) opts.delete();
-    }
-  }
-
-  void remember(Runnable group) {
-    synchronized (state) {
-      state.groups.add(group);
-    }
-  }
-
-  void forget(Runnable group) {
-    synchronized (state) {
-      state.groups.remove(group);
     }
   }
 
@@ -136,27 +93,14 @@ public final class Communicator implements AutoCloseable {
     return name;
   }
 
-  public boolean isClosed() {
-    synchronized (state) {
-      return state.handle == null;
-    }
-  }
-
-  SWIGTYPE_p_hps_comm handle() {
-    synchronized (state) {
-      if (state.handle == null) throw new IllegalStateException("hpshard communicator is closed");
-      return state.handle;
-    }
-  }
-
   /** This rank's position in the communicator. */
   public int rank() {
-    return HpshardNative.hps_comm_rank(handle());
+    return h().rank();
   }
 
   /** The number of ranks. */
   public int size() {
-    return HpshardNative.hps_comm_size(handle());
+    return h().size();
   }
 
   /**
@@ -164,7 +108,7 @@ public final class Communicator implements AutoCloseable {
    * communicator take device memory, not ByteBuffers of host memory.
    */
   public Device device() {
-    return Device.fromNative(HpshardNative.hps_comm_device(handle()));
+    return Device.fromNative(h().device());
   }
 
   /**
@@ -172,20 +116,19 @@ public final class Communicator implements AutoCloseable {
    * (Gloo TCP; also a group of one, or HPS_COMM_SHM=0) or "nccl".
    */
   public String transport() {
-    return HpshardNative.hps_comm_transport(handle());
+    return h().transport();
   }
 
   /** From any thread: pending and later operations end with ABORTED. */
   public void abort() {
     synchronized (state) { // not concurrently with close()
-      if (state.handle == null) throw new IllegalStateException("hpshard communicator is closed");
-      HpshardNative.hps_comm_abort(state.handle);
+      h().abort();
     }
   }
 
   /** Changes the timeout of later operations; INVALID_ARGUMENT when <= 0. */
   public void setTimeout(long timeoutMs) {
-    HpshardNative.hps_comm_set_timeout(handle(), timeoutMs);
+    h().setTimeout(timeoutMs);
   }
 
   /**
@@ -194,7 +137,7 @@ public final class Communicator implements AutoCloseable {
    */
   public Communicator split(int[] ranks, String name) {
     Objects.requireNonNull(ranks, "ranks");
-    SWIGTYPE_p_hps_comm h = HpshardNative.hps_comm_split(handle(), ranks, name);
+    CommHandle h = h().split(ranks, name);
     return h == null ? null : new Communicator(h, name);
   }
 
@@ -221,15 +164,18 @@ public final class Communicator implements AutoCloseable {
     return slice.remaining() / size;
   }
 
-  private static SWIGTYPE_p_hps_stream ready(Stream ready) {
-    return ready == null ? null : ready.handle();
+  private static StreamHandle ready(Stream ready) {
+    return ready == null ? null : ready.h();
   }
 
-  private static Work work(org.hpshard.internal.SWIGTYPE_p_hps_work h, Stream ready,
-      ByteBuffer... buffers) {
+  private static Work work(WorkHandle h, Stream ready, Object... buffers) {
     Work w = new Work(h, buffers);
     w.keep(ready);
     return w;
+  }
+
+  private static org.hpshard.internal.TensorHandle t(Tensor t, String what) {
+    return Objects.requireNonNull(t, what).h();
   }
 
   private static void sameCount(long a, long b, String op) {
@@ -253,7 +199,7 @@ public final class Communicator implements AutoCloseable {
     ByteBuffer r = data(recv, "allReduce", "recv", true);
     long n = count(s, dtype, "allReduce", "send");
     sameCount(n, count(r, dtype, "allReduce", "recv"), "allReduce");
-    return work(HpshardNative.hps_comm_all_reduce(handle(), s, r, n, dtype.code(), op.code(),
+    return work(h().allReduce(s, r, n, dtype.code(), op.code(),
         ready(ready)), ready, s, r);
   }
 
@@ -273,7 +219,7 @@ public final class Communicator implements AutoCloseable {
       r = data(recv, "reduce", "recv", true);
       sameCount(n, count(r, dtype, "reduce", "recv"), "reduce");
     }
-    return work(HpshardNative.hps_comm_reduce(handle(), s, r, n, dtype.code(), op.code(), root,
+    return work(h().reduce(s, r, n, dtype.code(), op.code(), root,
         ready(ready)), ready, s, r);
   }
 
@@ -286,7 +232,7 @@ public final class Communicator implements AutoCloseable {
     Objects.requireNonNull(dtype, "dtype");
     ByteBuffer b = data(buffer, "broadcast", "buffer", true);
     long n = count(b, dtype, "broadcast", "buffer");
-    return work(HpshardNative.hps_comm_broadcast(handle(), b, n, dtype.code(), root,
+    return work(h().broadcast(b, n, dtype.code(), root,
         ready(ready)), ready, b);
   }
 
@@ -302,7 +248,7 @@ public final class Communicator implements AutoCloseable {
     Objects.requireNonNull(dtype, "dtype");
     ByteBuffer s = data(send, "allGather", "send", false);
     ByteBuffer r = data(recv, "allGather", "recv", true);
-    return work(HpshardNative.hps_comm_all_gather(handle(), s, count(s, dtype, "allGather",
+    return work(h().allGather(s, count(s, dtype, "allGather",
         "send"), r, count(r, dtype, "allGather", "recv"), dtype.code(), ready(ready)), ready, s, r);
   }
 
@@ -317,7 +263,7 @@ public final class Communicator implements AutoCloseable {
     Objects.requireNonNull(op, "op");
     ByteBuffer s = data(send, "reduceScatter", "send", false);
     ByteBuffer r = data(recv, "reduceScatter", "recv", true);
-    return work(HpshardNative.hps_comm_reduce_scatter(handle(), s, count(s, dtype,
+    return work(h().reduceScatter(s, count(s, dtype,
         "reduceScatter", "send"), r, count(r, dtype, "reduceScatter", "recv"), dtype.code(),
         op.code(), ready(ready)), ready, s, r);
   }
@@ -330,7 +276,7 @@ public final class Communicator implements AutoCloseable {
   public Work send(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
     Objects.requireNonNull(dtype, "dtype");
     ByteBuffer b = data(buffer, "send", "buffer", false);
-    return work(HpshardNative.hps_comm_send(handle(), b, count(b, dtype, "send", "buffer"),
+    return work(h().send(b, count(b, dtype, "send", "buffer"),
         dtype.code(), peer, ready(ready)), ready, b);
   }
 
@@ -342,7 +288,7 @@ public final class Communicator implements AutoCloseable {
   public Work recv(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
     Objects.requireNonNull(dtype, "dtype");
     ByteBuffer b = data(buffer, "recv", "buffer", true);
-    return work(HpshardNative.hps_comm_recv(handle(), b, count(b, dtype, "recv", "buffer"),
+    return work(h().recv(b, count(b, dtype, "recv", "buffer"),
         dtype.code(), peer, ready(ready)), ready, b);
   }
 
@@ -352,16 +298,47 @@ public final class Communicator implements AutoCloseable {
   }
 
   public Work barrier(Stream ready) {
-    return work(HpshardNative.hps_comm_barrier(handle(), ready(ready)), ready);
+    return work(h().barrier(ready(ready)), ready);
   }
 
-  /**
-   * Destroys the communicator (hybrid groups, clips and engines over it first); nothing when
-   * closed.
-   */
-  @Override
-  public void close() {
-    cleanable.clean();
+  // ---- collectives over DLPack tensors -------------------------------------------------------
+  /** allReduce over tensors (dtype and counts from them; send may be recv). */
+  public Work allReduce(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
+    return work(h().allReduceDlpack(t(send, "send"), t(recv, "recv"),
+        Objects.requireNonNull(op, "op").code(), ready(ready)), ready, send, recv);
+  }
+
+  /** reduce over tensors ({@code recv} may be null on other ranks than root). */
+  public Work reduce(Tensor send, Tensor recv, ReduceOp op, int root, Stream ready) {
+    return work(h().reduceDlpack(t(send, "send"), recv == null ? null : recv.h(),
+        Objects.requireNonNull(op, "op").code(), root, ready(ready)), ready, send, recv);
+  }
+
+  /** broadcast of a tensor. */
+  public Work broadcast(Tensor buffer, int root, Stream ready) {
+    return work(h().broadcastDlpack(t(buffer, "buffer"), root, ready(ready)), ready, buffer);
+  }
+
+  /** allGather over tensors (recv needs size x send elements). */
+  public Work allGather(Tensor send, Tensor recv, Stream ready) {
+    return work(h().allGatherDlpack(t(send, "send"), t(recv, "recv"), ready(ready)), ready,
+        send, recv);
+  }
+
+  /** reduceScatter over tensors (send needs size x recv elements). */
+  public Work reduceScatter(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
+    return work(h().reduceScatterDlpack(t(send, "send"), t(recv, "recv"),
+        Objects.requireNonNull(op, "op").code(), ready(ready)), ready, send, recv);
+  }
+
+  /** send of a tensor to {@code peer}. */
+  public Work send(Tensor buffer, int peer, Stream ready) {
+    return work(h().sendDlpack(t(buffer, "buffer"), peer, ready(ready)), ready, buffer);
+  }
+
+  /** recv into a tensor from {@code peer}. */
+  public Work recv(Tensor buffer, int peer, Stream ready) {
+    return work(h().recvDlpack(t(buffer, "buffer"), peer, ready(ready)), ready, buffer);
   }
 
   @Override

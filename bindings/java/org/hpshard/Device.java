@@ -12,9 +12,9 @@ public record Device(DeviceType type, int index) {
     return type == DeviceType.CPU;
   }
 
-  /** From the int[] {type, index} the native layer returns. */
-  static Device fromNative(int[] typeAndIndex) {
-    return new Device(DeviceType.fromCode(typeAndIndex[0]), typeAndIndex[1]);
+  /** From the {type, index} pair the native layer returns. */
+  static Device fromNative(long[] typeAndIndex) {
+    return new Device(DeviceType.fromCode((int) typeAndIndex[0]), (int) typeAndIndex[1]);
   }
 
   /** "cpu:0", "cuda:1" (the library's spelling). */

@@ -1,17 +1,14 @@
 package org.hpshard;
 
-import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
+import org.hpshard.internal.EngineHandle;
 import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.HpshardNativeConstants;
-import org.hpshard.internal.SWIGTYPE_p_hps_engine;
 import org.hpshard.internal.hps_engine_options_t;
 import org.hpshard.internal.hps_param_flag_t;
-import org.hpshard.internal.hps_status_t;
 
 /**
  * ZeRO-style sharded data parallelism (hps_engine_t) for a framework that keeps its own
@@ -19,19 +16,21 @@ import org.hpshard.internal.hps_status_t;
  * the {@link #param} views, add gradients into the {@link #grad} views, check each in with
  * {@link #gradReady}, then {@link #step()}.
  *
- * <p>{@link #param} and {@link #grad} return DIRECT ByteBuffers in native byte order OVER the
- * engine's memory (float32 elements; no copy) on an engine whose {@link #device()} is the CPU;
- * on another device (CUDA) they, {@link #lossScale()} and {@link #skippedSteps()} throw
- * HpsException FAILED_PRECONDITION, and {@link #paramAddress}, {@link #gradAddress} and
- * {@link #lossScaleAddresses()} give the device addresses instead. They are INVALID once the
- * engine is closed:
- * using one afterwards reads or writes freed memory. With stage 3 a parameter buffer is valid
- * only between {@link #waitParameters} and {@link #releaseParameters} of its unit. The engine
- * keeps its communicators reachable, and closing one of them closes the engine first.
- * {@link #close()} finishes what is in flight and destroys it exactly once. One thread at a
- * time per engine.
+ * <p>{@link #paramTensor} and {@link #gradTensor} are DLPack views ({@link Tensor}) of the
+ * engine's memory, on its {@link #device()}; {@link #param} and {@link #grad} return DIRECT
+ * ByteBuffers in native byte order OVER that memory (the parameter's dtype; no copy). The
+ * library refuses host views of device memory (CUDA): they, {@link #lossScale()} and
+ * {@link #skippedSteps()} then throw HpsException FAILED_PRECONDITION, and
+ * {@link #paramAddress}, {@link #gradAddress} and {@link #lossScaleAddresses()} give the
+ * device addresses. A view keeps the engine's memory alive: a buffer taken before
+ * {@link #close()} stays valid memory (no longer updated), and a {@link Tensor} of a closed
+ * engine refuses to be used. With stage 3 a parameter view is valid only between
+ * {@link #waitParameters} and {@link #releaseParameters} of its unit (HPS_DEBUG_VIEWS=1 makes
+ * a write after the release fault). The engine keeps its communicators reachable, and
+ * closing one of them closes the engine first. {@link #close()} finishes what is in flight
+ * and destroys it exactly once. One thread at a time per engine.
  */
-public final class Engine implements AutoCloseable {
+public final class Engine extends Handle<EngineHandle> {
   /** hps_param_flag_t bits, for {@link #addParam(String, long[], DType, long, int)}. */
   public static final int FROZEN = hps_param_flag_t.HPS_PARAM_FROZEN;
   public static final int DISTRIBUTED = hps_param_flag_t.HPS_PARAM_DISTRIBUTED;
@@ -59,6 +58,7 @@ public final class Engine implements AutoCloseable {
     private Float growthFactor;
     private Float backoffFactor;
     private Integer growthInterval;
+    private Stream computeStream;
 
     /** 2 (default) or 3. */
     public Options stage(int stage) {
@@ -164,6 +164,15 @@ public final class Engine implements AutoCloseable {
       return this;
     }
 
+    /**
+     * The framework's compute stream, on the engine's device (default none: the calling
+     * thread on CPU, the legacy default stream on CUDA); the engine keeps it alive.
+     */
+    public Options computeStream(Stream computeStream) {
+      this.computeStream = computeStream;
+      return this;
+    }
+
     void applyTo(hps_engine_options_t o) {
       if (stage != null) o.setStage(stage);
       if (optimizer != null) o.setOptimizer(optimizer.code());
@@ -184,58 +193,19 @@ public final class Engine implements AutoCloseable {
       if (growthFactor != null) o.setGrowth_factor(growthFactor);
       if (backoffFactor != null) o.setBackoff_factor(backoffFactor);
       if (growthInterval != null) o.setGrowth_interval(growthInterval);
+      if (computeStream != null) o.setComputeStream(computeStream.h());
     }
   }
 
-  private static final class State implements Runnable {
-    private SWIGTYPE_p_hps_engine handle;
-    private final List<Object> keep = new ArrayList<>(); // ready streams until synchronize
-    private final List<Communicator> comms = new ArrayList<>();
-
-    State(SWIGTYPE_p_hps_engine handle) {
-      this.handle = handle;
-    }
-
-    @Override
-    public void run() {
-      SWIGTYPE_p_hps_engine h;
-      List<Communicator> cs;
-      synchronized (this) {
-        h = handle;
-        handle = null;
-        cs = new ArrayList<>(comms);
-        comms.clear();
-      }
-      try {
-        if (h != null) HpshardNative.hps_engine_destroy(h); // finishes what is in flight
-      } finally {
-        synchronized (this) {
-          keep.clear();
-        }
-        for (Communicator c : cs) c.forget(this);
-      }
-    }
-  }
-
-  private final State state;
-  private final Cleaner.Cleanable cleanable;
   private final List<long[]> shapes = new ArrayList<>();
-  private final List<Integer> elementBytes = new ArrayList<>();
   private final List<String> names = new ArrayList<>();
-  // Fixed at creation: the views are host memory only on a CPU engine. Not final so the
-  // package's tests can show the guard without a GPU.
-  private Device device;
+  private final Device device; // fixed at creation
 
-  private Engine(SWIGTYPE_p_hps_engine handle, Communicator sharding, Communicator dp) {
-    this.state = new State(handle);
-    this.cleanable = Stream.CLEANER.register(this, state);
-    this.device = Device.fromNative(HpshardNative.hps_engine_device(handle));
-    for (Communicator c : new Communicator[] {sharding, dp}) {
-      if (c != null) {
-        state.comms.add(c);
-        c.remember(state);
-      }
-    }
+  private Engine(EngineHandle handle, Communicator sharding, Communicator dp) {
+    super(handle, EngineHandle::delete, "engine");
+    this.device = Device.fromNative(handle.device());
+    dependOn(sharding);
+    dependOn(dp);
   }
 
   /** An engine over {@code sharding} with the library's default options. */
@@ -249,12 +219,12 @@ public final class Engine implements AutoCloseable {
    */
   public static Engine create(Communicator sharding, Communicator dp, Options options) {
     Objects.requireNonNull(sharding, "sharding");
-    hps_engine_options_t opts = HpshardNative.hps_engine_options_init(
-        HpshardNativeConstants.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE);
+    hps_engine_options_t opts =
+        HpshardNative.engineOptionsInit(HpshardNative.engineOptionsStructSize());
     try {
       if (options != null) options.applyTo(opts);
-      return new Engine(HpshardNative.hps_engine_create(sharding.handle(),
-          dp == null ? null : dp.handle(), opts), sharding, dp);
+      return new Engine(EngineHandle.create(sharding.h(), dp == null ? null : dp.h(), opts),
+          sharding, dp);
     } finally {
       opts.delete();
     }
@@ -265,7 +235,7 @@ public final class Engine implements AutoCloseable {
    * the first version of the struct throw INVALID_ARGUMENT.
    */
   public static long optionsStructSize(long structSize) {
-    hps_engine_options_t o = HpshardNative.hps_engine_options_init(structSize);
+    hps_engine_options_t o = HpshardNative.engineOptionsInit(structSize);
     try {
       return o.getStruct_size();
     } finally {
@@ -275,25 +245,12 @@ public final class Engine implements AutoCloseable {
 
   /** The library's default learning rate (hps_engine_options_init). */
   public static float defaultLearningRate() {
-    hps_engine_options_t o = HpshardNative.hps_engine_options_init(
-        HpshardNativeConstants.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE);
+    hps_engine_options_t o =
+        HpshardNative.engineOptionsInit(HpshardNative.engineOptionsStructSize());
     try {
       return o.getLearning_rate();
     } finally {
       o.delete();
-    }
-  }
-
-  public boolean isClosed() {
-    synchronized (state) {
-      return state.handle == null;
-    }
-  }
-
-  SWIGTYPE_p_hps_engine handle() {
-    synchronized (state) {
-      if (state.handle == null) throw new IllegalStateException("hpshard engine is closed");
-      return state.handle;
     }
   }
 
@@ -320,16 +277,13 @@ public final class Engine implements AutoCloseable {
     Objects.requireNonNull(dtype, "dtype");
     long[] copy = shape.clone();
     synchronized (state) {
-      int index = (int) HpshardNative.hps_engine_add_param(handle(), name, copy, dtype.code(),
-          flags, unit);
+      int index = (int) h().addParam(name, copy, dtype.code(), flags, unit);
       while (shapes.size() <= index) {
         shapes.add(new long[0]);
         names.add("");
-        elementBytes.add(4);
       }
       shapes.set(index, copy);
       names.set(index, name);
-      elementBytes.set(index, (int) Hpshard.dtypeSize(dtype));
       return index;
     }
   }
@@ -376,12 +330,12 @@ public final class Engine implements AutoCloseable {
    * sharding and dp groups: ranks that registered different parameters get INVALID_ARGUMENT.
    */
   public void seal() {
-    HpshardNative.hps_engine_seal(handle());
+    h().seal();
   }
 
   /** Collective: every rank's parameters become its groups' source rank's (set-up only). */
   public void broadcastParameters() {
-    HpshardNative.hps_engine_broadcast_parameters(handle());
+    h().broadcastParameters();
   }
 
   /**
@@ -393,57 +347,34 @@ public final class Engine implements AutoCloseable {
     return device;
   }
 
-  /** For the package's tests: the guard's decision without a GPU. */
-  void setDeviceForTest(Device device) {
-    this.device = Objects.requireNonNull(device, "device");
-  }
-
   /**
-   * Refuses a host view of memory on {@code device} unless it is the CPU: a ByteBuffer over a
-   * CUDA device pointer would read device memory on the host.
+   * Parameter {@code index} as a DLPack view (hps_engine_param_dlpack; the parameter's dtype
+   * and shape, on {@link #device()}). Stage 3: only while its unit is gathered.
    */
-  static void requireHostMemory(Device device, String what, String raw) {
-    requireHostMemory(device, what, raw, "the engine's");
+  public Tensor paramTensor(int index) {
+    return new Tensor(h().paramDlpack(index), this, "Engine.param(" + index + ")");
   }
 
-  /** The same for memory that {@code owner} (e.g. "the clip's") keeps. */
-  static void requireHostMemory(Device device, String what, String raw, String owner) {
-    if (!device.isHost()) {
-      throw new HpsException(hps_status_t.HPS_STATUS_FAILED_PRECONDITION, what
-          + ": " + owner + " memory is on " + device + ", not the host; it has no host view "
-          + "there. Use " + raw + " (a device address) with that device's tools");
-    }
-  }
-
-  private ByteBuffer view(long address, int index) {
-    long element;
-    synchronized (state) {
-      element = elementBytes.get(index);
-    }
-    long bytes = numel(index) * element;  // float32: 4; float16 / bfloat16 bit patterns: 2
-    if (bytes > Integer.MAX_VALUE) {
-      throw new UnsupportedOperationException("parameter " + index + " exceeds 2 GiB");
-    }
-    return HpshardNative.hps_swig_direct_buffer(address, bytes).order(ByteOrder.nativeOrder());
+  /** Parameter {@code index}'s gradient as a DLPack view (hps_engine_grad_dlpack). */
+  public Tensor gradTensor(int index) {
+    return new Tensor(h().gradDlpack(index), this, "Engine.grad(" + index + ")");
   }
 
   /**
-   * The parameter's float32 elements: a direct ByteBuffer (native order) OVER the engine's
-   * memory, invalid once the engine is closed.
+   * The parameter's elements: a direct ByteBuffer (native order) OVER the engine's memory;
+   * it keeps that memory alive. FAILED_PRECONDITION off the host (see {@link #paramAddress}).
    */
   public ByteBuffer param(int index) {
-    requireHostMemory(device, "Engine.param", "Engine.paramAddress");
-    return view(HpshardNative.hps_engine_param(handle(), index), index);
+    return paramTensor(index).byteBuffer();
   }
 
   /**
-   * The gradient's float32 elements (zero at every step's start; backward adds into it): a
-   * direct ByteBuffer (native order) OVER the engine's memory, invalid once the engine is
-   * closed. FAILED_PRECONDITION (frozen, not sealed).
+   * The gradient's elements (zero at every step's start; backward adds into it): a direct
+   * ByteBuffer (native order) OVER the engine's memory; it keeps that memory alive.
+   * FAILED_PRECONDITION (frozen, not sealed, off the host).
    */
   public ByteBuffer grad(int index) {
-    requireHostMemory(device, "Engine.grad", "Engine.gradAddress");
-    return view(HpshardNative.hps_engine_grad(handle(), index), index);
+    return gradTensor(index).byteBuffer();
   }
 
   /**
@@ -452,7 +383,7 @@ public final class Engine implements AutoCloseable {
    * Valid as the view is.
    */
   public long paramAddress(int index) {
-    return HpshardNative.hps_engine_param(handle(), index);
+    return h().param(index);
   }
 
   /**
@@ -460,7 +391,7 @@ public final class Engine implements AutoCloseable {
    * {@link #device()}; see {@link #paramAddress}.
    */
   public long gradAddress(int index) {
-    return HpshardNative.hps_engine_grad(handle(), index);
+    return h().grad(index);
   }
 
   /**
@@ -468,7 +399,7 @@ public final class Engine implements AutoCloseable {
    * parameters (a dependency wait, not a host sync). NOT_FOUND (no such unit).
    */
   public void waitParameters(int unit) {
-    HpshardNative.hps_engine_wait_parameters(handle(), unit);
+    h().waitParameters(unit);
   }
 
   /**
@@ -476,7 +407,7 @@ public final class Engine implements AutoCloseable {
    * stage 2 does nothing. NOT_FOUND, FAILED_PRECONDITION.
    */
   public void releaseParameters(int unit) {
-    HpshardNative.hps_engine_release_parameters(handle(), unit);
+    h().releaseParameters(unit);
   }
 
   /** Parameter {@code index}'s gradient, written by this thread, is complete. */
@@ -491,8 +422,8 @@ public final class Engine implements AutoCloseable {
    */
   public void gradReady(int index, Stream ready) {
     synchronized (state) {
-      HpshardNative.hps_engine_grad_ready(handle(), index, ready == null ? null : ready.handle());
-      if (ready != null) state.keep.add(ready);
+      h().gradReady(index, ready == null ? null : ready.h());
+      keep(ready);
     }
   }
 
@@ -501,15 +432,13 @@ public final class Engine implements AutoCloseable {
    * FAILED_PRECONDITION (a gradient has not checked in).
    */
   public void step() {
-    HpshardNative.hps_engine_step(handle());
+    h().step();
   }
 
   /** Blocks until everything in flight has finished (one host sync). */
   public void synchronize() {
-    HpshardNative.hps_engine_synchronize(handle());
-    synchronized (state) {
-      state.keep.clear();
-    }
+    h().synchronize();
+    releaseKept();
   }
 
   /**
@@ -530,7 +459,7 @@ public final class Engine implements AutoCloseable {
     }
     ByteBuffer out = ByteBuffer.allocateDirect((int) Math.max(4, count * 4))
         .order(ByteOrder.nativeOrder());
-    HpshardNative.hps_engine_gather_parameter(handle(), index, out, count);
+    h().gatherParameter(index, out, count);
     float[] values = new float[(int) count];
     out.asFloatBuffer().get(values);
     return values;
@@ -538,12 +467,12 @@ public final class Engine implements AutoCloseable {
 
   /** Bytes this rank holds: parameters, gradients and optimizer state. */
   public long residentBytes() {
-    return HpshardNative.hps_engine_resident_bytes(handle());
+    return h().residentBytes();
   }
 
   /** {begin, end}: the element offsets of parameter {@code index} this rank's shard holds. */
   public long[] shardRange(int index) {
-    return HpshardNative.hps_engine_shard_range(handle(), index);
+    return h().shardRange(index);
   }
 
   /**
@@ -552,10 +481,9 @@ public final class Engine implements AutoCloseable {
    * {@link #waitParameters}, when the last update has landed.
    */
   public float lossScale() {
-    requireHostMemory(device, "Engine.lossScale", "Engine.lossScaleAddresses");
-    long address = HpshardNative.hps_engine_loss_scale(handle())[0];
-    return HpshardNative.hps_swig_direct_buffer(address, 4).order(ByteOrder.nativeOrder())
-        .getFloat(0);
+    try (Tensor t = lossScaleTensor()) {
+      return t.byteBuffer().getFloat(0);
+    }
   }
 
   /**
@@ -563,10 +491,19 @@ public final class Engine implements AutoCloseable {
    * {@link #lossScale()}.
    */
   public long skippedSteps() {
-    requireHostMemory(device, "Engine.skippedSteps", "Engine.lossScaleAddresses");
-    long address = HpshardNative.hps_engine_loss_scale(handle())[1];
-    return HpshardNative.hps_swig_direct_buffer(address, 8).order(ByteOrder.nativeOrder())
-        .getLong(0);
+    try (Tensor t = skippedStepsTensor()) {
+      return t.byteBuffer().getLong(0);
+    }
+  }
+
+  /** The loss scale as a DLPack view (float32, shape {1}; hps_engine_loss_scale_dlpack). */
+  public Tensor lossScaleTensor() {
+    return new Tensor(h().lossScaleDlpack(), this, "Engine.lossScale");
+  }
+
+  /** The skipped-step count as a DLPack view (int64, shape {1}). */
+  public Tensor skippedStepsTensor() {
+    return new Tensor(h().skippedStepsDlpack(), this, "Engine.skippedSteps");
   }
 
   /**
@@ -575,18 +512,12 @@ public final class Engine implements AutoCloseable {
    * is closed, read under the rule of {@link #lossScale()}.
    */
   public long[] lossScaleAddresses() {
-    return HpshardNative.hps_engine_loss_scale(handle());
+    return h().lossScale();
   }
 
   /** {count, nanoseconds}: dependency waits so far (process-wide) and the time blocked. */
   public static long[] dependencyWaitStats() {
-    return HpshardNative.hps_dependency_wait_stats();
-  }
-
-  /** Finishes what is in flight and destroys the engine; nothing when already closed. */
-  @Override
-  public void close() {
-    cleanable.clean();
+    return HpshardNative.dependencyWaitStats();
   }
 
   @Override

@@ -1,35 +1,10 @@
 package org.hpshard;
 
-import java.lang.ref.Cleaner;
 import java.util.Objects;
-import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.SWIGTYPE_p_hps_event;
+import org.hpshard.internal.EventHandle;
 
-/**
- * A mark in a stream (hps_event_t). {@link #close()} destroys it exactly once (later calls
- * do nothing); an unreachable event that was never closed is destroyed by a Cleaner.
- */
-public final class Event implements AutoCloseable {
-  private static final class State implements Runnable {
-    private SWIGTYPE_p_hps_event handle;
-
-    State(SWIGTYPE_p_hps_event handle) {
-      this.handle = handle;
-    }
-
-    @Override
-    public void run() {
-      SWIGTYPE_p_hps_event h;
-      synchronized (this) {
-        h = handle;
-        handle = null;
-      }
-      if (h != null) HpshardNative.hps_event_destroy(h);
-    }
-  }
-
-  private final State state;
-  private final Cleaner.Cleanable cleanable;
+/** A mark in a stream (hps_event_t). {@link #close()} destroys it exactly once. */
+public final class Event extends Handle<EventHandle> {
   private final DeviceType deviceType;
   private final int index;
 
@@ -40,9 +15,8 @@ public final class Event implements AutoCloseable {
 
   /** An event on device (type, index); OUT_OF_RANGE when there is no such device. */
   public Event(DeviceType type, int index) {
-    Objects.requireNonNull(type, "type");
-    this.state = new State(HpshardNative.hps_event_create(type.code(), index));
-    this.cleanable = Stream.CLEANER.register(this, state);
+    super(EventHandle.create(Objects.requireNonNull(type, "type").code(), index),
+        EventHandle::delete, "event");
     this.deviceType = type;
     this.index = index;
   }
@@ -55,42 +29,23 @@ public final class Event implements AutoCloseable {
     return index;
   }
 
-  public boolean isClosed() {
-    synchronized (state) {
-      return state.handle == null;
-    }
-  }
-
-  SWIGTYPE_p_hps_event handle() {
-    synchronized (state) {
-      if (state.handle == null) throw new IllegalStateException("hpshard event is closed");
-      return state.handle;
-    }
-  }
-
   /** Records the event at the current end of {@code stream}'s queue (no host block). */
   public void record(Stream stream) {
     Objects.requireNonNull(stream, "stream");
-    HpshardNative.hps_event_record(handle(), stream.handle());
+    h().record(stream.h());
   }
 
   /**
-   * True when the most recent record has completed; never blocks and is not a host sync.
-   * A never-recorded event throws FAILED_PRECONDITION.
+   * True when the most recent record has completed; never blocks. A never-recorded event
+   * throws FAILED_PRECONDITION.
    */
   public boolean query() {
-    return HpshardNative.hps_event_query(handle()) != 0;
+    return h().query() != 0;
   }
 
   /** Blocks until the most recent record has completed (counts one host sync). */
   public void synchronize() {
-    HpshardNative.hps_event_synchronize(handle());
-  }
-
-  /** Destroys the event; does nothing when already closed. */
-  @Override
-  public void close() {
-    cleanable.clean();
+    h().synchronize();
   }
 
   @Override

@@ -42,23 +42,23 @@ public final class Hpshard {
 
   /** Bytes per element of {@code dtype}. */
   public static long dtypeSize(DType dtype) {
-    return HpshardNative.hps_dtype_size(Objects.requireNonNull(dtype, "dtype").code());
+    return HpshardNative.dtypeSize(Objects.requireNonNull(dtype, "dtype").code());
   }
 
   /** Short name of {@code dtype} ("float32", "bfloat16", ...). */
   public static String dtypeName(DType dtype) {
-    return HpshardNative.hps_dtype_name(Objects.requireNonNull(dtype, "dtype").code());
+    return HpshardNative.dtypeName(Objects.requireNonNull(dtype, "dtype").code());
   }
 
   /** Usable devices of a type: CPU 1; CUDA 0 without CUDA or a device. */
   public static int deviceCount(DeviceType type) {
-    return HpshardNative.hps_device_count(Objects.requireNonNull(type, "type").code());
+    return HpshardNative.deviceCount(Objects.requireNonNull(type, "type").code());
   }
 
   /** Properties of device (type, index); a missing index throws OUT_OF_RANGE. */
   public static DeviceProperties deviceProperties(DeviceType type, int index) {
     hps_device_properties_t p =
-        HpshardNative.hps_device_get_properties(Objects.requireNonNull(type, "type").code(), index);
+        HpshardNative.deviceGetProperties(Objects.requireNonNull(type, "type").code(), index);
     try {
       return new DeviceProperties(
           DeviceType.fromCode(p.getType()),
@@ -75,7 +75,7 @@ public final class Hpshard {
 
   /** sizeof(hps_device_properties_t) as this binding was built. */
   public static long propertiesStructSize() {
-    return propertiesStructSize(HpshardNativeConstants.HPS_SWIG_PROPERTIES_STRUCT_SIZE);
+    return propertiesStructSize(HpshardNative.propertiesStructSize());
   }
 
   /**
@@ -83,7 +83,7 @@ public final class Hpshard {
    * bytes; sizes below the first version of the struct throw INVALID_ARGUMENT.
    */
   public static long propertiesStructSize(long structSize) {
-    hps_device_properties_t p = HpshardNative.hps_device_properties_init(structSize);
+    hps_device_properties_t p = HpshardNative.devicePropertiesInit(structSize);
     try {
       return p.getStruct_size();
     } finally {
@@ -93,17 +93,17 @@ public final class Hpshard {
 
   /** Host syncs counted on this thread since it started or last reset. */
   public static long hostSyncCountThread() {
-    return HpshardNative.hps_host_sync_count_thread();
+    return HpshardNative.hostSyncCountThread();
   }
 
   /** Host syncs counted on all threads since the process started or the last reset. */
   public static long hostSyncCountTotal() {
-    return HpshardNative.hps_host_sync_count_total();
+    return HpshardNative.hostSyncCountTotal();
   }
 
   /** Resets the total counter and this thread's counter to zero. */
   public static void hostSyncReset() {
-    HpshardNative.hps_host_sync_reset();
+    HpshardNative.hostSyncReset();
   }
 
   /**

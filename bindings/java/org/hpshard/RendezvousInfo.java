@@ -1,7 +1,6 @@
 package org.hpshard;
 
 import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.HpshardNativeConstants;
 import org.hpshard.internal.hps_rendezvous_info_t;
 
 /**
@@ -22,7 +21,7 @@ public record RendezvousInfo(
    * malformed or missing variable.
    */
   public static RendezvousInfo fromEnv() {
-    hps_rendezvous_info_t info = HpshardNative.hps_rendezvous_from_env();
+    hps_rendezvous_info_t info = HpshardNative.rendezvousFromEnv();
     try {
       return new RendezvousInfo(info.getRank(), info.getWorld_size(), info.getLocal_rank(),
           info.getStore_url(), info.getSource());
@@ -33,7 +32,7 @@ public record RendezvousInfo(
 
   /** sizeof(hps_rendezvous_info_t) as this binding was built. */
   public static long structSize() {
-    return structSize(HpshardNativeConstants.HPS_SWIG_RENDEZVOUS_STRUCT_SIZE);
+    return structSize(HpshardNative.rendezvousStructSize());
   }
 
   /**
@@ -41,7 +40,7 @@ public record RendezvousInfo(
    * bytes; sizes below the first version of the struct throw INVALID_ARGUMENT.
    */
   public static long structSize(long structSize) {
-    hps_rendezvous_info_t info = HpshardNative.hps_rendezvous_info_init(structSize);
+    hps_rendezvous_info_t info = HpshardNative.rendezvousInfoInit(structSize);
     try {
       return info.getStruct_size();
     } finally {

@@ -1,30 +1,22 @@
 package org.hpshard;
 
-import java.lang.ref.Cleaner;
-import java.nio.ByteBuffer;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Objects;
-import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.SWIGTYPE_p_hps_work;
+import org.hpshard.internal.WorkHandle;
 
 /**
  * One asynchronous operation (hps_work_t), returned by every {@link Communicator}
- * collective. It keeps the operation's ByteBuffers reachable until the operation has been
- * observed finished ({@link #await()} returned or threw, {@link #test()} returned true or
- * threw) or the work is closed. {@link #close()} waits for an operation not yet observed
- * finished (the C API needs its buffers until then), then destroys the handle exactly once;
- * an unreachable work is waited for and destroyed by a Cleaner.
+ * collective. It keeps the operation's buffers (ByteBuffers or Tensors) reachable until the
+ * operation has been observed finished ({@link #await()} returned or threw, {@link #test()}
+ * returned true or threw) or the work is closed. {@link #close()} waits for an operation
+ * not yet observed finished (the C API needs its buffers until then), then destroys the
+ * handle exactly once; an unreachable work is waited for and destroyed by a Cleaner.
  */
-public final class Work implements AutoCloseable {
-  private static final class State implements Runnable {
-    private SWIGTYPE_p_hps_work handle;
-    private final List<Object> keep;
+public final class Work extends Handle<WorkHandle> {
+  private static final class State extends Handle.State<WorkHandle> {
     private boolean done;
 
-    State(SWIGTYPE_p_hps_work handle, List<Object> keep) {
-      this.handle = handle;
-      this.keep = keep;
+    State(WorkHandle handle) {
+      super(handle, WorkHandle::delete);
     }
 
     synchronized void finished() {
@@ -33,58 +25,37 @@ public final class Work implements AutoCloseable {
     }
 
     @Override
-    public void run() {
-      SWIGTYPE_p_hps_work h;
+    void beforeDestroy(WorkHandle h) {
       boolean wait;
       synchronized (this) {
-        h = handle;
-        handle = null;
         wait = !done;
       }
-      if (h == null) return;
       try {
-        if (wait) {
-          try {
-            HpshardNative.hps_work_wait(h);
-          } catch (HpsException e) {
-            // the operation has ended; its error was not asked for
-          }
-        }
+        if (wait) h.await();
+      } catch (HpsException e) {
+        // the operation has ended; its error was not asked for
       } finally {
         finished();
-        HpshardNative.hps_work_destroy(h);
       }
     }
   }
 
-  private final State state;
-  private final Cleaner.Cleanable cleanable;
+  private final State work;
 
-  Work(SWIGTYPE_p_hps_work handle, ByteBuffer... buffers) {
-    List<Object> keep = new ArrayList<>();
-    for (ByteBuffer b : buffers) {
-      if (b != null) keep.add(b);
-    }
-    this.state = new State(handle, keep);
-    this.cleanable = Stream.CLEANER.register(this, state);
+  Work(WorkHandle handle, Object... buffers) {
+    this(new State(handle), buffers);
   }
 
+  private Work(State state, Object... buffers) {
+    super(state, "work");
+    this.work = state;
+    for (Object b : buffers) keep(b);
+  }
+
+  @Override
   void keep(Object o) {
-    synchronized (state) {
-      if (!state.done && o != null) state.keep.add(o);
-    }
-  }
-
-  public boolean isClosed() {
-    synchronized (state) {
-      return state.handle == null;
-    }
-  }
-
-  SWIGTYPE_p_hps_work handle() {
-    synchronized (state) {
-      if (state.handle == null) throw new IllegalStateException("hpshard work is closed");
-      return state.handle;
+    synchronized (work) {
+      if (!work.done) super.keep(o);
     }
   }
 
@@ -95,12 +66,12 @@ public final class Work implements AutoCloseable {
   public boolean test() {
     boolean done;
     try {
-      done = HpshardNative.hps_work_test(handle()) != 0;
+      done = h().test() != 0;
     } catch (HpsException e) {
-      state.finished();
+      work.finished();
       throw e;
     }
-    if (done) state.finished();
+    if (done) work.finished();
     return done;
   }
 
@@ -109,11 +80,11 @@ public final class Work implements AutoCloseable {
    * HpsException (TIMEOUT, ABORTED, INVALID_ARGUMENT when ranks disagree, ...).
    */
   public void await() {
-    SWIGTYPE_p_hps_work h = handle();
+    WorkHandle h = h();
     try {
-      HpshardNative.hps_work_wait(h);
+      h.await();
     } finally {
-      state.finished();
+      work.finished();
     }
   }
 
@@ -123,21 +94,14 @@ public final class Work implements AutoCloseable {
    */
   public void waitStream(Stream stream) {
     Objects.requireNonNull(stream, "stream");
-    HpshardNative.hps_work_wait_stream(handle(), stream.handle());
+    h().waitStream(stream.h());
     keep(stream);
-  }
-
-  /** Waits for an operation not yet observed finished, then destroys the handle. */
-  @Override
-  public void close() {
-    cleanable.clean();
   }
 
   @Override
   public String toString() {
-    synchronized (state) {
-      return "Work[" + (state.handle == null ? "closed" : state.done ? "finished" : "pending")
-          + "]";
+    synchronized (work) {
+      return "Work[" + (isClosed() ? "closed" : work.done ? "finished" : "pending") + "]";
     }
   }
 }

@@ -33,7 +33,7 @@ use std::ptr::{self, NonNull};
 
 use crate::comm::{Communicator, Element};
 use crate::half::{BF16, F16};
-use crate::{check, sys, DeviceType, Error, Result, Status, Stream};
+use crate::{check, sys, DeviceType, Error, Result, Status, Stream, Tensor};
 
 // ---------------------------------------------------------------------------------
 // Flags
@@ -357,6 +357,25 @@ impl<'a> Clip<'a> {
         Ok(())
     }
 
+    /// Register a gradient given as a DLPack tensor (`hps_clip_add_tensor_dlpack`): its
+    /// dtype, count and device come from it, checked by the library.
+    /// Errors: as [`Clip::add_tensor`], and [`Status::InvalidArgument`] for a tensor the
+    /// library refuses (dtype, layout, device).
+    ///
+    /// # Safety
+    /// `tensor` must be a valid DLTensor whose memory stays valid, and is not otherwise
+    /// accessed while a run may write it, for as long as the clip exists.
+    pub unsafe fn add_tensor_dlpack(
+        &mut self,
+        tensor: *const sys::DLTensor,
+        flags: ClipFlags,
+    ) -> Result<()> {
+        // SAFETY: live handle (this thread: &mut self); the tensor by the caller's promise.
+        check(unsafe { sys::hps_clip_add_tensor_dlpack(self.raw.as_ptr(), tensor, flags.bits()) })?;
+        self.tensors += 1;
+        Ok(())
+    }
+
     /// Finish registration (`hps_clip_seal`). Collective over the mp group: every mp
     /// rank calls it; it blocks the host once (one counted host sync) to compare the
     /// ranks' registrations.
@@ -471,6 +490,16 @@ impl<'a> Clip<'a> {
         // SAFETY: live handle; out-param live.
         check(unsafe { sys::hps_clip_coefficient(self.raw.as_ptr(), &mut coefficient) })?;
         Ok(coefficient)
+    }
+
+    /// The latest coefficient as a DLPack view (`hps_clip_coefficient_dlpack`; f32, shape
+    /// [1], on the gradients' device) that keeps the clip's memory alive until dropped,
+    /// under the reading rule of [`Clip::coefficient_ptr`].
+    pub fn coefficient_tensor(&self) -> Result<Tensor> {
+        let mut t: *mut sys::DLManagedTensor = ptr::null_mut();
+        // SAFETY: live handle; live out-param; the tensor is ours to release.
+        check(unsafe { sys::hps_clip_coefficient_dlpack(self.raw.as_ptr(), &mut t) })?;
+        Tensor::from_out(t, "hps_clip_coefficient_dlpack")
     }
 
     /// How many gradients were registered.

@@ -611,227 +611,6 @@ impl Communicator {
         }
     }
 
-    /// All-reduce on raw pointers (`hps_comm_all_reduce`): `recv[i]` = `op` over
-    /// ranks of `send[i]`, `count` elements of `dtype`; `send` may equal `recv`.
-    ///
-    /// # Safety
-    /// `send` and `recv` must be valid for `count` elements of `dtype` (on the
-    /// communicator's device), stay valid, and `recv` not otherwise accessed, until
-    /// the returned work has completed (wait for it; dropping the [`Work`] does not).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_reduce_raw(
-        &self,
-        send: *const c_void,
-        recv: *mut c_void,
-        count: u64,
-        dtype: DType,
-        op: ReduceOp,
-        ready: Option<&Stream>,
-    ) -> Result<Work<'_>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: by the caller's promise; live handles.
-        check(unsafe {
-            sys::hps_comm_all_reduce(
-                self.raw.as_ptr(),
-                send,
-                recv,
-                count,
-                dtype.0,
-                op.0,
-                ready_ptr(ready),
-                &mut work,
-            )
-        })?;
-        Work::from_raw(work, "hps_comm_all_reduce")
-    }
-
-    /// Reduce to `root` on raw pointers (`hps_comm_reduce`); `recv` may be NULL on
-    /// other ranks.
-    ///
-    /// # Safety
-    /// As [`Communicator::all_reduce_raw`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce_raw(
-        &self,
-        send: *const c_void,
-        recv: *mut c_void,
-        count: u64,
-        dtype: DType,
-        op: ReduceOp,
-        root: i32,
-        ready: Option<&Stream>,
-    ) -> Result<Work<'_>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: by the caller's promise; live handles.
-        check(unsafe {
-            sys::hps_comm_reduce(
-                self.raw.as_ptr(),
-                send,
-                recv,
-                count,
-                dtype.0,
-                op.0,
-                root,
-                ready_ptr(ready),
-                &mut work,
-            )
-        })?;
-        Work::from_raw(work, "hps_comm_reduce")
-    }
-
-    /// Broadcast `root`'s buffer on raw pointers (`hps_comm_broadcast`).
-    ///
-    /// # Safety
-    /// `buffer` valid for `count` elements of `dtype`, kept valid and not otherwise
-    /// accessed until the work completed.
-    pub unsafe fn broadcast_raw(
-        &self,
-        buffer: *mut c_void,
-        count: u64,
-        dtype: DType,
-        root: i32,
-        ready: Option<&Stream>,
-    ) -> Result<Work<'_>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: by the caller's promise; live handles.
-        check(unsafe {
-            sys::hps_comm_broadcast(
-                self.raw.as_ptr(),
-                buffer,
-                count,
-                dtype.0,
-                root,
-                ready_ptr(ready),
-                &mut work,
-            )
-        })?;
-        Work::from_raw(work, "hps_comm_broadcast")
-    }
-
-    /// All-gather on raw pointers (`hps_comm_all_gather`): rank r's `send_count`
-    /// elements land at `recv + r * send_count`; `recv_count` is `recv`'s capacity.
-    ///
-    /// # Safety
-    /// `send` valid for `send_count`, `recv` for `recv_count` elements, kept valid
-    /// (and `recv` not otherwise accessed) until the work completed.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn all_gather_raw(
-        &self,
-        send: *const c_void,
-        send_count: u64,
-        recv: *mut c_void,
-        recv_count: u64,
-        dtype: DType,
-        ready: Option<&Stream>,
-    ) -> Result<Work<'_>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: by the caller's promise; live handles.
-        check(unsafe {
-            sys::hps_comm_all_gather(
-                self.raw.as_ptr(),
-                send,
-                send_count,
-                recv,
-                recv_count,
-                dtype.0,
-                ready_ptr(ready),
-                &mut work,
-            )
-        })?;
-        Work::from_raw(work, "hps_comm_all_gather")
-    }
-
-    /// Reduce-scatter on raw pointers (`hps_comm_reduce_scatter`): rank r receives
-    /// the reduction of slice r (`recv_count` elements) of every rank's `send`.
-    ///
-    /// # Safety
-    /// As [`Communicator::all_gather_raw`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce_scatter_raw(
-        &self,
-        send: *const c_void,
-        send_count: u64,
-        recv: *mut c_void,
-        recv_count: u64,
-        dtype: DType,
-        op: ReduceOp,
-        ready: Option<&Stream>,
-    ) -> Result<Work<'_>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: by the caller's promise; live handles.
-        check(unsafe {
-            sys::hps_comm_reduce_scatter(
-                self.raw.as_ptr(),
-                send,
-                send_count,
-                recv,
-                recv_count,
-                dtype.0,
-                op.0,
-                ready_ptr(ready),
-                &mut work,
-            )
-        })?;
-        Work::from_raw(work, "hps_comm_reduce_scatter")
-    }
-
-    /// Send `count` elements to `peer` on raw pointers (`hps_comm_send`).
-    ///
-    /// # Safety
-    /// `buffer` valid for `count` elements, kept valid until the work completed.
-    pub unsafe fn send_raw(
-        &self,
-        buffer: *const c_void,
-        count: u64,
-        dtype: DType,
-        peer: i32,
-        ready: Option<&Stream>,
-    ) -> Result<Work<'_>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: by the caller's promise; live handles.
-        check(unsafe {
-            sys::hps_comm_send(
-                self.raw.as_ptr(),
-                buffer,
-                count,
-                dtype.0,
-                peer,
-                ready_ptr(ready),
-                &mut work,
-            )
-        })?;
-        Work::from_raw(work, "hps_comm_send")
-    }
-
-    /// Receive `count` elements from `peer` on raw pointers (`hps_comm_recv`).
-    ///
-    /// # Safety
-    /// `buffer` valid for `count` elements, kept valid and not otherwise accessed
-    /// until the work completed.
-    pub unsafe fn recv_raw(
-        &self,
-        buffer: *mut c_void,
-        count: u64,
-        dtype: DType,
-        peer: i32,
-        ready: Option<&Stream>,
-    ) -> Result<Work<'_>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: by the caller's promise; live handles.
-        check(unsafe {
-            sys::hps_comm_recv(
-                self.raw.as_ptr(),
-                buffer,
-                count,
-                dtype.0,
-                peer,
-                ready_ptr(ready),
-                &mut work,
-            )
-        })?;
-        Work::from_raw(work, "hps_comm_recv")
-    }
-
     /// A barrier (`hps_comm_barrier`): the work completes once every rank reached it.
     /// Safe: it touches no memory of the caller.
     pub fn barrier(&self, ready: Option<&Stream>) -> Result<Work<'_>> {
@@ -1112,65 +891,21 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         self.ready.set(stream);
     }
 
-    fn ready(&self) -> *mut sys::hps_stream_t {
-        ready_ptr(self.ready.get())
-    }
-
-    /// Record a work handle the C call just handed out (or report its failure).
-    fn register(
-        &self,
-        status: sys::hps_status_t,
-        raw: *mut sys::hps_work_t,
-        function: &str,
-    ) -> Result<ScopedWork<'scope>> {
-        check(status)?;
-        let raw = match NonNull::new(raw) {
-            Some(raw) => raw,
-            None => return Err(null_handle(function)),
-        };
+    /// Give the scope the C handle of an operation started in it.
+    fn adopt(&self, work: Work<'_>) -> ScopedWork<'scope> {
+        let raw = work.raw;
+        std::mem::forget(work); // the scope destroys the handle now
         let mut works = self.works.borrow_mut();
         works.push(Slot {
             raw: Some(raw),
             finished: false,
             reported: false,
         });
-        Ok(ScopedWork {
+        ScopedWork {
             raw,
             works: self.works,
             index: works.len() - 1,
-        })
-    }
-
-    /// `recv[i]` = `op` over ranks of `send[i]` (`hps_comm_all_reduce`). The lengths
-    /// must be equal ([`Status::InvalidArgument`], nothing sent).
-    pub fn all_reduce<T: Element>(
-        &self,
-        send: &'scope [T],
-        recv: &'scope mut [T],
-        op: ReduceOp,
-    ) -> Result<ScopedWork<'scope>> {
-        if send.len() != recv.len() {
-            return Err(len_error(
-                "all_reduce",
-                format!("send has {} elements, recv {}", send.len(), recv.len()),
-            ));
         }
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: both slices are valid for len elements of T::DTYPE (Element) and
-        // stay borrowed (recv uniquely) until the scope waited for the work.
-        let status = unsafe {
-            sys::hps_comm_all_reduce(
-                self.comm.raw.as_ptr(),
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                send.len() as u64,
-                T::DTYPE.0,
-                op.0,
-                self.ready(),
-                &mut work,
-            )
-        };
-        self.register(status, work, "hps_comm_all_reduce")
     }
 
     /// All-reduce in place (`hps_comm_all_reduce` with send == recv).
@@ -1179,185 +914,286 @@ impl<'scope, 'env> CommScope<'scope, 'env> {
         buffer: &'scope mut [T],
         op: ReduceOp,
     ) -> Result<ScopedWork<'scope>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
         let p = buffer.as_mut_ptr();
         // SAFETY: as all_reduce; the C API allows send == recv.
-        let status = unsafe {
-            sys::hps_comm_all_reduce(
-                self.comm.raw.as_ptr(),
+        let work = unsafe {
+            self.comm.all_reduce_raw(
                 p as *const c_void,
                 p.cast(),
                 buffer.len() as u64,
-                T::DTYPE.0,
-                op.0,
-                self.ready(),
-                &mut work,
+                T::DTYPE,
+                op,
+                self.ready.get(),
             )
-        };
-        self.register(status, work, "hps_comm_all_reduce")
-    }
-
-    /// Reduce `send` over ranks into `root`'s `recv` (`hps_comm_reduce`). `recv` may
-    /// be `None` on other ranks; when given, its length must equal `send`'s.
-    pub fn reduce<T: Element>(
-        &self,
-        send: &'scope [T],
-        recv: Option<&'scope mut [T]>,
-        op: ReduceOp,
-        root: i32,
-    ) -> Result<ScopedWork<'scope>> {
-        let recv_ptr: *mut c_void = match recv {
-            Some(recv) => {
-                if recv.len() != send.len() {
-                    return Err(len_error(
-                        "reduce",
-                        format!("send has {} elements, recv {}", send.len(), recv.len()),
-                    ));
-                }
-                recv.as_mut_ptr().cast()
-            }
-            None => ptr::null_mut(),
-        };
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: as all_reduce (recv NULL or borrowed for the scope).
-        let status = unsafe {
-            sys::hps_comm_reduce(
-                self.comm.raw.as_ptr(),
-                send.as_ptr().cast(),
-                recv_ptr,
-                send.len() as u64,
-                T::DTYPE.0,
-                op.0,
-                root,
-                self.ready(),
-                &mut work,
-            )
-        };
-        self.register(status, work, "hps_comm_reduce")
-    }
-
-    /// Copy `root`'s `buffer` into every rank's (`hps_comm_broadcast`).
-    pub fn broadcast<T: Element>(
-        &self,
-        buffer: &'scope mut [T],
-        root: i32,
-    ) -> Result<ScopedWork<'scope>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: buffer uniquely borrowed until the scope waited for the work.
-        let status = unsafe {
-            sys::hps_comm_broadcast(
-                self.comm.raw.as_ptr(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len() as u64,
-                T::DTYPE.0,
-                root,
-                self.ready(),
-                &mut work,
-            )
-        };
-        self.register(status, work, "hps_comm_broadcast")
-    }
-
-    /// Rank r's `send` lands at `recv[r * send.len()..]` (`hps_comm_all_gather`);
-    /// `recv.len()` is the capacity the library checks (at least size × send.len(),
-    /// else [`Status::InvalidArgument`] with nothing sent).
-    pub fn all_gather<T: Element>(
-        &self,
-        send: &'scope [T],
-        recv: &'scope mut [T],
-    ) -> Result<ScopedWork<'scope>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: slices valid for their lengths, borrowed until the scope waited.
-        let status = unsafe {
-            sys::hps_comm_all_gather(
-                self.comm.raw.as_ptr(),
-                send.as_ptr().cast(),
-                send.len() as u64,
-                recv.as_mut_ptr().cast(),
-                recv.len() as u64,
-                T::DTYPE.0,
-                self.ready(),
-                &mut work,
-            )
-        };
-        self.register(status, work, "hps_comm_all_gather")
-    }
-
-    /// Rank r receives into `recv` the reduction of slice r (`recv.len()` elements)
-    /// of every rank's `send` (`hps_comm_reduce_scatter`); `send.len()` must be at
-    /// least size × recv.len().
-    pub fn reduce_scatter<T: Element>(
-        &self,
-        send: &'scope [T],
-        recv: &'scope mut [T],
-        op: ReduceOp,
-    ) -> Result<ScopedWork<'scope>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: slices valid for their lengths, borrowed until the scope waited.
-        let status = unsafe {
-            sys::hps_comm_reduce_scatter(
-                self.comm.raw.as_ptr(),
-                send.as_ptr().cast(),
-                send.len() as u64,
-                recv.as_mut_ptr().cast(),
-                recv.len() as u64,
-                T::DTYPE.0,
-                op.0,
-                self.ready(),
-                &mut work,
-            )
-        };
-        self.register(status, work, "hps_comm_reduce_scatter")
-    }
-
-    /// Send `buffer` to `peer` (`hps_comm_send`).
-    pub fn send<T: Element>(&self, buffer: &'scope [T], peer: i32) -> Result<ScopedWork<'scope>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: buffer borrowed until the scope waited.
-        let status = unsafe {
-            sys::hps_comm_send(
-                self.comm.raw.as_ptr(),
-                buffer.as_ptr().cast(),
-                buffer.len() as u64,
-                T::DTYPE.0,
-                peer,
-                self.ready(),
-                &mut work,
-            )
-        };
-        self.register(status, work, "hps_comm_send")
-    }
-
-    /// Receive `buffer.len()` elements from `peer` (`hps_comm_recv`).
-    pub fn recv<T: Element>(
-        &self,
-        buffer: &'scope mut [T],
-        peer: i32,
-    ) -> Result<ScopedWork<'scope>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: buffer uniquely borrowed until the scope waited.
-        let status = unsafe {
-            sys::hps_comm_recv(
-                self.comm.raw.as_ptr(),
-                buffer.as_mut_ptr().cast(),
-                buffer.len() as u64,
-                T::DTYPE.0,
-                peer,
-                self.ready(),
-                &mut work,
-            )
-        };
-        self.register(status, work, "hps_comm_recv")
+        }?;
+        Ok(self.adopt(work))
     }
 
     /// A barrier (`hps_comm_barrier`).
     pub fn barrier(&self) -> Result<ScopedWork<'scope>> {
-        let mut work: *mut sys::hps_work_t = ptr::null_mut();
-        // SAFETY: live handles; no buffers.
-        let status =
-            unsafe { sys::hps_comm_barrier(self.comm.raw.as_ptr(), self.ready(), &mut work) };
-        self.register(status, work, "hps_comm_barrier")
+        let work = self.comm.barrier(self.ready.get())?;
+        Ok(self.adopt(work))
     }
+}
+
+// ---------------------------------------------------------------------------------
+// The collectives, each written once
+// ---------------------------------------------------------------------------------
+
+/// A collective's argument as the C function takes it.
+trait CArg {
+    type C;
+    fn c(self) -> Self::C;
+}
+
+impl CArg for DType {
+    type C = sys::hps_dtype_t;
+    fn c(self) -> sys::hps_dtype_t {
+        self.0
+    }
+}
+
+impl CArg for ReduceOp {
+    type C = sys::hps_reduce_op_t;
+    fn c(self) -> sys::hps_reduce_op_t {
+        self.0
+    }
+}
+
+macro_rules! c_arg_as_is {
+    ($($t:ty),*) => {
+        $(impl CArg for $t {
+            type C = $t;
+            fn c(self) -> $t {
+                self
+            }
+        })*
+    };
+}
+c_arg_as_is!(u64, i32, *const c_void, *mut c_void, *const sys::DLTensor);
+
+fn same_len(what: &str, send: usize, recv: usize) -> Result<()> {
+    if send == recv {
+        return Ok(());
+    }
+    Err(len_error(
+        what,
+        format!("send has {} elements, recv {}", send, recv),
+    ))
+}
+
+/// Every collective from one entry: the `unsafe` method of [`Communicator`] on raw
+/// pointers or DLPack tensors (`NAME = C function(parameters after the communicator)`),
+/// which makes the C call, and optionally the safe method of [`CommScope`] on slices
+/// borrowed for the scope, whose body checks the slices and calls the raw method
+/// (`comm`, `ready` name the communicator and the scope's ready stream there).
+macro_rules! collectives {
+    ($(
+        $(#[$doc:meta])*
+        $raw:ident = $cfn:ident($($p:ident: $pt:ty),*)
+        $(=> scoped {
+            $(#[$sdoc:meta])*
+            fn $name:ident<$T:ident>($($sp:ident: $spt:ty),*) |$comm:ident, $ready:ident| $body:block
+        })?;
+    )*) => {
+        impl Communicator {
+            $(
+                $(#[$doc])*
+                #[allow(clippy::too_many_arguments)]
+                pub unsafe fn $raw(&self, $($p: $pt,)* ready: Option<&Stream>)
+                    -> Result<Work<'_>> {
+                    let mut work: *mut sys::hps_work_t = ptr::null_mut();
+                    // SAFETY: the buffers are valid (and outputs unaliased) until the work
+                    // completed, by the caller's promise; the handles are live.
+                    check(unsafe {
+                        sys::$cfn(self.raw.as_ptr(), $($p.c(),)* ready_ptr(ready), &mut work)
+                    })?;
+                    Work::from_raw(work, stringify!($cfn))
+                }
+            )*
+        }
+
+        impl<'scope, 'env> CommScope<'scope, 'env> {
+            $($(
+                $(#[$sdoc])*
+                pub fn $name<$T: Element>(&self, $($sp: $spt),*) -> Result<ScopedWork<'scope>> {
+                    let $comm = self.comm;
+                    let $ready = self.ready.get();
+                    // SAFETY: the slices are valid for their lengths of T::DTYPE (Element)
+                    // and stay borrowed, outputs uniquely, until the scope has waited for
+                    // the work.
+                    #[allow(unused_unsafe)]
+                    let work = unsafe { $body }?;
+                    Ok(self.adopt(work))
+                }
+            )?)*
+        }
+    };
+}
+
+collectives! {
+    /// All-reduce on raw pointers (`hps_comm_all_reduce`): `recv[i]` = `op` over
+    /// ranks of `send[i]`, `count` elements of `dtype`; `send` may equal `recv`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be valid for `count` elements of `dtype` (on the
+    /// communicator's device), stay valid, and `recv` not otherwise accessed, until
+    /// the returned work has completed (wait for it; dropping the [`Work`] does not).
+    all_reduce_raw = hps_comm_all_reduce(send: *const c_void, recv: *mut c_void, count: u64,
+                                         dtype: DType, op: ReduceOp)
+    => scoped {
+        /// `recv[i]` = `op` over ranks of `send[i]` (`hps_comm_all_reduce`). The lengths
+        /// must be equal ([`Status::InvalidArgument`], nothing sent).
+        fn all_reduce<T>(send: &'scope [T], recv: &'scope mut [T], op: ReduceOp) |comm, ready| {
+            same_len("all_reduce", send.len(), recv.len())?;
+            comm.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len() as u64,
+                                T::DTYPE, op, ready)
+        }
+    };
+
+    /// Reduce to `root` on raw pointers (`hps_comm_reduce`); `recv` may be NULL on
+    /// other ranks.
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce_raw`].
+    reduce_raw = hps_comm_reduce(send: *const c_void, recv: *mut c_void, count: u64,
+                                 dtype: DType, op: ReduceOp, root: i32)
+    => scoped {
+        /// Reduce `send` over ranks into `root`'s `recv` (`hps_comm_reduce`). `recv` may
+        /// be `None` on other ranks; when given, its length must equal `send`'s.
+        fn reduce<T>(send: &'scope [T], recv: Option<&'scope mut [T]>, op: ReduceOp, root: i32)
+        |comm, ready| {
+            let recv_ptr: *mut c_void = match recv {
+                Some(recv) => {
+                    same_len("reduce", send.len(), recv.len())?;
+                    recv.as_mut_ptr().cast()
+                }
+                None => ptr::null_mut(),
+            };
+            comm.reduce_raw(send.as_ptr().cast(), recv_ptr, send.len() as u64, T::DTYPE, op, root,
+                            ready)
+        }
+    };
+
+    /// Broadcast `root`'s buffer on raw pointers (`hps_comm_broadcast`).
+    ///
+    /// # Safety
+    /// `buffer` valid for `count` elements of `dtype`, kept valid and not otherwise
+    /// accessed until the work completed.
+    broadcast_raw = hps_comm_broadcast(buffer: *mut c_void, count: u64, dtype: DType, root: i32)
+    => scoped {
+        /// Copy `root`'s `buffer` into every rank's (`hps_comm_broadcast`).
+        fn broadcast<T>(buffer: &'scope mut [T], root: i32) |comm, ready| {
+            comm.broadcast_raw(buffer.as_mut_ptr().cast(), buffer.len() as u64, T::DTYPE, root,
+                               ready)
+        }
+    };
+
+    /// All-gather on raw pointers (`hps_comm_all_gather`): rank r's `send_count`
+    /// elements land at `recv + r * send_count`; `recv_count` is `recv`'s capacity.
+    ///
+    /// # Safety
+    /// `send` valid for `send_count`, `recv` for `recv_count` elements, kept valid
+    /// (and `recv` not otherwise accessed) until the work completed.
+    all_gather_raw = hps_comm_all_gather(send: *const c_void, send_count: u64, recv: *mut c_void,
+                                         recv_count: u64, dtype: DType)
+    => scoped {
+        /// Rank r's `send` lands at `recv[r * send.len()..]` (`hps_comm_all_gather`);
+        /// `recv.len()` is the capacity the library checks (at least size × send.len(),
+        /// else [`Status::InvalidArgument`] with nothing sent).
+        fn all_gather<T>(send: &'scope [T], recv: &'scope mut [T]) |comm, ready| {
+            comm.all_gather_raw(send.as_ptr().cast(), send.len() as u64, recv.as_mut_ptr().cast(),
+                                recv.len() as u64, T::DTYPE, ready)
+        }
+    };
+
+    /// Reduce-scatter on raw pointers (`hps_comm_reduce_scatter`): rank r receives
+    /// the reduction of slice r (`recv_count` elements) of every rank's `send`.
+    ///
+    /// # Safety
+    /// As [`Communicator::all_gather_raw`].
+    reduce_scatter_raw = hps_comm_reduce_scatter(send: *const c_void, send_count: u64,
+                                                 recv: *mut c_void, recv_count: u64,
+                                                 dtype: DType, op: ReduceOp)
+    => scoped {
+        /// Rank r receives into `recv` the reduction of slice r (`recv.len()` elements)
+        /// of every rank's `send` (`hps_comm_reduce_scatter`); `send.len()` must be at
+        /// least size × recv.len().
+        fn reduce_scatter<T>(send: &'scope [T], recv: &'scope mut [T], op: ReduceOp) |comm, ready| {
+            comm.reduce_scatter_raw(send.as_ptr().cast(), send.len() as u64, recv.as_mut_ptr().cast(),
+                                    recv.len() as u64, T::DTYPE, op, ready)
+        }
+    };
+
+    /// Send `count` elements to `peer` on raw pointers (`hps_comm_send`).
+    ///
+    /// # Safety
+    /// `buffer` valid for `count` elements, kept valid until the work completed.
+    send_raw = hps_comm_send(buffer: *const c_void, count: u64, dtype: DType, peer: i32)
+    => scoped {
+        /// Send `buffer` to `peer` (`hps_comm_send`).
+        fn send<T>(buffer: &'scope [T], peer: i32) |comm, ready| {
+            comm.send_raw(buffer.as_ptr().cast(), buffer.len() as u64, T::DTYPE, peer, ready)
+        }
+    };
+
+    /// Receive `count` elements from `peer` on raw pointers (`hps_comm_recv`).
+    ///
+    /// # Safety
+    /// `buffer` valid for `count` elements, kept valid and not otherwise accessed
+    /// until the work completed.
+    recv_raw = hps_comm_recv(buffer: *mut c_void, count: u64, dtype: DType, peer: i32)
+    => scoped {
+        /// Receive `buffer.len()` elements from `peer` (`hps_comm_recv`).
+        fn recv<T>(buffer: &'scope mut [T], peer: i32) |comm, ready| {
+            comm.recv_raw(buffer.as_mut_ptr().cast(), buffer.len() as u64, T::DTYPE, peer, ready)
+        }
+    };
+
+    /// All-reduce over DLPack tensors (`hps_comm_all_reduce_dlpack`): dtype, counts and
+    /// device come from the tensors, checked by the library.
+    ///
+    /// # Safety
+    /// The tensors must be valid DLTensors whose memory stays valid, and `recv`'s not
+    /// otherwise accessed, until the work completed ([`crate::Tensor::as_dltensor`] of a
+    /// view kept alive meets the first part).
+    all_reduce_dlpack = hps_comm_all_reduce_dlpack(send: *const sys::DLTensor,
+                                                   recv: *const sys::DLTensor, op: ReduceOp);
+    /// Reduce to `root` over DLPack tensors (`hps_comm_reduce_dlpack`; `recv` may be
+    /// NULL on other ranks).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce_dlpack`].
+    reduce_dlpack = hps_comm_reduce_dlpack(send: *const sys::DLTensor, recv: *const sys::DLTensor,
+                                           op: ReduceOp, root: i32);
+    /// Broadcast over a DLPack tensor (`hps_comm_broadcast_dlpack`).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce_dlpack`].
+    broadcast_dlpack = hps_comm_broadcast_dlpack(buffer: *const sys::DLTensor, root: i32);
+    /// All-gather over DLPack tensors (`hps_comm_all_gather_dlpack`).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce_dlpack`].
+    all_gather_dlpack = hps_comm_all_gather_dlpack(send: *const sys::DLTensor,
+                                                   recv: *const sys::DLTensor);
+    /// Reduce-scatter over DLPack tensors (`hps_comm_reduce_scatter_dlpack`).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce_dlpack`].
+    reduce_scatter_dlpack = hps_comm_reduce_scatter_dlpack(send: *const sys::DLTensor,
+                                                           recv: *const sys::DLTensor,
+                                                           op: ReduceOp);
+    /// Send a DLPack tensor to `peer` (`hps_comm_send_dlpack`).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce_dlpack`].
+    send_dlpack = hps_comm_send_dlpack(buffer: *const sys::DLTensor, peer: i32);
+    /// Receive into a DLPack tensor from `peer` (`hps_comm_recv_dlpack`).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_reduce_dlpack`].
+    recv_dlpack = hps_comm_recv_dlpack(buffer: *const sys::DLTensor, peer: i32);
 }
 
 impl fmt::Debug for CommScope<'_, '_> {

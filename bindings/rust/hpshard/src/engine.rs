@@ -120,7 +120,7 @@ use std::time::Duration;
 
 use crate::comm::{c_string, Communicator, Element};
 use crate::half::{BF16, F16};
-use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream};
+use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream, Tensor};
 
 // ---------------------------------------------------------------------------------
 // Optimizer
@@ -800,7 +800,33 @@ impl<'c> Engine<'c> {
         dp: Option<&'c mut Communicator>,
         options: EngineOptions,
     ) -> Result<Engine<'c>> {
-        let raw_opts = options.to_raw()?;
+        Engine::create(sharding, dp, options, None)
+    }
+
+    /// As [`Engine::new`], with the framework's compute stream (`compute_stream` of the
+    /// engine options): a stream on the engine's device, which the library keeps alive
+    /// for the engine (it may be dropped after this call).
+    /// Errors: as [`Engine::new`]; [`Status::InvalidArgument`] for a stream on another
+    /// device.
+    pub fn with_compute_stream(
+        sharding: &'c mut Communicator,
+        dp: Option<&'c mut Communicator>,
+        options: EngineOptions,
+        compute_stream: &Stream,
+    ) -> Result<Engine<'c>> {
+        Engine::create(sharding, dp, options, Some(compute_stream))
+    }
+
+    fn create(
+        sharding: &'c mut Communicator,
+        dp: Option<&'c mut Communicator>,
+        options: EngineOptions,
+        compute_stream: Option<&Stream>,
+    ) -> Result<Engine<'c>> {
+        let mut raw_opts = options.to_raw()?;
+        if let Some(stream) = compute_stream {
+            raw_opts.compute_stream = stream.as_ptr();
+        }
         let mut raw: *mut sys::hps_engine_t = ptr::null_mut();
         // SAFETY: the communicators are live and borrowed until the engine is dropped
         // (the C API: they must outlive it); options initialised; out-param live.
@@ -1255,7 +1281,16 @@ impl<'c> Engine<'c> {
     /// are host memory and no step's update of them is in flight. `what`: the caller,
     /// for messages.
     fn readable_loss_scale_ptrs(&mut self, what: &str) -> Result<(*const f32, *const i64)> {
-        require_host_memory(self.device, what, "Engine::loss_scale_ptrs")?;
+        // The library's host/device policy first: device memory has no host read.
+        let (scale, skipped) = self.loss_scale_tensors()?;
+        for t in [&scale, &skipped] {
+            t.host_ptr().map_err(|e| {
+                Error::new(
+                    e.status(),
+                    format!("{}: {} (Engine::loss_scale_ptrs)", what, e.message()),
+                )
+            })?;
+        }
         if self.poisoned {
             return Err(Error::new(
                 Status::FailedPrecondition,
@@ -1300,6 +1335,44 @@ impl<'c> Engine<'c> {
             ));
         }
         Ok((scale, skipped))
+    }
+
+    /// The loss scale (f32, shape [1]) and the skipped-step count (i64, shape [1]) as
+    /// DLPack views (`hps_engine_loss_scale_dlpack`) that keep the engine's memory alive.
+    /// Reading them is under [`Engine::loss_scale_ptrs`]' rule.
+    pub fn loss_scale_tensors(&self) -> Result<(Tensor, Tensor)> {
+        let mut scale: *mut sys::DLManagedTensor = ptr::null_mut();
+        let mut skipped: *mut sys::DLManagedTensor = ptr::null_mut();
+        // SAFETY: live handle; live out-params; the tensors are ours to release.
+        check(unsafe {
+            sys::hps_engine_loss_scale_dlpack(self.raw.as_ptr(), &mut scale, &mut skipped)
+        })?;
+        let scale = Tensor::from_out(scale, "hps_engine_loss_scale_dlpack")?;
+        let skipped = Tensor::from_out(skipped, "hps_engine_loss_scale_dlpack")?;
+        Ok((scale, skipped))
+    }
+
+    /// Parameter `index` as a DLPack view (`hps_engine_param_dlpack`): its dtype and
+    /// shape, on [`Engine::device`]. The [`Tensor`] keeps the engine's memory alive until
+    /// it is dropped, also past the engine; it gives addresses, not slices (module
+    /// [`crate::Tensor`]): the safe slices are [`Engine::param`] and the others. Stage 3:
+    /// only while the unit is gathered.
+    /// Errors: as [`Engine::param_ptr`]; stage 3: [`Status::FailedPrecondition`] for a
+    /// unit that is not gathered.
+    pub fn param_tensor(&self, index: usize) -> Result<Tensor> {
+        let mut t: *mut sys::DLManagedTensor = ptr::null_mut();
+        // SAFETY: live handle; live out-param; the tensor is ours to release.
+        check(unsafe { sys::hps_engine_param_dlpack(self.raw.as_ptr(), index, &mut t) })?;
+        Tensor::from_out(t, "hps_engine_param_dlpack")
+    }
+
+    /// Parameter `index`'s gradient as a DLPack view (`hps_engine_grad_dlpack`), under the
+    /// rules of [`Engine::param_tensor`]. Errors: as [`Engine::grad_ptr`].
+    pub fn grad_tensor(&self, index: usize) -> Result<Tensor> {
+        let mut t: *mut sys::DLManagedTensor = ptr::null_mut();
+        // SAFETY: live handle; live out-param; the tensor is ours to release.
+        check(unsafe { sys::hps_engine_grad_dlpack(self.raw.as_ptr(), index, &mut t) })?;
+        Tensor::from_out(t, "hps_engine_grad_dlpack")
     }
 
     /// How many parameters were registered.
@@ -1567,11 +1640,6 @@ impl<'c> Engine<'c> {
         requests: &[View],
         want: Option<DType>,
     ) -> Result<Vec<(*mut c_void, usize, DType)>> {
-        require_host_memory(
-            self.device,
-            "Engine views (param, grad, views, typed_views, ...)",
-            "Engine::param_ptr / Engine::grad_ptr",
-        )?;
         if self.poisoned {
             return Err(Error::new(
                 Status::FailedPrecondition,
@@ -1659,12 +1727,24 @@ impl<'c> Engine<'c> {
         for &unit in waits.iter() {
             self.wait_parameters(unit)?;
         }
+        // The host address of each view: the library's host/device policy decides
+        // (device memory has no host view); the views last while the engine is borrowed.
         let mut pointers: Vec<(*mut c_void, usize, DType)> = Vec::with_capacity(requests.len());
         for (&request, &(numel, dtype)) in requests.iter().zip(infos.iter()) {
-            let data = match request {
-                View::Param(index) => self.param_data(index)?,
-                View::Grad(index) => self.grad_data(index)?,
+            let tensor = match request {
+                View::Param(index) => self.param_tensor(index)?,
+                View::Grad(index) => self.grad_tensor(index)?,
             };
+            let data = tensor.host_ptr().map_err(|e| {
+                Error::new(
+                    e.status(),
+                    format!(
+                        "Engine views (param, grad, views, typed_views, ...): {} (use \
+                         Engine::param_ptr / Engine::grad_ptr or the tensors)",
+                        e.message()
+                    ),
+                )
+            })?;
             pointers.push((data, numel, dtype));
         }
         Ok(pointers)
@@ -1707,23 +1787,6 @@ fn into_array<T, const N: usize>(views: Vec<T>) -> Result<[T; N]> {
             "Engine::views: length mismatch",
         )),
     }
-}
-
-/// Refuses a host view of engine memory on `device` unless it is the CPU: a slice over a
-/// CUDA device pointer would be undefined behaviour on first use. `what`: the refused
-/// accessor, `raw`: the pointer accessor to use instead (for the message).
-fn require_host_memory(device: (DeviceType, i32), what: &str, raw: &str) -> Result<()> {
-    if device.0 == DeviceType::CPU {
-        return Ok(());
-    }
-    Err(Error::new(
-        Status::FailedPrecondition,
-        format!(
-            "{}: the engine's memory is on {}:{}, not the host; it has no host view there. \
-             Use {} (device pointers) with that device's tools",
-            what, device.0, device.1, raw
-        ),
-    ))
 }
 
 /// "float32", "float16", ... (the library's names), for messages.
@@ -1804,38 +1867,10 @@ mod tests {
     use crate::comm::Store;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn expect_refused<T>(result: Result<T>, needles: &[&str]) {
-        let err = match result {
-            Ok(_) => panic!("a host view off the CPU should be refused"),
-            Err(err) => err,
-        };
-        assert_eq!(err.status, Status::FailedPrecondition, "{}", err);
-        for needle in needles {
-            assert!(err.message.contains(needle), "{:?} lacks {:?}", err, needle);
-        }
-    }
-
     #[test]
-    fn host_memory_guard_decision() {
-        // CPU engines get host views; every other device is refused with a message naming
-        // the device and the pointer accessor (no GPU is needed to decide).
-        require_host_memory((DeviceType::CPU, 0), "Engine::param", "x").unwrap();
-        expect_refused(
-            require_host_memory((DeviceType::CUDA, 1), "Engine::param", "Engine::param_ptr"),
-            &["cuda:1", "Engine::param_ptr", "Engine::param"],
-        );
-        expect_refused(
-            require_host_memory((DeviceType::from_raw(7), 0), "Engine::param", "p"),
-            &["device-type-7:0"],
-        );
-    }
-
-    #[test]
-    fn views_and_loss_scale_refused_off_the_cpu() {
-        // A CUDA engine cannot be created without a GPU: a CPU engine marked as being on
-        // CUDA shows that every safe view and reader consults the device first (the memory
-        // is host memory here, so nothing would go wrong without the guard: a missing
-        // guard fails the test).
+    fn views_and_loss_scale_ask_the_librarys_policy() {
+        // The views' host addresses come from the library's policy (hps_dlpack_host_data):
+        // on a CPU engine, the very memory of the pointer accessors.
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let url = format!(
             "memory://rust-engine-unit-{}-{}",
@@ -1851,31 +1886,11 @@ mod tests {
             .add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0)
             .unwrap();
         engine.seal().unwrap();
-        assert_eq!(engine.param(w).unwrap().len(), 2); // on the CPU: views
+        let p = engine.param_ptr(w).unwrap();
+        assert_eq!(engine.param(w).unwrap().as_ptr(), p as *const f32);
         assert_eq!(engine.loss_scale().unwrap(), 65536.0);
-        engine.device = (DeviceType::CUDA, 0);
-        let views = ["cuda:0", "Engine::param_ptr / Engine::grad_ptr"];
-        expect_refused(engine.param(w), &views);
-        expect_refused(engine.grad(w), &views);
-        expect_refused(engine.param_as::<f32>(w), &views);
-        expect_refused(engine.grad_as::<f32>(w), &views);
-        expect_refused(engine.views([View::Param(w), View::Grad(w)]), &views);
-        expect_refused(engine.views_as::<f32, 1>([View::Grad(w)]), &views);
-        expect_refused(engine.typed_views([View::Param(w)]), &views);
-        expect_refused(
-            engine.loss_scale(),
-            &["cuda:0", "Engine::loss_scale", "Engine::loss_scale_ptrs"],
-        );
-        expect_refused(
-            engine.skipped_steps(),
-            &["cuda:0", "Engine::skipped_steps", "Engine::loss_scale_ptrs"],
-        );
-        // The pointers stay available.
-        assert!(!engine.param_ptr(w).unwrap().is_null());
-        assert!(!engine.grad_ptr(w).unwrap().is_null());
-        let (scale, skipped) = engine.loss_scale_ptrs().unwrap();
-        assert!(!scale.is_null() && !skipped.is_null());
-        engine.device = (DeviceType::CPU, 0);
-        assert_eq!(engine.param(w).unwrap().len(), 2);
+        let (scale, _) = engine.loss_scale_ptrs().unwrap();
+        let (t, _) = engine.loss_scale_tensors().unwrap();
+        assert_eq!(t.host_ptr().unwrap() as *const f32, scale);
     }
 }

@@ -66,6 +66,23 @@
 //!   error, checked with `hps_work_test`), the process aborts rather than hand back
 //!   memory the operation may still use.
 //!
+//! Each collective is written once, in the `collectives!` table of the `comm` module: an
+//! entry gives the C function and the raw method's parameters, and the scoped method's
+//! checks; the macro writes both methods (and the `unsafe` `*_dlpack` forms, which take
+//! DLPack tensors: dtype, counts and device come from the tensors, checked by the
+//! library).
+//!
+//! # DLPack tensors
+//!
+//! [`Engine::param_tensor`], [`Engine::grad_tensor`], [`Engine::loss_scale_tensors`] and
+//! [`Clip::coefficient_tensor`] hand out [`Tensor`]s: DLPack views that keep their
+//! engine's (or clip's) memory alive until dropped, also past the engine. A tensor gives
+//! addresses and its description, and [`Tensor::into_raw`] hands it to another framework;
+//! slices of engine memory come only from the engine's accessors, which borrow the engine
+//! (so a slice cannot outlive the engine's borrow, nor meet its asynchronous work). Host
+//! addresses, of tensors and of those slices, come from the library's one host/device
+//! policy ([`Tensor::host_ptr`], `hps_dlpack_host_data`): device memory has none.
+//!
 //! # Hybrid global-norm clipping
 //!
 //! A [`Clip`] keeps the addresses of its gradients and uses them asynchronously on
@@ -113,6 +130,7 @@ mod clip;
 mod comm;
 mod engine;
 mod half;
+mod tensor;
 mod topology;
 
 pub use clip::{Clip, ClipFlags, ClipOptions, FloatElement};
@@ -125,6 +143,7 @@ pub use engine::{
     View,
 };
 pub use half::{BF16, F16};
+pub use tensor::Tensor;
 pub use topology::{Group, HybridGroup, Topology};
 
 /// The raw bindings this crate wraps.

@@ -18,8 +18,8 @@ import java.util.UUID;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicReference;
+import org.hpshard.internal.CommHandle;
 import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.HpshardNativeConstants;
 import org.hpshard.internal.hps_comm_options_t;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
@@ -279,8 +279,8 @@ class CommTest {
         assertEquals(INVALID_ARGUMENT, e.status());
         assertTrue(e.getMessage().contains("needs 32"), e.getMessage());
         ByteBuffer recv = direct(32);
-        assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_comm_all_reduce(
-            comm.handle(), send, recv, 8, DType.FLOAT32.code(), 9, null)));
+        assertEquals(INVALID_ARGUMENT,
+            status(() -> comm.h().allReduce(send, recv, 8, DType.FLOAT32.code(), 9, null)));
         assertEquals(OUT_OF_RANGE, status(() -> comm.broadcast(recv, DType.FLOAT32, WORLD)));
         assertEquals(INVALID_ARGUMENT, status(() -> comm.setTimeout(0)));
         // wrong size / kind of buffer: refused by the binding
@@ -292,10 +292,10 @@ class CommTest {
             () -> comm.allReduce(send, ByteBuffer.allocate(32), DType.FLOAT32, ReduceOp.SUM));
         assertThrows(IllegalArgumentException.class, () -> comm.allReduce(
             send, direct(32).asReadOnlyBuffer(), DType.FLOAT32, ReduceOp.SUM));
-        assertThrows(IllegalArgumentException.class, () -> HpshardNative.hps_comm_all_reduce(
-            comm.handle(), send, recv, 9, DType.FLOAT32.code(), 0, null));
-        assertThrows(IllegalArgumentException.class, () -> HpshardNative.hps_comm_recv(
-            comm.handle(), direct(8).asReadOnlyBuffer(), 1, DType.INT64.code(), 0, null));
+        assertThrows(IllegalArgumentException.class,
+            () -> comm.h().allReduce(send, recv, 9, DType.FLOAT32.code(), 0, null));
+        assertThrows(IllegalArgumentException.class,
+            () -> comm.h().recv(direct(8).asReadOnlyBuffer(), 1, DType.INT64.code(), 0, null));
         assertThrows(NullPointerException.class,
             () -> comm.allReduce(send, recv, null, ReduceOp.SUM));
         ByteBuffer total = direct(8);
@@ -405,14 +405,13 @@ class CommTest {
     } else {
       assertEquals(NOT_FOUND, status(RendezvousInfo::fromEnv));
     }
-    assertEquals(HpshardNativeConstants.HPS_SWIG_RENDEZVOUS_STRUCT_SIZE, RendezvousInfo.structSize());
+    assertEquals(HpshardNative.rendezvousStructSize(), RendezvousInfo.structSize());
     assertEquals(INVALID_ARGUMENT, status(() -> RendezvousInfo.structSize(3)));
   }
 
   @Test
   void commOptionsStruct() {
-    hps_comm_options_t o =
-        HpshardNative.hps_comm_options_init(HpshardNativeConstants.HPS_SWIG_COMM_OPTIONS_STRUCT_SIZE);
+    hps_comm_options_t o = HpshardNative.commOptionsInit(HpshardNative.commOptionsStructSize());
     try {
       assertTrue(o.getTimeout_ms() > 0);
       o.setName("x".repeat(1000));
@@ -422,7 +421,7 @@ class CommTest {
     } finally {
       o.delete();
     }
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_comm_options_init(3)));
+    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.commOptionsInit(3)));
   }
 
   static int formula(int[] c, int[] deg) {
@@ -476,7 +475,7 @@ class CommTest {
       assertEquals(INVALID_ARGUMENT, status(() -> t.degree(Group.CHECK)));
       assertEquals(OUT_OF_RANGE, status(() -> t.groupRanks(Group.DP, 100)));
       assertEquals(INVALID_ARGUMENT,
-          status(() -> HpshardNative.hps_topology_group_ranks(t.handle(), 9, 0)));
+          status(() -> t.h().groupRanks(9, 0)));
     }
     try (Topology t = new Topology(1, 1, 2, 1, 2, 4, "mp,sharding,dp,pp,sep")) {
       assertArrayEquals(new int[] {0, 1}, t.groupRanks(Group.SHARDING, 0));
@@ -503,12 +502,12 @@ class CommTest {
 
   @Test
   void deviceAndTransportOfCpuCommunicators() throws Exception {
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_comm_device(null)));
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_comm_transport(null)));
+    // A NULL store reaches the library, which refuses it.
+    assertEquals(INVALID_ARGUMENT,
+        status(() -> CommHandle.create(null, 0, 1, DeviceType.CPU.code(), 0, null)));
     List<String> transports = runRanks(2, (r, url) -> {
       try (Store store = Store.open(url, r, 10000); Communicator comm = world(store, r, 2)) {
-        assertArrayEquals(new int[] {DeviceType.CPU.code(), 0},
-            HpshardNative.hps_comm_device(comm.handle()));
+        assertArrayEquals(new long[] {DeviceType.CPU.code(), 0}, comm.h().device());
         assertEquals(new Device(DeviceType.CPU, 0), comm.device());
         assertTrue(comm.device().isHost());
         assertEquals("cpu:0", comm.device().toString());

@@ -10,8 +10,9 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.nio.ByteBuffer;
 import java.util.List;
 import java.util.UUID;
+import org.hpshard.internal.ClipHandle;
+import org.hpshard.internal.EngineHandle;
 import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.HpshardNativeConstants;
 import org.hpshard.internal.hps_engine_options_t;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
@@ -37,12 +38,13 @@ class EngineTest {
   @Test
   void clipOptionsAndNullHandles() {
     assertEquals(1.0, Clip.defaultMaxNorm());
-    assertEquals(HpshardNativeConstants.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE,
-        Clip.optionsStructSize(HpshardNativeConstants.HPS_SWIG_CLIP_OPTIONS_STRUCT_SIZE));
+    assertEquals(HpshardNative.clipOptionsStructSize(),
+        Clip.optionsStructSize(HpshardNative.clipOptionsStructSize()));
     assertEquals(INVALID_ARGUMENT, status(() -> Clip.optionsStructSize(3)));
-    HpshardNative.hps_clip_destroy(null);
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_clip_seal(null)));
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_clip_coefficient(null)));
+    // A clip without communicators is fine; bad options are refused by the library.
+    ClipHandle h = ClipHandle.create(null, null, null, null);
+    h.delete();
+    assertEquals(INVALID_ARGUMENT, status(() -> new Clip(0.0)));
     assertEquals(1, Clip.DISTRIBUTED);
     assertEquals(2, Clip.NO_CLIP);
     assertEquals(4, Clip.SHARED_NOT_FIRST);
@@ -78,15 +80,12 @@ class EngineTest {
       assertTrue(c.isDirect() && c.isReadOnly());
       assertEquals(coef, c.getFloat(0), 1e-6f);
       assertNotEquals(0, clip.coefficientAddress());
-      // A clip over CUDA communicators keeps the coefficient on the device: no host view
-      // (marked here; the memory is host memory, so only the guard can fail this).
-      clip.setDeviceForTest(new Device(DeviceType.CUDA, 0));
-      HpsException e = assertThrows(HpsException.class, clip::coefficient);
-      assertEquals(FAILED_PRECONDITION, e.status());
-      assertTrue(e.getMessage().contains("cuda:0"), e.getMessage());
-      assertTrue(e.getMessage().contains("the clip's memory"), e.getMessage());
-      assertNotEquals(0, clip.coefficientAddress()); // the address stays available
-      clip.setDeviceForTest(new Device(DeviceType.CPU, 0));
+      try (Tensor t = clip.coefficientTensor()) {
+        assertEquals(DType.FLOAT32, t.dtype());
+        assertArrayEquals(new long[] {1}, t.shape());
+        assertEquals(new Device(DeviceType.CPU, 0), t.device());
+        assertEquals(clip.coefficientAddress(), t.address());
+      }
       clip.run(stream); // no norm out
       stream.synchronize();
     }
@@ -149,8 +148,8 @@ class EngineTest {
   // ---- engine ------------------------------------------------------------------------------
   @Test
   void engineOptionsAndNullHandles() {
-    hps_engine_options_t o = HpshardNative.hps_engine_options_init(
-        HpshardNativeConstants.HPS_SWIG_ENGINE_OPTIONS_STRUCT_SIZE);
+    hps_engine_options_t o =
+        HpshardNative.engineOptionsInit(HpshardNative.engineOptionsStructSize());
     try {
       assertEquals(2, o.getStage());
       assertEquals(Optimizer.SGD, Optimizer.fromCode(o.getOptimizer()));
@@ -161,10 +160,9 @@ class EngineTest {
     }
     assertEquals(0.01f, Engine.defaultLearningRate(), 1e-7f);
     assertEquals(INVALID_ARGUMENT, status(() -> Engine.optionsStructSize(3)));
-    HpshardNative.hps_engine_destroy(null);
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_create(null, null, null)));
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_step(null)));
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_param(null, 0)));
+    // An older caller's struct size (0.1.0's, before compute_stream) is accepted.
+    assertEquals(96, Engine.optionsStructSize(96));
+    assertEquals(INVALID_ARGUMENT, status(() -> EngineHandle.create(null, null, null)));
     long[] waits = Engine.dependencyWaitStats();
     assertEquals(2, waits.length);
     assertTrue(waits[0] >= 0 && waits[1] >= 0);
@@ -457,63 +455,69 @@ class EngineTest {
   // ---- the engine's device and the host-view guard ----------------------------------------
   @Test
   void engineDeviceIsTheShardingCommunicators() throws Exception {
-    assertEquals(INVALID_ARGUMENT, status(() -> HpshardNative.hps_engine_device(null)));
     List<Device> devices = CommTest.runRanks(2, (r, url) -> {
       try (Store store = Store.open(url, r, 10000); Communicator c = comm(store, r, 2);
           Engine engine = Engine.create(c)) {
         assertEquals(c.device(), engine.device());
-        assertArrayEquals(new int[] {DeviceType.CPU.code(), 0},
-            HpshardNative.hps_engine_device(engine.handle()));
+        assertArrayEquals(new long[] {DeviceType.CPU.code(), 0}, engine.h().device());
         return engine.device();
       }
     });
     assertEquals(List.of(new Device(DeviceType.CPU, 0), new Device(DeviceType.CPU, 0)), devices);
   }
 
-  @Test
-  void hostMemoryGuardDecision() {
-    // CPU engines get host views; every other device is refused with a message naming the
-    // device and the address accessor (no GPU is needed to decide).
-    Engine.requireHostMemory(new Device(DeviceType.CPU, 0), "Engine.param", "x");
-    HpsException e = assertThrows(HpsException.class, () -> Engine.requireHostMemory(
-        new Device(DeviceType.CUDA, 1), "Engine.param", "Engine.paramAddress"));
-    assertEquals(FAILED_PRECONDITION, e.status());
-    assertTrue(e.getMessage().contains("cuda:1"), e.getMessage());
-    assertTrue(e.getMessage().contains("Engine.paramAddress"), e.getMessage());
+  /**
+   * A TensorHandle over a DLManagedTensor written by hand into {@code scratch} (host memory
+   * of an engine's gradient): a tensor of another framework, on device type {@code type}
+   * (DLPack: 1 CPU, 2 CUDA) over the host memory at {@code data}. No GPU is needed to show
+   * where the library draws the line.
+   */
+  static org.hpshard.internal.TensorHandle fakeTensor(ByteBuffer scratch, long scratchAddress,
+      long data, int type) throws Exception {
+    // LP64 layout of DLManagedTensor: DLTensor {data, device {type, id}, ndim, dtype {code,
+    // bits, lanes}, shape, strides, byte_offset}, manager_ctx, deleter; then shape[1].
+    scratch.order(java.nio.ByteOrder.nativeOrder());
+    scratch.putLong(0, data).putInt(8, type).putInt(12, 0).putInt(16, 1);
+    scratch.put(20, (byte) 2).put(21, (byte) 32).putShort(22, (short) 1); // float32
+    scratch.putLong(24, scratchAddress + 64).putLong(32, 0).putLong(40, 0);
+    scratch.putLong(48, 0).putLong(56, 0).putLong(64, 2); // no deleter; shape {2}
+    java.lang.reflect.Constructor<org.hpshard.internal.TensorHandle> c =
+        org.hpshard.internal.TensorHandle.class.getDeclaredConstructor(long.class, boolean.class);
+    c.setAccessible(true);
+    return c.newInstance(scratchAddress, false);
   }
 
   @Test
-  void engineViewsRefusedOffTheCpu() {
-    // A CUDA engine cannot be created without a GPU: a CPU engine marked as being on CUDA
-    // shows that every host view and reader consults the device first (the memory is host
-    // memory here, so nothing would crash without the guard: a missing guard fails the test).
+  void hostViewsAskTheLibrarysPolicy() throws Exception {
+    // A CUDA engine cannot be created without a GPU: a view that says it is on CUDA shows
+    // that the binding's host views and collectives ask the library (the memory is host
+    // memory here, so nothing would crash without that: a missing check fails the test).
     try (Store store = Store.open("memory://java-guard-" + UUID.randomUUID(), 0, 10000);
         Communicator c = comm(store, 0, 1);
         Engine engine = Engine.create(c, null, new Engine.Options().dynamicLossScaling(true))) {
       int w = engine.addParam("w", new long[] {2});
+      int scratch = engine.addParam("scratch", new long[] {32});
       engine.seal();
       assertEquals(8, engine.param(w).capacity()); // on the CPU: views
       assertEquals(65536f, engine.lossScale());
       assertEquals(0, engine.skippedSteps());
-      engine.setDeviceForTest(new Device(DeviceType.CUDA, 0));
-      List<Executable> calls = List.of(() -> engine.param(w), () -> engine.grad(w),
-          engine::lossScale, engine::skippedSteps);
-      List<String> accessors = List.of("paramAddress", "gradAddress", "lossScaleAddresses",
-          "lossScaleAddresses");
-      for (int i = 0; i < calls.size(); i++) {
-        HpsException e = assertThrows(HpsException.class, calls.get(i));
+      ByteBuffer memory = engine.grad(scratch);
+      try (Tensor cuda = new Tensor(fakeTensor(memory, engine.gradAddress(scratch),
+               engine.paramAddress(w), 2), engine, "Engine.param(0)")) {
+        assertEquals(new Device(DeviceType.CUDA, 0), cuda.device());
+        HpsException e = assertThrows(HpsException.class, cuda::byteBuffer);
         assertEquals(FAILED_PRECONDITION, e.status());
         assertTrue(e.getMessage().contains("cuda:0"), e.getMessage());
-        assertTrue(e.getMessage().contains(accessors.get(i)), e.getMessage());
+        assertTrue(e.getMessage().contains("Engine.param(0)"), e.getMessage());
+        assertEquals(engine.paramAddress(w), cuda.address()); // the address stays available
+        e = assertThrows(HpsException.class, () -> c.allReduce(cuda, cuda, ReduceOp.SUM, null));
+        assertEquals(INVALID_ARGUMENT, e.status());
+        assertTrue(e.getMessage().contains("on cuda:0 but the operation runs on cpu:0"),
+            e.getMessage());
       }
-      // The addresses stay available.
-      assertEquals(HpshardNative.hps_engine_param(engine.handle(), w), engine.paramAddress(w));
-      assertNotEquals(0, engine.paramAddress(w));
-      assertNotEquals(0, engine.gradAddress(w));
       long[] addresses = engine.lossScaleAddresses();
       assertNotEquals(0, addresses[0]);
       assertNotEquals(0, addresses[1]);
-      engine.setDeviceForTest(new Device(DeviceType.CPU, 0));
     }
   }
 }

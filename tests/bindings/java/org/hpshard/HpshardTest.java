@@ -8,8 +8,6 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import java.lang.reflect.Method;
-import java.lang.reflect.Modifier;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.file.Files;
@@ -21,11 +19,9 @@ import java.util.TreeSet;
 import java.util.concurrent.atomic.AtomicReference;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
+import org.hpshard.internal.EventHandle;
 import org.hpshard.internal.HpshardNative;
-import org.hpshard.internal.HpshardNativeConstants;
-import org.hpshard.internal.HpshardNativeJNI;
-import org.hpshard.internal.SWIGTYPE_p_hps_event;
-import org.hpshard.internal.SWIGTYPE_p_hps_stream;
+import org.hpshard.internal.StreamHandle;
 import org.hpshard.internal.hps_device_properties_t;
 import org.hpshard.internal.hps_device_type_t;
 import org.hpshard.internal.hps_dtype_t;
@@ -55,20 +51,16 @@ class HpshardTest {
     Set<String> cNames = new TreeSet<>();
     while (m.find()) cNames.add(m.group(1));
     assertTrue(cNames.size() >= 22, cNames.toString());
-    Set<String> natives = new TreeSet<>();
-    for (Method method : HpshardNativeJNI.class.getDeclaredMethods()) {
-      if (Modifier.isNative(method.getModifiers())) natives.add(method.getName());
-    }
+    // Every C function is called by the JNI wrapper (as a handle class's method, a module
+    // function, or under its own name): hpshard.i wraps it.
+    String wrap = System.getProperty("hpshard.jni.wrap");
+    if (wrap == null) return;
+    String text = Files.readString(Path.of(wrap));
     List<String> missing = new ArrayList<>();
     for (String name : cNames) {
-      if (!natives.contains(name)) missing.add(name);
+      if (!Pattern.compile("\\b" + name + "\\s*\\(").matcher(text).find()) missing.add(name);
     }
-    assertTrue(missing.isEmpty(), "no native method for " + missing);
-    String jniSource = System.getProperty("hpshard.generated.jni");
-    if (jniSource != null) {
-      String text = Files.readString(Path.of(jniSource));
-      for (String name : cNames) assertTrue(text.contains(" " + name + "("), name);
-    }
+    assertTrue(missing.isEmpty(), "not wrapped: " + missing);
   }
 
   // ---- version and status --------------------------------------------------------------
@@ -96,7 +88,7 @@ class HpshardTest {
 
   @Test
   void exceptionCarriesStatusAndMessage() {
-    HpsException e = assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_dtype_size(99));
+    HpsException e = assertStatus(INVALID_ARGUMENT, () -> HpshardNative.dtypeSize(99));
     assertEquals("INVALID_ARGUMENT", e.statusName());
     assertTrue(e.getMessage().contains("99"), e.getMessage());
     assertTrue(e.toString().contains("INVALID_ARGUMENT"));
@@ -105,7 +97,7 @@ class HpshardTest {
 
   @Test
   void lastErrorMessageIsThreadLocal() throws Exception {
-    assertThrows(HpsException.class, () -> HpshardNative.hps_dtype_name(99));
+    assertThrows(HpsException.class, () -> HpshardNative.dtypeName(99));
     AtomicReference<String> other = new AtomicReference<>();
     Thread t = new Thread(() -> other.set(Hpshard.lastErrorMessage()));
     t.start();
@@ -131,9 +123,9 @@ class HpshardTest {
 
   @Test
   void unknownDtype() {
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_dtype_size(99));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_dtype_name(99));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_dtype_size(-1));
+    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.dtypeSize(99));
+    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.dtypeName(99));
+    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.dtypeSize(-1));
     assertThrows(NullPointerException.class, () -> Hpshard.dtypeSize(null));
     assertThrows(NullPointerException.class, () -> Hpshard.dtypeName(null));
   }
@@ -143,7 +135,7 @@ class HpshardTest {
   void deviceCount() {
     assertEquals(1, Hpshard.deviceCount(DeviceType.CPU));
     assertTrue(Hpshard.deviceCount(DeviceType.CUDA) >= 0);
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_device_count(99));
+    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.deviceCount(99));
     assertEquals(hps_device_type_t.HPS_DEVICE_CUDA, DeviceType.CUDA.code());
     assertEquals(DeviceType.CPU, DeviceType.fromCode(0));
   }
@@ -174,17 +166,17 @@ class HpshardTest {
   void devicePropertiesBadInput() {
     assertStatus(OUT_OF_RANGE, () -> Hpshard.deviceProperties(DeviceType.CPU, 1));
     assertStatus(OUT_OF_RANGE, () -> Hpshard.deviceProperties(DeviceType.CUDA, 7));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_device_get_properties(99, 0));
+    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.deviceGetProperties(99, 0));
     assertThrows(NullPointerException.class, () -> Hpshard.deviceProperties(null, 0));
   }
 
   @Test
   void propertiesInit() {
-    assertEquals(HpshardNativeConstants.HPS_SWIG_PROPERTIES_STRUCT_SIZE,
+    assertEquals(HpshardNative.propertiesStructSize(),
         Hpshard.propertiesStructSize());
     assertStatus(INVALID_ARGUMENT, () -> Hpshard.propertiesStructSize(3));
-    hps_device_properties_t p = HpshardNative.hps_device_properties_init(
-        HpshardNativeConstants.HPS_SWIG_PROPERTIES_STRUCT_SIZE);
+    hps_device_properties_t p =
+        HpshardNative.devicePropertiesInit(HpshardNative.propertiesStructSize());
     assertEquals("", p.getName());
     p.delete();
     p.delete(); // idempotent
@@ -197,8 +189,8 @@ class HpshardTest {
     assertStatus(OUT_OF_RANGE, () -> new Stream(DeviceType.CUDA, 7));
     assertStatus(OUT_OF_RANGE, () -> new Event(DeviceType.CPU, 1));
     assertStatus(OUT_OF_RANGE, () -> new Event(DeviceType.CUDA, 7));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_stream_create(99, 0));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_event_create(99, 0));
+    assertStatus(INVALID_ARGUMENT, () -> StreamHandle.create(99, 0));
+    assertStatus(INVALID_ARGUMENT, () -> EventHandle.create(99, 0));
     assertThrows(NullPointerException.class, () -> new Stream(null, 0));
   }
 
@@ -222,14 +214,16 @@ class HpshardTest {
 
   @Test
   void nullHandlesAreRejectedByTheLibrary() {
-    assertDoesNotThrow(() -> HpshardNative.hps_stream_destroy(null));
-    assertDoesNotThrow(() -> HpshardNative.hps_event_destroy(null));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_stream_synchronize(null));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_stream_wait_event(null, null));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_event_record(null, null));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_event_query(null));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_event_synchronize(null));
-    assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_memcpy_async(null, null, 0, null));
+    StreamHandle sh = StreamHandle.create(0, 0);
+    EventHandle eh = EventHandle.create(0, 0);
+    try {
+      assertStatus(INVALID_ARGUMENT, () -> sh.waitEvent(null));
+      assertStatus(INVALID_ARGUMENT, () -> eh.record(null));
+    } finally {
+      sh.delete();
+      eh.delete();
+      sh.delete(); // the proxy destroys its handle once
+    }
     try (Stream s = new Stream(); Event e = new Event()) {
       assertThrows(NullPointerException.class, () -> s.waitEvent(null));
       assertThrows(NullPointerException.class, () -> e.record(null));
@@ -266,17 +260,16 @@ class HpshardTest {
       assertThrows(NullPointerException.class, () -> Hpshard.memcpyAsync(direct, null, 1, s));
       assertThrows(NullPointerException.class, () -> Hpshard.memcpyAsync(direct, direct, 1, null));
       // The JNI layer checks too: heap buffers and sizes beyond a capacity.
-      SWIGTYPE_p_hps_stream h = HpshardNative.hps_stream_create(0, 0);
+      StreamHandle h = StreamHandle.create(0, 0);
       try {
+        assertThrows(IllegalArgumentException.class, () -> h.memcpyAsync(heap, direct, 1));
         assertThrows(IllegalArgumentException.class,
-            () -> HpshardNative.hps_memcpy_async(heap, direct, 1, h));
-        assertThrows(IllegalArgumentException.class,
-            () -> HpshardNative.hps_memcpy_async(ByteBuffer.allocateDirect(8), direct, 16, h));
-        assertStatus(INVALID_ARGUMENT, () -> HpshardNative.hps_memcpy_async(null, null, 4, h));
-        HpshardNative.hps_memcpy_async(null, null, 0, h); // bytes == 0: no-op
-        HpshardNative.hps_stream_synchronize(h);
+            () -> h.memcpyAsync(ByteBuffer.allocateDirect(8), direct, 16));
+        assertStatus(INVALID_ARGUMENT, () -> h.memcpyAsync(null, null, 4));
+        h.memcpyAsync(null, null, 0); // bytes == 0: no-op
+        h.synchronize();
       } finally {
-        HpshardNative.hps_stream_destroy(h);
+        h.delete();
       }
       s.synchronize();
     }
@@ -336,21 +329,21 @@ class HpshardTest {
 
   @Test
   void rawHandlesRoundTrip() {
-    SWIGTYPE_p_hps_stream s = HpshardNative.hps_stream_create(hps_device_type_t.HPS_DEVICE_CPU, 0);
-    SWIGTYPE_p_hps_event e = HpshardNative.hps_event_create(hps_device_type_t.HPS_DEVICE_CPU, 0);
+    StreamHandle s = StreamHandle.create(hps_device_type_t.HPS_DEVICE_CPU, 0);
+    EventHandle e = EventHandle.create(hps_device_type_t.HPS_DEVICE_CPU, 0);
     try {
       ByteBuffer a = ByteBuffer.allocateDirect(4).put(0, (byte) 7);
       ByteBuffer b = ByteBuffer.allocateDirect(4);
-      HpshardNative.hps_memcpy_async(b, a, 4, s);
-      HpshardNative.hps_event_record(e, s);
-      HpshardNative.hps_stream_wait_event(s, e);
-      HpshardNative.hps_event_synchronize(e);
-      assertEquals(1, HpshardNative.hps_event_query(e));
-      HpshardNative.hps_stream_synchronize(s);
+      s.memcpyAsync(b, a, 4);
+      e.record(s);
+      s.waitEvent(e);
+      e.synchronize();
+      assertEquals(1, e.query());
+      s.synchronize();
       assertEquals(7, b.get(0));
     } finally {
-      HpshardNative.hps_event_destroy(e);
-      HpshardNative.hps_stream_destroy(s);
+      e.delete();
+      s.delete();
     }
   }
 

@@ -1,0 +1,135 @@
+package org.hpshard;
+
+import java.lang.ref.Cleaner;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.function.Consumer;
+
+/**
+ * A native handle (an org.hpshard.internal proxy) destroyed exactly once: by {@link #close()}
+ * (later calls do nothing), by try-with-resources, or by a Cleaner once the object is
+ * unreachable. Using a closed handle throws IllegalStateException. A handle can depend on
+ * others (an engine on its communicators): it keeps them reachable and is closed before
+ * them.
+ *
+ * @param <P> the proxy type
+ */
+public abstract class Handle<P> implements AutoCloseable {
+  static final Cleaner CLEANER = Cleaner.create();
+
+  /** What a handle owns; run() destroys it once and never refers to the Handle object. */
+  static class State<P> implements Runnable {
+    private P proxy;
+    private final Consumer<P> destroy;
+    final List<Object> keep = new ArrayList<>();
+    private final List<State<?>> dependents = new ArrayList<>(); // closed before this
+    private final List<State<?>> owners = new ArrayList<>();
+    private final List<Handle<?>> ownerHandles = new ArrayList<>(); // kept reachable
+
+    State(P proxy, Consumer<P> destroy) {
+      this.proxy = proxy;
+      this.destroy = destroy;
+    }
+
+    /** Runs before the proxy is destroyed (waiting for what it still does). */
+    void beforeDestroy(P proxy) {}
+
+    synchronized P proxy() {
+      return proxy;
+    }
+
+    private synchronized void forget(State<?> dependent) {
+      dependents.remove(dependent);
+    }
+
+    @Override
+    public final void run() {
+      List<State<?>> first;
+      synchronized (this) {
+        first = new ArrayList<>(dependents);
+        dependents.clear();
+      }
+      for (State<?> d : first) d.run();
+      P p;
+      List<State<?>> from;
+      synchronized (this) {
+        p = proxy;
+        proxy = null;
+        from = new ArrayList<>(owners);
+        owners.clear();
+      }
+      if (p == null) return;
+      try {
+        beforeDestroy(p);
+      } finally {
+        try {
+          destroy.accept(p);
+        } finally {
+          synchronized (this) {
+            keep.clear();
+            ownerHandles.clear();
+          }
+          for (State<?> o : from) o.forget(this);
+        }
+      }
+    }
+  }
+
+  final State<P> state;
+  private final Cleaner.Cleanable cleanable;
+  private final String kind;
+
+  Handle(State<P> state, String kind) {
+    this.state = state;
+    this.kind = kind;
+    this.cleanable = CLEANER.register(this, state);
+  }
+
+  Handle(P proxy, Consumer<P> destroy, String kind) {
+    this(new State<>(proxy, destroy), kind);
+  }
+
+  /** The proxy; IllegalStateException once closed. */
+  P h() {
+    P p = state.proxy();
+    if (p == null) throw new IllegalStateException("hpshard " + kind + " is closed");
+    return p;
+  }
+
+  public boolean isClosed() {
+    return state.proxy() == null;
+  }
+
+  /** Keeps {@code o} reachable until the handle is closed. */
+  void keep(Object o) {
+    if (o == null) return;
+    synchronized (state) {
+      state.keep.add(o);
+    }
+  }
+
+  /** Lets go of what {@link #keep} kept. */
+  void releaseKept() {
+    synchronized (state) {
+      state.keep.clear();
+    }
+  }
+
+  /** This handle keeps {@code owner} reachable and is closed before it. */
+  void dependOn(Handle<?> owner) {
+    if (owner == null) return;
+    synchronized (owner.state) {
+      owner.state.dependents.add(state);
+    }
+    synchronized (state) {
+      state.owners.add(owner.state);
+      state.ownerHandles.add(owner);
+    }
+  }
+
+  /** Destroys the handle (what depends on it first); does nothing when already closed. */
+  @Override
+  public void close() {
+    cleanable.clean();
+  }
+}

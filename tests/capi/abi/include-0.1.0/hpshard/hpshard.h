@@ -1,0 +1,867 @@
+/*
+ * hpshard.h — the stable C API of libhpshard (C99).
+ *
+ * Conventions (see CONVENTIONS.md in the design notes):
+ *  - Every function returns hps_status_t and hands results back through trailing
+ *    out-params, except the four infallible queries hps_version_number,
+ *    hps_version_string, hps_status_string and hps_last_error_message.
+ *  - On failure, hps_last_error_message() tells what and where; it is thread-local.
+ *    A failing call changes nothing and leaves its out-params untouched.
+ *  - Handles are opaque structs used by pointer. Every create has a destroy;
+ *    destroy accepts NULL.
+ *  - Thread safety, unless a function says otherwise: one handle is used by one
+ *    thread at a time; distinct handles may be used concurrently.
+ */
+#ifndef HPSHARD_HPSHARD_H_
+#define HPSHARD_HPSHARD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hpshard/version.h"
+
+/* Exported symbols: the library is built with -fvisibility=hidden and only HPS_API
+ * functions (all named hps_*) are visible; a linker version script enforces it. */
+#if defined(HPS_BUILDING_LIBRARY) && defined(__GNUC__)
+#define HPS_API __attribute__((visibility("default")))
+#else
+#define HPS_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/** Result of every hpshard call. Values are explicit and never reused. */
+typedef enum hps_status {
+  HPS_STATUS_OK = 0,
+  HPS_STATUS_INVALID_ARGUMENT = 1,    /**< null pointer, unknown enum value, bad size */
+  HPS_STATUS_OUT_OF_RANGE = 2,        /**< an index or a size beyond what exists */
+  HPS_STATUS_NOT_FOUND = 3,           /**< a named thing does not exist */
+  HPS_STATUS_ALREADY_EXISTS = 4,      /**< a named thing exists already */
+  HPS_STATUS_FAILED_PRECONDITION = 5, /**< a call in the wrong state or phase */
+  HPS_STATUS_UNIMPLEMENTED = 6,       /**< not supported by this build or backend */
+  HPS_STATUS_UNAVAILABLE = 7,         /**< a device or backend is not present */
+  HPS_STATUS_TIMEOUT = 8,             /**< an operation did not complete in time */
+  HPS_STATUS_ABORTED = 9,             /**< an operation was aborted (peer died, abort called) */
+  HPS_STATUS_OUT_OF_MEMORY = 10,      /**< an allocation failed */
+  HPS_STATUS_INTERNAL = 11,           /**< a bug in hpshard; please report it */
+  HPS_STATUS_BACKEND_ERROR = 12,      /**< CUDA, NCCL, Gloo or the OS reported an error */
+  HPS_STATUS_FORCE32 = 0x7FFFFFFF
+} hps_status_t;
+
+/**
+ * Static English text naming a status ("HPS_STATUS_TIMEOUT" → "timeout").
+ * Unknown values give "unknown status". Never NULL; the caller does not free it.
+ * Thread safety: any thread.
+ */
+HPS_API const char* hps_status_string(hps_status_t status);
+
+/**
+ * The message of the last failing hpshard call on the calling thread, or "" when
+ * no call on this thread has failed. Owned by the library, valid until the next
+ * hpshard call on the same thread. Thread safety: thread-local.
+ */
+HPS_API const char* hps_last_error_message(void);
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/** HPS_VERSION_NUMBER of the library actually loaded. Thread safety: any thread. */
+HPS_API uint32_t hps_version_number(void);
+
+/** "MAJOR.MINOR.PATCH" of the loaded library; static, never NULL. Thread safety: any thread. */
+HPS_API const char* hps_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef enum hps_dtype {
+  HPS_DTYPE_FLOAT32 = 0,
+  HPS_DTYPE_FLOAT64 = 1,
+  HPS_DTYPE_FLOAT16 = 2,
+  HPS_DTYPE_BFLOAT16 = 3,
+  HPS_DTYPE_INT32 = 4,
+  HPS_DTYPE_INT64 = 5,
+  HPS_DTYPE_UINT8 = 6,
+  HPS_DTYPE_FORCE32 = 0x7FFFFFFF
+} hps_dtype_t;
+
+/**
+ * Size of one element of `dtype` in bytes, into *out_size.
+ * Errors: HPS_STATUS_INVALID_ARGUMENT for an unknown dtype or a NULL out_size.
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_dtype_size(hps_dtype_t dtype, size_t* out_size);
+
+/**
+ * Short name of `dtype` ("float32", "bfloat16", ...) into *out_name: static text,
+ * never freed. Errors: HPS_STATUS_INVALID_ARGUMENT for an unknown dtype or NULL.
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_dtype_name(hps_dtype_t dtype, const char** out_name);
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum hps_device_type {
+  HPS_DEVICE_CPU = 0,
+  HPS_DEVICE_CUDA = 1,
+  HPS_DEVICE_TYPE_FORCE32 = 0x7FFFFFFF
+} hps_device_type_t;
+
+/**
+ * How many devices of `type` this process can use, into *out_count. CPU: always 1.
+ * CUDA: 0 when the library was built without CUDA or no usable driver/device is
+ * present (that is not an error). Errors: INVALID_ARGUMENT for an unknown type or NULL.
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_device_count(hps_device_type_t type, int32_t* out_count);
+
+/** Properties of one device. ABI-extensible: fields are only ever appended. */
+typedef struct hps_device_properties {
+  size_t struct_size;               /**< set by hps_device_properties_init */
+  hps_device_type_t type;           /**< the device's type */
+  int32_t index;                    /**< the device's index within its type */
+  char name[256];                   /**< NUL-terminated ("cpu", "NVIDIA H200", ...) */
+  uint64_t total_memory_bytes;      /**< physical memory of the device */
+  int32_t compute_capability_major; /**< CUDA only; 0 on CPU */
+  int32_t compute_capability_minor; /**< CUDA only; 0 on CPU */
+  int32_t multiprocessor_count;     /**< CUDA: SMs; CPU: hardware threads */
+} hps_device_properties_t;
+
+/**
+ * Zero `props` and set its struct_size; pass sizeof(hps_device_properties_t) as the
+ * caller knows it. Errors: INVALID_ARGUMENT for NULL or a struct_size smaller than
+ * the first version of the struct. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_device_properties_init(hps_device_properties_t* props, size_t struct_size);
+
+/**
+ * Fill `props` (initialised by hps_device_properties_init) for device (type, index).
+ * Fields past props->struct_size are not written.
+ * Errors: INVALID_ARGUMENT (NULL, uninitialised struct, unknown type),
+ * OUT_OF_RANGE (no such device index). Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_device_get_properties(hps_device_type_t type, int32_t index,
+                                               hps_device_properties_t* props);
+
+/* ------------------------------------------------------------------------ */
+/* Streams and events                                                       */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * A stream is an ordered queue of work on one device. CUDA: a cudaStream_t owned by
+ * the handle. CPU: an ordered queue run by a worker thread owned by the handle.
+ */
+typedef struct hps_stream hps_stream_t;
+
+/**
+ * An event marks a point in a stream. Recording it again moves the mark; queries and
+ * waits refer to the most recent record at the time of the call.
+ */
+typedef struct hps_event hps_event_t;
+
+/**
+ * Create a stream on device (type, index) into *out_stream; the caller owns it and
+ * frees it with hps_stream_destroy. Errors: INVALID_ARGUMENT (NULL, unknown type),
+ * OUT_OF_RANGE (no such device), BACKEND_ERROR. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_stream_create(hps_device_type_t type, int32_t index,
+                                       hps_stream_t** out_stream);
+
+/**
+ * Finish the work queued on `stream`, then free it. NULL is a no-op returning OK.
+ * Thread safety: no other thread may use the stream during or after the call.
+ */
+HPS_API hps_status_t hps_stream_destroy(hps_stream_t* stream);
+
+/**
+ * Block the calling thread until all work queued on `stream` so far has completed.
+ * This is a host synchronisation and is counted by the host-sync counter.
+ * Errors: INVALID_ARGUMENT (NULL), BACKEND_ERROR. Thread safety: per handle.
+ */
+HPS_API hps_status_t hps_stream_synchronize(hps_stream_t* stream);
+
+/**
+ * Make work queued on `stream` after this call wait until `event`'s most recent record
+ * has completed. The host does not block (on CUDA: cudaStreamWaitEvent; on CPU: an
+ * ordered dependency in the stream's queue). The stream and event must be on the same
+ * device. Errors: INVALID_ARGUMENT (NULL, device mismatch), FAILED_PRECONDITION (the
+ * event was never recorded). Thread safety: per handle.
+ */
+HPS_API hps_status_t hps_stream_wait_event(hps_stream_t* stream, hps_event_t* event);
+
+/**
+ * Enqueue a copy of `bytes` bytes from `src` to `dst` on `stream`; returns without
+ * waiting for it. Both pointers must be valid memory of the stream's device (or host
+ * memory, on CUDA, via unified addressing) until the copy completes; the regions must
+ * not overlap. bytes == 0 is a no-op. Errors: INVALID_ARGUMENT (NULL stream or NULL
+ * pointer with bytes > 0), BACKEND_ERROR. Thread safety: per handle.
+ */
+HPS_API hps_status_t hps_memcpy_async(void* dst, const void* src, size_t bytes,
+                                      hps_stream_t* stream);
+
+/**
+ * Create an event on device (type, index) into *out_event; the caller owns it and
+ * frees it with hps_event_destroy. A new event has never been recorded.
+ * Errors: as hps_stream_create. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_event_create(hps_device_type_t type, int32_t index,
+                                      hps_event_t** out_event);
+
+/**
+ * Free `event`. NULL is a no-op returning OK. Streams already waiting on it still
+ * wait for the work it marked. Thread safety: no other thread may use the event.
+ */
+HPS_API hps_status_t hps_event_destroy(hps_event_t* event);
+
+/**
+ * Record `event` at the current end of `stream`'s queue. The host does not block.
+ * Errors: INVALID_ARGUMENT (NULL, device mismatch). Thread safety: per handle.
+ */
+HPS_API hps_status_t hps_event_record(hps_event_t* event, hps_stream_t* stream);
+
+/**
+ * Without blocking, set *out_completed to 1 when the event's most recent record has
+ * completed, else 0. Not a host synchronisation. Errors: INVALID_ARGUMENT (NULL),
+ * FAILED_PRECONDITION (never recorded). Thread safety: per handle.
+ */
+HPS_API hps_status_t hps_event_query(hps_event_t* event, int32_t* out_completed);
+
+/**
+ * Block the calling thread until the event's most recent record has completed.
+ * Counted by the host-sync counter. Errors: INVALID_ARGUMENT (NULL),
+ * FAILED_PRECONDITION (never recorded), BACKEND_ERROR. Thread safety: per handle.
+ */
+HPS_API hps_status_t hps_event_synchronize(hps_event_t* event);
+
+/* ------------------------------------------------------------------------ */
+/* Host-sync counter                                                        */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Every place hpshard can block the host (stream or event synchronize, device-to-host
+ * read, host wait on a collective, draining a task flow) counts one host sync.
+ * A steady-state training step must count zero.
+ */
+
+/**
+ * Host syncs counted on the calling thread since it started or last called
+ * hps_host_sync_reset, into *out_count. Errors: INVALID_ARGUMENT (NULL).
+ * Thread safety: any thread (reads its own counter).
+ */
+HPS_API hps_status_t hps_host_sync_count_thread(uint64_t* out_count);
+
+/**
+ * Host syncs counted on all threads since the process started or the last
+ * hps_host_sync_reset, into *out_count. Errors: INVALID_ARGUMENT (NULL).
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_host_sync_count_total(uint64_t* out_count);
+
+/**
+ * Reset the total counter and the calling thread's counter to zero.
+ * Thread safety: any thread; other threads' own counters are not changed.
+ */
+HPS_API hps_status_t hps_host_sync_reset(void);
+
+/* ------------------------------------------------------------------------ */
+/* Stores and rendezvous                                                    */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * A key-value store through which ranks meet. Thread safety: a store handle may be used
+ * from several threads at once (ranks that are threads share one).
+ */
+typedef struct hps_store hps_store_t;
+
+/**
+ * Open the store at `url` as rank `rank`, into *out_store (owned by the caller; free with
+ * hps_store_destroy):
+ *   "memory://NAME"    shared by every open of NAME in this process (thread-ranks);
+ *   "file:///DIR"      a directory on a filesystem all ranks see;
+ *   "tcp://HOST:PORT"  rank 0 serves on HOST:PORT, every rank connects, retrying until
+ *                      timeout_ms.
+ * Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),
+ * TIMEOUT (no server), BACKEND_ERROR. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeout_ms,
+                                    hps_store_t** out_store);
+
+/** Free `store`; NULL is a no-op. A serving TCP store stops serving. */
+HPS_API hps_status_t hps_store_destroy(hps_store_t* store);
+
+/** Set `key` to the `size` bytes at `value` (binary-safe). Errors: INVALID_ARGUMENT. */
+HPS_API hps_status_t hps_store_set(hps_store_t* store, const char* key, const void* value,
+                                   size_t size);
+
+/**
+ * Wait up to timeout_ms for `key`, then copy its value into `buffer` (capacity bytes) and
+ * its size into *out_size. When the value does not fit (or buffer is NULL), nothing is
+ * copied, *out_size receives the size needed and the status is OUT_OF_RANGE.
+ * Errors: INVALID_ARGUMENT, TIMEOUT (naming the key), OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_store_get(hps_store_t* store, const char* key, int64_t timeout_ms,
+                                   void* buffer, size_t capacity, size_t* out_size);
+
+/** Add `delta` to the integer at `key` (0 when unset); the new value into *out_value. */
+HPS_API hps_status_t hps_store_add(hps_store_t* store, const char* key, int64_t delta,
+                                   int64_t* out_value);
+
+/** Wait up to timeout_ms until `key` is set. Errors: INVALID_ARGUMENT, TIMEOUT. */
+HPS_API hps_status_t hps_store_wait(hps_store_t* store, const char* key, int64_t timeout_ms);
+
+/** Without waiting, *out_present = 1 when `key` is set, else 0. */
+HPS_API hps_status_t hps_store_check(hps_store_t* store, const char* key, int32_t* out_present);
+
+/** Where this process sits in the job, as the environment says. ABI-extensible. */
+typedef struct hps_rendezvous_info {
+  size_t struct_size; /**< set by hps_rendezvous_info_init */
+  int32_t rank;
+  int32_t world_size;
+  int32_t local_rank;  /**< rank among the processes of this host */
+  char store_url[512]; /**< for hps_store_open */
+  char source[128];    /**< which variables were read ("hpshard-run", "torchrun", ...) */
+} hps_rendezvous_info_t;
+
+/** Zero `info` and set its struct_size. Errors: INVALID_ARGUMENT. */
+HPS_API hps_status_t hps_rendezvous_info_init(hps_rendezvous_info_t* info, size_t struct_size);
+
+/**
+ * Fill `info` from the environment: HPS_RANK / HPS_WORLD_SIZE / HPS_STORE (set by
+ * hpshard-run), else torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT, else Open
+ * MPI's OMPI_COMM_WORLD_*, else Slurm's SLURM_PROCID / SLURM_NTASKS.
+ * Errors: NOT_FOUND (none set), INVALID_ARGUMENT (a malformed or missing variable, named).
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info);
+
+/* ------------------------------------------------------------------------ */
+/* Communicators and work                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum hps_reduce_op {
+  HPS_REDUCE_SUM = 0,
+  HPS_REDUCE_AVG = 1,
+  HPS_REDUCE_MAX = 2,
+  HPS_REDUCE_MIN = 3,
+  HPS_REDUCE_OP_FORCE32 = 0x7FFFFFFF
+} hps_reduce_op_t;
+
+/**
+ * A group of ranks that runs collectives on its own stream: Gloo on CPU buffers, NCCL on
+ * CUDA buffers. Every operation is asynchronous and returns a work handle. Thread safety:
+ * one thread at a time per communicator, except hps_comm_abort (any thread).
+ */
+typedef struct hps_comm hps_comm_t;
+
+/** One asynchronous operation. Its buffers must stay valid until it has completed. */
+typedef struct hps_work hps_work_t;
+
+/** Communicator options. ABI-extensible: fields are only ever appended. */
+typedef struct hps_comm_options {
+  size_t struct_size;      /**< set by hps_comm_options_init */
+  int64_t timeout_ms;      /**< every operation ends by then: TIMEOUT (default 300000) */
+  int32_t check_arguments; /**< 1: ranks check they called the same collective (default) */
+  const char* name;        /**< the group's name in messages (default "world"); copied */
+} hps_comm_options_t;
+
+/** Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size. */
+HPS_API hps_status_t hps_comm_options_init(hps_comm_options_t* options, size_t struct_size);
+
+/**
+ * Create this rank's member of a group of `size` ranks meeting through `store`, on device
+ * (type, device_index); `options` may be NULL. Collective: every rank calls it. Blocks
+ * until all ranks have connected or the timeout passed. The caller owns *out_comm.
+ * Errors: INVALID_ARGUMENT, OUT_OF_RANGE (rank or device), UNAVAILABLE (backend not
+ * built or not loadable), TIMEOUT, BACKEND_ERROR.
+ */
+HPS_API hps_status_t hps_comm_create(hps_store_t* store, int32_t rank, int32_t size,
+                                     hps_device_type_t type, int32_t device_index,
+                                     const hps_comm_options_t* options, hps_comm_t** out_comm);
+
+/** Free `comm` after its queued operations end; NULL is a no-op. */
+HPS_API hps_status_t hps_comm_destroy(hps_comm_t* comm);
+
+/**
+ * Local and immediate, from any thread: pending and later operations of `comm` end with
+ * ABORTED. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_comm_abort(hps_comm_t* comm);
+
+/** This rank's position in `comm` into *out_rank. */
+HPS_API hps_status_t hps_comm_rank(hps_comm_t* comm, int32_t* out_rank);
+
+/** The number of ranks of `comm` into *out_size. */
+HPS_API hps_status_t hps_comm_size(hps_comm_t* comm, int32_t* out_size);
+
+/**
+ * The device `comm` was created on: its type into *out_type and its index into *out_index
+ * (HPS_DEVICE_CPU, 0 for CPU communicators). Collectives of a CUDA communicator take device
+ * buffers. Errors: INVALID_ARGUMENT (a NULL argument). Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_comm_device(hps_comm_t* comm, hps_device_type_t* out_type,
+                                     int32_t* out_index);
+
+/**
+ * How the collectives of `comm` move data, into *out_name: "shm" (CPU ranks all on one
+ * host, through shared memory), "tcp" (CPU ranks over Gloo TCP; also a group of one rank,
+ * or HPS_COMM_SHM=0) or "nccl" (CUDA). The ranks of a group agree on it at creation. The
+ * string is a static NUL-terminated constant owned by the library: never free it; it stays
+ * valid after `comm` is destroyed. Later versions may add names. Errors: INVALID_ARGUMENT
+ * (a NULL argument). Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_comm_transport(hps_comm_t* comm, const char** out_name);
+
+/** Change the timeout of later operations. Errors: INVALID_ARGUMENT (<= 0). */
+HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
+
+/**
+ * Collective over `comm`: every rank calls it with the same `count` ranks (numbered in
+ * `comm`) in the same order. Members get a new communicator in *out_comm (rank = position
+ * in `ranks`; owned by the caller); the others get NULL.
+ */
+HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size_t count,
+                                    const char* name, hps_comm_t** out_comm);
+
+/*
+ * Collectives. `count`s are element counts of `dtype`. `ready` may be NULL; when given,
+ * the operation starts after the work already queued on that stream (the caller's compute
+ * stream), without blocking the host. The caller owns *out_work and frees it with
+ * hps_work_destroy (which does not wait). Bad input — a NULL buffer, an output too small,
+ * an unknown reduction, a rank outside the group, a count that overflows — is refused
+ * with nothing sent. Ranks that disagree on a collective end it with INVALID_ARGUMENT
+ * (when check_arguments is on), a peer that is missing with TIMEOUT, a peer that died
+ * with ABORTED or TIMEOUT; the message names the operation, its group and sequence number.
+ */
+
+/** recv[i] = op over ranks of send[i], for i < count. send may equal recv. */
+HPS_API hps_status_t hps_comm_all_reduce(hps_comm_t* comm, const void* send, void* recv,
+                                         uint64_t count, hps_dtype_t dtype, hps_reduce_op_t op,
+                                         hps_stream_t* ready, hps_work_t** out_work);
+
+/** Like all_reduce, but only `root` receives (recv may be NULL elsewhere). */
+HPS_API hps_status_t hps_comm_reduce(hps_comm_t* comm, const void* send, void* recv, uint64_t count,
+                                     hps_dtype_t dtype, hps_reduce_op_t op, int32_t root,
+                                     hps_stream_t* ready, hps_work_t** out_work);
+
+/** `root`'s buffer is copied into every rank's buffer. */
+HPS_API hps_status_t hps_comm_broadcast(hps_comm_t* comm, void* buffer, uint64_t count,
+                                        hps_dtype_t dtype, int32_t root, hps_stream_t* ready,
+                                        hps_work_t** out_work);
+
+/**
+ * Rank r's send_count elements land at recv + r * send_count; recv_count (the capacity of
+ * recv) must be at least size * send_count.
+ */
+HPS_API hps_status_t hps_comm_all_gather(hps_comm_t* comm, const void* send, uint64_t send_count,
+                                         void* recv, uint64_t recv_count, hps_dtype_t dtype,
+                                         hps_stream_t* ready, hps_work_t** out_work);
+
+/**
+ * Rank r receives (recv_count elements) the reduction of slice r of every rank's send;
+ * send_count must be at least size * recv_count.
+ */
+HPS_API hps_status_t hps_comm_reduce_scatter(hps_comm_t* comm, const void* send,
+                                             uint64_t send_count, void* recv, uint64_t recv_count,
+                                             hps_dtype_t dtype, hps_reduce_op_t op,
+                                             hps_stream_t* ready, hps_work_t** out_work);
+
+/** Send `count` elements to `peer`, which receives them with hps_comm_recv. */
+HPS_API hps_status_t hps_comm_send(hps_comm_t* comm, const void* buffer, uint64_t count,
+                                   hps_dtype_t dtype, int32_t peer, hps_stream_t* ready,
+                                   hps_work_t** out_work);
+
+/** Receive `count` elements from `peer`. */
+HPS_API hps_status_t hps_comm_recv(hps_comm_t* comm, void* buffer, uint64_t count,
+                                   hps_dtype_t dtype, int32_t peer, hps_stream_t* ready,
+                                   hps_work_t** out_work);
+
+/** Completes once every rank has reached it. */
+HPS_API hps_status_t hps_comm_barrier(hps_comm_t* comm, hps_stream_t* ready, hps_work_t** out_work);
+
+/**
+ * Without blocking, *out_completed = 1 when the operation has finished, else 0; a finished
+ * operation that failed returns its error instead. Not a host synchronisation.
+ */
+HPS_API hps_status_t hps_work_test(hps_work_t* work, int32_t* out_completed);
+
+/** Block the host until the operation has finished; its status. Counted as a host sync. */
+HPS_API hps_status_t hps_work_wait(hps_work_t* work);
+
+/** Work queued on `stream` after this call waits for the operation, host not blocked. */
+HPS_API hps_status_t hps_work_wait_stream(hps_work_t* work, hps_stream_t* stream);
+
+/** Free the handle (the operation itself goes on); NULL is a no-op. */
+HPS_API hps_status_t hps_work_destroy(hps_work_t* work);
+
+/* ------------------------------------------------------------------------ */
+/* Topology and the hybrid communicate group                                */
+/* ------------------------------------------------------------------------ */
+
+/** Groups of the hybrid topology; the first five are its axes. */
+typedef enum hps_group {
+  HPS_GROUP_DP = 0,
+  HPS_GROUP_PP = 1,
+  HPS_GROUP_SHARDING = 2,
+  HPS_GROUP_SEP = 3,
+  HPS_GROUP_MP = 4,
+  HPS_GROUP_CHECK = 5,          /**< the model replica: every rank with this dp coordinate */
+  HPS_GROUP_SHARDING_CHECK = 6, /**< every rank with this sharding coordinate */
+  HPS_GROUP_FORCE32 = 0x7FFFFFFF
+} hps_group_t;
+
+/** Axes dp × pp × sharding × sep × mp and the rank arithmetic (pure, no communication). */
+typedef struct hps_topology hps_topology_t;
+
+/**
+ * Create a topology with the given degrees (each >= 1, multiplying to world_size) and
+ * axis order, slowest first: a comma-separated list naming each axis once, e.g.
+ * "dp,pp,sharding,sep,mp" (the default, used when `order` is NULL). Ranks are row-major,
+ * the last axis fastest. The caller owns *out_topology. Errors: INVALID_ARGUMENT.
+ * Thread safety: a topology is immutable; any thread.
+ */
+HPS_API hps_status_t hps_topology_create(int32_t dp, int32_t pp, int32_t sharding, int32_t sep,
+                                         int32_t mp, const char* order, int32_t world_size,
+                                         hps_topology_t** out_topology);
+
+/** Free `topology`; NULL is a no-op. */
+HPS_API hps_status_t hps_topology_destroy(hps_topology_t* topology);
+
+/** The degree of axis `axis` (HPS_GROUP_DP .. HPS_GROUP_MP) into *out_degree. */
+HPS_API hps_status_t hps_topology_degree(const hps_topology_t* topology, hps_group_t axis,
+                                         int32_t* out_degree);
+
+/** `rank`'s coordinate on `axis` into *out_coordinate. Errors: OUT_OF_RANGE (rank). */
+HPS_API hps_status_t hps_topology_coordinate(const hps_topology_t* topology, int32_t rank,
+                                             hps_group_t axis, int32_t* out_coordinate);
+
+/** The rank at the given coordinates. Errors: OUT_OF_RANGE (a coordinate). */
+HPS_API hps_status_t hps_topology_rank_of(const hps_topology_t* topology, int32_t dp, int32_t pp,
+                                          int32_t sharding, int32_t sep, int32_t mp,
+                                          int32_t* out_rank);
+
+/**
+ * The ranks of `rank`'s group of kind `group`, ascending (the first is the group's source
+ * rank), into out_ranks (capacity entries) and their number into *out_count. When they do
+ * not fit, nothing is copied, *out_count receives the number needed and the status is
+ * OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_topology_group_ranks(const hps_topology_t* topology, hps_group_t group,
+                                              int32_t rank, int32_t* out_ranks, size_t capacity,
+                                              size_t* out_count);
+
+/** The previous and next stage of `rank` in its pipeline (wrapping around). */
+HPS_API hps_status_t hps_topology_pipeline_neighbors(const hps_topology_t* topology, int32_t rank,
+                                                     int32_t* out_prev, int32_t* out_next);
+
+/** This rank's communicators for every group of a topology. */
+typedef struct hps_hybrid_group hps_hybrid_group_t;
+
+/**
+ * Collective over `world` (whose size must equal the topology's): creates every group's
+ * communicator in the same order on every rank. The caller owns *out_group; `world` must
+ * outlive it. Errors: INVALID_ARGUMENT, and those of hps_comm_create.
+ */
+HPS_API hps_status_t hps_hybrid_group_create(hps_comm_t* world, const hps_topology_t* topology,
+                                             hps_hybrid_group_t** out_group);
+
+/** Free `group` (communicator handles taken from it stay valid); NULL is a no-op. */
+HPS_API hps_status_t hps_hybrid_group_destroy(hps_hybrid_group_t* group);
+
+/**
+ * A new handle to this rank's communicator of `group` (it shares the communicator with the
+ * hybrid group); the caller owns it and frees it with hps_comm_destroy.
+ */
+HPS_API hps_status_t hps_hybrid_group_comm(hps_hybrid_group_t* group, hps_group_t kind,
+                                           hps_comm_t** out_comm);
+
+/* ------------------------------------------------------------------------ */
+/* Hybrid global-norm clipping                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Clips gradients by their global L2 norm over a hybrid topology. Per gradient the squared
+ * norm goes into D (HPS_CLIP_DISTRIBUTED: split across mp) or N (the rest); D is summed
+ * over the sharding, mp and pp groups, N over the sharding and pp groups, each once;
+ * norm = sqrt(D + N); coef = max_norm / (max(norm, max_norm) + 1e-6); every clipped
+ * gradient is multiplied by coef on the device. A NaN gradient makes the norm NaN and the
+ * gradients NaN; an infinite one makes coef 0 (torch's clip_grad_norm_ without
+ * error_if_nonfinite). Thread safety: one thread at a time per clip.
+ */
+typedef struct hps_clip hps_clip_t;
+
+/** Flags of a registered gradient (a bitwise or). */
+typedef enum hps_clip_flag {
+  HPS_CLIP_DISTRIBUTED = 1,      /**< split across mp: its norm is summed over mp */
+  HPS_CLIP_NO_CLIP = 2,          /**< need_clip false: neither counted nor scaled */
+  HPS_CLIP_SHARED_NOT_FIRST = 4, /**< a pipeline-shared copy: scaled but not counted */
+  HPS_CLIP_FLAG_FORCE32 = 0x7FFFFFFF
+} hps_clip_flag_t;
+
+/** Clip options. ABI-extensible. */
+typedef struct hps_clip_options {
+  size_t struct_size;    /**< set by hps_clip_options_init */
+  double max_norm;       /**< > 0 (default 1.0) */
+  int32_t deterministic; /**< 1: exact fixed-point partials, the norm bitwise identical
+                              whatever the dp/sharding/mp/pp layout (default 0) */
+} hps_clip_options_t;
+
+/** Set the defaults and struct_size. */
+HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t struct_size);
+
+/**
+ * Create a clip over the given groups (each may be NULL: not reduced over); `options` may
+ * be NULL for the defaults. The communicators must outlive the clip. Errors:
+ * INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices),
+ * UNIMPLEMENTED (CUDA communicators in a build without CUDA).
+ */
+HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
+                                     const hps_clip_options_t* options, hps_clip_t** out_clip);
+
+/** Free `clip`; NULL is a no-op. */
+HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip);
+
+/**
+ * Register a gradient of `count` elements of `dtype` (float32, float64, float16 or
+ * bfloat16) at `data`, which must stay valid while the clip is used. Errors:
+ * INVALID_ARGUMENT (dtype, NULL data, unknown flag bits), FAILED_PRECONDITION (sealed).
+ */
+HPS_API hps_status_t hps_clip_add_tensor(hps_clip_t* clip, void* data, uint64_t count,
+                                         hps_dtype_t dtype, uint32_t flags);
+
+/**
+ * Finish registration. Collective over the mp group, blocking the host once (counted) at
+ * set-up: mp ranks that registered different flags get INVALID_ARGUMENT.
+ */
+HPS_API hps_status_t hps_clip_seal(hps_clip_t* clip);
+
+/**
+ * Enqueue one clip of the registered gradients on `stream`: partial norms, their
+ * reduction over the groups, the norm into *norm_out (device memory of the stream's
+ * device; may be NULL) and, when scale is 1, the scaling of the gradients. Nothing
+ * blocks the host; read the norm after synchronizing with the stream. Use one stream per
+ * clip. Errors: FAILED_PRECONDITION (not sealed), INVALID_ARGUMENT.
+ */
+HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float* norm_out,
+                                  int32_t scale);
+
+/**
+ * The device address of the latest coefficient (valid in stream order after
+ * hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip.
+ */
+HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient);
+
+/* ------------------------------------------------------------------------ */
+/* Sharded training engine                                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * ZeRO-style sharded data parallelism for a framework that keeps its own forward and
+ * backward: it registers its parameters, points its tensors at the engine's views,
+ * adds gradients into the gradient views and checks each one in; the engine reduces
+ * every complete bucket while backward goes on and steps the optimizer on this rank's
+ * shard. Per step, for each unit (layer):
+ *   forward:  hps_engine_wait_parameters(u); compute; hps_engine_release_parameters(u)
+ *   backward: hps_engine_wait_parameters(u); add into the gradient views;
+ *             hps_engine_grad_ready(i) for each of its parameters; hps_engine_release_parameters(u)
+ * then hps_engine_step. Stage 2 keeps full parameters resident (an all-gather after each
+ * step brings them back; release does nothing). Stage 3 keeps only this rank's shards:
+ * wait_parameters gathers the unit (prefetched in the order recorded on the first step,
+ * at most prefetch_window units live) and release frees it. Nothing in a steady-state
+ * step blocks the host. Over CPU communicators: both stages; parameters are float32,
+ * float16 or bfloat16 (views and gradients in that dtype, reductions adding in fp32, fp32
+ * master weights and optimizer state inside, parameters rounded once per step). Over CUDA
+ * communicators: stage 3 with float32 parameters and no dynamic loss scaling; views are
+ * device pointers, and the framework's forward and backward are taken to run on the CUDA
+ * legacy default stream (wait_parameters makes it wait for the unit's all-gather on the
+ * device; the host never blocks).
+ * Thread safety: one thread at a time per engine.
+ */
+typedef struct hps_engine hps_engine_t;
+
+typedef enum hps_optimizer {
+  HPS_OPTIMIZER_SGD = 0,   /**< momentum, weight decay, nesterov (torch.optim.SGD) */
+  HPS_OPTIMIZER_ADAMW = 1, /**< decoupled weight decay (torch.optim.AdamW) */
+  HPS_OPTIMIZER_FORCE32 = 0x7FFFFFFF
+} hps_optimizer_t;
+
+/** Flags of a registered parameter (a bitwise or). */
+typedef enum hps_param_flag {
+  HPS_PARAM_FROZEN = 1,           /**< not trainable: no gradient, never updated */
+  HPS_PARAM_DISTRIBUTED = 2,      /**< split across mp (for clipping) */
+  HPS_PARAM_NO_CLIP = 4,          /**< excluded from gradient clipping */
+  HPS_PARAM_SHARED_NOT_FIRST = 8, /**< a pipeline-shared copy: not counted in the norm */
+  HPS_PARAM_FLAG_FORCE32 = 0x7FFFFFFF
+} hps_param_flag_t;
+
+/** Engine options. ABI-extensible. */
+typedef struct hps_engine_options {
+  size_t struct_size;           /**< set by hps_engine_options_init */
+  int32_t stage;                /**< 2 (default) or 3 */
+  hps_optimizer_t optimizer;    /**< default SGD */
+  float learning_rate;          /**< default 0.01 */
+  float momentum;               /**< SGD, default 0 */
+  float weight_decay;           /**< default 0 */
+  int32_t nesterov;             /**< SGD, default 0 */
+  float beta1;                  /**< AdamW, default 0.9 */
+  float beta2;                  /**< AdamW, default 0.999 */
+  float epsilon;                /**< AdamW, default 1e-8 */
+  double clip_max_norm;         /**< > 0: global-norm clipping folded into the optimizer */
+  int32_t deterministic_clip;   /**< 1: the clip norm is bitwise layout-independent */
+  int32_t accumulation_steps;   /**< micro-batches per step (default 1) */
+  uint64_t alignment_bytes;     /**< parameter alignment in the flat buffers (default 256) */
+  int32_t prefetch_window;      /**< stage 3: units live at once, prefetch included (default 2) */
+  int32_t dynamic_loss_scaling; /**< 1: multiply the loss by hps_engine_loss_scale; non-finite
+                                     gradients skip the step on every rank (default 0) */
+  float initial_loss_scale;     /**< default 65536 */
+  float growth_factor;          /**< applied after growth_interval good steps (default 2) */
+  float backoff_factor;         /**< applied on a skipped step (default 0.5) */
+  int32_t growth_interval;      /**< default 2000 */
+} hps_engine_options_t;
+
+/** Set the defaults and struct_size. */
+HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size_t struct_size);
+
+/**
+ * Create an engine sharding over `sharding` (required) with an optional `dp` group above
+ * it; `options` may be NULL. The communicators must outlive the engine. The caller owns
+ * *out_engine. Errors: INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators with stage 2 or
+ * dynamic loss scaling).
+ */
+HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
+                                       const hps_engine_options_t* options,
+                                       hps_engine_t** out_engine);
+
+/** Finish what is in flight, then free `engine`; NULL is a no-op. */
+HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
+
+/**
+ * Register a parameter before hps_engine_seal; its index (registration order) into
+ * *out_index. `unit` is the layer its forward belongs to. Every rank must register the
+ * same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),
+ * FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32, float16, bfloat16).
+ */
+HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name,
+                                          const int64_t* shape, size_t ndim, hps_dtype_t dtype,
+                                          uint32_t flags, int32_t unit, size_t* out_index);
+
+/**
+ * Lay the parameters out and allocate the buffers (zero-filled). Collective over the
+ * sharding and dp groups, host-blocking once at set-up: ranks that registered different
+ * parameters get INVALID_ARGUMENT.
+ */
+HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine);
+
+/**
+ * Collective: every rank's parameters become its groups' source rank's. Set-up only.
+ * Stage 3: write the initial values into the views after hps_engine_seal, then call this;
+ * it shards them (from here on views exist only while their unit is gathered).
+ */
+HPS_API hps_status_t hps_engine_broadcast_parameters(hps_engine_t* engine);
+
+/**
+ * The parameter view of `index`, owned by the engine. Stage 2: valid until the engine is
+ * destroyed. Stage 3: valid between hps_engine_wait_parameters and
+ * hps_engine_release_parameters of its unit (FAILED_PRECONDITION otherwise).
+ */
+HPS_API hps_status_t hps_engine_param(hps_engine_t* engine, size_t index, void** out_data);
+
+/**
+ * The gradient view of `index`: zero at the start of every step; backward adds into it.
+ * Errors: FAILED_PRECONDITION (frozen parameter or not sealed), OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** out_data);
+
+/**
+ * Before the forward of `unit` reads its parameters (and before backward writes their
+ * gradients): waits for their all-gather (stage 3 starts it unless it was prefetched).
+ * A dependency wait, counted by hps_dependency_wait_stats, not a host sync.
+ * Errors: NOT_FOUND (no such unit), FAILED_PRECONDITION (stage 3 before
+ * hps_engine_broadcast_parameters).
+ */
+HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t unit);
+
+/**
+ * After the forward or the backward of `unit`: stage 3 frees its full parameters (their
+ * gradients go once reduced); stage 2 does nothing. Errors: NOT_FOUND, FAILED_PRECONDITION
+ * (gradients taken in this backward that have not all checked in).
+ */
+HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t unit);
+
+/**
+ * Parameter `index`'s gradient is complete for this micro-batch. When the last parameter
+ * of a bucket checks in on the last micro-batch, the bucket's reduction starts. `ready`:
+ * the stream the gradient was produced on, or NULL when the calling thread wrote it.
+ * Errors: FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE.
+ */
+HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index, hps_stream_t* ready);
+
+/**
+ * Enqueue the optimizer step on this rank's shards and the parameter all-gathers.
+ * Returns at once: no host sync. Errors: FAILED_PRECONDITION (a gradient has not
+ * checked in: step before backward).
+ */
+HPS_API hps_status_t hps_engine_step(hps_engine_t* engine);
+
+/**
+ * Block until everything in flight (reductions, the optimizer, all-gathers) has finished.
+ * Each wait it makes is counted as a host sync: not for the training step.
+ */
+HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine);
+
+/**
+ * Copy the full value of parameter `index` as float32 into `out` (`count` elements, at least
+ * the parameter's): for saving or evaluation (Paddle's get_all_parameters). fp16/bf16
+ * parameters give their fp32 master weights. Collective over the sharding group: every
+ * rank calls it with the same index; it blocks the host (counted) until the copy is done.
+ * Errors: OUT_OF_RANGE (index, or count too small), FAILED_PRECONDITION (not trained yet).
+ */
+HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t index, float* out,
+                                                 uint64_t count);
+
+/**
+ * The device of the engine's sharding communicator (hps_comm_device): where its parameter
+ * and gradient views, and the loss scale, live. HPS_DEVICE_CUDA means they are device
+ * pointers, not to be dereferenced on the host. Errors: INVALID_ARGUMENT (a NULL argument).
+ * Thread safety: any thread (the device is fixed at creation).
+ */
+HPS_API hps_status_t hps_engine_device(hps_engine_t* engine, hps_device_type_t* out_type,
+                                       int32_t* out_index);
+
+/** Bytes this rank holds: parameters, gradients and optimizer state. */
+HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes);
+
+/**
+ * The part of parameter `index` (as element offsets [*out_begin, *out_end) within it)
+ * that this rank's shard holds and updates; begin == end when none.
+ */
+HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, uint64_t* out_begin,
+                                            uint64_t* out_end);
+
+/**
+ * The engine's current loss scale (1 without dynamic loss scaling) in *out_scale: engine
+ * memory the optimizer's stream updates. Multiply the loss by it before backward; read it
+ * after the step's hps_engine_wait_parameters, when the last update has landed. Also the
+ * number of steps skipped for non-finite gradients, under the same rule. Both pointers
+ * stay valid until the engine is destroyed. On CUDA communicators both are device memory.
+ */
+HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** out_scale,
+                                           const int64_t** out_skipped_steps);
+
+/** Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds. */
+HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* HPSHARD_HPSHARD_H_ */
