@@ -87,10 +87,9 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles) {
   HPS_ASSIGN_OR_RETURN(storage_, ShardedStorage::create(plan_, device_, roles, stream));
   HPS_ASSIGN_OR_RETURN(
       optimizer_, ShardedOptimizer::create(options_, device_, *storage_, sharding_, dp_, stream));
-  // The framework writes its initial values on its compute stream: after the zeroing.
-  HPS_ASSIGN_OR_RETURN(auto zeroed, create_event(device_));
-  HPS_RETURN_IF_ERROR(zeroed->record(stream));
-  HPS_RETURN_IF_ERROR(compute().wait(*zeroed));
+  // The framework may write its initial values from any thread or stream once seal()
+  // returns: the zeroing is done by then (set-up, one counted host sync).
+  HPS_RETURN_IF_ERROR(stream.synchronize());
   buckets_.init(plan_, options_.accumulation_steps);
   sealed_ = true;
   return Status::Ok();
