@@ -11,6 +11,7 @@ packages=(
   default-jdk-headless junit5
   bindgen rpm rpm2cpio cpio
   clang-14 libclang-rt-14-dev
+  nlohmann-json3-dev libxxhash-dev libcli11-dev libfuzzer-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

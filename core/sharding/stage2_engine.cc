@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/checkpoint/engine_state.h"
 #include "core/device/host_sync.h"
 #include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
@@ -331,6 +332,64 @@ uint64_t Stage2Engine::resident_bytes() const {
     for (const auto& v : *group) n += v.size() * sizeof(float);
   }
   return n;
+}
+
+// ---- Checkpointable ------------------------------------------------------------------
+
+StatusOr<std::vector<StateTensor>> Stage2Engine::state_tensors() {
+  if (!sealed_) return failed_precondition("engine: no state before seal()");
+  const int32_t rank = sharding_->rank();
+  ShardPointers shards;
+  shards.adamw = options_.optimizer == OptimizerKind::kAdamW;
+  auto or_null = [](std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+  for (size_t b = 0; b < params_.size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    shards.params.push_back(params_[b].data() + plan_.shard(b, rank).first * dtype_size(buf.dtype));
+    shards.masters.push_back(or_null(masters_[b]));
+    shards.state_a.push_back(or_null(state_a_[b]));
+    shards.state_b.push_back(or_null(state_b_[b]));
+  }
+  return sharded_state_tensors(plan_, rank, dp_ ? dp_->rank() : 0, shards,
+                               {&step_state_.loss_scale, &step_state_.good_steps,
+                                &step_state_.applied_steps, &step_state_.skipped_steps});
+}
+
+CheckpointTopology Stage2Engine::checkpoint_topology() const {
+  return {2,
+          sharding_->size(),
+          sharding_->rank(),
+          dp_ ? dp_->size() : 1,
+          dp_ ? dp_->rank() : 0,
+          options_.alignment_bytes};
+}
+
+Status Stage2Engine::begin_state_load() {
+  if (!sealed_) return failed_precondition("engine: load state after seal()");
+  bool mid_step = micro_batch_ != 0;
+  for (const auto& bucket : buckets_) {
+    mid_step = mid_step || bucket.complete || bucket.reduced != nullptr ||
+               std::any_of(bucket.checked_in.begin(), bucket.checked_in.end(),
+                           [](uint8_t c) { return c != 0; });
+  }
+  if (mid_step) {
+    return failed_precondition(
+        "engine: state can be loaded between steps only (gradients have checked in since the "
+        "last step())");
+  }
+  return synchronize();
+}
+
+Status Stage2Engine::end_state_load() {
+  const int32_t rank = sharding_->rank();
+  for (size_t b = 0; b < params_.size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    void* full = params_[b].data();
+    const void* shard = params_[b].data() + plan_.shard(b, rank).first * dtype_size(buf.dtype);
+    HPS_ASSIGN_OR_RETURN(buckets_[b].gathered,
+                         sharding_->all_gather(shard, full, buf.shard_numel, buf.dtype));
+    HPS_RETURN_IF_ERROR(buckets_[b].gathered->wait());
+  }
+  return Status::Ok();
 }
 
 }  // namespace hps

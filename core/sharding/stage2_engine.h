@@ -10,13 +10,14 @@
 #include <memory>
 #include <vector>
 
+#include "core/checkpoint/checkpointable.h"
 #include "core/clip/hybrid_clip.h"
 #include "core/device/cpu/stream.h"
 #include "core/sharding/sharded_engine.h"
 
 namespace hps {
 
-class Stage2Engine final : public ShardedEngine {
+class Stage2Engine final : public ShardedEngine, public Checkpointable {
  public:
   // `sharding` must be a CPU communicator (this version); `dp` may be null.
   static StatusOr<std::unique_ptr<Stage2Engine>> create(std::shared_ptr<Communicator> sharding,
@@ -59,6 +60,18 @@ class Stage2Engine final : public ShardedEngine {
   // Drains everything in flight (a host sync; for shutdown, checkpoints and tests).
   Status synchronize() override;
   StatusOr<std::vector<std::vector<float>>> gather_all() override;
+
+  // ---- Checkpointable (core/checkpoint/checkpointable.h): state for checkpoints ----
+  // The state lives in host memory: the fp32 or fp16/bf16 parameter shard inside the full
+  // parameters, the fp32 masters, momentum / exp_avg / exp_avg_sq shards, the StepState;
+  // the optimizer stream is the last to write any of it.
+  StatusOr<std::vector<StateTensor>> state_tensors() override;
+  Stream& state_stream() override { return *optimizer_stream_; }
+  CheckpointTopology checkpoint_topology() const override;
+  const EngineOptions& checkpoint_options() const override { return options_; }
+  Status begin_state_load() override;
+  // All-gathers the loaded parameter shards into the full parameters.
+  Status end_state_load() override;
 
  private:
   Stage2Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/checkpoint/engine_state.h"
 #include "core/device/host_sync.h"
 #include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
@@ -441,5 +442,71 @@ uint64_t Stage3Engine::resident_bytes() const {
 }
 
 void Stage3Engine::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+
+// ---- Checkpointable ------------------------------------------------------------------
+
+StatusOr<std::vector<StateTensor>> Stage3Engine::state_tensors() {
+  if (!sealed_ || !initialised_) {
+    return failed_precondition("engine: stage 3 has state after broadcast_parameters()");
+  }
+  ShardPointers shards;
+  shards.adamw = options_.optimizer == OptimizerKind::kAdamW;
+  auto or_null = [](std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    const bool wide = wire_shards_[b].empty();  // fp32: the shard is the parameter itself
+    shards.params.push_back(wide ? static_cast<void*>(param_shards_[b].data())
+                                 : static_cast<void*>(wire_shards_[b].data()));
+    shards.masters.push_back(!wide && plan_.buffers()[b].trainable ? param_shards_[b].data()
+                                                                   : nullptr);
+    shards.state_a.push_back(or_null(state_a_[b]));
+    shards.state_b.push_back(or_null(state_b_[b]));
+  }
+  return sharded_state_tensors(plan_, sharding_->rank(), dp_ ? dp_->rank() : 0, shards,
+                               {&step_state_.loss_scale, &step_state_.good_steps,
+                                &step_state_.applied_steps, &step_state_.skipped_steps});
+}
+
+CheckpointTopology Stage3Engine::checkpoint_topology() const {
+  return {3,
+          sharding_->size(),
+          sharding_->rank(),
+          dp_ ? dp_->size() : 1,
+          dp_ ? dp_->rank() : 0,
+          options_.alignment_bytes};
+}
+
+Status Stage3Engine::begin_state_load() {
+  if (!sealed_ || !initialised_) {
+    return failed_precondition("engine: stage 3 loads state after broadcast_parameters()");
+  }
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    const Buffer& buf = buffers_[b];
+    if (buf.in_use) {
+      return failed_precondition("engine: unit " + std::to_string(plan_.buffers()[b].unit) +
+                                 " is gathered: release it before loading state");
+    }
+    if (buf.grads || buf.reduced || schedule_.reduced_this_micro_batch(b) ||
+        !schedule_.first_micro_batch()) {
+      return failed_precondition(
+          "engine: state can be loaded between steps only (gradients have checked in since "
+          "the last step())");
+    }
+  }
+  return synchronize();
+}
+
+Status Stage3Engine::end_state_load() {
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    Buffer& buf = buffers_[b];
+    buf.params.reset();  // gathered before the load: old values
+    buf.gathering.reset();
+    const FlatBuffer& fb = plan_.buffers()[b];
+    if (!fb.trainable && !wire_shards_[b].empty()) {  // frozen fp16/bf16: no master loaded
+      cpu::cast(fb.dtype, wire_shards_[b].data(), DType::kFloat32, param_shards_[b].data(),
+                fb.shard_numel);
+    }
+  }
+  return Status::Ok();
+}
 
 }  // namespace hps

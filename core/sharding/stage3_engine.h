@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/checkpoint/checkpointable.h"
 #include "core/clip/hybrid_clip.h"
 #include "core/device/cpu/stream.h"
 #include "core/flow/task_flow.h"
@@ -20,7 +21,7 @@
 
 namespace hps {
 
-class Stage3Engine final : public ShardedEngine {
+class Stage3Engine final : public ShardedEngine, public Checkpointable {
  public:
   static StatusOr<std::unique_ptr<Stage3Engine>> create(std::shared_ptr<Communicator> sharding,
                                                         std::shared_ptr<Communicator> dp,
@@ -64,6 +65,20 @@ class Stage3Engine final : public ShardedEngine {
   // Full copies of every parameter (for saving or evaluation; Paddle's
   // get_all_parameters). Collective; host-blocking.
   StatusOr<std::vector<std::vector<float>>> gather_all() override;
+
+  // ---- Checkpointable (core/checkpoint/checkpointable.h): state for checkpoints ----
+  // The state lives in host memory: the shards (fp32 masters in param_shards_, the
+  // fp16/bf16 parameters in wire_shards_), momentum / exp_avg / exp_avg_sq shards, the
+  // StepState; the optimizer stream is the last to write any of it. Available after
+  // broadcast_parameters().
+  StatusOr<std::vector<StateTensor>> state_tensors() override;
+  Stream& state_stream() override { return *optimizer_stream_; }
+  CheckpointTopology checkpoint_topology() const override;
+  const EngineOptions& checkpoint_options() const override { return options_; }
+  Status begin_state_load() override;
+  // Drops gathered and prefetched units (they hold the old values) and refreshes the fp32
+  // shards of frozen fp16/bf16 buffers from the loaded parameters.
+  Status end_state_load() override;
 
  private:
   Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
