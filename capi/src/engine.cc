@@ -9,11 +9,6 @@
 using hps::capi::guard;
 using hps::capi::raw_enum;
 
-struct hps_engine {
-  std::unique_ptr<hps::ShardedEngine> impl;
-  hps::Device device;  // the sharding communicator's, fixed at creation
-};
-
 namespace {
 
 constexpr size_t kOptionsMinSize = sizeof(hps_engine_options_t);

@@ -6,6 +6,7 @@
 #include "core/comm/communicator.h"
 #include "core/comm/store.h"
 #include "core/device/stream.h"
+#include "core/sharding/sharded_engine.h"
 #include "core/topology/hybrid_group.h"
 #include "core/topology/topology.h"
 
@@ -35,4 +36,9 @@ struct hps_topology {
 
 struct hps_hybrid_group {
   std::unique_ptr<hps::HybridGroup> impl;
+};
+
+struct hps_engine {
+  std::unique_ptr<hps::ShardedEngine> impl;
+  hps::Device device;  // the sharding communicator's, fixed at creation
 };
