@@ -5,6 +5,8 @@
 #
 # On this (CPU) machine, prepare the carried GoogleTest sources once:
 #   mkdir -p .gpu-carry && cp -r /usr/src/googletest .gpu-carry/ && echo /.gpu-carry/ >> .git/info/exclude
+#   mkdir -p .gpu-carry/include && cp -r /usr/include/nlohmann /usr/include/xxhash.h .gpu-carry/include/
+# (the checkpoint code's header-only JSON and XXH3; cmake/HpsCheckpoint.cmake looks there)
 # then, with the device tool:  run(command="tools/gpu-check.sh", carry=[".gpu-carry"], timeout_s=540)
 # The GPU machine has CUDA and NCCL but no Debian packages (no Gloo, maybe no GTest), so
 # the CPU communicator is left out there and GoogleTest is built from the carried copy.

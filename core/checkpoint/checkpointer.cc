@@ -1,5 +1,8 @@
 #include "core/checkpoint/checkpointer.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -203,8 +206,14 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   Stream& state = engine_.state_stream();
   if (!job->written.empty()) {
     job->file_bytes = at;
-    HPS_ASSIGN_OR_RETURN(job->staging,
-                         ckpt::HostStaging::allocate(state.device(), at - ckpt::kDataHeaderBytes));
+    const size_t bytes = at - ckpt::kDataHeaderBytes;
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (spare_.reuse(state.device(), bytes)) job->staging = std::move(spare_);
+    }
+    if (job->staging.data() == nullptr) {
+      HPS_ASSIGN_OR_RETURN(job->staging, ckpt::HostStaging::allocate(state.device(), bytes));
+    }
     // Alignment gaps are zeros in the file.
     uint64_t end = ckpt::kDataHeaderBytes;
     for (const auto& w : job->written) {
@@ -232,13 +241,19 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   auto mark = done->record_detached();
   auto work = std::make_shared<Work>("checkpoint save '" + name + "'", std::move(done));
   writer_ = std::thread([this, job = std::move(job), work, mark]() mutable {
+    // Beside training, the writing takes what the training threads leave.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
     Status s;
     try {
       s = write_job(*job);
     } catch (const std::exception& e) {
       s = internal_error(std::string("checkpoint: unexpected exception: ") + e.what());
     }
-    job.reset();  // the staging memory goes before the save counts as done
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (job->staging.size() >= spare_.size()) spare_ = std::move(job->staging);
+    }
+    job.reset();
     work->set_status(s);
     mark->complete();
   });

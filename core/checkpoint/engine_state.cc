@@ -13,7 +13,9 @@ std::vector<StateTensor> sharded_state_tensors(const LayoutPlan& plan, int32_t s
     const ParamSpec& p = plan.params()[i];
     const Placement& pl = plan.placement(i);
     const FlatBuffer& buf = plan.buffers()[pl.buffer];
-    const auto [lo, hi] = plan.local_part(i, shard_rank);
+    // Plain variables, not a structured binding: the lambda below captures them.
+    const auto part = plan.local_part(i, shard_rank);
+    const uint64_t lo = part.first, hi = part.second;
     // Where this parameter's local part starts within the shard, in elements.
     const uint64_t shard_begin = plan.shard(pl.buffer, shard_rank).first;
     const uint64_t at = lo == hi ? 0 : pl.offset + lo - shard_begin;

@@ -47,27 +47,22 @@ class FileSet {
   std::vector<std::unique_ptr<File>> files_;
 };
 
-// Reads elements [begin, end) of `chunk` (all of it when it has a checksum, verified).
-// Returns the element the buffer starts at.
-StatusOr<uint64_t> read_chunk(const SourceIndex& source, FileSet& files, const StoredTensor& t,
-                              const StoredChunk& chunk, uint64_t begin, uint64_t end,
-                              std::vector<uint8_t>& buffer) {
+// Reads elements [begin, end) of `chunk` into `out`, and checks the checksum when they
+// are the whole chunk and it has one.
+Status read_into(const SourceIndex& source, FileSet& files, const StoredTensor& t,
+                 const StoredChunk& chunk, uint64_t begin, uint64_t end, uint8_t* out) {
   const uint64_t element = dtype_size(t.dtype);
-  if (chunk.xxh3) {
-    begin = chunk.begin;
-    end = chunk.end;
-  }
   HPS_ASSIGN_OR_RETURN(const File* file, files.get(chunk.file, t.name));
-  buffer.resize((end - begin) * element);
+  const uint64_t bytes = (end - begin) * element;
   const uint64_t offset = chunk.offset + (begin - chunk.begin) * element;
-  Status s = file->pread_all(buffer.data(), buffer.size(), offset);
+  Status s = file->pread_all(out, bytes, offset);
   if (!s.ok()) {
     return Status(s.code(), source.description + ": tensor '" + t.name + "' elements [" +
                                 std::to_string(begin) + ", " + std::to_string(end) +
                                 "): " + s.message());
   }
-  if (chunk.xxh3) {
-    const uint64_t sum = checksum(buffer.data(), buffer.size());
+  if (chunk.xxh3 && begin == chunk.begin && end == chunk.end) {
+    const uint64_t sum = checksum(out, bytes);
     if (sum != *chunk.xxh3) {
       return invalid_argument(
           source.description + ": tensor '" + t.name + "' elements [" + std::to_string(begin) +
@@ -76,6 +71,20 @@ StatusOr<uint64_t> read_chunk(const SourceIndex& source, FileSet& files, const S
           hex64(*chunk.xxh3) + ", read " + hex64(sum) + "): the data is corrupt");
     }
   }
+  return Status::Ok();
+}
+
+// Reads elements [begin, end) of `chunk` into `buffer` (all of it when it has a checksum,
+// verified). Returns the element the buffer starts at.
+StatusOr<uint64_t> read_chunk(const SourceIndex& source, FileSet& files, const StoredTensor& t,
+                              const StoredChunk& chunk, uint64_t begin, uint64_t end,
+                              std::vector<uint8_t>& buffer) {
+  if (chunk.xxh3) {
+    begin = chunk.begin;
+    end = chunk.end;
+  }
+  buffer.resize((end - begin) * dtype_size(t.dtype));
+  HPS_RETURN_IF_ERROR(read_into(source, files, t, chunk, begin, end, buffer.data()));
   return begin;
 }
 
@@ -106,6 +115,16 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
       begin = std::min(begin, plan.pieces[j].begin);
       end = std::max(end, plan.pieces[j].end);
       ++j;
+    }
+    const TargetRange& only = targets[first.target];
+    if (j == i + 1 && only.dtype == t.dtype && first.begin == chunk.begin &&
+        first.end == chunk.end) {
+      // A whole chunk for one target in its own dtype: read straight into place.
+      uint8_t* out =
+          staging[first.target].data() + (first.begin - only.begin) * dtype_size(t.dtype);
+      HPS_RETURN_IF_ERROR(read_into(source, files, t, chunk, first.begin, first.end, out));
+      i = j;
+      continue;
     }
     HPS_ASSIGN_OR_RETURN(uint64_t at, read_chunk(source, files, t, chunk, begin, end, buffer));
     for (size_t k = i; k < j; ++k) {

@@ -14,9 +14,13 @@ namespace hps::ckpt {
 HostStaging::~HostStaging() { release(); }
 
 HostStaging::HostStaging(HostStaging&& other) noexcept
-    : data_(other.data_), size_(other.size_), pinned_(other.pinned_) {
+    : data_(other.data_),
+      size_(other.size_),
+      capacity_(other.capacity_),
+      device_(other.device_),
+      pinned_(other.pinned_) {
   other.data_ = nullptr;
-  other.size_ = 0;
+  other.size_ = other.capacity_ = 0;
 }
 
 HostStaging& HostStaging::operator=(HostStaging&& other) noexcept {
@@ -24,9 +28,11 @@ HostStaging& HostStaging::operator=(HostStaging&& other) noexcept {
     release();
     data_ = other.data_;
     size_ = other.size_;
+    capacity_ = other.capacity_;
+    device_ = other.device_;
     pinned_ = other.pinned_;
     other.data_ = nullptr;
-    other.size_ = 0;
+    other.size_ = other.capacity_ = 0;
   }
   return *this;
 }
@@ -44,10 +50,18 @@ void HostStaging::release() {
   data_ = nullptr;
 }
 
+bool HostStaging::reuse(Device device, size_t bytes) {
+  if (data_ == nullptr || !(device == device_) || bytes > capacity_) return false;
+  size_ = bytes;
+  return true;
+}
+
 StatusOr<HostStaging> HostStaging::allocate(Device device, size_t bytes) {
   HostStaging s;
   s.size_ = bytes;
   const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  s.capacity_ = rounded;
+  s.device_ = device;
   if (device.type == DeviceType::kCuda) {
 #if HPS_HAVE_CUDA
     void* p = nullptr;

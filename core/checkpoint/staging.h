@@ -24,11 +24,15 @@ class HostStaging {
   static StatusOr<HostStaging> allocate(Device device, size_t bytes);
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  // Reuse for `bytes` bytes of copies to and from `device`, when the memory suffices.
+  bool reuse(Device device, size_t bytes);
 
  private:
   void release();
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  size_t capacity_ = 0;
+  Device device_;
   bool pinned_ = false;
 };
 
