@@ -224,18 +224,25 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   }
   // The snapshot: after the work on the state stream so far, on the side stream; the state
   // stream's later work (the next steps' updates) waits for the copies.
-  HPS_ASSIGN_OR_RETURN(auto ready, create_event(state.device()));
-  HPS_RETURN_IF_ERROR(ready->record(state));
-  HPS_RETURN_IF_ERROR(side_->wait(*ready));
-  for (const auto& w : job->written) {
-    const StateTensor& t = job->tensors[w.tensor];
-    HPS_RETURN_IF_ERROR(
-        side_->memcpy_async(job->staging.data() + (w.offset - ckpt::kDataHeaderBytes), t.data,
-                            (t.end - t.begin) * dtype_size(t.dtype)));
+  Status snapshot = [&]() -> Status {
+    HPS_ASSIGN_OR_RETURN(auto ready, create_event(state.device()));
+    HPS_RETURN_IF_ERROR(ready->record(state));
+    HPS_RETURN_IF_ERROR(side_->wait(*ready));
+    for (const auto& w : job->written) {
+      const StateTensor& t = job->tensors[w.tensor];
+      HPS_RETURN_IF_ERROR(
+          side_->memcpy_async(job->staging.data() + (w.offset - ckpt::kDataHeaderBytes), t.data,
+                              (t.end - t.begin) * dtype_size(t.dtype)));
+    }
+    HPS_ASSIGN_OR_RETURN(job->snapshot, create_event(state.device()));
+    HPS_RETURN_IF_ERROR(job->snapshot->record(*side_));
+    return state.wait(*job->snapshot);
+  }();
+  if (!snapshot.ok()) {
+    // Copies may be queued into the staging memory this return frees.
+    (void)side_->synchronize();
+    return snapshot;
   }
-  HPS_ASSIGN_OR_RETURN(job->snapshot, create_event(state.device()));
-  HPS_RETURN_IF_ERROR(job->snapshot->record(*side_));
-  HPS_RETURN_IF_ERROR(state.wait(*job->snapshot));
 
   auto done = std::make_unique<cpu::CpuEvent>();
   auto mark = done->record_detached();

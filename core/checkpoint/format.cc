@@ -37,7 +37,9 @@ Status check_checkpoint_name(std::string_view name) {
   if (name.front() == '.') {
     return invalid_argument("checkpoint name '" + std::string(name) + "' starts with '.'");
   }
-  if (name == kLatestFile) return invalid_argument("'latest' names the pointer file");
+  if (name == kLatestFile || name == std::string(kLatestFile) + ".tmp") {
+    return invalid_argument("'" + std::string(name) + "' names the latest pointer's file");
+  }
   for (char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '.' || c == '_' || c == '-';

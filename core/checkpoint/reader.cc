@@ -20,8 +20,8 @@ class FileSet {
     const StoredFile& f = source_.files[index];
     const std::string path = join_path(source_.directory, f.name);
     auto context = [&](const Status& s) {
-      return Status(s.code(), source_.description + ": " + s.message() + " (it holds tensor '" +
-                                  tensor + "')");
+      const std::string holds = tensor.empty() ? "" : " (it holds tensor '" + tensor + "')";
+      return Status(s.code(), source_.description + ": " + s.message() + holds);
     };
     auto file = File::open_read(path);
     if (!file.ok()) return context(file.status());
@@ -153,7 +153,7 @@ StatusOr<VerifyReport> verify_source(const SourceIndex& source) {
   }
   // Files no tensor points into still belong to the checkpoint: check them too.
   for (uint32_t f = 0; f < source.files.size(); ++f) {
-    HPS_RETURN_IF_ERROR(files.get(f, "(none)").status());
+    HPS_RETURN_IF_ERROR(files.get(f, "").status());
     ++report.files;
   }
   return report;

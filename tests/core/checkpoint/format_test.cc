@@ -126,7 +126,7 @@ TEST(Format, ChunksAreCutAtGlobalMultiples) {
 TEST(Format, NamesHeadersAndChecksums) {
   EXPECT_EQ(data_file_name(3), "rank-00003.bin");
   EXPECT_TRUE(check_checkpoint_name("step-100_a.b").ok());
-  for (const char* bad : {"", ".hidden", "a/b", "latest", "x y", "../up"}) {
+  for (const char* bad : {"", ".hidden", "a/b", "latest", "latest.tmp", "x y", "../up"}) {
     EXPECT_FALSE(check_checkpoint_name(bad).ok()) << bad;
   }
   const std::string id = new_checkpoint_id();
