@@ -12,6 +12,7 @@ packages=(
   bindgen rpm rpm2cpio cpio
   libdlpack-dev abigail-tools
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libssl-dev
+  nlohmann-json3-dev libxxhash-dev libcli11-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -13,23 +13,6 @@ using hps::capi::raw_enum;
 
 namespace {
 
-// What a handle and its DLPack views share. Members go in reverse order: the engine, then
-// the compute stream it may still use while it finishes.
-struct EngineState {
-  std::shared_ptr<hps::Stream> compute_stream;
-  std::unique_ptr<hps::ShardedEngine> engine;
-};
-
-}  // namespace
-
-struct hps_engine {
-  std::shared_ptr<EngineState> state;
-  hps::ShardedEngine* impl;  // state->engine
-  hps::Device device;        // the sharding communicator's, fixed at creation
-};
-
-namespace {
-
 // The defaults hps_engine_options_init sets.
 hps_engine_options_t default_options() {
   const hps::EngineOptions d;
@@ -110,7 +93,7 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
     o.growth_factor = given.growth_factor;
     o.backoff_factor = given.backoff_factor;
     o.growth_interval = given.growth_interval;
-    auto state = std::make_shared<EngineState>();
+    auto state = std::make_shared<hps::capi::EngineState>();
     const hps::Device device = sharding->impl->device();
     if (given.compute_stream != nullptr) {
       state->compute_stream = given.compute_stream->impl;

@@ -6,6 +6,7 @@
 #include "core/comm/communicator.h"
 #include "core/comm/store.h"
 #include "core/device/stream.h"
+#include "core/sharding/sharded_engine.h"
 #include "core/topology/hybrid_group.h"
 #include "core/topology/topology.h"
 
@@ -35,4 +36,21 @@ struct hps_topology {
 
 struct hps_hybrid_group {
   std::unique_ptr<hps::HybridGroup> impl;
+};
+
+namespace hps::capi {
+
+// What an engine handle, its DLPack views and its checkpoint handles share. Members go in
+// reverse order: the engine, then the compute stream it may still use while it finishes.
+struct EngineState {
+  std::shared_ptr<hps::Stream> compute_stream;
+  std::unique_ptr<hps::ShardedEngine> engine;
+};
+
+}  // namespace hps::capi
+
+struct hps_engine {
+  std::shared_ptr<hps::capi::EngineState> state;
+  hps::ShardedEngine* impl;  // state->engine
+  hps::Device device;        // the sharding communicator's, fixed at creation
 };

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/checkpoint/engine_state.h"
 #include "core/comm/agreement.h"
 
 namespace hps {
@@ -185,6 +186,48 @@ StatusOr<std::vector<std::vector<float>>> EngineBase::gather_all() {
     }
   }
   return out;
+}
+
+// ---- Checkpointable ----
+
+StatusOr<std::vector<StateTensor>> EngineBase::state_tensors() {
+  HPS_RETURN_IF_ERROR(check_sealed("state_tensors()"));
+  HPS_RETURN_IF_ERROR(check_loadable());  // stage 3: the shards exist after initialisation
+  ShardPointers shards;
+  shards.adamw = options_.optimizer == OptimizerKind::kAdamW;
+  const StorageRole state_a = shards.adamw ? StorageRole::kExpAvg : StorageRole::kMomentum;
+  for (size_t b = 0; b < plan_.buffers().size(); ++b) {
+    const bool wide = plan_.buffers()[b].dtype == DType::kFloat32;
+    shards.params.push_back(model_parameter_shard(b).get());
+    // fp32 parameters are their own masters; fp16 / bf16 ones keep fp32 masters.
+    shards.masters.push_back(wide ? nullptr : storage_->get<float>(StorageRole::kMasters, b).get());
+    shards.state_a.push_back(storage_->get<float>(state_a, b).get());
+    shards.state_b.push_back(storage_->get<float>(StorageRole::kExpAvgSq, b).get());
+  }
+  StepState* step = optimizer_->state().get();  // addresses, read by copies on the stream
+  return sharded_state_tensors(
+      plan_, sharding_->rank(), dp_ ? dp_->rank() : 0, shards,
+      {&step->loss_scale, &step->good_steps, &step->applied_steps, &step->skipped_steps});
+}
+
+CheckpointTopology EngineBase::checkpoint_topology() const {
+  return {stage(),
+          sharding_->size(),
+          sharding_->rank(),
+          dp_ ? dp_->size() : 1,
+          dp_ ? dp_->rank() : 0,
+          options_.alignment_bytes};
+}
+
+Status EngineBase::begin_state_load() {
+  HPS_RETURN_IF_ERROR(check_sealed("a state load"));
+  HPS_RETURN_IF_ERROR(check_loadable());
+  if (!buckets_.between_steps()) {
+    return failed_precondition(
+        "engine: state can be loaded between steps only (gradients have checked in since the "
+        "last step())");
+  }
+  return synchronize();
 }
 
 }  // namespace hps

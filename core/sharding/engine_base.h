@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/checkpoint/checkpointable.h"
 #include "core/kernels/kernel_table.h"
 #include "core/sharding/grad_buckets.h"
 #include "core/sharding/sharded_engine.h"
@@ -16,7 +17,7 @@
 
 namespace hps {
 
-class EngineBase : public ShardedEngine {
+class EngineBase : public ShardedEngine, public Checkpointable {
  public:
   ~EngineBase() override = default;
 
@@ -31,6 +32,17 @@ class EngineBase : public ShardedEngine {
   const int64_t* skipped_steps() const override;
   uint64_t resident_bytes() const override;
   int64_t steps_taken() const { return steps_; }
+
+  // ---- Checkpointable (core/checkpoint/checkpointable.h) ----
+  // The parameter shards (model dtype), fp32 masters, optimizer state and the step state,
+  // on the engine's device; the optimizer stream writes all of them last.
+  StatusOr<std::vector<StateTensor>> state_tensors() override;
+  Stream& state_stream() override { return optimizer_stream(); }
+  CheckpointTopology checkpoint_topology() const override;
+  const EngineOptions& checkpoint_options() const override { return options_; }
+  // Between steps only (no gradient checked in since the last step(); stage 3: no unit
+  // gathered); waits for the work in flight.
+  Status begin_state_load() override;
 
  protected:
   EngineBase(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
@@ -58,6 +70,10 @@ class EngineBase : public ShardedEngine {
   virtual std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const = 0;
   // Bytes held outside the storages (stage 3's full buffers).
   virtual uint64_t transient_bytes() const { return 0; }
+  // Buffer b's parameter shard in the model dtype: what "param/<p>" of a checkpoint holds.
+  virtual DevicePtr<void> model_parameter_shard(size_t b) const = 0;
+  // The stage's own reasons a load must wait (stage 3: a gathered unit).
+  virtual Status check_loadable() const { return Status::Ok(); }
   // The ShardStep of trainable buffer b with its clip spans; the stage fills in where its
   // gradients and parameters are.
   ShardStep shard_step(size_t b) const;

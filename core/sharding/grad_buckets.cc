@@ -48,6 +48,14 @@ void GradBuckets::completed(const LayoutPlan& plan, size_t b) {
   ++micro_batch_;  // after the last micro-batch: == accumulation_steps_, the step is due
 }
 
+bool GradBuckets::between_steps() const {
+  if (micro_batch_ != 0) return false;
+  for (size_t b = 0; b < checked_in_.size(); ++b) {
+    if (complete_[b] || pending_[b] != checked_in_[b].size()) return false;
+  }
+  return true;
+}
+
 Status GradBuckets::check_step_due() const {
   if (micro_batch_ == accumulation_steps_) return Status::Ok();
   return failed_precondition(

@@ -29,6 +29,8 @@ class GradBuckets {
   bool last_micro_batch() const { return micro_batch_ == accumulation_steps_ - 1; }
   // FAILED_PRECONDITION unless every gradient checked in on the last micro-batch.
   Status check_step_due() const;
+  // No gradient checked in since the last step() (or ever).
+  bool between_steps() const;
   // step() enqueued the update: the next step's first micro-batch starts.
   void stepped() { micro_batch_ = 0; }
 

@@ -192,4 +192,17 @@ Status Stage2Engine::synchronize() {
   return compute().synchronize();
 }
 
+Status Stage2Engine::end_state_load() {
+  HPS_RETURN_IF_ERROR(check_sealed("a state load"));
+  for (size_t b = 0; b < plan_.buffers().size(); ++b) {
+    const FlatBuffer& buf = plan_.buffers()[b];
+    HPS_ASSIGN_OR_RETURN(
+        gathered_[b],
+        sharding_->all_gather(own_parameters(b).get(), storage_->get(StorageRole::kParams, b).get(),
+                              buf.shard_numel, buf.dtype, &optimizer_stream()));
+    HPS_RETURN_IF_ERROR(gathered_[b]->wait());
+  }
+  return Status::Ok();
+}
+
 }  // namespace hps

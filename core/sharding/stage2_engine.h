@@ -37,10 +37,13 @@ class Stage2Engine final : public EngineBase {
   // Enqueues the optimizer step and the parameter all-gathers. Host syncs: none.
   Status step() override;
   Status synchronize() override;
+  // All-gathers the loaded parameter shards into the full parameters (collective).
+  Status end_state_load() override;
 
  private:
   using EngineBase::EngineBase;
   std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const override;
+  DevicePtr<void> model_parameter_shard(size_t b) const override { return own_parameters(b); }
   // Buffer b's slice of the full parameters that this rank owns.
   DevicePtr<void> own_parameters(size_t b) const;
   Status launch_reduce(size_t b, Stream& ready);

@@ -320,4 +320,35 @@ Status Stage3Engine::synchronize() {
   return compute().synchronize();
 }
 
+DevicePtr<void> Stage3Engine::model_parameter_shard(size_t b) const {
+  // fp32 buffers send their masters; fp16 / bf16 ones their rounded shard.
+  return storage_->holds(StorageRole::kWireShard, b) ? storage_->get(StorageRole::kWireShard, b)
+                                                     : storage_->get(StorageRole::kMasters, b);
+}
+
+Status Stage3Engine::check_loadable() const {
+  if (!initialised_) {
+    return failed_precondition("engine: stage 3 has state after broadcast_parameters()");
+  }
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (buffers_[b].in_use || buffers_[b].grads) {
+      return failed_precondition("engine: unit " + std::to_string(plan_.buffers()[b].unit) +
+                                 " is gathered: release it before loading state");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Stage3Engine::end_state_load() {
+  HPS_RETURN_IF_ERROR(check_loadable());
+  for (Unit& u : buffers_) {
+    if (!u.params) continue;
+    // Prefetched or kept live before the load: stale. Every user is done (the load waited).
+    HPS_RETURN_IF_ERROR(pool_->give_back(std::move(u.params), sharding_->stream()));
+    u.gathering.reset();
+    u.used = false;
+  }
+  return Status::Ok();
+}
+
 }  // namespace hps

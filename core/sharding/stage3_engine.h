@@ -38,6 +38,8 @@ class Stage3Engine final : public EngineBase {
   Status grad_ready(size_t index, Stream* ready) override;
   Status step() override;
   Status synchronize() override;
+  // Drops the units gathered before the load (their values are stale).
+  Status end_state_load() override;
 
   // The most bytes held at once since broadcast_parameters().
   uint64_t peak_resident_bytes() const { return peak_resident_; }
@@ -56,6 +58,8 @@ class Stage3Engine final : public EngineBase {
                EngineOptions options, bool checked_views);
   std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const override;
   uint64_t transient_bytes() const override;
+  DevicePtr<void> model_parameter_shard(size_t b) const override;
+  Status check_loadable() const override;
   Status start_gather(size_t b);
   void note_resident();
 

@@ -4,11 +4,21 @@
  * and the host syncs the engine caused.
  *
  *   hpshard-run -n 4 -- hpshard_train_mlp [--steps N] [--stage 2|3] [--adamw] [--clip MAX_NORM]
+ *                      [--checkpoint-dir DIR [--save-every N] [--resume] [--die-at STEP]]
+ *                      [--dump FILE]
+ *
+ * With --checkpoint-dir, every --save-every steps the job saves a checkpoint asynchronously
+ * (the steps that follow overlap its writing); --resume loads the newest one first, at any
+ * number of ranks, and continues from the step its metadata records (the unsharded
+ * reference replays the steps before it); --die-at kills the job with SIGKILL at the start
+ * of that step, once the last save is published. --dump writes the final parameters.
  *
  * The MLP is small, so every layer's parameters are gathered for the whole forward and
  * backward of a step; a framework with large layers gathers and releases per layer.
  */
+#define _POSIX_C_SOURCE 200809L /* SIGKILL */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +137,34 @@ static void reference_step(reference_t* r, const hps_engine_options_t* o) {
   }
 }
 
+/* One step of the unsharded reference on the full batch; returns its loss. */
+static double reference_train_step(reference_t* ref, const hps_engine_options_t* options, int step,
+                                   int inject_inf) {
+  int l, i;
+  const double loss = forward_backward(&ref->m, step, 0, kBatch, 1.0f);
+  if (options->clip_max_norm > 0) {
+    double sq = 0, coef;
+    for (l = 0; l < kLayers; ++l) {
+      for (i = 0; i < kFanIn[l] * kFanOut[l]; ++i) sq += (double)ref->m.gw[l][i] * ref->m.gw[l][i];
+      for (i = 0; i < kFanOut[l]; ++i) sq += (double)ref->m.gb[l][i] * ref->m.gb[l][i];
+    }
+    coef = options->clip_max_norm / (fmax(sqrt(sq), options->clip_max_norm) + 1e-6);
+    for (l = 0; l < kLayers; ++l) {
+      for (i = 0; i < kFanIn[l] * kFanOut[l]; ++i) ref->m.gw[l][i] *= (float)coef;
+      for (i = 0; i < kFanOut[l]; ++i) ref->m.gb[l][i] *= (float)coef;
+    }
+  }
+  if (step == inject_inf) { /* the engine skips this step on every rank: so does the reference */
+    for (l = 0; l < kLayers; ++l) {
+      memset(ref->m.gw[l], 0, sizeof(float) * (size_t)(kFanIn[l] * kFanOut[l]));
+      memset(ref->m.gb[l], 0, sizeof(float) * (size_t)kFanOut[l]);
+    }
+  } else {
+    reference_step(ref, options);
+  }
+  return loss;
+}
+
 static float* zeros(int n) { return (float*)calloc((size_t)n, sizeof(float)); }
 
 int main(int argc, char** argv) {
@@ -138,7 +176,12 @@ int main(int argc, char** argv) {
   model_t sharded;
   reference_t ref;
   size_t index[2 * kLayers];
-  int steps = 10, l, i, step, a, inject_inf = -1;
+  int steps = 10, l, i, step, a, inject_inf = -1, save_every = 0, resume = 0, die_at = -1;
+  int first_step = 0;
+  const char* checkpoint_dir = NULL;
+  const char* dump = NULL;
+  hps_checkpoint_t* checkpoint = NULL;
+  hps_work_t* save_work = NULL;
   const float* loss_scale = NULL;
   const int64_t* skipped = NULL;
   uint64_t resident = 0;
@@ -163,13 +206,28 @@ int main(int argc, char** argv) {
       inject_inf = atoi(argv[++a]);
     else if (strcmp(argv[a], "--stage") == 0 && a + 1 < argc)
       options.stage = atoi(argv[++a]);
+    else if (strcmp(argv[a], "--checkpoint-dir") == 0 && a + 1 < argc)
+      checkpoint_dir = argv[++a];
+    else if (strcmp(argv[a], "--save-every") == 0 && a + 1 < argc)
+      save_every = atoi(argv[++a]);
+    else if (strcmp(argv[a], "--resume") == 0)
+      resume = 1;
+    else if (strcmp(argv[a], "--die-at") == 0 && a + 1 < argc)
+      die_at = atoi(argv[++a]);
+    else if (strcmp(argv[a], "--dump") == 0 && a + 1 < argc)
+      dump = argv[++a];
     else {
       fprintf(stderr,
               "usage: %s [--steps N] [--stage 2|3] [--adamw] [--clip MAX_NORM] "
-              "[--loss-scaling] [--inject-inf STEP]\n",
+              "[--loss-scaling] [--inject-inf STEP] [--checkpoint-dir DIR [--save-every N] "
+              "[--resume] [--die-at STEP]] [--dump FILE]\n",
               argv[0]);
       return 2;
     }
+  }
+  if ((save_every > 0 || resume) && checkpoint_dir == NULL) {
+    fprintf(stderr, "--save-every and --resume need --checkpoint-dir\n");
+    return 2;
   }
 
   TRY(hps_rendezvous_info_init(&info, sizeof info));
@@ -199,6 +257,27 @@ int main(int argc, char** argv) {
     for (i = 0; i < kFanOut[l]; ++i) sharded.b[l][i] = 0;
   }
   TRY(hps_engine_broadcast_parameters(engine)); /* rank 0's initial values everywhere */
+  if (checkpoint_dir != NULL) {
+    hps_checkpoint_options_t checkpoint_options;
+    TRY(hps_checkpoint_options_init(&checkpoint_options, sizeof checkpoint_options));
+    checkpoint_options.keep_last = 2;
+    TRY(hps_checkpoint_create(engine, world, checkpoint_dir, &checkpoint_options, &checkpoint));
+  }
+  if (resume) { /* the newest checkpoint, whatever world size wrote it */
+    char text[32];
+    size_t length = 0;
+    hps_checkpoint_info_t info_saved;
+    TRY(hps_checkpoint_load(checkpoint, NULL, NULL));
+    TRY(hps_checkpoint_metadata(checkpoint, "step", text, sizeof text, &length));
+    first_step = atoi(text);
+    TRY(hps_checkpoint_info_init(&info_saved, sizeof info_saved));
+    TRY(hps_checkpoint_inspect(checkpoint_dir, &info_saved));
+    if (info.rank == 0) {
+      printf("resumed from checkpoint %s (step %d, saved by %d ranks at stage %d) on %d ranks\n",
+             info_saved.name, first_step, (int)info_saved.world, (int)info_saved.stage,
+             (int)info.world_size);
+    }
+  }
   TRY(hps_engine_resident_bytes(engine, &resident));
 
   memset(&ref, 0, sizeof ref);
@@ -228,11 +307,23 @@ int main(int argc, char** argv) {
     printf("%5s  %14s  %14s  %10s  %s\n", "step", "loss (sharded)", "loss (1 rank)", "rel diff",
            "host syncs in step");
   }
-  for (step = 0; step < steps; ++step) {
+  /* A resumed run's reference replays the steps before the checkpoint. */
+  for (step = 0; step < first_step && info.rank == 0; ++step) {
+    reference_train_step(&ref, &options, step, inject_inf);
+  }
+  for (step = first_step; step < steps; ++step) {
     const int per_rank = kBatch / info.world_size;
     double local_loss, global_loss = 0, ref_loss = 0;
     uint64_t syncs = 0;
     hps_work_t* work = NULL;
+    if (step == die_at) { /* the job dies once its last checkpoint is published */
+      if (save_work != NULL) TRY(hps_work_wait(save_work));
+      if (info.rank == 0) {
+        printf("killing the job at step %d\n", step);
+        fflush(stdout);
+        raise(SIGKILL);
+      }
+    }
     TRY(hps_host_sync_reset());
     for (l = 0; l < kLayers; ++l) {
       /* The views are fetched after the wait: in stage 3 they exist only while gathered. */
@@ -260,29 +351,7 @@ int main(int argc, char** argv) {
     TRY(hps_work_wait(work));
     hps_work_destroy(work);
     if (info.rank == 0) {
-      ref_loss = forward_backward(&ref.m, step, 0, kBatch, 1.0f);
-      if (options.clip_max_norm > 0) {
-        double sq = 0, coef;
-        for (l = 0; l < kLayers; ++l) {
-          for (i = 0; i < kFanIn[l] * kFanOut[l]; ++i)
-            sq += (double)ref.m.gw[l][i] * ref.m.gw[l][i];
-          for (i = 0; i < kFanOut[l]; ++i) sq += (double)ref.m.gb[l][i] * ref.m.gb[l][i];
-        }
-        coef = options.clip_max_norm / (fmax(sqrt(sq), options.clip_max_norm) + 1e-6);
-        for (l = 0; l < kLayers; ++l) {
-          for (i = 0; i < kFanIn[l] * kFanOut[l]; ++i) ref.m.gw[l][i] *= (float)coef;
-          for (i = 0; i < kFanOut[l]; ++i) ref.m.gb[l][i] *= (float)coef;
-        }
-      }
-      if (step ==
-          inject_inf) { /* the engine skips this step on every rank: so does the reference */
-        for (l = 0; l < kLayers; ++l) {
-          memset(ref.m.gw[l], 0, sizeof(float) * (size_t)(kFanIn[l] * kFanOut[l]));
-          memset(ref.m.gb[l], 0, sizeof(float) * (size_t)kFanOut[l]);
-        }
-      } else {
-        reference_step(&ref, &options);
-      }
+      ref_loss = reference_train_step(&ref, &options, step, inject_inf);
       printf("%5d  %14.8f  %14.8f  %10.2e  %llu\n", step, global_loss, ref_loss,
              fabs(global_loss - ref_loss) / fmax(fabs(ref_loss), 1e-30), (unsigned long long)syncs);
       if (fabs(global_loss - ref_loss) > 1e-4 * fabs(ref_loss) || syncs != 0) {
@@ -290,6 +359,26 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+    if (save_every > 0 && (step + 1) % save_every == 0) {
+      /* Returns at once; the next steps overlap the writing (a save still in flight is
+         waited for first). */
+      char name[32], value[16];
+      const char* key = "step";
+      const char* text = value;
+      snprintf(name, sizeof name, "step-%d", step + 1);
+      snprintf(value, sizeof value, "%d", step + 1);
+      if (save_work != NULL) {
+        TRY(hps_work_wait(save_work));
+        TRY(hps_work_destroy(save_work));
+      }
+      TRY(hps_checkpoint_save(checkpoint, name, &key, &text, 1, &save_work));
+      if (info.rank == 0) printf("saving checkpoint %s in the background\n", name);
+    }
+  }
+  if (save_work != NULL) {
+    TRY(hps_work_wait(save_work));
+    TRY(hps_work_destroy(save_work));
+    if (info.rank == 0) printf("the last checkpoint is published\n");
   }
   TRY(hps_engine_synchronize(engine));
   { /* The full first weight (collective), as a checkpoint would save it, against the
@@ -329,6 +418,18 @@ int main(int argc, char** argv) {
              (unsigned long long)waits, (double)nanoseconds / 1e6);
     }
   }
+  if (dump != NULL) { /* the final parameters, gathered (collective), one per line */
+    FILE* out = info.rank == 0 ? fopen(dump, "w") : NULL;
+    for (l = 0; l < 2 * kLayers; ++l) {
+      const int n = l % 2 == 0 ? kFanIn[l / 2] * kFanOut[l / 2] : kFanOut[l / 2];
+      float* full = (float*)malloc(sizeof(float) * (size_t)n);
+      TRY(hps_engine_gather_parameter(engine, index[l], full, (uint64_t)n));
+      for (i = 0; i < n && out != NULL; ++i) fprintf(out, "%.9g\n", (double)full[i]);
+      free(full);
+    }
+    if (out != NULL) fclose(out);
+  }
+  TRY(hps_checkpoint_destroy(checkpoint));
   TRY(hps_engine_destroy(engine));
   TRY(hps_comm_destroy(world));
   TRY(hps_store_destroy(store));

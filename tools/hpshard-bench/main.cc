@@ -13,6 +13,8 @@
 //                      [--reps 5] [--warmup 1] [--optimizer adamw|sgd] [--clip X]
 //                      [--prefetch-window N] [--device cpu|cuda[:N]]
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
+//   hpshard-bench ckpt [--ranks N] [--bytes 64M] [--tensors N] [--reps N] [--steps N]
+//                      [--compute-passes N] [--dir DIR] [--json FILE] [--quiet]
 //
 // Exit status: 0 when every case ran and gave the right result; 1 on an error or a wrong
 // result; 2 for bad usage.
@@ -32,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/hpshard-bench/ckpt_bench.h"
 #include "tools/hpshard-bench/clip_bench.h"
 #include "tools/hpshard-bench/coll_bench.h"
 #include "tools/hpshard-bench/device_step.h"
@@ -98,7 +101,21 @@ const char kUsage[] =
     "  --device cpu|cuda[:N]   instead: the runtime's own step on that device at world size 1\n"
     "                          (no model compute; synthetic gradients), beside the optimizer\n"
     "                          kernel alone; exit 77 when the device is absent\n"
-    "  --json FILE, --no-torch, --torch-script FILE (torch_step.py), --quiet: as for coll\n";
+      "  --json FILE, --no-torch, --torch-script FILE (torch_step.py), --quiet: as for coll\n"
+    "\n"
+    "usage: hpshard-bench ckpt [options]\n"
+    "  Checkpoints of a Stage2Engine (AdamW, ranks as threads): save and load beside each\n"
+    "  rank writing (with fsync) and reading (cold cache) as many bytes plainly; a step while\n"
+    "  an asynchronous save is written beside the same step without one.\n"
+    "  --ranks N               ranks (default 2)\n"
+    "  --bytes SIZE            fp32 parameter bytes (suffix K, M or G; AdamW saves 3x; default "
+    "64M)\n"
+    "  --tensors N             parameters, one unit each (default 8)\n"
+    "  --reps N                repetitions (default 3)\n"
+    "  --steps N               steps timed with and without a save, per repetition (default 6)\n"
+    "  --compute-passes N      passes over the parameters in a step's compute (default 4)\n"
+    "  --dir DIR               where the checkpoints go (default: a temporary directory)\n"
+    "  --json FILE, --quiet: as for coll\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "hpshard-bench: %s\n%s", message.c_str(), kUsage);
@@ -700,6 +717,45 @@ int main_step(int argc, char** argv) {
   return write_json(cli.json_path, step_to_json(cli.config, info, worlds));
 }
 
+// ---- ckpt ----
+
+int main_ckpt(int argc, char** argv) {
+  CkptConfig c;
+  std::string json_path, unused_script;
+  bool unused_torch = false;
+  parse_options(argc, argv, json_path, unused_torch, unused_script, c.progress,
+                [&](std::string_view flag, auto& value, auto& integer, auto&) {
+                  if (flag == "--ranks") {
+                    c.ranks = static_cast<int32_t>(integer(1, 16));
+                  } else if (flag == "--bytes") {
+                    const std::string v(value());
+                    auto bytes = parse_bytes(v);
+                    if (!bytes || *bytes < 4096)
+                      usage_error("--bytes: '" + v + "' is not 4K to 4G");
+                    c.bytes = *bytes;
+                  } else if (flag == "--tensors") {
+                    c.tensors = static_cast<int32_t>(integer(1, 1024));
+                  } else if (flag == "--reps") {
+                    c.reps = static_cast<int32_t>(integer(1, 1000));
+                  } else if (flag == "--steps") {
+                    c.steps = static_cast<int32_t>(integer(1, 10000));
+                  } else if (flag == "--compute-passes") {
+                    c.compute_passes = static_cast<int32_t>(integer(0, 1000));
+                  } else if (flag == "--dir") {
+                    c.dir = value();
+                  } else {
+                    return false;
+                  }
+                  return true;
+                });
+  RunInfo info = run_info(argc, argv);
+  info.torch = "no torch column for checkpoints";
+  const CkptResult result = run_ckpt(c);
+  print_ckpt(stdout, c, info, result);
+  if (write_json(json_path, ckpt_to_json(c, info, result)) != 0) return 1;
+  return result.loaded_equal ? 0 : 1;
+}
+
 int main_coll(int argc, char** argv) {
   Cli cli = parse(argc, argv);
   RunInfo info = run_info(argc, argv);
@@ -729,5 +785,6 @@ int main(int argc, char** argv) {
   if (family == "coll") return main_coll(argc, argv);
   if (family == "clip") return main_clip(argc, argv);
   if (family == "step") return main_step(argc, argv);
+  if (family == "ckpt") return main_ckpt(argc, argv);
   usage_error("unknown benchmark family '" + std::string(family) + "'");
 }

@@ -1056,6 +1056,168 @@ HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManage
 /** Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds. */
 HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds);
 
+/* ------------------------------------------------------------------------ */
+/* Checkpoints                                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * Sharded, asynchronous, atomic, verified checkpoints of an engine, loadable into any
+ * topology (docs/checkpoints.md). A checkpoint is a directory <root>/<name>: one data file
+ * per writing rank holding ranges of the logical (unsharded) tensors — parameters in their
+ * dtype, fp32 masters, SGD momentum or AdamW exp_avg / exp_avg_sq, the loss-scaling state
+ * and step counts — each chunk with an XXH3 checksum, and manifest.json, written last.
+ * It is published by fsync and rename; <root>/latest names the newest. Every rank of the
+ * group must see <root> (one host, or a shared filesystem).
+ *
+ * A save returns at once: the state is copied in stream order after the work already
+ * enqueued (the next steps cannot change what is saved, and count no host sync), and a
+ * background thread writes and publishes. A load reads only this rank's ranges, checks
+ * every checksum, converts between stage 2 and 3, sharding and dp degrees, bucket layouts
+ * and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every
+ * rank read everything. One hps_checkpoint_t per engine; one root per job.
+ * Thread safety: one thread at a time per handle (its saves write on a thread of their own).
+ */
+typedef struct hps_checkpoint hps_checkpoint_t;
+
+/** Checkpoint options. ABI-extensible. */
+typedef struct hps_checkpoint_options {
+  size_t struct_size;   /**< set by hps_checkpoint_options_init */
+  int32_t keep_last;    /**< > 0: after a save is published, delete checkpoints under the root
+                             beyond the newest keep_last (default 0: keep all) */
+  uint64_t chunk_bytes; /**< ranges are checksummed in chunks of this size (default 1 MiB) */
+  int64_t timeout_ms;   /**< bound on each agreement among the ranks of a save or load
+                             (default 1800000) */
+} hps_checkpoint_options_t;
+
+/** Set the defaults and struct_size. Errors: INVALID_ARGUMENT. */
+HPS_API hps_status_t hps_checkpoint_options_init(hps_checkpoint_options_t* options,
+                                                 size_t struct_size);
+
+/**
+ * A checkpoint handle for `engine`, saving under `root` (created when missing). Collective
+ * over `group`: a CPU communicator of exactly the ranks holding the engine's state (its
+ * sharding x dp ranks); the handle uses a communicator split from it, so `group` may be
+ * used for other work meanwhile. `options` may be NULL. The engine and `group` must outlive
+ * the handle. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another
+ * size or device, bad options), UNIMPLEMENTED (an engine without checkpoint support),
+ * BACKEND_ERROR (root cannot be created).
+ */
+HPS_API hps_status_t hps_checkpoint_create(hps_engine_t* engine, hps_comm_t* group,
+                                           const char* root,
+                                           const hps_checkpoint_options_t* options,
+                                           hps_checkpoint_t** out_checkpoint);
+
+/** Wait for a save in flight, then free the handle; NULL is a no-op. */
+HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
+
+/**
+ * Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting
+ * with '.') with `count` metadata entries keys[i] = values[i] (strings, copied; e.g. the
+ * framework's step and data-loader position). Every rank calls it at the same point of
+ * training, after the step whose state it saves. Returns at once with *out_work (owned by the
+ * caller, freed with hps_work_destroy): hps_work_test / hps_work_wait tell when the
+ * checkpoint is published on every rank, or how it failed (the same error on every rank;
+ * nothing is published then and the previous checkpoints stay intact). A save while another
+ * is in flight first waits for it (a host-blocking wait, counted as a host sync). Errors:
+ * INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (a checkpoint of that name exists),
+ * FAILED_PRECONDITION (the engine has no state yet).
+ */
+HPS_API hps_status_t hps_checkpoint_save(hps_checkpoint_t* checkpoint, const char* name,
+                                         const char* const* keys, const char* const* values,
+                                         size_t count, hps_work_t** out_work);
+
+/** Load options. ABI-extensible. */
+typedef struct hps_checkpoint_load_options {
+  size_t struct_size;    /**< set by hps_checkpoint_load_options_init */
+  int32_t allow_partial; /**< 1: tensors the source lacks stay unchanged and tensors the engine
+                              lacks are skipped, instead of an error naming them (default 0) */
+} hps_checkpoint_load_options_t;
+
+/** Set the defaults and struct_size. Errors: INVALID_ARGUMENT. */
+HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_options_t* options,
+                                                      size_t struct_size);
+
+/**
+ * Load checkpoint <root>/<name>, or the one <root>/latest names when `name` is NULL, into the
+ * engine, whatever topology and parameter dtypes wrote it. Collective over the group,
+ * host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3).
+ * `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such
+ * checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;
+ * tensors missing or extra; another model — the message names the file and the tensor),
+ * FAILED_PRECONDITION (in the middle of a step, a unit gathered).
+ */
+HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const char* name,
+                                         const hps_checkpoint_load_options_t* options);
+
+/**
+ * Initialise the engine's parameters (and fp32 masters) from the safetensors file `path`,
+ * whose tensors carry the parameters' names; each rank reads only its shard. Optimizer state
+ * and step counts stay. Collective, host-blocking; same errors and rule as hps_checkpoint_load.
+ */
+HPS_API hps_status_t hps_checkpoint_import_safetensors(
+    hps_checkpoint_t* checkpoint, const char* path, const hps_checkpoint_load_options_t* options);
+
+/**
+ * The value of metadata `key` of the last successful load or import, copied with its NUL
+ * into `buffer` of `capacity` bytes; its length (without the NUL) into *out_length.
+ * `buffer` may be NULL (with capacity 0) to ask for the length. Errors: NOT_FOUND (no such
+ * key, or nothing loaded), OUT_OF_RANGE (capacity <= length; nothing written).
+ */
+HPS_API hps_status_t hps_checkpoint_metadata(hps_checkpoint_t* checkpoint, const char* key,
+                                             char* buffer, size_t capacity, size_t* out_length);
+
+/** What a checkpoint holds. ABI-extensible. */
+typedef struct hps_checkpoint_info {
+  size_t struct_size; /**< set by hps_checkpoint_info_init */
+  int32_t format_version;
+  int32_t stage;           /**< of the engine that wrote it */
+  int32_t sharding;        /**< its sharding degree */
+  int32_t dp;              /**< its dp degree */
+  int32_t world;           /**< ranks that saved it */
+  int32_t files;           /**< data files */
+  uint64_t tensors;        /**< logical tensors (parameters, masters, optimizer state, scalars) */
+  uint64_t bytes;          /**< tensor data in the data files */
+  int64_t created_unix_ns; /**< when it was published */
+  char id[33];             /**< 32 hex digits and a NUL */
+  char name[208];          /**< its name, NUL-terminated */
+} hps_checkpoint_info_t;
+
+/** Zero `info` and set its struct_size. Errors: INVALID_ARGUMENT. */
+HPS_API hps_status_t hps_checkpoint_info_init(hps_checkpoint_info_t* info, size_t struct_size);
+
+/**
+ * Read the manifest of the checkpoint at `path` (a checkpoint directory, or a root whose
+ * latest is read) into *info, checking it but not the data (hps_checkpoint_verify does).
+ * Fields past info->struct_size are not written. Errors: NOT_FOUND, INVALID_ARGUMENT.
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_checkpoint_inspect(const char* path, hps_checkpoint_info_t* info);
+
+/**
+ * Check every data file's header and size and every chunk's checksum of the checkpoint at
+ * `path` (as for inspect). Errors: NOT_FOUND, INVALID_ARGUMENT naming the file and tensor.
+ * Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_checkpoint_verify(const char* path);
+
+/**
+ * Set the fields of `options` (initialised by hps_engine_options_init) to the engine options
+ * the checkpoint at `path` was saved with (stage, optimizer and its hyperparameters, clipping,
+ * accumulation, alignment, prefetch window, loss scaling), so a resumer can create the same
+ * engine. Errors: NOT_FOUND, INVALID_ARGUMENT. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_checkpoint_read_engine_options(const char* path,
+                                                        hps_engine_options_t* options);
+
+/**
+ * Write the parameters of the checkpoint at `path` as one safetensors file `out` (the
+ * Hugging Face format; replaced atomically), each under its own name, in its dtype or with
+ * `fp32` = 1 as float32 (fp32 masters where the checkpoint has them). Every chunk read is
+ * checked. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR. Thread safety: any thread.
+ */
+HPS_API hps_status_t hps_checkpoint_export_safetensors(const char* path, const char* out,
+                                                       int32_t fp32);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,319 @@
+// Checkpoint handles (core/checkpoint).
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "capi/src/error.h"
+#include "capi/src/handles.h"
+#include "core/checkpoint/checkpointer.h"
+
+using hps::capi::guard;
+
+struct hps_checkpoint {
+  // The engine lives as long as a checkpoint of it does (hps_engine_destroy drops only the
+  // engine handle's reference). Members go in reverse order: the checkpointer first.
+  std::shared_ptr<hps::capi::EngineState> engine;
+  std::unique_ptr<hps::Checkpointer> impl;
+  std::map<std::string, std::string> metadata;  // of the last load or import
+};
+
+namespace {
+
+// The first released sizes: a caller compiled against them passes at least these.
+constexpr size_t kOptionsMinSize = sizeof(hps_checkpoint_options_t);
+constexpr size_t kLoadOptionsMinSize = sizeof(hps_checkpoint_load_options_t);
+constexpr size_t kInfoMinSize = sizeof(hps_checkpoint_info_t);
+constexpr size_t kEngineOptionsMinSize = sizeof(hps_engine_options_t);
+
+hps::Status too_small(const char* type, size_t size, size_t min) {
+  return hps::invalid_argument(std::string("struct_size ") + std::to_string(size) +
+                               " is smaller than the first " + type + " (" + std::to_string(min) +
+                               ")");
+}
+
+// A caller's options: the fields it knows, the library's defaults for any it does not.
+template <typename T>
+hps::StatusOr<T> read_struct(const T* in, size_t min_size, const T& defaults, const char* type,
+                             const char* init) {
+  T out = defaults;
+  if (in == nullptr) return out;
+  if (in->struct_size < min_size) {
+    return hps::invalid_argument(std::string(type) + ": struct_size is not set: call " + init +
+                                 " first");
+  }
+  std::memcpy(static_cast<void*>(&out), in, std::min(in->struct_size, sizeof(T)));
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+hps_checkpoint_options_t default_options() {
+  const hps::CheckpointOptions d;
+  hps_checkpoint_options_t o{};
+  o.struct_size = sizeof o;
+  o.keep_last = d.keep_last;
+  o.chunk_bytes = d.chunk_bytes;
+  o.timeout_ms = d.timeout.count();
+  return o;
+}
+
+hps_checkpoint_load_options_t default_load_options() {
+  hps_checkpoint_load_options_t o{};
+  o.struct_size = sizeof o;
+  return o;
+}
+
+hps::StatusOr<hps::CheckpointLoadOptions> load_options(const hps_checkpoint_load_options_t* in) {
+  HPS_ASSIGN_OR_RETURN(
+      auto o, read_struct(in, kLoadOptionsMinSize, default_load_options(),
+                          "hps_checkpoint_load_options_t", "hps_checkpoint_load_options_init"));
+  return hps::CheckpointLoadOptions{o.allow_partial != 0};
+}
+
+hps::StatusOr<hps::ckpt::Manifest> manifest_at(const char* path) {
+  HPS_ASSIGN_OR_RETURN(std::string directory, hps::resolve_checkpoint(path));
+  return hps::ckpt::read_manifest(directory);
+}
+
+void copy_text(char* out, size_t capacity, const std::string& text) {
+  const size_t n = std::min(text.size(), capacity - 1);
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
+}
+
+}  // namespace
+
+extern "C" {
+
+HPS_API hps_status_t hps_checkpoint_options_init(hps_checkpoint_options_t* options,
+                                                 size_t struct_size) {
+  HPS_CHECK_ARG(options);
+  return guard(__func__, [&]() -> hps::Status {
+    if (struct_size < kOptionsMinSize) {
+      return too_small("hps_checkpoint_options_t", struct_size, kOptionsMinSize);
+    }
+    const hps_checkpoint_options_t d = default_options();
+    // Only what both sides know; a newer caller's extra tail is its own.
+    std::memcpy(static_cast<void*>(options), &d, std::min(struct_size, sizeof d));
+    options->struct_size = struct_size;
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_options_t* options,
+                                                      size_t struct_size) {
+  HPS_CHECK_ARG(options);
+  return guard(__func__, [&]() -> hps::Status {
+    if (struct_size < kLoadOptionsMinSize) {
+      return too_small("hps_checkpoint_load_options_t", struct_size, kLoadOptionsMinSize);
+    }
+    const hps_checkpoint_load_options_t d = default_load_options();
+    std::memcpy(static_cast<void*>(options), &d, std::min(struct_size, sizeof d));
+    options->struct_size = struct_size;
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_create(hps_engine_t* engine, hps_comm_t* group,
+                                           const char* root,
+                                           const hps_checkpoint_options_t* options,
+                                           hps_checkpoint_t** out_checkpoint) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(group);
+  HPS_CHECK_ARG(root);
+  HPS_CHECK_ARG(out_checkpoint);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(
+        auto o, read_struct(options, kOptionsMinSize, default_options(), "hps_checkpoint_options_t",
+                            "hps_checkpoint_options_init"));
+    auto* state = dynamic_cast<hps::Checkpointable*>(engine->impl);
+    if (state == nullptr) {
+      return hps::unimplemented("the stage " + std::to_string(engine->impl->stage()) +
+                                " engine on " + engine->device.to_string() +
+                                " does not support checkpoints");
+    }
+    if (o.timeout_ms <= 0) return hps::invalid_argument("timeout_ms must be > 0");
+    hps::CheckpointOptions c;
+    c.keep_last = o.keep_last;
+    c.chunk_bytes = o.chunk_bytes;
+    c.timeout = hps::Milliseconds(o.timeout_ms);
+    HPS_ASSIGN_OR_RETURN(auto checkpointer,
+                         hps::Checkpointer::create(*state, group->impl, root, c));
+    *out_checkpoint = new hps_checkpoint{engine->state, std::move(checkpointer), {}};
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint) {
+  return guard(__func__, [&]() -> hps::Status {
+    delete checkpoint;
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_save(hps_checkpoint_t* checkpoint, const char* name,
+                                         const char* const* keys, const char* const* values,
+                                         size_t count, hps_work_t** out_work) {
+  HPS_CHECK_ARG(checkpoint);
+  HPS_CHECK_ARG(name);
+  HPS_CHECK_ARG(out_work);
+  if (count > 0 && keys == nullptr) return hps::capi::fail_null(__func__, "keys");
+  if (count > 0 && values == nullptr) return hps::capi::fail_null(__func__, "values");
+  return guard(__func__, [&]() -> hps::Status {
+    std::map<std::string, std::string> metadata;
+    for (size_t i = 0; i < count; ++i) {
+      if (keys[i] == nullptr || values[i] == nullptr) {
+        return hps::invalid_argument("metadata entry " + std::to_string(i) + " is NULL");
+      }
+      if (!metadata.emplace(keys[i], values[i]).second) {
+        return hps::invalid_argument(std::string("metadata key '") + keys[i] + "' is repeated");
+      }
+    }
+    HPS_ASSIGN_OR_RETURN(auto work, checkpoint->impl->save(name, std::move(metadata)));
+    *out_work = new hps_work{std::move(work)};
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const char* name,
+                                         const hps_checkpoint_load_options_t* options) {
+  HPS_CHECK_ARG(checkpoint);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto o, load_options(options));
+    HPS_ASSIGN_OR_RETURN(auto report, checkpoint->impl->load(name ? name : "", o));
+    checkpoint->metadata = std::move(report.metadata);
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_import_safetensors(
+    hps_checkpoint_t* checkpoint, const char* path, const hps_checkpoint_load_options_t* options) {
+  HPS_CHECK_ARG(checkpoint);
+  HPS_CHECK_ARG(path);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(auto o, load_options(options));
+    HPS_ASSIGN_OR_RETURN(auto report, checkpoint->impl->import_safetensors(path, o));
+    checkpoint->metadata = std::move(report.metadata);
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_metadata(hps_checkpoint_t* checkpoint, const char* key,
+                                             char* buffer, size_t capacity, size_t* out_length) {
+  HPS_CHECK_ARG(checkpoint);
+  HPS_CHECK_ARG(key);
+  HPS_CHECK_ARG(out_length);
+  return guard(__func__, [&]() -> hps::Status {
+    auto it = checkpoint->metadata.find(key);
+    if (it == checkpoint->metadata.end()) {
+      return hps::not_found(std::string("no metadata '") + key + "' in the last load");
+    }
+    const std::string& value = it->second;
+    if (buffer != nullptr) {
+      if (capacity <= value.size()) {
+        return hps::out_of_range("metadata '" + std::string(key) + "' needs " +
+                                 std::to_string(value.size() + 1) + " bytes; the buffer has " +
+                                 std::to_string(capacity));
+      }
+      std::memcpy(buffer, value.c_str(), value.size() + 1);
+    }
+    *out_length = value.size();
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_info_init(hps_checkpoint_info_t* info, size_t struct_size) {
+  HPS_CHECK_ARG(info);
+  return guard(__func__, [&]() -> hps::Status {
+    if (struct_size < kInfoMinSize)
+      return too_small("hps_checkpoint_info_t", struct_size, kInfoMinSize);
+    std::memset(static_cast<void*>(info), 0, std::min(struct_size, sizeof(hps_checkpoint_info_t)));
+    info->struct_size = struct_size;
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_inspect(const char* path, hps_checkpoint_info_t* info) {
+  HPS_CHECK_ARG(path);
+  HPS_CHECK_ARG(info);
+  return guard(__func__, [&]() -> hps::Status {
+    if (info->struct_size < kInfoMinSize) {
+      return hps::invalid_argument(
+          "info->struct_size is not set: call hps_checkpoint_info_init first");
+    }
+    HPS_ASSIGN_OR_RETURN(hps::ckpt::Manifest m, manifest_at(path));
+    hps_checkpoint_info_t out{};
+    out.struct_size = info->struct_size;
+    out.format_version = static_cast<int32_t>(m.format_version);
+    out.stage = m.topology.stage;
+    out.sharding = m.topology.sharding;
+    out.dp = m.topology.dp;
+    out.world = m.world;
+    out.files = static_cast<int32_t>(m.files.size());
+    out.tensors = m.tensors.size();
+    for (const auto& t : m.tensors) out.bytes += t.numel * hps::dtype_size(t.dtype);
+    out.created_unix_ns = m.created_unix_ns;
+    copy_text(out.id, sizeof out.id, m.id);
+    copy_text(out.name, sizeof out.name, m.name);
+    std::memcpy(static_cast<void*>(info), &out, std::min(info->struct_size, sizeof out));
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_verify(const char* path) {
+  HPS_CHECK_ARG(path);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(std::string directory, hps::resolve_checkpoint(path));
+    return hps::verify_checkpoint(directory).status();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_read_engine_options(const char* path,
+                                                        hps_engine_options_t* options) {
+  HPS_CHECK_ARG(path);
+  HPS_CHECK_ARG(options);
+  return guard(__func__, [&]() -> hps::Status {
+    if (options->struct_size < kEngineOptionsMinSize) {
+      return hps::invalid_argument(
+          "options->struct_size is not set: call hps_engine_options_init first");
+    }
+    HPS_ASSIGN_OR_RETURN(hps::ckpt::Manifest m, manifest_at(path));
+    if (!m.engine)
+      return hps::not_found(std::string("checkpoint '") + path + "' records no engine options");
+    const hps::EngineOptions& e = *m.engine;
+    const bool adamw = e.optimizer == hps::OptimizerKind::kAdamW;
+    hps_engine_options_t o = *options;
+    o.stage = m.topology.stage;
+    o.optimizer = adamw ? HPS_OPTIMIZER_ADAMW : HPS_OPTIMIZER_SGD;
+    o.learning_rate = adamw ? e.adamw.learning_rate : e.sgd.learning_rate;
+    o.weight_decay = adamw ? e.adamw.weight_decay : e.sgd.weight_decay;
+    o.momentum = e.sgd.momentum;
+    o.nesterov = e.sgd.nesterov ? 1 : 0;
+    o.beta1 = e.adamw.beta1;
+    o.beta2 = e.adamw.beta2;
+    o.epsilon = e.adamw.epsilon;
+    o.clip_max_norm = e.clip_max_norm;
+    o.deterministic_clip = e.deterministic_clip ? 1 : 0;
+    o.accumulation_steps = e.accumulation_steps;
+    o.alignment_bytes = e.alignment_bytes;
+    o.prefetch_window = e.prefetch_window;
+    o.dynamic_loss_scaling = e.dynamic_loss_scaling ? 1 : 0;
+    o.initial_loss_scale = e.initial_loss_scale;
+    o.growth_factor = e.growth_factor;
+    o.backoff_factor = e.backoff_factor;
+    o.growth_interval = e.growth_interval;
+    *options = o;
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_checkpoint_export_safetensors(const char* path, const char* out,
+                                                       int32_t fp32) {
+  HPS_CHECK_ARG(path);
+  HPS_CHECK_ARG(out);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(std::string directory, hps::resolve_checkpoint(path));
+    return hps::export_safetensors(directory, out, fp32 != 0);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,655 @@
+#include "core/checkpoint/checkpointer.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <system_error>
+
+#include "core/checkpoint/file_io.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/checkpoint/staging.h"
+#include "core/device/cpu/stream.h"
+#include "core/device/host_sync.h"
+
+namespace hps {
+
+using ckpt::File;
+using ckpt::join_path;
+using json = nlohmann::json;
+
+namespace {
+
+bool starts_with(const std::string& s, std::string_view prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+
+// Waits for a collective of the checkpoint's own communicator. The background writer's
+// waits are not counted as host syncs: they block no thread of the training.
+Status finish(const std::shared_ptr<Work>& work, bool counted) {
+  if (counted) return work->wait();
+  HPS_RETURN_IF_ERROR(work->done_event().synchronize_uncounted());
+  return work->status();
+}
+
+Status broadcast_string(Communicator& comm, std::string& text, bool counted) {
+  int64_t length = static_cast<int64_t>(text.size());
+  HPS_ASSIGN_OR_RETURN(auto w, comm.broadcast(&length, 1, DType::kInt64, 0));
+  HPS_RETURN_IF_ERROR(finish(w, counted));
+  if (length < 0 || length > (int64_t{1} << 31)) return internal_error("checkpoint: bad length");
+  text.resize(static_cast<size_t>(length));
+  if (length == 0) return Status::Ok();
+  HPS_ASSIGN_OR_RETURN(w, comm.broadcast(text.data(), text.size(), DType::kUInt8, 0));
+  return finish(w, counted);
+}
+
+StatusOr<std::vector<std::string>> all_gather_strings(Communicator& comm, const std::string& mine,
+                                                      bool counted) {
+  const size_t n = static_cast<size_t>(comm.size());
+  int64_t length = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lengths(n);
+  HPS_ASSIGN_OR_RETURN(auto w, comm.all_gather(&length, lengths.data(), 1, DType::kInt64));
+  HPS_RETURN_IF_ERROR(finish(w, counted));
+  int64_t longest = 0;
+  for (int64_t l : lengths) {
+    if (l < 0 || l > (int64_t{1} << 30)) return internal_error("checkpoint: bad length");
+    longest = std::max(longest, l);
+  }
+  std::vector<std::string> out(n);
+  if (longest == 0) return out;
+  const size_t width = static_cast<size_t>(longest);
+  std::string send(width, '\0'), all(width * n, '\0');
+  std::memcpy(send.data(), mine.data(), mine.size());
+  HPS_ASSIGN_OR_RETURN(w, comm.all_gather(send.data(), all.data(), width, DType::kUInt8));
+  HPS_RETURN_IF_ERROR(finish(w, counted));
+  for (size_t r = 0; r < n; ++r) out[r] = all.substr(r * width, static_cast<size_t>(lengths[r]));
+  return out;
+}
+
+// "ok" or "<code>\n<message>": a Status through a string collective.
+std::string encode(const Status& s) {
+  if (s.ok()) return "ok";
+  return std::to_string(static_cast<int32_t>(s.code())) + "\n" + s.message();
+}
+
+Status decode(const std::string& text, const std::string& context) {
+  if (text == "ok") return Status::Ok();
+  const size_t newline = text.find('\n');
+  int32_t code = static_cast<int32_t>(StatusCode::kInternal);
+  try {
+    code = std::stoi(text.substr(0, newline));
+  } catch (const std::exception&) {
+  }
+  if (code <= 0 || code > static_cast<int32_t>(StatusCode::kBackendError)) {
+    code = static_cast<int32_t>(StatusCode::kInternal);
+  }
+  const std::string message = newline == std::string::npos ? text : text.substr(newline + 1);
+  return Status(static_cast<StatusCode>(code), context + message);
+}
+
+int64_t now_unix_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// What one save carries from save() (the caller's thread) to its writer thread.
+struct Checkpointer::SaveJob {
+  std::string name;
+  std::map<std::string, std::string> metadata;
+  std::vector<StateTensor> tensors;
+  struct Written {
+    size_t tensor;
+    uint64_t offset;  // in the data file
+  };
+  std::vector<Written> written;
+  uint64_t file_bytes = 0;    // header and data; 0 when this rank writes nothing
+  ckpt::HostStaging staging;  // the file from byte kDataHeaderBytes on
+  std::unique_ptr<Event> snapshot;
+  CheckpointTopology topology;
+  EngineOptions engine_options;
+  std::string id;         // agreed on by the writers
+  std::string directory;  // the temporary directory
+};
+
+Checkpointer::Checkpointer(Checkpointable& engine, std::unique_ptr<Communicator> comm,
+                           std::string root, CheckpointOptions options,
+                           std::unique_ptr<Stream> side)
+    : engine_(engine),
+      comm_(std::move(comm)),
+      root_(std::move(root)),
+      options_(options),
+      side_(std::move(side)) {}
+
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+}
+
+StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& engine,
+                                                             std::shared_ptr<Communicator> group,
+                                                             std::string root,
+                                                             CheckpointOptions options) {
+  if (!group) return invalid_argument("checkpoint: the group communicator is null");
+  if (group->device().type != DeviceType::kCpu) {
+    return invalid_argument(
+        "checkpoint: the group must be a CPU communicator (its ranks agree "
+        "on each save in host memory), not one on " +
+        group->device().to_string());
+  }
+  const CheckpointTopology t = engine.checkpoint_topology();
+  if (group->size() != t.sharding * t.dp) {
+    return invalid_argument("checkpoint: the group has " + std::to_string(group->size()) +
+                            " ranks but the engine's state is held by " +
+                            std::to_string(t.sharding * t.dp) + " (sharding " +
+                            std::to_string(t.sharding) + " x dp " + std::to_string(t.dp) + ")");
+  }
+  if (root.empty()) return invalid_argument("checkpoint: the root directory is empty");
+  if (options.keep_last < 0) return invalid_argument("checkpoint: keep_last must be >= 0");
+  if (options.chunk_bytes < 1 || options.chunk_bytes > (uint64_t{1} << 34)) {
+    return invalid_argument("checkpoint: chunk_bytes must be in [1, 2^34]");
+  }
+  if (options.timeout.count() <= 0) return invalid_argument("checkpoint: timeout must be > 0");
+  std::vector<int32_t> everyone(static_cast<size_t>(group->size()));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  HPS_ASSIGN_OR_RETURN(auto comm, group->split(everyone, group->name() + ".checkpoint"));
+  comm->set_timeout(options.timeout);
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) return backend_error("checkpoint: cannot create '" + root + "': " + ec.message());
+  HPS_ASSIGN_OR_RETURN(auto side, create_stream(engine.state_stream().device()));
+  return std::unique_ptr<Checkpointer>(
+      new Checkpointer(engine, std::move(comm), std::move(root), options, std::move(side)));
+}
+
+Status Checkpointer::wait() {
+  if (!in_flight_) return Status::Ok();
+  Status s = in_flight_->wait();
+  if (writer_.joinable()) writer_.join();
+  return s;
+}
+
+StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
+                                                   std::map<std::string, std::string> metadata) {
+  HPS_RETURN_IF_ERROR(ckpt::check_checkpoint_name(name));
+  for (const auto& [key, value] : metadata) {
+    if (key.empty() || key.size() > ckpt::kMaxNameBytes || value.size() > (size_t{1} << 20)) {
+      return invalid_argument(
+          "checkpoint: metadata keys need 1 to 4096 bytes, values at most 1 MiB");
+    }
+  }
+  finish_in_flight();  // a second save waits for the first (documented)
+  if (ckpt::path_exists(join_path(root_, name))) {
+    return already_exists("checkpoint: '" + join_path(root_, name) + "' exists already");
+  }
+  auto job = std::make_unique<SaveJob>();
+  job->name = name;
+  job->metadata = std::move(metadata);
+  HPS_ASSIGN_OR_RETURN(job->tensors, engine_.state_tensors());
+  job->topology = engine_.checkpoint_topology();
+  job->engine_options = engine_.checkpoint_options();
+  // The data file's layout: this rank's written ranges back to back, 64-byte aligned.
+  uint64_t at = ckpt::kDataHeaderBytes;
+  for (size_t i = 0; i < job->tensors.size(); ++i) {
+    const StateTensor& t = job->tensors[i];
+    if (!t.writer || t.begin == t.end) continue;
+    at = ckpt::round_up(at, ckpt::kDataAlignment);
+    job->written.push_back({i, at});
+    at += (t.end - t.begin) * dtype_size(t.dtype);
+  }
+  Stream& state = engine_.state_stream();
+  if (!job->written.empty()) {
+    job->file_bytes = at;
+    const size_t bytes = at - ckpt::kDataHeaderBytes;
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (spare_.reuse(state.device(), bytes)) job->staging = std::move(spare_);
+    }
+    if (job->staging.data() == nullptr) {
+      HPS_ASSIGN_OR_RETURN(job->staging, ckpt::HostStaging::allocate(state.device(), bytes));
+    }
+    // Alignment gaps are zeros in the file.
+    uint64_t end = ckpt::kDataHeaderBytes;
+    for (const auto& w : job->written) {
+      std::memset(job->staging.data() + (end - ckpt::kDataHeaderBytes), 0, w.offset - end);
+      const StateTensor& t = job->tensors[w.tensor];
+      end = w.offset + (t.end - t.begin) * dtype_size(t.dtype);
+    }
+  }
+  // The snapshot: after the work on the state stream so far, on the side stream; the state
+  // stream's later work (the next steps' updates) waits for the copies.
+  Status snapshot = [&]() -> Status {
+    HPS_ASSIGN_OR_RETURN(auto ready, create_event(state.device()));
+    HPS_RETURN_IF_ERROR(ready->record(state));
+    HPS_RETURN_IF_ERROR(side_->wait(*ready));
+    for (const auto& w : job->written) {
+      const StateTensor& t = job->tensors[w.tensor];
+      HPS_RETURN_IF_ERROR(
+          side_->memcpy_async(job->staging.data() + (w.offset - ckpt::kDataHeaderBytes), t.data,
+                              (t.end - t.begin) * dtype_size(t.dtype)));
+    }
+    HPS_ASSIGN_OR_RETURN(job->snapshot, create_event(state.device()));
+    HPS_RETURN_IF_ERROR(job->snapshot->record(*side_));
+    return state.wait(*job->snapshot);
+  }();
+  if (!snapshot.ok()) {
+    // Copies may be queued into the staging memory this return frees.
+    (void)side_->synchronize();
+    return snapshot;
+  }
+
+  auto done = std::make_unique<cpu::CpuEvent>();
+  auto mark = done->record_detached();
+  auto work = std::make_shared<Work>("checkpoint save '" + name + "'", std::move(done));
+  writer_ = std::thread([this, job = std::move(job), work, mark]() mutable {
+    // Beside training, the writing takes what the training threads leave.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    Status s;
+    try {
+      s = write_job(*job);
+    } catch (const std::exception& e) {
+      s = internal_error(std::string("checkpoint: unexpected exception: ") + e.what());
+    }
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (job->staging.size() >= spare_.size()) spare_ = std::move(job->staging);
+    }
+    job.reset();
+    work->set_status(s);
+    mark->complete();
+  });
+  in_flight_ = work;
+  return work;
+}
+
+Status Checkpointer::write_job(SaveJob& job) {
+  Communicator& comm = *comm_;
+  const int32_t rank = comm.rank();
+  // 1. Rank 0 picks the id and creates the temporary directory; leftovers of saves a crash
+  //    interrupted (only this job writes under the root) go first.
+  std::string agreed;
+  if (rank == 0) {
+    Status s;
+    if (auto names = ckpt::list_directory(root_); names.ok()) {
+      for (const auto& n : *names) {
+        if (starts_with(n, ckpt::kTemporaryPrefix) || starts_with(n, ckpt::kTrashPrefix)) {
+          (void)ckpt::remove_tree(join_path(root_, n));
+        }
+      }
+    } else {
+      s = names.status();
+    }
+    job.id = ckpt::new_checkpoint_id();
+    job.directory = join_path(root_, std::string(ckpt::kTemporaryPrefix) + job.name + "-" + job.id);
+    if (s.ok() && ckpt::path_exists(join_path(root_, job.name))) {
+      s = already_exists("checkpoint: '" + join_path(root_, job.name) + "' exists already");
+    }
+    if (s.ok()) s = ckpt::make_directory(job.directory);
+    agreed = s.ok() ? "ok\n" + job.id : encode(s);
+  }
+  HPS_RETURN_IF_ERROR(broadcast_string(comm, agreed, false));
+  if (!starts_with(agreed, "ok\n")) return decode(agreed, "");
+  job.id = agreed.substr(3);
+  job.directory = join_path(root_, std::string(ckpt::kTemporaryPrefix) + job.name + "-" + job.id);
+
+  // 2. This rank's data file: checksums, header and data, fsync.
+  Status local = job.snapshot->synchronize_uncounted();
+  json report;
+  json tensors = json::array();
+  std::vector<json> chunks_of(job.tensors.size(), json::array());
+  const std::string file = ckpt::data_file_name(rank);
+  if (local.ok() && !job.written.empty()) {
+    for (const auto& w : job.written) {
+      const StateTensor& t = job.tensors[w.tensor];
+      const uint64_t element = dtype_size(t.dtype);
+      const uint64_t per_chunk = std::max<uint64_t>(1, options_.chunk_bytes / element);
+      for (const auto& [b, e] : ckpt::cut_into_chunks(t.begin, t.end, per_chunk)) {
+        const uint64_t offset = w.offset + (b - t.begin) * element;
+        const uint64_t sum = ckpt::checksum(job.staging.data() + (offset - ckpt::kDataHeaderBytes),
+                                            (e - b) * element);
+        chunks_of[w.tensor].push_back({b, e, offset, ckpt::hex64(sum)});
+      }
+    }
+    const std::string path = join_path(job.directory, file);
+    auto f = File::create(path);
+    local = f.status();
+    if (local.ok()) {
+      const std::string header = ckpt::data_file_header(job.id, rank);
+      local = f->write_all(header.data(), header.size());
+      if (local.ok()) local = f->write_all(job.staging.data(), job.staging.size());
+      if (local.ok()) local = f->sync();
+      if (local.ok()) local = f->close();
+    }
+  }
+  for (size_t i = 0; i < job.tensors.size(); ++i) {
+    const StateTensor& t = job.tensors[i];
+    tensors.push_back({{"name", t.name},
+                       {"dtype", std::string(dtype_name(t.dtype))},
+                       {"shape", t.shape},
+                       {"chunks", std::move(chunks_of[i])}});
+  }
+  report["status"] = encode(local);
+  report["file_bytes"] = local.ok() ? job.file_bytes : 0;
+  report["tensors"] = std::move(tensors);
+
+  // 3. Every writer's report reaches rank 0, which publishes or cleans up.
+  HPS_ASSIGN_OR_RETURN(
+      auto reports,
+      all_gather_strings(comm, report.dump(-1, ' ', false, json::error_handler_t::replace), false));
+  std::string result;
+  if (rank == 0) {
+    std::string published;
+    Status s = publish(job, reports, published);
+    if (!s.ok()) (void)ckpt::remove_tree(job.directory);
+    if (s.ok()) collect_garbage(job.name);
+    result = encode(s);
+  }
+  HPS_RETURN_IF_ERROR(broadcast_string(comm, result, false));
+  return decode(result, "");
+}
+
+Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& reports,
+                             std::string& directory) {
+  ckpt::Manifest m;
+  m.id = job.id;
+  m.name = job.name;
+  m.chunk_bytes = options_.chunk_bytes;
+  m.topology = job.topology;
+  m.world = comm_->size();
+  m.engine = job.engine_options;
+  m.metadata = job.metadata;
+  std::map<std::string, size_t> index;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    const json rj = json::parse(reports[r], nullptr, false);
+    if (rj.is_discarded() || !rj.is_object()) {
+      return internal_error("checkpoint: rank " + std::to_string(r) + " sent a garbled report");
+    }
+    HPS_RETURN_IF_ERROR(decode(rj.at("status").get<std::string>(),
+                               "checkpoint: rank " + std::to_string(r) + " failed to write: "));
+    const uint64_t bytes = rj.at("file_bytes").get<uint64_t>();
+    const uint32_t file = static_cast<uint32_t>(m.files.size());
+    if (bytes > 0)
+      m.files.push_back(
+          {ckpt::data_file_name(static_cast<int32_t>(r)), static_cast<int32_t>(r), bytes});
+    for (const json& tj : rj.at("tensors")) {
+      const std::string name = tj.at("name").get<std::string>();
+      auto it = index.find(name);
+      if (it == index.end()) {
+        ckpt::StoredTensor t;
+        t.name = name;
+        t.dtype = *dtype_from_name(tj.at("dtype").get<std::string>());
+        t.shape = tj.at("shape").get<std::vector<int64_t>>();
+        t.numel = 1;
+        for (int64_t d : t.shape) t.numel *= static_cast<uint64_t>(d);
+        it = index.emplace(name, m.tensors.size()).first;
+        m.tensors.push_back(std::move(t));
+      }
+      ckpt::StoredTensor& t = m.tensors[it->second];
+      if (std::string(dtype_name(t.dtype)) != tj.at("dtype").get<std::string>() ||
+          t.shape != tj.at("shape").get<std::vector<int64_t>>()) {
+        return internal_error("checkpoint: ranks disagree on the dtype or shape of '" + name + "'");
+      }
+      for (const json& c : tj.at("chunks")) {
+        t.chunks.push_back({file, c[0].get<uint64_t>(), c[1].get<uint64_t>(), c[2].get<uint64_t>(),
+                            ckpt::parse_hex64(c[3].get<std::string>())});
+      }
+    }
+  }
+  // Exactly one writer for every element of every tensor.
+  for (auto& t : m.tensors) {
+    std::sort(
+        t.chunks.begin(), t.chunks.end(),
+        [](const ckpt::StoredChunk& a, const ckpt::StoredChunk& b) { return a.begin < b.begin; });
+    uint64_t covered = 0;
+    for (const auto& c : t.chunks) {
+      if (c.begin != covered) break;
+      covered = c.end;
+    }
+    if (covered != t.numel) {
+      return internal_error("checkpoint: the ranks' written ranges of '" + t.name +
+                            "' overlap or leave a gap (" + std::to_string(covered) + " of " +
+                            std::to_string(t.numel) + " elements in order)");
+    }
+  }
+  m.created_unix_ns = now_unix_ns();
+  // The manifest last, then the directory's names, then the rename publishes it.
+  HPS_RETURN_IF_ERROR(ckpt::sync_directory(job.directory));
+  const std::string text = ckpt::manifest_to_json(m);
+  HPS_ASSIGN_OR_RETURN(File f,
+                       File::create(join_path(job.directory, std::string(ckpt::kManifestFile))));
+  HPS_RETURN_IF_ERROR(f.write_all(text.data(), text.size()));
+  HPS_RETURN_IF_ERROR(f.sync());
+  HPS_RETURN_IF_ERROR(f.close());
+  HPS_RETURN_IF_ERROR(ckpt::sync_directory(job.directory));
+  directory = join_path(root_, job.name);
+  HPS_RETURN_IF_ERROR(ckpt::rename_path(job.directory, directory));
+  HPS_RETURN_IF_ERROR(ckpt::sync_directory(root_));
+  return ckpt::replace_file_atomically(join_path(root_, std::string(ckpt::kLatestFile)),
+                                       job.name + "\n");
+}
+
+void Checkpointer::collect_garbage(const std::string& keep) {
+  if (options_.keep_last <= 0) return;
+  auto names = ckpt::list_directory(root_);
+  if (!names.ok()) return;
+  std::vector<std::tuple<int64_t, std::string, std::string>> published;  // created, name, id
+  for (const auto& n : *names) {
+    if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
+    auto m = ckpt::read_manifest(join_path(root_, n));
+    if (!m.ok()) continue;  // not a checkpoint this code understands: left alone
+    published.emplace_back(m->created_unix_ns, n, m->id);
+  }
+  std::sort(published.begin(), published.end());
+  const size_t keep_count = static_cast<size_t>(options_.keep_last);
+  if (published.size() <= keep_count) return;
+  for (size_t i = 0; i + keep_count < published.size(); ++i) {
+    const auto& [created, name, id] = published[i];
+    if (name == keep) continue;
+    // Renamed away first: a crash while its files go never leaves a half checkpoint.
+    const std::string trash = join_path(root_, std::string(ckpt::kTrashPrefix) + name + "-" + id);
+    if (!ckpt::rename_path(join_path(root_, name), trash).ok()) continue;
+    (void)ckpt::sync_directory(root_);
+    (void)ckpt::remove_tree(trash);
+  }
+}
+
+Status Checkpointer::agree(const Status& local, const char* what) {
+  HPS_ASSIGN_OR_RETURN(auto all, all_gather_strings(*comm_, encode(local), true));
+  if (!local.ok()) return local;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != "ok") {
+      return decode(all[r], std::string("checkpoint: ") + what + " failed on rank " +
+                                std::to_string(r) + ", so no rank changed its engine: ");
+    }
+  }
+  return Status::Ok();
+}
+
+void Checkpointer::finish_in_flight() {
+  if (!in_flight_) return;
+  // A finished save costs no wait; one still writing blocks the host (counted).
+  auto done = in_flight_->done_event().query();
+  if (!done.ok() || !*done) (void)in_flight_->wait();
+  if (writer_.joinable()) writer_.join();
+  in_flight_.reset();
+}
+
+StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadOptions options) {
+  finish_in_flight();
+  LoadReport report;
+  auto source = [&]() -> StatusOr<ckpt::SourceIndex> {
+    std::string n = name;
+    if (n.empty()) {
+      HPS_ASSIGN_OR_RETURN(n, latest_checkpoint(root_));
+    } else {
+      HPS_RETURN_IF_ERROR(ckpt::check_checkpoint_name(n));
+    }
+    const std::string directory = join_path(root_, n);
+    HPS_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::read_manifest(directory));
+    report.directory = directory;
+    report.id = m.id;
+    report.metadata = m.metadata;
+    return ckpt::source_of(m, directory);
+  }();
+  return run_load(std::move(source), ckpt::SourceNaming::kCheckpoint, options, std::move(report));
+}
+
+StatusOr<LoadReport> Checkpointer::import_safetensors(const std::string& path,
+                                                      CheckpointLoadOptions options) {
+  finish_in_flight();
+  LoadReport report;
+  report.directory = path;
+  auto source = ckpt::read_safetensors(path, &report.metadata);
+  return run_load(std::move(source), ckpt::SourceNaming::kBareParameters, options,
+                  std::move(report));
+}
+
+StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
+                                            ckpt::SourceNaming naming,
+                                            const CheckpointLoadOptions& options,
+                                            LoadReport report) {
+  // Everything that can fail happens before any rank changes its engine.
+  Status local = source.status();
+  std::vector<StateTensor> tensors;
+  std::vector<ckpt::TargetRange> targets;
+  std::vector<size_t> tensor_of;  // targets[t] is tensors[tensor_of[t]]
+  ckpt::LoadPlan plan;
+  std::vector<std::vector<uint8_t>> staging;
+  if (local.ok()) {
+    auto t = engine_.state_tensors();
+    local = t.status();
+    if (local.ok()) tensors = std::move(*t);
+  }
+  if (local.ok()) local = engine_.begin_state_load();
+  if (local.ok()) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string& n = tensors[i].name;
+      // A model file fills parameters (and their masters) only.
+      if (naming == ckpt::SourceNaming::kBareParameters && !starts_with(n, kParamPrefix) &&
+          !starts_with(n, kMasterPrefix)) {
+        continue;
+      }
+      targets.push_back(ckpt::target_ranges({tensors[i]})[0]);
+      tensor_of.push_back(i);
+    }
+    auto p = ckpt::plan_load(*source, targets, naming, options.allow_partial);
+    local = p.status();
+    if (local.ok()) plan = std::move(*p);
+  }
+  if (local.ok()) {
+    staging.resize(targets.size());
+    for (size_t t = 0; t < targets.size(); ++t) {
+      if (plan.source_of_target[t] < 0) continue;
+      staging[t].resize((targets[t].end - targets[t].begin) * dtype_size(targets[t].dtype));
+    }
+    local = ckpt::read_plan(*source, targets, plan, staging);
+  }
+  HPS_RETURN_IF_ERROR(agree(local, "load"));
+  Stream& state = engine_.state_stream();
+  for (size_t t = 0; t < targets.size(); ++t) {
+    if (plan.source_of_target[t] < 0) continue;
+    ++report.tensors_loaded;
+    if (staging[t].empty()) continue;
+    HPS_RETURN_IF_ERROR(
+        state.memcpy_async(tensors[tensor_of[t]].data, staging[t].data(), staging[t].size()));
+  }
+  HPS_RETURN_IF_ERROR(state.synchronize());
+  HPS_RETURN_IF_ERROR(engine_.end_state_load());
+  report.unchanged = std::move(plan.unchanged);
+  report.unused = std::move(plan.unused);
+  return report;
+}
+
+StatusOr<std::string> latest_checkpoint(const std::string& root) {
+  const std::string path = join_path(root, std::string(ckpt::kLatestFile));
+  auto text = ckpt::read_file(path, 4096);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) {
+      return not_found("checkpoint: no checkpoint under '" + root + "' (" + path +
+                       " does not exist)");
+    }
+    return text.status();
+  }
+  std::string name = *text;
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  Status s = ckpt::check_checkpoint_name(name);
+  if (!s.ok()) return invalid_argument("checkpoint: " + path + ": " + s.message());
+  return name;
+}
+
+StatusOr<std::string> resolve_checkpoint(const std::string& path) {
+  if (ckpt::path_exists(join_path(path, std::string(ckpt::kManifestFile)))) return path;
+  if (ckpt::path_exists(join_path(path, std::string(ckpt::kLatestFile)))) {
+    HPS_ASSIGN_OR_RETURN(std::string name, latest_checkpoint(path));
+    return join_path(path, name);
+  }
+  return not_found("checkpoint: '" + path + "' holds neither " + std::string(ckpt::kManifestFile) +
+                   " (a checkpoint) nor " + std::string(ckpt::kLatestFile) +
+                   " (a root of checkpoints)");
+}
+
+StatusOr<ckpt::VerifyReport> verify_checkpoint(const std::string& directory) {
+  HPS_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::read_manifest(directory));
+  return ckpt::verify_source(ckpt::source_of(m, directory));
+}
+
+Status export_safetensors(const std::string& directory, const std::string& path, bool fp32) {
+  HPS_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::read_manifest(directory));
+  const ckpt::SourceIndex source = ckpt::source_of(m, directory);
+  std::vector<ckpt::SafetensorsEntry> entries;
+  std::vector<size_t> from;  // the stored tensor each entry is read from
+  for (size_t i = 0; i < source.tensors.size(); ++i) {
+    const ckpt::StoredTensor& t = source.tensors[i];
+    if (!starts_with(t.name, kParamPrefix)) continue;
+    const std::string param = t.name.substr(kParamPrefix.size());
+    size_t read = i;
+    if (fp32) {
+      for (size_t k = 0; k < source.tensors.size(); ++k) {
+        if (source.tensors[k].name == std::string(kMasterPrefix) + param) read = k;
+      }
+    }
+    entries.push_back({param, fp32 ? DType::kFloat32 : t.dtype, t.shape});
+    from.push_back(read);
+  }
+  std::map<std::string, std::string> metadata = m.metadata;
+  metadata.emplace("format", "pt");  // what transformers' loaders look for
+  metadata["hpshard_checkpoint"] = m.id;
+  uint64_t data_bytes = 0;
+  HPS_ASSIGN_OR_RETURN(std::string header,
+                       ckpt::safetensors_header(entries, metadata, &data_bytes));
+  const std::string temporary = path + ".tmp";
+  (void)ckpt::remove_tree(temporary);
+  HPS_ASSIGN_OR_RETURN(File out, File::create(temporary));
+  Status s = out.write_all(header.data(), header.size());
+  // Tensor by tensor, in windows: memory stays bounded whatever the model's size.
+  constexpr uint64_t kWindowBytes = uint64_t{64} << 20;
+  std::vector<uint8_t> window;
+  for (size_t e = 0; e < entries.size() && s.ok(); ++e) {
+    const ckpt::StoredTensor& t = source.tensors[from[e]];
+    const uint64_t element = dtype_size(entries[e].dtype);
+    const uint64_t step = std::max<uint64_t>(1, kWindowBytes / element);
+    for (uint64_t b = 0; b < t.numel && s.ok(); b += step) {
+      const uint64_t end = std::min(t.numel, b + step);
+      window.resize((end - b) * element);
+      s = ckpt::read_tensor_range(source, from[e], b, end, entries[e].dtype, window.data());
+      if (s.ok()) s = out.write_all(window.data(), window.size());
+    }
+  }
+  if (s.ok()) s = out.sync();
+  if (s.ok()) s = out.close();
+  if (s.ok()) s = ckpt::rename_path(temporary, path);
+  if (!s.ok()) {
+    (void)ckpt::remove_tree(temporary);
+    return s;
+  }
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  return ckpt::sync_directory(parent.empty() ? "." : parent);
+}
+
+}  // namespace hps

@@ -1,0 +1,138 @@
+// Checkpointer: sharded, asynchronous, atomic, verified checkpoints of one engine
+// (Checkpointable) over the group of ranks that hold its state, under one root directory
+// every rank sees (one host, or a shared filesystem).
+//
+// save(name): returns at once. The snapshot is taken in stream order: after the work
+// already enqueued on the engine's state stream, copies of this rank's written ranges go
+// into host staging on a side stream, and the state stream waits for them, so the steps
+// that follow cannot change what is saved and the caller's thread never blocks. A
+// background thread writes each rank's data file, fsyncs it, and the ranks' writers agree
+// (over a communicator of their own) on the manifest, which rank 0 writes last into the
+// temporary directory; fsyncs; renames it to <root>/<name>; fsyncs the root; replaces
+// <root>/latest atomically; then deletes checkpoints beyond the newest keep_last (each
+// renamed away before its files go). A crash at any moment leaves the previous checkpoints
+// intact and the new one complete or absent. A save while another is in flight first waits
+// for it (a host-blocking wait, counted as a host sync). The staging memory (as large as this
+// rank's written state) stays allocated for the next save; the writer thread runs at a
+// lower scheduling priority (nice 10) than the training threads.
+//
+// load(name): every rank reads only the chunks holding its own ranges, checks each
+// against its checksum, and converts dtypes; only when every rank has read everything
+// does any rank change its engine, so on an error (bad data, a missing or extra tensor, a
+// checkpoint of another model) every engine is unchanged. Host-blocking.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/checkpoint/checkpointable.h"
+#include "core/checkpoint/manifest.h"
+#include "core/checkpoint/reader.h"
+#include "core/checkpoint/staging.h"
+#include "core/comm/communicator.h"
+
+namespace hps {
+
+struct CheckpointOptions {
+  // > 0: after a save is published, older checkpoints under the root beyond the newest
+  // `keep_last` are deleted. 0 keeps all.
+  int32_t keep_last = 0;
+  // Ranges are checksummed in chunks of this size; a rank reads the chunks that hold its
+  // ranges, so it reads at most one chunk more at each end of a range.
+  uint64_t chunk_bytes = ckpt::kDefaultChunkBytes;
+  // Bounds each agreement among the ranks of a save or a load (the slowest rank's write or
+  // read comes first).
+  Milliseconds timeout{1'800'000};
+};
+
+struct CheckpointLoadOptions {
+  // Tensors the engine has but the source lacks stay unchanged, and tensors the source has
+  // but the engine lacks are skipped, instead of being an error naming them.
+  bool allow_partial = false;
+};
+
+struct LoadReport {
+  std::string directory;  // what was loaded
+  std::string id;         // the checkpoint's id (empty for safetensors)
+  std::map<std::string, std::string> metadata;
+  std::vector<std::string> unchanged;  // partial loads: tensors the source lacked
+  std::vector<std::string> unused;     // partial loads: source tensors not registered here
+  uint64_t tensors_loaded = 0;
+};
+
+class Checkpointer {
+ public:
+  // Collective over `group` (a CPU communicator of exactly the ranks holding the engine's
+  // state: its sharding x dp ranks): creates a communicator of its own for the saves'
+  // background agreements, and `root` when missing. The engine must outlive the
+  // Checkpointer.
+  static StatusOr<std::unique_ptr<Checkpointer>> create(Checkpointable& engine,
+                                                        std::shared_ptr<Communicator> group,
+                                                        std::string root,
+                                                        CheckpointOptions options = {});
+  ~Checkpointer();  // waits for a save in flight
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Starts saving <root>/<name> with `metadata` (string keys and values kept in the
+  // manifest). Every rank calls it at the same point of training. ALREADY_EXISTS when a
+  // checkpoint of that name exists. The Work completes when the checkpoint is published on
+  // every rank (or failed: its status says why, the same on every rank).
+  StatusOr<std::shared_ptr<Work>> save(const std::string& name,
+                                       std::map<std::string, std::string> metadata = {});
+  // Waits for the save in flight, if any, and returns how it ended. Counted as a host sync.
+  Status wait();
+
+  // Loads <root>/<name>, or the checkpoint <root>/latest names when `name` is empty.
+  // Collective over the group; host-blocking.
+  StatusOr<LoadReport> load(const std::string& name, CheckpointLoadOptions options = {});
+  // Initialises the parameters (and fp32 masters) from a safetensors file whose tensors are
+  // named as the parameters; optimizer state and step counts stay. Collective.
+  StatusOr<LoadReport> import_safetensors(const std::string& path,
+                                          CheckpointLoadOptions options = {});
+
+  const std::string& root() const { return root_; }
+  int32_t rank() const { return comm_->rank(); }
+
+ private:
+  Checkpointer(Checkpointable& engine, std::unique_ptr<Communicator> comm, std::string root,
+               CheckpointOptions options, std::unique_ptr<Stream> side);
+  struct SaveJob;
+  Status write_job(SaveJob& job);
+  Status publish(SaveJob& job, const std::vector<std::string>& reports, std::string& directory);
+  void collect_garbage(const std::string& keep);
+  StatusOr<LoadReport> run_load(StatusOr<ckpt::SourceIndex> source, ckpt::SourceNaming naming,
+                                const CheckpointLoadOptions& options, LoadReport report);
+  void finish_in_flight();
+  // Every rank learns whether every rank succeeded; the first failure's message.
+  Status agree(const Status& local, const char* what);
+
+  Checkpointable& engine_;
+  std::unique_ptr<Communicator> comm_;
+  std::string root_;
+  CheckpointOptions options_;
+  std::unique_ptr<Stream> side_;  // the snapshot copies run here
+  std::thread writer_;
+  std::shared_ptr<Work> in_flight_;
+  // The last save's staging memory, kept for the next one: its pages stay mapped, so a
+  // snapshot costs one copy and no page faults. Handed back by the writer thread.
+  std::mutex spare_mutex_;
+  ckpt::HostStaging spare_;
+};
+
+// <path> itself when it holds a manifest, else the checkpoint its `latest` file names.
+StatusOr<std::string> resolve_checkpoint(const std::string& path);
+// The name in <root>/latest (checked as a checkpoint name).
+StatusOr<std::string> latest_checkpoint(const std::string& root);
+// Every chunk's checksum, every file's header and size.
+StatusOr<ckpt::VerifyReport> verify_checkpoint(const std::string& directory);
+// The model of checkpoint `directory` as one safetensors file at `path` (replaced
+// atomically): each parameter under its own name, in its model dtype, or with `fp32` as
+// float32 (from its master weights where it has them). Reads and checks every chunk.
+Status export_safetensors(const std::string& directory, const std::string& path, bool fp32);
+
+}  // namespace hps

@@ -1,0 +1,202 @@
+#include "core/checkpoint/file_io.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+namespace hps::ckpt {
+namespace {
+
+std::string reason(int err) { return std::strerror(err); }
+
+Status os_error(const std::string& what, const std::string& path, int err) {
+  const std::string text = what + " '" + path + "': " + reason(err);
+  if (err == ENOENT) return not_found(text);
+  if (err == EEXIST) return already_exists(text);
+  if (err == ENOMEM) return out_of_memory(text);
+  return backend_error(text);
+}
+
+}  // namespace
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+StatusOr<File> File::create(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return os_error("cannot create", path, errno);
+  return File(fd, path);
+}
+
+StatusOr<File> File::open_read(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return os_error("cannot open", path, errno);
+  return File(fd, path);
+}
+
+Status File::write_all(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    // Bounded pieces: one huge write would hold the kernel's file lock for its whole length.
+    const size_t piece = std::min<size_t>(bytes - done, size_t{64} << 20);
+    const ssize_t n = ::write(fd_, p + done, piece);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      return backend_error("writing '" + path_ + "' failed after " + std::to_string(done) + " of " +
+                           std::to_string(bytes) + " bytes: " + reason(err));
+    }
+    if (n == 0) {
+      return backend_error("writing '" + path_ + "' made no progress after " +
+                           std::to_string(done) + " of " + std::to_string(bytes) + " bytes");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status File::pread_all(void* data, size_t bytes, uint64_t offset) const {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd_, p + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return os_error("reading", path_, errno);
+    }
+    if (n == 0) {
+      return invalid_argument("file '" + path_ + "' is truncated: it ends at byte " +
+                              std::to_string(offset + done) + ", before " +
+                              std::to_string(offset + bytes));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+StatusOr<uint64_t> File::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return os_error("cannot stat", path_, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+Status File::sync() {
+  if (::fsync(fd_) != 0) return os_error("fsync of", path_, errno);
+  return Status::Ok();
+}
+
+Status File::close() {
+  if (fd_ < 0) return Status::Ok();
+  const int fd = fd_;
+  fd_ = -1;
+  // A failed close can report a write error the earlier calls did not (NFS, quotas).
+  if (::close(fd) != 0) return os_error("closing", path_, errno);
+  return Status::Ok();
+}
+
+void File::drop_cache() const {
+  if (fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+Status make_directory(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0) return os_error("cannot create directory", path, errno);
+  return Status::Ok();
+}
+
+Status sync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return os_error("cannot open directory", path, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return os_error("fsync of directory", path, err);
+  return Status::Ok();
+}
+
+Status rename_path(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return os_error("cannot rename '" + from + "' to", to, errno);
+  }
+  return Status::Ok();
+}
+
+Status remove_tree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return backend_error("cannot remove '" + path + "': " + ec.message());
+  return Status::Ok();
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+Status replace_file_atomically(const std::string& path, const std::string& contents) {
+  const std::string temporary = path + ".tmp";
+  (void)::unlink(temporary.c_str());  // left by a process killed at this point before
+  HPS_ASSIGN_OR_RETURN(File file, File::create(temporary));
+  Status s = file.write_all(contents.data(), contents.size());
+  if (s.ok()) s = file.sync();
+  if (s.ok()) s = file.close();
+  if (s.ok()) s = rename_path(temporary, path);
+  if (!s.ok()) {
+    (void)::unlink(temporary.c_str());
+    return s;
+  }
+  return sync_directory(std::filesystem::path(path).parent_path().string());
+}
+
+StatusOr<std::string> read_file(const std::string& path, uint64_t max_bytes) {
+  HPS_ASSIGN_OR_RETURN(File file, File::open_read(path));
+  HPS_ASSIGN_OR_RETURN(uint64_t size, file.size());
+  if (size > max_bytes) {
+    return invalid_argument("file '" + path + "' has " + std::to_string(size) +
+                            " bytes, more than the " + std::to_string(max_bytes) + " allowed");
+  }
+  std::string out(static_cast<size_t>(size), '\0');
+  HPS_RETURN_IF_ERROR(file.pread_all(out.data(), out.size(), 0));
+  return out;
+}
+
+StatusOr<std::vector<std::string>> list_directory(const std::string& path) {
+  DIR* dir = ::opendir(path.c_str());
+  if (dir == nullptr) return os_error("cannot list directory", path, errno);
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(dir);
+  return names;
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+}  // namespace hps::ckpt

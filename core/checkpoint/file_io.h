@@ -1,0 +1,67 @@
+// POSIX file operations for checkpoints, each returning a Status that names the path and
+// the OS's reason: writes that fail on a full disk, reads that find a file shorter than
+// promised, fsync of files and directories, atomic replacement. No exception escapes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/common/status.h"
+
+namespace hps::ckpt {
+
+// An open file, closed on destruction.
+class File {
+ public:
+  File() = default;
+  ~File();
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  // A new file for writing; ALREADY_EXISTS when `path` exists.
+  static StatusOr<File> create(const std::string& path);
+  // An existing file for reading; NOT_FOUND when it does not exist.
+  static StatusOr<File> open_read(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  // Appends all `bytes`; BACKEND_ERROR naming the file and how much was written on a
+  // failure (ENOSPC: the disk is full).
+  Status write_all(const void* data, size_t bytes);
+  // Reads exactly `bytes` at `offset`; INVALID_ARGUMENT when the file ends before.
+  Status pread_all(void* data, size_t bytes, uint64_t offset) const;
+  StatusOr<uint64_t> size() const;
+  Status sync();
+  Status close();
+  // Tells the kernel the file's cached pages may go (benchmarks compare cold reads).
+  void drop_cache() const;
+
+ private:
+  File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+};
+
+// Creates `path` (its parent must exist); ALREADY_EXISTS when it exists.
+Status make_directory(const std::string& path);
+// fsync of a directory: makes the names created, renamed or removed in it durable.
+Status sync_directory(const std::string& path);
+// rename(2): atomic within one filesystem; replaces a file at `to`.
+Status rename_path(const std::string& from, const std::string& to);
+// Removes a file or a directory tree; a missing path is not an error.
+Status remove_tree(const std::string& path);
+bool path_exists(const std::string& path);
+// Replaces the file `path` with `contents` atomically: a temporary beside it is written
+// and fsynced, renamed over `path`, and the directory fsynced.
+Status replace_file_atomically(const std::string& path, const std::string& contents);
+// The whole file, refusing one larger than `max_bytes` (INVALID_ARGUMENT).
+StatusOr<std::string> read_file(const std::string& path, uint64_t max_bytes);
+// The names in directory `path` (not "." or "..").
+StatusOr<std::vector<std::string>> list_directory(const std::string& path);
+// "a/b" joined; `name` must not be absolute.
+std::string join_path(const std::string& dir, const std::string& name);
+
+}  // namespace hps::ckpt

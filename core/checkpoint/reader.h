@@ -1,0 +1,33 @@
+// Executes a LoadPlan: opens the source's files (checking each data file's header against
+// the checkpoint id and its size against the manifest), reads each needed chunk once with
+// pread (a chunk with a checksum is read whole and verified; one without, such as a
+// safetensors tensor, only where it overlaps this rank's ranges) and converts it into the
+// targets' staging buffers. Every error names the file and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/checkpoint/reshard.h"
+
+namespace hps::ckpt {
+
+// staging[t] receives target t's elements [begin, end) in its dtype; it must hold
+// (end - begin) * dtype_size bytes. Targets without a source are left untouched.
+Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
+                 const LoadPlan& plan, std::vector<std::vector<uint8_t>>& staging);
+
+struct VerifyReport {
+  uint64_t files = 0;
+  uint64_t tensors = 0;
+  uint64_t chunks = 0;
+  uint64_t bytes = 0;  // of tensor data read and checked
+};
+// Reads every chunk of every tensor and checks its checksum, every file's header and size.
+StatusOr<VerifyReport> verify_source(const SourceIndex& source);
+
+// Elements [begin, end) of stored tensor `tensor`, converted to `dtype`, into `out`.
+Status read_tensor_range(const SourceIndex& source, size_t tensor, uint64_t begin, uint64_t end,
+                         DType dtype, void* out);
+
+}  // namespace hps::ckpt

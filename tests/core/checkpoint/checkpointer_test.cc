@@ -1,0 +1,595 @@
+// Checkpoints of real engines (ranks as threads): resuming is bitwise equal in the same
+// topology; loads into other topologies (more or fewer ranks, stage 2 <-> 3, dp x sharding,
+// another bucket alignment, fp32 <-> bf16 parameters) continue like the unsharded
+// reference; bad data, a mismatching model and loads in the wrong phase change no engine;
+// saving is asynchronous (no host sync in the steps it overlaps, and they do not change
+// what is saved); keep-last and latest; safetensors export and import.
+#include "core/checkpoint/checkpointer.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint/file_io.h"
+#include "core/checkpoint/format.h"
+#include "core/checkpoint/safetensors.h"
+#include "core/common/config.h"
+#include "core/device/cpu/stream.h"
+#include "tests/core/checkpoint/training.h"
+
+namespace hps::ckpt_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory, removed with everything in it at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "hps-ckpt-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+CheckpointOptions small_chunks() {
+  CheckpointOptions o;
+  o.chunk_bytes = 96;  // many chunks per range, chunk boundaries inside shards
+  o.timeout = Milliseconds(30'000);
+  return o;
+}
+
+// Trains `steps` steps from `first` on every rank of `layout` after `before` (which may load
+// or save), then runs `after`.
+using RankFn = std::function<void(Rank&)>;
+void run(const Layout& layout, const EngineOptions& options, const std::string& root,
+         const RankFn& body, CheckpointOptions checkpoint_options = small_chunks(),
+         const std::vector<TestParam>& model = kModel) {
+  testing_util::run_ranks(layout.world(), [&](int32_t rank, Communicator& comm) {
+    Rank r;
+    make_rank(r, rank, comm, layout, options, root, checkpoint_options, model);
+    if (::testing::Test::HasFatalFailure()) return;
+    body(r);
+  });
+}
+
+// A Checkpointable of one tensor whose state stream the test drives.
+class FakeState final : public Checkpointable {
+ public:
+  std::vector<float> w = std::vector<float>(64, 0.0f);
+  cpu::CpuStream stream;
+  EngineOptions options;
+  int loads = 0;
+  StatusOr<std::vector<StateTensor>> state_tensors() override {
+    return std::vector<StateTensor>{{"param/w", {8, 8}, DType::kFloat32, 0, 64, w.data(), true}};
+  }
+  Stream& state_stream() override { return stream; }
+  CheckpointTopology checkpoint_topology() const override { return {2, 1, 0, 1, 0, 256}; }
+  const EngineOptions& checkpoint_options() const override { return options; }
+  Status begin_state_load() override { return stream.synchronize(); }
+  Status end_state_load() override {
+    ++loads;
+    return Status::Ok();
+  }
+};
+
+// The snapshot holds what the work enqueued before save() produced, not what was done when
+// save() was called nor what the work enqueued after it does.
+TEST(Checkpoint, SnapshotIsTakenInStreamOrder) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  testing_util::run_ranks(1, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    FakeState state;
+    auto c = Checkpointer::create(state, world, dir.path(), small_chunks());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    std::promise<void> release;
+    std::shared_future<void> gate = release.get_future().share();
+    state.stream.enqueue([gate] { gate.wait(); });  // a step still running...
+    state.stream.enqueue(
+        [&state] { std::fill(state.w.begin(), state.w.end(), 1.0f); });  // ...its update
+    host_sync_reset();
+    auto work = (*c)->save("a");
+    ASSERT_TRUE(work.ok()) << work.status().to_string();
+    EXPECT_EQ(host_sync_count_thread(), 0u);
+    state.stream.enqueue(
+        [&state] { std::fill(state.w.begin(), state.w.end(), 2.0f); });  // the next step
+    auto done = (*work)->test();
+    ASSERT_TRUE(done.ok());
+    EXPECT_FALSE(*done) << "the save finished before the state it saves was produced";
+    release.set_value();
+    ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+    ASSERT_TRUE(state.stream.synchronize().ok());
+    EXPECT_EQ(state.w[0], 2.0f);
+    FakeState fresh;
+    auto c2 = Checkpointer::create(fresh, world, dir.path(), small_chunks());
+    ASSERT_TRUE(c2.ok());
+    ASSERT_TRUE((*c2)->load("a").ok());
+    EXPECT_EQ(fresh.loads, 1);
+    EXPECT_EQ(fresh.w, std::vector<float>(64, 1.0f));
+  });
+}
+
+struct ResumeCase {
+  const char* name;
+  Layout layout;
+  bool adamw;
+  bool loss_scaling;
+  friend void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.name; }
+};
+
+class ResumeTest : public ::testing::TestWithParam<ResumeCase> {};
+
+// Train 3 steps, save, train 3 more (the save in flight: no host sync in those steps);
+// in fresh engines load and train the same 3: every state tensor is bitwise equal.
+TEST_P(ResumeTest, ResumingIsBitwiseEqual) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const ResumeCase c = GetParam();
+  EngineOptions options = c.adamw ? adamw_options() : sgd_options();
+  if (c.loss_scaling) {
+    options.dynamic_loss_scaling = true;
+    options.initial_loss_scale = 1024.0f;
+    options.growth_interval = 2;
+  }
+  TempDir dir;
+  const int n = 3, m = 3;
+  std::mutex mutex;
+  std::map<int32_t, std::map<std::string, std::vector<uint8_t>>> uninterrupted, resumed;
+  std::map<int32_t, std::vector<std::vector<float>>> full_a, full_b;
+  run(c.layout, options, dir.path(), [&](Rank& r) {
+    r.inf_step = c.loss_scaling ? 1 : -1;  // a skipped step before the save...
+    for (int s = 0; s < n; ++s) r.train_step(s);
+    host_sync_reset();
+    auto work = r.checkpointer->save("step-3", {{"step", "3"}, {"loader", "epoch 0 batch 3"}});
+    ASSERT_TRUE(work.ok()) << work.status().to_string();
+    EXPECT_EQ(host_sync_count_thread(), 0u) << "save() blocked the host";
+    if (c.loss_scaling) r.inf_step = 4;  // ...and one after it
+    for (int s = n; s < n + m; ++s) {
+      EXPECT_EQ(r.train_step(s), 0u) << "step " << s << " with a save in flight synced";
+    }
+    ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+    auto bytes = r.state_bytes();
+    auto full = r.engine->gather_all();
+    ASSERT_TRUE(full.ok());
+    std::lock_guard lock(mutex);
+    uninterrupted[r.rank] = std::move(bytes);
+    full_a[r.rank] = std::move(*full);
+  });
+  ASSERT_TRUE(ckpt::path_exists(dir / "step-3/manifest.json"));
+  run(c.layout, options, dir.path(), [&](Rank& r) {
+    auto report = r.checkpointer->load("");
+    ASSERT_TRUE(report.ok()) << report.status().to_string();
+    EXPECT_EQ(report->metadata.at("step"), "3");
+    EXPECT_EQ(report->metadata.at("loader"), "epoch 0 batch 3");
+    EXPECT_TRUE(report->unchanged.empty());
+    if (c.loss_scaling) r.inf_step = 4;
+    for (int s = n; s < n + m; ++s) r.train_step(s);
+    auto bytes = r.state_bytes();
+    auto full = r.engine->gather_all();
+    ASSERT_TRUE(full.ok());
+    std::lock_guard lock(mutex);
+    resumed[r.rank] = std::move(bytes);
+    full_b[r.rank] = std::move(*full);
+  });
+  ASSERT_EQ(uninterrupted.size(), resumed.size());
+  for (const auto& [rank, tensors] : uninterrupted) {
+    ASSERT_EQ(tensors.size(), resumed[rank].size());
+    for (const auto& [name, bytes] : tensors) {
+      EXPECT_EQ(bytes, resumed[rank][name]) << name << " differs on rank " << rank;
+    }
+    for (size_t p = 0; p < full_a[rank].size(); ++p) {
+      EXPECT_EQ(0, std::memcmp(full_a[rank][p].data(), full_b[rank][p].data(),
+                               full_a[rank][p].size() * sizeof(float)))
+          << kModel[p].name;
+    }
+  }
+  if (c.loss_scaling) {
+    // The step scalars came back: one skip before the save, one after.
+    int64_t skipped = 0;
+    std::memcpy(&skipped, resumed[0]["step/skipped_steps"].data(), sizeof skipped);
+    EXPECT_EQ(skipped, 2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ResumeTest,
+    ::testing::Values(
+        ResumeCase{"stage2_sgd_fp32", {2, 2, 1, DType::kFloat32}, false, false},
+        ResumeCase{"stage3_adamw_fp32", {3, 2, 1, DType::kFloat32}, true, false},
+        ResumeCase{"stage2_adamw_bf16_scaling", {2, 2, 1, DType::kBFloat16}, true, true},
+        ResumeCase{"stage3_sgd_fp16_scaling", {3, 2, 1, DType::kFloat16}, false, true},
+        ResumeCase{"stage2_dp2_sharding2", {2, 2, 2, DType::kFloat32}, true, false}),
+    [](const auto& p) { return std::string(p.param.name); });
+
+struct ReshardCase {
+  const char* name;
+  Layout from, to;
+  friend void PrintTo(const ReshardCase& c, std::ostream* os) { *os << c.name; }
+};
+
+class ReshardTest : public ::testing::TestWithParam<ReshardCase> {};
+
+// Written by one topology, loaded by another: the run continues like the unsharded
+// reference that switched world size at the same step.
+TEST_P(ReshardTest, ContinuesLikeTheUnshardedReference) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const ReshardCase c = GetParam();
+  const EngineOptions options = adamw_options();
+  TempDir dir;
+  const int n = 3, m = 3;
+  run(c.from, options, dir.path(), [&](Rank& r) {
+    for (int s = 0; s < n; ++s) r.train_step(s);
+    auto work = r.checkpointer->save("a");
+    ASSERT_TRUE(work.ok());
+    ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+  });
+  const auto expected = reference(options, {{c.from.world(), n}, {c.to.world(), m}});
+  run(c.to, options, dir.path(), [&](Rank& r) {
+    auto report = r.checkpointer->load("a");
+    ASSERT_TRUE(report.ok()) << report.status().to_string();
+    for (int s = n; s < n + m; ++s) r.train_step(s);
+    auto full = r.engine->gather_all();
+    ASSERT_TRUE(full.ok());
+    expect_near_reference(*full, expected, std::string(c.name) + " rank " + std::to_string(r.rank));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Topologies, ReshardTest,
+    ::testing::Values(ReshardCase{"sharding2_to_4", {2, 2, 1}, {2, 4, 1}},
+                      ReshardCase{"sharding4_to_2", {2, 4, 1}, {2, 2, 1}},
+                      ReshardCase{"stage2_to_stage3", {2, 2, 1}, {3, 2, 1}},
+                      ReshardCase{"stage3_4_to_stage2_1", {3, 4, 1}, {2, 1, 1}},
+                      ReshardCase{"dp2_sharding2_to_sharding4", {2, 2, 2}, {2, 4, 1}},
+                      ReshardCase{"sharding2_to_dp2_sharding2", {3, 2, 1}, {2, 2, 2}},
+                      ReshardCase{"another_alignment",
+                                  {2, 2, 1, DType::kFloat32, 256},
+                                  {3, 3, 1, DType::kFloat32, 16}}),
+    [](const auto& p) { return std::string(p.param.name); });
+
+// fp32 parameters load into bf16 ones with the fp32 values kept as masters (the
+// parameters rounded once), and bf16 ones with masters load into fp32 from the masters.
+TEST(Checkpoint, ParameterDtypeChangesKeepTheMasters) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const EngineOptions options = adamw_options();
+  std::vector<std::vector<float>> saved;
+  run({2, 2, 1, DType::kFloat32}, options, dir.path(), [&](Rank& r) {
+    for (int s = 0; s < 2; ++s) r.train_step(s);
+    ASSERT_TRUE((*r.checkpointer->save("fp32"))->wait().ok());
+    auto full = r.engine->gather_all();
+    if (r.rank == 0) saved = *full;
+  });
+  std::vector<std::vector<float>> masters;
+  run({3, 2, 1, DType::kBFloat16}, options, dir.path(), [&](Rank& r) {
+    auto report = r.checkpointer->load("fp32");
+    ASSERT_TRUE(report.ok()) << report.status().to_string();
+    auto full = r.engine->gather_all();  // the fp32 masters
+    ASSERT_TRUE(full.ok());
+    for (size_t p = 0; p < saved.size(); ++p) {
+      if (!kModel[p].trainable) continue;
+      EXPECT_EQ(0, std::memcmp((*full)[p].data(), saved[p].data(), saved[p].size() * 4))
+          << kModel[p].name << ": the masters are not the fp32 values";
+    }
+    // The bf16 parameters are the masters rounded once.
+    for (int32_t u = 0; u < kUnits; ++u) ASSERT_TRUE(r.engine->gather(u).ok());
+    for (size_t p = 0; p < saved.size(); ++p) {
+      const auto* v = static_cast<const uint16_t*>(*r.engine->param_data(p));
+      for (size_t i = 0; i < saved[p].size(); ++i) {
+        ASSERT_EQ(v[i], float_to_bf16_bits(saved[p][i])) << kModel[p].name << "[" << i << "]";
+      }
+    }
+    for (int32_t u = 0; u < kUnits; ++u) ASSERT_TRUE(r.engine->release(u).ok());
+    r.train_step(2);
+    ASSERT_TRUE((*r.checkpointer->save("bf16"))->wait().ok());
+    full = r.engine->gather_all();
+    if (r.rank == 0) masters = *full;
+  });
+  run({2, 4, 1, DType::kFloat32}, options, dir.path(), [&](Rank& r) {
+    ASSERT_TRUE(r.checkpointer->load("bf16").ok());
+    auto full = r.engine->gather_all();
+    for (size_t p = 0; p < masters.size(); ++p) {
+      if (!kModel[p].trainable) continue;
+      EXPECT_EQ(0, std::memcmp((*full)[p].data(), masters[p].data(), masters[p].size() * 4))
+          << kModel[p].name << ": fp32 parameters are not the saved masters";
+    }
+  });
+}
+
+// Every rank's state must be what it was before a load that failed.
+void expect_failed_load_changes_nothing(const Layout& layout, const std::string& root,
+                                        const std::string& name,
+                                        const std::vector<std::string>& expect_in_message,
+                                        StatusCode code = StatusCode::kInvalidArgument,
+                                        const std::vector<TestParam>& model = kModel) {
+  run(
+      layout, adamw_options(), root,
+      [&](Rank& r) {
+        r.train_step(0);
+        const auto before = r.state_bytes();
+        auto report = r.checkpointer->load(name);
+        ASSERT_FALSE(report.ok()) << "a bad checkpoint loaded";
+        const std::string message = report.status().message();
+        for (const auto& part : expect_in_message) {
+          // "a|b|c": any of them.
+          bool found = false;
+          size_t start = 0;
+          while (start <= part.size()) {
+            const size_t bar = std::min(part.find('|', start), part.size());
+            found = found || message.find(part.substr(start, bar - start)) != std::string::npos;
+            start = bar + 1;
+          }
+          EXPECT_TRUE(found) << "rank " << r.rank << ": '" << part << "' not in: " << message;
+        }
+        if (r.rank == 0) {
+          EXPECT_EQ(report.status().code(), code) << message;
+        }
+        EXPECT_EQ(before, r.state_bytes()) << "a failed load changed rank " << r.rank;
+      },
+      small_chunks(), model);
+}
+
+// The tensors with a chunk in `file`.
+std::vector<std::string> tensors_in(const std::string& directory, const std::string& file) {
+  auto m = ckpt::read_manifest(directory);
+  std::vector<std::string> names;
+  for (const auto& t : m->tensors) {
+    for (const auto& c : t.chunks) {
+      if (m->files[c.file].name == file) {
+        names.push_back(t.name);
+        break;
+      }
+    }
+  }
+  return names;
+}
+
+// "tensor 'a'|tensor 'b'|...": the message names one of them.
+std::string any_tensor_of(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : "|") + std::string("tensor '") + n + "'";
+  return out;
+}
+
+TEST(Checkpoint, BadDataIsRefusedNamingFileAndTensorAndChangesNothing) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const Layout layout{2, 2, 1};
+  run(layout, adamw_options(), dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    ASSERT_TRUE((*r.checkpointer->save("good"))->wait().ok());
+    r.train_step(1);
+    ASSERT_TRUE((*r.checkpointer->save("other"))->wait().ok());
+  });
+  auto copy = [&](const std::string& to) {
+    fs::copy(dir / "good", dir / to, fs::copy_options::recursive);
+    return dir / to;
+  };
+  {  // A flipped byte in the middle of rank 1's data.
+    const std::string d = copy("flipped");
+    const std::string file = d + "/rank-00001.bin";
+    auto m = ckpt::read_manifest(d);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(200);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(200);
+    f.write(&c, 1);
+    f.close();
+    // The tensor holding byte 200 of rank 1's file.
+    std::string holder;
+    for (const auto& tensor : m->tensors) {
+      for (const auto& ch : tensor.chunks) {
+        const uint64_t bytes = (ch.end - ch.begin) * dtype_size(tensor.dtype);
+        if (m->files[ch.file].rank == 1 && ch.offset <= 200 && 200 < ch.offset + bytes)
+          holder = tensor.name;
+      }
+    }
+    ASSERT_FALSE(holder.empty());
+    expect_failed_load_changes_nothing(layout, dir.path(), "flipped",
+                                       {"rank-00001.bin", "'" + holder + "'", "checksum"});
+    auto verified = verify_checkpoint(d);
+    ASSERT_FALSE(verified.ok());
+    EXPECT_NE(verified.status().message().find(holder), std::string::npos);
+  }
+  {  // A truncated file.
+    const std::string d = copy("truncated");
+    fs::resize_file(d + "/rank-00000.bin", fs::file_size(d + "/rank-00000.bin") - 100);
+    expect_failed_load_changes_nothing(
+        layout, dir.path(), "truncated",
+        {"rank-00000.bin", "truncated", any_tensor_of(tensors_in(d, "rank-00000.bin"))});
+  }
+  {  // A missing file.
+    const std::string d = copy("missing");
+    fs::remove(d + "/rank-00001.bin");
+    expect_failed_load_changes_nothing(
+        layout, dir.path(), "missing",
+        {"rank-00001.bin", any_tensor_of(tensors_in(d, "rank-00001.bin"))}, StatusCode::kNotFound);
+  }
+  {  // The manifest of another checkpoint.
+    const std::string d = copy("mixed");
+    fs::copy_file(dir / "other/manifest.json", d + "/manifest.json",
+                  fs::copy_options::overwrite_existing);
+    expect_failed_load_changes_nothing(
+        layout, dir.path(), "mixed", {"rank-0000", "belongs to checkpoint", "another checkpoint"});
+  }
+  {  // A truncated manifest.
+    const std::string d = copy("torn");
+    fs::resize_file(d + "/manifest.json", fs::file_size(d + "/manifest.json") / 2);
+    expect_failed_load_changes_nothing(layout, dir.path(), "torn", {"torn/manifest.json"});
+  }
+  {  // No such checkpoint.
+    expect_failed_load_changes_nothing(layout, dir.path(), "absent", {"absent"},
+                                       StatusCode::kNotFound);
+  }
+  {  // A checkpoint of another model: a renamed and a reshaped parameter.
+    std::vector<TestParam> model = kModel;
+    model[1].name = "layer0.offset";
+    model[4].shape = {300};
+    expect_failed_load_changes_nothing(layout, dir.path(), "good", {"layer0.offset", "layer0.bias"},
+                                       StatusCode::kInvalidArgument, model);
+    model = kModel;
+    model[4].shape = {7, 43};
+    expect_failed_load_changes_nothing(layout, dir.path(), "good",
+                                       {"layer2.weight", "[7, 43]", "[301]"},
+                                       StatusCode::kInvalidArgument, model);
+  }
+  // The good one still loads.
+  run(layout, adamw_options(), dir.path(),
+      [&](Rank& r) { EXPECT_TRUE(r.checkpointer->load("good").ok()); });
+}
+
+TEST(Checkpoint, PartialLoadsNameWhatTheyLeaveAndSkip) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const Layout layout{2, 2, 1};
+  std::vector<std::vector<float>> saved;
+  run(layout, sgd_options(), dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    ASSERT_TRUE((*r.checkpointer->save("sgd"))->wait().ok());
+    auto full = r.engine->gather_all();
+    if (r.rank == 0) saved = *full;
+  });
+  run(layout, adamw_options(), dir.path(), [&](Rank& r) {
+    auto refused = r.checkpointer->load("sgd");
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("exp_avg/layer0.weight"), std::string::npos)
+        << refused.status().message();
+    EXPECT_NE(refused.status().message().find("momentum/layer0.weight"), std::string::npos)
+        << refused.status().message();
+    auto report = r.checkpointer->load("sgd", {.allow_partial = true});
+    ASSERT_TRUE(report.ok()) << report.status().to_string();
+    EXPECT_NE(
+        std::find(report->unchanged.begin(), report->unchanged.end(), "exp_avg/layer0.weight"),
+        report->unchanged.end());
+    EXPECT_NE(std::find(report->unused.begin(), report->unused.end(), "momentum/layer1.weight"),
+              report->unused.end());
+    auto full = r.engine->gather_all();
+    for (size_t p = 0; p < saved.size(); ++p) EXPECT_EQ((*full)[p], saved[p]);
+  });
+}
+
+TEST(Checkpoint, LoadBetweenStepsOnly) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  run({3, 2, 1}, adamw_options(), dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    ASSERT_TRUE((*r.checkpointer->save("a"))->wait().ok());
+    ASSERT_TRUE(r.engine->gather(0).ok());  // a unit gathered
+    auto refused = r.checkpointer->load("a");
+    EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+        << refused.status().to_string();
+    ASSERT_TRUE(r.engine->release(0).ok());
+    EXPECT_TRUE(r.checkpointer->load("a").ok());
+    r.train_step(1);
+  });
+}
+
+TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  CheckpointOptions o = small_chunks();
+  o.keep_last = 2;
+  run(
+      {2, 2, 1}, sgd_options(), dir.path(),
+      [&](Rank& r) {
+        for (int s = 0; s < 4; ++s) {
+          r.train_step(s);
+          auto work = r.checkpointer->save("s" + std::to_string(s));
+          ASSERT_TRUE(work.ok());
+          // The second save waits for the first: never two in flight.
+        }
+        ASSERT_TRUE(r.checkpointer->wait().ok());
+        auto again = r.checkpointer->save("s3");
+        EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+      },
+      o);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "s2", "s3"}));
+  EXPECT_EQ(*latest_checkpoint(dir.path()), "s3");
+  EXPECT_TRUE(verify_checkpoint(dir / "s2").ok());
+  EXPECT_EQ(*resolve_checkpoint(dir.path()), dir / "s3");
+}
+
+TEST(Checkpoint, SafetensorsExportAndImport) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const EngineOptions options = adamw_options();
+  std::vector<std::vector<float>> saved;
+  run({2, 2, 1}, options, dir.path(), [&](Rank& r) {
+    for (int s = 0; s < 2; ++s) r.train_step(s);
+    ASSERT_TRUE((*r.checkpointer->save("a", {{"epoch", "1"}}))->wait().ok());
+    auto full = r.engine->gather_all();
+    if (r.rank == 0) saved = *full;
+  });
+  const std::string model = dir / "model.safetensors";
+  ASSERT_TRUE(export_safetensors(dir / "a", model, false).ok());
+  {  // The file as any safetensors reader sees it.
+    std::ifstream in(model, std::ios::binary);
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    std::string header(n, '\0');
+    in.read(header.data(), static_cast<std::streamsize>(n));
+    auto j = nlohmann::json::parse(header);
+    EXPECT_EQ(j["__metadata__"]["epoch"], "1");
+    EXPECT_EQ(j["__metadata__"]["format"], "pt");
+    for (size_t p = 0; p < kModel.size(); ++p) {
+      const auto& e = j[kModel[p].name];
+      EXPECT_EQ(e["dtype"], "F32");
+      EXPECT_EQ(e["shape"].get<std::vector<int64_t>>(), kModel[p].shape);
+      const uint64_t begin = e["data_offsets"][0];
+      std::vector<float> values(saved[p].size());
+      in.seekg(static_cast<std::streamoff>(8 + n + begin));
+      in.read(reinterpret_cast<char*>(values.data()),
+              static_cast<std::streamsize>(values.size() * 4));
+      EXPECT_EQ(values, saved[p]) << kModel[p].name;
+    }
+    EXPECT_EQ(j.size(), kModel.size() + 1);  // no optimizer state, no step scalars
+  }
+  // Into other topologies and dtypes: the parameters (fp32 masters) are the exported ones.
+  for (const Layout& layout : {Layout{3, 4, 1}, Layout{2, 2, 1, DType::kBFloat16}}) {
+    run(layout, options, dir.path(), [&](Rank& r) {
+      auto report = r.checkpointer->import_safetensors(model);
+      ASSERT_TRUE(report.ok()) << report.status().to_string();
+      EXPECT_EQ(report->metadata.at("epoch"), "1");
+      auto full = r.engine->gather_all();
+      for (size_t p = 0; p < saved.size(); ++p) {
+        if (layout.dtype == DType::kFloat32 || kModel[p].trainable) {
+          EXPECT_EQ((*full)[p], saved[p]) << kModel[p].name;
+        }
+      }
+      r.train_step(2);
+    });
+  }
+  // A model file with a tensor the engine lacks is refused unless partial.
+  std::vector<TestParam> smaller(kModel.begin(), kModel.end() - 1);
+  run(
+      {2, 2, 1}, options, dir.path(),
+      [&](Rank& r) {
+        auto refused = r.checkpointer->import_safetensors(model);
+        ASSERT_FALSE(refused.ok());
+        EXPECT_NE(refused.status().message().find("layer2.scale"), std::string::npos);
+        EXPECT_TRUE(r.checkpointer->import_safetensors(model, {.allow_partial = true}).ok());
+      },
+      small_chunks(), smaller);
+}
+
+}  // namespace
+}  // namespace hps::ckpt_test

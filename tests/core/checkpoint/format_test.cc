@@ -1,0 +1,286 @@
+// The checkpoint format's pure parts: manifests (round trip, and every kind of hostile
+// manifest refused with a message saying where), chunk cutting, data file headers,
+// safetensors headers, and the resharding planner (which stored tensor fills which
+// target, reading only what a rank holds).
+#include "core/checkpoint/format.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint/manifest.h"
+#include "core/checkpoint/reshard.h"
+#include "core/checkpoint/safetensors.h"
+
+namespace hps::ckpt {
+namespace {
+
+using json = nlohmann::json;
+
+// A manifest of one fp32 tensor "param/w" [4, 5] in two files of 2 chunks, and a scalar.
+Manifest sample() {
+  Manifest m;
+  m.id = "0123456789abcdef0123456789abcdef";
+  m.name = "step-5";
+  m.created_unix_ns = 42;
+  m.chunk_bytes = 40;
+  m.topology = {2, 2, 0, 1, 0, 256};
+  m.world = 2;
+  m.engine = EngineOptions{};
+  m.engine->optimizer = OptimizerKind::kAdamW;
+  m.engine->adamw.learning_rate = 0.125f;
+  m.metadata = {{"step", "5"}};
+  m.files = {{"rank-00000.bin", 0, 64 + 48}, {"rank-00001.bin", 1, 64 + 32}};
+  StoredTensor w{"param/w", DType::kFloat32, {4, 5}, 20, {}};
+  w.chunks = {{0, 0, 10, 64, 0x1111}, {0, 10, 12, 104, 0x2222}, {1, 12, 20, 64, 0x3333}};
+  StoredTensor s{"step/applied_steps", DType::kInt64, {}, 1, {{0, 0, 1, 104 + 0, 0x4444}}};
+  s.chunks[0].offset = 64 + 40;
+  m.tensors = {w, s};
+  return m;
+}
+
+TEST(Manifest, RoundTrips) {
+  const Manifest m = sample();
+  auto back = parse_manifest(manifest_to_json(m), "x/manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->id, m.id);
+  EXPECT_EQ(back->metadata, m.metadata);
+  EXPECT_EQ(back->world, 2);
+  EXPECT_EQ(back->topology.stage, 2);
+  ASSERT_TRUE(back->engine);
+  EXPECT_EQ(back->engine->optimizer, OptimizerKind::kAdamW);
+  EXPECT_EQ(back->engine->adamw.learning_rate, 0.125f);
+  ASSERT_EQ(back->tensors.size(), 2u);
+  EXPECT_EQ(back->tensors[0].numel, 20u);
+  ASSERT_EQ(back->tensors[0].chunks.size(), 3u);
+  EXPECT_EQ(*back->tensors[0].chunks[2].xxh3, 0x3333u);
+  EXPECT_EQ(back->tensors[1].shape, std::vector<int64_t>{});
+}
+
+// Applies `edit` to the sample's JSON; the parse must fail naming `expect`.
+void expect_refused(const std::function<void(json&)>& edit, const std::string& expect) {
+  json j = json::parse(manifest_to_json(sample()));
+  edit(j);
+  auto m = parse_manifest(j.dump(), "ckpt/manifest.json");
+  ASSERT_FALSE(m.ok()) << "accepted: " << j.dump();
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find(expect), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("ckpt/manifest.json"), std::string::npos);
+}
+
+TEST(Manifest, RefusesHostileManifests) {
+  expect_refused([](json& j) { j["format"] = "zip"; }, "'format'");
+  expect_refused([](json& j) { j["format_version"] = 2; }, "format version 2");
+  expect_refused([](json& j) { j["id"] = "../../etc"; }, "'id'");
+  expect_refused([](json& j) { j.erase("tensors"); }, "no field 'tensors'");
+  expect_refused([](json& j) { j["files"][0]["name"] = "../../etc/passwd"; }, "rank-00000.bin");
+  expect_refused([](json& j) { j["files"][1]["rank"] = 7; }, "'rank' is 7");
+  expect_refused(
+      [](json& j) {
+        j["files"][1]["rank"] = 0;
+        j["files"][1]["name"] = "rank-00000.bin";
+      },
+      "two files");
+  expect_refused([](json& j) { j["tensors"][0]["dtype"] = "float33"; }, "unknown dtype");
+  expect_refused([](json& j) { j["tensors"][0]["dtype"] = "fp32"; }, "unknown dtype");
+  expect_refused([](json& j) { j["tensors"][0]["shape"] = {-4, 5}; }, "dimension");
+  expect_refused([](json& j) { j["tensors"][0]["shape"] = {1u << 30, 1u << 30}; }, "2^48");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"].erase(1); }, "[12, 20)");        // a gap
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][1]["begin"] = 9; }, "[9, 12)");  // overlap
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][2]["end"] = 21; }, "[12, 21)");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][2]["file"] = 9; }, "names file 9");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][2]["offset"] = 70; }, "lies outside file");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][2]["offset"] = UINT64_MAX - 3; },
+                 "lies outside file");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][0]["offset"] = 0; }, "lies outside file");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][0]["xxh3"] = "xyz"; }, "'xxh3'");
+  expect_refused([](json& j) { j["tensors"][1]["name"] = "param/w"; }, "listed twice");
+  expect_refused([](json& j) { j["tensors"][1]["name"] = std::string("a\nb"); }, "control");
+  expect_refused([](json& j) { j["metadata"]["k"] = 3; }, "metadata 'k'");
+  expect_refused([](json& j) { j["engine"]["optimizer"] = "lion"; }, "lion");
+  expect_refused([](json& j) { j["engine"]["accumulation_steps"] = 0; }, "accumulation_steps");
+  expect_refused([](json& j) { j["topology"]["stage"] = "two"; }, "'stage'");
+}
+
+TEST(Manifest, RefusesTruncatedAndDeepDocuments) {
+  const std::string text = manifest_to_json(sample());
+  for (size_t cut : {size_t{0}, size_t{1}, text.size() / 3, text.size() - 3}) {
+    auto m = parse_manifest(text.substr(0, cut), "m.json");
+    EXPECT_FALSE(m.ok()) << cut;
+  }
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto m = parse_manifest(deep, "m.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("deeper"), std::string::npos);
+  EXPECT_EQ(json_depth(R"({"a": "[[[[", "b": [1, {"c": 2}]})"), 3u);
+}
+
+TEST(Format, ChunksAreCutAtGlobalMultiples) {
+  using Cuts = std::vector<std::pair<uint64_t, uint64_t>>;
+  EXPECT_EQ(cut_into_chunks(3, 25, 10), (Cuts{{3, 10}, {10, 20}, {20, 25}}));
+  EXPECT_EQ(cut_into_chunks(10, 20, 10), (Cuts{{10, 20}}));
+  EXPECT_EQ(cut_into_chunks(5, 5, 10), Cuts{});
+  EXPECT_EQ(cut_into_chunks(0, 3, 0), (Cuts{{0, 1}, {1, 2}, {2, 3}}));
+}
+
+TEST(Format, NamesHeadersAndChecksums) {
+  EXPECT_EQ(data_file_name(3), "rank-00003.bin");
+  EXPECT_TRUE(check_checkpoint_name("step-100_a.b").ok());
+  for (const char* bad : {"", ".hidden", "a/b", "latest", "latest.tmp", "x y", "../up"}) {
+    EXPECT_FALSE(check_checkpoint_name(bad).ok()) << bad;
+  }
+  const std::string id = new_checkpoint_id();
+  EXPECT_TRUE(is_checkpoint_id(id));
+  EXPECT_NE(id, new_checkpoint_id());
+  const std::string header = data_file_header(id, 5);
+  ASSERT_EQ(header.size(), kDataHeaderBytes);
+  const auto* h = reinterpret_cast<const uint8_t*>(header.data());
+  EXPECT_TRUE(check_data_file_header(h, id, 5, "f").ok());
+  EXPECT_NE(check_data_file_header(h, id, 4, "f").message().find("rank 5"), std::string::npos);
+  EXPECT_NE(check_data_file_header(h, new_checkpoint_id(), 5, "f").message().find("belongs to"),
+            std::string::npos);
+  std::string garbage(kDataHeaderBytes, 'x');
+  EXPECT_NE(check_data_file_header(reinterpret_cast<const uint8_t*>(garbage.data()), id, 5, "f")
+                .message()
+                .find("not an hpshard"),
+            std::string::npos);
+  EXPECT_EQ(hex64(0xabcdef0123456789ull), "abcdef0123456789");
+  EXPECT_EQ(*parse_hex64("abcdef0123456789"), 0xabcdef0123456789ull);
+  EXPECT_FALSE(parse_hex64("ABCDEF0123456789"));
+  EXPECT_NE(checksum("a", 1), checksum("b", 1));
+}
+
+TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
+  uint64_t data = 0;
+  auto header = safetensors_header({{"w", DType::kBFloat16, {2, 3}}, {"b", DType::kFloat32, {3}}},
+                                   {{"format", "pt"}}, &data);
+  ASSERT_TRUE(header.ok());
+  EXPECT_EQ(data, 2u * 3 * 2 + 3 * 4);
+  EXPECT_EQ(header->size() % 8, 0u);
+  auto parsed = parse_safetensors_header(header->substr(8), data, "m.safetensors");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_EQ(parsed->metadata.at("format"), "pt");
+  ASSERT_EQ(parsed->tensors.size(), 2u);
+  for (const auto& t : parsed->tensors) {
+    if (t.name == "w") {
+      EXPECT_EQ(t.dtype, DType::kBFloat16);
+      EXPECT_EQ(t.chunks[0].offset, 0u);
+    } else {
+      EXPECT_EQ(t.chunks[0].offset, 12u);
+    }
+  }
+  for (const char* bad : {
+           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 9]}})",
+           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8000]}})",
+           R"({"w": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})",
+           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",
+           R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})",
+           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+               "v": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+           R"({"__metadata__": {"a": 1}})",
+           R"([1, 2])",
+           R"({"w": 3})",
+       }) {
+    EXPECT_FALSE(parse_safetensors_header(bad, 16, "m").ok()) << bad;
+  }
+}
+
+SourceIndex source_with(std::vector<StoredTensor> tensors) {
+  SourceIndex s;
+  s.description = "checkpoint test";
+  s.files = {{"rank-00000.bin", 0, 1 << 20}};
+  s.tensors = std::move(tensors);
+  return s;
+}
+
+// A stored tensor of `numel` elements in chunks of `per_chunk`.
+StoredTensor stored(const std::string& name, DType dtype, uint64_t numel, uint64_t per_chunk) {
+  StoredTensor t{name, dtype, {static_cast<int64_t>(numel)}, numel, {}};
+  uint64_t offset = 64;
+  for (const auto& [b, e] : cut_into_chunks(0, numel, per_chunk)) {
+    t.chunks.push_back({0, b, e, offset, 0});
+    offset += (e - b) * dtype_size(dtype);
+  }
+  return t;
+}
+
+TEST(Reshard, ReadsOnlyTheChunksHoldingTheRange) {
+  const SourceIndex s = source_with({stored("param/w", DType::kFloat32, 100, 10)});
+  auto plan =
+      plan_load(s, {{"param/w", DType::kFloat32, {100}, 25, 47}}, SourceNaming::kCheckpoint, false);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_EQ(plan->pieces.size(), 3u);  // chunks [20,30), [30,40), [40,50)
+  EXPECT_EQ(plan->pieces[0].chunk, 2u);
+  EXPECT_EQ(plan->pieces[0].begin, 25u);
+  EXPECT_EQ(plan->pieces[2].end, 47u);
+  uint64_t covered = 0;
+  for (const auto& p : plan->pieces) covered += p.end - p.begin;
+  EXPECT_EQ(covered, 22u);
+  auto empty =
+      plan_load(s, {{"param/w", DType::kFloat32, {100}, 0, 0}}, SourceNaming::kCheckpoint, false);
+  EXPECT_TRUE(empty->pieces.empty());
+}
+
+TEST(Reshard, ParametersComeFromMastersWhenTheDtypeDiffers) {
+  // Saved as bf16 with fp32 masters.
+  const SourceIndex bf16 = source_with(
+      {stored("param/w", DType::kBFloat16, 8, 8), stored("master/w", DType::kFloat32, 8, 8)});
+  auto into_fp32 =
+      plan_load(bf16, {{"param/w", DType::kFloat32, {8}, 0, 8}}, SourceNaming::kCheckpoint, false);
+  ASSERT_TRUE(into_fp32.ok()) << into_fp32.status().to_string();
+  EXPECT_EQ(into_fp32->source_of_target[0], 1);  // the master; param/w (bf16) is not extra
+  auto into_bf16 = plan_load(
+      bf16, {{"param/w", DType::kBFloat16, {8}, 0, 8}, {"master/w", DType::kFloat32, {8}, 0, 8}},
+      SourceNaming::kCheckpoint, false);
+  ASSERT_TRUE(into_bf16.ok());
+  EXPECT_EQ(into_bf16->source_of_target, (std::vector<int64_t>{0, 1}));
+  auto into_fp16 = plan_load(
+      bf16, {{"param/w", DType::kFloat16, {8}, 0, 8}, {"master/w", DType::kFloat32, {8}, 0, 8}},
+      SourceNaming::kCheckpoint, false);
+  EXPECT_EQ(into_fp16->source_of_target, (std::vector<int64_t>{1, 1}));
+  // Saved as fp32: the parameter is its own master.
+  const SourceIndex fp32 = source_with({stored("param/w", DType::kFloat32, 8, 8)});
+  auto widened = plan_load(
+      fp32, {{"param/w", DType::kBFloat16, {8}, 0, 8}, {"master/w", DType::kFloat32, {8}, 0, 8}},
+      SourceNaming::kCheckpoint, false);
+  ASSERT_TRUE(widened.ok());
+  EXPECT_EQ(widened->source_of_target, (std::vector<int64_t>{0, 0}));
+  // A model file's bare names fill both.
+  const SourceIndex model = source_with({stored("w", DType::kFloat32, 8, 8)});
+  auto bare = plan_load(
+      model, {{"param/w", DType::kBFloat16, {8}, 0, 8}, {"master/w", DType::kFloat32, {8}, 0, 8}},
+      SourceNaming::kBareParameters, false);
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->source_of_target, (std::vector<int64_t>{0, 0}));
+}
+
+TEST(Reshard, MissingExtraAndMismatchedTensorsAreNamed) {
+  const SourceIndex s = source_with(
+      {stored("param/w", DType::kFloat32, 8, 8), stored("momentum/w", DType::kFloat32, 8, 8),
+       stored("param/old", DType::kFloat32, 3, 8), stored("step/good_steps", DType::kInt32, 1, 8)});
+  const std::vector<TargetRange> targets = {{"param/w", DType::kFloat32, {8}, 0, 4},
+                                            {"exp_avg/w", DType::kFloat32, {8}, 0, 4},
+                                            {"step/good_steps", DType::kInt32, {1}, 0, 1}};
+  auto refused = plan_load(s, targets, SourceNaming::kCheckpoint, false);
+  ASSERT_FALSE(refused.ok());
+  for (const char* name : {"exp_avg/w", "momentum/w", "param/old", "missing", "not registered"}) {
+    EXPECT_NE(refused.status().message().find(name), std::string::npos)
+        << refused.status().message();
+  }
+  auto partial = plan_load(s, targets, SourceNaming::kCheckpoint, true);
+  ASSERT_TRUE(partial.ok());
+  EXPECT_EQ(partial->unchanged, std::vector<std::string>{"exp_avg/w"});
+  EXPECT_EQ(partial->unused, (std::vector<std::string>{"momentum/w", "param/old"}));
+  EXPECT_EQ(partial->source_of_target[1], -1);
+  auto shape =
+      plan_load(s, {{"param/w", DType::kFloat32, {2, 4}, 0, 8}}, SourceNaming::kCheckpoint, true);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("[2, 4]"), std::string::npos);
+  auto ints = plan_load(s, {{"step/good_steps", DType::kInt64, {1}, 0, 1}},
+                        SourceNaming::kCheckpoint, true);
+  ASSERT_FALSE(ints.ok());
+  EXPECT_NE(ints.status().message().find("int32"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hps::ckpt

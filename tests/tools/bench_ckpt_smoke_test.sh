@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Smoke test of hpshard-bench ckpt: a tiny model exits 0 (the loaded state equals the saved
+# one), prints its summary and writes one JSON object with the expected keys; the steps
+# that overlapped a save counted no host sync. No timing is asserted.
+# Usage: bench_ckpt_smoke_test.sh HPSHARD_BENCH
+set -euo pipefail
+bench="$1"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+"$bench" ckpt --bytes 256K --tensors 4 --reps 2 --steps 3 --dir "$out" --quiet \
+  --json "$out/bench.json" >"$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
+grep -q '^summary: ckpt: save .* plain write .* loaded state bitwise equal' "$out/stdout.txt" \
+  || { cat "$out/stdout.txt"; exit 1; }
+/usr/bin/python3 - "$out/bench.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for key in ("tool", "family", "command", "date", "machine", "config", "units", "reference",
+            "targets", "results"):
+    assert key in doc, f"missing top-level key {key}"
+assert doc["family"] == "ckpt"
+row = doc["results"][0]
+for key in ("ranks", "saved_bytes", "save_seconds", "write_seconds", "save_ratio", "load_seconds",
+            "read_seconds", "load_ratio", "step_seconds", "step_with_save_seconds", "step_ratio",
+            "overlapped_steps", "host_syncs_in_overlapped_steps_max", "loaded_equal"):
+    assert key in row, f"missing result key {key}"
+# AdamW: parameters, exp_avg and exp_avg_sq of 256 KiB each, in the data files.
+assert row["saved_bytes"] >= 3 * 256 * 1024, row
+assert row["loaded_equal"] is True
+assert row["host_syncs_in_overlapped_steps_max"] == 0, row
+print("bench ckpt smoke OK")
+PY

@@ -1,0 +1,314 @@
+#include "tools/hpshard-bench/ckpt_bench.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "core/checkpoint/checkpointer.h"
+#include "core/checkpoint/file_io.h"
+#include "core/checkpoint/format.h"
+#include "core/comm/communicator.h"
+#include "core/device/host_sync.h"
+#include "core/sharding/sharded_engine.h"
+
+namespace hps::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void die(const std::string& message) {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  std::fflush(stdout);
+  std::fprintf(stderr, "hpshard-bench: error: %s\n", message.c_str());
+  std::_Exit(1);
+}
+
+void check(const Status& s, const std::string& what) {
+  if (!s.ok()) die(what + ": " + s.to_string());
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The slowest rank's figure.
+double slowest(Communicator& comm, double mine) {
+  double out = 0;
+  auto w = comm.all_reduce(&mine, &out, 1, DType::kFloat64, ReduceOp::kMax);
+  check(w.status(), "all_reduce");
+  check((*w)->wait(), "all_reduce");
+  return out;
+}
+
+void barrier(Communicator& comm) {
+  auto w = comm.barrier();
+  check(w.status(), "barrier");
+  check((*w)->wait(), "barrier");
+}
+
+// A checksum of every state tensor's bytes on this rank.
+uint64_t state_checksum(Checkpointable& state, ShardedEngine& engine) {
+  check(engine.synchronize(), "synchronize");
+  auto tensors = state.state_tensors();
+  check(tensors.status(), "state_tensors");
+  uint64_t sum = 0;
+  for (const auto& t : *tensors) {
+    sum = sum * 31 + ckpt::checksum(t.data, (t.end - t.begin) * dtype_size(t.dtype));
+  }
+  return sum;
+}
+
+struct RankFigures {
+  std::vector<double> save, write, load, read, step, step_with_save;
+  int32_t overlapped = 0;
+  uint64_t syncs = 0;
+  uint64_t bytes = 0;
+  bool equal = true;
+};
+
+void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
+              const std::string& dir, RankFigures& out) {
+  CommOptions co;
+  co.timeout = Milliseconds(600'000);
+  auto comm_or = create_communicator(store, rank, c.ranks, Device::cpu(), co);
+  check(comm_or.status(), "communicator");
+  std::shared_ptr<Communicator> comm(std::move(*comm_or));
+  EngineOptions o;
+  o.optimizer = OptimizerKind::kAdamW;
+  auto engine_or = create_sharded_engine(2, comm, nullptr, o);
+  check(engine_or.status(), "engine");
+  ShardedEngine& engine = **engine_or;
+  const int64_t per_tensor = static_cast<int64_t>(c.bytes / 4 / static_cast<size_t>(c.tensors));
+  for (int32_t t = 0; t < c.tensors; ++t) {
+    ParamSpec spec{"layer" + std::to_string(t) + ".weight", {per_tensor}, DType::kFloat32};
+    spec.unit = t;
+    check(engine.add_param(spec).status(), "add_param");
+  }
+  check(engine.seal(), "seal");
+  for (int32_t t = 0; t < c.tensors; ++t) {
+    float* v = *engine.param(static_cast<size_t>(t));
+    for (int64_t i = 0; i < per_tensor; ++i) v[i] = static_cast<float>(i % 101) * 1e-3f;
+  }
+  check(engine.broadcast_parameters(), "broadcast_parameters");
+  auto& state = *dynamic_cast<Checkpointable*>(&engine);
+  CheckpointOptions ckpt_options;
+  ckpt_options.keep_last = 1;
+  auto checkpointer_or = Checkpointer::create(state, comm, dir, ckpt_options);
+  check(checkpointer_or.status(), "checkpointer");
+  Checkpointer& checkpointer = **checkpointer_or;
+
+  // A step: each layer's parameters read compute_passes times into its gradient.
+  auto train_step = [&] {
+    for (int32_t t = 0; t < c.tensors; ++t) check(engine.gather(t), "gather");
+    for (int32_t t = c.tensors; t-- > 0;) {
+      const float* p = *engine.param(static_cast<size_t>(t));
+      float* g = *engine.grad(static_cast<size_t>(t));
+      for (int32_t pass = 0; pass < c.compute_passes; ++pass) {
+        for (int64_t i = 0; i < per_tensor; ++i) g[i] += p[i] * 1e-3f + 1e-4f;
+      }
+      check(engine.grad_ready(static_cast<size_t>(t), nullptr), "grad_ready");
+    }
+    check(engine.step(), "step");
+  };
+  for (int i = 0; i < 2; ++i) train_step();
+  check(engine.synchronize(), "synchronize");
+
+  std::vector<uint8_t> plain;
+  for (int32_t rep = 0; rep < c.reps; ++rep) {
+    if (c.progress && rank == 0) std::fprintf(stderr, "[hpshard-bench] ckpt repetition %d\n", rep);
+    const std::string name = "bench-" + std::to_string(rep);
+    const uint64_t before = state_checksum(state, engine);
+    barrier(*comm);
+    auto start = Clock::now();
+    auto work = checkpointer.save(name);
+    check(work.status(), "save");
+    check((*work)->wait(), "save");
+    out.save.push_back(slowest(*comm, seconds_since(start)));
+    const std::string file =
+        ckpt::join_path(ckpt::join_path(dir, name), ckpt::data_file_name(rank));
+    uint64_t bytes = 0;
+    {
+      auto f = ckpt::File::open_read(file);
+      if (f.ok()) bytes = *f->size();
+    }
+    out.bytes = bytes;
+    plain.resize(bytes);
+    std::memset(plain.data(), rep + 1, plain.size());
+    // The same bytes, written plainly.
+    const std::string plain_path = ckpt::join_path(dir, "plain-" + std::to_string(rank));
+    (void)ckpt::remove_tree(plain_path);
+    barrier(*comm);
+    start = Clock::now();
+    {
+      auto f = ckpt::File::create(plain_path);
+      check(f.status(), "plain write");
+      check(f->write_all(plain.data(), plain.size()), "plain write");
+      check(f->sync(), "plain fsync");
+      check(f->close(), "plain close");
+    }
+    out.write.push_back(slowest(*comm, seconds_since(start)));
+    // Loads and reads from a cold cache.
+    for (const std::string& path : {file, plain_path}) {
+      auto f = ckpt::File::open_read(path);
+      if (f.ok()) f->drop_cache();
+    }
+    barrier(*comm);
+    start = Clock::now();
+    check(checkpointer.load(name).status(), "load");
+    out.load.push_back(slowest(*comm, seconds_since(start)));
+    out.equal = out.equal && state_checksum(state, engine) == before;
+    barrier(*comm);
+    start = Clock::now();
+    {
+      auto f = ckpt::File::open_read(plain_path);
+      check(f.status(), "plain read");
+      check(f->pread_all(plain.data(), plain.size(), 0), "plain read");
+    }
+    out.read.push_back(slowest(*comm, seconds_since(start)));
+    (void)ckpt::remove_tree(plain_path);
+    // Steps without, then with, a save in flight.
+    barrier(*comm);
+    start = Clock::now();
+    for (int32_t s = 0; s < c.steps; ++s) train_step();
+    check(engine.synchronize(), "synchronize");
+    out.step.push_back(slowest(*comm, seconds_since(start)) / c.steps);
+    barrier(*comm);
+    start = Clock::now();
+    auto overlapped = checkpointer.save(name + "-overlapped");
+    check(overlapped.status(), "save");
+    int32_t in_flight = 0;
+    for (int32_t s = 0; s < c.steps; ++s) {
+      auto done = (*overlapped)->test();
+      const bool running = done.ok() && !*done;
+      host_sync_reset();
+      train_step();
+      if (running) {
+        ++in_flight;
+        out.syncs = std::max(out.syncs, host_sync_count_thread());
+      }
+    }
+    check(engine.synchronize(), "synchronize");
+    out.step_with_save.push_back(slowest(*comm, seconds_since(start)) / c.steps);
+    check((*overlapped)->wait(), "save");
+    out.overlapped = rep == 0 ? in_flight : std::min(out.overlapped, in_flight);
+  }
+}
+
+}  // namespace
+
+CkptResult run_ckpt(const CkptConfig& c) {
+  std::string dir = c.dir;
+  std::string made;
+  if (dir.empty()) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "hpshard-bench-ckpt-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) die("cannot create a temporary directory");
+    dir = made = pattern;
+  }
+  auto store = make_in_memory_store();
+  std::vector<RankFigures> figures(static_cast<size_t>(c.ranks));
+  std::vector<std::thread> threads;
+  for (int32_t r = 0; r < c.ranks; ++r) {
+    threads.emplace_back([&, r] { run_rank(c, r, store, dir, figures[static_cast<size_t>(r)]); });
+  }
+  for (auto& t : threads) t.join();
+  if (!made.empty()) (void)ckpt::remove_tree(made);
+  CkptResult r;
+  r.ranks = c.ranks;
+  const RankFigures& f = figures[0];
+  for (const auto& rank : figures) {
+    r.saved_bytes += rank.bytes;
+    r.loaded_equal = (&rank == &figures[0] || r.loaded_equal) && rank.equal;
+    r.host_syncs_in_overlapped_steps = std::max(r.host_syncs_in_overlapped_steps, rank.syncs);
+  }
+  r.save_seconds = median(f.save);
+  r.write_seconds = median(f.write);
+  r.load_seconds = median(f.load);
+  r.read_seconds = median(f.read);
+  r.step_seconds = median(f.step);
+  r.step_with_save_seconds = median(f.step_with_save);
+  r.overlapped_steps = f.overlapped;
+  return r;
+}
+
+void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const CkptResult& r) {
+  const double gb = static_cast<double>(r.saved_bytes) / 1e9;
+  std::fprintf(out, "# hpshard-bench ckpt — %s — %s\n", info.date.c_str(), info.machine.c_str());
+  std::fprintf(out, "# command: %s\n", info.command.c_str());
+  std::fprintf(out,
+               "# Stage2Engine, AdamW, %d ranks as threads, %d fp32 parameters of %s in all; "
+               "medians of %d repetitions of the slowest rank; GB/s = 1e9\n",
+               c.ranks, c.tensors, size_text(c.bytes).c_str(), c.reps);
+  std::fprintf(out,
+               "# reference: each rank writes (write + fsync) / reads (pread) as many bytes as its "
+               "data file, sequentially, beside the others; loads and reads from a cold cache\n");
+  std::fprintf(out, "\n%-6s %12s %10s %10s %8s\n", "what", "bytes", "hpshard_s", "plain_s",
+               "ratio");
+  std::fprintf(out, "%-6s %12llu %10.4f %10.4f %8.3f\n", "save",
+               static_cast<unsigned long long>(r.saved_bytes), r.save_seconds, r.write_seconds,
+               r.write_seconds / r.save_seconds);
+  std::fprintf(out, "%-6s %12llu %10.4f %10.4f %8.3f\n", "load",
+               static_cast<unsigned long long>(r.saved_bytes), r.load_seconds, r.read_seconds,
+               r.read_seconds / r.load_seconds);
+  std::fprintf(out, "\n%-28s %10s %16s %8s %11s %10s\n", "step", "alone_ms", "during_save_ms",
+               "ratio", "overlapped", "host_syncs");
+  std::fprintf(out, "%-28s %10.3f %16.3f %8.3f %7d/%-3d %10llu\n",
+               ("MLP-like, " + std::to_string(c.compute_passes) + " passes").c_str(),
+               r.step_seconds * 1e3, r.step_with_save_seconds * 1e3,
+               r.step_with_save_seconds / r.step_seconds, r.overlapped_steps, c.steps,
+               static_cast<unsigned long long>(r.host_syncs_in_overlapped_steps));
+  std::fprintf(
+      out,
+      "\nsummary: ckpt: save %.3f GB/s = %.3fx plain write (target >= %.2f: %s); load "
+      "%.3f GB/s = %.3fx plain read (target >= %.2f: %s); step during a save %.3fx "
+      "(target <= %.2f: %s); loaded state %s\n",
+      gb / r.save_seconds, r.write_seconds / r.save_seconds, kCkptBandwidthTarget,
+      r.write_seconds / r.save_seconds >= kCkptBandwidthTarget ? "met" : "missed",
+      gb / r.load_seconds, r.read_seconds / r.load_seconds, kCkptBandwidthTarget,
+      r.read_seconds / r.load_seconds >= kCkptBandwidthTarget ? "met" : "missed",
+      r.step_with_save_seconds / r.step_seconds, kCkptOverlapTarget,
+      r.step_with_save_seconds / r.step_seconds <= kCkptOverlapTarget ? "met" : "missed",
+      r.loaded_equal ? "bitwise equal to the saved state" : "DIFFERS from the saved state");
+}
+
+std::string ckpt_to_json(const CkptConfig& c, const RunInfo& info, const CkptResult& r) {
+  std::ostringstream j;
+  j << "{\n  \"tool\": \"hpshard-bench\",\n  \"family\": \"ckpt\",\n";
+  j << "  \"command\": " << json_string(info.command) << ",\n";
+  j << "  \"date\": " << json_string(info.date) << ",\n";
+  j << "  \"machine\": " << json_string(info.machine) << ",\n";
+  j << "  \"config\": {\"ranks\": " << c.ranks << ", \"bytes\": " << c.bytes
+    << ", \"tensors\": " << c.tensors << ", \"reps\": " << c.reps << ", \"steps\": " << c.steps
+    << ", \"compute_passes\": " << c.compute_passes << "},\n";
+  j << "  \"units\": {\"time\": \"seconds, median over repetitions of the slowest rank\", "
+       "\"bytes\": \"every rank's data file\"},\n";
+  j << "  \"reference\": \"each rank writes (write + fsync) or reads (pread, cold cache) as many "
+       "bytes as its data file, sequentially, beside the others\",\n";
+  j << "  \"targets\": {\"save_ratio_min\": " << kCkptBandwidthTarget
+    << ", \"load_ratio_min\": " << kCkptBandwidthTarget
+    << ", \"step_ratio_max\": " << kCkptOverlapTarget << "},\n";
+  j << "  \"torch\": {\"ran\": false, \"status\": \"no torch column for checkpoints\"},\n";
+  j << "  \"results\": [{\"ranks\": " << r.ranks << ", \"saved_bytes\": " << r.saved_bytes
+    << ", \"save_seconds\": " << json_number(r.save_seconds)
+    << ", \"write_seconds\": " << json_number(r.write_seconds)
+    << ", \"save_ratio\": " << json_number(r.write_seconds / r.save_seconds)
+    << ", \"load_seconds\": " << json_number(r.load_seconds)
+    << ", \"read_seconds\": " << json_number(r.read_seconds)
+    << ", \"load_ratio\": " << json_number(r.read_seconds / r.load_seconds)
+    << ", \"step_seconds\": " << json_number(r.step_seconds)
+    << ", \"step_with_save_seconds\": " << json_number(r.step_with_save_seconds)
+    << ", \"step_ratio\": " << json_number(r.step_with_save_seconds / r.step_seconds)
+    << ", \"overlapped_steps\": " << r.overlapped_steps
+    << ", \"host_syncs_in_overlapped_steps_max\": " << r.host_syncs_in_overlapped_steps
+    << ", \"loaded_equal\": " << (r.loaded_equal ? "true" : "false") << "}]\n}\n";
+  return j.str();
+}
+
+}  // namespace hps::bench

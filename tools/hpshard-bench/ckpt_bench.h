@@ -1,0 +1,53 @@
+// The ckpt family of hpshard-bench: checkpoints of a Stage2Engine (AdamW, ranks as threads)
+// beside plain file I/O of the same bytes in the same run: a save (snapshot, checksums,
+// write, fsync, publish) against each rank writing as many bytes sequentially and fsyncing
+// them; a load (read, verify, convert, all-gather) against each rank reading its bytes back,
+// both from a cold page cache; and a training step while an asynchronous save is being
+// written against the same step without one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "tools/hpshard-bench/report.h"
+
+namespace hps::bench {
+
+// Targets of /work/shared/PERFORMANCE.md for checkpoints.
+inline constexpr double kCkptBandwidthTarget = 0.8;  // save / load ≥ 0.8× plain I/O
+inline constexpr double kCkptOverlapTarget = 1.05;   // a step during a save ≤ 1.05×
+
+struct CkptConfig {
+  int32_t ranks = 2;
+  size_t bytes = size_t{64} << 20;  // fp32 parameter bytes (AdamW saves 3×)
+  int32_t tensors = 8;              // parameters, one unit each
+  int32_t reps = 3;
+  int32_t steps = 6;           // steps timed per repetition, with and without a save
+  int32_t compute_passes = 4;  // passes over the parameters in a step's "forward/backward"
+  std::string dir;             // where the checkpoints go (default: a temporary directory)
+  bool progress = true;
+};
+
+struct CkptResult {
+  int32_t ranks = 0;
+  uint64_t saved_bytes = 0;  // every rank's data file
+  // Medians over repetitions of the slowest rank's time.
+  double save_seconds = 0;   // save() to the Work's completion (published)
+  double write_seconds = 0;  // write + fsync of the same bytes per rank
+  double load_seconds = 0;   // load(), cold cache
+  double read_seconds = 0;   // pread of the same bytes per rank, cold cache
+  double step_seconds = 0;   // per step, no save
+  double step_with_save_seconds = 0;
+  int32_t overlapped_steps = 0;  // of `steps`, those that began with the save still in flight
+  uint64_t host_syncs_in_overlapped_steps = 0;  // the most in one step, any rank
+  bool loaded_equal = false;                    // the loaded state is bitwise the saved one
+};
+
+CkptResult run_ckpt(const CkptConfig& config);
+void print_ckpt(std::FILE* out, const CkptConfig& config, const RunInfo& info,
+                const CkptResult& result);
+std::string ckpt_to_json(const CkptConfig& config, const RunInfo& info, const CkptResult& result);
+
+}  // namespace hps::bench
