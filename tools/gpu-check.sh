@@ -4,7 +4,8 @@
 # copy) in a few minutes, writing logs and gpu-bench.json under $OUT.
 #
 # On this (CPU) machine, prepare the carried GoogleTest sources once:
-#   mkdir -p .gpu-carry && cp -r /usr/src/googletest .gpu-carry/ && echo /.gpu-carry/ >> .git/info/exclude
+#   mkdir -p .gpu-carry/json && cp -r /usr/src/googletest .gpu-carry/ && echo /.gpu-carry/ >> .git/info/exclude
+#   cp -r /usr/include/nlohmann .gpu-carry/json/   # the timeline's JSON headers
 # then, with the device tool:  run(command="tools/gpu-check.sh", carry=[".gpu-carry"], timeout_s=540)
 # The GPU machine has CUDA and NCCL but no Debian packages (no Gloo, maybe no GTest), so
 # the CPU communicator is left out there and GoogleTest is built from the carried copy.
@@ -19,6 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | head
 nvcc --version 2>&1 | tail -1
 gtest_args=()
 [ -d .gpu-carry/googletest ] && gtest_args=(-DHPS_GTEST_SOURCE_DIR="$PWD/.gpu-carry/googletest")
+[ -d .gpu-carry/json ] && gtest_args+=(-DHPS_JSON_INCLUDE_DIR="$PWD/.gpu-carry/json")
 export PATH="/usr/local/cuda/bin:$PATH"
 
 echo "== configure"

@@ -9,6 +9,7 @@
 #include "core/device/cuda/stream.h"
 #include "core/kernels/norm.h"
 #include "core/kernels/optimizer.h"
+#include "core/trace/trace.h"
 
 namespace hps {
 namespace {
@@ -362,6 +363,7 @@ Status CudaStage3Engine::grad_ready(size_t index, Stream* ready) {
 }
 
 Status CudaStage3Engine::step() {
+  trace::step_boundary(3, steps_);
   if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
   HPS_RETURN_IF_ERROR(schedule_.check_step_due());
   HPS_RETURN_IF_ERROR(cuda::set_device(device_index_));

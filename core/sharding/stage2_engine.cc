@@ -6,6 +6,7 @@
 #include "core/device/host_sync.h"
 #include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
+#include "core/trace/trace.h"
 
 namespace hps {
 
@@ -197,6 +198,7 @@ Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
 }
 
 Status Stage2Engine::step() {
+  trace::step_boundary(2, steps_);
   if (!sealed_) return failed_precondition("engine: step() before seal()");
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (!plan_.buffers()[b].trainable) continue;

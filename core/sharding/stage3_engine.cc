@@ -7,6 +7,7 @@
 #include "core/device/host_sync.h"
 #include "core/kernels/cast.h"
 #include "core/kernels/norm.h"
+#include "core/trace/trace.h"
 
 namespace hps {
 
@@ -342,6 +343,7 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
 }
 
 Status Stage3Engine::step() {
+  trace::step_boundary(3, steps_);
   if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
   HPS_RETURN_IF_ERROR(schedule_.check_step_due());
   cpu::CpuStream& opt = *optimizer_stream_;
