@@ -146,6 +146,9 @@ class _Timeline:
         self.directory = directory
         self.events: List[dict] = []
         self.files = 0
+        self.dropped = 0
+        text = os.environ.get("HPS_TRACE_MAX_EVENTS", "")
+        self.max_events = int(text) if text.isdigit() and int(text) > 0 else 2_000_000
         self.lock = threading.Lock()
         atexit.register(self.write)
 
@@ -163,6 +166,9 @@ class _Timeline:
         """A span of this thread; ``rank``: the sharding rank it worked for (threads of one
         process may be different ranks)."""
         with self.lock:
+            if len(self.events) >= self.max_events:
+                self.dropped += 1
+                return
             self.events.append({"ph": "X", "cat": "compute", "name": name,
                                 "pid": _trace_pid(), "tid": threading.get_native_id(),
                                 "ts": begin_ns / 1000.0, "dur": (end_ns - begin_ns) / 1000.0,
@@ -171,16 +177,18 @@ class _Timeline:
     def write(self) -> Optional[str]:
         with self.lock:
             events, self.events = self.events, []
+            dropped, self.dropped = self.dropped, 0
             if not events:
                 return None
             index, self.files = self.files, self.files + 1
         os.makedirs(self.directory, exist_ok=True)
-        path = os.path.join(self.directory,
-                            f"torch-rank{_trace_pid()}-pid{os.getpid()}-{index}.json")
+        pid = _trace_pid()
+        rank = f"rank{pid}-" if pid != os.getpid() else ""
+        path = os.path.join(self.directory, f"torch-{rank}pid{os.getpid()}-{index}.json")
         with open(path + ".partial", "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms",
-                       "otherData": {"producer": "hpshard.torch",
-                                     "clock": "CLOCK_MONOTONIC"}}, f)
+                       "otherData": {"producer": "hpshard.torch", "clock": "CLOCK_MONOTONIC",
+                                     "dropped_events": dropped}}, f)
         os.replace(path + ".partial", path)
         return path
 
@@ -457,13 +465,19 @@ class ShardedModule(torch.nn.Module):
         u.forward_depth -= 1
         if u.forward_depth:
             return
-        if self.stage == 3 and u.params:
-            self._release(u)
+        hooked = False
         if torch.is_grad_enabled() and u.params:
             # Its backward starts when the gradient of one of its outputs arrives.
             for t in _tensors_in(output):
                 if t.requires_grad and t.grad_fn is not None:
                     t.register_hook(self._make_pre_backward(u))
+                    hooked = True
+        # The rest's backward begins as soon as backward does: it stays gathered from its
+        # forward on rather than being released and gathered again at once (which would
+        # also put it between the last block's forward and backward in the recorded order,
+        # so that block would be released and gathered again).
+        if self.stage == 3 and u.params and not (u.uid == 0 and hooked):
+            self._release(u)
         if self._timeline:
             self._timeline.span(f"forward {u.name}", u.span_begin, time.monotonic_ns(),
                                 self._rank)
