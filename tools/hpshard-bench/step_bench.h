@@ -72,6 +72,7 @@ struct StepWorld {
   std::optional<double> stage2_traced_seconds;
   std::optional<double> stage3_traced_seconds;
   double trace_events_per_step = 0;
+  double trace_seconds_per_event = 0;  // recording one stream task's span, alone
 };
 
 StepWorld run_step_world(const StepConfig& config, int32_t ranks);

@@ -233,11 +233,14 @@ class ShardedModule(torch.nn.Module):
                  dynamic_loss_scaling: bool = False, initial_loss_scale: float = 65536.0,
                  alignment_bytes: Optional[int] = None) -> None:
         super().__init__()
+        self._owned: List[Any] = []  # communicators taken from a hybrid group, closed with us
         if isinstance(sharding, _hps.HybridGroup):
             group = sharding
             sharding = group.comm(_hps.Group.SHARDING)
+            self._owned.append(sharding)
             if dp is None and group.topology.degree(_hps.Group.DP) > 1:
                 dp = group.comm(_hps.Group.DP)
+                self._owned.append(dp)
         if not isinstance(sharding, _hps.Communicator):
             raise TypeError("ShardedModule: sharding must be an hpshard.Communicator or "
                             f"HybridGroup, not {type(sharding).__name__}")
@@ -749,6 +752,9 @@ class ShardedModule(torch.nn.Module):
             p.grad = None
         self._engine.close()
         self._engine = None
+        for comm in self._owned:
+            comm.close()
+        self._owned = []
         if self._timeline:
             self._timeline.write()
 

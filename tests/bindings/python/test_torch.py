@@ -154,6 +154,70 @@ def test_training_equals_torch_unsharded(stage, ranks):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_hybrid_group_with_dp_above_sharding_equals_torch_unsharded(stage):
+    """4 ranks as dp 2 x sharding 2: the module shards over its sharding group and the
+    engine all-reduces the reduced shards over dp."""
+    ranks, steps = 4, 8
+
+    def rank_main(rank, world):
+        topology = hpshard.Topology(dp=2, pp=1, sharding=2, sep=1, mp=1, world_size=ranks)
+        group = hpshard.HybridGroup.create(world, topology)
+        losses = []
+        with wrap(group, stage) as model:
+            assert model.sharding.size == 2 and model.dp.size == 2
+            for step in range(steps):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, ranks), shard_of(y, rank, ranks))
+                loss.backward()
+                model.step()
+                losses.append(loss.item())
+            state = model.state_dict()
+        group.close()
+        topology.close()
+        return losses, state
+
+    results = run_ranks(ranks, rank_main)
+    ref_losses, ref_state = reference(steps)
+    for step in range(steps):
+        mine = sum(r[0][step] for r in results) / ranks
+        assert abs(mine - ref_losses[step]) <= 1e-5 * ref_losses[step], step
+    for _, state in results:
+        for key, ref in ref_state.items():
+            assert relative(state[key], ref) <= 1e-5, key
+
+
+def test_bfloat16_parameters_train_through_their_views():
+    """bf16 parameters: views are bit patterns NumPy holds as int16, the engine keeps fp32
+    masters; the losses follow an fp32 run within bf16's resolution."""
+    steps = 6
+
+    def rank_main(rank, world):
+        net = make_model().to(torch.bfloat16)
+        losses = []
+        with hpt.ShardedModule(net, world, stage=3, units=["blocks.0", "blocks.1"],
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY,
+                               clip_max_norm=CLIP) as model:
+            assert net.wte.weight.dtype == torch.bfloat16
+            for step in range(steps):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, 2), shard_of(y, rank, 2))
+                loss.backward()
+                model.step()
+                losses.append(loss.float().item())
+            state = model.state_dict()
+        return losses, state
+
+    results = run_ranks(2, rank_main)
+    ref_losses, _ = reference(steps)
+    for step in range(steps):
+        mine = sum(r[0][step] for r in results) / 2
+        assert abs(mine - ref_losses[step]) <= 2e-2 * ref_losses[step], (step, mine)
+    state = results[0][1]
+    assert state["wte.weight"].dtype == torch.bfloat16
+    assert torch.equal(state["wte.weight"], state["head.weight"])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_accumulation_over_two_micro_batches_equals_the_large_batch(stage):
     ranks = 2
 
@@ -176,6 +240,52 @@ def test_accumulation_over_two_micro_batches_equals_the_large_batch(stage):
     results = run_ranks(ranks, rank_main)
     losses = [sum(r[0][s] for r in results) / ranks for s in range(STEPS)]
     assert_matches_reference(losses, results[0][1])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_parameter_without_a_gradient_checks_in_a_zero_one(stage):
+    """A parameter the forward never uses gets no gradient from autograd: at the end of
+    backward it checks in zero, so the step goes ahead and AdamW only decays it."""
+    def rank_main(rank, world):
+        net = make_model()
+        net.unused = torch.nn.Parameter(torch.ones(3))
+        with hpt.ShardedModule(net, world, stage=stage, units=["blocks.0", "blocks.1"],
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
+            x, y = batch(0)
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+            model.step()
+            return model.state_dict()["unused"]
+
+    for unused in run_ranks(2, rank_main):
+        assert torch.allclose(unused, torch.full((3,), 1 - LR * WEIGHT_DECAY), rtol=1e-6)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_dynamic_loss_scaling_skips_a_step_with_an_infinite_gradient_on_every_rank(stage):
+    def rank_main(rank, world):
+        net = make_model().to(torch.bfloat16)
+        scales, states = [], []
+        with hpt.ShardedModule(net, world, stage=stage, units=["blocks.0", "blocks.1"],
+                               lr=LR, dynamic_loss_scaling=True,
+                               initial_loss_scale=1024.0) as model:
+            for step in range(3):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, 2), shard_of(y, rank, 2))
+                scales.append(model.loss_scale)
+                poison = float("inf") if (step == 1 and rank == 1) else 1.0
+                (model.scale_loss(loss) * poison).backward()
+                model.step()
+                states.append(model.state_dict())
+            skipped = model.skipped_steps
+        return scales, states, skipped
+
+    for scales, states, skipped in run_ranks(2, rank_main):
+        assert scales == [1024.0, 1024.0, 512.0]
+        assert skipped == 1
+        for key in states[0]:  # the step with the infinite gradient changed nothing
+            assert torch.equal(states[0][key], states[1][key]), key
+        assert not torch.equal(states[1]["blocks.0.mlp.0.weight"],
+                               states[2]["blocks.0.mlp.0.weight"])
 
 
 def test_micro_batches_that_do_not_add_up_are_refused():
