@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // Inputs are outside data: a file larger than this is refused rather than read whole.
-constexpr std::uintmax_t kMaxInputBytes = std::uintmax_t{4} << 30;
+constexpr std::uintmax_t kMaxInputBytes = std::uintmax_t{1} << 30;
 
 struct Failure {
   std::string message;
