@@ -169,11 +169,13 @@ rpm_files() { rpm -qp --qf '[%{FILEMODES:perms} %{FILENAMES}\n]' "$1" 2>/dev/nul
 for kind in deb rpm; do
   rt="$(${kind}_file runtime)"; dv="$(${kind}_file dev)"
   mapfile -t rt_files < <(${kind}_files "$rt")
-  # The runtime holds the versioned library, the launcher and the benchmark, nothing else.
+  # The runtime holds the versioned library, the launcher, the benchmark and the timeline
+  # merger, nothing else.
   launcher="$prefix/bin/hpshard-run"; bench="$prefix/bin/hpshard-bench"
-  [[ ${#rt_files[@]} -eq 4 ]] || fail "$(basename "$rt") should hold exactly $so_major, $so_full, $launcher and $bench, holds: ${rt_files[*]}"
+  tracer="$prefix/bin/hpshard-trace"
+  [[ ${#rt_files[@]} -eq 5 ]] || fail "$(basename "$rt") should hold exactly $so_major, $so_full, $launcher, $bench and $tracer, holds: ${rt_files[*]}"
   for f in "${rt_files[@]}"; do
-    [[ "$f" == "$so_major" || "$f" == "$so_full" || "$f" == "$launcher" || "$f" == "$bench" ]] || fail "$(basename "$rt") holds unexpected file $f"
+    [[ "$f" == "$so_major" || "$f" == "$so_full" || "$f" == "$launcher" || "$f" == "$bench" || "$f" == "$tracer" ]] || fail "$(basename "$rt") holds unexpected file $f"
   done
   all_dev="$(${kind}_list "$dv")"
   for f in "${dev_files[@]}"; do

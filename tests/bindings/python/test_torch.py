@@ -439,3 +439,53 @@ def test_trace_has_communication_overlapping_compute(tmp_path):
         doc = json.loads(merged.read_text())
         assert len([e for e in doc["traceEvents"] if e["ph"] != "M"]) == \
             len([e for e in events if e["ph"] != "M"])
+
+
+PROCESS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {examples!r})
+    sys.path.insert(0, {tests!r})
+    import torch, hpshard
+    import hpshard.torch as hpt
+    import test_torch as t
+    world = hpt.world_from_env(timeout_ms=60000)
+    rank, size = world.rank, world.size
+    losses = []
+    with t.wrap(world, 3) as model:
+        for step in range(3):
+            x, y = t.batch(step)
+            loss = model(t.shard_of(x, rank, size), t.shard_of(y, rank, size))
+            loss.backward()
+            model.step()
+            losses.append(loss.item())
+    world.close()
+    print(json.dumps(losses))
+""")
+
+
+def test_process_ranks_with_torchrun_variables():
+    """Ranks as processes that meet through torchrun's variables (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), as torchrun starts them."""
+    import json
+    import socket
+    here = pathlib.Path(__file__).resolve().parent
+    script = PROCESS_SCRIPT.format(examples=str(here.parents[2] / "examples" / "python"),
+                                   tests=str(here))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HPS_")}
+    procs = []
+    for rank in range(2):
+        env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err
+    losses = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    ref_losses, _ = cached_reference()
+    for step in range(3):
+        mine = (losses[0][step] + losses[1][step]) / 2
+        assert abs(mine - ref_losses[step]) <= 1e-5 * ref_losses[step], step
