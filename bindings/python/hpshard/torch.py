@@ -342,12 +342,10 @@ class ShardedModule(torch.nn.Module):
             else:
                 unit.has_frozen = True
         self._units = [u for u in self._units if u.params or u.uid == 0]
+        self._unit_by_id = {u.uid: u for u in self._units}
 
     def _unit(self, uid: int) -> _Unit:
-        for u in self._units:
-            if u.uid == uid:
-                return u
-        raise KeyError(uid)
+        return self._unit_by_id[uid]
 
     def _start_engine(self, initial: List[torch.Tensor]) -> None:
         """A fresh engine holding ``initial`` (rank 0's values win), the parameters pointed
