@@ -92,7 +92,7 @@ def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":
 def _tensor_over(view: Any, dtype: torch.dtype) -> torch.Tensor:
     """A torch tensor over the memory of an engine view, without a copy."""
     import numpy as np
-    if not isinstance(view, np.ndarray) and hasattr(view, "__dlpack__"):
+    if not _is_numpy(view) and hasattr(view, "__dlpack__"):
         t = torch.utils.dlpack.from_dlpack(view)
     elif dtype == torch.bfloat16:  # NumPy has no bfloat16: the view holds the bit patterns
         t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
@@ -101,6 +101,11 @@ def _tensor_over(view: Any, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype != dtype:
         raise TypeError(f"hpshard.torch: an engine view of {t.dtype} for a {dtype} parameter")
     return t
+
+
+def _is_numpy(view: Any) -> bool:
+    import numpy as np
+    return isinstance(view, np.ndarray)
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -411,13 +416,17 @@ class ShardedModule(torch.nn.Module):
 
     # ---- views ----------------------------------------------------------------------
     def _param_view(self, i: int) -> torch.Tensor:
-        """Parameter i's tensor over the engine's memory (cached while the address holds)."""
+        """Parameter i's tensor over the engine's memory. A tensor over a NumPy view only
+        points at the memory, so it is kept and reused while the address holds; one over a
+        DLPack view holds the engine's memory alive, so it is never kept past a release."""
         address = self._engine.param_address(i)
         cached = self._view_cache.get(i)
         if cached is not None and cached[0] == address:
             return cached[1]
-        t = _tensor_over(self._engine.param(i), self._params[i].dtype)
-        self._view_cache[i] = (address, t)
+        view = self._engine.param(i)
+        t = _tensor_over(view, self._params[i].dtype)
+        if _is_numpy(view):
+            self._view_cache[i] = (address, t)
         return t
 
     # ---- gather / release (stage 3 moves memory; stage 2 only waits) ---------------
