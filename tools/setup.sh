@@ -13,6 +13,7 @@ packages=(
   libdlpack-dev abigail-tools
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libssl-dev
   nlohmann-json3-dev libxxhash-dev libcli11-dev
+  python3-torch python3-matplotlib
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "core/common/logging.h"
+#include "core/trace/trace.h"
 
 namespace hps {
 namespace {
@@ -28,6 +29,7 @@ void count_host_sync(HostSyncKind kind) {
   ++t_thread_count;
   g_totals[static_cast<size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
   HPS_LOG(kTrace) << "host sync: " << host_sync_kind_name(kind);
+  if (trace::enabled()) trace::host_sync(host_sync_kind_name(kind));
 }
 
 uint64_t host_sync_count_thread() { return t_thread_count; }
@@ -50,6 +52,7 @@ std::atomic<uint64_t> g_dependency_nanoseconds{0};
 void count_dependency_wait(uint64_t nanoseconds_blocked) {
   g_dependency_waits.fetch_add(1, std::memory_order_relaxed);
   g_dependency_nanoseconds.fetch_add(nanoseconds_blocked, std::memory_order_relaxed);
+  if (trace::enabled()) trace::dependency_wait(nanoseconds_blocked);
 }
 uint64_t dependency_wait_count() { return g_dependency_waits.load(std::memory_order_relaxed); }
 uint64_t dependency_wait_nanoseconds() {

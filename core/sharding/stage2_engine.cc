@@ -1,5 +1,7 @@
 #include "core/sharding/stage2_engine.h"
 
+#include "core/trace/trace.h"
+
 namespace hps {
 
 StatusOr<std::unique_ptr<Stage2Engine>> Stage2Engine::create(std::shared_ptr<Communicator> sharding,
@@ -138,6 +140,7 @@ Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
 
 Status Stage2Engine::step() {
   HPS_RETURN_IF_ERROR(check_sealed("step()"));
+  trace::step_boundary(2, steps_);
   HPS_RETURN_IF_ERROR(buckets_.check_step_due());
   std::vector<ShardStep> shards;
   for (size_t b = 0; b < plan_.buffers().size(); ++b) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "core/trace/trace.h"
+
 namespace hps {
 
 Stage3Engine::Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
@@ -276,6 +278,7 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
 }
 
 Status Stage3Engine::step() {
+  trace::step_boundary(3, steps_);
   if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
   HPS_RETURN_IF_ERROR(buckets_.check_step_due());
   Stream& opt = optimizer_stream();

@@ -213,9 +213,9 @@ expected() {
            "$lib/pkgconfig/hpshard.pc" "$lib/cmake/hpshard/hpshardConfig.cmake" \
            "$lib/cmake/hpshard/hpshardConfigVersion.cmake" "$lib/cmake/hpshard/hpshardTargets.cmake" \
            "$lib/cmake/hpshard/hpshardTargets-*.cmake" ;;
-    tools) printf '%s\n' "$prefix/bin/hpshard-run" "$prefix/bin/hpshard-bench*" "$prefix/bin/hpshard-ckpt*" ;;
+    tools) printf '%s\n' "$prefix/bin/hpshard-run" "$prefix/bin/hpshard-bench*" "$prefix/bin/hpshard-ckpt*" "$prefix/bin/hpshard-trace*" ;;
     python) printf '%s\n' "$py/__init__.py" "$py/__init__.pyi" "$py/_errors.py" "$py/capi.py" \
-              "$py/py.typed" "$py/_capi*.so" ;;
+              "$py/py.typed" "$py/torch.py" "$py/_capi*.so" ;;
     java) printf '%s\n' "$prefix/share/java/hpshard.jar" "$prefix/share/java/hpshard-$HPS_VERSION.jar" \
             "$jni/libhpshard_jni.so" ;;
     rust_sys) local d="$registry/hpshard-sys-$HPS_VERSION"

@@ -9,9 +9,10 @@
 //                      [--quiet]
 //   hpshard-bench clip [--sizes 16M,64M,32M:mixed] [--iters N] [--warmup N] [--max-norm X]
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
+//   hpshard-bench torch [--ranks 2,4] [--width N] [--layers N] ... (torch_peer.py)
 //   hpshard-bench step [--ranks 2,4] [--width 1024] [--depth 8] [--batch 8] [--steps 3]
 //                      [--reps 5] [--warmup 1] [--optimizer adamw|sgd] [--clip X]
-//                      [--prefetch-window N] [--device cpu|cuda[:N]]
+//                      [--prefetch-window N] [--device cpu|cuda[:N]] [--trace-overhead]
 //                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
 //   hpshard-bench ckpt [--ranks N] [--bytes 64M] [--tensors N] [--reps N] [--steps N]
 //                      [--compute-passes N] [--dir DIR] [--json FILE] [--quiet]
@@ -101,7 +102,19 @@ const char kUsage[] =
     "  --device cpu|cuda[:N]   instead: the runtime's own step on that device at world size 1\n"
     "                          (no model compute; synthetic gradients), beside the optimizer\n"
     "                          kernel alone; exit 77 when the device is absent\n"
-      "  --json FILE, --no-torch, --torch-script FILE (torch_step.py), --quiet: as for coll\n"
+    "  --trace-overhead        also time stage 2 and 3 while the timeline records (HPS_TRACE)\n"
+    "  --json FILE, --no-torch, --torch-script FILE (torch_step.py), --quiet: as for coll\n"
+    "\n"
+    "usage: hpshard-bench torch [options]\n"
+    "  One PyTorch transformer (examples/python/gpt.py) with the same torch forward and\n"
+    "  backward for every contender: hpshard stage 2 and stage 3 through hpshard.torch,\n"
+    "  torch DDP + ZeroRedundancyOptimizer(AdamW) + clip_grad_norm_, torch DDP unsharded\n"
+    "  (FSDP where it imports), and the compute alone; ranks as processes. Step time,\n"
+    "  resident bytes per rank, host syncs. Options (torch_peer.py): --ranks LIST,\n"
+    "  --width N, --layers N, --heads N, --context N, --vocab N, --batch N (per rank),\n"
+    "  --steps N, --reps N, --warmup N, --clip X, --prefetch-window N, --json FILE,\n"
+    "  --quiet; --torch-script FILE (default: torch_peer.py beside the sources, or\n"
+    "  $HPS_BENCH_TORCH_SCRIPT).\n"
     "\n"
     "usage: hpshard-bench ckpt [options]\n"
     "  Checkpoints of a Stage2Engine (AdamW, ranks as threads): save and load beside each\n"
@@ -605,6 +618,8 @@ StepCli parse_step(int argc, char** argv) {
                     if (!hps::parse_device(c.device).ok()) {
                       usage_error("--device: '" + c.device + "' is not cpu, cuda or cuda:N");
                     }
+                  } else if (flag == "--trace-overhead") {
+                    c.trace_overhead = true;
                   } else {
                     return false;
                   }
@@ -756,6 +771,36 @@ int main_ckpt(int argc, char** argv) {
   return result.loaded_equal ? 0 : 1;
 }
 
+// The torch family runs entirely in torch_peer.py (every contender is torch compute); this
+// finds the script, the model and the Python binding, and passes the options through.
+int main_torch(int argc, char** argv) {
+  std::string script;
+  std::vector<std::string> pass;
+  for (int i = 2; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--torch-script") {
+      if (i + 1 >= argc) usage_error("--torch-script needs a value");
+      script = argv[++i];
+    } else {
+      pass.emplace_back(argv[i]);
+    }
+  }
+  script = find_script(script, "torch_peer.py");
+  if (script.empty()) usage_error("torch_peer.py not found (--torch-script)");
+  const auto models =
+      std::filesystem::path(HPS_BENCH_SOURCE_DIR) / ".." / ".." / "examples" / "python";
+  std::string command = "/usr/bin/python3 " + shell_quote(script) + " --model-dir " +
+                        shell_quote(models.lexically_normal().string());
+  for (const auto& a : pass) command += " " + shell_quote(a);
+#ifdef HPS_BENCH_PYTHON_DIR
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string path =
+      std::string(HPS_BENCH_PYTHON_DIR) + (old && *old ? ":" + std::string(old) : "");
+  ::setenv("PYTHONPATH", path.c_str(), 1);
+#endif
+  const int status = std::system(command.c_str());
+  return status == 0 ? 0 : 1;
+}
+
 int main_coll(int argc, char** argv) {
   Cli cli = parse(argc, argv);
   RunInfo info = run_info(argc, argv);
@@ -786,5 +831,6 @@ int main(int argc, char** argv) {
   if (family == "clip") return main_clip(argc, argv);
   if (family == "step") return main_step(argc, argv);
   if (family == "ckpt") return main_ckpt(argc, argv);
+  if (family == "torch") return main_torch(argc, argv);
   usage_error("unknown benchmark family '" + std::string(family) + "'");
 }

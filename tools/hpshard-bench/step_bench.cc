@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "core/kernels/optimizer.h"
 #include "core/sharding/stage2_engine.h"
 #include "core/sharding/stage3_engine.h"
+#include "core/trace/trace.h"
 
 namespace hps::bench {
 namespace {
@@ -175,7 +177,15 @@ double median_of_slowest(const std::vector<double>& times, int32_t ranks) {
   return median(slowest);
 }
 
-enum Contender : size_t { kStage2 = 0, kStage3 = 1, kUnsharded = 2, kCompute = 3, kContenders = 4 };
+enum Contender : size_t {
+  kStage2 = 0,
+  kStage3 = 1,
+  kUnsharded = 2,
+  kCompute = 3,
+  kStage2Traced = 4,  // with trace_overhead only
+  kStage3Traced = 5,
+  kAllContenders = 6
+};
 
 // Stage 2 and stage 3 with the same options and the same model registration: each layer
 // is one unit (one bucket: its weight and bias).
@@ -232,7 +242,8 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
   world.ranks = ranks;
   world.parameters = layer_numel * depth;
   world.timed_steps = static_cast<int64_t>(config.reps) * config.steps;
-  std::vector<std::vector<double>> times(kContenders);
+  const size_t kContenders = config.trace_overhead ? kAllContenders : kCompute + 1;
+  std::vector<std::vector<double>> times(kAllContenders);
   for (auto& t : times) t.assign(static_cast<size_t>(config.reps * ranks), 0.0);
   std::mutex result_mutex;
 
@@ -399,7 +410,8 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
     // reading to that contender; the other ranks wait at the next contender's barrier
     // meanwhile, so nothing counts between the readings but that contender's steps.
     uint64_t last_waits = 0, last_wait_ns = 0;
-    std::vector<uint64_t> waits(kContenders, 0), wait_ns(kContenders, 0);
+    std::vector<uint64_t> waits(kAllContenders, 0), wait_ns(kAllContenders, 0);
+    uint64_t traced_events = 0, traced_steps = 0;
     sync.arrive_and_wait();
     if (rank == 0) {
       last_waits = dependency_wait_count();
@@ -415,18 +427,30 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
       for (size_t k = 0; k < kContenders; ++k) {
         const size_t rotated = (k + static_cast<size_t>(rep)) % kContenders;
         const size_t c = rep % 2 ? kContenders - 1 - rotated : rotated;
+        const bool traced = c == kStage2Traced || c == kStage3Traced;
+        // Recording is process-wide: on while every rank runs this contender only.
+        if (traced && rank == 0) trace::start(std::filesystem::temp_directory_path().string());
         sync.arrive_and_wait();
         const auto start = Clock::now();
         for (int32_t s = 0; s < config.steps; ++s) {
-          if (c == kStage2) run_stage2(timed);
-          if (c == kStage3) run_stage3(timed);
+          if (c == kStage2 || c == kStage2Traced) run_stage2(timed);
+          if (c == kStage3 || c == kStage3Traced) run_stage3(timed);
           if (c == kUnsharded) run_unsharded(timed);
           if (c == kCompute) run_compute(timed);
         }
         // The engines' last step is still in flight: their time includes draining it.
-        if (c == kStage2) check(stage2->synchronize(), "Stage2Engine::synchronize");
-        if (c == kStage3) check(stage3->synchronize(), "Stage3Engine::synchronize");
+        if (c == kStage2 || c == kStage2Traced) {
+          check(stage2->synchronize(), "Stage2Engine::synchronize");
+        }
+        if (c == kStage3 || c == kStage3Traced) {
+          check(stage3->synchronize(), "Stage3Engine::synchronize");
+        }
         const double t = std::chrono::duration<double>(Clock::now() - start).count();
+        // The engines took extra steps traced: the reference takes them too (untimed), so
+        // the parameters still compare.
+        if (c == kStage2Traced) {
+          for (int32_t s = 0; s < config.steps; ++s) run_unsharded(false);
+        }
         if (timed) {
           times[c][static_cast<size_t>((rep - config.warmup) * ranks + rank)] = t / config.steps;
         }
@@ -439,6 +463,14 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
           }
           last_waits = n;
           last_wait_ns = ns;
+          if (traced) {  // what was recorded is dropped, never written
+            trace::stop();
+            if (timed) {
+              traced_events += trace::event_count();
+              traced_steps += static_cast<uint64_t>(config.steps) * static_cast<uint64_t>(ranks);
+            }
+            trace::clear();
+          }
         }
       }
     }
@@ -482,6 +514,10 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
         world.dependency_wait_seconds = static_cast<double>(wait_ns[kStage2]) * 1e-9;
         world.stage3_dependency_waits = waits[kStage3];
         world.stage3_dependency_wait_seconds = static_cast<double>(wait_ns[kStage3]) * 1e-9;
+        if (traced_steps) {
+          world.trace_events_per_step =
+              static_cast<double>(traced_events) / static_cast<double>(traced_steps);
+        }
       }
     }
     sync.arrive_and_wait();
@@ -498,6 +534,24 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
   world.stage3_seconds = median_of_slowest(times[kStage3], ranks);
   world.unsharded_seconds = median_of_slowest(times[kUnsharded], ranks);
   world.compute_seconds = median_of_slowest(times[kCompute], ranks);
+  if (config.trace_overhead) {
+    world.stage2_traced_seconds = median_of_slowest(times[kStage2Traced], ranks);
+    world.stage3_traced_seconds = median_of_slowest(times[kStage3Traced], ranks);
+    // What one event costs, without the step's noise around it: the span of an empty
+    // stream task, recorded as the runner does, best of a few rounds.
+    constexpr int kEvents = 200'000;
+    const uint32_t track = trace::new_stream_track();
+    double best = 1e30;
+    trace::start(std::filesystem::temp_directory_path().string());
+    for (int round = 0; round < 5; ++round) {
+      const auto start = Clock::now();
+      for (int i = 0; i < kEvents; ++i) trace::TaskScope scope(track, "bench");
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / kEvents);
+      trace::clear();
+    }
+    trace::stop();
+    world.trace_seconds_per_event = best;
+  }
   return world;
 }
 
@@ -603,6 +657,26 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                "# dep_waits, dep_wait_ms: gather()/wait_parameters() calls that blocked on their "
                "layer's all-gather, and the time blocked, per step and rank; param_diff: the "
                "largest difference from the unsharded reference's parameters after the run\n");
+  if (config.trace_overhead) {
+    std::fprintf(out, "\n## the timeline's cost (recording as with HPS_TRACE, alternated)\n");
+    std::fprintf(out, "%5s %10s %17s %9s %10s %17s %9s %16s %9s %12s\n", "ranks", "stage2_ms",
+                 "stage2_traced_ms", "s2_ratio", "stage3_ms", "stage3_traced_ms", "s3_ratio",
+                 "events_per_step", "ns_event", "implied_pct");
+    for (const auto& w : worlds) {
+      if (!w.stage2_traced_seconds || !w.stage3_traced_seconds) continue;
+      const double implied = w.trace_events_per_step * w.trace_seconds_per_event /
+                             std::min(w.stage2_seconds, w.stage3_seconds) * 100.0;
+      std::fprintf(out, "%5d %10.2f %17.2f %9.3f %10.2f %17.2f %9.3f %16.1f %9.0f %12.4f\n",
+                   w.ranks, w.stage2_seconds * 1e3, *w.stage2_traced_seconds * 1e3,
+                   *w.stage2_traced_seconds / w.stage2_seconds, w.stage3_seconds * 1e3,
+                   *w.stage3_traced_seconds * 1e3, *w.stage3_traced_seconds / w.stage3_seconds,
+                   w.trace_events_per_step, w.trace_seconds_per_event * 1e9, implied);
+    }
+    std::fprintf(out,
+                 "# target: traced / untraced <= 1.03; events_per_step: per rank; ns_event: "
+                 "one task span recorded alone (best of 5 x 200,000); implied_pct: events per "
+                 "step x ns_event / the faster step, the cost without the machine's noise\n");
+  }
   for (const auto& w : worlds) {
     const double r = w.stage2_seconds / w.unsharded_seconds;
     std::fprintf(out,
@@ -699,7 +773,11 @@ std::string step_to_json(const StepConfig& config, const RunInfo& info,
       << json_number(static_cast<double>(w.stage3_dependency_waits) / steps)
       << ", \"stage3_dependency_wait_seconds_per_step\": "
       << json_number(w.stage3_dependency_wait_seconds / steps)
-      << ", \"stage3_max_param_diff\": " << json_number(w.stage3_max_param_diff) << "}";
+      << ", \"stage3_max_param_diff\": " << json_number(w.stage3_max_param_diff)
+      << ", \"stage2_traced_seconds\": " << json_optional(w.stage2_traced_seconds)
+      << ", \"stage3_traced_seconds\": " << json_optional(w.stage3_traced_seconds)
+      << ", \"trace_events_per_step\": " << json_number(w.trace_events_per_step)
+      << ", \"trace_seconds_per_event\": " << json_number(w.trace_seconds_per_event) << "}";
   }
   j << "\n  ]\n}\n";
   return j.str();

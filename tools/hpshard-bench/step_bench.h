@@ -32,6 +32,9 @@ struct StepConfig {
   bool adamw = true;   // false: SGD with momentum 0.9
   double clip = 1.0;   // global-norm max_norm; 0: no clipping
   int32_t prefetch_window = EngineOptions{}.prefetch_window;  // stage 3
+  // Also time stage 2 and stage 3 with the timeline recording (core/trace, what HPS_TRACE
+  // turns on), alternated with the untraced ones: its cost.
+  bool trace_overhead = false;
   bool progress = true;
   // Set: the runtime's own step on this device at world size 1 (device_step.h) instead.
   std::string device;
@@ -66,6 +69,12 @@ struct StepWorld {
   int64_t timed_steps = 0;           // per rank, per contender (reps × steps)
   double max_param_diff = 0;         // stage 2 vs unsharded parameters after the same training
   double stage3_max_param_diff = 0;  // stage 3 (gather_all()) vs unsharded
+  // With trace_overhead: the same steps while the timeline records, and the events per step
+  // and rank it recorded.
+  std::optional<double> stage2_traced_seconds;
+  std::optional<double> stage3_traced_seconds;
+  double trace_events_per_step = 0;
+  double trace_seconds_per_event = 0;  // recording one stream task's span, alone
 };
 
 StepWorld run_step_world(const StepConfig& config, int32_t ranks);

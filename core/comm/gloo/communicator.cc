@@ -16,6 +16,7 @@
 #include "core/comm/reduce_ops.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
+#include "core/trace/trace.h"
 
 namespace hps::gloo_backend {
 namespace {
@@ -288,7 +289,10 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
       timeout_ms_(options_.timeout.count()),
       stream_(std::make_unique<cpu::CpuStream>()),
       scratch_(4),
-      waiter_([this] { complete_transfers(); }) {}
+      waiter_([this] { complete_transfers(); }) {
+  stream_->set_trace_name("communicator '" + options_.name + "' rank " + std::to_string(rank_) +
+                          " of " + std::to_string(size_));
+}
 
 // Gloo closes a pair's socket with SO_LINGER 0: a reset that discards whatever the peer
 // has not read yet. A rank whose last collective has completed may still have bytes in
@@ -506,6 +510,14 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
       const auto deadline = Clock::now() + timeout();
       Op op(*this, operation, sequence, slot_base, deadline);
       op.descriptor = checked ? &*checked : nullptr;
+      if (trace::enabled() && checked) {
+        // All the bytes of the operation (all-gather, reduce-scatter: per rank × ranks).
+        const uint64_t ranks =
+            checked->kind == kAllGatherKind || checked->kind == kReduceScatterKind ? size_ : 1;
+        trace::collective(operation,
+                          checked->count * dtype_size(static_cast<DType>(checked->dtype)) * ranks,
+                          options_.name, sequence);
+      }
       s = run(op, op.descriptor, body);
     } catch (...) {
       s = aborted(where(operation, sequence) + ": " + describe_exception());

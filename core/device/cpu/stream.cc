@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/device/host_sync.h"
+#include "core/trace/trace.h"
 
 namespace hps::cpu {
 
@@ -32,11 +33,13 @@ void EventMark::wait() const {
   done_cv_.wait(lock, [&] { return completed_; });
 }
 
-uint64_t StreamCore::enqueue(std::function<void()> task) {
+StreamCore::StreamCore() : trace_track_(trace::new_stream_track()) {}
+
+uint64_t StreamCore::enqueue(std::function<void()> task, const char* label) {
   uint64_t index = 0;
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(task));
+    queue_.push_back({std::move(task), label});
     index = ++enqueued_;
   }
   work_cv_.notify_one();
@@ -44,12 +47,18 @@ uint64_t StreamCore::enqueue(std::function<void()> task) {
 }
 
 void StreamCore::run_front(std::unique_lock<std::mutex>& lock) {
-  std::function<void()> task = std::move(queue_.front());
+  Task task = std::move(queue_.front());
   queue_.pop_front();
   ++started_;
   busy_ = true;
   lock.unlock();
-  task();
+  if (trace::enabled()) {
+    // On this stream's track whichever thread runs it (the worker or a helping waiter).
+    trace::TaskScope scope(trace_track_, task.label);
+    task.run();
+  } else {
+    task.run();
+  }
   lock.lock();
   busy_ = false;
   ++finished_;
@@ -92,22 +101,29 @@ void StreamCore::synchronize() {
 }
 
 CpuStream::CpuStream()
-    : core_(std::make_shared<StreamCore>()), worker_([core = core_] { core->run_worker(); }) {}
+    : core_(std::make_shared<StreamCore>()), worker_([core = core_] { core->run_worker(); }) {
+  trace::stream_created();
+}
 
 CpuStream::~CpuStream() {
   core_->stop();
   worker_.join();
+  trace::stream_destroyed();  // the last stream of a traced run writes the timeline
 }
 
-void CpuStream::enqueue(std::function<void()> task, const char* /*label*/) {
-  core_->enqueue(std::move(task));
+void CpuStream::set_trace_name(std::string name) {
+  trace::name_track(core_->trace_track(), std::move(name));
+}
+
+void CpuStream::enqueue(std::function<void()> task, const char* label) {
+  core_->enqueue(std::move(task), label);
 }
 
 std::shared_ptr<EventMark> CpuStream::record_mark() {
   // The task may run (and complete the mark) before enqueue returns; only the helping
   // wait needs the index, and no one can wait on the mark before it is returned.
   auto mark = std::make_shared<EventMark>(core_);
-  mark->set_index(core_->enqueue([mark] { mark->complete(); }));
+  mark->set_index(core_->enqueue([mark] { mark->complete(); }, "record event"));
   return mark;
 }
 
@@ -115,7 +131,7 @@ Status CpuStream::wait(Event& event) {
   HPS_RETURN_IF_ERROR(check_same_device(*this, event, "stream wait"));
   auto mark = static_cast<CpuEvent&>(event).mark();
   if (!mark) return failed_precondition("stream wait: the event was never recorded");
-  enqueue([mark] { mark->wait(); });
+  enqueue([mark] { mark->wait(); }, "wait event");
   return Status::Ok();
 }
 
@@ -130,7 +146,7 @@ Status HostQueue::memcpy_async(void* dst, const void* src, size_t bytes) {
   if (dst == nullptr || src == nullptr) {
     return invalid_argument("memcpy_async: null pointer with a non-zero size");
   }
-  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); }, "memcpy");
+  enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); }, "copy");
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "core/device/stream.h"
@@ -42,8 +43,11 @@ class EventMark {
 // A CPU stream's queue, shared by its worker and by threads that wait on its marks.
 class StreamCore {
  public:
-  // Returns the 1-based index of the task.
-  uint64_t enqueue(std::function<void()> task);
+  StreamCore();
+  // Returns the 1-based index of the task. `label` (a static string, or null) names the
+  // task in the timeline (core/trace).
+  uint64_t enqueue(std::function<void()> task, const char* label = nullptr);
+  uint32_t trace_track() const { return trace_track_; }
   // Runs queued tasks on the calling thread while no one else runs one, up to task
   // `index`.
   void help_until(uint64_t index);
@@ -58,7 +62,12 @@ class StreamCore {
   std::mutex mutex_;
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
-  std::deque<std::function<void()>> queue_;
+  struct Task {
+    std::function<void()> run;
+    const char* label;
+  };
+  std::deque<Task> queue_;
+  const uint32_t trace_track_;
   uint64_t enqueued_ = 0;
   uint64_t started_ = 0;
   uint64_t finished_ = 0;
@@ -91,8 +100,13 @@ class CpuStream final : public HostQueue {
   Status wait(Event& event) override;
   Status synchronize() override;
 
-  // Enqueues `task` to run on the worker after everything enqueued before it.
+  // Enqueues `task` to run on the worker after everything enqueued before it. `label`
+  // names it in the timeline (HPS_TRACE): a static string ("adamw", "copy"), or null for
+  // "task".
   void enqueue(std::function<void()> task, const char* label = nullptr) override;
+  // This stream's track in the timeline, and the name the timeline gives it.
+  uint32_t trace_track() const { return core_->trace_track(); }
+  void set_trace_name(std::string name);
   std::shared_ptr<EventMark> record_mark() override;
 
  private:

@@ -1,0 +1,776 @@
+"""hpshard.torch — ZeRO stage 2 / stage 3 data parallelism for a PyTorch ``nn.Module``.
+
+::
+
+    import hpshard, hpshard.torch as hpt
+
+    world = hpt.world_from_env()                      # hpshard-run, torchrun, Open MPI, Slurm
+    model = hpt.ShardedModule(net, world, stage=3, units=net.blocks,
+                              optimizer="adamw", lr=1e-3, clip_max_norm=1.0)
+    for x, y in data:
+        loss = loss_fn(model(x), y)                   # this rank's mean over its samples
+        loss.backward()
+        model.step()                                  # replaces optimizer.step()
+
+The module's parameters live in the engine's storage: its tensors are views of the
+engine's memory (zero-copy; ``__dlpack__`` views when the binding hands them out, NumPy
+views otherwise), and autograd adds gradients straight into the engine's gradient
+storage. A hook on each parameter's gradient accumulator checks the gradient in with the
+engine as soon as autograd has finished it, so the reduce-scatters run while backward
+goes on. ``step()`` is the engine's step (SGD or AdamW on this rank's shards, global-norm
+clipping and dynamic loss scaling folded in); nothing in a step blocks the host.
+
+Units are the submodules named in ``units`` (each transformer block, say); every other
+parameter forms one more unit. With stage 3 only this rank's shard of each unit is
+resident: a unit is gathered before its forward and released after it, gathered again
+when the gradient of one of its outputs arrives in backward, and released once its
+gradients are in (a unit holding a frozen parameter at the end of backward, since
+autograd may still need the frozen weight after the trainable ones are done). Outside a
+gathered unit its parameters hold no memory (an empty storage of the right shape).
+Tensors autograd saves for backward that are views of a gathered parameter are saved as
+"this parameter, these strides" and re-derived from the re-gathered parameter in
+backward, so activations never pin (or read stale) gathered memory.
+
+Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
+averages over the ranks and micro-batches once. A parameter registered twice (tied
+weights) is one parameter. ``requires_grad=False`` parameters are frozen (never updated,
+no gradient, still sharded). A trainable parameter that got no gradient in a backward is
+checked in with a zero gradient at the end of it (torch.optim would skip it: AdamW's
+decay and moments still advance here).
+
+Accumulation over micro-batches: pass ``accumulation_steps=k``; run the first k-1
+backward passes inside ``with model.no_sync():`` and the last outside it, then
+``step()``. A count that does not add up to k raises.
+
+``state_dict()`` (collective) returns full tensors keyed as the wrapped module's own
+``state_dict()``; ``load_state_dict()`` (collective) loads parameters from rank 0's
+dict into a fresh engine (optimizer state starts anew). Both go through the engine's
+``gather_parameter`` and initial views; they are written against ``_save_parameters`` /
+``_load_parameters`` so that the checkpoint API, where it exists, replaces them.
+
+Timeline: with HPS_TRACE=DIR each rank also writes its forward and backward spans per
+unit (``torch-*.json``) beside the library's trace; ``hpshard-trace merge`` joins them.
+
+CPU engines only (the engine's views are host memory there). Importing this module needs
+torch; importing ``hpshard`` does not.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import json
+import os
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+import hpshard as _hps
+
+__all__ = ["ShardedModule", "world_from_env"]
+
+_OPTIMIZERS = {"sgd": _hps.Optimizer.SGD, "adamw": _hps.Optimizer.ADAMW}
+_DTYPES = {torch.float32: _hps.DType.FLOAT32, torch.float16: _hps.DType.FLOAT16,
+           torch.bfloat16: _hps.DType.BFLOAT16}
+
+
+def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":
+    """The world communicator of a process started by hpshard-run, torchrun, Open MPI or
+    Slurm (hpshard.rendezvous_from_env, then the store and a communicator over it). The
+    communicator keeps its store referenced."""
+    info = _hps.rendezvous_from_env()
+    store = _hps.Store.open(info.store_url, info.rank)
+    world = _hps.Communicator.create(store, info.rank, info.world_size, timeout_ms=timeout_ms,
+                                     name="world")
+    world._store = store  # closed with the process; the communicator needs it to live
+    return world
+
+
+def _tensor_over(view: Any, dtype: torch.dtype) -> torch.Tensor:
+    """A torch tensor over the memory of an engine view, without a copy."""
+    import numpy as np
+    if not _is_numpy(view) and hasattr(view, "__dlpack__"):
+        t = torch.utils.dlpack.from_dlpack(view)
+    elif dtype == torch.bfloat16:  # NumPy has no bfloat16: the view holds the bit patterns
+        t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(view)
+    if t.dtype != dtype:
+        raise TypeError(f"hpshard.torch: an engine view of {t.dtype} for a {dtype} parameter")
+    return t
+
+
+def _is_numpy(view: Any) -> bool:
+    import numpy as np
+    return isinstance(view, np.ndarray)
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """The address the storage of ``t`` starts at (its base tensor's data pointer)."""
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+def _husk(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``shape`` whose storage holds nothing: what a released parameter is."""
+    t = torch.empty(shape, dtype=dtype)
+    t.storage().resize_(0)
+    return t
+
+
+def _tensors_in(value: Any) -> Iterable[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v)
+
+
+def _trace_pid() -> int:
+    """The process id the library's timeline gives this process (core/trace)."""
+    for name in ("HPS_RANK", "RANK"):
+        text = os.environ.get(name, "")
+        if text.isdigit() and int(text) < (1 << 30):
+            return int(text)
+    return os.getpid()
+
+
+class _Timeline:
+    """Spans of the framework's own work (forward and backward per unit, step), written as
+    a Chrome trace beside the library's when HPS_TRACE is set. One per process."""
+
+    _instance: Optional["_Timeline"] = None
+    _lock = threading.Lock()
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.events: List[dict] = []
+        self.files = 0
+        self.dropped = 0
+        text = os.environ.get("HPS_TRACE_MAX_EVENTS", "")
+        self.max_events = int(text) if text.isdigit() and int(text) > 0 else 2_000_000
+        self.lock = threading.Lock()
+        atexit.register(self.write)
+
+    @classmethod
+    def get(cls) -> Optional["_Timeline"]:
+        directory = os.environ.get("HPS_TRACE", "")
+        if not directory:
+            return None
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls(directory)
+            return cls._instance
+
+    def span(self, name: str, begin_ns: int, end_ns: int, rank: int) -> None:
+        """A span of this thread; ``rank``: the sharding rank it worked for (threads of one
+        process may be different ranks)."""
+        with self.lock:
+            if len(self.events) >= self.max_events:
+                self.dropped += 1
+                return
+            self.events.append({"ph": "X", "cat": "compute", "name": name,
+                                "pid": _trace_pid(), "tid": threading.get_native_id(),
+                                "ts": begin_ns / 1000.0, "dur": (end_ns - begin_ns) / 1000.0,
+                                "args": {"rank": rank}})
+
+    def write(self) -> Optional[str]:
+        with self.lock:
+            events, self.events = self.events, []
+            dropped, self.dropped = self.dropped, 0
+            if not events:
+                return None
+            index, self.files = self.files, self.files + 1
+        os.makedirs(self.directory, exist_ok=True)
+        pid = _trace_pid()
+        rank = f"rank{pid}-" if pid != os.getpid() else ""
+        path = os.path.join(self.directory, f"torch-{rank}pid{os.getpid()}-{index}.json")
+        with open(path + ".partial", "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                       "otherData": {"producer": "hpshard.torch", "clock": "CLOCK_MONOTONIC",
+                                     "dropped_events": dropped}}, f)
+        os.replace(path + ".partial", path)
+        return path
+
+
+class _Unit:
+    """One unit: its parameter indices and what this rank knows of it in this step."""
+
+    def __init__(self, uid: int, name: str) -> None:
+        self.uid = uid
+        self.name = name
+        self.params: List[int] = []
+        self.trainable: List[int] = []
+        self.has_frozen = False
+        self.gathered = False       # stage 3: parameters present (between gather and release)
+        self.forward_depth = 0      # nested/repeated forward calls under way
+        self.in_backward = False    # gathered for backward, gradients bound
+        self.pending = 0            # trainable parameters not checked in this backward
+        self.checked: set = set()   # those checked in
+        self.span_begin = 0
+
+
+class ShardedModule(torch.nn.Module):
+    """Wraps ``module`` for stage 2 or stage 3 sharded training over ``sharding`` (a
+    Communicator, or a HybridGroup whose sharding and dp communicators are used) and an
+    optional ``dp`` communicator above it. See the module's documentation.
+
+    ``units``: submodules (or their dotted names) gathered and released together; the
+    remaining parameters are one more unit. ``optimizer``: "adamw" or "sgd" with ``lr``,
+    ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``nesterov`` as torch.optim's.
+    ``clip_max_norm`` > 0: global-norm clipping (clip_grad_norm_). ``dynamic_loss_scaling``:
+    multiply the loss by :attr:`loss_scale` (or use :meth:`scale_loss`). Creating it is
+    collective over the groups; rank 0's initial parameter values are everyone's."""
+
+    def __init__(self, module: torch.nn.Module, sharding: Any,
+                 dp: Optional["_hps.Communicator"] = None, *, stage: int = 3,
+                 units: Union[Sequence[Union[torch.nn.Module, str]], torch.nn.Module] = (),
+                 optimizer: str = "adamw", lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum: float = 0.0, nesterov: bool = False,
+                 clip_max_norm: float = 0.0, deterministic_clip: bool = False,
+                 accumulation_steps: int = 1, prefetch_window: int = 3,
+                 dynamic_loss_scaling: bool = False, initial_loss_scale: float = 65536.0,
+                 alignment_bytes: Optional[int] = None) -> None:
+        super().__init__()
+        self._owned: List[Any] = []  # communicators taken from a hybrid group, closed with us
+        if isinstance(sharding, _hps.HybridGroup):
+            group = sharding
+            sharding = group.comm(_hps.Group.SHARDING)
+            self._owned.append(sharding)
+            if dp is None and group.topology.degree(_hps.Group.DP) > 1:
+                dp = group.comm(_hps.Group.DP)
+                self._owned.append(dp)
+        if not isinstance(sharding, _hps.Communicator):
+            raise TypeError("ShardedModule: sharding must be an hpshard.Communicator or "
+                            f"HybridGroup, not {type(sharding).__name__}")
+        if stage not in (2, 3):
+            raise ValueError(f"ShardedModule: stage must be 2 or 3, not {stage}")
+        if optimizer not in _OPTIMIZERS:
+            raise ValueError(f"ShardedModule: optimizer must be one of {sorted(_OPTIMIZERS)}")
+        if accumulation_steps < 1:
+            raise ValueError("ShardedModule: accumulation_steps must be at least 1")
+        self.module = module
+        self.stage = stage
+        self.sharding = sharding
+        self.dp = dp
+        self.accumulation_steps = int(accumulation_steps)
+        self._engine_kwargs = dict(
+            stage=stage, optimizer=_OPTIMIZERS[optimizer], learning_rate=lr, momentum=momentum,
+            weight_decay=weight_decay, nesterov=nesterov, betas=betas, eps=eps,
+            clip_max_norm=clip_max_norm, deterministic_clip=deterministic_clip,
+            accumulation_steps=accumulation_steps, prefetch_window=prefetch_window,
+            dynamic_loss_scaling=dynamic_loss_scaling, initial_loss_scale=initial_loss_scale,
+            alignment_bytes=alignment_bytes)
+        self._timeline = _Timeline.get()
+        self._rank = sharding.rank
+        self._hooks: list = []
+        self._plan_units(units)
+        self._engine: Optional[_hps.Engine] = None
+        self._view_cache: Dict[int, Tuple[int, torch.Tensor]] = {}
+        self._gathered_keys: Dict[int, int] = {}  # storage address -> parameter index
+        self._micro_batches = 0  # backward passes since the last step
+        self._in_no_sync = False
+        self._backward_active = False
+        # The gradient accumulators are taken while the parameters still hold their values.
+        self._install_grad_hooks()
+        self._start_engine(initial=[p.data for p in self._params])
+        self._install_module_hooks()
+
+    # ---- set-up --------------------------------------------------------------------
+    def _plan_units(self, units: Any) -> None:
+        if isinstance(units, torch.nn.Module):
+            units = list(units.children()) if isinstance(
+                units, (torch.nn.ModuleList, torch.nn.Sequential)) else [units]
+        names = {id(m): n for n, m in self.module.named_modules()}
+        unit_modules: List[Tuple[str, torch.nn.Module]] = []
+        for u in units:
+            if isinstance(u, str):
+                try:
+                    m = self.module.get_submodule(u)
+                except AttributeError:
+                    raise ValueError(f"ShardedModule: the module has no submodule {u!r}") \
+                        from None
+            else:
+                m = u
+            if id(m) not in names or m is self.module:
+                raise ValueError("ShardedModule: units must be submodules of the module "
+                                 "(not the module itself)")
+            unit_modules.append((names[id(m)], m))
+        # Which unit(s) each module belongs to: a unit's subtree is that unit.
+        module_unit: Dict[int, int] = {}
+        for k, (uname, m) in enumerate(unit_modules, start=1):
+            for sub in m.modules():
+                if id(sub) in module_unit:
+                    raise ValueError(f"ShardedModule: unit {uname!r} overlaps another unit")
+                module_unit[id(sub)] = k
+        self._units: List[_Unit] = [_Unit(0, "rest")] + [
+            _Unit(k, uname) for k, (uname, _) in enumerate(unit_modules, start=1)]
+        self._unit_modules = [m for _, m in unit_modules]
+        # Every parameter once (tied ones by their first name), with every unit using it.
+        params: List[torch.nn.Parameter] = []
+        pnames: List[str] = []
+        index_of: Dict[int, int] = {}
+        users: Dict[int, set] = collections.defaultdict(set)
+        for mname, m in self.module.named_modules(remove_duplicate=False):
+            for pname, p in m._parameters.items():
+                if p is None:
+                    continue
+                if id(p) not in index_of:
+                    index_of[id(p)] = len(params)
+                    params.append(p)
+                    pnames.append(f"{mname}.{pname}" if mname else pname)
+                users[id(p)].add(module_unit.get(id(m), 0))
+        self._params = params
+        self._names = pnames
+        self._index_of = index_of
+        self._param_unit: List[int] = []
+        for i, p in enumerate(params):
+            if p.dtype not in _DTYPES:
+                raise TypeError(f"ShardedModule: parameter {pnames[i]!r} is {p.dtype}; the "
+                                "engine trains float32, float16 and bfloat16 parameters")
+            if p.device.type != "cpu":
+                raise ValueError(f"ShardedModule: parameter {pnames[i]!r} is on {p.device}; "
+                                 "hpshard.torch trains CPU modules")
+            u = users[id(p)]
+            uid = next(iter(u)) if len(u) == 1 else 0  # shared across units: the rest
+            self._param_unit.append(uid)
+            unit = self._units[uid]
+            unit.params.append(i)
+            if p.requires_grad:
+                unit.trainable.append(i)
+            else:
+                unit.has_frozen = True
+        self._units = [u for u in self._units if u.params or u.uid == 0]
+        self._unit_by_id = {u.uid: u for u in self._units}
+
+    def _unit(self, uid: int) -> _Unit:
+        return self._unit_by_id[uid]
+
+    def _start_engine(self, initial: List[torch.Tensor]) -> None:
+        """A fresh engine holding ``initial`` (rank 0's values win), the parameters pointed
+        at it."""
+        kwargs = {k: v for k, v in self._engine_kwargs.items() if v is not None}
+        engine = _hps.Engine.create(self.sharding, self.dp, **kwargs)
+        if engine.device[0] != _hps.DeviceType.CPU:
+            engine.close()
+            raise ValueError("hpshard.torch: the engine is on "
+                             f"{engine.device}; the adapter trains CPU modules")
+        for i, p in enumerate(self._params):
+            engine.add_param(self._names[i], tuple(p.shape), _DTYPES[p.dtype],
+                             frozen=not p.requires_grad, unit=self._param_unit[i])
+        engine.seal()
+        with torch.no_grad():
+            for i, p in enumerate(self._params):
+                _tensor_over(engine.param(i), p.dtype).copy_(initial[i])
+        engine.broadcast_parameters()
+        old, self._engine = self._engine, engine
+        if old is not None:
+            old.close()
+        self._view_cache.clear()
+        self._gathered_keys.clear()
+        self._husks = [_husk(p.shape, p.dtype) for p in self._params]
+        self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
+        for u in self._units:
+            u.gathered = u.in_backward = False
+            u.forward_depth = u.pending = 0
+        if self.stage == 2:  # resident for good: the parameters are the engine's
+            for i, p in enumerate(self._params):
+                p.data = self._param_view(i)
+                if p.requires_grad:
+                    self._grad_views[i] = _tensor_over(engine.grad(i), p.dtype)
+        else:
+            for i, p in enumerate(self._params):
+                p.data = self._husks[i]
+                p.grad = None
+
+    def _install_grad_hooks(self) -> None:
+        # Autograd's gradient accumulator of each trainable parameter: its post-hook runs
+        # once the parameter's gradient for this backward is complete. The accumulators are
+        # kept referenced (autograd holds them weakly), so every graph uses these; they
+        # survive the parameters' data being swapped (same dtype and device).
+        self._accumulators = []
+        with torch.enable_grad():
+            for i, p in enumerate(self._params):
+                if not p.requires_grad:
+                    continue
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hooks.append(acc.register_hook(self._make_grad_hook(i)))
+                self._accumulators.append(acc)
+
+    def _install_module_hooks(self) -> None:
+        for u, m in zip(self._units_named(), self._unit_modules_of()):
+            self._hooks.append(m.register_forward_pre_hook(self._make_pre_forward(u)))
+            self._hooks.append(m.register_forward_hook(self._make_post_forward(u)))
+
+    def _units_named(self) -> List[_Unit]:
+        return [u for u in self._units if u.uid != 0]
+
+    def _unit_modules_of(self) -> List[torch.nn.Module]:
+        return [self._unit_modules[u.uid - 1] for u in self._units_named()]
+
+    # ---- views ----------------------------------------------------------------------
+    def _param_view(self, i: int) -> torch.Tensor:
+        """Parameter i's tensor over the engine's memory. A tensor over a NumPy view only
+        points at the memory, so it is kept and reused while the address holds; one over a
+        DLPack view holds the engine's memory alive, so it is never kept past a release."""
+        address = self._engine.param_address(i)
+        cached = self._view_cache.get(i)
+        if cached is not None and cached[0] == address:
+            return cached[1]
+        view = self._engine.param(i)
+        t = _tensor_over(view, self._params[i].dtype)
+        if _is_numpy(view):
+            self._view_cache[i] = (address, t)
+        return t
+
+    # ---- gather / release (stage 3 moves memory; stage 2 only waits) ---------------
+    def _gather(self, u: _Unit) -> None:
+        if self.stage == 3 and u.gathered:
+            return
+        self._engine.wait_parameters(u.uid)
+        if self.stage == 3:
+            for i in u.params:
+                view = self._param_view(i)
+                self._params[i].data = view
+                self._gathered_keys[_storage_key(view)] = i
+        u.gathered = True
+
+    def _release(self, u: _Unit) -> None:
+        if self.stage == 3 and u.gathered:
+            self._engine.release_parameters(u.uid)
+            for i in u.params:
+                p = self._params[i]
+                self._gathered_keys.pop(_storage_key(p.data), None)
+                p.data = self._husks[i]
+            u.gathered = False
+
+    def _bind_gradients(self, u: _Unit) -> None:
+        """Autograd adds into the engine's gradient memory from here on (this backward)."""
+        for i in u.trainable:
+            p = self._params[i]
+            if self.stage == 3:  # a zeroed full gradient buffer, taken for this backward
+                p.grad = _tensor_over(self._engine.grad(i), p.dtype)
+            elif p.grad is None or p.grad.data_ptr() != self._grad_views[i].data_ptr():
+                p.grad = self._grad_views[i]
+
+    # ---- forward --------------------------------------------------------------------
+    def _begin_forward(self, u: _Unit) -> None:
+        if self._backward_active:
+            raise RuntimeError("hpshard.torch: a forward while a backward is under way")
+        if u.forward_depth == 0:
+            u.span_begin = time.monotonic_ns()
+            if u.params:
+                self._gather(u)
+                if self.stage == 2 and torch.is_grad_enabled():
+                    self._bind_gradients(u)
+        u.forward_depth += 1
+
+    def _end_forward(self, u: _Unit, output: Any) -> None:
+        u.forward_depth -= 1
+        if u.forward_depth:
+            return
+        hooked = False
+        if torch.is_grad_enabled() and u.params:
+            # Its backward starts when the gradient of one of its outputs arrives.
+            for t in _tensors_in(output):
+                if t.requires_grad and t.grad_fn is not None:
+                    t.register_hook(self._make_pre_backward(u))
+                    hooked = True
+        # The rest's backward begins as soon as backward does: it stays gathered from its
+        # forward on rather than being released and gathered again at once (which would
+        # also put it between the last block's forward and backward in the recorded order,
+        # so that block would be released and gathered again).
+        if self.stage == 3 and u.params and not (u.uid == 0 and hooked):
+            self._release(u)
+        if self._timeline:
+            self._timeline.span(f"forward {u.name}", u.span_begin, time.monotonic_ns(),
+                                self._rank)
+
+    def _make_pre_forward(self, u: _Unit):
+        def hook(module, args):
+            self._begin_forward(u)
+        return hook
+
+    def _make_post_forward(self, u: _Unit):
+        def hook(module, args, output):
+            self._end_forward(u, output)
+        return hook
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        root = self._units[0]
+        self._begin_forward(root)
+        try:
+            if self.stage == 3:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                    output = self.module(*args, **kwargs)
+            else:
+                output = self.module(*args, **kwargs)
+        except BaseException:
+            root.forward_depth = 0
+            for u in self._units:
+                u.forward_depth = 0
+                self._release(u)
+            raise
+        self._end_forward(root, output)
+        return output
+
+    # ---- saved tensors (stage 3) -----------------------------------------------------
+    def _pack(self, t: torch.Tensor) -> Any:
+        if t.device.type == "cpu" and t.numel():
+            i = self._gathered_keys.get(_storage_key(t))
+            if i is not None:
+                return (_ParamRef, i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        return t
+
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, tuple) and packed and packed[0] is _ParamRef:
+            _, i, shape, stride, offset = packed
+            u = self._unit(self._param_unit[i])
+            if not u.gathered:
+                raise RuntimeError(
+                    f"hpshard.torch: backward needs parameter {self._names[i]!r} of unit "
+                    f"{u.name!r}, which is not gathered (did its outputs reach backward?)")
+            return self._params[i].data.as_strided(shape, stride, offset)
+        return packed
+
+    # ---- backward -------------------------------------------------------------------
+    def _start_backward(self) -> None:
+        if self._backward_active:
+            return
+        self._backward_active = True
+        for u in self._units:
+            u.pending = len(u.trainable)
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _make_pre_backward(self, u: _Unit):
+        def hook(grad):
+            self._start_backward()
+            if not u.in_backward:
+                u.span_begin = time.monotonic_ns()
+                self._enter_backward(u)
+            return grad
+        return hook
+
+    def _enter_backward(self, u: _Unit) -> None:
+        if u.params:
+            self._gather(u)
+            self._bind_gradients(u)
+        u.in_backward = True
+
+    def _make_grad_hook(self, i: int):
+        def hook(grad_inputs, grad_outputs):
+            self._start_backward()
+            self._check_in(i)
+        return hook
+
+    def _check_in(self, i: int) -> None:
+        u = self._unit(self._param_unit[i])
+        p = self._params[i]
+        if not u.in_backward:
+            # A gradient reached a unit through no output of it (a parameter used outside
+            # its unit's forward): autograd made a tensor of its own; add it in.
+            grad = p.grad
+            p.grad = None
+            self._enter_backward(u)
+            if grad is not None:
+                with torch.no_grad():
+                    p.grad.add_(grad)
+        self._engine.grad_ready(i)
+        u.checked.add(i)
+        u.pending -= 1
+        if u.pending == 0 and not u.has_frozen:
+            self._leave_backward(u)
+
+    def _leave_backward(self, u: _Unit) -> None:
+        if self.stage == 3:
+            for i in u.trainable:
+                self._params[i].grad = None  # the engine reduces and frees that memory
+            self._release(u)
+        u.in_backward = False
+        if self._timeline:
+            self._timeline.span(f"backward {u.name}", u.span_begin, time.monotonic_ns(),
+                                self._rank)
+
+    def _finish_backward(self) -> None:
+        """End of a backward: unused parameters check in a zero gradient, units still held
+        are released, the micro-batch is counted."""
+        try:
+            for u in self._units:
+                if u.pending:
+                    if not u.in_backward:
+                        self._enter_backward(u)
+                    for i in u.trainable:
+                        if i not in u.checked:
+                            self._engine.grad_ready(i)  # its gradient stayed zero
+                    u.pending = 0
+                if u.in_backward:
+                    self._leave_backward(u)
+        finally:
+            self._backward_active = False
+            for u in self._units:
+                u.checked.clear()
+        self._micro_batches += 1
+        last = not self._in_no_sync
+        if last and self._micro_batches != self.accumulation_steps:
+            n = self._micro_batches
+            self._micro_batches = 0
+            raise RuntimeError(
+                f"hpshard.torch: accumulation_steps={self.accumulation_steps}, but this "
+                f"step's last backward (outside no_sync()) was backward number {n}: run the "
+                f"first {self.accumulation_steps - 1} inside no_sync()")
+        if not last and self._micro_batches >= self.accumulation_steps:
+            raise RuntimeError(
+                f"hpshard.torch: accumulation_steps={self.accumulation_steps}: backward "
+                f"number {self._micro_batches} of this step ran inside no_sync(); the last one "
+                "must run outside it")
+
+    # ---- the step -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside are micro-batches before the step's last one (see the
+        module documentation); the engine adds their gradients into its shards."""
+        if self.accumulation_steps == 1:
+            raise RuntimeError("hpshard.torch: no_sync() needs accumulation_steps > 1 at "
+                               "construction (the engine reduces per micro-batch)")
+        previous, self._in_no_sync = self._in_no_sync, True
+        try:
+            yield
+        finally:
+            self._in_no_sync = previous
+
+    def step(self) -> None:
+        """The optimizer step on this rank's shards and the parameters' all-gathers
+        (enqueued; no host sync)."""
+        begin = time.monotonic_ns()
+        if self._micro_batches != self.accumulation_steps:
+            raise RuntimeError(f"hpshard.torch: step() after {self._micro_batches} backward "
+                               f"passes; accumulation_steps is {self.accumulation_steps}")
+        self._engine.step()
+        self._micro_batches = 0
+        if self.stage == 2:  # gradients are zero again after the step's reductions
+            for i, p in enumerate(self._params):
+                if p.requires_grad:
+                    p.grad = None
+        if self._timeline:
+            self._timeline.span("step", begin, time.monotonic_ns(), self._rank)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The engine zeroes gradients itself at each step; kept for optimizer-style loops."""
+
+    @property
+    def loss_scale(self) -> float:
+        """The dynamic loss scale (1.0 without): multiply the loss by it before backward.
+        Read after this step's forward has begun (its first gather)."""
+        return self._engine.loss_scale
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.loss_scale if self._engine_kwargs["dynamic_loss_scaling"] else loss
+
+    @property
+    def skipped_steps(self) -> int:
+        return self._engine.skipped_steps
+
+    @property
+    def engine(self) -> "_hps.Engine":
+        """The hpshard.Engine underneath."""
+        return self._engine
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the engine holds on this rank (parameters, gradients, optimizer state)."""
+        return self._engine.resident_bytes
+
+    def synchronize(self) -> None:
+        """Wait for everything in flight (a host sync: not for the training step); after
+        it, stage 2 parameters hold the last step's values."""
+        self._engine.synchronize()
+
+    # ---- state ----------------------------------------------------------------------
+    def _save_parameters(self) -> List[torch.Tensor]:
+        """Every parameter's full value (collective)."""
+        out = []
+        for i, p in enumerate(self._params):
+            full = torch.from_numpy(self._engine.gather_parameter(i))
+            out.append(full.to(p.dtype))
+        return out
+
+    def _load_parameters(self, values: List[torch.Tensor]) -> None:
+        """A fresh engine over ``values`` (rank 0's win; collective)."""
+        self._start_engine(values)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Dict[str, torch.Tensor]:
+        """Full parameters and the module's buffers, keyed as ``module.state_dict()`` (tied
+        parameters under each of their names). Collective over the sharding group."""
+        if args or kwargs:
+            raise TypeError("ShardedModule.state_dict() takes no arguments")
+        values = self._save_parameters()
+        out: Dict[str, torch.Tensor] = collections.OrderedDict()
+        for key, v in self.module.state_dict(keep_vars=True).items():
+            i = self._index_of.get(id(v))
+            out[key] = values[i] if i is not None else v.detach().clone()
+        return out
+
+    def load_state_dict(self, state_dict: Dict[str, torch.Tensor], strict: bool = True) -> Any:
+        """Parameters (and buffers) from ``state_dict``, keyed as ``module.state_dict()``;
+        the engine restarts from them with a fresh optimizer state. Collective: every rank
+        calls it; rank 0's values are everyone's."""
+        own = self.module.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"ShardedModule.load_state_dict: missing keys {missing}, "
+                               f"unexpected keys {unexpected}")
+        values = self._save_parameters() if missing else [None] * len(self._params)
+        for key, v in own.items():
+            if key not in state_dict:
+                continue
+            src = state_dict[key]
+            if tuple(src.shape) != tuple(v.shape):
+                raise RuntimeError(f"ShardedModule.load_state_dict: {key!r} has shape "
+                                   f"{tuple(src.shape)}, the module {tuple(v.shape)}")
+            i = self._index_of.get(id(v))
+            if i is None:
+                with torch.no_grad():
+                    v.copy_(src)
+            else:
+                values[i] = src.detach().to(self._params[i].dtype)
+        self._load_parameters(values)
+        return collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")(
+            missing, unexpected)
+
+    # ---- end ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish what is in flight and free the engine; the module's parameters become
+        plain tensors holding their last values (stage 3: gathered first, collective)."""
+        if self._engine is None:
+            return
+        values = self._save_parameters()
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for p, v in zip(self._params, values):
+            p.data = v
+            p.grad = None
+        self._engine.close()
+        self._engine = None
+        for comm in self._owned:
+            comm.close()
+        self._owned = []
+        if self._timeline:
+            self._timeline.write()
+
+    def __enter__(self) -> "ShardedModule":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _ParamRef:
+    """Marks a saved tensor that is a view of a gathered parameter (see _pack)."""

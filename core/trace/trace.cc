@@ -1,0 +1,394 @@
+#include "core/trace/trace.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "core/common/env.h"
+#include "core/common/logging.h"
+
+namespace hps::trace {
+
+namespace detail {
+std::atomic<bool> g_recording{false};
+}  // namespace detail
+
+namespace {
+
+// Stream tracks get ids above any kernel thread id (pid_max is at most 2^22), so host
+// threads can keep theirs.
+constexpr int64_t kStreamTrackBase = int64_t{1} << 30;
+
+enum class Kind : uint8_t { kTask, kCollective, kWait, kHostSync, kStep };
+
+struct Event {
+  Kind kind;
+  int64_t tid;
+  uint64_t begin_ns;
+  uint64_t end_ns;  // == begin_ns for instants
+  std::string name;
+  std::string group;  // collectives
+  uint64_t a = 0;     // bytes (collective), stage (step), blocked ns (wait)
+  uint64_t b = 0;     // sequence (collective), step (step)
+};
+
+struct State {
+  std::mutex mutex;
+  std::string dir;
+  std::vector<Event> events;
+  std::map<int64_t, std::string> track_names;
+  size_t max_events = kDefaultMaxEvents;
+  uint64_t dropped = 0;
+  uint64_t files_written = 0;
+  int64_t pid = 0;
+  std::string process_name;
+  bool exit_hook = false;
+};
+
+// Never destroyed: worker threads may still record while the process exits.
+State& state() {
+  static State* s = new State;
+  return *s;
+}
+
+std::atomic<uint32_t> g_next_stream_track{0};
+std::atomic<int64_t> g_live_streams{0};
+thread_local TaskScope* t_current = nullptr;
+
+int64_t thread_track() {
+  thread_local const int64_t tid = static_cast<int64_t>(::syscall(SYS_gettid));
+  return tid;
+}
+
+// A non-negative integer from an environment variable, or -1 (unset or malformed: the
+// variable is outside input, so a bad value only falls back).
+int64_t env_rank(const char* name) {
+  const auto text = env_string(name);
+  if (!text || text->empty()) return -1;
+  int64_t v = -1;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+  if (ec != std::errc() || end != text->data() + text->size() || v < 0 || v >= (int64_t{1} << 30)) {
+    HPS_LOG(kWarn) << "trace: " << name << "='" << *text
+                   << "' is not a rank; the trace names the process by its id";
+    return -1;
+  }
+  return v;
+}
+
+void identify_process(State& s) {
+  int64_t rank = env_rank("HPS_RANK");
+  if (rank < 0) rank = env_rank("RANK");
+  const int64_t pid = static_cast<int64_t>(::getpid());
+  if (rank >= 0) {
+    s.pid = rank;
+    s.process_name = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
+  } else {
+    s.pid = pid;
+    s.process_name = "pid " + std::to_string(pid);
+  }
+}
+
+void record(Event e) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  if (s.events.size() >= s.max_events) {
+    ++s.dropped;
+    return;
+  }
+  if (!s.track_names.count(e.tid)) {
+    s.track_names[e.tid] = e.tid < kStreamTrackBase
+                               ? "host thread " + std::to_string(e.tid)
+                               : "cpu stream " + std::to_string(e.tid - kStreamTrackBase);
+  }
+  s.events.push_back(std::move(e));
+}
+
+void flush_at_exit() {
+  if (state().events.empty()) return;
+  auto path = flush();
+  if (!path.ok()) {
+    HPS_LOG(kWarn) << path.status().to_string();
+  }
+}
+
+nlohmann::json to_json(const Event& e, int64_t pid) {
+  nlohmann::json j;
+  j["pid"] = pid;
+  j["tid"] = e.tid;
+  j["ts"] = static_cast<double>(e.begin_ns) / 1000.0;
+  j["name"] = e.name;
+  switch (e.kind) {
+    case Kind::kTask:
+      j["ph"] = "X";
+      j["cat"] = "task";
+      j["dur"] = static_cast<double>(e.end_ns - e.begin_ns) / 1000.0;
+      break;
+    case Kind::kCollective:
+      j["ph"] = "X";
+      j["cat"] = "collective";
+      j["dur"] = static_cast<double>(e.end_ns - e.begin_ns) / 1000.0;
+      j["args"] = {{"bytes", e.a}, {"group", e.group}, {"sequence", e.b}};
+      break;
+    case Kind::kWait:
+      j["ph"] = "X";
+      j["cat"] = "dependency wait";
+      j["dur"] = static_cast<double>(e.end_ns - e.begin_ns) / 1000.0;
+      j["args"] = {{"blocked_ns", e.a}};
+      break;
+    case Kind::kHostSync:
+      j["ph"] = "i";
+      j["s"] = "t";
+      j["cat"] = "host sync";
+      break;
+    case Kind::kStep:
+      j["ph"] = "i";
+      j["s"] = "p";  // a line across the whole process
+      j["cat"] = "step";
+      j["args"] = {{"stage", e.a}, {"step", e.b}};
+      break;
+  }
+  return j;
+}
+
+// The variables are read once, when the library is loaded.
+[[maybe_unused]] const bool g_from_environment = [] {
+  const auto dir = env_string("HPS_TRACE");
+  if (!dir || dir->empty()) return false;
+  size_t max_events = kDefaultMaxEvents;
+  auto max = env_int("HPS_TRACE_MAX_EVENTS", static_cast<int64_t>(kDefaultMaxEvents));
+  if (!max.ok() || *max < 1) {
+    HPS_LOG(kWarn) << "trace: HPS_TRACE_MAX_EVENTS is not a positive integer; using "
+                   << kDefaultMaxEvents;
+  } else {
+    max_events = static_cast<size_t>(*max);
+  }
+  start(*dir, max_events);
+  return true;
+}();
+
+}  // namespace
+
+uint64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint32_t new_stream_track() { return g_next_stream_track.fetch_add(1, std::memory_order_relaxed); }
+
+void name_track(uint32_t track, std::string name) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  s.track_names[kStreamTrackBase + track] = std::move(name);
+}
+
+TaskScope::TaskScope(uint32_t track, const char* label) noexcept
+    : track_(track), label_(label), begin_ns_(now_ns()), outer_(t_current) {
+  t_current = this;
+}
+
+TaskScope::~TaskScope() {
+  t_current = outer_;
+  if (!enabled()) return;  // stopped while the task ran
+  Event e{is_collective_ ? Kind::kCollective : Kind::kTask,
+          kStreamTrackBase + track_,
+          begin_ns_,
+          now_ns(),
+          is_collective_ ? std::move(operation_) : std::string(label_ ? label_ : "task"),
+          std::move(group_),
+          bytes_,
+          sequence_};
+  record(std::move(e));
+}
+
+void collective(std::string_view operation, uint64_t bytes, std::string_view group,
+                uint64_t sequence) {
+  TaskScope* scope = t_current;
+  if (!scope) return;
+  scope->is_collective_ = true;
+  scope->operation_ = operation;
+  scope->group_ = group;
+  scope->bytes_ = bytes;
+  scope->sequence_ = sequence;
+}
+
+void stream_created() noexcept { g_live_streams.fetch_add(1, std::memory_order_relaxed); }
+
+void stream_destroyed() noexcept {
+  if (g_live_streams.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (!enabled()) return;
+  try {
+    auto path = flush();
+    if (!path.ok()) {
+      HPS_LOG(kWarn) << path.status().to_string();
+    }
+  } catch (const std::exception& e) {
+    HPS_LOG(kWarn) << "trace: writing the timeline failed: " << e.what();
+  }
+}
+
+namespace {
+// The track of an event of the calling thread: the stream whose task it runs, or its own.
+int64_t event_track() {
+  const TaskScope* scope = t_current;
+  return scope ? kStreamTrackBase + scope->track() : thread_track();
+}
+}  // namespace
+
+void host_sync(std::string_view kind) {
+  if (!enabled()) return;
+  const uint64_t t = now_ns();
+  Event e{Kind::kHostSync, 0, t, t, "host sync: " + std::string(kind), {}, 0, 0};
+  e.tid = event_track();
+  record(std::move(e));
+}
+
+void dependency_wait(uint64_t nanoseconds) {
+  if (!enabled()) return;
+  const uint64_t end = now_ns();
+  const uint64_t begin = end > nanoseconds ? end - nanoseconds : 0;
+  Event e{Kind::kWait, 0, begin, end, "dependency wait", {}, nanoseconds, 0};
+  e.tid = event_track();
+  record(std::move(e));
+}
+
+void step_boundary(int32_t stage, int64_t step) {
+  if (!enabled()) return;
+  const uint64_t t = now_ns();
+  Event e{Kind::kStep,
+          0,
+          t,
+          t,
+          "step " + std::to_string(step),
+          {},
+          static_cast<uint64_t>(stage),
+          static_cast<uint64_t>(step)};
+  e.tid = event_track();
+  record(std::move(e));
+}
+
+void start(std::string dir, size_t max_events) {
+  State& s = state();
+  {
+    std::lock_guard lock(s.mutex);
+    s.dir = std::move(dir);
+    if (max_events) s.max_events = max_events;
+    if (s.process_name.empty()) identify_process(s);
+    if (!s.exit_hook) {
+      s.exit_hook = true;
+      std::atexit(flush_at_exit);
+    }
+  }
+  detail::g_recording.store(true, std::memory_order_relaxed);
+}
+
+void stop() { detail::g_recording.store(false, std::memory_order_relaxed); }
+
+void clear() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  s.events.clear();
+  s.dropped = 0;
+}
+
+size_t event_count() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.events.size();
+}
+
+StatusOr<std::string> flush() {
+  State& s = state();
+  std::vector<Event> events;
+  std::map<int64_t, std::string> names;
+  std::string dir;
+  uint64_t dropped = 0;
+  uint64_t index = 0;
+  int64_t pid = 0;
+  std::string process_name;
+  {
+    std::lock_guard lock(s.mutex);
+    if (s.events.empty() && s.dropped == 0) return std::string();
+    if (s.dir.empty()) return failed_precondition("trace: no directory to write to (HPS_TRACE)");
+    events.swap(s.events);
+    names = s.track_names;
+    dir = s.dir;
+    dropped = s.dropped;
+    s.dropped = 0;
+    index = s.files_written++;
+    pid = s.pid;
+    process_name = s.process_name;
+  }
+  nlohmann::json out;
+  auto& list = out["traceEvents"];
+  list = nlohmann::json::array();
+  list.push_back({{"ph", "M"},
+                  {"name", "process_name"},
+                  {"pid", pid},
+                  {"tid", 0},
+                  {"args", {{"name", process_name}}}});
+  list.push_back({{"ph", "M"},
+                  {"name", "process_sort_index"},
+                  {"pid", pid},
+                  {"tid", 0},
+                  {"args", {{"sort_index", pid}}}});
+  for (const auto& [tid, name] : names) {
+    list.push_back({{"ph", "M"},
+                    {"name", "thread_name"},
+                    {"pid", pid},
+                    {"tid", tid},
+                    {"args", {{"name", name}}}});
+    // Host threads first, then the streams in creation order.
+    list.push_back(
+        {{"ph", "M"},
+         {"name", "thread_sort_index"},
+         {"pid", pid},
+         {"tid", tid},
+         {"args", {{"sort_index", tid >= kStreamTrackBase ? tid - kStreamTrackBase + 1000 : 0}}}});
+  }
+  for (const Event& e : events) list.push_back(to_json(e, pid));
+  out["displayTimeUnit"] = "ms";
+  out["otherData"] = {{"producer", "hpshard"},
+                      {"clock", "CLOCK_MONOTONIC"},
+                      {"process", process_name},
+                      {"dropped_events", dropped}};
+
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return unavailable("trace: cannot create the directory '" + dir +
+                       "' (HPS_TRACE): " + ec.message());
+  }
+  const std::string stem =
+      "hpshard-trace-" +
+      (process_name.rfind("rank ", 0) == 0 ? "rank" + std::to_string(pid) + "-" : std::string()) +
+      "pid" + std::to_string(::getpid()) + "-" + std::to_string(index);
+  const std::filesystem::path path = std::filesystem::path(dir) / (stem + ".json");
+  const std::filesystem::path partial = std::filesystem::path(dir) / (stem + ".json.partial");
+  {
+    std::ofstream file(partial, std::ios::trunc);
+    file << out.dump();
+    if (!file.flush()) {
+      std::filesystem::remove(partial, ec);
+      return unavailable("trace: cannot write '" + partial.string() + "'");
+    }
+  }
+  // Whole or absent: a reader never sees half a file.
+  std::filesystem::rename(partial, path, ec);
+  if (ec) {
+    return unavailable("trace: cannot rename '" + partial.string() + "' to '" + path.string() +
+                       "': " + ec.message());
+  }
+  return path.string();
+}
+
+}  // namespace hps::trace

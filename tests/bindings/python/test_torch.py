@@ -1,0 +1,529 @@
+"""hpshard.torch: a GPT-style transformer (examples/python/gpt.py: tied embeddings, frozen
+parameters) trained through the adapter with ranks as threads over the in-memory store,
+against torch's own unsharded training of the same model on the full batch
+(torch.optim.AdamW + clip_grad_norm_)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+
+import pytest
+
+torch = pytest.importorskip(
+    "torch", reason="hpshard.torch needs PyTorch (Debian: apt-get install python3-torch; "
+                    "tools/setup.sh installs it)")
+
+import hpshard  # noqa: E402
+import hpshard.torch as hpt  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples" / "python"))
+from gpt import GPT, GPTConfig  # noqa: E402
+
+torch.set_num_threads(1)
+CONFIG = GPTConfig(vocab=32, context=16, width=32, heads=2, layers=2)
+BATCH = 8
+LR, WEIGHT_DECAY, CLIP = 3e-3, 0.1, 0.5
+STEPS = 20
+# Model construction draws from torch's global generator: one thread at a time.
+_BUILD = threading.Lock()
+
+
+def make_model():
+    """The same initial model every time: tied embeddings (wte/head), and frozen parameters
+    in the rest (wpe) and inside every block (the attention's qkv bias: its key part has a
+    gradient that is exactly zero, which AdamW would turn into updates driven by rounding)."""
+    with _BUILD:
+        torch.manual_seed(0)
+        model = GPT(CONFIG)
+    model.wpe.weight.requires_grad_(False)
+    for block in model.blocks:
+        block.attn.qkv.bias.requires_grad_(False)
+    return model
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randint(0, CONFIG.vocab, (BATCH, CONFIG.context + 1), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+def reference(steps=STEPS):
+    """torch's own unsharded training on the full batch: losses and final parameters."""
+    model = make_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    losses = []
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        losses.append(loss.item())
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+_REFERENCE = {}
+
+
+def cached_reference():
+    if not _REFERENCE:
+        _REFERENCE["value"] = reference()
+    return _REFERENCE["value"]
+
+
+def run_ranks(size, fn, timeout=240):
+    """fn(rank, world) on `size` threads over one memory:// store; their results by rank."""
+    url = f"memory://torch-test-{uuid.uuid4().hex}"
+    results, errors = [None] * size, []
+
+    def body(rank):
+        try:
+            with hpshard.Store.open(url, rank) as store:
+                with hpshard.Communicator.create(store, rank, size, timeout_ms=60000) as world:
+                    results[rank] = fn(rank, world)
+        except BaseException as e:  # noqa: BLE001 — reported below
+            import traceback
+            errors.append(f"rank {rank}: {e!r}\n{traceback.format_exc()}")
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "ranks still running"
+    assert not errors, "\n".join(errors)
+    return results
+
+
+def shard_of(x, rank, size):
+    per = x.shape[0] // size
+    return x[rank * per:(rank + 1) * per]
+
+
+def wrap(world, stage, **kwargs):
+    return hpt.ShardedModule(make_model(), world, stage=stage, units=["blocks.0", "blocks.1"],
+                             optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY,
+                             clip_max_norm=CLIP, **kwargs)
+
+
+def relative(a, b):
+    """Per tensor: |a - b| / |b| in the 2-norm (what "within 1e-5 relative" means here)."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def assert_matches_reference(losses, state):
+    ref_losses, ref_state = cached_reference()
+    for step, (mine, ref) in enumerate(zip(losses, ref_losses)):
+        assert abs(mine - ref) <= 1e-5 * abs(ref), f"step {step}: loss {mine} vs {ref}"
+    assert state.keys() == ref_state.keys()
+    for key, ref in ref_state.items():
+        assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_training_equals_torch_unsharded(stage, ranks):
+    def rank_main(rank, world):
+        losses, syncs = [], []
+        with wrap(world, stage) as model:
+            for step in range(STEPS):
+                x, y = batch(step)
+                hpshard.host_sync_reset()
+                loss = model(shard_of(x, rank, ranks), shard_of(y, rank, ranks))
+                loss.backward()
+                model.step()
+                syncs.append(hpshard.host_sync_count_thread())
+                losses.append(loss.item())
+            state = model.state_dict()
+        return losses, state, syncs
+
+    results = run_ranks(ranks, rank_main)
+    # Every rank's loss is the mean over its samples; their mean is the full batch's.
+    losses = [sum(r[0][s] for r in results) / ranks for s in range(STEPS)]
+    for _, state, syncs in results:
+        assert syncs == [0] * STEPS, syncs
+        assert_matches_reference(losses, state)
+    # Tied: one parameter under both names.
+    assert torch.equal(results[0][1]["wte.weight"], results[0][1]["head.weight"])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_hybrid_group_with_dp_above_sharding_equals_torch_unsharded(stage):
+    """4 ranks as dp 2 x sharding 2: the module shards over its sharding group and the
+    engine all-reduces the reduced shards over dp."""
+    ranks, steps = 4, 8
+
+    def rank_main(rank, world):
+        topology = hpshard.Topology(dp=2, pp=1, sharding=2, sep=1, mp=1, world_size=ranks)
+        group = hpshard.HybridGroup.create(world, topology)
+        losses = []
+        with wrap(group, stage) as model:
+            assert model.sharding.size == 2 and model.dp.size == 2
+            for step in range(steps):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, ranks), shard_of(y, rank, ranks))
+                loss.backward()
+                model.step()
+                losses.append(loss.item())
+            state = model.state_dict()
+        group.close()
+        topology.close()
+        return losses, state
+
+    results = run_ranks(ranks, rank_main)
+    ref_losses, ref_state = reference(steps)
+    for step in range(steps):
+        mine = sum(r[0][step] for r in results) / ranks
+        assert abs(mine - ref_losses[step]) <= 1e-5 * ref_losses[step], step
+    for _, state in results:
+        for key, ref in ref_state.items():
+            assert relative(state[key], ref) <= 1e-5, key
+
+
+def test_bfloat16_parameters_train_through_their_views():
+    """bf16 parameters: views are bit patterns NumPy holds as int16, the engine keeps fp32
+    masters; the losses follow an fp32 run within bf16's resolution."""
+    steps = 6
+
+    def rank_main(rank, world):
+        net = make_model().to(torch.bfloat16)
+        losses = []
+        with hpt.ShardedModule(net, world, stage=3, units=["blocks.0", "blocks.1"],
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY,
+                               clip_max_norm=CLIP) as model:
+            assert net.wte.weight.dtype == torch.bfloat16
+            for step in range(steps):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, 2), shard_of(y, rank, 2))
+                loss.backward()
+                model.step()
+                losses.append(loss.float().item())
+            state = model.state_dict()
+        return losses, state
+
+    results = run_ranks(2, rank_main)
+    ref_losses, _ = reference(steps)
+    for step in range(steps):
+        mine = sum(r[0][step] for r in results) / 2
+        assert abs(mine - ref_losses[step]) <= 2e-2 * ref_losses[step], (step, mine)
+    state = results[0][1]
+    assert state["wte.weight"].dtype == torch.bfloat16
+    assert torch.equal(state["wte.weight"], state["head.weight"])
+
+
+class _DLPackView:
+    """What the binding's DLPack views offer (only __dlpack__ and __dlpack_device__), over
+    the NumPy view the engine hands out today."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, stream=None):
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_views_taken_through_dlpack_train_the_same(monkeypatch):
+    param, grad = hpshard.Engine.param, hpshard.Engine.grad
+    monkeypatch.setattr(hpshard.Engine, "param", lambda self, i: _DLPackView(param(self, i)))
+    monkeypatch.setattr(hpshard.Engine, "grad", lambda self, i: _DLPackView(grad(self, i)))
+    steps = 5
+
+    def rank_main(rank, world):
+        losses = []
+        with wrap(world, 3) as model:
+            for step in range(steps):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, 2), shard_of(y, rank, 2))
+                loss.backward()
+                model.step()
+                losses.append(loss.item())
+            return losses
+
+    results = run_ranks(2, rank_main)
+    ref_losses, _ = cached_reference()
+    for step in range(steps):
+        mine = sum(r[step] for r in results) / 2
+        assert abs(mine - ref_losses[step]) <= 1e-5 * ref_losses[step], step
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_accumulation_over_two_micro_batches_equals_the_large_batch(stage):
+    ranks = 2
+
+    def rank_main(rank, world):
+        losses = []
+        with wrap(world, stage, accumulation_steps=2) as model:
+            for step in range(STEPS):
+                x, y = batch(step)
+                x, y = shard_of(x, rank, ranks), shard_of(y, rank, ranks)
+                half = x.shape[0] // 2
+                with model.no_sync():
+                    first = model(x[:half], y[:half])
+                    first.backward()
+                second = model(x[half:], y[half:])
+                second.backward()
+                model.step()
+                losses.append((first.item() + second.item()) / 2)
+            return losses, model.state_dict()
+
+    results = run_ranks(ranks, rank_main)
+    losses = [sum(r[0][s] for r in results) / ranks for s in range(STEPS)]
+    assert_matches_reference(losses, results[0][1])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_parameter_without_a_gradient_checks_in_a_zero_one(stage):
+    """A parameter the forward never uses gets no gradient from autograd: at the end of
+    backward it checks in zero, so the step goes ahead and AdamW only decays it."""
+    def rank_main(rank, world):
+        net = make_model()
+        net.unused = torch.nn.Parameter(torch.ones(3))
+        with hpt.ShardedModule(net, world, stage=stage, units=["blocks.0", "blocks.1"],
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
+            x, y = batch(0)
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+            model.step()
+            return model.state_dict()["unused"]
+
+    for unused in run_ranks(2, rank_main):
+        assert torch.allclose(unused, torch.full((3,), 1 - LR * WEIGHT_DECAY), rtol=1e-6)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_dynamic_loss_scaling_skips_a_step_with_an_infinite_gradient_on_every_rank(stage):
+    def rank_main(rank, world):
+        net = make_model().to(torch.bfloat16)
+        scales, states = [], []
+        with hpt.ShardedModule(net, world, stage=stage, units=["blocks.0", "blocks.1"],
+                               lr=LR, dynamic_loss_scaling=True,
+                               initial_loss_scale=1024.0) as model:
+            for step in range(3):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, 2), shard_of(y, rank, 2))
+                scales.append(model.loss_scale)
+                poison = float("inf") if (step == 1 and rank == 1) else 1.0
+                (model.scale_loss(loss) * poison).backward()
+                model.step()
+                states.append(model.state_dict())
+            skipped = model.skipped_steps
+        return scales, states, skipped
+
+    for scales, states, skipped in run_ranks(2, rank_main):
+        assert scales == [1024.0, 1024.0, 512.0]
+        assert skipped == 1
+        for key in states[0]:  # the step with the infinite gradient changed nothing
+            assert torch.equal(states[0][key], states[1][key]), key
+        assert not torch.equal(states[1]["blocks.0.mlp.0.weight"],
+                               states[2]["blocks.0.mlp.0.weight"])
+
+
+def test_micro_batches_that_do_not_add_up_are_refused():
+    def rank_main(rank, world):
+        with wrap(world, 3, accumulation_steps=2) as model:
+            x, y = batch(0)
+            x, y = shard_of(x, rank, 2), shard_of(y, rank, 2)
+            with pytest.raises(RuntimeError, match="accumulation_steps=2"):
+                model(x, y).backward()  # the step's last backward, but only the first
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
+
+
+def test_stage3_parameters_outside_a_gathered_unit_hold_no_memory():
+    def holds(p):
+        return p.storage().size() > 0
+
+    def rank_main(rank, world):
+        seen = []
+        with wrap(world, 3) as model:
+            net = model.module
+            block0 = list(net.blocks[0].parameters())
+            block1 = list(net.blocks[1].parameters())
+
+            def inside_block1(module, args):
+                seen.append(([holds(p) for p in block0], [holds(p) for p in block1],
+                             holds(net.wte.weight)))
+
+            handle = net.blocks[1].register_forward_pre_hook(inside_block1)
+            for step in range(3):
+                x, y = batch(step)
+                model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+                model.step()
+                for name, p in net.named_parameters():
+                    assert not holds(p), f"{name} holds memory between steps"
+                    assert p.grad is None, f"{name} has a gradient between steps"
+            handle.remove()
+        return seen
+
+    for seen in run_ranks(2, rank_main):
+        assert len(seen) == 3
+        for block0, block1, rest in seen:
+            # In block 1's forward: block 0 was released, block 1 and the rest are gathered.
+            assert not any(block0) and all(block1) and rest
+
+
+def test_state_dict_round_trip_restarts_training_from_it():
+    def rank_main(rank, world):
+        with wrap(world, 3) as model:
+            for step in range(2):
+                x, y = batch(step)
+                model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+                model.step()
+            saved = model.state_dict()
+        with wrap(world, 3) as fresh:
+            before = fresh.state_dict()
+            fresh.load_state_dict(saved)
+            after = fresh.state_dict()
+            x, y = batch(2)
+            loss = fresh(shard_of(x, rank, 2), shard_of(y, rank, 2))
+            loss.backward()
+            fresh.step()
+        return saved, before, after
+
+    for saved, before, after in run_ranks(2, rank_main):
+        assert not torch.equal(saved["blocks.0.mlp.0.weight"], before["blocks.0.mlp.0.weight"])
+        for key in saved:
+            assert torch.equal(saved[key], after[key]), key
+        # A plain torch model loads it (same keys, tied weights under both names).
+        plain = make_model()
+        plain.load_state_dict(saved)
+
+
+def test_units_must_not_overlap_and_must_be_submodules():
+    def rank_main(rank, world):
+        with pytest.raises(ValueError, match="overlaps"):
+            hpt.ShardedModule(make_model(), world, units=["blocks", "blocks.0"])
+        with pytest.raises(ValueError, match="no submodule"):
+            hpt.ShardedModule(make_model(), world, units=["nowhere"])
+        return True
+
+    assert run_ranks(1, rank_main) == [True]
+
+
+def test_importing_hpshard_does_not_import_torch():
+    code = "import sys, hpshard; assert 'torch' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+TRACE_SCRIPT = textwrap.dedent("""
+    import sys, threading, uuid
+    sys.path.insert(0, {examples!r})
+    sys.path.insert(0, {tests!r})
+    import torch, hpshard
+    import test_torch as t
+    def rank_main(rank, world):
+        with t.wrap(world, 3) as model:
+            for step in range(4):
+                x, y = t.batch(step)
+                model(t.shard_of(x, rank, 2), t.shard_of(y, rank, 2)).backward()
+                model.step()
+    t.run_ranks(2, rank_main)
+""")
+
+
+def test_trace_has_communication_overlapping_compute(tmp_path):
+    """HPS_TRACE=DIR: the files parse as JSON, and a task on a communicator's track
+    overlaps a compute span (a unit's backward) of the same rank."""
+    here = pathlib.Path(__file__).resolve().parent
+    env = dict(os.environ, HPS_TRACE=str(tmp_path / "trace"))
+    script = TRACE_SCRIPT.format(examples=str(here.parents[2] / "examples" / "python"),
+                                 tests=str(here))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    files = sorted((tmp_path / "trace").glob("*.json"))
+    assert any(f.name.startswith("hpshard-trace-") for f in files), files
+    assert any(f.name.startswith("torch-") for f in files), files
+    import json
+    events = []
+    for f in files:
+        events += json.loads(f.read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    # Ranks are threads of one process here: a communicator's track says its rank.
+    communication = []
+    for e in events:
+        track = names.get((e["pid"], e["tid"]), "")
+        if e["ph"] == "X" and e.get("cat") == "collective" and track.startswith("communicator"):
+            communication.append((int(track.split(" rank ")[1].split()[0]), e))
+    # A block's backward (the rest's spans the whole backward: too easy to overlap).
+    compute = [e for e in events if e["ph"] == "X" and e.get("cat") == "compute"
+               and e["name"].startswith("backward blocks.")]
+    assert communication and compute
+    assert {e["name"] for _, e in communication} >= {"reduce_scatter", "all_gather"}
+    overlapping = [(c["name"], k["name"]) for rank, c in communication for k in compute
+                   if k["args"]["rank"] == rank
+                   and c["ts"] < k["ts"] + k["dur"] and k["ts"] < c["ts"] + c["dur"]]
+    assert overlapping, "no collective overlaps a block's backward on the same rank"
+    steps = [e for e in events if e.get("cat") == "step"]
+    assert len(steps) == 2 * 4
+    tool = os.environ.get("HPS_TRACE_TOOL")
+    if tool:  # the merge tool joins the library's and the adapter's files
+        merged = tmp_path / "timeline.json"
+        run = subprocess.run([tool, "merge", "-o", str(merged), str(tmp_path / "trace")],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        doc = json.loads(merged.read_text())
+        assert len([e for e in doc["traceEvents"] if e["ph"] != "M"]) == \
+            len([e for e in events if e["ph"] != "M"])
+
+
+PROCESS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {examples!r})
+    sys.path.insert(0, {tests!r})
+    import torch, hpshard
+    import hpshard.torch as hpt
+    import test_torch as t
+    world = hpt.world_from_env(timeout_ms=60000)
+    rank, size = world.rank, world.size
+    losses = []
+    with t.wrap(world, 3) as model:
+        for step in range(3):
+            x, y = t.batch(step)
+            loss = model(t.shard_of(x, rank, size), t.shard_of(y, rank, size))
+            loss.backward()
+            model.step()
+            losses.append(loss.item())
+    world.close()
+    print(json.dumps(losses))
+""")
+
+
+def test_process_ranks_with_torchrun_variables():
+    """Ranks as processes that meet through torchrun's variables (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT), as torchrun starts them."""
+    import json
+    import socket
+    here = pathlib.Path(__file__).resolve().parent
+    script = PROCESS_SCRIPT.format(examples=str(here.parents[2] / "examples" / "python"),
+                                   tests=str(here))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HPS_")}
+    procs = []
+    for rank in range(2):
+        env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outputs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err
+    losses = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    ref_losses, _ = cached_reference()
+    for step in range(3):
+        mine = (losses[0][step] + losses[1][step]) / 2
+        assert abs(mine - ref_losses[step]) <= 1e-5 * ref_losses[step], step

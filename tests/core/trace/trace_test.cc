@@ -1,0 +1,251 @@
+#include "core/trace/trace.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/device/cpu/stream.h"
+#include "core/device/host_sync.h"
+#include "core/sharding/stage2_engine.h"
+#include "tests/core/comm/comm_test_util.h"
+
+namespace hps {
+namespace {
+
+using nlohmann::json;
+
+class TraceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("hpshard-trace-test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    trace::stop();
+    trace::clear();
+  }
+  void TearDown() override {
+    trace::stop();
+    trace::clear();
+    std::filesystem::remove_all(dir_);
+  }
+  static json read(const std::string& path) {
+    std::ifstream in(path);
+    return json::parse(in);
+  }
+  std::vector<std::filesystem::path> files() const {
+    std::vector<std::filesystem::path> out;
+    if (!std::filesystem::exists(dir_)) return out;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) out.push_back(entry.path());
+    return out;
+  }
+  // The name the trace gives track `tid`.
+  static std::string track_name(const json& trace, int64_t tid) {
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] == "M" && e["name"] == "thread_name" && e["tid"] == tid) {
+        return e["args"]["name"];
+      }
+    }
+    return {};
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(TraceTest, OffRecordsNothing) {
+  cpu::CpuStream stream;
+  int ran = 0;
+  stream.enqueue([&] { ++ran; }, "kernel");
+  ASSERT_TRUE(stream.synchronize().ok());
+  count_dependency_wait(1000);
+  trace::step_boundary(2, 0);
+  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(trace::event_count(), 0u);
+  auto path = trace::flush();
+  ASSERT_TRUE(path.ok());
+  EXPECT_EQ(*path, "");  // nothing to write
+}
+
+TEST_F(TraceTest, StreamTasksWaitsSyncsAndStepsLandOnTheirTracks) {
+  trace::start(dir_.string());
+  cpu::CpuStream stream;
+  stream.set_trace_name("my stream");
+  stream.enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }, "kernel");
+  stream.enqueue([] {});  // unlabelled
+  char a[16] = {1}, b[16] = {};
+  ASSERT_TRUE(stream.memcpy_async(b, a, sizeof a).ok());
+  ASSERT_TRUE(stream.synchronize().ok());  // a host sync on this thread
+  count_dependency_wait(2'000'000);
+  trace::step_boundary(3, 7);
+  trace::stop();
+  auto path = trace::flush();
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  ASSERT_FALSE(path->empty());
+  EXPECT_EQ(trace::event_count(), 0u);  // flushed events are forgotten
+  const json t = read(*path);
+  ASSERT_TRUE(t.contains("traceEvents"));
+  const int64_t thread_tid = static_cast<int64_t>(::gettid());
+  int kernels = 0, tasks = 0, copies = 0, syncs = 0, waits = 0, steps = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "M") continue;
+    EXPECT_TRUE(e.contains("ts") && e.contains("pid") && e.contains("tid")) << e.dump();
+    if (e["name"] == "kernel") {
+      ++kernels;
+      EXPECT_EQ(e["ph"], "X");
+      EXPECT_GE(e["dur"].get<double>(), 4000.0);  // microseconds
+      EXPECT_EQ(track_name(t, e["tid"]), "my stream");
+      EXPECT_NE(e["tid"], thread_tid);
+    } else if (e["name"] == "task") {
+      ++tasks;
+    } else if (e["name"] == "copy") {
+      ++copies;
+    } else if (e["name"] == "host sync: stream synchronize") {
+      ++syncs;
+      EXPECT_EQ(e["ph"], "i");
+      EXPECT_EQ(e["tid"], thread_tid);
+    } else if (e["name"] == "dependency wait") {
+      ++waits;
+      EXPECT_EQ(e["tid"], thread_tid);
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 2000.0);
+      EXPECT_EQ(e["args"]["blocked_ns"], 2'000'000);
+    } else if (e["name"] == "step 7") {
+      ++steps;
+      EXPECT_EQ(e["cat"], "step");
+      EXPECT_EQ(e["args"]["stage"], 3);
+    }
+  }
+  EXPECT_EQ(kernels, 1);
+  EXPECT_EQ(tasks, 1);
+  EXPECT_EQ(copies, 1);
+  EXPECT_EQ(syncs, 1);
+  EXPECT_EQ(waits, 1);
+  EXPECT_EQ(steps, 1);
+  EXPECT_EQ(t["otherData"]["dropped_events"], 0);
+}
+
+TEST_F(TraceTest, CollectivesCarryOperationBytesGroupAndSequence) {
+  trace::start(dir_.string());
+  CommOptions options;
+  options.name = "sharding";
+  testing_util::run_ranks(
+      2,
+      [](int32_t rank, Communicator& comm) {
+        std::vector<float> send(1000, static_cast<float>(rank)), recv(2000);
+        auto w = comm.all_gather(send.data(), recv.data(), send.size(), DType::kFloat32);
+        ASSERT_TRUE(w.ok());
+        ASSERT_TRUE((*w)->wait().ok());
+        auto r =
+            comm.all_reduce(send.data(), send.data(), send.size(), DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(r.ok());
+        ASSERT_TRUE((*r)->wait().ok());
+      },
+      options);
+  trace::stop();
+  // The ranks' communicators were the last streams: destroying them wrote the file.
+  auto written = files();
+  ASSERT_EQ(written.size(), 1u);
+  const json t = read(written[0].string());
+  int gathers = 0, reductions = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] != "X" || e["cat"] != "collective") continue;
+    EXPECT_EQ(e["args"]["group"], "sharding");
+    EXPECT_TRUE(track_name(t, e["tid"]).find("communicator 'sharding' rank") == 0)
+        << track_name(t, e["tid"]);
+    if (e["name"] == "all_gather") {
+      ++gathers;
+      EXPECT_EQ(e["args"]["bytes"], 2 * 1000 * 4);  // per rank × ranks
+      EXPECT_EQ(e["args"]["sequence"], 1);
+    } else if (e["name"] == "all_reduce") {
+      ++reductions;
+      EXPECT_EQ(e["args"]["bytes"], 1000 * 4);
+      EXPECT_EQ(e["args"]["sequence"], 2);
+    }
+  }
+  EXPECT_EQ(gathers, 2);  // one per rank
+  EXPECT_EQ(reductions, 2);
+}
+
+TEST_F(TraceTest, EngineStepsMarkTheirBoundaries) {
+  trace::start(dir_.string());
+  testing_util::run_ranks(2, [](int32_t, Communicator& comm) {
+    auto shared = std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
+    EngineOptions options;
+    options.optimizer = OptimizerKind::kAdamW;
+    auto engine = Stage2Engine::create(shared, nullptr, options);
+    ASSERT_TRUE(engine.ok());
+    auto& e = **engine;
+    constexpr int kUnits = 6;
+    for (int u = 0; u < kUnits; ++u) {
+      ParamSpec spec;
+      spec.name = "w" + std::to_string(u);
+      spec.shape = {256, 1024};
+      spec.unit = u;
+      ASSERT_TRUE(e.add_param(spec).ok());
+    }
+    ASSERT_TRUE(e.seal().ok());
+    ASSERT_TRUE(e.broadcast_parameters().ok());
+    for (int step = 0; step < 3; ++step) {
+      for (int u = 0; u < kUnits; ++u) ASSERT_TRUE(e.gather(u).ok());
+      for (int u = kUnits - 1; u >= 0; --u) {
+        auto g = e.grad(static_cast<size_t>(u));
+        ASSERT_TRUE(g.ok());
+        for (size_t i = 0; i < 256 * 1024; ++i) (*g)[i] = 0.001f * static_cast<float>(i % 7);
+        ASSERT_TRUE(e.grad_ready(static_cast<size_t>(u), nullptr).ok());
+      }
+      ASSERT_TRUE(e.step().ok());
+    }
+    ASSERT_TRUE(e.synchronize().ok());
+  });
+  trace::stop();
+  auto written = files();
+  ASSERT_EQ(written.size(), 1u);
+  const json t = read(written[0].string());
+  int steps = 0, gathers = 0, reductions = 0, optimizer_tasks = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "i" && e["cat"] == "step") {
+      ++steps;
+      EXPECT_EQ(e["args"]["stage"], 2);
+    }
+    if (e["ph"] != "X") continue;
+    if (e["cat"] == "collective" && e["name"] == "all_gather") ++gathers;
+    if (e["cat"] == "collective" && e["name"] == "reduce_scatter") ++reductions;
+    // The optimizer streams are the tracks that are not communicators'.
+    if (track_name(t, e["tid"]).rfind("cpu stream", 0) == 0) ++optimizer_tasks;
+  }
+  EXPECT_EQ(steps, 6);               // 3 per rank
+  EXPECT_EQ(reductions, 2 * 3 * 6);  // per rank, step and bucket
+  EXPECT_GE(gathers, 2 * 3 * 6);
+  EXPECT_GT(optimizer_tasks, 0);
+}
+
+TEST_F(TraceTest, EventsBeyondTheCapAreCountedAsDropped) {
+  trace::start(dir_.string(), /*max_events=*/3);
+  for (int i = 0; i < 5; ++i) trace::step_boundary(2, i);
+  trace::stop();
+  EXPECT_EQ(trace::event_count(), 3u);
+  auto path = trace::flush();
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  const json t = read(*path);
+  EXPECT_EQ(t["otherData"]["dropped_events"], 2);
+  trace::start(dir_.string(), trace::kDefaultMaxEvents);
+  trace::stop();
+}
+
+TEST_F(TraceTest, AnUnwritableDirectoryIsAClearErrorAndKeepsRunning) {
+  const std::string file = (dir_.string() + "-file");
+  std::ofstream(file) << "x";  // a file where the directory should be
+  trace::start(file);
+  trace::step_boundary(2, 0);
+  trace::stop();
+  auto path = trace::flush();
+  EXPECT_FALSE(path.ok());
+  EXPECT_NE(path.status().message().find(file), std::string::npos) << path.status().to_string();
+  std::filesystem::remove(file);
+}
+
+}  // namespace
+}  // namespace hps

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The timeline between processes: the C training example at 2 ranks under hpshard-run with
+# HPS_TRACE=DIR writes one trace per rank; hpshard-trace merges them into one Chrome trace
+# with both ranks, their collectives (operation, bytes, group, sequence) on the
+# communicators' tracks and the step boundaries. A file that is not a trace is refused,
+# naming it, and nothing is written.
+# Usage: trace_test.sh HPSHARD_RUN TRAIN_MLP HPSHARD_TRACE
+set -euo pipefail
+run="$1"
+train="$2"
+tool="$3"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+HPS_TRACE="$out/trace" "$run" -n 2 --timeout 120 -- "$train" --steps 3 --stage 3 \
+  >"$out/log.txt" 2>&1 || { cat "$out/log.txt"; exit 1; }
+ls "$out/trace"/hpshard-trace-rank0-* "$out/trace"/hpshard-trace-rank1-* >/dev/null
+"$tool" merge -o "$out/timeline.json" "$out/trace" | grep -q 'events from'
+
+/usr/bin/python3 - "$out/timeline.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+events = doc["traceEvents"]
+names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+         if e["ph"] == "M" and e["name"] == "thread_name"}
+for rank in (0, 1):
+    mine = [e for e in events if e["pid"] == rank and e["ph"] != "M"]
+    assert mine, f"rank {rank} has no events"
+    colls = [e for e in mine if e.get("cat") == "collective"]
+    ops = {e["name"] for e in colls}
+    assert {"reduce_scatter", "all_gather"} <= ops, ops
+    for e in colls:
+        assert e["ph"] == "X" and e["dur"] >= 0, e
+        assert e["args"]["bytes"] > 0 and e["args"]["sequence"] > 0, e
+        assert names[(rank, e["tid"])].startswith("communicator '"), names[(rank, e["tid"])]
+    steps = [e for e in mine if e.get("cat") == "step"]
+    assert len(steps) >= 3, steps
+    procs = [e for e in events if e["ph"] == "M" and e["name"] == "process_name"
+             and e["pid"] == rank]
+    assert len(procs) == 1 and procs[0]["args"]["name"].startswith(f"rank {rank} "), procs
+print("merged timeline: ok")
+PY
+
+echo '{"x": 1}' >"$out/bad.json"
+if "$tool" merge -o "$out/never.json" "$out/bad.json" 2>"$out/err.txt"; then
+  echo "a file without traceEvents was merged"; exit 1
+fi
+grep -q "bad.json" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+[ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
+echo "trace test: ok"

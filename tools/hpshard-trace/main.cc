@@ -1,0 +1,161 @@
+// hpshard-trace: joins the timeline files the ranks of a run wrote (HPS_TRACE=DIR, one or
+// more per process, and hpshard.torch's per-rank files beside them) into one Chrome-trace
+// file, each rank a process row (opens in Perfetto and chrome://tracing).
+//
+//   hpshard-trace merge -o OUT INPUT...   INPUT: a trace file, or a directory of them
+//
+// Exit status: 0 when merged; 1 when an input cannot be read or is not a trace (the
+// message names it; nothing is written); 2 for bad usage.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Inputs are outside data: a file larger than this is refused rather than read whole.
+constexpr std::uintmax_t kMaxInputBytes = std::uintmax_t{1} << 30;
+
+struct Failure {
+  std::string message;
+};
+
+// Every trace file an input names: itself, or a directory's *.json files (sorted), less
+// the output itself.
+std::vector<fs::path> expand(const std::vector<std::string>& inputs, const fs::path& output) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  const fs::path out_abs = fs::weakly_canonical(output, ec);
+  for (const auto& input : inputs) {
+    const fs::path p(input);
+    if (fs::is_directory(p, ec)) {
+      std::vector<fs::path> found;
+      for (const auto& entry : fs::directory_iterator(p, ec)) {
+        if (!entry.is_regular_file(ec) || entry.path().extension() != ".json") continue;
+        if (fs::weakly_canonical(entry.path(), ec) == out_abs) continue;
+        found.push_back(entry.path());
+      }
+      if (ec) throw Failure{"cannot list the directory '" + input + "': " + ec.message()};
+      std::sort(found.begin(), found.end());
+      if (found.empty()) throw Failure{"the directory '" + input + "' holds no .json trace file"};
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(p, ec)) {
+      files.push_back(p);
+    } else {
+      throw Failure{"'" + input + "' is neither a trace file nor a directory"};
+    }
+  }
+  return files;
+}
+
+// The events of one file: a Chrome trace object with "traceEvents", or a bare array.
+json read_events(const fs::path& path, uint64_t* dropped) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) throw Failure{"cannot read '" + path.string() + "': " + ec.message()};
+  if (size > kMaxInputBytes) {
+    throw Failure{"'" + path.string() + "' is " + std::to_string(size) +
+                  " bytes, more than a trace file may be (" + std::to_string(kMaxInputBytes) + ")"};
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Failure{"cannot open '" + path.string() + "'"};
+  json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) throw Failure{"'" + path.string() + "' is not valid JSON"};
+  json events;
+  if (doc.is_array()) {
+    events = std::move(doc);
+  } else if (doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array()) {
+    events = std::move(doc["traceEvents"]);
+    const auto other = doc.find("otherData");
+    if (other != doc.end() && other->is_object()) {
+      const auto d = other->find("dropped_events");
+      if (d != other->end() && d->is_number_unsigned()) *dropped += d->get<uint64_t>();
+    }
+  } else {
+    throw Failure{"'" + path.string() + "' is not a Chrome trace (no \"traceEvents\" array)"};
+  }
+  for (const auto& e : events) {
+    if (!e.is_object() || !e.contains("ph") || !e["ph"].is_string()) {
+      throw Failure{"'" + path.string() + "' holds an event without a phase (\"ph\")"};
+    }
+  }
+  return events;
+}
+
+int merge(const std::vector<std::string>& inputs, const std::string& output) {
+  const auto files = expand(inputs, output);
+  json merged = json::array();
+  // Metadata (names, sort order) once per (pid, tid, kind): a rank writes it in every file.
+  std::set<std::tuple<std::string, std::string, std::string>> seen;
+  uint64_t dropped = 0;
+  json sources = json::array();
+  for (const auto& file : files) {
+    json events = read_events(file, &dropped);
+    for (auto& e : events) {
+      if (e["ph"] == "M") {
+        auto key = std::make_tuple(e.value("pid", json()).dump(), e.value("tid", json()).dump(),
+                                   e.value("name", json()).dump());
+        if (!seen.insert(key).second) continue;
+      }
+      merged.push_back(std::move(e));
+    }
+    sources.push_back(file.string());
+  }
+  json out = {{"traceEvents", std::move(merged)},
+              {"displayTimeUnit", "ms"},
+              {"otherData", {{"merged_from", sources}, {"dropped_events", dropped}}}};
+  // Whole or absent: written beside the target, then renamed over it.
+  const fs::path target(output);
+  const fs::path partial = target.string() + ".partial";
+  {
+    std::ofstream file(partial, std::ios::trunc);
+    file << out.dump();
+    if (!file.flush()) {
+      std::error_code ec;
+      fs::remove(partial, ec);
+      throw Failure{"cannot write '" + output + "'"};
+    }
+  }
+  std::error_code ec;
+  fs::rename(partial, target, ec);
+  if (ec) throw Failure{"cannot write '" + output + "': " + ec.message()};
+  std::printf("%s: %zu events from %zu files\n", output.c_str(), out["traceEvents"].size(),
+              files.size());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hpshard-trace: the timeline files of a run (HPS_TRACE=DIR) as one Chrome trace"};
+  app.require_subcommand(1);
+  std::string output;
+  std::vector<std::string> inputs;
+  auto* merge_cmd =
+      app.add_subcommand("merge", "join trace files (or directories of them) into one file");
+  merge_cmd->add_option("-o,--output", output, "the merged trace file")->required();
+  merge_cmd->add_option("inputs", inputs, "trace files or directories")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    return merge(inputs, output);
+  } catch (const Failure& f) {
+    std::fprintf(stderr, "hpshard-trace: %s\n", f.message.c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hpshard-trace: %s\n", e.what());
+    return 1;
+  }
+}
