@@ -11,7 +11,8 @@
 #      host-sync interposer, streams, NCCL at world size 1, the clip, and the engines'
 #      CUDA cases), communicator timeouts (30 s) below ctest's;
 #   5. the GPU benchmarks: hpshard-gpu-bench (the kernel table beside a device-to-device
-#      copy) and hpshard-bench step --device cuda at world size 1.
+#      copy) and hpshard-gpu-bench --step: the engines' step at world size 1 (the same code as
+#      hpshard-bench step --device cuda, in the binary that needs no Gloo).
 # It writes gpu-check.log, gpu-tests.xml, gpu-bench.json, step-cuda.json and a summary,
 # gpu-check.json, under $OUT (else build-gpu/out), and exits non-zero unless every step
 # ran and passed: a skipped gpu test, a benchmark that found no device (exit 77) or a step
@@ -139,20 +140,13 @@ case "$bench_rc" in
   *) result[gpu_bench]="failed ($bench_rc)"; failed=1 ;;
 esac
 
-echo "== gpu benchmarks: hpshard-bench step --device cuda, world size 1"
-if [ -x build-gpu/tools/hpshard-bench ]; then
-  timeout "$(cap 120)" build-gpu/tools/hpshard-bench step --device cuda --ranks 1 --no-torch \
-    --reps 3 --json "$out/step-cuda.json"
-  step_rc=$?
-  case "$step_rc" in
-    0) result[step_bench]="ran" ;;
-    77) result[step_bench]="found no device (77): did not run"; failed=1 ;;
-    *) result[step_bench]="failed ($step_rc)"; failed=1 ;;
-  esac
-else
-  echo "hpshard-bench was not built here: it needs to build without Gloo and to offer step --device cuda"
-  result[step_bench]="not built: did not run"
-  failed=1
-fi
+echo "== gpu benchmarks: the engines' step on the GPU, world size 1 (hpshard-gpu-bench --step)"
+timeout "$(cap 120)" build-gpu/tools/hpshard-gpu-bench --step --json "$out/step-cuda.json"
+step_rc=$?
+case "$step_rc" in
+  0) result[step_bench]="ran" ;;
+  77) result[step_bench]="found no device (77): did not run"; failed=1 ;;
+  *) result[step_bench]="failed ($step_rc)"; failed=1 ;;
+esac
 
 summary "$failed"

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "core/common/status.h"
 #include "core/device/device.h"
@@ -29,6 +30,8 @@ class Stream {
   virtual Status memcpy_async(void* dst, const void* src, size_t bytes) = 0;
   // Enqueues `bytes` bytes of `dst` (memory of the stream's device) set to `value`.
   virtual Status memset_async(void* dst, int value, size_t bytes) = 0;
+  // What the timeline (HPS_TRACE) calls this stream's track; ignored where it has none.
+  virtual void set_name(std::string /*name*/) {}
 };
 
 class Event {

@@ -35,6 +35,7 @@ EngineBase::EngineBase(std::shared_ptr<Communicator> sharding, std::shared_ptr<C
 Status EngineBase::init_device() {
   HPS_ASSIGN_OR_RETURN(kernels_, kernels_for(device_.type));
   HPS_ASSIGN_OR_RETURN(optimizer_stream_, create_stream(device_));
+  optimizer_stream_->set_name("optimizer");
   if (options_.compute_stream != nullptr) {
     compute_ = options_.compute_stream;
   } else {

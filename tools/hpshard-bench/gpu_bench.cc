@@ -25,6 +25,7 @@
 #include "core/device/cuda/stream.h"
 #include "core/device/device.h"
 #include "core/kernels/kernel_table.h"
+#include "tools/hpshard-bench/device_step.h"
 #if HPS_HAVE_NCCL
 #include "core/comm/nccl/nccl_api.h"
 #endif
@@ -107,6 +108,48 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// --step [--width N] [--depth N] [--json FILE]: the runtime's step on CUDA at world size 1.
+int step_mode(int argc, char** argv, int first) {
+  hps::bench::DeviceStepConfig c;
+  c.device = hps::Device::cuda(0);
+  std::string json_path;
+  for (int i = first; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--width") {
+      c.width = std::atoi(value().c_str());
+    } else if (flag == "--depth") {
+      c.depth = std::atoi(value().c_str());
+    } else if (flag == "--json") {
+      json_path = value();
+    } else {
+      die("--step: unknown flag " + flag);
+    }
+  }
+  if (c.width < 1 || c.width > 65536 || c.depth < 1 || c.depth > 1024) {
+    die("--width must be in 1..65536 and --depth in 1..1024");
+  }
+  if (hps::device_count(hps::DeviceType::kCuda) == 0) {
+    std::puts("skipped: no usable CUDA device");
+    return 77;
+  }
+  const hps::bench::DeviceStepResult r = hps::bench::run_device_step(c);
+  hps::bench::print_device_step(c, r);
+  if (!json_path.empty()) {
+    std::FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f == nullptr) die("cannot write " + json_path);
+    std::fputs(hps::bench::device_step_to_json(c, r).c_str(), f);
+    std::fclose(f);
+  }
+  // No host sync in a steady step, and both stages trained to the same parameters.
+  return r.stage2_host_syncs_max == 0 && r.stage3_host_syncs_max == 0 && r.stage2_max_diff < 1e-6
+             ? 0
+             : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,8 +170,15 @@ int main(int argc, char** argv) {
       json_path = value();
     } else if (flag == "--info") {
       return print_info();
+    } else if (flag == "--step") {
+      // The engines' own step at world size 1 on the GPU (tools/hpshard-bench/device_step.h):
+      // the same code as `hpshard-bench step --device cuda`, here because this binary needs
+      // no Gloo.
+      return step_mode(argc, argv, i + 1);
     } else if (flag == "-h" || flag == "--help") {
-      std::puts("hpshard-gpu-bench [--mib N (256)] [--iters N (20)] [--json FILE] | --info");
+      std::puts(
+          "hpshard-gpu-bench [--mib N (256)] [--iters N (20)] [--json FILE] | --info\n"
+          "hpshard-gpu-bench --step [--width N (1024)] [--depth N (8)] [--json FILE]");
       return 0;
     } else {
       die("unknown flag " + flag);

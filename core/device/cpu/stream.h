@@ -107,6 +107,7 @@ class CpuStream final : public HostQueue {
   // This stream's track in the timeline, and the name the timeline gives it.
   uint32_t trace_track() const { return core_->trace_track(); }
   void set_trace_name(std::string name);
+  void set_name(std::string name) override { set_trace_name(std::move(name)); }
   std::shared_ptr<EventMark> record_mark() override;
 
  private:

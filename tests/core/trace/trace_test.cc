@@ -213,8 +213,8 @@ TEST_F(TraceTest, EngineStepsMarkTheirBoundaries) {
     if (e["ph"] != "X") continue;
     if (e["cat"] == "collective" && e["name"] == "all_gather") ++gathers;
     if (e["cat"] == "collective" && e["name"] == "reduce_scatter") ++reductions;
-    // The optimizer streams are the tracks that are not communicators'.
-    if (track_name(t, e["tid"]).rfind("cpu stream", 0) == 0) ++optimizer_tasks;
+    // The engines name their optimizer streams' tracks.
+    if (track_name(t, e["tid"]).rfind("optimizer", 0) == 0) ++optimizer_tasks;
   }
   EXPECT_EQ(steps, 6);               // 3 per rank
   EXPECT_EQ(reductions, 2 * 3 * 6);  // per rank, step and bucket
