@@ -11,6 +11,7 @@ packages=(
   default-jdk-headless junit5
   bindgen rpm rpm2cpio cpio
   clang-14 libclang-rt-14-dev
+  libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin python3-matplotlib
 )
 missing=()
 for p in "${packages[@]}"; do
