@@ -626,7 +626,7 @@ Family add_clip(CLI::App& app, int argc, char** argv) {
       ->check(CLI::Range(1e-6, 1e30));
   cmd->add_option("--kernel-bytes", cli->kernel_bytes,
                   "fp32 bytes of each kernel's buffers in the kernel table (suffix K, M, G; 0: "
-                  "no kernel table; default 32M)")
+                  "no kernel table; default 128M)")
       ->check(CLI::Validator(
           [](std::string& text) {
             return text == "0" || parse_bytes(text) ? std::string()

@@ -26,7 +26,7 @@
 
 namespace hps::cpu::avx512 {
 #define HPS_KERNEL_ISA CpuIsa::kAvx512
-#define HPS_KERNEL_F16C 1
+#define HPS_KERNEL_AVX2 1
 #include "core/kernels/cpu/kernel_body.inc"
 }  // namespace hps::cpu::avx512
 

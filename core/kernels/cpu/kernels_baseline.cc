@@ -13,7 +13,7 @@
 namespace hps::cpu {
 namespace baseline {
 #define HPS_KERNEL_ISA CpuIsa::kBaseline
-#define HPS_KERNEL_F16C 0
+#define HPS_KERNEL_AVX2 0
 #include "core/kernels/cpu/kernel_body.inc"
 }  // namespace baseline
 
