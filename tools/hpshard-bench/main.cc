@@ -330,10 +330,13 @@ std::string run_mpi_coll(const std::string& helper, const CollConfig& config, Wo
   }
   const auto out = temp_path("coll-mpi");
   // vader is Open MPI 4's shared-memory transport (with single-copy CMA where the kernel
-  // allows it); the ranks oversubscribe this machine's cores like hpshard's threads do.
+  // allows it). The ranks share this machine's cores with others, as hpshard's threads do:
+  // waiting ranks yield the core (Open MPI's own choice when it sees more ranks than cores;
+  // spinning ranks measured up to 10x slower here at 2 ranks on a busy machine).
   const std::string command =
       "timeout 1800 mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
-      std::to_string(world.ranks) + " --mca pml ob1 --mca btl self,vader " + shell_quote(helper) +
+      std::to_string(world.ranks) +
+      " --mca pml ob1 --mca btl self,vader --mca mpi_yield_when_idle 1 " + shell_quote(helper) +
       " --dtype " + std::string(hps::dtype_name(config.dtype)) + " --cases " + cases.str() +
       " --out " + shell_quote(out.string()) + " 2>&1";
   if (config.progress) std::fprintf(stderr, "[hpshard-bench] Open MPI, %d ranks\n", world.ranks);
@@ -423,8 +426,8 @@ int run_coll(CollCli& cli, int argc, char** argv) {
     if (mpi_failure.empty()) {
       info.mpi_ran = true;
       info.mpi = mpi_version +
-                 " (mpirun processes, --mca btl self,vader: shared memory; measured after each "
-                 "repetition of hpshard's and Gloo's sweep)";
+                 " (mpirun processes, --mca btl self,vader: shared memory, mpi_yield_when_idle 1; "
+                 "measured after each repetition of hpshard's and Gloo's sweep)";
     } else {
       info.mpi = mpi_failure;
       for (auto& w : worlds) {
