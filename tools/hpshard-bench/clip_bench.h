@@ -70,6 +70,12 @@ struct ClipRow {
   // AdamW reading the coefficient).
   double step_seconds = 0;
   double step_clip_seconds = 0;
+  // The same medians by the process's CPU time (time slices other processes took on this
+  // shared machine left out).
+  double copy_cpu_seconds = 0;
+  double clip_cpu_seconds = 0;
+  double step_cpu_seconds = 0;
+  double step_clip_cpu_seconds = 0;
   std::optional<double> torch_seconds;  // torch.nn.utils.clip_grad_norm_, same tensors
 };
 
@@ -81,6 +87,8 @@ struct KernelRow {
   double bytes = 0;  // bytes the kernel must read and write
   double seconds = 0;
   double copy_seconds = 0;  // memcpy of count × 4 bytes (2 × that moved), same rounds
+  double cpu_seconds = 0;   // the same two by the process's CPU time
+  double copy_cpu_seconds = 0;
 };
 
 struct ClipResult {
@@ -93,6 +101,9 @@ struct ClipResult {
 double clip_bandwidth_gbps(const ClipRow& row, double seconds);
 double copy_bandwidth_gbps(const ClipRow& row);
 double kernel_bandwidth_gbps(const KernelRow& row);
+// The ratios by CPU time instead of wall time.
+double clip_cpu_ratio(const ClipRow& row);
+double kernel_cpu_ratio(const KernelRow& row);
 double kernel_copy_bandwidth_gbps(const KernelRow& row);
 
 // Runs every model, then the kernel table. Exits with status 1 (reason on stderr) on an

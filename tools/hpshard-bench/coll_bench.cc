@@ -200,6 +200,7 @@ WorldResult run_world(const CollConfig& config, int32_t ranks) {
     options.name = "bench";
     options.check_arguments = config.check_arguments;
     options.shared_memory = config.shared_memory;
+    options.shared_memory_direct = config.shared_memory_direct;
     auto comm = create_communicator(store, rank, ranks, Device::cpu(), options);
     if (!comm.ok()) die("creating the hpshard communicator: " + comm.status().to_string());
     const std::string_view wanted = config.shared_memory ? "shm" : "tcp";

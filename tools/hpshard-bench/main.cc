@@ -475,6 +475,9 @@ Family add_coll(CLI::App& app, int argc, char** argv) {
   cmd->add_option("--transport", cli->transport,
                   "hpshard's transport between its same-host ranks (default shm)")
       ->check(CLI::IsMember({"shm", "tcp"}));
+  cmd->add_option("--shm-direct", c.shared_memory_direct,
+                  "0 or 1: shared-memory all-gather and broadcast read the peers' buffers in "
+                  "place, one copy per byte (CommOptions::shared_memory_direct; default 0)");
   cmd->add_flag("--no-mpi", cli->no_mpi, "skip the Open MPI column");
   cmd->add_option("--mpi-helper", cli->mpi_helper,
                   "hpshard-bench-mpi (default: beside this program)");
@@ -721,7 +724,11 @@ int run_step_family(StepCli& cli, int argc, char** argv) {
   }
   RunInfo info = run_info(argc, argv);
   use_isa(cli.common, info);
+  // The scaling sweep compares the engines with their own reference only: torch at x4 the
+  // width would take most of an hour here.
+  if (c.scale) cli.common.no_torch = true;
   const std::string script = torch_setup(cli.common, "torch_step.py", info);
+  if (c.scale) info.torch = "skipped (--scale)";
   // The cells: the world sizes at --width, or the scaling sweep's widths × ranks.
   struct Cell {
     int32_t width, ranks;

@@ -101,11 +101,12 @@ void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
                   const std::vector<WorldResult>& worlds) {
   print_run_header(out, "coll", info);
   std::fprintf(out,
-               "# dtype %s, check_arguments %d, hpshard transport %s; time = median over "
+               "# dtype %s, check_arguments %d, hpshard transport %s%s; time = median over "
                "iterations of the slowest rank (us), then over %d repetition(s) of the sweep; "
                "bandwidth in GB/s (1e9)\n",
                std::string(dtype_name(config.dtype)).c_str(), config.check_arguments ? 1 : 0,
-               config.shared_memory ? "shm" : "tcp", config.repeat);
+               config.shared_memory ? "shm" : "tcp", config.shared_memory_direct ? " (direct)" : "",
+               config.repeat);
   std::fprintf(out,
                "# reference: Gloo called directly (gloo::allreduce ring, gloo::allgather, "
                "gloo::broadcast, ReduceScatterHalvingDoubling), measured alternately with "
@@ -200,7 +201,8 @@ Json to_json(const CollConfig& config, const RunInfo& info,
                  {"ops", ops},
                  {"dtype", std::string(dtype_name(config.dtype))},
                  {"check_arguments", config.check_arguments},
-                 {"transport", config.shared_memory ? "shm" : "tcp"}};
+                 {"transport", config.shared_memory ? "shm" : "tcp"},
+                 {"shm_direct", config.shared_memory_direct}};
   j["units"] = {{"time", "seconds, median over iterations of the slowest rank"},
                 {"bandwidth", "GB/s (1e9 bytes)"},
                 {"ratio", "hpshard busbw / reference busbw"}};
