@@ -86,11 +86,14 @@ if family == "clip":
         for key in ("model", "bytes", "fp32_bytes", "mixed", "tensors", "iters", "copy_seconds",
                     "copy_bandwidth", "clip_seconds", "clip_bandwidth", "clip_copy_ratio",
                     "deterministic_seconds", "deterministic_cost", "step_seconds",
-                    "step_clip_seconds", "fold_ratio", "torch_seconds", "torch_speedup"):
+                    "step_clip_seconds", "fold_ratio", "copy_cpu_seconds", "clip_cpu_seconds",
+                    "clip_copy_ratio_cpu", "step_cpu_seconds", "step_clip_cpu_seconds",
+                    "fold_ratio_cpu", "torch_seconds", "torch_speedup"):
             assert key in row, f"missing row key {key}"
         assert row["bytes"] == 65536 and row["copy_seconds"] > 0 and row["clip_seconds"] > 0
         # The folded clip runs on every model (the unscale pass widens bf16 gradients).
         assert row["step_seconds"] > 0 and row["step_clip_seconds"] > 0 and row["fold_ratio"] > 0
+        assert row["clip_cpu_seconds"] > 0 and row["fold_ratio_cpu"] > 0, row
     kernels = {(k["kernel"], k["dtype"]) for k in doc["kernels"]}
     for dtype in ("float32", "bfloat16", "float16"):
         for kernel in ("sum_of_squares", "scale", "unscale+partial"):
@@ -98,8 +101,10 @@ if family == "clip":
     assert ("cast from fp32", "bfloat16") in kernels and ("adamw", "float32") in kernels
     for k in doc["kernels"]:
         assert k["count"] == 16384 and k["seconds"] > 0 and k["copy_ratio"] > 0, k
+        assert k["cpu_seconds"] >= 0 and "copy_ratio_cpu" in k, k
     for key in ("median_clip_copy_ratio", "lowest_clip_copy_ratio", "meets_copy_target",
                 "median_fold_ratio", "highest_fold_ratio", "meets_fold_target",
+                "median_clip_copy_ratio_cpu", "median_fold_ratio_cpu",
                 "median_deterministic_cost", "median_torch_speedup"):
         assert key in doc["summary"], f"missing summary key {key}"
 else:

@@ -183,6 +183,18 @@ def plot_clip(doc, out):
     fig.savefig(out, dpi=DPI)
 
 
+def shrink(path):
+    """Stores the chart with a 64-colour palette (a quarter of the bytes: the charts are
+    committed to docs/); left as drawn where Pillow is missing."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    with Image.open(path) as image:
+        small = image.convert("RGB").quantize(colors=64)
+    small.save(path, optimize=True)
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -195,6 +207,7 @@ def main():
         print(f"plot.py: no chart for family {family!r} (or no results)", file=sys.stderr)
         return 1
     draw(doc, sys.argv[2])
+    shrink(sys.argv[2])
     return 0
 
 

@@ -550,9 +550,15 @@ struct Split {
   double total = 0, compute = 0, waits = 0, optimizer = 0, rest = 0;
 };
 
+// The parts are clamped so they add up to the total: waits and the optimizer are means over
+// ranks, the total is the slowest rank's median, and compute comes from its own contender.
 Split split_of(double total, double compute, double waits, double optimizer) {
-  Split s{total, std::min(compute, total), waits, optimizer, 0};
-  s.rest = std::max(0.0, total - s.compute - waits - optimizer);
+  Split s;
+  s.total = total;
+  s.compute = std::min(compute, total);
+  s.waits = std::min(waits, total - s.compute);
+  s.optimizer = std::min(optimizer, total - s.compute - s.waits);
+  s.rest = total - s.compute - s.waits - s.optimizer;
   return s;
 }
 
@@ -581,6 +587,12 @@ Json split_json(const Split& s) {
           {"rest", s.rest}};
 }
 
+std::string number_text(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 double ns_per_parameter(double seconds, size_t parameters) {
   return parameters > 0 ? seconds / static_cast<double>(parameters) * 1e9 : 0.0;
 }
@@ -599,8 +611,8 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                "threads; time per step = median over %d repetitions of the slowest rank's time "
                "for %d steps (last drained) / %d, in ms\n",
                config.width, config.depth, config.batch, config.adamw ? "AdamW" : "SGD momentum",
-               config.clip > 0 ? (", clip " + std::to_string(config.clip)).c_str() : "",
-               config.reps, config.steps, config.steps);
+               config.clip > 0 ? (", clip " + number_text(config.clip)).c_str() : "", config.reps,
+               config.steps, config.steps);
   std::fprintf(out,
                "# stage2: Stage2Engine; stage3: Stage3Engine (gather/release around each layer's "
                "forward and backward, prefetch window %d); one unit per layer\n",
@@ -644,7 +656,7 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
   std::fprintf(out,
                "\n## time per step split (ms): compute = forward + backward alone; waits = "
                "blocked on communication; optimizer = measured apart (reference only); "
-               "rest = the remainder\n");
+               "rest = the remainder; the parts are clamped to add up to the total\n");
   std::fprintf(out, "%5s %6s %-10s %9s %9s %9s %9s %9s\n", "ranks", "width", "contender", "total",
                "compute", "waits", "optimizer", "rest");
   for (const auto& w : worlds) {
