@@ -21,8 +21,8 @@
 # On this (CPU) machine, prepare the carried GoogleTest sources once:
 #   mkdir -p .gpu-carry && cp -r /usr/src/googletest .gpu-carry/ && echo /.gpu-carry/ >> .git/info/exclude
 #   mkdir -p .gpu-carry/include && cp -r /usr/include/nlohmann /usr/include/xxhash.h .gpu-carry/include/
-# (the checkpoint code's header-only JSON and XXH3; cmake/HpsCheckpoint.cmake looks there)
-#   cp -r /usr/include/nlohmann .gpu-carry/json/   # the timeline's JSON headers (also found in .gpu-carry/include)
+# (the header-only JSON and XXH3 of the checkpoints, the timeline and the benchmarks;
+#  cmake/HpsHeaderDeps.cmake looks there)
 # then, with the device tool:  run(command="tools/gpu-check.sh", carry=[".gpu-carry"], timeout_s=540)
 # Here, without a GPU, it builds (step 2) and stops at step 3 with a non-zero exit
 # (HPS_GPU_CHECK_BUDGET_S=3600 gives this 2-core machine's build the time it needs).
@@ -77,7 +77,6 @@ arch_args=()
 [[ "$arch" =~ ^[0-9]+$ ]] && arch_args=(-DCMAKE_CUDA_ARCHITECTURES="$arch")
 gtest_args=()
 [ -d .gpu-carry/googletest ] && gtest_args=(-DHPS_GTEST_SOURCE_DIR="$PWD/.gpu-carry/googletest")
-[ -d .gpu-carry/json ] && gtest_args+=(-DHPS_JSON_INCLUDE_DIR="$PWD/.gpu-carry/json")
 export PATH="/usr/local/cuda/bin:$PATH"
 
 echo "== configure"

@@ -14,6 +14,7 @@ packages=(
   clang-14 libclang-rt-14-dev libfuzzer-14-dev libssl-dev
   nlohmann-json3-dev libxxhash-dev libcli11-dev
   python3-torch python3-matplotlib
+  libopenmpi-dev openmpi-bin
 )
 missing=()
 for p in "${packages[@]}"; do

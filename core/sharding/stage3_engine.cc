@@ -307,6 +307,13 @@ Status Stage3Engine::step() {
   ++steps_;
   buckets_.stepped();
   schedule_.stepped();
+  // The next step's first units start gathering now: each all-gather waits (on the
+  // communicator's stream) for its own buffer's update only, so it runs beside the later
+  // updates instead of after the framework's first gather() of the next step.
+  for (size_t b : schedule_.on_step([this](size_t k) { return !!buffers_[k].params; })) {
+    ++prefetched_;
+    HPS_RETURN_IF_ERROR(start_gather(b));
+  }
   return Status::Ok();
 }
 

@@ -28,6 +28,16 @@ std::vector<size_t> Stage3Schedule::on_gather(int32_t unit,
   const bool in_order = cursor_ < order_.size() && order_[cursor_] == unit;
   const size_t position = in_order ? cursor_ : order_.size();
   ++cursor_;
+  return ahead_from(position + 1, live);
+}
+
+std::vector<size_t> Stage3Schedule::on_step(const std::function<bool(size_t)>& live) const {
+  if (recording_) return {};
+  return ahead_from(0, live);
+}
+
+std::vector<size_t> Stage3Schedule::ahead_from(size_t first,
+                                               const std::function<bool(size_t)>& live) const {
   // Units ahead in the recorded order, while fewer than `window` units hold live buffers
   // (counting what this call schedules).
   std::vector<size_t> ahead;
@@ -41,7 +51,7 @@ std::vector<size_t> Stage3Schedule::on_gather(int32_t unit,
     }
     return count;
   };
-  for (size_t k = position + 1; k < order_.size(); ++k) {
+  for (size_t k = first; k < order_.size(); ++k) {
     if (live_units() >= window_) break;
     for (size_t b : units_.at(order_[k])) {
       if (!is_live(b)) ahead.push_back(b);

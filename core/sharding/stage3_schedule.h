@@ -30,10 +30,18 @@ class Stage3Schedule {
 
   // step() enqueued the update: a new step starts; the order is known from now on.
   void stepped();
+  // After stepped(): the buffers of the units the next step gathers first, in the recorded
+  // order while fewer than the window hold live buffers, to start gathering as soon as
+  // their own updates are done. Empty while the order is not known.
+  std::vector<size_t> on_step(const std::function<bool(size_t)>& live) const;
 
   int32_t prefetch_window() const { return window_; }
 
  private:
+  // The buffers of the units at order_[first...] not live yet, while fewer than the window
+  // hold live buffers (counting these).
+  std::vector<size_t> ahead_from(size_t first, const std::function<bool(size_t)>& live) const;
+
   std::map<int32_t, std::vector<size_t>> units_;
   std::vector<int32_t> order_;
   bool recording_ = true;

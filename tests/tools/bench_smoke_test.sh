@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Smoke test of hpshard-bench coll: a tiny sweep exits 0 and writes one JSON object with
-# the expected keys. No performance assertion (benchmarks print figures; they are never
-# timed tests).
+# Smoke test of hpshard-bench coll: a tiny sweep exits 0, writes one JSON object with the
+# expected keys (the Open MPI column too where hpshard-bench-mpi was built) and draws its
+# chart. No performance assertion (benchmarks print figures; they are never timed tests).
 # Usage: bench_smoke_test.sh HPSHARD_BENCH
 set -euo pipefail
 bench="$1"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 "$bench" coll --ranks 2 --max-bytes 65536 --iters 2 --no-torch --quiet --json "$out/coll.json" \
-  >"$out/stdout.txt"
+  --plot "$out/coll.png" >"$out/stdout.txt"
+[ -s "$out/coll.png" ] || { echo "no chart"; exit 1; }
+mpi_built=0
+[ -x "$(dirname "$bench")/hpshard-bench-mpi" ] && command -v mpirun >/dev/null && mpi_built=1
 grep -q '^## all_reduce, 2 ranks' "$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
-/usr/bin/python3 - "$out/coll.json" <<'PY'
+/usr/bin/python3 - "$out/coll.json" "$mpi_built" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-for key in ("tool", "family", "command", "date", "machine", "config", "reference", "targets",
-            "torch", "results"):
+mpi_built = sys.argv[2] == "1"
+for key in ("tool", "family", "command", "date", "machine", "cpu_kernels", "load_average",
+            "config", "reference", "targets", "mpi", "torch", "results"):
     assert key in doc, f"missing top-level key {key}"
 assert doc["config"]["ranks"] == [2] and doc["config"]["check_arguments"] is True
 ops = sorted(r["op"] for r in doc["results"])
@@ -25,8 +29,12 @@ for result in doc["results"]:
     assert sizes == [4096, 8192, 16384, 32768, 65536], sizes
     for row in result["rows"]:
         for key in ("count", "iters", "hpshard_seconds", "hpshard_algbw", "hpshard_busbw",
-                    "gloo_seconds", "gloo_busbw", "ratio", "torch_busbw"):
+                    "gloo_seconds", "gloo_busbw", "ratio", "mpi_seconds", "mpi_busbw",
+                    "mpi_ratio", "torch_busbw"):
             assert key in row, f"missing row key {key}"
         assert row["hpshard_seconds"] > 0 and row["gloo_seconds"] > 0
+        # Open MPI ran (its results checked on known inputs) wherever its helper was built.
+        assert (row["mpi_seconds"] is not None and row["mpi_seconds"] > 0) == mpi_built, row
+assert doc["mpi"]["ran"] == mpi_built, doc["mpi"]
 print("bench smoke OK:", len(doc["results"]), "tables")
 PY

@@ -278,37 +278,36 @@ void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const 
       r.loaded_equal ? "bitwise equal to the saved state" : "DIFFERS from the saved state");
 }
 
-std::string ckpt_to_json(const CkptConfig& c, const RunInfo& info, const CkptResult& r) {
-  std::ostringstream j;
-  j << "{\n  \"tool\": \"hpshard-bench\",\n  \"family\": \"ckpt\",\n";
-  j << "  \"command\": " << json_string(info.command) << ",\n";
-  j << "  \"date\": " << json_string(info.date) << ",\n";
-  j << "  \"machine\": " << json_string(info.machine) << ",\n";
-  j << "  \"config\": {\"ranks\": " << c.ranks << ", \"bytes\": " << c.bytes
-    << ", \"tensors\": " << c.tensors << ", \"reps\": " << c.reps << ", \"steps\": " << c.steps
-    << ", \"compute_passes\": " << c.compute_passes << "},\n";
-  j << "  \"units\": {\"time\": \"seconds, median over repetitions of the slowest rank\", "
-       "\"bytes\": \"every rank's data file\"},\n";
-  j << "  \"reference\": \"each rank writes (write + fsync) or reads (pread, cold cache) as many "
-       "bytes as its data file, sequentially, beside the others\",\n";
-  j << "  \"targets\": {\"save_ratio_min\": " << kCkptBandwidthTarget
-    << ", \"load_ratio_min\": " << kCkptBandwidthTarget
-    << ", \"step_ratio_max\": " << kCkptOverlapTarget << "},\n";
-  j << "  \"torch\": {\"ran\": false, \"status\": \"no torch column for checkpoints\"},\n";
-  j << "  \"results\": [{\"ranks\": " << r.ranks << ", \"saved_bytes\": " << r.saved_bytes
-    << ", \"save_seconds\": " << json_number(r.save_seconds)
-    << ", \"write_seconds\": " << json_number(r.write_seconds)
-    << ", \"save_ratio\": " << json_number(r.write_seconds / r.save_seconds)
-    << ", \"load_seconds\": " << json_number(r.load_seconds)
-    << ", \"read_seconds\": " << json_number(r.read_seconds)
-    << ", \"load_ratio\": " << json_number(r.read_seconds / r.load_seconds)
-    << ", \"step_seconds\": " << json_number(r.step_seconds)
-    << ", \"step_with_save_seconds\": " << json_number(r.step_with_save_seconds)
-    << ", \"step_ratio\": " << json_number(r.step_with_save_seconds / r.step_seconds)
-    << ", \"overlapped_steps\": " << r.overlapped_steps
-    << ", \"host_syncs_in_overlapped_steps_max\": " << r.host_syncs_in_overlapped_steps
-    << ", \"loaded_equal\": " << (r.loaded_equal ? "true" : "false") << "}]\n}\n";
-  return j.str();
+Json ckpt_to_json(const CkptConfig& c, const RunInfo& info, const CkptResult& r) {
+  Json j;
+  add_run_info(j, "ckpt", info);
+  j["config"] = {{"ranks", c.ranks}, {"bytes", c.bytes}, {"tensors", c.tensors},
+                 {"reps", c.reps},   {"steps", c.steps}, {"compute_passes", c.compute_passes}};
+  j["units"] = {{"time", "seconds, median over repetitions of the slowest rank"},
+                {"bytes", "every rank's data file"}};
+  j["reference"] =
+      "each rank writes (write + fsync) or reads (pread, cold cache) as many bytes as its data "
+      "file, sequentially, beside the others";
+  j["targets"] = {{"save_ratio_min", kCkptBandwidthTarget},
+                  {"load_ratio_min", kCkptBandwidthTarget},
+                  {"step_ratio_max", kCkptOverlapTarget}};
+  j["torch"] = {{"ran", false}, {"status", "no torch column for checkpoints"}};
+  j["results"] =
+      Json::array({{{"ranks", r.ranks},
+                    {"saved_bytes", r.saved_bytes},
+                    {"save_seconds", r.save_seconds},
+                    {"write_seconds", r.write_seconds},
+                    {"save_ratio", r.write_seconds / r.save_seconds},
+                    {"load_seconds", r.load_seconds},
+                    {"read_seconds", r.read_seconds},
+                    {"load_ratio", r.read_seconds / r.load_seconds},
+                    {"step_seconds", r.step_seconds},
+                    {"step_with_save_seconds", r.step_with_save_seconds},
+                    {"step_ratio", r.step_with_save_seconds / r.step_seconds},
+                    {"overlapped_steps", r.overlapped_steps},
+                    {"host_syncs_in_overlapped_steps_max", r.host_syncs_in_overlapped_steps},
+                    {"loaded_equal", r.loaded_equal}}});
+  return j;
 }
 
 }  // namespace hps::bench

@@ -48,6 +48,6 @@ struct CkptResult {
 CkptResult run_ckpt(const CkptConfig& config);
 void print_ckpt(std::FILE* out, const CkptConfig& config, const RunInfo& info,
                 const CkptResult& result);
-std::string ckpt_to_json(const CkptConfig& config, const RunInfo& info, const CkptResult& result);
+Json ckpt_to_json(const CkptConfig& config, const RunInfo& info, const CkptResult& result);
 
 }  // namespace hps::bench

@@ -1,6 +1,11 @@
-// The clip family of hpshard-bench: global-norm clipping (HybridClip, one rank, no groups)
-// over a model's gradients, beside a plain copy of the same bytes, and clipping folded into
-// AdamW beside AdamW alone — all on one CPU stream, alternated in the same run.
+// The clip family of hpshard-bench, all on one CPU stream, alternated in the same run:
+//  - global-norm clipping (HybridClip, one rank, no groups) over a model's gradients beside a
+//    plain copy of the same bytes;
+//  - the clip as the engines fold it into their step (the sharded optimizer's pipeline on
+//    the kernel table): the unscale pass taking the partial sums of squares, the clip's
+//    finish and AdamW reading the coefficient, beside the same step without a clip (the
+//    unscale pass and AdamW);
+//  - each CPU kernel over fp32, bf16 and fp16 data beside a copy of the same bytes.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +22,7 @@ namespace hps::bench {
 
 // Targets of /work/shared/PERFORMANCE.md for the clip.
 inline constexpr double kClipCopyTarget = 0.8;  // clip bandwidth ≥ 0.8× the copy's (CPU)
-inline constexpr double kClipFoldTarget = 1.1;  // AdamW + folded clip ≤ 1.1× AdamW's time
+inline constexpr double kClipFoldTarget = 1.1;  // step + folded clip ≤ 1.1× the step's time
 
 // One model's gradients: `bytes` in total, fp32 throughout or mixed (bf16 weights, fp32
 // biases).
@@ -32,6 +37,9 @@ struct ClipConfig {
   int32_t iters = 0;   // 0: by size (clip_iterations_for)
   int32_t warmup = 2;  // untimed rounds of every contender
   double max_norm = 1.0;
+  // fp32 elements × 4 of each kernel's buffers in the kernel table; 0: no kernel table.
+  // Four times this machine's 32 MiB L3, so neither a kernel nor the copy runs from cache.
+  size_t kernel_bytes = size_t{128} << 20;
   bool progress = true;
 };
 
@@ -56,24 +64,54 @@ struct ClipRow {
   double copy_seconds = 0;           // memcpy_async of S bytes, tensor by tensor
   double clip_seconds = 0;           // HybridClip::run(scale = true), float partials
   double deterministic_seconds = 0;  // the same, ClipOptions::deterministic
-  // fp32 models only: AdamW over every tensor, without and with the clip folded in
-  // (HybridClip::run(scale = false) + cpu::adamw reading coefficient()).
-  std::optional<double> adamw_seconds;
-  std::optional<double> adamw_clip_seconds;
+  // The engines' step over every tensor through the kernel table, as ShardedOptimizer
+  // enqueues it: without a clip (per tensor the unscale pass, then AdamW), and with the
+  // clip folded (HybridClip::begin, every unscale pass adding its partial, finish, then
+  // AdamW reading the coefficient).
+  double step_seconds = 0;
+  double step_clip_seconds = 0;
+  // The same medians by the process's CPU time (time slices other processes took on this
+  // shared machine left out).
+  double copy_cpu_seconds = 0;
+  double clip_cpu_seconds = 0;
+  double step_cpu_seconds = 0;
+  double step_clip_cpu_seconds = 0;
   std::optional<double> torch_seconds;  // torch.nn.utils.clip_grad_norm_, same tensors
+};
+
+// One CPU kernel over `count` elements of `dtype`, beside a copy in the same rounds.
+struct KernelRow {
+  std::string kernel;  // "sum_of_squares", "scale", "unscale", "cast to fp32", ...
+  DType dtype = DType::kFloat32;
+  size_t count = 0;
+  double bytes = 0;  // bytes the kernel must read and write
+  double seconds = 0;
+  double copy_seconds = 0;  // memcpy of count × 4 bytes (2 × that moved), same rounds
+  double cpu_seconds = 0;   // the same two by the process's CPU time
+  double copy_cpu_seconds = 0;
+};
+
+struct ClipResult {
+  std::vector<ClipRow> rows;
+  std::vector<KernelRow> kernels;
 };
 
 // Bytes a clip must move: one read for the norm, one read and one write to scale (3S);
 // a copy moves 2S.
 double clip_bandwidth_gbps(const ClipRow& row, double seconds);
 double copy_bandwidth_gbps(const ClipRow& row);
+double kernel_bandwidth_gbps(const KernelRow& row);
+// The ratios by CPU time instead of wall time.
+double clip_cpu_ratio(const ClipRow& row);
+double kernel_cpu_ratio(const KernelRow& row);
+double kernel_copy_bandwidth_gbps(const KernelRow& row);
 
-// Runs every model. Exits with status 1 (reason on stderr) on an error.
-std::vector<ClipRow> run_clip(const ClipConfig& config);
+// Runs every model, then the kernel table. Exits with status 1 (reason on stderr) on an
+// error.
+ClipResult run_clip(const ClipConfig& config);
 
 void print_clip(std::FILE* out, const ClipConfig& config, const RunInfo& info,
-                const std::vector<ClipRow>& rows);
-std::string clip_to_json(const ClipConfig& config, const RunInfo& info,
-                         const std::vector<ClipRow>& rows);
+                const ClipResult& result);
+Json clip_to_json(const ClipConfig& config, const RunInfo& info, const ClipResult& result);
 
 }  // namespace hps::bench

@@ -200,6 +200,7 @@ WorldResult run_world(const CollConfig& config, int32_t ranks) {
     options.name = "bench";
     options.check_arguments = config.check_arguments;
     options.shared_memory = config.shared_memory;
+    options.shared_memory_direct = config.shared_memory_direct;
     auto comm = create_communicator(store, rank, ranks, Device::cpu(), options);
     if (!comm.ok()) die("creating the hpshard communicator: " + comm.status().to_string());
     const std::string_view wanted = config.shared_memory ? "shm" : "tcp";
@@ -314,7 +315,8 @@ WorldResult run_world(const CollConfig& config, int32_t ranks) {
   return result;
 }
 
-WorldResult run_world_repeated(const CollConfig& config, int32_t ranks) {
+WorldResult run_world_repeated(const CollConfig& config, int32_t ranks,
+                               const std::function<void(WorldResult&)>& after_each) {
   std::vector<WorldResult> runs;
   for (int32_t k = 0; k < config.repeat; ++k) {
     if (config.progress && config.repeat > 1) {
@@ -322,6 +324,7 @@ WorldResult run_world_repeated(const CollConfig& config, int32_t ranks) {
                    config.repeat);
     }
     runs.push_back(run_world(config, ranks));
+    if (after_each) after_each(runs.back());
   }
   WorldResult merged = runs.front();
   auto median = [](std::vector<double> v) {
@@ -330,13 +333,16 @@ WorldResult run_world_repeated(const CollConfig& config, int32_t ranks) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   };
   for (size_t i = 0; i < merged.rows.size(); ++i) {
-    std::vector<double> hpshard, gloo;
+    std::vector<double> hpshard, gloo, mpi;
     for (const auto& run : runs) {
       hpshard.push_back(run.rows[i].hpshard_seconds);
       gloo.push_back(run.rows[i].gloo_seconds);
+      if (run.rows[i].mpi_seconds) mpi.push_back(*run.rows[i].mpi_seconds);
     }
     merged.rows[i].hpshard_seconds = median(hpshard);
     merged.rows[i].gloo_seconds = median(gloo);
+    merged.rows[i].mpi_seconds.reset();
+    if (!mpi.empty()) merged.rows[i].mpi_seconds = median(mpi);
   }
   merged.gloo_reduce_scatter_wrong = 0;
   for (const auto& run : runs) merged.gloo_reduce_scatter_wrong += run.gloo_reduce_scatter_wrong;

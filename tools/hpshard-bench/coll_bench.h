@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ struct CollConfig {
   bool check_arguments = true;
   // false: hpshard's collectives use Gloo TCP even between same-host ranks.
   bool shared_memory = true;
+  // CommOptions::shared_memory_direct: all-gather and broadcast read peers' buffers in place.
+  bool shared_memory_direct = false;
   std::chrono::milliseconds timeout{120'000};
   bool progress = true;  // a line on stderr per case
   // The whole sweep this many times per world size; each row's figures are then the
@@ -53,6 +56,8 @@ struct CollRow {
   double gloo_seconds = 0;
   // Torch's figure, filled in from torch_coll.py when it ran.
   std::optional<double> torch_seconds;
+  // Open MPI's (processes under mpirun, shared-memory transport), when it ran.
+  std::optional<double> mpi_seconds;
 };
 
 struct WorldResult {
@@ -69,7 +74,9 @@ struct WorldResult {
 // cannot release its peers from a collective they are already waiting in.
 WorldResult run_world(const CollConfig& config, int32_t ranks);
 // run_world config.repeat times, merged: every time the median over the repetitions, the
-// wrong Gloo results summed.
-WorldResult run_world_repeated(const CollConfig& config, int32_t ranks);
+// wrong Gloo results summed. `after_each` (when set) runs after each repetition on its
+// result (the Open MPI sweep fills mpi_seconds there, so it alternates with hpshard's).
+WorldResult run_world_repeated(const CollConfig& config, int32_t ranks,
+                               const std::function<void(WorldResult&)>& after_each = {});
 
 }  // namespace hps::bench

@@ -34,11 +34,6 @@ T take(StatusOr<T> v, const std::string& what) {
   return std::move(v).value();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 float initial_value(size_t layer, size_t i) {
   return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + static_cast<double>(layer))) *
          0.05f;
@@ -220,18 +215,20 @@ void print_device_step(const DeviceStepConfig& c, const DeviceStepResult& r) {
               r.stage2_max_diff);
 }
 
-std::string device_step_to_json(const DeviceStepConfig& c, const DeviceStepResult& r) {
-  std::ostringstream j;
-  j << "{\"family\": \"step\", \"device\": \"" << c.device.to_string()
-    << "\", \"width\": " << c.width << ", \"depth\": " << c.depth
-    << ", \"parameters\": " << r.parameters << ", \"optimizer\": \"" << (c.adamw ? "adamw" : "sgd")
-    << "\", \"clip\": " << c.clip << ", \"stage2_seconds\": " << r.stage2_seconds
-    << ", \"stage3_seconds\": " << r.stage3_seconds
-    << ", \"optimizer_seconds\": " << r.optimizer_seconds
-    << ", \"stage2_host_syncs_max\": " << r.stage2_host_syncs_max
-    << ", \"stage3_host_syncs_max\": " << r.stage3_host_syncs_max
-    << ", \"stage2_vs_stage3_max_diff\": " << r.stage2_max_diff << "}\n";
-  return j.str();
+Json device_step_to_json(const DeviceStepConfig& c, const DeviceStepResult& r) {
+  return {{"family", "step"},
+          {"device", c.device.to_string()},
+          {"width", c.width},
+          {"depth", c.depth},
+          {"parameters", r.parameters},
+          {"optimizer", c.adamw ? "adamw" : "sgd"},
+          {"clip", c.clip},
+          {"stage2_seconds", r.stage2_seconds},
+          {"stage3_seconds", r.stage3_seconds},
+          {"optimizer_seconds", r.optimizer_seconds},
+          {"stage2_host_syncs_max", r.stage2_host_syncs_max},
+          {"stage3_host_syncs_max", r.stage3_host_syncs_max},
+          {"stage2_vs_stage3_max_diff", r.stage2_max_diff}};
 }
 
 }  // namespace hps::bench

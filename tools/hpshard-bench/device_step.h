@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/device/device.h"
+#include "tools/hpshard-bench/report.h"
 
 namespace hps::bench {
 
@@ -38,6 +39,6 @@ struct DeviceStepResult {
 // Exits the process with a message on a failure (a benchmark, not a library call).
 DeviceStepResult run_device_step(const DeviceStepConfig& config);
 void print_device_step(const DeviceStepConfig& config, const DeviceStepResult& result);
-std::string device_step_to_json(const DeviceStepConfig& config, const DeviceStepResult& result);
+Json device_step_to_json(const DeviceStepConfig& config, const DeviceStepResult& result);
 
 }  // namespace hps::bench

@@ -141,7 +141,7 @@ int step_mode(int argc, char** argv, int first) {
   if (!json_path.empty()) {
     std::FILE* f = std::fopen(json_path.c_str(), "w");
     if (f == nullptr) die("cannot write " + json_path);
-    std::fputs(hps::bench::device_step_to_json(c, r).c_str(), f);
+    std::fputs((hps::bench::device_step_to_json(c, r).dump(2) + "\n").c_str(), f);
     std::fclose(f);
   }
   // No host sync in a steady step, and both stages trained to the same parameters.

@@ -1,33 +1,20 @@
 // hpshard-bench: hpshard's benchmarks, printed as tables with the reference measured in
-// the same run beside each figure (docs/benchmarks.md).
-//
-//   hpshard-bench coll [--ranks 2,4] [--min-bytes 4096] [--max-bytes 67108864] [--iters N]
-//                      [--warmup N] [--repeat N]
-//                      [--ops all_reduce,all_gather,reduce_scatter,broadcast]
-//                      [--dtype float32|float64] [--json FILE] [--no-torch]
-//                      [--torch-script FILE] [--check-arguments 0|1] [--transport shm|tcp]
-//                      [--quiet]
-//   hpshard-bench clip [--sizes 16M,64M,32M:mixed] [--iters N] [--warmup N] [--max-norm X]
-//                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
-//   hpshard-bench torch [--ranks 2,4] [--width N] [--layers N] ... (torch_peer.py)
-//   hpshard-bench step [--ranks 2,4] [--width 1024] [--depth 8] [--batch 8] [--steps 3]
-//                      [--reps 5] [--warmup 1] [--optimizer adamw|sgd] [--clip X]
-//                      [--prefetch-window N] [--device cpu|cuda[:N]] [--trace-overhead]
-//                      [--json FILE] [--no-torch] [--torch-script FILE] [--quiet]
-//   hpshard-bench ckpt [--ranks N] [--bytes 64M] [--tensors N] [--reps N] [--steps N]
-//                      [--compute-passes N] [--dir DIR] [--json FILE] [--quiet]
+// the same run beside each figure (docs/benchmarks.md). One subcommand per family (coll,
+// clip, step, ckpt, torch), each set up by its own add_<family>() below: its options
+// (CLI11) and what it runs. `hpshard-bench FAMILY --help` lists a family's options.
 //
 // Exit status: 0 when every case ran and gave the right result; 1 on an error or a wrong
 // result; 2 for bad usage.
 #include <unistd.h>
 
-#include <charconv>
-#include <chrono>
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -35,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/kernels/cpu/kernel_set.h"
 #include "tools/hpshard-bench/ckpt_bench.h"
 #include "tools/hpshard-bench/clip_bench.h"
 #include "tools/hpshard-bench/coll_bench.h"
@@ -52,191 +40,12 @@ using namespace hps::bench;
 
 constexpr int kUsageError = 2;
 
-const char kUsage[] =
-    "usage: hpshard-bench coll [options]\n"
-    "  Times hpshard's collectives (ranks as threads, in-memory store) against Gloo called\n"
-    "  directly on the same sizes and ranks, and torch.distributed gloo when importable.\n"
-    "  --ranks LIST            world sizes, e.g. 2,4 (default 2,4)\n"
-    "  --min-bytes N           smallest message S in bytes (default 4096)\n"
-    "  --max-bytes N           largest message S in bytes (default 67108864; up to 268435456)\n"
-    "  --iters N               timed iterations per size (default: 40 small .. 5 large)\n"
-    "  --warmup N              untimed runs per size after the checked one (default 3 / 1)\n"
-    "  --repeat N              the whole sweep N times; each figure is the median of the N\n"
-    "                          (default 1)\n"
-    "  --ops LIST              all_reduce,all_gather,reduce_scatter,broadcast (default all)\n"
-    "  --dtype T               float32 or float64 (default float32)\n"
-    "  --check-arguments 0|1   hpshard's per-collective argument agreement (default 1)\n"
-    "  --transport shm|tcp     hpshard's transport between its same-host ranks (default shm)\n"
-    "  --json FILE             also write every figure as one JSON object\n"
-    "  --no-torch              skip the torch.distributed column\n"
-    "  --torch-script FILE     torch_coll.py (default: beside the sources, or\n"
-    "                          $HPS_BENCH_TORCH_SCRIPT)\n"
-    "  --quiet                 no progress lines on stderr\n"
-    "  S is the total bytes of the operation (for all_gather and reduce_scatter: count per\n"
-    "  rank x ranks, as nccl-tests); busbw uses nccl-tests' factors.\n"
-    "\n"
-    "usage: hpshard-bench clip [options]\n"
-    "  Global-norm clipping (HybridClip, one rank) of a model's gradients beside a copy of\n"
-    "  the same bytes; AdamW with the clip folded in beside AdamW alone; the deterministic\n"
-    "  mode's cost; torch.nn.utils.clip_grad_norm_ on the same tensors when importable.\n"
-    "  --sizes LIST            models: total gradient bytes (suffix K, M or G), ':mixed' for\n"
-    "                          bf16 weights and fp32 biases (default 16M,64M,32M:mixed)\n"
-    "  --iters N               timed iterations per model (default: 7 .. 31 by size)\n"
-    "  --warmup N              untimed iterations per model (default 2)\n"
-    "  --max-norm X            the clip's max_norm (default 1)\n"
-    "  --json FILE, --no-torch, --torch-script FILE (torch_clip.py), --quiet: as for coll\n"
-    "\n"
-    "usage: hpshard-bench step [options]\n"
-    "  A training step of an MLP (forward/backward in the bench) with ranks as threads:\n"
-    "  Stage2Engine and Stage3Engine beside unsharded data parallel (all-reduce avg,\n"
-    "  optimizer on the full parameters) on the same backend; torch DDP +\n"
-    "  ZeroRedundancyOptimizer(Adam) + clip_grad_norm_ when importable.\n"
-    "  --ranks LIST            world sizes (default 2,4)\n"
-    "  --width N, --depth N    the MLP (default 1024, 8)\n"
-    "  --batch N               samples per rank per step (default 8)\n"
-    "  --steps N               steps per timed repetition (default 3)\n"
-    "  --reps N, --warmup N    timed and untimed repetitions (default 5, 1)\n"
-    "  --optimizer adamw|sgd   (default adamw; sgd: momentum 0.9)\n"
-    "  --clip X                global-norm max_norm, 0 for none (default 1)\n"
-    "  --prefetch-window N     stage 3: units live at once, prefetch included (default 2)\n"
-    "  --device cpu|cuda[:N]   instead: the runtime's own step on that device at world size 1\n"
-    "                          (no model compute; synthetic gradients), beside the optimizer\n"
-    "                          kernel alone; exit 77 when the device is absent\n"
-    "  --trace-overhead        also time stage 2 and 3 while the timeline records (HPS_TRACE)\n"
-    "  --json FILE, --no-torch, --torch-script FILE (torch_step.py), --quiet: as for coll\n"
-    "\n"
-    "usage: hpshard-bench torch [options]\n"
-    "  One PyTorch transformer (examples/python/gpt.py) with the same torch forward and\n"
-    "  backward for every contender: hpshard stage 2 and stage 3 through hpshard.torch,\n"
-    "  torch DDP + ZeroRedundancyOptimizer(AdamW) + clip_grad_norm_, torch DDP unsharded\n"
-    "  (FSDP where it imports), and the compute alone; ranks as processes. Step time,\n"
-    "  resident bytes per rank, host syncs. Options (torch_peer.py): --ranks LIST,\n"
-    "  --width N, --layers N, --heads N, --context N, --vocab N, --batch N (per rank),\n"
-    "  --steps N, --reps N, --warmup N, --clip X, --prefetch-window N, --json FILE,\n"
-    "  --quiet; --torch-script FILE (default: torch_peer.py beside the sources, or\n"
-    "  $HPS_BENCH_TORCH_SCRIPT).\n"
-    "\n"
-    "usage: hpshard-bench ckpt [options]\n"
-    "  Checkpoints of a Stage2Engine (AdamW, ranks as threads): save and load beside each\n"
-    "  rank writing (with fsync) and reading (cold cache) as many bytes plainly; a step while\n"
-    "  an asynchronous save is written beside the same step without one.\n"
-    "  --ranks N               ranks (default 2)\n"
-    "  --bytes SIZE            fp32 parameter bytes (suffix K, M or G; AdamW saves 3x; default "
-    "64M)\n"
-    "  --tensors N             parameters, one unit each (default 8)\n"
-    "  --reps N                repetitions (default 3)\n"
-    "  --steps N               steps timed with and without a save, per repetition (default 6)\n"
-    "  --compute-passes N      passes over the parameters in a step's compute (default 4)\n"
-    "  --dir DIR               where the checkpoints go (default: a temporary directory)\n"
-    "  --json FILE, --quiet: as for coll\n";
-
 [[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "hpshard-bench: %s\n%s", message.c_str(), kUsage);
+  std::fprintf(stderr, "hpshard-bench: %s (see --help)\n", message.c_str());
   std::exit(kUsageError);
 }
 
-std::optional<long long> parse_integer(std::string_view text) {
-  long long v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return v;
-}
-
-std::vector<std::string> split_list(std::string_view text) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    const size_t end = comma == std::string_view::npos ? text.size() : comma;
-    if (end > start) parts.emplace_back(text.substr(start, end - start));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
-  }
-  return parts;
-}
-
-struct Cli {
-  CollConfig config;
-  std::string json_path;
-  bool torch = true;
-  std::string torch_script;
-};
-
-Cli parse(int argc, char** argv) {
-  Cli cli;
-  auto& c = cli.config;
-  for (int i = 2; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) usage_error(std::string(flag) + " needs a value");
-      return argv[++i];
-    };
-    auto integer = [&](long long min, long long max) -> long long {
-      const std::string_view v = value();
-      auto n = parse_integer(v);
-      if (!n || *n < min || *n > max) {
-        usage_error(std::string(flag) + ": '" + std::string(v) + "' is not an integer in [" +
-                    std::to_string(min) + ", " + std::to_string(max) + "]");
-      }
-      return *n;
-    };
-    if (flag == "--ranks") {
-      c.ranks.clear();
-      for (const auto& part : split_list(value())) {
-        auto n = parse_integer(part);
-        if (!n || *n < 2 || *n > 64) usage_error("--ranks: '" + part + "' is not in [2, 64]");
-        c.ranks.push_back(static_cast<int32_t>(*n));
-      }
-      if (c.ranks.empty()) usage_error("--ranks: empty list");
-    } else if (flag == "--min-bytes") {
-      c.min_bytes = static_cast<size_t>(integer(1, 1LL << 31));
-    } else if (flag == "--max-bytes") {
-      c.max_bytes = static_cast<size_t>(integer(1, 1LL << 31));
-    } else if (flag == "--iters") {
-      c.iters = static_cast<int32_t>(integer(1, 100000));
-    } else if (flag == "--warmup") {
-      c.warmup = static_cast<int32_t>(integer(0, 100000));
-    } else if (flag == "--repeat") {
-      c.repeat = static_cast<int32_t>(integer(1, 100));
-    } else if (flag == "--ops") {
-      c.ops.clear();
-      for (const auto& part : split_list(value())) {
-        auto op = coll_op_from_name(part);
-        if (!op) usage_error("--ops: unknown operation '" + part + "'");
-        c.ops.push_back(*op);
-      }
-      if (c.ops.empty()) usage_error("--ops: empty list");
-    } else if (flag == "--dtype") {
-      const std::string_view v = value();
-      auto dtype = hps::dtype_from_name(v);
-      if (!dtype.ok() || (*dtype != hps::DType::kFloat32 && *dtype != hps::DType::kFloat64)) {
-        usage_error("--dtype: '" + std::string(v) + "' is not float32 or float64");
-      }
-      c.dtype = *dtype;
-    } else if (flag == "--transport") {
-      const std::string v(value());
-      if (v != "shm" && v != "tcp") usage_error("--transport: '" + v + "' is not shm or tcp");
-      c.shared_memory = v == "shm";
-    } else if (flag == "--check-arguments") {
-      c.check_arguments = integer(0, 1) == 1;
-    } else if (flag == "--json") {
-      cli.json_path = value();
-    } else if (flag == "--no-torch") {
-      cli.torch = false;
-    } else if (flag == "--torch-script") {
-      cli.torch_script = value();
-    } else if (flag == "--quiet") {
-      c.progress = false;
-    } else if (flag == "-h" || flag == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else {
-      usage_error("unknown option '" + std::string(flag) + "'");
-    }
-  }
-  if (c.min_bytes > c.max_bytes) usage_error("--min-bytes is larger than --max-bytes");
-  return cli;
-}
+// ---- what every family shares ----
 
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
@@ -251,6 +60,13 @@ std::string machine_text() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   return std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) + " CPUs";
+}
+
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one = -1;
+  if (!(in >> one)) return -1;
+  return one;
 }
 
 std::string shell_quote(const std::string& s) {
@@ -273,77 +89,64 @@ std::string run_and_capture(const std::string& command, int* status) {
   return output;
 }
 
-// The torch side: which script, and whether /usr/bin/python3 imports torch.
-std::string find_script(const std::string& explicit_path, const std::string& name) {
+std::string tail_of(const std::string& log) {
+  return log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
+}
+
+std::filesystem::path temp_path(const std::string& what) {
+  return std::filesystem::temp_directory_path() /
+         ("hpshard-bench-" + what + "-" + std::to_string(::getpid()) + ".json");
+}
+
+// A script of tools/hpshard-bench: `explicit_path`, else $`env`, else beside the sources.
+std::string find_script(const std::string& explicit_path, const char* env,
+                        const std::string& name) {
   if (!explicit_path.empty()) return explicit_path;
-  if (const char* env = std::getenv("HPS_BENCH_TORCH_SCRIPT"); env && *env) return env;
+  if (const char* value = std::getenv(env); value && *value) return value;
   const std::string beside = std::string(HPS_BENCH_SOURCE_DIR) + "/" + name;
   std::error_code ec;
   if (std::filesystem::exists(beside, ec)) return beside;
   return {};
 }
 
-// Minimal field extraction from the flat one-result-per-line JSON torch_coll.py writes.
-std::optional<std::string> json_field(const std::string& line, const std::string& key) {
-  const std::string needle = "\"" + key + "\": ";
-  const size_t at = line.find(needle);
-  if (at == std::string::npos) return std::nullopt;
-  size_t start = at + needle.size();
-  size_t end = start;
-  if (line[start] == '"') {
-    end = line.find('"', start + 1);
-    if (end == std::string::npos) return std::nullopt;
-    return line.substr(start + 1, end - start - 1);
+// The JSON document in `path`, or why not.
+std::optional<Json> read_json(const std::filesystem::path& path, std::string* why) {
+  std::ifstream in(path);
+  if (!in) {
+    *why = "cannot open " + path.string();
+    return std::nullopt;
   }
-  while (end < line.size() && line[end] != ',' && line[end] != '}') ++end;
-  return line.substr(start, end - start);
+  try {
+    return Json::parse(in);
+  } catch (const Json::exception& e) {
+    *why = "cannot parse " + path.string() + ": " + e.what();
+    return std::nullopt;
+  }
 }
 
-// Runs torch_coll.py at `world.ranks` ranks on the same cases and fills torch_seconds.
-// Returns an empty string when it ran, else why not.
-std::string run_torch(const std::string& script, const CollConfig& config, WorldResult& world,
-                      std::string* version) {
-  std::ostringstream cases;
-  for (size_t i = 0; i < world.rows.size(); ++i) {
-    const auto& r = world.rows[i];
-    cases << (i ? "," : "") << coll_op_name(r.op) << ":" << r.count << ":" << r.iters << ":"
-          << warmup_for(config, r.bytes);
+// Options every family has.
+struct CommonCli {
+  std::string json_path;
+  std::string plot_path;
+  bool no_torch = false;
+  std::string torch_script;
+  bool quiet = false;
+  std::string isa;  // empty: the best the CPU runs
+};
+
+void add_common(CLI::App& command, CommonCli& c, const std::string& torch_script, bool isa) {
+  command.add_option("--json", c.json_path, "also write every figure as one JSON object");
+  command.add_option("--plot", c.plot_path,
+                     "also draw the figures into this PNG (python3-matplotlib, plot.py)");
+  command.add_flag("--no-torch", c.no_torch, "skip the torch column");
+  command.add_option("--torch-script", c.torch_script,
+                     torch_script + " (default: beside the sources, or $HPS_BENCH_TORCH_SCRIPT)");
+  command.add_flag("--quiet", c.quiet, "no progress lines on stderr");
+  if (isa) {
+    command
+        .add_option("--isa", c.isa, "the CPU kernels' variant (default: the best this CPU runs)")
+        ->check(CLI::IsMember({"baseline", "avx2", "avx512"}));
   }
-  const auto out = std::filesystem::temp_directory_path() /
-                   ("hpshard-bench-torch-" + std::to_string(::getpid()) + ".json");
-  const std::string command = "timeout 1800 /usr/bin/python3 " + shell_quote(script) + " --ranks " +
-                              std::to_string(world.ranks) + " --dtype " +
-                              std::string(hps::dtype_name(config.dtype)) + " --cases " +
-                              cases.str() + " --out " + shell_quote(out.string()) + " 2>&1";
-  if (config.progress) {
-    std::fprintf(stderr, "[hpshard-bench] torch.distributed gloo, %d ranks\n", world.ranks);
-  }
-  int status = 0;
-  const std::string log = run_and_capture(command, &status);
-  std::ifstream in(out);
-  if (status != 0 || !in) {
-    std::error_code ec;
-    std::filesystem::remove(out, ec);
-    return "torch_coll.py failed (status " + std::to_string(status) +
-           "): " + log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
-  }
-  std::string line;
-  while (std::getline(in, line)) {
-    if (auto v = json_field(line, "torch_version")) *version = *v;
-    auto op_name = json_field(line, "op");
-    auto count = json_field(line, "count");
-    auto seconds = json_field(line, "seconds");
-    if (!op_name || !count || !seconds || *seconds == "null") continue;
-    auto op = coll_op_from_name(*op_name);
-    for (auto& row : world.rows) {
-      if (op && row.op == *op && std::to_string(row.count) == *count) {
-        row.torch_seconds = std::strtod(seconds->c_str(), nullptr);
-      }
-    }
-  }
-  std::error_code ec;
-  std::filesystem::remove(out, ec);
-  return {};
 }
 
 RunInfo run_info(int argc, char** argv) {
@@ -354,30 +157,29 @@ RunInfo run_info(int argc, char** argv) {
     if (i) info.command += ' ';
     info.command += argv[i];
   }
+  info.load_before = load_average();
   return info;
 }
 
-int write_json(const std::string& path, const std::string& text) {
-  if (path.empty()) return 0;
-  std::ofstream json(path);
-  json << text;
-  if (!json.flush()) {
-    std::fprintf(stderr, "hpshard-bench: cannot write %s\n", path.c_str());
-    return 1;
+// Selects --isa (before any kernel runs) and notes the variant in use.
+void use_isa(const CommonCli& cli, RunInfo& info) {
+  if (!cli.isa.empty()) {
+    const hps::Status s = hps::cpu::select_cpu_kernels(*hps::cpu::cpu_isa_from_name(cli.isa));
+    if (!s.ok()) usage_error("--isa: " + s.to_string());
   }
-  return 0;
+  info.cpu_kernels = hps::cpu::cpu_isa_name(hps::cpu::active_cpu_kernels().isa);
+  info.cpu_features = hps::cpu::cpu_feature_text();
 }
 
 // Whether the torch column can run: fills info.torch and returns the script (or "").
-std::string torch_setup(bool wanted, const std::string& explicit_path, const std::string& name,
-                        RunInfo& info) {
+std::string torch_setup(const CommonCli& cli, const std::string& name, RunInfo& info) {
   std::string script;
-  if (!wanted) {
+  if (cli.no_torch) {
     info.torch = "skipped (--no-torch)";
   } else if (std::system("/usr/bin/python3 -c 'import torch.distributed as d; "
                          "assert d.is_available()' >/dev/null 2>&1") != 0) {
     info.torch = "not installed";
-  } else if ((script = find_script(explicit_path, name)).empty()) {
+  } else if ((script = find_script(cli.torch_script, "HPS_BENCH_TORCH_SCRIPT", name)).empty()) {
     info.torch = name + " not found (--torch-script or HPS_BENCH_TORCH_SCRIPT), skipped";
   } else {
     info.torch = "torch";
@@ -386,284 +188,47 @@ std::string torch_setup(bool wanted, const std::string& explicit_path, const std
   return script;
 }
 
-std::filesystem::path temp_path(const std::string& what) {
-  return std::filesystem::temp_directory_path() /
-         ("hpshard-bench-" + what + "-" + std::to_string(::getpid()) + ".json");
-}
-
-// ---- clip ----
-
-struct ClipCli {
-  ClipConfig config;
-  std::string json_path;
-  bool torch = true;
-  std::string torch_script;
-};
-
-std::optional<size_t> parse_bytes(std::string_view text) {
-  size_t multiplier = 1;
-  if (!text.empty()) {
-    const char last = text.back();
-    if (last == 'K' || last == 'k') multiplier = size_t{1} << 10;
-    if (last == 'M' || last == 'm') multiplier = size_t{1} << 20;
-    if (last == 'G' || last == 'g') multiplier = size_t{1} << 30;
-    if (multiplier != 1) text.remove_suffix(1);
-  }
-  auto n = parse_integer(text);
-  if (!n || *n < 1 || static_cast<unsigned long long>(*n) > (size_t{4} << 30) / multiplier) {
-    return std::nullopt;
-  }
-  return static_cast<size_t>(*n) * multiplier;
-}
-
-// Shared option loop of clip and step: calls `own` for family options, handles the rest.
-template <typename OwnFlag>
-void parse_options(int argc, char** argv, std::string& json_path, bool& torch,
-                   std::string& torch_script, bool& progress, OwnFlag own) {
-  for (int i = 2; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) usage_error(std::string(flag) + " needs a value");
-      return argv[++i];
-    };
-    auto integer = [&](long long min, long long max) -> long long {
-      const std::string_view v = value();
-      auto n = parse_integer(v);
-      if (!n || *n < min || *n > max) {
-        usage_error(std::string(flag) + ": '" + std::string(v) + "' is not an integer in [" +
-                    std::to_string(min) + ", " + std::to_string(max) + "]");
-      }
-      return *n;
-    };
-    auto real = [&](double min, double max) -> double {
-      const std::string v(value());
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(x >= min && x <= max)) {
-        usage_error(std::string(flag) + ": '" + v + "' is not a number in [" + std::to_string(min) +
-                    ", " + std::to_string(max) + "]");
-      }
-      return x;
-    };
-    if (own(flag, value, integer, real)) continue;
-    if (flag == "--json") {
-      json_path = value();
-    } else if (flag == "--no-torch") {
-      torch = false;
-    } else if (flag == "--torch-script") {
-      torch_script = value();
-    } else if (flag == "--quiet") {
-      progress = false;
-    } else if (flag == "-h" || flag == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else {
-      usage_error("unknown option '" + std::string(flag) + "'");
-    }
-  }
-}
-
-ClipCli parse_clip(int argc, char** argv) {
-  ClipCli cli;
-  auto& c = cli.config;
-  parse_options(argc, argv, cli.json_path, cli.torch, cli.torch_script, c.progress,
-                [&](std::string_view flag, auto& value, auto& integer, auto& real) {
-                  if (flag == "--sizes") {
-                    c.models.clear();
-                    for (const auto& part : split_list(value())) {
-                      std::string_view text = part;
-                      ClipModel model;
-                      if (const size_t colon = text.find(':'); colon != std::string_view::npos) {
-                        const std::string_view kind = text.substr(colon + 1);
-                        if (kind == "mixed") {
-                          model.mixed = true;
-                        } else if (kind != "fp32") {
-                          usage_error("--sizes: '" + part + "': the kind is fp32 or mixed");
-                        }
-                        text = text.substr(0, colon);
-                      }
-                      auto bytes = parse_bytes(text);
-                      if (!bytes || *bytes < 64) {
-                        usage_error("--sizes: '" + part + "' is not a size from 64 B to 4G");
-                      }
-                      model.bytes = *bytes;
-                      c.models.push_back(model);
-                    }
-                    if (c.models.empty()) usage_error("--sizes: empty list");
-                  } else if (flag == "--iters") {
-                    c.iters = static_cast<int32_t>(integer(1, 100000));
-                  } else if (flag == "--warmup") {
-                    c.warmup = static_cast<int32_t>(integer(0, 100000));
-                  } else if (flag == "--max-norm") {
-                    c.max_norm = real(1e-6, 1e30);
-                  } else {
-                    return false;
-                  }
-                  return true;
-                });
-  return cli;
-}
-
-// torch_clip.py on the same tensors: a case file, one model per line
-// "index iters warmup max_norm dtype:count ...", and one result per line back.
-std::string run_torch_clip(const std::string& script, const ClipConfig& config,
-                           std::vector<ClipRow>& rows, std::string* version) {
-  const auto cases = temp_path("clip-cases");
-  const auto out = temp_path("clip-torch");
+// Writes the JSON (to --json, or for --plot alone to a scratch file) and draws --plot.
+int finish(const CommonCli& cli, const char* family, RunInfo& info,
+           const std::function<Json(const RunInfo&)>& to_json) {
+  if (cli.json_path.empty() && cli.plot_path.empty()) return 0;
+  info.load_after = load_average();
+  const std::filesystem::path json_path = cli.json_path.empty()
+                                              ? temp_path(std::string(family) + "-plot")
+                                              : std::filesystem::path(cli.json_path);
   {
-    std::ofstream spec(cases);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      spec << i << " " << rows[i].iters << " " << config.warmup << " " << config.max_norm;
-      for (const auto& t : model_tensors(rows[i].model)) {
-        spec << " " << (t.dtype == hps::DType::kBFloat16 ? "bfloat16" : "float32") << ":"
-             << t.count;
-      }
-      spec << "\n";
+    std::ofstream json(json_path);
+    json << to_json(info).dump(2) << "\n";
+    if (!json.flush()) {
+      std::fprintf(stderr, "hpshard-bench: cannot write %s\n", json_path.c_str());
+      return 1;
     }
   }
-  const std::string command = "timeout 1800 /usr/bin/python3 " + shell_quote(script) + " --cases " +
-                              shell_quote(cases.string()) + " --out " + shell_quote(out.string()) +
-                              " 2>&1";
-  if (config.progress) std::fprintf(stderr, "[hpshard-bench] torch clip_grad_norm_\n");
+  if (cli.plot_path.empty()) return 0;
+  const std::string script = find_script("", "HPS_BENCH_PLOT_SCRIPT", "plot.py");
   int status = 0;
-  const std::string log = run_and_capture(command, &status);
-  std::error_code ec;
-  std::filesystem::remove(cases, ec);
-  std::ifstream in(out);
-  if (status != 0 || !in) {
-    std::filesystem::remove(out, ec);
-    return "torch_clip.py failed (status " + std::to_string(status) +
-           "): " + log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
+  std::string log;
+  if (script.empty()) {
+    log = "plot.py not found (beside the sources, or $HPS_BENCH_PLOT_SCRIPT)";
+    status = -1;
+  } else {
+    log = run_and_capture("/usr/bin/python3 " + shell_quote(script) + " " +
+                              shell_quote(json_path.string()) + " " + shell_quote(cli.plot_path) +
+                              " 2>&1",
+                          &status);
   }
-  std::string line;
-  while (std::getline(in, line)) {
-    if (auto v = json_field(line, "torch_version")) *version = *v;
-    auto index = json_field(line, "index");
-    auto seconds = json_field(line, "seconds");
-    if (!index || !seconds || *seconds == "null") continue;
-    const size_t i = std::strtoul(index->c_str(), nullptr, 10);
-    if (i < rows.size()) rows[i].torch_seconds = std::strtod(seconds->c_str(), nullptr);
+  if (cli.json_path.empty()) {
+    std::error_code ec;
+    std::filesystem::remove(json_path, ec);
   }
-  std::filesystem::remove(out, ec);
-  return {};
-}
-
-int main_clip(int argc, char** argv) {
-  ClipCli cli = parse_clip(argc, argv);
-  RunInfo info = run_info(argc, argv);
-  const std::string script = torch_setup(cli.torch, cli.torch_script, "torch_clip.py", info);
-  std::vector<ClipRow> rows = run_clip(cli.config);
-  if (!script.empty()) {
-    std::string version;
-    const std::string why = run_torch_clip(script, cli.config, rows, &version);
-    if (!why.empty()) {
-      info.torch = why;
-      std::fprintf(stderr, "hpshard-bench: torch column dropped: %s\n", why.c_str());
-    } else {
-      info.torch_ran = true;
-      info.torch = "torch " + version +
-                   " torch.nn.utils.clip_grad_norm_ (1 intra-op thread, measured after hpshard)";
-    }
+  if (status != 0) {
+    std::fprintf(stderr, "hpshard-bench: --plot %s failed: %s\n", cli.plot_path.c_str(),
+                 tail_of(log).c_str());
+    return 1;
   }
-  print_clip(stdout, cli.config, info, rows);
-  return write_json(cli.json_path, clip_to_json(cli.config, info, rows));
-}
-
-// ---- step ----
-
-struct StepCli {
-  StepConfig config;
-  std::string json_path;
-  bool torch = true;
-  std::string torch_script;
-};
-
-StepCli parse_step(int argc, char** argv) {
-  StepCli cli;
-  auto& c = cli.config;
-  parse_options(argc, argv, cli.json_path, cli.torch, cli.torch_script, c.progress,
-                [&](std::string_view flag, auto& value, auto& integer, auto& real) {
-                  if (flag == "--ranks") {
-                    c.ranks.clear();
-                    for (const auto& part : split_list(value())) {
-                      auto n = parse_integer(part);
-                      if (!n || *n < 1 || *n > 16) {
-                        usage_error("--ranks: '" + part + "' is not in [1, 16]");
-                      }
-                      c.ranks.push_back(static_cast<int32_t>(*n));
-                    }
-                    if (c.ranks.empty()) usage_error("--ranks: empty list");
-                  } else if (flag == "--width") {
-                    c.width = static_cast<int32_t>(integer(1, 16384));
-                  } else if (flag == "--depth") {
-                    c.depth = static_cast<int32_t>(integer(1, 256));
-                  } else if (flag == "--batch") {
-                    c.batch = static_cast<int32_t>(integer(1, 4096));
-                  } else if (flag == "--steps") {
-                    c.steps = static_cast<int32_t>(integer(1, 10000));
-                  } else if (flag == "--reps") {
-                    c.reps = static_cast<int32_t>(integer(1, 10000));
-                  } else if (flag == "--warmup") {
-                    c.warmup = static_cast<int32_t>(integer(0, 10000));
-                  } else if (flag == "--optimizer") {
-                    const std::string_view v = value();
-                    if (v != "adamw" && v != "sgd") usage_error("--optimizer: adamw or sgd");
-                    c.adamw = v == "adamw";
-                  } else if (flag == "--clip") {
-                    c.clip = real(0, 1e30);
-                  } else if (flag == "--prefetch-window") {
-                    c.prefetch_window = static_cast<int32_t>(integer(1, 1024));
-                  } else if (flag == "--device") {
-                    c.device = std::string(value());
-                    if (!hps::parse_device(c.device).ok()) {
-                      usage_error("--device: '" + c.device + "' is not cpu, cuda or cuda:N");
-                    }
-                  } else if (flag == "--trace-overhead") {
-                    c.trace_overhead = true;
-                  } else {
-                    return false;
-                  }
-                  return true;
-                });
-  return cli;
-}
-
-// torch_step.py at `world.ranks` ranks on the same model; fills the torch figures.
-std::string run_torch_step(const std::string& script, const StepConfig& config, StepWorld& world,
-                           std::string* version) {
-  const auto out = temp_path("step-torch");
-  const std::string command =
-      "timeout 1800 /usr/bin/python3 " + shell_quote(script) + " --ranks " +
-      std::to_string(world.ranks) + " --width " + std::to_string(config.width) + " --depth " +
-      std::to_string(config.depth) + " --batch " + std::to_string(config.batch) + " --steps " +
-      std::to_string(config.steps) + " --reps " + std::to_string(config.reps) + " --warmup " +
-      std::to_string(config.warmup) + " --clip " + std::to_string(config.clip) + " --optimizer " +
-      (config.adamw ? "adam" : "sgd") + " --threads 1 --out " + shell_quote(out.string()) + " 2>&1";
-  if (config.progress) {
-    std::fprintf(stderr, "[hpshard-bench] torch DDP + ZeroRedundancyOptimizer, %d ranks\n",
-                 world.ranks);
-  }
-  int status = 0;
-  const std::string log = run_and_capture(command, &status);
-  std::ifstream in(out);
-  std::error_code ec;
-  if (status != 0 || !in) {
-    std::filesystem::remove(out, ec);
-    return "torch_step.py failed (status " + std::to_string(status) +
-           "): " + log.substr(log.size() > 2000 ? log.size() - 2000 : 0);
-  }
-  std::string line;
-  while (std::getline(in, line)) {
-    if (auto v = json_field(line, "torch_version")) *version = *v;
-    if (auto v = json_field(line, "seconds"); v && *v != "null") {
-      world.torch_seconds = std::strtod(v->c_str(), nullptr);
-    }
-    if (auto v = json_field(line, "compute_seconds"); v && *v != "null") {
-      world.torch_compute_seconds = std::strtod(v->c_str(), nullptr);
-    }
-  }
-  std::filesystem::remove(out, ec);
-  return {};
+  if (!cli.quiet)
+    std::fprintf(stderr, "[hpshard-bench] chart written to %s\n", cli.plot_path.c_str());
+  return 0;
 }
 
 // Runs every world size, each followed by torch's figures while torch keeps working; a
@@ -694,97 +259,642 @@ std::vector<World> run_worlds(const std::vector<int32_t>& ranks, const std::stri
   return worlds;
 }
 
-int main_step(int argc, char** argv) {
-  StepCli cli = parse_step(argc, argv);
-  if (!cli.config.device.empty()) {
+// Sets up a subcommand: its options now, and what it runs once parsed.
+struct Family {
+  CLI::App* command = nullptr;
+  std::function<int()> run;
+};
+
+// ---- coll ----
+
+struct CollCli {
+  CollConfig config;
+  CommonCli common;
+  std::string transport = "shm";
+  std::string dtype = "float32";
+  std::vector<std::string> ops;
+  bool no_mpi = false;
+  std::string mpi_helper;
+};
+
+// torch_coll.py at `world.ranks` ranks on the same cases; fills torch_seconds. Returns an
+// empty string when it ran, else why not.
+std::string run_torch_coll(const std::string& script, const CollConfig& config, WorldResult& world,
+                           std::string* version) {
+  std::ostringstream cases;
+  for (size_t i = 0; i < world.rows.size(); ++i) {
+    const auto& r = world.rows[i];
+    cases << (i ? "," : "") << coll_op_name(r.op) << ":" << r.count << ":" << r.iters << ":"
+          << warmup_for(config, r.bytes);
+  }
+  const auto out = temp_path("coll-torch");
+  const std::string command = "timeout 1800 /usr/bin/python3 " + shell_quote(script) + " --ranks " +
+                              std::to_string(world.ranks) + " --dtype " +
+                              std::string(hps::dtype_name(config.dtype)) + " --cases " +
+                              cases.str() + " --out " + shell_quote(out.string()) + " 2>&1";
+  if (config.progress) {
+    std::fprintf(stderr, "[hpshard-bench] torch.distributed gloo, %d ranks\n", world.ranks);
+  }
+  int status = 0;
+  const std::string log = run_and_capture(command, &status);
+  std::string why;
+  std::optional<Json> doc = status == 0 ? read_json(out, &why) : std::nullopt;
+  std::error_code ec;
+  std::filesystem::remove(out, ec);
+  if (!doc) {
+    return "torch_coll.py failed (status " + std::to_string(status) + "): " + why + " " +
+           tail_of(log);
+  }
+  *version = doc->value("torch_version", "?");
+  for (const Json& r : doc->value("results", Json::array())) {
+    if (!r.contains("seconds") || !r["seconds"].is_number()) continue;
+    const auto op = coll_op_from_name(r.value("op", ""));
+    for (auto& row : world.rows) {
+      if (op && row.op == *op && row.count == r.value("count", size_t{0})) {
+        row.torch_seconds = r["seconds"].get<double>();
+      }
+    }
+  }
+  return {};
+}
+
+// The Open MPI side: hpshard-bench-mpi (mpi_coll.cc) under mpirun at `world.ranks`
+// processes on the same cases, shared-memory transport; fills mpi_seconds. Returns an empty
+// string when it ran, else why not.
+std::string run_mpi_coll(const std::string& helper, const CollConfig& config, WorldResult& world,
+                         std::string* version) {
+  std::ostringstream cases;
+  for (size_t i = 0; i < world.rows.size(); ++i) {
+    const auto& r = world.rows[i];
+    cases << (i ? "," : "") << coll_op_name(r.op) << ":" << r.count << ":" << r.iters << ":"
+          << warmup_for(config, r.bytes);
+  }
+  const auto out = temp_path("coll-mpi");
+  // vader is Open MPI 4's shared-memory transport (with single-copy CMA where the kernel
+  // allows it). The ranks share this machine's cores with others, as hpshard's threads do:
+  // waiting ranks yield the core (Open MPI's own choice when it sees more ranks than cores;
+  // spinning ranks measured up to 10x slower here at 2 ranks on a busy machine).
+  const std::string command =
+      "timeout 1800 mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
+      std::to_string(world.ranks) +
+      " --mca pml ob1 --mca btl self,vader --mca mpi_yield_when_idle 1 " + shell_quote(helper) +
+      " --dtype " + std::string(hps::dtype_name(config.dtype)) + " --cases " + cases.str() +
+      " --out " + shell_quote(out.string()) + " 2>&1";
+  if (config.progress) std::fprintf(stderr, "[hpshard-bench] Open MPI, %d ranks\n", world.ranks);
+  int status = 0;
+  const std::string log = run_and_capture(command, &status);
+  std::string why;
+  std::optional<Json> doc = status == 0 ? read_json(out, &why) : std::nullopt;
+  std::error_code ec;
+  std::filesystem::remove(out, ec);
+  if (!doc) {
+    return "mpirun hpshard-bench-mpi failed (status " + std::to_string(status) + "): " + why + " " +
+           tail_of(log);
+  }
+  *version = doc->value("mpi_version", "?");
+  for (const Json& r : doc->value("results", Json::array())) {
+    if (r.value("wrong", false)) return "Open MPI gave a wrong result: " + r.dump();
+    const auto op = coll_op_from_name(r.value("op", ""));
+    for (auto& row : world.rows) {
+      if (op && row.op == *op && row.count == r.value("count", size_t{0})) {
+        row.mpi_seconds = r.value("seconds", 0.0);
+      }
+    }
+  }
+  return {};
+}
+
+// hpshard-bench-mpi beside this program (or --mpi-helper), and mpirun on PATH.
+std::string mpi_setup(const CollCli& cli, RunInfo& info) {
+  if (cli.no_mpi) {
+    info.mpi = "skipped (--no-mpi)";
+    return {};
+  }
+  std::string helper = cli.mpi_helper;
+  if (helper.empty()) {
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) helper = (self.parent_path() / "hpshard-bench-mpi").string();
+  }
+  std::error_code ec;
+  if (helper.empty() || !std::filesystem::exists(helper, ec)) {
+    info.mpi = "hpshard-bench-mpi not found (built where Open MPI's libopenmpi-dev is installed)";
+  } else if (std::system("mpirun --version >/dev/null 2>&1") != 0) {
+    info.mpi = "mpirun not installed (Debian openmpi-bin)";
+  } else {
+    return helper;
+  }
+  std::printf("Open MPI: %s\n", info.mpi.c_str());
+  return {};
+}
+
+int run_coll(CollCli& cli, int argc, char** argv) {
+  CollConfig& c = cli.config;
+  if (!cli.ops.empty()) {
+    c.ops.clear();
+    for (const auto& name : cli.ops) c.ops.push_back(*coll_op_from_name(name));
+  }
+  c.dtype = *hps::dtype_from_name(cli.dtype);
+  c.shared_memory = cli.transport == "shm";
+  c.progress = !cli.common.quiet;
+  if (c.min_bytes > c.max_bytes) usage_error("--min-bytes is larger than --max-bytes");
+  RunInfo info = run_info(argc, argv);
+  use_isa(cli.common, info);
+  const std::string script = torch_setup(cli.common, "torch_coll.py", info);
+  const std::string mpi = mpi_setup(cli, info);
+  std::string mpi_version, mpi_failure;
+  auto worlds = run_worlds<WorldResult>(
+      c.ranks, script, info,
+      [&](int32_t ranks) {
+        // Open MPI after each repetition of hpshard's and Gloo's sweep, so the three
+        // alternate; its figure is the median over the repetitions like theirs.
+        return run_world_repeated(c, ranks, [&](WorldResult& world) {
+          if (mpi.empty() || !mpi_failure.empty()) return;
+          mpi_failure = run_mpi_coll(mpi, c, world, &mpi_version);
+          if (!mpi_failure.empty()) {
+            std::fprintf(stderr, "hpshard-bench: Open MPI column dropped: %s\n",
+                         mpi_failure.c_str());
+          }
+        });
+      },
+      [&](WorldResult& world, std::string* version) {
+        return run_torch_coll(script, c, world, version);
+      },
+      [](const std::string& version) {
+        return "torch " + version + " torch.distributed gloo (processes, 127.0.0.1)";
+      });
+  if (!mpi.empty()) {
+    if (mpi_failure.empty()) {
+      info.mpi_ran = true;
+      info.mpi = mpi_version +
+                 " (mpirun processes, --mca btl self,vader: shared memory, mpi_yield_when_idle 1; "
+                 "measured after each repetition of hpshard's and Gloo's sweep)";
+    } else {
+      info.mpi = mpi_failure;
+      for (auto& w : worlds) {
+        for (auto& row : w.rows) row.mpi_seconds.reset();
+      }
+    }
+  }
+  info.load_after = load_average();
+  print_tables(stdout, c, info, worlds);
+  return finish(cli.common, "coll", info, [&](const RunInfo& i) { return to_json(c, i, worlds); });
+}
+
+Family add_coll(CLI::App& app, int argc, char** argv) {
+  auto cli = std::make_shared<CollCli>();
+  CollConfig& c = cli->config;
+  CLI::App* cmd = app.add_subcommand(
+      "coll",
+      "Times hpshard's collectives (ranks as threads, in-memory store) against Gloo called "
+      "directly on the same sizes and ranks, Open MPI (processes under mpirun, shared memory) "
+      "and torch.distributed gloo when installed. S is the total bytes of the operation (for "
+      "all_gather and reduce_scatter: count per rank x ranks, as nccl-tests); busbw uses "
+      "nccl-tests' factors.");
+  cmd->add_option("--ranks", c.ranks, "world sizes (default 2,4)")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
+  cmd->add_option("--min-bytes", c.min_bytes, "smallest message S in bytes (default 4096)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 31));
+  cmd->add_option("--max-bytes", c.max_bytes,
+                  "largest message S in bytes (default 67108864; up to 268435456)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 31));
+  cmd->add_option("--iters", c.iters, "timed iterations per size (default: 40 small .. 5 large)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", c.warmup, "untimed runs per size after the checked one (3 / 1)")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--repeat", c.repeat,
+                  "the whole sweep N times; each figure is the median of the N (default 1)")
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--ops", cli->ops, "all_reduce,all_gather,reduce_scatter,broadcast (default all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "broadcast"}));
+  cmd->add_option("--dtype", cli->dtype, "float32 or float64 (default float32)")
+      ->check(CLI::IsMember({"float32", "float64"}));
+  cmd->add_option("--check-arguments", c.check_arguments,
+                  "hpshard's per-collective argument agreement, 0 or 1 (default 1)");
+  cmd->add_option("--transport", cli->transport,
+                  "hpshard's transport between its same-host ranks (default shm)")
+      ->check(CLI::IsMember({"shm", "tcp"}));
+  cmd->add_option("--shm-direct", c.shared_memory_direct,
+                  "0 or 1: shared-memory all-gather and broadcast read the peers' buffers in "
+                  "place, one copy per byte (CommOptions::shared_memory_direct; default 0)");
+  cmd->add_flag("--no-mpi", cli->no_mpi, "skip the Open MPI column");
+  cmd->add_option("--mpi-helper", cli->mpi_helper,
+                  "hpshard-bench-mpi (default: beside this program)");
+  add_common(*cmd, cli->common, "torch_coll.py", false);
+  return {cmd, [cli, argc, argv] { return run_coll(*cli, argc, argv); }};
+}
+
+// ---- clip ----
+
+struct ClipCli {
+  ClipConfig config;
+  CommonCli common;
+  std::vector<std::string> sizes;
+  std::string kernel_bytes;
+};
+
+std::optional<size_t> parse_bytes(std::string_view text) {
+  size_t multiplier = 1;
+  if (!text.empty()) {
+    const char last = text.back();
+    if (last == 'K' || last == 'k') multiplier = size_t{1} << 10;
+    if (last == 'M' || last == 'm') multiplier = size_t{1} << 20;
+    if (last == 'G' || last == 'g') multiplier = size_t{1} << 30;
+    if (multiplier != 1) text.remove_suffix(1);
+  }
+  size_t n = 0;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9' || n > (size_t{4} << 30)) return std::nullopt;
+    n = n * 10 + static_cast<size_t>(ch - '0');
+  }
+  if (text.empty() || n < 1 || n > (size_t{4} << 30) / multiplier) return std::nullopt;
+  return n * multiplier;
+}
+
+// "16M", "32M:mixed", "64K:fp32" → a model; nothing when the text is none.
+std::optional<ClipModel> parse_model(std::string_view text) {
+  ClipModel model;
+  if (const size_t colon = text.find(':'); colon != std::string_view::npos) {
+    const std::string_view kind = text.substr(colon + 1);
+    if (kind == "mixed") {
+      model.mixed = true;
+    } else if (kind != "fp32") {
+      return std::nullopt;
+    }
+    text = text.substr(0, colon);
+  }
+  auto bytes = parse_bytes(text);
+  if (!bytes || *bytes < 64) return std::nullopt;
+  model.bytes = *bytes;
+  return model;
+}
+
+// torch_clip.py on the same tensors: a case file, one model per line
+// "index iters warmup max_norm dtype:count ...", and one result per model back.
+std::string run_torch_clip(const std::string& script, const ClipConfig& config,
+                           std::vector<ClipRow>& rows, std::string* version) {
+  const auto cases = temp_path("clip-cases");
+  const auto out = temp_path("clip-torch");
+  {
+    std::ofstream spec(cases);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      spec << i << " " << rows[i].iters << " " << config.warmup << " " << config.max_norm;
+      for (const auto& t : model_tensors(rows[i].model)) {
+        spec << " " << (t.dtype == hps::DType::kBFloat16 ? "bfloat16" : "float32") << ":"
+             << t.count;
+      }
+      spec << "\n";
+    }
+  }
+  const std::string command = "timeout 1800 /usr/bin/python3 " + shell_quote(script) + " --cases " +
+                              shell_quote(cases.string()) + " --out " + shell_quote(out.string()) +
+                              " 2>&1";
+  if (config.progress) std::fprintf(stderr, "[hpshard-bench] torch clip_grad_norm_\n");
+  int status = 0;
+  const std::string log = run_and_capture(command, &status);
+  std::error_code ec;
+  std::filesystem::remove(cases, ec);
+  std::string why;
+  std::optional<Json> doc = status == 0 ? read_json(out, &why) : std::nullopt;
+  std::filesystem::remove(out, ec);
+  if (!doc) {
+    return "torch_clip.py failed (status " + std::to_string(status) + "): " + why + " " +
+           tail_of(log);
+  }
+  *version = doc->value("torch_version", "?");
+  for (const Json& r : doc->value("results", Json::array())) {
+    const size_t i = r.value("index", rows.size());
+    if (i < rows.size() && r.contains("seconds") && r["seconds"].is_number()) {
+      rows[i].torch_seconds = r["seconds"].get<double>();
+    }
+  }
+  return {};
+}
+
+int run_clip_family(ClipCli& cli, int argc, char** argv) {
+  ClipConfig& c = cli.config;
+  if (!cli.sizes.empty()) {
+    c.models.clear();
+    for (const auto& s : cli.sizes) c.models.push_back(*parse_model(s));
+  }
+  if (!cli.kernel_bytes.empty()) {
+    c.kernel_bytes = cli.kernel_bytes == "0" ? 0 : *parse_bytes(cli.kernel_bytes);
+  }
+  c.progress = !cli.common.quiet;
+  RunInfo info = run_info(argc, argv);
+  use_isa(cli.common, info);
+  const std::string script = torch_setup(cli.common, "torch_clip.py", info);
+  ClipResult result = run_clip(c);
+  if (!script.empty()) {
+    std::string version;
+    const std::string why = run_torch_clip(script, c, result.rows, &version);
+    if (!why.empty()) {
+      info.torch = why;
+      std::fprintf(stderr, "hpshard-bench: torch column dropped: %s\n", why.c_str());
+    } else {
+      info.torch_ran = true;
+      info.torch = "torch " + version +
+                   " torch.nn.utils.clip_grad_norm_ (1 intra-op thread, measured after hpshard)";
+    }
+  }
+  info.load_after = load_average();
+  print_clip(stdout, c, info, result);
+  return finish(cli.common, "clip", info,
+                [&](const RunInfo& i) { return clip_to_json(c, i, result); });
+}
+
+Family add_clip(CLI::App& app, int argc, char** argv) {
+  auto cli = std::make_shared<ClipCli>();
+  ClipConfig& c = cli->config;
+  CLI::App* cmd = app.add_subcommand(
+      "clip",
+      "Global-norm clipping (HybridClip, one rank) of a model's gradients beside a copy of the "
+      "same bytes; the clip folded into the engines' step (the unscale pass taking the partial "
+      "sums, finish, AdamW reading the coefficient) beside the step without it; each CPU "
+      "kernel over fp32, bf16 and fp16 beside a copy; the deterministic mode's cost; "
+      "torch.nn.utils.clip_grad_norm_ on the same tensors when installed.");
+  cmd->add_option("--sizes", cli->sizes,
+                  "models: total gradient bytes (suffix K, M or G), ':mixed' for bf16 weights and "
+                  "fp32 biases (default 16M,64M,32M:mixed)")
+      ->delimiter(',')
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            return parse_model(text) ? std::string()
+                                     : "'" + text + "' is not a model from 64 B to 4G";
+          },
+          "SIZE[:mixed]"));
+  cmd->add_option("--iters", c.iters, "timed iterations per model (default: 7 .. 31 by size)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", c.warmup, "untimed iterations per model (default 2)")
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--max-norm", c.max_norm, "the clip's max_norm (default 1)")
+      ->check(CLI::Range(1e-6, 1e30));
+  cmd->add_option("--kernel-bytes", cli->kernel_bytes,
+                  "fp32 bytes of each kernel's buffers in the kernel table (suffix K, M, G; 0: "
+                  "no kernel table; default 128M)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            return text == "0" || parse_bytes(text) ? std::string()
+                                                    : "'" + text + "' is not a size up to 4G";
+          },
+          "SIZE"));
+  add_common(*cmd, cli->common, "torch_clip.py", true);
+  return {cmd, [cli, argc, argv] { return run_clip_family(*cli, argc, argv); }};
+}
+
+// ---- step ----
+
+struct StepCli {
+  StepConfig config;
+  CommonCli common;
+  std::string optimizer = "adamw";
+};
+
+// torch_step.py at `world.ranks` ranks on the same model; fills the torch figures.
+std::string run_torch_step(const std::string& script, const StepConfig& config, StepWorld& world,
+                           std::string* version) {
+  const auto out = temp_path("step-torch");
+  const std::string command =
+      "timeout 1800 /usr/bin/python3 " + shell_quote(script) + " --ranks " +
+      std::to_string(world.ranks) + " --width " + std::to_string(world.width) + " --depth " +
+      std::to_string(config.depth) + " --batch " + std::to_string(config.batch) + " --steps " +
+      std::to_string(config.steps) + " --reps " + std::to_string(config.reps) + " --warmup " +
+      std::to_string(config.warmup) + " --clip " + std::to_string(config.clip) + " --optimizer " +
+      (config.adamw ? "adam" : "sgd") + " --threads 1 --out " + shell_quote(out.string()) + " 2>&1";
+  if (config.progress) {
+    std::fprintf(stderr, "[hpshard-bench] torch DDP + ZeroRedundancyOptimizer, %d ranks\n",
+                 world.ranks);
+  }
+  int status = 0;
+  const std::string log = run_and_capture(command, &status);
+  std::string why;
+  std::optional<Json> doc = status == 0 ? read_json(out, &why) : std::nullopt;
+  std::error_code ec;
+  std::filesystem::remove(out, ec);
+  if (!doc) {
+    return "torch_step.py failed (status " + std::to_string(status) + "): " + why + " " +
+           tail_of(log);
+  }
+  *version = doc->value("torch_version", "?");
+  if (doc->contains("seconds") && (*doc)["seconds"].is_number()) {
+    world.torch_seconds = (*doc)["seconds"].get<double>();
+  }
+  if (doc->contains("compute_seconds") && (*doc)["compute_seconds"].is_number()) {
+    world.torch_compute_seconds = (*doc)["compute_seconds"].get<double>();
+  }
+  return {};
+}
+
+uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+int run_step_family(StepCli& cli, int argc, char** argv) {
+  StepConfig& c = cli.config;
+  c.adamw = cli.optimizer == "adamw";
+  c.progress = !cli.common.quiet;
+  if (!c.device.empty()) {
     DeviceStepConfig d;
-    d.device = *hps::parse_device(cli.config.device);
-    d.width = cli.config.width;
-    d.depth = cli.config.depth;
-    d.steps = cli.config.steps;
-    d.reps = cli.config.reps;
-    d.warmup = cli.config.warmup;
-    d.adamw = cli.config.adamw;
-    d.clip = cli.config.clip;
+    d.device = *hps::parse_device(c.device);
+    d.width = c.width;
+    d.depth = c.depth;
+    d.steps = c.steps;
+    d.reps = c.reps;
+    d.warmup = c.warmup;
+    d.adamw = c.adamw;
+    d.clip = c.clip;
+    RunInfo info = run_info(argc, argv);
+    use_isa(cli.common, info);
     if (d.device.type == hps::DeviceType::kCuda && hps::device_count(hps::DeviceType::kCuda) == 0) {
       std::fprintf(stderr, "hpshard-bench: no CUDA device\n");
       return 77;
     }
     const DeviceStepResult r = run_device_step(d);
     print_device_step(d, r);
-    return write_json(cli.json_path, device_step_to_json(d, r));
+    return finish(cli.common, "step", info,
+                  [&](const RunInfo&) { return device_step_to_json(d, r); });
   }
   RunInfo info = run_info(argc, argv);
-  const std::string script = torch_setup(cli.torch, cli.torch_script, "torch_step.py", info);
+  use_isa(cli.common, info);
+  // The scaling sweep compares the engines with their own reference only: torch at x4 the
+  // width would take most of an hour here.
+  if (c.scale) cli.common.no_torch = true;
+  const std::string script = torch_setup(cli.common, "torch_step.py", info);
+  if (c.scale) info.torch = "skipped (--scale)";
+  // The cells: the world sizes at --width, or the scaling sweep's widths × ranks.
+  struct Cell {
+    int32_t width, ranks;
+  };
+  std::vector<Cell> cells;
+  if (c.scale) {
+    for (int32_t k : kScaleWidths) {
+      for (int32_t r : kScaleRanks) cells.push_back({c.width * k, r});
+    }
+  } else {
+    for (int32_t r : c.ranks) cells.push_back({c.width, r});
+  }
+  std::vector<int32_t> indices(cells.size());
+  for (size_t i = 0; i < cells.size(); ++i) indices[i] = static_cast<int32_t>(i);
   auto worlds = run_worlds<StepWorld>(
-      cli.config.ranks, script, info,
-      [&](int32_t ranks) { return run_step_world(cli.config, ranks); },
+      indices, script, info,
+      [&](int32_t i) {
+        StepConfig cell = c;
+        cell.width = cells[static_cast<size_t>(i)].width;
+        const int32_t ranks = cells[static_cast<size_t>(i)].ranks;
+        const uint64_t needed = step_memory_estimate(cell, ranks);
+        const uint64_t available = mem_available_bytes();
+        if (c.scale && available > 0 && needed > available / 10 * 8) {
+          StepWorld skipped;
+          skipped.ranks = ranks;
+          skipped.width = cell.width;
+          skipped.parameters = static_cast<size_t>(cell.depth) *
+                               (static_cast<size_t>(cell.width) * static_cast<size_t>(cell.width) +
+                                static_cast<size_t>(cell.width));
+          char why[128];
+          std::snprintf(why, sizeof why, "needs ~%.1f GiB, 80%% of MemAvailable is %.1f GiB",
+                        static_cast<double>(needed) / (1 << 30),
+                        static_cast<double>(available) / (1 << 30) * 0.8);
+          skipped.skipped = why;
+          std::fprintf(stderr, "[hpshard-bench] width %d, %d ranks skipped: %s\n", cell.width,
+                       ranks, why);
+          return skipped;
+        }
+        return run_step_world(cell, ranks);
+      },
       [&](StepWorld& world, std::string* version) {
-        return run_torch_step(script, cli.config, world, version);
+        if (!world.skipped.empty()) return std::string();
+        return run_torch_step(script, c, world, version);
       },
       [&](const std::string& version) {
-        return "torch " + version + " DDP + ZeroRedundancyOptimizer(" +
-               (cli.config.adamw ? "Adam" : "SGD") +
+        return "torch " + version + " DDP + ZeroRedundancyOptimizer(" + (c.adamw ? "Adam" : "SGD") +
                ") + clip_grad_norm_, gloo, processes, 1 intra-op thread each, measured after "
                "hpshard";
       });
-  print_step(stdout, cli.config, info, worlds);
-  return write_json(cli.json_path, step_to_json(cli.config, info, worlds));
+  info.load_after = load_average();
+  print_step(stdout, c, info, worlds);
+  return finish(cli.common, "step", info,
+                [&](const RunInfo& i) { return step_to_json(c, i, worlds); });
+}
+
+Family add_step(CLI::App& app, int argc, char** argv) {
+  auto cli = std::make_shared<StepCli>();
+  StepConfig& c = cli->config;
+  CLI::App* cmd = app.add_subcommand(
+      "step",
+      "A training step of an MLP (forward/backward in the bench) with ranks as threads: "
+      "Stage2Engine and Stage3Engine beside unsharded data parallel (all-reduce avg, optimizer "
+      "on the full parameters) on the same backend; torch DDP + ZeroRedundancyOptimizer(Adam) + "
+      "clip_grad_norm_ when installed.");
+  cmd->add_option("--ranks", c.ranks, "world sizes (default 2,4)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("--width", c.width, "the MLP's width (default 1024)")
+      ->check(CLI::Range(1, 16384));
+  cmd->add_option("--depth", c.depth, "the MLP's depth (default 8)")->check(CLI::Range(1, 256));
+  cmd->add_option("--batch", c.batch, "samples per rank per step (default 8)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--steps", c.steps, "steps per timed repetition (default 3)")
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("--reps", c.reps, "timed repetitions (default 5)")->check(CLI::Range(1, 10000));
+  cmd->add_option("--warmup", c.warmup, "untimed repetitions (default 1)")
+      ->check(CLI::Range(0, 10000));
+  cmd->add_option("--optimizer", cli->optimizer, "adamw or sgd (momentum 0.9); default adamw")
+      ->check(CLI::IsMember({"adamw", "sgd"}));
+  cmd->add_option("--clip", c.clip, "global-norm max_norm, 0 for none (default 1)")
+      ->check(CLI::Range(0.0, 1e30));
+  cmd->add_option("--prefetch-window", c.prefetch_window,
+                  "stage 3: units live at once, prefetch included (default 2)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_flag("--scale", c.scale,
+                "instead of --ranks: widths x1, x2, x4 of --width (about x1, x4, x16 parameters) "
+                "at 1, 2 and 4 ranks, time per parameter and the ratios per cell; cells that "
+                "would not fit in MemAvailable are skipped and say so");
+  cmd->add_option("--device", c.device,
+                  "instead: the runtime's own step on cpu, cuda or cuda:N at world size 1 (no "
+                  "model compute; synthetic gradients), beside the optimizer kernel alone; exit "
+                  "77 when the device is absent")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            return hps::parse_device(text).ok() ? std::string()
+                                                : "'" + text + "' is not cpu, cuda or cuda:N";
+          },
+          "DEVICE"));
+  cmd->add_flag("--trace-overhead", c.trace_overhead,
+                "also time stage 2 and 3 while the timeline records (HPS_TRACE)");
+  add_common(*cmd, cli->common, "torch_step.py", true);
+  return {cmd, [cli, argc, argv] { return run_step_family(*cli, argc, argv); }};
 }
 
 // ---- ckpt ----
 
-int main_ckpt(int argc, char** argv) {
-  CkptConfig c;
-  std::string json_path, unused_script;
-  bool unused_torch = false;
-  parse_options(argc, argv, json_path, unused_torch, unused_script, c.progress,
-                [&](std::string_view flag, auto& value, auto& integer, auto&) {
-                  if (flag == "--ranks") {
-                    c.ranks = static_cast<int32_t>(integer(1, 16));
-                  } else if (flag == "--bytes") {
-                    const std::string v(value());
-                    auto bytes = parse_bytes(v);
-                    if (!bytes || *bytes < 4096)
-                      usage_error("--bytes: '" + v + "' is not 4K to 4G");
-                    c.bytes = *bytes;
-                  } else if (flag == "--tensors") {
-                    c.tensors = static_cast<int32_t>(integer(1, 1024));
-                  } else if (flag == "--reps") {
-                    c.reps = static_cast<int32_t>(integer(1, 1000));
-                  } else if (flag == "--steps") {
-                    c.steps = static_cast<int32_t>(integer(1, 10000));
-                  } else if (flag == "--compute-passes") {
-                    c.compute_passes = static_cast<int32_t>(integer(0, 1000));
-                  } else if (flag == "--dir") {
-                    c.dir = value();
-                  } else {
-                    return false;
-                  }
-                  return true;
-                });
+struct CkptCli {
+  CkptConfig config;
+  CommonCli common;
+  std::string bytes;
+};
+
+int run_ckpt_family(CkptCli& cli, int argc, char** argv) {
+  CkptConfig& c = cli.config;
+  if (!cli.bytes.empty()) c.bytes = *parse_bytes(cli.bytes);
+  c.progress = !cli.common.quiet;
   RunInfo info = run_info(argc, argv);
+  use_isa(cli.common, info);
   info.torch = "no torch column for checkpoints";
   const CkptResult result = run_ckpt(c);
+  info.load_after = load_average();
   print_ckpt(stdout, c, info, result);
-  if (write_json(json_path, ckpt_to_json(c, info, result)) != 0) return 1;
-  return result.loaded_equal ? 0 : 1;
+  const int written = finish(cli.common, "ckpt", info,
+                             [&](const RunInfo& i) { return ckpt_to_json(c, i, result); });
+  return written != 0 || !result.loaded_equal ? 1 : 0;
 }
 
-// The torch family runs entirely in torch_peer.py (every contender is torch compute); this
+Family add_ckpt(CLI::App& app, int argc, char** argv) {
+  auto cli = std::make_shared<CkptCli>();
+  CkptConfig& c = cli->config;
+  CLI::App* cmd = app.add_subcommand(
+      "ckpt",
+      "Checkpoints of a Stage2Engine (AdamW, ranks as threads): save and load beside each rank "
+      "writing (with fsync) and reading (cold cache) as many bytes plainly; a step while an "
+      "asynchronous save is written beside the same step without one.");
+  cmd->add_option("--ranks", c.ranks, "ranks (default 2)")->check(CLI::Range(1, 16));
+  cmd->add_option("--bytes", cli->bytes,
+                  "fp32 parameter bytes (suffix K, M or G; AdamW saves 3x; default 64M)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            auto b = parse_bytes(text);
+            return b && *b >= 4096 ? std::string() : "'" + text + "' is not 4K to 4G";
+          },
+          "SIZE"));
+  cmd->add_option("--tensors", c.tensors, "parameters, one unit each (default 8)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--reps", c.reps, "repetitions (default 3)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--steps", c.steps,
+                  "steps timed with and without a save, per repetition (default 6)")
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("--compute-passes", c.compute_passes,
+                  "passes over the parameters in a step's compute (default 4)")
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--dir", c.dir, "where the checkpoints go (default: a temporary directory)");
+  cmd->add_option("--json", cli->common.json_path, "also write every figure as one JSON object");
+  cmd->add_flag("--quiet", cli->common.quiet, "no progress lines on stderr");
+  return {cmd, [cli, argc, argv] { return run_ckpt_family(*cli, argc, argv); }};
+}
+
+// ---- torch ----
+
+// The torch family runs entirely in torch_peer.py (every contender is torch compute): this
 // finds the script, the model and the Python binding, and passes the options through.
-int main_torch(int argc, char** argv) {
-  std::string script;
-  std::vector<std::string> pass;
-  for (int i = 2; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--torch-script") {
-      if (i + 1 >= argc) usage_error("--torch-script needs a value");
-      script = argv[++i];
-    } else {
-      pass.emplace_back(argv[i]);
-    }
-  }
-  script = find_script(script, "torch_peer.py");
+int run_torch_family(const std::string& script_option, const std::vector<std::string>& pass) {
+  const std::string script = find_script(script_option, "HPS_BENCH_TORCH_SCRIPT", "torch_peer.py");
   if (script.empty()) usage_error("torch_peer.py not found (--torch-script)");
   const auto models =
       std::filesystem::path(HPS_BENCH_SOURCE_DIR) / ".." / ".." / "examples" / "python";
@@ -797,40 +907,49 @@ int main_torch(int argc, char** argv) {
       std::string(HPS_BENCH_PYTHON_DIR) + (old && *old ? ":" + std::string(old) : "");
   ::setenv("PYTHONPATH", path.c_str(), 1);
 #endif
-  const int status = std::system(command.c_str());
-  return status == 0 ? 0 : 1;
+  return std::system(command.c_str()) == 0 ? 0 : 1;
 }
 
-int main_coll(int argc, char** argv) {
-  Cli cli = parse(argc, argv);
-  RunInfo info = run_info(argc, argv);
-  const std::string script = torch_setup(cli.torch, cli.torch_script, "torch_coll.py", info);
-  auto worlds = run_worlds<WorldResult>(
-      cli.config.ranks, script, info,
-      [&](int32_t ranks) { return run_world_repeated(cli.config, ranks); },
-      [&](WorldResult& world, std::string* version) {
-        return run_torch(script, cli.config, world, version);
-      },
-      [](const std::string& version) {
-        return "torch " + version + " torch.distributed gloo (processes, 127.0.0.1)";
-      });
-  print_tables(stdout, cli.config, info, worlds);
-  return write_json(cli.json_path, to_json(cli.config, info, worlds));
+Family add_torch(CLI::App& app) {
+  struct TorchCli {
+    std::string script;
+    std::vector<std::string> pass;
+  };
+  auto cli = std::make_shared<TorchCli>();
+  CLI::App* cmd = app.add_subcommand(
+      "torch",
+      "One PyTorch transformer (examples/python/gpt.py) with the same torch forward and "
+      "backward for every contender: hpshard stage 2 and stage 3 through hpshard.torch, torch "
+      "DDP + ZeroRedundancyOptimizer(AdamW) + clip_grad_norm_, torch DDP unsharded (FSDP where "
+      "it imports), and the compute alone; ranks as processes. Step time, resident bytes per "
+      "rank, host syncs. Its options go to torch_peer.py: --ranks LIST, --width N, --layers "
+      "N, --heads N, --context N, --vocab N, --batch N (per rank), --steps N, --reps N, "
+      "--warmup N, --clip X, --prefetch-window N, --json FILE, --quiet.");
+  cmd->add_option("--torch-script", cli->script,
+                  "torch_peer.py (default: beside the sources, or $HPS_BENCH_TORCH_SCRIPT)");
+  cmd->allow_extras();
+  return {cmd, [cli, cmd] { return run_torch_family(cli->script, cmd->remaining()); }};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) usage_error("missing the benchmark family");
-  const std::string_view family = argv[1];
-  if (family == "-h" || family == "--help") {
-    std::fputs(kUsage, stdout);
-    return 0;
+  CLI::App app{
+      "hpshard-bench: hpshard's benchmarks, each figure beside a reference measured in the same "
+      "run (docs/benchmarks.md)",
+      "hpshard-bench"};
+  app.require_subcommand(1);
+  // One line per family: its subcommand and options, and what runs once it is parsed.
+  const std::vector<Family> families{add_coll(app, argc, argv), add_clip(app, argc, argv),
+                                     add_step(app, argc, argv), add_ckpt(app, argc, argv),
+                                     add_torch(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kUsageError;  // --help prints and exits 0
   }
-  if (family == "coll") return main_coll(argc, argv);
-  if (family == "clip") return main_clip(argc, argv);
-  if (family == "step") return main_step(argc, argv);
-  if (family == "ckpt") return main_ckpt(argc, argv);
-  if (family == "torch") return main_torch(argc, argv);
-  usage_error("unknown benchmark family '" + std::string(family) + "'");
+  for (const Family& family : families) {
+    if (family.command->parsed()) return family.run();
+  }
+  return kUsageError;
 }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 namespace hps::bench {
 namespace {
@@ -38,37 +37,23 @@ std::string size_text(size_t bytes) {
   return b;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", c);
-          out += b;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+void print_run_header(std::FILE* out, const char* family, const RunInfo& info) {
+  std::fprintf(out, "# hpshard-bench %s — %s — %s\n", family, info.date.c_str(),
+               info.machine.c_str());
+  std::fprintf(out, "# command: %s\n", info.command.c_str());
+  std::fprintf(
+      out, "# cpu kernels: %s (cpu: %s); load average %.2f at the start, %.2f at the end\n",
+      info.cpu_kernels.c_str(), info.cpu_features.c_str(), info.load_before, info.load_after);
 }
 
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
-
-std::string json_optional(const std::optional<double>& v) { return v ? json_number(*v) : "null"; }
-std::string json_optional(const std::optional<bool>& v) {
-  return v ? (*v ? "true" : "false") : "null";
+void add_run_info(Json& j, const char* family, const RunInfo& info) {
+  j["tool"] = "hpshard-bench";
+  j["family"] = family;
+  j["command"] = info.command;
+  j["date"] = info.date;
+  j["machine"] = info.machine;
+  j["cpu_kernels"] = {{"isa", info.cpu_kernels}, {"cpu_features", info.cpu_features}};
+  j["load_average"] = {{"start", info.load_before}, {"end", info.load_after}};
 }
 
 std::vector<CollRow> rows_of(const WorldResult& world, CollOp op) {
@@ -92,6 +77,17 @@ Summary summarize(CollOp op, const std::vector<CollRow>& rows) {
     s.median_ratio = median(ratios);
     s.meets_target = *s.median_ratio >= kGlooTarget;
   }
+  std::vector<double> mpi_ratios;
+  for (const auto& row : rows) {
+    if (row.bytes >= kSummaryFromBytes && row.mpi_seconds) {
+      mpi_ratios.push_back(ratio(row.hpshard_seconds, *row.mpi_seconds));
+    }
+  }
+  s.mpi_rows = mpi_ratios.size();
+  if (!mpi_ratios.empty()) {
+    s.median_mpi_ratio = median(mpi_ratios);
+    s.meets_mpi_target = *s.median_mpi_ratio >= kMpiTarget;
+  }
   s.torch_rows = torch_ratios.size();
   if (!torch_ratios.empty()) {
     s.median_torch_ratio = median(torch_ratios);
@@ -103,18 +99,19 @@ Summary summarize(CollOp op, const std::vector<CollRow>& rows) {
 
 void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
                   const std::vector<WorldResult>& worlds) {
-  std::fprintf(out, "# hpshard-bench coll — %s — %s\n", info.date.c_str(), info.machine.c_str());
-  std::fprintf(out, "# command: %s\n", info.command.c_str());
+  print_run_header(out, "coll", info);
   std::fprintf(out,
-               "# dtype %s, check_arguments %d, hpshard transport %s; time = median over "
+               "# dtype %s, check_arguments %d, hpshard transport %s%s; time = median over "
                "iterations of the slowest rank (us), then over %d repetition(s) of the sweep; "
                "bandwidth in GB/s (1e9)\n",
                std::string(dtype_name(config.dtype)).c_str(), config.check_arguments ? 1 : 0,
-               config.shared_memory ? "shm" : "tcp", config.repeat);
+               config.shared_memory ? "shm" : "tcp", config.shared_memory_direct ? " (direct)" : "",
+               config.repeat);
   std::fprintf(out,
                "# reference: Gloo called directly (gloo::allreduce ring, gloo::allgather, "
                "gloo::broadcast, ReduceScatterHalvingDoubling), measured alternately with "
                "hpshard\n");
+  std::fprintf(out, "# Open MPI: %s\n", info.mpi.c_str());
   std::fprintf(out, "# torch: %s\n", info.torch.c_str());
   for (const auto& world : worlds) {
     for (CollOp op : config.ops) {
@@ -123,6 +120,7 @@ void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
       std::fprintf(out, "\n## %s, %d ranks\n", std::string(coll_op_name(op)).c_str(), world.ranks);
       std::fprintf(out, "%10s %11s %6s %12s %8s %8s %12s %8s %7s", "size", "count", "iters",
                    "hpshard_us", "algbw", "busbw", "gloo_us", "g_busbw", "ratio");
+      if (info.mpi_ran) std::fprintf(out, " %12s %8s %7s", "mpi_us", "m_busbw", "m_ratio");
       if (info.torch_ran) std::fprintf(out, " %12s %8s %7s", "torch_us", "t_busbw", "t_ratio");
       std::fprintf(out, "\n");
       for (const auto& row : rows) {
@@ -132,6 +130,15 @@ void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
                      busbw(row, world.ranks, row.hpshard_seconds), row.gloo_seconds * 1e6,
                      busbw(row, world.ranks, row.gloo_seconds),
                      ratio(row.hpshard_seconds, row.gloo_seconds));
+        if (info.mpi_ran) {
+          if (row.mpi_seconds) {
+            std::fprintf(out, " %12.1f %8.3f %7.3f", *row.mpi_seconds * 1e6,
+                         busbw(row, world.ranks, *row.mpi_seconds),
+                         ratio(row.hpshard_seconds, *row.mpi_seconds));
+          } else {
+            std::fprintf(out, " %12s %8s %7s", "-", "-", "-");
+          }
+        }
         if (info.torch_ran) {
           if (row.torch_seconds) {
             std::fprintf(out, " %12.1f %8.3f %7.3f", *row.torch_seconds * 1e6,
@@ -161,6 +168,13 @@ void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
                      "rank-runs (a race inside Gloo 0.5, see docs/benchmarks.md); timings kept\n",
                      world.gloo_reduce_scatter_wrong);
       }
+      if (s.median_mpi_ratio) {
+        std::fprintf(out,
+                     "summary: %s %d ranks: median hpshard/Open MPI busbw from 1 MiB = %.3f over "
+                     "%zu sizes: %s (target >= %.2fx Open MPI)\n",
+                     name.c_str(), world.ranks, *s.median_mpi_ratio, s.mpi_rows,
+                     *s.meets_mpi_target ? "MEETS" : "BELOW", kMpiTarget);
+      }
       if (s.median_torch_ratio) {
         std::fprintf(out, "summary: %s %d ranks: median hpshard/torch busbw from 1 MiB = %.3f%s\n",
                      name.c_str(), world.ranks, *s.median_torch_ratio,
@@ -172,76 +186,88 @@ void print_tables(std::FILE* out, const CollConfig& config, const RunInfo& info,
   }
 }
 
-std::string to_json(const CollConfig& config, const RunInfo& info,
-                    const std::vector<WorldResult>& worlds) {
-  std::ostringstream j;
-  j << "{\n  \"tool\": \"hpshard-bench\",\n  \"family\": \"coll\",\n";
-  j << "  \"command\": " << json_string(info.command) << ",\n";
-  j << "  \"date\": " << json_string(info.date) << ",\n";
-  j << "  \"machine\": " << json_string(info.machine) << ",\n";
-  j << "  \"config\": {\"ranks\": [";
-  for (size_t i = 0; i < config.ranks.size(); ++i) j << (i ? ", " : "") << config.ranks[i];
-  j << "], \"min_bytes\": " << config.min_bytes << ", \"max_bytes\": " << config.max_bytes
-    << ", \"iters\": " << config.iters << ", \"warmup\": " << config.warmup
-    << ", \"repeat\": " << config.repeat << ", \"ops\": [";
-  for (size_t i = 0; i < config.ops.size(); ++i) {
-    j << (i ? ", " : "") << json_string(std::string(coll_op_name(config.ops[i])));
-  }
-  j << "], \"dtype\": " << json_string(std::string(dtype_name(config.dtype)))
-    << ", \"check_arguments\": " << (config.check_arguments ? "true" : "false")
-    << ", \"transport\": " << json_string(config.shared_memory ? "shm" : "tcp") << "},\n";
-  j << "  \"units\": {\"time\": \"seconds, median over iterations of the slowest rank\", "
-       "\"bandwidth\": \"GB/s (1e9 bytes)\", \"ratio\": \"hpshard busbw / reference busbw\"},\n";
-  j << "  \"reference\": \"gloo direct: gloo::allreduce (ring), gloo::allgather, gloo::broadcast, "
-       "gloo::ReduceScatterHalvingDoubling; rendezvous HashStore, tcp device 127.0.0.1\",\n";
-  j << "  \"targets\": {\"gloo_ratio_min\": " << kGlooTarget
-    << ", \"torch_all_gather_ratio_min\": " << kTorchGatherTarget
-    << ", \"summary_from_bytes\": " << kSummaryFromBytes << "},\n";
-  j << "  \"torch\": {\"ran\": " << (info.torch_ran ? "true" : "false")
-    << ", \"status\": " << json_string(info.torch) << "},\n";
-  j << "  \"results\": [";
-  bool first = true;
+Json to_json(const CollConfig& config, const RunInfo& info,
+             const std::vector<WorldResult>& worlds) {
+  Json j;
+  add_run_info(j, "coll", info);
+  Json ops = Json::array();
+  for (CollOp op : config.ops) ops.push_back(std::string(coll_op_name(op)));
+  j["config"] = {{"ranks", config.ranks},
+                 {"min_bytes", config.min_bytes},
+                 {"max_bytes", config.max_bytes},
+                 {"iters", config.iters},
+                 {"warmup", config.warmup},
+                 {"repeat", config.repeat},
+                 {"ops", ops},
+                 {"dtype", std::string(dtype_name(config.dtype))},
+                 {"check_arguments", config.check_arguments},
+                 {"transport", config.shared_memory ? "shm" : "tcp"},
+                 {"shm_direct", config.shared_memory_direct}};
+  j["units"] = {{"time", "seconds, median over iterations of the slowest rank"},
+                {"bandwidth", "GB/s (1e9 bytes)"},
+                {"ratio", "hpshard busbw / reference busbw"}};
+  j["reference"] =
+      "gloo direct: gloo::allreduce (ring), gloo::allgather, gloo::broadcast, "
+      "gloo::ReduceScatterHalvingDoubling; rendezvous HashStore, tcp device 127.0.0.1";
+  j["targets"] = {{"gloo_ratio_min", kGlooTarget},
+                  {"torch_all_gather_ratio_min", kTorchGatherTarget},
+                  {"mpi_ratio_min", kMpiTarget},
+                  {"summary_from_bytes", kSummaryFromBytes}};
+  j["mpi"] = {{"ran", info.mpi_ran}, {"status", info.mpi}};
+  j["torch"] = {{"ran", info.torch_ran}, {"status", info.torch}};
+  Json results = Json::array();
   for (const auto& world : worlds) {
     for (CollOp op : config.ops) {
       const auto rows = rows_of(world, op);
       if (rows.empty()) continue;
-      j << (first ? "\n" : ",\n") << "    {\"op\": " << json_string(std::string(coll_op_name(op)))
-        << ", \"ranks\": " << world.ranks;
+      Json result;
+      result["op"] = std::string(coll_op_name(op));
+      result["ranks"] = world.ranks;
       if (op == CollOp::kReduceScatter) {
-        j << ", \"gloo_wrong_results\": " << world.gloo_reduce_scatter_wrong;
+        result["gloo_wrong_results"] = world.gloo_reduce_scatter_wrong;
       }
-      j << ", \"rows\": [";
-      first = false;
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const auto& row = rows[i];
-        j << (i ? ",\n" : "\n") << "      {\"bytes\": " << row.bytes << ", \"count\": " << row.count
-          << ", \"iters\": " << row.iters
-          << ", \"hpshard_seconds\": " << json_number(row.hpshard_seconds)
-          << ", \"hpshard_algbw\": " << json_number(algbw_gbps(row.bytes, row.hpshard_seconds))
-          << ", \"hpshard_busbw\": " << json_number(busbw(row, world.ranks, row.hpshard_seconds))
-          << ", \"gloo_seconds\": " << json_number(row.gloo_seconds)
-          << ", \"gloo_busbw\": " << json_number(busbw(row, world.ranks, row.gloo_seconds))
-          << ", \"ratio\": " << json_number(ratio(row.hpshard_seconds, row.gloo_seconds));
-        std::optional<double> torch_busbw, torch_ratio;
-        if (row.torch_seconds) {
-          torch_busbw = busbw(row, world.ranks, *row.torch_seconds);
-          torch_ratio = ratio(row.hpshard_seconds, *row.torch_seconds);
-        }
-        j << ", \"torch_seconds\": " << json_optional(row.torch_seconds)
-          << ", \"torch_busbw\": " << json_optional(torch_busbw)
-          << ", \"torch_ratio\": " << json_optional(torch_ratio) << "}";
+      Json out_rows = Json::array();
+      for (const auto& row : rows) {
+        auto busbw_of = [&](std::optional<double> seconds) -> std::optional<double> {
+          if (!seconds) return std::nullopt;
+          return busbw(row, world.ranks, *seconds);
+        };
+        auto ratio_to = [&](std::optional<double> seconds) -> std::optional<double> {
+          if (!seconds) return std::nullopt;
+          return ratio(row.hpshard_seconds, *seconds);
+        };
+        out_rows.push_back({{"bytes", row.bytes},
+                            {"count", row.count},
+                            {"iters", row.iters},
+                            {"hpshard_seconds", row.hpshard_seconds},
+                            {"hpshard_algbw", algbw_gbps(row.bytes, row.hpshard_seconds)},
+                            {"hpshard_busbw", busbw(row, world.ranks, row.hpshard_seconds)},
+                            {"gloo_seconds", row.gloo_seconds},
+                            {"gloo_busbw", busbw(row, world.ranks, row.gloo_seconds)},
+                            {"ratio", ratio(row.hpshard_seconds, row.gloo_seconds)},
+                            {"mpi_seconds", json_optional(row.mpi_seconds)},
+                            {"mpi_busbw", json_optional(busbw_of(row.mpi_seconds))},
+                            {"mpi_ratio", json_optional(ratio_to(row.mpi_seconds))},
+                            {"torch_seconds", json_optional(row.torch_seconds)},
+                            {"torch_busbw", json_optional(busbw_of(row.torch_seconds))},
+                            {"torch_ratio", json_optional(ratio_to(row.torch_seconds))}});
       }
+      result["rows"] = out_rows;
       const Summary s = summarize(op, rows);
-      j << "\n    ], \"summary\": {\"rows_from_1MiB\": " << s.rows
-        << ", \"median_ratio\": " << json_optional(s.median_ratio)
-        << ", \"meets_target\": " << json_optional(s.meets_target)
-        << ", \"torch_rows_from_1MiB\": " << s.torch_rows
-        << ", \"median_torch_ratio\": " << json_optional(s.median_torch_ratio)
-        << ", \"meets_torch_target\": " << json_optional(s.meets_torch_target) << "}}";
+      result["summary"] = {{"rows_from_1MiB", s.rows},
+                           {"median_ratio", json_optional(s.median_ratio)},
+                           {"meets_target", json_optional(s.meets_target)},
+                           {"mpi_rows_from_1MiB", s.mpi_rows},
+                           {"median_mpi_ratio", json_optional(s.median_mpi_ratio)},
+                           {"meets_mpi_target", json_optional(s.meets_mpi_target)},
+                           {"torch_rows_from_1MiB", s.torch_rows},
+                           {"median_torch_ratio", json_optional(s.median_torch_ratio)},
+                           {"meets_torch_target", json_optional(s.meets_torch_target)}};
+      results.push_back(result);
     }
   }
-  j << "\n  ]\n}\n";
-  return j.str();
+  j["results"] = results;
+  return j;
 }
 
 }  // namespace hps::bench

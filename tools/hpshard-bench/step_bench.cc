@@ -10,8 +10,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <thread>
+#include <utility>
 
 #include "core/comm/communicator.h"
 #include "core/comm/store.h"
@@ -240,6 +240,7 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
 
   StepWorld world;
   world.ranks = ranks;
+  world.width = config.width;
   world.parameters = layer_numel * depth;
   world.timed_steps = static_cast<int64_t>(config.reps) * config.steps;
   const size_t kContenders = config.trace_overhead ? kAllContenders : kCompute + 1;
@@ -302,12 +303,12 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
       u_views.gb[l] = u_grad[l].data() + width * width;
     }
     // (d) Forward + backward alone, on the unsharded parameters, into gradients nobody
-    // reads.
-    std::vector<std::vector<float>> c_grad(depth, std::vector<float>(layer_numel, 0.0f));
+    // reads (one layer's buffer shared by every layer).
+    std::vector<float> c_grad(layer_numel, 0.0f);
     LayerViews c_views = u_views;
     for (size_t l = 0; l < depth; ++l) {
-      c_views.gw[l] = c_grad[l].data();
-      c_views.gb[l] = c_grad[l].data() + width * width;
+      c_views.gw[l] = c_grad.data();
+      c_views.gb[l] = c_grad.data() + width * width;
     }
 
     Mlp mlp(width, depth, batch);
@@ -368,13 +369,18 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
       if (!work.ok()) die("all_reduce: " + work.status().to_string());
       reduced[l] = std::move(*work);
     };
+    double unsharded_wait = 0, unsharded_optimizer = 0;  // seconds over the timed steps
     auto run_unsharded = [&](bool timed) {
       const uint64_t before = host_sync_count_thread();
       mlp.make_batch(unsharded_step++, rank);
       mlp.forward_backward(u_views, unsharded_hooks);
       double squares = 0;
+      double waited = 0;
+      const auto optimizer_start = Clock::now();
       for (size_t l = 0; l < depth; ++l) {
+        const auto wait_start = Clock::now();
         check(reduced[l]->wait(), "all_reduce wait");
+        waited += std::chrono::duration<double>(Clock::now() - wait_start).count();
         if (config.clip > 0) {
           squares += cpu::sum_of_squares(DType::kFloat32, u_grad[l].data(), layer_numel);
         }
@@ -395,8 +401,12 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
         }
         std::memset(u_grad[l].data(), 0, layer_numel * sizeof(float));
       }
-      if (timed)
+      if (timed) {
         my_unsharded_syncs = std::max(my_unsharded_syncs, host_sync_count_thread() - before);
+        unsharded_wait += waited;
+        unsharded_optimizer +=
+            std::chrono::duration<double>(Clock::now() - optimizer_start).count() - waited;
+      }
     };
     const Mlp::Hooks no_hooks;
     auto run_compute = [&](bool) {
@@ -509,6 +519,10 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
       world.stage2_host_syncs_max = std::max(world.stage2_host_syncs_max, my_stage2_syncs);
       world.stage3_host_syncs_max = std::max(world.stage3_host_syncs_max, my_stage3_syncs);
       world.unsharded_host_syncs_max = std::max(world.unsharded_host_syncs_max, my_unsharded_syncs);
+      // Means over ranks, per step.
+      const double per_step = 1.0 / static_cast<double>(world.timed_steps * ranks);
+      world.unsharded_wait_seconds += unsharded_wait * per_step;
+      world.unsharded_optimizer_seconds += unsharded_optimizer * per_step;
       if (rank == 0) {
         world.dependency_waits = waits[kStage2];
         world.dependency_wait_seconds = static_cast<double>(wait_ns[kStage2]) * 1e-9;
@@ -555,6 +569,20 @@ StepWorld run_step_world(const StepConfig& config, int32_t ranks) {
   return world;
 }
 
+uint64_t step_memory_estimate(const StepConfig& config, int32_t ranks) {
+  const double w = config.width, p = static_cast<double>(config.depth) * (w * w + w);
+  const double n = ranks;
+  // Per rank, in fp32 elements: stage 2 (full parameters and gradients; shards of the
+  // gradient, masters and two moments), stage 3 (shards of the same and a window of full
+  // layers), the unsharded reference (parameters, gradients, two moments) and the compute
+  // contender's one layer of gradients.
+  const double layer = w * w + w;
+  const double stage2 = 2 * p + 4 * p / n;
+  const double stage3 = 5 * p / n + 6 * layer;
+  const double unsharded = 4 * p;
+  return static_cast<uint64_t>((stage2 + stage3 + unsharded + layer) * 4 * n);
+}
+
 namespace {
 
 std::optional<double> ratio_of(std::optional<double> a, std::optional<double> b) {
@@ -568,18 +596,76 @@ std::string mib(uint64_t bytes) {
   return b;
 }
 
+// One contender's time per step split for the report and the chart: the forward and
+// backward alone (the compute contender's time), the time blocked on communication (the
+// engines' dependency waits, the reference's all-reduce waits), the optimizer where it is
+// measured apart (the reference's), and the rest.
+struct Split {
+  double total = 0, compute = 0, waits = 0, optimizer = 0, rest = 0;
+};
+
+// The parts are clamped so they add up to the total: waits and the optimizer are means over
+// ranks, the total is the slowest rank's median, and compute comes from its own contender.
+Split split_of(double total, double compute, double waits, double optimizer) {
+  Split s;
+  s.total = total;
+  s.compute = std::min(compute, total);
+  s.waits = std::min(waits, total - s.compute);
+  s.optimizer = std::min(optimizer, total - s.compute - s.waits);
+  s.rest = total - s.compute - s.waits - s.optimizer;
+  return s;
+}
+
+double per_rank_step(const StepWorld& w, double value) {
+  return value / static_cast<double>(w.timed_steps * w.ranks);
+}
+
+Split stage2_split(const StepWorld& w) {
+  return split_of(w.stage2_seconds, w.compute_seconds, per_rank_step(w, w.dependency_wait_seconds),
+                  0);
+}
+Split stage3_split(const StepWorld& w) {
+  return split_of(w.stage3_seconds, w.compute_seconds,
+                  per_rank_step(w, w.stage3_dependency_wait_seconds), 0);
+}
+Split unsharded_split(const StepWorld& w) {
+  return split_of(w.unsharded_seconds, w.compute_seconds, w.unsharded_wait_seconds,
+                  w.unsharded_optimizer_seconds);
+}
+
+Json split_json(const Split& s) {
+  return {{"total", s.total},
+          {"compute", s.compute},
+          {"communication_waits", s.waits},
+          {"optimizer", s.optimizer},
+          {"rest", s.rest}};
+}
+
+std::string number_text(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+double ns_per_parameter(double seconds, size_t parameters) {
+  return parameters > 0 ? seconds / static_cast<double>(parameters) * 1e9 : 0.0;
+}
+
 }  // namespace
 
 void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
-                const std::vector<StepWorld>& worlds) {
-  std::fprintf(out, "# hpshard-bench step — %s — %s\n", info.date.c_str(), info.machine.c_str());
-  std::fprintf(out, "# command: %s\n", info.command.c_str());
+                const std::vector<StepWorld>& all_worlds) {
+  std::vector<StepWorld> worlds;
+  for (const auto& w : all_worlds) {
+    if (w.skipped.empty()) worlds.push_back(w);
+  }
+  print_run_header(out, "step", info);
   std::fprintf(out,
                "# MLP width %d depth %d (ReLU, squared error), batch %d per rank, %s%s; ranks as "
                "threads; time per step = median over %d repetitions of the slowest rank's time "
                "for %d steps (last drained) / %d, in ms\n",
                config.width, config.depth, config.batch, config.adamw ? "AdamW" : "SGD momentum",
-               config.clip > 0 ? (", clip " + json_number(config.clip)).c_str() : "", config.reps,
+               config.clip > 0 ? (", clip " + number_text(config.clip)).c_str() : "", config.reps,
                config.steps, config.steps);
   std::fprintf(out,
                "# stage2: Stage2Engine; stage3: Stage3Engine (gather/release around each layer's "
@@ -598,18 +684,18 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                transports.c_str());
   std::fprintf(out, "# torch: %s\n", info.torch.c_str());
   std::fprintf(out, "\n## training step\n");
-  std::fprintf(out, "%5s %10s %10s %10s %12s %8s %8s %11s", "ranks", "params", "stage2_ms",
-               "stage3_ms", "unsharded_ms", "s2_ratio", "s3_ratio", "compute_ms");
+  std::fprintf(out, "%5s %6s %10s %10s %10s %12s %8s %8s %11s", "ranks", "width", "params",
+               "stage2_ms", "stage3_ms", "unsharded_ms", "s2_ratio", "s3_ratio", "compute_ms");
   if (info.torch_ran) {
     std::fprintf(out, " %10s %12s %10s %10s", "torch_ms", "t_compute_ms", "s2_speedup",
                  "s3_speedup");
   }
   std::fprintf(out, "\n");
   for (const auto& w : worlds) {
-    std::fprintf(out, "%5d %10zu %10.2f %10.2f %12.2f %8.3f %8.3f %11.2f", w.ranks, w.parameters,
-                 w.stage2_seconds * 1e3, w.stage3_seconds * 1e3, w.unsharded_seconds * 1e3,
-                 w.stage2_seconds / w.unsharded_seconds, w.stage3_seconds / w.unsharded_seconds,
-                 w.compute_seconds * 1e3);
+    std::fprintf(out, "%5d %6d %10zu %10.2f %10.2f %12.2f %8.3f %8.3f %11.2f", w.ranks, w.width,
+                 w.parameters, w.stage2_seconds * 1e3, w.stage3_seconds * 1e3,
+                 w.unsharded_seconds * 1e3, w.stage2_seconds / w.unsharded_seconds,
+                 w.stage3_seconds / w.unsharded_seconds, w.compute_seconds * 1e3);
     if (info.torch_ran) {
       if (w.torch_seconds) {
         std::fprintf(out, " %10.2f %12.2f %10.3f %10.3f", *w.torch_seconds * 1e3,
@@ -621,13 +707,30 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
     }
     std::fprintf(out, "\n");
   }
+  std::fprintf(out,
+               "\n## time per step split (ms): compute = forward + backward alone; waits = "
+               "blocked on communication; optimizer = measured apart (reference only); "
+               "rest = the remainder; the parts are clamped to add up to the total\n");
+  std::fprintf(out, "%5s %6s %-10s %9s %9s %9s %9s %9s\n", "ranks", "width", "contender", "total",
+               "compute", "waits", "optimizer", "rest");
+  for (const auto& w : worlds) {
+    const std::pair<const char*, Split> rows[] = {{"stage2", stage2_split(w)},
+                                                  {"stage3", stage3_split(w)},
+                                                  {"unsharded", unsharded_split(w)}};
+    for (const auto& [name, sp] : rows) {
+      char optimizer[32] = "-";
+      if (sp.optimizer > 0) std::snprintf(optimizer, sizeof optimizer, "%.2f", sp.optimizer * 1e3);
+      std::fprintf(out, "%5d %6d %-10s %9.2f %9.2f %9.2f %9s %9.2f\n", w.ranks, w.width, name,
+                   sp.total * 1e3, sp.compute * 1e3, sp.waits * 1e3, optimizer, sp.rest * 1e3);
+    }
+  }
   std::fprintf(out, "\n## per rank: resident bytes, host syncs\n");
-  std::fprintf(out, "%5s %11s %11s %14s %8s %8s %14s %14s %16s\n", "ranks", "stage2_MiB",
-               "stage3_MiB", "unsharded_MiB", "s2_ratio", "s3_ratio", "s2_host_syncs",
+  std::fprintf(out, "%5s %6s %11s %11s %14s %8s %8s %14s %14s %16s\n", "ranks", "width",
+               "stage2_MiB", "stage3_MiB", "unsharded_MiB", "s2_ratio", "s3_ratio", "s2_host_syncs",
                "s3_host_syncs", "unsh_host_syncs");
   for (const auto& w : worlds) {
     const double unsharded = static_cast<double>(w.unsharded_resident_bytes);
-    std::fprintf(out, "%5d %11s %11s %14s %8.3f %8.3f %14llu %14llu %16llu\n", w.ranks,
+    std::fprintf(out, "%5d %6d %11s %11s %14s %8.3f %8.3f %14llu %14llu %16llu\n", w.ranks, w.width,
                  mib(w.stage2_resident_bytes).c_str(), mib(w.stage3_resident_bytes).c_str(),
                  mib(w.unsharded_resident_bytes).c_str(),
                  static_cast<double>(w.stage2_resident_bytes) / unsharded,
@@ -642,16 +745,16 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                "units and gradients); host syncs: the most counted in one steady step on any "
                "rank (hps::host_sync_count_thread; stage 2 and 3 must be 0)\n");
   std::fprintf(out, "\n## per step and rank: dependency waits; parameters vs the reference\n");
-  std::fprintf(out, "%5s %13s %15s %13s %15s %14s %14s\n", "ranks", "s2_dep_waits",
+  std::fprintf(out, "%5s %6s %13s %15s %13s %15s %14s %14s\n", "ranks", "width", "s2_dep_waits",
                "s2_dep_wait_ms", "s3_dep_waits", "s3_dep_wait_ms", "s2_param_diff",
                "s3_param_diff");
   for (const auto& w : worlds) {
-    const double steps = static_cast<double>(w.timed_steps * w.ranks);
-    std::fprintf(
-        out, "%5d %13.2f %15.3f %13.2f %15.3f %14.3g %14.3g\n", w.ranks,
-        static_cast<double>(w.dependency_waits) / steps, w.dependency_wait_seconds / steps * 1e3,
-        static_cast<double>(w.stage3_dependency_waits) / steps,
-        w.stage3_dependency_wait_seconds / steps * 1e3, w.max_param_diff, w.stage3_max_param_diff);
+    std::fprintf(out, "%5d %6d %13.2f %15.3f %13.2f %15.3f %14.3g %14.3g\n", w.ranks, w.width,
+                 per_rank_step(w, static_cast<double>(w.dependency_waits)),
+                 per_rank_step(w, w.dependency_wait_seconds) * 1e3,
+                 per_rank_step(w, static_cast<double>(w.stage3_dependency_waits)),
+                 per_rank_step(w, w.stage3_dependency_wait_seconds) * 1e3, w.max_param_diff,
+                 w.stage3_max_param_diff);
   }
   std::fprintf(out,
                "# dep_waits, dep_wait_ms: gather()/wait_parameters() calls that blocked on their "
@@ -677,64 +780,90 @@ void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                  "one task span recorded alone (best of 5 x 200,000); implied_pct: events per "
                  "step x ns_event / the faster step, the cost without the machine's noise\n");
   }
+  if (config.scale) {
+    std::fprintf(out,
+                 "\n## scaling: time per step per parameter (ns), widths x1 x2 x4 of %d at 1, 2 "
+                 "and 4 ranks; ratios to the unsharded step of the same cell\n",
+                 config.width / kScaleWidths[0]);
+    std::fprintf(out, "%6s %10s %5s %10s %10s %10s %8s %8s  %s\n", "width", "params", "ranks",
+                 "s2_ns/p", "s3_ns/p", "unsh_ns/p", "s2_ratio", "s3_ratio", "");
+    for (const auto& w : all_worlds) {
+      if (!w.skipped.empty()) {
+        std::fprintf(out, "%6d %10zu %5d %10s %10s %10s %8s %8s  skipped: %s\n", w.width,
+                     w.parameters, w.ranks, "-", "-", "-", "-", "-", w.skipped.c_str());
+        continue;
+      }
+      std::fprintf(out, "%6d %10zu %5d %10.3f %10.3f %10.3f %8.3f %8.3f\n", w.width, w.parameters,
+                   w.ranks, ns_per_parameter(w.stage2_seconds, w.parameters),
+                   ns_per_parameter(w.stage3_seconds, w.parameters),
+                   ns_per_parameter(w.unsharded_seconds, w.parameters),
+                   w.stage2_seconds / w.unsharded_seconds, w.stage3_seconds / w.unsharded_seconds);
+    }
+  }
   for (const auto& w : worlds) {
+    const std::string cell = std::to_string(w.ranks) + " ranks" +
+                             (config.scale ? ", width " + std::to_string(w.width) : "");
     const double r = w.stage2_seconds / w.unsharded_seconds;
     std::fprintf(out,
-                 "summary: step %d ranks: stage2 / unsharded time = %.3f: %s (target <= %.2fx); "
+                 "summary: step %s: stage2 / unsharded time = %.3f: %s (target <= %.2fx); "
                  "host syncs per steady step %llu: %s\n",
-                 w.ranks, r, r <= kStepUnshardedTarget ? "MEETS" : "ABOVE", kStepUnshardedTarget,
-                 static_cast<unsigned long long>(w.stage2_host_syncs_max),
+                 cell.c_str(), r, r <= kStepUnshardedTarget ? "MEETS" : "ABOVE",
+                 kStepUnshardedTarget, static_cast<unsigned long long>(w.stage2_host_syncs_max),
                  w.stage2_host_syncs_max == 0 ? "MEETS" : "ABOVE (target 0)");
     const double r3 = w.stage3_seconds / w.unsharded_seconds;
     std::fprintf(out,
-                 "summary: step %d ranks: stage3 / unsharded time = %.3f: %s (target <= %.2fx); "
+                 "summary: step %s: stage3 / unsharded time = %.3f: %s (target <= %.2fx); "
                  "host syncs per steady step %llu: %s\n",
-                 w.ranks, r3, r3 <= kStepUnshardedTarget ? "MEETS" : "ABOVE", kStepUnshardedTarget,
-                 static_cast<unsigned long long>(w.stage3_host_syncs_max),
+                 cell.c_str(), r3, r3 <= kStepUnshardedTarget ? "MEETS" : "ABOVE",
+                 kStepUnshardedTarget, static_cast<unsigned long long>(w.stage3_host_syncs_max),
                  w.stage3_host_syncs_max == 0 ? "MEETS" : "ABOVE (target 0)");
     if (w.torch_seconds) {
       const double s = *w.torch_seconds / w.stage2_seconds;
       std::fprintf(out,
-                   "summary: step %d ranks: torch DDP+ZeRO / hpshard stage 2 time = %.3f: %s "
+                   "summary: step %s: torch DDP+ZeRO / hpshard stage 2 time = %.3f: %s "
                    "(target >= %.1fx faster)\n",
-                   w.ranks, s, s >= kStepTorchTarget ? "MEETS" : "BELOW", kStepTorchTarget);
+                   cell.c_str(), s, s >= kStepTorchTarget ? "MEETS" : "BELOW", kStepTorchTarget);
       const double s3 = *w.torch_seconds / w.stage3_seconds;
       std::fprintf(out,
-                   "summary: step %d ranks: torch DDP+ZeRO / hpshard stage 3 time = %.3f: %s "
+                   "summary: step %s: torch DDP+ZeRO / hpshard stage 3 time = %.3f: %s "
                    "(target >= %.1fx faster)\n",
-                   w.ranks, s3, s3 >= kStepTorchTarget ? "MEETS" : "BELOW", kStepTorchTarget);
+                   cell.c_str(), s3, s3 >= kStepTorchTarget ? "MEETS" : "BELOW", kStepTorchTarget);
     }
   }
 }
 
-std::string step_to_json(const StepConfig& config, const RunInfo& info,
-                         const std::vector<StepWorld>& worlds) {
-  std::ostringstream j;
-  j << "{\n  \"tool\": \"hpshard-bench\",\n  \"family\": \"step\",\n";
-  j << "  \"command\": " << json_string(info.command) << ",\n";
-  j << "  \"date\": " << json_string(info.date) << ",\n";
-  j << "  \"machine\": " << json_string(info.machine) << ",\n";
-  j << "  \"config\": {\"ranks\": [";
-  for (size_t i = 0; i < config.ranks.size(); ++i) j << (i ? ", " : "") << config.ranks[i];
-  j << "], \"width\": " << config.width << ", \"depth\": " << config.depth
-    << ", \"batch_per_rank\": " << config.batch << ", \"steps\": " << config.steps
-    << ", \"reps\": " << config.reps << ", \"warmup\": " << config.warmup
-    << ", \"optimizer\": " << json_string(config.adamw ? "adamw" : "sgd")
-    << ", \"clip\": " << json_number(config.clip)
-    << ", \"stage3_prefetch_window\": " << config.prefetch_window << "},\n";
-  j << "  \"units\": {\"time\": \"seconds per step, median over repetitions of the slowest "
-       "rank\", \"bytes\": \"per rank: parameters, gradients, optimizer state (stage 3: the "
-       "peak over the run)\"},\n";
-  j << "  \"reference\": \"unsharded data parallel, same backend: per-layer all_reduce (avg), "
-       "clip and optimizer on the full parameters\",\n";
-  j << "  \"targets\": {\"unsharded_ratio_max\": " << kStepUnshardedTarget
-    << ", \"torch_speedup_min\": " << kStepTorchTarget << ", \"host_syncs\": 0},\n";
-  j << "  \"torch\": {\"ran\": " << (info.torch_ran ? "true" : "false")
-    << ", \"status\": " << json_string(info.torch) << "},\n";
-  j << "  \"results\": [";
-  for (size_t i = 0; i < worlds.size(); ++i) {
-    const auto& w = worlds[i];
-    const double steps = static_cast<double>(w.timed_steps * w.ranks);
+Json step_to_json(const StepConfig& config, const RunInfo& info,
+                  const std::vector<StepWorld>& worlds) {
+  Json j;
+  add_run_info(j, "step", info);
+  j["config"] = {{"ranks", config.ranks},   {"width", config.width},
+                 {"depth", config.depth},   {"batch_per_rank", config.batch},
+                 {"steps", config.steps},   {"reps", config.reps},
+                 {"warmup", config.warmup}, {"optimizer", config.adamw ? "adamw" : "sgd"},
+                 {"clip", config.clip},     {"stage3_prefetch_window", config.prefetch_window},
+                 {"scale", config.scale}};
+  j["units"] = {{"time",
+                 "seconds per step, median over repetitions of the slowest rank; split: per "
+                 "step, mean over ranks"},
+                {"bytes",
+                 "per rank: parameters, gradients, optimizer state (stage 3: the peak over the "
+                 "run)"}};
+  j["reference"] =
+      "unsharded data parallel, same backend: per-layer all_reduce (avg), clip and optimizer "
+      "on the full parameters";
+  j["targets"] = {{"unsharded_ratio_max", kStepUnshardedTarget},
+                  {"torch_speedup_min", kStepTorchTarget},
+                  {"host_syncs", 0}};
+  j["torch"] = {{"ran", info.torch_ran}, {"status", info.torch}};
+  Json results = Json::array();
+  for (const auto& w : worlds) {
+    if (!w.skipped.empty()) {
+      results.push_back({{"ranks", w.ranks},
+                         {"width", w.width},
+                         {"parameters", w.parameters},
+                         {"skipped", w.skipped}});
+      continue;
+    }
     const double r = w.stage2_seconds / w.unsharded_seconds;
     const double r3 = w.stage3_seconds / w.unsharded_seconds;
     const auto speedup = ratio_of(w.torch_seconds, w.stage2_seconds);
@@ -742,45 +871,59 @@ std::string step_to_json(const StepConfig& config, const RunInfo& info,
     const auto meets_torch = [](std::optional<double> s) {
       return s ? std::optional<bool>(*s >= kStepTorchTarget) : std::nullopt;
     };
-    j << (i ? ",\n" : "\n") << "    {\"ranks\": " << w.ranks << ", \"parameters\": " << w.parameters
-      << ", \"transport\": " << json_string(w.transport)
-      << ", \"stage2_seconds\": " << json_number(w.stage2_seconds)
-      << ", \"unsharded_seconds\": " << json_number(w.unsharded_seconds)
-      << ", \"ratio\": " << json_number(r)
-      << ", \"meets_target\": " << (r <= kStepUnshardedTarget ? "true" : "false")
-      << ", \"compute_seconds\": " << json_number(w.compute_seconds)
-      << ", \"torch_seconds\": " << json_optional(w.torch_seconds)
-      << ", \"torch_compute_seconds\": " << json_optional(w.torch_compute_seconds)
-      << ", \"torch_speedup\": " << json_optional(speedup)
-      << ", \"meets_torch_target\": " << json_optional(meets_torch(speedup))
-      << ", \"stage2_resident_bytes\": " << w.stage2_resident_bytes
-      << ", \"unsharded_resident_bytes\": " << w.unsharded_resident_bytes
-      << ", \"stage2_host_syncs_per_step_max\": " << w.stage2_host_syncs_max
-      << ", \"unsharded_host_syncs_per_step_max\": " << w.unsharded_host_syncs_max
-      << ", \"dependency_waits_per_step\": "
-      << json_number(static_cast<double>(w.dependency_waits) / steps)
-      << ", \"dependency_wait_seconds_per_step\": "
-      << json_number(w.dependency_wait_seconds / steps)
-      << ", \"max_param_diff\": " << json_number(w.max_param_diff)
-      << ", \"stage3_seconds\": " << json_number(w.stage3_seconds)
-      << ", \"stage3_ratio\": " << json_number(r3)
-      << ", \"stage3_meets_target\": " << (r3 <= kStepUnshardedTarget ? "true" : "false")
-      << ", \"stage3_torch_speedup\": " << json_optional(speedup3)
-      << ", \"stage3_meets_torch_target\": " << json_optional(meets_torch(speedup3))
-      << ", \"stage3_resident_bytes\": " << w.stage3_resident_bytes
-      << ", \"stage3_host_syncs_per_step_max\": " << w.stage3_host_syncs_max
-      << ", \"stage3_dependency_waits_per_step\": "
-      << json_number(static_cast<double>(w.stage3_dependency_waits) / steps)
-      << ", \"stage3_dependency_wait_seconds_per_step\": "
-      << json_number(w.stage3_dependency_wait_seconds / steps)
-      << ", \"stage3_max_param_diff\": " << json_number(w.stage3_max_param_diff)
-      << ", \"stage2_traced_seconds\": " << json_optional(w.stage2_traced_seconds)
-      << ", \"stage3_traced_seconds\": " << json_optional(w.stage3_traced_seconds)
-      << ", \"trace_events_per_step\": " << json_number(w.trace_events_per_step)
-      << ", \"trace_seconds_per_event\": " << json_number(w.trace_seconds_per_event) << "}";
+    Json split = {{"stage2", split_json(stage2_split(w))},
+                  {"stage3", split_json(stage3_split(w))},
+                  {"unsharded", split_json(unsharded_split(w))}};
+    if (w.torch_seconds) {
+      split["torch"] =
+          split_json(split_of(*w.torch_seconds, w.torch_compute_seconds.value_or(0), 0, 0));
+    }
+    results.push_back(
+        {{"ranks", w.ranks},
+         {"width", w.width},
+         {"parameters", w.parameters},
+         {"transport", w.transport},
+         {"stage2_seconds", w.stage2_seconds},
+         {"unsharded_seconds", w.unsharded_seconds},
+         {"ratio", r},
+         {"meets_target", r <= kStepUnshardedTarget},
+         {"compute_seconds", w.compute_seconds},
+         {"torch_seconds", json_optional(w.torch_seconds)},
+         {"torch_compute_seconds", json_optional(w.torch_compute_seconds)},
+         {"torch_speedup", json_optional(speedup)},
+         {"meets_torch_target", json_optional(meets_torch(speedup))},
+         {"stage2_resident_bytes", w.stage2_resident_bytes},
+         {"unsharded_resident_bytes", w.unsharded_resident_bytes},
+         {"stage2_host_syncs_per_step_max", w.stage2_host_syncs_max},
+         {"unsharded_host_syncs_per_step_max", w.unsharded_host_syncs_max},
+         {"dependency_waits_per_step", per_rank_step(w, static_cast<double>(w.dependency_waits))},
+         {"dependency_wait_seconds_per_step", per_rank_step(w, w.dependency_wait_seconds)},
+         {"max_param_diff", w.max_param_diff},
+         {"stage3_seconds", w.stage3_seconds},
+         {"stage3_ratio", r3},
+         {"stage3_meets_target", r3 <= kStepUnshardedTarget},
+         {"stage3_torch_speedup", json_optional(speedup3)},
+         {"stage3_meets_torch_target", json_optional(meets_torch(speedup3))},
+         {"stage3_resident_bytes", w.stage3_resident_bytes},
+         {"stage3_host_syncs_per_step_max", w.stage3_host_syncs_max},
+         {"stage3_dependency_waits_per_step",
+          per_rank_step(w, static_cast<double>(w.stage3_dependency_waits))},
+         {"stage3_dependency_wait_seconds_per_step",
+          per_rank_step(w, w.stage3_dependency_wait_seconds)},
+         {"stage3_max_param_diff", w.stage3_max_param_diff},
+         {"unsharded_wait_seconds_per_step", w.unsharded_wait_seconds},
+         {"unsharded_optimizer_seconds_per_step", w.unsharded_optimizer_seconds},
+         {"stage2_ns_per_parameter", ns_per_parameter(w.stage2_seconds, w.parameters)},
+         {"stage3_ns_per_parameter", ns_per_parameter(w.stage3_seconds, w.parameters)},
+         {"unsharded_ns_per_parameter", ns_per_parameter(w.unsharded_seconds, w.parameters)},
+         {"stage2_traced_seconds", json_optional(w.stage2_traced_seconds)},
+         {"stage3_traced_seconds", json_optional(w.stage3_traced_seconds)},
+         {"trace_events_per_step", w.trace_events_per_step},
+         {"trace_seconds_per_event", w.trace_seconds_per_event},
+         {"split", split}});
   }
-  j << "\n  ]\n}\n";
-  return j.str();
+  j["results"] = results;
+  return j;
 }
 
 }  // namespace hps::bench

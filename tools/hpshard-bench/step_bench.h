@@ -38,11 +38,21 @@ struct StepConfig {
   bool progress = true;
   // Set: the runtime's own step on this device at world size 1 (device_step.h) instead.
   std::string device;
+  // --scale: the sweep of widths × kScaleWidths and kScaleRanks instead of `ranks`.
+  bool scale = false;
 };
+
+// The scaling sweep: widths ×1, ×2, ×4 of the configured one (≈ ×1, ×4, ×16 parameters) at
+// 1, 2 and 4 ranks.
+inline constexpr int32_t kScaleWidths[] = {1, 2, 4};
+inline constexpr int32_t kScaleRanks[] = {1, 2, 4};
 
 struct StepWorld {
   int32_t ranks = 0;
+  int32_t width = 0;
   size_t parameters = 0;  // elements
+  // Set when the cell did not run (the scaling sweep skips what would not fit in memory).
+  std::string skipped;
   std::string transport;  // how the communicators moved collective data: "shm" or "tcp"
   // Seconds per step: the median over repetitions of the slowest rank's time for `steps`
   // steps (the last one drained), divided by `steps`.
@@ -60,6 +70,10 @@ struct StepWorld {
   uint64_t stage2_host_syncs_max = 0;     // most host syncs seen in one steady step, any rank
   uint64_t stage3_host_syncs_max = 0;
   uint64_t unsharded_host_syncs_max = 0;  // the reference waits on its all-reduces (counted)
+  // The reference's step split, per step, mean over ranks: blocked on its all-reduces, and
+  // its clip + optimizer (the rest of its time is forward and backward).
+  double unsharded_wait_seconds = 0;
+  double unsharded_optimizer_seconds = 0;
   // Dependency waits (a forward or backward that had to wait for its layer's all-gather),
   // over all timed steps and ranks, counted apart for each engine.
   uint64_t dependency_waits = 0;  // stage 2
@@ -78,10 +92,12 @@ struct StepWorld {
 };
 
 StepWorld run_step_world(const StepConfig& config, int32_t ranks);
+// Bytes the bench holds for `ranks` ranks of `config` (every contender's buffers), roughly.
+uint64_t step_memory_estimate(const StepConfig& config, int32_t ranks);
 
 void print_step(std::FILE* out, const StepConfig& config, const RunInfo& info,
                 const std::vector<StepWorld>& worlds);
-std::string step_to_json(const StepConfig& config, const RunInfo& info,
-                         const std::vector<StepWorld>& worlds);
+Json step_to_json(const StepConfig& config, const RunInfo& info,
+                  const std::vector<StepWorld>& worlds);
 
 }  // namespace hps::bench

@@ -69,25 +69,7 @@ class CpuKernels final : public Kernels {
                     DevicePtr<const void> src, size_t count) const override {
     HPS_QUEUE("accumulate");
     queue->enqueue(
-        [dst, src_dtype, src, count] {
-          float* d = dst.get();
-          if (src_dtype == DType::kFloat32) {
-            const float* s = src.as<const float>().get();
-#pragma omp simd
-            for (size_t i = 0; i < count; ++i) d[i] += s[i];
-            return;
-          }
-          // 16-bit gradients: widened a block at a time, then added.
-          constexpr size_t kBlock = 4096;
-          float widened[kBlock];
-          const auto* bytes = static_cast<const uint8_t*>(src.get());
-          const size_t element = dtype_size(src_dtype);
-          for (size_t start = 0; start < count; start += kBlock) {
-            const size_t n = std::min(kBlock, count - start);
-            cpu::cast(src_dtype, bytes + start * element, DType::kFloat32, widened, n);
-            for (size_t i = 0; i < n; ++i) d[start + i] += widened[i];
-          }
-        },
+        [dst, src_dtype, src, count] { cpu::accumulate(dst.get(), src_dtype, src.get(), count); },
         "accumulate");
     return Status::Ok();
   }

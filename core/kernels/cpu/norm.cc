@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/common/half.h"
+#include "core/kernels/cpu/kernel_set.h"
 
 namespace hps {
 
@@ -63,35 +64,6 @@ double FixedSquares::value() const {
 namespace cpu {
 namespace {
 
-// float → bf16 with round-to-nearest-even and quiet NaNs, as float_to_bf16_bits, written
-// without branches so the scale loop vectorises.
-inline uint16_t to_bf16_select(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (x >> 16) | 0x0040u;
-  // A signed compare (the masked value is below 2^31): SSE2 has no unsigned one.
-  return static_cast<uint16_t>(static_cast<int32_t>(x & 0x7fffffffu) > 0x7f800000 ? quiet_nan
-                                                                                  : rounded);
-}
-
-constexpr size_t kChunk = 4096;  // fp32 partial sums stay short; chunks add in fp64
-
-template <typename Load>
-double sum_squares_fp32(size_t count, Load load) {
-  double total = 0;
-  for (size_t start = 0; start < count; start += kChunk) {
-    const size_t end = std::min(count, start + kChunk);
-    float chunk = 0;
-#pragma omp simd reduction(+ : chunk)
-    for (size_t i = start; i < end; ++i) {
-      const float x = load(i);
-      chunk += x * x;
-    }
-    total += chunk;
-  }
-  return total;
-}
-
 template <typename Load>
 void fixed_squares(size_t count, Load load, FixedSquares& out) {
   for (size_t i = 0; i < count; ++i) {
@@ -104,33 +76,9 @@ void fixed_squares(size_t count, Load load, FixedSquares& out) {
 
 }  // namespace
 
-// AVX2 clones where the processor has it (the 16-bit conversions vectorise poorly with
-// baseline SSE2), chosen once at load time by the dynamic linker.
-#define HPS_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))
-
-HPS_KERNEL_CLONES double sum_of_squares(DType dtype, const void* data, size_t count) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      const auto* x = static_cast<const float*>(data);
-      return sum_squares_fp32(count, [x](size_t i) { return x[i]; });
-    }
-    case DType::kFloat16: {
-      const auto* x = static_cast<const uint16_t*>(data);
-      return sum_squares_fp32(count, [x](size_t i) { return half_bits_to_float(x[i]); });
-    }
-    case DType::kBFloat16: {
-      const auto* x = static_cast<const uint16_t*>(data);
-      return sum_squares_fp32(count, [x](size_t i) { return bf16_bits_to_float(x[i]); });
-    }
-    case DType::kFloat64: {
-      const auto* x = static_cast<const double*>(data);
-      double total = 0;
-#pragma omp simd reduction(+ : total)
-      for (size_t i = 0; i < count; ++i) total += x[i] * x[i];
-      return total;
-    }
-    default: return 0;
-  }
+// The vectorised kernels are those of the instruction-set variant in use (kernel_set.h).
+double sum_of_squares(DType dtype, const void* data, size_t count) {
+  return active_cpu_kernels().sum_of_squares(dtype, data, count);
 }
 
 void sum_of_squares_fixed(DType dtype, const void* data, size_t count, FixedSquares& out) {
@@ -163,99 +111,19 @@ void sum_of_squares_fixed(DType dtype, const void* data, size_t count, FixedSqua
   }
 }
 
-HPS_KERNEL_CLONES void scale(DType dtype, void* data, size_t count, double coefficient) {
-  switch (dtype) {
-    case DType::kFloat32: {
-      auto* x = static_cast<float*>(data);
-      const auto c = static_cast<float>(coefficient);
-#pragma omp simd
-      for (size_t i = 0; i < count; ++i) x[i] *= c;
-      return;
-    }
-    case DType::kFloat64: {
-      auto* x = static_cast<double*>(data);
-#pragma omp simd
-      for (size_t i = 0; i < count; ++i) x[i] *= coefficient;
-      return;
-    }
-    case DType::kFloat16: {
-      auto* x = static_cast<uint16_t*>(data);
-      const auto c = static_cast<float>(coefficient);
-#pragma omp simd
-      for (size_t i = 0; i < count; ++i) x[i] = float_to_half_bits(half_bits_to_float(x[i]) * c);
-      return;
-    }
-    case DType::kBFloat16: {
-      auto* x = static_cast<uint16_t*>(data);
-      const auto c = static_cast<float>(coefficient);
-#pragma omp simd
-      for (size_t i = 0; i < count; ++i) x[i] = to_bf16_select(bf16_bits_to_float(x[i]) * c);
-      return;
-    }
-    default: return;
-  }
+void scale(DType dtype, void* data, size_t count, double coefficient) {
+  active_cpu_kernels().scale(dtype, data, count, coefficient);
 }
 
-namespace {
-
-// One chunk of the unscale pass; returns the chunk's fp32 sum of squares and sets
-// `nonfinite` when a result is Inf or NaN (x · 0 is NaN exactly then).
-template <typename Load>
-__attribute__((always_inline)) inline float unscale_chunk(Load load, float* dst, size_t begin,
-                                                          size_t end, float factor,
-                                                          bool& nonfinite) {
-  float squares = 0;
-  float poison = 0;
-#pragma omp simd reduction(+ : squares, poison)
-  for (size_t i = begin; i < end; ++i) {
-    const float x = load(i) * factor;
-    dst[i] = x;
-    squares += x * x;
-    poison += x * 0.0f;
-  }
-  if (poison != 0 || poison != poison) nonfinite = true;
-  return squares;
-}
-
-template <typename Load>
-bool unscale_with(Load load, float* dst, size_t count, float factor, bool check_finite,
-                  double* partial, FixedSquares* fixed) {
-  bool nonfinite = false;
-  double total = 0;
-  for (size_t start = 0; start < count; start += kChunk) {
-    const size_t end = std::min(count, start + kChunk);
-    total += unscale_chunk(load, dst, start, end, factor, nonfinite);
-  }
-  if (partial != nullptr) *partial += total;
+bool unscale(DType src_dtype, const void* src, float* dst, size_t count, float factor,
+             bool check_finite, double* partial, FixedSquares* fixed) {
+  const bool finite =
+      active_cpu_kernels().unscale(src_dtype, src, dst, count, factor, check_finite, partial);
   if (fixed != nullptr) {
     fixed_squares(
         count, [dst](size_t i) { return static_cast<double>(dst[i]); }, *fixed);
   }
-  return !(check_finite && nonfinite);
-}
-
-}  // namespace
-
-HPS_KERNEL_CLONES bool unscale(DType src_dtype, const void* src, float* dst, size_t count,
-                               float factor, bool check_finite, double* partial,
-                               FixedSquares* fixed) {
-  switch (src_dtype) {
-    case DType::kFloat16: {
-      const auto* x = static_cast<const uint16_t*>(src);
-      return unscale_with([x](size_t i) { return half_bits_to_float(x[i]); }, dst, count, factor,
-                          check_finite, partial, fixed);
-    }
-    case DType::kBFloat16: {
-      const auto* x = static_cast<const uint16_t*>(src);
-      return unscale_with([x](size_t i) { return bf16_bits_to_float(x[i]); }, dst, count, factor,
-                          check_finite, partial, fixed);
-    }
-    default: {
-      const auto* x = static_cast<const float*>(src);
-      return unscale_with([x](size_t i) { return x[i]; }, dst, count, factor, check_finite, partial,
-                          fixed);
-    }
-  }
+  return finite;
 }
 
 }  // namespace cpu

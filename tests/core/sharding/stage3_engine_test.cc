@@ -101,8 +101,13 @@ void train_and_check_memory(const TrainingSetup& s) {
           ASSERT_TRUE(e.release(u).ok());
         }
       }
+      const uint64_t prefetched_before = e.prefetched_gathers();
       ASSERT_TRUE(e.step().ok());
       EXPECT_EQ(host_sync_count_thread(), 0u) << "step " << step << " blocked the host";
+      if (kUnits > 1) {
+        // The next step's first units start gathering at step(), after their updates.
+        EXPECT_GT(e.prefetched_gathers(), prefetched_before) << "step " << step;
+      }
     }
     if (s.steps > 1 && kUnits > 1) {
       // From the second step on, gathers ahead of use start in the recorded order, and the

@@ -1,0 +1,49 @@
+// The avx512 variant of the CPU kernels (kernel_set.h): AVX-512 (F, BW, VL, DQ) with F16C
+// conversions, for the functions of kernel_body.inc only (a target pragma around them, so nothing
+// else in the process needs these instructions). kernel_set.cc calls into it only where the CPU and
+// the OS support them.
+#include "core/kernels/cpu/kernel_set.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/common/half.h"
+#include "core/kernels/kernel_table.h"
+
+#if defined(__clang__)
+#pragma clang attribute push( \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512")
+#endif
+
+namespace hps::cpu::avx512 {
+#define HPS_KERNEL_ISA CpuIsa::kAvx512
+#define HPS_KERNEL_AVX2 1
+#include "core/kernels/cpu/kernel_body.inc"
+}  // namespace hps::cpu::avx512
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace hps::cpu {
+const CpuKernelSet* avx512_kernel_set() { return &avx512::kKernelSet; }
+}  // namespace hps::cpu
+
+#else
+
+namespace hps::cpu {
+const CpuKernelSet* avx512_kernel_set() { return nullptr; }  // not an x86-64 build
+}  // namespace hps::cpu
+
+#endif
