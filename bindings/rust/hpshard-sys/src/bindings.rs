@@ -1916,12 +1916,21 @@ pub struct hps_engine_options {
     #[doc = "checked and kept alive but not otherwise used. The"]
     #[doc = "engine keeps the stream alive while it lives."]
     pub compute_stream: *mut hps_stream_t,
+    #[doc = "< > 0: a flat buffer (bucket) of a unit's parameters of one"]
+    #[doc = "dtype holds at most this many bytes (a parameter larger than"]
+    #[doc = "it gets a bucket of its own), so one unit is reduced in"]
+    #[doc = "several collectives, each started when its parameters have"]
+    #[doc = "all checked in, overlapping the rest of the unit's backward."]
+    #[doc = "0 (default): one bucket per unit and dtype."]
+    #[doc = "hps_engine_param_bucket tells which bucket holds a"]
+    #[doc = "parameter."]
+    pub bucket_bytes: u64,
 }
 #[test]
 fn bindgen_test_layout_hps_engine_options() {
     assert_eq!(
         ::std::mem::size_of::<hps_engine_options>(),
-        104usize,
+        112usize,
         concat!("Size of: ", stringify!(hps_engine_options))
     );
     assert_eq!(
@@ -2286,6 +2295,23 @@ fn bindgen_test_layout_hps_engine_options() {
         );
     }
     test_field_compute_stream();
+    fn test_field_bucket_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_engine_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bucket_bytes) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_engine_options),
+                "::",
+                stringify!(bucket_bytes)
+            )
+        );
+    }
+    test_field_bucket_bytes();
 }
 #[doc = " Engine options. ABI-extensible."]
 pub type hps_engine_options_t = hps_engine_options;
@@ -2442,6 +2468,20 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " The flat buffer (bucket) holding parameter `index` into *out_bucket: buckets are numbered"]
+    #[doc = " from 0 across the engine, the same on every rank. The gradients of a bucket are reduced"]
+    #[doc = " together, by one collective started when each of its parameters has checked in"]
+    #[doc = " (hps_engine_grad_ready); frozen parameters lie in buckets of their own, never reduced."]
+    #[doc = " Without bucket_bytes a bucket holds one unit's parameters of one dtype."]
+    #[doc = " Errors: FAILED_PRECONDITION (not sealed), OUT_OF_RANGE. Thread safety: one thread at a"]
+    #[doc = " time per engine."]
+    pub fn hps_engine_param_bucket(
+        engine: *mut hps_engine_t,
+        index: usize,
+        out_bucket: *mut usize,
+    ) -> hps_status_t;
+}
+extern "C" {
     #[doc = " The engine's current loss scale (1 without dynamic loss scaling) in *out_scale: engine"]
     #[doc = " memory the optimizer's stream updates. Multiply the loss by it before backward; read it"]
     #[doc = " after the step's hps_engine_wait_parameters, when the last update has landed. Also the"]
@@ -2494,5 +2534,565 @@ extern "C" {
     pub fn hps_dependency_wait_stats(
         out_count: *mut u64,
         out_nanoseconds: *mut u64,
+    ) -> hps_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_checkpoint {
+    _unused: [u8; 0],
+}
+#[doc = " Sharded, asynchronous, atomic, verified checkpoints of an engine, loadable into any"]
+#[doc = " topology (docs/checkpoints.md). A checkpoint is a directory <root>/<name>: one data file"]
+#[doc = " per writing rank holding ranges of the logical (unsharded) tensors — parameters in their"]
+#[doc = " dtype, fp32 masters, SGD momentum or AdamW exp_avg / exp_avg_sq, the loss-scaling state"]
+#[doc = " and step counts — each chunk with an XXH3 checksum, and manifest.json, written last."]
+#[doc = " It is published by fsync and rename; <root>/latest names the newest. Every rank of the"]
+#[doc = " group must see <root> (one host, or a shared filesystem)."]
+#[doc = ""]
+#[doc = " A save returns at once: the state is copied in stream order after the work already"]
+#[doc = " enqueued (the next steps cannot change what is saved, and count no host sync), and a"]
+#[doc = " background thread writes and publishes. A load reads only this rank's ranges, checks"]
+#[doc = " every checksum, converts between stage 2 and 3, sharding and dp degrees, bucket layouts"]
+#[doc = " and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every"]
+#[doc = " rank read everything. One hps_checkpoint_t per engine; one root per job."]
+#[doc = " Thread safety: one thread at a time per handle (its saves write on a thread of their own)."]
+pub type hps_checkpoint_t = hps_checkpoint;
+#[doc = " Checkpoint options. ABI-extensible."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_checkpoint_options {
+    #[doc = "< set by hps_checkpoint_options_init"]
+    pub struct_size: usize,
+    #[doc = "< > 0: after a save is published, delete checkpoints under the root"]
+    #[doc = "beyond the newest keep_last (default 0: keep all)"]
+    pub keep_last: i32,
+    #[doc = "< ranges are checksummed in chunks of this size (default 1 MiB)"]
+    pub chunk_bytes: u64,
+    #[doc = "< bound on each agreement among the ranks of a save or load"]
+    #[doc = "(default 1800000)"]
+    pub timeout_ms: i64,
+}
+#[test]
+fn bindgen_test_layout_hps_checkpoint_options() {
+    assert_eq!(
+        ::std::mem::size_of::<hps_checkpoint_options>(),
+        32usize,
+        concat!("Size of: ", stringify!(hps_checkpoint_options))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<hps_checkpoint_options>(),
+        8usize,
+        concat!("Alignment of ", stringify!(hps_checkpoint_options))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_options),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_keep_last() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).keep_last) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_options),
+                "::",
+                stringify!(keep_last)
+            )
+        );
+    }
+    test_field_keep_last();
+    fn test_field_chunk_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).chunk_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_options),
+                "::",
+                stringify!(chunk_bytes)
+            )
+        );
+    }
+    test_field_chunk_bytes();
+    fn test_field_timeout_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).timeout_ms) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_options),
+                "::",
+                stringify!(timeout_ms)
+            )
+        );
+    }
+    test_field_timeout_ms();
+}
+#[doc = " Checkpoint options. ABI-extensible."]
+pub type hps_checkpoint_options_t = hps_checkpoint_options;
+extern "C" {
+    #[doc = " Set the defaults and struct_size. Errors: INVALID_ARGUMENT."]
+    pub fn hps_checkpoint_options_init(
+        options: *mut hps_checkpoint_options_t,
+        struct_size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " A checkpoint handle for `engine`, saving under `root` (created when missing). Collective"]
+    #[doc = " over `group`: a CPU communicator of exactly the ranks holding the engine's state (its"]
+    #[doc = " sharding x dp ranks); the handle uses a communicator split from it, so `group` may be"]
+    #[doc = " used for other work meanwhile. `options` may be NULL. The engine and `group` must outlive"]
+    #[doc = " the handle. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another"]
+    #[doc = " size or device, bad options), UNIMPLEMENTED (an engine without checkpoint support),"]
+    #[doc = " BACKEND_ERROR (root cannot be created)."]
+    pub fn hps_checkpoint_create(
+        engine: *mut hps_engine_t,
+        group: *mut hps_comm_t,
+        root: *const ::std::os::raw::c_char,
+        options: *const hps_checkpoint_options_t,
+        out_checkpoint: *mut *mut hps_checkpoint_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Wait for a save in flight, then free the handle; NULL is a no-op."]
+    pub fn hps_checkpoint_destroy(checkpoint: *mut hps_checkpoint_t) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting"]
+    #[doc = " with '.') with `count` metadata entries keys[i] = values[i] (strings, copied; e.g. the"]
+    #[doc = " framework's step and data-loader position). Every rank calls it at the same point of"]
+    #[doc = " training, after the step whose state it saves. Returns at once with *out_work (owned by the"]
+    #[doc = " caller, freed with hps_work_destroy): hps_work_test / hps_work_wait tell when the"]
+    #[doc = " checkpoint is published on every rank, or how it failed (the same error on every rank;"]
+    #[doc = " nothing is published then and the previous checkpoints stay intact). A save while another"]
+    #[doc = " is in flight first waits for it (a host-blocking wait, counted as a host sync). Errors:"]
+    #[doc = " INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (a checkpoint of that name exists),"]
+    #[doc = " FAILED_PRECONDITION (the engine has no state yet)."]
+    pub fn hps_checkpoint_save(
+        checkpoint: *mut hps_checkpoint_t,
+        name: *const ::std::os::raw::c_char,
+        keys: *const *const ::std::os::raw::c_char,
+        values: *const *const ::std::os::raw::c_char,
+        count: usize,
+        out_work: *mut *mut hps_work_t,
+    ) -> hps_status_t;
+}
+#[doc = " Load options. ABI-extensible."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_checkpoint_load_options {
+    #[doc = "< set by hps_checkpoint_load_options_init"]
+    pub struct_size: usize,
+    #[doc = "< 1: tensors the source lacks stay unchanged and tensors the engine"]
+    #[doc = "lacks are skipped, instead of an error naming them (default 0)"]
+    pub allow_partial: i32,
+}
+#[test]
+fn bindgen_test_layout_hps_checkpoint_load_options() {
+    assert_eq!(
+        ::std::mem::size_of::<hps_checkpoint_load_options>(),
+        16usize,
+        concat!("Size of: ", stringify!(hps_checkpoint_load_options))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<hps_checkpoint_load_options>(),
+        8usize,
+        concat!("Alignment of ", stringify!(hps_checkpoint_load_options))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_load_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_load_options),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_allow_partial() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_load_options>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).allow_partial) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_load_options),
+                "::",
+                stringify!(allow_partial)
+            )
+        );
+    }
+    test_field_allow_partial();
+}
+#[doc = " Load options. ABI-extensible."]
+pub type hps_checkpoint_load_options_t = hps_checkpoint_load_options;
+extern "C" {
+    #[doc = " Set the defaults and struct_size. Errors: INVALID_ARGUMENT."]
+    pub fn hps_checkpoint_load_options_init(
+        options: *mut hps_checkpoint_load_options_t,
+        struct_size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Load checkpoint <root>/<name>, or the one <root>/latest names when `name` is NULL, into the"]
+    #[doc = " engine, whatever topology and parameter dtypes wrote it. Collective over the group,"]
+    #[doc = " host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3)."]
+    #[doc = " `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such"]
+    #[doc = " checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;"]
+    #[doc = " tensors missing or extra; another model — the message names the file and the tensor),"]
+    #[doc = " FAILED_PRECONDITION (in the middle of a step, a unit gathered)."]
+    pub fn hps_checkpoint_load(
+        checkpoint: *mut hps_checkpoint_t,
+        name: *const ::std::os::raw::c_char,
+        options: *const hps_checkpoint_load_options_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Initialise the engine's parameters (and fp32 masters) from the safetensors file `path`,"]
+    #[doc = " whose tensors carry the parameters' names; each rank reads only its shard. Optimizer state"]
+    #[doc = " and step counts stay. Collective, host-blocking; same errors and rule as hps_checkpoint_load."]
+    pub fn hps_checkpoint_import_safetensors(
+        checkpoint: *mut hps_checkpoint_t,
+        path: *const ::std::os::raw::c_char,
+        options: *const hps_checkpoint_load_options_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The value of metadata `key` of the last successful load or import, copied with its NUL"]
+    #[doc = " into `buffer` of `capacity` bytes; its length (without the NUL) into *out_length."]
+    #[doc = " `buffer` may be NULL (with capacity 0) to ask for the length. Errors: NOT_FOUND (no such"]
+    #[doc = " key, or nothing loaded), OUT_OF_RANGE (capacity <= length; nothing written)."]
+    pub fn hps_checkpoint_metadata(
+        checkpoint: *mut hps_checkpoint_t,
+        key: *const ::std::os::raw::c_char,
+        buffer: *mut ::std::os::raw::c_char,
+        capacity: usize,
+        out_length: *mut usize,
+    ) -> hps_status_t;
+}
+#[doc = " What a checkpoint holds. ABI-extensible."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct hps_checkpoint_info {
+    #[doc = "< set by hps_checkpoint_info_init"]
+    pub struct_size: usize,
+    pub format_version: i32,
+    #[doc = "< of the engine that wrote it"]
+    pub stage: i32,
+    #[doc = "< its sharding degree"]
+    pub sharding: i32,
+    #[doc = "< its dp degree"]
+    pub dp: i32,
+    #[doc = "< ranks that saved it"]
+    pub world: i32,
+    #[doc = "< data files"]
+    pub files: i32,
+    #[doc = "< logical tensors (parameters, masters, optimizer state, scalars)"]
+    pub tensors: u64,
+    #[doc = "< tensor data in the data files"]
+    pub bytes: u64,
+    #[doc = "< when it was published"]
+    pub created_unix_ns: i64,
+    #[doc = "< 32 hex digits and a NUL"]
+    pub id: [::std::os::raw::c_char; 33usize],
+    #[doc = "< its name, NUL-terminated"]
+    pub name: [::std::os::raw::c_char; 208usize],
+}
+#[test]
+fn bindgen_test_layout_hps_checkpoint_info() {
+    assert_eq!(
+        ::std::mem::size_of::<hps_checkpoint_info>(),
+        304usize,
+        concat!("Size of: ", stringify!(hps_checkpoint_info))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<hps_checkpoint_info>(),
+        8usize,
+        concat!("Alignment of ", stringify!(hps_checkpoint_info))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_format_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).format_version) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(format_version)
+            )
+        );
+    }
+    test_field_format_version();
+    fn test_field_stage() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stage) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(stage)
+            )
+        );
+    }
+    test_field_stage();
+    fn test_field_sharding() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sharding) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(sharding)
+            )
+        );
+    }
+    test_field_sharding();
+    fn test_field_dp() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dp) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(dp)
+            )
+        );
+    }
+    test_field_dp();
+    fn test_field_world() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).world) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(world)
+            )
+        );
+    }
+    test_field_world();
+    fn test_field_files() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).files) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(files)
+            )
+        );
+    }
+    test_field_files();
+    fn test_field_tensors() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tensors) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(tensors)
+            )
+        );
+    }
+    test_field_tensors();
+    fn test_field_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bytes) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(bytes)
+            )
+        );
+    }
+    test_field_bytes();
+    fn test_field_created_unix_ns() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).created_unix_ns) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(created_unix_ns)
+            )
+        );
+    }
+    test_field_created_unix_ns();
+    fn test_field_id() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).id) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(id)
+            )
+        );
+    }
+    test_field_id();
+    fn test_field_name() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).name) as usize - ptr as usize
+            },
+            89usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(name)
+            )
+        );
+    }
+    test_field_name();
+}
+#[doc = " What a checkpoint holds. ABI-extensible."]
+pub type hps_checkpoint_info_t = hps_checkpoint_info;
+extern "C" {
+    #[doc = " Zero `info` and set its struct_size. Errors: INVALID_ARGUMENT."]
+    pub fn hps_checkpoint_info_init(
+        info: *mut hps_checkpoint_info_t,
+        struct_size: usize,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Read the manifest of the checkpoint at `path` (a checkpoint directory, or a root whose"]
+    #[doc = " latest is read) into *info, checking it but not the data (hps_checkpoint_verify does)."]
+    #[doc = " Fields past info->struct_size are not written. Errors: NOT_FOUND, INVALID_ARGUMENT."]
+    #[doc = " Thread safety: any thread."]
+    pub fn hps_checkpoint_inspect(
+        path: *const ::std::os::raw::c_char,
+        info: *mut hps_checkpoint_info_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Check every data file's header and size and every chunk's checksum of the checkpoint at"]
+    #[doc = " `path` (as for inspect). Errors: NOT_FOUND, INVALID_ARGUMENT naming the file and tensor."]
+    #[doc = " Thread safety: any thread."]
+    pub fn hps_checkpoint_verify(path: *const ::std::os::raw::c_char) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Set the fields of `options` (initialised by hps_engine_options_init) to the engine options"]
+    #[doc = " the checkpoint at `path` was saved with (stage, optimizer and its hyperparameters, clipping,"]
+    #[doc = " accumulation, alignment, prefetch window, loss scaling), so a resumer can create the same"]
+    #[doc = " engine. Errors: NOT_FOUND, INVALID_ARGUMENT. Thread safety: any thread."]
+    pub fn hps_checkpoint_read_engine_options(
+        path: *const ::std::os::raw::c_char,
+        options: *mut hps_engine_options_t,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " Write the parameters of the checkpoint at `path` as one safetensors file `out` (the"]
+    #[doc = " Hugging Face format; replaced atomically), each under its own name, in its dtype or with"]
+    #[doc = " `fp32` = 1 as float32 (fp32 masters where the checkpoint has them). Every chunk read is"]
+    #[doc = " checked. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR. Thread safety: any thread."]
+    pub fn hps_checkpoint_export_safetensors(
+        path: *const ::std::os::raw::c_char,
+        out: *const ::std::os::raw::c_char,
+        fp32: i32,
     ) -> hps_status_t;
 }
