@@ -5,15 +5,17 @@
  * what is exposed is what this file declares.
  *
  *  - Each handle (hps_stream_t, hps_event_t, hps_store_t, hps_comm_t, hps_work_t,
- *    hps_topology_t, hps_hybrid_group_t, hps_clip_t, hps_engine_t) and DLManagedTensor is
+ *    hps_topology_t, hps_hybrid_group_t, hps_clip_t, hps_engine_t, hps_checkpoint_t) and
+ *    DLManagedTensor is
  *    a class whose methods are the C functions taking it first, written once below in
  *    %extend blocks, one line each: `int32_t rank() { ... hps_comm_rank($self, &v) ... }`.
  *    Creating functions are static methods (hps_comm.create, hps_store.open); their
  *    results, and every handle a method returns, are owned by the proxy, whose destructor
  *    calls hps_*_destroy exactly once. Python names are the C names without the handle
  *    prefix (rank, all_reduce_dlpack); Java ones the same in lowerCamelCase (allReduceDlpack).
- *  - Free functions (dtype, device, host-sync, rendezvous and options calls) are module
- *    functions named as in C without "hps_" (dtype_size; Java dtypeSize).
+ *  - Free functions (dtype, device, host-sync, rendezvous, options and checkpoint-file
+ *    calls) are module functions named as in C without "hps_" (dtype_size; Java
+ *    dtypeSize).
  *  - A method returns what the C call hands back through its out-param(s); the C status
  *    goes into hps_swig_status, and one %exception block turns a failing status into a
  *    language exception carrying the status and hps_last_error_message() (read right
@@ -27,7 +29,8 @@
  *    IllegalArgumentException) before the library is called. The *_dlpack calls take
  *    `const DLTensor*`: a "dltensor" PyCapsule (from any __dlpack__) / a DLManagedTensor.
  *    DLPack views handed out come back as "dltensor" capsules (Python) / owned
- *    DLManagedTensor proxies (Java).
+ *    DLManagedTensor proxies (Java). A checkpoint's metadata goes in as one flat sequence
+ *    of strings, key, value, key, value... (a Python sequence of str / a Java String[]).
  *  - Options and info structs are value objects owned by their proxy (made by their
  *    _init / the calls filling them, with the struct_size given), fields settable except
  *    struct_size and the info structs' fields.
@@ -222,6 +225,16 @@ typedef struct hps_swig_out_buffer hps_swig_out_buffer;
 %hps_free(comm_options_struct_size)
 %hps_free(clip_options_struct_size)
 %hps_free(engine_options_struct_size)
+%hps_free(checkpoint_options_init)
+%hps_free(checkpoint_load_options_init)
+%hps_free(checkpoint_info_init)
+%hps_free(checkpoint_options_struct_size)
+%hps_free(checkpoint_load_options_struct_size)
+%hps_free(checkpoint_info_struct_size)
+%hps_free(checkpoint_inspect)
+%hps_free(checkpoint_verify)
+%hps_free(checkpoint_read_engine_options)
+%hps_free(checkpoint_export_safetensors)
 %newobject device_properties_init;
 %newobject device_get_properties;
 %newobject rendezvous_info_init;
@@ -229,6 +242,10 @@ typedef struct hps_swig_out_buffer hps_swig_out_buffer;
 %newobject comm_options_init;
 %newobject clip_options_init;
 %newobject engine_options_init;
+%newobject checkpoint_options_init;
+%newobject checkpoint_load_options_init;
+%newobject checkpoint_info_init;
+%newobject checkpoint_inspect;
 
 %inline %{
 static size_t dtype_size(hps_dtype_t dtype) { HPS_SWIG_GET(size_t, hps_dtype_size(dtype, &v)); }
@@ -249,6 +266,9 @@ static size_t rendezvous_struct_size(void) { return sizeof(hps_rendezvous_info_t
 static size_t comm_options_struct_size(void) { return sizeof(hps_comm_options_t); }
 static size_t clip_options_struct_size(void) { return sizeof(hps_clip_options_t); }
 static size_t engine_options_struct_size(void) { return sizeof(hps_engine_options_t); }
+static size_t checkpoint_options_struct_size(void) { return sizeof(hps_checkpoint_options_t); }
+static size_t checkpoint_load_options_struct_size(void) { return sizeof(hps_checkpoint_load_options_t); }
+static size_t checkpoint_info_struct_size(void) { return sizeof(hps_checkpoint_info_t); }
 
 /* New structs initialised with `struct_size` (owned by the proxy). */
 static hps_device_properties_t* device_properties_init(size_t struct_size) {
@@ -308,6 +328,44 @@ static hps_engine_options_t* engine_options_init(size_t struct_size) {
   }
   return p;
 }
+static hps_checkpoint_options_t* checkpoint_options_init(size_t struct_size) {
+  hps_checkpoint_options_t* p = (hps_checkpoint_options_t*)hps_swig_struct_alloc(sizeof *p, struct_size);
+  if (p && HPS_SWIG_CHECK(hps_checkpoint_options_init(p, struct_size)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static hps_checkpoint_load_options_t* checkpoint_load_options_init(size_t struct_size) {
+  hps_checkpoint_load_options_t* p = (hps_checkpoint_load_options_t*)hps_swig_struct_alloc(sizeof *p, struct_size);
+  if (p && HPS_SWIG_CHECK(hps_checkpoint_load_options_init(p, struct_size)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static hps_checkpoint_info_t* checkpoint_info_init(size_t struct_size) {
+  hps_checkpoint_info_t* p = (hps_checkpoint_info_t*)hps_swig_struct_alloc(sizeof *p, struct_size);
+  if (p && HPS_SWIG_CHECK(hps_checkpoint_info_init(p, struct_size)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+
+/* Checkpoint files (no handle). */
+static hps_checkpoint_info_t* checkpoint_inspect(const char* path) {
+  hps_checkpoint_info_t* p = checkpoint_info_init(sizeof *p);
+  if (p && HPS_SWIG_CHECK(hps_checkpoint_inspect(path, p)) != HPS_STATUS_OK) {
+    free(p);
+    p = NULL;
+  }
+  return p;
+}
+static void checkpoint_verify(const char* path) { HPS_SWIG_CHECK(hps_checkpoint_verify(path)); }
+/* Fills `options` (made by engine_options_init) with the options the checkpoint records. */
+static void checkpoint_read_engine_options(const char* path, hps_engine_options_t* options) { HPS_SWIG_CHECK(hps_checkpoint_read_engine_options(path, options)); }
+static void checkpoint_export_safetensors(const char* path, const char* out, int32_t fp32) { HPS_SWIG_CHECK(hps_checkpoint_export_safetensors(path, out, fp32)); }
 %}
 
 /* The host/device policy of the C layer (hps_dlpack_host_data): the host address of a
@@ -361,6 +419,20 @@ static void hps_swig_comm_options_free(hps_comm_options_t* options) {
 }
 %hps_value_struct(hps_clip_options, free)
 %hps_value_struct(hps_engine_options, free)
+%hps_value_struct(hps_checkpoint_options, free)
+%hps_value_struct(hps_checkpoint_load_options, free)
+%hps_value_struct(hps_checkpoint_info, free)
+%immutable hps_checkpoint_info::format_version;
+%immutable hps_checkpoint_info::stage;
+%immutable hps_checkpoint_info::sharding;
+%immutable hps_checkpoint_info::dp;
+%immutable hps_checkpoint_info::world;
+%immutable hps_checkpoint_info::files;
+%immutable hps_checkpoint_info::tensors;
+%immutable hps_checkpoint_info::bytes;
+%immutable hps_checkpoint_info::created_unix_ns;
+%immutable hps_checkpoint_info::id;
+%immutable hps_checkpoint_info::name;
 
 /* ---------------------------------------------------------------------------------- */
 /* Handles                                                                              */
@@ -385,6 +457,7 @@ struct CLASS {};
 #define HybridGroupHandle hps_hybrid_group
 #define ClipHandle hps_clip
 #define EngineHandle hps_engine
+#define CheckpointHandle hps_checkpoint
 #define TensorHandle DLManagedTensor
 typedef struct hps_stream hps_stream;
 typedef struct hps_event hps_event;
@@ -395,6 +468,17 @@ typedef struct hps_topology hps_topology;
 typedef struct hps_hybrid_group hps_hybrid_group;
 typedef struct hps_clip hps_clip;
 typedef struct hps_engine hps_engine;
+typedef struct hps_checkpoint hps_checkpoint;
+
+/* A checkpoint's metadata as the overlays' typemaps build it: one block of 2 * count
+ * malloc'd strings, the keys then the values. */
+static void hps_swig_free_strings(const void* keys, size_t count) {
+  char** block = (char**)keys;
+  size_t i;
+  if (!block) return;
+  for (i = 0; i < 2 * count; ++i) free(block[i]);
+  free(block);
+}
 %}
 %hps_handle(StreamHandle)
 %hps_handle(EventHandle)
@@ -405,6 +489,7 @@ typedef struct hps_engine hps_engine;
 %hps_handle(HybridGroupHandle)
 %hps_handle(ClipHandle)
 %hps_handle(EngineHandle)
+%hps_handle(CheckpointHandle)
 %hps_handle(TensorHandle)
 
 /* compute_stream takes a StreamHandle (the engine keeps the stream alive). */
@@ -424,6 +509,8 @@ typedef struct hps_engine hps_engine;
 %newobject HybridGroupHandle::create;
 %newobject ClipHandle::create;
 %newobject EngineHandle::create;
+%newobject CheckpointHandle::create;
+%newobject CheckpointHandle::save;
 %newobject *::all_reduce;
 %newobject *::reduce;
 %newobject *::broadcast;
@@ -461,6 +548,15 @@ typedef struct hps_engine hps_engine;
 %hps_freeing(StoreHandle::set, arg3)
 %hps_freeing(CommHandle::split, arg2)
 %hps_freeing(EngineHandle::add_param, arg3)
+/* The metadata block (keys at arg3, count at arg5): freed before raising, as above. */
+%exception CheckpointHandle::save {
+  hps_swig_status = HPS_STATUS_OK;
+  $action
+  if (hps_swig_status != HPS_STATUS_OK) {
+    hps_swig_free_strings(arg3, arg5); arg3 = NULL; arg5 = 0;
+    HPS_SWIG_RAISE(hps_swig_status, hps_swig_error_message(hps_swig_status))
+  }
+}
 /* SWIG casts a const pointer argument to its resolved type (int64_t is `long long` to
  * SWIG, `long` to an LP64 compiler): pass the header's type. */
 %feature("action") EngineHandle::add_param {
@@ -647,6 +743,7 @@ typedef struct hps_engine hps_engine;
   hps_swig_pair device() { hps_device_type_t t = HPS_DEVICE_CPU; int32_t i = 0; HPS_SWIG_CHECK(hps_engine_device($self, &t, &i)); return hps_swig_make_pair((int64_t)t, i); }
   uint64_t resident_bytes() { HPS_SWIG_GET(uint64_t, hps_engine_resident_bytes($self, &v)); }
   hps_swig_pair shard_range(size_t index) { uint64_t b = 0, e = 0; HPS_SWIG_CHECK(hps_engine_shard_range($self, index, &b, &e)); return hps_swig_make_pair((int64_t)b, (int64_t)e); }
+  size_t param_bucket(size_t index) { HPS_SWIG_GET(size_t, hps_engine_param_bucket($self, index, &v)); }
   /* (scale address, skipped-steps address) */
   hps_swig_pair loss_scale() { const float* s = NULL; const int64_t* k = NULL; HPS_SWIG_CHECK(hps_engine_loss_scale($self, &s, &k)); return hps_swig_make_pair((int64_t)(uintptr_t)s, (int64_t)(uintptr_t)k); }
   TensorHandle* param_dlpack(size_t index) { HPS_SWIG_GET(TensorHandle*, hps_engine_param_dlpack($self, index, &v)); }
@@ -654,6 +751,25 @@ typedef struct hps_engine hps_engine;
   /* hps_engine_loss_scale_dlpack's two views, one per method. */
   TensorHandle* loss_scale_dlpack() { TensorHandle *s = NULL, *k = NULL; if (HPS_SWIG_CHECK(hps_engine_loss_scale_dlpack($self, &s, &k)) == HPS_STATUS_OK) hps_dlpack_release(k); return s; }
   TensorHandle* skipped_steps_dlpack() { TensorHandle *s = NULL, *k = NULL; if (HPS_SWIG_CHECK(hps_engine_loss_scale_dlpack($self, &s, &k)) == HPS_STATUS_OK) hps_dlpack_release(s); return k; }
+}
+
+%extend CheckpointHandle {
+  static CheckpointHandle* create(EngineHandle* engine, CommHandle* group, const char* root, const hps_checkpoint_options_t* options) { HPS_SWIG_GET(CheckpointHandle*, hps_checkpoint_create(engine, group, root, options, &v)); }
+  ~CheckpointHandle() { hps_checkpoint_destroy($self); }
+  WorkHandle* save(const char* name, const char* const* keys, const char* const* values, size_t count) { HPS_SWIG_GET(WorkHandle*, hps_checkpoint_save($self, name, keys, values, count, &v)); }
+  void load(const char* name, const hps_checkpoint_load_options_t* options) { HPS_SWIG_CHECK(hps_checkpoint_load($self, name, options)); }
+  void import_safetensors(const char* path, const hps_checkpoint_load_options_t* options) { HPS_SWIG_CHECK(hps_checkpoint_import_safetensors($self, path, options)); }
+  /* The value's bytes (without the NUL), however long: ask for its length, then copy. */
+  hps_swig_bytes metadata(const char* key) {
+    hps_swig_bytes b = {NULL, 0};
+    size_t length = 0;
+    if (HPS_SWIG_CHECK(hps_checkpoint_metadata($self, key, NULL, 0, &length)) != HPS_STATUS_OK) return b;
+    b.data = (char*)malloc(length + 1);
+    if (!b.data) { snprintf(hps_swig_message, sizeof hps_swig_message, "checkpoint metadata: out of memory"); hps_swig_status = HPS_SWIG_ARGUMENT_ERROR; return b; }
+    if (HPS_SWIG_CHECK(hps_checkpoint_metadata($self, key, b.data, length + 1, &length)) != HPS_STATUS_OK) { free(b.data); b.data = NULL; return b; }
+    b.size = length;
+    return b;
+  }
 }
 
 /* A DLPack tensor handed out by the library (a view that keeps its owner's memory alive):

@@ -200,6 +200,50 @@ HPS_JAVA_INT_ARRAY((const int32_t* ranks, size_t count), jintArray, int[], int32
 HPS_JAVA_INT_ARRAY((const int64_t* shape, size_t ndim), jlongArray, long[], int64_t,
                    GetLongArrayRegion, jlong)
 
+/* A checkpoint's metadata: String[] {key, value, key, value...}, copied (null: none). The
+ * hand-written layer refuses null keys and values before the call. */
+%typemap(jni) (const char* const* keys, const char* const* values, size_t count) "jobjectArray"
+%typemap(jtype) (const char* const* keys, const char* const* values, size_t count) "String[]"
+%typemap(jstype) (const char* const* keys, const char* const* values, size_t count) "String[]"
+%typemap(javain) (const char* const* keys, const char* const* values, size_t count) "$javainput"
+%typemap(in) (const char* const* keys, const char* const* values, size_t count) {
+  jsize n = $input ? (*jenv)->GetArrayLength(jenv, $input) : 0;
+  jsize i;
+  char** block;
+  if (n % 2 != 0) {
+    hps_java_throw(jenv, -1, "$symname: metadata needs a value for every key");
+    return $null;
+  }
+  block = (char**)calloc(n ? (size_t)n : 1, sizeof(char*));
+  if (!block) {
+    SWIG_JavaThrowException(jenv, SWIG_JavaOutOfMemoryError, "$symname");
+    return $null;
+  }
+  for (i = 0; i < n; ++i) {
+    jstring item = (jstring)(*jenv)->GetObjectArrayElement(jenv, $input, i);
+    const char* text = item ? (*jenv)->GetStringUTFChars(jenv, item, NULL) : NULL;
+    char** slot = &block[i % 2 == 0 ? i / 2 : n / 2 + i / 2]; /* keys first, then values */
+    if (text) {
+      *slot = (char*)malloc(strlen(text) + 1);
+      if (*slot) strcpy(*slot, text);
+      (*jenv)->ReleaseStringUTFChars(jenv, item, text);
+    }
+    if (item) (*jenv)->DeleteLocalRef(jenv, item);
+    if (!*slot) {
+      hps_swig_free_strings(block, (size_t)n / 2);
+      if (!(*jenv)->ExceptionCheck(jenv)) {
+        SWIG_JavaThrowException(jenv, item ? SWIG_JavaOutOfMemoryError : SWIG_JavaNullPointerException,
+                                "$symname: a metadata key or value");
+      }
+      return $null;
+    }
+  }
+  $1 = ($1_ltype)block;
+  $2 = ($2_ltype)(block + n / 2);
+  $3 = (size_t)(n / 2);
+}
+%typemap(freearg) (const char* const* keys, const char* const* values, size_t count) "hps_swig_free_strings($1, $3);"
+
 %include "stdint.i"
 %include "hpshard.i"
 

@@ -176,5 +176,46 @@ HPS_PY_INT_SEQUENCE((const int32_t* ranks, size_t count), int32_t, PyLong_AsLong
 HPS_PY_INT_SEQUENCE((const int64_t* shape, size_t ndim), int64_t, PyLong_AsLongLong, INT64_MIN,
                     INT64_MAX)
 
+/* A checkpoint's metadata: a flat sequence of str, key, value, key, value... (copied as
+ * UTF-8; a str holding a NUL is refused). */
+%typemap(in) (const char* const* keys, const char* const* values, size_t count) {
+  PyObject* seq = PySequence_Fast($input, "$symname: metadata must be a sequence of str");
+  Py_ssize_t n, i;
+  char** block;
+  if (!seq) SWIG_fail;
+  n = PySequence_Fast_GET_SIZE(seq);
+  if (n % 2 != 0) {
+    Py_DECREF(seq);
+    PyErr_SetString(PyExc_ValueError, "$symname: metadata needs a value for every key");
+    SWIG_fail;
+  }
+  block = (char**)calloc(n ? (size_t)n : 1, sizeof(char*));
+  if (!block) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+  $3 = (size_t)(n / 2);
+  $1 = ($1_ltype)block;
+  $2 = ($2_ltype)(block + n / 2);
+  for (i = 0; i < n; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    char** slot = &block[i % 2 == 0 ? i / 2 : n / 2 + i / 2]; /* keys first, then values */
+    Py_ssize_t length = 0;
+    const char* text = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &length) : NULL;
+    if (!text) {
+      Py_DECREF(seq);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "$symname: metadata keys and values must be str");
+      SWIG_fail;
+    }
+    if ((size_t)length != strlen(text)) {
+      Py_DECREF(seq);
+      PyErr_SetString(PyExc_ValueError, "$symname: a metadata key or value holds a NUL character");
+      SWIG_fail;
+    }
+    *slot = (char*)malloc((size_t)length + 1);
+    if (!*slot) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+    memcpy(*slot, text, (size_t)length + 1);
+  }
+  Py_DECREF(seq);
+}
+%typemap(freearg) (const char* const* keys, const char* const* values, size_t count) "hps_swig_free_strings($1, $3);"
+
 %include "stdint.i"
 %include "hpshard.i"

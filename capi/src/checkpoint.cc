@@ -4,6 +4,7 @@
 #include <map>
 
 #include "capi/src/error.h"
+#include "capi/src/extensible.h"
 #include "capi/src/handles.h"
 #include "core/checkpoint/checkpointer.h"
 
@@ -19,36 +20,9 @@ struct hps_checkpoint {
 
 namespace {
 
-// The first released sizes: a caller compiled against them passes at least these.
-constexpr size_t kOptionsMinSize = sizeof(hps_checkpoint_options_t);
-constexpr size_t kLoadOptionsMinSize = sizeof(hps_checkpoint_load_options_t);
-constexpr size_t kInfoMinSize = sizeof(hps_checkpoint_info_t);
-constexpr size_t kEngineOptionsMinSize = sizeof(hps_engine_options_t);
-
-hps::Status too_small(const char* type, size_t size, size_t min) {
-  return hps::invalid_argument(std::string("struct_size ") + std::to_string(size) +
-                               " is smaller than the first " + type + " (" + std::to_string(min) +
-                               ")");
-}
-
-// A caller's options: the fields it knows, the library's defaults for any it does not.
-template <typename T>
-hps::StatusOr<T> read_struct(const T* in, size_t min_size, const T& defaults, const char* type,
-                             const char* init) {
-  T out = defaults;
-  if (in == nullptr) return out;
-  if (in->struct_size < min_size) {
-    return hps::invalid_argument(std::string(type) + ": struct_size is not set: call " + init +
-                                 " first");
-  }
-  std::memcpy(static_cast<void*>(&out), in, std::min(in->struct_size, sizeof(T)));
-  out.struct_size = sizeof(T);
-  return out;
-}
-
 hps_checkpoint_options_t default_options() {
   const hps::CheckpointOptions d;
-  hps_checkpoint_options_t o{};
+  auto o = hps::capi::zeroed<hps_checkpoint_options_t>();
   o.struct_size = sizeof o;
   o.keep_last = d.keep_last;
   o.chunk_bytes = d.chunk_bytes;
@@ -57,15 +31,21 @@ hps_checkpoint_options_t default_options() {
 }
 
 hps_checkpoint_load_options_t default_load_options() {
-  hps_checkpoint_load_options_t o{};
+  auto o = hps::capi::zeroed<hps_checkpoint_load_options_t>();
   o.struct_size = sizeof o;
   return o;
 }
 
+// A caller's struct under the extensible-struct rules (capi/src/extensible.h); NULL: the
+// defaults.
+template <typename T>
+hps::StatusOr<T> read_or_default(const T* in, T defaults, const char* argument) {
+  if (in == nullptr) return defaults;
+  return hps::capi::read_struct(in, defaults, argument);
+}
+
 hps::StatusOr<hps::CheckpointLoadOptions> load_options(const hps_checkpoint_load_options_t* in) {
-  HPS_ASSIGN_OR_RETURN(
-      auto o, read_struct(in, kLoadOptionsMinSize, default_load_options(),
-                          "hps_checkpoint_load_options_t", "hps_checkpoint_load_options_init"));
+  HPS_ASSIGN_OR_RETURN(auto o, read_or_default(in, default_load_options(), "options"));
   return hps::CheckpointLoadOptions{o.allow_partial != 0};
 }
 
@@ -87,29 +67,15 @@ extern "C" {
 HPS_API hps_status_t hps_checkpoint_options_init(hps_checkpoint_options_t* options,
                                                  size_t struct_size) {
   HPS_CHECK_ARG(options);
-  return guard(__func__, [&]() -> hps::Status {
-    if (struct_size < kOptionsMinSize) {
-      return too_small("hps_checkpoint_options_t", struct_size, kOptionsMinSize);
-    }
-    const hps_checkpoint_options_t d = default_options();
-    // Only what both sides know; a newer caller's extra tail is its own.
-    std::memcpy(static_cast<void*>(options), &d, std::min(struct_size, sizeof d));
-    options->struct_size = struct_size;
-    return hps::Status::Ok();
-  });
+  return guard(__func__,
+               [&] { return hps::capi::init_struct(options, struct_size, default_options()); });
 }
 
 HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_options_t* options,
                                                       size_t struct_size) {
   HPS_CHECK_ARG(options);
-  return guard(__func__, [&]() -> hps::Status {
-    if (struct_size < kLoadOptionsMinSize) {
-      return too_small("hps_checkpoint_load_options_t", struct_size, kLoadOptionsMinSize);
-    }
-    const hps_checkpoint_load_options_t d = default_load_options();
-    std::memcpy(static_cast<void*>(options), &d, std::min(struct_size, sizeof d));
-    options->struct_size = struct_size;
-    return hps::Status::Ok();
+  return guard(__func__, [&] {
+    return hps::capi::init_struct(options, struct_size, default_load_options());
   });
 }
 
@@ -122,9 +88,7 @@ HPS_API hps_status_t hps_checkpoint_create(hps_engine_t* engine, hps_comm_t* gro
   HPS_CHECK_ARG(root);
   HPS_CHECK_ARG(out_checkpoint);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_ASSIGN_OR_RETURN(
-        auto o, read_struct(options, kOptionsMinSize, default_options(), "hps_checkpoint_options_t",
-                            "hps_checkpoint_options_init"));
+    HPS_ASSIGN_OR_RETURN(auto o, read_or_default(options, default_options(), "options"));
     auto* state = dynamic_cast<hps::Checkpointable*>(engine->impl);
     if (state == nullptr) {
       return hps::unimplemented("the stage " + std::to_string(engine->impl->stage()) +
@@ -223,12 +187,8 @@ HPS_API hps_status_t hps_checkpoint_metadata(hps_checkpoint_t* checkpoint, const
 
 HPS_API hps_status_t hps_checkpoint_info_init(hps_checkpoint_info_t* info, size_t struct_size) {
   HPS_CHECK_ARG(info);
-  return guard(__func__, [&]() -> hps::Status {
-    if (struct_size < kInfoMinSize)
-      return too_small("hps_checkpoint_info_t", struct_size, kInfoMinSize);
-    std::memset(static_cast<void*>(info), 0, std::min(struct_size, sizeof(hps_checkpoint_info_t)));
-    info->struct_size = struct_size;
-    return hps::Status::Ok();
+  return guard(__func__, [&] {
+    return hps::capi::init_struct(info, struct_size, hps::capi::zeroed<hps_checkpoint_info_t>());
   });
 }
 
@@ -236,13 +196,9 @@ HPS_API hps_status_t hps_checkpoint_inspect(const char* path, hps_checkpoint_inf
   HPS_CHECK_ARG(path);
   HPS_CHECK_ARG(info);
   return guard(__func__, [&]() -> hps::Status {
-    if (info->struct_size < kInfoMinSize) {
-      return hps::invalid_argument(
-          "info->struct_size is not set: call hps_checkpoint_info_init first");
-    }
+    HPS_RETURN_IF_ERROR(hps::capi::caller_struct_size(info, "info").status());
     HPS_ASSIGN_OR_RETURN(hps::ckpt::Manifest m, manifest_at(path));
-    hps_checkpoint_info_t out{};
-    out.struct_size = info->struct_size;
+    auto out = hps::capi::zeroed<hps_checkpoint_info_t>();
     out.format_version = static_cast<int32_t>(m.format_version);
     out.stage = m.topology.stage;
     out.sharding = m.topology.sharding;
@@ -254,8 +210,7 @@ HPS_API hps_status_t hps_checkpoint_inspect(const char* path, hps_checkpoint_inf
     out.created_unix_ns = m.created_unix_ns;
     copy_text(out.id, sizeof out.id, m.id);
     copy_text(out.name, sizeof out.name, m.name);
-    std::memcpy(static_cast<void*>(info), &out, std::min(info->struct_size, sizeof out));
-    return hps::Status::Ok();
+    return hps::capi::write_struct(info, out, "info");
   });
 }
 
@@ -272,16 +227,16 @@ HPS_API hps_status_t hps_checkpoint_read_engine_options(const char* path,
   HPS_CHECK_ARG(path);
   HPS_CHECK_ARG(options);
   return guard(__func__, [&]() -> hps::Status {
-    if (options->struct_size < kEngineOptionsMinSize) {
-      return hps::invalid_argument(
-          "options->struct_size is not set: call hps_engine_options_init first");
-    }
+    // The caller's fields as they are (compute_stream and bucket_bytes are not the saved
+    // state's: they stay as set); only its struct_size bytes are written back.
+    HPS_ASSIGN_OR_RETURN(const size_t size, hps::capi::caller_struct_size(options, "options"));
+    auto o = hps::capi::zeroed<hps_engine_options_t>();
+    std::memcpy(static_cast<void*>(&o), options, std::min(size, sizeof o));
     HPS_ASSIGN_OR_RETURN(hps::ckpt::Manifest m, manifest_at(path));
     if (!m.engine)
       return hps::not_found(std::string("checkpoint '") + path + "' records no engine options");
     const hps::EngineOptions& e = *m.engine;
     const bool adamw = e.optimizer == hps::OptimizerKind::kAdamW;
-    hps_engine_options_t o = *options;
     o.stage = m.topology.stage;
     o.optimizer = adamw ? HPS_OPTIMIZER_ADAMW : HPS_OPTIMIZER_SGD;
     o.learning_rate = adamw ? e.adamw.learning_rate : e.sgd.learning_rate;
@@ -301,8 +256,7 @@ HPS_API hps_status_t hps_checkpoint_read_engine_options(const char* path,
     o.growth_factor = e.growth_factor;
     o.backoff_factor = e.backoff_factor;
     o.growth_interval = e.growth_interval;
-    *options = o;
-    return hps::Status::Ok();
+    return hps::capi::write_struct(options, o, "options");
   });
 }
 

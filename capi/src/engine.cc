@@ -37,6 +37,7 @@ hps_engine_options_t default_options() {
   o.backoff_factor = d.backoff_factor;
   o.growth_interval = d.growth_interval;
   o.compute_stream = nullptr;
+  o.bucket_bytes = d.bucket_bytes;
   return o;
 }
 
@@ -87,6 +88,7 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
     o.deterministic_clip = given.deterministic_clip != 0;
     o.accumulation_steps = given.accumulation_steps;
     o.alignment_bytes = given.alignment_bytes;
+    o.bucket_bytes = given.bucket_bytes;
     o.prefetch_window = given.prefetch_window;
     o.dynamic_loss_scaling = given.dynamic_loss_scaling != 0;
     o.initial_loss_scale = given.initial_loss_scale;
@@ -263,6 +265,21 @@ HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, 
     const auto [b, e] = plan.local_part(index, engine->impl->shard_rank());
     *out_begin = b;
     *out_end = e;
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_engine_param_bucket(hps_engine_t* engine, size_t index,
+                                             size_t* out_bucket) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_bucket);
+  return guard(__func__, [&]() -> hps::Status {
+    const auto& plan = engine->impl->plan();
+    if (!plan.sealed()) return hps::failed_precondition("the engine is not sealed");
+    if (index >= plan.params().size()) {
+      return hps::out_of_range("no parameter " + std::to_string(index));
+    }
+    *out_bucket = plan.placement(index).buffer;
     return hps::Status::Ok();
   });
 }

@@ -45,8 +45,13 @@ HPS_EXTENSIBLE_STRUCT(hps_device_properties_t, hps_device_properties_init, multi
 HPS_EXTENSIBLE_STRUCT(hps_rendezvous_info_t, hps_rendezvous_info_init, source, source);
 HPS_EXTENSIBLE_STRUCT(hps_comm_options_t, hps_comm_options_init, name, name);
 HPS_EXTENSIBLE_STRUCT(hps_clip_options_t, hps_clip_options_init, deterministic, deterministic);
-HPS_EXTENSIBLE_STRUCT(hps_engine_options_t, hps_engine_options_init, growth_interval,
-                      compute_stream);
+HPS_EXTENSIBLE_STRUCT(hps_engine_options_t, hps_engine_options_init, growth_interval, bucket_bytes);
+// First released in 0.3.0.
+HPS_EXTENSIBLE_STRUCT(hps_checkpoint_options_t, hps_checkpoint_options_init, timeout_ms,
+                      timeout_ms);
+HPS_EXTENSIBLE_STRUCT(hps_checkpoint_load_options_t, hps_checkpoint_load_options_init,
+                      allow_partial, allow_partial);
+HPS_EXTENSIBLE_STRUCT(hps_checkpoint_info_t, hps_checkpoint_info_init, name, name);
 
 // The first-released sizes are frozen: on LP64 they are these numbers forever.
 static_assert(sizeof(void*) != 8 || Extensible<hps_device_properties_t>::kFirstSize == 292);
@@ -54,6 +59,9 @@ static_assert(sizeof(void*) != 8 || Extensible<hps_rendezvous_info_t>::kFirstSiz
 static_assert(sizeof(void*) != 8 || Extensible<hps_comm_options_t>::kFirstSize == 32);
 static_assert(sizeof(void*) != 8 || Extensible<hps_clip_options_t>::kFirstSize == 20);
 static_assert(sizeof(void*) != 8 || Extensible<hps_engine_options_t>::kFirstSize == 96);
+static_assert(sizeof(void*) != 8 || Extensible<hps_checkpoint_options_t>::kFirstSize == 32);
+static_assert(sizeof(void*) != 8 || Extensible<hps_checkpoint_load_options_t>::kFirstSize == 12);
+static_assert(sizeof(void*) != 8 || Extensible<hps_checkpoint_info_t>::kFirstSize == 297);
 
 template <typename T>
 std::string struct_size_text(size_t struct_size) {

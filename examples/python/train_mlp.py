@@ -7,6 +7,12 @@ optimizer. Per step it prints both losses and the host syncs the step caused; it
 non-zero when they differ by more than 1e-4 relative or a step synced.
 
     python3 examples/python/train_mlp.py [--steps N] [--ranks R]
+                                         [--checkpoint-dir DIR [--save-every N] [--resume]]
+
+With --checkpoint-dir, every --save-every steps the job saves a checkpoint in the background
+(the steps that follow overlap its writing; the two newest are kept); --resume first loads
+the newest one, whatever number of ranks saved it, and continues from the step its metadata
+records, the unsharded reference replaying the steps before it.
 """
 import argparse
 import sys
@@ -74,7 +80,8 @@ class Reference:
         return loss
 
 
-def rank_main(rank, size, url, steps, report, failures):
+def rank_main(rank, size, url, args, report, failures):
+    steps, first_step, saving = args.steps, 0, None
     store = hpshard.Store.open(url, rank, timeout_ms=30000)
     world = hpshard.Communicator.create(store, rank, size, timeout_ms=60000)
     with store, world:
@@ -85,7 +92,20 @@ def rank_main(rank, size, url, steps, report, failures):
             for n, s, _ in PARAMS:  # views over the engine's memory, written in place
                 engine.param(index[n])[...] = initial(n, s) if rank == 0 else 0.0
             engine.broadcast_parameters()  # rank 0's initial values everywhere
+            checkpoint = None
+            if args.checkpoint_dir:  # closing the engine closes it first
+                checkpoint = hpshard.Checkpoint.create(engine, world, args.checkpoint_dir,
+                                                       keep_last=2)
+            if args.resume:  # the newest checkpoint, whatever number of ranks saved it
+                checkpoint.load()
+                first_step = int(checkpoint.metadata("step"))
+                if rank == 0:
+                    info = hpshard.checkpoint_inspect(args.checkpoint_dir)
+                    report(f"resumed from checkpoint {info.name} (step {first_step}, saved by "
+                           f"{info.world} ranks at stage {info.stage}) on {size} ranks")
             reference = Reference() if rank == 0 else None
+            for step in range(first_step if rank == 0 else 0):
+                reference.step(step)  # the resumed run's reference replays the steps before
             if rank == 0:
                 report(f"hpshard {hpshard.version()}: stage 2 over {size} thread-ranks, "
                        f"SGD+momentum, MLP {IN}-{HIDDEN}-{OUT}, batch {BATCH}; "
@@ -93,7 +113,7 @@ def rank_main(rank, size, url, steps, report, failures):
                 report(f"{'step':>5}  {'loss (sharded)':>14}  {'loss (1 rank)':>14}  "
                        f"{'rel diff':>10}  host syncs in step")
             per_rank = BATCH // size
-            for step in range(steps):
+            for step in range(first_step, steps):
                 hpshard.host_sync_reset()
                 for unit in (0, 1):
                     engine.wait_parameters(unit)
@@ -121,6 +141,18 @@ def rank_main(rank, size, url, steps, report, failures):
                     report(f"{step:5d}  {total[0]:14.8f}  {ref:14.8f}  {rel:10.2e}  {syncs}")
                     if rel > 1e-4 or syncs != 0:
                         failures.append(f"step {step}: rel diff {rel:.2e}, {syncs} host syncs")
+                if args.save_every > 0 and (step + 1) % args.save_every == 0:
+                    # Returns at once; the next steps overlap the writing (a save still in
+                    # flight is waited for first).
+                    if saving is not None:
+                        saving.wait()
+                    saving = checkpoint.save(f"step-{step + 1}", {"step": str(step + 1)})
+                    if rank == 0:
+                        report(f"saving checkpoint step-{step + 1} in the background")
+            if saving is not None:
+                saving.wait()
+                if rank == 0:
+                    report("the last checkpoint is published")
             engine.synchronize()
             if rank == 0:
                 count, ns = hpshard.dependency_wait_stats()
@@ -131,9 +163,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--checkpoint-dir", help="where checkpoints are saved and resumed from")
+    ap.add_argument("--save-every", type=int, default=0, help="save every N steps")
+    ap.add_argument("--resume", action="store_true", help="load the newest checkpoint first")
     args = ap.parse_args()
     if BATCH % args.ranks:
         sys.exit(f"the batch of {BATCH} does not split over {args.ranks} ranks")
+    if (args.save_every > 0 or args.resume) and not args.checkpoint_dir:
+        sys.exit("--save-every and --resume need --checkpoint-dir")
     url = f"memory://train-mlp-{uuid.uuid4().hex}"
     failures, errors = [], []
     lock = threading.Lock()
@@ -144,7 +181,7 @@ def main():
 
     def body(rank):
         try:
-            rank_main(rank, args.ranks, url, args.steps, report, failures)
+            rank_main(rank, args.ranks, url, args, report, failures)
         except BaseException as e:  # noqa: BLE001 — reported below
             errors.append(f"rank {rank}: {e!r}")
 

@@ -4,6 +4,7 @@
  * metadata of a load, and bad input refused with nothing changed. */
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,9 +212,28 @@ int main(void) {
   CHECK_OK(hps_checkpoint_verify(g_root));
   CHECK(hps_checkpoint_verify("/nonexistent/ckpt") == HPS_STATUS_NOT_FOUND);
   CHECK_OK(hps_engine_options_init(&engine_options, sizeof engine_options));
+  engine_options.bucket_bytes = 4096; /* the caller's: not part of the saved state */
   CHECK_OK(hps_checkpoint_read_engine_options(g_root, &engine_options));
   CHECK(engine_options.optimizer == HPS_OPTIMIZER_ADAMW && engine_options.stage == 2);
-  CHECK(engine_options.learning_rate == 0.01f);
+  CHECK(engine_options.learning_rate == 0.01f && engine_options.bucket_bytes == 4096);
+  { /* A 0.1.0 caller's struct: filled, and not a byte past its struct_size written. */
+    union {
+      unsigned char bytes[sizeof(hps_engine_options_t) + 8];
+      void* align;
+    } old;
+    hps_engine_options_t* o = (hps_engine_options_t*)old.bytes;
+    const size_t size_010 = offsetof(hps_engine_options_t, growth_interval) + sizeof(int32_t);
+    size_t i;
+    int intact = 1;
+    memset(old.bytes, 0xA5, sizeof old.bytes);
+    CHECK_OK(hps_engine_options_init(o, size_010));
+    CHECK_OK(hps_checkpoint_read_engine_options(g_root, o));
+    CHECK(o->optimizer == HPS_OPTIMIZER_ADAMW && o->struct_size == size_010);
+    for (i = size_010; i < sizeof old.bytes; ++i) intact &= old.bytes[i] == 0xA5;
+    CHECK(intact);
+    o->struct_size = 8;
+    CHECK(hps_checkpoint_read_engine_options(g_root, o) == HPS_STATUS_INVALID_ARGUMENT);
+  }
   {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);

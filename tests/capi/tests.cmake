@@ -1,4 +1,4 @@
-# C API tests of DLPack tensors and of the ABI (included from tests/CMakeLists.txt).
+# C API tests of DLPack tensors, the ABI and bucket_bytes (included from tests/CMakeLists.txt).
 
 # DLPack views, the host/device policy and collectives over DLTensors, as C99.
 add_executable(dlpack_capi_test capi/dlpack_capi_test.c)
@@ -40,3 +40,13 @@ elseif(NOT HPS_SANITIZE)
     COMMAND sh -c "echo 'skipped: abidw not found (apt-get install abigail-tools)'; exit 77")
   set_tests_properties(abi_check PROPERTIES LABELS abi SKIP_RETURN_CODE 77)
 endif()
+
+# bucket_bytes: more flat buffers, other shards, the same training.
+add_executable(engine_buckets_capi_test capi/engine_buckets_capi_test.c)
+target_link_libraries(engine_buckets_capi_test PRIVATE hpshard::hpshard hps_warnings
+  Threads::Threads m)
+set_target_properties(engine_buckets_capi_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
+target_compile_definitions(engine_buckets_capi_test PRIVATE _POSIX_C_SOURCE=200809L)
+add_test(NAME engine_buckets_capi_test COMMAND engine_buckets_capi_test)
+set_tests_properties(engine_buckets_capi_test PROPERTIES LABELS c TIMEOUT 120
+  SKIP_RETURN_CODE 77)

@@ -10,9 +10,11 @@ Two layers:
   :class:`Handle`): :class:`Stream`, :class:`Event`, :class:`Store`, :class:`Communicator`
   (collectives over NumPy arrays or any object with ``__dlpack__``, returning
   :class:`Work`), :class:`Topology`, :class:`HybridGroup`, :class:`Clip` (hybrid
-  global-norm clipping) and :class:`Engine` (the sharded training engine), whose views
+  global-norm clipping), :class:`Engine` (the sharded training engine), whose views
   are DLPack tensors (:class:`Tensor`: ``numpy.from_dlpack`` / ``torch.from_dlpack`` take
-  them without a copy, :meth:`Tensor.numpy` makes the NumPy array).
+  them without a copy, :meth:`Tensor.numpy` makes the NumPy array), and
+  :class:`Checkpoint` (sharded, asynchronous checkpoints of an engine, loadable into any
+  topology; :func:`checkpoint_inspect` and its neighbours read checkpoint files).
 
 A view keeps its engine's memory alive (the C library counts the views), so an array
 made from it stays valid memory after the engine is closed; the :class:`Tensor` itself
@@ -30,17 +32,20 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import enum
+import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import capi as _c
 from ._errors import (
+    AlreadyExistsError,
     BackendError,
     Error,
     FailedPreconditionError,
     InvalidArgumentError,
+    NotFoundError,
     OutOfRangeError,
     Status,
     UnavailableError,
@@ -49,8 +54,8 @@ from ._errors import (
 __all__ = [
     "VERSION_MAJOR", "VERSION_MINOR", "VERSION_PATCH", "VERSION_NUMBER", "VERSION_STRING",
     "version", "version_number", "status_string", "last_error_message",
-    "Error", "InvalidArgumentError", "OutOfRangeError", "FailedPreconditionError",
-    "UnavailableError", "BackendError", "Status",
+    "Error", "InvalidArgumentError", "OutOfRangeError", "NotFoundError", "AlreadyExistsError",
+    "FailedPreconditionError", "UnavailableError", "BackendError", "Status",
     "DType", "dtype_size", "dtype_name",
     "DeviceType", "DeviceProperties", "device_count", "device_properties",
     "properties_struct_size", "Handle",
@@ -59,7 +64,8 @@ __all__ = [
     "Store", "RendezvousInfo", "rendezvous_from_env", "rendezvous_info_struct_size",
     "ReduceOp", "Group", "Communicator", "Work", "Topology", "HybridGroup", "Tensor",
     "ClipFlag", "ClipOptions", "Clip", "Optimizer", "ParamFlag", "EngineOptions", "Engine",
-    "dependency_wait_stats",
+    "dependency_wait_stats", "Checkpoint", "CheckpointInfo", "checkpoint_inspect",
+    "checkpoint_verify", "checkpoint_read_engine_options", "checkpoint_export_safetensors",
 ]
 
 # ---- version ---------------------------------------------------------------------------
@@ -1158,7 +1164,10 @@ class ParamFlag(enum.IntFlag):
 class EngineOptions:
     """Engine options (hps_engine_options_t); :meth:`defaults` reads the library's.
     ``compute_stream``: the framework's compute stream (a :class:`Stream` on the engine's
-    device, or None: the calling thread on CPU, the legacy default stream on CUDA)."""
+    device, or None: the calling thread on CPU, the legacy default stream on CUDA).
+    ``bucket_bytes`` > 0 caps a flat buffer (bucket) of a unit's parameters of one dtype at
+    that many bytes, so one unit is reduced in several collectives overlapping its
+    backward (:meth:`Engine.param_bucket`); 0: one bucket per unit and dtype."""
 
     stage: int = 2
     optimizer: int = Optimizer.SGD
@@ -1180,12 +1189,18 @@ class EngineOptions:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     compute_stream: Optional[Stream] = None
+    bucket_bytes: int = 0
 
     @classmethod
     def defaults(cls) -> "EngineOptions":
         """The defaults hps_engine_options_init sets."""
-        o = _c.engine_options_init(_c.engine_options_struct_size())
-        return cls(stage=o.stage, optimizer=Optimizer(o.optimizer),
+        return cls._from_c(_c.engine_options_init(_c.engine_options_struct_size()))
+
+    @classmethod
+    def _from_c(cls, o: Any) -> "EngineOptions":
+        """The fields of a capi hps_engine_options_t (compute_stream stays None)."""
+        optimizer = Optimizer(o.optimizer) if o.optimizer in (0, 1) else int(o.optimizer)
+        return cls(stage=o.stage, optimizer=optimizer,
                    learning_rate=o.learning_rate, momentum=o.momentum,
                    weight_decay=o.weight_decay, nesterov=bool(o.nesterov), beta1=o.beta1,
                    beta2=o.beta2, epsilon=o.epsilon, clip_max_norm=o.clip_max_norm,
@@ -1194,7 +1209,8 @@ class EngineOptions:
                    prefetch_window=o.prefetch_window,
                    dynamic_loss_scaling=bool(o.dynamic_loss_scaling),
                    initial_loss_scale=o.initial_loss_scale, growth_factor=o.growth_factor,
-                   backoff_factor=o.backoff_factor, growth_interval=o.growth_interval)
+                   backoff_factor=o.backoff_factor, growth_interval=o.growth_interval,
+                   bucket_bytes=o.bucket_bytes)
 
     @staticmethod
     def struct_size(struct_size: Optional[int] = None) -> int:
@@ -1224,6 +1240,7 @@ class EngineOptions:
         o.growth_factor = float(self.growth_factor)
         o.backoff_factor = float(self.backoff_factor)
         o.growth_interval = int(self.growth_interval)
+        o.bucket_bytes = int(self.bucket_bytes)
         if self.compute_stream is not None:
             if not isinstance(self.compute_stream, Stream):
                 raise TypeError(f"compute_stream must be an hpshard.Stream or None, not "
@@ -1272,8 +1289,13 @@ class Engine(Handle):
         # Fixed at creation: where the views are.
         kind, index = handle.device()
         self._device: Tuple[Any, int] = (_device_type(kind), index)
+        self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # Checkpoint
         for comm in self._comms:
             comm._users.add(self)
+
+    def _before_close(self, h: Any) -> None:
+        for user in list(self._users):  # checkpoints of this engine go first
+            user.close()
 
     @classmethod
     def create(cls, sharding: Communicator, dp: Optional[Communicator] = None,
@@ -1287,15 +1309,15 @@ class Engine(Handle):
                dynamic_loss_scaling: bool = False, initial_loss_scale: float = 65536.0,
                growth_factor: float = 2.0, backoff_factor: float = 0.5,
                growth_interval: int = 2000, compute_stream: Optional[Stream] = None,
-               options: Optional[EngineOptions] = None) -> "Engine":
+               bucket_bytes: int = 0, options: Optional[EngineOptions] = None) -> "Engine":
         """An engine sharding over ``sharding`` (required) with an optional ``dp`` group
         above it. Unset options keep the library's defaults (stage 2, SGD, lr 0.01, betas
         (0.9, 0.999), eps 1e-8, ...); ``options`` replaces every keyword.
         ``dynamic_loss_scaling``: multiply the loss by :attr:`loss_scale`; a step with
         non-finite gradients is skipped on every rank, the scale backs off by
         ``backoff_factor`` and grows by ``growth_factor`` after ``growth_interval`` good
-        steps. ``compute_stream``: see :class:`EngineOptions`. Error INVALID_ARGUMENT,
-        UNIMPLEMENTED (CUDA communicators)."""
+        steps. ``compute_stream``, ``bucket_bytes``: see :class:`EngineOptions`. Error
+        INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators)."""
         if not isinstance(sharding, Communicator):
             raise TypeError(f"sharding must be an hpshard.Communicator, not "
                             f"{type(sharding).__name__}")
@@ -1329,6 +1351,7 @@ class Engine(Handle):
             options.backoff_factor = float(backoff_factor)
             options.growth_interval = int(growth_interval)
             options.compute_stream = compute_stream
+            options.bucket_bytes = int(bucket_bytes)
         h = _c.EngineHandle.create(sharding._h(), dp_handle, options._to_c())
         return cls(h, sharding, dp, options)
 
@@ -1490,6 +1513,13 @@ class Engine(Handle):
         begin, end = self._h().shard_range(int(index))
         return (begin, end)
 
+    def param_bucket(self, index: int) -> int:
+        """The flat buffer (bucket) holding parameter ``index``, numbered from 0 across the
+        engine, the same on every rank: a bucket's gradients are reduced by one collective,
+        started when all of its parameters have checked in (see ``bucket_bytes``). Error
+        FAILED_PRECONDITION (not sealed), OUT_OF_RANGE."""
+        return self._h().param_bucket(int(index))
+
     def loss_scale_tensor(self) -> Tensor:
         """The loss scale as a DLPack view (float32, shape (1,); hps_engine_loss_scale_dlpack)."""
         return Tensor(self, lambda h: h.loss_scale_dlpack(), (1,), DType.FLOAT32,
@@ -1528,3 +1558,167 @@ def dependency_wait_stats() -> Tuple[int, int]:
     """(count, nanoseconds): dependency waits so far (process-wide) and the time blocked."""
     count, nanoseconds = _c.dependency_wait_stats()
     return (count, nanoseconds)
+
+
+# ---- checkpoints ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint holds (a copy of hps_checkpoint_info_t; :func:`checkpoint_inspect`):
+    its name and id, the format version, the stage, sharding and dp degrees and ranks of
+    the engine that wrote it, its data files, logical tensors and their bytes, and when it
+    was published (ns since the Unix epoch)."""
+
+    name: str
+    id: str
+    format_version: int
+    stage: int
+    sharding: int
+    dp: int
+    world: int
+    files: int
+    tensors: int
+    bytes: int
+    created_unix_ns: int
+
+    @staticmethod
+    def struct_size(struct_size: Optional[int] = None) -> int:
+        """The struct_size hps_checkpoint_info_init records (default: sizeof as built);
+        sizes smaller than the first version raise Error (INVALID_ARGUMENT)."""
+        if struct_size is None:
+            struct_size = _c.checkpoint_info_struct_size()
+        return _c.checkpoint_info_init(int(struct_size)).struct_size
+
+
+def checkpoint_inspect(path: Union[str, os.PathLike]) -> CheckpointInfo:
+    """Read the manifest of the checkpoint at ``path`` (a checkpoint directory, or a root
+    whose ``latest`` is read), checking it but not the data. Error NOT_FOUND,
+    INVALID_ARGUMENT."""
+    i = _c.checkpoint_inspect(os.fspath(path))
+    return CheckpointInfo(name=i.name, id=i.id, format_version=i.format_version,
+                          stage=i.stage, sharding=i.sharding, dp=i.dp, world=i.world,
+                          files=i.files, tensors=i.tensors, bytes=i.bytes,
+                          created_unix_ns=i.created_unix_ns)
+
+
+def checkpoint_verify(path: Union[str, os.PathLike]) -> None:
+    """Check every data file's header and size and every chunk's checksum of the checkpoint
+    at ``path``; Error NOT_FOUND, INVALID_ARGUMENT naming the file and tensor."""
+    _c.checkpoint_verify(os.fspath(path))
+
+
+def checkpoint_read_engine_options(path: Union[str, os.PathLike]) -> EngineOptions:
+    """The engine options the checkpoint at ``path`` was saved with (stage, optimizer and
+    its hyperparameters, clipping, accumulation, alignment, prefetch window, loss scaling),
+    the others the library's defaults: pass them to :meth:`Engine.create` to resume with
+    the same engine. Error NOT_FOUND, INVALID_ARGUMENT."""
+    o = _c.engine_options_init(_c.engine_options_struct_size())
+    _c.checkpoint_read_engine_options(os.fspath(path), o)
+    return EngineOptions._from_c(o)
+
+
+def checkpoint_export_safetensors(path: Union[str, os.PathLike], out: Union[str, os.PathLike],
+                                  fp32: bool = False) -> None:
+    """Write the parameters of the checkpoint at ``path`` as one safetensors file ``out``
+    (replaced atomically), each under its own name, in its dtype or with ``fp32`` as
+    float32 (from the fp32 masters where the checkpoint has them); every chunk read is
+    checked. Error NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR."""
+    _c.checkpoint_export_safetensors(os.fspath(path), os.fspath(out), 1 if fp32 else 0)
+
+
+def _load_options(allow_partial: bool) -> Any:
+    o = _c.checkpoint_load_options_init(_c.checkpoint_load_options_struct_size())
+    o.allow_partial = 1 if allow_partial else 0
+    return o
+
+
+class Checkpoint(Handle):
+    """Sharded, asynchronous, atomic, verified checkpoints of one :class:`Engine` under a
+    root directory every rank sees (hps_checkpoint_t; docs/checkpoints.md); see
+    :meth:`create`.
+
+    :meth:`save` returns at once with a :class:`Work` that completes when the checkpoint is
+    published on every rank; the steps that follow overlap the writing and count no host
+    sync. :meth:`load` reads a checkpoint written by any topology (stage, sharding and dp
+    degrees, parameter dtypes) into the engine; on any error no rank's engine changed.
+    Save, load and import are collective: every rank calls them at the same point.
+
+    The checkpoint keeps its engine and group referenced; closing either closes the
+    checkpoint first, and closing the checkpoint waits for a save in flight. One thread at a
+    time per checkpoint (and not beside its engine's calls)."""
+
+    def __init__(self, handle: Any, engine: Engine, group: Communicator, root: str) -> None:
+        super().__init__(handle)
+        self.engine = engine
+        self.group = group
+        self.root = root
+        engine._users.add(self)
+        group._users.add(self)
+
+    @classmethod
+    def create(cls, engine: Engine, group: Communicator, root: Union[str, os.PathLike],
+               keep_last: Optional[int] = None, chunk_bytes: Optional[int] = None,
+               timeout_ms: Optional[int] = None) -> "Checkpoint":
+        """Collective over ``group``: a CPU communicator of exactly the ranks holding the
+        engine's state (its sharding x dp ranks); ``root`` is created when missing.
+        ``keep_last`` > 0: after a save is published, delete the checkpoints beyond the
+        newest ``keep_last``; ``chunk_bytes``: the checksummed chunk size (default 1 MiB);
+        ``timeout_ms``: bound on each agreement of the ranks. Unset options keep the
+        library's defaults. Error INVALID_ARGUMENT (a group of another size or device, bad
+        options), UNIMPLEMENTED (an engine without checkpoint support), BACKEND_ERROR (the
+        root cannot be created)."""
+        if not isinstance(engine, Engine):
+            raise TypeError(f"engine must be an hpshard.Engine, not {type(engine).__name__}")
+        if not isinstance(group, Communicator):
+            raise TypeError(f"group must be an hpshard.Communicator, not {type(group).__name__}")
+        options = _c.checkpoint_options_init(_c.checkpoint_options_struct_size())
+        if keep_last is not None:
+            options.keep_last = int(keep_last)
+        if chunk_bytes is not None:
+            options.chunk_bytes = int(chunk_bytes)
+        if timeout_ms is not None:
+            options.timeout_ms = int(timeout_ms)
+        root = os.fspath(root)
+        h = _c.CheckpointHandle.create(engine._h(), group._h(), root, options)
+        return cls(h, engine, group, root)
+
+    def save(self, name: str, metadata: Optional[Mapping[str, str]] = None) -> Work:
+        """Start saving checkpoint ``root/name`` (``[A-Za-z0-9._-]``, 1..200 characters, not
+        starting with '.') with ``metadata`` (str keys and values, e.g. the framework's step
+        and data-loader position), after the step whose state it saves. Returns at once: the
+        :class:`Work` completes when the checkpoint is published on every rank, or raises
+        how it failed (the same error on every rank; nothing is published then). A save
+        while another is in flight first waits for it (one host sync). Error
+        INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
+        FAILED_PRECONDITION (the engine has no state yet)."""
+        flat: List[str] = []
+        for key, value in (metadata or {}).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"Checkpoint.save: metadata keys and values must be str, not "
+                                f"{type(key).__name__}: {type(value).__name__}")
+            flat += [key, value]
+        return Work(self._h().save(str(name), flat), ())
+
+    def load(self, name: Optional[str] = None, allow_partial: bool = False) -> None:
+        """Load checkpoint ``root/name`` (default: the one ``root/latest`` names) into the
+        engine, whatever topology and parameter dtypes wrote it. Between steps (stage 3:
+        after :meth:`Engine.broadcast_parameters`); host-blocking. ``allow_partial``:
+        tensors the checkpoint lacks stay unchanged and tensors the engine lacks are
+        skipped, instead of an error naming them. Error NOT_FOUND (no such checkpoint, a
+        missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data, another
+        model), FAILED_PRECONDITION (in the middle of a step); no engine changed then."""
+        self._h().load(None if name is None else str(name), _load_options(allow_partial))
+
+    def import_safetensors(self, path: Union[str, os.PathLike],
+                           allow_partial: bool = False) -> None:
+        """Initialise the engine's parameters (and fp32 masters) from the safetensors file
+        ``path``, whose tensors carry the parameters' names; each rank reads only its
+        shard; optimizer state and step counts stay. Collective, as :meth:`load`."""
+        self._h().import_safetensors(os.fspath(path), _load_options(allow_partial))
+
+    def metadata(self, key: str) -> str:
+        """The value of metadata ``key`` of the last successful :meth:`load` or
+        :meth:`import_safetensors`. Error NOT_FOUND (no such key, or nothing loaded)."""
+        return self._h().metadata(str(key)).decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return f"<hpshard.Checkpoint {self.root!r} {'closed' if self.closed else 'open'}>"

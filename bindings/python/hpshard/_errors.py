@@ -58,6 +58,14 @@ class OutOfRangeError(Error):
     """HPS_STATUS_OUT_OF_RANGE."""
 
 
+class NotFoundError(Error):
+    """HPS_STATUS_NOT_FOUND."""
+
+
+class AlreadyExistsError(Error):
+    """HPS_STATUS_ALREADY_EXISTS."""
+
+
 class FailedPreconditionError(Error):
     """HPS_STATUS_FAILED_PRECONDITION."""
 
@@ -73,6 +81,8 @@ class BackendError(Error):
 _SUBCLASSES: dict[int, type[Error]] = {
     Status.INVALID_ARGUMENT: InvalidArgumentError,
     Status.OUT_OF_RANGE: OutOfRangeError,
+    Status.NOT_FOUND: NotFoundError,
+    Status.ALREADY_EXISTS: AlreadyExistsError,
     Status.FAILED_PRECONDITION: FailedPreconditionError,
     Status.UNAVAILABLE: UnavailableError,
     Status.BACKEND_ERROR: BackendError,

@@ -883,6 +883,15 @@ typedef struct hps_engine_options {
                                      engine's work by its calls) or a CPU stream, which is
                                      checked and kept alive but not otherwise used. The
                                      engine keeps the stream alive while it lives. */
+  /* Added in 0.3.0. */
+  uint64_t bucket_bytes; /**< > 0: a flat buffer (bucket) of a unit's parameters of one
+                              dtype holds at most this many bytes (a parameter larger than
+                              it gets a bucket of its own), so one unit is reduced in
+                              several collectives, each started when its parameters have
+                              all checked in, overlapping the rest of the unit's backward.
+                              0 (default): one bucket per unit and dtype.
+                              hps_engine_param_bucket tells which bucket holds a
+                              parameter. */
 } hps_engine_options_t;
 
 /**
@@ -1012,6 +1021,18 @@ HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* o
  */
 HPS_API hps_status_t hps_engine_shard_range(hps_engine_t* engine, size_t index, uint64_t* out_begin,
                                             uint64_t* out_end);
+
+/**
+ * The flat buffer (bucket) holding parameter `index` into *out_bucket: buckets are numbered
+ * from 0 across the engine, the same on every rank. The gradients of a bucket are reduced
+ * together, by one collective started when each of its parameters has checked in
+ * (hps_engine_grad_ready); frozen parameters lie in buckets of their own, never reduced.
+ * Without bucket_bytes a bucket holds one unit's parameters of one dtype.
+ * Errors: FAILED_PRECONDITION (not sealed), OUT_OF_RANGE. Thread safety: one thread at a
+ * time per engine.
+ */
+HPS_API hps_status_t hps_engine_param_bucket(hps_engine_t* engine, size_t index,
+                                             size_t* out_bucket);
 
 /**
  * The engine's current loss scale (1 without dynamic loss scaling) in *out_scale: engine

@@ -642,3 +642,45 @@ def test_engine_device_is_the_sharding_communicators():
             return engine.device
 
     assert run_ranks(2, rank, "engine-device") == [(hpshard.DeviceType.CPU, 0)] * 2
+
+
+def test_engine_bucket_bytes_cuts_units_and_trains_the_same():
+    # a: 1200 bytes, over the cap alone; b (800) starts the next bucket; c would end at
+    # 1064 bytes (b padded to 256 floats): a third; d is unit 1.
+    specs = [("a", (300,), 0), ("b", (200,), 0), ("c", (10,), 0), ("d", (50,), 1)]
+
+    def rank(r, url):
+        store, comm = world(r, url)
+        out = []
+        with store, comm:
+            for cap in (0, 1024):
+                options = EngineOptions.defaults()
+                options.learning_rate, options.momentum, options.bucket_bytes = 0.05, 0.9, cap
+                with Engine.create(comm, options=options) as engine:
+                    idx = [engine.add_param(n, s, unit=u) for n, s, u in specs]
+                    assert status_of(lambda: engine.param_bucket(0)) == FAILED_PRECONDITION
+                    engine.seal()
+                    assert status_of(lambda: engine.param_bucket(len(specs))) == OUT_OF_RANGE
+                    buckets = [engine.param_bucket(i) for i in idx]
+                    for i, (n, s, _) in zip(idx, specs):
+                        engine.param(i)[...] = np.sin(np.arange(s[0]) + len(n)) if r == 0 else 0
+                    engine.broadcast_parameters()
+                    for step in range(3):
+                        for unit in (0, 1):
+                            engine.wait_parameters(unit)
+                        for i in reversed(idx):
+                            g = engine.grad(i)
+                            g += np.cos(np.arange(g.size) * 0.1 + step + r + i) \
+                                .astype(np.float32) + np.float32(0.2) * engine.param(i)
+                            engine.grad_ready(i)
+                        for unit in (1, 0):
+                            engine.release_parameters(unit)
+                        engine.step()
+                    out.append((buckets, [engine.gather_parameter(i) for i in idx]))
+        return out
+
+    for (plain, plain_params), (capped, capped_params) in run_ranks(2, rank, "buckets"):
+        assert plain[0] == plain[1] == plain[2] and len(set(plain)) == 2
+        assert len(set(capped)) == 4
+        for a, b in zip(plain_params, capped_params):
+            np.testing.assert_array_equal(a, b)

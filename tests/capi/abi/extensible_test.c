@@ -155,17 +155,49 @@ static void compute_stream(hps_comm_t* comm) {
   CHECK_OK(hps_engine_destroy(engine));
 }
 
+/* The field added in 0.3.0: a cap on a bucket's bytes. A 0.2.0 caller's struct ends before
+ * it, so whatever lies there, the engine keeps one bucket per unit; a current caller's cap
+ * cuts the unit into several. */
+static void bucket_cap(hps_comm_t* comm) {
+  union {
+    unsigned char bytes[sizeof(hps_engine_options_t) + 16];
+    void* align;
+  } b;
+  hps_engine_options_t* o = (hps_engine_options_t*)b.bytes;
+  const size_t size_020 = offsetof(hps_engine_options_t, bucket_bytes);
+  const int64_t shape[1] = {512};
+  size_t index[2] = {0, 0}, bucket[2] = {9, 9};
+  int capped;
+  for (capped = 0; capped < 2; ++capped) {
+    hps_engine_t* engine = NULL;
+    memset(b.bytes, 0xA5, sizeof b.bytes);
+    CHECK_OK(hps_engine_options_init(o, capped ? sizeof *o : size_020));
+    CHECK(capped ? o->bucket_bytes == 0 : b.bytes[size_020] == 0xA5);
+    if (capped) o->bucket_bytes = 2048; /* one 512-float parameter per bucket */
+    CHECK_OK(hps_engine_create(comm, NULL, o, &engine));
+    if (engine == NULL) return;
+    CHECK_OK(hps_engine_add_param(engine, "a", shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &index[0]));
+    CHECK_OK(hps_engine_add_param(engine, "b", shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &index[1]));
+    CHECK_OK(hps_engine_seal(engine));
+    CHECK_OK(hps_engine_param_bucket(engine, index[0], &bucket[0]));
+    CHECK_OK(hps_engine_param_bucket(engine, index[1], &bucket[1]));
+    CHECK(capped ? bucket[0] != bucket[1] : bucket[0] == bucket[1]);
+    CHECK_OK(hps_engine_destroy(engine));
+  }
+}
+
 int main(void) {
   hps_store_t* store = NULL;
   hps_comm_t* comm = NULL;
   CHECK(kEngineOptions010 == 96 || sizeof(void*) != 8);
-  CHECK(sizeof(hps_engine_options_t) == 104 || sizeof(void*) != 8);
+  CHECK(sizeof(hps_engine_options_t) == 112 || sizeof(void*) != 8);
   CHECK_OK(hps_store_open("memory://abi-extensible", 0, 10000, &store));
   CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
   if (comm == NULL) return 1;
   older_caller(comm);
   newer_caller(comm);
   compute_stream(comm);
+  bucket_cap(comm);
   CHECK_OK(hps_comm_destroy(comm));
   CHECK_OK(hps_store_destroy(store));
   if (g_failures) {

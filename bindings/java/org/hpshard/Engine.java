@@ -59,6 +59,7 @@ public final class Engine extends Handle<EngineHandle> {
     private Float backoffFactor;
     private Integer growthInterval;
     private Stream computeStream;
+    private Long bucketBytes;
 
     /** 2 (default) or 3. */
     public Options stage(int stage) {
@@ -173,6 +174,67 @@ public final class Engine extends Handle<EngineHandle> {
       return this;
     }
 
+    /**
+     * > 0: a flat buffer (bucket) of a unit's parameters of one dtype holds at most this many
+     * bytes, so one unit is reduced in several collectives overlapping its backward
+     * ({@link Engine#paramBucket}); 0 (default): one bucket per unit and dtype.
+     */
+    public Options bucketBytes(long bucketBytes) {
+      this.bucketBytes = bucketBytes;
+      return this;
+    }
+
+    /** The stage (null: the library's default). */
+    public Integer stage() {
+      return stage;
+    }
+
+    /** The optimizer (null: the library's default). */
+    public Optimizer optimizer() {
+      return optimizer;
+    }
+
+    /** The learning rate (null: the library's default). */
+    public Float learningRate() {
+      return learningRate;
+    }
+
+    /** The weight decay (null: the library's default). */
+    public Float weightDecay() {
+      return weightDecay;
+    }
+
+    /** The bucket cap (null: the library's default). */
+    public Long bucketBytes() {
+      return bucketBytes;
+    }
+
+    /** Every field of a native options struct (compute_stream aside). */
+    static Options fromNative(hps_engine_options_t o) {
+      Options r = new Options();
+      r.stage = o.getStage();
+      r.optimizer = Optimizer.fromCode(o.getOptimizer());
+      r.learningRate = o.getLearning_rate();
+      r.momentum = o.getMomentum();
+      r.weightDecay = o.getWeight_decay();
+      r.nesterov = o.getNesterov() != 0;
+      r.beta1 = o.getBeta1();
+      r.beta2 = o.getBeta2();
+      r.eps = o.getEpsilon();
+      r.clipMaxNorm = o.getClip_max_norm();
+      r.deterministicClip = o.getDeterministic_clip() != 0;
+      r.accumulationSteps = o.getAccumulation_steps();
+      r.alignmentBytes = o.getAlignment_bytes();
+      r.prefetchWindow = o.getPrefetch_window();
+      r.dynamicLossScaling = o.getDynamic_loss_scaling() != 0;
+      r.initialLossScale = o.getInitial_loss_scale();
+      r.growthFactor = o.getGrowth_factor();
+      r.backoffFactor = o.getBackoff_factor();
+      r.growthInterval = o.getGrowth_interval();
+      r.bucketBytes = o.getBucket_bytes();
+      return r;
+    }
+
     void applyTo(hps_engine_options_t o) {
       if (stage != null) o.setStage(stage);
       if (optimizer != null) o.setOptimizer(optimizer.code());
@@ -194,6 +256,7 @@ public final class Engine extends Handle<EngineHandle> {
       if (backoffFactor != null) o.setBackoff_factor(backoffFactor);
       if (growthInterval != null) o.setGrowth_interval(growthInterval);
       if (computeStream != null) o.setComputeStream(computeStream.h());
+      if (bucketBytes != null) o.setBucket_bytes(bucketBytes);
     }
   }
 
@@ -473,6 +536,16 @@ public final class Engine extends Handle<EngineHandle> {
   /** {begin, end}: the element offsets of parameter {@code index} this rank's shard holds. */
   public long[] shardRange(int index) {
     return h().shardRange(index);
+  }
+
+  /**
+   * The flat buffer (bucket) holding parameter {@code index}, numbered from 0 across the
+   * engine, the same on every rank: a bucket's gradients are reduced by one collective, started
+   * when all of its parameters have checked in ({@link Options#bucketBytes}).
+   * FAILED_PRECONDITION (not sealed), OUT_OF_RANGE.
+   */
+  public long paramBucket(int index) {
+    return h().paramBucket(index);
   }
 
   /**

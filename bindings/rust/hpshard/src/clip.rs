@@ -33,7 +33,7 @@ use std::ptr::{self, NonNull};
 
 use crate::comm::{Communicator, Element};
 use crate::half::{BF16, F16};
-use crate::{check, sys, DeviceType, Error, Result, Status, Stream, Tensor};
+use crate::{check, sys, DeviceType, Error, Result, Status, Stream, Tensor, ZeroedStruct};
 
 // ---------------------------------------------------------------------------------
 // Flags
@@ -173,12 +173,16 @@ impl ClipOptions {
     }
 }
 
-fn raw_clip_options() -> Result<sys::hps_clip_options_t> {
-    // SAFETY: integers and a double; all-zero is valid.
-    let mut raw: sys::hps_clip_options_t = unsafe { std::mem::zeroed() };
+fn raw_clip_options() -> Result<ZeroedStruct<sys::hps_clip_options_t>> {
+    // SAFETY: integers and a double; all-zero is valid. Its tail padding (past
+    // `deterministic`) must stay zero: the library refuses a byte set there.
+    let mut raw = unsafe { ZeroedStruct::<sys::hps_clip_options_t>::new() };
     // SAFETY: `raw` is live and has the size passed.
     check(unsafe {
-        sys::hps_clip_options_init(&mut raw, std::mem::size_of::<sys::hps_clip_options_t>())
+        sys::hps_clip_options_init(
+            raw.as_mut_ptr(),
+            std::mem::size_of::<sys::hps_clip_options_t>(),
+        )
     })?;
     Ok(raw)
 }
@@ -305,7 +309,7 @@ impl<'a> Clip<'a> {
                 comm_ptr(sharding),
                 comm_ptr(mp),
                 comm_ptr(pp),
-                &raw_opts,
+                raw_opts.as_ptr(),
                 &mut raw,
             )
         })?;

@@ -700,7 +700,7 @@ pub struct Work<'comm> {
 unsafe impl Send for Work<'_> {}
 
 impl<'comm> Work<'comm> {
-    fn from_raw(raw: *mut sys::hps_work_t, function: &str) -> Result<Work<'comm>> {
+    pub(crate) fn from_raw(raw: *mut sys::hps_work_t, function: &str) -> Result<Work<'comm>> {
         match NonNull::new(raw) {
             Some(raw) => Ok(Work {
                 raw,

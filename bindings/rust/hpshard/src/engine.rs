@@ -48,12 +48,14 @@
 //!   reduction of `u`'s bucket) until that step ([`Engine::step`]) and the wait: the
 //!   reduction may be reading it. On earlier micro-batches of gradient accumulation
 //!   nothing is launched and the gradients stay accessible. The wrapper mirrors the
-//!   library's bucket bookkeeping to know when that is: one bucket per unit and dtype
-//!   of its trainable parameters (the library's flat buffers: a unit holding float32
-//!   and float16 parameters has two buckets, reduced independently), complete when
-//!   each of its parameters checked in once, the micro-batch counter advancing when
-//!   every bucket is complete. Only the gradients of the bucket whose reduction
-//!   started are refused.
+//!   library's bucket bookkeeping to know when that is: the library's flat buffers of
+//!   trainable parameters, as [`Engine::seal`] reads them from the library
+//!   ([`Engine::param_bucket`]; by default one per unit and dtype, so a unit holding
+//!   float32 and float16 parameters has two, and more with
+//!   [`EngineOptions::bucket_bytes`]), each reduced independently, complete when each
+//!   of its parameters checked in once, the micro-batch counter advancing when every
+//!   bucket is complete. Only the gradients of the bucket whose reduction started are
+//!   refused.
 //!
 //! Stage 3 keeps only this rank's shards: a unit's full parameters exist between
 //! [`Engine::wait_parameters`] (which gathers them) and
@@ -66,7 +68,13 @@
 //!
 //! Distinct parameters have disjoint memory, and parameters and gradients live in
 //! distinct buffers, so [`Engine::views`] may hand out several views at once (it
-//! refuses the same view twice). No extra host sync is ever needed.
+//! refuses the same view twice). No extra host sync is needed, but for one case: a
+//! checkpoint's save ([`crate::Checkpoint::save`]) copies this rank's state, the
+//! parameters' shards among it, on a stream of its own, ordered before the next step's
+//! update but not before the views; so the first parameter view after a save, when no
+//! step (or synchronisation) came in between, synchronises the engine first
+//! ([`Engine::synchronize`]: counted host syncs). A view taken after the next step needs
+//! no more than its wait.
 //!
 //! A `step`, `grad_ready` or `broadcast_parameters` that fails in a way that may have
 //! left part of its work in flight (any status but [`Status::FailedPrecondition`] /
@@ -307,6 +315,11 @@ pub struct EngineOptions {
     pub backoff_factor: f32,
     /// Good steps in a row before the scale grows.
     pub growth_interval: i32,
+    /// > 0: a flat buffer (bucket) of a unit's parameters of one dtype holds at most
+    /// this many bytes (a parameter larger than it gets one of its own), so one unit is
+    /// reduced in several collectives overlapping its backward
+    /// ([`Engine::param_bucket`]); 0: one bucket per unit and dtype.
+    pub bucket_bytes: u64,
 }
 
 impl Default for EngineOptions {
@@ -331,6 +344,7 @@ impl Default for EngineOptions {
             growth_factor: 2.0,
             backoff_factor: 0.5,
             growth_interval: 2000,
+            bucket_bytes: 0,
         }
     }
 }
@@ -343,8 +357,12 @@ impl EngineOptions {
 
     /// The library's defaults as `hps_engine_options_init` reports them.
     pub fn library_defaults() -> Result<EngineOptions> {
-        let raw = raw_engine_options()?;
-        Ok(EngineOptions {
+        Ok(EngineOptions::from_raw(&raw_engine_options()?))
+    }
+
+    /// The fields of a C options struct.
+    pub(crate) fn from_raw(raw: &sys::hps_engine_options_t) -> EngineOptions {
+        EngineOptions {
             stage: raw.stage,
             optimizer: Optimizer(raw.optimizer),
             learning_rate: raw.learning_rate,
@@ -364,7 +382,8 @@ impl EngineOptions {
             growth_factor: raw.growth_factor,
             backoff_factor: raw.backoff_factor,
             growth_interval: raw.growth_interval,
-        })
+            bucket_bytes: raw.bucket_bytes,
+        }
     }
 
     /// Builder: the ZeRO stage.
@@ -462,6 +481,11 @@ impl EngineOptions {
         self.growth_interval = steps;
         self
     }
+    /// Builder: the cap on a bucket's bytes (0: one bucket per unit and dtype).
+    pub fn bucket_bytes(mut self, bytes: u64) -> EngineOptions {
+        self.bucket_bytes = bytes;
+        self
+    }
 
     fn to_raw(self) -> Result<sys::hps_engine_options_t> {
         let mut raw = raw_engine_options()?;
@@ -484,11 +508,12 @@ impl EngineOptions {
         raw.growth_factor = self.growth_factor;
         raw.backoff_factor = self.backoff_factor;
         raw.growth_interval = self.growth_interval;
+        raw.bucket_bytes = self.bucket_bytes;
         Ok(raw)
     }
 }
 
-fn raw_engine_options() -> Result<sys::hps_engine_options_t> {
+pub(crate) fn raw_engine_options() -> Result<sys::hps_engine_options_t> {
     // SAFETY: integers, floats and a newtype enum over an integer; all-zero is valid.
     let mut raw: sys::hps_engine_options_t = unsafe { std::mem::zeroed() };
     // SAFETY: `raw` is live and has the size passed.
@@ -652,7 +677,10 @@ struct ParamInfo {
     dtype: DType,
     /// Index into `Engine::units`.
     unit: usize,
-    /// Index into `Engine::buckets`; `None` when frozen (no gradient).
+    /// Whether it has a gradient (not frozen).
+    trainable: bool,
+    /// Index into `Engine::buckets`, from the seal; `None` when frozen (no gradient)
+    /// or before the seal.
     bucket: Option<usize>,
 }
 
@@ -678,8 +706,9 @@ struct UnitState {
     gather_pending: bool,
 }
 
-/// The mirror of one bucket: the trainable parameters of one unit and one dtype (the
-/// library's trainable flat buffer of that unit and dtype), reduced together.
+/// The mirror of one bucket: the library's flat buffer of some trainable parameters of
+/// one unit and one dtype (all of them, unless `bucket_bytes` cut the unit), reduced
+/// together.
 #[derive(Debug, Clone)]
 struct BucketState {
     /// Index into `Engine::units`.
@@ -763,6 +792,10 @@ pub struct Engine<'c> {
     /// The library's micro-batch counter, mirrored.
     micro_batch: i32,
     sealed: bool,
+    /// A checkpoint's save copies this rank's state, parameters included, on a stream
+    /// ordered before the next step's update but not before the views: until a step
+    /// or a synchronisation, a parameter view synchronises first.
+    snapshot_pending: bool,
     /// Work may have been left in flight by a failed call: no safe views, leak on drop.
     poisoned: bool,
     /// The sharding communicator's device (`hps_engine_device`), fixed at creation: the
@@ -865,6 +898,7 @@ impl<'c> Engine<'c> {
             buckets: Vec::new(),
             micro_batch: 0,
             sealed: false,
+            snapshot_pending: false,
             poisoned: false,
             device: (DeviceType(device_type), device_index),
         })
@@ -965,36 +999,13 @@ impl<'c> Engine<'c> {
                 self.units.len() - 1
             }
         };
-        let bucket = if trainable {
-            let b = match self
-                .buckets
-                .iter()
-                .position(|b| b.unit == u && b.dtype == dtype)
-            {
-                Some(b) => b,
-                None => {
-                    self.buckets.push(BucketState {
-                        unit: u,
-                        dtype,
-                        trainable: 0,
-                        checked_in: 0,
-                        complete: false,
-                        grads: GradState::Idle,
-                    });
-                    self.buckets.len() - 1
-                }
-            };
-            self.buckets[b].trainable += 1;
-            Some(b)
-        } else {
-            None
-        };
         self.params.push(ParamInfo {
             name: name.to_string(),
             numel,
             dtype,
             unit: u,
-            bucket,
+            trainable,
+            bucket: None,
         });
         Ok(index)
     }
@@ -1009,7 +1020,52 @@ impl<'c> Engine<'c> {
         // SAFETY: live handle, this thread only; the borrowed communicators are live.
         check(unsafe { sys::hps_engine_seal(self.raw.as_ptr()) })?;
         self.sealed = true;
+        // The mirror of the buckets: the library's, as it laid them out.
+        let mut ids: Vec<usize> = Vec::new();
+        for index in 0..self.params.len() {
+            if !self.params[index].trainable {
+                continue;
+            }
+            let id = match self.param_bucket(index) {
+                Ok(id) => id,
+                Err(err) => {
+                    // Without the layout the views cannot be guarded: refuse them.
+                    self.poisoned = true;
+                    return Err(err);
+                }
+            };
+            let b = match ids.iter().position(|&known| known == id) {
+                Some(b) => b,
+                None => {
+                    ids.push(id);
+                    let info = &self.params[index];
+                    self.buckets.push(BucketState {
+                        unit: info.unit,
+                        dtype: info.dtype,
+                        trainable: 0,
+                        checked_in: 0,
+                        complete: false,
+                        grads: GradState::Idle,
+                    });
+                    self.buckets.len() - 1
+                }
+            };
+            self.buckets[b].trainable += 1;
+            self.params[index].bucket = Some(b);
+        }
         Ok(())
+    }
+
+    /// The flat buffer (bucket) holding parameter `index` (`hps_engine_param_bucket`),
+    /// numbered from 0 across the engine, the same on every rank: a bucket's gradients
+    /// are reduced by one collective, started when all of its parameters checked in
+    /// ([`EngineOptions::bucket_bytes`]).
+    /// Errors: [`Status::FailedPrecondition`] (not sealed), [`Status::OutOfRange`].
+    pub fn param_bucket(&self, index: usize) -> Result<usize> {
+        let mut bucket: usize = 0;
+        // SAFETY: live handle; out-param live. Not Sync: this thread only.
+        check(unsafe { sys::hps_engine_param_bucket(self.raw.as_ptr(), index, &mut bucket) })?;
+        Ok(bucket)
     }
 
     /// Every rank's parameters become its groups' source rank's (rank 0's)
@@ -1061,8 +1117,9 @@ impl<'c> Engine<'c> {
     }
 
     /// Parameter `index`'s gradient is complete for this micro-batch
-    /// (`hps_engine_grad_ready`). When the last parameter of a bucket (the unit's
-    /// trainable parameters of one dtype) checks in on the last micro-batch, the
+    /// (`hps_engine_grad_ready`). When the last parameter of a bucket (by default the
+    /// unit's trainable parameters of one dtype: [`Engine::param_bucket`]) checks in on
+    /// the last micro-batch, the
     /// bucket's reduction starts; from then until the next [`Engine::step`] (and the
     /// wait after it), the bucket's gradient views are refused. `ready`: the stream
     /// the gradient was produced on (the reduction waits for its work queued so far),
@@ -1105,7 +1162,7 @@ impl<'c> Engine<'c> {
                 return Err(err);
             }
         };
-        // Mirror the library's bucket bookkeeping (one bucket per unit and dtype): the
+        // Mirror the library's bucket bookkeeping (its buckets, read at the seal): the
         // library refuses a second check-in of a parameter in one micro-batch, and any
         // check-in into a bucket already complete in this micro-batch, without changing
         // anything, so a count per bucket is exact.
@@ -1141,6 +1198,9 @@ impl<'c> Engine<'c> {
         let result = check(unsafe { sys::hps_engine_step(self.raw.as_ptr()) });
         match &result {
             Ok(()) => {
+                // The update, and so every later all-gather, is ordered after a save's
+                // snapshot: the views' waits cover it from here on.
+                self.snapshot_pending = false;
                 for unit in self.units.iter_mut() {
                     unit.gather_pending = true;
                 }
@@ -1169,6 +1229,7 @@ impl<'c> Engine<'c> {
     /// The mirror after a full synchronisation: every all-gather and zeroing done
     /// (reductions started since the last step stay: they belong to the next step).
     fn nothing_in_flight(&mut self) {
+        self.snapshot_pending = false;
         for unit in self.units.iter_mut() {
             unit.gather_pending = false;
         }
@@ -1179,8 +1240,8 @@ impl<'c> Engine<'c> {
         }
     }
 
-    /// Block until everything in flight has finished (`hps_engine_synchronize`; one
-    /// counted host sync): for shutdown, checkpoints and tests. Afterwards the views
+    /// Block until everything in flight has finished (`hps_engine_synchronize`; counted
+    /// host syncs, one per queue it drains): for shutdown, checkpoints and tests. Afterwards the views
     /// need no wait (except gradients checked in since the last step, whose reduction
     /// belongs to the next step).
     pub fn synchronize(&mut self) -> Result<()> {
@@ -1227,6 +1288,20 @@ impl<'c> Engine<'c> {
         result?;
         out.truncate(numel);
         Ok(out)
+    }
+
+    /// A checkpoint's save started a snapshot of this rank's state (see the module
+    /// documentation, "Soundness of the views").
+    pub(crate) fn snapshot_started(&mut self) {
+        self.snapshot_pending = true;
+    }
+
+    /// A checkpoint's load or import replaced the state: every unit's parameter views
+    /// wait for the unit again before they are handed out.
+    pub(crate) fn state_loaded(&mut self) {
+        for unit in self.units.iter_mut() {
+            unit.gather_pending = true;
+        }
     }
 
     /// Bytes this rank holds: parameters, gradients and optimizer state
@@ -1723,6 +1798,9 @@ impl<'c> Engine<'c> {
                 waits.push(unit.id);
             }
             infos.push((info.numel, info.dtype));
+        }
+        if self.snapshot_pending && requests.iter().any(|r| matches!(r, View::Param(_))) {
+            self.synchronize()?;
         }
         for &unit in waits.iter() {
             self.wait_parameters(unit)?;

@@ -116,6 +116,17 @@
 //! dtypes at once), under the same rules; a view of another type than the parameter's
 //! dtype is refused. [`F16::from_f32`] / [`BF16::from_f32`] round to nearest even and
 //! [`F16::to_f32`] / [`BF16::to_f32`] are exact, bit for bit as the C++ core converts.
+//!
+//! # Checkpoints
+//!
+//! A [`Checkpoint`] saves and loads one engine (`hps_checkpoint_t`): it borrows the
+//! engine mutably for its life and hands it out through [`Checkpoint::engine`], so no
+//! engine call runs beside a save, load or destruction, and the engine outlives it.
+//! [`Checkpoint::save`] returns a [`Work`] at once (the steps that follow overlap the
+//! writing); [`Checkpoint::load`] reads a checkpoint of any topology ([`LoadOptions`]:
+//! partial loads). [`Checkpoint::inspect`], [`Checkpoint::verify`],
+//! [`Checkpoint::read_engine_options`] and [`Checkpoint::export_safetensors`] work on a
+//! path alone.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -126,6 +137,7 @@ use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
 
+mod checkpoint;
 mod clip;
 mod comm;
 mod engine;
@@ -133,6 +145,7 @@ mod half;
 mod tensor;
 mod topology;
 
+pub use checkpoint::{Checkpoint, CheckpointInfo, CheckpointOptions, LoadOptions};
 pub use clip::{Clip, ClipFlags, ClipOptions, FloatElement};
 pub use comm::{
     rendezvous_from_env, Aborter, CommOptions, CommScope, Communicator, Element, ReduceOp,
@@ -331,6 +344,61 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// Ok for `HPS_STATUS_OK`, else the error with the last error message. Call it
 /// directly on a C call's return value.
+/// A C options struct in zeroed heap memory that never moves, so its padding stays zero.
+/// The library refuses a struct with a byte set past the last field it knows (a newer
+/// caller's field), tail padding included; a Rust move or copy of the struct need not
+/// copy its padding, so a struct built on the stack and moved may carry garbage there.
+/// Fields are written in place through `DerefMut` (a field assignment writes that field
+/// only).
+pub(crate) struct ZeroedStruct<T> {
+    ptr: NonNull<T>,
+}
+
+impl<T> ZeroedStruct<T> {
+    /// # Safety
+    /// All-zero bytes must be a valid `T` (a C struct of integers, floats, pointers and
+    /// newtype enums), and `T` must not be zero-sized.
+    pub(crate) unsafe fn new() -> ZeroedStruct<T> {
+        let layout = std::alloc::Layout::new::<T>();
+        // SAFETY: the caller promises a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+        match NonNull::new(raw) {
+            Some(ptr) => ZeroedStruct { ptr },
+            None => std::alloc::handle_alloc_error(layout),
+        }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *const T {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+}
+
+impl<T> std::ops::Deref for ZeroedStruct<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: allocated and zero-initialised (a valid T) in new, owned by self.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T> std::ops::DerefMut for ZeroedStruct<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in deref; &mut self is exclusive.
+        unsafe { self.ptr.as_mut() }
+    }
+}
+
+impl<T> Drop for ZeroedStruct<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new with this layout; T is plain data (no destructor).
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, std::alloc::Layout::new::<T>()) }
+    }
+}
+
 fn check(raw: sys::hps_status_t) -> Result<()> {
     if raw == sys::hps_status::HPS_STATUS_OK {
         Ok(())

@@ -1,0 +1,311 @@
+"""Checkpoints through the Python binding: hpshard.Checkpoint and the checkpoint-file
+functions. A tiny model is trained through the engine over thread-ranks, saved in the
+background, and loaded into fresh engines of the same topology (resuming bitwise) and of
+other stages and sharding degrees; inspect, verify, the saved engine options, safetensors
+export and import, partial loads, and bad input raising the library's errors with nothing
+changed."""
+
+import json
+import os
+import struct
+import uuid
+
+import numpy as np
+import pytest
+
+import hpshard
+from hpshard import Checkpoint, Communicator, Engine, Optimizer, Store
+from test_engine import run_ranks, status_of, world
+
+INVALID_ARGUMENT = 1
+NOT_FOUND = 3
+ALREADY_EXISTS = 4
+FAILED_PRECONDITION = 5
+
+# (name, shape, unit) in registration order.
+MODEL = [("w0", (64, 6), 0), ("b0", (6,), 0), ("w1", (6, 3), 1), ("b1", (3,), 1)]
+
+
+def initial(name, shape):
+    n = int(np.prod(shape))
+    return (0.4 * np.sin(np.arange(n) * 0.61 + len(name) + ord(name[0]))).astype(
+        np.float32).reshape(shape)
+
+
+def target(name, shape, step):
+    """The data's part of every rank's gradient: the same on every rank, so a mean over any
+    number of ranks is the same value and any topology trains the same model."""
+    n = int(np.prod(shape))
+    return np.cos(np.arange(n) * 0.23 + 1.3 * step + ord(name[1])).astype(np.float32) \
+        .reshape(shape)
+
+
+def build(comm, stage=2, dp=None, options=None, model=MODEL, fill=None, **kwargs):
+    """An engine over `comm` with `model` registered and sealed, rank 0's `fill` (default:
+    the initial values) broadcast to every rank."""
+    if options is not None:
+        options.stage = stage
+        engine = Engine.create(comm, dp, options=options)
+    else:
+        engine = Engine.create(comm, dp, optimizer=Optimizer.ADAMW, learning_rate=0.02,
+                               weight_decay=0.01, stage=stage, **kwargs)
+    index = {n: engine.add_param(n, s, unit=u) for n, s, u in model}
+    engine.seal()
+    for n, s, _ in model:
+        value = initial(n, s) if fill is None else np.full(s, fill, dtype=np.float32)
+        engine.param(index[n])[...] = value if comm.rank == 0 else np.float32(0)
+    engine.broadcast_parameters()
+    return engine, index
+
+
+def train(engine, index, first, steps, model=MODEL):
+    """Steps first .. first+steps-1: gradients 0.3 * p + target, checked in one by one."""
+    shapes = {n: s for n, s, _ in model}
+    for step in range(first, first + steps):
+        for unit in (0, 1):
+            engine.wait_parameters(unit)
+        p = {n: engine.param(i) for n, i in index.items()}
+        for n in reversed(list(index)):
+            g = engine.grad(index[n])
+            g += np.float32(0.3) * p[n] + target(n, shapes[n], step)
+            engine.grad_ready(index[n])
+        for unit in (1, 0):
+            engine.release_parameters(unit)
+        engine.step()
+
+
+def gathered(engine, index):
+    return {n: engine.gather_parameter(i) for n, i in index.items()}
+
+
+def assert_same(a, b, exact=True, what=""):
+    assert a.keys() == b.keys()
+    for n in a:
+        if exact:
+            np.testing.assert_array_equal(a[n], b[n], err_msg=f"{what} {n}")
+        else:
+            np.testing.assert_allclose(a[n], b[n], rtol=1e-6, atol=1e-7, err_msg=f"{what} {n}")
+
+
+def test_options_and_info_structs():
+    assert hpshard.EngineOptions.defaults().bucket_bytes == 0
+    assert hpshard.CheckpointInfo.struct_size() >= 297
+    assert status_of(lambda: hpshard.CheckpointInfo.struct_size(8)) == INVALID_ARGUMENT
+    o = hpshard.capi.checkpoint_options_init(hpshard.capi.checkpoint_options_struct_size())
+    assert (o.keep_last, o.chunk_bytes) == (0, 1 << 20) and o.timeout_ms > 0
+    lo = hpshard.capi.checkpoint_load_options_init(
+        hpshard.capi.checkpoint_load_options_struct_size())
+    assert lo.allow_partial == 0
+
+
+def test_save_then_resume_in_the_same_and_other_topologies(tmp_path):
+    root = tmp_path / "ckpt"
+    saved_steps, more = 3, 2
+
+    def first_run(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            engine, index = build(comm)
+            with engine, Checkpoint.create(engine, comm, root, keep_last=3) as ckpt:
+                train(engine, index, 0, saved_steps)
+                at_save = gathered(engine, index)
+                hpshard.host_sync_reset()
+                work = ckpt.save(f"step-{saved_steps}", {"step": str(saved_steps),
+                                                          "loader": "epoch 0 batch 7"})
+                train(engine, index, saved_steps, more)  # overlaps the writing
+                syncs = hpshard.host_sync_count_thread()
+                work.wait()
+                assert work.test()
+                assert status_of(lambda: ckpt.save(f"step-{saved_steps}").wait()) \
+                    == ALREADY_EXISTS
+                final = gathered(engine, index)
+        return at_save, final, syncs
+
+    results = run_ranks(2, first_run, "ckpt-first")
+    at_save, final, syncs = results[0]
+    assert [s for _, _, s in results] == [0, 0], "host syncs in the steps after the save"
+    assert_same(results[1][0], at_save)
+    assert_same(results[1][1], final)
+    assert not np.array_equal(at_save["w0"], initial("w0", (64, 6)))
+
+    info = hpshard.checkpoint_inspect(root)
+    assert (info.name, info.stage, info.sharding, info.dp, info.world, info.files) == \
+        (f"step-{saved_steps}", 2, 2, 1, 2, 2)
+    assert info.format_version == 1 and len(info.id) == 32 and info.created_unix_ns > 0
+    # Per parameter: param, exp_avg, exp_avg_sq (float32); four step scalars.
+    assert info.tensors == 3 * len(MODEL) + 4
+    assert info.bytes == 3 * 4 * sum(int(np.prod(s)) for _, s, _ in MODEL) + 4 + 4 + 8 + 8
+    hpshard.checkpoint_verify(root)
+    hpshard.checkpoint_verify(root / f"step-{saved_steps}")
+    options = hpshard.checkpoint_read_engine_options(root)
+    assert options.optimizer == Optimizer.ADAMW and options.stage == 2
+    assert options.learning_rate == np.float32(0.02) and options.weight_decay == np.float32(0.01)
+
+    def resume(stage, size):
+        def rank(r, url):
+            store, comm = world(r, url, size)
+            with store, comm:
+                engine, index = build(comm, stage, options=hpshard.checkpoint_read_engine_options(
+                    root), fill=7.0)
+                with engine, Checkpoint.create(engine, comm, root) as ckpt:
+                    assert status_of(lambda: ckpt.metadata("step")) == NOT_FOUND
+                    ckpt.load()  # latest
+                    step = int(ckpt.metadata("step"))
+                    assert ckpt.metadata("loader") == "epoch 0 batch 7"
+                    loaded = gathered(engine, index)
+                    train(engine, index, step, more)
+                    return loaded, gathered(engine, index)
+        return run_ranks(size, rank, f"ckpt-resume-{stage}-{size}")
+
+    # The same topology resumes bitwise: parameters and optimizer state.
+    for loaded, resumed in resume(2, 2):
+        assert_same(loaded, at_save, what="stage 2, 2 ranks, loaded")
+        assert_same(resumed, final, what="stage 2, 2 ranks, resumed")
+    # Other sharding degrees and stage 3: the same parameters, the same training.
+    for stage, size in ((3, 4), (3, 1), (2, 1)):
+        for loaded, resumed in resume(stage, size):
+            assert_same(loaded, at_save, what=f"stage {stage}, {size} ranks, loaded")
+            assert_same(resumed, final, exact=False, what=f"stage {stage}, {size} ranks")
+
+
+def single_rank(tag):
+    store = Store.open(f"memory://py-ckpt-{tag}-{uuid.uuid4().hex}", 0)
+    return store, Communicator.create(store, 0, 1)
+
+
+def test_export_import_safetensors_and_metadata(tmp_path):
+    store, comm = single_rank("export")
+    with store, comm:
+        engine, index = build(comm)
+        with engine, Checkpoint.create(engine, comm, tmp_path) as ckpt:
+            train(engine, index, 0, 2)
+            saved = gathered(engine, index)
+            ckpt.save("two", {"step": "2"}).wait()
+            out = tmp_path / "model.safetensors"
+            hpshard.checkpoint_export_safetensors(tmp_path / "two", out, fp32=True)
+            # The file as the format says: header length, JSON header, raw data.
+            raw = out.read_bytes()
+            (length,) = struct.unpack("<Q", raw[:8])
+            header = json.loads(raw[8:8 + length])
+            for n, s, _ in MODEL:
+                entry = header[n]
+                assert entry["dtype"] == "F32" and tuple(entry["shape"]) == s
+                begin, end = entry["data_offsets"]
+                data = np.frombuffer(raw[8 + length + begin:8 + length + end], np.float32)
+                np.testing.assert_array_equal(data.reshape(s), saved[n])
+            assert header["__metadata__"]["step"] == "2"
+            # Imported into a fresh engine: the parameters, and the file's metadata.
+            fresh, findex = build(comm, fill=-1.0)
+            with fresh, Checkpoint.create(fresh, comm, tmp_path / "other") as other:
+                other.import_safetensors(out)
+                assert_same(gathered(fresh, findex), saved)
+                assert other.metadata("step") == "2"
+                assert status_of(lambda: other.import_safetensors(tmp_path / "absent")) \
+                    == NOT_FOUND
+    assert status_of(lambda: hpshard.checkpoint_export_safetensors(
+        tmp_path / "absent", tmp_path / "x.safetensors")) == NOT_FOUND
+
+
+def test_partial_load_and_bad_input_change_nothing(tmp_path):
+    store, comm = single_rank("bad")
+    with store, comm:
+        engine, index = build(comm)
+        with engine, Checkpoint.create(engine, comm, tmp_path) as ckpt:
+            train(engine, index, 0, 1)
+            saved = gathered(engine, index)
+            # Names and metadata the library refuses, the library's errors.
+            for name in ("../escape", ".hidden", "", "a/b", "latest.tmp"):
+                with pytest.raises(hpshard.InvalidArgumentError) as e:
+                    ckpt.save(name)
+                assert e.value.status == INVALID_ARGUMENT
+            with pytest.raises(TypeError):
+                ckpt.save("typed", {"step": 1})
+            with pytest.raises(ValueError):
+                ckpt.save("nul", {"step": "1\0"})
+            ckpt.save("one", {"step": "1"}).wait()
+            with pytest.raises(hpshard.AlreadyExistsError):
+                ckpt.save("one").wait()
+            with pytest.raises(hpshard.NotFoundError) as e:
+                ckpt.load("absent")
+            assert e.value.status == NOT_FOUND and "absent" in e.value.message
+            train(engine, index, 1, 1)
+            # In the middle of a step: refused, the step goes on.
+            for unit in (0, 1):
+                engine.wait_parameters(unit)
+            engine.grad_ready(index["b1"])
+            assert status_of(lambda: ckpt.load("one")) == FAILED_PRECONDITION
+            for n in ("w1", "b0", "w0"):
+                engine.grad_ready(index[n])
+            for unit in (1, 0):
+                engine.release_parameters(unit)
+            engine.step()
+            after = gathered(engine, index)
+            # A flipped byte: verify names the file; a load changes nothing.
+            data = tmp_path / "one" / "rank-00000.bin"
+            blob = bytearray(data.read_bytes())
+            blob[200] ^= 0x40
+            data.write_bytes(bytes(blob))
+            with pytest.raises(hpshard.InvalidArgumentError) as e:
+                hpshard.checkpoint_verify(tmp_path / "one")
+            assert "rank-00000.bin" in e.value.message
+            assert status_of(lambda: ckpt.load("one")) == INVALID_ARGUMENT
+            assert_same(gathered(engine, index), after)
+            blob[200] ^= 0x40
+            data.write_bytes(bytes(blob))
+            hpshard.checkpoint_verify(tmp_path / "one")
+
+        # Another model: one parameter more. Refused naming it, unless partial.
+        extra = MODEL + [("extra", (5,), 1)]
+        bigger, bindex = build(comm, model=extra, fill=2.0)
+        with bigger, Checkpoint.create(bigger, comm, tmp_path) as ckpt:
+            before = gathered(bigger, bindex)
+            with pytest.raises(hpshard.InvalidArgumentError) as e:
+                ckpt.load("one")
+            assert "extra" in e.value.message
+            assert_same(gathered(bigger, bindex), before)
+            ckpt.load("one", allow_partial=True)
+            loaded = gathered(bigger, bindex)
+            np.testing.assert_array_equal(loaded.pop("extra"), np.full(5, 2.0, np.float32))
+            assert_same(loaded, saved)
+
+        # A group of another size; a closed handle.
+        with pytest.raises(TypeError):
+            Checkpoint.create(engine, None, tmp_path)
+    assert status_of(lambda: hpshard.checkpoint_inspect(tmp_path / "nothing")) == NOT_FOUND
+    assert status_of(lambda: hpshard.checkpoint_read_engine_options(tmp_path / "nothing")) \
+        == NOT_FOUND
+    with pytest.raises(ValueError):
+        ckpt.load("one")
+
+
+def test_group_of_another_size_is_refused(tmp_path):
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            solo_store = Store.open(f"{url}-solo-{r}", 0)
+            solo = Communicator.create(solo_store, 0, 1)
+            with solo_store, solo:
+                engine, _ = build(comm)
+                with engine:
+                    with pytest.raises(hpshard.InvalidArgumentError) as e:
+                        Checkpoint.create(engine, solo, tmp_path / f"r{r}")
+                    return e.value.status
+
+    assert run_ranks(2, rank, "ckpt-group") == [INVALID_ARGUMENT] * 2
+
+
+def test_closing_the_engine_closes_its_checkpoints_first(tmp_path):
+    store, comm = single_rank("close")
+    with store, comm:
+        engine, index = build(comm)
+        ckpt = Checkpoint.create(engine, comm, tmp_path)
+        train(engine, index, 0, 1)
+        work = ckpt.save("s")
+        engine.close()  # waits for the save through the checkpoint's close
+        assert ckpt.closed and engine.closed
+        work.wait()
+        assert os.path.exists(tmp_path / "s" / "manifest.json")
+        hpshard.checkpoint_verify(tmp_path / "s")
+        other, _ = build(comm)
+        ckpt = Checkpoint.create(other, comm, tmp_path)
+    assert ckpt.closed and other.closed  # closing the communicator closed both
