@@ -111,12 +111,13 @@ struct Checkpointer::SaveJob {
   };
   std::vector<Written> written;
   uint64_t file_bytes = 0;    // header and data; 0 when this rank writes nothing
-  ckpt::HostStaging staging;  // the file from byte kDataHeaderBytes on
+  ckpt::HostStaging staging;  // the data file, header included, and its rounding
   std::unique_ptr<Event> snapshot;
   CheckpointTopology topology;
   EngineOptions engine_options;
-  std::string id;         // agreed on by the writers
-  std::string directory;  // the temporary directory
+  std::string id;                  // agreed on by the writers
+  std::string directory;           // the temporary directory
+  std::vector<std::string> trash;  // rank 0: older checkpoints renamed away, to delete
 };
 
 Checkpointer::Checkpointer(Checkpointable& engine, std::unique_ptr<Communicator> comm,
@@ -206,7 +207,8 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   Stream& state = engine_.state_stream();
   if (!job->written.empty()) {
     job->file_bytes = at;
-    const size_t bytes = at - ckpt::kDataHeaderBytes;
+    // Room for write_whole's rounding of the file.
+    const size_t bytes = ckpt::round_up(at, File::kDirectAlignment);
     {
       std::lock_guard lock(spare_mutex_);
       if (spare_.reuse(state.device(), bytes)) job->staging = std::move(spare_);
@@ -217,7 +219,7 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
     // Alignment gaps are zeros in the file.
     uint64_t end = ckpt::kDataHeaderBytes;
     for (const auto& w : job->written) {
-      std::memset(job->staging.data() + (end - ckpt::kDataHeaderBytes), 0, w.offset - end);
+      std::memset(job->staging.data() + end, 0, w.offset - end);
       const StateTensor& t = job->tensors[w.tensor];
       end = w.offset + (t.end - t.begin) * dtype_size(t.dtype);
     }
@@ -230,9 +232,8 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
     HPS_RETURN_IF_ERROR(side_->wait(*ready));
     for (const auto& w : job->written) {
       const StateTensor& t = job->tensors[w.tensor];
-      HPS_RETURN_IF_ERROR(
-          side_->memcpy_async(job->staging.data() + (w.offset - ckpt::kDataHeaderBytes), t.data,
-                              (t.end - t.begin) * dtype_size(t.dtype)));
+      HPS_RETURN_IF_ERROR(side_->memcpy_async(job->staging.data() + w.offset, t.data,
+                                              (t.end - t.begin) * dtype_size(t.dtype)));
     }
     HPS_ASSIGN_OR_RETURN(job->snapshot, create_event(state.device()));
     HPS_RETURN_IF_ERROR(job->snapshot->record(*side_));
@@ -260,9 +261,14 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
       std::lock_guard lock(spare_mutex_);
       if (job->staging.size() >= spare_.size()) spare_ = std::move(job->staging);
     }
+    std::vector<std::string> trash = std::move(job->trash);
     job.reset();
     work->set_status(s);
     mark->complete();
+    // The checkpoints beyond keep_last are gone from the root already (renamed away); their
+    // files go after the save completes, before the next save or load starts (both join
+    // this thread), or at the next save's start after a crash.
+    for (const auto& path : trash) (void)ckpt::remove_tree(path);
   });
   in_flight_ = work;
   return work;
@@ -271,7 +277,23 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
 Status Checkpointer::write_job(SaveJob& job) {
   Communicator& comm = *comm_;
   const int32_t rank = comm.rank();
-  // 1. Rank 0 picks the id and creates the temporary directory; leftovers of saves a crash
+  // 1. The snapshot's checksums, before anything waits for the other ranks (whose saves
+  //    may have started later).
+  Status local = job.snapshot->synchronize_uncounted();
+  std::vector<json> chunks_of(job.tensors.size(), json::array());
+  if (local.ok()) {
+    for (const auto& w : job.written) {
+      const StateTensor& t = job.tensors[w.tensor];
+      const uint64_t element = dtype_size(t.dtype);
+      const uint64_t per_chunk = std::max<uint64_t>(1, options_.chunk_bytes / element);
+      for (const auto& [b, e] : ckpt::cut_into_chunks(t.begin, t.end, per_chunk)) {
+        const uint64_t offset = w.offset + (b - t.begin) * element;
+        const uint64_t sum = ckpt::checksum(job.staging.data() + offset, (e - b) * element);
+        chunks_of[w.tensor].push_back({b, e, offset, ckpt::hex64(sum)});
+      }
+    }
+  }
+  // 2. Rank 0 picks the id and creates the temporary directory; leftovers of saves a crash
   //    interrupted (only this job writes under the root) go first.
   std::string agreed;
   if (rank == 0) {
@@ -298,34 +320,19 @@ Status Checkpointer::write_job(SaveJob& job) {
   job.id = agreed.substr(3);
   job.directory = join_path(root_, std::string(ckpt::kTemporaryPrefix) + job.name + "-" + job.id);
 
-  // 2. This rank's data file: checksums, header and data, fsync.
-  Status local = job.snapshot->synchronize_uncounted();
+  // 3. This rank's data file: header and data (the header in the staging memory's first
+  //    bytes, so the file goes to the disk in one piece), fsync.
   json report;
   json tensors = json::array();
-  std::vector<json> chunks_of(job.tensors.size(), json::array());
   const std::string file = ckpt::data_file_name(rank);
   if (local.ok() && !job.written.empty()) {
-    for (const auto& w : job.written) {
-      const StateTensor& t = job.tensors[w.tensor];
-      const uint64_t element = dtype_size(t.dtype);
-      const uint64_t per_chunk = std::max<uint64_t>(1, options_.chunk_bytes / element);
-      for (const auto& [b, e] : ckpt::cut_into_chunks(t.begin, t.end, per_chunk)) {
-        const uint64_t offset = w.offset + (b - t.begin) * element;
-        const uint64_t sum = ckpt::checksum(job.staging.data() + (offset - ckpt::kDataHeaderBytes),
-                                            (e - b) * element);
-        chunks_of[w.tensor].push_back({b, e, offset, ckpt::hex64(sum)});
-      }
-    }
-    const std::string path = join_path(job.directory, file);
-    auto f = File::create(path);
+    const std::string header = ckpt::data_file_header(job.id, rank);
+    std::memcpy(job.staging.data(), header.data(), ckpt::kDataHeaderBytes);
+    auto f = File::create(join_path(job.directory, file));
     local = f.status();
-    if (local.ok()) {
-      const std::string header = ckpt::data_file_header(job.id, rank);
-      local = f->write_all(header.data(), header.size());
-      if (local.ok()) local = f->write_all(job.staging.data(), job.staging.size());
-      if (local.ok()) local = f->sync();
-      if (local.ok()) local = f->close();
-    }
+    if (local.ok()) local = f->write_whole(job.staging.data(), job.file_bytes);
+    if (local.ok()) local = f->sync();
+    if (local.ok()) local = f->close();
   }
   for (size_t i = 0; i < job.tensors.size(); ++i) {
     const StateTensor& t = job.tensors[i];
@@ -338,7 +345,7 @@ Status Checkpointer::write_job(SaveJob& job) {
   report["file_bytes"] = local.ok() ? job.file_bytes : 0;
   report["tensors"] = std::move(tensors);
 
-  // 3. Every writer's report reaches rank 0, which publishes or cleans up.
+  // 4. Every writer's report reaches rank 0, which publishes or cleans up.
   HPS_ASSIGN_OR_RETURN(
       auto reports,
       all_gather_strings(comm, report.dump(-1, ' ', false, json::error_handler_t::replace), false));
@@ -347,7 +354,7 @@ Status Checkpointer::write_job(SaveJob& job) {
     std::string published;
     Status s = publish(job, reports, published);
     if (!s.ok()) (void)ckpt::remove_tree(job.directory);
-    if (s.ok()) collect_garbage(job.name);
+    if (s.ok()) job.trash = collect_garbage(job.name);
     result = encode(s);
   }
   HPS_RETURN_IF_ERROR(broadcast_string(comm, result, false));
@@ -434,10 +441,11 @@ Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& repor
                                        job.name + "\n");
 }
 
-void Checkpointer::collect_garbage(const std::string& keep) {
-  if (options_.keep_last <= 0) return;
+std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep) {
+  std::vector<std::string> trash;
+  if (options_.keep_last <= 0) return trash;
   auto names = ckpt::list_directory(root_);
-  if (!names.ok()) return;
+  if (!names.ok()) return trash;
   std::vector<std::tuple<int64_t, std::string, std::string>> published;  // created, name, id
   for (const auto& n : *names) {
     if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
@@ -447,16 +455,17 @@ void Checkpointer::collect_garbage(const std::string& keep) {
   }
   std::sort(published.begin(), published.end());
   const size_t keep_count = static_cast<size_t>(options_.keep_last);
-  if (published.size() <= keep_count) return;
+  if (published.size() <= keep_count) return trash;
   for (size_t i = 0; i + keep_count < published.size(); ++i) {
     const auto& [created, name, id] = published[i];
     if (name == keep) continue;
     // Renamed away first: a crash while its files go never leaves a half checkpoint.
-    const std::string trash = join_path(root_, std::string(ckpt::kTrashPrefix) + name + "-" + id);
-    if (!ckpt::rename_path(join_path(root_, name), trash).ok()) continue;
+    const std::string away = join_path(root_, std::string(ckpt::kTrashPrefix) + name + "-" + id);
+    if (!ckpt::rename_path(join_path(root_, name), away).ok()) continue;
     (void)ckpt::sync_directory(root_);
-    (void)ckpt::remove_tree(trash);
+    trash.push_back(away);
   }
+  return trash;
 }
 
 Status Checkpointer::agree(const Status& local, const char* what) {
@@ -520,7 +529,11 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
   std::vector<ckpt::TargetRange> targets;
   std::vector<size_t> tensor_of;  // targets[t] is tensors[tensor_of[t]]
   ckpt::LoadPlan plan;
-  std::vector<std::vector<uint8_t>> staging;
+  // Every target's elements, 64-byte aligned in one staging buffer: the last save's when it
+  // is large enough (its pages are mapped already), kept for the next save or load.
+  ckpt::HostStaging memory;
+  std::vector<uint8_t*> staging;
+  std::vector<uint64_t> staged_bytes;
   if (local.ok()) {
     auto t = engine_.state_tensors();
     local = t.status();
@@ -542,24 +555,52 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
     local = p.status();
     if (local.ok()) plan = std::move(*p);
   }
+  Stream& state = engine_.state_stream();
   if (local.ok()) {
-    staging.resize(targets.size());
+    std::vector<uint64_t> offset(targets.size(), 0);
+    staged_bytes.assign(targets.size(), 0);
+    uint64_t total = 0;
     for (size_t t = 0; t < targets.size(); ++t) {
       if (plan.source_of_target[t] < 0) continue;
-      staging[t].resize((targets[t].end - targets[t].begin) * dtype_size(targets[t].dtype));
+      staged_bytes[t] = (targets[t].end - targets[t].begin) * dtype_size(targets[t].dtype);
+      offset[t] = total;
+      total = ckpt::round_up(total + staged_bytes[t], ckpt::kDataAlignment);
     }
-    local = ckpt::read_plan(*source, targets, plan, staging);
+    {
+      std::lock_guard lock(spare_mutex_);
+      if (spare_.reuse(state.device(), total)) memory = std::move(spare_);
+    }
+    if (memory.data() == nullptr) {
+      auto m = ckpt::HostStaging::allocate(state.device(), total);
+      local = m.status();
+      if (local.ok()) memory = std::move(*m);
+    }
+    if (local.ok()) {
+      staging.assign(targets.size(), nullptr);
+      for (size_t t = 0; t < targets.size(); ++t) staging[t] = memory.data() + offset[t];
+      local = ckpt::read_plan(*source, targets, plan, staging);
+    }
   }
-  HPS_RETURN_IF_ERROR(agree(local, "load"));
-  Stream& state = engine_.state_stream();
-  for (size_t t = 0; t < targets.size(); ++t) {
+  auto keep_memory = [&] {
+    std::lock_guard lock(spare_mutex_);
+    if (memory.size() >= spare_.size()) spare_ = std::move(memory);
+  };
+  if (Status s = agree(local, "load"); !s.ok()) {
+    keep_memory();
+    return s;
+  }
+  Status copied;
+  for (size_t t = 0; t < targets.size() && copied.ok(); ++t) {
     if (plan.source_of_target[t] < 0) continue;
     ++report.tensors_loaded;
-    if (staging[t].empty()) continue;
-    HPS_RETURN_IF_ERROR(
-        state.memcpy_async(tensors[tensor_of[t]].data, staging[t].data(), staging[t].size()));
+    if (staged_bytes[t] == 0) continue;
+    copied = state.memcpy_async(tensors[tensor_of[t]].data, staging[t], staged_bytes[t]);
   }
-  HPS_RETURN_IF_ERROR(state.synchronize());
+  // The copies read the staging memory: it is kept only after they are done.
+  Status done = state.synchronize();
+  if (done.ok()) keep_memory();
+  HPS_RETURN_IF_ERROR(copied);
+  HPS_RETURN_IF_ERROR(done);
   HPS_RETURN_IF_ERROR(engine_.end_state_load());
   report.unchanged = std::move(plan.unchanged);
   report.unused = std::move(plan.unused);

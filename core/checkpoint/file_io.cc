@@ -55,6 +55,48 @@ StatusOr<File> File::open_read(const std::string& path) {
   return File(fd, path);
 }
 
+Status File::write_whole(uint8_t* data, size_t bytes) {
+  const size_t padded = (bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags < 0 || reinterpret_cast<uintptr_t>(data) % kDirectAlignment != 0 ||
+      ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) {
+    return write_all(data, bytes);  // no O_DIRECT here: through the page cache
+  }
+  std::memset(data + bytes, 0, padded - bytes);
+  size_t done = 0;
+  while (done < padded) {
+    const size_t piece = std::min<size_t>(padded - done, size_t{64} << 20);
+    const ssize_t n = ::write(fd_, data + done, piece);
+    if (n < 0 && errno == EINTR) continue;
+    if ((n < 0 && errno == EINVAL) || (n >= 0 && static_cast<size_t>(n) % kDirectAlignment != 0)) {
+      // The filesystem takes O_DIRECT's flag but not these writes, or wrote a part of a
+      // block: the rest through the page cache, from the first byte not surely written.
+      if (n > 0) done += static_cast<size_t>(n) / kDirectAlignment * kDirectAlignment;
+      if (::fcntl(fd_, F_SETFL, flags) != 0 ||
+          ::lseek(fd_, static_cast<off_t>(done), SEEK_SET) != static_cast<off_t>(done)) {
+        return os_error("writing", path_, errno);
+      }
+      if (done < bytes) HPS_RETURN_IF_ERROR(write_all(data + done, bytes - done));
+      break;
+    }
+    if (n < 0) {
+      const int err = errno;
+      return backend_error("writing '" + path_ + "' failed after " + std::to_string(done) + " of " +
+                           std::to_string(bytes) + " bytes: " + reason(err));
+    }
+    if (n == 0) {
+      return backend_error("writing '" + path_ + "' made no progress after " +
+                           std::to_string(done) + " of " + std::to_string(bytes) + " bytes");
+    }
+    done += static_cast<size_t>(n);
+  }
+  (void)::fcntl(fd_, F_SETFL, flags);
+  // The file ends where the data does (a write through the page cache may have ended there
+  // or past it: the rounding is cut off either way).
+  if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return os_error("truncating", path_, errno);
+  return Status::Ok();
+}
+
 Status File::write_all(const void* data, size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   size_t done = 0;
@@ -118,6 +160,13 @@ Status File::close() {
 
 void File::drop_cache() const {
   if (fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+void File::will_need(uint64_t offset, uint64_t bytes) const {
+  if (fd_ >= 0 && bytes > 0) {
+    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes),
+                          POSIX_FADV_WILLNEED);
+  }
 }
 
 Status make_directory(const std::string& path) {

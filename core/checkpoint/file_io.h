@@ -24,6 +24,15 @@ class File {
 
   // A new file for writing; ALREADY_EXISTS when `path` exists.
   static StatusOr<File> create(const std::string& path);
+  // The alignment write_whole() needs of its buffer and of the buffer's capacity.
+  static constexpr size_t kDirectAlignment = 4096;
+  // Writes `bytes` from `data` as the whole content of this new, empty file, bypassing
+  // the page cache (O_DIRECT) where the filesystem allows it: the disk reads the buffer
+  // itself, and the CPU copies nothing. `data` must be kDirectAlignment-aligned and
+  // writable up to `bytes` rounded up to kDirectAlignment: the rounding's bytes are
+  // zeroed, written, and cut off again. Falls back to buffered writes where O_DIRECT is
+  // refused. Errors as write_all.
+  Status write_whole(uint8_t* data, size_t bytes);
   // An existing file for reading; NOT_FOUND when it does not exist.
   static StatusOr<File> open_read(const std::string& path);
 
@@ -38,6 +47,9 @@ class File {
   Status close();
   // Tells the kernel the file's cached pages may go (benchmarks compare cold reads).
   void drop_cache() const;
+  // Asks the kernel to start reading [offset, offset + bytes) now (posix_fadvise
+  // WILLNEED), so the reads that follow overlap the disk with the caller's work; a hint.
+  void will_need(uint64_t offset, uint64_t bytes) const;
 
  private:
   File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}

@@ -99,8 +99,32 @@ void convert(DType from, const void* in, DType to, void* out, size_t count) {
 }  // namespace
 
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
-                 const LoadPlan& plan, std::vector<std::vector<uint8_t>>& staging) {
+                 const LoadPlan& plan, const std::vector<uint8_t*>& staging) {
   FileSet files(source);
+  // Readahead of each chunk the plan reads (a chunk with a checksum is read whole), the
+  // adjacent ones merged; a file that cannot be opened is reported by the reads below.
+  {
+    const File* file = nullptr;
+    uint64_t from = 0, to = 0;
+    for (const ReadPiece& p : plan.pieces) {
+      const StoredTensor& t = source.tensors[p.tensor];
+      const StoredChunk& c = t.chunks[p.chunk];
+      auto f = files.get(c.file, t.name);
+      if (!f.ok()) break;
+      const uint64_t element = dtype_size(t.dtype);
+      const uint64_t begin = c.offset + (c.xxh3 ? 0 : (p.begin - c.begin) * element);
+      const uint64_t end = c.offset + ((c.xxh3 ? c.end : p.end) - c.begin) * element;
+      if (*f == file && begin <= to) {
+        to = std::max(to, end);
+        continue;
+      }
+      if (file != nullptr) file->will_need(from, to - from);
+      file = *f;
+      from = begin;
+      to = end;
+    }
+    if (file != nullptr) file->will_need(from, to - from);
+  }
   std::vector<uint8_t> buffer;
   size_t i = 0;
   while (i < plan.pieces.size()) {
@@ -120,8 +144,7 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
     if (j == i + 1 && only.dtype == t.dtype && first.begin == chunk.begin &&
         first.end == chunk.end) {
       // A whole chunk for one target in its own dtype: read straight into place.
-      uint8_t* out =
-          staging[first.target].data() + (first.begin - only.begin) * dtype_size(t.dtype);
+      uint8_t* out = staging[first.target] + (first.begin - only.begin) * dtype_size(t.dtype);
       HPS_RETURN_IF_ERROR(read_into(source, files, t, chunk, first.begin, first.end, out));
       i = j;
       continue;
@@ -131,7 +154,7 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
       const ReadPiece& p = plan.pieces[k];
       const TargetRange& target = targets[p.target];
       const uint8_t* in = buffer.data() + (p.begin - at) * dtype_size(t.dtype);
-      uint8_t* out = staging[p.target].data() + (p.begin - target.begin) * dtype_size(target.dtype);
+      uint8_t* out = staging[p.target] + (p.begin - target.begin) * dtype_size(target.dtype);
       convert(t.dtype, in, target.dtype, out, static_cast<size_t>(p.end - p.begin));
     }
     i = j;
@@ -170,11 +193,7 @@ Status read_tensor_range(const SourceIndex& source, size_t tensor, uint64_t begi
     if (chunk.end <= begin || chunk.begin >= end) continue;
     plan.pieces.push_back({0, tensor, c, std::max(chunk.begin, begin), std::min(chunk.end, end)});
   }
-  std::vector<std::vector<uint8_t>> staging(1);
-  staging[0].resize((end - begin) * dtype_size(dtype));
-  HPS_RETURN_IF_ERROR(read_plan(source, targets, plan, staging));
-  std::memcpy(out, staging[0].data(), staging[0].size());
-  return Status::Ok();
+  return read_plan(source, targets, plan, {static_cast<uint8_t*>(out)});
 }
 
 }  // namespace hps::ckpt

@@ -13,9 +13,11 @@
 namespace hps::ckpt {
 
 // staging[t] receives target t's elements [begin, end) in its dtype; it must hold
-// (end - begin) * dtype_size bytes. Targets without a source are left untouched.
+// (end - begin) * dtype_size bytes. Targets without a source are left untouched. The
+// chunks' reading is started ahead (readahead of exactly the chunks the plan reads), so
+// the disk works while earlier chunks are checked and converted.
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
-                 const LoadPlan& plan, std::vector<std::vector<uint8_t>>& staging);
+                 const LoadPlan& plan, const std::vector<uint8_t*>& staging);
 
 struct VerifyReport {
   uint64_t files = 0;

@@ -596,15 +596,20 @@ class TcpStoreClient final : public Store {
     const auto deadline = Clock::now() + clamp_store_wait(connect_timeout);
     Milliseconds backoff{10};
     Status last = Status::Ok();
+    bool told = false;  // `last` is the server's refusal
     while (true) {
       const auto attempt_deadline = std::min(deadline, Clock::now() + Milliseconds(1000));
-      auto fd = open_connection(attempt_deadline, deadline);
+      bool by_server = false;
+      auto fd = open_connection(attempt_deadline, deadline, &by_server);
       if (fd.ok()) {
         idle_.push_back({*fd, Clock::now()});
         return Status::Ok();
       }
       if (fd.status().code() == StatusCode::kFailedPrecondition) return fd.status();
-      last = fd.status();
+      // What the server said (a full store) says more than a later attempt cut short by
+      // the deadline.
+      if (by_server || !told) last = fd.status();
+      told = told || by_server;
       const auto now = Clock::now();
       if (now >= deadline) break;
       std::this_thread::sleep_until(std::min(deadline, now + backoff));
@@ -692,10 +697,12 @@ class TcpStoreClient final : public Store {
   // has, and proved it knows it too. FAILED_PRECONDITION when the token is refused (either
   // way); other failures are worth retrying.
   // The handshake may take until `handshake_deadline`: a busy server greets late, but greets.
+  // *refused_by_server (when given) tells whether the server itself refused the connection.
   StatusOr<int> open_connection(Clock::time_point connect_deadline,
-                                Clock::time_point handshake_deadline) {
+                                Clock::time_point handshake_deadline,
+                                bool* refused_by_server = nullptr) {
     HPS_ASSIGN_OR_RETURN(int fd, connect_once(host_, port_, connect_deadline));
-    auto done = handshake(fd, std::max(connect_deadline, handshake_deadline));
+    auto done = handshake(fd, std::max(connect_deadline, handshake_deadline), refused_by_server);
     if (!done.ok()) {
       close_fd(fd);
       return done;
@@ -703,13 +710,14 @@ class TcpStoreClient final : public Store {
     return fd;
   }
 
-  Status handshake(int fd, Clock::time_point deadline) {
+  Status handshake(int fd, Clock::time_point deadline, bool* refused_by_server) {
     std::string payload;
     Status io = recv_frame(fd, &payload, kMaxHandshakeFrame, deadline);
     if (!io.ok()) return unavailable("handshake: " + io.message());
     auto hello = parse_hello(payload);
     if (!hello) return refused("the server's greeting is not an hpshard store's (version 2)");
     if (!hello->status.ok()) {
+      if (refused_by_server != nullptr) *refused_by_server = true;
       return Status(hello->status.code(),
                     "tcp store at " + endpoint(host_, port_) +
                         " refused the connection: " + hello->status.message());

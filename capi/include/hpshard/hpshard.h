@@ -951,8 +951,13 @@ HPS_API hps_status_t hps_engine_broadcast_parameters(hps_engine_t* engine);
 HPS_API hps_status_t hps_engine_param(hps_engine_t* engine, size_t index, void** out_data);
 
 /**
- * The gradient view of `index`: zero at the start of every step; backward adds into it.
- * Errors: FAILED_PRECONDITION (frozen parameter or not sealed), OUT_OF_RANGE.
+ * The gradient view of `index`; backward adds into it. Stage 2: zero at the start of every
+ * step, accumulating over the step's micro-batches, valid until the engine is destroyed.
+ * Stage 3: the view of the current micro-batch, zero when first asked for in it; each
+ * micro-batch's gradients are reduce-scattered (and added into the shard) when its bucket
+ * checks in, and the view is gone after that (ask again in the next micro-batch).
+ * Errors: FAILED_PRECONDITION (frozen parameter, not sealed, or stage 3 before
+ * hps_engine_broadcast_parameters), OUT_OF_RANGE.
  */
 HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** out_data);
 

@@ -5,9 +5,15 @@
 #include "core/checkpoint/format.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
 
+#include "core/checkpoint/file_io.h"
 #include "core/checkpoint/manifest.h"
 #include "core/checkpoint/reshard.h"
 #include "core/checkpoint/safetensors.h"
@@ -37,6 +43,44 @@ Manifest sample() {
   s.chunks[0].offset = 64 + 40;
   m.tensors = {w, s};
   return m;
+}
+
+// write_whole: the whole file, byte for byte and of the exact size, through O_DIRECT from an
+// aligned buffer (with its rounding zeroed and cut off) and through the page cache from an
+// unaligned one; the rounding's bytes are the only ones of the buffer it changes.
+TEST(FileIo, WriteWholeWritesExactlyTheBytesAlignedOrNot) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hps-write-whole-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  std::mt19937 rng(7);
+  int case_no = 0;
+  for (size_t bytes : {size_t{1}, size_t{64}, size_t{4095}, size_t{4096}, size_t{4097},
+                       size_t{3 * 4096 + 17}, (size_t{1} << 20) + 123}) {
+    for (size_t misalign : {size_t{0}, size_t{8}}) {
+      const size_t capacity = (bytes + misalign + 4095) / 4096 * 4096 + 4096;
+      auto* raw = static_cast<uint8_t*>(std::aligned_alloc(File::kDirectAlignment, capacity));
+      ASSERT_NE(raw, nullptr);
+      uint8_t* data = raw + misalign;
+      for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(rng());
+      const std::vector<uint8_t> expected(data, data + bytes);
+      const std::string path = dir + "/f" + std::to_string(case_no++);
+      auto f = File::create(path);
+      ASSERT_TRUE(f.ok()) << f.status().to_string();
+      ASSERT_TRUE(f->write_whole(data, bytes).ok());
+      ASSERT_TRUE(f->sync().ok());
+      ASSERT_TRUE(f->close().ok());
+      EXPECT_EQ(std::vector<uint8_t>(data, data + bytes), expected);
+      auto r = File::open_read(path);
+      ASSERT_TRUE(r.ok());
+      auto size = r->size();
+      ASSERT_TRUE(size.ok());
+      EXPECT_EQ(*size, bytes) << "misalign " << misalign;
+      std::vector<uint8_t> back(bytes);
+      ASSERT_TRUE(r->pread_all(back.data(), bytes, 0).ok());
+      EXPECT_EQ(back, expected) << bytes << " bytes, misalign " << misalign;
+      std::free(raw);
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Manifest, RoundTrips) {

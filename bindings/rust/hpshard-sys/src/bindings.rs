@@ -2382,8 +2382,13 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " The gradient view of `index`: zero at the start of every step; backward adds into it."]
-    #[doc = " Errors: FAILED_PRECONDITION (frozen parameter or not sealed), OUT_OF_RANGE."]
+    #[doc = " The gradient view of `index`; backward adds into it. Stage 2: zero at the start of every"]
+    #[doc = " step, accumulating over the step's micro-batches, valid until the engine is destroyed."]
+    #[doc = " Stage 3: the view of the current micro-batch, zero when first asked for in it; each"]
+    #[doc = " micro-batch's gradients are reduce-scattered (and added into the shard) when its bucket"]
+    #[doc = " checks in, and the view is gone after that (ask again in the next micro-batch)."]
+    #[doc = " Errors: FAILED_PRECONDITION (frozen parameter, not sealed, or stage 3 before"]
+    #[doc = " hps_engine_broadcast_parameters), OUT_OF_RANGE."]
     pub fn hps_engine_grad(
         engine: *mut hps_engine_t,
         index: usize,
