@@ -75,6 +75,30 @@ case $case_name in
     check_prefixes "$work/out"
     echo "launcher exited 3 after ${took} ms"
     ;;
+  fail-outside-kill)
+    # Rank 1 fails; ranks 0 and 2 ignore the launcher's SIGTERM. Rank 0 is then SIGKILLed
+    # from outside (as the OOM killer would) within the grace period: the launcher names that
+    # too, and not rank 2's end by its own SIGKILL after the grace period.
+    "$run" -n 3 --grace 2 -- "$probe" fail 1 3 stubborn >"$work/out" 2>"$work/err" &
+    launcher=$!
+    pid0=""
+    for _ in $(seq 200); do
+      pid0=$(sed -n 's/^\[rank 0\] pid=//p' "$work/out")
+      [ -n "$pid0" ] && grep -qF "stopping the other ranks" "$work/err" && break
+      sleep 0.05
+    done
+    [ -n "$pid0" ] || fail "rank 0 printed no pid"
+    kill -KILL "$pid0"
+    wait $launcher
+    rc=$?
+    [ $rc -eq 3 ] || fail "exit code $rc, expected 3"
+    grep -qF "hpshard-run: rank 1 exited with code 3; stopping the other ranks" "$work/err" ||
+      fail "no message naming the failed rank"
+    grep -qF "rank 0 also was killed by signal 9 (Killed), a signal hpshard-run did not send" \
+      "$work/err" || fail "the rank killed from outside was not named"
+    grep -qF "rank 2 also" "$work/err" && fail "rank 2, stopped by the launcher, was named"
+    grep -qF "sending SIGKILL" "$work/err" || fail "rank 2 was not killed after the grace period"
+    ;;
   signal)
     "$run" -n 3 --grace 1 -- "$probe" signal 2 9 >"$work/out" 2>"$work/err"
     rc=$?

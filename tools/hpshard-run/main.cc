@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -395,10 +396,13 @@ class Launcher {
   }
 
   void stop_all(int signal) {
+    sent_.insert(signal);
     for (auto& p : ranks_) {
       if (p.running) ::kill(-p.pid, signal);
     }
   }
+
+  bool sent_by_us(int signal) const { return sent_.count(signal) != 0; }
 
   // Sends SIGTERM now and SIGKILL after the grace period to every rank still running.
   void begin_stop() {
@@ -424,6 +428,11 @@ class Launcher {
           say("rank " + std::to_string(p.rank) + " " + describe(status) +
               (running_ > 0 ? "; stopping the other ranks" : ""));
           begin_stop();
+        } else if (code != 0 && WIFSIGNALED(status) && !sent_by_us(WTERMSIG(status))) {
+          // Also named: a rank killed from outside (the OOM killer, a user) whose end was
+          // reaped after a peer's, which its death may have caused.
+          say("rank " + std::to_string(p.rank) + " also " + describe(status) +
+              ", a signal hpshard-run did not send");
         }
       }
     }
@@ -523,6 +532,7 @@ class Launcher {
   }
 
   Options options_;
+  std::set<int> sent_;  // the signals stop_all() has sent to the ranks
   std::vector<RankProcess> ranks_;
   int running_ = 0;
   std::optional<int> failure_;
