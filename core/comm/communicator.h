@@ -52,10 +52,10 @@ struct CommOptions {
   size_t shared_memory_slot_bytes = 0;
   // Over shared memory, all-gather and broadcast read the peers' buffers in place (one
   // copy instead of two) where every rank can read every other's memory: threads of one
-  // process, or processes that cross-memory attach (process_vm_readv) allows. Off by
-  // default: on the 2-core VM it was measured on it gained nothing (docs/benchmarks.md).
-  // Default from HPS_COMM_SHM_DIRECT (0 = off).
-  bool shared_memory_direct = false;
+  // process, or processes that cross-memory attach (process_vm_readv) allows; elsewhere
+  // they go through the staging slots. Default from HPS_COMM_SHM_DIRECT (1 = on; 0 keeps
+  // every collective in the slots).
+  bool shared_memory_direct = true;
 };
 
 // Reads HPS_COMM_TIMEOUT_MS (1 ms to a year), HPS_COMM_CHECK, HPS_COMM_SHM and

@@ -30,7 +30,7 @@ struct CollConfig {
   // false: hpshard's collectives use Gloo TCP even between same-host ranks.
   bool shared_memory = true;
   // CommOptions::shared_memory_direct: all-gather and broadcast read peers' buffers in place.
-  bool shared_memory_direct = false;
+  bool shared_memory_direct = true;
   std::chrono::milliseconds timeout{120'000};
   bool progress = true;  // a line on stderr per case
   // The whole sweep this many times per world size; each row's figures are then the

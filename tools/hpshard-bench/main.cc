@@ -478,7 +478,7 @@ Family add_coll(CLI::App& app, int argc, char** argv) {
       ->check(CLI::IsMember({"shm", "tcp"}));
   cmd->add_option("--shm-direct", c.shared_memory_direct,
                   "0 or 1: shared-memory all-gather and broadcast read the peers' buffers in "
-                  "place, one copy per byte (CommOptions::shared_memory_direct; default 0)");
+                  "place, one copy per byte (CommOptions::shared_memory_direct; default 1, as in the library)");
   cmd->add_flag("--no-mpi", cli->no_mpi, "skip the Open MPI column");
   cmd->add_option("--mpi-helper", cli->mpi_helper,
                   "hpshard-bench-mpi (default: beside this program)");
