@@ -55,6 +55,24 @@ StatusOr<File> File::open_read(const std::string& path) {
   return File(fd, path);
 }
 
+ssize_t File::write_piece(const uint8_t* data, size_t left) const {
+  // Bounded pieces: one huge write would hold the kernel's file lock for its whole length.
+  const size_t piece = std::min<size_t>(left, size_t{64} << 20);
+  while (true) {
+    const ssize_t n = ::write(fd_, data, piece);
+    if (n >= 0 || errno != EINTR) return n;
+  }
+}
+
+Status File::write_error(size_t done, size_t bytes, ssize_t n, int err) const {
+  if (n == 0) {
+    return backend_error("writing '" + path_ + "' made no progress after " + std::to_string(done) +
+                         " of " + std::to_string(bytes) + " bytes");
+  }
+  return backend_error("writing '" + path_ + "' failed after " + std::to_string(done) + " of " +
+                       std::to_string(bytes) + " bytes: " + reason(err));
+}
+
 Status File::write_whole(uint8_t* data, size_t bytes) {
   const size_t padded = (bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
   const int flags = ::fcntl(fd_, F_GETFL);
@@ -65,10 +83,9 @@ Status File::write_whole(uint8_t* data, size_t bytes) {
   std::memset(data + bytes, 0, padded - bytes);
   size_t done = 0;
   while (done < padded) {
-    const size_t piece = std::min<size_t>(padded - done, size_t{64} << 20);
-    const ssize_t n = ::write(fd_, data + done, piece);
-    if (n < 0 && errno == EINTR) continue;
-    if ((n < 0 && errno == EINVAL) || (n >= 0 && static_cast<size_t>(n) % kDirectAlignment != 0)) {
+    const ssize_t n = write_piece(data + done, padded - done);
+    const int err = errno;
+    if ((n < 0 && err == EINVAL) || (n > 0 && static_cast<size_t>(n) % kDirectAlignment != 0)) {
       // The filesystem takes O_DIRECT's flag but not these writes, or wrote a part of a
       // block: the rest through the page cache, from the first byte not surely written.
       if (n > 0) done += static_cast<size_t>(n) / kDirectAlignment * kDirectAlignment;
@@ -79,15 +96,7 @@ Status File::write_whole(uint8_t* data, size_t bytes) {
       if (done < bytes) HPS_RETURN_IF_ERROR(write_all(data + done, bytes - done));
       break;
     }
-    if (n < 0) {
-      const int err = errno;
-      return backend_error("writing '" + path_ + "' failed after " + std::to_string(done) + " of " +
-                           std::to_string(bytes) + " bytes: " + reason(err));
-    }
-    if (n == 0) {
-      return backend_error("writing '" + path_ + "' made no progress after " +
-                           std::to_string(done) + " of " + std::to_string(bytes) + " bytes");
-    }
+    if (n <= 0) return write_error(std::min(done, bytes), bytes, n, err);
     done += static_cast<size_t>(n);
   }
   (void)::fcntl(fd_, F_SETFL, flags);
@@ -101,19 +110,8 @@ Status File::write_all(const void* data, size_t bytes) {
   const auto* p = static_cast<const uint8_t*>(data);
   size_t done = 0;
   while (done < bytes) {
-    // Bounded pieces: one huge write would hold the kernel's file lock for its whole length.
-    const size_t piece = std::min<size_t>(bytes - done, size_t{64} << 20);
-    const ssize_t n = ::write(fd_, p + done, piece);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      return backend_error("writing '" + path_ + "' failed after " + std::to_string(done) + " of " +
-                           std::to_string(bytes) + " bytes: " + reason(err));
-    }
-    if (n == 0) {
-      return backend_error("writing '" + path_ + "' made no progress after " +
-                           std::to_string(done) + " of " + std::to_string(bytes) + " bytes");
-    }
+    const ssize_t n = write_piece(p + done, bytes - done);
+    if (n <= 0) return write_error(done, bytes, n, errno);
     done += static_cast<size_t>(n);
   }
   return Status::Ok();

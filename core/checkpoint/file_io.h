@@ -3,6 +3,8 @@
 // promised, fsync of files and directories, atomic replacement. No exception escapes.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -53,6 +55,10 @@ class File {
 
  private:
   File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  // One write(2) of at most 64 MiB of `left`, retried on EINTR.
+  ssize_t write_piece(const uint8_t* data, size_t left) const;
+  // The error of a write that returned `n` (0: no progress; < 0: errno `err`).
+  Status write_error(size_t done, size_t bytes, ssize_t n, int err) const;
   int fd_ = -1;
   std::string path_;
 };
