@@ -424,6 +424,12 @@ HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info);
 /* Communicators and work                                                   */
 /* ------------------------------------------------------------------------ */
 
+/**
+ * Reductions of float16 and bfloat16 add in fp32 and round the sums to the dtype (over
+ * shared memory once, over TCP after each ring step). On CPU communicators AVG divides the
+ * rounded sum, so a float16 sum above 65504 becomes Inf even where the mean would fit (with
+ * dynamic loss scaling: a skipped step and a smaller scale).
+ */
 typedef enum hps_reduce_op {
   HPS_REDUCE_SUM = 0,
   HPS_REDUCE_AVG = 1,

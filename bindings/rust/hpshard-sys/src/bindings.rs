@@ -1067,8 +1067,16 @@ impl hps_reduce_op {
     pub const HPS_REDUCE_OP_FORCE32: hps_reduce_op = hps_reduce_op(2147483647);
 }
 #[repr(transparent)]
+#[doc = " Reductions of float16 and bfloat16 add in fp32 and round the sums to the dtype (over"]
+#[doc = " shared memory once, over TCP after each ring step). On CPU communicators AVG divides the"]
+#[doc = " rounded sum, so a float16 sum above 65504 becomes Inf even where the mean would fit (with"]
+#[doc = " dynamic loss scaling: a skipped step and a smaller scale)."]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct hps_reduce_op(pub ::std::os::raw::c_uint);
+#[doc = " Reductions of float16 and bfloat16 add in fp32 and round the sums to the dtype (over"]
+#[doc = " shared memory once, over TCP after each ring step). On CPU communicators AVG divides the"]
+#[doc = " rounded sum, so a float16 sum above 65504 becomes Inf even where the mean would fit (with"]
+#[doc = " dynamic loss scaling: a skipped step and a smaller scale)."]
 pub use self::hps_reduce_op as hps_reduce_op_t;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
