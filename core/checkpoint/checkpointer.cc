@@ -208,14 +208,8 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   if (!job->written.empty()) {
     job->file_bytes = at;
     // Room for write_whole's rounding of the file.
-    const size_t bytes = ckpt::round_up(at, File::kDirectAlignment);
-    {
-      std::lock_guard lock(spare_mutex_);
-      if (spare_.reuse(state.device(), bytes)) job->staging = std::move(spare_);
-    }
-    if (job->staging.data() == nullptr) {
-      HPS_ASSIGN_OR_RETURN(job->staging, ckpt::HostStaging::allocate(state.device(), bytes));
-    }
+    HPS_ASSIGN_OR_RETURN(job->staging,
+                         take_staging(state.device(), ckpt::round_up(at, File::kDirectAlignment)));
     // Alignment gaps are zeros in the file.
     uint64_t end = ckpt::kDataHeaderBytes;
     for (const auto& w : job->written) {
@@ -257,10 +251,7 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
     } catch (const std::exception& e) {
       s = internal_error(std::string("checkpoint: unexpected exception: ") + e.what());
     }
-    {
-      std::lock_guard lock(spare_mutex_);
-      if (job->staging.size() >= spare_.size()) spare_ = std::move(job->staging);
-    }
+    keep_staging(std::move(job->staging));
     std::vector<std::string> trash = std::move(job->trash);
     job.reset();
     work->set_status(s);
@@ -441,6 +432,19 @@ Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& repor
                                        job.name + "\n");
 }
 
+StatusOr<ckpt::HostStaging> Checkpointer::take_staging(Device device, size_t bytes) {
+  {
+    std::lock_guard lock(spare_mutex_);
+    if (spare_.reuse(device, bytes)) return std::move(spare_);
+  }
+  return ckpt::HostStaging::allocate(device, bytes);
+}
+
+void Checkpointer::keep_staging(ckpt::HostStaging staging) {
+  std::lock_guard lock(spare_mutex_);
+  if (staging.size() >= spare_.size()) spare_ = std::move(staging);
+}
+
 std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep) {
   std::vector<std::string> trash;
   if (options_.keep_last <= 0) return trash;
@@ -529,8 +533,8 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
   std::vector<ckpt::TargetRange> targets;
   std::vector<size_t> tensor_of;  // targets[t] is tensors[tensor_of[t]]
   ckpt::LoadPlan plan;
-  // Every target's elements, 64-byte aligned in one staging buffer: the last save's when it
-  // is large enough (its pages are mapped already), kept for the next save or load.
+  // Every target's elements, 64-byte aligned in one staging buffer, kept for the next save
+  // or load.
   ckpt::HostStaging memory;
   std::vector<uint8_t*> staging;
   std::vector<uint64_t> staged_bytes;
@@ -566,27 +570,17 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
       offset[t] = total;
       total = ckpt::round_up(total + staged_bytes[t], ckpt::kDataAlignment);
     }
-    {
-      std::lock_guard lock(spare_mutex_);
-      if (spare_.reuse(state.device(), total)) memory = std::move(spare_);
-    }
-    if (memory.data() == nullptr) {
-      auto m = ckpt::HostStaging::allocate(state.device(), total);
-      local = m.status();
-      if (local.ok()) memory = std::move(*m);
-    }
+    auto m = take_staging(state.device(), total);
+    local = m.status();
+    if (local.ok()) memory = std::move(*m);
     if (local.ok()) {
       staging.assign(targets.size(), nullptr);
       for (size_t t = 0; t < targets.size(); ++t) staging[t] = memory.data() + offset[t];
       local = ckpt::read_plan(*source, targets, plan, staging);
     }
   }
-  auto keep_memory = [&] {
-    std::lock_guard lock(spare_mutex_);
-    if (memory.size() >= spare_.size()) spare_ = std::move(memory);
-  };
   if (Status s = agree(local, "load"); !s.ok()) {
-    keep_memory();
+    keep_staging(std::move(memory));
     return s;
   }
   Status copied;
@@ -598,7 +592,7 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
   }
   // The copies read the staging memory: it is kept only after they are done.
   Status done = state.synchronize();
-  if (done.ok()) keep_memory();
+  if (done.ok()) keep_staging(std::move(memory));
   HPS_RETURN_IF_ERROR(copied);
   HPS_RETURN_IF_ERROR(done);
   HPS_RETURN_IF_ERROR(engine_.end_state_load());

@@ -7,14 +7,14 @@
 // into host staging on a side stream, and the state stream waits for them, so the steps
 // that follow cannot change what is saved and the caller's thread never blocks. A
 // background thread writes each rank's data file (O_DIRECT where the filesystem allows),
-// fsyncs it, and the ranks' writers agree
-// (over a communicator of their own) on the manifest, which rank 0 writes last into the
-// temporary directory; fsyncs; renames it to <root>/<name>; fsyncs the root; replaces
-// <root>/latest atomically; then renames checkpoints beyond the newest keep_last away,
-// and deletes their files after the save's Work completes. A crash at any moment leaves the
-// previous checkpoints intact and the new one complete or absent. A save while another is in flight
-// first waits for it (a host-blocking wait, counted as a host sync). The staging memory (as large
-// as this rank's written state) stays allocated for the next save; the writer thread runs at a
+// fsyncs it, and the ranks' writers agree (over a communicator of their own) on the
+// manifest, which rank 0 writes last into the temporary directory; fsyncs; renames it to
+// <root>/<name>; fsyncs the root; replaces <root>/latest atomically; then renames the
+// checkpoints beyond the newest keep_last away and deletes their files after the save's
+// Work completes. A crash at any moment leaves the previous checkpoints intact and the new
+// one complete or absent. A save while another is in flight first waits for it (a
+// host-blocking wait, counted as a host sync). The staging memory (as large as this rank's
+// written state) stays allocated for the next save or load; the writer thread runs at a
 // lower scheduling priority (nice 10) than the training threads.
 //
 // load(name): every rank reads only the chunks holding its own ranges, checks each
@@ -108,6 +108,11 @@ class Checkpointer {
   // Renames the checkpoints beyond keep_last away (out of the root's checkpoints); returns
   // the new paths, whose files the caller deletes.
   std::vector<std::string> collect_garbage(const std::string& keep);
+  // Staging memory of `bytes` for copies to and from `device`: the spare one when it is
+  // large enough (its pages are mapped already), else new. keep_staging() hands memory
+  // back as the spare when it is at least as large as the one kept.
+  StatusOr<ckpt::HostStaging> take_staging(Device device, size_t bytes);
+  void keep_staging(ckpt::HostStaging staging);
   StatusOr<LoadReport> run_load(StatusOr<ckpt::SourceIndex> source, ckpt::SourceNaming naming,
                                 const CheckpointLoadOptions& options, LoadReport report);
   void finish_in_flight();
