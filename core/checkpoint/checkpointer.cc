@@ -110,6 +110,16 @@ struct Checkpointer::SaveJob {
     uint64_t offset;  // in the data file
   };
   std::vector<Written> written;
+  // The checksummed chunks of the written ranges, in file order; their sums are taken by
+  // the snapshot's copies where they run on the host, by the writer otherwise.
+  struct Chunk {
+    size_t tensor;
+    uint64_t begin, end;  // elements of the logical tensor
+    uint64_t offset;      // in the data file
+    uint64_t sum = 0;
+  };
+  std::vector<Chunk> chunks;
+  bool summed = false;
   uint64_t file_bytes = 0;    // header and data; 0 when this rank writes nothing
   ckpt::HostStaging staging;  // the data file, header included, and its rounding
   std::unique_ptr<Event> snapshot;
@@ -202,7 +212,12 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
     if (!t.writer || t.begin == t.end) continue;
     at = ckpt::round_up(at, ckpt::kDataAlignment);
     job->written.push_back({i, at});
-    at += (t.end - t.begin) * dtype_size(t.dtype);
+    const uint64_t element = dtype_size(t.dtype);
+    const uint64_t per_chunk = std::max<uint64_t>(1, options_.chunk_bytes / element);
+    for (const auto& [b, e] : ckpt::cut_into_chunks(t.begin, t.end, per_chunk)) {
+      job->chunks.push_back({i, b, e, at + (b - t.begin) * element});
+    }
+    at += (t.end - t.begin) * element;
   }
   Stream& state = engine_.state_stream();
   if (!job->written.empty()) {
@@ -224,10 +239,26 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
     HPS_ASSIGN_OR_RETURN(auto ready, create_event(state.device()));
     HPS_RETURN_IF_ERROR(ready->record(state));
     HPS_RETURN_IF_ERROR(side_->wait(*ready));
-    for (const auto& w : job->written) {
-      const StateTensor& t = job->tensors[w.tensor];
-      HPS_RETURN_IF_ERROR(side_->memcpy_async(job->staging.data() + w.offset, t.data,
-                                              (t.end - t.begin) * dtype_size(t.dtype)));
+    if (auto* host = dynamic_cast<cpu::HostQueue*>(side_.get())) {
+      // On the host each chunk is checksummed as it is copied (one pass over the state).
+      job->summed = true;
+      uint8_t* staging = job->staging.data();
+      for (SaveJob::Chunk& c : job->chunks) {
+        const StateTensor& t = job->tensors[c.tensor];
+        const uint64_t element = dtype_size(t.dtype);
+        const auto* src = static_cast<const uint8_t*>(t.data) + (c.begin - t.begin) * element;
+        host->enqueue(
+            [&c, staging, src, bytes = (c.end - c.begin) * element] {
+              c.sum = ckpt::copy_with_checksum(staging + c.offset, src, bytes);
+            },
+            "checkpoint snapshot");
+      }
+    } else {
+      for (const auto& w : job->written) {
+        const StateTensor& t = job->tensors[w.tensor];
+        HPS_RETURN_IF_ERROR(side_->memcpy_async(job->staging.data() + w.offset, t.data,
+                                                (t.end - t.begin) * dtype_size(t.dtype)));
+      }
     }
     HPS_ASSIGN_OR_RETURN(job->snapshot, create_event(state.device()));
     HPS_RETURN_IF_ERROR(job->snapshot->record(*side_));
@@ -273,15 +304,12 @@ Status Checkpointer::write_job(SaveJob& job) {
   Status local = job.snapshot->synchronize_uncounted();
   std::vector<json> chunks_of(job.tensors.size(), json::array());
   if (local.ok()) {
-    for (const auto& w : job.written) {
-      const StateTensor& t = job.tensors[w.tensor];
-      const uint64_t element = dtype_size(t.dtype);
-      const uint64_t per_chunk = std::max<uint64_t>(1, options_.chunk_bytes / element);
-      for (const auto& [b, e] : ckpt::cut_into_chunks(t.begin, t.end, per_chunk)) {
-        const uint64_t offset = w.offset + (b - t.begin) * element;
-        const uint64_t sum = ckpt::checksum(job.staging.data() + offset, (e - b) * element);
-        chunks_of[w.tensor].push_back({b, e, offset, ckpt::hex64(sum)});
+    for (SaveJob::Chunk& c : job.chunks) {
+      if (!job.summed) {
+        const uint64_t element = dtype_size(job.tensors[c.tensor].dtype);
+        c.sum = ckpt::checksum(job.staging.data() + c.offset, (c.end - c.begin) * element);
       }
+      chunks_of[c.tensor].push_back({c.begin, c.end, c.offset, ckpt::hex64(c.sum)});
     }
   }
   // 2. Rank 0 picks the id and creates the temporary directory; leftovers of saves a crash

@@ -123,82 +123,121 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
   std::vector<uint8_t> plain;
   for (int32_t rep = 0; rep < c.reps; ++rep) {
     if (c.progress && rank == 0) std::fprintf(stderr, "[hpshard-bench] ckpt repetition %d\n", rep);
+    // Each pair (hpshard, reference) runs in one order on even repetitions and in the
+    // other on odd ones, so a drift of the machine's load favours neither side.
+    const bool reference_first = rep % 2 == 1;
     const std::string name = "bench-" + std::to_string(rep);
-    const uint64_t before = state_checksum(state, engine);
-    barrier(*comm);
-    auto start = Clock::now();
-    auto work = checkpointer.save(name);
-    check(work.status(), "save");
-    check((*work)->wait(), "save");
-    out.save.push_back(slowest(*comm, seconds_since(start)));
     const std::string file =
         ckpt::join_path(ckpt::join_path(dir, name), ckpt::data_file_name(rank));
-    uint64_t bytes = 0;
-    {
-      auto f = ckpt::File::open_read(file);
-      if (f.ok()) bytes = *f->size();
-    }
-    out.bytes = bytes;
-    plain.resize(bytes);
-    std::memset(plain.data(), rep + 1, plain.size());
-    // The same bytes, written plainly.
     const std::string plain_path = ckpt::join_path(dir, "plain-" + std::to_string(rank));
-    (void)ckpt::remove_tree(plain_path);
-    barrier(*comm);
-    start = Clock::now();
-    {
+    const uint64_t before = state_checksum(state, engine);
+
+    auto time_save = [&] {
+      barrier(*comm);
+      auto start = Clock::now();
+      auto work = checkpointer.save(name);
+      check(work.status(), "save");
+      check((*work)->wait(), "save");
+      out.save.push_back(slowest(*comm, seconds_since(start)));
+      check(checkpointer.wait(), "save");  // the older checkpoint's files deleted too
+      auto f = ckpt::File::open_read(file);
+      check(f.status(), "the saved data file");
+      out.bytes = *f->size();
+    };
+    // The same bytes, written plainly (as many as the data file, which repetition 0 saves
+    // before the first reference goes first).
+    auto time_write = [&] {
+      plain.resize(out.bytes);
+      std::memset(plain.data(), rep + 1, plain.size());
+      (void)ckpt::remove_tree(plain_path);
+      barrier(*comm);
+      auto start = Clock::now();
       auto f = ckpt::File::create(plain_path);
       check(f.status(), "plain write");
       check(f->write_all(plain.data(), plain.size()), "plain write");
       check(f->sync(), "plain fsync");
       check(f->close(), "plain close");
+      out.write.push_back(slowest(*comm, seconds_since(start)));
+    };
+    if (reference_first) {
+      time_write();
+      time_save();
+    } else {
+      time_save();
+      time_write();
     }
-    out.write.push_back(slowest(*comm, seconds_since(start)));
     // Loads and reads from a cold cache.
-    for (const std::string& path : {file, plain_path}) {
-      auto f = ckpt::File::open_read(path);
+    auto time_load = [&] {
+      auto f = ckpt::File::open_read(file);
       if (f.ok()) f->drop_cache();
-    }
-    barrier(*comm);
-    start = Clock::now();
-    check(checkpointer.load(name).status(), "load");
-    out.load.push_back(slowest(*comm, seconds_since(start)));
-    out.equal = out.equal && state_checksum(state, engine) == before;
-    barrier(*comm);
-    start = Clock::now();
-    {
+      barrier(*comm);
+      auto start = Clock::now();
+      check(checkpointer.load(name).status(), "load");
+      out.load.push_back(slowest(*comm, seconds_since(start)));
+      out.equal = out.equal && state_checksum(state, engine) == before;
+    };
+    auto time_read = [&] {
       auto f = ckpt::File::open_read(plain_path);
       check(f.status(), "plain read");
+      f->drop_cache();
+      barrier(*comm);
+      auto start = Clock::now();
       check(f->pread_all(plain.data(), plain.size(), 0), "plain read");
+      out.read.push_back(slowest(*comm, seconds_since(start)));
+    };
+    if (reference_first) {
+      time_read();
+      time_load();
+    } else {
+      time_load();
+      time_read();
     }
-    out.read.push_back(slowest(*comm, seconds_since(start)));
     (void)ckpt::remove_tree(plain_path);
-    // Steps without, then with, a save in flight.
-    barrier(*comm);
-    start = Clock::now();
-    for (int32_t s = 0; s < c.steps; ++s) train_step();
-    check(engine.synchronize(), "synchronize");
-    out.step.push_back(slowest(*comm, seconds_since(start)) / c.steps);
-    barrier(*comm);
-    start = Clock::now();
-    auto overlapped = checkpointer.save(name + "-overlapped");
-    check(overlapped.status(), "save");
-    int32_t in_flight = 0;
-    for (int32_t s = 0; s < c.steps; ++s) {
-      auto done = (*overlapped)->test();
-      const bool running = done.ok() && !*done;
-      host_sync_reset();
-      train_step();
-      if (running) {
-        ++in_flight;
-        out.syncs = std::max(out.syncs, host_sync_count_thread());
+    // Steps without, then with, a save in flight (or the other way round).
+    auto time_alone = [&] {
+      barrier(*comm);
+      auto start = Clock::now();
+      for (int32_t s = 0; s < c.steps; ++s) train_step();
+      check(engine.synchronize(), "synchronize");
+      out.step.push_back(slowest(*comm, seconds_since(start)) / c.steps);
+    };
+    auto time_with_save = [&] {
+      barrier(*comm);
+      auto start = Clock::now();
+      auto overlapped = checkpointer.save(name + "-overlapped");
+      check(overlapped.status(), "save");
+      int32_t in_flight = 0;
+      for (int32_t s = 0; s < c.steps; ++s) {
+        auto done = (*overlapped)->test();
+        const bool running = done.ok() && !*done;
+        host_sync_reset();
+        train_step();
+        if (running) {
+          ++in_flight;
+          out.syncs = std::max(out.syncs, host_sync_count_thread());
+        }
       }
+      check(engine.synchronize(), "synchronize");
+      out.step_with_save.push_back(slowest(*comm, seconds_since(start)) / c.steps);
+      check((*overlapped)->wait(), "save");
+      check(checkpointer.wait(), "save");
+      out.overlapped = rep == 0 ? in_flight : std::min(out.overlapped, in_flight);
+    };
+    if (reference_first) {
+      time_alone();
+      time_with_save();
+    } else {
+      time_with_save();
+      time_alone();
     }
-    check(engine.synchronize(), "synchronize");
-    out.step_with_save.push_back(slowest(*comm, seconds_since(start)) / c.steps);
-    check((*overlapped)->wait(), "save");
-    out.overlapped = rep == 0 ? in_flight : std::min(out.overlapped, in_flight);
   }
+}
+
+// The median of the repetitions' ratios a[i] / b[i] (each pair measured back to back).
+double median_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ratios;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) ratios.push_back(a[i] / b[i]);
+  return median(ratios);
 }
 
 }  // namespace
@@ -234,6 +273,9 @@ CkptResult run_ckpt(const CkptConfig& c) {
   r.read_seconds = median(f.read);
   r.step_seconds = median(f.step);
   r.step_with_save_seconds = median(f.step_with_save);
+  r.save_ratio = median_ratio(f.write, f.save);
+  r.load_ratio = median_ratio(f.read, f.load);
+  r.step_ratio = median_ratio(f.step_with_save, f.step);
   r.overlapped_steps = f.overlapped;
   return r;
 }
@@ -244,7 +286,8 @@ void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const 
   std::fprintf(out, "# command: %s\n", info.command.c_str());
   std::fprintf(out,
                "# Stage2Engine, AdamW, %d ranks as threads, %d fp32 parameters of %s in all; "
-               "medians of %d repetitions of the slowest rank; GB/s = 1e9\n",
+               "medians of %d repetitions of the slowest rank; each ratio the median of the "
+               "repetitions' ratios (each pair back to back, in alternating order); GB/s = 1e9\n",
                c.ranks, c.tensors, size_text(c.bytes).c_str(), c.reps);
   std::fprintf(out,
                "# reference: each rank writes (write + fsync) / reads (pread) as many bytes as its "
@@ -253,28 +296,26 @@ void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const 
                "ratio");
   std::fprintf(out, "%-6s %12llu %10.4f %10.4f %8.3f\n", "save",
                static_cast<unsigned long long>(r.saved_bytes), r.save_seconds, r.write_seconds,
-               r.write_seconds / r.save_seconds);
+               r.save_ratio);
   std::fprintf(out, "%-6s %12llu %10.4f %10.4f %8.3f\n", "load",
                static_cast<unsigned long long>(r.saved_bytes), r.load_seconds, r.read_seconds,
-               r.read_seconds / r.load_seconds);
+               r.load_ratio);
   std::fprintf(out, "\n%-28s %10s %16s %8s %11s %10s\n", "step", "alone_ms", "during_save_ms",
                "ratio", "overlapped", "host_syncs");
   std::fprintf(out, "%-28s %10.3f %16.3f %8.3f %7d/%-3d %10llu\n",
                ("MLP-like, " + std::to_string(c.compute_passes) + " passes").c_str(),
-               r.step_seconds * 1e3, r.step_with_save_seconds * 1e3,
-               r.step_with_save_seconds / r.step_seconds, r.overlapped_steps, c.steps,
+               r.step_seconds * 1e3, r.step_with_save_seconds * 1e3, r.step_ratio,
+               r.overlapped_steps, c.steps,
                static_cast<unsigned long long>(r.host_syncs_in_overlapped_steps));
   std::fprintf(
       out,
       "\nsummary: ckpt: save %.3f GB/s = %.3fx plain write (target >= %.2f: %s); load "
       "%.3f GB/s = %.3fx plain read (target >= %.2f: %s); step during a save %.3fx "
       "(target <= %.2f: %s); loaded state %s\n",
-      gb / r.save_seconds, r.write_seconds / r.save_seconds, kCkptBandwidthTarget,
-      r.write_seconds / r.save_seconds >= kCkptBandwidthTarget ? "met" : "missed",
-      gb / r.load_seconds, r.read_seconds / r.load_seconds, kCkptBandwidthTarget,
-      r.read_seconds / r.load_seconds >= kCkptBandwidthTarget ? "met" : "missed",
-      r.step_with_save_seconds / r.step_seconds, kCkptOverlapTarget,
-      r.step_with_save_seconds / r.step_seconds <= kCkptOverlapTarget ? "met" : "missed",
+      gb / r.save_seconds, r.save_ratio, kCkptBandwidthTarget,
+      r.save_ratio >= kCkptBandwidthTarget ? "met" : "missed", gb / r.load_seconds, r.load_ratio,
+      kCkptBandwidthTarget, r.load_ratio >= kCkptBandwidthTarget ? "met" : "missed", r.step_ratio,
+      kCkptOverlapTarget, r.step_ratio <= kCkptOverlapTarget ? "met" : "missed",
       r.loaded_equal ? "bitwise equal to the saved state" : "DIFFERS from the saved state");
 }
 
@@ -284,6 +325,7 @@ Json ckpt_to_json(const CkptConfig& c, const RunInfo& info, const CkptResult& r)
   j["config"] = {{"ranks", c.ranks}, {"bytes", c.bytes}, {"tensors", c.tensors},
                  {"reps", c.reps},   {"steps", c.steps}, {"compute_passes", c.compute_passes}};
   j["units"] = {{"time", "seconds, median over repetitions of the slowest rank"},
+                {"ratio", "median over repetitions of each back-to-back pair's ratio"},
                 {"bytes", "every rank's data file"}};
   j["reference"] =
       "each rank writes (write + fsync) or reads (pread, cold cache) as many bytes as its data "
@@ -297,13 +339,13 @@ Json ckpt_to_json(const CkptConfig& c, const RunInfo& info, const CkptResult& r)
                     {"saved_bytes", r.saved_bytes},
                     {"save_seconds", r.save_seconds},
                     {"write_seconds", r.write_seconds},
-                    {"save_ratio", r.write_seconds / r.save_seconds},
+                    {"save_ratio", r.save_ratio},
                     {"load_seconds", r.load_seconds},
                     {"read_seconds", r.read_seconds},
-                    {"load_ratio", r.read_seconds / r.load_seconds},
+                    {"load_ratio", r.load_ratio},
                     {"step_seconds", r.step_seconds},
                     {"step_with_save_seconds", r.step_with_save_seconds},
-                    {"step_ratio", r.step_with_save_seconds / r.step_seconds},
+                    {"step_ratio", r.step_ratio},
                     {"overlapped_steps", r.overlapped_steps},
                     {"host_syncs_in_overlapped_steps_max", r.host_syncs_in_overlapped_steps},
                     {"loaded_equal", r.loaded_equal}}});

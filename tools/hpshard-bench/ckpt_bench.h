@@ -40,6 +40,11 @@ struct CkptResult {
   double read_seconds = 0;   // pread of the same bytes per rank, cold cache
   double step_seconds = 0;   // per step, no save
   double step_with_save_seconds = 0;
+  // Medians over repetitions of each back-to-back pair's ratio: plain write / save, plain
+  // read / load, step with a save / step alone.
+  double save_ratio = 0;
+  double load_ratio = 0;
+  double step_ratio = 0;
   int32_t overlapped_steps = 0;  // of `steps`, those that began with the save still in flight
   uint64_t host_syncs_in_overlapped_steps = 0;  // the most in one step, any rank
   bool loaded_equal = false;                    // the loaded state is bitwise the saved one

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -194,6 +195,32 @@ TEST(Format, NamesHeadersAndChecksums) {
   EXPECT_NE(checksum("a", 1), checksum("b", 1));
 }
 
+// The snapshot's fused copy: the destination holds the source's bytes and the sum is the
+// one-shot checksum, at every size around the block and vector widths and any alignment.
+TEST(Format, CopyWithChecksumCopiesAndSumsLikeTheOneShotChecksum) {
+  std::mt19937_64 rng(17);
+  std::vector<uint8_t> src((size_t{3} << 17) + 200), dst(src.size() + 64);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  const size_t block = size_t{64} << 10;
+  for (size_t bytes :
+       {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{63}, size_t{64}, size_t{65},
+        size_t{1000}, block - 1, block, block + 1, 2 * block + 77, size_t{3} << 17}) {
+    for (size_t dst_shift : {size_t{0}, size_t{1}, size_t{8}, size_t{15}}) {
+      for (size_t src_shift : {size_t{0}, size_t{3}}) {
+        std::fill(dst.begin(), dst.end(), 0xa5);
+        const uint64_t sum =
+            copy_with_checksum(dst.data() + dst_shift, src.data() + src_shift, bytes);
+        SCOPED_TRACE(testing::Message()
+                     << bytes << " bytes, dst +" << dst_shift << ", src +" << src_shift);
+        EXPECT_EQ(sum, checksum(src.data() + src_shift, bytes));
+        EXPECT_EQ(std::memcmp(dst.data() + dst_shift, src.data() + src_shift, bytes), 0);
+        // Nothing written outside the destination.
+        for (size_t i = 0; i < dst_shift; ++i) ASSERT_EQ(dst[i], 0xa5);
+        for (size_t i = dst_shift + bytes; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xa5);
+      }
+    }
+  }
+}
 TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
   uint64_t data = 0;
   auto header = safetensors_header({{"w", DType::kBFloat16, {2, 3}}, {"b", DType::kFloat32, {3}}},
