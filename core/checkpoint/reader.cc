@@ -9,6 +9,9 @@
 namespace hps::ckpt {
 namespace {
 
+// The most one read takes in when whole chunks follow each other in a file and a target.
+constexpr uint64_t kReadBytes = uint64_t{16} << 20;
+
 // The source's files, opened on first use and checked once.
 class FileSet {
  public:
@@ -47,30 +50,43 @@ class FileSet {
   std::vector<std::unique_ptr<File>> files_;
 };
 
-// Reads elements [begin, end) of `chunk` into `out`, and checks the checksum when they
-// are the whole chunk and it has one.
-Status read_into(const SourceIndex& source, FileSet& files, const StoredTensor& t,
-                 const StoredChunk& chunk, uint64_t begin, uint64_t end, uint8_t* out) {
-  const uint64_t element = dtype_size(t.dtype);
+// Reads `bytes` at `offset` of `chunk`'s file into `out`; elements [begin, end) of `t`
+// name them in an error.
+Status read_bytes(const SourceIndex& source, FileSet& files, const StoredTensor& t,
+                  const StoredChunk& chunk, uint64_t begin, uint64_t end, uint64_t offset,
+                  uint64_t bytes, uint8_t* out) {
   HPS_ASSIGN_OR_RETURN(const File* file, files.get(chunk.file, t.name));
-  const uint64_t bytes = (end - begin) * element;
-  const uint64_t offset = chunk.offset + (begin - chunk.begin) * element;
   Status s = file->pread_all(out, bytes, offset);
   if (!s.ok()) {
     return Status(s.code(), source.description + ": tensor '" + t.name + "' elements [" +
                                 std::to_string(begin) + ", " + std::to_string(end) +
                                 "): " + s.message());
   }
-  if (chunk.xxh3 && begin == chunk.begin && end == chunk.end) {
-    const uint64_t sum = checksum(out, bytes);
-    if (sum != *chunk.xxh3) {
-      return invalid_argument(
-          source.description + ": tensor '" + t.name + "' elements [" + std::to_string(begin) +
-          ", " + std::to_string(end) + ") in file '" + source.files[chunk.file].name +
-          "' at byte " + std::to_string(offset) + " fail their checksum (stored " +
-          hex64(*chunk.xxh3) + ", read " + hex64(sum) + "): the data is corrupt");
-    }
-  }
+  return Status::Ok();
+}
+
+// Checks the checksum of `chunk`, whose bytes are at `data`, when it has one.
+Status verify(const SourceIndex& source, const StoredTensor& t, const StoredChunk& chunk,
+              const uint8_t* data) {
+  if (!chunk.xxh3) return Status::Ok();
+  const uint64_t sum = checksum(data, (chunk.end - chunk.begin) * dtype_size(t.dtype));
+  if (sum == *chunk.xxh3) return Status::Ok();
+  return invalid_argument(source.description + ": tensor '" + t.name + "' elements [" +
+                          std::to_string(chunk.begin) + ", " + std::to_string(chunk.end) +
+                          ") in file '" + source.files[chunk.file].name + "' at byte " +
+                          std::to_string(chunk.offset) + " fail their checksum (stored " +
+                          hex64(*chunk.xxh3) + ", read " + hex64(sum) + "): the data is corrupt");
+}
+
+// Reads elements [begin, end) of `chunk` into `out`, and checks the checksum when they
+// are the whole chunk and it has one.
+Status read_into(const SourceIndex& source, FileSet& files, const StoredTensor& t,
+                 const StoredChunk& chunk, uint64_t begin, uint64_t end, uint8_t* out) {
+  const uint64_t element = dtype_size(t.dtype);
+  HPS_RETURN_IF_ERROR(read_bytes(source, files, t, chunk, begin, end,
+                                 chunk.offset + (begin - chunk.begin) * element,
+                                 (end - begin) * element, out));
+  if (begin == chunk.begin && end == chunk.end) return verify(source, t, chunk, out);
   return Status::Ok();
 }
 
@@ -143,10 +159,33 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
     const TargetRange& only = targets[first.target];
     if (j == i + 1 && only.dtype == t.dtype && first.begin == chunk.begin &&
         first.end == chunk.end) {
-      // A whole chunk for one target in its own dtype: read straight into place.
-      uint8_t* out = staging[first.target] + (first.begin - only.begin) * dtype_size(t.dtype);
-      HPS_RETURN_IF_ERROR(read_into(source, files, t, chunk, first.begin, first.end, out));
-      i = j;
+      // A whole chunk for one target in its own dtype: read straight into place, with the
+      // whole chunks after it that continue both the file and the target (one read of up
+      // to kReadBytes, as a plain sequential read would), each then verified.
+      const uint64_t element = dtype_size(t.dtype);
+      uint64_t bytes = (chunk.end - chunk.begin) * element;
+      size_t k = j;
+      while (k < plan.pieces.size() && bytes < kReadBytes) {
+        const ReadPiece& p = plan.pieces[k];
+        if (p.tensor != first.tensor || p.target != first.target) break;
+        const StoredChunk& c = t.chunks[p.chunk];
+        const bool alone = k + 1 == plan.pieces.size() || plan.pieces[k + 1].tensor != p.tensor ||
+                           plan.pieces[k + 1].chunk != p.chunk;
+        if (!alone || p.begin != c.begin || p.end != c.end || c.file != chunk.file ||
+            c.offset != chunk.offset + bytes || c.begin != plan.pieces[k - 1].end) {
+          break;
+        }
+        bytes += (c.end - c.begin) * element;
+        ++k;
+      }
+      uint8_t* out = staging[first.target] + (first.begin - only.begin) * element;
+      HPS_RETURN_IF_ERROR(read_bytes(source, files, t, chunk, first.begin, plan.pieces[k - 1].end,
+                                     chunk.offset, bytes, out));
+      for (size_t m = i; m < k; ++m) {
+        const StoredChunk& c = t.chunks[plan.pieces[m].chunk];
+        HPS_RETURN_IF_ERROR(verify(source, t, c, out + (c.begin - first.begin) * element));
+      }
+      i = k;
       continue;
     }
     HPS_ASSIGN_OR_RETURN(uint64_t at, read_chunk(source, files, t, chunk, begin, end, buffer));

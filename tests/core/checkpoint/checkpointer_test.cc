@@ -379,30 +379,35 @@ TEST(Checkpoint, BadDataIsRefusedNamingFileAndTensorAndChangesNothing) {
     fs::copy(dir / "good", dir / to, fs::copy_options::recursive);
     return dir / to;
   };
-  {  // A flipped byte in the middle of rank 1's data.
+  {  // A flipped byte in the middle of rank 1's data, in a chunk that is not its range's
+     // first (the load reads several whole chunks at once and must still name the bad one).
     const std::string d = copy("flipped");
     const std::string file = d + "/rank-00001.bin";
     auto m = ckpt::read_manifest(d);
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(200);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x10);
-    f.seekp(200);
-    f.write(&c, 1);
-    f.close();
-    // The tensor holding byte 200 of rank 1's file.
-    std::string holder;
+    std::string holder, elements;
+    uint64_t at = 0;
     for (const auto& tensor : m->tensors) {
-      for (const auto& ch : tensor.chunks) {
-        const uint64_t bytes = (ch.end - ch.begin) * dtype_size(tensor.dtype);
-        if (m->files[ch.file].rank == 1 && ch.offset <= 200 && 200 < ch.offset + bytes)
-          holder = tensor.name;
+      for (size_t k = 1; k < tensor.chunks.size() && holder.empty(); ++k) {
+        const auto& ch = tensor.chunks[k];
+        const auto& before = tensor.chunks[k - 1];
+        if (m->files[ch.file].rank != 1 || before.file != ch.file) continue;
+        holder = tensor.name;
+        elements = "elements [" + std::to_string(ch.begin) + ", " + std::to_string(ch.end) + ")";
+        at = ch.offset + (ch.end - ch.begin) * dtype_size(tensor.dtype) / 2;
       }
     }
     ASSERT_FALSE(holder.empty());
-    expect_failed_load_changes_nothing(layout, dir.path(), "flipped",
-                                       {"rank-00001.bin", "'" + holder + "'", "checksum"});
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&c, 1);
+    f.close();
+    expect_failed_load_changes_nothing(
+        layout, dir.path(), "flipped",
+        {"rank-00001.bin", "'" + holder + "'", elements, "checksum"});
     auto verified = verify_checkpoint(d);
     ASSERT_FALSE(verified.ok());
     EXPECT_NE(verified.status().message().find(holder), std::string::npos);
