@@ -48,7 +48,8 @@ void scale(DType dtype, void* data, size_t count, double coefficient);
 // (src is fp32 — it may be dst — fp16 or bf16, converted first). Returns false when
 // `check_finite` and some dst[i] is Inf or NaN. When `partial` is given it gets Σ dst[i]²
 // accumulated as sum_of_squares does (fp32 chunks of 4096 added in fp64); when `fixed` is
-// given it gets the exact squares, as sum_of_squares_fixed does.
+// given it gets the exact squares, as sum_of_squares_fixed does. In place by 1 (fp32, src
+// == dst, factor 1) nothing is written: the pass only reads.
 bool unscale(DType src_dtype, const void* src, float* dst, size_t count, float factor,
              bool check_finite, double* partial, FixedSquares* fixed);
 
