@@ -126,6 +126,11 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
     // Each pair (hpshard, reference) runs in one order on even repetitions and in the
     // other on odd ones, so a drift of the machine's load favours neither side.
     const bool reference_first = rep % 2 == 1;
+    auto in_turn = [reference_first](const auto& hpshard, const auto& reference) {
+      if (reference_first) reference();
+      hpshard();
+      if (!reference_first) reference();
+    };
     const std::string name = "bench-" + std::to_string(rep);
     const std::string file =
         ckpt::join_path(ckpt::join_path(dir, name), ckpt::data_file_name(rank));
@@ -159,13 +164,7 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
       check(f->close(), "plain close");
       out.write.push_back(slowest(*comm, seconds_since(start)));
     };
-    if (reference_first) {
-      time_write();
-      time_save();
-    } else {
-      time_save();
-      time_write();
-    }
+    in_turn(time_save, time_write);
     // Loads and reads from a cold cache.
     auto time_load = [&] {
       auto f = ckpt::File::open_read(file);
@@ -185,13 +184,7 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
       check(f->pread_all(plain.data(), plain.size(), 0), "plain read");
       out.read.push_back(slowest(*comm, seconds_since(start)));
     };
-    if (reference_first) {
-      time_read();
-      time_load();
-    } else {
-      time_load();
-      time_read();
-    }
+    in_turn(time_load, time_read);
     (void)ckpt::remove_tree(plain_path);
     // Steps without, then with, a save in flight (or the other way round).
     auto time_alone = [&] {
@@ -223,13 +216,7 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
       check(checkpointer.wait(), "save");
       out.overlapped = rep == 0 ? in_flight : std::min(out.overlapped, in_flight);
     };
-    if (reference_first) {
-      time_alone();
-      time_with_save();
-    } else {
-      time_with_save();
-      time_alone();
-    }
+    in_turn(time_with_save, time_alone);
   }
 }
 
