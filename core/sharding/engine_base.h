@@ -32,6 +32,8 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   const int64_t* skipped_steps() const override;
   uint64_t resident_bytes() const override;
   int64_t steps_taken() const { return steps_; }
+  // The step pipeline (its step state and clip state in device memory); null before seal().
+  const ShardedOptimizer* optimizer() const { return optimizer_.get(); }
 
   // ---- Checkpointable (core/checkpoint/checkpointable.h) ----
   // The parameter shards (model dtype), fp32 masters, optimizer state and the step state,

@@ -62,27 +62,54 @@ Status ShardedOptimizer::optimize(Stream& stream, const ShardStep& shard,
   return kernels_->sgd(stream, {param, grad, momentum, count, options_.sgd, state(), coefficient});
 }
 
+Status ShardedOptimizer::unscale(Stream& stream, const ShardStep& s, float mean_scale) const {
+  for (const ShardSpan& span : s.spans) {
+    UnscaleArgs a;
+    a.src = s.grad + span.begin;
+    a.dst = s.grad + span.begin;
+    a.count = span.end - span.begin;
+    a.mean_scale = mean_scale;
+    a.state = state();
+    a.check_finite = options_.dynamic_loss_scaling;
+    if (clip_) a.clip = clip_->state();
+    a.partial = clip_ ? span.partial : -1;
+    a.deterministic = options_.deterministic_clip;
+    HPS_RETURN_IF_ERROR(kernels_->unscale(stream, a));
+  }
+  return Status::Ok();
+}
+
+Status ShardedOptimizer::begin_step(Stream& stream) {
+  if (begun_) return Status::Ok();
+  // The previous step's verdict reset found_inf; the partials start from zero.
+  if (clip_) HPS_RETURN_IF_ERROR(clip_->begin(stream));
+  begun_ = true;
+  return Status::Ok();
+}
+
+Status ShardedOptimizer::reduced(Stream& stream, const ShardStep& s, float mean_scale,
+                                 const std::function<Status()>& wait_reduced) {
+  if (!unscales_early()) return Status::Ok();
+  HPS_RETURN_IF_ERROR(begin_step(stream));
+  HPS_RETURN_IF_ERROR(wait_reduced());
+  HPS_RETURN_IF_ERROR(unscale(stream, s, mean_scale));
+  if (unscaled_.size() <= s.buffer) unscaled_.resize(s.buffer + 1, 0);
+  unscaled_[s.buffer] = 1;
+  return Status::Ok();
+}
+
 Status ShardedOptimizer::step(Stream& stream, const std::vector<ShardStep>& shards,
                               float mean_scale, const std::function<Status(size_t)>& wait_reduced,
                               const std::function<Status(size_t)>& updated) {
   const bool check = options_.dynamic_loss_scaling;
-  const bool deterministic = options_.deterministic_clip;
-  auto unscale = [&](const ShardStep& s) -> Status {
-    for (const ShardSpan& span : s.spans) {
-      UnscaleArgs a;
-      a.src = s.grad + span.begin;
-      a.dst = s.grad + span.begin;
-      a.count = span.end - span.begin;
-      a.mean_scale = mean_scale;
-      a.state = state();
-      a.check_finite = check;
-      if (clip_) a.clip = clip_->state();
-      a.partial = clip_ ? span.partial : -1;
-      a.deterministic = deterministic;
-      HPS_RETURN_IF_ERROR(kernels_->unscale(stream, a));
-    }
-    if (s.consumed) HPS_RETURN_IF_ERROR(stream.memset_async(s.consumed.get(), 0, s.consumed_bytes));
-    return Status::Ok();
+  auto unscaled = [&](const ShardStep& s) {
+    return s.buffer < unscaled_.size() && unscaled_[s.buffer] != 0;
+  };
+  // The full gradients are zeroed at the step, not at the reduction: the framework may
+  // read them until it calls step().
+  auto consumed = [&](const ShardStep& s) -> Status {
+    if (!s.consumed) return Status::Ok();
+    return stream.memset_async(s.consumed.get(), 0, s.consumed_bytes);
   };
   auto update = [&](const ShardStep& s) -> Status {
     for (const ShardSpan& span : s.spans) HPS_RETURN_IF_ERROR(optimize(stream, s, span));
@@ -99,15 +126,24 @@ Status ShardedOptimizer::step(Stream& stream, const std::vector<ShardStep>& shar
     HPS_RETURN_IF_ERROR(kernels_->update_step_state(stream, state(), rule_));
     for (const ShardStep& s : shards) {
       HPS_RETURN_IF_ERROR(wait_reduced(s.buffer));
-      HPS_RETURN_IF_ERROR(unscale(s));
+      HPS_RETURN_IF_ERROR(unscale(stream, s, mean_scale));
+      HPS_RETURN_IF_ERROR(consumed(s));
       HPS_RETURN_IF_ERROR(update(s));
     }
     return Status::Ok();
   }
-  // The clip's norm and the found-inf flag need every reduced shard first.
-  if (clip_) HPS_RETURN_IF_ERROR(clip_->begin(stream));
-  for (const ShardStep& s : shards) HPS_RETURN_IF_ERROR(wait_reduced(s.buffer));
-  for (const ShardStep& s : shards) HPS_RETURN_IF_ERROR(unscale(s));
+  // The clip's norm and the found-inf flag need every reduced shard first. Most were
+  // unscaled by reduced() as their reductions completed; the rest are unscaled now.
+  HPS_RETURN_IF_ERROR(begin_step(stream));
+  for (const ShardStep& s : shards) {
+    if (!unscaled(s)) HPS_RETURN_IF_ERROR(wait_reduced(s.buffer));
+  }
+  for (const ShardStep& s : shards) {
+    if (!unscaled(s)) HPS_RETURN_IF_ERROR(unscale(stream, s, mean_scale));
+    HPS_RETURN_IF_ERROR(consumed(s));
+  }
+  begun_ = false;
+  std::fill(unscaled_.begin(), unscaled_.end(), 0);
   if (check) {
     // Every rank skips or steps together: the flag is the max over the groups.
     int32_t* found = &state().get()->found_inf;  // an address: the collectives read it

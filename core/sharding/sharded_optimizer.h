@@ -2,7 +2,9 @@
 // written once against the kernel table —
 //
 //   unscale (mean over ranks and micro-batches, loss scale; found-inf; the clip's partial
-//   sums of squares, split by the clip flags, in the same pass) → found-inf max over the
+//   sums of squares, split by the clip flags, in the same pass; with a clip or loss scaling
+//   it runs as each buffer's reduction completes, while the shard is fresh, and the step
+//   itself starts at the next stage) → found-inf max over the
 //   groups → the clip's reduction and coefficient → the step's verdict (skip, step count,
 //   loss scale) → SGD / AdamW on each shard (the coefficient folded in where the flags
 //   say) → the updated masters rounded into the model dtype → the stage's hook (an
@@ -52,8 +54,20 @@ class ShardedOptimizer {
       const EngineOptions& options, Device device, const ShardedStorage& storage,
       std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp, Stream& stream);
 
+  // Whether the step has a global stage (the clip's norm, the found-inf flag) that needs
+  // every shard unscaled first: then the engines call reduced() for each buffer as its
+  // step's last reduction is enqueued.
+  bool unscales_early() const { return clip_ != nullptr || options_.dynamic_loss_scaling; }
+  // Buffer `shard.buffer`'s last reduction of the step is enqueued: `wait_reduced()` makes
+  // `stream` wait for it, then its unscale pass (and the clip's partial sums) is enqueued,
+  // so it reads the shard while the reduction's writes are still in cache, beside the rest
+  // of the backward, and step() reads the gradients once, in the optimizer. A no-op unless
+  // unscales_early().
+  Status reduced(Stream& stream, const ShardStep& shard, float mean_scale,
+                 const std::function<Status()>& wait_reduced);
   // Enqueues one step on `stream`. `wait_reduced(b)` makes `stream` wait for buffer b's
-  // reduction; `updated(b)` runs once b's update (and rounding) are enqueued.
+  // reduction (for buffers reduced() did not see); `updated(b)` runs once b's update (and
+  // rounding) are enqueued.
   Status step(Stream& stream, const std::vector<ShardStep>& shards, float mean_scale,
               const std::function<Status(size_t)>& wait_reduced,
               const std::function<Status(size_t)>& updated);
@@ -66,6 +80,8 @@ class ShardedOptimizer {
  private:
   ShardedOptimizer() = default;
   Status optimize(Stream& stream, const ShardStep& shard, const ShardSpan& span) const;
+  Status unscale(Stream& stream, const ShardStep& shard, float mean_scale) const;
+  Status begin_step(Stream& stream);
 
   EngineOptions options_;
   const Kernels* kernels_ = nullptr;
@@ -74,6 +90,9 @@ class ShardedOptimizer {
   std::unique_ptr<HybridClip> clip_;
   DeviceBuffer state_;  // one StepState
   StepRule rule_;
+  // This step so far: the clip's partials zeroed, and which buffers reduced() unscaled.
+  bool begun_ = false;
+  std::vector<uint8_t> unscaled_;
 };
 
 }  // namespace hps

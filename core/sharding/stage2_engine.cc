@@ -118,7 +118,14 @@ Status Stage2Engine::launch_reduce(size_t b, Stream& ready) {
                                                DType::kFloat32, ReduceOp::kSum, &comm));
   }
   reduced_[b] = std::move(work);
-  return Status::Ok();
+  // With a clip or loss scaling, the shard is unscaled (and its partial sums taken) as soon
+  // as it is reduced, beside the rest of the backward.
+  Stream& opt = optimizer_stream();
+  return optimizer_->reduced(opt, shard_step(b), mean_scale(), [&]() -> Status {
+    HPS_RETURN_IF_ERROR(widened_->record(comm));
+    HPS_RETURN_IF_ERROR(opt.wait(*widened_));
+    return reduced_[b]->wait_on(opt);
+  });
 }
 
 Status Stage2Engine::grad_ready(size_t index, Stream* ready) {

@@ -273,6 +273,17 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
         work, dp_->all_reduce(shard.get(), shard.get(), n, DType::kFloat32, ReduceOp::kSum, &comm));
   }
   u.reduced = std::move(work);
+  if (buckets_.last_micro_batch()) {
+    // With a clip or loss scaling, the shard is unscaled (and its partial sums taken) as
+    // soon as its last micro-batch is reduced and added, beside the rest of the backward.
+    Stream& opt = optimizer_stream();
+    auto wait_reduced = [&]() -> Status {
+      HPS_RETURN_IF_ERROR(accumulated_->record(comm));
+      HPS_RETURN_IF_ERROR(opt.wait(*accumulated_));
+      return u.reduced->wait_on(opt);
+    };
+    HPS_RETURN_IF_ERROR(optimizer_->reduced(opt, shard_step(b), mean_scale(), wait_reduced));
+  }
   buckets_.completed(plan_, b);
   return Status::Ok();
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/common/config.h"
+#include "core/sharding/engine_base.h"
 #include "tests/core/comm/comm_test_util.h"
 
 namespace hps {
@@ -208,6 +209,67 @@ TEST(Buckets, ACappedUnitIsReducedInSeveralCollectivesDuringBackward) {
       ASSERT_TRUE(e->step().ok());
       ASSERT_TRUE(e->synchronize().ok());
     });
+  }
+}
+
+// With a clip, each shard is unscaled and its partial sums of squares taken as its
+// reduction completes, before step() is called (the step then reads each gradient once, in
+// the optimizer); stage 2's full gradients stay readable until step().
+TEST(Buckets, TheClipsPartialSumsAreTakenAsEachReductionCompletes) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const int params = 4;
+  const size_t n = 777;
+  auto value = [](int32_t rank, int i, size_t k) {
+    return static_cast<float>(rank + 1) * 0.01f * static_cast<float>((k + 3 * i) % 11 + 1);
+  };
+  for (int32_t stage : {2, 3}) {
+    double partials[2] = {0, 0};  // per rank, before step()
+    testing_util::run_ranks(2, [&](int32_t rank, Communicator& comm) {
+      EngineOptions o;
+      o.bucket_bytes = 4096;
+      o.clip_max_norm = 1e6;  // a norm, no clipping
+      auto shared = std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
+      auto created = create_sharded_engine(stage, shared, nullptr, o);
+      ASSERT_TRUE(created.ok()) << created.status().to_string();
+      auto e = std::move(*created);
+      for (int i = 0; i < params; ++i) {
+        ASSERT_TRUE(e->add_param({"w" + std::to_string(i), {n}, DType::kFloat32}).ok());
+      }
+      ASSERT_TRUE(e->seal().ok());
+      ASSERT_TRUE(e->broadcast_parameters().ok());
+      ASSERT_TRUE(e->gather(0).ok());
+      for (int i = params; i-- > 0;) {
+        float* g = *e->grad(static_cast<size_t>(i));
+        for (size_t k = 0; k < n; ++k) g[k] = value(rank, i, k);
+        ASSERT_TRUE(e->grad_ready(static_cast<size_t>(i), nullptr).ok());
+      }
+      ASSERT_TRUE(e->release(0).ok());
+      ASSERT_TRUE(e->synchronize().ok());  // the reductions and what follows them, no step
+      const auto* base = dynamic_cast<const EngineBase*>(e.get());
+      ASSERT_NE(base, nullptr);
+      const ClipState* clip = base->optimizer()->clip()->state().get();
+      partials[rank] = clip->partials[0] + clip->partials[1];
+      if (stage == 2) {
+        for (int i = 0; i < params; ++i) {
+          const float* g = *e->grad(static_cast<size_t>(i));
+          for (size_t k = 0; k < n; k += 97) {
+            ASSERT_EQ(g[k], value(rank, i, k)) << "stage 2 zeroed a gradient before step()";
+          }
+        }
+      }
+      ASSERT_TRUE(e->step().ok());
+      ASSERT_TRUE(e->synchronize().ok());
+    });
+    double expected = 0;  // the mean over 2 ranks, squared, summed over the whole model
+    for (int i = 0; i < params; ++i) {
+      for (size_t k = 0; k < n; ++k) {
+        const double mean = (static_cast<double>(value(0, i, k)) + value(1, i, k)) / 2;
+        expected += mean * mean;
+      }
+    }
+    EXPECT_GT(partials[0], 0) << "stage " << stage;
+    EXPECT_GT(partials[1], 0) << "stage " << stage;
+    EXPECT_NEAR(partials[0] + partials[1], expected, expected * 1e-6) << "stage " << stage;
   }
 }
 
