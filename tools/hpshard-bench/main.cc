@@ -611,8 +611,9 @@ Family add_clip(CLI::App& app, int argc, char** argv) {
   CLI::App* cmd = app.add_subcommand(
       "clip",
       "Global-norm clipping (HybridClip, one rank) of a model's gradients beside a copy of the "
-      "same bytes; the clip folded into the engines' step (the unscale pass taking the partial "
-      "sums, finish, AdamW reading the coefficient) beside the step without it; each CPU "
+      "same bytes; the clip folded into the engines' step (from the reductions' writes of the "
+      "shards: the unscale pass taking the partial sums after each reduction, finish, AdamW "
+      "reading the coefficient) beside the step without it; each CPU "
       "kernel over fp32, bf16 and fp16 beside a copy; the deterministic mode's cost; "
       "torch.nn.utils.clip_grad_norm_ on the same tensors when installed.");
   cmd->add_option("--sizes", cli->sizes,
