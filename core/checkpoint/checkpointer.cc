@@ -588,6 +588,14 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
     if (local.ok()) plan = std::move(*p);
   }
   Stream& state = engine_.state_stream();
+  // A host-memory engine is read into in place: each target's current values are first
+  // copied aside into the staging memory (on the state stream, while the reads wait for the
+  // disk), each target's reads wait for its copy, and a failure on any rank copies them all
+  // back. Other devices read into the staging memory, and the engine takes it only once
+  // every rank read and verified all of it.
+  const bool in_place = state.device().type == DeviceType::kCpu;
+  std::vector<uint8_t*> into;                 // where the reads write target t
+  std::vector<std::unique_ptr<Event>> aside;  // in place: target t's values are copied aside
   if (local.ok()) {
     std::vector<uint64_t> offset(targets.size(), 0);
     staged_bytes.assign(targets.size(), 0);
@@ -604,18 +612,45 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
     if (local.ok()) {
       staging.assign(targets.size(), nullptr);
       for (size_t t = 0; t < targets.size(); ++t) staging[t] = memory.data() + offset[t];
-      local = ckpt::read_plan(*source, targets, plan, staging);
+      into = staging;
+      if (in_place) {
+        aside.resize(targets.size());
+        for (size_t t = 0; t < targets.size() && local.ok(); ++t) {
+          if (staged_bytes[t] == 0) continue;
+          into[t] = static_cast<uint8_t*>(tensors[tensor_of[t]].data);
+          auto event = create_event(state.device());
+          local = event.status();
+          if (local.ok()) local = state.memcpy_async(staging[t], into[t], staged_bytes[t]);
+          if (local.ok()) local = (*event)->record(state);
+          if (local.ok()) aside[t] = std::move(*event);
+        }
+      }
+    }
+    if (local.ok()) {
+      local = ckpt::read_plan(*source, targets, plan, into, [&](size_t t) -> Status {
+        return aside.empty() || !aside[t] ? Status::Ok() : aside[t]->synchronize_uncounted();
+      });
     }
   }
   if (Status s = agree(local, "load"); !s.ok()) {
-    keep_staging(std::move(memory));
+    // Every value a read may have changed goes back (after every copy aside is done).
+    Status restored = state.synchronize();
+    for (size_t t = 0; t < aside.size() && restored.ok(); ++t) {
+      if (aside[t]) restored = state.memcpy_async(into[t], staging[t], staged_bytes[t]);
+    }
+    if (restored.ok()) restored = state.synchronize();
+    if (restored.ok()) keep_staging(std::move(memory));
+    if (!restored.ok()) {
+      return Status(s.code(), s.message() + "; restoring the engine's state failed too: " +
+                                  restored.to_string());
+    }
     return s;
   }
   Status copied;
   for (size_t t = 0; t < targets.size() && copied.ok(); ++t) {
     if (plan.source_of_target[t] < 0) continue;
     ++report.tensors_loaded;
-    if (staged_bytes[t] == 0) continue;
+    if (staged_bytes[t] == 0 || in_place) continue;
     copied = state.memcpy_async(tensors[tensor_of[t]].data, staging[t], staged_bytes[t]);
   }
   // The copies read the staging memory: it is kept only after they are done.

@@ -18,9 +18,12 @@
 // lower scheduling priority (nice 10) than the training threads.
 //
 // load(name): every rank reads only the chunks holding its own ranges, checks each
-// against its checksum, and converts dtypes; only when every rank has read everything
-// does any rank change its engine, so on an error (bad data, a missing or extra tensor, a
-// checkpoint of another model) every engine is unchanged. Host-blocking.
+// against its checksum, and converts dtypes; on an error (bad data, a missing or extra
+// tensor, a checkpoint of another model) on any rank every engine is left unchanged. A CPU
+// engine is read into in place, each tensor's values first copied aside into the staging
+// memory (while the reads wait for the disk) and copied back on an error; other devices
+// read into the staging memory and copy it into the engine only once every rank has read
+// everything. Host-blocking.
 #pragma once
 
 #include <map>

@@ -115,8 +115,15 @@ void convert(DType from, const void* in, DType to, void* out, size_t count) {
 }  // namespace
 
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
-                 const LoadPlan& plan, const std::vector<uint8_t*>& staging) {
+                 const LoadPlan& plan, const std::vector<uint8_t*>& staging,
+                 const std::function<Status(size_t)>& before_write) {
   FileSet files(source);
+  std::vector<uint8_t> writable(before_write ? targets.size() : 0, 0);
+  auto writing = [&](size_t target) -> Status {
+    if (!before_write || writable[target]) return Status::Ok();
+    writable[target] = 1;
+    return before_write(target);
+  };
   // Readahead of each chunk the plan reads (a chunk with a checksum is read whole), the
   // adjacent ones merged; a file that cannot be opened is reported by the reads below.
   {
@@ -179,6 +186,7 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
         ++k;
       }
       uint8_t* out = staging[first.target] + (first.begin - only.begin) * element;
+      HPS_RETURN_IF_ERROR(writing(first.target));
       HPS_RETURN_IF_ERROR(read_bytes(source, files, t, chunk, first.begin, plan.pieces[k - 1].end,
                                      chunk.offset, bytes, out));
       for (size_t m = i; m < k; ++m) {
@@ -194,6 +202,7 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
       const TargetRange& target = targets[p.target];
       const uint8_t* in = buffer.data() + (p.begin - at) * dtype_size(t.dtype);
       uint8_t* out = staging[p.target] + (p.begin - target.begin) * dtype_size(target.dtype);
+      HPS_RETURN_IF_ERROR(writing(p.target));
       convert(t.dtype, in, target.dtype, out, static_cast<size_t>(p.end - p.begin));
     }
     i = j;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/checkpoint/reshard.h"
@@ -15,9 +16,12 @@ namespace hps::ckpt {
 // staging[t] receives target t's elements [begin, end) in its dtype; it must hold
 // (end - begin) * dtype_size bytes. Targets without a source are left untouched. The
 // chunks' reading is started ahead (readahead of exactly the chunks the plan reads), so
-// the disk works while earlier chunks are checked and converted.
+// the disk works while earlier chunks are checked and converted. `before_write(t)`, when
+// given, runs once before the first byte is written into staging[t]; its error stops the
+// reads.
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
-                 const LoadPlan& plan, const std::vector<uint8_t*>& staging);
+                 const LoadPlan& plan, const std::vector<uint8_t*>& staging,
+                 const std::function<Status(size_t)>& before_write = {});
 
 struct VerifyReport {
   uint64_t files = 0;
