@@ -614,8 +614,16 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
       for (size_t t = 0; t < targets.size(); ++t) staging[t] = memory.data() + offset[t];
       into = staging;
       if (in_place) {
+        // In the order the reads first write the targets, so the first read waits for one
+        // copy only.
+        std::vector<size_t> order;
+        std::vector<uint8_t> listed(targets.size(), 0);
+        for (const ckpt::ReadPiece& p : plan.pieces) {
+          if (!listed[p.target]) order.push_back(p.target);
+          listed[p.target] = 1;
+        }
         aside.resize(targets.size());
-        for (size_t t = 0; t < targets.size() && local.ok(); ++t) {
+        for (size_t t : order) {
           if (staged_bytes[t] == 0) continue;
           into[t] = static_cast<uint8_t*>(tensors[tensor_of[t]].data);
           auto event = create_event(state.device());
@@ -623,6 +631,7 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
           if (local.ok()) local = state.memcpy_async(staging[t], into[t], staged_bytes[t]);
           if (local.ok()) local = (*event)->record(state);
           if (local.ok()) aside[t] = std::move(*event);
+          if (!local.ok()) break;
         }
       }
     }
