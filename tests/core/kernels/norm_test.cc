@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <vector>
 
+#include "core/common/half.h"
 #include "tests/core/comm/comm_test_util.h"
 
 namespace hps {
@@ -28,6 +31,56 @@ TEST(NormKernels, SumOfSquaresEveryFloatDtype) {
       FixedSquares f;
       cpu::sum_of_squares_fixed(d, b.data(), n, f);
       EXPECT_NEAR(f.value(), reference, reference * 1e-12 + 1e-30) << dtype_name(d);
+    }
+  }
+}
+
+// The exact sums' digits equal those of adding every square one by one
+// (FixedSquares::add_square, the definition), bitwise, for values drawn from every range:
+// zeros, subnormals, squares truncated below the resolution, ordinary ones, squares at and
+// past the overflow, Inf and NaN; enough of them to cross the kernel's batches, added onto
+// digits already holding a sum.
+TEST(NormKernels, FixedSquaresEqualTheSquareBySquareSum) {
+  std::mt19937_64 rng(20261201);
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (size_t n : {size_t{1}, size_t{7}, size_t{32768}, size_t{100003}}) {
+      for (int mode = 0; mode < 3; ++mode) {
+        std::vector<uint32_t> bits(n);
+        for (auto& b : bits) {
+          const uint64_t r = rng();
+          // mode 0: any bit pattern; 1: ordinary magnitudes; 2: mostly tiny and huge ones.
+          if (mode == 0) {
+            b = static_cast<uint32_t>(r);
+          } else {
+            const int shift = mode == 1 ? 50 + static_cast<int>(r % 70) : static_cast<int>(r % 256);
+            b = static_cast<uint32_t>((r >> 32) & 0x807fffffu) |
+                (static_cast<uint32_t>(shift & 0xff) << 23);
+          }
+          if (r % 97 == 0) b = 0;  // zeros
+        }
+        std::vector<uint8_t> data(n * dtype_size(d));
+        std::vector<float> values(n);
+        for (size_t i = 0; i < n; ++i) {
+          if (d == DType::kFloat32) {
+            std::memcpy(data.data() + 4 * i, &bits[i], 4);
+            std::memcpy(&values[i], &bits[i], 4);
+          } else {
+            const auto h = static_cast<uint16_t>(bits[i] >> 16);
+            std::memcpy(data.data() + 2 * i, &h, 2);
+            values[i] = d == DType::kFloat16 ? half_bits_to_float(h) : bf16_bits_to_float(h);
+          }
+        }
+        FixedSquares start;
+        start.add_square(12345.678);
+        FixedSquares expected = start;
+        for (float v : values) {
+          expected.add_square(static_cast<double>(v) * v);
+          expected.normalize();
+        }
+        FixedSquares got = start;
+        cpu::sum_of_squares_fixed(d, data.data(), n, got);
+        EXPECT_EQ(got.slots, expected.slots) << dtype_name(d) << " n=" << n << " mode " << mode;
+      }
     }
   }
 }
