@@ -985,9 +985,12 @@ HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t
 
 /**
  * Parameter `index`'s gradient is complete for this micro-batch. When the last parameter
- * of a bucket checks in on the last micro-batch, the bucket's reduction starts. `ready`:
- * the stream the gradient was produced on, or NULL when the calling thread wrote it.
- * Errors: FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE.
+ * of a bucket checks in on the last micro-batch, the bucket's reduction starts; with
+ * clipping or dynamic loss scaling its shard's unscale pass (and the clip's partial sums)
+ * follows it on the engine's optimizer stream, while the backward goes on (stage 2's full
+ * gradients stay readable until hps_engine_step). `ready`: the stream the gradient was
+ * produced on, or NULL when the calling thread wrote it. Errors: FAILED_PRECONDITION
+ * (checked in twice, frozen), OUT_OF_RANGE, BACKEND_ERROR (a reduction failed).
  */
 HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index, hps_stream_t* ready);
 
