@@ -2419,9 +2419,12 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Parameter `index`'s gradient is complete for this micro-batch. When the last parameter"]
-    #[doc = " of a bucket checks in on the last micro-batch, the bucket's reduction starts. `ready`:"]
-    #[doc = " the stream the gradient was produced on, or NULL when the calling thread wrote it."]
-    #[doc = " Errors: FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE."]
+    #[doc = " of a bucket checks in on the last micro-batch, the bucket's reduction starts; with"]
+    #[doc = " clipping or dynamic loss scaling its shard's unscale pass (and the clip's partial sums)"]
+    #[doc = " follows it on the engine's optimizer stream, while the backward goes on (stage 2's full"]
+    #[doc = " gradients stay readable until hps_engine_step). `ready`: the stream the gradient was"]
+    #[doc = " produced on, or NULL when the calling thread wrote it. Errors: FAILED_PRECONDITION"]
+    #[doc = " (checked in twice, frozen), OUT_OF_RANGE, BACKEND_ERROR (a reduction failed)."]
     pub fn hps_engine_grad_ready(
         engine: *mut hps_engine_t,
         index: usize,
