@@ -642,12 +642,15 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
     }
   }
   if (Status s = agree(local, "load"); !s.ok()) {
-    // Every value a read may have changed goes back (after every copy aside is done).
-    Status restored = state.synchronize();
-    for (size_t t = 0; t < aside.size() && restored.ok(); ++t) {
-      if (aside[t]) restored = state.memcpy_async(into[t], staging[t], staged_bytes[t]);
+    // In place: every value a read may have changed goes back (after every copy aside).
+    Status restored;
+    if (!aside.empty()) {
+      restored = state.synchronize();
+      for (size_t t = 0; t < aside.size() && restored.ok(); ++t) {
+        if (aside[t]) restored = state.memcpy_async(into[t], staging[t], staged_bytes[t]);
+      }
+      if (restored.ok()) restored = state.synchronize();
     }
-    if (restored.ok()) restored = state.synchronize();
     if (restored.ok()) keep_staging(std::move(memory));
     if (!restored.ok()) {
       return Status(s.code(), s.message() + "; restoring the engine's state failed too: " +

@@ -3,8 +3,8 @@
 //
 //   unscale (mean over ranks and micro-batches, loss scale; found-inf; the clip's partial
 //   sums of squares, split by the clip flags, in the same pass; with a clip or loss scaling
-//   it runs as each buffer's reduction completes, while the shard is fresh, and the step
-//   itself starts at the next stage) → found-inf max over the
+//   it is enqueued by reduced() after each buffer's reduction, while the shard is fresh,
+//   not by step()) → found-inf max over the
 //   groups → the clip's reduction and coefficient → the step's verdict (skip, step count,
 //   loss scale) → SGD / AdamW on each shard (the coefficient folded in where the flags
 //   say) → the updated masters rounded into the model dtype → the stage's hook (an

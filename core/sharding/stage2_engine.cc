@@ -118,6 +118,7 @@ Status Stage2Engine::launch_reduce(size_t b, Stream& ready) {
                                                DType::kFloat32, ReduceOp::kSum, &comm));
   }
   reduced_[b] = std::move(work);
+  if (!optimizer_->unscales_early()) return Status::Ok();
   // With a clip or loss scaling, the shard is unscaled (and its partial sums taken) as soon
   // as it is reduced, beside the rest of the backward.
   Stream& opt = optimizer_stream();

@@ -273,7 +273,7 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
         work, dp_->all_reduce(shard.get(), shard.get(), n, DType::kFloat32, ReduceOp::kSum, &comm));
   }
   u.reduced = std::move(work);
-  if (buckets_.last_micro_batch()) {
+  if (buckets_.last_micro_batch() && optimizer_->unscales_early()) {
     // With a clip or loss scaling, the shard is unscaled (and its partial sums taken) as
     // soon as its last micro-batch is reduced and added, beside the rest of the backward.
     Stream& opt = optimizer_stream();
