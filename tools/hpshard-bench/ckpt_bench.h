@@ -1,8 +1,9 @@
 // The ckpt family of hpshard-bench: checkpoints of a Stage2Engine (AdamW, ranks as threads)
 // beside plain file I/O of the same bytes in the same run: a save (snapshot, checksums,
 // write, fsync, publish) against each rank writing as many bytes sequentially and fsyncing
-// them; a load (read, verify, convert, all-gather) against each rank reading its bytes back,
-// both from a cold page cache; and a training step while an asynchronous save is being
+// them; a load (read, verify, convert, all-gather) against each rank reading its data file
+// with one pread, both from a cold page cache (and, for comparison, against a cold read of
+// the plain file the reference wrote); and a training step while an asynchronous save is being
 // written against the same step without one.
 #pragma once
 
@@ -37,13 +38,17 @@ struct CkptResult {
   double save_seconds = 0;   // save() to the Work's completion (published)
   double write_seconds = 0;  // write + fsync of the same bytes per rank
   double load_seconds = 0;   // load(), cold cache
-  double read_seconds = 0;   // pread of the same bytes per rank, cold cache
-  double step_seconds = 0;   // per step, no save
+  double read_seconds = 0;   // pread of each rank's data file, cold cache
+  // pread of as many bytes per rank from the plain file just written (through the page
+  // cache), cold cache.
+  double read_plain_file_seconds = 0;
+  double step_seconds = 0;  // per step, no save
   double step_with_save_seconds = 0;
   // Medians over repetitions of each back-to-back pair's ratio: plain write / save, plain
   // read / load, step with a save / step alone.
   double save_ratio = 0;
   double load_ratio = 0;
+  double load_ratio_plain_file = 0;  // against read_plain_file_seconds
   double step_ratio = 0;
   int32_t overlapped_steps = 0;  // of `steps`, those that began with the save still in flight
   uint64_t host_syncs_in_overlapped_steps = 0;  // the most in one step, any rank
