@@ -9,7 +9,7 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 "$bench" ckpt --bytes 256K --tensors 4 --reps 2 --steps 3 --dir "$out" --quiet \
   --json "$out/bench.json" >"$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
-grep -q '^summary: ckpt: save .* plain write .* plain read of its files .* a read of the plain file.* loaded state bitwise equal' "$out/stdout.txt" \
+grep -q '^summary: ckpt: save .* plain write .* plain read of its files .* a read of the plain file.* the step right after save() .* steps from save() on .* loaded state bitwise equal' "$out/stdout.txt" \
   || { cat "$out/stdout.txt"; exit 1; }
 /usr/bin/python3 - "$out/bench.json" <<'PY'
 import json, sys
@@ -21,7 +21,8 @@ assert doc["family"] == "ckpt"
 row = doc["results"][0]
 for key in ("ranks", "saved_bytes", "save_seconds", "write_seconds", "save_ratio", "load_seconds",
             "read_seconds", "load_ratio", "read_plain_file_seconds", "load_ratio_plain_file",
-            "step_seconds", "step_with_save_seconds", "step_ratio",
+            "first_step_seconds", "first_step_with_save_seconds", "first_step_ratio",
+            "first_step_overlapped", "step_seconds", "step_with_save_seconds", "step_ratio",
             "overlapped_steps", "host_syncs_in_overlapped_steps_max", "loaded_equal"):
     assert key in row, f"missing result key {key}"
 # AdamW: parameters, exp_avg and exp_avg_sq of 256 KiB each, in the data files.

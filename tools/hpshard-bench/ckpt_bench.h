@@ -3,8 +3,8 @@
 // write, fsync, publish) against each rank writing as many bytes sequentially and fsyncing
 // them; a load (read, verify, convert, all-gather) against each rank reading its data file
 // with one pread, both from a cold page cache (and, for comparison, against a cold read of
-// the plain file the reference wrote); and a training step while an asynchronous save is being
-// written against the same step without one.
+// the plain file the reference wrote); and the training step right after save(), and
+// `steps` steps from save() on, against as many steps without a save.
 #pragma once
 
 #include <cstddef>
@@ -18,7 +18,7 @@ namespace hps::bench {
 
 // Targets of /work/shared/PERFORMANCE.md for checkpoints.
 inline constexpr double kCkptBandwidthTarget = 0.8;  // save / load ≥ 0.8× plain I/O
-inline constexpr double kCkptOverlapTarget = 1.05;   // a step during a save ≤ 1.05×
+inline constexpr double kCkptOverlapTarget = 1.05;   // the step right after save() ≤ 1.05×
 
 struct CkptConfig {
   int32_t ranks = 2;
@@ -42,15 +42,19 @@ struct CkptResult {
   // pread of as many bytes per rank from the plain file just written (through the page
   // cache), cold cache.
   double read_plain_file_seconds = 0;
-  double step_seconds = 0;  // per step, no save
+  double first_step_seconds = 0;            // one step, no save
+  double first_step_with_save_seconds = 0;  // the step right after save()
+  double step_seconds = 0;                  // per step of `steps`, no save
   double step_with_save_seconds = 0;
   // Medians over repetitions of each back-to-back pair's ratio: plain write / save, plain
   // read / load, step with a save / step alone.
   double save_ratio = 0;
   double load_ratio = 0;
   double load_ratio_plain_file = 0;  // against read_plain_file_seconds
-  double step_ratio = 0;
-  int32_t overlapped_steps = 0;  // of `steps`, those that began with the save still in flight
+  double first_step_ratio = 0;       // the step right after save() / a step without a save
+  double step_ratio = 0;             // `steps` steps from save() on / as many without
+  int32_t first_overlapped = 0;      // 1 when the step right after save() began with it in flight
+  int32_t overlapped_steps = 0;      // of `steps`, those that began with the save still in flight
   uint64_t host_syncs_in_overlapped_steps = 0;  // the most in one step, any rank
   bool loaded_equal = false;                    // the loaded state is bitwise the saved one
 };
