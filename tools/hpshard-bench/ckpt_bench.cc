@@ -207,7 +207,6 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
     in_turn(time_load, [&] { time_read(file, out.read); });
     time_read(plain_path, out.read_plain_file);
     (void)ckpt::remove_tree(plain_path);
-    // Steps without, then with, a save in flight (or the other way round).
     // `steps` steps from a barrier to their completion (divided by `steps`), without a save
     // or right after a save() (the steps that begin with the save in flight are counted, and
     // the most host syncs one of them counted).

@@ -172,9 +172,10 @@ bool unscale(DType src_dtype, const void* src, float* dst, size_t count, float f
              bool check_finite, double* partial, FixedSquares* fixed) {
   const bool finite =
       active_cpu_kernels().unscale(src_dtype, src, dst, count, factor, check_finite, partial);
-  if (fixed != nullptr)
+  if (fixed != nullptr) {
     fixed_squares_narrow(
         count, [dst](size_t i) { return dst[i]; }, *fixed);
+  }
   return finite;
 }
 
