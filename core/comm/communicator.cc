@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/comm/descriptor.h"
+#include "core/comm/self/communicator.h"
 #include "core/comm/shm/shm_group.h"
 #include "core/common/config.h"
 #include "core/common/env.h"
@@ -130,7 +131,11 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Stor
 #if HPS_HAVE_GLOO
     return gloo_backend::GlooCommunicator::create(std::move(store), rank, size, options);
 #else
-    return unavailable("CPU communicators need Gloo, and this build of hpshard has none");
+    // A group of one moves nothing, so it needs no transport.
+    if (size == 1) return self_backend::SelfCommunicator::create(options);
+    return unavailable(
+        "CPU communicators of more than one rank need Gloo, and this build of "
+        "hpshard has none");
 #endif
   }
 #if HPS_HAVE_NCCL

@@ -71,7 +71,8 @@ class Communicator {
   virtual int32_t size() const = 0;
   virtual Device device() const = 0;
   virtual const std::string& name() const = 0;
-  // How collectives move data: "shm" (one host, shared memory), "tcp" (Gloo), "nccl".
+  // How collectives move data: "shm" (one host, shared memory), "tcp" (Gloo), "nccl",
+  // "self" (a CPU group of one rank in a build without Gloo: nothing moves).
   virtual std::string_view transport() const = 0;
   // The communicator's own stream: every operation runs there, in call order.
   virtual Stream& stream() = 0;
@@ -113,7 +114,8 @@ class Communicator {
 };
 
 // Creates this rank's member of a group of `size` ranks meeting through `store`.
-// Collective: every rank calls it. CPU → Gloo; CUDA → NCCL. Blocks until all ranks
+// Collective: every rank calls it. CPU → Gloo (in a build without Gloo, a group of one
+// rank gets self/'s communicator and larger ones UNAVAILABLE); CUDA → NCCL. Blocks until all ranks
 // have connected or options.timeout has passed. A size above kMaxGroupSize is
 // OUT_OF_RANGE; options out of range are INVALID_ARGUMENT, before anything is allocated.
 StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Store> store,

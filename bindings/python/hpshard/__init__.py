@@ -705,7 +705,8 @@ class Communicator(Handle):
     @property
     def transport(self) -> str:
         """How collectives move data (hps_comm_transport): "shm" (CPU ranks all on this
-        host), "tcp" (Gloo TCP; also a group of one, or HPS_COMM_SHM=0) or "nccl"."""
+        host), "tcp" (Gloo TCP; also a group of one, or HPS_COMM_SHM=0), "self" (a CPU
+        group of one in a build without Gloo) or "nccl"."""
         return self._h().transport()
 
     def abort(self) -> None:

@@ -500,7 +500,8 @@ HPS_API hps_status_t hps_comm_device(hps_comm_t* comm, hps_device_type_t* out_ty
 /**
  * How the collectives of `comm` move data, into *out_name: "shm" (CPU ranks all on one
  * host, through shared memory), "tcp" (CPU ranks over Gloo TCP; also a group of one rank,
- * or HPS_COMM_SHM=0) or "nccl" (CUDA). The ranks of a group agree on it at creation. The
+ * or HPS_COMM_SHM=0), "self" (a CPU group of one rank in a build without Gloo: nothing
+ * moves) or "nccl" (CUDA). The ranks of a group agree on it at creation. The
  * string is a static NUL-terminated constant owned by the library: never free it; it stays
  * valid after `comm` is destroyed. Later versions may add names. Errors: INVALID_ARGUMENT
  * (a NULL argument). Thread safety: any thread.

@@ -19,6 +19,7 @@
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/format.h"
 #include "core/checkpoint/safetensors.h"
+#include "core/comm/self/communicator.h"
 #include "core/common/config.h"
 #include "core/device/cpu/stream.h"
 #include "tests/core/checkpoint/training.h"
@@ -214,6 +215,50 @@ INSTANTIATE_TEST_SUITE_P(
         ResumeCase{"stage3_sgd_fp16_scaling", {3, 2, 1, DType::kFloat16}, false, true},
         ResumeCase{"stage2_dp2_sharding2", {2, 2, 2, DType::kFloat32}, true, false}),
     [](const auto& p) { return std::string(p.param.name); });
+
+// One rank over the communicator of a group of one (core/comm/self, what a build without
+// Gloo gives a single process): train, save with steps in flight, train; a fresh engine
+// loads and trains the same steps bitwise equal, and both follow the unsharded reference.
+TEST(Checkpoint, AGroupOfOneSavesAndResumesWithoutGloo) {
+  for (const int32_t stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const Layout layout{stage, 1, 1, DType::kFloat32};
+    const EngineOptions options = adamw_options();
+    TempDir dir;
+    const int n = 3, m = 3;
+    auto one_rank = [&](const RankFn& body) {
+      auto comm = self_backend::SelfCommunicator::create({});
+      ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+      Rank r;
+      make_rank(r, 0, **comm, layout, options, dir.path(), small_chunks());
+      if (::testing::Test::HasFatalFailure()) return;
+      body(r);
+    };
+    std::map<std::string, std::vector<uint8_t>> uninterrupted, resumed;
+    std::vector<std::vector<float>> full_a, full_b;
+    one_rank([&](Rank& r) {
+      for (int s = 0; s < n; ++s) r.train_step(s);
+      auto work = r.checkpointer->save("one");
+      ASSERT_TRUE(work.ok()) << work.status().to_string();
+      for (int s = n; s < n + m; ++s) EXPECT_EQ(r.train_step(s), 0u) << "step " << s;
+      ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+      uninterrupted = r.state_bytes();
+      full_a = *r.engine->gather_all();
+    });
+    ASSERT_TRUE(verify_checkpoint(dir / "one").ok());
+    one_rank([&](Rank& r) {
+      auto report = r.checkpointer->load("one");
+      ASSERT_TRUE(report.ok()) << report.status().to_string();
+      for (int s = n; s < n + m; ++s) r.train_step(s);
+      resumed = r.state_bytes();
+      full_b = *r.engine->gather_all();
+    });
+    ASSERT_FALSE(uninterrupted.empty());
+    EXPECT_EQ(uninterrupted, resumed);
+    expect_near_reference(full_b, reference(options, {{1, n + m}}), "resumed");
+    expect_near_reference(full_a, reference(options, {{1, n + m}}), "uninterrupted");
+  }
+}
 
 struct ReshardCase {
   const char* name;

@@ -113,7 +113,8 @@ public final class Communicator extends Handle<CommHandle> {
 
   /**
    * How collectives move data (hps_comm_transport): "shm" (CPU ranks all on this host), "tcp"
-   * (Gloo TCP; also a group of one, or HPS_COMM_SHM=0) or "nccl".
+   * (Gloo TCP; also a group of one, or HPS_COMM_SHM=0), "self" (a CPU group of one in a build
+   * without Gloo) or "nccl".
    */
   public String transport() {
     return h().transport();

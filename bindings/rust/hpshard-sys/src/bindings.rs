@@ -1245,7 +1245,8 @@ extern "C" {
 extern "C" {
     #[doc = " How the collectives of `comm` move data, into *out_name: \"shm\" (CPU ranks all on one"]
     #[doc = " host, through shared memory), \"tcp\" (CPU ranks over Gloo TCP; also a group of one rank,"]
-    #[doc = " or HPS_COMM_SHM=0) or \"nccl\" (CUDA). The ranks of a group agree on it at creation. The"]
+    #[doc = " or HPS_COMM_SHM=0), \"self\" (a CPU group of one rank in a build without Gloo: nothing"]
+    #[doc = " moves) or \"nccl\" (CUDA). The ranks of a group agree on it at creation. The"]
     #[doc = " string is a static NUL-terminated constant owned by the library: never free it; it stays"]
     #[doc = " valid after `comm` is destroyed. Later versions may add names. Errors: INVALID_ARGUMENT"]
     #[doc = " (a NULL argument). Thread safety: any thread."]

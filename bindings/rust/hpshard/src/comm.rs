@@ -508,7 +508,8 @@ impl Communicator {
 
     /// How collectives move data (`hps_comm_transport`): `"shm"` (CPU ranks all on this
     /// host, through shared memory), `"tcp"` (Gloo TCP; also a group of one rank, or
-    /// `HPS_COMM_SHM=0`) or `"nccl"` (CUDA); later library versions may add names.
+    /// `HPS_COMM_SHM=0`), `"self"` (a CPU group of one rank in a build without Gloo) or
+    /// `"nccl"` (CUDA); later library versions may add names.
     pub fn transport(&self) -> Result<&'static str> {
         let mut name: *const c_char = ptr::null();
         // SAFETY: live handle, live out-param.
