@@ -8,8 +8,9 @@
 #      stream-ordered allocator's support, the NCCL that is loaded and from where
 #      (hpshard-gpu-bench --info); no usable device ends the run here, with a message;
 #   4. the tests labelled gpu, once (the CUDA kernel table against the CPU table, the
-#      host-sync interposer, streams, NCCL at world size 1, the clip, and the engines'
-#      CUDA cases), communicator timeouts (30 s) below ctest's;
+#      host-sync interposer, streams, NCCL at world size 1, the clip, the engines'
+#      CUDA cases and a CUDA engine's checkpoints), communicator timeouts (30 s) below
+#      ctest's;
 #   5. the GPU benchmarks: hpshard-gpu-bench (the kernel table beside a device-to-device
 #      copy) and hpshard-gpu-bench --step: the engines' step at world size 1 (the same code as
 #      hpshard-bench step --device cuda, in the binary that needs no Gloo).
