@@ -115,8 +115,8 @@ class Communicator {
 
 // Creates this rank's member of a group of `size` ranks meeting through `store`.
 // Collective: every rank calls it. CPU → Gloo (in a build without Gloo, a group of one
-// rank gets self/'s communicator and larger ones UNAVAILABLE); CUDA → NCCL. Blocks until all ranks
-// have connected or options.timeout has passed. A size above kMaxGroupSize is
+// rank gets self/'s communicator and larger ones UNAVAILABLE); CUDA → NCCL. Blocks until
+// all ranks have connected or options.timeout has passed. A size above kMaxGroupSize is
 // OUT_OF_RANGE; options out of range are INVALID_ARGUMENT, before anything is allocated.
 StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Store> store,
                                                             int32_t rank, int32_t size,

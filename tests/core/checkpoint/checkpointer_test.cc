@@ -22,6 +22,7 @@
 #include "core/comm/self/communicator.h"
 #include "core/common/config.h"
 #include "core/device/cpu/stream.h"
+#include "tests/core/checkpoint/temp_dir.h"
 #include "tests/core/checkpoint/training.h"
 
 namespace hps::ckpt_test {
@@ -29,23 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "hps-ckpt-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using testing_util::TempDir;
 
 CheckpointOptions small_chunks() {
   CheckpointOptions o;

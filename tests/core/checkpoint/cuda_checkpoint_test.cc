@@ -5,11 +5,9 @@
 // host syncs in the engine's calls; a fresh CUDA engine loads it and continues bitwise equal;
 // a CPU engine loads the same checkpoint and continues within 1e-6 of the CUDA run.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +17,7 @@
 #include "core/comm/store.h"
 #include "core/device/host_sync.h"
 #include "core/sharding/sharded_engine.h"
+#include "tests/core/checkpoint/temp_dir.h"
 #include "tests/core/comm/comm_test_util.h"
 
 namespace hps {
@@ -144,22 +143,7 @@ struct EngineRun {
   }
 };
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "hps-cuda-ckpt-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data()) ? pattern : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing_util::TempDir;
 
 TEST(CudaCheckpoint, SavesInStreamOrderAndResumesOnEitherDevice) {
   if (device_count(DeviceType::kCuda) == 0) GTEST_SKIP() << "no CUDA device";
