@@ -4,22 +4,6 @@
 
 namespace hps {
 
-std::string_view storage_role_name(StorageRole role) {
-  switch (role) {
-    case StorageRole::kParams: return "params";
-    case StorageRole::kGrads: return "grads";
-    case StorageRole::kMasters: return "master";
-    case StorageRole::kWireShard: return "wire_shard";
-    case StorageRole::kGradShard: return "grad_shard";
-    case StorageRole::kReducedShard: return "reduced_shard";
-    case StorageRole::kIncoming: return "incoming";
-    case StorageRole::kMomentum: return "momentum";
-    case StorageRole::kExpAvg: return "exp_avg";
-    case StorageRole::kExpAvgSq: return "exp_avg_sq";
-  }
-  return "unknown";
-}
-
 StatusOr<std::unique_ptr<ShardedStorage>> ShardedStorage::create(
     const LayoutPlan& plan, Device device, const std::vector<RoleLayout>& layouts, Stream& stream) {
   if (!plan.sealed()) return failed_precondition("storage: the layout plan is not sealed");

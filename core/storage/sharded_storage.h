@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "core/device/buffer.h"
@@ -33,7 +32,6 @@ enum class StorageRole : int {
   kExpAvgSq,      // AdamW
 };
 inline constexpr int kStorageRoleCount = 10;
-std::string_view storage_role_name(StorageRole role);
 
 // How much of each buffer a role holds, in which dtype, and for which buffers.
 struct RoleLayout {

@@ -6,7 +6,8 @@
 //       returned (-1: nobody is killed and the save's duration is printed; -2: killed once
 //       "b" is published).
 //   ckpt_probe check ROOT   (one process) "a" verifies and loads; "b" is absent or verifies
-//       and loads; latest names one of them and loads. Prints "b complete" or "b absent".
+//       and loads; latest names one of them and loads; then a save of "c" removes what the
+//       killed save left and keeps them. Prints "b complete" or "b absent".
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -132,7 +133,28 @@ int check(const std::string& root) {
       die("root", internal_error("unexpected entry " + n));
     }
   }
-  std::printf("%s; latest %s\n", b ? "b complete" : "b absent", latest->c_str());
+  const std::string latest_before = *latest;
+  // The next save in the root removes what the killed save left (its temporary directory,
+  // a half-replaced latest) and leaves "a" (and "b") as they were.
+  auto c = (*checkpointer)->save("c");
+  if (!c.ok()) die("save c after the crash", c.status());
+  if (Status s = (*c)->wait(); !s.ok()) die("save c after the crash", s);
+  names = ckpt::list_directory(root);
+  for (const auto& n : *names) {
+    if (n != "a" && n != "b" && n != "c" && n != "latest") {
+      die("root after save c", internal_error("the crashed save's " + n + " is still there"));
+    }
+  }
+  for (const char* n : {"a", "c"}) {
+    if (auto v = verify_checkpoint(root + "/" + n); !v.ok()) die("verify after save c", v.status());
+  }
+  if (b) {
+    if (auto v = verify_checkpoint(root + "/b"); !v.ok()) die("verify b after save c", v.status());
+  }
+  latest = latest_checkpoint(root);
+  if (!latest.ok()) die("latest after save c", latest.status());
+  if (*latest != "c") die("latest after save c", internal_error("names " + *latest));
+  std::printf("%s; latest %s\n", b ? "b complete" : "b absent", latest_before.c_str());
   return 0;
 }
 

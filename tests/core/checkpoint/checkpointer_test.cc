@@ -535,6 +535,42 @@ TEST(Checkpoint, LoadBetweenStepsOnly) {
     EXPECT_TRUE(r.checkpointer->load("a").ok());
     r.train_step(1);
   });
+  // Stage 2: once a gradient of the step has checked in, a load is refused and changes
+  // nothing; the step then finishes as usual, and a load after it is taken.
+  TempDir dir2;
+  run({2, 2, 1}, adamw_options(), dir2.path(), [&](Rank& r) {
+    r.train_step(0);
+    ASSERT_TRUE((*r.checkpointer->save("a"))->wait().ok());
+    r.train_step(1);
+    const auto before = r.state_bytes();
+    bool refused_once = false;
+    for (int32_t u = kUnits; u-- > 0;) {
+      ASSERT_TRUE(r.engine->gather(u).ok());
+      for (size_t p = kModel.size(); p-- > 0;) {
+        if (kModel[p].unit != u || !kModel[p].trainable) continue;
+        auto g = r.engine->grad_data(p);
+        ASSERT_TRUE(g.ok());
+        const DType d = r.engine->plan().params()[p].dtype;
+        for (size_t i = 0; i < numel(kModel[p]); ++i) testing_util::store_element(d, *g, i, 0.5f);
+        ASSERT_TRUE(r.engine->grad_ready(p, nullptr).ok());
+        if (!refused_once) {
+          auto refused = r.checkpointer->load("a");
+          EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+              << refused.status().to_string();
+          EXPECT_NE(refused.status().message().find("between steps"), std::string::npos)
+              << refused.status().to_string();
+          EXPECT_EQ(r.state_bytes(), before) << "a refused load changed the state";
+          refused_once = true;
+        }
+      }
+      ASSERT_TRUE(r.engine->release(u).ok());
+    }
+    ASSERT_TRUE(r.engine->step().ok());
+    EXPECT_NE(r.state_bytes(), before);
+    auto loaded = r.checkpointer->load("a");
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    r.train_step(1);
+  });
 }
 
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {

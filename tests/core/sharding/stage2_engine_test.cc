@@ -91,6 +91,12 @@ TEST(EngineOptions, BadValuesAreRefusedNamingThem) {
          o.optimizer = OptimizerKind::kAdamW;
          o.adamw.learning_rate = NAN;
        }},
+      {"weight_decay",
+       [](EngineOptions& o) {
+         o.optimizer = OptimizerKind::kAdamW;
+         o.adamw.weight_decay = NAN;
+       }},
+      {"optimizer", [](EngineOptions& o) { o.optimizer = static_cast<OptimizerKind>(7); }},
       {"clip_max_norm", [](EngineOptions& o) { o.clip_max_norm = INFINITY; }},
       {"alignment_bytes", [](EngineOptions& o) { o.alignment_bytes = uint64_t{1} << 63; }},
       {"alignment_bytes", [](EngineOptions& o) { o.alignment_bytes = 3; }},
@@ -118,6 +124,11 @@ TEST(EngineOptions, BadValuesAreRefusedNamingThem) {
         ASSERT_EQ(e.status().code(), StatusCode::kInvalidArgument) << b.name;
         EXPECT_NE(e.status().message().find(b.name), std::string::npos) << e.status().message();
       }
+    }
+    for (int32_t stage : {0, 1, 4}) {
+      auto e = create_sharded_engine(stage, w, nullptr, {});
+      ASSERT_EQ(e.status().code(), StatusCode::kInvalidArgument) << stage;
+      EXPECT_NE(e.status().message().find("stage"), std::string::npos) << e.status().message();
     }
   });
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/device/cpu/allocator.h"
 #include "core/device/cpu/stream.h"
 #include "tests/core/comm/comm_test_util.h"
 
@@ -78,6 +79,44 @@ TEST(FullBufferPool, ABusyBufferIsReusedOnlyAfterItsLastUserInTheTakersOrder) {
   ASSERT_TRUE(last_user.synchronize().ok());
   ASSERT_TRUE(pool.give_back(std::move(*again), taker).ok());
   ASSERT_TRUE(pool.give_back(std::move(*busy), taker).ok());
+}
+
+// Over the budget with only a busy buffer of another size pooled: that buffer is freed to
+// make room, in the taker's stream order after its last user (no host wait), and its
+// memory returns to the allocator only once that user is done.
+TEST(FullBufferPool, ABusyBufferOfAnotherSizeIsFreedAfterItsLastUserInTheTakersOrder) {
+  auto* allocator = dynamic_cast<cpu::CpuAllocator*>(*allocator_for(Device::cpu()));
+  ASSERT_NE(allocator, nullptr);
+  FullBufferPool pool(Device::cpu(), false);
+  cpu::CpuStream last_user, taker;
+  std::atomic<bool> release{false};
+  std::atomic<bool> last_user_done{false};
+  constexpr size_t kBusy = 64 << 10, kAsked = 32 << 10;
+  auto a = pool.take(kBusy, last_user);
+  ASSERT_TRUE(a.ok());
+  void* memory = (*a)->data().get();
+  last_user.enqueue([&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::memset(memory, 1, kBusy);
+    last_user_done = true;
+  });
+  ASSERT_TRUE(pool.give_back(std::move(*a), last_user).ok());
+  const size_t cached = allocator->cached_bytes();
+  pool.set_budget(kBusy + kAsked - 1);  // pooled + asked is over it
+  auto b = pool.take(kAsked, taker);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE((*b)->data().get(), memory);
+  EXPECT_EQ(pool.pooled_bytes(), 0u) << "the busy buffer was not trimmed";
+  EXPECT_EQ(pool.lent_bytes(), kAsked);
+  EXPECT_EQ(allocator->cached_bytes(), cached) << "freed before its last user finished";
+  std::atomic<bool> saw_done{false};
+  taker.enqueue([&] { saw_done = last_user_done.load(); });
+  release = true;
+  ASSERT_TRUE(taker.synchronize().ok());
+  EXPECT_TRUE(saw_done) << "the taker's work ran before the freed buffer's last user finished";
+  EXPECT_EQ(allocator->cached_bytes(), cached + kBusy) << "the freed buffer is back, cached";
+  ASSERT_TRUE(pool.give_back(std::move(*b), taker).ok());
+  ASSERT_TRUE(last_user.synchronize().ok());
 }
 
 TEST(FullBufferPoolDeathTest, CheckedModeFaultsAWriteThroughAStaleView) {
