@@ -220,13 +220,6 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
 
 }  // namespace
 
-const StoredTensor* SourceIndex::find(const std::string& name) const {
-  for (const auto& t : tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
-
 size_t json_depth(std::string_view text) {
   size_t depth = 0, deepest = 0;
   bool in_string = false, escaped = false;

@@ -48,7 +48,6 @@ struct SourceIndex {
   std::string id;           // the checkpoint's id, checked against each file's header
   std::vector<StoredFile> files;
   std::vector<StoredTensor> tensors;
-  const StoredTensor* find(const std::string& name) const;
 };
 
 struct Manifest {

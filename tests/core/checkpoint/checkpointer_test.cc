@@ -573,6 +573,73 @@ TEST(Checkpoint, LoadBetweenStepsOnly) {
   });
 }
 
+// Arguments a checkpointer cannot work with are refused naming what is wrong, before
+// anything is written.
+TEST(Checkpoint, BadArgumentsAreRefusedNamingThem) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  run({2, 2, 1}, sgd_options(), dir.path(), [&](Rank& r) {
+    auto expect_refused = [&](std::shared_ptr<Communicator> group, const std::string& root,
+                              CheckpointOptions o, const std::string& message) {
+      auto c = Checkpointer::create(*r.state, std::move(group), root, o);
+      ASSERT_FALSE(c.ok()) << message;
+      EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().to_string();
+      EXPECT_NE(c.status().message().find(message), std::string::npos) << c.status().to_string();
+    };
+    auto alone = self_backend::SelfCommunicator::create({});
+    ASSERT_TRUE(alone.ok());
+    std::shared_ptr<Communicator> one(std::move(*alone));
+    expect_refused(one, dir.path(), {},
+                   "the group has 1 ranks but the engine's state is held by 2");
+    expect_refused(nullptr, dir.path(), {}, "null");
+    expect_refused(r.world, "", {}, "root directory is empty");
+    CheckpointOptions o;
+    o.keep_last = -1;
+    expect_refused(r.world, dir.path(), o, "keep_last");
+    for (uint64_t chunk : {uint64_t{0}, (uint64_t{1} << 34) + 1}) {
+      o = {};
+      o.chunk_bytes = chunk;
+      expect_refused(r.world, dir.path(), o, "chunk_bytes must be in [1, 2^34]");
+    }
+    o = {};
+    o.timeout = Milliseconds(0);
+    expect_refused(r.world, dir.path(), o, "timeout");
+    // Nothing saved yet: the latest checkpoint is missing, named as such.
+    auto none = r.checkpointer->load("");
+    EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().to_string();
+    EXPECT_NE(none.status().message().find("no checkpoint under"), std::string::npos)
+        << none.status().to_string();
+    // Names and metadata a save cannot store.
+    r.train_step(0);
+    for (const std::map<std::string, std::string>& metadata :
+         {std::map<std::string, std::string>{{"", "v"}},
+          std::map<std::string, std::string>{{std::string(4097, 'k'), "v"}},
+          std::map<std::string, std::string>{{"k", std::string((1 << 20) + 1, 'v')}}}) {
+      auto refused = r.checkpointer->save("m", metadata);
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("metadata keys need 1 to 4096 bytes"),
+                std::string::npos)
+          << refused.status().to_string();
+    }
+    for (const char* name : {"", "latest", "../up", ".tmp-x"}) {
+      EXPECT_EQ(r.checkpointer->save(name).status().code(), StatusCode::kInvalidArgument) << name;
+    }
+    auto fine = r.checkpointer->save("m", {{std::string(4096, 'k'), std::string(1 << 20, 'v')}});
+    ASSERT_TRUE(fine.ok()) << fine.status().to_string();
+    ASSERT_TRUE((*fine)->wait().ok());
+  });
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "m"})) << "a refused save wrote something";
+  // A hostile latest pointer: read up to its limit only.
+  { std::ofstream(dir / "latest") << std::string(5000, 'm'); }
+  auto latest = latest_checkpoint(dir.path());
+  EXPECT_EQ(latest.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(latest.status().message().find("more than the 4096 allowed"), std::string::npos)
+      << latest.status().to_string();
+}
+
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;

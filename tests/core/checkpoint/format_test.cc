@@ -7,17 +7,21 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/manifest.h"
 #include "core/checkpoint/reshard.h"
 #include "core/checkpoint/safetensors.h"
+#include "tests/core/checkpoint/temp_dir.h"
 
 namespace hps::ckpt {
 namespace {
@@ -145,6 +149,21 @@ TEST(Manifest, RefusesHostileManifests) {
   expect_refused([](json& j) { j["engine"]["optimizer"] = "lion"; }, "lion");
   expect_refused([](json& j) { j["engine"]["accumulation_steps"] = 0; }, "accumulation_steps");
   expect_refused([](json& j) { j["topology"]["stage"] = "two"; }, "'stage'");
+  expect_refused([](json& j) { j["topology"]["stage"] = 9; }, "'stage' is 9, outside [0, 3]");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"].erase(2); }, "cover 12 of its 20");
+  expect_refused([](json& j) { j["chunk_bytes"] = -40; }, "'chunk_bytes' is not an unsigned");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][0]["end"] = 2.5; },
+                 "'end' is not an unsigned integer");
+  expect_refused([](json& j) { j["engine"]["alignment_bytes"] = uint64_t{1} << 40; },
+                 "'alignment_bytes' is 1099511627776, above 1073741824");
+  expect_refused([](json& j) { j["created_unix_ns"] = UINT64_MAX; },
+                 "'created_unix_ns' is too large");
+  expect_refused([](json& j) { j["created_unix_ns"] = "now"; },
+                 "'created_unix_ns' is not an integer");
+  expect_refused([](json& j) { j["tensors"][0]["name"] = std::string(5000, 'n'); },
+                 "'name' is longer than");
+  expect_refused([](json& j) { j["tensors"][0]["chunks"][0]["xxh3"] = std::string(17, 'a'); },
+                 "'xxh3' is longer than 16 bytes");
 }
 
 TEST(Manifest, RefusesTruncatedAndDeepDocuments) {
@@ -183,6 +202,12 @@ TEST(Format, NamesHeadersAndChecksums) {
   EXPECT_TRUE(check_data_file_header(h, id, 5, "f").ok());
   EXPECT_NE(check_data_file_header(h, id, 4, "f").message().find("rank 5"), std::string::npos);
   EXPECT_NE(check_data_file_header(h, new_checkpoint_id(), 5, "f").message().find("belongs to"),
+            std::string::npos);
+  std::string newer = header;
+  newer[8] = static_cast<char>(kFormatVersion + 1);  // the version, little-endian at byte 8
+  EXPECT_NE(check_data_file_header(reinterpret_cast<const uint8_t*>(newer.data()), id, 5, "f")
+                .message()
+                .find("has format version " + std::to_string(kFormatVersion + 1)),
             std::string::npos);
   std::string garbage(kDataHeaderBytes, 'x');
   EXPECT_NE(check_data_file_header(reinterpret_cast<const uint8_t*>(garbage.data()), id, 5, "f")
@@ -240,20 +265,78 @@ TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
       EXPECT_EQ(t.chunks[0].offset, 12u);
     }
   }
-  for (const char* bad : {
-           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 9]}})",
-           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8000]}})",
-           R"({"w": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})",
-           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})",
-           R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})",
-           R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-               "v": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
-           R"({"__metadata__": {"a": 1}})",
-           R"([1, 2])",
-           R"({"w": 3})",
-       }) {
-    EXPECT_FALSE(parse_safetensors_header(bad, 16, "m").ok()) << bad;
+  const std::string deep = std::string(200, '[') + std::string(200, ']');
+  const std::string long_name(5000, 'n');
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 9]}})", "do not hold 2"},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8000]}})", "do not hold 2"},
+      {R"({"w": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}})", "F8_E4M3"},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", "[8, 0)"},
+      {R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})",
+       "a dimension is not an unsigned integer"},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+           "v": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+       "overlap"},
+      {R"({"__metadata__": {"a": 1}})", "__metadata__ 'a' is not a string"},
+      {R"({"__metadata__": [1]})", "__metadata__ is not an object"},
+      {R"([1, 2])", "not a JSON object"},
+      {R"({"w": 3})", "'w' is not an object"},
+      {R"({"": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", "bad name length"},
+      {"{\"" + long_name + R"(": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+       "bad name length"},
+      {R"({"w": {"dtype": "F32", "shape": [2]}})", "needs dtype (string), shape (array)"},
+      {R"({"w": {"dtype": "F32", "shape": 2, "data_offsets": [0, 8]}})", "needs dtype"},
+      {R"({"w": {"dtype": "F32", "shape": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],
+           "data_offsets": [0, 4]}})",
+       "more than 16 dimensions"},
+      {R"({"w": {"dtype": "F32", "shape": [16777216, 16777217], "data_offsets": [0, 4]}})",
+       "more than 2^48 elements"},
+      {R"({"w": {"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 4]}})",
+       "more than 2^48 elements"},
+      {R"({"a": )" + deep + "}", "nested too deep"},
+  };
+  for (const auto& [text, message] : bad) {
+    auto refused = parse_safetensors_header(text, 16, "m.safetensors");
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(refused.status().message().find(message), std::string::npos)
+        << refused.status().to_string();
+    EXPECT_NE(refused.status().message().find("m.safetensors"), std::string::npos);
   }
+  EXPECT_FALSE(
+      safetensors_header({{"w", DType::kFloat32, {1}}, {"w", DType::kFloat32, {1}}}, {}, &data)
+          .ok())
+      << "a repeated name";
+  EXPECT_FALSE(safetensors_header({{"__metadata__", DType::kFloat32, {1}}}, {}, &data).ok());
+}
+
+// A file whose header length does not fit it, or that is shorter than the length itself.
+TEST(Safetensors, FilesWhoseHeaderLengthDoesNotFitAreRefused) {
+  testing_util::TempDir dir;
+  const std::string path = dir.path() + "/m.safetensors";
+  auto write = [&](const std::string& bytes) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    std::fclose(f);
+  };
+  std::string length(8, '\0');
+  length[0] = 100;  // 100 header bytes promised, 4 present
+  write(length + "{}  ");
+  auto refused = read_safetensors(path, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("header length 100 does not fit the file (12 bytes)"),
+            std::string::npos)
+      << refused.status().to_string();
+  write("abc");
+  refused = read_safetensors(path, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("too short"), std::string::npos);
+  length[0] = 2;
+  write(length + "{}");
+  auto empty = read_safetensors(path, nullptr);
+  ASSERT_TRUE(empty.ok()) << empty.status().to_string();
+  EXPECT_TRUE(empty->tensors.empty());
 }
 
 SourceIndex source_with(std::vector<StoredTensor> tensors) {

@@ -51,8 +51,76 @@ TEST(Stage2, BadInputIsRefusedAndChangesNothing) {
     ASSERT_TRUE(e->step().ok());
     ASSERT_TRUE(e->synchronize().ok());
   });
+  testing_util::run_ranks(2, [](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto e = std::move(Stage2Engine::create(w, nullptr, {})).value();
+    ASSERT_TRUE(e->add_param({"a", {4}, DType::kFloat32}).ok());
+    ASSERT_TRUE(e->add_param({"b", {4}, DType::kFloat32}).ok());
+    ASSERT_TRUE(e->seal().ok());
+    ASSERT_TRUE(e->grad_ready(1).ok());
+    Status twice = e->grad_ready(1);
+    EXPECT_EQ(twice.code(), StatusCode::kFailedPrecondition)
+        << "checked in twice in a bucket of two";
+    EXPECT_NE(twice.message().find("'b' checked in twice"), std::string::npos) << twice.to_string();
+    ASSERT_TRUE(e->grad_ready(0).ok());
+    ASSERT_TRUE(e->step().ok());
+    ASSERT_TRUE(e->synchronize().ok());
+  });
   EXPECT_EQ(Stage2Engine::create(nullptr, nullptr, {}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Calls that do not fit a parameter are refused naming it, at either stage: views before
+// seal(), the gradient of a frozen parameter, a float view of a bfloat16 one.
+TEST(Engine, CallsThatDoNotFitAParameterAreRefusedNamingIt) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (int32_t stage : {2, 3}) {
+    testing_util::run_ranks(2, [&](int32_t, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      auto e = std::move(create_sharded_engine(stage, w, nullptr, {})).value();
+      ASSERT_TRUE(e->add_param({"w", {6}, DType::kFloat32}).ok());
+      ASSERT_TRUE(e->add_param({"frozen", {5}, DType::kFloat32, false}).ok());
+      ASSERT_TRUE(e->add_param({"half", {7}, DType::kBFloat16}).ok());
+      for (auto code : {e->param(0).status().code(), e->param_data(0).status().code(),
+                        e->grad(0).status().code(), e->gather(0).code()}) {
+        EXPECT_EQ(code, StatusCode::kFailedPrecondition) << "stage " << stage;
+      }
+      Status early = e->param(0).status();
+      EXPECT_NE(early.message().find("before seal()"), std::string::npos) << early.to_string();
+      ASSERT_TRUE(e->seal().ok());
+      if (stage == 3) {
+        // Before broadcast_parameters() stage 3 holds the initial values (their views are
+        // writable) and no gradients.
+        EXPECT_TRUE(e->param(0).ok());
+        Status s = e->grad_data(0).status();
+        EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+        EXPECT_NE(s.message().find("broadcast_parameters()"), std::string::npos) << s.to_string();
+      }
+      ASSERT_TRUE(e->broadcast_parameters().ok());
+      ASSERT_TRUE(e->gather(0).ok());
+      for (Status s : {e->grad(1).status(), e->grad_data(1).status()}) {
+        EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+        EXPECT_NE(s.message().find("'frozen' is not trainable"), std::string::npos)
+            << s.to_string();
+      }
+      EXPECT_EQ(e->grad_ready(1, nullptr).code(), StatusCode::kFailedPrecondition);
+      for (Status s : {e->param(2).status(), e->grad(2).status()}) {
+        EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+        EXPECT_NE(s.message().find("'half' is bfloat16: use its data view"), std::string::npos)
+            << s.to_string();
+      }
+      EXPECT_TRUE(e->param_data(2).ok());
+      EXPECT_TRUE(e->grad_data(2).ok());
+      EXPECT_TRUE(e->param(1).ok()) << "a frozen parameter's values are readable";
+      // The step goes on as usual.
+      ASSERT_TRUE(e->grad_data(0).ok());
+      ASSERT_TRUE(e->grad_ready(0, nullptr).ok());
+      ASSERT_TRUE(e->grad_ready(2, nullptr).ok());
+      ASSERT_TRUE(e->release(0).ok());
+      ASSERT_TRUE(e->step().ok());
+      ASSERT_TRUE(e->synchronize().ok());
+    });
+  }
 }
 
 // Every option that would train to garbage or crash is refused with a message naming it

@@ -158,6 +158,10 @@ TEST(FullBufferPool, DebugViewsVariableIsChecked) {
   auto bad = debug_views_from_env();
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("HPS_DEBUG_VIEWS"), std::string::npos);
+  ::setenv("HPS_DEBUG_VIEWS", "2", 1);
+  bad = debug_views_from_env();
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("must be 0 or 1, not 2"), std::string::npos);
   ::setenv("HPS_DEBUG_VIEWS", "1", 1);
   EXPECT_TRUE(*debug_views_from_env());
   ::unsetenv("HPS_DEBUG_VIEWS");

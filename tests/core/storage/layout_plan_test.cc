@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/kernels/norm.h"
 
@@ -39,6 +42,40 @@ TEST(LayoutPlan, AlignedShardedAndDeterministic) {
   EXPECT_EQ(bad.add({"neg", {-1}, DType::kFloat32}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.add({"huge", {1 << 30, 1 << 30}, DType::kFloat32}).code(),
             StatusCode::kInvalidArgument);
+}
+
+// Shapes from outside are checked with checked arithmetic and refused naming the
+// parameter; a refused add leaves the plan as it was.
+TEST(LayoutPlan, HostileShapesAreRefusedNamingTheParameter) {
+  LayoutPlan plan;
+  ASSERT_TRUE(plan.add({"ok", {4}, DType::kFloat32}).ok());
+  const int64_t big = int64_t{1} << 40;
+  const std::vector<std::pair<ParamSpec, std::string>> bad = {
+      {{"neg", {3, -1}, DType::kFloat32}, "'neg' has a negative dimension"},
+      {{"wraps", {big, big, big}, DType::kFloat32}, "'wraps': its element count overflows"},
+      {{"huge", {int64_t{1} << 30, int64_t{1} << 19}, DType::kFloat32}, "'huge' is too large"},
+      {{"", {4}, DType::kFloat32}, "needs a name"},
+      {{"ok", {4}, DType::kFloat32}, "'ok' is registered twice"},
+  };
+  for (const auto& [spec, message] : bad) {
+    Status s = plan.add(spec);
+    EXPECT_NE(s.code(), StatusCode::kOk) << spec.name;
+    EXPECT_NE(s.message().find(message), std::string::npos) << s.to_string();
+  }
+  ParamSpec negative_unit{"u", {4}, DType::kFloat32};
+  negative_unit.unit = -1;
+  EXPECT_NE(plan.add(negative_unit).message().find("unit must be >= 0"), std::string::npos);
+  ASSERT_EQ(plan.params().size(), 1u);
+  // The largest parameters allowed, more of them in one unit than one buffer can index.
+  LayoutPlan crowded;
+  const int64_t largest = int64_t{1} << 48;
+  for (int i = 0; i < 257; ++i) {
+    ASSERT_TRUE(crowded.add({"p" + std::to_string(i), {largest}, DType::kFloat32}).ok());
+  }
+  Status s = crowded.seal(2, 256);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("too large for one flat buffer"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(crowded.sealed());
 }
 
 TEST(LayoutPlan, AlignmentMustBeAPowerOfTwoWithinTheCap) {
