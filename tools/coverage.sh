@@ -2,12 +2,12 @@
 # Line coverage of core/ by the CPU tests: builds hpshard with gcc's --coverage (Debug, no
 # CUDA, no bindings, no packaging: the C++ and C suites, the launcher and bench smoke
 # runs), runs every test but the sanitizer, gpu and fuzz ones, and prints lcov's table
-# for core/ and, for the engine's own folders (sharding, storage, clip, flow, checkpoint,
-# kernels/cpu), every line no test ran. Needs lcov (apt-get install lcov).
+# for core/ and capi/ and, for the engine's own folders (sharding, storage, clip, flow,
+# checkpoint, kernels/cpu), every line no test ran. Needs lcov (apt-get install lcov).
 #
 #   tools/coverage.sh [--build-dir DIR] [--jobs N]
 #     --build-dir DIR  where the instrumented build goes (default build/coverage)
-# Writes DIR/coverage.info (lcov's tracefile, core/ only) and DIR/uncovered.txt.
+# Writes DIR/coverage.info (lcov's tracefile, core/ and capi/) and DIR/uncovered.txt.
 # Exit status: 0 when the tests passed (whatever the coverage), 1 when one failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ ctest --test-dir "$build_dir" -LE "sanitizer|gpu|fuzz" -E format_check -j "$jobs
 
 lcov --capture --directory "$build_dir" --output-file "$build_dir/all.info" --quiet \
   --ignore-errors gcov,source 2>&1 | grep -v "redefined at" || true
-lcov --extract "$build_dir/all.info" "$source_dir/core/*" --output-file \
+lcov --extract "$build_dir/all.info" "$source_dir/core/*" "$source_dir/capi/*" --output-file \
   "$build_dir/coverage.info" --quiet || exit 1
 lcov --list "$build_dir/coverage.info"
 

@@ -261,6 +261,48 @@ static void policy_and_refusals(void) {
   CHECK(hps_comm_all_reduce_dlpack(comm, &t, NULL, HPS_REDUCE_SUM, NULL, &work) ==
         HPS_STATUS_INVALID_ARGUMENT);
   CHECK(HAS("recv is NULL") && work == NULL);
+  /* Hostile descriptions: rank, shape, sizes past 64 bits, a device hpshard has not. */
+  r = host_f32(out, shape);
+  r.ndim = 65;
+  CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(HAS("recv: ndim 65 is outside 0..64") && work == NULL);
+  r.ndim = -1;
+  CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(HAS("ndim -1 is outside 0..64") && work == NULL);
+  r.ndim = 2;
+  r.shape = NULL;
+  CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(HAS("recv: shape is NULL") && work == NULL);
+  {
+    int64_t wide[3] = {(int64_t)1 << 40, (int64_t)1 << 40, (int64_t)1 << 40};
+    int64_t long_one[1] = {(int64_t)1 << 62};
+    r = host_f32(out, wide);
+    r.ndim = 3;
+    CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+          HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(HAS("recv: the element count overflows 64 bits") && work == NULL);
+    r = host_f32(out, long_one); /* 2^62 float32 elements: 2^64 bytes */
+    CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+          HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(HAS("recv: the size in bytes overflows 64 bits") && work == NULL);
+  }
+  r = host_f32(out, shape);
+  r.device.device_type = kDLROCM;
+  CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(HAS("no device for DLPack device dlpack-device-type-10") && work == NULL);
+  {
+    /* Explicit compact row-major strides are taken like NULL ones. */
+    int64_t square[2] = {2, 2}, row_major[2] = {2, 1};
+    r = host_f32(out, square);
+    r.ndim = 2;
+    r.strides = row_major;
+    CHECK_OK(finish(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work), &work));
+    CHECK(out[0] == 1 && out[3] == 4);
+  }
   r = host_f32(out, shape);
   CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, (hps_reduce_op_t)99, NULL, &work) ==
         HPS_STATUS_INVALID_ARGUMENT);

@@ -535,6 +535,29 @@ TEST(Checkpoint, LoadBetweenStepsOnly) {
     EXPECT_TRUE(r.checkpointer->load("a").ok());
     r.train_step(1);
   });
+  // Stage 3 before broadcast_parameters() has no shards to load into: refused, then taken
+  // once broadcast_parameters() made them.
+  testing_util::run_ranks(2, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    auto engine = create_sharded_engine(3, world, nullptr, adamw_options());
+    ASSERT_TRUE(engine.ok());
+    for (const auto& p : kModel) {
+      ParamSpec spec{p.name, p.shape, DType::kFloat32, p.trainable};
+      spec.unit = p.unit;
+      ASSERT_TRUE((*engine)->add_param(spec).ok());
+    }
+    ASSERT_TRUE((*engine)->seal().ok());
+    auto c = Checkpointer::create(*dynamic_cast<Checkpointable*>(engine->get()), world, dir.path(),
+                                  small_chunks());
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto early = (*c)->load("a");
+    EXPECT_EQ(early.status().code(), StatusCode::kFailedPrecondition) << early.status().to_string();
+    EXPECT_NE(early.status().message().find("broadcast_parameters()"), std::string::npos)
+        << early.status().to_string();
+    ASSERT_TRUE((*engine)->broadcast_parameters().ok());
+    auto loaded = (*c)->load("a");
+    EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
+  });
   // Stage 2: once a gradient of the step has checked in, a load is refused and changes
   // nothing; the step then finishes as usual, and a load after it is taken.
   TempDir dir2;

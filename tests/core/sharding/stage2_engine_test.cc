@@ -42,6 +42,7 @@ TEST(Stage2, BadInputIsRefusedAndChangesNothing) {
               StatusCode::kFailedPrecondition);
     EXPECT_EQ(e->step().code(), StatusCode::kFailedPrecondition) << "step before backward";
     EXPECT_EQ(e->wait_parameters(7).code(), StatusCode::kNotFound);
+    EXPECT_EQ(e->release(7).code(), StatusCode::kNotFound);
     EXPECT_EQ(e->grad_ready(9).code(), StatusCode::kOutOfRange);
     ASSERT_TRUE(e->grad_ready(0).ok());
     EXPECT_EQ(e->grad_ready(0).code(), StatusCode::kFailedPrecondition)
