@@ -25,6 +25,11 @@ using json = nlohmann::json;
 
 namespace {
 
+// The snapshot's copies are marked in groups of this many chunks or bytes, whichever
+// comes first: the writer writes the groups complete while the later ones are copied.
+constexpr size_t kMarkChunks = 16;
+constexpr uint64_t kMarkBytes = uint64_t{16} << 20;
+
 bool starts_with(const std::string& s, std::string_view prefix) {
   return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
 }
@@ -120,6 +125,14 @@ struct Checkpointer::SaveJob {
   };
   std::vector<Chunk> chunks;
   bool summed = false;
+  // The snapshot in groups of chunks, in file order: once `event` completes, the chunks
+  // [first, last) are in the staging memory, the file's first `ready` bytes with them.
+  struct Mark {
+    size_t first, last;
+    uint64_t ready;
+    std::unique_ptr<Event> event;
+  };
+  std::vector<Mark> marks;
   uint64_t file_bytes = 0;    // header and data; 0 when this rank writes nothing
   ckpt::HostStaging staging;  // the data file, header included, and its rounding
   std::unique_ptr<Event> snapshot;
@@ -239,26 +252,51 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
     HPS_ASSIGN_OR_RETURN(auto ready, create_event(state.device()));
     HPS_RETURN_IF_ERROR(ready->record(state));
     HPS_RETURN_IF_ERROR(side_->wait(*ready));
-    if (auto* host = dynamic_cast<cpu::HostQueue*>(side_.get())) {
-      // On the host each chunk is checksummed as it is copied (one pass over the state).
-      job->summed = true;
-      uint8_t* staging = job->staging.data();
-      for (SaveJob::Chunk& c : job->chunks) {
-        const StateTensor& t = job->tensors[c.tensor];
-        const uint64_t element = dtype_size(t.dtype);
-        const auto* src = static_cast<const uint8_t*>(t.data) + (c.begin - t.begin) * element;
-        host->enqueue(
-            [&c, staging, src, bytes = (c.end - c.begin) * element] {
-              c.sum = ckpt::copy_with_checksum(staging + c.offset, src, bytes);
-            },
-            "checkpoint snapshot");
+    // In groups (kMarkChunks, kMarkBytes), each marked by an event, so the writer writes a
+    // group while the next ones are copied.
+    auto* host = dynamic_cast<cpu::HostQueue*>(side_.get());
+    job->summed = host != nullptr;
+    uint8_t* staging = job->staging.data();
+    auto bytes_of = [&](const SaveJob::Chunk& c) {
+      return (c.end - c.begin) * dtype_size(job->tensors[c.tensor].dtype);
+    };
+    auto source_of = [&](const SaveJob::Chunk& c) {
+      const StateTensor& t = job->tensors[c.tensor];
+      return static_cast<const uint8_t*>(t.data) + (c.begin - t.begin) * dtype_size(t.dtype);
+    };
+    for (size_t first = 0; first < job->chunks.size();) {
+      size_t last = first;
+      for (uint64_t group = 0; last < job->chunks.size() && last - first < kMarkChunks &&
+                               (last == first || group < kMarkBytes);
+           ++last) {
+        group += bytes_of(job->chunks[last]);
       }
-    } else {
-      for (const auto& w : job->written) {
-        const StateTensor& t = job->tensors[w.tensor];
-        HPS_RETURN_IF_ERROR(side_->memcpy_async(job->staging.data() + w.offset, t.data,
-                                                (t.end - t.begin) * dtype_size(t.dtype)));
+      for (size_t i = first; i < last; ++i) {
+        SaveJob::Chunk& c = job->chunks[i];
+        if (host != nullptr) {
+          // On the host each chunk is checksummed as it is copied (one pass over the state).
+          host->enqueue(
+              [&c, dst = staging + c.offset, src = source_of(c), bytes = bytes_of(c)] {
+                c.sum = ckpt::copy_with_checksum(dst, src, bytes);
+              },
+              "checkpoint snapshot");
+          continue;
+        }
+        // One copy for the group's chunks of one tensor (back to back on both sides).
+        size_t run = i;
+        uint64_t bytes = bytes_of(c);
+        while (run + 1 < last && job->chunks[run + 1].tensor == c.tensor) {
+          bytes += bytes_of(job->chunks[++run]);
+        }
+        HPS_RETURN_IF_ERROR(side_->memcpy_async(staging + c.offset, source_of(c), bytes));
+        i = run;
       }
+      SaveJob::Mark mark{first, last,
+                         job->chunks[last - 1].offset + bytes_of(job->chunks[last - 1]), nullptr};
+      HPS_ASSIGN_OR_RETURN(mark.event, create_event(state.device()));
+      HPS_RETURN_IF_ERROR(mark.event->record(*side_));
+      job->marks.push_back(std::move(mark));
+      first = last;
     }
     HPS_ASSIGN_OR_RETURN(job->snapshot, create_event(state.device()));
     HPS_RETURN_IF_ERROR(job->snapshot->record(*side_));
@@ -282,6 +320,9 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
     } catch (const std::exception& e) {
       s = internal_error(std::string("checkpoint: unexpected exception: ") + e.what());
     }
+    // A failed save may have stopped before the snapshot's last copies into the staging
+    // memory: they complete before it is kept for the next save.
+    (void)job->snapshot->synchronize_uncounted();
     keep_staging(std::move(job->staging));
     std::vector<std::string> trash = std::move(job->trash);
     job.reset();
@@ -299,20 +340,7 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
 Status Checkpointer::write_job(SaveJob& job) {
   Communicator& comm = *comm_;
   const int32_t rank = comm.rank();
-  // 1. The snapshot's checksums, before anything waits for the other ranks (whose saves
-  //    may have started later).
-  Status local = job.snapshot->synchronize_uncounted();
-  std::vector<json> chunks_of(job.tensors.size(), json::array());
-  if (local.ok()) {
-    for (SaveJob::Chunk& c : job.chunks) {
-      if (!job.summed) {
-        const uint64_t element = dtype_size(job.tensors[c.tensor].dtype);
-        c.sum = ckpt::checksum(job.staging.data() + c.offset, (c.end - c.begin) * element);
-      }
-      chunks_of[c.tensor].push_back({c.begin, c.end, c.offset, ckpt::hex64(c.sum)});
-    }
-  }
-  // 2. Rank 0 picks the id and creates the temporary directory; leftovers of saves a crash
+  // 1. Rank 0 picks the id and creates the temporary directory; leftovers of saves a crash
   //    interrupted (only this job writes under the root) go first.
   std::string agreed;
   if (rank == 0) {
@@ -339,19 +367,51 @@ Status Checkpointer::write_job(SaveJob& job) {
   job.id = agreed.substr(3);
   job.directory = join_path(root_, std::string(ckpt::kTemporaryPrefix) + job.name + "-" + job.id);
 
-  // 3. This rank's data file: header and data (the header in the staging memory's first
-  //    bytes, so the file goes to the disk in one piece), fsync.
+  // 2. This rank's data file, written while the snapshot fills the staging memory (the
+  //    header in its first bytes, so the file goes to the disk in one piece), fsync. Where
+  //    the snapshot did not checksum its chunks, each group's are checksummed here as it
+  //    completes, before it is written.
   json report;
   json tensors = json::array();
   const std::string file = ckpt::data_file_name(rank);
-  if (local.ok() && !job.written.empty()) {
+  Status local;
+  if (job.written.empty()) {
+    local = job.snapshot->synchronize_uncounted();
+  } else {
     const std::string header = ckpt::data_file_header(job.id, rank);
     std::memcpy(job.staging.data(), header.data(), ckpt::kDataHeaderBytes);
+    size_t next = 0;  // the first group not known complete
+    auto ready = [&job, &next](size_t so_far) -> StatusOr<size_t> {
+      uint64_t now = so_far;
+      // The groups complete by now; the next one waited for when none is.
+      while (next < job.marks.size()) {
+        SaveJob::Mark& m = job.marks[next];
+        if (now > so_far) {
+          HPS_ASSIGN_OR_RETURN(bool complete, m.event->query());
+          if (!complete) break;
+        } else {
+          HPS_RETURN_IF_ERROR(m.event->synchronize_uncounted());
+        }
+        for (size_t i = m.first; i < m.last && !job.summed; ++i) {
+          SaveJob::Chunk& c = job.chunks[i];
+          const uint64_t element = dtype_size(job.tensors[c.tensor].dtype);
+          c.sum = ckpt::checksum(job.staging.data() + c.offset, (c.end - c.begin) * element);
+        }
+        now = m.ready;
+        ++next;
+      }
+      return static_cast<size_t>(now);
+    };
     auto f = File::create(join_path(job.directory, file));
     local = f.status();
-    if (local.ok()) local = f->write_whole(job.staging.data(), job.file_bytes);
+    if (local.ok()) local = f->write_whole(job.staging.data(), job.file_bytes, ready);
     if (local.ok()) local = f->sync();
     if (local.ok()) local = f->close();
+  }
+  std::vector<json> chunks_of(job.tensors.size(), json::array());
+  for (const SaveJob::Chunk& c : job.chunks) {
+    if (!local.ok()) break;
+    chunks_of[c.tensor].push_back({c.begin, c.end, c.offset, ckpt::hex64(c.sum)});
   }
   for (size_t i = 0; i < job.tensors.size(); ++i) {
     const StateTensor& t = job.tensors[i];
@@ -364,7 +424,7 @@ Status Checkpointer::write_job(SaveJob& job) {
   report["file_bytes"] = local.ok() ? job.file_bytes : 0;
   report["tensors"] = std::move(tensors);
 
-  // 4. Every writer's report reaches rank 0, which publishes or cleans up.
+  // 3. Every writer's report reaches rank 0, which publishes or cleans up.
   HPS_ASSIGN_OR_RETURN(
       auto reports,
       all_gather_strings(comm, report.dump(-1, ' ', false, json::error_handler_t::replace), false));

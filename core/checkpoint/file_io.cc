@@ -73,19 +73,38 @@ Status File::write_error(size_t done, size_t bytes, ssize_t n, int err) const {
                        std::to_string(bytes) + " bytes: " + reason(err));
 }
 
-Status File::write_whole(uint8_t* data, size_t bytes) {
+Status File::write_whole(uint8_t* data, size_t bytes, const ReadyBytes& ready) {
   const size_t padded = (bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
   const int flags = ::fcntl(fd_, F_GETFL);
-  if (flags < 0 || reinterpret_cast<uintptr_t>(data) % kDirectAlignment != 0 ||
-      ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) {
-    return write_all(data, bytes);  // no O_DIRECT here: through the page cache
-  }
-  std::memset(data + bytes, 0, padded - bytes);
-  size_t done = 0;
-  while (done < padded) {
-    const ssize_t n = write_piece(data + done, padded - done);
+  bool direct = flags >= 0 && reinterpret_cast<uintptr_t>(data) % kDirectAlignment == 0 &&
+                ::fcntl(fd_, F_SETFL, flags | O_DIRECT) == 0;
+  size_t available = 0;  // the bytes of `data` ready to be written
+  size_t done = 0;       // the bytes in the file
+  while (done < (direct ? padded : bytes)) {
+    // O_DIRECT writes whole blocks: the last one once every byte is ready.
+    const size_t end = !direct              ? available
+                       : available == bytes ? padded
+                                            : available / kDirectAlignment * kDirectAlignment;
+    if (end <= done) {
+      size_t now = bytes;
+      if (ready) {
+        auto more = ready(available);
+        if (!more.ok()) return more.status();
+        now = *more;
+      }
+      if (now <= available || now > bytes) {
+        return internal_error("writing '" + path_ + "': told " + std::to_string(now) + " of " +
+                              std::to_string(bytes) + " bytes are ready after " +
+                              std::to_string(available));
+      }
+      available = now;
+      if (available == bytes) std::memset(data + bytes, 0, padded - bytes);
+      continue;
+    }
+    const ssize_t n = write_piece(data + done, end - done);
     const int err = errno;
-    if ((n < 0 && err == EINVAL) || (n > 0 && static_cast<size_t>(n) % kDirectAlignment != 0)) {
+    if (direct &&
+        ((n < 0 && err == EINVAL) || (n > 0 && static_cast<size_t>(n) % kDirectAlignment != 0))) {
       // The filesystem takes O_DIRECT's flag but not these writes, or wrote a part of a
       // block: the rest through the page cache, from the first byte not surely written.
       if (n > 0) done += static_cast<size_t>(n) / kDirectAlignment * kDirectAlignment;
@@ -93,13 +112,13 @@ Status File::write_whole(uint8_t* data, size_t bytes) {
           ::lseek(fd_, static_cast<off_t>(done), SEEK_SET) != static_cast<off_t>(done)) {
         return os_error("writing", path_, errno);
       }
-      if (done < bytes) HPS_RETURN_IF_ERROR(write_all(data + done, bytes - done));
-      break;
+      direct = false;
+      continue;
     }
     if (n <= 0) return write_error(std::min(done, bytes), bytes, n, err);
     done += static_cast<size_t>(n);
   }
-  (void)::fcntl(fd_, F_SETFL, flags);
+  if (flags >= 0) (void)::fcntl(fd_, F_SETFL, flags);
   // The file ends where the data does (a write through the page cache may have ended there
   // or past it: the rounding is cut off either way).
   if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return os_error("truncating", path_, errno);

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,13 +29,20 @@ class File {
   static StatusOr<File> create(const std::string& path);
   // The alignment write_whole() needs of its buffer and of the buffer's capacity.
   static constexpr size_t kDirectAlignment = 4096;
+  // How write_whole() learns that more of its buffer is ready: called with how many of
+  // the first bytes are ready so far (fewer than the whole), it blocks until more are
+  // and returns how many are now (at most the whole); an error stops the writing.
+  using ReadyBytes = std::function<StatusOr<size_t>(size_t ready_so_far)>;
   // Writes `bytes` from `data` as the whole content of this new, empty file, bypassing
   // the page cache (O_DIRECT) where the filesystem allows it: the disk reads the buffer
   // itself, and the CPU copies nothing. `data` must be kDirectAlignment-aligned and
   // writable up to `bytes` rounded up to kDirectAlignment: the rounding's bytes are
   // zeroed, written, and cut off again. Falls back to buffered writes where O_DIRECT is
-  // refused. Errors as write_all.
-  Status write_whole(uint8_t* data, size_t bytes);
+  // refused. With `ready`, the buffer fills while it is written: only bytes `ready` has
+  // reported are written (O_DIRECT in whole kDirectAlignment blocks of them), so the
+  // writing starts before the buffer is complete; without it every byte is ready.
+  // Errors as write_all, and `ready`'s own.
+  Status write_whole(uint8_t* data, size_t bytes, const ReadyBytes& ready = nullptr);
   // An existing file for reading; NOT_FOUND when it does not exist.
   static StatusOr<File> open_read(const std::string& path);
 

@@ -10,11 +10,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/format.h"
@@ -97,6 +99,14 @@ TEST(Checkpoint, SnapshotIsTakenInStreamOrder) {
     auto done = (*work)->test();
     ASSERT_TRUE(done.ok());
     EXPECT_FALSE(*done) << "the save finished before the state it saves was produced";
+    // The writer starts as soon as the snapshot's first copies complete, and not before:
+    // while the step holds the snapshot back, no byte of the data file is written.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (const auto& entry : fs::recursive_directory_iterator(dir.path())) {
+      if (entry.is_regular_file()) {
+        EXPECT_EQ(entry.file_size(), 0u) << entry.path() << " written before the snapshot";
+      }
+    }
     release.set_value();
     ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
     ASSERT_TRUE(state.stream.synchronize().ok());

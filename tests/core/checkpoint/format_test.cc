@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -85,6 +86,102 @@ TEST(FileIo, WriteWholeWritesExactlyTheBytesAlignedOrNot) {
       std::free(raw);
     }
   }
+  std::filesystem::remove_all(dir);
+}
+
+// write_whole with a buffer that fills while it is written: every call of `ready` finds
+// the file holding exactly the bytes reported so far (whole blocks of them through
+// O_DIRECT, all of them through the page cache), so the writing starts before the buffer is
+// complete and never reads a byte not yet reported; the file then equals the buffer.
+TEST(FileIo, WriteWholeWritesTheBytesReportedReadyAsTheyCome) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hps-write-ready-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  std::mt19937 rng(11);
+  int case_no = 0;
+  for (size_t bytes : {size_t{1}, size_t{4097}, size_t{3 * 4096 + 17}, (size_t{1} << 20) + 123}) {
+    for (size_t misalign : {size_t{0}, size_t{8}}) {
+      const size_t capacity = (bytes + misalign + 4095) / 4096 * 4096 + 4096;
+      auto* raw = static_cast<uint8_t*>(std::aligned_alloc(File::kDirectAlignment, capacity));
+      ASSERT_NE(raw, nullptr);
+      uint8_t* data = raw + misalign;
+      std::vector<uint8_t> expected(bytes);
+      for (auto& b : expected) b = static_cast<uint8_t>(rng());
+      std::memset(data, 0xEE, bytes);  // not ready: a byte written before it is stays wrong
+      const std::string path = dir + "/f" + std::to_string(case_no++);
+      auto f = File::create(path);
+      ASSERT_TRUE(f.ok()) << f.status().to_string();
+      size_t reported = 0;
+      int calls = 0;
+      bool started_early = false;
+      auto ready = [&](size_t so_far) -> StatusOr<size_t> {
+        ++calls;
+        EXPECT_EQ(so_far, reported);
+        const uint64_t in_file = std::filesystem::file_size(path);
+        const uint64_t whole_blocks = so_far / 4096 * 4096;
+        EXPECT_TRUE(in_file == so_far || (misalign == 0 && in_file == whole_blocks))
+            << in_file << " bytes in the file with " << so_far << " ready";
+        started_early = started_early || in_file > 0;
+        const size_t step = std::uniform_int_distribution<size_t>(1, 9000)(rng);
+        const size_t now = std::min(bytes, reported + step);
+        std::memcpy(data + reported, expected.data() + reported, now - reported);
+        reported = now;
+        return now;
+      };
+      ASSERT_TRUE(f->write_whole(data, bytes, ready).ok());
+      ASSERT_TRUE(f->sync().ok());
+      ASSERT_TRUE(f->close().ok());
+      if (bytes > 2 * 9000) {
+        EXPECT_GT(calls, 2);
+        EXPECT_TRUE(started_early) << bytes << " bytes, misalign " << misalign;
+      }
+      auto r = File::open_read(path);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(*r->size(), bytes);
+      std::vector<uint8_t> back(bytes);
+      ASSERT_TRUE(r->pread_all(back.data(), bytes, 0).ok());
+      EXPECT_EQ(back, expected) << bytes << " bytes, misalign " << misalign;
+      std::free(raw);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// An error of `ready` stops the writing and is returned as it is; a count that does not
+// grow, or passes the whole, is refused naming the file.
+TEST(FileIo, WriteWholeStopsOnReadyErrorsAndBadCounts) {
+  std::string dir = (std::filesystem::temp_directory_path() / "hps-write-ready-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const size_t bytes = 5 * 4096;
+  auto* data = static_cast<uint8_t*>(std::aligned_alloc(File::kDirectAlignment, bytes));
+  ASSERT_NE(data, nullptr);
+  std::memset(data, 1, bytes);
+  struct Case {
+    std::function<StatusOr<size_t>(size_t)> ready;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](size_t so_far) -> StatusOr<size_t> {
+         if (so_far > 0) return backend_error("the copy failed");
+         return size_t{8192};
+       },
+       "the copy failed"},
+      {[](size_t so_far) -> StatusOr<size_t> { return so_far == 0 ? size_t{4096} : so_far; },
+       "told 4096 of 20480 bytes are ready after 4096"},
+      {[](size_t) -> StatusOr<size_t> { return bytes + 1; },
+       "told 20481 of 20480 bytes are ready after 0"}};
+  int case_no = 0;
+  for (const Case& c : cases) {
+    const std::string path = dir + "/f" + std::to_string(case_no++);
+    auto f = File::create(path);
+    ASSERT_TRUE(f.ok());
+    const Status s = f->write_whole(data, bytes, c.ready);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << s.to_string();
+    if (c.message != "the copy failed") {
+      EXPECT_NE(s.message().find(path), std::string::npos) << s.to_string();
+    }
+  }
+  std::free(data);
   std::filesystem::remove_all(dir);
 }
 
