@@ -48,6 +48,17 @@ HPS_INLINE void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const
   }
 }
 
+template <typename T>
+HPS_INLINE void average_typed(T* buffer, size_t n, int32_t divisor) {
+  for (size_t i = 0; i < n; ++i) buffer[i] = static_cast<T>(buffer[i] / static_cast<T>(divisor));
+}
+
+template <Decode decode, Encode encode>
+HPS_INLINE void average_half(uint16_t* buffer, size_t n, int32_t divisor) {
+  const float d = static_cast<float>(divisor);
+  for (size_t i = 0; i < n; ++i) buffer[i] = encode(decode(buffer[i]) / d);
+}
+
 // Blocks keep the running result in L1 while every input streams past it once.
 constexpr size_t kBlock = 2048;
 
@@ -65,6 +76,7 @@ HPS_INLINE void reduce_many_typed(ReduceOp op, T* out, const void* const* inputs
     for (int32_t q = 2; q < n; ++q) {
       reduce_typed(op, out + b, out + b, static_cast<const T*>(inputs[q]) + b, len);
     }
+    if (op == ReduceOp::kAvg) average_typed(out + b, len, n);
   }
 }
 
@@ -91,19 +103,14 @@ HPS_INLINE void reduce_many_half(ReduceOp op, uint16_t* out, const void* const* 
           break;
       }
     }
-    for (size_t i = 0; i < len; ++i) out[b + i] = encode(acc[i]);
+    // The mean from the fp32 sum, rounded once: finite wherever the mean fits.
+    if (op == ReduceOp::kAvg) {
+      const float d = static_cast<float>(n);
+      for (size_t i = 0; i < len; ++i) out[b + i] = encode(acc[i] / d);
+    } else {
+      for (size_t i = 0; i < len; ++i) out[b + i] = encode(acc[i]);
+    }
   }
-}
-
-template <typename T>
-HPS_INLINE void average_typed(T* buffer, size_t n, int32_t divisor) {
-  for (size_t i = 0; i < n; ++i) buffer[i] = static_cast<T>(buffer[i] / static_cast<T>(divisor));
-}
-
-template <Decode decode, Encode encode>
-HPS_INLINE void average_half(uint16_t* buffer, size_t n, int32_t divisor) {
-  const float d = static_cast<float>(divisor);
-  for (size_t i = 0; i < n; ++i) buffer[i] = encode(decode(buffer[i]) / d);
 }
 
 }  // namespace
@@ -167,6 +174,18 @@ HPS_REDUCE_CLONES void reduce_many(DType dtype, ReduceOp op, void* out, const vo
                                                                inputs, n, count);
       return;
   }
+}
+
+HPS_REDUCE_CLONES void widen_half(const void* in, float* out, size_t count) {
+  const auto* h = static_cast<const uint16_t*>(in);
+  for (size_t i = 0; i < count; ++i) out[i] = half_bits_to_float(h[i]);
+}
+
+HPS_REDUCE_CLONES void narrow_half_mean(const float* sum, void* out, size_t count,
+                                        int32_t divisor) {
+  const float d = static_cast<float>(divisor);
+  auto* h = static_cast<uint16_t*>(out);
+  for (size_t i = 0; i < count; ++i) h[i] = float_to_half_bits(sum[i] / d);
 }
 
 HPS_REDUCE_CLONES void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor) {

@@ -13,11 +13,16 @@ namespace hps {
 void reduce_elements(DType dtype, ReduceOp op, void* out, const void* a, const void* b,
                      size_t count);
 // out[i] = op(inputs[0][i], ..., inputs[n-1][i]), applied in input order, so every rank
-// that reduces the same inputs gets the same bits. fp16 / bf16 accumulate in fp32 and
-// round once. out may alias inputs[0].
+// that reduces the same inputs gets the same bits; kAvg: that sum divided by n (integers:
+// truncating). fp16 / bf16 accumulate in fp32 and round once (kAvg: the mean). out may
+// alias inputs[0].
 void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs, int32_t n,
                  size_t count);
 // buffer[i] /= divisor (integers: truncating division).
 void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor);
+// out[i] = float16 bits `in[i]` as fp32.
+void widen_half(const void* in, float* out, size_t count);
+// out[i] = sum[i] / divisor rounded to float16 bits (one rounding).
+void narrow_half_mean(const float* sum, void* out, size_t count, int32_t divisor);
 
 }  // namespace hps

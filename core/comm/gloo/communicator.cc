@@ -288,7 +288,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
       options_(std::move(options)),
       timeout_ms_(options_.timeout.count()),
       stream_(std::make_unique<cpu::CpuStream>()),
-      scratch_(4),
+      scratch_(6),
       waiter_([this] { complete_transfers(); }) {
   stream_->set_trace_name("communicator '" + options_.name + "' rank " + std::to_string(rank_) +
                           " of " + std::to_string(size_));
@@ -665,6 +665,38 @@ void GlooCommunicator::ring_pass_blocks(
   op.wait_all();
 }
 
+Status GlooCommunicator::tcp_all_reduce(Op& op, const void* send, void* recv, size_t count,
+                                        DType dtype, ReduceOp reduce_op) {
+  if (dtype != DType::kFloat16 || reduce_op != ReduceOp::kAvg || size_ == 1) {
+    return ring_all_reduce(op, send, recv, count, dtype, reduce_op);
+  }
+  auto* wide = static_cast<float*>(scratch(4, count * sizeof(float)));
+  widen_half(send, wide, count);
+  HPS_RETURN_IF_ERROR(ring_all_reduce(op, wide, wide, count, DType::kFloat32, ReduceOp::kSum));
+  narrow_half_mean(wide, recv, count, size_);
+  return Status::Ok();
+}
+
+Status GlooCommunicator::tcp_reduce_scatter(Op& op, const void* send, void* recv, size_t count,
+                                            DType dtype, ReduceOp reduce_op) {
+  // Power-of-two groups of 4 or more halve recursively (at 2 it is the same exchange).
+  const bool halving = size_ > 2 && (size_ & (size_ - 1)) == 0 && count > 0;
+  auto algorithm = [&](const void* s, void* r, DType d, ReduceOp o) {
+    return halving ? halving_reduce_scatter(op, s, r, count, d, o)
+                   : ring_reduce_scatter(op, s, r, count, d, o);
+  };
+  if (dtype != DType::kFloat16 || reduce_op != ReduceOp::kAvg || size_ == 1) {
+    return algorithm(send, recv, dtype, reduce_op);
+  }
+  const size_t all = count * static_cast<size_t>(size_);
+  auto* wide = static_cast<float*>(scratch(4, all * sizeof(float)));
+  auto* sum = static_cast<float*>(scratch(5, count * sizeof(float)));
+  widen_half(send, wide, all);
+  HPS_RETURN_IF_ERROR(algorithm(wide, sum, DType::kFloat32, ReduceOp::kSum));
+  narrow_half_mean(sum, recv, count, size_);
+  return Status::Ok();
+}
+
 Status GlooCommunicator::ring_all_reduce(Op& op, const void* send, void* recv, size_t count,
                                          DType dtype, ReduceOp reduce_op) {
   const int32_t n = size_, r = rank_;
@@ -921,7 +953,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_reduce(const void* send, v
                      return located(o, shm_->all_reduce(*o.descriptor, o.deadline(), send, recv,
                                                         count, dtype, op));
                    }
-                   return ring_all_reduce(o, send, recv, count, dtype, op);
+                   return tcp_all_reduce(o, send, recv, count, dtype, op);
                  });
 }
 
@@ -944,7 +976,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void*
           HPS_RETURN_IF_ERROR(located(o, shm_->all_reduce(*o.descriptor, o.deadline(), send,
                                                           work_buffer, count, dtype, op)));
         } else {
-          HPS_RETURN_IF_ERROR(ring_all_reduce(o, send, work_buffer, count, dtype, op));
+          HPS_RETURN_IF_ERROR(tcp_all_reduce(o, send, work_buffer, count, dtype, op));
         }
         if (rank_ == root) std::memcpy(recv, work_buffer, bytes);
         return Status::Ok();
@@ -1000,12 +1032,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* sen
                      return located(o, shm_->reduce_scatter(*o.descriptor, o.deadline(), send, recv,
                                                             count, dtype, op));
                    }
-                   // Power-of-two groups of 4 or more halve recursively (at 2 it is the same
-                   // exchange).
-                   if (size_ > 2 && (size_ & (size_ - 1)) == 0 && count > 0) {
-                     return halving_reduce_scatter(o, send, recv, count, dtype, op);
-                   }
-                   return ring_reduce_scatter(o, send, recv, count, dtype, op);
+                   return tcp_reduce_scatter(o, send, recv, count, dtype, op);
                  });
 }
 

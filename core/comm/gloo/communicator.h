@@ -103,6 +103,14 @@ class GlooCommunicator final : public Communicator {
   bool checks_over_control_mesh(const Descriptor* descriptor) const;
   Status check_descriptors(Op& op, const Descriptor& mine);
 
+  // The TCP paths of all_reduce (and reduce) and reduce_scatter: the algorithm for the
+  // group, and float16 AVG widened to fp32 (the float16 algorithms round every partial sum
+  // to float16, so a sum past 65504 would become Inf where the mean fits; summed in fp32,
+  // the mean is rounded once, as over shared memory).
+  Status tcp_all_reduce(Op& op, const void* send, void* recv, size_t count, DType dtype,
+                        ReduceOp reduce_op);
+  Status tcp_reduce_scatter(Op& op, const void* send, void* recv, size_t count, DType dtype,
+                            ReduceOp reduce_op);
   // Ring algorithms; they run on the stream worker.
   // Out of place without a first copy: the first step sends from `send`, every step
   // reduces `send`'s own chunk with what arrives into `recv`. send == recv is allowed.

@@ -691,7 +691,6 @@ Status ShmGroup::reduce_scatter(const CollectiveDescriptor& d, Deadline deadline
     }
     finish(k);
   }
-  if (op == ReduceOp::kAvg) finish_average(dtype, recv, count, size_);
   return Status::Ok();
 }
 
@@ -717,7 +716,6 @@ Status ShmGroup::all_reduce(const CollectiveDescriptor& d, Deadline deadline, co
       // Small: every rank reduces the whole piece, in the same order, from the slots.
       for (size_t q = 0; q < n; ++q) inputs[q] = slot(static_cast<int32_t>(q), a);
       if (len) reduce_many(dtype, op, out + begin * element, inputs.data(), size_, len);
-      if (len && op == ReduceOp::kAvg) finish_average(dtype, out + begin * element, len, size_);
       finish(a);
       continue;
     }
@@ -729,7 +727,6 @@ Status ShmGroup::all_reduce(const CollectiveDescriptor& d, Deadline deadline, co
     for (size_t q = 0; q < n; ++q) inputs[q] = slot(static_cast<int32_t>(q), a) + first * element;
     uint8_t* reduced = slot(rank_, b) + first * element;
     reduce_many(dtype, op, reduced, inputs.data(), size_, last - first);
-    if (op == ReduceOp::kAvg) finish_average(dtype, reduced, last - first, size_);
     finish(a);
     post(b, nullptr);
     HPS_RETURN_IF_ERROR(wait_posted(b, deadline));

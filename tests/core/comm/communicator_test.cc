@@ -190,6 +190,75 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest,
                                   transport_name(std::get<1>(p.param));
                          });
 
+// float16 AVG where every sum overflows float16 (> 65504) and the mean fits: every
+// transport gives the mean rounded once (the SUM of the same values is Inf), for
+// all_reduce, reduce and reduce_scatter, at world sizes 2 to 4 (4: the halving
+// reduce-scatter over TCP) and with counts that cross the shared-memory slots.
+class Float16AverageTest : public CollectivesTest {};
+
+TEST_P(Float16AverageTest, IsFiniteWhereTheMeanFits) {
+  const int32_t size = std::get<0>(GetParam());
+  const Transport transport = std::get<1>(GetParam());
+  CommOptions options = over(transport);
+  options.shared_memory_slot_bytes = 4096;
+  // 35200 to 45088, multiples of 32: exact in float16, any two sum past 65504.
+  auto big = [](int32_t rank, size_t i) {
+    return 32.0 * (1100 + 7 * rank + 3 * static_cast<double>(i % 97));
+  };
+  auto mean = [size, &big](size_t i) {
+    double sum = 0;
+    for (int32_t q = 0; q < size; ++q) sum += big(q, i);
+    Buffer rounded(DType::kFloat16, 1);
+    rounded.set(0, sum / size);
+    return rounded.at(0);
+  };
+  run_ranks(
+      size,
+      [size, &big, &mean](int32_t rank, Communicator& comm) {
+        const DType f16 = DType::kFloat16;
+        for (size_t count : {size_t{1}, size_t{5000}}) {
+          SCOPED_TRACE("count " + std::to_string(count));
+          Buffer in(f16, count), out(f16, count);
+          for (size_t i = 0; i < count; ++i) in.set(i, big(rank, i));
+          ASSERT_TRUE(
+              (*comm.all_reduce(in.data(), out.data(), count, f16, ReduceOp::kAvg))->wait().ok());
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out.at(i), mean(i)) << "all_reduce avg element " << i;
+          }
+          const int32_t root = size - 1;
+          Buffer reduced(f16, count);
+          ASSERT_TRUE((*comm.reduce(in.data(), reduced.data(), count, f16, ReduceOp::kAvg, root))
+                          ->wait()
+                          .ok());
+          for (size_t i = 0; i < count && rank == root; ++i) {
+            ASSERT_EQ(reduced.at(i), mean(i)) << "reduce avg element " << i;
+          }
+          Buffer rs_in(f16, count * size), rs_out(f16, count);
+          for (size_t i = 0; i < count * size; ++i) rs_in.set(i, big(rank, i));
+          ASSERT_TRUE(
+              (*comm.reduce_scatter(rs_in.data(), rs_out.data(), count, f16, ReduceOp::kAvg))
+                  ->wait()
+                  .ok());
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(rs_out.at(i), mean(rank * count + i)) << "reduce_scatter avg element " << i;
+          }
+          ASSERT_TRUE(
+              (*comm.all_reduce(in.data(), out.data(), count, f16, ReduceOp::kSum))->wait().ok());
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_TRUE(std::isinf(out.at(i))) << "all_reduce sum element " << i;
+          }
+        }
+      },
+      options);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Float16AverageTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4), kTransports),
+                         [](const auto& p) {
+                           return "world" + std::to_string(std::get<0>(p.param)) + "_" +
+                                  transport_name(std::get<1>(p.param));
+                         });
+
 class CommunicatorTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
