@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Line coverage of core/ by the CPU tests: builds hpshard with gcc's --coverage (Debug, no
-# CUDA, no bindings, no packaging: the C++ and C suites, the launcher and bench smoke
-# runs), runs every test but the sanitizer, gpu and fuzz ones, and prints lcov's table
+# Line coverage of core/ and capi/ by the CPU tests: builds hpshard with gcc's --coverage
+# (Debug, no CUDA, no bindings, no packaging: the C++ and C suites, the launcher and bench
+# smoke runs), runs every test but the sanitizer, gpu and fuzz ones, and prints lcov's table
 # for core/ and capi/ and, for the engine's own folders (sharding, storage, clip, flow,
 # checkpoint, kernels/cpu), every line no test ran. Needs lcov (apt-get install lcov).
 #

@@ -185,6 +185,36 @@ TEST(FileIo, WriteWholeStopsOnReadyErrorsAndBadCounts) {
   std::filesystem::remove_all(dir);
 }
 
+size_t open_descriptors() {
+  return static_cast<size_t>(std::distance(std::filesystem::directory_iterator("/proc/self/fd"),
+                                           std::filesystem::directory_iterator{}));
+}
+
+// A File moved into another closes the one it replaces and takes over the moved file's
+// descriptor and path; the moved-from File holds nothing, and moving a File into itself
+// changes nothing.
+TEST(FileIo, MoveAssignmentClosesTheReplacedFile) {
+  testing_util::TempDir dir;
+  const std::string first = dir.path() + "/first", second = dir.path() + "/second";
+  const size_t before = open_descriptors();
+  auto a = File::create(first);
+  auto b = File::create(second);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(open_descriptors(), before + 2);
+  *a = std::move(*b);
+  EXPECT_EQ(open_descriptors(), before + 1) << "the replaced file was not closed";
+  EXPECT_EQ(a->path(), second);
+  EXPECT_FALSE(b->write_all("x", 1).ok()) << "the moved-from File still writes";
+  File& self = *a;
+  *a = std::move(self);
+  EXPECT_EQ(a->path(), second);
+  ASSERT_TRUE(a->write_all("xyz", 3).ok());
+  ASSERT_TRUE(a->close().ok());
+  EXPECT_EQ(open_descriptors(), before);
+  EXPECT_EQ(std::filesystem::file_size(second), 3u);
+  EXPECT_EQ(std::filesystem::file_size(first), 0u);
+}
+
 TEST(Manifest, RoundTrips) {
   const Manifest m = sample();
   auto back = parse_manifest(manifest_to_json(m), "x/manifest.json");
