@@ -51,6 +51,18 @@ Manifest sample() {
   return m;
 }
 
+// The whole file at `path`, read through File (empty when it cannot be read).
+std::vector<uint8_t> read_back(const std::string& path) {
+  auto r = File::open_read(path);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (!r.ok()) return {};
+  auto size = r->size();
+  EXPECT_TRUE(size.ok());
+  std::vector<uint8_t> back(size.ok() ? *size : 0);
+  EXPECT_TRUE(r->pread_all(back.data(), back.size(), 0).ok());
+  return back;
+}
+
 // write_whole: the whole file, byte for byte and of the exact size, through O_DIRECT from an
 // aligned buffer (with its rounding zeroed and cut off) and through the page cache from an
 // unaligned one; the rounding's bytes are the only ones of the buffer it changes.
@@ -75,14 +87,7 @@ TEST(FileIo, WriteWholeWritesExactlyTheBytesAlignedOrNot) {
       ASSERT_TRUE(f->sync().ok());
       ASSERT_TRUE(f->close().ok());
       EXPECT_EQ(std::vector<uint8_t>(data, data + bytes), expected);
-      auto r = File::open_read(path);
-      ASSERT_TRUE(r.ok());
-      auto size = r->size();
-      ASSERT_TRUE(size.ok());
-      EXPECT_EQ(*size, bytes) << "misalign " << misalign;
-      std::vector<uint8_t> back(bytes);
-      ASSERT_TRUE(r->pread_all(back.data(), bytes, 0).ok());
-      EXPECT_EQ(back, expected) << bytes << " bytes, misalign " << misalign;
+      EXPECT_EQ(read_back(path), expected) << bytes << " bytes, misalign " << misalign;
       std::free(raw);
     }
   }
@@ -94,8 +99,8 @@ TEST(FileIo, WriteWholeWritesExactlyTheBytesAlignedOrNot) {
 // O_DIRECT, all of them through the page cache), so the writing starts before the buffer is
 // complete and never reads a byte not yet reported; the file then equals the buffer.
 TEST(FileIo, WriteWholeWritesTheBytesReportedReadyAsTheyCome) {
-  std::string dir = (std::filesystem::temp_directory_path() / "hps-write-ready-XXXXXX").string();
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  testing_util::TempDir temp;
+  const std::string& dir = temp.path();
   std::mt19937 rng(11);
   int case_no = 0;
   for (size_t bytes : {size_t{1}, size_t{4097}, size_t{3 * 4096 + 17}, (size_t{1} << 20) + 123}) {
@@ -134,23 +139,17 @@ TEST(FileIo, WriteWholeWritesTheBytesReportedReadyAsTheyCome) {
         EXPECT_GT(calls, 2);
         EXPECT_TRUE(started_early) << bytes << " bytes, misalign " << misalign;
       }
-      auto r = File::open_read(path);
-      ASSERT_TRUE(r.ok());
-      EXPECT_EQ(*r->size(), bytes);
-      std::vector<uint8_t> back(bytes);
-      ASSERT_TRUE(r->pread_all(back.data(), bytes, 0).ok());
-      EXPECT_EQ(back, expected) << bytes << " bytes, misalign " << misalign;
+      EXPECT_EQ(read_back(path), expected) << bytes << " bytes, misalign " << misalign;
       std::free(raw);
     }
   }
-  std::filesystem::remove_all(dir);
 }
 
 // An error of `ready` stops the writing and is returned as it is; a count that does not
 // grow, or passes the whole, is refused naming the file.
 TEST(FileIo, WriteWholeStopsOnReadyErrorsAndBadCounts) {
-  std::string dir = (std::filesystem::temp_directory_path() / "hps-write-ready-XXXXXX").string();
-  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  testing_util::TempDir temp;
+  const std::string& dir = temp.path();
   const size_t bytes = 5 * 4096;
   auto* data = static_cast<uint8_t*>(std::aligned_alloc(File::kDirectAlignment, bytes));
   ASSERT_NE(data, nullptr);
@@ -182,7 +181,6 @@ TEST(FileIo, WriteWholeStopsOnReadyErrorsAndBadCounts) {
     }
   }
   std::free(data);
-  std::filesystem::remove_all(dir);
 }
 
 size_t open_descriptors() {
