@@ -1,0 +1,144 @@
+// No rank gets a communicator whose Gloo pair leads to another process. Gloo's pairs are
+// not authenticated: a process that reads a rank's published address (or scans for it) and
+// connects first, sending the pair's sequence number, takes the pair. The Gloo hpshard
+// builds against accepts one connection per pair, so the real peer's connection is refused
+// and its creation fails; every other rank then waits for it in the store's later rounds
+// and fails at the timeout. The store below plays that process. (A Gloo whose pairs share
+// one listener would keep the real peer connected to nothing: this test says whether the
+// property survives such an upgrade.)
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "core/comm/communicator.h"
+#include "core/comm/store.h"
+
+namespace hps {
+namespace {
+
+using std::chrono::milliseconds;
+
+// The layout of a Gloo TCP address as Gloo publishes it: the listening socket's address,
+// then the pair's sequence number.
+struct GlooAddress {
+  sockaddr_storage ss;
+  ssize_t seq;
+};
+
+class HijackingStore final : public Store {
+ public:
+  // With `take` false it only counts the addresses it would have taken.
+  HijackingStore(std::shared_ptr<Store> base, bool take) : base_(std::move(base)), take_(take) {}
+  ~HijackingStore() override {
+    for (int fd : taken_) ::close(fd);
+  }
+
+  Status set(std::string_view key, std::string_view value) override {
+    // Gloo's full-mesh rendezvous publishes each rank's addresses under the rank's number.
+    const std::string k(key);
+    if (k.find("/gloo/") != std::string::npos && value.size() % sizeof(GlooAddress) == 0) {
+      take(value);
+    }
+    return base_->set(key, value);
+  }
+  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
+    return base_->get(key, timeout);
+  }
+  StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
+    return base_->add(key, delta);
+  }
+  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
+    return base_->wait(keys, timeout);
+  }
+  StatusOr<bool> check(const std::vector<std::string>& keys) override { return base_->check(keys); }
+  size_t seen() {
+    std::lock_guard lock(mutex_);
+    return seen_;
+  }
+
+ private:
+  // Before the peers can read these addresses, connects to each and sends its sequence
+  // number, as the peer would.
+  void take(std::string_view value) {
+    for (size_t at = 0; at < value.size(); at += sizeof(GlooAddress)) {
+      if (!take_) {
+        std::lock_guard lock(mutex_);
+        ++seen_;
+        continue;
+      }
+      GlooAddress a{};
+      std::memcpy(&a, value.data() + at, sizeof a);
+      const socklen_t length =
+          a.ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+      const int fd = ::socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&a.ss), length), 0)
+          << std::strerror(errno);
+      ASSERT_EQ(::send(fd, &a.seq, sizeof a.seq, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof a.seq));
+      std::lock_guard lock(mutex_);
+      taken_.push_back(fd);
+      ++seen_;
+    }
+    // Let the listener read the numbers before the real peers connect (with `take` false
+    // the same delay, so the control differs in the connections only).
+    std::this_thread::sleep_for(milliseconds(300));
+  }
+
+  std::shared_ptr<Store> base_;
+  const bool take_;
+  std::mutex mutex_;
+  std::vector<int> taken_;
+  size_t seen_ = 0;
+};
+
+// Two ranks over `store` as the takeover test runs them; each rank's all_reduce of r + 1 is
+// checked where the communicator was made.
+std::vector<Status> connect_two(const std::shared_ptr<Store>& store) {
+  CommOptions options;
+  options.timeout = milliseconds(3000);
+  options.shared_memory = false;    // every collective over the Gloo pairs
+  options.check_arguments = false;  // no control mesh, whose own handshake would fail
+  std::vector<Status> results(2);
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto comm = create_communicator(store, r, 2, Device::cpu(), options);
+      Status& s = results[static_cast<size_t>(r)];
+      s = comm.status();
+      if (!s.ok()) return;
+      int32_t value = r + 1;
+      auto work = (*comm)->all_reduce(&value, &value, 1, DType::kInt32, ReduceOp::kSum, nullptr);
+      s = work.ok() ? (*work)->wait() : work.status();
+      if (s.ok() && value != 3) s = internal_error("all_reduce gave " + std::to_string(value));
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return results;
+}
+
+TEST(GlooPairTakeover, ATakenPairFailsTheCommunicatorOnEveryRank) {
+  auto store = std::make_shared<HijackingStore>(make_in_memory_store(), true);
+  const std::vector<Status> results = connect_two(store);
+  ASSERT_GT(store->seen(), 0u) << "the store saw no Gloo address to take";
+  for (int32_t r = 0; r < 2; ++r) {
+    EXPECT_FALSE(results[static_cast<size_t>(r)].ok())
+        << "rank " << r << " returned a communicator although a pair was taken";
+  }
+}
+
+// The control: the same store, delay and options, the addresses left alone.
+TEST(GlooPairTakeover, UntouchedPairsConnectAndCarryData) {
+  auto store = std::make_shared<HijackingStore>(make_in_memory_store(), false);
+  const std::vector<Status> results = connect_two(store);
+  EXPECT_GT(store->seen(), 0u);
+  for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+}  // namespace
+}  // namespace hps
