@@ -165,33 +165,19 @@ StatusOr<int64_t> parse_ticket(const std::string& key, const std::string& text) 
 }
 
 // The job's key space; rank 0's marks the job closed when it goes.
-class JobStore final : public Store {
+class JobStore final : public ForwardingStore {
  public:
   JobStore(std::shared_ptr<Store> base, int64_t ticket, bool owner)
-      : base_(std::move(base)),
-        jobs_(make_prefix_store(base_, run_prefix(ticket))),
+      : ForwardingStore(make_prefix_store(base, run_prefix(ticket))),
+        base_(std::move(base)),
         ticket_(ticket),
         owner_(owner) {}
   ~JobStore() override {
     if (owner_) (void)base_->set(closed_key(ticket_), "1");
   }
-  Status set(std::string_view key, std::string_view value) override {
-    return jobs_->set(key, value);
-  }
-  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
-    return jobs_->get(key, timeout);
-  }
-  StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
-    return jobs_->add(key, delta);
-  }
-  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
-    return jobs_->wait(keys, timeout);
-  }
-  StatusOr<bool> check(const std::vector<std::string>& keys) override { return jobs_->check(keys); }
 
  private:
   std::shared_ptr<Store> base_;
-  std::shared_ptr<Store> jobs_;
   int64_t ticket_;
   bool owner_;
 };

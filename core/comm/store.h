@@ -42,6 +42,30 @@ class Store {
   virtual StatusOr<bool> check(const std::vector<std::string>& keys) = 0;
 };
 
+// A store that passes every call to `inner`: a base for stores that change one of them.
+class ForwardingStore : public Store {
+ public:
+  explicit ForwardingStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
+  Status set(std::string_view key, std::string_view value) override {
+    return inner_->set(key, value);
+  }
+  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
+    return inner_->get(key, timeout);
+  }
+  StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
+    return inner_->add(key, delta);
+  }
+  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
+    return inner_->wait(keys, timeout);
+  }
+  StatusOr<bool> check(const std::vector<std::string>& keys) override {
+    return inner_->check(keys);
+  }
+
+ private:
+  std::shared_ptr<Store> inner_;
+};
+
 // A store whose keys live in this process; ranks that are threads share one instance.
 std::shared_ptr<Store> make_in_memory_store();
 

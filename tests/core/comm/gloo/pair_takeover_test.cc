@@ -31,10 +31,11 @@ struct GlooAddress {
   ssize_t seq;
 };
 
-class HijackingStore final : public Store {
+class HijackingStore final : public ForwardingStore {
  public:
   // With `take` false it only counts the addresses it would have taken.
-  HijackingStore(std::shared_ptr<Store> base, bool take) : base_(std::move(base)), take_(take) {}
+  HijackingStore(std::shared_ptr<Store> base, bool take)
+      : ForwardingStore(std::move(base)), take_(take) {}
   ~HijackingStore() override {
     for (int fd : taken_) ::close(fd);
   }
@@ -45,18 +46,8 @@ class HijackingStore final : public Store {
     if (k.find("/gloo/") != std::string::npos && value.size() % sizeof(GlooAddress) == 0) {
       take(value);
     }
-    return base_->set(key, value);
+    return ForwardingStore::set(key, value);
   }
-  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
-    return base_->get(key, timeout);
-  }
-  StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
-    return base_->add(key, delta);
-  }
-  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
-    return base_->wait(keys, timeout);
-  }
-  StatusOr<bool> check(const std::vector<std::string>& keys) override { return base_->check(keys); }
   size_t seen() {
     std::lock_guard lock(mutex_);
     return seen_;
@@ -90,7 +81,6 @@ class HijackingStore final : public Store {
     std::this_thread::sleep_for(milliseconds(300));
   }
 
-  std::shared_ptr<Store> base_;
   const bool take_;
   std::mutex mutex_;
   std::vector<int> taken_;
