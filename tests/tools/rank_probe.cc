@@ -7,7 +7,8 @@
 //   rank_probe store-fd                  rank 0 checks HPS_STORE_FD is the store's listening
 //                                        socket, then every rank meets;
 //   rank_probe leak-shm                  every rank makes a shared-memory segment named for
-//                                        its job and is killed (SIGKILL) before removing it.
+//                                        its job (and the launcher's pid) and is killed
+//                                        (SIGKILL) before removing it.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -141,9 +142,13 @@ int main(int argc, char** argv) {
   }
   if (mode == "leak-shm") {
     const char* job_id = std::getenv("HPS_JOB_ID");
+    // Named for the launcher's pid, which lives until it has cleaned up: a segment named
+    // for this rank's would be fair game for any other group's sweep of segments whose
+    // process has ended (tests running beside this one), before the launcher got to it.
     const std::string name = "/hpshard-" + hps::shm::segment_job_tag(job_id ? job_id : "") + "-" +
                              std::to_string(hps::host::pid_namespace()) + "-" +
-                             std::to_string(::getpid()) + "-0-probe";
+                             std::to_string(::getppid()) + "-" + std::to_string(info->rank) +
+                             "-probe";
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
       std::fprintf(stderr, "shm_open %s failed\n", name.c_str());
