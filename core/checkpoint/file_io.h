@@ -57,8 +57,9 @@ class File {
   Status close();
   // Tells the kernel the file's cached pages may go (benchmarks compare cold reads).
   void drop_cache() const;
-  // Asks the kernel to start reading [offset, offset + bytes) now (posix_fadvise
-  // WILLNEED), so the reads that follow overlap the disk with the caller's work; a hint.
+  // Asks the kernel to start reading at `offset` now (posix_fadvise WILLNEED over `bytes`:
+  // Linux reads at most one readahead window of them), so the reads that follow overlap
+  // the disk with the caller's work; a hint.
   void will_need(uint64_t offset, uint64_t bytes) const;
 
  private:

@@ -124,8 +124,11 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
     writable[target] = 1;
     return before_write(target);
   };
-  // Readahead of each chunk the plan reads (a chunk with a checksum is read whole), the
-  // adjacent ones merged; a file that cannot be opened is reported by the reads below.
+  // Readahead of each run of adjacent chunks the plan reads (a chunk with a checksum is
+  // read whole): one announcement per run, which starts its first readahead window
+  // (announcing a whole run in window-sized pieces submits it all before the first read
+  // and measured slower, docs/benchmarks.md); a file that cannot be opened is reported by
+  // the reads below.
   {
     const File* file = nullptr;
     uint64_t from = 0, to = 0;

@@ -14,9 +14,10 @@
 namespace hps::ckpt {
 
 // staging[t] receives target t's elements [begin, end) in its dtype; it must hold
-// (end - begin) * dtype_size bytes. Targets without a source are left untouched. The
-// chunks' reading is started ahead (readahead of exactly the chunks the plan reads), so
-// the disk works while earlier chunks are checked and converted. `before_write(t)`, when
+// (end - begin) * dtype_size bytes. Targets without a source are left untouched. Each run
+// of adjacent chunks the plan reads is announced to the kernel before the first read (it
+// reads ahead one readahead window of each), so the disk works while earlier chunks are
+// checked and converted. `before_write(t)`, when
 // given, runs once before the first byte is written into staging[t]; its error stops the
 // reads.
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
