@@ -16,6 +16,8 @@
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
 #include <thread>
 
 #include "core/checkpoint/file_io.h"
@@ -300,6 +302,100 @@ INSTANTIATE_TEST_SUITE_P(
                                   {2, 2, 1, DType::kFloat32, 256},
                                   {3, 3, 1, DType::kFloat32, 16}}),
     [](const auto& p) { return std::string(p.param.name); });
+
+// Random pairs of topologies, seeded: stage 2 or 3, 1-4 sharding ranks, dp 1 or 2 (at most
+// 4 ranks), bucket alignments from 16 to 1024 bytes, chunks from 64 bytes to the default,
+// AdamW or SGD, 1-3 steps before the save and 1-2 after the load. Each continues like the
+// unsharded reference. HPS_RESHARD_SEED=a,b,... runs those seeds; HPS_RESHARD_CASES=N runs
+// seeds 1..N (default 12).
+struct RandomReshard {
+  Layout from, to;
+  EngineOptions options;
+  CheckpointOptions checkpoint;
+  int before = 1, after = 1;
+  std::string text;
+};
+
+RandomReshard random_reshard(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int lo, int hi) {
+    return lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
+  auto layout = [&] {
+    Layout l;
+    l.stage = pick(2, 3);
+    l.dp = pick(1, 2);
+    l.sharding = pick(1, l.dp == 1 ? 4 : 2);
+    const uint64_t alignments[] = {16, 32, 64, 256, 1024};
+    l.alignment_bytes = alignments[pick(0, 4)];
+    return l;
+  };
+  RandomReshard c;
+  c.from = layout();
+  c.to = layout();
+  c.options = pick(0, 1) ? adamw_options() : sgd_options();
+  c.checkpoint = small_chunks();
+  const uint64_t chunks[] = {64, 96, 200, 4096, ckpt::kDefaultChunkBytes};
+  c.checkpoint.chunk_bytes = chunks[pick(0, 4)];
+  c.before = pick(1, 3);
+  c.after = pick(1, 2);
+  auto describe = [](const Layout& l) {
+    return "stage " + std::to_string(l.stage) + " sharding " + std::to_string(l.sharding) + " dp " +
+           std::to_string(l.dp) + " alignment " + std::to_string(l.alignment_bytes);
+  };
+  c.text = "seed " + std::to_string(seed) + ": " + describe(c.from) + " -> " + describe(c.to) +
+           (c.options.optimizer == OptimizerKind::kAdamW ? ", AdamW" : ", SGD") + ", chunks of " +
+           std::to_string(c.checkpoint.chunk_bytes) + " bytes, " + std::to_string(c.before) +
+           " + " + std::to_string(c.after) + " steps";
+  return c;
+}
+
+std::vector<uint64_t> reshard_seeds() {
+  std::vector<uint64_t> seeds;
+  if (const char* list = std::getenv("HPS_RESHARD_SEED"); list != nullptr && *list != '\0') {
+    std::stringstream in(list);
+    std::string item;
+    while (std::getline(in, item, ',')) seeds.push_back(std::stoull(item, nullptr, 0));
+    return seeds;
+  }
+  uint64_t count = 12;
+  if (const char* v = std::getenv("HPS_RESHARD_CASES")) count = std::stoull(v, nullptr, 0);
+  for (uint64_t k = 1; k <= count; ++k) seeds.push_back(k);
+  return seeds;
+}
+
+class RandomReshardTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(RandomReshardTest, ContinuesLikeTheUnshardedReference) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  const RandomReshard c = random_reshard(GetParam());
+  SCOPED_TRACE(c.text);
+  TempDir dir;
+  run(
+      c.from, c.options, dir.path(),
+      [&](Rank& r) {
+        for (int s = 0; s < c.before; ++s) r.train_step(s);
+        auto work = r.checkpointer->save("a");
+        ASSERT_TRUE(work.ok()) << work.status().to_string();
+        ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+      },
+      c.checkpoint);
+  ASSERT_TRUE(verify_checkpoint(dir / "a").ok());
+  const auto expected = reference(c.options, {{c.from.world(), c.before}, {c.to.world(), c.after}});
+  run(
+      c.to, c.options, dir.path(),
+      [&](Rank& r) {
+        auto report = r.checkpointer->load("a");
+        ASSERT_TRUE(report.ok()) << report.status().to_string();
+        for (int s = c.before; s < c.before + c.after; ++s) r.train_step(s);
+        auto full = r.engine->gather_all();
+        ASSERT_TRUE(full.ok()) << full.status().to_string();
+        expect_near_reference(*full, expected, c.text + ", rank " + std::to_string(r.rank));
+      },
+      c.checkpoint);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomReshardTest, ::testing::ValuesIn(reshard_seeds()));
 
 // fp32 parameters load into bf16 ones with the fp32 values kept as masters (the
 // parameters rounded once), and bf16 ones with masters load into fp32 from the masters.
