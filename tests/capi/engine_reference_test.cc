@@ -39,6 +39,7 @@
 
 #include "hpshard/hpshard.h"
 #include "tests/reference/engine_model.h"
+#include "tests/support/seeds.h"
 
 namespace {
 
@@ -995,21 +996,6 @@ TEST(EngineModel, ClipLeavesNoClipParametersAlone) {
   EXPECT_LT(m.error_bound(0)[0], 1e-4);
 }
 
-std::vector<uint64_t> seeds_to_run() {
-  std::vector<uint64_t> seeds;
-  if (const char* list = std::getenv("HPS_REFERENCE_SEED"); list != nullptr && *list != '\0') {
-    std::stringstream s(list);
-    std::string item;
-    while (std::getline(s, item, ',')) seeds.push_back(std::stoull(item, nullptr, 0));
-    return seeds;
-  }
-  uint64_t first = 1, count = 64;
-  if (const char* v = std::getenv("HPS_REFERENCE_FIRST_SEED")) first = std::stoull(v, nullptr, 0);
-  if (const char* v = std::getenv("HPS_REFERENCE_CASES")) count = std::stoull(v, nullptr, 0);
-  for (uint64_t k = 0; k < count; ++k) seeds.push_back(first + k);
-  return seeds;
-}
-
 class EngineReference : public ::testing::TestWithParam<uint64_t> {};
 
 TEST_P(EngineReference, MatchesTheFloat64Model) {
@@ -1040,7 +1026,9 @@ TEST_P(EngineReference, MatchesTheFloat64Model) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, EngineReference, ::testing::ValuesIn(seeds_to_run()),
+INSTANTIATE_TEST_SUITE_P(Seeds, EngineReference,
+                         ::testing::ValuesIn(hps::testing_util::seeds_from_env("HPS_REFERENCE",
+                                                                               64)),
                          [](const ::testing::TestParamInfo<uint64_t>& seed_info) {
                            return "seed_" + std::to_string(seed_info.param);
                          });

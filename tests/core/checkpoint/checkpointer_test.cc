@@ -17,7 +17,6 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include "core/checkpoint/file_io.h"
@@ -28,6 +27,7 @@
 #include "core/device/cpu/stream.h"
 #include "tests/core/checkpoint/temp_dir.h"
 #include "tests/core/checkpoint/training.h"
+#include "tests/support/seeds.h"
 
 namespace hps::ckpt_test {
 namespace {
@@ -307,7 +307,7 @@ INSTANTIATE_TEST_SUITE_P(
 // 4 ranks), bucket alignments from 16 to 1024 bytes, chunks from 64 bytes to the default,
 // AdamW or SGD, 1-3 steps before the save and 1-2 after the load. Each continues like the
 // unsharded reference. HPS_RESHARD_SEED=a,b,... runs those seeds; HPS_RESHARD_CASES=N runs
-// seeds 1..N (default 12).
+// N seeds from HPS_RESHARD_FIRST_SEED (default 12 from 1).
 struct RandomReshard {
   Layout from, to;
   EngineOptions options;
@@ -350,20 +350,6 @@ RandomReshard random_reshard(uint64_t seed) {
   return c;
 }
 
-std::vector<uint64_t> reshard_seeds() {
-  std::vector<uint64_t> seeds;
-  if (const char* list = std::getenv("HPS_RESHARD_SEED"); list != nullptr && *list != '\0') {
-    std::stringstream in(list);
-    std::string item;
-    while (std::getline(in, item, ',')) seeds.push_back(std::stoull(item, nullptr, 0));
-    return seeds;
-  }
-  uint64_t count = 12;
-  if (const char* v = std::getenv("HPS_RESHARD_CASES")) count = std::stoull(v, nullptr, 0);
-  for (uint64_t k = 1; k <= count; ++k) seeds.push_back(k);
-  return seeds;
-}
-
 class RandomReshardTest : public ::testing::TestWithParam<uint64_t> {};
 
 TEST_P(RandomReshardTest, ContinuesLikeTheUnshardedReference) {
@@ -395,7 +381,8 @@ TEST_P(RandomReshardTest, ContinuesLikeTheUnshardedReference) {
       c.checkpoint);
 }
 
-INSTANTIATE_TEST_SUITE_P(Seeds, RandomReshardTest, ::testing::ValuesIn(reshard_seeds()));
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomReshardTest,
+                         ::testing::ValuesIn(testing_util::seeds_from_env("HPS_RESHARD", 12)));
 
 // fp32 parameters load into bf16 ones with the fp32 values kept as masters (the
 // parameters rounded once), and bf16 ones with masters load into fp32 from the masters.
