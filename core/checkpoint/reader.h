@@ -17,9 +17,8 @@ namespace hps::ckpt {
 // (end - begin) * dtype_size bytes. Targets without a source are left untouched. Each run
 // of adjacent chunks the plan reads is announced to the kernel before the first read (it
 // reads ahead one readahead window of each), so the disk works while earlier chunks are
-// checked and converted. `before_write(t)`, when
-// given, runs once before the first byte is written into staging[t]; its error stops the
-// reads.
+// checked and converted. `before_write(t)`, when given, runs once before the first byte
+// is written into staging[t]; its error stops the reads.
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
                  const LoadPlan& plan, const std::vector<uint8_t*>& staging,
                  const std::function<Status(size_t)>& before_write = {});
