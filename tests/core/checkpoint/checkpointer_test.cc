@@ -265,29 +265,44 @@ struct ReshardCase {
 
 class ReshardTest : public ::testing::TestWithParam<ReshardCase> {};
 
+// Trains `before` steps at `from`, saves, runs `between` (when given), then loads at `to`
+// and trains `after` more: every rank's parameters equal the unsharded reference that
+// switched world size at the same step. `label` names the case in failures.
+void expect_reshard_continues(const Layout& from, const Layout& to, const EngineOptions& options,
+                              const CheckpointOptions& checkpoint, int before, int after,
+                              const std::string& label,
+                              const std::function<void(const fs::path&)>& between = {}) {
+  TempDir dir;
+  run(
+      from, options, dir.path(),
+      [&](Rank& r) {
+        for (int s = 0; s < before; ++s) r.train_step(s);
+        auto work = r.checkpointer->save("a");
+        ASSERT_TRUE(work.ok()) << work.status().to_string();
+        ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+      },
+      checkpoint);
+  if (between) between(dir / "a");
+  const auto expected = reference(options, {{from.world(), before}, {to.world(), after}});
+  run(
+      to, options, dir.path(),
+      [&](Rank& r) {
+        auto report = r.checkpointer->load("a");
+        ASSERT_TRUE(report.ok()) << report.status().to_string();
+        for (int s = before; s < before + after; ++s) r.train_step(s);
+        auto full = r.engine->gather_all();
+        ASSERT_TRUE(full.ok()) << full.status().to_string();
+        expect_near_reference(*full, expected, label + " rank " + std::to_string(r.rank));
+      },
+      checkpoint);
+}
+
 // Written by one topology, loaded by another: the run continues like the unsharded
 // reference that switched world size at the same step.
 TEST_P(ReshardTest, ContinuesLikeTheUnshardedReference) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const ReshardCase c = GetParam();
-  const EngineOptions options = adamw_options();
-  TempDir dir;
-  const int n = 3, m = 3;
-  run(c.from, options, dir.path(), [&](Rank& r) {
-    for (int s = 0; s < n; ++s) r.train_step(s);
-    auto work = r.checkpointer->save("a");
-    ASSERT_TRUE(work.ok());
-    ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
-  });
-  const auto expected = reference(options, {{c.from.world(), n}, {c.to.world(), m}});
-  run(c.to, options, dir.path(), [&](Rank& r) {
-    auto report = r.checkpointer->load("a");
-    ASSERT_TRUE(report.ok()) << report.status().to_string();
-    for (int s = n; s < n + m; ++s) r.train_step(s);
-    auto full = r.engine->gather_all();
-    ASSERT_TRUE(full.ok());
-    expect_near_reference(*full, expected, std::string(c.name) + " rank " + std::to_string(r.rank));
-  });
+  expect_reshard_continues(c.from, c.to, adamw_options(), small_chunks(), 3, 3, c.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -356,29 +371,9 @@ TEST_P(RandomReshardTest, ContinuesLikeTheUnshardedReference) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   const RandomReshard c = random_reshard(GetParam());
   SCOPED_TRACE(c.text);
-  TempDir dir;
-  run(
-      c.from, c.options, dir.path(),
-      [&](Rank& r) {
-        for (int s = 0; s < c.before; ++s) r.train_step(s);
-        auto work = r.checkpointer->save("a");
-        ASSERT_TRUE(work.ok()) << work.status().to_string();
-        ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
-      },
-      c.checkpoint);
-  ASSERT_TRUE(verify_checkpoint(dir / "a").ok());
-  const auto expected = reference(c.options, {{c.from.world(), c.before}, {c.to.world(), c.after}});
-  run(
-      c.to, c.options, dir.path(),
-      [&](Rank& r) {
-        auto report = r.checkpointer->load("a");
-        ASSERT_TRUE(report.ok()) << report.status().to_string();
-        for (int s = c.before; s < c.before + c.after; ++s) r.train_step(s);
-        auto full = r.engine->gather_all();
-        ASSERT_TRUE(full.ok()) << full.status().to_string();
-        expect_near_reference(*full, expected, c.text + ", rank " + std::to_string(r.rank));
-      },
-      c.checkpoint);
+  expect_reshard_continues(
+      c.from, c.to, c.options, c.checkpoint, c.before, c.after, c.text + ",",
+      [](const fs::path& saved) { ASSERT_TRUE(verify_checkpoint(saved).ok()); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, RandomReshardTest,

@@ -42,8 +42,7 @@ class HijackingStore final : public ForwardingStore {
 
   Status set(std::string_view key, std::string_view value) override {
     // Gloo's full-mesh rendezvous publishes each rank's addresses under the rank's number.
-    const std::string k(key);
-    if (k.find("/gloo/") != std::string::npos && value.size() % sizeof(GlooAddress) == 0) {
+    if (key.find("/gloo/") != std::string_view::npos && value.size() % sizeof(GlooAddress) == 0) {
       take(value);
     }
     return ForwardingStore::set(key, value);
