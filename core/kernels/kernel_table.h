@@ -67,6 +67,48 @@ struct ClipState {
   float norm = 0.0f;
 };
 
+// The rules the two tables' update_step_state and finish_clip apply, written once for the
+// host (the CPU table) and the device (the CUDA table's one-thread kernels).
+
+// The step's verdict from found_inf: a skipped step backs the loss scale off; an applied
+// one counts, grows the scale after growth_interval good steps in a row (dynamic loss
+// scaling) and, for AdamW, sets the step's constants.
+HPS_HOST_DEVICE void advance_step_state(StepState& s, const StepRule& rule) {
+  if (s.found_inf != 0) {
+    ++s.skipped_steps;
+    s.good_steps = 0;
+    s.loss_scale *= rule.backoff_factor;
+    s.found_inf = 0;
+    s.skip = 1;
+    return;
+  }
+  s.skip = 0;
+  ++s.applied_steps;
+  if (rule.dynamic_loss_scaling && ++s.good_steps >= rule.growth_interval) {
+    s.loss_scale *= rule.growth_factor;
+    s.good_steps = 0;
+  }
+  if (rule.adamw) {
+    const AdamWConstants c = adamw_constants(rule.adamw_hyper, s.applied_steps);
+    s.adamw_step_size = c.step_size;
+    s.adamw_bias2_sqrt = c.bias2_sqrt;
+  }
+}
+
+// The global norm from the partial sums of squares (exact digits in deterministic mode) and
+// the clip coefficient max_norm / max(norm, max_norm) (+1e-6 in the denominator, as torch's
+// clip_grad_norm_): NaN stays NaN (torch without error_if_nonfinite), Inf gives 0.
+HPS_HOST_DEVICE void finish_clip_state(ClipState& c, bool deterministic, double max_norm) {
+  const double squares =
+      deterministic ? fixed_value(fixed_slots(c.fixed[0])) + fixed_value(fixed_slots(c.fixed[1]))
+                    : c.partials[0] + c.partials[1];
+  const double norm = sqrt(squares);
+  const double denominator = (norm < max_norm ? max_norm : norm) + 1e-6;
+  c.coefficient_fp64 = max_norm / denominator;
+  c.coefficient = static_cast<float>(c.coefficient_fp64);
+  c.norm = static_cast<float>(norm);
+}
+
 // One unscale pass over a reduced gradient shard (see Kernels::unscale).
 struct UnscaleArgs {
   DType src_dtype = DType::kFloat32;  // fp32 (src may equal dst), fp16 or bf16

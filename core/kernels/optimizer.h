@@ -3,9 +3,12 @@
 // kernel itself, so clipping folds into the update as one extra read instead of a pass.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include "core/common/config.h"
+#include "core/common/host_device.h"
 #include "core/common/status.h"
 
 namespace hps {
@@ -26,12 +29,70 @@ struct AdamWHyper {
 };
 
 // AdamW's per-step constants from its step count t (from 1): lr / (1 - beta1^t) and
-// sqrt(1 - beta2^t), computed in fp64 and rounded to fp32.
+// sqrt(1 - beta2^t), the powers in fp64 (the device's pow on a GPU), rounded to fp32.
 struct AdamWConstants {
   float step_size = 0;
   float bias2_sqrt = 0;
 };
-AdamWConstants adamw_constants(const AdamWHyper& h, int64_t step);
+HPS_HOST_DEVICE AdamWConstants adamw_constants(const AdamWHyper& h, int64_t step) {
+  const auto t = static_cast<double>(step);
+  const auto bias1 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta1), t));
+  const auto bias2 = static_cast<float>(1.0 - pow(static_cast<double>(h.beta2), t));
+  return {h.learning_rate / bias1, sqrtf(bias2)};
+}
+
+// The updates of one element, written once for the CPU kernels (over arrays) and the CUDA
+// ones (over vector groups): each product rounds on its own (the CPU kernels compile with
+// -ffp-contract=off, the CUDA ones with --fmad=false), so both give the same bits. The
+// gradient is multiplied by `g_scale` (the clip coefficient times the kernel's grad_scale)
+// first.
+
+// SGD's scalars of one update (torch.optim.SGD; weight decay is L2, added to the gradient).
+struct SgdTerms {
+  float g_scale, lr, wd, mu;
+  bool nesterov;
+};
+HPS_HOST_DEVICE SgdTerms sgd_terms(const SgdHyper& h, float g_scale) {
+  return {g_scale, h.learning_rate, h.weight_decay, h.momentum, h.nesterov};
+}
+// Without momentum (t.mu == 0): the new parameter.
+HPS_HOST_DEVICE float sgd_plain(float param, float grad, const SgdTerms& t) {
+  const float g = grad * t.g_scale + t.wd * param;
+  return param - t.lr * g;
+}
+// With momentum: the buffer starts as the gradient itself on the first step (torch).
+HPS_HOST_DEVICE void sgd_momentum(float& param, float& buffer, float grad, const SgdTerms& t,
+                                  bool first_step) {
+  const float g = grad * t.g_scale + t.wd * param;
+  const float b = first_step ? g : t.mu * buffer + g;
+  buffer = b;
+  param = param - t.lr * (t.nesterov ? g + t.mu * b : b);
+}
+
+// AdamW's scalars of one update (torch.optim.AdamW: decoupled weight decay).
+struct AdamWTerms {
+  float g_scale, b1, one_minus_b1, b2, one_minus_b2, eps, decay, step_size, bias2_sqrt;
+};
+HPS_HOST_DEVICE AdamWTerms adamw_terms(const AdamWHyper& h, AdamWConstants c, float g_scale) {
+  return {g_scale,
+          h.beta1,
+          1.0f - h.beta1,
+          h.beta2,
+          1.0f - h.beta2,
+          h.epsilon,
+          1.0f - h.learning_rate * h.weight_decay,
+          c.step_size,
+          c.bias2_sqrt};
+}
+HPS_HOST_DEVICE void adamw_element(float& param, float& exp_avg, float& exp_avg_sq, float grad,
+                                   const AdamWTerms& t) {
+  const float g = grad * t.g_scale;
+  const float m = t.b1 * exp_avg + t.one_minus_b1 * g;
+  const float v = t.b2 * exp_avg_sq + t.one_minus_b2 * g * g;
+  exp_avg = m;
+  exp_avg_sq = v;
+  param = param * t.decay - t.step_size * m / (sqrtf(v) / t.bias2_sqrt + t.eps);
+}
 
 namespace cpu {
 

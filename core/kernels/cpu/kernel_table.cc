@@ -103,19 +103,9 @@ class CpuKernels final : public Kernels {
   Status finish_clip(Stream& stream, DevicePtr<ClipState> clip, bool deterministic,
                      double max_norm) const override {
     HPS_QUEUE("finish_clip");
-    queue->enqueue(
-        [clip, deterministic, max_norm] {
-          ClipState& c = *clip.get();
-          const double squares = deterministic ? c.fixed[0].value() + c.fixed[1].value()
-                                               : c.partials[0] + c.partials[1];
-          const double norm = std::sqrt(squares);
-          // NaN stays NaN (torch's clip_grad_norm_ without error_if_nonfinite); Inf gives 0.
-          const double denominator = (norm < max_norm ? max_norm : norm) + 1e-6;
-          c.coefficient_fp64 = max_norm / denominator;
-          c.coefficient = static_cast<float>(c.coefficient_fp64);
-          c.norm = static_cast<float>(norm);
-        },
-        "finish_clip");
+    queue->enqueue([clip, deterministic,
+                    max_norm] { finish_clip_state(*clip.get(), deterministic, max_norm); },
+                   "finish_clip");
     return Status::Ok();
   }
 
@@ -167,7 +157,7 @@ class CpuKernels final : public Kernels {
   Status update_step_state(Stream& stream, DevicePtr<StepState> state,
                            const StepRule& rule) const override {
     HPS_QUEUE("update_step_state");
-    queue->enqueue([state, rule] { update(*state.get(), rule); }, "update_step_state");
+    queue->enqueue([state, rule] { advance_step_state(*state.get(), rule); }, "update_step_state");
     return Status::Ok();
   }
 
@@ -196,29 +186,6 @@ class CpuKernels final : public Kernels {
         },
         "adamw");
     return Status::Ok();
-  }
-
- private:
-  static void update(StepState& s, const StepRule& rule) {
-    if (s.found_inf != 0) {
-      ++s.skipped_steps;
-      s.good_steps = 0;
-      s.loss_scale *= rule.backoff_factor;
-      s.found_inf = 0;
-      s.skip = 1;
-      return;
-    }
-    s.skip = 0;
-    ++s.applied_steps;
-    if (rule.dynamic_loss_scaling && ++s.good_steps >= rule.growth_interval) {
-      s.loss_scale *= rule.growth_factor;
-      s.good_steps = 0;
-    }
-    if (rule.adamw) {
-      const AdamWConstants c = adamw_constants(rule.adamw_hyper, s.applied_steps);
-      s.adamw_step_size = c.step_size;
-      s.adamw_bias2_sqrt = c.bias2_sqrt;
-    }
   }
 };
 

@@ -10,57 +10,15 @@
 
 namespace hps {
 
-void FixedSquares::add_square(double square) {
-  if (std::isnan(square)) {
-    ++slots[kDigits + 1];
-    return;
-  }
-  if (square >= 0x1p160) {
-    ++slots[kDigits];
-    return;
-  }
-  if (square < 0x1p-160) return;  // below the fixed point's resolution
-  int exponent = 0;
-  const double fraction = std::frexp(square, &exponent);  // square = fraction · 2^exponent
-  auto mantissa = static_cast<uint64_t>(std::ldexp(fraction, 53));
-  int shift = exponent - 53 - kLowestExponent;  // bit position of the mantissa's lsb
-  if (shift < 0) {
-    mantissa >>= -shift;
-    shift = 0;
-  }
-  // mantissa << (shift % 32) spans three 32-bit digits; split it without 128-bit math.
-  constexpr uint64_t kMask = 0xffffffffu;
-  const int offset = shift % 32;
-  const int digit = shift / 32;
-  const uint64_t low = (mantissa & kMask) << offset;  // < 2^63
-  const uint64_t high = (mantissa >> 32) << offset;   // < 2^52
-  slots[digit] += static_cast<int64_t>(low & kMask);
-  slots[digit + 1] += static_cast<int64_t>((low >> 32) + (high & kMask));
-  slots[digit + 2] += static_cast<int64_t>(high >> 32);
-}
+void FixedSquares::add_square(double square) { fixed_add_square(slots.data(), square); }
 
-void FixedSquares::normalize() {
-  for (int i = 0; i + 1 < kDigits; ++i) {
-    slots[i + 1] += slots[i] >> 32;
-    slots[i] &= 0xffffffff;
-  }
-}
+void FixedSquares::normalize() { fixed_normalize(slots.data()); }
 
 void FixedSquares::merge(const FixedSquares& other) {
   for (int i = 0; i < kSlots; ++i) slots[i] += other.slots[i];
 }
 
-double FixedSquares::value() const {
-  if (slots[kDigits + 1] != 0) return std::nan("");
-  if (slots[kDigits] != 0) return INFINITY;
-  FixedSquares n = *this;
-  n.normalize();
-  double v = 0;
-  for (int i = kDigits - 1; i >= 0; --i) {
-    v += std::ldexp(static_cast<double>(n.slots[i]), 32 * i + kLowestExponent);
-  }
-  return v;
-}
+double FixedSquares::value() const { return fixed_value(slots.data()); }
 
 namespace cpu {
 namespace {
@@ -75,8 +33,8 @@ void fixed_squares(size_t count, Load load, FixedSquares& out) {
   out.normalize();
 }
 
-// The same exact sum for values that are fp32 (or narrower), without a libm call per
-// element. x = m · 2^(e - 150) with m its 24-bit significand (subnormals: e = 1, no
+// The same exact sum for values that are fp32 (or narrower), without three digit additions
+// per element. x = m · 2^(e - 150) with m its 24-bit significand (subnormals: e = 1, no
 // implicit bit), so x² = m² · 2^(2e - 300), an integer m² < 2^48 at bit 2e - 140 of the
 // fixed point (lowest bit 2^-160). For 70 ≤ e ≤ 206 every bit of x² lies inside it and
 // x² < 2^160: those squares are summed as integers per exponent (2^15 of them fit an
@@ -90,19 +48,11 @@ void fixed_squares_narrow(size_t count, LoadFloat load, FixedSquares& out) {
   constexpr size_t kBatch = size_t{1} << 15;
   uint64_t sums[kHigh - kLow + 1] = {};
   auto flush = [&] {
-    constexpr uint64_t kMask = 0xffffffffu;
     for (int e = kLow; e <= kHigh; ++e) {
       const uint64_t sum = sums[e - kLow];
       if (sum == 0) continue;
       sums[e - kLow] = 0;
-      const int bit = 2 * e - 140;
-      const int offset = bit % 32;
-      const int digit = bit / 32;
-      const uint64_t low = (sum & kMask) << offset;  // < 2^64
-      const uint64_t high = (sum >> 32) << offset;   // sum < 2^63: < 2^63
-      out.slots[digit] += static_cast<int64_t>(low & kMask);
-      out.slots[digit + 1] += static_cast<int64_t>((low >> 32) + (high & kMask));
-      out.slots[digit + 2] += static_cast<int64_t>(high >> 32);
+      fixed_add_shifted(out.slots.data(), sum, 2 * e - 140);  // sum < 2^63
     }
     out.normalize();
   };

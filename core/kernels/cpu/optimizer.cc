@@ -6,13 +6,6 @@
 
 namespace hps {
 
-AdamWConstants adamw_constants(const AdamWHyper& h, int64_t step) {
-  const double s = static_cast<double>(step);
-  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), s));
-  const auto bias2 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta2), s));
-  return {h.learning_rate / bias1, std::sqrt(bias2)};
-}
-
 namespace cpu {
 
 // The vectorised kernels are those of the instruction-set variant in use (kernel_set.h).

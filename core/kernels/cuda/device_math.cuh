@@ -11,56 +11,15 @@
 #include <cstdint>
 #include <string>
 
+#include "core/common/half.h"
 #include "core/kernels/cuda/launch.h"
 #include "core/kernels/kernel_table.h"
 
 namespace hps::cuda {
 
-inline constexpr int kDigits = FixedSquares::kDigits;
 inline constexpr int kSlots = FixedSquares::kSlots;
-static_assert(sizeof(FixedSquares) == sizeof(int64_t) * kSlots, "FixedSquares is its slots");
 
-// ---- conversions exactly as core/common/half.h and x86 do them (NaN payloads included) ----
-
-__device__ __forceinline__ float half_bits_to_float_exact(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent == 0) {
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return __uint_as_float(sign | __float_as_uint(magnitude));
-  }
-  return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
-
-__device__ __forceinline__ uint16_t float_to_half_bits(float f) {
-  const uint32_t x = __float_as_uint(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t magnitude = x & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) {
-    return static_cast<uint16_t>(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
-  }
-  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (magnitude < 0x38800000u) {
-    const float shifted = __uint_as_float(magnitude) + 0.5f;
-    return static_cast<uint16_t>(sign | (__float_as_uint(shifted) - 0x3f000000u));
-  }
-  const uint32_t mantissa_odd = (magnitude >> 13) & 1u;
-  magnitude += 0xc8000fffu + mantissa_odd;
-  return static_cast<uint16_t>(sign | (magnitude >> 13));
-}
-
-__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
-  return __uint_as_float(static_cast<uint32_t>(b) << 16);
-}
-
-__device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
-  const uint32_t x = __float_as_uint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  const uint32_t lsb = (x >> 16) & 1u;
-  return static_cast<uint16_t>((x + 0x7fffu + lsb) >> 16);
-}
+// ---- conversions: 16-bit ones are core/common/half.h's (host/device), NaN payloads kept ----
 
 // fp64 ⇄ fp32 as the host's conversions: rounded to nearest even, and a NaN quieted with
 // its top payload bits kept (the GPU's own conversion would give the canonical NaN).
@@ -102,7 +61,7 @@ struct Fp16 {
   using Compute = float;
   __device__ static float load(uint16_t x) { return __half2float(__ushort_as_half(x)); }
   __device__ static float widen(uint16_t x) { return load(x); }
-  __device__ static float exact(uint16_t x) { return half_bits_to_float_exact(x); }
+  __device__ static float exact(uint16_t x) { return half_bits_to_float(x); }
   __device__ static uint16_t store(float x) { return float_to_half_bits(x); }
 };
 struct Bf16 {
@@ -235,53 +194,15 @@ struct SquaresAccumulator {
   }
 };
 
-// FixedSquares::add_square with the exponent and mantissa read from the bits (the same
-// values frexp and ldexp give for the normal doubles that reach them).
-__device__ __forceinline__ void add_square(int64_t* slots, double square) {
-  if (isnan(square)) {
-    ++slots[kDigits + 1];
-    return;
-  }
-  if (square >= 0x1p160) {
-    ++slots[kDigits];
-    return;
-  }
-  if (square < 0x1p-160) return;
-  const auto bits = static_cast<uint64_t>(__double_as_longlong(square));
-  const int biased = static_cast<int>(bits >> 52);  // the square is positive and normal
-  uint64_t mantissa = (bits & 0x000fffffffffffffull) | 0x0010000000000000ull;
-  // frexp's exponent is biased - 1022; the lsb sits 53 below it, above 2^-160.
-  int shift = biased - 1022 - 53 - FixedSquares::kLowestExponent;
-  if (shift < 0) {
-    mantissa >>= -shift;
-    shift = 0;
-  }
-  constexpr uint64_t kMask = 0xffffffffu;
-  const int offset = shift % 32;
-  const int digit = shift / 32;
-  const uint64_t low = (mantissa & kMask) << offset;
-  const uint64_t high = (mantissa >> 32) << offset;
-  slots[digit] += static_cast<int64_t>(low & kMask);
-  slots[digit + 1] += static_cast<int64_t>((low >> 32) + (high & kMask));
-  slots[digit + 2] += static_cast<int64_t>(high >> 32);
-}
-
-__device__ __forceinline__ void normalize(int64_t* slots) {
-  for (int i = 0; i + 1 < kDigits; ++i) {
-    slots[i + 1] += slots[i] >> 32;
-    slots[i] &= 0xffffffff;
-  }
-}
-
 // A thread's exact squares: its own digits, normalized often enough that none overflows.
 struct FixedAccumulator {
   int64_t slots[kSlots] = {};
   unsigned added = 0;
 
   __device__ __forceinline__ void add(double x) {
-    add_square(slots, x * x);  // exact for fp32/fp16/bf16 values; one rounding for fp64
+    fixed_add_square(slots, x * x);  // exact for fp32/fp16/bf16 values; one rounding for fp64
     if (++added == (1u << 20)) {
-      normalize(slots);
+      fixed_normalize(slots);
       added = 0;
     }
   }
@@ -294,7 +215,7 @@ __device__ inline void add_block_digits(FixedAccumulator& mine, int64_t* out) {
   __shared__ unsigned long long block[kSlots];
   if (threadIdx.x < kSlots) block[threadIdx.x] = 0;
   __syncthreads();
-  normalize(mine.slots);
+  fixed_normalize(mine.slots);
   for (int s = 0; s < kSlots; ++s) {
     if (mine.slots[s] != 0) {
       atomicAdd(&block[s], static_cast<unsigned long long>(mine.slots[s]));
@@ -304,7 +225,7 @@ __device__ inline void add_block_digits(FixedAccumulator& mine, int64_t* out) {
   if (threadIdx.x == 0) {
     int64_t sum[kSlots];
     for (int s = 0; s < kSlots; ++s) sum[s] = static_cast<int64_t>(block[s]);
-    normalize(sum);
+    fixed_normalize(sum);
     for (int s = 0; s < kSlots; ++s) {
       if (sum[s] != 0) {
         atomicAdd(reinterpret_cast<unsigned long long*>(out + s),
@@ -312,20 +233,6 @@ __device__ inline void add_block_digits(FixedAccumulator& mine, int64_t* out) {
       }
     }
   }
-}
-
-// FixedSquares::value(), operation for operation.
-__device__ inline double fixed_value(const int64_t* slots) {
-  if (slots[kDigits + 1] != 0) return __longlong_as_double(0x7ff8000000000000ll);  // NaN
-  if (slots[kDigits] != 0) return __longlong_as_double(0x7ff0000000000000ll);      // +Inf
-  int64_t n[kSlots];
-  for (int s = 0; s < kSlots; ++s) n[s] = slots[s];
-  normalize(n);
-  double v = 0;
-  for (int i = kDigits - 1; i >= 0; --i) {
-    v += ldexp(static_cast<double>(n[i]), 32 * i + FixedSquares::kLowestExponent);
-  }
-  return v;
 }
 
 }  // namespace hps::cuda

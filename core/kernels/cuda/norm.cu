@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // After every block of a fixed pass: the canonical form the CPU leaves.
-__global__ void normalize_slots(int64_t* slots) { normalize(slots); }
+__global__ void normalize_slots(int64_t* slots) { fixed_normalize(slots); }
 
 template <typename Type, int W, Partial kPartial, bool kUnscale>
 Status run_pass(const LaunchContext& ctx, PassArgs<Type> a) {
@@ -193,16 +193,7 @@ struct ScaleOp {
 };
 
 __global__ void finish_clip_kernel(ClipState* clip, bool deterministic, double max_norm) {
-  const double squares = deterministic
-                             ? fixed_value(reinterpret_cast<const int64_t*>(&clip->fixed[0])) +
-                                   fixed_value(reinterpret_cast<const int64_t*>(&clip->fixed[1]))
-                             : clip->partials[0] + clip->partials[1];
-  const double norm = sqrt(squares);
-  // NaN stays NaN (torch's clip_grad_norm_ without error_if_nonfinite); Inf gives 0.
-  const double denominator = (norm < max_norm ? max_norm : norm) + 1e-6;
-  clip->coefficient_fp64 = max_norm / denominator;
-  clip->coefficient = __double2float_rn(clip->coefficient_fp64);
-  clip->norm = __double2float_rn(norm);
+  finish_clip_state(*clip, deterministic, max_norm);
 }
 
 }  // namespace
