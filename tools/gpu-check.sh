@@ -12,10 +12,12 @@
 #      CUDA cases and a CUDA engine's checkpoints), communicator timeouts (30 s) below
 #      ctest's;
 #   5. the GPU benchmarks: hpshard-gpu-bench (the kernel table beside a device-to-device
-#      copy) and hpshard-gpu-bench --step: the engines' step at world size 1 (the same code as
-#      hpshard-bench step --device cuda, in the binary that needs no Gloo).
-# It writes gpu-check.log, gpu-tests.xml, gpu-bench.json, step-cuda.json and a summary,
-# gpu-check.json, under $OUT (else build-gpu/out), and exits non-zero unless every step
+#      copy), hpshard-gpu-bench --step: the engines' step at world size 1 (the same code as
+#      hpshard-bench step --device cuda, in the binary that needs no Gloo), and
+#      hpshard-gpu-bench --ckpt: a CUDA engine's save and load beside plain file I/O and its
+#      step beside a save in flight (hpshard-bench ckpt --device cuda --ranks 1's code).
+# It writes gpu-check.log, gpu-tests.xml, gpu-bench.json, step-cuda.json, ckpt-cuda.json and
+# a summary, gpu-check.json, under $OUT (else build-gpu/out), and exits non-zero unless every step
 # ran and passed: a skipped gpu test, a benchmark that found no device (exit 77) or a step
 # that could not run counts as a failure, never as success.
 #
@@ -131,22 +133,27 @@ else
   result[gpu_tests]="passed (${ran:-?})"
 fi
 
+# What a benchmark's exit status says, into result[$1].
+bench_result() {
+  case "$2" in
+    0) result[$1]="ran" ;;
+    77) result[$1]="found no device (77): did not run"; failed=1 ;;
+    *) result[$1]="failed ($2)"; failed=1 ;;
+  esac
+}
+
 echo "== gpu benchmarks: the kernel table beside a device-to-device copy"
 timeout "$(cap 90)" build-gpu/tools/hpshard-gpu-bench --mib 256 --iters 20 --json "$out/gpu-bench.json"
-bench_rc=$?
-case "$bench_rc" in
-  0) result[gpu_bench]="ran" ;;
-  77) result[gpu_bench]="found no device (77): did not run"; failed=1 ;;
-  *) result[gpu_bench]="failed ($bench_rc)"; failed=1 ;;
-esac
+bench_result gpu_bench $?
 
 echo "== gpu benchmarks: the engines' step on the GPU, world size 1 (hpshard-gpu-bench --step)"
 timeout "$(cap 120)" build-gpu/tools/hpshard-gpu-bench --step --json "$out/step-cuda.json"
-step_rc=$?
-case "$step_rc" in
-  0) result[step_bench]="ran" ;;
-  77) result[step_bench]="found no device (77): did not run"; failed=1 ;;
-  *) result[step_bench]="failed ($step_rc)"; failed=1 ;;
-esac
+bench_result step_bench $?
+
+echo "== gpu benchmarks: a CUDA engine's checkpoints, world size 1 (hpshard-gpu-bench --ckpt)"
+timeout "$(cap 90)" build-gpu/tools/hpshard-gpu-bench --ckpt --dir "$PWD/build-gpu/ckpt-bench" \
+  --json "$out/ckpt-cuda.json"
+bench_result ckpt_bench $?
+rm -rf build-gpu/ckpt-bench
 
 summary "$failed"

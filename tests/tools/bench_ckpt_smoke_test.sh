@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of hpshard-bench ckpt: a tiny model exits 0 (the loaded state equals the saved
 # one), prints its summary and writes one JSON object with the expected keys; the steps
-# that overlapped a save counted no host sync. No timing is asserted.
+# that overlapped a save counted no host sync. Then the same at one rank with the compute
+# passes on the engine's compute stream (--kernel-passes: the path a GPU run takes, which
+# hpshard-gpu-bench --ckpt runs there). No timing is asserted.
 # Usage: bench_ckpt_smoke_test.sh HPSHARD_BENCH
 set -euo pipefail
 bench="$1"
@@ -31,4 +33,17 @@ assert row["loaded_equal"] is True
 assert row["read_seconds"] > 0 and row["read_plain_file_seconds"] > 0, row
 assert row["host_syncs_in_overlapped_steps_max"] == 0, row
 print("bench ckpt smoke OK")
+PY
+"$bench" ckpt --bytes 256K --tensors 3 --reps 2 --steps 2 --ranks 1 --kernel-passes \
+  --dir "$out/kernels" --quiet --json "$out/kernels.json" >"$out/kernels.txt" \
+  || { cat "$out/kernels.txt"; exit 1; }
+grep -q "Stage2Engine on cpu, AdamW, 1 ranks as threads.*by the kernel table's accumulate" \
+  "$out/kernels.txt" || { cat "$out/kernels.txt"; exit 1; }
+/usr/bin/python3 - "$out/kernels.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["config"]["kernel_passes"] is True and doc["config"]["device"] == "cpu", doc["config"]
+row = doc["results"][0]
+assert row["loaded_equal"] is True and row["host_syncs_in_overlapped_steps_max"] == 0, row
+print("bench ckpt --kernel-passes smoke OK")
 PY

@@ -17,6 +17,8 @@
 #include "core/checkpoint/format.h"
 #include "core/comm/communicator.h"
 #include "core/device/host_sync.h"
+#include "core/device/stream.h"
+#include "core/kernels/kernel_table.h"
 #include "core/sharding/sharded_engine.h"
 
 namespace hps::bench {
@@ -68,14 +70,18 @@ void quiet_barrier(Communicator& comm, const std::string& dir) {
   barrier(comm);
 }
 
-// A checksum of every state tensor's bytes on this rank.
+// A checksum of every state tensor's bytes on this rank, read back to the host (a copy on
+// the CPU too, so the path a GPU run takes runs here).
 uint64_t state_checksum(Checkpointable& state, ShardedEngine& engine) {
   check(engine.synchronize(), "synchronize");
   auto tensors = state.state_tensors();
   check(tensors.status(), "state_tensors");
   uint64_t sum = 0;
+  std::vector<uint8_t> host;
   for (const auto& t : *tensors) {
-    sum = sum * 31 + ckpt::checksum(t.data, (t.end - t.begin) * dtype_size(t.dtype));
+    host.resize((t.end - t.begin) * dtype_size(t.dtype));
+    check(copy_to_host(state.state_stream(), host.data(), t.data, host.size()), "copy_to_host");
+    sum = sum * 31 + ckpt::checksum(host.data(), host.size());
   }
   return sum;
 }
@@ -92,13 +98,37 @@ struct RankFigures {
 
 void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
               const std::string& dir, RankFigures& out) {
+  const bool on_host = c.device.type == DeviceType::kCpu;
   CommOptions co;
   co.timeout = Milliseconds(600'000);
-  auto comm_or = create_communicator(store, rank, c.ranks, Device::cpu(), co);
+  auto comm_or = create_communicator(store, rank, c.ranks, c.device, co);
   check(comm_or.status(), "communicator");
   std::shared_ptr<Communicator> comm(std::move(*comm_or));
+  // The checkpoint's agreement, the barriers and the figures go over a CPU group: the
+  // engine's own on the CPU, one of its own for another device.
+  std::shared_ptr<Communicator> host = comm;
+  if (!on_host) {
+    CommOptions hco = co;
+    hco.name = "ckpt-bench-host";
+    auto host_or = create_communicator(store, rank, c.ranks, Device::cpu(), hco);
+    check(host_or.status(), "host communicator");
+    host = std::move(*host_or);
+  }
+  // Kernel passes run on the engine's compute stream (declared first: it outlives the
+  // engine).
+  std::unique_ptr<Stream> compute;
+  const Kernels* kernels = nullptr;
+  if (c.kernel_passes) {
+    auto stream_or = create_stream(c.device);
+    check(stream_or.status(), "compute stream");
+    compute = std::move(*stream_or);
+    auto kernels_or = kernels_for(c.device.type);
+    check(kernels_or.status(), "kernels");
+    kernels = *kernels_or;
+  }
   EngineOptions o;
   o.optimizer = OptimizerKind::kAdamW;
+  o.compute_stream = compute.get();
   auto engine_or = create_sharded_engine(2, comm, nullptr, o);
   check(engine_or.status(), "engine");
   ShardedEngine& engine = **engine_or;
@@ -109,28 +139,52 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
     check(engine.add_param(spec).status(), "add_param");
   }
   check(engine.seal(), "seal");
+  std::vector<float> initial(static_cast<size_t>(per_tensor));
+  for (int64_t i = 0; i < per_tensor; ++i) initial[i] = static_cast<float>(i % 101) * 1e-3f;
   for (int32_t t = 0; t < c.tensors; ++t) {
-    float* v = *engine.param(static_cast<size_t>(t));
-    for (int64_t i = 0; i < per_tensor; ++i) v[i] = static_cast<float>(i % 101) * 1e-3f;
+    auto v = engine.param_data(static_cast<size_t>(t));
+    check(v.status(), "param_data");
+    if (compute) {
+      check(compute->memcpy_async(*v, initial.data(), initial.size() * sizeof(float)), "copy");
+      check(compute->synchronize(), "copy");  // set-up: the host vector is reused
+    } else {
+      std::memcpy(*v, initial.data(), initial.size() * sizeof(float));
+    }
   }
   check(engine.broadcast_parameters(), "broadcast_parameters");
   auto& state = *dynamic_cast<Checkpointable*>(&engine);
   CheckpointOptions ckpt_options;
   ckpt_options.keep_last = 1;
-  auto checkpointer_or = Checkpointer::create(state, comm, dir, ckpt_options);
+  auto checkpointer_or = Checkpointer::create(state, host, dir, ckpt_options);
   check(checkpointer_or.status(), "checkpointer");
   Checkpointer& checkpointer = **checkpointer_or;
 
-  // A step: each layer's parameters read compute_passes times into its gradient.
+  // A step: each layer's parameters read compute_passes times into its gradient, by host
+  // loops or by the kernel table's accumulate on the compute stream.
   auto train_step = [&] {
     for (int32_t t = 0; t < c.tensors; ++t) check(engine.gather(t), "gather");
     for (int32_t t = c.tensors; t-- > 0;) {
-      const float* p = *engine.param(static_cast<size_t>(t));
-      float* g = *engine.grad(static_cast<size_t>(t));
+      const auto index = static_cast<size_t>(t);
+      if (kernels != nullptr) {
+        auto p = engine.param_data(index);
+        auto g = engine.grad_data(index);
+        check(p.status(), "param_data");
+        check(g.status(), "grad_data");
+        for (int32_t pass = 0; pass < c.compute_passes; ++pass) {
+          check(kernels->accumulate(*compute, DevicePtr<float>(static_cast<float*>(*g)),
+                                    DType::kFloat32, DevicePtr<const void>(*p),
+                                    static_cast<size_t>(per_tensor)),
+                "accumulate");
+        }
+        check(engine.grad_ready(index, compute.get()), "grad_ready");
+        continue;
+      }
+      const float* p = *engine.param(index);
+      float* g = *engine.grad(index);
       for (int32_t pass = 0; pass < c.compute_passes; ++pass) {
         for (int64_t i = 0; i < per_tensor; ++i) g[i] += p[i] * 1e-3f + 1e-4f;
       }
-      check(engine.grad_ready(static_cast<size_t>(t), nullptr), "grad_ready");
+      check(engine.grad_ready(index, nullptr), "grad_ready");
     }
     check(engine.step(), "step");
   };
@@ -155,12 +209,12 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
     const uint64_t before = state_checksum(state, engine);
 
     auto time_save = [&] {
-      quiet_barrier(*comm, dir);
+      quiet_barrier(*host, dir);
       auto start = Clock::now();
       auto work = checkpointer.save(name);
       check(work.status(), "save");
       check((*work)->wait(), "save");
-      out.save.push_back(slowest(*comm, seconds_since(start)));
+      out.save.push_back(slowest(*host, seconds_since(start)));
       check(checkpointer.wait(), "save");  // the older checkpoint's files deleted too
       auto f = ckpt::File::open_read(file);
       check(f.status(), "the saved data file");
@@ -172,24 +226,24 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
       plain.resize(out.bytes);
       std::memset(plain.data(), rep + 1, plain.size());
       (void)ckpt::remove_tree(plain_path);
-      quiet_barrier(*comm, dir);
+      quiet_barrier(*host, dir);
       auto start = Clock::now();
       auto f = ckpt::File::create(plain_path);
       check(f.status(), "plain write");
       check(f->write_all(plain.data(), plain.size()), "plain write");
       check(f->sync(), "plain fsync");
       check(f->close(), "plain close");
-      out.write.push_back(slowest(*comm, seconds_since(start)));
+      out.write.push_back(slowest(*host, seconds_since(start)));
     };
     in_turn(time_save, time_write);
     // Loads and reads from a cold cache.
     auto time_load = [&] {
       auto f = ckpt::File::open_read(file);
       if (f.ok()) f->drop_cache();
-      quiet_barrier(*comm, dir);
+      quiet_barrier(*host, dir);
       auto start = Clock::now();
       check(checkpointer.load(name).status(), "load");
-      out.load.push_back(slowest(*comm, seconds_since(start)));
+      out.load.push_back(slowest(*host, seconds_since(start)));
       out.equal = out.equal && state_checksum(state, engine) == before;
     };
     // A cold read of this rank's data file of the checkpoint the load reads (the same
@@ -199,10 +253,10 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
       auto f = ckpt::File::open_read(path);
       check(f.status(), "plain read");
       f->drop_cache();
-      quiet_barrier(*comm, dir);
+      quiet_barrier(*host, dir);
       auto start = Clock::now();
       check(f->pread_all(plain.data(), plain.size(), 0), "plain read");
-      into.push_back(slowest(*comm, seconds_since(start)));
+      into.push_back(slowest(*host, seconds_since(start)));
     };
     in_turn(time_load, [&] { time_read(file, out.read); });
     time_read(plain_path, out.read_plain_file);
@@ -211,15 +265,15 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
     // or right after a save() (the steps that begin with the save in flight are counted, and
     // the most host syncs one of them counted).
     auto time_steps = [&](int32_t steps, std::vector<double>& into) {
-      quiet_barrier(*comm, dir);
+      quiet_barrier(*host, dir);
       auto start = Clock::now();
       for (int32_t s = 0; s < steps; ++s) train_step();
       check(engine.synchronize(), "synchronize");
-      into.push_back(slowest(*comm, seconds_since(start)) / steps);
+      into.push_back(slowest(*host, seconds_since(start)) / steps);
     };
     auto time_steps_with_save = [&](int32_t steps, const std::string& saved,
                                     std::vector<double>& into, int32_t& overlapped) {
-      quiet_barrier(*comm, dir);
+      quiet_barrier(*host, dir);
       auto start = Clock::now();
       auto work = checkpointer.save(saved);
       check(work.status(), "save");
@@ -235,7 +289,7 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
         }
       }
       check(engine.synchronize(), "synchronize");
-      into.push_back(slowest(*comm, seconds_since(start)) / steps);
+      into.push_back(slowest(*host, seconds_since(start)) / steps);
       check((*work)->wait(), "save");
       check(checkpointer.wait(), "save");
       overlapped = rep == 0 ? in_flight : std::min(overlapped, in_flight);
@@ -263,7 +317,9 @@ double median_ratio(const std::vector<double>& a, const std::vector<double>& b) 
 
 }  // namespace
 
-CkptResult run_ckpt(const CkptConfig& c) {
+CkptResult run_ckpt(const CkptConfig& config) {
+  CkptConfig c = config;
+  if (c.device.type != DeviceType::kCpu) c.kernel_passes = true;  // no host loops there
   std::string dir = c.dir;
   std::string made;
   if (dir.empty()) {
@@ -312,10 +368,16 @@ void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const 
   std::fprintf(out, "# hpshard-bench ckpt — %s — %s\n", info.date.c_str(), info.machine.c_str());
   std::fprintf(out, "# command: %s\n", info.command.c_str());
   std::fprintf(out,
-               "# Stage2Engine, AdamW, %d ranks as threads, %d fp32 parameters of %s in all; "
-               "medians of %d repetitions of the slowest rank; each ratio the median of the "
-               "repetitions' ratios (each pair back to back, in alternating order); GB/s = 1e9\n",
-               c.ranks, c.tensors, size_text(c.bytes).c_str(), c.reps);
+               "# Stage2Engine on %s, AdamW, %d ranks as threads, %d fp32 parameters of %s in "
+               "all; a step's %d passes %s; medians of %d repetitions of the slowest rank; each "
+               "ratio the median of the repetitions' ratios (each pair back to back, in "
+               "alternating order); GB/s = 1e9\n",
+               c.device.to_string().c_str(), c.ranks, c.tensors, size_text(c.bytes).c_str(),
+               c.compute_passes,
+               c.kernel_passes || c.device.type != DeviceType::kCpu
+                   ? "by the kernel table's accumulate on the compute stream"
+                   : "by host loops",
+               c.reps);
   std::fprintf(out,
                "# reference: each rank writes (write + fsync) as many bytes as its data file, "
                "sequentially, beside the others, and reads (pread) its data file of the "
@@ -361,8 +423,14 @@ void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const 
 Json ckpt_to_json(const CkptConfig& c, const RunInfo& info, const CkptResult& r) {
   Json j;
   add_run_info(j, "ckpt", info);
-  j["config"] = {{"ranks", c.ranks}, {"bytes", c.bytes}, {"tensors", c.tensors},
-                 {"reps", c.reps},   {"steps", c.steps}, {"compute_passes", c.compute_passes}};
+  j["config"] = {{"device", c.device.to_string()},
+                 {"ranks", c.ranks},
+                 {"bytes", c.bytes},
+                 {"tensors", c.tensors},
+                 {"reps", c.reps},
+                 {"steps", c.steps},
+                 {"compute_passes", c.compute_passes},
+                 {"kernel_passes", c.kernel_passes || c.device.type != DeviceType::kCpu}};
   j["units"] = {{"time", "seconds, median over repetitions of the slowest rank"},
                 {"ratio", "median over repetitions of each back-to-back pair's ratio"},
                 {"bytes", "every rank's data file"}};

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/device/device.h"
 #include "tools/hpshard-bench/report.h"
 
 namespace hps::bench {
@@ -21,13 +22,20 @@ inline constexpr double kCkptBandwidthTarget = 0.8;  // save / load ≥ 0.8× pl
 inline constexpr double kCkptOverlapTarget = 1.05;   // the step right after save() ≤ 1.05×
 
 struct CkptConfig {
+  // The engine's device. Off the CPU the checkpointer's group is a CPU communicator of its
+  // own (ranks 1 needs no Gloo: tools/gpu-check.sh runs it on the GPU machine).
+  Device device = Device::cpu();
   int32_t ranks = 2;
   size_t bytes = size_t{64} << 20;  // fp32 parameter bytes (AdamW saves 3×)
   int32_t tensors = 8;              // parameters, one unit each
   int32_t reps = 3;
   int32_t steps = 6;           // steps timed per repetition, with and without a save
   int32_t compute_passes = 4;  // passes over the parameters in a step's "forward/backward"
-  std::string dir;             // where the checkpoints go (default: a temporary directory)
+  // How a pass runs: host loops on the caller's thread (the CPU's default), or the kernel
+  // table's accumulate (gradient += parameter) on the engine's compute stream (the only way
+  // off the CPU).
+  bool kernel_passes = false;
+  std::string dir;  // where the checkpoints go (default: a temporary directory)
   bool progress = true;
 };
 

@@ -7,6 +7,8 @@
 //   hpshard-gpu-bench [--mib N] [--iters N] [--json FILE]
 //   hpshard-gpu-bench --info    the driver, runtime, device, stream-ordered allocator
 //                               support and the NCCL that would be loaded (and from where)
+//   hpshard-gpu-bench --step    the engines' step at world size 1 (device_step.h)
+//   hpshard-gpu-bench --ckpt    a CUDA engine's checkpoints at world size 1 (ckpt_bench.h)
 //
 // Every buffer is device memory filled by the table's own kernels (no host copies); the
 // only host waits are the ones that read each round's timing events.
@@ -16,6 +18,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -25,6 +28,7 @@
 #include "core/device/cuda/stream.h"
 #include "core/device/device.h"
 #include "core/kernels/kernel_table.h"
+#include "tools/hpshard-bench/ckpt_bench.h"
 #include "tools/hpshard-bench/device_step.h"
 #if HPS_HAVE_NCCL
 #include "core/comm/nccl/nccl_api.h"
@@ -108,6 +112,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The value after the flag at argv[i] (i moves onto it).
+std::string flag_value(int argc, char** argv, int& i) {
+  if (i + 1 >= argc) die(std::string(argv[i]) + " needs a value");
+  return argv[++i];
+}
+
+// A mode's figures as one JSON object in `path` (nothing when it is empty).
+void write_json(const std::string& path, const hps::bench::Json& j) {
+  if (path.empty()) return;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) die("cannot write " + path);
+  std::fputs((j.dump(2) + "\n").c_str(), f);
+  std::fclose(f);
+}
+
 // --step [--width N] [--depth N] [--json FILE]: the runtime's step on CUDA at world size 1.
 int step_mode(int argc, char** argv, int first) {
   hps::bench::DeviceStepConfig c;
@@ -115,10 +134,7 @@ int step_mode(int argc, char** argv, int first) {
   std::string json_path;
   for (int i = first; i < argc; ++i) {
     const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) die(flag + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return flag_value(argc, argv, i); };
     if (flag == "--width") {
       c.width = std::atoi(value().c_str());
     } else if (flag == "--depth") {
@@ -138,16 +154,67 @@ int step_mode(int argc, char** argv, int first) {
   }
   const hps::bench::DeviceStepResult r = hps::bench::run_device_step(c);
   hps::bench::print_device_step(c, r);
-  if (!json_path.empty()) {
-    std::FILE* f = std::fopen(json_path.c_str(), "w");
-    if (f == nullptr) die("cannot write " + json_path);
-    std::fputs((hps::bench::device_step_to_json(c, r).dump(2) + "\n").c_str(), f);
-    std::fclose(f);
-  }
+  write_json(json_path, hps::bench::device_step_to_json(c, r));
   // No host sync in a steady step, and both stages trained to the same parameters.
   return r.stage2_host_syncs_max == 0 && r.stage3_host_syncs_max == 0 && r.stage2_max_diff < 1e-6
              ? 0
              : 1;
+}
+
+// --ckpt [--mib N] [--reps N] [--steps N] [--compute-passes N] [--dir DIR] [--json FILE]:
+// checkpoints of a CUDA engine at world size 1 (tools/hpshard-bench/ckpt_bench.h: the same
+// code as `hpshard-bench ckpt --device cuda --ranks 1`).
+int ckpt_mode(int argc, char** argv, int first) {
+  hps::bench::CkptConfig c;
+  c.device = hps::Device::cuda(0);
+  c.ranks = 1;
+  c.reps = 9;
+  c.compute_passes = 200;  // a step long enough on a GPU for a snapshot to hide in
+  c.progress = false;
+  std::string json_path;
+  size_t mib = 64;
+  for (int i = first; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&] { return flag_value(argc, argv, i); };
+    if (flag == "--mib") {
+      mib = std::strtoul(value().c_str(), nullptr, 10);
+    } else if (flag == "--reps") {
+      c.reps = std::atoi(value().c_str());
+    } else if (flag == "--steps") {
+      c.steps = std::atoi(value().c_str());
+    } else if (flag == "--compute-passes") {
+      c.compute_passes = std::atoi(value().c_str());
+    } else if (flag == "--dir") {
+      c.dir = value();
+    } else if (flag == "--json") {
+      json_path = value();
+    } else {
+      die("--ckpt: unknown flag " + flag);
+    }
+  }
+  if (mib < 1 || mib > 65536 || c.reps < 1 || c.reps > 1000 || c.steps < 1 || c.steps > 10000 ||
+      c.compute_passes < 0 || c.compute_passes > 100000) {
+    die("--mib must be in 1..65536, --reps in 1..1000, --steps in 1..10000 and "
+        "--compute-passes in 0..100000");
+  }
+  c.bytes = mib << 20;
+  if (hps::device_count(hps::DeviceType::kCuda) == 0) {
+    std::puts("skipped: no usable CUDA device");
+    return 77;
+  }
+  hps::bench::RunInfo info;
+  for (int i = 0; i < argc; ++i) info.command += (i ? " " : "") + std::string(argv[i]);
+  char date[32] = {};
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  info.date = date;
+  info.machine = take(hps::device_properties(c.device), "device properties").name;
+  info.torch = "no torch column for checkpoints";
+  const hps::bench::CkptResult r = hps::bench::run_ckpt(c);
+  hps::bench::print_ckpt(stdout, c, info, r);
+  write_json(json_path, hps::bench::ckpt_to_json(c, info, r));
+  // The loaded state equals the saved one, and no step beside a save synced.
+  return r.loaded_equal && r.host_syncs_in_overlapped_steps == 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -158,10 +225,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) die(flag + " needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return flag_value(argc, argv, i); };
     if (flag == "--mib") {
       mib = std::strtoul(value().c_str(), nullptr, 10);
     } else if (flag == "--iters") {
@@ -175,10 +239,14 @@ int main(int argc, char** argv) {
       // the same code as `hpshard-bench step --device cuda`, here because this binary needs
       // no Gloo.
       return step_mode(argc, argv, i + 1);
+    } else if (flag == "--ckpt") {
+      return ckpt_mode(argc, argv, i + 1);
     } else if (flag == "-h" || flag == "--help") {
       std::puts(
           "hpshard-gpu-bench [--mib N (256)] [--iters N (20)] [--json FILE] | --info\n"
-          "hpshard-gpu-bench --step [--width N (1024)] [--depth N (8)] [--json FILE]");
+          "hpshard-gpu-bench --step [--width N (1024)] [--depth N (8)] [--json FILE]\n"
+          "hpshard-gpu-bench --ckpt [--mib N (64)] [--reps N (9)] [--steps N (6)]\n"
+          "                  [--compute-passes N (200)] [--dir DIR] [--json FILE]");
       return 0;
     } else {
       die("unknown flag " + flag);

@@ -476,9 +476,10 @@ Family add_coll(CLI::App& app, int argc, char** argv) {
   cmd->add_option("--transport", cli->transport,
                   "hpshard's transport between its same-host ranks (default shm)")
       ->check(CLI::IsMember({"shm", "tcp"}));
-  cmd->add_option("--shm-direct", c.shared_memory_direct,
-                  "0 or 1: shared-memory all-gather and broadcast read the peers' buffers in "
-                  "place, one copy per byte (CommOptions::shared_memory_direct; default 1, as in the library)");
+  cmd->add_option(
+      "--shm-direct", c.shared_memory_direct,
+      "0 or 1: shared-memory all-gather and broadcast read the peers' buffers in "
+      "place, one copy per byte (CommOptions::shared_memory_direct; default 1, as in the library)");
   cmd->add_flag("--no-mpi", cli->no_mpi, "skip the Open MPI column");
   cmd->add_option("--mpi-helper", cli->mpi_helper,
                   "hpshard-bench-mpi (default: beside this program)");
@@ -786,6 +787,16 @@ int run_step_family(StepCli& cli, int argc, char** argv) {
                 [&](const RunInfo& i) { return step_to_json(c, i, worlds); });
 }
 
+// A --device value: cpu, cuda or cuda:N.
+CLI::Validator device_validator() {
+  return CLI::Validator(
+      [](std::string& text) {
+        return hps::parse_device(text).ok() ? std::string()
+                                            : "'" + text + "' is not cpu, cuda or cuda:N";
+      },
+      "DEVICE");
+}
+
 Family add_step(CLI::App& app, int argc, char** argv) {
   auto cli = std::make_shared<StepCli>();
   StepConfig& c = cli->config;
@@ -823,12 +834,7 @@ Family add_step(CLI::App& app, int argc, char** argv) {
                   "instead: the runtime's own step on cpu, cuda or cuda:N at world size 1 (no "
                   "model compute; synthetic gradients), beside the optimizer kernel alone; exit "
                   "77 when the device is absent")
-      ->check(CLI::Validator(
-          [](std::string& text) {
-            return hps::parse_device(text).ok() ? std::string()
-                                                : "'" + text + "' is not cpu, cuda or cuda:N";
-          },
-          "DEVICE"));
+      ->check(device_validator());
   cmd->add_flag("--trace-overhead", c.trace_overhead,
                 "also time stage 2 and 3 while the timeline records (HPS_TRACE)");
   add_common(*cmd, cli->common, "torch_step.py", true);
@@ -841,11 +847,17 @@ struct CkptCli {
   CkptConfig config;
   CommonCli common;
   std::string bytes;
+  std::string device;
 };
 
 int run_ckpt_family(CkptCli& cli, int argc, char** argv) {
   CkptConfig& c = cli.config;
   if (!cli.bytes.empty()) c.bytes = *parse_bytes(cli.bytes);
+  if (!cli.device.empty()) c.device = *hps::parse_device(cli.device);
+  if (c.device.type == hps::DeviceType::kCuda && hps::device_count(hps::DeviceType::kCuda) == 0) {
+    std::fprintf(stderr, "hpshard-bench: no CUDA device\n");
+    return 77;
+  }
   c.progress = !cli.common.quiet;
   RunInfo info = run_info(argc, argv);
   use_isa(cli.common, info);
@@ -884,6 +896,12 @@ Family add_ckpt(CLI::App& app, int argc, char** argv) {
   cmd->add_option("--compute-passes", c.compute_passes,
                   "passes over the parameters in a step's compute (default 4)")
       ->check(CLI::Range(0, 1000));
+  cmd->add_flag("--kernel-passes", c.kernel_passes,
+                "run the compute passes as the kernel table's accumulate on the engine's "
+                "compute stream (always so off the CPU; default on the CPU: host loops)");
+  cmd->add_option("--device", cli->device,
+                  "the engine's device: cpu (default) or cuda[:N]; exits 77 when it is absent")
+      ->check(device_validator());
   cmd->add_option("--dir", c.dir, "where the checkpoints go (default: a temporary directory)");
   cmd->add_option("--json", cli->common.json_path, "also write every figure as one JSON object");
   cmd->add_flag("--quiet", cli->common.quiet, "no progress lines on stderr");
