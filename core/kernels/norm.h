@@ -111,7 +111,6 @@ HPS_HOST_DEVICE double fixed_value(const int64_t* slots) {
 }
 
 // A FixedSquares' slots, where its members cannot be called (device code).
-HPS_HOST_DEVICE int64_t* fixed_slots(FixedSquares& f) { return reinterpret_cast<int64_t*>(&f); }
 HPS_HOST_DEVICE const int64_t* fixed_slots(const FixedSquares& f) {
   return reinterpret_cast<const int64_t*>(&f);
 }

@@ -118,7 +118,7 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
   // engine).
   std::unique_ptr<Stream> compute;
   const Kernels* kernels = nullptr;
-  if (c.kernel_passes) {
+  if (uses_kernel_passes(c)) {
     auto stream_or = create_stream(c.device);
     check(stream_or.status(), "compute stream");
     compute = std::move(*stream_or);
@@ -317,9 +317,7 @@ double median_ratio(const std::vector<double>& a, const std::vector<double>& b) 
 
 }  // namespace
 
-CkptResult run_ckpt(const CkptConfig& config) {
-  CkptConfig c = config;
-  if (c.device.type != DeviceType::kCpu) c.kernel_passes = true;  // no host loops there
+CkptResult run_ckpt(const CkptConfig& c) {
   std::string dir = c.dir;
   std::string made;
   if (dir.empty()) {
@@ -374,9 +372,8 @@ void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const 
                "alternating order); GB/s = 1e9\n",
                c.device.to_string().c_str(), c.ranks, c.tensors, size_text(c.bytes).c_str(),
                c.compute_passes,
-               c.kernel_passes || c.device.type != DeviceType::kCpu
-                   ? "by the kernel table's accumulate on the compute stream"
-                   : "by host loops",
+               uses_kernel_passes(c) ? "by the kernel table's accumulate on the compute stream"
+                                     : "by host loops",
                c.reps);
   std::fprintf(out,
                "# reference: each rank writes (write + fsync) as many bytes as its data file, "
@@ -430,7 +427,7 @@ Json ckpt_to_json(const CkptConfig& c, const RunInfo& info, const CkptResult& r)
                  {"reps", c.reps},
                  {"steps", c.steps},
                  {"compute_passes", c.compute_passes},
-                 {"kernel_passes", c.kernel_passes || c.device.type != DeviceType::kCpu}};
+                 {"kernel_passes", uses_kernel_passes(c)}};
   j["units"] = {{"time", "seconds, median over repetitions of the slowest rank"},
                 {"ratio", "median over repetitions of each back-to-back pair's ratio"},
                 {"bytes", "every rank's data file"}};

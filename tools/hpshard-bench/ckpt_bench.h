@@ -67,6 +67,11 @@ struct CkptResult {
   bool loaded_equal = false;                    // the loaded state is bitwise the saved one
 };
 
+// Whether a step's passes run as kernels: asked for, or off the CPU (no host loops there).
+inline bool uses_kernel_passes(const CkptConfig& c) {
+  return c.kernel_passes || c.device.type != DeviceType::kCpu;
+}
+
 CkptResult run_ckpt(const CkptConfig& config);
 void print_ckpt(std::FILE* out, const CkptConfig& config, const RunInfo& info,
                 const CkptResult& result);

@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -202,15 +201,11 @@ int ckpt_mode(int argc, char** argv, int first) {
     std::puts("skipped: no usable CUDA device");
     return 77;
   }
-  hps::bench::RunInfo info;
-  for (int i = 0; i < argc; ++i) info.command += (i ? " " : "") + std::string(argv[i]);
-  char date[32] = {};
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  info.date = date;
-  info.machine = take(hps::device_properties(c.device), "device properties").name;
+  hps::bench::RunInfo info = hps::bench::run_info(argc, argv);
+  info.machine += ", " + take(hps::device_properties(c.device), "device properties").name;
   info.torch = "no torch column for checkpoints";
   const hps::bench::CkptResult r = hps::bench::run_ckpt(c);
+  info.load_after = hps::bench::load_average();
   hps::bench::print_ckpt(stdout, c, info, r);
   write_json(json_path, hps::bench::ckpt_to_json(c, info, r));
   // The loaded state equals the saved one, and no step beside a save synced.

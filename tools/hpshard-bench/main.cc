@@ -47,28 +47,6 @@ constexpr int kUsageError = 2;
 
 // ---- what every family shares ----
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return b;
-}
-
-std::string machine_text() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  return std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) + " CPUs";
-}
-
-double load_average() {
-  std::ifstream in("/proc/loadavg");
-  double one = -1;
-  if (!(in >> one)) return -1;
-  return one;
-}
-
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
@@ -147,18 +125,6 @@ void add_common(CLI::App& command, CommonCli& c, const std::string& torch_script
         .add_option("--isa", c.isa, "the CPU kernels' variant (default: the best this CPU runs)")
         ->check(CLI::IsMember({"baseline", "avx2", "avx512"}));
   }
-}
-
-RunInfo run_info(int argc, char** argv) {
-  RunInfo info;
-  info.date = utc_now();
-  info.machine = machine_text();
-  for (int i = 0; i < argc; ++i) {
-    if (i) info.command += ' ';
-    info.command += argv[i];
-  }
-  info.load_before = load_average();
-  return info;
 }
 
 // Selects --isa (before any kernel runs) and notes the variant in use.

@@ -1,7 +1,12 @@
 #include "tools/hpshard-bench/report.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <ctime>
+#include <fstream>
+#include <thread>
 
 namespace hps::bench {
 namespace {
@@ -15,7 +20,41 @@ double ratio(double hpshard_seconds, double reference_seconds) {
   return hpshard_seconds > 0 ? reference_seconds / hpshard_seconds : 0.0;
 }
 
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return b;
+}
+
+std::string machine_text() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  return std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) + " CPUs";
+}
+
 }  // namespace
+
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double one = -1;
+  if (!(in >> one)) return -1;
+  return one;
+}
+
+RunInfo run_info(int argc, char** argv) {
+  RunInfo info;
+  info.date = utc_now();
+  info.machine = machine_text();
+  for (int i = 0; i < argc; ++i) {
+    if (i) info.command += ' ';
+    info.command += argv[i];
+  }
+  info.load_before = load_average();
+  return info;
+}
 
 // Shared by every family's report (report.h).
 double median(std::vector<double> v) {

@@ -58,6 +58,11 @@ struct RunInfo {
   double load_after = -1;
 };
 
+// When and where a run starts: the UTC date, this host and its CPUs, the command line and
+// the 1-minute load average.
+RunInfo run_info(int argc, char** argv);
+double load_average();  // -1 when /proc/loadavg cannot be read
+
 // The header lines every family prints (date, machine, command, CPU kernels, load).
 void print_run_header(std::FILE* out, const char* family, const RunInfo& info);
 // The same as JSON keys of the family's object.
