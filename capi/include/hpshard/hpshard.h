@@ -832,13 +832,14 @@ HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTens
  * step brings them back; release does nothing). Stage 3 keeps only this rank's shards:
  * wait_parameters gathers the unit (prefetched in the order recorded on the first step,
  * at most prefetch_window units live) and release frees it. Nothing in a steady-state
- * step blocks the host. Over CPU communicators: both stages; parameters are float32,
- * float16 or bfloat16 (views and gradients in that dtype, reductions adding in fp32, fp32
- * master weights and optimizer state inside, parameters rounded once per step). Over CUDA
- * communicators: stage 3 with float32 parameters and no dynamic loss scaling; views are
- * device pointers, and the framework's forward and backward are taken to run on the CUDA
- * legacy default stream (wait_parameters makes it wait for the unit's all-gather on the
- * device; the host never blocks).
+ * step blocks the host. Both stages, every parameter dtype and dynamic loss scaling work
+ * over CPU communicators (shared memory, Gloo TCP) and CUDA ones (NCCL) alike: parameters
+ * are float32, float16 or bfloat16 (views and gradients in that dtype, reductions adding
+ * in fp32, fp32 master weights and optimizer state inside, parameters rounded once per
+ * step). On CUDA the views are device pointers and the framework's forward and backward
+ * are taken to run on the engine's compute stream (options.compute_stream; NULL: the CUDA
+ * legacy default stream): wait_parameters makes that stream wait for the unit's
+ * all-gather on the device, and the host never blocks.
  * Thread safety: one thread at a time per engine.
  */
 typedef struct hps_engine hps_engine_t;
