@@ -99,8 +99,8 @@ Status Stage2Engine::release(int32_t unit) {
 Status Stage2Engine::launch_reduce(size_t b, Stream& ready) {
   const FlatBuffer& buf = plan_.buffers()[b];
   // fp32 buffers reduce straight into the optimizer's shard; fp16/bf16 ones reduce in their
-  // dtype (the rings add in fp32) and are widened once, before the dp all-reduce, so the
-  // reduced gradient rounds once to the dtype whatever the dp degree (as in stage 3).
+  // dtype (the rings add in fp32 and round the sum once) and are widened before the dp
+  // all-reduce, which adds the dp replicas' rounded sums in fp32 (as in stage 3).
   Stream& comm = sharding_->stream();
   DevicePtr<float> shard = storage_->get<float>(StorageRole::kGradShard, b);
   const bool fp32 = buf.dtype == DType::kFloat32;
