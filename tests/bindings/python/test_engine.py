@@ -556,6 +556,65 @@ def test_engine_half_precision_views_have_their_dtype():
             assert int(engine.param(b)[1, 1]) == 0x3F80
 
 
+
+def _to_bf16_bits(x):
+    """float32 -> bfloat16 bit patterns, rounded to nearest even (finite inputs)."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _from_bf16_bits(b):
+    return (np.asarray(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_engine_half_precision_rounds_once_per_sharding_group(stage, dtype):
+    """sharding 2 x dp 2, one fp16/bf16 parameter, SGD lr 1 from zero: the master after one
+    step is minus the reduced gradient, which the README ("Tolerances") defines as each
+    sharding group's sum rounded once to the dtype, the dp replicas' rounded sums added in
+    fp32, then the mean taken in fp32. Bitwise, and not the once-rounded sum of all four."""
+    n = 4099
+    rng = np.random.default_rng(20261202 + stage)
+    raw = rng.standard_normal((4, n)).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = _to_bf16_bits(raw)
+        values = _from_bf16_bits(bits)
+        rounded = lambda x: _from_bf16_bits(_to_bf16_bits(x))  # noqa: E731
+        param_dtype, grads = DType.BFLOAT16, bits
+    else:
+        values = raw.astype(np.float16).astype(np.float32)
+        rounded = lambda x: np.asarray(x, np.float32).astype(np.float16).astype(np.float32)  # noqa: E731
+        param_dtype, grads = np.float16, values.astype(np.float16)
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=4)
+        with store, world_comm, hpshard.Topology(2, 1, 2, 1, 1, 4) as topo:
+            group = hpshard.HybridGroup.create(world_comm, topo)
+            sharding, dp = group.comm(hpshard.Group.SHARDING), group.comm(hpshard.Group.DP)
+            with Engine.create(sharding, dp, stage=stage, learning_rate=1.0) as engine:
+                i = engine.add_param("w", (n,), dtype=param_dtype)
+                engine.seal()
+                engine.broadcast_parameters()
+                engine.wait_parameters(0)
+                engine.grad(i)[...] = grads[rank]
+                engine.grad_ready(i)
+                engine.release_parameters(0)
+                engine.step()
+                master = np.array(engine.gather_parameter(i), dtype=np.float32)
+                shards = topo.group_ranks(hpshard.Group.SHARDING, rank)
+                return master, shards
+
+    results = run_ranks(4, body, f"half-rounding-{stage}-{dtype}")
+    groups = sorted({tuple(shards) for _, shards in results})
+    assert len(groups) == 2
+    replica_sums = [rounded(values[list(g)].sum(axis=0, dtype=np.float32)) for g in groups]
+    expected = -((replica_sums[0] + replica_sums[1]) * np.float32(0.25))
+    once = -rounded(values.sum(axis=0, dtype=np.float32) * np.float32(0.25))
+    for master, _ in results:
+        np.testing.assert_array_equal(master, expected)
+    assert np.count_nonzero(expected != once) > n // 10  # the two rules differ here
+
 # ---- the engine's device and the host/device policy -------------------------------------
 class _FakeDLPack:
     """A DLPack tensor of another framework, built by hand (ctypes): any device type, over
