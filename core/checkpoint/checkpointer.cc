@@ -176,7 +176,7 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& eng
   }
   if (root.empty()) return invalid_argument("checkpoint: the root directory is empty");
   if (options.keep_last < 0) return invalid_argument("checkpoint: keep_last must be >= 0");
-  if (options.chunk_bytes < 1 || options.chunk_bytes > (uint64_t{1} << 34)) {
+  if (options.chunk_bytes < 1 || options.chunk_bytes > ckpt::kMaxChunkBytes) {
     return invalid_argument("checkpoint: chunk_bytes must be in [1, 2^34]");
   }
   if (options.timeout.count() <= 0) return invalid_argument("checkpoint: timeout must be > 0");
@@ -362,6 +362,15 @@ Status Checkpointer::write_job(SaveJob& job) {
     if (s.ok()) s = ckpt::make_directory(job.directory);
     agreed = s.ok() ? "ok\n" + job.id : encode(s);
   }
+  // Rank 0 removes the temporary directory on every way out short of publishing it (which
+  // renames it: removing the old name is then a no-op), a peer's death included.
+  struct RemoveUnpublished {
+    const std::string& directory;
+    bool armed;
+    ~RemoveUnpublished() {
+      if (armed && !directory.empty()) (void)ckpt::remove_tree(directory);
+    }
+  } unpublished{job.directory, rank == 0};
   HPS_RETURN_IF_ERROR(broadcast_string(comm, agreed, false));
   if (!starts_with(agreed, "ok\n")) return decode(agreed, "");
   job.id = agreed.substr(3);
@@ -432,7 +441,6 @@ Status Checkpointer::write_job(SaveJob& job) {
   if (rank == 0) {
     std::string published;
     Status s = publish(job, reports, published);
-    if (!s.ok()) (void)ckpt::remove_tree(job.directory);
     if (s.ok()) job.trash = collect_garbage(job.name);
     result = encode(s);
   }
@@ -783,6 +791,11 @@ Status export_safetensors(const std::string& directory, const std::string& path,
       for (size_t k = 0; k < source.tensors.size(); ++k) {
         if (source.tensors[k].name == std::string(kMasterPrefix) + param) read = k;
       }
+      if (source.tensors[read].shape != t.shape) {
+        return invalid_argument("checkpoint " + directory + ": '" + source.tensors[read].name +
+                                "' has shape " + ckpt::shape_text(source.tensors[read].shape) +
+                                " but '" + t.name + "' " + ckpt::shape_text(t.shape));
+      }
     }
     entries.push_back({param, fp32 ? DType::kFloat32 : t.dtype, t.shape});
     from.push_back(read);
@@ -793,9 +806,25 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   uint64_t data_bytes = 0;
   HPS_ASSIGN_OR_RETURN(std::string header,
                        ckpt::safetensors_header(entries, metadata, &data_bytes));
-  const std::string temporary = path + ".tmp";
-  (void)ckpt::remove_tree(temporary);
-  HPS_ASSIGN_OR_RETURN(File out, File::create(temporary));
+  // Never into the checkpoint itself (the rename would replace one of its files).
+  std::error_code ec;
+  const auto parent_of_out = std::filesystem::weakly_canonical(
+      std::filesystem::absolute(std::filesystem::path(path), ec).parent_path(), ec);
+  if (!ec && parent_of_out == std::filesystem::weakly_canonical(directory, ec) && !ec) {
+    return invalid_argument("checkpoint: '" + path + "' lies in the checkpoint " + directory +
+                            " it is exported from");
+  }
+  // A temporary name of this export's own (O_EXCL), renamed over `path` once complete:
+  // concurrent exports to one path each publish a whole file, and nothing else is touched.
+  std::string temporary;
+  StatusOr<File> created = internal_error("export: no temporary name tried");
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    temporary = path + ".tmp-" + ckpt::new_checkpoint_id().substr(0, 12);
+    created = File::create(temporary);
+    if (created.ok() || created.status().code() != StatusCode::kAlreadyExists) break;
+  }
+  HPS_RETURN_IF_ERROR(created.status());
+  File out = std::move(*created);
   Status s = out.write_all(header.data(), header.size());
   // Tensor by tensor, in windows: memory stays bounded whatever the model's size.
   constexpr uint64_t kWindowBytes = uint64_t{64} << 20;
@@ -815,7 +844,7 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   if (s.ok()) s = out.close();
   if (s.ok()) s = ckpt::rename_path(temporary, path);
   if (!s.ok()) {
-    (void)ckpt::remove_tree(temporary);
+    (void)::unlink(temporary.c_str());
     return s;
   }
   const std::string parent = std::filesystem::path(path).parent_path().string();

@@ -50,9 +50,21 @@ StatusOr<File> File::create(const std::string& path) {
 }
 
 StatusOr<File> File::open_read(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return os_error("cannot open", path, errno);
-  return File(fd, path);
+  File file(fd, path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return os_error("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    return invalid_argument("'" + path + "' is not a regular file (a directory, FIFO, socket or " +
+                            "device)");
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return os_error("cannot open", path, errno);
+  }
+  return file;
 }
 
 ssize_t File::write_piece(const uint8_t* data, size_t left) const {

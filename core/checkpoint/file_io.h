@@ -43,7 +43,8 @@ class File {
   // writing starts before the buffer is complete; without it every byte is ready.
   // Errors as write_all, and `ready`'s own.
   Status write_whole(uint8_t* data, size_t bytes, const ReadyBytes& ready = nullptr);
-  // An existing file for reading; NOT_FOUND when it does not exist.
+  // An existing regular file for reading; NOT_FOUND when it does not exist,
+  // INVALID_ARGUMENT when it is something else (a FIFO is refused, never waited on).
   static StatusOr<File> open_read(const std::string& path);
 
   const std::string& path() const { return path_; }

@@ -34,6 +34,8 @@ inline constexpr std::string_view kTrashPrefix = ".trash-";
 inline constexpr uint64_t kDataHeaderBytes = 64;
 inline constexpr uint64_t kDataAlignment = 64;
 inline constexpr uint64_t kDefaultChunkBytes = uint64_t{1} << 20;
+// The largest chunk a checkpoint may be cut into (a reader holds one whole chunk).
+inline constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 34;
 // Bounds on what a reader accepts from a manifest (hostile input).
 inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 inline constexpr size_t kMaxDimensions = 16;

@@ -208,6 +208,13 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
     if (chunk.offset < kDataHeaderBytes || !stop || *stop > f.bytes) {
       return c.bad("lies outside file '" + f.name + "' (" + std::to_string(f.bytes) + " bytes)");
     }
+    // A writer cuts at most chunk_bytes (one element at least) into a chunk, and a reader
+    // holds a whole chunk to check its sum: a larger one is refused before any is read.
+    if (chunk.end - chunk.begin > std::max<uint64_t>(1, m.chunk_bytes / element)) {
+      return c.bad("holds " + std::to_string(chunk.end - chunk.begin) +
+                   " elements, more than chunk_bytes (" + std::to_string(m.chunk_bytes) +
+                   ") allows");
+    }
     covered = chunk.end;
     t.chunks.push_back(chunk);
   }
@@ -219,6 +226,23 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
 }
 
 }  // namespace
+
+json parse_json(std::string_view text, std::string* repeated) {
+  repeated->clear();
+  std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
+  auto callback = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (event == json::parse_event_t::key && !keys.empty()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!keys.back().insert(key).second && repeated->empty()) *repeated = key;
+    }
+    return true;
+  };
+  return json::parse(text, callback, /*allow_exceptions=*/false);
+}
 
 size_t json_depth(std::string_view text) {
   size_t depth = 0, deepest = 0;
@@ -289,9 +313,11 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     return invalid_argument(origin + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth));
   }
   try {
-    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    std::string repeated;
+    const json j = parse_json(text, &repeated);
     if (j.is_discarded())
       return invalid_argument(origin + ": not valid JSON (truncated or corrupt manifest?)");
+    if (!repeated.empty()) return invalid_argument(origin + ": key '" + repeated + "' repeated");
     Reader r(j, origin);
     Manifest m;
     HPS_ASSIGN_OR_RETURN(std::string format, r.string("format"));
@@ -307,6 +333,8 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     HPS_ASSIGN_OR_RETURN(m.name, r.string("name"));
     HPS_ASSIGN_OR_RETURN(m.created_unix_ns, r.integer("created_unix_ns"));
     HPS_ASSIGN_OR_RETURN(m.chunk_bytes, r.uint("chunk_bytes"));
+    if (m.chunk_bytes < 1 || m.chunk_bytes > kMaxChunkBytes)
+      return r.bad("'chunk_bytes' is " + std::to_string(m.chunk_bytes) + ", not in [1, 2^34]");
     HPS_ASSIGN_OR_RETURN(const json* topology, r.field("topology"));
     Reader t(*topology, origin + ": topology");
     HPS_ASSIGN_OR_RETURN(m.topology.stage, t.int32("stage", 0, 3));
@@ -342,10 +370,14 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     }
     HPS_ASSIGN_OR_RETURN(const json* tensors, r.array("tensors"));
     std::set<std::string> names;
+    uint64_t total = 0;  // every tensor's bytes: what inspect adds up
     for (size_t i = 0; i < tensors->size(); ++i) {
       HPS_ASSIGN_OR_RETURN(StoredTensor tensor, tensor_from_json((*tensors)[i], i, m, origin));
       if (!names.insert(tensor.name).second)
         return r.bad("tensor '" + tensor.name + "' is listed twice");
+      auto sum = checked_add(total, tensor.numel * dtype_size(tensor.dtype));  // 2^48 x 8 fits
+      if (!sum) return r.bad("its tensors hold more than 2^64 bytes");
+      total = *sum;
       m.tensors.push_back(std::move(tensor));
     }
     return m;

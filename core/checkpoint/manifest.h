@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -75,5 +76,10 @@ SourceIndex source_of(const Manifest& manifest, const std::string& directory);
 // refuse deep documents before handing them to nlohmann, whose DOM recursion they bound.
 size_t json_depth(std::string_view text);
 inline constexpr size_t kMaxJsonDepth = 32;
+
+// nlohmann's parse of `text` (discarded when it is not valid JSON) that also reports, in
+// `repeated`, the first key an object repeats (empty when none does): JSON leaves repeated
+// keys open and nlohmann keeps the last, while no file hpshard reads has any.
+nlohmann::json parse_json(std::string_view text, std::string* repeated);
 
 }  // namespace hps::ckpt

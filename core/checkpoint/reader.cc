@@ -99,6 +99,9 @@ StatusOr<uint64_t> read_chunk(const SourceIndex& source, FileSet& files, const S
     begin = chunk.begin;
     end = chunk.end;
   }
+  // The file first: its real size is checked against the manifest's before the chunk's
+  // memory is taken.
+  HPS_RETURN_IF_ERROR(files.get(chunk.file, t.name).status());
   buffer.resize((end - begin) * dtype_size(t.dtype));
   HPS_RETURN_IF_ERROR(read_into(source, files, t, chunk, begin, end, buffer.data()));
   return begin;

@@ -86,6 +86,10 @@ StatusOr<LoadPlan> plan_load(const SourceIndex& source, const std::vector<Target
       continue;
     }
     const StoredTensor& s = source.tensors[static_cast<size_t>(from)];
+    // Matched by name: a tensor of another shape or type is reported as that, not also
+    // as one the engine lacks.
+    used.insert(static_cast<size_t>(from));
+    if (!param.empty()) loaded_params.insert(param);
     if (s.shape != target.shape) {
       mismatched.push_back("'" + target.name + "' has shape " + shape_text(target.shape) +
                            " here but " + shape_text(s.shape) + " as '" + s.name + "' there");
@@ -102,8 +106,6 @@ StatusOr<LoadPlan> plan_load(const SourceIndex& source, const std::vector<Target
       return internal_error("checkpoint: the range of '" + target.name + "' lies outside it");
     }
     plan.source_of_target[t] = from;
-    used.insert(static_cast<size_t>(from));
-    if (!param.empty()) loaded_params.insert(param);
     // The chunks overlapping [begin, end): the first whose end is past begin, onwards.
     auto first = std::upper_bound(s.chunks.begin(), s.chunks.end(), target.begin,
                                   [](uint64_t v, const StoredChunk& c) { return v < c.end; });

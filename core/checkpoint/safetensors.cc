@@ -42,10 +42,12 @@ StatusOr<SafetensorsHeader> parse_safetensors_header(std::string_view header, ui
   if (json_depth(header) > kMaxJsonDepth)
     return invalid_argument(origin + ": header nested too deep");
   try {
-    const json j = json::parse(header, nullptr, /*allow_exceptions=*/false);
+    std::string repeated;
+    const json j = parse_json(header, &repeated);
     if (j.is_discarded() || !j.is_object()) {
       return invalid_argument(origin + ": the header is not a JSON object");
     }
+    if (!repeated.empty()) return invalid_argument(origin + ": key '" + repeated + "' repeated");
     SafetensorsHeader out;
     std::vector<std::pair<uint64_t, uint64_t>> spans;
     for (const auto& [name, entry] : j.items()) {
@@ -105,12 +107,23 @@ StatusOr<SafetensorsHeader> parse_safetensors_header(std::string_view header, ui
       }
       out.tensors.push_back(std::move(t));
     }
+    // The format's data is the tensors back to back: no overlap, no hole, nothing after.
     std::sort(spans.begin(), spans.end());
-    for (size_t i = 1; i < spans.size(); ++i) {
-      if (spans[i].first < spans[i - 1].second) {
+    uint64_t at = 0;
+    for (const auto& [begin, end] : spans) {
+      if (begin < at) {
         return invalid_argument(origin + ": two tensors' data overlap at byte " +
-                                std::to_string(spans[i].first));
+                                std::to_string(begin));
       }
+      if (begin > at) {
+        return invalid_argument(origin + ": no tensor holds data bytes [" + std::to_string(at) +
+                                ", " + std::to_string(begin) + ")");
+      }
+      at = end;
+    }
+    if (at != data_bytes) {
+      return invalid_argument(origin + ": " + std::to_string(data_bytes - at) +
+                              " data bytes after the last tensor's");
     }
     return out;
   } catch (const std::exception& e) {

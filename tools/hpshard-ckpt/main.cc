@@ -169,8 +169,14 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (inspect_cmd->parsed()) return inspect(path, as_json);
-  if (verify_cmd->parsed()) return verify(path);
-  if (export_cmd->parsed()) return export_model(path, out, fp32);
-  return list(path);
+  try {
+    if (inspect_cmd->parsed()) return inspect(path, as_json);
+    if (verify_cmd->parsed()) return verify(path);
+    if (export_cmd->parsed()) return export_model(path, out, fp32);
+    return list(path);
+  } catch (const std::bad_alloc&) {
+    return fail(out_of_memory("not enough memory for '" + path + "'"));
+  } catch (const std::exception& e) {
+    return fail(internal_error(std::string("'") + path + "': " + e.what()));
+  }
 }

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -417,6 +418,27 @@ TEST(Checkpoint, ParameterDtypeChangesKeepTheMasters) {
     full = r.engine->gather_all();
     if (r.rank == 0) masters = *full;
   });
+  {  // export --fp32 reads the masters: one whose shape is not its parameter's is refused
+     // (its bytes would land under the next tensor's offsets).
+    fs::copy(dir / "bf16", dir / "odd-master", fs::copy_options::recursive);
+    auto m = ckpt::read_manifest(dir / "odd-master");
+    ASSERT_TRUE(m.ok());
+    bool edited = false;
+    for (auto& t : m->tensors) {
+      if (t.name == "master/layer0.weight") {
+        std::swap(t.shape[0], t.shape[1]);  // the same elements, so its chunks still hold
+        edited = true;
+      }
+    }
+    ASSERT_TRUE(edited);
+    std::ofstream(dir / "odd-master/manifest.json", std::ios::trunc) << ckpt::manifest_to_json(*m);
+    auto refused = export_safetensors(dir / "odd-master", dir / "odd.safetensors", true);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("'master/layer0.weight' has shape [13, 7]"), std::string::npos)
+        << refused.message();
+    EXPECT_FALSE(fs::exists(dir / "odd.safetensors"));
+    EXPECT_TRUE(export_safetensors(dir / "bf16", dir / "bf16.safetensors", true).ok());
+  }
   run({2, 4, 1, DType::kFloat32}, options, dir.path(), [&](Rank& r) {
     ASSERT_TRUE(r.checkpointer->load("bf16").ok());
     auto full = r.engine->gather_all();
@@ -545,6 +567,19 @@ TEST(Checkpoint, BadDataIsRefusedNamingFileAndTensorAndChangesNothing) {
     expect_failed_load_changes_nothing(
         layout, dir.path(), "missing",
         {"rank-00001.bin", any_tensor_of(tensors_in(d, "rank-00001.bin"))}, StatusCode::kNotFound);
+  }
+  {  // A FIFO in place of a data file and of the manifest: refused, never waited on.
+    const std::string d = copy("fifo");
+    fs::remove(d + "/rank-00001.bin");
+    ASSERT_EQ(::mkfifo((d + "/rank-00001.bin").c_str(), 0600), 0);
+    expect_failed_load_changes_nothing(layout, dir.path(), "fifo",
+                                       {"rank-00001.bin", "not a regular file"});
+    const std::string e = copy("fifo-manifest");
+    fs::remove(e + "/manifest.json");
+    ASSERT_EQ(::mkfifo((e + "/manifest.json").c_str(), 0600), 0);
+    expect_failed_load_changes_nothing(layout, dir.path(), "fifo-manifest",
+                                       {"manifest.json", "not a regular file"});
+    EXPECT_FALSE(verify_checkpoint(d).ok());
   }
   {  // The manifest of another checkpoint.
     const std::string d = copy("mixed");
@@ -751,6 +786,36 @@ TEST(Checkpoint, BadArgumentsAreRefusedNamingThem) {
       << latest.status().to_string();
 }
 
+// A save that fails because a rank left (here: it never saves, and its checkpointer and
+// communicators go away) leaves nothing under the root but what was there: rank 0 removes
+// the temporary directory it made, the previous checkpoint stays the latest.
+TEST(Checkpoint, ASaveThatLosesARankRemovesItsTemporaryDirectory) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  CheckpointOptions options = small_chunks();
+  options.timeout = Milliseconds(10'000);
+  run(
+      {2, 2, 1}, adamw_options(), dir.path(),
+      [&](Rank& r) {
+        r.train_step(0);
+        ASSERT_TRUE((*r.checkpointer->save("a"))->wait().ok());
+        if (r.rank != 0) return;  // rank 1 leaves
+        auto b = r.checkpointer->save("b");
+        ASSERT_TRUE(b.ok()) << b.status().to_string();
+        const Status s = (*b)->wait();
+        EXPECT_FALSE(s.ok()) << "saved without rank 1";
+      },
+      options);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "latest"}));
+  EXPECT_EQ(*latest_checkpoint(dir.path()), "a");
+  EXPECT_TRUE(verify_checkpoint(dir / "a").ok());
+}
+
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;
@@ -791,7 +856,23 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
     if (r.rank == 0) saved = *full;
   });
   const std::string model = dir / "model.safetensors";
+  // Whatever lies beside the output is not the export's: a directory of the name a fixed
+  // temporary name would take stays as it is.
+  fs::create_directories(model + ".tmp/keep");
+  std::ofstream(model + ".tmp/keep/data") << "precious";
   ASSERT_TRUE(export_safetensors(dir / "a", model, false).ok());
+  EXPECT_TRUE(fs::exists(model + ".tmp/keep/data"));
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    EXPECT_EQ(entry.path().filename().string().find("model.safetensors.tmp-"), std::string::npos)
+        << "a temporary file was left: " << entry.path();
+  }
+  {  // Never into the checkpoint it reads (the rename would replace one of its files).
+    auto refused = export_safetensors(dir / "a", dir / "a/rank-00000.bin", false);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("lies in the checkpoint"), std::string::npos)
+        << refused.message();
+    EXPECT_TRUE(verify_checkpoint(dir / "a").ok());
+  }
   {  // The file as any safetensors reader sees it.
     std::ifstream in(model, std::ios::binary);
     uint64_t n = 0;

@@ -5,6 +5,7 @@
 #include "core/checkpoint/format.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -191,6 +192,26 @@ size_t open_descriptors() {
 // A File moved into another closes the one it replaces and takes over the moved file's
 // descriptor and path; the moved-from File holds nothing, and moving a File into itself
 // changes nothing.
+// Only regular files are read: a FIFO is refused at once instead of waiting for a writer
+// forever, a directory at open instead of at the first read.
+TEST(FileIo, OpenReadRefusesWhatIsNotARegularFile) {
+  testing_util::TempDir dir;
+  const std::string fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, dir.path()}) {
+    auto opened = File::open_read(path);
+    ASSERT_FALSE(opened.ok()) << path;
+    EXPECT_EQ(opened.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(opened.status().message().find("'" + path + "' is not a regular file"),
+              std::string::npos)
+        << opened.status().message();
+  }
+  auto text = read_file(fifo, 4096);
+  EXPECT_FALSE(text.ok());
+  auto safetensors = read_safetensors(fifo, nullptr);
+  EXPECT_FALSE(safetensors.ok());
+}
+
 TEST(FileIo, MoveAssignmentClosesTheReplacedFile) {
   testing_util::TempDir dir;
   const std::string first = dir.path() + "/first", second = dir.path() + "/second";
@@ -277,6 +298,11 @@ TEST(Manifest, RefusesHostileManifests) {
   expect_refused([](json& j) { j["topology"]["stage"] = 9; }, "'stage' is 9, outside [0, 3]");
   expect_refused([](json& j) { j["tensors"][0]["chunks"].erase(2); }, "cover 12 of its 20");
   expect_refused([](json& j) { j["chunk_bytes"] = -40; }, "'chunk_bytes' is not an unsigned");
+  expect_refused([](json& j) { j["chunk_bytes"] = 0; }, "'chunk_bytes' is 0, not in [1, 2^34]");
+  expect_refused([](json& j) { j["chunk_bytes"] = uint64_t{1} << 40; }, "not in [1, 2^34]");
+  // A chunk larger than chunk_bytes allows: a reader would hold it whole to check its sum.
+  expect_refused([](json& j) { j["chunk_bytes"] = 20; },
+                 "chunk 0: holds 10 elements, more than chunk_bytes (20) allows");
   expect_refused([](json& j) { j["tensors"][0]["chunks"][0]["end"] = 2.5; },
                  "'end' is not an unsigned integer");
   expect_refused([](json& j) { j["engine"]["alignment_bytes"] = uint64_t{1} << 40; },
@@ -297,6 +323,12 @@ TEST(Manifest, RefusesTruncatedAndDeepDocuments) {
     auto m = parse_manifest(text.substr(0, cut), "m.json");
     EXPECT_FALSE(m.ok()) << cut;
   }
+  // A key repeated within an object (nlohmann would keep the last one silently).
+  const std::string repeated = "{\"id\": \"x\", " + text.substr(text.find('{') + 1);
+  auto twice = parse_manifest(repeated, "m.json");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("key 'id' repeated"), std::string::npos)
+      << twice.status().message();
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   auto m = parse_manifest(deep, "m.json");
   ASSERT_FALSE(m.ok());
@@ -419,6 +451,17 @@ TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
       {R"({"w": {"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 4]}})",
        "more than 2^48 elements"},
       {R"({"a": )" + deep + "}", "nested too deep"},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+           "w": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})",
+       "key 'w' repeated"},
+      // The data is the tensors back to back: no hole between them, nothing after them.
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+           "v": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]}})",
+       "no tensor holds data bytes [8, 12)"},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+       "no tensor holds data bytes [0, 4)"},
+      {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+       "8 data bytes after the last tensor's"},
   };
   for (const auto& [text, message] : bad) {
     auto refused = parse_safetensors_header(text, 16, "m.safetensors");
@@ -555,6 +598,14 @@ TEST(Reshard, MissingExtraAndMismatchedTensorsAreNamed) {
       plan_load(s, {{"param/w", DType::kFloat32, {2, 4}, 0, 8}}, SourceNaming::kCheckpoint, true);
   ASSERT_FALSE(shape.ok());
   EXPECT_NE(shape.status().message().find("[2, 4]"), std::string::npos);
+  // A tensor of another shape is that, not also one this engine does not register.
+  auto whole =
+      plan_load(s, {{"param/w", DType::kFloat32, {2, 4}, 0, 8}}, SourceNaming::kCheckpoint, false);
+  ASSERT_FALSE(whole.ok());
+  const std::string message = whole.status().message();
+  const size_t extra = message.find("not registered here: ");
+  ASSERT_NE(extra, std::string::npos) << message;  // momentum/w, param/old, step/good_steps
+  EXPECT_EQ(message.find("'param/w'", extra), std::string::npos) << message;
   auto ints = plan_load(s, {{"step/good_steps", DType::kInt64, {1}, 0, 1}},
                         SourceNaming::kCheckpoint, true);
   ASSERT_FALSE(ints.ok());
