@@ -176,6 +176,24 @@ HPS_PY_INT_SEQUENCE((const int32_t* ranks, size_t count), int32_t, PyLong_AsLong
 HPS_PY_INT_SEQUENCE((const int64_t* shape, size_t ndim), int64_t, PyLong_AsLongLong, INT64_MIN,
                     INT64_MAX)
 
+/* A string argument (a path, a name, a store address): str (or None where C takes NULL);
+ * one holding a NUL is refused, as os.open refuses it, instead of being cut short there. */
+%typemap(in, noblock = 1, fragment = "SWIG_AsCharPtrAndSize") const char*
+    (int res, char* buf = 0, size_t size = 0, int alloc = 0) {
+  res = SWIG_AsCharPtrAndSize($input, &buf, &size, &alloc);
+  if (!SWIG_IsOK(res)) {
+    %argument_fail(res, "$type", $symname, $argnum);
+  }
+  if (buf != NULL && size > 0 && strlen(buf) != size - 1) {
+    PyErr_SetString(PyExc_ValueError, "$symname: a string argument holds a NUL character");
+    SWIG_fail;
+  }
+  $1 = buf;
+}
+%typemap(freearg, noblock = 1) const char* {
+  if (alloc$argnum == SWIG_NEWOBJ) %delete_array(buf$argnum);
+}
+
 /* A checkpoint's metadata: a flat sequence of str, key, value, key, value... (copied as
  * UTF-8; a str holding a NUL is refused). */
 %typemap(in) (const char* const* keys, const char* const* values, size_t count) {

@@ -204,6 +204,16 @@ def test_export_import_safetensors_and_metadata(tmp_path):
                     == NOT_FOUND
     assert status_of(lambda: hpshard.checkpoint_export_safetensors(
         tmp_path / "absent", tmp_path / "x.safetensors")) == NOT_FOUND
+    # A path holding a NUL is refused (as os.open refuses it), not cut short at the NUL:
+    # it would name another checkpoint or file.
+    cut = str(tmp_path / "two") + "\0/../elsewhere"
+    for call in (lambda: hpshard.checkpoint_inspect(cut),
+                 lambda: hpshard.checkpoint_verify(cut),
+                 lambda: hpshard.checkpoint_export_safetensors(tmp_path / "two",
+                                                               str(out) + "\0.evil"),
+                 lambda: Store.open("memory://nul\0name", 0)):
+        with pytest.raises(ValueError, match="NUL"):
+            call()
 
 
 def test_partial_load_and_bad_input_change_nothing(tmp_path):
