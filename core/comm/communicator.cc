@@ -76,23 +76,38 @@ Status check_buffer(const CommArgs& a, const char* which, const void* pointer, s
   return Status::Ok();
 }
 
+namespace {
+
+// "all_gather #44 with count 87424, dtype float32, op sum, root 0"; a peer's fields are
+// named where they are known values and shown as numbers otherwise.
+std::string describe(const CollectiveDescriptor& d) {
+  static constexpr const char* kKinds[] = {"all_reduce", "reduce",         "broadcast",
+                                           "all_gather", "reduce_scatter", "barrier"};
+  const bool known = d.kind >= kAllReduceKind && d.kind <= kBarrierKind;
+  const std::string kind =
+      known ? kKinds[d.kind - kAllReduceKind] : "operation kind " + std::to_string(d.kind);
+  const std::string_view dtype = dtype_name(static_cast<DType>(d.dtype));
+  const std::string_view op = reduce_op_name(static_cast<ReduceOp>(d.op));
+  return kind + " #" + std::to_string(d.sequence) + " with count " + std::to_string(d.count) +
+         ", dtype " + (dtype == "unknown" ? std::to_string(d.dtype) : std::string(dtype)) +
+         ", op " + (op == "unknown" ? std::to_string(d.op) : std::string(op)) + ", root " +
+         std::to_string(d.root);
+}
+
+}  // namespace
+
 Status check_agreement(const std::string& place, const CollectiveDescriptor& mine,
                        const CollectiveDescriptor* all, int32_t size) {
   std::string differences;
   for (int32_t r = 0; r < size; ++r) {
     const CollectiveDescriptor& d = all[r];
     if (std::memcmp(&d, &mine, sizeof(d)) == 0) continue;
-    differences += "; rank " + std::to_string(r) + " called operation kind " +
-                   std::to_string(d.kind) + " #" + std::to_string(d.sequence) + " with count " +
-                   std::to_string(d.count) + ", dtype " + std::to_string(d.dtype) + ", op " +
-                   std::to_string(d.op) + ", root " + std::to_string(d.root);
+    differences += "; rank " + std::to_string(r) + " called " + describe(d);
   }
   if (differences.empty()) return Status::Ok();
   return invalid_argument((place.empty() ? std::string() : place + ": ") +
-                          "ranks disagree on the call (nothing was sent): this rank has count " +
-                          std::to_string(mine.count) + ", dtype " + std::to_string(mine.dtype) +
-                          ", op " + std::to_string(mine.op) + ", root " +
-                          std::to_string(mine.root) + differences);
+                          "ranks disagree on the call (nothing was sent): this rank called " +
+                          describe(mine) + differences);
 }
 
 Status check_rank_in_group(const CommArgs& a, const char* which, int32_t rank) {

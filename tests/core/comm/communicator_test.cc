@@ -348,6 +348,10 @@ TEST_P(CommunicatorTest, MismatchedCallsFailOnEveryRankWithNothingSent) {
         EXPECT_NE(s.message().find("all_reduce #1 on group 'world'"), std::string::npos)
             << s.message();
         EXPECT_NE(s.message().find("count 9"), std::string::npos) << s.message();
+        // The other ranks' calls are named, as this rank's.
+        const std::string theirs = std::string("called all_reduce #1 with count ") +
+                                   (rank == 1 ? "10" : "9") + ", dtype float32, op sum, root 0";
+        EXPECT_NE(s.message().find(theirs), std::string::npos) << s.message();
         EXPECT_EQ(out[0], -1.0f) << "a refused collective changes nothing";
         // The communicator is unusable after a failure; later calls say why at once.
         auto later = comm.barrier();
