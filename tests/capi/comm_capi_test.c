@@ -221,7 +221,17 @@ static void test_single_rank(void) {
   hps_comm_t* comm = NULL;
   CHECK_OK(hps_store_open("memory://capi-single", 0, 10000, &store));
   CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
-  if (comm != NULL) check_device_and_transport(comm, 1);
+  if (comm != NULL) {
+    const int32_t ranks[1] = {0};
+    hps_comm_t* child = NULL;
+    check_device_and_transport(comm, 1);
+    /* A count beyond the group's size is refused before the list is read. */
+    CHECK(hps_comm_split(comm, ranks, ((size_t)1 << 62) + 1, "far", &child) ==
+          HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(hps_last_error_message(), "more than the group's 1 ranks") != NULL);
+    CHECK(hps_comm_split(comm, ranks, SIZE_MAX, "far", &child) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(child == NULL);
+  }
   CHECK_OK(hps_comm_destroy(comm));
   CHECK_OK(hps_store_destroy(store));
 }
