@@ -48,6 +48,18 @@ hps::Status add(hps_clip& clip, void* data, uint64_t count, hps::DType dtype, ui
 
 std::shared_ptr<hps::Communicator> shared(hps_comm_t* comm) { return comm ? comm->impl : nullptr; }
 
+// The coefficient's address; a clip without communicators has none until its first run
+// places it on that run's device.
+hps::StatusOr<float*> placed_coefficient(const hps_clip& clip) {
+  const float* c = clip.impl->coefficient();
+  if (c == nullptr) {
+    return hps::failed_precondition(
+        "the clip has no communicators, so its coefficient is placed by its first "
+        "hps_clip_run (on that run's device): run it first");
+  }
+  return const_cast<float*>(c);
+}
+
 }  // namespace
 
 extern "C" {
@@ -126,18 +138,20 @@ HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float*
 HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient) {
   HPS_CHECK_ARG(clip);
   HPS_CHECK_ARG(out_coefficient);
-  *out_coefficient = clip->impl->coefficient();
-  return HPS_STATUS_OK;
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(float* c, placed_coefficient(*clip));
+    *out_coefficient = c;
+    return hps::Status::Ok();
+  });
 }
 
 HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTensor** out_tensor) {
   HPS_CHECK_ARG(clip);
   HPS_CHECK_ARG(out_tensor);
   return guard(__func__, [&]() -> hps::Status {
-    // A clip without communicators is placed by its first run; before it, the
-    // coefficient is host memory.
-    *out_tensor = hps::capi::make_view(clip->impl, const_cast<float*>(clip->impl->coefficient()),
-                                       hps::DType::kFloat32, {1}, clip->coefficient_device());
+    HPS_ASSIGN_OR_RETURN(float* c, placed_coefficient(*clip));
+    *out_tensor =
+        hps::capi::make_view(clip->impl, c, hps::DType::kFloat32, {1}, clip->coefficient_device());
     return hps::Status::Ok();
   });
 }

@@ -56,6 +56,12 @@ hps::StatusOr<const hps::ParamSpec*> param_spec(const hps_engine& engine, size_t
 constexpr uint32_t kKnownFlags =
     HPS_PARAM_FROZEN | HPS_PARAM_DISTRIBUTED | HPS_PARAM_NO_CLIP | HPS_PARAM_SHARED_NOT_FIRST;
 
+// The loss scale and skipped-step count live in the optimizer's state, made by seal().
+hps::Status check_loss_scale(const hps_engine& engine) {
+  if (engine.impl->loss_scale() != nullptr) return hps::Status::Ok();
+  return hps::failed_precondition("engine: the loss scale before seal()");
+}
+
 }  // namespace
 
 extern "C" {
@@ -289,9 +295,12 @@ HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** o
   HPS_CHECK_ARG(engine);
   HPS_CHECK_ARG(out_scale);
   HPS_CHECK_ARG(out_skipped_steps);
-  *out_scale = engine->impl->loss_scale();
-  *out_skipped_steps = engine->impl->skipped_steps();
-  return HPS_STATUS_OK;
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(check_loss_scale(*engine));
+    *out_scale = engine->impl->loss_scale();
+    *out_skipped_steps = engine->impl->skipped_steps();
+    return hps::Status::Ok();
+  });
 }
 
 HPS_API hps_status_t hps_engine_param_dlpack(hps_engine_t* engine, size_t index,
@@ -324,6 +333,7 @@ HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManage
   HPS_CHECK_ARG(out_scale);
   HPS_CHECK_ARG(out_skipped_steps);
   return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(check_loss_scale(*engine));
     // The engine only reads these; a view is writable memory by DLPack's contract, and
     // a caller that writes them owns the consequences, as with hps_engine_loss_scale.
     std::unique_ptr<DLManagedTensor, void (*)(DLManagedTensor*)> scale(

@@ -71,6 +71,13 @@ Status HybridClip::add_tensor(const ClipTensor& tensor) {
   if (tensor.data == nullptr && tensor.count > 0) {
     return invalid_argument("clip: tensor " + std::to_string(tensors_.size()) + " is null");
   }
+  // The same bound as a collective's count: its bytes must fit a size_t (and 2^60 elements).
+  const uint64_t element = dtype_size(tensor.dtype);
+  if (tensor.count > (uint64_t{1} << 60) ||
+      tensor.count > std::numeric_limits<size_t>::max() / element) {
+    return invalid_argument("clip: tensor " + std::to_string(tensors_.size()) + " has count " +
+                            std::to_string(tensor.count) + ", whose byte size overflows");
+  }
   tensors_.push_back(tensor);
   return Status::Ok();
 }

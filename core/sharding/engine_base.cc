@@ -64,7 +64,8 @@ Status EngineBase::check_sealed(const char* call) const {
   return failed_precondition(std::string("engine: ") + call + " before seal()");
 }
 
-Status EngineBase::seal_storage(std::vector<RoleLayout> roles) {
+Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
+                                const std::function<Status()>& rest) {
   if (sealed_) return failed_precondition("engine: sealed twice");
   if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
   // Every rank of both groups registered the same model (host-blocking, set-up).
@@ -82,17 +83,27 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles) {
       }
     }
   }
-  HPS_RETURN_IF_ERROR(
-      plan_.seal(sharding_->size(), options_.alignment_bytes, options_.bucket_bytes));
-  for (RoleLayout& r : ShardedOptimizer::state_roles(options_)) roles.push_back(std::move(r));
-  Stream& stream = optimizer_stream();
-  HPS_ASSIGN_OR_RETURN(storage_, ShardedStorage::create(plan_, device_, roles, stream));
-  HPS_ASSIGN_OR_RETURN(
-      optimizer_, ShardedOptimizer::create(options_, device_, *storage_, sharding_, dp_, stream));
-  // The framework may write its initial values from any thread or stream once seal()
-  // returns: the zeroing is done by then (set-up, one counted host sync).
-  HPS_RETURN_IF_ERROR(stream.synchronize());
-  buckets_.init(plan_, options_.accumulation_steps);
+  LayoutPlan unsealed = plan_;  // what a failed seal restores
+  const Status s = [&]() -> Status {
+    HPS_RETURN_IF_ERROR(
+        plan_.seal(sharding_->size(), options_.alignment_bytes, options_.bucket_bytes));
+    for (RoleLayout& r : ShardedOptimizer::state_roles(options_)) roles.push_back(std::move(r));
+    Stream& stream = optimizer_stream();
+    HPS_ASSIGN_OR_RETURN(storage_, ShardedStorage::create(plan_, device_, roles, stream));
+    HPS_ASSIGN_OR_RETURN(
+        optimizer_, ShardedOptimizer::create(options_, device_, *storage_, sharding_, dp_, stream));
+    // The framework may write its initial values from any thread or stream once seal()
+    // returns: the zeroing is done by then (set-up, one counted host sync).
+    HPS_RETURN_IF_ERROR(stream.synchronize());
+    buckets_.init(plan_, options_.accumulation_steps);
+    return rest();
+  }();
+  if (!s.ok()) {
+    optimizer_.reset();
+    storage_.reset();
+    plan_ = std::move(unsealed);
+    return s;
+  }
   sealed_ = true;
   return Status::Ok();
 }

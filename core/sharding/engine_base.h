@@ -4,6 +4,7 @@
 // on the stage. Each stage adds only its protocol (stage2_engine.cc, stage3_engine.cc).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -51,10 +52,11 @@ class EngineBase : public ShardedEngine, public Checkpointable {
              EngineOptions options);
   // The streams and kernels of the sharding communicator's device.
   Status init_device();
-  // seal()'s shared part: refuses a second seal and an empty model, checks every rank of
-  // both groups registered the same model, lays it out, allocates `roles` plus the
-  // optimizer state and creates the optimizer.
-  Status seal_storage(std::vector<RoleLayout> roles);
+  // seal(): refuses a second seal and an empty model, checks every rank of both groups
+  // registered the same model, lays it out, allocates `roles` plus the optimizer state,
+  // creates the optimizer, then runs the stage's own set-up (`rest`). A failure anywhere
+  // (an allocation, say) leaves the engine unsealed, as before the call.
+  Status seal_storage(std::vector<RoleLayout> roles, const std::function<Status()>& rest);
   // Parameters broadcast from rank 0 of the sharding group, then of the dp group, in
   // `full` (buffer b's full parameters, model dtype). Host-blocking (set-up).
   Status broadcast_full(const std::function<DevicePtr<void>(size_t)>& full);

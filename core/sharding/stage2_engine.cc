@@ -21,15 +21,17 @@ Status Stage2Engine::seal() {
   auto trainable_16 = [](const FlatBuffer& b) { return b.trainable && b.dtype != DType::kFloat32; };
   // fp32 parameters are their own masters (their shard of kParams); fp16 / bf16 ones keep
   // fp32 masters and reduce their gradients in their dtype (the rings add in fp32).
-  HPS_RETURN_IF_ERROR(seal_storage({{StorageRole::kParams, true, true, all},
-                                    {StorageRole::kGrads, true, true, trainable},
-                                    {StorageRole::kGradShard, false, false, trainable},
-                                    {StorageRole::kReducedShard, false, true, trainable_16},
-                                    {StorageRole::kMasters, false, false, trainable_16}}));
-  reduced_.assign(plan_.buffers().size(), nullptr);
-  gathered_.assign(plan_.buffers().size(), nullptr);
-  HPS_ASSIGN_OR_RETURN(widened_, create_event(device_));
-  return Status::Ok();
+  return seal_storage({{StorageRole::kParams, true, true, all},
+                       {StorageRole::kGrads, true, true, trainable},
+                       {StorageRole::kGradShard, false, false, trainable},
+                       {StorageRole::kReducedShard, false, true, trainable_16},
+                       {StorageRole::kMasters, false, false, trainable_16}},
+                      [&]() -> Status {
+                        reduced_.assign(plan_.buffers().size(), nullptr);
+                        gathered_.assign(plan_.buffers().size(), nullptr);
+                        HPS_ASSIGN_OR_RETURN(widened_, create_event(device_));
+                        return Status::Ok();
+                      });
 }
 
 DevicePtr<void> Stage2Engine::own_parameters(size_t b) const {

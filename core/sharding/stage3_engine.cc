@@ -46,24 +46,26 @@ Status Stage3Engine::seal() {
   // parameter shards (fp32 buffers send theirs; fp16/bf16 ones send the rounded shard in
   // their dtype); gradients reduce into the fp32 shard (fp16/bf16 ones in their dtype
   // first, then widened; later micro-batches into scratch, then added).
-  HPS_RETURN_IF_ERROR(seal_storage({{StorageRole::kParams, true, true, all},
-                                    {StorageRole::kMasters, false, false, master},
-                                    {StorageRole::kWireShard, false, true, is_16},
-                                    {StorageRole::kGradShard, false, false, trainable},
-                                    {StorageRole::kReducedShard, false, true, trainable_16},
-                                    {StorageRole::kIncoming, false, false, incoming}}));
-  const size_t n = plan_.buffers().size();
-  buffers_.clear();
-  buffers_.resize(n);
-  updated_.clear();
-  for (size_t b = 0; b < n; ++b) {
-    HPS_ASSIGN_OR_RETURN(auto event, create_event(device_));
-    updated_.push_back(std::move(event));
-  }
-  updated_recorded_.assign(n, false);
-  HPS_ASSIGN_OR_RETURN(accumulated_, create_event(device_));
-  schedule_.init(plan_, options_.prefetch_window);
-  return Status::Ok();
+  return seal_storage({{StorageRole::kParams, true, true, all},
+                       {StorageRole::kMasters, false, false, master},
+                       {StorageRole::kWireShard, false, true, is_16},
+                       {StorageRole::kGradShard, false, false, trainable},
+                       {StorageRole::kReducedShard, false, true, trainable_16},
+                       {StorageRole::kIncoming, false, false, incoming}},
+                      [&]() -> Status {
+                        const size_t n = plan_.buffers().size();
+                        buffers_.clear();
+                        buffers_.resize(n);
+                        updated_.clear();
+                        for (size_t b = 0; b < n; ++b) {
+                          HPS_ASSIGN_OR_RETURN(auto event, create_event(device_));
+                          updated_.push_back(std::move(event));
+                        }
+                        updated_recorded_.assign(n, false);
+                        HPS_ASSIGN_OR_RETURN(accumulated_, create_event(device_));
+                        schedule_.init(plan_, options_.prefetch_window);
+                        return Status::Ok();
+                      });
 }
 
 std::pair<DevicePtr<const void>, DType> Stage3Engine::parameter_shard(size_t b) const {

@@ -35,6 +35,8 @@ static void test_single_rank(void) {
   const float* coefficient = NULL;
   uint64_t syncs = 99;
 
+  DLManagedTensor* view = NULL;
+
   CHECK_OK(hps_clip_options_init(&options, sizeof options));
   CHECK(options.max_norm == 1.0 && options.deterministic == 0);
   options.max_norm = 0.0;
@@ -46,6 +48,17 @@ static void test_single_rank(void) {
   CHECK(hps_clip_add_tensor(clip, ints, 2, HPS_DTYPE_INT32, 0) == HPS_STATUS_INVALID_ARGUMENT);
   CHECK(hps_clip_add_tensor(clip, grads, 2, HPS_DTYPE_FLOAT32, 64) == HPS_STATUS_INVALID_ARGUMENT);
   CHECK(hps_clip_add_tensor(clip, NULL, 2, HPS_DTYPE_FLOAT32, 0) == HPS_STATUS_INVALID_ARGUMENT);
+  /* Counts whose byte size overflows (or past 2^60) are refused, as a collective's are. */
+  CHECK(hps_clip_add_tensor(clip, grads, UINT64_MAX / 4 + 1, HPS_DTYPE_FLOAT32, 0) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "overflows") != NULL);
+  CHECK(hps_clip_add_tensor(clip, half, (uint64_t)1 << 61, HPS_DTYPE_FLOAT64, 0) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  /* No communicators: the coefficient has no place before the first run picks its device. */
+  CHECK(hps_clip_coefficient(clip, &coefficient) == HPS_STATUS_FAILED_PRECONDITION);
+  CHECK(coefficient == NULL);
+  CHECK(hps_clip_coefficient_dlpack(clip, &view) == HPS_STATUS_FAILED_PRECONDITION);
+  CHECK(view == NULL);
   CHECK_OK(hps_clip_add_tensor(clip, grads, 2, HPS_DTYPE_FLOAT32, 0));
   CHECK_OK(hps_clip_add_tensor(clip, frozen, 2, HPS_DTYPE_FLOAT32, HPS_CLIP_NO_CLIP));
   CHECK_OK(hps_clip_add_tensor(clip, half, 1, HPS_DTYPE_FLOAT64, HPS_CLIP_SHARED_NOT_FIRST));
@@ -66,6 +79,9 @@ static void test_single_rank(void) {
   CHECK(frozen[0] == 100.0f && frozen[1] == 100.0f);
   CHECK_OK(hps_clip_coefficient(clip, &coefficient));
   CHECK(coefficient != NULL && fabsf(*coefficient - 1.0f / 5.000001f) < 1e-6f);
+  CHECK_OK(hps_clip_coefficient_dlpack(clip, &view));
+  CHECK(view != NULL && view->dl_tensor.data == (void*)coefficient);
+  CHECK_OK(hps_dlpack_release(view));
   CHECK_OK(hps_clip_destroy(clip));
   CHECK_OK(hps_clip_destroy(NULL));
   CHECK_OK(hps_stream_destroy(stream));

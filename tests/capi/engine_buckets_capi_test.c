@@ -155,6 +155,44 @@ static void* rank_main(void* arg) {
   return NULL;
 }
 
+/* A seal that fails (here: 256 TiB of parameters cannot be allocated) leaves the engine
+ * unsealed, as before it: parameters can still be added, the sealed-only calls are refused. The
+ * loss scale has no address before a seal. */
+static void test_failed_seal_changes_nothing(void) {
+  hps_store_t* store = NULL;
+  hps_comm_t* comm = NULL;
+  hps_engine_options_t o;
+  hps_engine_t* engine = NULL;
+  const int64_t huge[2] = {(int64_t)1 << 23, (int64_t)1 << 23}; /* 2^46 float32 elements */
+  const int64_t small = 8;
+  const float* scale = NULL;
+  const int64_t* skipped = NULL;
+  DLManagedTensor *scale_view = NULL, *skipped_view = NULL;
+  size_t index = 99;
+  uint64_t begin = 0, end = 0;
+  CHECK_OK(hps_store_open("memory://engine_failed_seal", 0, 20000, &store));
+  CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
+  CHECK_OK(hps_engine_options_init(&o, sizeof o));
+  CHECK_OK(hps_engine_create(comm, NULL, &o, &engine));
+  if (engine != NULL) {
+    CHECK(hps_engine_loss_scale(engine, &scale, &skipped) == HPS_STATUS_FAILED_PRECONDITION);
+    CHECK(scale == NULL && skipped == NULL);
+    CHECK(hps_engine_loss_scale_dlpack(engine, &scale_view, &skipped_view) ==
+          HPS_STATUS_FAILED_PRECONDITION);
+    CHECK(scale_view == NULL && skipped_view == NULL);
+    CHECK_OK(hps_engine_add_param(engine, "huge", huge, 2, HPS_DTYPE_FLOAT32, 0, 0, &index));
+    CHECK(hps_engine_seal(engine) != HPS_STATUS_OK);
+    CHECK(hps_engine_shard_range(engine, 0, &begin, &end) == HPS_STATUS_FAILED_PRECONDITION);
+    CHECK(hps_engine_param_bucket(engine, 0, &index) == HPS_STATUS_FAILED_PRECONDITION);
+    CHECK(hps_engine_loss_scale(engine, &scale, &skipped) == HPS_STATUS_FAILED_PRECONDITION);
+    CHECK_OK(hps_engine_add_param(engine, "small", &small, 1, HPS_DTYPE_FLOAT32, 0, 0, &index));
+    CHECK(index == 1);
+  }
+  CHECK_OK(hps_engine_destroy(engine));
+  CHECK_OK(hps_comm_destroy(comm));
+  CHECK_OK(hps_store_destroy(store));
+}
+
 int main(void) {
   int32_t stage;
   { /* CPU communicators need Gloo: without it this test has nothing to run on. */
@@ -170,6 +208,7 @@ int main(void) {
       return 77;
     }
   }
+  test_failed_seal_changes_nothing();
   for (stage = 2; stage <= 3; ++stage) {
     static rank_args_t args[2];
     pthread_t threads[2];

@@ -793,6 +793,8 @@ HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float*
 /**
  * The device address of the latest coefficient (valid in stream order after
  * hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip.
+ * Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (a clip without communicators
+ * before its first hps_clip_run, which places it on that run's device).
  */
 HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient);
 
@@ -810,7 +812,7 @@ HPS_API hps_status_t hps_clip_add_tensor_dlpack(hps_clip_t* clip, const DLTensor
  * The latest coefficient as a DLPack view (float32, shape [1], on the clip's device) into
  * *out_tensor, owned by the caller: it keeps the clip's memory alive until its deleter
  * runs (hps_dlpack_release). Valid in stream order after hps_clip_run, as
- * hps_clip_coefficient. Errors: INVALID_ARGUMENT (NULL). Thread safety: as
+ * hps_clip_coefficient. Errors: as hps_clip_coefficient. Thread safety: as
  * hps_clip_coefficient.
  */
 HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTensor** out_tensor);
@@ -1058,6 +1060,7 @@ HPS_API hps_status_t hps_engine_param_bucket(hps_engine_t* engine, size_t index,
  * after the step's hps_engine_wait_parameters, when the last update has landed. Also the
  * number of steps skipped for non-finite gradients, under the same rule. Both pointers
  * stay valid until the engine is destroyed. On CUDA communicators both are device memory.
+ * Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (not sealed).
  */
 HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** out_scale,
                                            const int64_t** out_skipped_steps);
