@@ -130,7 +130,14 @@ int list(const std::string& root) {
   for (const auto& n : *names) {
     if (n.empty() || n[0] == '.' || n == ckpt::kLatestFile) continue;
     auto m = ckpt::read_manifest(ckpt::join_path(root, n));
-    if (!m.ok()) continue;
+    if (!m.ok()) {
+      // Not a checkpoint (no manifest) is not listed; a manifest that does not read is said.
+      if (m.status().code() != StatusCode::kNotFound) {
+        std::fprintf(stderr, "hpshard-ckpt: %s not listed: %s\n", n.c_str(),
+                     m.status().to_string().c_str());
+      }
+      continue;
+    }
     rows.emplace_back(m->created_unix_ns, n, m->id);
   }
   std::sort(rows.begin(), rows.end());
