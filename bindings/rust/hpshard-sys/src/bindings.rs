@@ -1779,6 +1779,8 @@ extern "C" {
 extern "C" {
     #[doc = " The device address of the latest coefficient (valid in stream order after"]
     #[doc = " hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip."]
+    #[doc = " Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (a clip without communicators"]
+    #[doc = " before its first hps_clip_run, which places it on that run's device)."]
     pub fn hps_clip_coefficient(
         clip: *mut hps_clip_t,
         out_coefficient: *mut *const f32,
@@ -1800,7 +1802,7 @@ extern "C" {
     #[doc = " The latest coefficient as a DLPack view (float32, shape [1], on the clip's device) into"]
     #[doc = " *out_tensor, owned by the caller: it keeps the clip's memory alive until its deleter"]
     #[doc = " runs (hps_dlpack_release). Valid in stream order after hps_clip_run, as"]
-    #[doc = " hps_clip_coefficient. Errors: INVALID_ARGUMENT (NULL). Thread safety: as"]
+    #[doc = " hps_clip_coefficient. Errors: as hps_clip_coefficient. Thread safety: as"]
     #[doc = " hps_clip_coefficient."]
     pub fn hps_clip_coefficient_dlpack(
         clip: *mut hps_clip_t,
@@ -2509,6 +2511,7 @@ extern "C" {
     #[doc = " after the step's hps_engine_wait_parameters, when the last update has landed. Also the"]
     #[doc = " number of steps skipped for non-finite gradients, under the same rule. Both pointers"]
     #[doc = " stay valid until the engine is destroyed. On CUDA communicators both are device memory."]
+    #[doc = " Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (not sealed)."]
     pub fn hps_engine_loss_scale(
         engine: *mut hps_engine_t,
         out_scale: *mut *const f32,
