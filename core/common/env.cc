@@ -5,6 +5,24 @@
 
 namespace hps {
 
+std::string shown_value(std::string_view text) {
+  constexpr size_t kShown = 64;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < text.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  if (text.size() > kShown) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
 std::optional<std::string> env_string(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) return std::nullopt;
@@ -19,8 +37,8 @@ StatusOr<int64_t> env_int(const char* name, int64_t fallback) {
   const char* last = first + text->size();
   auto [end, error] = std::from_chars(first, last, value);
   if (error != std::errc() || end != last || text->empty()) {
-    return invalid_argument(std::string("environment variable ") + name + "='" + *text +
-                            "' is not an integer");
+    return invalid_argument(std::string("environment variable ") + name + "='" +
+                            shown_value(*text) + "' is not an integer");
   }
   return value;
 }

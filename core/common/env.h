@@ -4,11 +4,15 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/common/status.h"
 
 namespace hps {
 
+// A value read from outside, for an error message: at most 64 of its bytes, those outside
+// printable ASCII as \xNN, and its length when it was cut.
+std::string shown_value(std::string_view text);
 // The variable's value, or nothing when it is unset (an empty value counts as set).
 std::optional<std::string> env_string(const char* name);
 // The variable as a base-10 integer; `fallback` when unset; an error naming the

@@ -5,6 +5,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <netdb.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -64,6 +66,20 @@ StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
   std::lock_guard lock(mutex);
   auto& slot = devices[host];
   if (!slot) {
+    // Resolved here first: Gloo's own lookup of a name that does not resolve reads an
+    // address list it never got (a crash, not an error).
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = host.empty() ? EAI_NONAME : ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+    if (found != nullptr) ::freeaddrinfo(found);
+    if (rc != 0) {
+      devices.erase(host);
+      return invalid_argument("HPS_COMM_HOST: '" + shown_value(host) +
+                              "' does not resolve to an address of this host (" +
+                              ::gai_strerror(rc) + "); set it to this host's address");
+    }
     try {
       ::gloo::transport::tcp::attr attr;
       attr.hostname = host;

@@ -692,6 +692,24 @@ TEST(CommOptionsFromEnv, EverySizeAndSwitchIsCheckedAndNamed) {
   EXPECT_TRUE(comm_options_from_env().ok());
 }
 
+// HPS_COMM_HOST naming no address (a typo, a stray byte) crashed every rank inside Gloo's
+// own lookup; it is refused naming the variable, and a later communicator still opens.
+TEST(CommOptionsFromEnv, ACommHostThatDoesNotResolveIsRefusedNamingIt) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (const char* host : {"no-such-host.invalid", "\xff", " "}) {
+    ScopedEnv env("HPS_COMM_HOST", host);
+    auto store = make_in_memory_store();
+    auto comm = create_communicator(store, 0, 2, Device::cpu(), over(kTcp));
+    ASSERT_FALSE(comm.ok()) << host;
+    EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(comm.status().message().find("HPS_COMM_HOST"), std::string::npos)
+        << comm.status().message();
+  }
+  run_ranks(
+      2, [](int32_t, Communicator& comm) { EXPECT_TRUE((*comm.barrier())->wait().ok()); },
+      over(kTcp));
+}
+
 // 2^61-byte slots at 4 ranks overflowed the segment size (ranks x 2 x slot) and crashed with
 // SIGSEGV; now every rank is told, before anything is mapped.
 TEST(CommLimits, OversizedSharedMemorySlotsAreRefusedOnEveryRank) {

@@ -41,6 +41,16 @@ TEST(Env, Integers) {
   auto bad = env_int("HPS_TEST_ENV_INT", 7);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("HPS_TEST_ENV_INT"), std::string::npos);
+  // A hostile value is shown cut and with its odd bytes escaped, not echoed whole.
+  ::setenv("HPS_TEST_ENV_INT", (std::string("\x01\xff") + std::string(100000, '7') + "x").c_str(),
+           1);
+  bad = env_int("HPS_TEST_ENV_INT", 7);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_LT(bad.status().message().size(), 300u);
+  EXPECT_NE(bad.status().message().find("'\\x01\\xff7777"), std::string::npos)
+      << bad.status().message();
+  EXPECT_NE(bad.status().message().find("... (100003 bytes)"), std::string::npos);
+  EXPECT_EQ(shown_value("a\\b"), "a\\x5cb");
   ::unsetenv("HPS_TEST_ENV_INT");
   EXPECT_EQ(*env_int("HPS_TEST_ENV_INT", 7), 7);
   EXPECT_FALSE(env_string("HPS_TEST_ENV_INT").has_value());
