@@ -4,6 +4,8 @@
 #include <set>
 
 #include "core/checkpoint/file_io.h"
+#include "core/common/env.h"
+#include "core/common/json_input.h"
 
 namespace hps::ckpt {
 namespace {
@@ -227,48 +229,6 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
 
 }  // namespace
 
-json parse_json(std::string_view text, std::string* repeated) {
-  repeated->clear();
-  std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
-  auto callback = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      keys.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      if (!keys.empty()) keys.pop_back();
-    } else if (event == json::parse_event_t::key && !keys.empty()) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (!keys.back().insert(key).second && repeated->empty()) *repeated = key;
-    }
-    return true;
-  };
-  return json::parse(text, callback, /*allow_exceptions=*/false);
-}
-
-size_t json_depth(std::string_view text) {
-  size_t depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 std::string manifest_to_json(const Manifest& m) {
   json j;
   j["format"] = kFormatName;
@@ -309,15 +269,19 @@ std::string manifest_to_json(const Manifest& m) {
 }
 
 StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& origin) {
-  if (json_depth(text) > kMaxJsonDepth) {
-    return invalid_argument(origin + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth));
-  }
   try {
-    std::string repeated;
-    const json j = parse_json(text, &repeated);
-    if (j.is_discarded())
-      return invalid_argument(origin + ": not valid JSON (truncated or corrupt manifest?)");
-    if (!repeated.empty()) return invalid_argument(origin + ": key '" + repeated + "' repeated");
+    CheckedJson parsed = parse_checked_json(text, kMaxJsonDepth);
+    switch (parsed.problem) {
+      case CheckedJson::Problem::kNone: break;
+      case CheckedJson::Problem::kInvalid:
+        return invalid_argument(origin + ": not valid JSON (truncated or corrupt manifest?)");
+      case CheckedJson::Problem::kTooDeep:
+        return invalid_argument(origin + ": JSON nested deeper than " +
+                                std::to_string(kMaxJsonDepth));
+      case CheckedJson::Problem::kRepeatedKey:
+        return invalid_argument(origin + ": key '" + shown_value(parsed.key) + "' repeated");
+    }
+    const json& j = parsed.value;
     Reader r(j, origin);
     Manifest m;
     HPS_ASSIGN_OR_RETURN(std::string format, r.string("format"));

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <map>
-#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,14 +71,8 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
 StatusOr<Manifest> read_manifest(const std::string& directory);
 SourceIndex source_of(const Manifest& manifest, const std::string& directory);
 
-// The deepest nesting of JSON arrays and objects in `text` (strings skipped): parsers
-// refuse deep documents before handing them to nlohmann, whose DOM recursion they bound.
-size_t json_depth(std::string_view text);
+// How deep a manifest's or a safetensors header's arrays and objects may nest
+// (parse_checked_json, core/common/json_input.h).
 inline constexpr size_t kMaxJsonDepth = 32;
-
-// nlohmann's parse of `text` (discarded when it is not valid JSON) that also reports, in
-// `repeated`, the first key an object repeats (empty when none does): JSON leaves repeated
-// keys open and nlohmann keeps the last, while no file hpshard reads has any.
-nlohmann::json parse_json(std::string_view text, std::string* repeated);
 
 }  // namespace hps::ckpt

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint/file_io.h"
+#include "core/common/env.h"
+#include "core/common/json_input.h"
 
 namespace hps::ckpt {
 namespace {
@@ -39,15 +41,19 @@ std::string_view safetensors_dtype(DType dtype) {
 StatusOr<SafetensorsHeader> parse_safetensors_header(std::string_view header, uint64_t data_bytes,
                                                      const std::string& origin) {
   using json = nlohmann::json;
-  if (json_depth(header) > kMaxJsonDepth)
-    return invalid_argument(origin + ": header nested too deep");
+
   try {
-    std::string repeated;
-    const json j = parse_json(header, &repeated);
-    if (j.is_discarded() || !j.is_object()) {
+    CheckedJson parsed = parse_checked_json(header, kMaxJsonDepth);
+    if (parsed.problem == CheckedJson::Problem::kTooDeep) {
+      return invalid_argument(origin + ": header nested too deep");
+    }
+    if (parsed.problem == CheckedJson::Problem::kRepeatedKey) {
+      return invalid_argument(origin + ": key '" + shown_value(parsed.key) + "' repeated");
+    }
+    const json& j = parsed.value;
+    if (parsed.problem != CheckedJson::Problem::kNone || !j.is_object()) {
       return invalid_argument(origin + ": the header is not a JSON object");
     }
-    if (!repeated.empty()) return invalid_argument(origin + ": key '" + repeated + "' repeated");
     SafetensorsHeader out;
     std::vector<std::pair<uint64_t, uint64_t>> spans;
     for (const auto& [name, entry] : j.items()) {

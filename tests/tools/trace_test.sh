@@ -47,4 +47,18 @@ if "$tool" merge -o "$out/never.json" "$out/bad.json" 2>"$out/err.txt"; then
 fi
 grep -q "bad.json" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
 [ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
+# Hostile inputs: nesting 100,000 deep (dumped recursively it overflowed the stack), and
+# dropped-event counts whose total overflows, are refused naming the file.
+/usr/bin/python3 -c 'print("[{\"ph\": \"M\", \"args\": " + "[" * 100000 + "]" * 100000 + "}]")' \
+  >"$out/deep.json"
+if "$tool" merge -o "$out/never.json" "$out/deep.json" 2>"$out/err.txt"; then
+  echo "a file nested 100000 deep was merged"; exit 1
+fi
+grep -q "deep.json' nests arrays and objects deeper than" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+echo '{"traceEvents": [], "otherData": {"dropped_events": 18446744073709551615}}' >"$out/many.json"
+if "$tool" merge -o "$out/never.json" "$out/many.json" "$out/many.json" 2>"$out/err.txt"; then
+  echo "dropped_events past 2^64 were merged"; exit 1
+fi
+grep -q "overflows the total" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+[ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
 echo "trace test: ok"

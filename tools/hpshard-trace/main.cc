@@ -8,14 +8,18 @@
 // message names it; nothing is written); 2 for bad usage.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "core/common/json_input.h"
 
 namespace {
 
@@ -24,6 +28,7 @@ using nlohmann::json;
 
 // Inputs are outside data: a file larger than this is refused rather than read whole.
 constexpr std::uintmax_t kMaxInputBytes = std::uintmax_t{1} << 30;
+constexpr size_t kMaxDepth = 64;
 
 struct Failure {
   std::string message;
@@ -68,8 +73,21 @@ json read_events(const fs::path& path, uint64_t* dropped) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Failure{"cannot open '" + path.string() + "'"};
-  json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) throw Failure{"'" + path.string() + "' is not valid JSON"};
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // A trace's events nest a few levels (the trace, its events, their args); a deeper file
+  // is refused before nlohmann builds, copies and dumps it recursively.
+  hps::CheckedJson parsed = hps::parse_checked_json(text, kMaxDepth);
+  if (parsed.problem == hps::CheckedJson::Problem::kTooDeep) {
+    throw Failure{"'" + path.string() + "' nests arrays and objects deeper than " +
+                  std::to_string(kMaxDepth) + " levels: not a trace"};
+  }
+  if (parsed.problem != hps::CheckedJson::Problem::kNone) {
+    throw Failure{"'" + path.string() + "' is not valid JSON" +
+                  (parsed.problem == hps::CheckedJson::Problem::kRepeatedKey
+                       ? " (key '" + parsed.key.substr(0, 64) + "' repeated)"
+                       : std::string())};
+  }
+  json doc = std::move(parsed.value);
   json events;
   if (doc.is_array()) {
     events = std::move(doc);
@@ -78,7 +96,14 @@ json read_events(const fs::path& path, uint64_t* dropped) {
     const auto other = doc.find("otherData");
     if (other != doc.end() && other->is_object()) {
       const auto d = other->find("dropped_events");
-      if (d != other->end() && d->is_number_unsigned()) *dropped += d->get<uint64_t>();
+      if (d != other->end() && d->is_number_unsigned()) {
+        const uint64_t more = d->get<uint64_t>();
+        if (more > UINT64_MAX - *dropped) {
+          throw Failure{"'" + path.string() + "': dropped_events " + std::to_string(more) +
+                        " overflows the total of the files before it"};
+        }
+        *dropped += more;
+      }
     }
   } else {
     throw Failure{"'" + path.string() + "' is not a Chrome trace (no \"traceEvents\" array)"};

@@ -23,6 +23,7 @@
 #include "core/checkpoint/manifest.h"
 #include "core/checkpoint/reshard.h"
 #include "core/checkpoint/safetensors.h"
+#include "core/common/json_input.h"
 #include "tests/core/checkpoint/temp_dir.h"
 
 namespace hps::ckpt {
@@ -333,7 +334,13 @@ TEST(Manifest, RefusesTruncatedAndDeepDocuments) {
   auto m = parse_manifest(deep, "m.json");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("deeper"), std::string::npos);
-  EXPECT_EQ(json_depth(R"({"a": "[[[[", "b": [1, {"c": 2}]})"), 3u);
+  // Brackets inside strings do not count; the depth bound is inclusive.
+  EXPECT_EQ(parse_checked_json(R"({"a": "[[[[", "b": [1, {"c": 2}]})", 3).problem,
+            CheckedJson::Problem::kNone);
+  EXPECT_EQ(parse_checked_json(R"({"a": "[[[[", "b": [1, {"c": 2}]})", 2).problem,
+            CheckedJson::Problem::kTooDeep);
+  EXPECT_EQ(parse_checked_json(R"({"a": {"k": 1}, "b": {"k": 2}})", 3).problem,
+            CheckedJson::Problem::kNone);  // one key in two objects is no repetition
 }
 
 TEST(Format, ChunksAreCutAtGlobalMultiples) {
