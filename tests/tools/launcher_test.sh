@@ -143,17 +143,29 @@ case $case_name in
     "$run" -n 2 --store nfs -- "$probe" >"$work/out" 2>"$work/err"
     [ $? -eq 2 ] || fail "--store nfs: expected exit 2"
     # Durations that would overflow the clock are refused, not run.
-    for t in 1e308 inf nan 99999999999; do
+    # Numbers are plain decimals: no sign, space, exponent or hexadecimal.
+    for t in 1e308 inf nan 99999999999 0x1p0 " 1" 1e0 +1 1. .5; do
       "$run" -n 1 --timeout "$t" -- "$probe" >"$work/out" 2>"$work/err"
-      [ $? -eq 2 ] || fail "--timeout $t: expected exit 2"
+      [ $? -eq 2 ] || fail "--timeout '$t': expected exit 2"
       "$run" -n 1 --grace "$t" -- "$probe" >"$work/out" 2>"$work/err"
-      [ $? -eq 2 ] || fail "--grace $t: expected exit 2"
+      [ $? -eq 2 ] || fail "--grace '$t': expected exit 2"
+    done
+    for n in " 2" 0x2 1e0 +2 2.5 -1; do
+      "$run" -n "$n" -- "$probe" >"$work/out" 2>"$work/err"
+      [ $? -eq 2 ] || fail "-n '$n': expected exit 2"
     done
     "$run" -n 1 -- /nonexistent/program >"$work/out" 2>"$work/err"
     rc=$?
     [ $rc -eq 127 ] || fail "missing program: exit $rc, expected 127"
     grep -qF "[rank 0] hpshard-run: cannot run '/nonexistent/program'" "$work/err" ||
       fail "no message for a missing program"
+    # Ranks stopped before their exec do not hand the launcher's signal back to it (they
+    # kept its handlers, and its SIGTERM went to its own pipe, as if it had been sent one).
+    for _ in 1 2 3; do
+      "$run" -n 3 -- /nonexistent/program >"$work/out" 2>"$work/err"
+      [ $? -eq 127 ] || fail "missing program at 3 ranks: expected exit 127"
+      grep -qF "received" "$work/err" && fail "the launcher took its own SIGTERM for one sent to it"
+    done
     ;;
   store-fd)
     # The store's socket is bound by the launcher and handed to rank 0 alone: no port is

@@ -90,7 +90,19 @@ struct Options {
 // Durations beyond a year are refused: converted to clock ticks they would overflow.
 constexpr double kMaxSeconds = 365.0 * 24 * 3600;
 
+// A plain decimal: digits, optionally a point and more digits (no sign, space, exponent or
+// hexadecimal, which strtod would take).
 bool parse_number(const std::string& text, double* out) {
+  const size_t point = text.find('.');
+  const auto digits = [](std::string_view s) {
+    return !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  const std::string_view whole(text);
+  if (point == std::string::npos
+          ? !digits(whole)
+          : !digits(whole.substr(0, point)) || !digits(whole.substr(point + 1))) {
+    return false;
+  }
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
@@ -357,7 +369,13 @@ class Launcher {
         stop_all(SIGKILL);
         return false;
       }
+      // Signals wait while the child still has the launcher's handlers: it resets them,
+      // then unblocks, so a signal sent to it before its exec acts on it.
+      sigset_t all, previous;
+      sigfillset(&all);
+      ::sigprocmask(SIG_SETMASK, &all, &previous);
       const pid_t pid = ::fork();
+      if (pid != 0) ::sigprocmask(SIG_SETMASK, &previous, nullptr);
       if (pid < 0) {
         say(std::string("fork: ") + std::strerror(errno));
         stop_all(SIGKILL);
@@ -369,6 +387,9 @@ class Launcher {
         ::dup2(out[1], STDOUT_FILENO);
         ::dup2(err[1], STDERR_FILENO);
         std::signal(SIGPIPE, SIG_DFL);
+        // The launcher's handlers are not the rank's: a signal before the exec (the launcher
+        // stopping the ranks) must act on this process, not write to the launcher's pipe.
+        for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
         // Rank 0 inherits the store's listening socket (HPS_STORE_FD); the others do not.
         if (r == 0 && store_fd_ >= 0) ::fcntl(store_fd_, F_SETFD, 0);
         sigset_t none;
