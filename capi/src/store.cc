@@ -121,8 +121,9 @@ HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info) {
     HPS_ASSIGN_OR_RETURN(hps::RendezvousInfo r, hps::rendezvous_from_env());
     auto out = hps::capi::zeroed<hps_rendezvous_info_t>();
     if (r.store_url.size() >= sizeof out.store_url) {
-      return hps::invalid_argument("the store URL is longer than " +
-                                   std::to_string(sizeof out.store_url - 1) + " bytes");
+      return hps::invalid_argument("the store URL the environment gives (" + r.source +
+                                   ") is longer than " + std::to_string(sizeof out.store_url - 1) +
+                                   " bytes");
     }
     out.rank = r.rank;
     out.world_size = r.world_size;
