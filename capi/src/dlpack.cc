@@ -2,6 +2,7 @@
 // host/device policy (hps_dlpack_host_data).
 #include "capi/src/dlpack.h"
 
+#include <cstdint>
 #include <string>
 
 namespace hps::capi {
@@ -121,6 +122,22 @@ StatusOr<TensorArg> tensor_arg(const DLTensor* tensor, const char* what) {
   const uint64_t bytes = dtype_size(arg.dtype);
   if (count > UINT64_MAX / bytes) {
     return invalid_argument(std::string(what) + ": the size in bytes overflows 64 bits");
+  }
+  if (tensor->data != nullptr) {
+    // data + byte_offset starts the elements: it must not wrap the address space with them,
+    // and must be aligned to one (a kernel's loads assume it).
+    const auto base = reinterpret_cast<uintptr_t>(tensor->data);
+    const uint64_t extent = count * bytes;
+    if (tensor->byte_offset > UINTPTR_MAX - base ||
+        extent > UINTPTR_MAX - base - tensor->byte_offset) {
+      return invalid_argument(std::string(what) + ": byte_offset " +
+                              std::to_string(tensor->byte_offset) +
+                              " and the size wrap the address space");
+    }
+    if ((base + tensor->byte_offset) % bytes != 0) {
+      return invalid_argument(std::string(what) + ": data + byte_offset is not aligned to its " +
+                              std::to_string(bytes) + "-byte elements");
+    }
   }
   arg.data =
       tensor->data == nullptr ? nullptr : static_cast<char*>(tensor->data) + tensor->byte_offset;

@@ -218,6 +218,16 @@ static void policy_and_refusals(void) {
   r = host_f32(out, shape);
   CHECK_OK(finish(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work), &work));
   CHECK(out[0] == 2 && out[2] == 4);
+  /* An offset off the element size, or wrapping the address space, is refused. */
+  work = NULL;
+  t.byte_offset = 2;
+  CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(HAS("send: data + byte_offset is not aligned to its 4-byte elements") && work == NULL);
+  t.byte_offset = UINT64_MAX - 3;
+  CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(HAS("wrap the address space") && work == NULL);
   t = host_f32(data, shape);
   shape[0] = 4;
 
