@@ -147,7 +147,9 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
     return parsed_port.status().with_context("environment variable MASTER_PORT");
   }
   *used += ", MASTER_ADDR, MASTER_PORT";
-  const bool ipv6 = addr->find(':') != std::string::npos;
+  // An IPv6 literal goes in brackets, whether MASTER_ADDR has them already or not.
+  const bool bracketed = addr->size() > 2 && addr->front() == '[' && addr->back() == ']';
+  const bool ipv6 = !bracketed && addr->find(':') != std::string::npos;
   return "tcp://" + (ipv6 ? "[" + *addr + "]" : *addr) + ":" + std::to_string(*parsed_port);
 }
 

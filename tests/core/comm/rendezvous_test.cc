@@ -103,6 +103,8 @@ TEST_F(RendezvousEnv, Torchrun) {
 
   set("MASTER_ADDR", "fd00::1");  // an IPv6 address is bracketed in the URL
   EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fd00::1]:29500");
+  set("MASTER_ADDR", "[fd00::1]");  // brackets given already: not doubled
+  EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fd00::1]:29500");
   set("HPS_STORE", "file:///shared/rdzv");  // HPS_STORE wins over MASTER_*
   EXPECT_EQ(rendezvous_from_env()->store_url, "file:///shared/rdzv");
 }
