@@ -516,7 +516,9 @@ HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
 /**
  * Collective over `comm`: every rank calls it with the same `count` ranks (numbered in
  * `comm`) in the same order. Members get a new communicator in *out_comm (rank = position
- * in `ranks`; owned by the caller); the others get NULL.
+ * in `ranks`; owned by the caller); the others get NULL. Errors: INVALID_ARGUMENT (NULL, a
+ * count beyond comm's size, a repeated rank, an empty list), OUT_OF_RANGE (a rank outside
+ * comm).
  */
 HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size_t count,
                                     const char* name, hps_comm_t** out_comm);

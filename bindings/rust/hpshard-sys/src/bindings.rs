@@ -1266,7 +1266,9 @@ extern "C" {
 extern "C" {
     #[doc = " Collective over `comm`: every rank calls it with the same `count` ranks (numbered in"]
     #[doc = " `comm`) in the same order. Members get a new communicator in *out_comm (rank = position"]
-    #[doc = " in `ranks`; owned by the caller); the others get NULL."]
+    #[doc = " in `ranks`; owned by the caller); the others get NULL. Errors: INVALID_ARGUMENT (NULL, a"]
+    #[doc = " count beyond comm's size, a repeated rank, an empty list), OUT_OF_RANGE (a rank outside"]
+    #[doc = " comm)."]
     pub fn hps_comm_split(
         comm: *mut hps_comm_t,
         ranks: *const i32,
