@@ -41,6 +41,9 @@ static void hps_py_raise(int status, const char* message) {
   if (exc) {
     PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
     Py_DECREF(exc);
+  } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+    /* Ctrl-C arrived during the call and its handler ran while the error was being built:
+     * the interrupt is what the caller gets, as from any interrupted Python call. */
   } else {
     PyErr_Clear();
     PyErr_Format(PyExc_RuntimeError, "hpshard status %d: %s", status, message ? message : "");

@@ -218,8 +218,12 @@ class Handle:
             try:
                 self._before_close(h)
             finally:
-                self._keep = []
-                type(h).__swig_destroy__(h)  # the proxy's destructor, once
+                try:
+                    # The proxy's destructor, once. It finishes what is queued on the
+                    # handle (a stream's copies), so what that work uses is let go after.
+                    type(h).__swig_destroy__(h)
+                finally:
+                    self._keep = []
 
     def __enter__(self):
         return self
@@ -721,8 +725,10 @@ class Communicator(Handle):
     def split(self, ranks: Sequence[int], name: Optional[str] = None) -> Optional["Communicator"]:
         """Collective: every rank passes the same ranks (of this communicator) in the same
         order. Members get a new Communicator (rank = position in ``ranks``), the others
-        None."""
-        h = self._h().split([int(r) for r in ranks], None if name is None else str(name))
+        None. ``name`` (in messages) defaults to this communicator's name + ".split"."""
+        if name is None:
+            name = f"{self.name or 'world'}.split"
+        h = self._h().split([int(r) for r in ranks], str(name))
         return None if h is None else Communicator(h, name)
 
     # -- collectives --

@@ -167,6 +167,23 @@ def test_closed_handles_reject_use():
         hpshard.memcpy_async(bytearray(1), b"x", s)
 
 
+def test_closing_a_stream_finishes_its_copies_before_letting_their_buffers_go():
+    # A long copy ahead of a short one; the short one's buffers are referenced by the
+    # stream alone. close() runs the queued copies, then lets the buffers go (the other
+    # order freed them under the copy: a crash).
+    s = hpshard.Stream()
+    big_src = np.ones(1 << 27, np.uint8)
+    big_dst = np.empty(1 << 27, np.uint8)
+    hpshard.memcpy_async(big_dst, big_src, s)
+    dst = np.zeros(1 << 24, np.uint8)
+    src = np.full(1 << 24, 7, np.uint8)
+    hpshard.memcpy_async(dst, src, s)
+    seen = dst  # a second reference, to look at the result
+    del dst, src
+    s.close()
+    assert int(seen[0]) == 7 and int(seen[-1]) == 7 and int(big_dst[-1]) == 1
+
+
 def test_unclosed_handles_are_collected():
     s = hpshard.Stream()
     e = hpshard.Event()
