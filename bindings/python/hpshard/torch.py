@@ -26,7 +26,8 @@ resident: a unit is gathered before its forward and released after it, gathered 
 when the gradient of one of its outputs arrives in backward, and released once its
 gradients are in (a unit holding a frozen parameter at the end of backward, since
 autograd may still need the frozen weight after the trainable ones are done). Outside a
-gathered unit its parameters hold no memory (an empty storage of the right shape).
+gathered unit its parameters hold no memory: each is its shape over one zero element
+(stride 0), so reading one there gives zeros, not its values.
 Tensors autograd saves for backward that are views of a gathered parameter are saved as
 "this parameter, these strides" and re-derived from the re-gathered parameter in
 backward, so activations never pin (or read stale) gathered memory.
@@ -114,10 +115,11 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 def _husk(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of ``shape`` whose storage holds nothing: what a released parameter is."""
-    t = torch.empty(shape, dtype=dtype)
-    t.storage().resize_(0)
-    return t
+    """What a released parameter is: a tensor of ``shape`` over one zero element (every
+    stride 0): it holds no memory and reads as zeros (a write lands in that element, not
+    in the model), where a storage of no bytes under the shape let torch read and write
+    past it."""
+    return torch.zeros((), dtype=dtype).expand(shape)
 
 
 def _tensors_in(value: Any) -> Iterable[torch.Tensor]:
@@ -223,7 +225,9 @@ class ShardedModule(torch.nn.Module):
     ``units``: submodules (or their dotted names) gathered and released together; the
     remaining parameters are one more unit. ``optimizer``: "adamw" or "sgd" with ``lr``,
     ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``nesterov`` as torch.optim's.
-    ``clip_max_norm`` > 0: global-norm clipping (clip_grad_norm_). ``dynamic_loss_scaling``:
+    ``clip_max_norm`` > 0: global-norm clipping, the coefficient max_norm / (max(norm,
+    max_norm) + 1e-6) (clip_grad_norm_'s, except that below max_norm it is
+    1 - 1e-6 / max_norm where torch's is 1). ``dynamic_loss_scaling``:
     multiply the loss by :attr:`loss_scale` (or use :meth:`scale_loss`). Creating it is
     collective over the groups; rank 0's initial parameter values are everyone's."""
 
@@ -550,12 +554,29 @@ class ShardedModule(torch.nn.Module):
 
     def _make_pre_backward(self, u: _Unit):
         def hook(grad):
-            self._start_backward()
-            if not u.in_backward:
-                u.span_begin = time.monotonic_ns()
-                self._enter_backward(u)
+            try:
+                self._start_backward()
+                if not u.in_backward:
+                    u.span_begin = time.monotonic_ns()
+                    self._enter_backward(u)
+            except BaseException:
+                self._abandon_backward()
+                raise
             return grad
         return hook
+
+    def _abandon_backward(self) -> None:
+        """A hook raised: autograd stops this backward and never runs its end callback, so
+        what that callback resets is reset here, and a later forward and backward run."""
+        for u in self._units:
+            if u.in_backward:
+                try:
+                    self._leave_backward(u)
+                except Exception:  # noqa: BLE001 — the hook's own error is the one raised
+                    pass
+            u.checked.clear()
+            u.pending = 0
+        self._backward_active = False
 
     def _enter_backward(self, u: _Unit) -> None:
         if u.params:
@@ -565,8 +586,12 @@ class ShardedModule(torch.nn.Module):
 
     def _make_grad_hook(self, i: int):
         def hook(grad_inputs, grad_outputs):
-            self._start_backward()
-            self._check_in(i)
+            try:
+                self._start_backward()
+                self._check_in(i)
+            except BaseException:
+                self._abandon_backward()
+                raise
         return hook
 
     def _check_in(self, i: int) -> None:
