@@ -135,9 +135,11 @@ public final class Communicator extends Handle<CommHandle> {
   /**
    * Collective: every rank passes the same {@code ranks} (of this communicator) in the same
    * order. Members get a new communicator (rank = position in {@code ranks}), others null.
+   * {@code name} (in messages) may be null: this communicator's name + ".split".
    */
   public Communicator split(int[] ranks, String name) {
     Objects.requireNonNull(ranks, "ranks");
+    if (name == null) name = (this.name != null ? this.name : "world") + ".split";
     CommHandle h = h().split(ranks, name);
     return h == null ? null : new Communicator(h, name);
   }

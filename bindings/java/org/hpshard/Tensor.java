@@ -24,9 +24,47 @@ public final class Tensor extends Handle<TensorHandle> {
   private final long[] shape;
   private final DType dtype;
   private final Device device;
+  private final Release release;
+  private Object pin; // the ByteBuffers' attachment, once one was handed out
+
+  /**
+   * When the native view goes: at close() (or collection) of the Tensor, unless a
+   * ByteBuffer over it exists; then when the last such buffer is collected. close() thus
+   * ends the Tensor's use, never the buffers' memory.
+   */
+  private static final class Release {
+    private TensorHandle view;
+    private boolean closed;
+    private boolean pinned;
+
+    synchronized void destroy(TensorHandle p) {
+      view = p;
+      closed = true;
+      if (!pinned) free();
+    }
+
+    synchronized void pin() {
+      pinned = true;
+    }
+
+    synchronized void unpinned() {
+      pinned = false;
+      if (closed) free();
+    }
+
+    private void free() {
+      if (view != null) view.delete();
+      view = null;
+    }
+  }
 
   Tensor(TensorHandle view, Handle<?> owner, String what) {
-    super(view, TensorHandle::delete, "tensor");
+    this(view, owner, what, new Release());
+  }
+
+  private Tensor(TensorHandle view, Handle<?> owner, String what, Release release) {
+    super(view, release::destroy, "tensor");
+    this.release = release;
     this.owner = owner;
     this.what = what;
     this.shape = new long[view.ndim()];
@@ -81,8 +119,9 @@ public final class Tensor extends Handle<TensorHandle> {
   }
 
   /**
-   * A direct ByteBuffer (native byte order) over the host memory of the view; it keeps this
-   * view, and so the memory, reachable. HpsException FAILED_PRECONDITION off the host.
+   * A direct ByteBuffer (native byte order) over the host memory of the view; it keeps the
+   * memory alive (past close() of this Tensor and of its engine) while it, or a buffer
+   * derived from it, is reachable. HpsException FAILED_PRECONDITION off the host.
    */
   public ByteBuffer byteBuffer() {
     long address;
@@ -95,7 +134,16 @@ public final class Tensor extends Handle<TensorHandle> {
     if (bytes > Integer.MAX_VALUE) {
       throw new UnsupportedOperationException(what + " exceeds 2 GiB");
     }
-    return HpshardNative.directBuffer(address, bytes, this).order(ByteOrder.nativeOrder());
+    Object attachment;
+    synchronized (release) {
+      if (pin == null) {
+        pin = new Object();
+        release.pin();
+        CLEANER.register(pin, release::unpinned);
+      }
+      attachment = pin;
+    }
+    return HpshardNative.directBuffer(address, bytes, attachment).order(ByteOrder.nativeOrder());
   }
 
   @Override

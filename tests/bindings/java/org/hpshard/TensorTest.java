@@ -92,6 +92,32 @@ class TensorTest {
   }
 
   @Test
+  void closingATensorLeavesItsBuffersValidMemory() throws Exception {
+    Store s = store("tensor-close");
+    Communicator c = one(s);
+    Engine engine = Engine.create(c);
+    int w = engine.addParam("w", new long[] {1 << 16});
+    engine.seal();
+    Tensor t = engine.paramTensor(w);
+    ByteBuffer b = t.byteBuffer();
+    ByteBuffer slice = b.slice(); // a buffer derived from it keeps the memory too
+    t.close(); // the Tensor's use ends; the memory stays while a buffer over it is reachable
+    assertThrows(IllegalStateException.class, t::byteBuffer);
+    engine.close();
+    c.close();
+    s.close();
+    b = null;
+    for (int i = 0; i < 3; ++i) {
+      System.gc();
+      Thread.sleep(20);
+    }
+    for (int i = 0; i < 1 << 16; ++i) slice.putFloat(4 * i, i);
+    double sum = 0;
+    for (int i = 0; i < 1 << 16; ++i) sum += slice.getFloat(4 * i);
+    assertEquals((double) (1 << 16) * ((1 << 16) - 1) / 2, sum);
+  }
+
+  @Test
   void stageThreeViewsExistWhileTheUnitIsGathered() {
     try (Store s = store("stage3"); Communicator c = one(s);
         Engine engine = Engine.create(c, null, new Engine.Options().stage(3))) {
