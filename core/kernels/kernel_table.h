@@ -96,8 +96,9 @@ HPS_HOST_DEVICE void advance_step_state(StepState& s, const StepRule& rule) {
 }
 
 // The global norm from the partial sums of squares (exact digits in deterministic mode) and
-// the clip coefficient max_norm / max(norm, max_norm) (+1e-6 in the denominator, as torch's
-// clip_grad_norm_): NaN stays NaN (torch without error_if_nonfinite), Inf gives 0.
+// the clip coefficient max_norm / (max(norm, max_norm) + 1e-6) (DESIGN.md: below max_norm
+// it is 1 - 1e-6 / max_norm, where torch's clip_grad_norm_ clamps at 1): NaN stays NaN
+// (torch without error_if_nonfinite), Inf gives 0.
 HPS_HOST_DEVICE void finish_clip_state(ClipState& c, bool deterministic, double max_norm) {
   const double squares =
       deterministic ? fixed_value(fixed_slots(c.fixed[0])) + fixed_value(fixed_slots(c.fixed[1]))
