@@ -736,6 +736,7 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
   void release_parameters(int32_t unit) { HPS_SWIG_CHECK(hps_engine_release_parameters($self, unit)); }
   void grad_ready(size_t index, StreamHandle* ready) { HPS_SWIG_CHECK(hps_engine_grad_ready($self, index, ready)); }
   void step() { HPS_SWIG_CHECK(hps_engine_step($self)); }
+  void set_learning_rate(float learning_rate) { HPS_SWIG_CHECK(hps_engine_set_learning_rate($self, learning_rate)); }
   void synchronize() { HPS_SWIG_CHECK(hps_engine_synchronize($self)); }
   void gather_parameter(size_t index, hps_swig_out_buffer out, uint64_t count) {
     if (HPS_SWIG_FITS("out", out, count, HPS_DTYPE_FLOAT32)) HPS_SWIG_CHECK(hps_engine_gather_parameter($self, index, (float*)out.data, count));

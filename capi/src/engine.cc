@@ -303,6 +303,11 @@ HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** o
   });
 }
 
+HPS_API hps_status_t hps_engine_set_learning_rate(hps_engine_t* engine, float learning_rate) {
+  HPS_CHECK_ARG(engine);
+  return guard(__func__, [&] { return engine->impl->set_learning_rate(learning_rate); });
+}
+
 HPS_API hps_status_t hps_engine_param_dlpack(hps_engine_t* engine, size_t index,
                                              DLManagedTensor** out_tensor) {
   HPS_CHECK_ARG(engine);

@@ -155,6 +155,17 @@ StatusOr<float*> EngineBase::grad(size_t index) {
   return static_cast<float*>(g);
 }
 
+Status EngineBase::set_learning_rate(float learning_rate) {
+  if (!std::isfinite(learning_rate) || learning_rate < 0) {
+    return invalid_argument("engine: learning_rate must be >= 0 and finite, not " +
+                            std::to_string(learning_rate));
+  }
+  options_.sgd.learning_rate = learning_rate;
+  options_.adamw.learning_rate = learning_rate;
+  if (optimizer_) optimizer_->set_learning_rate(learning_rate);
+  return Status::Ok();
+}
+
 const float* EngineBase::loss_scale() const {
   return optimizer_ ? &optimizer_->state().get()->loss_scale : nullptr;  // an address
 }

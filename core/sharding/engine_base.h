@@ -30,6 +30,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   int32_t shard_rank() const override { return sharding_->rank(); }
   Device device() const override { return device_; }
   const float* loss_scale() const override;
+  Status set_learning_rate(float learning_rate) override;
   const int64_t* skipped_steps() const override;
   uint64_t resident_bytes() const override;
   int64_t steps_taken() const { return steps_; }

@@ -90,6 +90,10 @@ class ShardedEngine {
   virtual const float* loss_scale() const = 0;
   // Steps skipped for non-finite gradients so far (device memory, same ordering rule).
   virtual const int64_t* skipped_steps() const = 0;
+  // The learning rate of the steps enqueued from now on (a schedule sets it before each
+  // step): the next step's kernels take it as an argument, so nothing waits. A checkpoint
+  // records the rate in effect. INVALID_ARGUMENT when negative or not finite.
+  virtual Status set_learning_rate(float learning_rate) = 0;
 };
 
 // Stage 2 or 3 over `sharding` (CPU or CUDA communicators), `dp` optional.

@@ -58,6 +58,12 @@ class ShardedOptimizer {
   // every shard unscaled first: then the engines call reduced() for each buffer as its
   // step's last reduction is enqueued.
   bool unscales_early() const { return clip_ != nullptr || options_.dynamic_loss_scaling; }
+  // The rate the update kernels and AdamW's step constants take from the next step on.
+  void set_learning_rate(float learning_rate) {
+    options_.sgd.learning_rate = learning_rate;
+    options_.adamw.learning_rate = learning_rate;
+    rule_.adamw_hyper.learning_rate = learning_rate;
+  }
   // Buffer `shard.buffer`'s last reduction of the step is enqueued: `wait_reduced()` makes
   // `stream` wait for it, then its unscale pass (and the clip's partial sums) is enqueued,
   // so it reads the shard while the reduction's writes are still in cache, beside the rest

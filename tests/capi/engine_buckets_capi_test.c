@@ -193,6 +193,65 @@ static void test_failed_seal_changes_nothing(void) {
   CHECK_OK(hps_store_destroy(store));
 }
 
+/* A learning-rate schedule: each step takes the rate set before it, in SGD (exactly:
+ * p -= lr * g) and AdamW (its first step moves each element by lr, |m^ / sqrt(v^)| = 1). */
+static void test_learning_rate_schedule(void) {
+  const hps_optimizer_t kinds[2] = {HPS_OPTIMIZER_SGD, HPS_OPTIMIZER_ADAMW};
+  int k, s, i;
+  for (k = 0; k < 2; ++k) {
+    hps_store_t* store = NULL;
+    hps_comm_t* comm = NULL;
+    hps_engine_options_t o;
+    hps_engine_t* engine = NULL;
+    const int64_t n = 4;
+    const float rates[3] = {0.5f, 0.125f, 0.0f};
+    void* data = NULL;
+    float* param = NULL;
+    float* grad = NULL;
+    float values[4];
+    size_t index = 0;
+    CHECK_OK(hps_store_open(k == 0 ? "memory://lr-sgd" : "memory://lr-adamw", 0, 20000, &store));
+    CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
+    CHECK_OK(hps_engine_options_init(&o, sizeof o));
+    o.optimizer = kinds[k];
+    o.learning_rate = 1.0f;
+    CHECK_OK(hps_engine_create(comm, NULL, &o, &engine));
+    if (engine == NULL) return;
+    CHECK(hps_engine_set_learning_rate(NULL, 0.1f) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(hps_engine_set_learning_rate(engine, -0.1f) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(hps_engine_set_learning_rate(engine, (float)NAN) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK_OK(hps_engine_add_param(engine, "w", &n, 1, HPS_DTYPE_FLOAT32, 0, 0, &index));
+    CHECK_OK(hps_engine_seal(engine));
+    CHECK_OK(hps_engine_param(engine, 0, &data));
+    param = (float*)data;
+    for (i = 0; i < 4; ++i) param[i] = 0.0f;
+    CHECK_OK(hps_engine_broadcast_parameters(engine));
+    for (s = 0; s < 3; ++s) {
+      CHECK_OK(hps_engine_set_learning_rate(engine, rates[s]));
+      CHECK_OK(hps_engine_wait_parameters(engine, 0));
+      CHECK_OK(hps_engine_grad(engine, 0, &data));
+      grad = (float*)data;
+      for (i = 0; i < 4; ++i) grad[i] = 1.0f; /* the same gradient every step */
+      CHECK_OK(hps_engine_grad_ready(engine, 0, NULL));
+      CHECK_OK(hps_engine_release_parameters(engine, 0));
+      CHECK_OK(hps_engine_step(engine));
+    }
+    CHECK_OK(hps_engine_gather_parameter(engine, 0, values, 4));
+    for (i = 0; i < 4; ++i) {
+      /* SGD: -(0.5 + 0.125 + 0) exactly. AdamW with a constant gradient: every step moves
+       * by its rate times m^/(sqrt(v^)+eps) = 1/(1+1e-8): -(0.5 + 0.125) within 1e-6. */
+      if (k == 0) {
+        CHECK(values[i] == -0.625f);
+      } else {
+        CHECK(fabsf(values[i] + 0.625f) < 1e-6f);
+      }
+    }
+    CHECK_OK(hps_engine_destroy(engine));
+    CHECK_OK(hps_comm_destroy(comm));
+    CHECK_OK(hps_store_destroy(store));
+  }
+}
+
 int main(void) {
   int32_t stage;
   { /* CPU communicators need Gloo: without it this test has nothing to run on. */
@@ -209,6 +268,7 @@ int main(void) {
     }
   }
   test_failed_seal_changes_nothing();
+  test_learning_rate_schedule();
   for (stage = 2; stage <= 3; ++stage) {
     static rank_args_t args[2];
     pthread_t threads[2];

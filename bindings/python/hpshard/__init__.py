@@ -1487,6 +1487,12 @@ class Engine(Handle):
         once (no host sync). Error FAILED_PRECONDITION (a gradient has not checked in)."""
         self._h().step()
 
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The learning rate of the steps enqueued from now on (a schedule sets it before
+        each step, the same on every rank); no host sync. Error INVALID_ARGUMENT (negative
+        or not finite)."""
+        self._h().set_learning_rate(float(learning_rate))
+
     def synchronize(self) -> None:
         """Block until everything in flight has finished (one host sync)."""
         self._h().synchronize()

@@ -669,6 +669,11 @@ class ShardedModule(torch.nn.Module):
         finally:
             self._in_no_sync = previous
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The learning rate of the next steps (a schedule's value, set before each step on
+        every rank, e.g. ``model.set_learning_rate(scheduler_fn(step))``); no host sync."""
+        self._engine.set_learning_rate(lr)
+
     def step(self) -> None:
         """The optimizer step on this rank's shards and the parameters' all-gathers
         (enqueued; no host sync)."""

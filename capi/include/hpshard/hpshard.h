@@ -1097,6 +1097,15 @@ HPS_API hps_status_t hps_engine_grad_dlpack(hps_engine_t* engine, size_t index,
 HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManagedTensor** out_scale,
                                                   DLManagedTensor** out_skipped_steps);
 
+/**
+ * Set the learning rate of the steps enqueued from now on, SGD's and AdamW's alike (a
+ * learning-rate schedule calls it before each hps_engine_step; every rank sets the same
+ * rate). No host sync: the next step's kernels take the rate as an argument. A checkpoint
+ * saved afterwards records it. Added in 0.3.0. Errors: INVALID_ARGUMENT (NULL, negative or
+ * not finite). Thread safety: one thread at a time per engine.
+ */
+HPS_API hps_status_t hps_engine_set_learning_rate(hps_engine_t* engine, float learning_rate);
+
 /** Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds. */
 HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* out_nanoseconds);
 

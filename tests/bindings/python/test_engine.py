@@ -219,6 +219,14 @@ def test_clip_mp_ranks_with_different_flags():
 
 
 # ---- engine: the low-level layer ---------------------------------------------------------
+def test_engine_learning_rate_is_checked():
+    store = Store.open(f"memory://lr-{uuid.uuid4().hex}", 0, timeout_ms=5000)
+    with store, Communicator.create(store, 0, 1) as comm, Engine.create(comm) as engine:
+        for bad in (-1.0, float("nan"), float("inf")):
+            assert status_of(lambda: engine.set_learning_rate(bad)) == INVALID_ARGUMENT
+        engine.set_learning_rate(0.0)
+
+
 def test_capi_engine_options_and_null_handles():
     o = capi.engine_options_init(capi.engine_options_struct_size())
     assert o.struct_size == capi.engine_options_struct_size()
@@ -344,6 +352,11 @@ def gradient(name, step, rank):
         .astype(np.float32).reshape(shape)
 
 
+def schedule(step):
+    """A warm-up of the learning rate over the steps (set before each)."""
+    return LR * (step + 1) / STEPS
+
+
 def test_engine_two_ranks_sgd_matches_unsharded_reference():
     def rank(r, url):
         store, comm = world(r, url)
@@ -362,6 +375,7 @@ def test_engine_two_ranks_sgd_matches_unsharded_reference():
                 syncs = []
                 for step in range(STEPS):
                     hpshard.host_sync_reset()
+                    engine.set_learning_rate(schedule(step))  # a schedule, without a sync
                     for unit in (0, 1):
                         engine.wait_parameters(unit)
                     for n in reversed(list(index)):  # backward order
@@ -385,7 +399,7 @@ def test_engine_two_ranks_sgd_matches_unsharded_reference():
     for step in range(STEPS):
         for n in SHAPES:
             mean = (gradient(n, step, 0) + gradient(n, step, 1)) / np.float32(2)
-            reference[n] = (reference[n] - np.float32(LR) * mean).astype(np.float32)
+            reference[n] = (reference[n] - np.float32(schedule(step)) * mean).astype(np.float32)
     for r, (final, syncs, ranges, waits) in enumerate(results):
         assert syncs == [0] * STEPS, f"rank {r}: host syncs in step() {syncs}"
         for n in SHAPES:

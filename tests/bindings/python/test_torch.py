@@ -372,6 +372,37 @@ def test_stage3_parameters_outside_a_gathered_unit_hold_no_memory():
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_learning_rate_of_zero_leaves_the_parameters(stage):
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            def snapshot():
+                return [hpt_gathered(model, i) for i in range(len(model._params))]
+            x, y = batch(0)
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+            model.step()
+            before = snapshot()
+            model.set_learning_rate(0.0)
+            x, y = batch(1)
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+            model.step()
+            after = snapshot()
+            model.set_learning_rate(LR)
+            x, y = batch(2)
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+            model.step()
+            moved = snapshot()
+        return before, after, moved
+
+    for before, after, moved in run_ranks(2, rank_main):
+        assert all((a == b).all() for a, b in zip(before, after))
+        assert any((a != m).any() for a, m in zip(after, moved))
+
+
+def hpt_gathered(model, i):
+    return model._engine.gather_parameter(i).copy()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_released_parameters_read_as_zeros_and_a_failed_backward_does_not_wedge(stage):
     # Reading a stage-3 parameter outside its unit read and wrote past an empty storage
     # (a crash); a backward that a hook refused left every later forward refused.

@@ -498,6 +498,15 @@ public final class Engine extends Handle<EngineHandle> {
     h().step();
   }
 
+  /**
+   * The learning rate of the steps enqueued from now on (a schedule sets it before each
+   * step, the same on every rank); no host sync. INVALID_ARGUMENT when negative or not
+   * finite.
+   */
+  public void setLearningRate(float learningRate) {
+    h().setLearningRate(learningRate);
+  }
+
   /** Blocks until everything in flight has finished (one host sync). */
   public void synchronize() {
     h().synchronize();

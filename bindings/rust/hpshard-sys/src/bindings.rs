@@ -2557,6 +2557,17 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " Set the learning rate of the steps enqueued from now on, SGD's and AdamW's alike (a"]
+    #[doc = " learning-rate schedule calls it before each hps_engine_step; every rank sets the same"]
+    #[doc = " rate). No host sync: the next step's kernels take the rate as an argument. A checkpoint"]
+    #[doc = " saved afterwards records it. Added in 0.3.0. Errors: INVALID_ARGUMENT (NULL, negative or"]
+    #[doc = " not finite). Thread safety: one thread at a time per engine."]
+    pub fn hps_engine_set_learning_rate(
+        engine: *mut hps_engine_t,
+        learning_rate: f32,
+    ) -> hps_status_t;
+}
+extern "C" {
     #[doc = " Dependency waits so far (process-wide) and the time blocked in them, in nanoseconds."]
     pub fn hps_dependency_wait_stats(
         out_count: *mut u64,

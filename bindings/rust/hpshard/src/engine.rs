@@ -1226,6 +1226,15 @@ impl<'c> Engine<'c> {
         result
     }
 
+    /// Set the learning rate of the steps enqueued from now on
+    /// (`hps_engine_set_learning_rate`): a schedule sets it before each step, the same on
+    /// every rank; no host sync. Errors: [`Status::InvalidArgument`] (negative or not
+    /// finite; nothing changed).
+    pub fn set_learning_rate(&mut self, learning_rate: f32) -> Result<()> {
+        // SAFETY: live handle, this thread only.
+        check(unsafe { sys::hps_engine_set_learning_rate(self.raw.as_ptr(), learning_rate) })
+    }
+
     /// The mirror after a full synchronisation: every all-gather and zeroing done
     /// (reductions started since the last step stay: they belong to the next step).
     fn nothing_in_flight(&mut self) {

@@ -853,6 +853,29 @@ fn gather_parameter_gives_rank_0s_values_on_every_rank() {
     }
 }
 
+#[test]
+fn a_learning_rate_schedule_applies_to_the_next_steps() {
+    let mut comm = one_rank("schedule");
+    let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+    let w = engine
+        .add_param("w", &[3], DType::FLOAT32, ParamFlags::NONE, 0)
+        .unwrap();
+    expect_status(engine.set_learning_rate(-1.0), Status::InvalidArgument);
+    expect_status(engine.set_learning_rate(f32::NAN), Status::InvalidArgument);
+    engine.seal().unwrap();
+    engine.broadcast_parameters().unwrap();
+    for rate in [0.5f32, 0.25, 0.0] {
+        engine.set_learning_rate(rate).unwrap();
+        engine.wait_parameters(0).unwrap();
+        engine.grad(w).unwrap().fill(1.0);
+        engine.grad_ready(w, None).unwrap();
+        engine.release_parameters(0).unwrap();
+        engine.step().unwrap();
+    }
+    // SGD from zero with a gradient of 1: -(0.5 + 0.25 + 0), exactly.
+    assert_eq!(engine.gather_parameter(w).unwrap(), vec![-0.75f32; 3]);
+}
+
 // ---------------------------------------------------------------------------------
 // float16 / bfloat16 parameters through the safe views
 // ---------------------------------------------------------------------------------

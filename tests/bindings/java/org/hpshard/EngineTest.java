@@ -171,6 +171,30 @@ class EngineTest {
   }
 
   @Test
+  void learningRateScheduleAppliesToTheNextSteps() throws Exception {
+    String url = "memory://java-lr-" + UUID.randomUUID();
+    try (Store store = Store.open(url, 0, 10000); Communicator c = comm(store, 0, 1);
+        Engine engine = Engine.create(c)) {
+      int w = engine.addParam("w", new long[] {3});
+      assertEquals(INVALID_ARGUMENT, status(() -> engine.setLearningRate(-1f)));
+      assertEquals(INVALID_ARGUMENT, status(() -> engine.setLearningRate(Float.NaN)));
+      engine.seal();
+      engine.broadcastParameters();
+      for (float rate : new float[] {0.5f, 0.25f, 0f}) {
+        engine.setLearningRate(rate);
+        engine.waitParameters(0);
+        ByteBuffer g = engine.grad(w);
+        for (int i = 0; i < 3; i++) g.putFloat(4 * i, 1f);
+        engine.gradReady(w);
+        engine.releaseParameters(0);
+        engine.step();
+      }
+      // SGD from zero with a gradient of 1: -(0.5 + 0.25 + 0), exactly.
+      assertArrayEquals(new float[] {-0.75f, -0.75f, -0.75f}, engine.gatherParameter(w));
+    }
+  }
+
+  @Test
   void engineSingleRankViewsAndErrors() throws Exception {
     String url = "memory://java-engine1-" + UUID.randomUUID();
     try (Store store = Store.open(url, 0, 10000); Communicator c = comm(store, 0, 1)) {
