@@ -108,6 +108,7 @@ def test_save_then_resume_in_the_same_and_other_topologies(tmp_path):
             engine, index = build(comm)
             with engine, Checkpoint.create(engine, comm, root, keep_last=3) as ckpt:
                 train(engine, index, 0, saved_steps)
+                engine.set_learning_rate(0.015)  # a schedule's next rate, which is saved
                 at_save = gathered(engine, index)
                 hpshard.host_sync_reset()
                 work = ckpt.save(f"step-{saved_steps}", {"step": str(saved_steps),
@@ -139,7 +140,7 @@ def test_save_then_resume_in_the_same_and_other_topologies(tmp_path):
     hpshard.checkpoint_verify(root / f"step-{saved_steps}")
     options = hpshard.checkpoint_read_engine_options(root)
     assert options.optimizer == Optimizer.ADAMW and options.stage == 2
-    assert options.learning_rate == np.float32(0.02) and options.weight_decay == np.float32(0.01)
+    assert options.learning_rate == np.float32(0.015) and options.weight_decay == np.float32(0.01)
 
     def resume(stage, size):
         def rank(r, url):
