@@ -37,7 +37,9 @@ averages over the ranks and micro-batches once. A parameter registered twice (ti
 weights) is one parameter. ``requires_grad=False`` parameters are frozen (never updated,
 no gradient, still sharded). A trainable parameter that got no gradient in a backward is
 checked in with a zero gradient at the end of it (torch.optim would skip it: AdamW's
-decay and moments still advance here).
+decay and moments still advance here). Buffers (BatchNorm's running statistics) stay each
+rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives the calling
+rank's.
 
 Accumulation over micro-batches: pass ``accumulation_steps=k``; run the first k-1
 backward passes inside ``with model.no_sync():`` and the last outside it, then

@@ -118,6 +118,10 @@ public final class Clip extends Handle<ClipHandle> {
           "Clip.addTensor: grad is a heap ByteBuffer; use ByteBuffer.allocateDirect");
     }
     if (grad.isReadOnly()) throw new IllegalArgumentException("Clip.addTensor: grad is read-only");
+    if (grad.order() != java.nio.ByteOrder.nativeOrder()) {
+      throw new IllegalArgumentException("Clip.addTensor: grad is " + grad.order()
+          + "; the library reads native order (" + java.nio.ByteOrder.nativeOrder() + ")");
+    }
     ByteBuffer slice = grad.slice();
     long size = dtype.size();
     if (slice.remaining() % size != 0) {

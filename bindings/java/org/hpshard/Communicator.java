@@ -1,6 +1,7 @@
 package org.hpshard;
 
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.util.Objects;
 import org.hpshard.internal.CommHandle;
 import org.hpshard.internal.HpshardNative;
@@ -154,6 +155,10 @@ public final class Communicator extends Handle<CommHandle> {
     }
     if (writable && b.isReadOnly()) {
       throw new IllegalArgumentException(op + ": " + what + " is read-only");
+    }
+    if (b.order() != ByteOrder.nativeOrder()) {
+      throw new IllegalArgumentException(op + ": " + what + " is " + b.order()
+          + "; the library reads native order (" + ByteOrder.nativeOrder() + ")");
     }
     return b.slice();
   }

@@ -292,6 +292,11 @@ class CommTest {
             () -> comm.allReduce(send, ByteBuffer.allocate(32), DType.FLOAT32, ReduceOp.SUM));
         assertThrows(IllegalArgumentException.class, () -> comm.allReduce(
             send, direct(32).asReadOnlyBuffer(), DType.FLOAT32, ReduceOp.SUM));
+        java.nio.ByteOrder other = java.nio.ByteOrder.nativeOrder() == java.nio.ByteOrder.BIG_ENDIAN
+            ? java.nio.ByteOrder.LITTLE_ENDIAN : java.nio.ByteOrder.BIG_ENDIAN;
+        IllegalArgumentException order = assertThrows(IllegalArgumentException.class,
+            () -> comm.allReduce(send, direct(32).order(other), DType.FLOAT32, ReduceOp.SUM));
+        assertTrue(order.getMessage().contains("native order"), order.getMessage());
         assertThrows(IllegalArgumentException.class,
             () -> comm.h().allReduce(send, recv, 9, DType.FLOAT32.code(), 0, null));
         assertThrows(IllegalArgumentException.class,
