@@ -317,6 +317,18 @@ Status Stage3Engine::step() {
         updated_recorded_[b] = true;
         return updated_[b]->record(opt);  // what the buffer's next all-gather waits for
       }));
+  // A unit still live and not in use holds the parameters from before this update: kept
+  // live across a release because the recorded order gathers it next (a step whose pattern
+  // differs from the first one's), or prefetched and never used. It goes after its last
+  // reader, so the next gather brings the updated values (on_step below starts that).
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    Unit& u = buffers_[b];
+    if (!u.params || u.in_use || !plan_.buffers()[b].trainable) continue;
+    HPS_RETURN_IF_ERROR(
+        pool_->give_back(std::move(u.params), u.used ? compute() : sharding_->stream()));
+    u.gathering.reset();
+    u.used = false;
+  }
   ++steps_;
   buckets_.stepped();
   schedule_.stepped();
