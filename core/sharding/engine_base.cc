@@ -99,6 +99,9 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
     return rest();
   }();
   if (!s.ok()) {
+    // The optimizer stream may still be zeroing the storage: it finishes before the memory
+    // goes (set-up; counted like seal's own wait).
+    (void)optimizer_stream().synchronize();
     optimizer_.reset();
     storage_.reset();
     plan_ = std::move(unsealed);

@@ -29,7 +29,11 @@ StatusOr<std::unique_ptr<ShardedStorage>> ShardedStorage::create(
     }
     if (total == 0) continue;
     HPS_ASSIGN_OR_RETURN(role.memory, DeviceBuffer::allocate(device, total, alignment));
-    HPS_RETURN_IF_ERROR(stream.memset_async(role.memory.data().get(), 0, total));
+  }
+  // Zeroed once every role is allocated: a failed allocation frees memory no stream uses.
+  for (Role& role : storage->roles_) {
+    if (role.memory.bytes() == 0) continue;
+    HPS_RETURN_IF_ERROR(stream.memset_async(role.memory.data().get(), 0, role.memory.bytes()));
   }
   return storage;
 }
