@@ -18,14 +18,15 @@ trap 'rm -rf "$work"' EXIT
 grep -q "killed by signal 9" "$work/killed.log" || { cat "$work/killed.log"; echo "the job was not killed"; exit 1; }
 "$tool" verify "$work/ckpt" || exit 1
 "$tool" inspect "$work/ckpt" | grep -q "sharding 4 x dp 1 (4 ranks)" || { "$tool" inspect "$work/ckpt"; exit 1; }
-# list: the checkpoints, latest marked; a directory that is no checkpoint is passed over,
+# list: the checkpoints, latest marked; a file or a directory that is no checkpoint is passed over,
 # one whose manifest does not read is named on stderr.
 "$tool" list "$work/ckpt" | grep -q "step-5  (latest)" || { "$tool" list "$work/ckpt"; exit 1; }
 mkdir "$work/ckpt/notes" "$work/ckpt/torn" && echo '{' >"$work/ckpt/torn/manifest.json"
+echo 'not a checkpoint' >"$work/ckpt/model.safetensors"
 "$tool" list "$work/ckpt" >"$work/list.out" 2>"$work/list.err" || exit 1
-grep -q "torn not listed: invalid argument" "$work/list.err" && ! grep -q notes "$work/list.err" \
+grep -q "torn not listed: invalid argument" "$work/list.err" && ! grep -q "notes\|model" "$work/list.err" \
   || { cat "$work/list.err"; echo "list did not name the unreadable manifest alone"; exit 1; }
-rm -rf "$work/ckpt/notes" "$work/ckpt/torn"
+rm -rf "$work/ckpt/notes" "$work/ckpt/torn" "$work/ckpt/model.safetensors"
 
 "$run" -n 2 --timeout 120 -- "$train" --steps 10 --adamw --stage 3 --checkpoint-dir "$work/ckpt" \
   --resume --dump "$work/resumed.txt" >"$work/resumed.log" 2>&1 \

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -129,6 +130,8 @@ int list(const std::string& root) {
   std::vector<std::tuple<int64_t, std::string, std::string>> rows;
   for (const auto& n : *names) {
     if (n.empty() || n[0] == '.' || n == ckpt::kLatestFile) continue;
+    std::error_code ec;
+    if (!std::filesystem::is_directory(ckpt::join_path(root, n), ec)) continue;  // a file
     auto m = ckpt::read_manifest(ckpt::join_path(root, n));
     if (!m.ok()) {
       // Not a checkpoint (no manifest) is not listed; a manifest that does not read is said.
