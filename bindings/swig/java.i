@@ -252,7 +252,7 @@ HPS_JAVA_INT_ARRAY((const int64_t* shape, size_t ndim), jlongArray, long[], int6
  * bytes at `address` (host memory of a view) that keeps `owner` reachable for as long as
  * it, or any buffer derived from it, is: JDK 17's DirectByteBuffer has an attachment for
  * that, which JNI may fill through its constructor. Without that constructor (another
- * JDK), a plain JNI direct buffer: the caller then keeps `owner` reachable itself. */
+ * JDK), a plain JNI direct buffer, and `owner` stays reachable for the process's life. */
 %{
 static jobject hps_java_direct_buffer(JNIEnv* jenv, uintptr_t address, int64_t bytes,
                                       jobject owner) {
@@ -274,6 +274,9 @@ static jobject hps_java_direct_buffer(JNIEnv* jenv, uintptr_t address, int64_t b
   if (!buffer) {
     (*jenv)->ExceptionClear(jenv);
     buffer = (*jenv)->NewDirectByteBuffer(jenv, (void*)address, (jlong)bytes);
+    /* No attachment on this JDK: nothing ties `owner` to the buffer, so it is kept for the
+     * process's life (a leak of the view, never memory freed under a live buffer). */
+    if (buffer && owner) (void)(*jenv)->NewGlobalRef(jenv, owner);
   }
   if (!buffer && !(*jenv)->ExceptionCheck(jenv)) {
     SWIG_JavaThrowException(jenv, SWIG_JavaRuntimeException,

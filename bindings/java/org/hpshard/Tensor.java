@@ -146,6 +146,18 @@ public final class Tensor extends Handle<TensorHandle> {
     return HpshardNative.directBuffer(address, bytes, attachment).order(ByteOrder.nativeOrder());
   }
 
+  /**
+   * Ends this Tensor's use; the native view goes now, or, when ByteBuffers were taken, once
+   * the last of them is collected.
+   */
+  @Override
+  public void close() {
+    super.close();
+    synchronized (release) {
+      pin = null; // the buffers alone keep it now
+    }
+  }
+
   @Override
   public String toString() {
     return "Tensor[" + what + " " + dtype.name().toLowerCase() + java.util.Arrays.toString(shape)

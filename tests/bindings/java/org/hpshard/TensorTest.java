@@ -103,6 +103,7 @@ class TensorTest {
     ByteBuffer slice = b.slice(); // a buffer derived from it keeps the memory too
     t.close(); // the Tensor's use ends; the memory stays while a buffer over it is reachable
     assertThrows(IllegalStateException.class, t::byteBuffer);
+    t = null; // only the buffers keep the view now
     engine.close();
     c.close();
     s.close();
