@@ -808,9 +808,9 @@ Status export_safetensors(const std::string& directory, const std::string& path,
                        ckpt::safetensors_header(entries, metadata, &data_bytes));
   // Never into the checkpoint itself (the rename would replace one of its files).
   std::error_code ec;
-  const auto parent_of_out = std::filesystem::weakly_canonical(
-      std::filesystem::absolute(std::filesystem::path(path), ec).parent_path(), ec);
-  if (!ec && parent_of_out == std::filesystem::weakly_canonical(directory, ec) && !ec) {
+  const auto parent_of_out =
+      std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
+  if (!ec && std::filesystem::equivalent(parent_of_out, directory, ec) && !ec) {
     return invalid_argument("checkpoint: '" + path + "' lies in the checkpoint " + directory +
                             " it is exported from");
   }

@@ -118,9 +118,9 @@ def _storage_key(t: torch.Tensor) -> int:
 
 def _husk(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """What a released parameter is: a tensor of ``shape`` over one zero element (every
-    stride 0): it holds no memory and reads as zeros (a write lands in that element, not
-    in the model), where a storage of no bytes under the shape let torch read and write
-    past it."""
+    stride 0): it holds no memory and reads as zeros (most in-place writes are refused;
+    one that is not, such as fill_, changes that element, not the model), where a storage
+    of no bytes under the shape let torch read and write past it."""
     return torch.zeros((), dtype=dtype).expand(shape)
 
 
@@ -569,7 +569,10 @@ class ShardedModule(torch.nn.Module):
 
     def _abandon_backward(self) -> None:
         """A hook raised: autograd stops this backward and never runs its end callback, so
-        what that callback resets is reset here, and a later forward and backward run."""
+        what that callback resets is reset here. Training goes on when the backward was
+        refused before any gradient checked in (a second backward before step()); one that
+        failed after some checked in leaves the engine's micro-batch half done, and its
+        next grad_ready or step() is refused."""
         for u in self._units:
             if u.in_backward:
                 try:
