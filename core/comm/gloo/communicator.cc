@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -57,6 +58,17 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
 std::string device_host() { return env_string("HPS_COMM_HOST").value_or("127.0.0.1"); }
 
 namespace {
+
+// Gloo writes to its sockets without MSG_NOSIGNAL: a peer that died mid-collective would
+// end this process with SIGPIPE instead of failing the collective (ABORTED). Ignored,
+// unless the program chose a disposition of its own.
+void ignore_sigpipe_at_default() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && (current.sa_flags & SA_SIGINFO) == 0 &&
+      current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
 
 // One TCP device per process and address: every communicator shares its event loop.
 StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
@@ -399,6 +411,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     return out_of_range("the CPU communicator serves groups of up to " +
                         std::to_string(kMaxGlooGroupSize) + " ranks, not " + std::to_string(size));
   }
+  ignore_sigpipe_at_default();
   HPS_ASSIGN_OR_RETURN(auto device, shared_device());
   // Ranks create communicators on one store in the same order, so a per-rank count in
   // the store gives every creation the same fresh key space on all of them.
