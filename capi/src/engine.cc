@@ -53,8 +53,8 @@ hps::StatusOr<const hps::ParamSpec*> param_spec(const hps_engine& engine, size_t
   if (index >= params.size()) return hps::out_of_range("no parameter " + std::to_string(index));
   return &params[index];
 }
-constexpr uint32_t kKnownFlags =
-    HPS_PARAM_FROZEN | HPS_PARAM_DISTRIBUTED | HPS_PARAM_NO_CLIP | HPS_PARAM_SHARED_NOT_FIRST;
+constexpr uint32_t kKnownFlags = HPS_PARAM_FROZEN | HPS_PARAM_DISTRIBUTED | HPS_PARAM_NO_CLIP |
+                                 HPS_PARAM_SHARED_NOT_FIRST | HPS_PARAM_NO_WEIGHT_DECAY;
 
 // The loss scale and skipped-step count live in the optimizer's state, made by seal().
 hps::Status check_loss_scale(const hps_engine& engine) {
@@ -154,6 +154,7 @@ HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name
     spec.is_distributed = (flags & HPS_PARAM_DISTRIBUTED) != 0;
     spec.need_clip = (flags & HPS_PARAM_NO_CLIP) == 0;
     spec.shared_not_first = (flags & HPS_PARAM_SHARED_NOT_FIRST) != 0;
+    spec.weight_decay = (flags & HPS_PARAM_NO_WEIGHT_DECAY) == 0;
     spec.unit = unit;
     HPS_ASSIGN_OR_RETURN(*out_index, engine->impl->add_param(std::move(spec)));
     return hps::Status::Ok();

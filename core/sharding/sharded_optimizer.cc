@@ -52,14 +52,18 @@ Status ShardedOptimizer::optimize(Stream& stream, const ShardStep& shard,
   DevicePtr<float> param = shard.master + span.begin;
   DevicePtr<const float> grad = shard.grad + span.begin;
   if (options_.optimizer == OptimizerKind::kAdamW) {
-    return kernels_->adamw(stream,
-                           {param, grad, storage_->get<float>(StorageRole::kExpAvg, b) + span.begin,
-                            storage_->get<float>(StorageRole::kExpAvgSq, b) + span.begin, count,
-                            options_.adamw, state(), coefficient});
+    AdamWHyper h = options_.adamw;
+    if (!span.decayed) h.weight_decay = 0.0f;
+    return kernels_->adamw(
+        stream, {param, grad, storage_->get<float>(StorageRole::kExpAvg, b) + span.begin,
+                 storage_->get<float>(StorageRole::kExpAvgSq, b) + span.begin, count, h, state(),
+                 coefficient});
   }
+  SgdHyper h = options_.sgd;
+  if (!span.decayed) h.weight_decay = 0.0f;
   DevicePtr<float> momentum = storage_->get<float>(StorageRole::kMomentum, b);
   if (momentum) momentum = momentum + span.begin;
-  return kernels_->sgd(stream, {param, grad, momentum, count, options_.sgd, state(), coefficient});
+  return kernels_->sgd(stream, {param, grad, momentum, count, h, state(), coefficient});
 }
 
 Status ShardedOptimizer::unscale(Stream& stream, const ShardStep& s, float mean_scale) const {

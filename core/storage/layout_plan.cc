@@ -130,25 +130,26 @@ std::pair<uint64_t, uint64_t> LayoutPlan::local_part(size_t param, int32_t rank)
 std::vector<ShardSpan> LayoutPlan::shard_spans(size_t b, int32_t rank, bool clip) const {
   const auto [shard_begin, shard_end] = shard(b, rank);
   const uint64_t length = shard_end - shard_begin;
-  if (!clip) return {{0, length, -1, false}};
   std::vector<ShardSpan> spans;
   for (size_t i : buffers_[b].params) {
     const auto [lo, hi] = local_part(i, rank);
     if (lo == hi) continue;
     const ParamSpec& p = params_[i];
-    const int partial = (!p.need_clip || p.shared_not_first)
+    const int partial = (!clip || !p.need_clip || p.shared_not_first)
                             ? -1
                             : (p.is_distributed ? kClipPartialD : kClipPartialN);
+    const bool clipped = clip && p.need_clip;
     const uint64_t begin = placements_[i].offset + lo - shard_begin;
     const uint64_t end = placements_[i].offset + hi - shard_begin;
-    if (!spans.empty() && spans.back().partial == partial && spans.back().clipped == p.need_clip) {
+    if (!spans.empty() && spans.back().partial == partial && spans.back().clipped == clipped &&
+        spans.back().decayed == p.weight_decay) {
       spans.back().end = end;  // the padding between them joins too
       continue;
     }
     if (!spans.empty()) spans.back().end = begin;  // padding before this one joins the last
-    spans.push_back({spans.empty() ? 0 : begin, end, partial, p.need_clip});
+    spans.push_back({spans.empty() ? 0 : begin, end, partial, clipped, p.weight_decay});
   }
-  if (spans.empty()) return {{0, length, -1, false}};  // padding only
+  if (spans.empty()) return {{0, length, -1, false, true}};  // padding only
   spans.back().end = length;
   return spans;
 }
@@ -169,7 +170,7 @@ uint64_t LayoutPlan::fingerprint() const {
     mix(static_cast<uint64_t>(p.dtype));
     mix(static_cast<uint64_t>(p.unit));
     mix((p.trainable ? 1u : 0u) | (p.is_distributed ? 2u : 0u) | (p.need_clip ? 4u : 0u) |
-        (p.shared_not_first ? 8u : 0u));
+        (p.shared_not_first ? 8u : 0u) | (p.weight_decay ? 0u : 16u));
   }
   return h;
 }

@@ -21,7 +21,8 @@ struct ParamSpec {
   bool is_distributed = false;
   bool need_clip = true;
   bool shared_not_first = false;
-  int32_t unit = 0;  // the layer gathered and released together
+  bool weight_decay = true;  // false: the optimizer's weight decay skips it
+  int32_t unit = 0;          // the layer gathered and released together
   uint64_t numel() const;
 };
 
@@ -46,15 +47,17 @@ struct Placement {
   uint64_t numel = 0;
 };
 
-// A run of a rank's shard of one buffer whose elements are treated alike by the clip:
-// `partial` says which sum of squares they count in (kClipPartialD for is_distributed
-// parameters, kClipPartialN for the others, -1 for need_clip = false and shared_not_first
-// copies), `clipped` whether the clip coefficient scales them (need_clip).
+// A run of a rank's shard of one buffer whose elements are treated alike by the clip and
+// the optimizer: `partial` says which sum of squares they count in (kClipPartialD for
+// is_distributed parameters, kClipPartialN for the others, -1 for need_clip = false and
+// shared_not_first copies), `clipped` whether the clip coefficient scales them (need_clip),
+// `decayed` whether the optimizer's weight decay applies (ParamSpec::weight_decay).
 struct ShardSpan {
   uint64_t begin = 0;  // elements, within the shard
   uint64_t end = 0;
   int partial = -1;
   bool clipped = false;
+  bool decayed = true;
 };
 
 // Alignments accepted by seal(): powers of two up to this many bytes.
@@ -79,9 +82,9 @@ class LayoutPlan {
   // The part of `param` inside `rank`'s shard, as [begin, end) within the parameter
   // (empty when begin == end).
   std::pair<uint64_t, uint64_t> local_part(size_t param, int32_t rank) const;
-  // `rank`'s shard of buffer `b` cut into runs of equal clip treatment, covering the whole
-  // shard (padding joins a neighbour). With `clip` false, one span that is neither counted
-  // nor scaled.
+  // `rank`'s shard of buffer `b` cut into runs of equal clip and weight-decay treatment,
+  // covering the whole shard (padding joins a neighbour). With `clip` false, no span is
+  // counted or scaled (runs differ only in weight decay).
   std::vector<ShardSpan> shard_spans(size_t b, int32_t rank, bool clip) const;
   // Identifies names, shapes, dtypes, flags and units: equal on every rank or the ranks
   // registered different models.

@@ -3,8 +3,8 @@
 // under 1-2 dp ranks (ranks are threads over a memory:// store, groups from the hybrid group),
 // SGD and AdamW with random hyperparameters, clipping (deterministic or not), accumulation,
 // dynamic loss scaling with injected non-finite gradients, odd sizes, several units in a
-// random forward order, NO_CLIP, frozen, distributed and shared parameters, fp16 and bf16
-// parameters, prefetch windows 1-3 and several alignments.
+// random forward order, NO_CLIP, NO_WEIGHT_DECAY, frozen, distributed and shared parameters,
+// fp16 and bf16 parameters, prefetch windows 1-3 and several alignments.
 //
 // Each rank's gradient is g = a ⊙ p + b (a per rank, b per rank, step and micro-batch) with p
 // read from the engine's own view during backward, as a framework computes it; the same
@@ -119,6 +119,7 @@ std::string flags_text(const hps_ref::Param& p) {
   if (!p.need_clip) s += ",NO_CLIP";
   if (p.is_distributed) s += ",DISTRIBUTED";
   if (p.shared_not_first) s += ",SHARED_NOT_FIRST";
+  if (!p.weight_decay) s += ",NO_WEIGHT_DECAY";
   return s;
 }
 
@@ -225,6 +226,7 @@ Case make_case(uint64_t seed) {
     p.need_clip = rng.chance(0.7);
     p.is_distributed = rng.chance(0.15);
     p.shared_not_first = rng.chance(0.1);
+    p.weight_decay = !rng.chance(0.3);
     p.unit = (k == 0) ? 0 : rng.integer(0, units - 1);
     c.params.push_back(p);
     const double scales[] = {0.05, 1.0, 3.0};
@@ -428,6 +430,7 @@ uint32_t engine_flags(const hps_ref::Param& p) {
   if (p.is_distributed) f |= HPS_PARAM_DISTRIBUTED;
   if (!p.need_clip) f |= HPS_PARAM_NO_CLIP;
   if (p.shared_not_first) f |= HPS_PARAM_SHARED_NOT_FIRST;
+  if (!p.weight_decay) f |= HPS_PARAM_NO_WEIGHT_DECAY;
   return f;
 }
 
@@ -994,6 +997,26 @@ TEST(EngineModel, ClipLeavesNoClipParametersAlone) {
   EXPECT_DOUBLE_EQ(m.master(1)[1], -1.0);
   EXPECT_GT(m.error_bound(0)[0], 0.0);
   EXPECT_LT(m.error_bound(0)[0], 1e-4);
+}
+
+// A parameter registered with HPS_PARAM_NO_WEIGHT_DECAY is a torch parameter group with
+// weight_decay 0: SGD adds no wd·p to its gradient, AdamW does not multiply it by 1 − lr·wd.
+TEST(EngineModel, NoWeightDecayParametersAreNotDecayed) {
+  hps_ref::Param w{"w", {1}}, b{"b", {1}};
+  b.weight_decay = false;
+  hps_ref::Options o;
+  o.learning_rate = 0.1;
+  o.weight_decay = 0.5;
+  hps_ref::EngineModel sgd({w, b}, o, {{2.0}, {2.0}});
+  sgd.step({{{{1.0}, {1.0}}}});
+  EXPECT_DOUBLE_EQ(sgd.master(0)[0], 2.0 - 0.1 * (1.0 + 0.5 * 2.0));
+  EXPECT_DOUBLE_EQ(sgd.master(1)[0], 2.0 - 0.1 * 1.0);
+  o.optimizer = hps_ref::Optimizer::kAdamW;
+  o.epsilon = 0;
+  hps_ref::EngineModel adamw({w, b}, o, {{2.0}, {2.0}});
+  adamw.step({{{{1.0}, {1.0}}}});
+  EXPECT_DOUBLE_EQ(adamw.master(0)[0], 2.0 * 0.95 - 0.1);
+  EXPECT_DOUBLE_EQ(adamw.master(1)[0], 2.0 - 0.1);
 }
 
 class EngineReference : public ::testing::TestWithParam<uint64_t> {};

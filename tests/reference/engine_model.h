@@ -24,7 +24,8 @@
 //    first applied step, then momentum·buf + d; nesterov uses d + momentum·buf;
 //    p ← p − lr·(that). AdamW as torch.optim.AdamW: p ← p·(1 − lr·wd); m, v exponential
 //    averages; bias corrections 1 − β^t with t counting applied (not skipped) steps;
-//    p ← p − lr/(1 − β1^t) · m / (sqrt(v)/sqrt(1 − β2^t) + ε).
+//    p ← p − lr/(1 − β1^t) · m / (sqrt(v)/sqrt(1 − β2^t) + ε). A parameter registered
+//    with HPS_PARAM_NO_WEIGHT_DECAY has wd = 0 (a torch parameter group with weight_decay 0).
 //  - Frozen parameters never change and have no gradient. fp16/bf16 parameters are trained
 //    on a master copy (initially the parameter's value); the visible parameter is the master
 //    rounded to nearest even in the dtype.
@@ -181,6 +182,7 @@ struct Param {
   bool is_distributed = false;    // HPS_PARAM_DISTRIBUTED
   bool shared_not_first = false;  // HPS_PARAM_SHARED_NOT_FIRST
   int32_t unit = 0;
+  bool weight_decay = true;  // false: HPS_PARAM_NO_WEIGHT_DECAY (no decay at all)
 
   size_t numel() const {
     size_t n = 1;
@@ -407,7 +409,7 @@ class EngineModel {
       result.coefficient = coef;
     }
 
-    const double lr = options_.learning_rate, wd = options_.weight_decay;
+    const double lr = options_.learning_rate;
     const double arith = accuracy_.arithmetic;
     ++applied_;
     const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(applied_));
@@ -416,6 +418,7 @@ class EngineModel {
       const Param& p = params_[i];
       if (!p.trainable) continue;
       State& s = state_[i];
+      const double wd = p.weight_decay ? options_.weight_decay : 0.0;
       const bool clipped =
           options_.clip_max_norm > 0 && (p.need_clip || options_.fault_no_clip_scaled);
       for (size_t e = 0; e < mean[i].size(); ++e) {

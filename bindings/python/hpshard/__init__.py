@@ -1165,6 +1165,7 @@ class ParamFlag(enum.IntFlag):
     DISTRIBUTED = _c.HPS_PARAM_DISTRIBUTED
     NO_CLIP = _c.HPS_PARAM_NO_CLIP
     SHARED_NOT_FIRST = _c.HPS_PARAM_SHARED_NOT_FIRST
+    NO_WEIGHT_DECAY = _c.HPS_PARAM_NO_WEIGHT_DECAY
 
 
 @dataclasses.dataclass
@@ -1365,11 +1366,11 @@ class Engine(Handle):
     def add_param(self, name: str, shape: Sequence[int], dtype: Any = DType.FLOAT32,
                   frozen: bool = False, distributed: bool = False, clip: bool = True,
                   shared_not_first: bool = False, unit: int = 0,
-                  flags: Optional[int] = None) -> int:
+                  flags: Optional[int] = None, weight_decay: bool = True) -> int:
         """Register a parameter before :meth:`seal`; its index (registration order).
-        ``unit``: the layer its forward belongs to. Every rank registers the same
-        parameters in the same order. ``flags`` (raw ParamFlag bits) replaces the four
-        booleans. Error INVALID_ARGUMENT, ALREADY_EXISTS (name), FAILED_PRECONDITION
+        ``unit``: the layer its forward belongs to. ``weight_decay`` False: the optimizer's
+        weight decay skips it (biases, norms). Every rank registers the same parameters in
+        the same order. ``flags`` (raw ParamFlag bits) replaces the five booleans. Error INVALID_ARGUMENT, ALREADY_EXISTS (name), FAILED_PRECONDITION
         (sealed), UNIMPLEMENTED (a dtype other than float32, float16 or bfloat16). Views of
         FLOAT16 parameters are float16 arrays, of BFLOAT16 ones uint16 bit patterns."""
         shape = tuple(int(d) for d in shape)
@@ -1377,7 +1378,8 @@ class Engine(Handle):
             flags = ((ParamFlag.FROZEN if frozen else 0)
                      | (ParamFlag.DISTRIBUTED if distributed else 0)
                      | (0 if clip else ParamFlag.NO_CLIP)
-                     | (ParamFlag.SHARED_NOT_FIRST if shared_not_first else 0))
+                     | (ParamFlag.SHARED_NOT_FIRST if shared_not_first else 0)
+                     | (0 if weight_decay else ParamFlag.NO_WEIGHT_DECAY))
         with self._lock:
             code = _as_dtype(dtype)
             index = self._h().add_param(str(name), list(shape), code, int(flags), int(unit))

@@ -13,8 +13,7 @@
         model.step()                                  # replaces optimizer.step()
 
 The module's parameters live in the engine's storage: its tensors are views of the
-engine's memory (zero-copy; ``__dlpack__`` views when the binding hands them out, NumPy
-views otherwise), and autograd adds gradients straight into the engine's gradient
+engine's memory (zero-copy, through the binding's NumPy views), and autograd adds gradients straight into the engine's gradient
 storage. A hook on each parameter's gradient accumulator checks the gradient in with the
 engine as soon as autograd has finished it, so the reduce-scatters run while backward
 goes on. ``step()`` is the engine's step (SGD or AdamW on this rank's shards, global-norm
@@ -67,7 +66,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -227,6 +226,10 @@ class ShardedModule(torch.nn.Module):
     ``units``: submodules (or their dotted names) gathered and released together; the
     remaining parameters are one more unit. ``optimizer``: "adamw" or "sgd" with ``lr``,
     ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``nesterov`` as torch.optim's.
+    ``no_weight_decay``: the parameters weight decay skips (biases and norms, as a torch
+    parameter group with ``weight_decay=0``): parameters, their names (a tied parameter
+    goes by any of its names), or a predicate ``(name, parameter) -> bool`` (asked once per
+    name).
     ``clip_max_norm`` > 0: global-norm clipping, the coefficient max_norm / (max(norm,
     max_norm) + 1e-6) (clip_grad_norm_'s, except that below max_norm it is
     1 - 1e-6 / max_norm where torch's is 1). ``dynamic_loss_scaling``:
@@ -242,7 +245,10 @@ class ShardedModule(torch.nn.Module):
                  clip_max_norm: float = 0.0, deterministic_clip: bool = False,
                  accumulation_steps: int = 1, prefetch_window: int = 3,
                  dynamic_loss_scaling: bool = False, initial_loss_scale: float = 65536.0,
-                 alignment_bytes: Optional[int] = None) -> None:
+                 alignment_bytes: Optional[int] = None,
+                 no_weight_decay: Union[Iterable[Union[str, torch.nn.Parameter]],
+                                        Callable[[str, torch.nn.Parameter], bool]] = ()
+                 ) -> None:
         super().__init__()
         self._owned: List[Any] = []  # communicators taken from a hybrid group, closed with us
         if isinstance(sharding, _hps.HybridGroup):
@@ -277,6 +283,7 @@ class ShardedModule(torch.nn.Module):
         self._rank = sharding.rank
         self._hooks: list = []
         self._plan_units(units)
+        self._decayed = self._plan_weight_decay(no_weight_decay)
         self._engine: Optional[_hps.Engine] = None
         self._view_cache: Dict[int, Tuple[int, torch.Tensor]] = {}
         self._gathered_keys: Dict[int, int] = {}  # storage address -> parameter index
@@ -355,6 +362,34 @@ class ShardedModule(torch.nn.Module):
         self._units = [u for u in self._units if u.params or u.uid == 0]
         self._unit_by_id = {u.uid: u for u in self._units}
 
+    def _plan_weight_decay(self, exclude: Any) -> List[bool]:
+        """Per parameter: whether weight decay applies to it."""
+        named = [(f"{mname}.{pname}" if mname else pname, p)
+                 for mname, m in self.module.named_modules(remove_duplicate=False)
+                 for pname, p in m._parameters.items() if p is not None]
+        if callable(exclude):
+            skipped = {id(p) for n, p in named if exclude(n, p)}
+        else:
+            if isinstance(exclude, (str, torch.Tensor)):
+                exclude = [exclude]
+            by_name = {n: p for n, p in named}
+            skipped = set()
+            for e in exclude:
+                if isinstance(e, str):
+                    if e not in by_name:
+                        raise ValueError(f"ShardedModule: no_weight_decay names {e!r}, which is "
+                                         "not a parameter of the module")
+                    skipped.add(id(by_name[e]))
+                elif isinstance(e, torch.Tensor):
+                    if id(e) not in self._index_of:
+                        raise ValueError("ShardedModule: no_weight_decay holds a tensor that "
+                                         "is not a parameter of the module")
+                    skipped.add(id(e))
+                else:
+                    raise TypeError("ShardedModule: no_weight_decay takes parameters, their "
+                                    f"names or a predicate, not {type(e).__name__}")
+        return [id(p) not in skipped for p in self._params]
+
     def _unit(self, uid: int) -> _Unit:
         return self._unit_by_id[uid]
 
@@ -369,7 +404,8 @@ class ShardedModule(torch.nn.Module):
                              f"{engine.device}; the adapter trains CPU modules")
         for i, p in enumerate(self._params):
             engine.add_param(self._names[i], tuple(p.shape), _DTYPES[p.dtype],
-                             frozen=not p.requires_grad, unit=self._param_unit[i])
+                             frozen=not p.requires_grad, unit=self._param_unit[i],
+                             weight_decay=self._decayed[i])
         engine.seal()
         with torch.no_grad():
             for i, p in enumerate(self._params):

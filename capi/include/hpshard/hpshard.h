@@ -860,6 +860,9 @@ typedef enum hps_param_flag {
   HPS_PARAM_DISTRIBUTED = 2,      /**< split across mp (for clipping) */
   HPS_PARAM_NO_CLIP = 4,          /**< excluded from gradient clipping */
   HPS_PARAM_SHARED_NOT_FIRST = 8, /**< a pipeline-shared copy: not counted in the norm */
+  HPS_PARAM_NO_WEIGHT_DECAY = 16, /**< the optimizer's weight decay skips it (biases and
+                                       norms, as a torch parameter group with
+                                       weight_decay 0). Added in 0.3.0. */
   HPS_PARAM_FLAG_FORCE32 = 0x7FFFFFFF
 } hps_param_flag_t;
 

@@ -249,7 +249,7 @@ def test_capi_engine_options_and_null_handles():
     assert count >= 0 and ns >= 0
     assert hpshard.dependency_wait_stats()[0] >= count
     assert (capi.HPS_PARAM_FROZEN, capi.HPS_PARAM_DISTRIBUTED, capi.HPS_PARAM_NO_CLIP,
-            capi.HPS_PARAM_SHARED_NOT_FIRST) == (1, 2, 4, 8)
+            capi.HPS_PARAM_SHARED_NOT_FIRST, capi.HPS_PARAM_NO_WEIGHT_DECAY) == (1, 2, 4, 8, 16)
     assert (Optimizer.SGD, Optimizer.ADAMW) == (0, 1)
     assert int(ParamFlag.FROZEN | ParamFlag.NO_CLIP) == 5
 
@@ -757,3 +757,26 @@ def test_engine_bucket_bytes_cuts_units_and_trains_the_same():
         assert len(set(capped)) == 4
         for a, b in zip(plain_params, capped_params):
             np.testing.assert_array_equal(a, b)
+
+
+def test_no_weight_decay_parameters_are_not_decayed():
+    """AdamW, lr 0.1, wd 0.5, one step from 2 with gradient 1: 2·0.95 − 0.1 decayed,
+    2 − 0.1 without decay (m̂/√v̂ = 1 on the first step; ε makes the last digits)."""
+    store, comm = world(0, f"memory://py-no-decay-{uuid.uuid4().hex}", size=1)
+    with store, comm:
+        with Engine.create(comm, None, stage=2, optimizer=Optimizer.ADAMW, learning_rate=0.1,
+                           weight_decay=0.5) as e:
+            w = e.add_param("w", (3,))
+            b = e.add_param("b", (3,), weight_decay=False)
+            e.seal()
+            for i in (w, b):
+                e.param(i)[:] = 2
+            e.broadcast_parameters()
+            e.wait_parameters(0)
+            for i in (w, b):
+                e.grad(i)[:] = 1
+                e.grad_ready(i)
+            e.release_parameters(0)
+            e.step()
+            np.testing.assert_allclose(e.gather_parameter(w), 2 * 0.95 - 0.1, rtol=1e-6)
+            np.testing.assert_allclose(e.gather_parameter(b), 2 - 0.1, rtol=1e-6)

@@ -153,6 +153,68 @@ def test_training_equals_torch_unsharded(stage, ranks):
     assert torch.equal(results[0][1]["wte.weight"], results[0][1]["head.weight"])
 
 
+def _no_decay(name, p):
+    """Biases and LayerNorm weights: the usual parameters trained without weight decay."""
+    return p.ndim < 2
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_no_weight_decay_parameters_equal_a_torch_group_without_decay(stage):
+    """no_weight_decay is torch.optim.AdamW with two parameter groups (weight_decay 0 for
+    the biases and norms), trained unsharded on the full batch."""
+    ranks, steps = 2, 8
+    ref_model = make_model()
+    trainable = [(n, p) for n, p in ref_model.named_parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(
+        [{"params": [p for n, p in trainable if not _no_decay(n, p)]},
+         {"params": [p for n, p in trainable if _no_decay(n, p)], "weight_decay": 0.0}],
+        lr=LR, weight_decay=WEIGHT_DECAY)
+    assert opt.param_groups[1]["params"], "the model has parameters without decay"
+    for step in range(steps):
+        x, y = batch(step)
+        opt.zero_grad()
+        ref_model(x, y).backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in trainable], CLIP)
+        opt.step()
+    ref_state = ref_model.state_dict()
+
+    def rank_main(rank, world):
+        with wrap(world, stage, no_weight_decay=_no_decay) as model:
+            for step in range(steps):
+                x, y = batch(step)
+                model(shard_of(x, rank, ranks), shard_of(y, rank, ranks)).backward()
+                model.step()
+            return model.state_dict()
+
+    for state in run_ranks(ranks, rank_main):
+        for key, ref in ref_state.items():
+            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+
+
+def test_no_weight_decay_takes_names_and_parameters_and_refuses_others():
+    def rank_main(rank, world):
+        net = make_model()
+        names = [n for n, p in net.named_parameters() if p.ndim < 2]
+        with hpt.ShardedModule(net, world, stage=2, no_weight_decay=names) as m:
+            by_name = dict(zip(m._names, m._decayed))
+            assert all(not by_name[n] for n in names if n in by_name)
+            assert any(by_name.values())
+        # The tied head is the embedding under another name: either name selects it.
+        with hpt.ShardedModule(make_model(), world, stage=2,
+                               no_weight_decay=["head.weight"]) as m:
+            assert m._decayed[m._names.index("wte.weight")] is False
+        params = [p for p in make_model().parameters()]
+        with pytest.raises(ValueError, match="not a parameter of the module"):
+            hpt.ShardedModule(make_model(), world, stage=2, no_weight_decay=[params[0]])
+        with pytest.raises(ValueError, match="'nope'"):
+            hpt.ShardedModule(make_model(), world, stage=2, no_weight_decay=["nope"])
+        with pytest.raises(TypeError, match="int"):
+            hpt.ShardedModule(make_model(), world, stage=2, no_weight_decay=[3])
+        return True
+
+    assert run_ranks(1, rank_main) == [True]
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_hybrid_group_with_dp_above_sharding_equals_torch_unsharded(stage):
     """4 ranks as dp 2 x sharding 2: the module shards over its sharding group and the

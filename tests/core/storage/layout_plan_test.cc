@@ -134,8 +134,9 @@ TEST(LayoutPlan, BucketCapSplitsAUnitInRegistrationOrder) {
 }
 
 // Every element of every rank's shard lies in exactly one span, and the span's treatment
-// is its parameter's: counted in D, in N or not at all; scaled by the clip or not.
-TEST(LayoutPlan, ShardSpansFollowTheClipFlagsOfEveryElement) {
+// is its parameter's: counted in D, in N or not at all; scaled by the clip or not; decayed
+// or not (with and without clipping).
+TEST(LayoutPlan, ShardSpansFollowTheClipAndDecayFlagsOfEveryElement) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
     LayoutPlan plan;
@@ -146,6 +147,7 @@ TEST(LayoutPlan, ShardSpansFollowTheClipFlagsOfEveryElement) {
       p.need_clip = rng() % 3 != 0;
       p.is_distributed = rng() % 2 == 0;
       p.shared_not_first = rng() % 5 == 0;
+      p.weight_decay = rng() % 3 != 0;
       ASSERT_TRUE(plan.add(p).ok());
     }
     const int32_t degree = 1 + static_cast<int32_t>(rng() % 4);
@@ -157,7 +159,15 @@ TEST(LayoutPlan, ShardSpansFollowTheClipFlagsOfEveryElement) {
       ASSERT_FALSE(spans.empty());
       EXPECT_EQ(spans.front().begin, 0u);
       EXPECT_EQ(spans.back().end, end - begin);
+      const auto plain = plan.shard_spans(0, r, false);
+      ASSERT_FALSE(plain.empty());
+      EXPECT_EQ(plain.front().begin, 0u);
+      EXPECT_EQ(plain.back().end, end - begin);
       for (size_t k = 1; k < spans.size(); ++k) EXPECT_EQ(spans[k].begin, spans[k - 1].end);
+      for (size_t k = 1; k < plain.size(); ++k) {
+        EXPECT_EQ(plain[k].begin, plain[k - 1].end);
+        EXPECT_NE(plain[k].decayed, plain[k - 1].decayed) << "equal neighbours are one span";
+      }
       for (size_t i : buf.params) {
         const Placement& pl = plan.placement(i);
         const ParamSpec& p = plan.params()[i];
@@ -173,13 +183,16 @@ TEST(LayoutPlan, ShardSpansFollowTheClipFlagsOfEveryElement) {
           ASSERT_NE(it, spans.end());
           EXPECT_EQ(it->partial, partial) << p.name << " element " << e;
           EXPECT_EQ(it->clipped, p.need_clip) << p.name << " element " << e;
+          EXPECT_EQ(it->decayed, p.weight_decay) << p.name << " element " << e;
+          auto in_plain = std::find_if(plain.begin(), plain.end(), [&](const ShardSpan& s) {
+            return s.begin <= local && local < s.end;
+          });
+          ASSERT_NE(in_plain, plain.end());
+          EXPECT_EQ(in_plain->partial, -1);
+          EXPECT_FALSE(in_plain->clipped);
+          EXPECT_EQ(in_plain->decayed, p.weight_decay) << p.name << " element " << e;
         }
       }
-      const auto plain = plan.shard_spans(0, r, false);
-      ASSERT_EQ(plain.size(), 1u);
-      EXPECT_EQ(plain[0].end, end - begin);
-      EXPECT_EQ(plain[0].partial, -1);
-      EXPECT_FALSE(plain[0].clipped);
     }
   }
 }

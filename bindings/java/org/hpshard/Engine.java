@@ -36,6 +36,8 @@ public final class Engine extends Handle<EngineHandle> {
   public static final int DISTRIBUTED = hps_param_flag_t.HPS_PARAM_DISTRIBUTED;
   public static final int NO_CLIP = hps_param_flag_t.HPS_PARAM_NO_CLIP;
   public static final int SHARED_NOT_FIRST = hps_param_flag_t.HPS_PARAM_SHARED_NOT_FIRST;
+  /** The optimizer's weight decay skips the parameter (biases, norms). */
+  public static final int NO_WEIGHT_DECAY = hps_param_flag_t.HPS_PARAM_NO_WEIGHT_DECAY;
 
   /** Engine options; unset ones keep the library's defaults (hps_engine_options_init). */
   public static final class Options {

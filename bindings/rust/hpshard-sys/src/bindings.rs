@@ -1870,6 +1870,12 @@ impl hps_param_flag {
     pub const HPS_PARAM_SHARED_NOT_FIRST: hps_param_flag = hps_param_flag(8);
 }
 impl hps_param_flag {
+    #[doc = "< the optimizer's weight decay skips it (biases and"]
+    #[doc = "norms, as a torch parameter group with"]
+    #[doc = "weight_decay 0). Added in 0.3.0."]
+    pub const HPS_PARAM_NO_WEIGHT_DECAY: hps_param_flag = hps_param_flag(16);
+}
+impl hps_param_flag {
     pub const HPS_PARAM_FLAG_FORCE32: hps_param_flag = hps_param_flag(2147483647);
 }
 #[repr(transparent)]

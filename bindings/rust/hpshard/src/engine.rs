@@ -189,12 +189,16 @@ impl ParamFlags {
     /// `HPS_PARAM_SHARED_NOT_FIRST`: a pipeline-shared copy, not counted in the norm.
     pub const SHARED_NOT_FIRST: ParamFlags =
         ParamFlags(sys::hps_param_flag::HPS_PARAM_SHARED_NOT_FIRST.0);
+    /// `HPS_PARAM_NO_WEIGHT_DECAY`: the optimizer's weight decay skips it (biases, norms).
+    pub const NO_WEIGHT_DECAY: ParamFlags =
+        ParamFlags(sys::hps_param_flag::HPS_PARAM_NO_WEIGHT_DECAY.0);
     /// Every flag these bindings know.
     pub const ALL: ParamFlags = ParamFlags(
         ParamFlags::FROZEN.0
             | ParamFlags::DISTRIBUTED.0
             | ParamFlags::NO_CLIP.0
-            | ParamFlags::SHARED_NOT_FIRST.0,
+            | ParamFlags::SHARED_NOT_FIRST.0
+            | ParamFlags::NO_WEIGHT_DECAY.0,
     );
 
     /// Flags from raw bits, known or not (unknown ones fail in the library).
@@ -243,6 +247,7 @@ impl fmt::Debug for ParamFlags {
             (ParamFlags::DISTRIBUTED, "DISTRIBUTED"),
             (ParamFlags::NO_CLIP, "NO_CLIP"),
             (ParamFlags::SHARED_NOT_FIRST, "SHARED_NOT_FIRST"),
+            (ParamFlags::NO_WEIGHT_DECAY, "NO_WEIGHT_DECAY"),
         ];
         let mut parts: Vec<String> = Vec::new();
         for &(flag, name) in names.iter() {

@@ -488,7 +488,8 @@ fn flags_are_a_bit_set() {
     assert_eq!(ParamFlags::DISTRIBUTED.bits(), 2);
     assert_eq!(ParamFlags::NO_CLIP.bits(), 4);
     assert_eq!(ParamFlags::SHARED_NOT_FIRST.bits(), 8);
-    assert_eq!(ParamFlags::ALL.bits(), 15);
+    assert_eq!(ParamFlags::NO_WEIGHT_DECAY.bits(), 16);
+    assert_eq!(ParamFlags::ALL.bits(), 31);
     assert_eq!(ParamFlags::default(), ParamFlags::NONE);
     let mut f = ParamFlags::FROZEN | ParamFlags::NO_CLIP;
     assert!(f.contains(ParamFlags::FROZEN) && !f.contains(ParamFlags::DISTRIBUTED));
@@ -874,6 +875,36 @@ fn a_learning_rate_schedule_applies_to_the_next_steps() {
     }
     // SGD from zero with a gradient of 1: -(0.5 + 0.25 + 0), exactly.
     assert_eq!(engine.gather_parameter(w).unwrap(), vec![-0.75f32; 3]);
+}
+
+#[test]
+fn no_weight_decay_parameters_are_not_decayed() {
+    let mut comm = one_rank("no-decay");
+    let options = EngineOptions::default()
+        .learning_rate(0.5)
+        .weight_decay(0.5);
+    let mut engine = Engine::new(&mut comm, None, options).unwrap();
+    let w = engine
+        .add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0)
+        .unwrap();
+    let b = engine
+        .add_param("b", &[2], DType::FLOAT32, ParamFlags::NO_WEIGHT_DECAY, 0)
+        .unwrap();
+    engine.seal().unwrap();
+    for i in [w, b] {
+        engine.param(i).unwrap().fill(2.0);
+    }
+    engine.broadcast_parameters().unwrap();
+    engine.wait_parameters(0).unwrap();
+    for i in [w, b] {
+        engine.grad(i).unwrap().fill(1.0);
+        engine.grad_ready(i, None).unwrap();
+    }
+    engine.release_parameters(0).unwrap();
+    engine.step().unwrap();
+    // SGD: w - lr (g + wd w) = 2 - 0.5 (1 + 1) and b - lr g = 2 - 0.5, exactly.
+    assert_eq!(engine.gather_parameter(w).unwrap(), vec![1.0f32; 2]);
+    assert_eq!(engine.gather_parameter(b).unwrap(), vec![1.5f32; 2]);
 }
 
 // ---------------------------------------------------------------------------------

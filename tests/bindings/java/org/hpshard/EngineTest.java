@@ -168,6 +168,35 @@ class EngineTest {
     assertTrue(waits[0] >= 0 && waits[1] >= 0);
     assertEquals(1, Optimizer.ADAMW.code());
     assertEquals(8, Engine.SHARED_NOT_FIRST);
+    assertEquals(16, Engine.NO_WEIGHT_DECAY);
+  }
+
+  @Test
+  void noWeightDecayParametersAreNotDecayed() throws Exception {
+    String url = "memory://java-wd-" + UUID.randomUUID();
+    try (Store store = Store.open(url, 0, 10000); Communicator c = comm(store, 0, 1);
+        Engine engine = Engine.create(c, null,
+            new Engine.Options().learningRate(0.5f).weightDecay(0.5f))) {
+      int w = engine.addParam("w", new long[] {2});
+      int b = engine.addParam("b", new long[] {2}, DType.FLOAT32, Engine.NO_WEIGHT_DECAY, 0);
+      engine.seal();
+      for (int i : new int[] {w, b}) {
+        ByteBuffer p = engine.param(i);
+        for (int k = 0; k < 2; k++) p.putFloat(4 * k, 2f);
+      }
+      engine.broadcastParameters();
+      engine.waitParameters(0);
+      for (int i : new int[] {w, b}) {
+        ByteBuffer g = engine.grad(i);
+        for (int k = 0; k < 2; k++) g.putFloat(4 * k, 1f);
+        engine.gradReady(i);
+      }
+      engine.releaseParameters(0);
+      engine.step();
+      // SGD: w - lr (g + wd w) = 2 - 0.5 (1 + 1) and b - lr g = 2 - 0.5, exactly.
+      assertArrayEquals(new float[] {1f, 1f}, engine.gatherParameter(w));
+      assertArrayEquals(new float[] {1.5f, 1.5f}, engine.gatherParameter(b));
+    }
   }
 
   @Test
