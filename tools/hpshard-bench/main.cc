@@ -76,13 +76,30 @@ std::filesystem::path temp_path(const std::string& what) {
          ("hpshard-bench-" + what + "-" + std::to_string(::getpid()) + ".json");
 }
 
-// A script of tools/hpshard-bench: `explicit_path`, else $`env`, else beside the sources.
+// Where an installed hpshard-bench finds its scripts and gpt.py: <prefix>/share/hpshard/bench
+// beside <prefix>/bin/hpshard-bench (the packages put them there). Empty when the binary runs
+// from a build tree (no such directory), which uses the sources instead.
+std::filesystem::path installed_data_dir() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  const auto dir = exe.parent_path().parent_path() / "share" / "hpshard" / "bench";
+  if (!std::filesystem::is_directory(dir, ec)) return {};
+  return dir;
+}
+
+// A script of hpshard-bench: `explicit_path`, else $`env`, else the installed one, else
+// beside the sources (a build tree).
 std::string find_script(const std::string& explicit_path, const char* env,
                         const std::string& name) {
   if (!explicit_path.empty()) return explicit_path;
   if (const char* value = std::getenv(env); value && *value) return value;
-  const std::string beside = std::string(HPS_BENCH_SOURCE_DIR) + "/" + name;
   std::error_code ec;
+  if (const auto installed = installed_data_dir(); !installed.empty()) {
+    const auto path = installed / name;
+    return std::filesystem::exists(path, ec) ? path.string() : std::string();
+  }
+  const std::string beside = std::string(HPS_BENCH_SOURCE_DIR) + "/" + name;
   if (std::filesystem::exists(beside, ec)) return beside;
   return {};
 }
@@ -175,7 +192,7 @@ int finish(const CommonCli& cli, const char* family, RunInfo& info,
   int status = 0;
   std::string log;
   if (script.empty()) {
-    log = "plot.py not found (beside the sources, or $HPS_BENCH_PLOT_SCRIPT)";
+    log = "plot.py not found (installed, beside the sources, or $HPS_BENCH_PLOT_SCRIPT)";
     status = -1;
   } else {
     log = run_and_capture("/usr/bin/python3 " + shell_quote(script) + " " +
@@ -881,16 +898,22 @@ Family add_ckpt(CLI::App& app, int argc, char** argv) {
 int run_torch_family(const std::string& script_option, const std::vector<std::string>& pass) {
   const std::string script = find_script(script_option, "HPS_BENCH_TORCH_SCRIPT", "torch_peer.py");
   if (script.empty()) usage_error("torch_peer.py not found (--torch-script)");
-  const auto models =
-      std::filesystem::path(HPS_BENCH_SOURCE_DIR) / ".." / ".." / "examples" / "python";
+  // gpt.py: installed beside the scripts, or in the sources' examples.
+  const auto installed = installed_data_dir();
+  const auto models = !installed.empty() ? installed
+                                         : std::filesystem::path(HPS_BENCH_SOURCE_DIR) / ".." /
+                                               ".." / "examples" / "python";
   std::string command = "/usr/bin/python3 " + shell_quote(script) + " --model-dir " +
                         shell_quote(models.lexically_normal().string());
   for (const auto& a : pass) command += " " + shell_quote(a);
 #ifdef HPS_BENCH_PYTHON_DIR
-  const char* old = std::getenv("PYTHONPATH");
-  const std::string path =
-      std::string(HPS_BENCH_PYTHON_DIR) + (old && *old ? ":" + std::string(old) : "");
-  ::setenv("PYTHONPATH", path.c_str(), 1);
+  // From a build tree, the build tree's Python binding; installed, the installed one.
+  if (installed.empty()) {
+    const char* old = std::getenv("PYTHONPATH");
+    const std::string path =
+        std::string(HPS_BENCH_PYTHON_DIR) + (old && *old ? ":" + std::string(old) : "");
+    ::setenv("PYTHONPATH", path.c_str(), 1);
+  }
 #endif
   return std::system(command.c_str()) == 0 ? 0 : 1;
 }
