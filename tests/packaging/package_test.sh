@@ -213,7 +213,8 @@ expected() {
            "$lib/pkgconfig/hpshard.pc" "$lib/cmake/hpshard/hpshardConfig.cmake" \
            "$lib/cmake/hpshard/hpshardConfigVersion.cmake" "$lib/cmake/hpshard/hpshardTargets.cmake" \
            "$lib/cmake/hpshard/hpshardTargets-*.cmake" ;;
-    tools) printf '%s\n' "$prefix/bin/hpshard-run" "$prefix/bin/hpshard-bench*" "$prefix/bin/hpshard-ckpt*" "$prefix/bin/hpshard-trace*" ;;
+    tools) printf '%s\n' "$prefix/bin/hpshard-run" "$prefix/bin/hpshard-bench*" "$prefix/bin/hpshard-ckpt*" "$prefix/bin/hpshard-trace*" \
+             "$prefix/share/hpshard/bench/*.py" ;;
     python) printf '%s\n' "$py/__init__.py" "$py/__init__.pyi" "$py/_errors.py" "$py/capi.py" \
               "$py/py.typed" "$py/torch.py" "$py/_capi*.so" ;;
     java) printf '%s\n' "$prefix/share/java/hpshard.jar" "$prefix/share/java/hpshard-$HPS_VERSION.jar" \
@@ -423,6 +424,15 @@ out="$("$root_deb$prefix/bin/hpshard-run" -n 2 -- /bin/sh -c 'echo rank $HPS_RAN
   || fail "[deb/tools] hpshard-run failed: $out"
 [[ "$out" == *"rank 1 of 2"* ]] || fail "[deb/tools] hpshard-run printed: $out"
 log "[deb/tools] hpshard-run OK"
+# An installed hpshard-bench runs its installed scripts (the build machine's sources are
+# not there): torch_peer.py's own argument parser answers.
+if [[ -x "$root_deb$prefix/bin/hpshard-bench" ]]; then
+  out="$("$root_deb$prefix/bin/hpshard-bench" torch --no-such-option 2>&1)" || true
+  [[ "$out" == *"usage: torch_peer.py"* && "$out" == *"--no-such-option"* ]] \
+    || fail "[deb/tools] the installed hpshard-bench did not run its installed torch_peer.py: $out"
+  [[ -f "$root_deb$prefix/share/hpshard/bench/gpt.py" ]] || fail "[deb/tools] no gpt.py for hpshard-bench torch"
+  log "[deb/tools] hpshard-bench finds its installed scripts"
+fi
 unset LD_LIBRARY_PATH
 
 # ---- 8. purge: nothing may be left behind --------------------------------------------------

@@ -934,7 +934,8 @@ Family add_torch(CLI::App& app) {
       "N, --heads N, --context N, --vocab N, --batch N (per rank), --steps N, --reps N, "
       "--warmup N, --clip X, --prefetch-window N, --json FILE, --quiet.");
   cmd->add_option("--torch-script", cli->script,
-                  "torch_peer.py (default: beside the sources, or $HPS_BENCH_TORCH_SCRIPT)");
+                  "torch_peer.py (default: $HPS_BENCH_TORCH_SCRIPT, the installed one, or beside the "
+                  "sources)");
   cmd->allow_extras();
   return {cmd, [cli, cmd] { return run_torch_family(cli->script, cmd->remaining()); }};
 }
