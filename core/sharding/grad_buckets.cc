@@ -13,8 +13,10 @@ void GradBuckets::init(const LayoutPlan& plan, int32_t accumulation_steps) {
   pending_.assign(n, 0);
   complete_.assign(n, 0);
   position_.assign(plan.params().size(), 0);
+  has_trainable_ = false;
   for (size_t b = 0; b < n; ++b) {
     const FlatBuffer& buf = plan.buffers()[b];
+    has_trainable_ = has_trainable_ || buf.trainable;
     checked_in_[b].assign(buf.params.size(), 0);
     pending_[b] = buf.params.size();
     for (size_t k = 0; k < buf.params.size(); ++k) position_[buf.params[k]] = k;
@@ -57,7 +59,8 @@ bool GradBuckets::between_steps() const {
 }
 
 Status GradBuckets::check_step_due() const {
-  if (micro_batch_ == accumulation_steps_) return Status::Ok();
+  // Without a trainable parameter no gradient can check in: every step() is due.
+  if (micro_batch_ == accumulation_steps_ || !has_trainable_) return Status::Ok();
   return failed_precondition(
       "engine: step() before backward finished: not every gradient checked in on the last "
       "micro-batch (" +

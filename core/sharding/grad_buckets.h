@@ -27,7 +27,8 @@ class GradBuckets {
   bool complete(size_t b) const { return complete_[b] != 0; }
   bool first_micro_batch() const { return micro_batch_ == 0; }
   bool last_micro_batch() const { return micro_batch_ == accumulation_steps_ - 1; }
-  // FAILED_PRECONDITION unless every gradient checked in on the last micro-batch.
+  // FAILED_PRECONDITION unless every gradient checked in on the last micro-batch (a
+  // model without trainable parameters is always due).
   Status check_step_due() const;
   // No gradient checked in since the last step() (or ever).
   bool between_steps() const;
@@ -41,6 +42,7 @@ class GradBuckets {
   std::vector<uint8_t> complete_;                 // per bucket, this micro-batch
   int32_t micro_batch_ = 0;
   int32_t accumulation_steps_ = 1;
+  bool has_trainable_ = false;
 };
 
 }  // namespace hps

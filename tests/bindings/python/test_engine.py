@@ -780,3 +780,28 @@ def test_no_weight_decay_parameters_are_not_decayed():
             e.step()
             np.testing.assert_allclose(e.gather_parameter(w), 2 * 0.95 - 0.1, rtol=1e-6)
             np.testing.assert_allclose(e.gather_parameter(b), 2 - 0.1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_model_without_trainable_parameters_steps_and_stays(stage):
+    """Every parameter frozen: no gradient can check in, so every step() is due (it was
+    refused as 'before backward finished'); the parameters stay, with clipping and dynamic
+    loss scaling on, over two ranks."""
+    def rank_main(rank, url):
+        store, comm = world(rank, url)
+        with store, comm, Engine.create(comm, None, stage=stage, clip_max_norm=1.0,
+                                        dynamic_loss_scaling=True) as e:
+            w = e.add_param("w", (5,), frozen=True)
+            e.seal()
+            if rank == 0:
+                e.param(w)[:] = np.arange(5, dtype=np.float32)
+            e.broadcast_parameters()
+            for _ in range(3):
+                e.wait_parameters(0)
+                e.release_parameters(0)
+                e.step()
+            e.synchronize()
+            return e.gather_parameter(w)
+
+    for got in run_ranks(2, rank_main, f"frozen-{stage}"):
+        np.testing.assert_array_equal(got, np.arange(5, dtype=np.float32))
