@@ -17,6 +17,9 @@ struct hps_clip {
   std::shared_ptr<hps::HybridClip> impl;  // shared with the coefficient's DLPack views
   // The communicators' device; none: the first run's stream picks it (HybridClip::run).
   std::optional<hps::Device> device;
+  // Without communicators: the device of the DLPack gradients registered so far, which
+  // every later one and the runs' streams must share.
+  std::optional<hps::Device> tensors_device;
   hps::Device coefficient_device() const { return device.value_or(hps::Device::cpu()); }
 };
 
@@ -48,14 +51,12 @@ hps::Status add(hps_clip& clip, void* data, uint64_t count, hps::DType dtype, ui
 
 std::shared_ptr<hps::Communicator> shared(hps_comm_t* comm) { return comm ? comm->impl : nullptr; }
 
-// The coefficient's address; a clip without communicators has none until its first run
-// places it on that run's device.
+// The coefficient's address, once sealed (a clip without communicators holds it on the CPU
+// until a first run on a CUDA stream moves it there).
 hps::StatusOr<float*> placed_coefficient(const hps_clip& clip) {
   const float* c = clip.impl->coefficient();
-  if (c == nullptr) {
-    return hps::failed_precondition(
-        "the clip has no communicators, so its coefficient is placed by its first "
-        "hps_clip_run (on that run's device): run it first");
+  if (!clip.impl->sealed() || c == nullptr) {
+    return hps::failed_precondition("the clip is not sealed (hps_clip_seal comes first)");
   }
   return const_cast<float*>(c);
 }
@@ -88,7 +89,7 @@ HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_c
     for (hps_comm_t* c : {sharding, mp, pp}) {
       if (c != nullptr) device = c->impl->device();
     }
-    *out_clip = new hps_clip{std::move(clip), device};
+    *out_clip = new hps_clip{std::move(clip), device, std::nullopt};
     return hps::Status::Ok();
   });
 }
@@ -114,8 +115,13 @@ HPS_API hps_status_t hps_clip_add_tensor_dlpack(hps_clip_t* clip, const DLTensor
   HPS_CHECK_ARG(clip);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto g, hps::capi::tensor_arg(gradient, "gradient"));
-    if (clip->device) HPS_RETURN_IF_ERROR(hps::capi::check_device(g, "gradient", *clip->device));
-    return add(*clip, g.data, g.count, g.dtype, flags);
+    // Without communicators the first DLPack gradient places the clip's gradients: the
+    // others and the runs' streams must be on its device.
+    const std::optional<hps::Device> on = clip->device ? clip->device : clip->tensors_device;
+    if (on) HPS_RETURN_IF_ERROR(hps::capi::check_device(g, "gradient", *on));
+    HPS_RETURN_IF_ERROR(add(*clip, g.data, g.count, g.dtype, flags));
+    if (!clip->device && !clip->tensors_device) clip->tensors_device = g.device;
+    return hps::Status::Ok();
   });
 }
 
@@ -129,6 +135,12 @@ HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float*
   HPS_CHECK_ARG(clip);
   HPS_CHECK_ARG(stream);
   return guard(__func__, [&]() -> hps::Status {
+    const hps::Device on = stream->impl->device();
+    if (!clip->device && clip->tensors_device && *clip->tensors_device != on) {
+      return hps::invalid_argument("the stream is on " + on.to_string() +
+                                   " but the clip's gradients are on " +
+                                   clip->tensors_device->to_string());
+    }
     HPS_RETURN_IF_ERROR(clip->impl->run(*stream->impl, norm_out, scale != 0));
     if (!clip->device) clip->device = stream->impl->device();  // the run placed the clip
     return hps::Status::Ok();

@@ -35,6 +35,26 @@ HybridClip::HybridClip(std::shared_ptr<Communicator> sharding, std::shared_ptr<C
       options_(options),
       has_groups_(sharding_ || mp_ || pp_) {}
 
+HybridClip::~HybridClip() { wait_in_flight(); }
+
+void HybridClip::wait_in_flight() {
+  for (const auto& work : in_flight_) (void)work->done_event().synchronize_uncounted();
+  if (done_ && done_->recorded()) (void)done_->synchronize_uncounted();
+}
+
+void HybridClip::mark_enqueued(Stream& stream) {
+  if (!done_ || done_->device() != stream.device()) {
+    auto event = create_event(stream.device());
+    if (!event.ok()) {
+      // Without an event the destructor cannot wait: wait now (set-up-time failure only).
+      (void)stream.synchronize();
+      return;
+    }
+    done_ = std::move(*event);
+  }
+  if (!done_->record(stream).ok()) (void)stream.synchronize();
+}
+
 StatusOr<std::unique_ptr<HybridClip>> HybridClip::create(std::shared_ptr<Communicator> sharding,
                                                          std::shared_ptr<Communicator> mp,
                                                          std::shared_ptr<Communicator> pp,
@@ -90,6 +110,7 @@ Status HybridClip::allocate_state(Device device) {
   const ClipState initial;
   HPS_RETURN_IF_ERROR(stream->memcpy_async(memory.data().get(), &initial, sizeof initial));
   HPS_RETURN_IF_ERROR(stream->synchronize());
+  if (!state_.empty()) retired_.push_back(std::move(state_));
   state_ = std::move(memory);
   return Status::Ok();
 }
@@ -134,6 +155,7 @@ Status HybridClip::use_stream(Stream& stream) {
     return unimplemented("clip: " + device.to_string() +
                          " streams need clip kernels this build does not have");
   }
+  wait_in_flight();  // the old state may still be in use on the other device (set-up time)
   return allocate_state(device);
 }
 
@@ -149,6 +171,7 @@ Status HybridClip::finish(Stream& stream, float* norm_out) {
   // after the previous one, stream-side. Both partials travel in one buffer per group.
   Stream* last = &stream;
   std::shared_ptr<Work> work;
+  in_flight_.clear();
   const std::pair<const std::shared_ptr<Communicator>*, bool> steps[] = {
       {&sharding_, true}, {&mp_, false}, {&pp_, true}};
   for (const auto& [group, both] : steps) {
@@ -159,10 +182,12 @@ Status HybridClip::finish(Stream& stream, float* norm_out) {
       const size_t count = static_cast<size_t>(FixedSquares::kSlots) * (both ? 2 : 1);
       HPS_ASSIGN_OR_RETURN(
           work, (*group)->all_reduce(fixed, fixed, count, DType::kInt64, ReduceOp::kSum, last));
+      in_flight_.push_back(work);
     } else {
       double* partials = s.get()->partials;
       HPS_ASSIGN_OR_RETURN(work, (*group)->all_reduce(partials, partials, both ? 2 : 1,
                                                       DType::kFloat64, ReduceOp::kSum, last));
+      in_flight_.push_back(work);
     }
     last = &(*group)->stream();
   }
@@ -176,6 +201,12 @@ Status HybridClip::finish(Stream& stream, float* norm_out) {
 
 Status HybridClip::run(Stream& stream, float* norm_out, bool scale) {
   HPS_RETURN_IF_ERROR(begin(stream));
+  // Whichever way this returns, what it enqueued is behind done_.
+  struct Mark {
+    HybridClip& clip;
+    Stream& stream;
+    ~Mark() { clip.mark_enqueued(stream); }
+  } mark{*this, stream};
   DevicePtr<ClipState> s = state();
   for (const auto& t : tensors_) {
     if (!t.need_clip || t.shared_not_first) continue;

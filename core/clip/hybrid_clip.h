@@ -43,6 +43,9 @@ class HybridClip {
                                                       const ClipOptions& options);
   HybridClip(const HybridClip&) = delete;
   HybridClip& operator=(const HybridClip&) = delete;
+  // Waits (uncounted) for the work the last run() or finish() enqueued: its kernels and
+  // collectives use the state and the gradients.
+  ~HybridClip();
 
   // Registration, before seal(). Refuses non-float dtypes and null data.
   Status add_tensor(const ClipTensor& tensor);
@@ -87,8 +90,20 @@ class HybridClip {
   std::vector<ClipTensor> tensors_;
   bool sealed_ = false;
   bool has_groups_ = false;
+  // Records `done_` on `stream`: everything the latest run enqueued there is behind it.
+  void mark_enqueued(Stream& stream);
+  // Blocks (uncounted) until what the latest run()/finish() enqueued has completed.
+  void wait_in_flight();
+
   DeviceBuffer state_;  // one ClipState
+  // States a communicator-less clip moved away from: kept, so that coefficient addresses
+  // taken before the move stay readable memory.
+  std::vector<DeviceBuffer> retired_;
   const Kernels* kernels_ = nullptr;
+  // The latest finish()'s collectives and the end of the latest run()/finish() on its
+  // stream, waited for by the destructor.
+  std::vector<std::shared_ptr<Work>> in_flight_;
+  std::unique_ptr<Event> done_;
 };
 
 }  // namespace hps

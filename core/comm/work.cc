@@ -18,16 +18,21 @@ Status Work::wait() {
   return status();
 }
 
-Status Work::wait_on(Stream& stream) { return stream.wait(*done_); }
+Status Work::wait_on(Stream& stream) {
+  return stream.wait_for_outcome(*done_, [state = state_] {
+    std::lock_guard lock(state->mutex);
+    return state->status;
+  });
+}
 
 void Work::set_status(Status status) {
-  std::lock_guard lock(mutex_);
-  status_ = std::move(status);
+  std::lock_guard lock(state_->mutex);
+  state_->status = std::move(status);
 }
 
 Status Work::status() const {
-  std::lock_guard lock(mutex_);
-  return status_;
+  std::lock_guard lock(state_->mutex);
+  return state_->status;
 }
 
 }  // namespace hps

@@ -15,7 +15,9 @@ namespace hps {
 class Work {
  public:
   Work(std::string description, std::unique_ptr<Event> done)
-      : description_(std::move(description)), done_(std::move(done)) {}
+      : description_(std::move(description)),
+        done_(std::move(done)),
+        state_(std::make_shared<State>()) {}
 
   const std::string& description() const { return description_; }
   Event& done_event() { return *done_; }
@@ -24,7 +26,9 @@ class Work {
   StatusOr<bool> test();
   // Blocks the host until the operation has finished, and returns how it ended. Counted.
   Status wait();
-  // Work enqueued on `stream` after this call starts only after the operation finished.
+  // Work enqueued on `stream` after this call starts only after the operation finished;
+  // when it failed, the failure becomes the stream's (Stream::wait_for_outcome: a CPU
+  // stream's synchronize() reports it, the calling thread's stream returns it here).
   Status wait_on(Stream& stream);
 
   // Called by the backend (on the communication stream) before the done event completes.
@@ -34,8 +38,12 @@ class Work {
  private:
   std::string description_;
   std::unique_ptr<Event> done_;
-  mutable std::mutex mutex_;
-  Status status_;
+  // Shared with the outcome checks streams run after waiting (they may outlive the Work).
+  struct State {
+    std::mutex mutex;
+    Status status;
+  };
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace hps

@@ -415,6 +415,29 @@ static void* rank_main(void* arg) {
       CHECK_OK(hps_dlpack_release(coef));
     }
     if (rank == 0) CHECK(grad[0] > 0.5999f && grad[0] < 0.6001f);
+
+    /* Without communicators the first DLPack gradient places the clip: a CUDA gradient is
+     * kept (its run must be on its device), a CPU one beside it and a run on a CPU stream
+     * are refused, and nothing reads the CUDA address. The coefficient waits for seal. */
+    CHECK_OK(hps_clip_create(NULL, NULL, NULL, NULL, &clip));
+    if (clip != NULL) {
+      const float* c = NULL;
+      CHECK(hps_clip_coefficient(clip, &c) == HPS_STATUS_FAILED_PRECONDITION);
+      CHECK(HAS("not sealed"));
+      t_grad.device.device_type = kDLCUDA;
+      t_grad.data = (void*)(uintptr_t)0x1000;
+      CHECK_OK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0));
+      t_grad.device.device_type = kDLCPU;
+      t_grad.data = grad;
+      CHECK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0) == HPS_STATUS_INVALID_ARGUMENT);
+      CHECK(HAS("gradient is on cpu"));
+      CHECK_OK(hps_clip_seal(clip));
+      CHECK_OK(hps_clip_coefficient(clip, &c));
+      CHECK(c != NULL && *c == 1.0f);
+      CHECK(hps_clip_run(clip, stream, &norm, 1) == HPS_STATUS_INVALID_ARGUMENT);
+      CHECK(HAS("the stream is on cpu but the clip's gradients are on cuda:0"));
+      CHECK_OK(hps_clip_destroy(clip));
+    }
   }
   CHECK_OK(hps_stream_destroy(stream));
   CHECK_OK(hps_comm_destroy(comm));

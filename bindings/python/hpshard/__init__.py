@@ -262,7 +262,9 @@ class Stream(Handle):
         self.index = int(index)
 
     def synchronize(self) -> None:
-        """Block until all queued work has completed (counts one host sync)."""
+        """Block until all queued work has completed (counts one host sync). Raises the
+        error of an operation the stream waited for that failed (a clip's reduction, a
+        Work waited on with ``wait_stream``): TIMEOUT, ABORTED, ... from then on."""
         self._h().synchronize()
         with self._lock:
             self._keep.clear()
@@ -1115,7 +1117,9 @@ class Clip(Handle):
         """Enqueue one clip on ``stream``: the global norm into ``norm_out`` (a writable
         float32 array of >= 1 element, or None) and, when ``scale``, the gradients scaled.
         Nothing blocks: read ``norm_out`` after ``stream.synchronize()``, which is also
-        how long the stream keeps it referenced. Error FAILED_PRECONDITION (not sealed)."""
+        how long the stream keeps it referenced. A reduction that fails after this returns
+        (a peer gone, a timeout) is raised by ``stream.synchronize()``; that run's norm and
+        gradients are not to be used. Error FAILED_PRECONDITION (not sealed)."""
         if not isinstance(stream, Stream):
             raise TypeError(f"run expects an hpshard.Stream, not {type(stream).__name__}")
         view = None

@@ -213,6 +213,10 @@ HPS_API hps_status_t hps_stream_destroy(hps_stream_t* stream);
 /**
  * Block the calling thread until all work queued on `stream` so far has completed.
  * This is a host synchronisation and is counted by the host-sync counter.
+ * A CPU stream that waited for an operation that failed (hps_work_wait_stream,
+ * hps_clip_run's reductions) returns that operation's error (TIMEOUT, ABORTED, ...) from
+ * this and every later synchronize: the work queued after the wait ran on what the failed
+ * operation left. CUDA streams report such failures where the operation is waited for.
  * Errors: INVALID_ARGUMENT (NULL), BACKEND_ERROR. Thread safety: per handle.
  */
 HPS_API hps_status_t hps_stream_synchronize(hps_stream_t* stream);
@@ -631,7 +635,10 @@ HPS_API hps_status_t hps_work_test(hps_work_t* work, int32_t* out_completed);
 /** Block the host until the operation has finished; its status. Counted as a host sync. */
 HPS_API hps_status_t hps_work_wait(hps_work_t* work);
 
-/** Work queued on `stream` after this call waits for the operation, host not blocked. */
+/**
+ * Work queued on `stream` after this call waits for the operation, host not blocked. When
+ * the operation fails, its error becomes the stream's (hps_stream_synchronize).
+ */
 HPS_API hps_status_t hps_work_wait_stream(hps_work_t* work, hps_stream_t* stream);
 
 /** Free the handle (the operation itself goes on); NULL is a no-op. */
@@ -765,13 +772,17 @@ HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t s
 HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
                                      const hps_clip_options_t* options, hps_clip_t** out_clip);
 
-/** Free `clip`; NULL is a no-op. DLPack views of its coefficient keep its memory until released. */
+/**
+ * Free `clip` once the work its last run queued has completed (blocking, not counted);
+ * NULL is a no-op. DLPack views of its coefficient keep its memory until released.
+ */
 HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip);
 
 /**
  * Register a gradient of `count` elements of `dtype` (float32, float64, float16 or
- * bfloat16) at `data`, which must stay valid while the clip is used. Errors:
- * INVALID_ARGUMENT (dtype, NULL data, unknown flag bits), FAILED_PRECONDITION (sealed).
+ * bfloat16) at `data`, which must stay valid while the clip is used (NULL with a count of
+ * 0: an empty gradient). Errors: INVALID_ARGUMENT (dtype, NULL data with a non-zero count,
+ * unknown flag bits), FAILED_PRECONDITION (sealed).
  */
 HPS_API hps_status_t hps_clip_add_tensor(hps_clip_t* clip, void* data, uint64_t count,
                                          hps_dtype_t dtype, uint32_t flags);
@@ -785,9 +796,15 @@ HPS_API hps_status_t hps_clip_seal(hps_clip_t* clip);
 /**
  * Enqueue one clip of the registered gradients on `stream`: partial norms, their
  * reduction over the groups, the norm into *norm_out (device memory of the stream's
- * device; may be NULL) and, when scale is 1, the scaling of the gradients. Nothing
+ * device; may be NULL) and, when scale is non-zero, the scaling of the gradients. Nothing
  * blocks the host; read the norm after synchronizing with the stream. Use one stream per
- * clip. Errors: FAILED_PRECONDITION (not sealed), INVALID_ARGUMENT.
+ * clip. A reduction that fails after this returns (a peer gone, a timeout, ranks that
+ * called differently) is the stream's error: hps_stream_synchronize returns it, and the
+ * norm and the scaled gradients of that run are not to be used. hps_clip_destroy waits
+ * for the work the last run queued. Errors: FAILED_PRECONDITION (not sealed),
+ * INVALID_ARGUMENT (also a stream on another device than the clip's communicators or,
+ * without communicators, its DLPack gradients), ABORTED (an earlier run's reduction
+ * failed).
  */
 HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float* norm_out,
                                   int32_t scale);
@@ -795,14 +812,17 @@ HPS_API hps_status_t hps_clip_run(hps_clip_t* clip, hps_stream_t* stream, float*
 /**
  * The device address of the latest coefficient (valid in stream order after
  * hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip.
- * Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (a clip without communicators
- * before its first hps_clip_run, which places it on that run's device).
+ * A clip without communicators holds it on the CPU until its first run on a CUDA stream
+ * moves it to that device (take the address again after that run; the old one stays
+ * readable, no longer updated). Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (not
+ * sealed).
  */
 HPS_API hps_status_t hps_clip_coefficient(hps_clip_t* clip, const float** out_coefficient);
 
 /**
  * hps_clip_add_tensor over a DLPack tensor (float32, float64, float16 or bfloat16, on the
- * clip's device: the communicators', the CPU when there are none): the gradient's data,
+ * clip's device: the communicators', or without communicators the first DLPack
+ * gradient's, which the runs' streams must share): the gradient's data,
  * count and dtype come from it. Its memory must stay valid while the clip is used.
  * Errors: as hps_clip_add_tensor, and INVALID_ARGUMENT for a tensor it refuses.
  * Thread safety: one thread at a time per clip.

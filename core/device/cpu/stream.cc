@@ -100,6 +100,17 @@ void StreamCore::synchronize() {
   idle_cv_.wait(lock, [&] { return finished_ >= target; });
 }
 
+void StreamCore::record_error(const Status& s) {
+  if (s.ok()) return;
+  std::lock_guard lock(error_mutex_);
+  if (error_.ok()) error_ = s;
+}
+
+Status StreamCore::error() const {
+  std::lock_guard lock(error_mutex_);
+  return error_;
+}
+
 CpuStream::CpuStream()
     : core_(std::make_shared<StreamCore>()), worker_([core = core_] { core->run_worker(); }) {
   trace::stream_created();
@@ -135,10 +146,20 @@ Status CpuStream::wait(Event& event) {
   return Status::Ok();
 }
 
+Status CpuStream::wait_for_outcome(Event& event, std::function<Status()> outcome) {
+  HPS_RETURN_IF_ERROR(wait(event));
+  enqueue(
+      [core = std::weak_ptr<StreamCore>(core_), outcome = std::move(outcome)] {
+        if (auto c = core.lock()) c->record_error(outcome());
+      },
+      "check outcome");
+  return Status::Ok();
+}
+
 Status CpuStream::synchronize() {
   count_host_sync(HostSyncKind::kStreamSynchronize);
   core_->synchronize();
-  return Status::Ok();
+  return core_->error();
 }
 
 Status HostQueue::memcpy_async(void* dst, const void* src, size_t bytes) {
@@ -168,6 +189,11 @@ Status CallerStream::wait(Event& event) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count()));
   return Status::Ok();
+}
+
+Status CallerStream::wait_for_outcome(Event& event, std::function<Status()> outcome) {
+  HPS_RETURN_IF_ERROR(wait(event));
+  return outcome();
 }
 
 void CallerStream::enqueue(std::function<void()> task, const char* /*label*/) { task(); }

@@ -54,6 +54,9 @@ class StreamCore {
   void run_worker();  // the worker's loop, until stop() and an empty queue
   void stop();
   void synchronize();  // until every task enqueued so far has finished
+  // The first asynchronous error a task recorded (kept for good), or OK.
+  void record_error(const Status& s);
+  Status error() const;
 
  private:
   // Pops the front task (the caller holds `lock`), runs it unlocked, and records it done.
@@ -73,6 +76,8 @@ class StreamCore {
   uint64_t finished_ = 0;
   bool busy_ = false;  // a task is running (on the worker or a helping thread)
   bool stopping_ = false;
+  mutable std::mutex error_mutex_;
+  Status error_;
 };
 
 // What the CPU kernels, copies and events need of a CPU stream: a place to enqueue host
@@ -98,6 +103,7 @@ class CpuStream final : public HostQueue {
   CpuStream& operator=(const CpuStream&) = delete;
 
   Status wait(Event& event) override;
+  Status wait_for_outcome(Event& event, std::function<Status()> outcome) override;
   Status synchronize() override;
 
   // Enqueues `task` to run on the worker after everything enqueued before it. `label`
@@ -123,6 +129,8 @@ class CpuStream final : public HostQueue {
 class CallerStream final : public HostQueue {
  public:
   Status wait(Event& event) override;
+  // The outcome is known when the wait returns: a failure is returned.
+  Status wait_for_outcome(Event& event, std::function<Status()> outcome) override;
   // Everything enqueued has already run.
   Status synchronize() override { return Status::Ok(); }
   void enqueue(std::function<void()> task, const char* label = nullptr) override;

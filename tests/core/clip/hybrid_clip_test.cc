@@ -275,6 +275,47 @@ TEST_F(HybridClipTest, MismatchedFlagsAcrossMpRanksAreRefusedWithNoGradientChang
   });
 }
 
+// A reduction that fails after run() returned (here: the ranks disagree on the mode, so
+// the all-reduce is refused) is the stream's error at synchronize(), on every rank: the
+// norm of that run is one rank's partial and must not pass for the model's.
+TEST_F(HybridClipTest, AReductionThatFailsAfterRunIsTheStreamsErrorOnEveryRank) {
+  testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> sharding(&comm, [](Communicator*) {});
+    auto clip = std::move(HybridClip::create(sharding, nullptr, nullptr,
+                                             {1.0, /*deterministic=*/rank == 0}))
+                    .value();
+    std::vector<float> g(4, 1.0f + static_cast<float>(rank));
+    ASSERT_TRUE(clip->add_tensor({g.data(), g.size(), DType::kFloat32}).ok());
+    ASSERT_TRUE(clip->seal().ok());
+    auto stream = std::move(create_stream(Device::cpu())).value();
+    ASSERT_TRUE(clip->run(*stream, nullptr).ok()) << "the failure comes later, in stream order";
+    const Status s = stream->synchronize();
+    EXPECT_FALSE(s.ok()) << "rank " << rank << ": a clip over one rank's partial reported OK";
+    EXPECT_NE(s.message().find("all_reduce"), std::string::npos) << s.to_string();
+    EXPECT_FALSE(stream->synchronize().ok()) << "the stream's error stays";
+  });
+}
+
+// Destroying a clip right after run() waits for the queued kernels (they use its state and
+// the gradients): no use after free (this test is what ASan checks), and the run completed.
+TEST(HybridClipEdges, DestroyingAClipRightAfterRunWaitsForItsWork) {
+  for (int i = 0; i < 20; ++i) {
+    auto stream = std::move(create_stream(Device::cpu())).value();
+    std::vector<std::vector<float>> grads(16, std::vector<float>(4096, 1.0f));
+    {
+      auto clip =
+          std::move(HybridClip::create(nullptr, nullptr, nullptr, {1.0, i % 2 == 1})).value();
+      for (auto& g : grads)
+        ASSERT_TRUE(clip->add_tensor({g.data(), g.size(), DType::kFloat32}).ok());
+      ASSERT_TRUE(clip->seal().ok());
+      ASSERT_TRUE(clip->run(*stream, nullptr).ok());
+    }
+    // norm = sqrt(16 · 4096) = 256: every gradient was scaled by 1 / (256 + 1e-6).
+    EXPECT_FLOAT_EQ(grads.back().back(), static_cast<float>(1.0 / (256.0 + 1e-6)));
+    ASSERT_TRUE(stream->synchronize().ok());
+  }
+}
+
 TEST(FixedSquares, OrderAndSplitDoNotChangeTheBits) {
   std::vector<double> values;
   for (int i = 0; i < 10000; ++i) values.push_back(std::ldexp(std::sin(i * 1.3), (i % 40) - 20));

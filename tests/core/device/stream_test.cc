@@ -202,6 +202,34 @@ TEST(CpuStream, WaitOrdersWorkAcrossStreams) {
   EXPECT_EQ(seen, 42);
 }
 
+// An operation that failed, waited for with its outcome: a CPU stream reports the failure
+// from synchronize() (and keeps it), the calling thread's stream returns it from the wait;
+// an operation that succeeded changes nothing.
+TEST(CpuStream, AWaitedOutcomeThatFailedIsTheStreamsError) {
+  auto producer = make_stream();
+  auto done = make_event();
+  ASSERT_TRUE(done->record(*producer).ok());
+  auto ok = [] { return Status::Ok(); };
+  auto failed = [] { return timeout_error("all_reduce #3 on group 'g': timed out"); };
+
+  auto consumer = make_stream();
+  ASSERT_TRUE(consumer->wait_for_outcome(*done, ok).ok());
+  EXPECT_TRUE(consumer->synchronize().ok());
+  ASSERT_TRUE(consumer->wait_for_outcome(*done, failed).ok()) << "the host does not wait";
+  std::atomic<bool> ran{false};
+  static_cast<cpu::CpuStream&>(*consumer).enqueue([&] { ran = true; });
+  Status s = consumer->synchronize();
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.to_string();
+  EXPECT_NE(s.message().find("all_reduce #3"), std::string::npos);
+  EXPECT_TRUE(ran) << "later work still runs; the error tells what it ran on";
+  EXPECT_EQ(consumer->synchronize().code(), StatusCode::kTimeout) << "the error stays";
+
+  cpu::CallerStream caller;
+  EXPECT_TRUE(caller.wait_for_outcome(*done, ok).ok());
+  EXPECT_EQ(caller.wait_for_outcome(*done, failed).code(), StatusCode::kTimeout);
+  EXPECT_TRUE(caller.synchronize().ok());
+}
+
 TEST(CpuEvent, ReRecordingMovesTheMark) {
   auto stream = make_stream();
   auto event = make_event();

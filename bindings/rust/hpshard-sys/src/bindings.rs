@@ -732,6 +732,10 @@ extern "C" {
 extern "C" {
     #[doc = " Block the calling thread until all work queued on `stream` so far has completed."]
     #[doc = " This is a host synchronisation and is counted by the host-sync counter."]
+    #[doc = " A CPU stream that waited for an operation that failed (hps_work_wait_stream,"]
+    #[doc = " hps_clip_run's reductions) returns that operation's error (TIMEOUT, ABORTED, ...) from"]
+    #[doc = " this and every later synchronize: the work queued after the wait ran on what the failed"]
+    #[doc = " operation left. CUDA streams report such failures where the operation is waited for."]
     #[doc = " Errors: INVALID_ARGUMENT (NULL), BACKEND_ERROR. Thread safety: per handle."]
     pub fn hps_stream_synchronize(stream: *mut hps_stream_t) -> hps_status_t;
 }
@@ -1461,7 +1465,8 @@ extern "C" {
     pub fn hps_work_wait(work: *mut hps_work_t) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Work queued on `stream` after this call waits for the operation, host not blocked."]
+    #[doc = " Work queued on `stream` after this call waits for the operation, host not blocked. When"]
+    #[doc = " the operation fails, its error becomes the stream's (hps_stream_synchronize)."]
     pub fn hps_work_wait_stream(work: *mut hps_work_t, stream: *mut hps_stream_t) -> hps_status_t;
 }
 extern "C" {
@@ -1745,13 +1750,15 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Free `clip`; NULL is a no-op. DLPack views of its coefficient keep its memory until released."]
+    #[doc = " Free `clip` once the work its last run queued has completed (blocking, not counted);"]
+    #[doc = " NULL is a no-op. DLPack views of its coefficient keep its memory until released."]
     pub fn hps_clip_destroy(clip: *mut hps_clip_t) -> hps_status_t;
 }
 extern "C" {
     #[doc = " Register a gradient of `count` elements of `dtype` (float32, float64, float16 or"]
-    #[doc = " bfloat16) at `data`, which must stay valid while the clip is used. Errors:"]
-    #[doc = " INVALID_ARGUMENT (dtype, NULL data, unknown flag bits), FAILED_PRECONDITION (sealed)."]
+    #[doc = " bfloat16) at `data`, which must stay valid while the clip is used (NULL with a count of"]
+    #[doc = " 0: an empty gradient). Errors: INVALID_ARGUMENT (dtype, NULL data with a non-zero count,"]
+    #[doc = " unknown flag bits), FAILED_PRECONDITION (sealed)."]
     pub fn hps_clip_add_tensor(
         clip: *mut hps_clip_t,
         data: *mut ::std::os::raw::c_void,
@@ -1768,9 +1775,15 @@ extern "C" {
 extern "C" {
     #[doc = " Enqueue one clip of the registered gradients on `stream`: partial norms, their"]
     #[doc = " reduction over the groups, the norm into *norm_out (device memory of the stream's"]
-    #[doc = " device; may be NULL) and, when scale is 1, the scaling of the gradients. Nothing"]
+    #[doc = " device; may be NULL) and, when scale is non-zero, the scaling of the gradients. Nothing"]
     #[doc = " blocks the host; read the norm after synchronizing with the stream. Use one stream per"]
-    #[doc = " clip. Errors: FAILED_PRECONDITION (not sealed), INVALID_ARGUMENT."]
+    #[doc = " clip. A reduction that fails after this returns (a peer gone, a timeout, ranks that"]
+    #[doc = " called differently) is the stream's error: hps_stream_synchronize returns it, and the"]
+    #[doc = " norm and the scaled gradients of that run are not to be used. hps_clip_destroy waits"]
+    #[doc = " for the work the last run queued. Errors: FAILED_PRECONDITION (not sealed),"]
+    #[doc = " INVALID_ARGUMENT (also a stream on another device than the clip's communicators or,"]
+    #[doc = " without communicators, its DLPack gradients), ABORTED (an earlier run's reduction"]
+    #[doc = " failed)."]
     pub fn hps_clip_run(
         clip: *mut hps_clip_t,
         stream: *mut hps_stream_t,
@@ -1781,8 +1794,10 @@ extern "C" {
 extern "C" {
     #[doc = " The device address of the latest coefficient (valid in stream order after"]
     #[doc = " hps_clip_run), for an optimizer that folds the clip into its update. Owned by the clip."]
-    #[doc = " Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (a clip without communicators"]
-    #[doc = " before its first hps_clip_run, which places it on that run's device)."]
+    #[doc = " A clip without communicators holds it on the CPU until its first run on a CUDA stream"]
+    #[doc = " moves it to that device (take the address again after that run; the old one stays"]
+    #[doc = " readable, no longer updated). Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (not"]
+    #[doc = " sealed)."]
     pub fn hps_clip_coefficient(
         clip: *mut hps_clip_t,
         out_coefficient: *mut *const f32,
@@ -1790,7 +1805,8 @@ extern "C" {
 }
 extern "C" {
     #[doc = " hps_clip_add_tensor over a DLPack tensor (float32, float64, float16 or bfloat16, on the"]
-    #[doc = " clip's device: the communicators', the CPU when there are none): the gradient's data,"]
+    #[doc = " clip's device: the communicators', or without communicators the first DLPack"]
+    #[doc = " gradient's, which the runs' streams must share): the gradient's data,"]
     #[doc = " count and dtype come from it. Its memory must stay valid while the clip is used."]
     #[doc = " Errors: as hps_clip_add_tensor, and INVALID_ARGUMENT for a tensor it refuses."]
     #[doc = " Thread safety: one thread at a time per clip."]
