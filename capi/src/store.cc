@@ -52,7 +52,8 @@ HPS_API hps_status_t hps_store_set(hps_store_t* store, const char* key, const vo
   HPS_CHECK_ARG(store);
   HPS_CHECK_ARG(key);
   if (value == nullptr && size > 0) return hps::capi::fail_null(__func__, "value");
-  return guard(__func__, [&] {
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(hps::check_caller_key(key));
     return store->impl->set(key, std::string_view(static_cast<const char*>(value), size));
   });
 }
@@ -63,6 +64,7 @@ HPS_API hps_status_t hps_store_get(hps_store_t* store, const char* key, int64_t 
   HPS_CHECK_ARG(key);
   HPS_CHECK_ARG(out_size);
   return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(hps::check_caller_key(key));
     HPS_ASSIGN_OR_RETURN(hps::Milliseconds timeout, to_timeout(timeout_ms));
     HPS_ASSIGN_OR_RETURN(std::string value, store->impl->get(key, timeout));
     *out_size = value.size();
@@ -82,6 +84,7 @@ HPS_API hps_status_t hps_store_add(hps_store_t* store, const char* key, int64_t 
   HPS_CHECK_ARG(key);
   HPS_CHECK_ARG(out_value);
   return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(hps::check_caller_key(key));
     HPS_ASSIGN_OR_RETURN(*out_value, store->impl->add(key, delta));
     return hps::Status::Ok();
   });
@@ -91,6 +94,7 @@ HPS_API hps_status_t hps_store_wait(hps_store_t* store, const char* key, int64_t
   HPS_CHECK_ARG(store);
   HPS_CHECK_ARG(key);
   return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(hps::check_caller_key(key));
     HPS_ASSIGN_OR_RETURN(hps::Milliseconds timeout, to_timeout(timeout_ms));
     return store->impl->wait({key}, timeout);
   });
@@ -101,6 +105,7 @@ HPS_API hps_status_t hps_store_check(hps_store_t* store, const char* key, int32_
   HPS_CHECK_ARG(key);
   HPS_CHECK_ARG(out_present);
   return guard(__func__, [&]() -> hps::Status {
+    HPS_RETURN_IF_ERROR(hps::check_caller_key(key));
     HPS_ASSIGN_OR_RETURN(bool present, store->impl->check({key}));
     *out_present = present ? 1 : 0;
     return hps::Status::Ok();

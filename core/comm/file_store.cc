@@ -18,6 +18,9 @@
 #include <system_error>
 #include <thread>
 
+#define XXH_INLINE_ALL  // header-only: libhpshard gains no shared-library dependency
+#include <xxhash.h>
+
 #include "core/comm/store.h"
 
 namespace hps {
@@ -52,7 +55,9 @@ class FileDescriptor {
 };
 
 // Keys may hold '/', '.', bytes of any value: every byte outside [A-Za-z0-9_-] becomes %XX.
-// The "k_" prefix keeps key files apart from the store's own ".lock" and ".tmp.*" files.
+// The "k_" prefix keeps key files apart from the store's own ".lock" and ".tmp.*" files. A
+// key whose encoding would not fit a file name is named "h_" and the 128-bit XXH3 of the
+// key instead (every process derives the same name; the prefixes keep the two kinds apart).
 std::string encode_key(std::string_view key) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   std::string name = "k_";
@@ -199,8 +204,11 @@ class FileStore final : public Store {
     HPS_RETURN_IF_ERROR(check_store_key(key));
     std::string name = encode_key(key);
     if (name.size() > kMaxFileName) {
-      return invalid_argument("file store: key of " + std::to_string(key.size()) +
-                              " bytes is too long for a file name");
+      const XXH128_hash_t h = XXH3_128bits(key.data(), key.size());
+      char hex[40];
+      std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                    static_cast<unsigned long long>(h.low64));
+      name = std::string("h_") + hex;
     }
     return directory_ / name;
   }

@@ -19,6 +19,13 @@ Status store_timeout(std::string_view operation, const std::vector<std::string>&
 }
 
 Status check_store_key(std::string_view key) {
+  if (key.size() <= kMaxStoredKeyBytes) return Status::Ok();
+  return invalid_argument("store: a key of " + std::to_string(key.size()) +
+                          " bytes (with hpshard's prefixes) is longer than the limit of " +
+                          std::to_string(kMaxStoredKeyBytes));
+}
+
+Status check_caller_key(std::string_view key) {
   if (key.size() <= kMaxStoreKeyBytes) return Status::Ok();
   return invalid_argument("store: a key of " + std::to_string(key.size()) +
                           " bytes is longer than the limit of " +

@@ -19,8 +19,12 @@ namespace hps {
 using Milliseconds = std::chrono::milliseconds;
 
 // Limits every store enforces alike (INVALID_ARGUMENT naming the key beyond them). They also
-// bound what a TCP store's server reads from one client message.
+// bound what a TCP store's server reads from one client message. A caller's key (the C
+// API's store calls, check_caller_key) holds at most kMaxStoreKeyBytes; what a store holds
+// is that key under hpshard's own prefixes (a job's "hpshard/run/<ticket>/", a
+// communicator's), at most kMaxStoredKeyBytes.
 inline constexpr size_t kMaxStoreKeyBytes = 4096;
+inline constexpr size_t kMaxStoredKeyBytes = kMaxStoreKeyBytes + 512;
 inline constexpr size_t kMaxStoreValueBytes = size_t{16} << 20;
 // A wait longer than this is this long (a year): deadlines never overflow.
 inline constexpr Milliseconds kMaxStoreWait{365LL * 24 * 3600 * 1000};
@@ -76,8 +80,10 @@ std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> base, std::strin
 Status store_timeout(std::string_view operation, const std::vector<std::string>& keys,
                      Milliseconds timeout);
 
-// The rules every store shares. check_store_key/value: INVALID_ARGUMENT beyond the limits.
+// The rules every store shares. check_store_key/value: INVALID_ARGUMENT beyond the limits
+// of a stored key (kMaxStoredKeyBytes) and value; check_caller_key: beyond a caller's.
 Status check_store_key(std::string_view key);
+Status check_caller_key(std::string_view key);
 Status check_store_value(std::string_view key, size_t value_bytes);
 // `timeout` within [0, kMaxStoreWait].
 Milliseconds clamp_store_wait(Milliseconds timeout);

@@ -1,5 +1,6 @@
 /* Stores, communicators, work, topology and hybrid groups through the C API, compiled as
  * C99: ranks are threads meeting through a memory:// store. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp, setenv */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,6 +276,49 @@ static void test_store(void) {
   CHECK_OK(hps_store_destroy(NULL));
 }
 
+/* A caller's key holds up to 4096 bytes on every store, a file store included (under the
+ * job's prefix its file name would be too long: it is named by its hash), and a job id of
+ * the documented 256 bytes works there too. */
+static void test_long_keys_on_a_file_store(void) {
+  char dir[] = "/tmp/hps_comm_capi_XXXXXX";
+  char url[64];
+  char job[257];
+  static char key[4098];
+  char buffer[8];
+  size_t size = 0;
+  hps_store_t* store = NULL;
+  const char* old_job = getenv("HPS_JOB_ID");
+  CHECK(mkdtemp(dir) != NULL);
+  snprintf(url, sizeof url, "file://%s", dir);
+  memset(job, 'j', 256);
+  job[256] = '\0';
+  setenv("HPS_JOB_ID", job, 1);
+  CHECK_OK(hps_store_open(url, 0, 5000, &store));
+  if (store != NULL) {
+    memset(key, 'k', 4096);
+    key[4096] = '\0';
+    CHECK_OK(hps_store_set(store, key, "v4096", 5));
+    CHECK_OK(hps_store_get(store, key, 1000, buffer, sizeof buffer, &size));
+    CHECK(size == 5 && memcmp(buffer, "v4096", 5) == 0);
+    key[4096] = 'k';
+    key[4097] = '\0';
+    CHECK(hps_store_set(store, key, "x", 1) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(hps_last_error_message(), "4097 bytes") != NULL);
+    CHECK(strstr(hps_last_error_message(), "limit of 4096") != NULL);
+  }
+  CHECK_OK(hps_store_destroy(store));
+  if (old_job != NULL) {
+    setenv("HPS_JOB_ID", old_job, 1);
+  } else {
+    unsetenv("HPS_JOB_ID");
+  }
+  {
+    char command[128];
+    snprintf(command, sizeof command, "rm -rf '%s'", dir);
+    CHECK(system(command) == 0);
+  }
+}
+
 static void test_topology(void) {
   hps_topology_t* t = NULL;
   int32_t ranks[8], prev = -1, next = -1, v = -1;
@@ -342,6 +386,7 @@ static int have_cpu_communicators(void) {
 int main(void) {
   int collectives;
   test_store();
+  test_long_keys_on_a_file_store();
   test_topology();
   test_rendezvous();
   collectives = have_cpu_communicators();

@@ -212,7 +212,7 @@ TYPED_TEST(StoreConformance, AddRefusesMalformedIntegersAndOverflowAlike) {
 }
 
 TYPED_TEST(StoreConformance, KeysAndValuesBeyondTheLimitsAreRefused) {
-  const std::string too_long_key(kMaxStoreKeyBytes + 1, 'k');
+  const std::string too_long_key(kMaxStoredKeyBytes + 1, 'k');
   EXPECT_EQ(this->store().set(too_long_key, "v").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(this->store().add(too_long_key, 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(this->store().get(too_long_key, milliseconds(1)).status().code(),
@@ -224,7 +224,13 @@ TYPED_TEST(StoreConformance, KeysAndValuesBeyondTheLimitsAreRefused) {
   EXPECT_NE(s.message().find(std::to_string(kMaxStoreValueBytes)), std::string::npos)
       << s.message();
   EXPECT_FALSE(*this->other().check({"big"}));
-  // The limit itself is allowed.
+  // The limits themselves are allowed: a key of the longest a store holds (a file store
+  // names it by its hash), and the largest value.
+  const std::string longest_key(kMaxStoredKeyBytes, '/');
+  ASSERT_TRUE(this->store().set(longest_key, "long").ok());
+  EXPECT_EQ(*this->other().get(longest_key, seconds(5)), "long");
+  EXPECT_FALSE(*this->other().check({std::string(kMaxStoredKeyBytes - 1, '/')}))
+      << "a key one byte shorter is another key";
   const std::string largest(kMaxStoreValueBytes, 'w');
   ASSERT_TRUE(this->store().set("largest", largest).ok());
   EXPECT_EQ(this->other().get("largest", seconds(5))->size(), largest.size());
@@ -819,7 +825,11 @@ TEST(FileStore, BadDirectoriesAreErrors) {
   EXPECT_FALSE(make_file_store("").ok());
   auto store = make_file_store(dir.path().string());
   ASSERT_TRUE(store.ok());
-  EXPECT_EQ((*store)->set(std::string(300, 'k'), "v").code(), StatusCode::kInvalidArgument);
+  // A key too long for a file name is stored under its hash; only the store's limit refuses.
+  EXPECT_TRUE((*store)->set(std::string(300, 'k'), "v").ok());
+  EXPECT_EQ(*(*store)->get(std::string(300, 'k'), seconds(1)), "v");
+  EXPECT_EQ((*store)->set(std::string(kMaxStoredKeyBytes + 1, 'k'), "v").code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(FileStore, KeysArePrivateAndADirectoryOthersMayWriteIsRefused) {
