@@ -1329,7 +1329,7 @@ class Engine(Handle):
         non-finite gradients is skipped on every rank, the scale backs off by
         ``backoff_factor`` and grows by ``growth_factor`` after ``growth_interval`` good
         steps. ``compute_stream``, ``bucket_bytes``: see :class:`EngineOptions`. Error
-        INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators)."""
+        INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators in a build without CUDA)."""
         if not isinstance(sharding, Communicator):
             raise TypeError(f"sharding must be an hpshard.Communicator, not "
                             f"{type(sharding).__name__}")
@@ -1683,8 +1683,7 @@ class Checkpoint(Handle):
         newest ``keep_last``; ``chunk_bytes``: the checksummed chunk size (default 1 MiB);
         ``timeout_ms``: bound on each agreement of the ranks. Unset options keep the
         library's defaults. Error INVALID_ARGUMENT (a group of another size or device, bad
-        options), UNIMPLEMENTED (an engine without checkpoint support), BACKEND_ERROR (the
-        root cannot be created)."""
+        options), BACKEND_ERROR (the root cannot be created)."""
         if not isinstance(engine, Engine):
             raise TypeError(f"engine must be an hpshard.Engine, not {type(engine).__name__}")
         if not isinstance(group, Communicator):

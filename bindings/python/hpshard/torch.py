@@ -47,8 +47,9 @@ backward passes inside ``with model.no_sync():`` and the last outside it, then
 ``state_dict()`` (collective) returns full tensors keyed as the wrapped module's own
 ``state_dict()``; ``load_state_dict()`` (collective) loads parameters from rank 0's
 dict into a fresh engine (optimizer state starts anew). Both go through the engine's
-``gather_parameter`` and initial views; they are written against ``_save_parameters`` /
-``_load_parameters`` so that the checkpoint API, where it exists, replaces them.
+``gather_parameter`` and initial views. To save and resume training with its optimizer
+state, sharded and asynchronous, use ``hpshard.Checkpoint.create(model.engine, world,
+root)`` (``save`` after ``step()``, ``load`` between steps).
 
 Timeline: with HPS_TRACE=DIR each rank also writes its forward and backward spans per
 unit (``torch-*.json``) beside the library's trace; ``hpshard-trace merge`` joins them.

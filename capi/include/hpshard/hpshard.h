@@ -943,7 +943,7 @@ HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size
  * to options->compute_stream): their handles may be destroyed before it. The caller owns
  * *out_engine. Errors: INVALID_ARGUMENT (also a compute_stream on another device, or an
  * options struct refused by the ABI-extensible rules), UNIMPLEMENTED (CUDA communicators
- * with stage 2 or dynamic loss scaling).
+ * in a build without CUDA kernels).
  */
 HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
                                        const hps_engine_options_t* options,
@@ -1175,8 +1175,7 @@ HPS_API hps_status_t hps_checkpoint_options_init(hps_checkpoint_options_t* optio
  * sharding x dp ranks); the handle uses a communicator split from it, so `group` may be
  * used for other work meanwhile. `options` may be NULL. The engine and `group` must outlive
  * the handle. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another
- * size or device, bad options), UNIMPLEMENTED (an engine without checkpoint support),
- * BACKEND_ERROR (root cannot be created).
+ * size or device, bad options), BACKEND_ERROR (root cannot be created).
  */
 HPS_API hps_status_t hps_checkpoint_create(hps_engine_t* engine, hps_comm_t* group,
                                            const char* root,

@@ -216,6 +216,38 @@ def test_no_weight_decay_takes_names_and_parameters_and_refuses_others():
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_of_the_engine_resumes_training_bitwise(stage, tmp_path):
+    """hpshard.Checkpoint over model.engine: train 3 steps, save, train 3 more; a fresh
+    module (back at the initial values) loads the checkpoint and trains the same 3 steps: its
+    parameters equal the uninterrupted run's bitwise (optimizer state included)."""
+    ranks, before, after = 2, 3, 3
+
+    def train(model, rank, steps, start):
+        for step in range(start, start + steps):
+            x, y = batch(step)
+            model(shard_of(x, rank, ranks), shard_of(y, rank, ranks)).backward()
+            model.step()
+
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            train(model, rank, before, 0)
+            with hpshard.Checkpoint.create(model.engine, world, tmp_path) as ckpt:
+                ckpt.save("mid").wait()
+            train(model, rank, after, before)
+            uninterrupted = model.state_dict()
+        with wrap(world, stage) as fresh:
+            with hpshard.Checkpoint.create(fresh.engine, world, tmp_path) as ckpt:
+                ckpt.load("mid")
+            train(fresh, rank, after, before)
+            resumed = fresh.state_dict()
+        return uninterrupted, resumed
+
+    for uninterrupted, resumed in run_ranks(ranks, rank_main):
+        for key, value in uninterrupted.items():
+            assert torch.equal(resumed[key], value), key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_hybrid_group_with_dp_above_sharding_equals_torch_unsharded(stage):
     """4 ranks as dp 2 x sharding 2: the module shards over its sharding group and the
     engine all-reduces the reduced shards over dp."""

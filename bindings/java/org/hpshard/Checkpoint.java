@@ -69,8 +69,7 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * Collective over {@code group}: a CPU communicator of exactly the ranks holding the
    * engine's state (its sharding x dp ranks); {@code root} is created when missing;
    * {@code options} may be null. INVALID_ARGUMENT (a group of another size or device, bad
-   * options), UNIMPLEMENTED (an engine without checkpoint support), BACKEND_ERROR (the root
-   * cannot be created).
+   * options), BACKEND_ERROR (the root cannot be created).
    */
   public static Checkpoint create(Engine engine, Communicator group, Path root,
       Options options) {

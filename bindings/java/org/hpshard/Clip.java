@@ -35,7 +35,8 @@ public final class Clip extends Handle<ClipHandle> {
 
   /**
    * A clip over the given groups (each may be null: not reduced over). INVALID_ARGUMENT when
-   * maxNorm is not positive and finite; UNIMPLEMENTED for CUDA communicators.
+   * maxNorm is not positive and finite; UNIMPLEMENTED for CUDA communicators in a build
+   * without CUDA.
    */
   public Clip(Communicator sharding, Communicator mp, Communicator pp, double maxNorm,
       boolean deterministic) {

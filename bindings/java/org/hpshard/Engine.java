@@ -280,7 +280,8 @@ public final class Engine extends Handle<EngineHandle> {
 
   /**
    * An engine sharding over {@code sharding} (required) with an optional {@code dp} group
-   * above it; {@code options} may be null. INVALID_ARGUMENT, UNIMPLEMENTED (CUDA).
+   * above it; {@code options} may be null. INVALID_ARGUMENT, UNIMPLEMENTED (CUDA communicators
+   * in a build without CUDA).
    */
   public static Engine create(Communicator sharding, Communicator dp, Options options) {
     Objects.requireNonNull(sharding, "sharding");
@@ -327,7 +328,8 @@ public final class Engine extends Handle<EngineHandle> {
   /**
    * Registers a parameter before {@link #seal()}; its index (registration order). Every rank
    * registers the same parameters in the same order. INVALID_ARGUMENT, ALREADY_EXISTS
-   * (name), FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than FLOAT32).
+   * (name), FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than FLOAT32, FLOAT16
+   * or BFLOAT16).
    */
   public int addParam(String name, long[] shape, DType dtype, boolean frozen,
       boolean distributed, boolean clip, boolean sharedNotFirst, int unit) {
