@@ -27,6 +27,12 @@ echo 'not a checkpoint' >"$work/ckpt/model.safetensors"
 grep -q "torn not listed: invalid argument" "$work/list.err" && ! grep -q "notes\|model" "$work/list.err" \
   || { cat "$work/list.err"; echo "list did not name the unreadable manifest alone"; exit 1; }
 rm -rf "$work/ckpt/notes" "$work/ckpt/torn" "$work/ckpt/model.safetensors"
+# A latest pointer naming no checkpoint here is said (nothing is marked latest then).
+cp "$work/ckpt/latest" "$work/latest.kept" && echo gone >"$work/ckpt/latest"
+"$tool" list "$work/ckpt" >"$work/list.out" 2>"$work/list.err" || exit 1
+grep -q "names 'gone', which is not a checkpoint here" "$work/list.err" && ! grep -q latest "$work/list.out" \
+  || { cat "$work/list.err" "$work/list.out"; echo "list did not name the dangling latest pointer"; exit 1; }
+mv "$work/latest.kept" "$work/ckpt/latest"
 
 "$run" -n 2 --timeout 120 -- "$train" --steps 10 --adamw --stage 3 --checkpoint-dir "$work/ckpt" \
   --resume --dump "$work/resumed.txt" >"$work/resumed.log" 2>&1 \

@@ -144,10 +144,19 @@ int list(const std::string& root) {
     rows.emplace_back(m->created_unix_ns, n, m->id);
   }
   std::sort(rows.begin(), rows.end());
+  bool latest_listed = false;
   for (const auto& [created, name, id] : rows) {
     const bool is_latest = latest.ok() && *latest == name;
+    latest_listed = latest_listed || is_latest;
     std::printf("%s  %s  %s%s\n", utc(created).c_str(), id.c_str(), name.c_str(),
                 is_latest ? "  (latest)" : "");
+  }
+  // A latest pointer that names no listed checkpoint (removed by hand, or unreadable).
+  if (latest.ok() && !latest_listed) {
+    std::fprintf(stderr, "hpshard-ckpt: %s names '%s', which is not a checkpoint here\n",
+                 ckpt::join_path(root, std::string(ckpt::kLatestFile)).c_str(), latest->c_str());
+  } else if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) {
+    std::fprintf(stderr, "hpshard-ckpt: %s\n", latest.status().to_string().c_str());
   }
   return 0;
 }

@@ -71,11 +71,12 @@ void usage(const char* problem) {
   write_all(STDERR_FILENO,
             "usage: hpshard-run -n N [--store tcp|file] [--timeout SECONDS] [--grace SECONDS]\n"
             "                   [--] program [args...]\n"
-            "  -n, --nproc N      number of local ranks to start (>= 1)\n"
+            "  -n, --nproc N      number of local ranks to start (1-4096)\n"
             "  --store tcp|file   how the ranks meet: a TCP store on 127.0.0.1 served by rank 0\n"
             "                     on a socket bound here (default), or a fresh temp directory\n"
             "                     removed at the end\n"
-            "  --timeout SECONDS  stop every rank and exit 124 after this long (default: none)\n"
+            "  --timeout SECONDS  stop every rank and exit 124 after this long (default and 0:\n"
+            "                     none)\n"
             "  --grace SECONDS    between SIGTERM and SIGKILL when stopping ranks (default 5)\n");
 }
 
