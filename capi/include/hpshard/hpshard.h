@@ -466,7 +466,8 @@ typedef struct hps_comm_options {
  * Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size, as
  * every _init does (see "ABI-extensible structs"). Errors: INVALID_ARGUMENT (NULL,
  * struct_size too small, a malformed environment variable: those two, and HPS_COMM_SHM,
- * HPS_COMM_SHM_SLOT_BYTES and HPS_COMM_SHM_DIRECT, which hps_comm_create reads). Thread safety: any thread.
+ * HPS_COMM_SHM_SLOT_BYTES and HPS_COMM_SHM_DIRECT, which hps_comm_create reads). Thread safety: any
+ * thread.
  */
 HPS_API hps_status_t hps_comm_options_init(hps_comm_options_t* options, size_t struct_size);
 

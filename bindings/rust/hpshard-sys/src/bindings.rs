@@ -1201,7 +1201,9 @@ pub type hps_comm_options_t = hps_comm_options;
 extern "C" {
     #[doc = " Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size, as"]
     #[doc = " every _init does (see \"ABI-extensible structs\"). Errors: INVALID_ARGUMENT (NULL,"]
-    #[doc = " struct_size too small, a malformed environment variable). Thread safety: any thread."]
+    #[doc = " struct_size too small, a malformed environment variable: those two, and HPS_COMM_SHM,"]
+    #[doc = " HPS_COMM_SHM_SLOT_BYTES and HPS_COMM_SHM_DIRECT, which hps_comm_create reads). Thread safety: any"]
+    #[doc = " thread."]
     pub fn hps_comm_options_init(
         options: *mut hps_comm_options_t,
         struct_size: usize,
@@ -2369,7 +2371,7 @@ extern "C" {
     #[doc = " to options->compute_stream): their handles may be destroyed before it. The caller owns"]
     #[doc = " *out_engine. Errors: INVALID_ARGUMENT (also a compute_stream on another device, or an"]
     #[doc = " options struct refused by the ABI-extensible rules), UNIMPLEMENTED (CUDA communicators"]
-    #[doc = " with stage 2 or dynamic loss scaling)."]
+    #[doc = " in a build without CUDA kernels)."]
     pub fn hps_engine_create(
         sharding: *mut hps_comm_t,
         dp: *mut hps_comm_t,
@@ -2728,8 +2730,7 @@ extern "C" {
     #[doc = " sharding x dp ranks); the handle uses a communicator split from it, so `group` may be"]
     #[doc = " used for other work meanwhile. `options` may be NULL. The engine and `group` must outlive"]
     #[doc = " the handle. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another"]
-    #[doc = " size or device, bad options), UNIMPLEMENTED (an engine without checkpoint support),"]
-    #[doc = " BACKEND_ERROR (root cannot be created)."]
+    #[doc = " size or device, bad options), BACKEND_ERROR (root cannot be created)."]
     pub fn hps_checkpoint_create(
         engine: *mut hps_engine_t,
         group: *mut hps_comm_t,
