@@ -28,7 +28,7 @@ class Work {
   Status wait();
   // Work enqueued on `stream` after this call starts only after the operation finished;
   // when it failed, the failure becomes the stream's (Stream::wait_for_outcome: a CPU
-  // stream's synchronize() reports it, the calling thread's stream returns it here).
+  // stream's next synchronize() reports it, the calling thread's stream returns it here).
   Status wait_on(Stream& stream);
 
   // Called by the backend (on the communication stream) before the done event completes.

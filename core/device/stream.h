@@ -25,15 +25,16 @@ class Stream {
   // As wait(), and once `event` has completed the stream asks `outcome` how the work it
   // marks ended: a failure becomes the stream's (an asynchronous error), so that work
   // enqueued after it is known to have run on a failed operation's output. CPU streams
-  // report it from every synchronize() from then on; the calling thread's stream returns
-  // it from this call. Streams that cannot ask in order (CUDA) only wait: the failure is
-  // reported where its operation is waited for.
+  // report it from the next synchronize() (once: the one after that starts afresh); the
+  // calling thread's stream returns it from this call. Streams that cannot ask in order (CUDA) only
+  // wait: the failure is reported where its operation is waited for.
   virtual Status wait_for_outcome(Event& event, std::function<Status()> outcome) {
     (void)outcome;
     return wait(event);
   }
   // Blocks the host until everything enqueued so far has completed. Counted. A CPU stream
-  // that took an asynchronous error (wait_for_outcome) returns it.
+  // that took an asynchronous error (wait_for_outcome) since its last synchronize() returns
+  // it, after everything has completed.
   virtual Status synchronize() = 0;
   // Enqueues a copy of `bytes` bytes; the regions must stay valid until it completes.
   // Either side may be host memory (on CUDA through unified addressing); a copy into host

@@ -67,11 +67,16 @@ Status ShardedOptimizer::optimize(Stream& stream, const ShardStep& shard,
 }
 
 Status ShardedOptimizer::unscale(Stream& stream, const ShardStep& s, float mean_scale) const {
-  for (const ShardSpan& span : s.spans) {
+  // One pass per run of equal partial: the spans' other differences (clip scaling, weight
+  // decay) are the optimizer's, not the unscale's.
+  for (size_t k = 0; k < s.spans.size();) {
+    const ShardSpan& span = s.spans[k];
+    uint64_t end = span.end;
+    for (++k; k < s.spans.size() && s.spans[k].partial == span.partial; ++k) end = s.spans[k].end;
     UnscaleArgs a;
     a.src = s.grad + span.begin;
     a.dst = s.grad + span.begin;
-    a.count = span.end - span.begin;
+    a.count = end - span.begin;
     a.mean_scale = mean_scale;
     a.state = state();
     a.check_finite = options_.dynamic_loss_scaling;

@@ -1,5 +1,6 @@
 #include "core/sharding/stage2_engine.h"
 
+#include "core/common/first_error.h"
 #include "core/trace/trace.h"
 
 namespace hps {
@@ -194,15 +195,19 @@ Status Stage2Engine::step() {
 
 Status Stage2Engine::synchronize() {
   if (!sealed_) return Status::Ok();
-  // Reductions started by grad_ready() may still read the gradients: wait for them too.
+  // Everything is waited for even after a failure (the destructor frees the memory the
+  // rest may still use); the first failure is returned. Reductions started by grad_ready()
+  // may still read the gradients: they are waited for too.
+  FirstError first;
   for (auto& work : reduced_) {
-    if (work) HPS_RETURN_IF_ERROR(work->wait());
+    if (work) first.keep(work->wait());
   }
-  HPS_RETURN_IF_ERROR(optimizer_stream().synchronize());
+  first.keep(optimizer_stream().synchronize());
   for (auto& work : gathered_) {
-    if (work) HPS_RETURN_IF_ERROR(work->wait());
+    if (work) first.keep(work->wait());
   }
-  return compute().synchronize();
+  first.keep(compute().synchronize());
+  return first.status();
 }
 
 Status Stage2Engine::end_state_load() {

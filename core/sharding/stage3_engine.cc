@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "core/common/first_error.h"
 #include "core/trace/trace.h"
 
 namespace hps {
@@ -344,15 +345,19 @@ Status Stage3Engine::step() {
 
 Status Stage3Engine::synchronize() {
   if (!sealed_) return Status::Ok();
+  // Everything is waited for even after a failure (the destructor frees the memory the
+  // rest may still use); the first failure is returned.
+  FirstError first;
   for (auto& u : buffers_) {
-    if (u.reduced) HPS_RETURN_IF_ERROR(u.reduced->wait());
+    if (u.reduced) first.keep(u.reduced->wait());
   }
-  HPS_RETURN_IF_ERROR(sharding_->stream().synchronize());
-  HPS_RETURN_IF_ERROR(optimizer_stream().synchronize());
+  first.keep(sharding_->stream().synchronize());
+  first.keep(optimizer_stream().synchronize());
   for (auto& u : buffers_) {
-    if (u.gathering) HPS_RETURN_IF_ERROR(u.gathering->wait());
+    if (u.gathering) first.keep(u.gathering->wait());
   }
-  return compute().synchronize();
+  first.keep(compute().synchronize());
+  return first.status();
 }
 
 DevicePtr<void> Stage3Engine::model_parameter_shard(size_t b) const {

@@ -264,10 +264,13 @@ class Stream(Handle):
     def synchronize(self) -> None:
         """Block until all queued work has completed (counts one host sync). Raises the
         error of an operation the stream waited for that failed (a clip's reduction, a
-        Work waited on with ``wait_stream``): TIMEOUT, ABORTED, ... from then on."""
-        self._h().synchronize()
-        with self._lock:
-            self._keep.clear()
+        Work waited on with ``wait_stream``): TIMEOUT, ABORTED, ... once, after the queued
+        work completed."""
+        try:
+            self._h().synchronize()
+        finally:
+            with self._lock:
+                self._keep.clear()
 
     def wait_event(self, event: "Event") -> None:
         """Make later work on this stream wait for ``event``'s most recent record

@@ -205,7 +205,8 @@ HPS_API hps_status_t hps_stream_create(hps_device_type_t type, int32_t index,
 
 /**
  * Finish the work queued on `stream`, then free it (an engine that uses it as its
- * compute_stream keeps the stream itself alive). NULL is a no-op returning OK.
+ * compute_stream keeps the stream itself alive; the finish then returns what
+ * hps_stream_synchronize would). NULL is a no-op returning OK.
  * Thread safety: no other thread may use the stream during or after the call.
  */
 HPS_API hps_status_t hps_stream_destroy(hps_stream_t* stream);
@@ -215,8 +216,9 @@ HPS_API hps_status_t hps_stream_destroy(hps_stream_t* stream);
  * This is a host synchronisation and is counted by the host-sync counter.
  * A CPU stream that waited for an operation that failed (hps_work_wait_stream,
  * hps_clip_run's reductions) returns that operation's error (TIMEOUT, ABORTED, ...) from
- * this and every later synchronize: the work queued after the wait ran on what the failed
- * operation left. CUDA streams report such failures where the operation is waited for.
+ * the next synchronize, once everything queued has completed: the work queued after the
+ * wait ran on what the failed operation left. The synchronize after that starts afresh.
+ * CUDA streams report such failures where the operation is waited for.
  * Errors: INVALID_ARGUMENT (NULL), BACKEND_ERROR. Thread safety: per handle.
  */
 HPS_API hps_status_t hps_stream_synchronize(hps_stream_t* stream);
@@ -775,7 +777,8 @@ HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_c
                                      const hps_clip_options_t* options, hps_clip_t** out_clip);
 
 /**
- * Free `clip` once the work its last run queued has completed (blocking, not counted);
+ * Free `clip` once the work its last run queued has completed (blocking, not counted: with
+ * a peer gone, until the communicator's timeout; hps_comm_abort first ends it at once);
  * NULL is a no-op. DLPack views of its coefficient keep its memory until released.
  */
 HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip);

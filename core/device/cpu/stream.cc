@@ -106,9 +106,11 @@ void StreamCore::record_error(const Status& s) {
   if (error_.ok()) error_ = s;
 }
 
-Status StreamCore::error() const {
+Status StreamCore::take_error() {
   std::lock_guard lock(error_mutex_);
-  return error_;
+  Status s = std::move(error_);
+  error_ = Status::Ok();
+  return s;
 }
 
 CpuStream::CpuStream()
@@ -159,7 +161,7 @@ Status CpuStream::wait_for_outcome(Event& event, std::function<Status()> outcome
 Status CpuStream::synchronize() {
   count_host_sync(HostSyncKind::kStreamSynchronize);
   core_->synchronize();
-  return core_->error();
+  return core_->take_error();
 }
 
 Status HostQueue::memcpy_async(void* dst, const void* src, size_t bytes) {

@@ -54,9 +54,10 @@ class StreamCore {
   void run_worker();  // the worker's loop, until stop() and an empty queue
   void stop();
   void synchronize();  // until every task enqueued so far has finished
-  // The first asynchronous error a task recorded (kept for good), or OK.
+  // The first asynchronous error a task recorded since the last take_error(), or OK; taking
+  // it clears it.
   void record_error(const Status& s);
-  Status error() const;
+  Status take_error();
 
  private:
   // Pops the front task (the caller holds `lock`), runs it unlocked, and records it done.

@@ -805,3 +805,4 @@ def test_a_model_without_trainable_parameters_steps_and_stays(stage):
 
     for got in run_ranks(2, rank_main, f"frozen-{stage}"):
         np.testing.assert_array_equal(got, np.arange(5, dtype=np.float32))
+

@@ -725,7 +725,8 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Finish the work queued on `stream`, then free it (an engine that uses it as its"]
-    #[doc = " compute_stream keeps the stream itself alive). NULL is a no-op returning OK."]
+    #[doc = " compute_stream keeps the stream itself alive; the finish then returns what"]
+    #[doc = " hps_stream_synchronize would). NULL is a no-op returning OK."]
     #[doc = " Thread safety: no other thread may use the stream during or after the call."]
     pub fn hps_stream_destroy(stream: *mut hps_stream_t) -> hps_status_t;
 }
@@ -734,8 +735,9 @@ extern "C" {
     #[doc = " This is a host synchronisation and is counted by the host-sync counter."]
     #[doc = " A CPU stream that waited for an operation that failed (hps_work_wait_stream,"]
     #[doc = " hps_clip_run's reductions) returns that operation's error (TIMEOUT, ABORTED, ...) from"]
-    #[doc = " this and every later synchronize: the work queued after the wait ran on what the failed"]
-    #[doc = " operation left. CUDA streams report such failures where the operation is waited for."]
+    #[doc = " the next synchronize, once everything queued has completed: the work queued after the"]
+    #[doc = " wait ran on what the failed operation left. The synchronize after that starts afresh."]
+    #[doc = " CUDA streams report such failures where the operation is waited for."]
     #[doc = " Errors: INVALID_ARGUMENT (NULL), BACKEND_ERROR. Thread safety: per handle."]
     pub fn hps_stream_synchronize(stream: *mut hps_stream_t) -> hps_status_t;
 }
@@ -1752,7 +1754,8 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Free `clip` once the work its last run queued has completed (blocking, not counted);"]
+    #[doc = " Free `clip` once the work its last run queued has completed (blocking, not counted: with"]
+    #[doc = " a peer gone, until the communicator's timeout; hps_comm_abort first ends it at once);"]
     #[doc = " NULL is a no-op. DLPack views of its coefficient keep its memory until released."]
     pub fn hps_clip_destroy(clip: *mut hps_clip_t) -> hps_status_t;
 }
