@@ -112,6 +112,9 @@ Status Stage2Engine::launch_reduce(size_t b, Stream& ready) {
   HPS_ASSIGN_OR_RETURN(
       auto work, sharding_->reduce_scatter(storage_->get(StorageRole::kGrads, b).get(), out.get(),
                                            buf.shard_numel, buf.dtype, ReduceOp::kSum, &ready));
+  // Kept at once: when what follows fails (a dp group that failed refuses its all-reduce),
+  // synchronize() still waits for this reduce-scatter, which reads the gradients.
+  reduced_[b] = work;
   if (!fp32) {
     HPS_RETURN_IF_ERROR(
         kernels_->cast(comm, buf.dtype, out, DType::kFloat32, shard, buf.shard_numel));
@@ -202,6 +205,7 @@ Status Stage2Engine::synchronize() {
   for (auto& work : reduced_) {
     if (work) first.keep(work->wait());
   }
+  first.keep(sharding_->stream().synchronize());
   first.keep(optimizer_stream().synchronize());
   for (auto& work : gathered_) {
     if (work) first.keep(work->wait());

@@ -23,6 +23,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "core/comm/host.h"
@@ -36,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr uint64_t kMagic = 0x6870736861726431ULL;  // "hpshard1"
+constexpr uint64_t kMagic = 0x6870736861726432ULL;  // "hpshard2"
 constexpr size_t kPage = 4096;
 
 enum State : uint32_t { kActive = 0, kLeft = 1, kFailed = 2, kAborted = 3 };
@@ -220,8 +221,11 @@ struct alignas(128) ShmGroup::Control {
   int32_t pid;
   uint64_t pid_ns;
   CollectiveDescriptor descriptor[2];  // of the collective whose first round is k, at k % 2
-  uint64_t address[2];                 // direct mode: this rank's buffer for round k, at k % 2
-  uint64_t probe;                      // the address of this process's probe_word
+  // Direct mode: this rank's buffer for round k, at k % 2; 0 once withdrawn (the rank
+  // returned without every peer having read it).
+  std::atomic<uint64_t> address[2];
+  std::atomic<uint64_t> reading;  // direct mode: 1 + the round whose peer buffer it is reading
+  uint64_t probe;                 // the address of this process's probe_word
 };
 
 namespace {
@@ -469,6 +473,46 @@ Status ShmGroup::wait_all_consumed(uint64_t round, Deadline deadline) {
   return wait_peers(false, round + 1, deadline);
 }
 
+Status ShmGroup::read_posted(int32_t q, uint64_t round, void* local, size_t bytes) {
+  // Pairs with wait_read_by_all: either the poster sees this flag after withdrawing its
+  // address and waits for it to clear, or this rank sees the address withdrawn.
+  std::atomic<uint64_t>& reading = control(rank_).reading;
+  reading.store(round + 1, std::memory_order_seq_cst);
+  const uint64_t remote = control(q).address[round % 2].load(std::memory_order_seq_cst);
+  Status s = remote != 0 ? read_peer(q, local, reinterpret_cast<const void*>(remote), bytes)
+                         : aborted("rank " + std::to_string(q) +
+                                   " withdrew its buffer before this rank read it (it failed, was "
+                                   "aborted or timed out)");
+  reading.store(0, std::memory_order_seq_cst);
+  return s;
+}
+
+Status ShmGroup::wait_read_by_all(uint64_t round, Deadline deadline) {
+  Status s = wait_all_consumed(round, deadline);
+  if (!s.ok()) withdraw(round, deadline);
+  return s;
+}
+
+void ShmGroup::withdraw(uint64_t round, Deadline deadline) {
+  control(rank_).address[round % 2].store(0, std::memory_order_seq_cst);
+  for (int32_t q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    const Control& c = control(q);
+    // A thread of this process copies with memcpy: it must be done before the buffer goes.
+    // Another process reads through process_vm_readv, which cannot fault here: it is waited
+    // for while it lives, up to the deadline.
+    const bool same_process = c.pid == getpid();
+    for (int spins = 0; c.reading.load(std::memory_order_seq_cst) == round + 1; ++spins) {
+      if (spins < 64) {
+        cpu_relax();
+        continue;
+      }
+      if (!same_process && (Clock::now() >= deadline || host::process_ended(c.pid))) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
 void ShmGroup::notify() {
   Header& h = header();
   h.signal.fetch_add(1, std::memory_order_seq_cst);
@@ -591,19 +635,25 @@ Status ShmGroup::all_gather(const CollectiveDescriptor& d, Deadline deadline, co
     HPS_RETURN_IF_ERROR(acquire(k, deadline));
     control(rank_).address[k % 2] = reinterpret_cast<uint64_t>(send);
     post(k, &d);
-    HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
-    HPS_RETURN_IF_ERROR(check(k, d));
-    for (int32_t q = 0; q < size_ && bytes_per_rank; ++q) {
-      uint8_t* target = out + static_cast<size_t>(q) * bytes_per_rank;
-      if (q == rank_) {
-        if (target != in) std::memcpy(target, in, bytes_per_rank);
-        continue;
+    Status s = [&] {
+      HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
+      HPS_RETURN_IF_ERROR(check(k, d));
+      for (int32_t q = 0; q < size_ && bytes_per_rank; ++q) {
+        uint8_t* target = out + static_cast<size_t>(q) * bytes_per_rank;
+        if (q == rank_) {
+          if (target != in) std::memcpy(target, in, bytes_per_rank);
+          continue;
+        }
+        HPS_RETURN_IF_ERROR(read_posted(q, k, target, bytes_per_rank));
       }
-      const void* remote = reinterpret_cast<const void*>(control(q).address[k % 2]);
-      HPS_RETURN_IF_ERROR(read_peer(q, target, remote, bytes_per_rank));
+      return Status::Ok();
+    }();
+    if (!s.ok()) {
+      withdraw(k, deadline);
+      return s;
     }
     finish(k);
-    return wait_all_consumed(k, deadline);
+    return wait_read_by_all(k, deadline);
   }
   const size_t rounds = std::max<size_t>(1, (bytes_per_rank + slot_bytes_ - 1) / slot_bytes_);
   for (size_t j = 0; j < rounds; ++j) {
@@ -635,14 +685,15 @@ Status ShmGroup::broadcast(const CollectiveDescriptor& d, Deadline deadline, voi
     HPS_RETURN_IF_ERROR(acquire(k, deadline));
     control(rank_).address[k % 2] = reinterpret_cast<uint64_t>(buffer);
     post(k, &d);
-    HPS_RETURN_IF_ERROR(wait_posted(k, deadline));
-    HPS_RETURN_IF_ERROR(check(k, d));
-    if (rank_ != root && bytes) {
-      const void* remote = reinterpret_cast<const void*>(control(root).address[k % 2]);
-      HPS_RETURN_IF_ERROR(read_peer(root, data, remote, bytes));
+    Status s = wait_posted(k, deadline);
+    if (s.ok()) s = check(k, d);
+    if (s.ok() && rank_ != root && bytes) s = read_posted(root, k, data, bytes);
+    if (!s.ok()) {
+      withdraw(k, deadline);
+      return s;
     }
     finish(k);
-    return rank_ == root ? wait_all_consumed(k, deadline) : Status::Ok();
+    return rank_ == root ? wait_read_by_all(k, deadline) : Status::Ok();
   }
   const size_t rounds = std::max<size_t>(1, (bytes + slot_bytes_ - 1) / slot_bytes_);
   for (size_t j = 0; j < rounds; ++j) {

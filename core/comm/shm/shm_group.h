@@ -110,6 +110,15 @@ class ShmGroup {
   Status read_peer(int32_t q, void* local, const void* remote, size_t bytes) const;
   // Every other rank has finished `round` (it read what this rank posted).
   Status wait_all_consumed(uint64_t round, Deadline deadline);
+  // Direct mode. Reads rank q's buffer for `round` (its posted address), unless q has
+  // withdrawn it.
+  Status read_posted(int32_t q, uint64_t round, void* local, size_t bytes);
+  // The poster's end of a direct round: waits until every peer has read this rank's buffer
+  // for `round`; when that fails (abort, deadline, a peer gone), withdraws the buffer and
+  // waits for the peers already reading it, so that the caller may free it on return.
+  Status wait_read_by_all(uint64_t round, Deadline deadline);
+  // Withdraws this rank's buffer for `round` and waits for the peers already reading it.
+  void withdraw(uint64_t round, Deadline deadline);
   void notify();
 
   int32_t rank_;

@@ -543,6 +543,86 @@ def test_engine_two_ranks_bad_input():
     assert run_ranks(2, rank, "engine-bad") == [True, True]
 
 
+def test_engine_synchronize_after_a_failed_dp_group_waits_for_the_healthy_one():
+    """A dp group fails (rank 0 makes a call rank 1 does not) while the sharding group is
+    healthy. Rank 1's synchronize() must wait for its all-gather over the sharding group (it
+    needs rank 0, which steps `delay` later) before it reports the dp error: it used to
+    return at the dp error, and closing the engine freed memory the all-gather still wrote.
+    Rank 0 then leaves its `with` blocks (closing its communicators) while rank 1 may still
+    be in a collective: rank 1 gets an error, not a crash."""
+    delay = 1.5
+    n = 1 << 20
+
+    def rank(r, url):
+        store = Store.open(url, r, timeout_ms=10000)
+        sharding = Communicator.create(store, r, 2, timeout_ms=20000, name="sharding")
+        dp = Communicator.create(store, r, 2, timeout_ms=20000, name="dp")
+        with store, sharding, dp, Engine.create(sharding, dp, stage=2) as engine:
+            w = engine.add_param("w", (n,))
+            engine.seal()
+            engine.param(w)[:] = 1
+            engine.broadcast_parameters()
+            engine.wait_parameters(0)
+            if r == 0:
+                x = np.zeros(3, np.float32)
+                # never waited (kept: a dropped work waits): rank 1 makes no such call
+                extra = dp.all_reduce(x, x)  # noqa: F841
+            engine.grad(w)[:] = 1
+            engine.grad_ready(w)
+            engine.release_parameters(0)
+            if r == 0:
+                time.sleep(delay)
+            try:
+                engine.step()
+            except hpshard.Error:
+                return ("step refused", 0.0)
+            t0 = time.monotonic()
+            with pytest.raises(hpshard.Error):
+                engine.synchronize()
+            return ("synchronize failed", time.monotonic() - t0)
+
+    results = run_ranks(2, rank, "dp-fail")
+    assert results[1][0] == "synchronize failed", results
+    assert results[1][1] >= delay * 0.6, results
+
+
+def test_engine_close_waits_for_a_reduction_whose_dp_all_reduce_was_refused():
+    """Both ranks' dp group has failed (a call they disagree on). grad_ready() starts the
+    reduce-scatter over the sharding group, then is refused its dp all-reduce. Rank 0 closes
+    its engine at once; its reduce-scatter still reads the gradients until rank 1 comes,
+    `delay` later: the close must wait for it (it used to free the gradients under it)."""
+    delay = 1.5
+
+    def rank(r, url):
+        store = Store.open(url, r, timeout_ms=10000)
+        sharding = Communicator.create(store, r, 2, timeout_ms=20000, name="sharding")
+        dp = Communicator.create(store, r, 2, timeout_ms=20000, name="dp")
+        with store, sharding, dp:
+            engine = Engine.create(sharding, dp, stage=2)
+            w = engine.add_param("w", (1 << 20,))
+            engine.seal()
+            engine.broadcast_parameters()
+            engine.wait_parameters(0)
+            x = np.zeros(3 + r, np.float32)
+            with pytest.raises(hpshard.Error):
+                dp.all_reduce(x, x).wait()
+            engine.grad(w)[:] = 1
+            if r == 1:
+                time.sleep(delay)
+            with pytest.raises(hpshard.Error) as refused:
+                engine.grad_ready(w)
+            assert "group 'dp'" in str(refused.value)
+            t0 = time.monotonic()
+            try:
+                engine.close()
+            except hpshard.Error:
+                pass
+            return time.monotonic() - t0
+
+    closed_after = run_ranks(2, rank, "dp-refused")
+    assert closed_after[0] >= delay * 0.6, closed_after
+
+
 def test_closing_the_communicator_closes_the_engine_first():
     store, comm = world(0, f"memory://py-engine-close-{uuid.uuid4().hex}", size=1)
     with store:

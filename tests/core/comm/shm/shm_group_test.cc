@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -108,6 +109,97 @@ TEST(ShmGroup, SlotsThatOverflowTheSegmentAreRefusedBeforeAnythingIsMade) {
         << group.status().message();
   }
   EXPECT_TRUE(own_segments().empty());
+}
+
+// Two thread ranks with direct reads. Returns both groups.
+std::vector<std::unique_ptr<ShmGroup>> direct_pair() {
+  std::vector<StatusOr<std::unique_ptr<ShmGroup>>> made;
+  for (int i = 0; i < 2; ++i) made.emplace_back(unavailable("not made"));
+  auto store = make_in_memory_store();
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      made[static_cast<size_t>(r)] =
+          ShmGroup::create(*store, r, 2, true, kDefaultSlotBytes, std::chrono::seconds(10), true);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  std::vector<std::unique_ptr<ShmGroup>> groups;
+  for (auto& g : made) {
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    if (!g.ok() || !*g) return {};
+    groups.push_back(std::move(*g));
+  }
+  EXPECT_TRUE(groups[0]->direct() && groups[1]->direct());
+  return groups;
+}
+
+// A rank whose direct all-gather or broadcast ends early (here its deadline; in the field an
+// abort or a failed peer, then its caller frees the buffer) used to leave its buffer's
+// address published: a peer arriving later read freed memory (a segfault with threads as
+// ranks). The buffer is withdrawn: the late peer gets an error and reads nothing.
+TEST(ShmGroup, ALateReaderNeverReadsABufferItsRankGaveUpOn) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  for (int broadcast = 0; broadcast < 2; ++broadcast) {
+    auto groups = direct_pair();
+    ASSERT_EQ(groups.size(), 2u);
+    const size_t bytes = static_cast<size_t>(page) * 4;
+    CollectiveDescriptor d;
+    d.kind = broadcast ? kBroadcastKind : kAllGatherKind;
+    d.count = bytes;
+    // Rank 0's buffer is its own mapping, unmapped once its collective returns: reading it
+    // afterwards faults.
+    void* mine = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mine, MAP_FAILED);
+    std::memset(mine, 1, bytes);
+    std::vector<uint8_t> gathered(bytes * 2);
+    const auto soon = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    Status s0 = broadcast ? groups[0]->broadcast(d, soon, mine, bytes, 0)
+                          : groups[0]->all_gather(d, soon, mine, gathered.data(), bytes);
+    ASSERT_EQ(s0.code(), StatusCode::kTimeout) << s0.to_string();
+    ASSERT_EQ(::munmap(mine, bytes), 0);
+
+    std::vector<uint8_t> theirs(bytes, 2), received(bytes * 2, 7);
+    const auto later = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    Status s1 = broadcast ? groups[1]->broadcast(d, later, received.data(), bytes, 0)
+                          : groups[1]->all_gather(d, later, theirs.data(), received.data(), bytes);
+    EXPECT_EQ(s1.code(), StatusCode::kAborted) << s1.to_string();
+    EXPECT_NE(s1.message().find("withdrew its buffer"), std::string::npos) << s1.to_string();
+    EXPECT_EQ(received[0], 7) << "rank 0's part was written";
+  }
+}
+
+// The same protocol with the buffer still there: a reader that comes in time reads it.
+TEST(ShmGroup, DirectAllGatherAndBroadcastDeliverTheData) {
+  auto groups = direct_pair();
+  ASSERT_EQ(groups.size(), 2u);
+  const size_t bytes = 1000;
+  CollectiveDescriptor g;
+  g.kind = kAllGatherKind;
+  g.count = bytes;
+  CollectiveDescriptor b = g;
+  b.kind = kBroadcastKind;
+  b.root = 1;
+  std::vector<std::vector<uint8_t>> send(2), recv(2), bcast(2);
+  std::vector<Status> status(4, Status::Ok());
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < 2; ++r) {
+    send[r].assign(bytes, static_cast<uint8_t>(10 + r));
+    recv[r].assign(2 * bytes, 0);
+    bcast[r].assign(bytes, static_cast<uint8_t>(20 + r));
+    ranks.emplace_back([&, r] {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      status[r] = groups[r]->all_gather(g, deadline, send[r].data(), recv[r].data(), bytes);
+      status[2 + r] = groups[r]->broadcast(b, deadline, bcast[r].data(), bytes, 1);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (const Status& s : status) EXPECT_TRUE(s.ok()) << s.to_string();
+  for (int32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(recv[r][0], 10);
+    EXPECT_EQ(recv[r][2 * bytes - 1], 11);
+    EXPECT_EQ(bcast[r][bytes / 2], 21);
+  }
 }
 
 }  // namespace
