@@ -38,7 +38,9 @@ no gradient, still sharded). A trainable parameter that got no gradient in a bac
 checked in with a zero gradient at the end of it (torch.optim would skip it: AdamW's
 decay and moments still advance here). Buffers (BatchNorm's running statistics) stay each
 rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives the calling
-rank's.
+rank's. The engine trains the parameters it was created with: a parameter or submodule
+replaced, added or removed, or a parameter frozen or unfrozen, after wrapping makes the
+next forward raise, naming the module that changed (change the module, then wrap it).
 
 Accumulation over micro-batches: pass ``accumulation_steps=k``; run the first k-1
 backward passes inside ``with model.no_sync():`` and the last outside it, then
@@ -75,6 +77,7 @@ import hpshard as _hps
 
 __all__ = ["ShardedModule", "world_from_env"]
 
+_MISSING = object()
 _OPTIMIZERS = {"sgd": _hps.Optimizer.SGD, "adamw": _hps.Optimizer.ADAMW}
 _DTYPES = {torch.float32: _hps.DType.FLOAT32, torch.float16: _hps.DType.FLOAT16,
            torch.bfloat16: _hps.DType.BFLOAT16}
@@ -362,6 +365,12 @@ class ShardedModule(torch.nn.Module):
                 unit.has_frozen = True
         self._units = [u for u in self._units if u.params or u.uid == 0]
         self._unit_by_id = {u.uid: u for u in self._units}
+        # What the engine was built from, checked at every forward: a parameter or submodule
+        # replaced, added or removed, or a parameter frozen or unfrozen, after wrapping would
+        # otherwise train silently wrong (the engine updates the parameters it registered).
+        self._structure = [(m, tuple(m._parameters.items()), tuple(m._modules.items()))
+                           for m in self.module.modules()]
+        self._requires_grad = [p.requires_grad for p in params]
 
     def _plan_weight_decay(self, exclude: Any) -> List[bool]:
         """Per parameter: whether weight decay applies to it."""
@@ -393,6 +402,33 @@ class ShardedModule(torch.nn.Module):
 
     def _unit(self, uid: int) -> _Unit:
         return self._unit_by_id[uid]
+
+    def _check_structure(self) -> None:
+        """Raises naming what changed in the wrapped module since it was wrapped."""
+        changed = None
+        for m, params, children in self._structure:
+            now_params, now_children = m._parameters, m._modules
+            if (len(now_params) != len(params) or len(now_children) != len(children)
+                    or any(now_params.get(n, _MISSING) is not p for n, p in params)
+                    or any(now_children.get(n, _MISSING) is not c for n, c in children)):
+                changed = m
+                break
+        if changed is None:
+            for i, p in enumerate(self._params):
+                if p.requires_grad != self._requires_grad[i]:
+                    raise RuntimeError(
+                        f"hpshard.torch: parameter {self._names[i]!r} was "
+                        f"{'unfrozen' if p.requires_grad else 'frozen'} after ShardedModule "
+                        "wrapped the module; the engine trains the parameters as they were "
+                        "registered: set requires_grad before wrapping")
+            return
+        where = next((n for n, m in self.module.named_modules() if m is changed), None)
+        where = repr(where) if where else "the wrapped module itself"
+        raise RuntimeError(
+            f"hpshard.torch: the parameters or submodules of {where} were replaced, added or "
+            "removed after ShardedModule wrapped the module; the engine trains the parameters "
+            "it registered, so training would silently leave the new ones untrained: change "
+            "the module before wrapping it")
 
     def _start_engine(self, initial: List[torch.Tensor]) -> None:
         """A fresh engine holding ``initial`` (rank 0's values win), the parameters pointed
@@ -546,6 +582,7 @@ class ShardedModule(torch.nn.Module):
         return hook
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_structure()
         root = self._units[0]
         self._begin_forward(root)
         try:

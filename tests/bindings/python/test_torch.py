@@ -466,6 +466,59 @@ def test_stage3_parameters_outside_a_gathered_unit_hold_no_memory():
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_module_changed_after_wrapping_is_refused_until_it_is_restored(stage):
+    """Replaced, added or removed parameters and submodules, and frozen or unfrozen ones,
+    would train silently wrong (the engine updates what it registered): the next forward
+    raises naming the module, and once restored, training goes on as if nothing happened."""
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            net = model.module
+            x, y = batch(0)
+            x, y = shard_of(x, rank, 2), shard_of(y, rank, 2)
+            model(x, y).backward()
+            model.step()
+            before = {k: v.clone() for k, v in model.state_dict().items()}
+            fc = net.blocks[1].mlp[0]
+            weight, bias, ln_f = fc.weight, fc.bias, net.ln_f
+
+            def refused(match):
+                with pytest.raises(RuntimeError, match=match):
+                    model(x, y)
+
+            fc.weight = torch.nn.Parameter(torch.zeros_like(weight))  # replaced
+            refused(r"'blocks\.1\.mlp\.0' were replaced, added or removed")
+            fc.weight = weight
+            del fc.bias  # removed
+            fc.register_parameter("bias", None)
+            refused(r"'blocks\.1\.mlp\.0'")
+            fc.bias = bias
+            fc.extra = torch.nn.Parameter(torch.zeros(3))  # added
+            refused(r"'blocks\.1\.mlp\.0'")
+            del fc.extra
+            net.blocks.append(torch.nn.Linear(2, 2))  # a submodule added
+            refused("'blocks' were replaced")
+            del net.blocks[-1]
+            net.ln_f = torch.nn.LayerNorm(CONFIG.width)  # a submodule replaced
+            refused("of the wrapped module itself")
+            net.ln_f = ln_f
+            bias.requires_grad_(False)  # frozen
+            refused(r"'blocks\.1\.mlp\.0\.bias' was frozen")
+            bias.requires_grad_(True)
+            net.wpe.weight.requires_grad_(True)  # unfrozen
+            refused(r"'wpe\.weight' was unfrozen")
+            net.wpe.weight.requires_grad_(False)
+            # Restored: nothing changed in the engine, and training goes on.
+            after = model.state_dict()
+            for key, value in before.items():
+                assert torch.equal(after[key], value), key
+            model(x, y).backward()
+            model.step()
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_a_learning_rate_of_zero_leaves_the_parameters(stage):
     def rank_main(rank, world):
         with wrap(world, stage) as model:
