@@ -483,6 +483,16 @@ Status ShmGroup::read_posted(int32_t q, uint64_t round, void* local, size_t byte
                          : aborted("rank " + std::to_string(q) +
                                    " withdrew its buffer before this rank read it (it failed, was "
                                    "aborted or timed out)");
+  // A poster in another process waits for this read only until its deadline: if it withdrew
+  // meanwhile, it may have returned and its caller reused the buffer under the copy. Its
+  // withdrawal precedes any such reuse, so an address still posted after the copy means the
+  // copy read the posted data.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (s.ok() && control(q).address[round % 2].load(std::memory_order_seq_cst) != remote) {
+    s = aborted("rank " + std::to_string(q) +
+                " withdrew its buffer while this rank read it (it failed, was aborted or timed "
+                "out); what was read is not its data");
+  }
   reading.store(0, std::memory_order_seq_cst);
   return s;
 }
@@ -500,7 +510,8 @@ void ShmGroup::withdraw(uint64_t round, Deadline deadline) {
     const Control& c = control(q);
     // A thread of this process copies with memcpy: it must be done before the buffer goes.
     // Another process reads through process_vm_readv, which cannot fault here: it is waited
-    // for while it lives, up to the deadline.
+    // for while it lives, up to the deadline; a read still going on then finds the buffer
+    // withdrawn once it has copied, and fails (read_posted).
     const bool same_process = c.pid == getpid();
     for (int spins = 0; c.reading.load(std::memory_order_seq_cst) == round + 1; ++spins) {
       if (spins < 64) {

@@ -110,8 +110,8 @@ class ShmGroup {
   Status read_peer(int32_t q, void* local, const void* remote, size_t bytes) const;
   // Every other rank has finished `round` (it read what this rank posted).
   Status wait_all_consumed(uint64_t round, Deadline deadline);
-  // Direct mode. Reads rank q's buffer for `round` (its posted address), unless q has
-  // withdrawn it.
+  // Direct mode. Reads rank q's buffer for `round` (its posted address); ABORTED when q
+  // withdrew it before or during the copy (then what was copied may not be q's data).
   Status read_posted(int32_t q, uint64_t round, void* local, size_t bytes);
   // The poster's end of a direct round: waits until every peer has read this rank's buffer
   // for `round`; when that fails (abort, deadline, a peer gone), withdraws the buffer and

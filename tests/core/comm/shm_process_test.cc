@@ -2,17 +2,21 @@
 // itself over a file store), over shared memory (reading peers' buffers through
 // cross-memory attach, and through the staging slots only) and over TCP: the collectives
 // match a reference, then one rank is killed with SIGKILL and the others' next collective
-// must end with ABORTED soon, long before its 60 s timeout.
+// must end with ABORTED soon, long before its 60 s timeout. Then a broadcast whose root
+// times out while its peer is still copying the root's buffer: the peer never reports
+// success with data the root overwrote after its error.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/comm/communicator.h"
@@ -112,6 +116,43 @@ int child(int32_t rank, const std::string& dir, const std::string& mode) {
   return 0;
 }
 
+// Direct mode, two ranks: rank 1 joins a broadcast of 64 MiB `lead_us` before rank 0's
+// deadline, so rank 0 may time out while rank 1 is still copying its buffer; rank 0 then
+// overwrites the buffer, as a caller reusing it after the error would. Rank 1 may succeed
+// or fail, but never succeed with anything but rank 0's data.
+int late_reader(int32_t rank, const std::string& dir, int64_t lead_us) {
+  using namespace hps;
+  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
+  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
+  CommOptions options;
+  options.timeout = Milliseconds(1000);
+  options.shared_memory = true;
+  options.shared_memory_direct = true;
+  auto comm_or = create_communicator(*store, rank, 2, Device::cpu(), options);
+  CHECK_OR_FAIL(comm_or.ok(), "create: %s", comm_or.status().to_string().c_str());
+  Communicator& comm = **comm_or;
+  const size_t count = size_t{16} << 20;
+  std::vector<float> buffer(count, rank == 0 ? 1.0f : 0.0f);
+  auto w = comm.barrier();
+  CHECK_OR_FAIL(w.ok() && (*w)->wait().ok(), "barrier failed");
+  if (rank == 1) std::this_thread::sleep_for(std::chrono::microseconds(1'000'000 - lead_us));
+  w = comm.broadcast(buffer.data(), count, DType::kFloat32, 0);
+  CHECK_OR_FAIL(w.ok(), "enqueue: %s", w.status().to_string().c_str());
+  const Status s = (*w)->wait();
+  if (rank == 0) {
+    if (!s.ok()) std::fill(buffer.begin(), buffer.end(), 7.0f);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // stays alive meanwhile
+    return 0;
+  }
+  const size_t wrong = static_cast<size_t>(
+      std::count_if(buffer.begin(), buffer.end(), [](float v) { return v != 1.0f; }));
+  std::printf("late reader %lld us before the deadline: %s\n", static_cast<long long>(lead_us),
+              s.to_string().c_str());
+  CHECK_OR_FAIL(!s.ok() || wrong == 0, "the broadcast succeeded with %zu of %zu elements wrong",
+                wrong, count);
+  return 0;
+}
+
 // Starts kWorld copies of this program; the last must die of SIGKILL, the rest pass.
 bool run_group(const std::string& mode) {
   char dir_template[] = "/tmp/hps-shm-process-XXXXXX";
@@ -146,11 +187,46 @@ bool run_group(const std::string& mode) {
   return ok;
 }
 
+// late_reader over two copies of this program, rank 1 leading rank 0's deadline by `lead_us`.
+bool run_late_reader(int64_t lead_us) {
+  char dir_template[] = "/tmp/hps-shm-process-XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (!dir) return false;
+  std::vector<pid_t> pids;
+  for (int32_t r = 0; r < 2; ++r) {
+    std::vector<std::string> args = {"/proc/self/exe", "--late-reader", std::to_string(r), dir,
+                                     std::to_string(lead_us)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+      std::perror("posix_spawn");
+      return false;
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "late reader: a rank ended with status 0x%x\n", status);
+      ok = false;
+    }
+  }
+  std::filesystem::remove_all(dir);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--child") {
     return child(std::atoi(argv[2]), argv[3], argv[4]);
+  }
+  if (argc == 5 && std::string(argv[1]) == "--late-reader") {
+    return late_reader(std::atoi(argv[2]), argv[3], std::atoll(argv[4]));
   }
   if (!HPS_HAVE_GLOO) {
     std::printf("skipped: built without Gloo\n");
@@ -158,6 +234,13 @@ int main(int argc, char** argv) {
   }
   bool ok = true;
   for (const char* mode : {"direct", "staged", "tcp"}) ok = run_group(mode) && ok;
+  // Leads across the time a 64 MiB copy takes: before the fix that made the reader check
+  // the buffer was still posted after its copy, most of these succeeded with torn data.
+  if (cross_memory_attach_expected()) {
+    for (int64_t lead_us : {2'000, 6'000, 10'000, 15'000, 20'000, 30'000}) {
+      ok = run_late_reader(lead_us) && ok;
+    }
+  }
   std::printf(ok ? "shm_process_test: passed\n" : "shm_process_test: FAILED\n");
   return ok ? 0 : 1;
 }
