@@ -29,7 +29,14 @@ gathered unit its parameters hold no memory: each is its shape over one zero ele
 (stride 0), so reading one there gives zeros, not its values.
 Tensors autograd saves for backward that are views of a gathered parameter are saved as
 "this parameter, these strides" and re-derived from the re-gathered parameter in
-backward, so activations never pin (or read stale) gathered memory.
+backward, so activations never pin (or read stale) gathered memory; a unit that returns
+its parameter, or a view of one, returns a copy. A parameter written in place by a
+forward (``nn.Embedding(max_norm=...)``) raises at stage 3, where the release would lose
+the write. ``torch.utils.checkpoint`` may wrap units or run inside them: a unit
+recomputed in backward is gathered for its backward; with ``use_reentrant=True`` a
+parameter used by two checkpointed calls raises (each call completes its gradient once;
+use ``use_reentrant=False``). Evaluation under ``torch.no_grad()`` or
+``torch.inference_mode()`` between steps changes nothing.
 
 Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
 averages over the ranks and micro-batches once. A parameter registered twice (tied
@@ -48,7 +55,8 @@ backward passes inside ``with model.no_sync():`` and the last outside it, then
 
 ``state_dict()`` (collective) returns full tensors keyed as the wrapped module's own
 ``state_dict()``; ``load_state_dict()`` (collective) loads parameters from rank 0's
-dict into a fresh engine (optimizer state starts anew). Both go through the engine's
+dict into a fresh engine (optimizer state starts anew). A module holding a ShardedModule
+saves and loads it the same way under its name (``"name." + key``). Both go through the engine's
 ``gather_parameter`` and initial views. To save and resume training with its optimizer
 state, sharded and asynchronous, use ``hpshard.Checkpoint.create(model.engine, world,
 root)`` (``save`` after ``step()``, ``load`` between steps).
@@ -65,6 +73,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import copy
 import json
 import os
 import threading
@@ -98,12 +107,15 @@ def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":
 def _tensor_over(view: Any, dtype: torch.dtype) -> torch.Tensor:
     """A torch tensor over the memory of an engine view, without a copy."""
     import numpy as np
-    if not _is_numpy(view) and hasattr(view, "__dlpack__"):
-        t = torch.utils.dlpack.from_dlpack(view)
-    elif dtype == torch.bfloat16:  # NumPy has no bfloat16: the view holds the bit patterns
-        t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(view)
+    # Never an inference tensor (one made under torch.inference_mode()), which training
+    # could not use later: these tensors are kept and reused.
+    with torch.inference_mode(False):
+        if not _is_numpy(view) and hasattr(view, "__dlpack__"):
+            t = torch.utils.dlpack.from_dlpack(view)
+        elif dtype == torch.bfloat16:  # NumPy has no bfloat16: the view holds the bit patterns
+            t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(view)
     if t.dtype != dtype:
         raise TypeError(f"hpshard.torch: an engine view of {t.dtype} for a {dtype} parameter")
     return t
@@ -124,7 +136,8 @@ def _husk(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     stride 0): it holds no memory and reads as zeros (most in-place writes are refused;
     one that is not, such as fill_, changes that element, not the model), where a storage
     of no bytes under the shape let torch read and write past it."""
-    return torch.zeros((), dtype=dtype).expand(shape)
+    with torch.inference_mode(False):
+        return torch.zeros((), dtype=dtype).expand(shape)
 
 
 def _tensors_in(value: Any) -> Iterable[torch.Tensor]:
@@ -136,6 +149,29 @@ def _tensors_in(value: Any) -> Iterable[torch.Tensor]:
     elif isinstance(value, dict):
         for v in value.values():
             yield from _tensors_in(v)
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with every tensor t in it (through lists, tuples, named tuples and dicts)
+    replaced by fn(t); containers are rebuilt only where something changed."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        items = [_map_tensors(v, fn) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*items)
+        return type(value)(items)
+    if isinstance(value, dict):
+        items = {k: _map_tensors(v, fn) for k, v in value.items()}
+        if all(items[k] is v for k, v in value.items()):
+            return value
+        out = copy.copy(value)
+        for k, v in items.items():
+            out[k] = v
+        return out
+    return value
 
 
 def _trace_pid() -> int:
@@ -219,6 +255,7 @@ class _Unit:
         self.in_backward = False    # gathered for backward, gradients bound
         self.pending = 0            # trainable parameters not checked in this backward
         self.checked: set = set()   # those checked in
+        self.versions: Dict[int, int] = {}  # stage 3: parameters' version counters at gather
         self.span_begin = 0
 
 
@@ -298,6 +335,8 @@ class ShardedModule(torch.nn.Module):
         self._install_grad_hooks()
         self._start_engine(initial=[p.data for p in self._params])
         self._install_module_hooks()
+        self._loaded_prefix: Optional[str] = None
+        self.register_load_state_dict_post_hook(ShardedModule._forget_inner_missing)
 
     # ---- set-up --------------------------------------------------------------------
     def _plan_units(self, units: Any) -> None:
@@ -516,8 +555,10 @@ class ShardedModule(torch.nn.Module):
         if self.stage == 3:
             for i in u.params:
                 view = self._param_view(i)
-                self._params[i].data = view
+                p = self._params[i]
+                p.data = view
                 self._gathered_keys[_storage_key(view)] = i
+                u.versions[i] = p._version
         u.gathered = True
 
     def _release(self, u: _Unit) -> None:
@@ -541,7 +582,15 @@ class ShardedModule(torch.nn.Module):
     # ---- forward --------------------------------------------------------------------
     def _begin_forward(self, u: _Unit) -> None:
         if self._backward_active:
-            raise RuntimeError("hpshard.torch: a forward while a backward is under way")
+            if u.uid == 0:
+                raise RuntimeError("hpshard.torch: a forward while a backward is under way")
+            # A unit's forward run again by backward (torch.utils.checkpoint recomputing
+            # it): its backward follows, so it is gathered and bound for that now.
+            if u.forward_depth == 0 and not u.in_backward:
+                u.span_begin = time.monotonic_ns()
+                self._enter_backward(u)
+            u.forward_depth += 1
+            return
         if u.forward_depth == 0:
             u.span_begin = time.monotonic_ns()
             if u.params:
@@ -550,26 +599,59 @@ class ShardedModule(torch.nn.Module):
                     self._bind_gradients(u)
         u.forward_depth += 1
 
-    def _end_forward(self, u: _Unit, output: Any) -> None:
+    def _end_forward(self, u: _Unit, output: Any) -> Any:
+        """After the unit's forward: its outputs, copied where they are its gathered memory
+        and it is released now."""
         u.forward_depth -= 1
-        if u.forward_depth:
-            return
-        hooked = False
-        if torch.is_grad_enabled() and u.params:
-            # Its backward starts when the gradient of one of its outputs arrives.
-            for t in _tensors_in(output):
-                if t.requires_grad and t.grad_fn is not None:
-                    t.register_hook(self._make_pre_backward(u))
-                    hooked = True
+        if u.forward_depth or u.in_backward:  # nested, or a recomputation in backward
+            return output
+
+        def backward_roots(value: Any) -> List[torch.Tensor]:
+            if not (torch.is_grad_enabled() and u.params):
+                return []
+            return [t for t in _tensors_in(value) if t.requires_grad and t.grad_fn is not None]
+
         # The rest's backward begins as soon as backward does: it stays gathered from its
         # forward on rather than being released and gathered again at once (which would
         # also put it between the last block's forward and backward in the recorded order,
         # so that block would be released and gathered again).
-        if self.stage == 3 and u.params and not (u.uid == 0 and hooked):
+        release = self.stage == 3 and bool(u.params) and not (
+            u.uid == 0 and backward_roots(output))
+        if release:
+            self._check_unwritten(u)
+            output = self._copy_out(u, output)
+        # Its backward starts when the gradient of one of its outputs arrives.
+        for t in backward_roots(output):
+            t.register_hook(self._make_pre_backward(u))
+        if release:
             self._release(u)
         if self._timeline:
             self._timeline.span(f"forward {u.name}", u.span_begin, time.monotonic_ns(),
                                 self._rank)
+        return output
+
+    def _check_unwritten(self, u: _Unit) -> None:
+        """Stage 3: a parameter written in place by the unit's forward would lose the write
+        at the release (the engine keeps its shards); refused, naming it."""
+        for i in u.params:
+            if self._params[i]._version != u.versions.get(i):
+                raise RuntimeError(
+                    f"hpshard.torch: parameter {self._names[i]!r} was written in place during "
+                    f"the forward of unit {u.name!r} (nn.Embedding(max_norm=...) renormalises "
+                    "its weight's rows so); with stage 3 the write would be lost when the unit "
+                    "is released: only the optimizer's step changes parameters")
+
+    def _copy_out(self, u: _Unit, output: Any) -> Any:
+        """Outputs over the unit's gathered memory (a parameter, or a view of one, returned
+        as is) are copied: the release hands that memory back to the engine."""
+        mine = {_storage_key(self._params[i].data) for i in u.params
+                if self._params[i].data.numel()}
+
+        def own(t: torch.Tensor) -> torch.Tensor:
+            if t.numel() and t.device.type == "cpu" and _storage_key(t) in mine:
+                return t.clone()
+            return t
+        return _map_tensors(output, own)
 
     def _make_pre_forward(self, u: _Unit):
         def hook(module, args):
@@ -578,7 +660,7 @@ class ShardedModule(torch.nn.Module):
 
     def _make_post_forward(self, u: _Unit):
         def hook(module, args, output):
-            self._end_forward(u, output)
+            return self._end_forward(u, output)
         return hook
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -597,8 +679,12 @@ class ShardedModule(torch.nn.Module):
                 u.forward_depth = 0
                 self._release(u)
             raise
-        self._end_forward(root, output)
-        return output
+        try:
+            return self._end_forward(root, output)
+        except BaseException:
+            root.forward_depth = 0
+            self._release(root)
+            raise
 
     # ---- saved tensors (stage 3) -----------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
@@ -676,6 +762,12 @@ class ShardedModule(torch.nn.Module):
     def _check_in(self, i: int) -> None:
         u = self._unit(self._param_unit[i])
         p = self._params[i]
+        if i in u.checked:
+            raise RuntimeError(
+                f"hpshard.torch: the gradient of parameter {self._names[i]!r} was completed "
+                "twice in one backward (torch.utils.checkpoint with use_reentrant=True runs a "
+                "backward of its own per call, and this parameter is used by two calls); the "
+                "engine reduces a gradient once it is complete: use use_reentrant=False")
         if not u.in_backward:
             # A gradient reached a unit through no output of it (a parameter used outside
             # its unit's forward): autograd made a tensor of its own; add it in.
@@ -813,22 +905,60 @@ class ShardedModule(torch.nn.Module):
         """A fresh engine over ``values`` (rank 0's win; collective)."""
         self._start_engine(values)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Dict[str, torch.Tensor]:
+    def state_dict(self, *args: Any, destination: Optional[Dict[str, Any]] = None,
+                   prefix: str = "", keep_vars: bool = False) -> Dict[str, torch.Tensor]:
         """Full parameters and the module's buffers, keyed as ``module.state_dict()`` (tied
-        parameters under each of their names). Collective over the sharding group."""
-        if args or kwargs:
-            raise TypeError("ShardedModule.state_dict() takes no arguments")
+        parameters under each of their names) after ``prefix``, into ``destination`` when
+        given (as ``nn.Module.state_dict``, so a module holding this one saves it under its
+        name). Parameters are copies whatever ``keep_vars`` says. Collective over the
+        sharding group."""
+        if len(args) > 3:
+            raise TypeError("ShardedModule.state_dict() takes at most 3 positional arguments")
+        if args:  # the deprecated positional form: destination, prefix, keep_vars
+            destination = args[0]
+            prefix = args[1] if len(args) > 1 else prefix
         values = self._save_parameters()
-        out: Dict[str, torch.Tensor] = collections.OrderedDict()
+        out: Dict[str, Any] = collections.OrderedDict() if destination is None else destination
         for key, v in self.module.state_dict(keep_vars=True).items():
             i = self._index_of.get(id(v))
-            out[key] = values[i] if i is not None else v.detach().clone()
+            out[prefix + key] = values[i] if i is not None else v.detach().clone()
         return out
 
     def load_state_dict(self, state_dict: Dict[str, torch.Tensor], strict: bool = True) -> Any:
         """Parameters (and buffers) from ``state_dict``, keyed as ``module.state_dict()``;
         the engine restarts from them with a fresh optimizer state. Collective: every rank
-        calls it; rank 0's values are everyone's."""
+        calls it; rank 0's values are everyone's. A module holding this one loads it
+        through its own ``load_state_dict`` the same way."""
+        missing, unexpected = self._load_entries(state_dict, strict)
+        return collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")(
+            missing, unexpected)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        """nn.Module.load_state_dict of a module holding this one: the entries under
+        ``prefix`` as :meth:`load_state_dict` takes them (every rank must load)."""
+        entries = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        try:
+            missing, unexpected = self._load_entries(entries, False)
+        except RuntimeError as e:
+            error_msgs.append(str(e))
+            return
+        missing_keys.extend(prefix + k for k in missing)
+        unexpected_keys.extend(prefix + k for k in unexpected)
+        # torch goes on into self.module under prefix + "module.", where no entry is: what
+        # it reports missing there was loaded (or reported) above.
+        self._loaded_prefix = prefix + "module."
+
+    @staticmethod
+    def _forget_inner_missing(module: "ShardedModule", incompatible: Any) -> None:
+        inner = getattr(module, "_loaded_prefix", None)
+        if inner is not None:
+            incompatible.missing_keys[:] = [
+                k for k in incompatible.missing_keys if not k.startswith(inner)]
+            module._loaded_prefix = None
+
+    def _load_entries(self, state_dict: Dict[str, torch.Tensor],
+                      strict: bool) -> Tuple[List[str], List[str]]:
         own = self.module.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
@@ -850,8 +980,7 @@ class ShardedModule(torch.nn.Module):
             else:
                 values[i] = src.detach().to(self._params[i].dtype)
         self._load_parameters(values)
-        return collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")(
-            missing, unexpected)
+        return missing, unexpected
 
     # ---- end ------------------------------------------------------------------------
     def close(self) -> None:

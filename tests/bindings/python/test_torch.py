@@ -19,6 +19,7 @@ torch = pytest.importorskip(
 
 import hpshard  # noqa: E402
 import hpshard.torch as hpt  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples" / "python"))
 from gpt import GPT, GPTConfig  # noqa: E402
@@ -733,3 +734,206 @@ def test_process_ranks_with_torchrun_variables():
     for step in range(3):
         mine = (losses[0][step] + losses[1][step]) / 2
         assert abs(mine - ref_losses[step]) <= 1e-5 * ref_losses[step], step
+
+
+# ---- module shapes beyond the GPT: units returning their memory, activation checkpointing,
+# in-place parameter writes, inference-mode evaluation, containers ---------------------
+
+class _PosEmb(torch.nn.Module):
+    """Returns a view of its parameter (a learned positional embedding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pe = torch.nn.Parameter(torch.randn(8, 5))
+
+    def forward(self, t):
+        return self.pe[:t]
+
+
+class _Scale(torch.nn.Module):
+    """Returns its parameter itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.s = torch.nn.Parameter(torch.tensor(1.5))
+
+    def forward(self):
+        return self.s
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(5, 5)
+
+    def forward(self, h):
+        return torch.tanh(self.fc(h))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, checkpointed=None):
+        super().__init__()
+        self.pos, self.scale = _PosEmb(), _Scale()
+        self.inp = torch.nn.Linear(5, 5)
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(2))
+        self.head = torch.nn.Linear(5, 1)
+        self.checkpointed = checkpointed  # None, or use_reentrant for every block
+
+    def forward(self, x):
+        h = self.inp(x) + self.pos(x.shape[1])
+        for block in self.blocks:
+            if self.checkpointed is None:
+                h = block(h)
+            else:
+                h = torch.utils.checkpoint.checkpoint(block, h,
+                                                      use_reentrant=self.checkpointed)
+        return (self.head(h).squeeze(-1) * self.scale()).pow(2).mean()
+
+
+_NET_UNITS = ["pos", "scale", "blocks.0", "blocks.1"]
+
+
+def _net(checkpointed=None):
+    with _BUILD:
+        torch.manual_seed(3)
+        return _Net(checkpointed)
+
+
+def _net_batch(step):
+    g = torch.Generator().manual_seed(2000 + step)
+    return torch.randn(8, 6, 5, generator=g)
+
+
+def _net_reference(steps):
+    model = _net()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    for step in range(steps):
+        opt.zero_grad()
+        model(_net_batch(step)).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("checkpointed", [None, False, True])
+def test_units_returning_their_parameters_and_checkpointed_units_train_as_torch(stage,
+                                                                               checkpointed):
+    """A unit returning its parameter or a view of it (stage 3 used to hand out memory the
+    release gave back: zeros or the next unit's values), and units recomputed by
+    torch.utils.checkpoint in backward (refused as a forward during backward), against
+    torch's own training without checkpointing."""
+    steps = 3
+
+    def rank_main(rank, world):
+        with hpt.ShardedModule(_net(checkpointed), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
+            for step in range(steps):
+                model(shard_of(_net_batch(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    reference = _net_reference(steps)
+    for state in run_ranks(2, rank_main):
+        for key, ref in reference.items():
+            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_parameter_used_by_two_reentrant_checkpoints_is_refused_with_the_way_out(stage):
+    def rank_main(rank, world):
+        net = _net()
+        block = net.blocks[0]
+        net.blocks[1] = block  # one block applied twice, each call checkpointed
+
+        def forward(x):
+            h = net.inp(x)
+            for b in net.blocks:
+                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=True)
+            return net.head(h).pow(2).mean()
+
+        net.forward = forward
+        with hpt.ShardedModule(net, world, stage=stage) as model:
+            with pytest.raises(RuntimeError, match="completed twice.*use_reentrant=False"):
+                model(shard_of(_net_batch(0), rank, 2)).backward()
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
+
+
+def test_a_parameter_written_in_place_by_a_forward_is_refused_at_stage_3():
+    """nn.Embedding(max_norm=...) renormalises rows of its weight in forward; stage 3 would
+    lose the write at the release."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4, max_norm=1.0)
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, i):
+            return self.head(self.emb(i)).mean()
+
+    def rank_main(rank, world):
+        with _BUILD:
+            torch.manual_seed(4)
+            net = Net()
+        with torch.no_grad():
+            net.emb.weight.mul_(5)  # rows longer than max_norm
+        with hpt.ShardedModule(net, world, stage=3, units=["emb"]) as model:
+            with pytest.raises(RuntimeError, match="'emb.weight' was written in place"):
+                model(torch.arange(10))
+            # Nothing stays gathered: a forward that writes nothing still works.
+            net.emb.max_norm = None
+            model(torch.arange(10)).backward()
+            model.step()
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_an_inference_mode_evaluation_between_steps_changes_nothing(stage):
+    """Tensors made over the engine's memory under torch.inference_mode() were kept and
+    could not be used by training afterwards."""
+    def rank_main(rank, world, evaluate):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR) as model:
+            for step in range(3):
+                if evaluate:
+                    with torch.inference_mode():
+                        model(_net_batch(100 + step))
+                model(shard_of(_net_batch(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    plain = run_ranks(2, lambda r, w: rank_main(r, w, False))
+    evaluated = run_ranks(2, lambda r, w: rank_main(r, w, True))
+    for a, b in zip(plain, evaluated):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_module_holding_a_sharded_module_saves_and_loads_it(stage):
+    def rank_main(rank, world):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS) as sharded:
+            container = torch.nn.ModuleDict({"m": sharded})
+            saved = container.state_dict()
+            own = sharded.state_dict()
+            assert list(saved) == ["m." + k for k in own]
+            changed = {k: v + 1 for k, v in saved.items()}
+            result = container.load_state_dict(changed)
+            assert not result.missing_keys and not result.unexpected_keys
+            after = sharded.state_dict()
+            for key, value in own.items():
+                assert torch.equal(after[key], value + 1), key
+            partial = dict(changed)
+            del partial["m.head.bias"]
+            with pytest.raises(RuntimeError, match="m.head.bias"):
+                container.load_state_dict(partial)
+            result = container.load_state_dict(partial, strict=False)
+            assert result.missing_keys == ["m.head.bias"]
+            sharded(shard_of(_net_batch(0), rank, 2)).backward()  # still trains
+            sharded.step()
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
