@@ -43,7 +43,9 @@ averages over the ranks and micro-batches once. A parameter registered twice (ti
 weights) is one parameter. ``requires_grad=False`` parameters are frozen (never updated,
 no gradient, still sharded). A trainable parameter that got no gradient in a backward is
 checked in with a zero gradient at the end of it (torch.optim would skip it: AdamW's
-decay and moments still advance here). Buffers (BatchNorm's running statistics) stay each
+decay and moments still advance here). A backward that completes no trainable
+parameter's gradient (``torch.autograd.grad``, ``backward(inputs=...)``) is not a
+micro-batch: the engine does not see it. Buffers (BatchNorm's running statistics) stay each
 rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives the calling
 rank's. The engine trains the parameters it was created with: a parameter or submodule
 replaced, added or removed, or a parameter frozen or unfrozen, after wrapping makes the
@@ -795,7 +797,21 @@ class ShardedModule(torch.nn.Module):
 
     def _finish_backward(self) -> None:
         """End of a backward: unused parameters check in a zero gradient, units still held
-        are released, the micro-batch is counted."""
+        are released, the micro-batch is counted. A backward that completed no trainable
+        parameter's gradient (torch.autograd.grad, backward(inputs=...)) is no micro-batch:
+        nothing checks in and nothing is counted."""
+        if any(u.trainable for u in self._units) and not any(u.checked for u in self._units):
+            try:
+                for u in self._units:
+                    u.pending = 0
+                    # Stage 3 keeps a unit it entered gathered, its gradient views bound (the
+                    # engine releases a unit only once the gradients taken for it check in):
+                    # the next backward completes them.
+                    if u.in_backward and self.stage == 2:
+                        self._leave_backward(u)
+            finally:
+                self._backward_active = False
+            return
         try:
             for u in self._units:
                 if u.pending:

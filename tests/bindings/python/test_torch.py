@@ -937,3 +937,32 @@ def test_a_module_holding_a_sharded_module_saves_and_loads_it(stage):
         return True
 
     assert run_ranks(2, rank_main) == [True, True]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_input_gradients_through_the_model_are_not_a_micro_batch(stage):
+    """torch.autograd.grad through the model (saliency, an input-gradient penalty) completes
+    no parameter's gradient: it was counted as a micro-batch of zero gradients, and the
+    training backward after it was refused."""
+    steps = 3
+
+    def rank_main(rank, world):
+        saliency = []
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
+            for step in range(steps):
+                x = shard_of(_net_batch(step), rank, 2).requires_grad_(True)
+                g, = torch.autograd.grad(model(x), x)
+                saliency.append(g)
+                model(shard_of(_net_batch(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict(), saliency[0]
+
+    reference = _net_reference(steps)
+    plain = _net()
+    for rank, (state, g) in enumerate(run_ranks(2, rank_main)):
+        x = shard_of(_net_batch(0), rank, 2).requires_grad_(True)
+        want, = torch.autograd.grad(plain(x), x)
+        assert relative(g, want) <= 1e-6
+        for key, ref in reference.items():
+            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
