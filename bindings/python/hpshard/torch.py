@@ -254,7 +254,8 @@ class _Unit:
         self.has_frozen = False
         self.gathered = False       # stage 3: parameters present (between gather and release)
         self.forward_depth = 0      # nested/repeated forward calls under way
-        self.in_backward = False    # gathered for backward, gradients bound
+        self.in_backward = False    # gathered for backward
+        self.bound = False          # stage 3: its gradient views taken for this backward
         self.pending = 0            # trainable parameters not checked in this backward
         self.checked: set = set()   # those checked in
         self.versions: Dict[int, int] = {}  # stage 3: parameters' version counters at gather
@@ -497,7 +498,7 @@ class ShardedModule(torch.nn.Module):
         self._husks = [_husk(p.shape, p.dtype) for p in self._params]
         self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
         for u in self._units:
-            u.gathered = u.in_backward = False
+            u.gathered = u.in_backward = u.bound = False
             u.forward_depth = u.pending = 0
         if self.stage == 2:  # resident for good: the parameters are the engine's
             for i, p in enumerate(self._params):
@@ -522,6 +523,9 @@ class ShardedModule(torch.nn.Module):
                 acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 self._hooks.append(acc.register_hook(self._make_grad_hook(i)))
                 self._accumulators.append(acc)
+                # Runs as the gradient arrives, before autograd adds it into p.grad (and only
+                # in a backward that accumulates: torch.autograd.grad does not run it).
+                self._hooks.append(p.register_hook(self._make_arrival_hook(i)))
 
     def _install_module_hooks(self) -> None:
         for u, m in zip(self._units_named(), self._unit_modules_of()):
@@ -748,8 +752,31 @@ class ShardedModule(torch.nn.Module):
     def _enter_backward(self, u: _Unit) -> None:
         if u.params:
             self._gather(u)
-            self._bind_gradients(u)
+            if self.stage == 2:
+                self._bind_gradients(u)
         u.in_backward = True
+
+    def _bind_unit(self, u: _Unit) -> None:
+        """Stage 3 takes a unit's gradient views once a gradient of it arrives, not when its
+        backward begins: a backward that accumulates nothing (torch.autograd.grad) takes
+        none, so the unit can be released after it."""
+        if self.stage == 3 and not u.bound:
+            self._bind_gradients(u)
+            u.bound = True
+
+    def _make_arrival_hook(self, i: int):
+        def hook(grad):
+            try:
+                self._start_backward()
+                u = self._unit(self._param_unit[i])
+                if not u.in_backward:
+                    u.span_begin = time.monotonic_ns()
+                    self._enter_backward(u)
+                self._bind_unit(u)
+            except BaseException:
+                self._abandon_backward()
+                raise
+        return hook
 
     def _make_grad_hook(self, i: int):
         def hook(grad_inputs, grad_outputs):
@@ -776,6 +803,7 @@ class ShardedModule(torch.nn.Module):
             grad = p.grad
             p.grad = None
             self._enter_backward(u)
+            self._bind_unit(u)
             if grad is not None:
                 with torch.no_grad():
                     p.grad.add_(grad)
@@ -789,6 +817,7 @@ class ShardedModule(torch.nn.Module):
         if self.stage == 3:
             for i in u.trainable:
                 self._params[i].grad = None  # the engine reduces and frees that memory
+            u.bound = False
             self._release(u)
         u.in_backward = False
         if self._timeline:
@@ -804,10 +833,7 @@ class ShardedModule(torch.nn.Module):
             try:
                 for u in self._units:
                     u.pending = 0
-                    # Stage 3 keeps a unit it entered gathered, its gradient views bound (the
-                    # engine releases a unit only once the gradients taken for it check in):
-                    # the next backward completes them.
-                    if u.in_backward and self.stage == 2:
+                    if u.in_backward:
                         self._leave_backward(u)
             finally:
                 self._backward_active = False
@@ -817,6 +843,7 @@ class ShardedModule(torch.nn.Module):
                 if u.pending:
                     if not u.in_backward:
                         self._enter_backward(u)
+                    self._bind_unit(u)
                     for i in u.trainable:
                         if i not in u.checked:
                             self._engine.grad_ready(i)  # its gradient stayed zero

@@ -941,9 +941,9 @@ def test_a_module_holding_a_sharded_module_saves_and_loads_it(stage):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_input_gradients_through_the_model_are_not_a_micro_batch(stage):
-    """torch.autograd.grad through the model (saliency, an input-gradient penalty) completes
-    no parameter's gradient: it was counted as a micro-batch of zero gradients, and the
-    training backward after it was refused."""
+    """torch.autograd.grad through the model (saliency, an input-gradient penalty, a
+    gradient with respect to parameters) accumulates no parameter's gradient: it was counted
+    as a micro-batch of zero gradients, and the training backward after it was refused."""
     steps = 3
 
     def rank_main(rank, world):
@@ -955,6 +955,10 @@ def test_input_gradients_through_the_model_are_not_a_micro_batch(stage):
                 g, = torch.autograd.grad(model(x), x)
                 saliency.append(g)
                 model(shard_of(_net_batch(step), rank, 2)).backward()
+                # After the step's backward too (and with respect to parameters): stage 3
+                # kept units gathered over the step, and trained on stale weights.
+                torch.autograd.grad(model(x), x)
+                torch.autograd.grad(model(x), [model.module.head.weight])
                 model.step()
             return model.state_dict(), saliency[0]
 
