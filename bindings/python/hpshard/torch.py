@@ -26,7 +26,10 @@ when the gradient of one of its outputs arrives in backward, and released once i
 gradients are in (a unit holding a frozen parameter at the end of backward, since
 autograd may still need the frozen weight after the trainable ones are done). Outside a
 gathered unit its parameters hold no memory: each is its shape over one zero element
-(stride 0), so reading one there gives zeros, not its values.
+(stride 0), so reading one there gives zeros, not its values; an operation that keeps one
+for backward there (a parent's ``F.linear(h, unit.weight)``) raises, naming it. A unit
+whose parameters backward needs before a gradient reaches its outputs (a side loss it
+kept) is gathered then.
 Tensors autograd saves for backward that are views of a gathered parameter are saved as
 "this parameter, these strides" and re-derived from the re-gathered parameter in
 backward, so activations never pin (or read stale) gathered memory; a unit that returns
@@ -496,6 +499,7 @@ class ShardedModule(torch.nn.Module):
         self._view_cache.clear()
         self._gathered_keys.clear()
         self._husks = [_husk(p.shape, p.dtype) for p in self._params]
+        self._husk_keys = {_storage_key(h): i for i, h in enumerate(self._husks)}
         self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
         for u in self._units:
             u.gathered = u.in_backward = u.bound = False
@@ -695,9 +699,18 @@ class ShardedModule(torch.nn.Module):
     # ---- saved tensors (stage 3) -----------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
         if t.device.type == "cpu" and t.numel():
-            i = self._gathered_keys.get(_storage_key(t))
+            key = _storage_key(t)
+            i = self._gathered_keys.get(key)
             if i is not None:
                 return (_ParamRef, i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            i = self._husk_keys.get(key)
+            if i is not None:  # an operation took a released parameter's zeros as its value
+                u = self._unit(self._param_unit[i])
+                raise RuntimeError(
+                    f"hpshard.torch: parameter {self._names[i]!r} of unit {u.name!r} was used "
+                    "outside that unit's forward, where stage 3 holds it released (it reads as "
+                    "zeros): use it inside the unit's forward, or leave its module out of "
+                    "units (it is then gathered with the rest for the whole forward)")
         return t
 
     def _unpack(self, packed: Any) -> torch.Tensor:
@@ -705,9 +718,15 @@ class ShardedModule(torch.nn.Module):
             _, i, shape, stride, offset = packed
             u = self._unit(self._param_unit[i])
             if not u.gathered:
-                raise RuntimeError(
-                    f"hpshard.torch: backward needs parameter {self._names[i]!r} of unit "
-                    f"{u.name!r}, which is not gathered (did its outputs reach backward?)")
+                # Backward needs it before a gradient reached any output of the unit (a
+                # side loss the unit kept, computed after its output): its backward starts.
+                try:
+                    self._start_backward()
+                    u.span_begin = time.monotonic_ns()
+                    self._enter_backward(u)
+                except BaseException:
+                    self._abandon_backward()
+                    raise
             return self._params[i].data.as_strided(shape, stride, offset)
         return packed
 

@@ -970,3 +970,94 @@ def test_input_gradients_through_the_model_are_not_a_micro_batch(stage):
         assert relative(g, want) <= 1e-6
         for key, ref in reference.items():
             assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+
+
+class _AuxBlock(torch.nn.Module):
+    """Keeps a side loss over its weight (a load-balancing or regularising term), computed
+    before or after its returned tensor."""
+
+    def __init__(self, late):
+        super().__init__()
+        self.fc = torch.nn.Linear(5, 5)
+        self.late = late
+
+    def forward(self, h):
+        if not self.late:
+            self.aux = self.fc.weight.pow(2).sum()
+        out = h + torch.tanh(self.fc(h))
+        if self.late:
+            self.aux = self.fc.weight.pow(2).sum()
+        return out
+
+
+class _AuxNet(torch.nn.Module):
+    def __init__(self, late):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_AuxBlock(late) for _ in range(2))
+        self.head = torch.nn.Linear(5, 1)
+
+    def forward(self, x):
+        h = x
+        for block in self.blocks:
+            h = block(h)
+        aux = sum(block.aux for block in self.blocks)
+        return self.head(h).pow(2).mean() + 0.01 * aux
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("late", [False, True])
+def test_a_side_loss_a_unit_keeps_trains_as_torch_whichever_order_autograd_takes(stage, late):
+    """Backward may need a unit's parameters before a gradient reaches any of its outputs
+    (a side loss computed after the output): stage 3 refused that as "not gathered"."""
+    def make():
+        with _BUILD:
+            torch.manual_seed(6)
+            return _AuxNet(late)
+
+    def batch_of(step):
+        return torch.randn(8, 5, generator=torch.Generator().manual_seed(3000 + step))
+
+    reference = make()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    for step in range(3):
+        opt.zero_grad()
+        reference(batch_of(step)).backward()
+        opt.step()
+
+    def rank_main(rank, world):
+        with hpt.ShardedModule(make(), world, stage=stage, units=["blocks.0", "blocks.1"],
+                               optimizer="sgd", lr=0.05, momentum=0.9) as model:
+            for step in range(3):
+                model(shard_of(batch_of(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    for state in run_ranks(2, rank_main):
+        for key, ref in reference.state_dict().items():
+            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+
+
+def test_a_parameter_used_outside_its_unit_is_refused_at_stage_3():
+    """A parent's F.linear(h, unit.weight) read the released parameter's zeros silently."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Linear(5, 5, bias=False)
+            self.mid = torch.nn.Linear(5, 5)
+
+        def forward(self, x):
+            h = torch.tanh(self.mid(self.emb(x)))
+            return torch.nn.functional.linear(h, self.emb.weight.t()).pow(2).mean()
+
+    def rank_main(rank, world):
+        with hpt.ShardedModule(Net(), world, stage=3, units=["emb"]) as model:
+            with pytest.raises(RuntimeError, match="'emb.weight' of unit 'emb' was used "
+                                                   "outside that unit's forward"):
+                model(torch.randn(4, 5))
+            # Nothing stays gathered or half done: the same module without the unit trains.
+        with hpt.ShardedModule(Net(), world, stage=3) as model:
+            model(torch.randn(4, 5)).backward()
+            model.step()
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
