@@ -505,6 +505,9 @@ Status ShmGroup::wait_read_by_all(uint64_t round, Deadline deadline) {
 
 void ShmGroup::withdraw(uint64_t round, Deadline deadline) {
   control(rank_).address[round % 2].store(0, std::memory_order_seq_cst);
+  // The caller's later plain writes into the buffer must not become visible before the
+  // withdrawal, which a reader checks after its copy (read_posted).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int32_t q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     const Control& c = control(q);
