@@ -36,7 +36,9 @@ backward, so activations never pin (or read stale) gathered memory; a unit that 
 its parameter, or a view of one, returns a copy. A parameter written in place by a
 forward (``nn.Embedding(max_norm=...)``) raises at stage 3, where the release would lose
 the write. ``torch.utils.checkpoint`` may wrap units or run inside them: a unit
-recomputed in backward is gathered for its backward; with ``use_reentrant=True`` a
+recomputed in backward is gathered for its backward (stage 3 recomputes it over a copy of
+its parameters, so a kept graph stays right after the release; a parameter used outside
+its unit inside a checkpointed region is not caught); with ``use_reentrant=True`` a
 parameter used by two checkpointed calls raises (each call completes its gradient once;
 use ``use_reentrant=False``). Evaluation under ``torch.no_grad()`` or
 ``torch.inference_mode()`` between steps changes nothing.
@@ -53,6 +55,10 @@ rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives th
 rank's. The engine trains the parameters it was created with: a parameter or submodule
 replaced, added or removed, or a parameter frozen or unfrozen, after wrapping makes the
 next forward raise, naming the module that changed (change the module, then wrap it).
+
+A backward that raises in the model's own code before any gradient checked in ends at
+the next forward, and training goes on; one that raises after some did leaves the
+engine's micro-batch half done, and the next backward or ``step()`` is refused.
 
 Accumulation over micro-batches: pass ``accumulation_steps=k``; run the first k-1
 backward passes inside ``with model.no_sync():`` and the last outside it, then
@@ -257,6 +263,7 @@ class _Unit:
         self.has_frozen = False
         self.gathered = False       # stage 3: parameters present (between gather and release)
         self.forward_depth = 0      # nested/repeated forward calls under way
+        self.recomputing = False    # its forward runs again in backward (checkpointing)
         self.in_backward = False    # gathered for backward
         self.bound = False          # stage 3: its gradient views taken for this backward
         self.pending = 0            # trainable parameters not checked in this backward
@@ -592,13 +599,19 @@ class ShardedModule(torch.nn.Module):
     # ---- forward --------------------------------------------------------------------
     def _begin_forward(self, u: _Unit) -> None:
         if self._backward_active:
-            if u.uid == 0:
-                raise RuntimeError("hpshard.torch: a forward while a backward is under way")
             # A unit's forward run again by backward (torch.utils.checkpoint recomputing
-            # it): its backward follows, so it is gathered and bound for that now.
-            if u.forward_depth == 0 and not u.in_backward:
-                u.span_begin = time.monotonic_ns()
-                self._enter_backward(u)
+            # it): its backward follows, so it is gathered for that now. Stage 3 runs it
+            # over copies of the parameters: what the checkpoint keeps of them may be read
+            # again by a later backward of a kept graph, after the unit's memory went back.
+            if u.forward_depth == 0:
+                if not u.in_backward:
+                    u.span_begin = time.monotonic_ns()
+                    self._enter_backward(u)
+                if self.stage == 3 and u.gathered:
+                    for i in u.params:
+                        p = self._params[i]
+                        p.data = p.data.clone()
+                u.recomputing = True
             u.forward_depth += 1
             return
         if u.forward_depth == 0:
@@ -613,7 +626,13 @@ class ShardedModule(torch.nn.Module):
         """After the unit's forward: its outputs, copied where they are its gathered memory
         and it is released now."""
         u.forward_depth -= 1
-        if u.forward_depth or u.in_backward:  # nested, or a recomputation in backward
+        if u.forward_depth:
+            return output
+        if u.recomputing:  # its backward follows: the parameters go back to the engine's
+            u.recomputing = False
+            if self.stage == 3 and u.gathered:
+                for i in u.params:
+                    self._params[i].data = self._param_view(i)
             return output
 
         def backward_roots(value: Any) -> List[torch.Tensor]:
@@ -675,6 +694,15 @@ class ShardedModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._check_structure()
+        if self._backward_active:
+            try:  # refused outside a backward
+                torch.autograd.Variable._execution_engine.queue_callback(lambda: None)
+            except RuntimeError:
+                # The last backward raised in the model's own code: autograd dropped its end
+                # callback. It ends here, as one the adapter's hooks refused does.
+                self._abandon_backward()
+            else:
+                raise RuntimeError("hpshard.torch: a forward while a backward is under way")
         root = self._units[0]
         self._begin_forward(root)
         try:
@@ -753,17 +781,22 @@ class ShardedModule(torch.nn.Module):
         return hook
 
     def _abandon_backward(self) -> None:
-        """A hook raised: autograd stops this backward and never runs its end callback, so
-        what that callback resets is reset here. Training goes on when the backward was
+        """A hook raised, or the model's own code in backward did (found at the next forward):
+        autograd stops the backward and never runs its end callback, so what that callback
+        resets is reset here. Training goes on when the backward was
         refused before any gradient checked in (a second backward before step()); one that
         failed after some checked in leaves the engine's micro-batch half done, and its
         next grad_ready or step() is refused."""
         for u in self._units:
-            if u.in_backward:
-                try:
+            u.forward_depth = 0  # a recomputation that raised
+            u.recomputing = False
+            try:
+                if u.in_backward:
                     self._leave_backward(u)
-                except Exception:  # noqa: BLE001 — the hook's own error is the one raised
-                    pass
+                elif self.stage == 3 and u.gathered and not u.bound:
+                    self._release(u)
+            except Exception:  # noqa: BLE001 — the error that ended the backward is the one
+                pass
             u.checked.clear()
             u.pending = 0
         self._backward_active = False

@@ -1061,3 +1061,92 @@ def test_a_parameter_used_outside_its_unit_is_refused_at_stage_3():
         return True
 
     assert run_ranks(2, rank_main) == [True, True]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("penalty", [False, True])
+def test_a_kept_graph_through_checkpointed_units_trains_as_torch(stage, penalty):
+    """A backward that keeps the graph (autograd.grad with retain_graph, or create_graph for
+    an input-gradient penalty), then the training backward of that graph, with every block
+    checkpointed: at stage 3 the second backward read what the first one's recomputations
+    kept of parameters whose memory had gone back to the engine."""
+    def loss_of(model, x):
+        x = x.clone().requires_grad_(True)
+        main = model(x)
+        if not penalty:
+            torch.autograd.grad(main, x, retain_graph=True)  # a saliency map
+            return main
+        g, = torch.autograd.grad(main, x, create_graph=True)
+        return main + 10.0 * g.pow(2).sum()
+
+    reference = _net()
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        x = _net_batch(step)
+        ((loss_of(reference, x[:4]) + loss_of(reference, x[4:])) / 2).backward()
+        opt.step()
+
+    def rank_main(rank, world):
+        with hpt.ShardedModule(_net(checkpointed=False), world, stage=stage, units=_NET_UNITS,
+                               optimizer="sgd", lr=0.1) as model:
+            for step in range(2):
+                loss_of(model, shard_of(_net_batch(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    for state in run_ranks(2, rank_main):
+        for key, ref in reference.state_dict().items():
+            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+
+
+class _FailOnce(torch.autograd.Function):
+    """The model's own operation whose backward raises when armed."""
+
+    @staticmethod
+    def forward(ctx, x, armed):
+        ctx.armed = armed
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.armed:
+            raise ValueError("the model's own backward fails")
+        return g, None
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_training_goes_on_after_the_models_own_backward_raised_before_any_gradient(stage):
+    """Autograd drops the adapter's end-of-backward callback when the model's code raises in
+    backward: every later forward was refused as "a forward while a backward is under way".
+    The failed backward checked nothing in, so the run equals one without it."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(5, 5)
+            self.b = torch.nn.Linear(5, 1)
+            self.b.requires_grad_(False)  # nothing checks in before the failing operation
+
+        def forward(self, x, armed=False):
+            return self.b(_FailOnce.apply(torch.tanh(self.a(x)), armed)).pow(2).mean()
+
+    def rank_main(rank, world, fail):
+        with _BUILD:
+            torch.manual_seed(7)
+            net = Net()
+        with hpt.ShardedModule(net, world, stage=stage, units=["a", "b"], optimizer="sgd",
+                               lr=0.1) as model:
+            for step in range(3):
+                x = shard_of(_net_batch(step)[:, 0], rank, 2)
+                if fail and step == 1:
+                    with pytest.raises(ValueError, match="own backward fails"):
+                        model(x, armed=True).backward()
+                model(x).backward()
+                model.step()
+            return model.state_dict()
+
+    clean = run_ranks(2, lambda r, w: rank_main(r, w, False))
+    failed = run_ranks(2, lambda r, w: rank_main(r, w, True))
+    for a, b in zip(clean, failed):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
