@@ -3,7 +3,7 @@
 #   component  Debian package           RPM package             contents
 #   runtime    libhpshard<major>        libhpshard<major>       libhpshard.so.<major>, .so.<version>
 #   dev        libhpshard-dev           libhpshard-devel        headers, libhpshard.so, .pc, CMake files
-#   tools      hpshard-tools            hpshard-tools           hpshard-run, hpshard-bench (hpshard-ckpt)
+#   tools      hpshard-tools            hpshard-tools           hpshard-run, -bench, -ckpt, -trace
 #   python     python3-hpshard          python3-hpshard         the module hpshard
 #   java       libhpshard-java          libhpshard-java         hpshard.jar, the JNI library
 #   rust_sys   librust-hpshard-sys-dev  rust-hpshard-sys-devel  the hpshard-sys crate, as source
@@ -82,6 +82,7 @@ set(CPACK_PROJECT_CONFIG_FILE "${CMAKE_CURRENT_LIST_DIR}/CPackProjectConfig.cmak
 # CPackProjectConfig.cmake, which keeps CPack from prepending the project summary).
 set(_hps_syn "hpshard sharded data-parallel training runtime")
 set(_hps_long "hpshard is a runtime for sharded data-parallel and hybrid-parallel training with a stable C API.")
+set(_hps_tools_text "This package contains the launcher hpshard-run, the benchmark hpshard-bench, the checkpoint tool hpshard-ckpt and the timeline tool hpshard-trace.")
 set(CPACK_COMPONENT_RUNTIME_DISPLAY_NAME "hpshard runtime library")
 set(CPACK_COMPONENT_DEV_DISPLAY_NAME "hpshard development files")
 set(CPACK_COMPONENT_PYTHON_DISPLAY_NAME "hpshard Python 3 binding")
@@ -131,8 +132,10 @@ set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME "${HPS_PKG_TOOLS}")
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION utils)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION})")
+# hpshard-bench's torch family and --plot run Python scripts (installed in share/hpshard/bench).
+set(CPACK_DEBIAN_TOOLS_PACKAGE_SUGGESTS "${HPS_PKG_PYTHON}, python3-torch, python3-matplotlib")
 set(CPACK_DEBIAN_TOOLS_DESCRIPTION
-    "${_hps_syn} - tools\n${_hps_long}\nThis package contains the launcher hpshard-run and the benchmark hpshard-bench.")
+    "${_hps_syn} - tools\n${_hps_long}\n${_hps_tools_text}")
 
 # The crates as Debian ships Rust library crates (dh-cargo's librust-<crate>-dev).
 set(CPACK_DEBIAN_RUST_SYS_PACKAGE_NAME "${HPS_PKG_RUST_SYS_DEB}")
@@ -165,6 +168,8 @@ if("python" IN_LIST _hps_components)
 endif()
 set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
     "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), ${_hps_py_deb}, python3-numpy")
+# hpshard.torch, the PyTorch adapter, needs it.
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS "python3-torch")
 set(CPACK_DEBIAN_PYTHON_DESCRIPTION
     "${_hps_syn} - Python 3 binding\n${_hps_long}\nThis package contains the Python 3 module hpshard.")
 # Byte-compiled on install, __pycache__ removed on remove and purge (dh_python3's way).
@@ -242,7 +247,7 @@ set(CPACK_RPM_DEV_PACKAGE_REQUIRES "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}
 
 set(CPACK_RPM_TOOLS_PACKAGE_NAME "${HPS_PKG_TOOLS}")
 set(CPACK_RPM_TOOLS_PACKAGE_SUMMARY "${_hps_syn} - tools")
-set(CPACK_RPM_TOOLS_PACKAGE_DESCRIPTION "${_hps_long} This package contains the launcher hpshard-run and the benchmark hpshard-bench.")
+set(CPACK_RPM_TOOLS_PACKAGE_DESCRIPTION "${_hps_long} ${_hps_tools_text}")
 set(CPACK_RPM_TOOLS_PACKAGE_REQUIRES "${HPS_PKG_RUNTIME} = ${HPS_PKG_FULL_VERSION}")
 
 set(CPACK_RPM_RUST_SYS_PACKAGE_NAME "${HPS_PKG_RUST_SYS_RPM}")

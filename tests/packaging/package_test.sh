@@ -171,6 +171,12 @@ grep -q "libdlpack-dev" <<<"$(dpkg-deb -f "$(deb_file dev)" Depends)" \
 rpm -qpR "$(rpm_file dev)" 2>/dev/null | grep -qx "dlpack-devel" || fail "dev rpm does not require dlpack-devel"
 grep -qE "(^|, )$HPS_PKG_RUNTIME \(= $full_version\)" <<<"$(dpkg-deb -f "$(deb_file tools)" Depends)" \
   || fail "tools package does not depend on $HPS_PKG_RUNTIME (= $full_version)"
+# hpshard-bench's torch family and --plot need these (a clear message when they are absent;
+# CPack 3.25 does not write RPM Suggests with Debian's rpmbuild).
+for s in "$HPS_PKG_PYTHON" python3-torch python3-matplotlib; do
+  grep -qE "(^|, )$s(,|$)" <<<"$(dpkg-deb -f "$(deb_file tools)" Suggests)" \
+    || fail "tools package does not suggest $s"
+done
 # The RPM runtime refreshes the linker cache on install and removal.
 scripts="$(rpm -qp --scripts "$(rpm_file runtime)" 2>/dev/null)"
 for phase in postinstall postuninstall; do
@@ -184,6 +190,9 @@ if has_component python; then
   grep -q "compileall" "$ctl/postinst" || fail "python3-hpshard's postinst does not byte-compile"
   grep -q "__pycache__" "$ctl/prerm" || fail "python3-hpshard's prerm does not remove __pycache__"
   grep -q "__pycache__" "$ctl/postrm" || fail "python3-hpshard's postrm does not remove __pycache__"
+  # hpshard.torch needs PyTorch.
+  [[ "$(dpkg-deb -f "$(deb_file python)" Suggests)" == *python3-torch* ]] \
+    || fail "python3-hpshard does not suggest python3-torch"
 fi
 
 # ---- 4. file lists, in both layouts --------------------------------------------------------

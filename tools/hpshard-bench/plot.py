@@ -16,7 +16,10 @@ Uses Debian's python3-matplotlib (Agg backend, no display needed).
 import json
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit("hpshard-bench --plot needs matplotlib (Debian: apt-get install python3-matplotlib)")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

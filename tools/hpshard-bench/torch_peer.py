@@ -331,7 +331,13 @@ def main() -> int:
         ap.error(f"--ranks: {args.ranks!r} is not a list of integers")
     if not ranks or any(r < 1 or r > 16 for r in ranks):
         ap.error("--ranks: world sizes from 1 to 16")
-    import torch
+    try:
+        import torch
+        import hpshard.torch  # noqa: F401
+    except ImportError as e:
+        sys.exit(f"hpshard-bench torch: cannot import {e.name or e}: this family needs PyTorch "
+                 "and hpshard's Python module (Debian: apt-get install python3-torch "
+                 "python3-hpshard)")
     info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "machine": f"{platform.node()}, {os.cpu_count()} CPUs, load "
                        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
