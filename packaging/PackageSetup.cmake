@@ -115,10 +115,22 @@ set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
 # Depends from dpkg-shlibdeps: libc6, libstdc++6, libgcc-s1, libgloo0 and libssl3 (libcrypto,
 # the TCP store's HMAC); CUDA is linked statically.
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)
-# A shlibs file (and the ldconfig trigger) so that other packages' shlibdeps resolve it.
-# (Only the runtime package holds a library with a SONAME; dev's .so is a symlink.)
+# A shlibs file so that other packages' shlibdeps resolve it. (Only the runtime package holds
+# a library with a SONAME; dev's .so is a symlink.)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+# The linker cache through the ldconfig trigger (Debian policy 8.1.1): CPack would call
+# ldconfig from generated maintainer scripts, which these (that do nothing) replace.
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA "")
+foreach(file triggers postinst postrm)   # named as dpkg wants them in the control archive
+  configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/libhpshard.${file}
+                 ${PROJECT_BINARY_DIR}/packaging/debian-runtime/${file} COPYONLY
+                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+                                  GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  list(APPEND CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
+       ${PROJECT_BINARY_DIR}/packaging/debian-runtime/${file})
+endforeach()
+set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_STRICT_PERMISSION ON)  # triggers 0644, scripts 0755
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME "${HPS_PKG_DEV_DEB}")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)

@@ -183,6 +183,14 @@ for phase in postinstall postuninstall; do
   grep -A3 "^$phase scriptlet" <<<"$scripts" | grep -q "/sbin/ldconfig" \
     || fail "$(basename "$(rpm_file runtime)") has no $phase ldconfig scriptlet: $scripts"
 done
+# The Debian runtime refreshes the linker cache through the ldconfig trigger, not by hand.
+ctl="$scratch/ctl-runtime"
+dpkg-deb -e "$(deb_file runtime)" "$ctl"
+grep -qx "activate-noawait ldconfig" "$ctl/triggers" 2>/dev/null \
+  || fail "$(basename "$(deb_file runtime)") has no ldconfig trigger"
+if grep -qs "ldconfig" "$ctl/postinst" "$ctl/postrm"; then
+  fail "$(basename "$(deb_file runtime)")'s maintainer scripts call ldconfig (the trigger does)"
+fi
 # The Debian python package byte-compiles on install and cleans up on removal.
 if has_component python; then
   ctl="$scratch/ctl-python"
