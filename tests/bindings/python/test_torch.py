@@ -814,6 +814,23 @@ def _net_reference(steps):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def assert_states_near(states, reference):
+    """Every rank's state_dict() within 1e-5 of torch's reference, tensor by tensor."""
+    for state in states:
+        for key, ref in reference.items():
+            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+
+
+def assert_runs_equal(rank_main):
+    """rank_main(rank, world, variant) gives the same state bitwise without and with the
+    variant (an evaluation, a failed backward) over 2 ranks."""
+    plain = run_ranks(2, lambda r, w: rank_main(r, w, False))
+    varied = run_ranks(2, lambda r, w: rank_main(r, w, True))
+    for a, b in zip(plain, varied):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("checkpointed", [None, False, True])
 def test_units_returning_their_parameters_and_checkpointed_units_train_as_torch(stage,
@@ -833,9 +850,7 @@ def test_units_returning_their_parameters_and_checkpointed_units_train_as_torch(
             return model.state_dict()
 
     reference = _net_reference(steps)
-    for state in run_ranks(2, rank_main):
-        for key, ref in reference.items():
-            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+    assert_states_near(run_ranks(2, rank_main), reference)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -905,11 +920,7 @@ def test_an_inference_mode_evaluation_between_steps_changes_nothing(stage):
                 model.step()
             return model.state_dict()
 
-    plain = run_ranks(2, lambda r, w: rank_main(r, w, False))
-    evaluated = run_ranks(2, lambda r, w: rank_main(r, w, True))
-    for a, b in zip(plain, evaluated):
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
+    assert_runs_equal(rank_main)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -968,8 +979,7 @@ def test_input_gradients_through_the_model_are_not_a_micro_batch(stage):
         x = shard_of(_net_batch(0), rank, 2).requires_grad_(True)
         want, = torch.autograd.grad(plain(x), x)
         assert relative(g, want) <= 1e-6
-        for key, ref in reference.items():
-            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+        assert_states_near([state], reference)
 
 
 class _AuxBlock(torch.nn.Module):
@@ -1032,9 +1042,7 @@ def test_a_side_loss_a_unit_keeps_trains_as_torch_whichever_order_autograd_takes
                 model.step()
             return model.state_dict()
 
-    for state in run_ranks(2, rank_main):
-        for key, ref in reference.state_dict().items():
-            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+    assert_states_near(run_ranks(2, rank_main), reference.state_dict())
 
 
 def test_a_parameter_used_outside_its_unit_is_refused_at_stage_3():
@@ -1095,9 +1103,7 @@ def test_a_kept_graph_through_checkpointed_units_trains_as_torch(stage, penalty)
                 model.step()
             return model.state_dict()
 
-    for state in run_ranks(2, rank_main):
-        for key, ref in reference.state_dict().items():
-            assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
+    assert_states_near(run_ranks(2, rank_main), reference.state_dict())
 
 
 class _FailOnce(torch.autograd.Function):
@@ -1145,8 +1151,4 @@ def test_training_goes_on_after_the_models_own_backward_raised_before_any_gradie
                 model.step()
             return model.state_dict()
 
-    clean = run_ranks(2, lambda r, w: rank_main(r, w, False))
-    failed = run_ranks(2, lambda r, w: rank_main(r, w, True))
-    for a, b in zip(clean, failed):
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
+    assert_runs_equal(rank_main)

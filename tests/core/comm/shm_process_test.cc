@@ -153,69 +153,62 @@ int late_reader(int32_t rank, const std::string& dir, int64_t lead_us) {
   return 0;
 }
 
-// Starts kWorld copies of this program; the last must die of SIGKILL, the rest pass.
-bool run_group(const std::string& mode) {
+// Starts `world` copies of this program as `<exe> <flag> <rank> <scratch dir> <arg>` and
+// returns their wait statuses by rank (none when one could not start).
+std::vector<int> run_copies(const std::string& flag, int32_t world, const std::string& arg) {
   char dir_template[] = "/tmp/hps-shm-process-XXXXXX";
   const char* dir = mkdtemp(dir_template);
-  if (!dir) return false;
+  if (!dir) return {};
   std::vector<pid_t> pids;
-  for (int32_t r = 0; r < kWorld; ++r) {
-    std::string rank = std::to_string(r), m = mode;
-    std::vector<std::string> args = {"/proc/self/exe", "--child", rank, dir, m};
+  for (int32_t r = 0; r < world; ++r) {
+    std::vector<std::string> args = {"/proc/self/exe", flag, std::to_string(r), dir, arg};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_t pid = 0;
     if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
       std::perror("posix_spawn");
-      return false;
+      break;
     }
     pids.push_back(pid);
   }
-  bool ok = true;
-  for (int32_t r = 0; r < kWorld; ++r) {
+  std::vector<int> statuses;
+  for (pid_t pid : pids) {
     int status = 0;
-    waitpid(pids[static_cast<size_t>(r)], &status, 0);
+    waitpid(pid, &status, 0);
+    statuses.push_back(status);
+  }
+  std::filesystem::remove_all(dir);
+  if (statuses.size() != static_cast<size_t>(world)) return {};
+  return statuses;
+}
+
+// kWorld copies over `mode`; the last must die of SIGKILL, the rest pass.
+bool run_group(const std::string& mode) {
+  const std::vector<int> statuses = run_copies("--child", kWorld, mode);
+  bool ok = !statuses.empty();
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    const int status = statuses[r];
     const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
     const bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (r == kWorld - 1 ? !killed : !passed) {
-      std::fprintf(stderr, "%s: rank %d ended with status 0x%x\n", mode.c_str(), r, status);
+    if (r + 1 == statuses.size() ? !killed : !passed) {
+      std::fprintf(stderr, "%s: rank %zu ended with status 0x%x\n", mode.c_str(), r, status);
       ok = false;
     }
   }
-  std::filesystem::remove_all(dir);
   return ok;
 }
 
 // late_reader over two copies of this program, rank 1 leading rank 0's deadline by `lead_us`.
 bool run_late_reader(int64_t lead_us) {
-  char dir_template[] = "/tmp/hps-shm-process-XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  if (!dir) return false;
-  std::vector<pid_t> pids;
-  for (int32_t r = 0; r < 2; ++r) {
-    std::vector<std::string> args = {"/proc/self/exe", "--late-reader", std::to_string(r), dir,
-                                     std::to_string(lead_us)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
-      std::perror("posix_spawn");
-      return false;
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
+  const std::vector<int> statuses = run_copies("--late-reader", 2, std::to_string(lead_us));
+  bool ok = !statuses.empty();
+  for (const int status : statuses) {
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::fprintf(stderr, "late reader: a rank ended with status 0x%x\n", status);
       ok = false;
     }
   }
-  std::filesystem::remove_all(dir);
   return ok;
 }
 

@@ -58,6 +58,22 @@ TEST(ShmGroup, SettingUpThatFailsLeavesNoSegment) {
   EXPECT_TRUE(own_segments().empty()) << "left: " << own_segments()[0];
 }
 
+// Two thread ranks over one in-memory store; what each one's create returned.
+std::vector<StatusOr<std::unique_ptr<ShmGroup>>> create_pair(bool direct) {
+  std::vector<StatusOr<std::unique_ptr<ShmGroup>>> made;
+  for (int i = 0; i < 2; ++i) made.emplace_back(unavailable("not made"));
+  auto store = make_in_memory_store();
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      made[static_cast<size_t>(r)] =
+          ShmGroup::create(*store, r, 2, true, kDefaultSlotBytes, std::chrono::seconds(10), direct);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return made;
+}
+
 TEST(ShmGroup, SegmentsOfProcessesThatEndedAreRemovedByTheNextGroup) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
@@ -66,17 +82,7 @@ TEST(ShmGroup, SegmentsOfProcessesThatEndedAreRemovedByTheNextGroup) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);  // its pid now names no process
   const std::string dead = make_segment("old-job", child, 0);
   const std::string alive = make_segment("old-job", ::getppid(), 0);
-  std::vector<StatusOr<std::unique_ptr<ShmGroup>>> groups;
-  for (int i = 0; i < 2; ++i) groups.emplace_back(unavailable("not made"));
-  auto store = make_in_memory_store();
-  std::vector<std::thread> ranks;
-  for (int32_t r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      groups[static_cast<size_t>(r)] =
-          ShmGroup::create(*store, r, 2, true, kDefaultSlotBytes, std::chrono::seconds(10));
-    });
-  }
-  for (auto& t : ranks) t.join();
+  auto groups = create_pair(false);
   for (auto& g : groups) {
     ASSERT_TRUE(g.ok()) << g.status().to_string();
     EXPECT_NE(g->get(), nullptr);
@@ -113,17 +119,7 @@ TEST(ShmGroup, SlotsThatOverflowTheSegmentAreRefusedBeforeAnythingIsMade) {
 
 // Two thread ranks with direct reads. Returns both groups.
 std::vector<std::unique_ptr<ShmGroup>> direct_pair() {
-  std::vector<StatusOr<std::unique_ptr<ShmGroup>>> made;
-  for (int i = 0; i < 2; ++i) made.emplace_back(unavailable("not made"));
-  auto store = make_in_memory_store();
-  std::vector<std::thread> ranks;
-  for (int32_t r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      made[static_cast<size_t>(r)] =
-          ShmGroup::create(*store, r, 2, true, kDefaultSlotBytes, std::chrono::seconds(10), true);
-    });
-  }
-  for (auto& t : ranks) t.join();
+  auto made = create_pair(true);
   std::vector<std::unique_ptr<ShmGroup>> groups;
   for (auto& g : made) {
     EXPECT_TRUE(g.ok()) << g.status().to_string();
