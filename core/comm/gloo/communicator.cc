@@ -22,6 +22,48 @@
 #include "core/trace/trace.h"
 
 namespace hps::gloo_backend {
+
+namespace {
+
+// A split's store while the split is made: its waits go in slices and end early, ABORTED,
+// when `alive` reports a member of the parent group gone.
+class WatchedStore final : public ForwardingStore {
+ public:
+  WatchedStore(std::shared_ptr<Store> inner, std::function<Status()> alive)
+      : ForwardingStore(std::move(inner)), alive_(std::move(alive)) {}
+
+  // From here on a plain forwarding store (the parent group may go).
+  void stop_watching() {
+    std::lock_guard<std::mutex> lock(mu_);
+    alive_ = nullptr;
+  }
+
+  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
+    HPS_RETURN_IF_ERROR(wait({std::string(key)}, timeout));
+    return ForwardingStore::get(key, timeout);
+  }
+
+  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + std::clamp(timeout, Milliseconds(0), kMaxStoreWait);
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()) + Milliseconds(1);
+      Status s = ForwardingStore::wait(keys, std::clamp(left, Milliseconds(1), kSlice));
+      if (s.code() != StatusCode::kTimeout) return s;
+      if (Clock::now() >= deadline) return store_timeout("wait", keys, timeout);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (alive_) HPS_RETURN_IF_ERROR(alive_());
+    }
+  }
+
+ private:
+  static constexpr Milliseconds kSlice{200};
+  std::mutex mu_;
+  std::function<Status()> alive_;
+};
+
+}  // namespace
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -449,6 +491,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
         what.find("Timed out") != std::string::npos) {
       return timeout_error(m);
     }
+    if (what.rfind("aborted: ", 0) == 0) return aborted(m);  // a member gone (split)
     return backend_error(m);
   }
   HPS_LOG(kDebug) << "communicator '" << options.name << "' rank " << rank << "/" << size
@@ -1122,9 +1165,18 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split(const std::vecto
   CommOptions child = options_;
   child.name = std::move(name);
   child.timeout = timeout();
-  auto child_store = make_prefix_store(store_, "split" + std::to_string(index));
-  return create(std::move(child_store), static_cast<int32_t>(position - ranks.begin()),
-                static_cast<int32_t>(ranks.size()), child);
+  // The members meet through the store: a member that died would be waited for until the
+  // timeout. While the split is made, this group tells.
+  auto child_store = std::make_shared<WatchedStore>(
+      make_prefix_store(store_, "split" + std::to_string(index)), [this, ranks]() -> Status {
+        if (shm_) HPS_RETURN_IF_ERROR(shm_->check_peers_alive(ranks));
+        if (control_) HPS_RETURN_IF_ERROR(control_->check_peers_alive(ranks));
+        return Status::Ok();
+      });
+  auto made = create(child_store, static_cast<int32_t>(position - ranks.begin()),
+                     static_cast<int32_t>(ranks.size()), child);
+  child_store->stop_watching();
+  return made;
 }
 
 }  // namespace hps::gloo_backend

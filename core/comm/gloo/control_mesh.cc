@@ -267,6 +267,23 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   return Status::Ok();
 }
 
+Status ControlMesh::check_peers_alive(const std::vector<int32_t>& peers) const {
+  for (const int32_t q : peers) {
+    if (q < 0 || q >= size_) continue;
+    const int fd = sockets_[static_cast<size_t>(q)];
+    if (fd < 0) continue;
+    char byte = 0;
+    ssize_t n;
+    do {
+      n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      return aborted("rank " + std::to_string(q) + " closed its control connection");
+    }
+  }
+  return Status::Ok();
+}
+
 void ControlMesh::abort() {
   aborted_ = true;
   const uint64_t one = 1;

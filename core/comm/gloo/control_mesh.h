@@ -46,6 +46,11 @@ class ControlMesh {
   // Any thread: a running collect() returns ABORTED at once, and so do later calls.
   void abort();
 
+  // Any thread, beside post()/collect(): ABORTED naming the first of `peers` whose
+  // connection has closed with nothing left unread in it (a peer that died with a message
+  // unread is seen by the next collect()); OK otherwise.
+  Status check_peers_alive(const std::vector<int32_t>& peers) const;
+
  private:
   ControlMesh(int32_t rank, int32_t size);
   int32_t rank_;

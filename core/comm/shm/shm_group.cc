@@ -558,6 +558,19 @@ Status ShmGroup::peer_gone(int32_t peer) const {
   return Status::Ok();
 }
 
+Status ShmGroup::check_peers_alive(const std::vector<int32_t>& peers) const {
+  for (const int32_t q : peers) {
+    if (q == rank_ || q < 0 || q >= size_) continue;
+    const Control& c = control(q);
+    if (c.state.load(std::memory_order_seq_cst) == kLeft) return peer_gone(q);
+    if (c.pid != getpid() && c.pid_ns == control(rank_).pid_ns && host::process_ended(c.pid)) {
+      return aborted("rank " + std::to_string(q) + " (process " + std::to_string(c.pid) +
+                     ") has exited");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline) {
   Control& c = control(peer);
   auto& counter = posted ? c.posted : c.consumed;

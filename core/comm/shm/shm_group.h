@@ -65,6 +65,9 @@ class ShmGroup {
   int32_t size() const { return size_; }
   size_t slot_bytes() const { return slot_bytes_; }
   bool direct() const { return direct_; }
+  // ABORTED naming the first of `peers` that destroyed its communicator or whose process
+  // (of this pid namespace) has ended; OK otherwise. Any thread, beside running collectives.
+  Status check_peers_alive(const std::vector<int32_t>& peers) const;
 
   // Run on one thread (the communicator's stream worker), in the same order on every
   // rank, each until done or the deadline. Messages name no operation: the caller

@@ -437,6 +437,31 @@ TEST_P(CommunicatorTest, APeerThatHasGoneIsNamedAtOnceNotAtTheTimeout) {
       options);
 }
 
+TEST_P(CommunicatorTest, AMemberThatHasGoneEndsASplitAtOnceNotAtTheTimeout) {
+  // A split's members meet through the store; rank 1 destroyed its communicator, so rank 0
+  // waited for its keys the whole 60 s. The parent group tells, and the message names it.
+  CommOptions options = this->options();
+  options.timeout = Milliseconds(60'000);
+  run_ranks(
+      2,
+      [](int32_t rank, Communicator& comm) {
+        if (rank == 1) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        const auto start = std::chrono::steady_clock::now();
+        auto split = comm.split({0, 1}, "pair");
+        ASSERT_FALSE(split.ok());
+        EXPECT_EQ(split.status().code(), StatusCode::kAborted) << split.status().to_string();
+        EXPECT_NE(split.status().message().find("rank 1"), std::string::npos)
+            << split.status().message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+        // A split without it is made.
+        auto alone = comm.split({0}, "alone");
+        ASSERT_TRUE(alone.ok()) << alone.status().to_string();
+        EXPECT_EQ((*alone)->size(), 1);
+      },
+      options);
+}
+
 TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
   std::atomic<bool> finished{false};
   run_ranks(
