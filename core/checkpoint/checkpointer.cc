@@ -801,7 +801,7 @@ Status export_safetensors(const std::string& directory, const std::string& path,
     from.push_back(read);
   }
   std::map<std::string, std::string> metadata = m.metadata;
-  metadata.emplace("format", "pt");  // what transformers' loaders look for
+  metadata["format"] = "pt";  // what transformers' loaders look for (a user key yields)
   metadata["hpshard_checkpoint"] = m.id;
   uint64_t data_bytes = 0;
   HPS_ASSIGN_OR_RETURN(std::string header,

@@ -132,6 +132,29 @@ Status EngineBase::wait_for(Stream& consumer, Work& work) {
   return work.test().status();
 }
 
+Status EngineBase::stepped() {
+  if (!stepped_) {
+    HPS_ASSIGN_OR_RETURN(stepped_, create_event(device_));
+  }
+  return stepped_->record(optimizer_stream());
+}
+
+Status EngineBase::wait_stepped(bool unit_has_update) {
+  if (unit_has_update || !stepped_) return Status::Ok();
+  return compute().wait(*stepped_);
+}
+
+Status EngineBase::settle_loaded_scaling() {
+  if (options_.dynamic_loss_scaling) return Status::Ok();
+  StepState* state = optimizer_->state().get();  // an address, written on the stream
+  const float one = 1.0f;
+  const int32_t none = 0;
+  Stream& opt = optimizer_stream();
+  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->loss_scale, &one, sizeof(one)));
+  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->good_steps, &none, sizeof(none)));
+  return opt.synchronize();  // the sources are this frame's
+}
+
 float EngineBase::mean_scale() const {
   return 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
                                    options_.accumulation_steps);

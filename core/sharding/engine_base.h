@@ -70,6 +70,16 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   Status wait_for(Stream& consumer, Work& work);
   // 1 / (ranks that hold replicas of a gradient × micro-batches): the mean's factor.
   float mean_scale() const;
+  // step(): after the optimizer's work is enqueued, marks the optimizer stream (the step's
+  // loss-scaling state is updated by then).
+  Status stepped();
+  // A unit none of whose buffers is updated by the optimizer (only frozen parameters) has
+  // no all-gather that follows the step: the compute stream waits for the last step, so
+  // that the loss scale read after the unit's wait is that step's.
+  Status wait_stepped(bool unit_has_update);
+  // end_state_load(): an engine without dynamic loss scaling keeps a loss scale of 1 (and
+  // no good-step count) whatever the checkpoint's engine used. Host-blocking.
+  Status settle_loaded_scaling();
   // Buffer b's fp32 parameter shard (or, for a frozen 16-bit buffer, its model-dtype
   // shard): what gather_all() gathers.
   virtual std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const = 0;
@@ -94,6 +104,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   std::unique_ptr<Stream> default_compute_;  // when the framework names no compute stream
   Stream* compute_ = nullptr;
   std::unique_ptr<Stream> optimizer_stream_;
+  std::unique_ptr<Event> stepped_;  // recorded by stepped()
   std::unique_ptr<ShardedStorage> storage_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
   GradBuckets buckets_;

@@ -82,13 +82,15 @@ StatusOr<void*> Stage2Engine::grad_data(size_t index) {
 Status Stage2Engine::wait_parameters(int32_t unit) {
   HPS_RETURN_IF_ERROR(check_sealed("wait_parameters()"));
   bool known = false;
+  bool updated = false;
   for (size_t b = 0; b < plan_.buffers().size(); ++b) {
     if (plan_.buffers()[b].unit != unit) continue;
     known = true;
+    updated |= plan_.buffers()[b].trainable;
     if (gathered_[b]) HPS_RETURN_IF_ERROR(wait_for(compute(), *gathered_[b]));
   }
   if (!known) return not_found("engine: no parameters belong to unit " + std::to_string(unit));
-  return Status::Ok();
+  return wait_stepped(updated);
 }
 
 Status Stage2Engine::release(int32_t unit) {
@@ -191,6 +193,7 @@ Status Stage2Engine::step() {
         reduced_[b].reset();
         return Status::Ok();
       }));
+  HPS_RETURN_IF_ERROR(stepped());
   ++steps_;
   buckets_.stepped();
   return Status::Ok();
@@ -224,7 +227,7 @@ Status Stage2Engine::end_state_load() {
                               buf.shard_numel, buf.dtype, &optimizer_stream()));
     HPS_RETURN_IF_ERROR(gathered_[b]->wait());
   }
-  return Status::Ok();
+  return settle_loaded_scaling();
 }
 
 }  // namespace hps

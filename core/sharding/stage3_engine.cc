@@ -199,13 +199,15 @@ Status Stage3Engine::gather(int32_t unit) {
   }
   // The compute stream waits for the unit's all-gathers (device-side; on the CPU calling
   // thread a dependency wait).
+  bool updated = false;
   for (size_t b : *unit_buffers) {
     Unit& u = buffers_[b];
     HPS_RETURN_IF_ERROR(wait_for(compute(), *u.gathering));
     u.in_use = true;
     u.used = true;
+    updated |= plan_.buffers()[b].trainable;
   }
-  return Status::Ok();
+  return wait_stepped(updated);
 }
 
 Status Stage3Engine::release(int32_t unit) {
@@ -318,6 +320,7 @@ Status Stage3Engine::step() {
         updated_recorded_[b] = true;
         return updated_[b]->record(opt);  // what the buffer's next all-gather waits for
       }));
+  HPS_RETURN_IF_ERROR(stepped());
   // A unit still live and not in use holds the parameters from before this update: kept
   // live across a release because the recorded order gathers it next (a step whose pattern
   // differs from the first one's), or prefetched and never used. It goes after its last
@@ -388,7 +391,7 @@ Status Stage3Engine::end_state_load() {
     u.gathering.reset();
     u.used = false;
   }
-  return Status::Ok();
+  return settle_loaded_scaling();
 }
 
 }  // namespace hps

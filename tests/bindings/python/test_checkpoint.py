@@ -320,3 +320,40 @@ def test_closing_the_engine_closes_its_checkpoints_first(tmp_path):
         other, _ = build(comm)
         ckpt = Checkpoint.create(other, comm, tmp_path)
     assert ckpt.closed and other.closed  # closing the communicator closed both
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_an_engine_without_loss_scaling_keeps_scale_one_after_loading_a_scaled_run(tmp_path,
+                                                                                  stage):
+    # The checkpoint's loss scale is the saving engine's; an engine without dynamic loss
+    # scaling multiplies no loss, so it must keep dividing gradients by 1, not by the
+    # saved scale.
+    def engine(comm, scaled):
+        e = Engine.create(comm, stage=stage, optimizer=Optimizer.SGD, learning_rate=0.1,
+                          dynamic_loss_scaling=scaled, initial_loss_scale=1024.0)
+        i = e.add_param("w", (4,))
+        e.seal()
+        e.param(i)[...] = 1.0
+        e.broadcast_parameters()
+        return e, i
+
+    def step(e, i, gradient):
+        e.wait_parameters(0)
+        e.grad(i)[...] = gradient
+        e.grad_ready(i)
+        e.release_parameters(0)
+        e.step()
+
+    store, comm = single_rank("unscaled")
+    with store, comm:
+        e, i = engine(comm, True)
+        with e, Checkpoint.create(e, comm, tmp_path) as ck:
+            step(e, i, 1024.0)  # the loss scaled by 1024: an unscaled gradient of 1
+            ck.save("scaled").wait()
+        e, i = engine(comm, False)
+        with e, Checkpoint.create(e, comm, tmp_path) as ck:
+            ck.load("scaled")
+            assert e.loss_scale == 1.0
+            step(e, i, 1.0)
+            np.testing.assert_allclose(e.gather_parameter(i), np.full(4, 0.8, np.float32),
+                                       rtol=1e-6)

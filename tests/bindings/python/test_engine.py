@@ -886,3 +886,38 @@ def test_a_model_without_trainable_parameters_steps_and_stays(stage):
     for got in run_ranks(2, rank_main, f"frozen-{stage}"):
         np.testing.assert_array_equal(got, np.arange(5, dtype=np.float32))
 
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_loss_scale_read_after_a_frozen_units_wait_is_the_last_steps(stage):
+    # The loss scale is read after the step's wait_parameters. A unit holding only frozen
+    # parameters has no all-gather after the update: its wait must still follow the step,
+    # or the scale read is the one before it (the loss scaled by it, the gradients
+    # unscaled by the next one). A large trainable buffer keeps the optimizer busy.
+    store = Store.open(f"memory://frozen-scale-{uuid.uuid4().hex}", 0, timeout_ms=5000)
+    comm = Communicator.create(store, 0, 1)
+    e = Engine.create(comm, stage=stage, learning_rate=0.1, dynamic_loss_scaling=True,
+                      initial_loss_scale=8.0, growth_interval=1)
+    try:
+        frozen = e.add_param("embedding", (64,), frozen=True, unit=0)
+        w = e.add_param("w", (1 << 21,), unit=1)
+        e.seal()
+        e.broadcast_parameters()
+        seen = []
+        for _ in range(6):
+            e.wait_parameters(0)
+            seen.append(e.loss_scale)
+            assert e.param(frozen).shape == (64,)
+            e.release_parameters(0)
+            e.wait_parameters(1)
+            e.grad(w)[...] = np.float32(seen[-1])
+            e.grad_ready(w)
+            e.release_parameters(1)
+            e.step()
+        e.synchronize()
+        assert seen == [8.0 * 2**k for k in range(6)]
+        assert e.loss_scale == 8.0 * 2**6
+    finally:
+        e.close()
+        comm.close()
+        store.close()
