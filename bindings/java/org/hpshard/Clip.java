@@ -114,6 +114,10 @@ public final class Clip extends Handle<ClipHandle> {
   public void addTensor(ByteBuffer grad, DType dtype, long flags) {
     Objects.requireNonNull(grad, "grad");
     Objects.requireNonNull(dtype, "dtype");
+    if (flags < 0 || flags > 0xFFFFFFFFL) {
+      throw new IllegalArgumentException(
+          "Clip.addTensor: flags " + flags + " are not 32-bit hps_clip_flag_t bits");
+    }
     if (!grad.isDirect()) {
       throw new IllegalArgumentException(
           "Clip.addTensor: grad is a heap ByteBuffer; use ByteBuffer.allocateDirect");
@@ -172,6 +176,10 @@ public final class Clip extends Handle<ClipHandle> {
     if (normOut != null) {
       if (!normOut.isDirect() || normOut.isReadOnly()) {
         throw new IllegalArgumentException("Clip.run: normOut must be a writable direct ByteBuffer");
+      }
+      if (normOut.order() != java.nio.ByteOrder.nativeOrder()) {
+        throw new IllegalArgumentException("Clip.run: normOut is " + normOut.order()
+            + "; the library writes native order (" + java.nio.ByteOrder.nativeOrder() + ")");
       }
       out = normOut.slice();
       if (out.remaining() < 4) {

@@ -342,6 +342,10 @@ public final class Engine extends Handle<EngineHandle> {
     Objects.requireNonNull(name, "name");
     Objects.requireNonNull(shape, "shape");
     Objects.requireNonNull(dtype, "dtype");
+    if (flags < 0 || flags > 0xFFFFFFFFL) {
+      throw new IllegalArgumentException(
+          "Engine.addParam: flags " + flags + " are not 32-bit hps_param_flag_t bits");
+    }
     long[] copy = shape.clone();
     synchronized (state) {
       int index = (int) h().addParam(name, copy, dtype.code(), flags, unit);

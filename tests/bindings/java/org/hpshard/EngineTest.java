@@ -107,6 +107,18 @@ class EngineTest {
           () -> clip.addTensor(CommTest.direct(6), DType.FLOAT32));
       assertEquals(FAILED_PRECONDITION, status(() -> clip.run(stream))); // before seal
       assertThrows(IllegalArgumentException.class, () -> clip.run(stream, CommTest.direct(2), true));
+      // Bits above 32 would be cut off on the way to the C uint32_t: refused, not dropped.
+      assertThrows(IllegalArgumentException.class,
+          () -> clip.addTensor(CommTest.floats(1f, 2f), DType.FLOAT32, 1L << 32));
+      assertThrows(IllegalArgumentException.class,
+          () -> clip.addTensor(CommTest.floats(1f, 2f), DType.FLOAT32, -1L));
+      // The norm is written in native order: a buffer of the other order would read garbage.
+      ByteBuffer other = ByteBuffer.allocateDirect(4).order(
+          java.nio.ByteOrder.nativeOrder() == java.nio.ByteOrder.BIG_ENDIAN
+              ? java.nio.ByteOrder.LITTLE_ENDIAN : java.nio.ByteOrder.BIG_ENDIAN);
+      clip.addTensor(CommTest.floats(3f, 4f), DType.FLOAT32);
+      clip.seal();
+      assertThrows(IllegalArgumentException.class, () -> clip.run(stream, other, false));
     }
   }
 
@@ -179,6 +191,10 @@ class EngineTest {
             new Engine.Options().learningRate(0.5f).weightDecay(0.5f))) {
       int w = engine.addParam("w", new long[] {2});
       int b = engine.addParam("b", new long[] {2}, DType.FLOAT32, Engine.NO_WEIGHT_DECAY, 0);
+      // Bits above 32 (FROZEN | 1 << 32) are refused, not cut off to FROZEN.
+      assertThrows(IllegalArgumentException.class, () -> engine.addParam("x", new long[] {2},
+          DType.FLOAT32, (1L << 32) | Engine.FROZEN, 0));
+      assertEquals(2, engine.numParams());
       engine.seal();
       for (int i : new int[] {w, b}) {
         ByteBuffer p = engine.param(i);
