@@ -728,6 +728,7 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
   static EngineHandle* create(CommHandle* sharding, CommHandle* dp, const hps_engine_options_t* options) { HPS_SWIG_GET(EngineHandle*, hps_engine_create(sharding, dp, options, &v)); }
   ~EngineHandle() { hps_engine_destroy($self); }
   size_t add_param(const char* name, const int64_t* shape, size_t ndim, hps_dtype_t dtype, uint32_t flags, int32_t unit) { HPS_SWIG_GET(size_t, hps_engine_add_param($self, name, shape, ndim, dtype, flags, unit, &v)); }
+  void set_model_parallel_groups(CommHandle* mp, CommHandle* pp) { HPS_SWIG_CHECK(hps_engine_set_model_parallel_groups($self, mp, pp)); }
   void seal() { HPS_SWIG_CHECK(hps_engine_seal($self)); }
   void broadcast_parameters() { HPS_SWIG_CHECK(hps_engine_broadcast_parameters($self)); }
   uintptr_t param(size_t index) { HPS_SWIG_ADDRESS(void*, hps_engine_param($self, index, &v)); }

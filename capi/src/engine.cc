@@ -161,6 +161,15 @@ HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name
   });
 }
 
+HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, hps_comm_t* mp,
+                                                          hps_comm_t* pp) {
+  HPS_CHECK_ARG(engine);
+  return guard(__func__, [&] {
+    return engine->impl->set_model_parallel_groups(mp ? mp->impl : nullptr,
+                                                   pp ? pp->impl : nullptr);
+  });
+}
+
 HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine) {
   HPS_CHECK_ARG(engine);
   return guard(__func__, [&] { return engine->impl->seal(); });

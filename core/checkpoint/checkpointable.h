@@ -72,6 +72,13 @@ struct CheckpointTopology {
   int32_t dp = 1;  // dp degree above sharding and this rank's coordinate
   int32_t dp_rank = 0;
   uint64_t alignment_bytes = 0;  // the flat buffers' parameter alignment
+  // The part of a model cut across tensor (mp) and pipeline (pp) parallelism this state
+  // is: the degrees and this rank's coordinates (1 and 0 without them). A checkpoint holds
+  // one part and loads only into the same part.
+  int32_t mp = 1;
+  int32_t mp_rank = 0;
+  int32_t pp = 1;
+  int32_t pp_rank = 0;
 };
 
 class Checkpointable {

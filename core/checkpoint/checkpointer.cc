@@ -601,6 +601,20 @@ StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadO
     }
     const std::string directory = join_path(root_, n);
     HPS_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::read_manifest(directory));
+    // Resharding spans the sharding and dp axes; a part of a model cut across mp and pp
+    // loads only into the same part.
+    const CheckpointTopology mine = engine_.checkpoint_topology();
+    const CheckpointTopology& saved = m.topology;
+    if (saved.mp != mine.mp || saved.mp_rank != mine.mp_rank || saved.pp != mine.pp ||
+        saved.pp_rank != mine.pp_rank) {
+      auto part = [](const CheckpointTopology& t) {
+        return "mp rank " + std::to_string(t.mp_rank) + " of " + std::to_string(t.mp) +
+               ", pp rank " + std::to_string(t.pp_rank) + " of " + std::to_string(t.pp);
+      };
+      return invalid_argument("checkpoint: '" + directory + "' holds the model's part at " +
+                              part(saved) + "; this engine's is " + part(mine) +
+                              " (a part loads only into the same part)");
+    }
     report.directory = directory;
     report.id = m.id;
     report.metadata = m.metadata;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "core/checkpoint/file_io.h"
 #include "core/common/env.h"
@@ -163,6 +164,9 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
   StoredTensor t;
   HPS_ASSIGN_OR_RETURN(t.name, r.string("name"));
   if (!printable_name(t.name)) return r.bad("the tensor name is empty or has control characters");
+  for (std::string_view prefix : {kParamPrefix, kMasterPrefix}) {
+    if (t.name == prefix) return r.bad("tensor '" + t.name + "' names no parameter");
+  }
   Reader named(j, origin + ": tensor '" + t.name + "'");
   HPS_ASSIGN_OR_RETURN(std::string dtype, named.string("dtype"));
   auto d = dtype_from_name(dtype);
@@ -241,7 +245,11 @@ std::string manifest_to_json(const Manifest& m) {
                    {"sharding", m.topology.sharding},
                    {"dp", m.topology.dp},
                    {"world", m.world},
-                   {"alignment_bytes", m.topology.alignment_bytes}};
+                   {"alignment_bytes", m.topology.alignment_bytes},
+                   {"mp", m.topology.mp},
+                   {"mp_rank", m.topology.mp_rank},
+                   {"pp", m.topology.pp},
+                   {"pp_rank", m.topology.pp_rank}};
   if (m.engine) j["engine"] = options_to_json(*m.engine);
   j["metadata"] = json::object();
   for (const auto& [k, v] : m.metadata) j["metadata"][k] = v;
@@ -306,6 +314,15 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     HPS_ASSIGN_OR_RETURN(m.topology.dp, t.int32("dp", 1, 1 << 24));
     HPS_ASSIGN_OR_RETURN(m.world, t.int32("world", 1, 1 << 24));
     HPS_ASSIGN_OR_RETURN(m.topology.alignment_bytes, t.uint("alignment_bytes"));
+    // The model-parallel part (absent: the whole model, as before these fields).
+    for (auto [degree, rank, degree_key, rank_key] :
+         {std::tuple{&m.topology.mp, &m.topology.mp_rank, "mp", "mp_rank"},
+          std::tuple{&m.topology.pp, &m.topology.pp_rank, "pp", "pp_rank"}}) {
+      HPS_ASSIGN_OR_RETURN(const json* given, t.field(degree_key, false));
+      if (given == nullptr) continue;
+      HPS_ASSIGN_OR_RETURN(*degree, t.int32(degree_key, 1, 1 << 24));
+      HPS_ASSIGN_OR_RETURN(*rank, t.int32(rank_key, 0, *degree - 1));
+    }
     HPS_ASSIGN_OR_RETURN(const json* engine, r.field("engine", false));
     if (engine != nullptr) {
       HPS_ASSIGN_OR_RETURN(m.engine, options_from_json(Reader(*engine, origin + ": engine")));

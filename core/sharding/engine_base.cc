@@ -59,6 +59,76 @@ StatusOr<size_t> EngineBase::add_param(ParamSpec spec) {
   return plan_.params().size() - 1;
 }
 
+Status EngineBase::set_model_parallel_groups(std::shared_ptr<Communicator> mp,
+                                             std::shared_ptr<Communicator> pp) {
+  if (sealed_) return failed_precondition("engine: model-parallel groups set after seal()");
+  for (const auto& [group, name] : {std::pair{&mp, "mp"}, std::pair{&pp, "pp"}}) {
+    if (!*group) continue;
+    if (!((*group)->device() == device_)) {
+      return invalid_argument(std::string("engine: the ") + name + " communicator is on " +
+                              (*group)->device().to_string() + ", the sharding one on " +
+                              device_.to_string());
+    }
+    if (*group == sharding_ || (dp_ && *group == dp_)) {
+      return invalid_argument(std::string("engine: the ") + name +
+                              " communicator is the engine's sharding or dp communicator");
+    }
+  }
+  if (mp && mp == pp) {
+    return invalid_argument("engine: the mp and pp communicators are the same communicator");
+  }
+  mp_ = std::move(mp);
+  pp_ = std::move(pp);
+  return Status::Ok();
+}
+
+Status EngineBase::check_model_parallel_groups() {
+  auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; };
+  auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
+    return c ? static_cast<uint64_t>(c->rank()) : 0;
+  };
+  const std::pair<const std::shared_ptr<Communicator>*, const std::shared_ptr<Communicator>*>
+      axes[] = {{&mp_, &pp_}, {&pp_, &mp_}};
+  for (const auto& [group, other] : axes) {
+    if (!*group || (*group)->size() == 1) continue;
+    const char* name = group == &mp_ ? "mp" : "pp";
+    // The members of an axis's group share every other coordinate.
+    uint64_t coordinates = 1469598103934665603ull;
+    for (uint64_t v : {rank_in(sharding_), rank_in(dp_), rank_in(*other)}) {
+      coordinates = mix(coordinates, v);
+    }
+    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, coordinates));
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r] != coordinates) {
+        return invalid_argument(
+            std::string("engine: rank ") + std::to_string(r) + " of the " + name + " group '" +
+            (*group)->name() + "' is at other sharding, dp or " + (group == &mp_ ? "pp" : "mp") +
+            " coordinates than this rank: the " + name +
+            " group must be that axis of the topology the sharding and dp groups come from");
+      }
+    }
+    if (group != &mp_) continue;
+    // D is summed over mp and N is not: the mp ranks must agree on which gradients are which.
+    uint64_t flags = mix(1469598103934665603ull, plan_.params().size());
+    for (const ParamSpec& p : plan_.params()) {
+      flags = mix(flags, (p.trainable ? 1u : 0u) | (p.is_distributed ? 2u : 0u) |
+                             (p.need_clip ? 4u : 0u) | (p.shared_not_first ? 8u : 0u));
+    }
+    HPS_ASSIGN_OR_RETURN(all, gather_values(**group, flags));
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r] != flags) {
+        return invalid_argument(
+            "engine: rank " + std::to_string(r) + " of the mp group '" + (*group)->name() +
+            "' registered other parameters or flags (FROZEN, DISTRIBUTED, NO_CLIP, "
+            "SHARED_NOT_FIRST) than this rank's " +
+            std::to_string(plan_.params().size()) +
+            ": the clip and the skip of a step need them equal across mp");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status EngineBase::check_sealed(const char* call) const {
   if (sealed_) return Status::Ok();
   return failed_precondition(std::string("engine: ") + call + " before seal()");
@@ -83,6 +153,7 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
       }
     }
   }
+  HPS_RETURN_IF_ERROR(check_model_parallel_groups());
   LayoutPlan unsealed = plan_;  // what a failed seal restores
   const Status s = [&]() -> Status {
     HPS_RETURN_IF_ERROR(
@@ -90,8 +161,8 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
     for (RoleLayout& r : ShardedOptimizer::state_roles(options_)) roles.push_back(std::move(r));
     Stream& stream = optimizer_stream();
     HPS_ASSIGN_OR_RETURN(storage_, ShardedStorage::create(plan_, device_, roles, stream));
-    HPS_ASSIGN_OR_RETURN(
-        optimizer_, ShardedOptimizer::create(options_, device_, *storage_, sharding_, dp_, stream));
+    HPS_ASSIGN_OR_RETURN(optimizer_, ShardedOptimizer::create(options_, device_, *storage_,
+                                                              {sharding_, dp_, mp_, pp_}, stream));
     // The framework may write its initial values from any thread or stream once seal()
     // returns: the zeroing is done by then (set-up, one counted host sync).
     HPS_RETURN_IF_ERROR(stream.synchronize());
@@ -260,12 +331,18 @@ StatusOr<std::vector<StateTensor>> EngineBase::state_tensors() {
 }
 
 CheckpointTopology EngineBase::checkpoint_topology() const {
-  return {stage(),
-          sharding_->size(),
-          sharding_->rank(),
-          dp_ ? dp_->size() : 1,
-          dp_ ? dp_->rank() : 0,
-          options_.alignment_bytes};
+  CheckpointTopology t;
+  t.stage = stage();
+  t.sharding = sharding_->size();
+  t.sharding_rank = sharding_->rank();
+  t.dp = dp_ ? dp_->size() : 1;
+  t.dp_rank = dp_ ? dp_->rank() : 0;
+  t.alignment_bytes = options_.alignment_bytes;
+  t.mp = mp_ ? mp_->size() : 1;
+  t.mp_rank = mp_ ? mp_->rank() : 0;
+  t.pp = pp_ ? pp_->size() : 1;
+  t.pp_rank = pp_ ? pp_->rank() : 0;
+  return t;
 }
 
 Status EngineBase::begin_state_load() {

@@ -23,6 +23,8 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   ~EngineBase() override = default;
 
   StatusOr<size_t> add_param(ParamSpec spec) override;
+  Status set_model_parallel_groups(std::shared_ptr<Communicator> mp,
+                                   std::shared_ptr<Communicator> pp) override;
   StatusOr<float*> param(size_t index) override;
   StatusOr<float*> grad(size_t index) override;
   StatusOr<std::vector<std::vector<float>>> gather_all() override;
@@ -94,7 +96,13 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   ShardStep shard_step(size_t b) const;
   Status check_sealed(const char* call) const;
 
+  // Collective over the mp and pp groups (seal(), host-blocking): each is an axis of the
+  // same topology as sharding and dp (its members share this rank's other coordinates),
+  // and the mp ranks registered the same clip flags.
+  Status check_model_parallel_groups();
+
   std::shared_ptr<Communicator> sharding_, dp_;
+  std::shared_ptr<Communicator> mp_, pp_;  // null: none (set_model_parallel_groups)
   EngineOptions options_;
   Device device_;
   const Kernels* kernels_ = nullptr;

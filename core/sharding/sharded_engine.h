@@ -59,6 +59,14 @@ class ShardedEngine {
   virtual ~ShardedEngine() = default;
   virtual int32_t stage() const = 0;
   virtual StatusOr<size_t> add_param(ParamSpec spec) = 0;
+  // Before seal(): this rank's tensor-parallel (mp) and pipeline (pp) groups, either null.
+  // The step's global decisions then span the whole model, not only this replica's part:
+  // the clip's norm sums DISTRIBUTED gradients over mp and every counted gradient over pp
+  // (DESIGN.md "Hybrid clipping"), and a non-finite gradient on any rank of either group
+  // skips the step everywhere. seal() checks (collectively) that the groups are the other
+  // axes of one topology and that every mp rank registered the same flags.
+  virtual Status set_model_parallel_groups(std::shared_ptr<Communicator> mp,
+                                           std::shared_ptr<Communicator> pp) = 0;
   // Collective over the sharding and dp groups (host-blocking once, at set-up): checks
   // every rank registered the same parameters, lays them out and allocates the storages.
   virtual Status seal() = 0;

@@ -12,20 +12,21 @@ std::vector<RoleLayout> ShardedOptimizer::state_roles(const EngineOptions& optio
   return {};
 }
 
-StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::create(
-    const EngineOptions& options, Device device, const ShardedStorage& storage,
-    std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp, Stream& stream) {
+StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::create(const EngineOptions& options,
+                                                                     Device device,
+                                                                     const ShardedStorage& storage,
+                                                                     StepGroups groups,
+                                                                     Stream& stream) {
   std::unique_ptr<ShardedOptimizer> o(new ShardedOptimizer());
   o->options_ = options;
   HPS_ASSIGN_OR_RETURN(o->kernels_, kernels_for(device.type));
   o->storage_ = &storage;
-  o->sharding_ = sharding;
-  o->dp_ = dp;
+  o->groups_ = std::move(groups);
   if (options.clip_max_norm > 0) {
-    // The engine's clip reduces over the sharding group only: dp replicas hold the same
-    // reduced gradients, and the engine knows no mp or pp group.
+    // Not over dp: its replicas hold the same reduced gradients.
+    const StepGroups& g = o->groups_;
     HPS_ASSIGN_OR_RETURN(o->clip_,
-                         HybridClip::create(sharding, nullptr, nullptr,
+                         HybridClip::create(g.sharding, g.mp, g.pp,
                                             {options.clip_max_norm, options.deterministic_clip}));
     HPS_RETURN_IF_ERROR(o->clip_->seal());
   }
@@ -158,7 +159,8 @@ Status ShardedOptimizer::step(Stream& stream, const std::vector<ShardStep>& shar
     int32_t* found = &state().get()->found_inf;  // an address: the collectives read it
     Stream* after = &stream;
     std::shared_ptr<Work> work;
-    for (Communicator* c : {sharding_.get(), dp_.get()}) {
+    for (Communicator* c :
+         {groups_.sharding.get(), groups_.dp.get(), groups_.mp.get(), groups_.pp.get()}) {
       if (c == nullptr || c->size() == 1) continue;
       HPS_ASSIGN_OR_RETURN(work,
                            c->all_reduce(found, found, 1, DType::kInt32, ReduceOp::kMax, after));

@@ -5,9 +5,9 @@
 //   sums of squares, split by the clip flags, in the same pass; with a clip or loss scaling
 //   it is enqueued by reduced() after each buffer's reduction, while the shard is fresh,
 //   not by step()) → found-inf max over the
-//   groups → the clip's reduction and coefficient → the step's verdict (skip, step count,
-//   loss scale) → SGD / AdamW on each shard (the coefficient folded in where the flags
-//   say) → the updated masters rounded into the model dtype → the stage's hook (an
+//   groups (sharding, dp, mp, pp) → the clip's reduction and coefficient → the step's verdict
+//   (skip, step count, loss scale) → SGD / AdamW on each shard (the coefficient folded in where the
+//   flags say) → the updated masters rounded into the model dtype → the stage's hook (an
 //   all-gather, or the event the next one waits for).
 //
 // Every scalar that steers it lives in device memory (StepState, ClipState). Nothing
@@ -44,15 +44,22 @@ struct ShardStep {
   std::vector<ShardSpan> spans;  // the shard's clip treatment (LayoutPlan::shard_spans)
 };
 
+// The groups a step spans: the engine's sharding and dp groups and this rank's
+// model-parallel ones (any but sharding may be null).
+struct StepGroups {
+  std::shared_ptr<Communicator> sharding, dp, mp, pp;
+};
+
 class ShardedOptimizer {
  public:
   // The optimizer state roles `options` needs (momentum; exp_avg and exp_avg_sq), for the
   // storage to allocate.
   static std::vector<RoleLayout> state_roles(const EngineOptions& options);
   // The step state (initial loss scale) written on `stream`.
-  static StatusOr<std::unique_ptr<ShardedOptimizer>> create(
-      const EngineOptions& options, Device device, const ShardedStorage& storage,
-      std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp, Stream& stream);
+  static StatusOr<std::unique_ptr<ShardedOptimizer>> create(const EngineOptions& options,
+                                                            Device device,
+                                                            const ShardedStorage& storage,
+                                                            StepGroups groups, Stream& stream);
 
   // Whether the step has a global stage (the clip's norm, the found-inf flag) that needs
   // every shard unscaled first: then the engines call reduced() for each buffer as its
@@ -92,7 +99,7 @@ class ShardedOptimizer {
   EngineOptions options_;
   const Kernels* kernels_ = nullptr;
   const ShardedStorage* storage_ = nullptr;
-  std::shared_ptr<Communicator> sharding_, dp_;
+  StepGroups groups_;
   std::unique_ptr<HybridClip> clip_;
   DeviceBuffer state_;  // one StepState
   StepRule rule_;

@@ -16,8 +16,8 @@
 //    Σ_rank view / (ranks · accumulation_steps · scale). fp16 and bf16 parameters' reduced
 //    gradients are rounded once to their dtype.
 //  - Global-norm clipping: norm² is the sum of the squared mean gradients of every trainable
-//    parameter except need_clip = false and shared_not_first ones (is_distributed only picks
-//    the partial; there is no mp or pp group in an engine, so it changes nothing here);
+//    parameter except need_clip = false and shared_not_first ones (of the whole model when it
+//    is cut across mp and pp: HybridModel, at the end; is_distributed only picks the partial);
 //    coef = max_norm / (max(norm, max_norm) + 1e-6); gradients of need_clip parameters
 //    (shared_not_first included) are multiplied by coef, need_clip = false ones are not.
 //  - SGD as torch.optim.SGD (dampening 0): d = g + wd·p; the momentum buffer is d on the
@@ -240,6 +240,16 @@ struct StepResult {
   double loss_scale = 1.0;  // the scale this step's gradients were produced with
 };
 
+// What a step needs from one part of a model cut across mp and pp (EngineModel::prepare):
+// whether its gradient views were all finite, and the sums of the squared mean gradients it
+// counts in the clip norm — of DISTRIBUTED parameters and of the others — with the sums of
+// their squared error bounds.
+struct StepPart {
+  bool finite = true;
+  double distributed = 0.0, others = 0.0;
+  double err_distributed = 0.0, err_others = 0.0;
+};
+
 // Gradients of one step: [rank][micro_batch][param][element], the gradient of the UNSCALED
 // loss (the model multiplies by the loss scale, as the framework does); frozen parameters'
 // entries are empty. An injected fault is just a non-finite entry.
@@ -312,13 +322,24 @@ class EngineModel {
     return out;
   }
 
-  // One engine step over the gradients every rank produced in its micro-batches.
+  // One engine step over the gradients every rank produced in its micro-batches, for an
+  // engine with no mp or pp group (its clip and skip span its own ranks).
   StepResult step(const StepGradients& grads) {
+    const StepPart part = prepare(grads);
+    return finish(part.finite, part.distributed + part.others,
+                  part.err_distributed + part.err_others);
+  }
+
+  // A step in two halves, for a model cut across mp and pp (HybridModel): prepare() takes
+  // this part's gradients and returns what the whole model's decisions need from it;
+  // finish() applies the step with the whole model's verdict (every view finite) and the
+  // squared norm of every counted gradient (and its error bound), and returns what step()
+  // returns. Between the two no other call may come.
+  StepPart prepare(const StepGradients& grads) {
     const size_t ranks = static_cast<size_t>(options_.ranks);
     const size_t micro = static_cast<size_t>(options_.accumulation_steps);
     if (grads.size() != ranks) throw std::invalid_argument("step: one gradient set per rank");
-    StepResult result;
-    result.loss_scale = scale_;
+    if (pending_) throw std::logic_error("prepare twice without finish");
 
     // The framework's gradient views after the last micro-batch, per rank, and the sum of
     // the absolute values of every scaled gradient added (what reduction errors scale with,
@@ -349,13 +370,10 @@ class EngineModel {
       }
     }
 
-    if (options_.dynamic_loss_scaling && !finite) {
-      scale_ *= options_.backoff_factor;
-      good_steps_ = 0;
-      ++skipped_;
-      result.skipped = true;
-      return result;
-    }
+    StepPart part;
+    part.finite = finite;
+    pending_ = true;
+    if (options_.dynamic_loss_scaling && !finite) return part;  // the step is skipped
 
     // Mean gradients (and the mean of absolute values, for the error bounds).
     const double divisor = static_cast<double>(ranks * micro) * scale_;
@@ -387,18 +405,40 @@ class EngineModel {
       }
     }
 
+    // This part's squares of the counted gradients, split as the clip splits them.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Param& p = params_[i];
+      if (!p.trainable || !p.need_clip || p.shared_not_first) continue;
+      double& sum = p.is_distributed ? part.distributed : part.others;
+      double& err = p.is_distributed ? part.err_distributed : part.err_others;
+      for (size_t e = 0; e < mean[i].size(); ++e) {
+        sum += mean[i][e] * mean[i][e];
+        err += err_g[i][e] * err_g[i][e];
+      }
+    }
+    mean_ = std::move(mean);
+    err_g_ = std::move(err_g);
+    return part;
+  }
+
+  StepResult finish(bool finite_everywhere, double norm2, double err_norm2) {
+    if (!pending_) throw std::logic_error("finish without prepare");
+    pending_ = false;
+    StepResult result;
+    result.loss_scale = scale_;
+    if (options_.dynamic_loss_scaling && !finite_everywhere) {
+      scale_ *= options_.backoff_factor;
+      good_steps_ = 0;
+      ++skipped_;
+      result.skipped = true;
+      return result;
+    }
+    const std::vector<std::vector<double>>& mean = mean_;
+    const std::vector<std::vector<double>>& err_g = err_g_;
+
     // The clip coefficient, and how far an fp32 engine's may be from it.
     double coef = 1.0, err_coef = 0.0;
     if (options_.clip_max_norm > 0) {
-      double norm2 = 0.0, err_norm2 = 0.0;
-      for (size_t i = 0; i < params_.size(); ++i) {
-        const Param& p = params_[i];
-        if (!p.trainable || !p.need_clip || p.shared_not_first) continue;
-        for (size_t e = 0; e < mean[i].size(); ++e) {
-          norm2 += mean[i][e] * mean[i][e];
-          err_norm2 += err_g[i][e] * err_g[i][e];
-        }
-      }
       const double norm = std::sqrt(norm2);
       const double max_norm = options_.clip_max_norm;
       coef = max_norm / (std::max(norm, max_norm) + 1e-6);
@@ -495,12 +535,59 @@ class EngineModel {
   std::vector<Param> params_;
   Options options_;
   Accuracy accuracy_;
+  // Between prepare() and finish(): the step's mean gradients and their error bounds.
+  bool pending_ = false;
+  std::vector<std::vector<double>> mean_, err_g_;
   std::vector<std::vector<double>> master_;
   std::vector<State> state_;
   double scale_;
   int good_steps_ = 0;
   int64_t applied_ = 0;
   int64_t skipped_ = 0;
+};
+
+// A model cut across tensor (mp) and pipeline (pp) parallelism: one EngineModel per (pp, mp)
+// coordinate, parts[pp · mp_degree + mp], each over the sharding × dp ranks that hold that
+// part. DESIGN.md "Hybrid clipping": the squared norm of the whole model counts each
+// DISTRIBUTED part once per mp rank (they are slices of one tensor) and the other gradients
+// once per pp stage (they are replicated across mp: the framework computes the same ones on
+// every mp rank, and the part at mp 0 stands for them); a non-finite gradient view in any part
+// skips the step in every part (with dynamic loss scaling).
+class HybridModel {
+ public:
+  HybridModel(std::vector<EngineModel> parts, int mp_degree)
+      : parts_(std::move(parts)), mp_(mp_degree) {
+    if (mp_ < 1 || parts_.empty() || parts_.size() % static_cast<size_t>(mp_) != 0) {
+      throw std::invalid_argument("HybridModel: pp x mp parts");
+    }
+  }
+  EngineModel& part(size_t k) { return parts_.at(k); }
+  const EngineModel& part(size_t k) const { return parts_.at(k); }
+  size_t parts() const { return parts_.size(); }
+
+  // grads[k]: part k's gradients; the result per part (the same verdict and norm in all).
+  std::vector<StepResult> step(const std::vector<StepGradients>& grads) {
+    if (grads.size() != parts_.size()) throw std::invalid_argument("step: gradients per part");
+    bool finite = true;
+    double norm2 = 0.0, err2 = 0.0;
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      const StepPart p = parts_[k].prepare(grads[k]);
+      finite = finite && p.finite;
+      norm2 += p.distributed;
+      err2 += p.err_distributed;
+      if (k % static_cast<size_t>(mp_) == 0) {
+        norm2 += p.others;
+        err2 += p.err_others;
+      }
+    }
+    std::vector<StepResult> out;
+    for (EngineModel& m : parts_) out.push_back(m.finish(finite, norm2, err2));
+    return out;
+  }
+
+ private:
+  std::vector<EngineModel> parts_;
+  int mp_;
 };
 
 }  // namespace hps_ref

@@ -64,6 +64,26 @@ std::string engine_text(const EngineOptions& e) {
   return out;
 }
 
+// Metadata is the writer's: its control bytes (and backslashes) are shown as escapes, so
+// that a value cannot move the terminal's cursor or colours. Other bytes (UTF-8) pass.
+std::string printable(const std::string& text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 int inspect(const std::string& path, bool as_json) {
   auto directory = resolve_checkpoint(path);
   if (!directory.ok()) return fail(directory.status());
@@ -85,7 +105,13 @@ int inspect(const std::string& path, bool as_json) {
       static_cast<unsigned long long>(m->topology.alignment_bytes),
       static_cast<unsigned long long>(m->chunk_bytes));
   if (m->engine) std::printf("  engine: %s\n", engine_text(*m->engine).c_str());
-  for (const auto& [k, v] : m->metadata) std::printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+  if (m->topology.mp > 1 || m->topology.pp > 1) {
+    std::printf("  a part of a model cut across mp and pp: mp rank %d of %d, pp rank %d of %d\n",
+                m->topology.mp_rank, m->topology.mp, m->topology.pp_rank, m->topology.pp);
+  }
+  for (const auto& [k, v] : m->metadata) {
+    std::printf("  metadata %s = %s\n", printable(k).c_str(), printable(v).c_str());
+  }
   for (const auto& f : m->files) {
     std::printf("  file %s (rank %d): %llu bytes\n", f.name.c_str(), f.rank,
                 static_cast<unsigned long long>(f.bytes));

@@ -1399,10 +1399,31 @@ class Engine(Handle):
             self._dtypes[index] = DType(int(code))
         return index
 
+    def set_model_parallel_groups(self, mp: Optional[Communicator] = None,
+                                  pp: Optional[Communicator] = None) -> None:
+        """In a hybrid topology with tensor (``mp``) or pipeline (``pp``) parallelism,
+        before :meth:`seal`: this rank's mp and pp groups (e.g.
+        ``HybridGroup.comm(Group.MP)``; either may be None). The clip norm then sums
+        DISTRIBUTED gradients over mp and every counted gradient over pp, and a non-finite
+        gradient on any rank of the sharding, dp, mp or pp groups skips the step on all of
+        them; without it both span the sharding and dp groups only. Every rank calls it
+        alike; :meth:`seal` is then collective over these groups too and checks that they
+        are the other axes of the same topology. The communicators stay referenced. Error
+        INVALID_ARGUMENT (another device, the engine's sharding or dp communicator, mp and
+        pp the same), FAILED_PRECONDITION (sealed)."""
+        mp_handle = _comm_or_none(mp, "mp")
+        pp_handle = _comm_or_none(pp, "pp")
+        with self._lock:
+            self._h().set_model_parallel_groups(mp_handle, pp_handle)
+            added = tuple(c for c in (mp, pp) if c is not None)
+            self._comms = self._comms + added
+            for comm in added:
+                comm._users.add(self)
+
     def seal(self) -> None:
         """Lay the parameters out and allocate the (zero-filled) buffers. Collective over
-        the sharding and dp groups: ranks that registered different parameters get Error
-        INVALID_ARGUMENT."""
+        the sharding and dp groups (and those of :meth:`set_model_parallel_groups`): ranks
+        that registered different parameters get Error INVALID_ARGUMENT."""
         self._h().seal()
 
     def broadcast_parameters(self) -> None:

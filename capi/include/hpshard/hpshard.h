@@ -972,8 +972,27 @@ HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name
                                           uint32_t flags, int32_t unit, size_t* out_index);
 
 /**
+ * In a hybrid topology with tensor (mp) or pipeline (pp) parallelism, before
+ * hps_engine_seal: this rank's mp and pp groups (hps_hybrid_group_comm; either may be
+ * NULL: none). The engine then takes its step's global decisions over the whole model, as
+ * hps_clip does: the clip norm sums the squares of HPS_PARAM_DISTRIBUTED gradients over
+ * mp and of every counted gradient over pp (the others are replicated across mp), and a
+ * non-finite gradient on any rank of the sharding, dp, mp or pp groups skips the step on
+ * all of them. Without it an engine's clip and skip span its sharding and dp groups only,
+ * which is right only where mp and pp are 1. Every rank must call it alike (hps_engine_seal
+ * is then collective over these groups as well). The engine holds its own references.
+ * Added in 0.4.0. Errors: INVALID_ARGUMENT (a group on another device, or the engine's
+ * sharding or dp communicator, or mp and pp the same), FAILED_PRECONDITION (sealed).
+ * Thread safety: one thread at a time per engine.
+ */
+HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, hps_comm_t* mp,
+                                                          hps_comm_t* pp);
+
+/**
  * Lay the parameters out and allocate the buffers (zero-filled). Collective over the
- * sharding and dp groups, host-blocking once at set-up: ranks that registered different
+ * sharding and dp groups (and the groups of hps_engine_set_model_parallel_groups: their
+ * members must share this rank's other coordinates, and the mp ranks must have registered
+ * the same flags), host-blocking once at set-up: ranks that registered different
  * parameters get INVALID_ARGUMENT.
  */
 HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine);

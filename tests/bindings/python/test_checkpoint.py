@@ -8,6 +8,7 @@ changed."""
 import json
 import os
 import struct
+import subprocess
 import uuid
 
 import numpy as np
@@ -357,3 +358,51 @@ def test_an_engine_without_loss_scaling_keeps_scale_one_after_loading_a_scaled_r
             step(e, i, 1.0)
             np.testing.assert_allclose(e.gather_parameter(i), np.full(4, 0.8, np.float32),
                                        rtol=1e-6)
+
+
+def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(tmp_path):
+    """Two ranks as mp 2 (sharding 1): each part's engine saves under its own root; the
+    manifest records the part (mp rank of degree); a part's checkpoint loads back into it,
+    and into the other part's engine it is refused naming both parts, the engine unchanged."""
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=2)
+        with store, world_comm, hpshard.Topology(1, 1, 1, 1, 2, 2) as topo:
+            group = hpshard.HybridGroup.create(world_comm, topo)
+            sharding = group.comm(hpshard.Group.SHARDING)
+            with Engine.create(sharding, learning_rate=1.0) as engine:
+                engine.set_model_parallel_groups(group.comm(hpshard.Group.MP), None)
+                w = engine.add_param("w", (3,), distributed=True)
+                engine.seal()
+                engine.param(w)[...] = [rank + 1.0, rank + 2.0, rank + 3.0]
+                engine.broadcast_parameters()
+                own = tmp_path / f"mp{rank}"
+                with Checkpoint.create(engine, sharding, own) as ckpt:
+                    ckpt.save("a", {"note": "red\x1b[31m\nline\\"}).wait()
+                    engine.param(w)[...] = 0.0
+                    ckpt.load("a")
+                    loaded = engine.param(w).copy()
+                with open(own / "a" / "manifest.json") as f:
+                    part = json.load(f)["topology"]
+                world_comm.barrier().wait()  # the other part's checkpoint is published
+                other = tmp_path / f"mp{1 - rank}"
+                with Checkpoint.create(engine, sharding, other) as ckpt:
+                    with pytest.raises(hpshard.Error) as info:
+                        ckpt.load("a")
+                return loaded, part, info.value.status, info.value.message, engine.param(w).copy()
+
+    for rank, (loaded, part, status, message, after) in enumerate(
+            run_ranks(2, body, "ckpt-mp-part")):
+        np.testing.assert_array_equal(loaded, [rank + 1.0, rank + 2.0, rank + 3.0])
+        assert (part["mp"], part["mp_rank"], part["pp"], part["pp_rank"]) == (2, rank, 1, 0)
+        assert status == 1, message  # INVALID_ARGUMENT
+        assert f"mp rank {1 - rank} of 2" in message and f"mp rank {rank} of 2" in message
+        np.testing.assert_array_equal(after, loaded)
+    tool = os.environ.get("HPS_CKPT_TOOL")  # set by ctest
+    if tool:
+        shown = subprocess.run([tool, "inspect", str(tmp_path / "mp1" / "a")], check=True,
+                               capture_output=True).stdout
+        assert b"mp rank 1 of 2, pp rank 0 of 1" in shown, shown
+        # The writer's metadata cannot reach the terminal as control bytes.
+        assert b"metadata note = red\\x1b[31m\\x0aline\\\\\n" in shown, shown
+        assert b"\x1b" not in shown

@@ -921,3 +921,121 @@ def test_loss_scale_read_after_a_frozen_units_wait_is_the_last_steps(stage):
         e.close()
         comm.close()
         store.close()
+
+
+# ---- the engine inside a hybrid topology: its clip and skip span mp and pp -----------------
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("pp,sharding,mp", [(1, 2, 2), (2, 2, 1), (2, 1, 2)])
+def test_engine_clip_and_skip_span_the_model_parallel_groups(stage, pp, sharding, mp):
+    """Four ranks as pp × sharding × mp; each (pp, mp) coordinate holds its part of the model:
+    w (DISTRIBUTED: a slice per mp rank), b (replicated across mp: the same gradient on every
+    mp rank), s (SHARED_NOT_FIRST: scaled, not counted), n (NO_CLIP). The clip coefficient
+    comes from a NumPy norm of the whole model (DESIGN.md "Hybrid clipping"); then a
+    non-finite gradient on the last rank alone skips the step on all four."""
+    sizes = {"w": 5, "b": 3, "s": 2, "n": 2}
+    rng = np.random.default_rng(20261203 + 10 * stage + pp)
+    while True:
+        # Gradients per (pp, sharding rank, mp): b's are drawn per (pp, sharding rank) only.
+        g = {name: rng.standard_normal((pp, sharding, mp, n)).astype(np.float32)
+             for name, n in sizes.items()}
+        g["b"][:, :, 1:, :] = g["b"][:, :, :1, :]
+        mean = {name: v.astype(np.float64).mean(axis=1) for name, v in g.items()}  # [pp][mp]
+        norm2 = (mean["w"] ** 2).sum() + (mean["b"][:, 0, :] ** 2).sum()
+        max_norm = 0.5 * math.sqrt(norm2)  # binding: the coefficient is about 0.5
+        coef = max_norm / (max(math.sqrt(norm2), max_norm) + 1e-6)
+        local = [(mean["w"][p, m] ** 2).sum() + (mean["b"][p, m] ** 2).sum()
+                 for p in range(pp) for m in range(mp)]
+        # Gradients where each part's own norm would give another coefficient.
+        if all(max_norm / max(math.sqrt(x), max_norm) > coef + 0.05 for x in local):
+            break
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=4)
+        with store, world_comm, hpshard.Topology(1, pp, sharding, 1, mp, 4) as topo:
+            group = hpshard.HybridGroup.create(world_comm, topo)
+            p, s, m = (topo.coordinate(rank, a) for a in (hpshard.Group.PP,
+                                                           hpshard.Group.SHARDING,
+                                                           hpshard.Group.MP))
+            with Engine.create(group.comm(hpshard.Group.SHARDING), stage=stage,
+                               learning_rate=1.0, clip_max_norm=max_norm,
+                               dynamic_loss_scaling=True, initial_loss_scale=1.0,
+                               growth_interval=1000) as engine:
+                engine.set_model_parallel_groups(group.comm(hpshard.Group.MP),
+                                                 group.comm(hpshard.Group.PP))
+                index = {
+                    "w": engine.add_param("w", (5,), distributed=True),
+                    "b": engine.add_param("b", (3,)),
+                    "s": engine.add_param("s", (2,), shared_not_first=True),
+                    "n": engine.add_param("n", (2,), clip=False),
+                }
+                engine.seal()
+                engine.broadcast_parameters()  # every parameter starts at zero
+
+                def one_step(poison):
+                    engine.wait_parameters(0)
+                    for name, i in index.items():
+                        grad = g[name][p, s, m].copy()
+                        if poison and name == "w":
+                            grad[1] = np.inf
+                        engine.grad(i)[...] = grad
+                        engine.grad_ready(i)
+                    engine.release_parameters(0)
+                    engine.step()
+
+                one_step(False)
+                after_one = {name: engine.gather_parameter(i) for name, i in index.items()}
+                one_step(rank == 3)
+                engine.wait_parameters(0)
+                scale, skipped = engine.loss_scale, engine.skipped_steps
+                engine.release_parameters(0)
+                after_two = {name: engine.gather_parameter(i) for name, i in index.items()}
+                return (p, m), after_one, after_two, scale, skipped
+
+    for (p, m), after_one, after_two, scale, skipped in run_ranks(4, body, f"mp-pp-{stage}-{pp}"):
+        for name in sizes:
+            factor = 1.0 if name == "n" else coef
+            np.testing.assert_allclose(after_one[name], -factor * mean[name][p, m], rtol=2e-6,
+                                       atol=1e-7, err_msg=f"{name} at pp {p}, mp {m}")
+            np.testing.assert_array_equal(after_two[name], after_one[name])
+        assert (scale, skipped) == (0.5, 1)
+
+
+def test_engine_model_parallel_groups_are_checked():
+    """Refusals of hps_engine_set_model_parallel_groups, and seal()'s collective checks: a
+    group that is not an axis of the topology, and mp ranks whose flags differ."""
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=4)
+        with store, world_comm, hpshard.Topology(1, 1, 2, 1, 2, 4) as topo:
+            group = hpshard.HybridGroup.create(world_comm, topo)
+            sharding, mp = group.comm(hpshard.Group.SHARDING), group.comm(hpshard.Group.MP)
+            out = {}
+            with Engine.create(sharding) as engine:
+                out["sharding"] = status_of(lambda: engine.set_model_parallel_groups(sharding))
+                out["same"] = status_of(lambda: engine.set_model_parallel_groups(mp, mp))
+                with pytest.raises(TypeError):
+                    engine.set_model_parallel_groups("mp")
+            with Engine.create(sharding) as engine:  # the world is no axis: sharding differs
+                engine.set_model_parallel_groups(world_comm, None)
+                engine.add_param("w", (4,), distributed=True)
+                with pytest.raises(hpshard.Error) as info:
+                    engine.seal()
+                out["world"] = (info.value.status, info.value.message)
+            with Engine.create(sharding) as engine:  # mp rank 1 says w is not DISTRIBUTED
+                engine.set_model_parallel_groups(mp, None)
+                engine.add_param("w", (4,), distributed=topo.coordinate(rank, hpshard.Group.MP) == 0)
+                with pytest.raises(hpshard.Error) as info:
+                    engine.seal()
+                out["flags"] = (info.value.status, info.value.message)
+            with Engine.create(sharding) as engine:
+                engine.set_model_parallel_groups(mp, None)
+                engine.add_param("w", (4,), distributed=True)
+                engine.seal()
+                out["sealed"] = status_of(lambda: engine.set_model_parallel_groups(mp, None))
+            return out
+
+    for out in run_ranks(4, body, "mp-checks"):
+        assert out["sharding"] == INVALID_ARGUMENT and out["same"] == INVALID_ARGUMENT
+        assert out["world"][0] == INVALID_ARGUMENT and "coordinates" in out["world"][1]
+        assert out["flags"][0] == INVALID_ARGUMENT and "DISTRIBUTED" in out["flags"][1]
+        assert out["sealed"] == FAILED_PRECONDITION

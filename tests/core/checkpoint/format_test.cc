@@ -316,6 +316,35 @@ TEST(Manifest, RefusesHostileManifests) {
                  "'name' is longer than");
   expect_refused([](json& j) { j["tensors"][0]["chunks"][0]["xxh3"] = std::string(17, 'a'); },
                  "'xxh3' is longer than 16 bytes");
+  // A prefix with no parameter name: an export would write a tensor named "".
+  expect_refused([](json& j) { j["tensors"][1]["name"] = "param/"; }, "names no parameter");
+  expect_refused([](json& j) { j["tensors"][1]["name"] = "master/"; }, "names no parameter");
+  // The model-parallel part: optional (a whole model without it), checked when present.
+  expect_refused([](json& j) { j["topology"]["mp"] = 0; }, "'mp' is 0");
+  expect_refused([](json& j) { j["topology"]["mp_rank"] = 1; }, "'mp_rank' is 1, outside [0, 0]");
+  expect_refused([](json& j) { j["topology"].erase("pp_rank"); }, "no field 'pp_rank'");
+}
+
+TEST(Manifest, RecordsTheModelParallelPart) {
+  Manifest m = sample();
+  m.topology.mp = 4;
+  m.topology.mp_rank = 3;
+  m.topology.pp = 2;
+  m.topology.pp_rank = 1;
+  auto back = parse_manifest(manifest_to_json(m), "x/manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->topology.mp, 4);
+  EXPECT_EQ(back->topology.mp_rank, 3);
+  EXPECT_EQ(back->topology.pp, 2);
+  EXPECT_EQ(back->topology.pp_rank, 1);
+  json j = json::parse(manifest_to_json(m));  // a manifest written before these fields
+  for (const char* key : {"mp", "mp_rank", "pp", "pp_rank"}) j["topology"].erase(key);
+  back = parse_manifest(j.dump(), "x/manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->topology.mp, 1);
+  EXPECT_EQ(back->topology.mp_rank, 0);
+  EXPECT_EQ(back->topology.pp, 1);
+  EXPECT_EQ(back->topology.pp_rank, 0);
 }
 
 TEST(Manifest, RefusesTruncatedAndDeepDocuments) {

@@ -397,8 +397,25 @@ public final class Engine extends Handle<EngineHandle> {
   }
 
   /**
+   * In a hybrid topology with tensor ({@code mp}) or pipeline ({@code pp}) parallelism,
+   * before {@link #seal()}: this rank's mp and pp groups (either may be null). The clip norm
+   * then sums DISTRIBUTED gradients over mp and every counted gradient over pp, and a
+   * non-finite gradient on any rank of the sharding, dp, mp or pp groups skips the step on
+   * all of them; without it both span the sharding and dp groups only. Every rank calls it
+   * alike; {@link #seal()} is then collective over these groups too and checks that they
+   * are the other axes of the same topology. INVALID_ARGUMENT (another device, the engine's
+   * sharding or dp communicator, mp and pp the same), FAILED_PRECONDITION (sealed).
+   */
+  public void setModelParallelGroups(Communicator mp, Communicator pp) {
+    h().setModelParallelGroups(mp == null ? null : mp.h(), pp == null ? null : pp.h());
+    dependOn(mp);
+    dependOn(pp);
+  }
+
+  /**
    * Lays the parameters out and allocates the (zero-filled) buffers. Collective over the
-   * sharding and dp groups: ranks that registered different parameters get INVALID_ARGUMENT.
+   * sharding and dp groups (and those of {@link #setModelParallelGroups}): ranks that
+   * registered different parameters get INVALID_ARGUMENT.
    */
   public void seal() {
     h().seal();

@@ -787,6 +787,10 @@ pub struct Engine<'c> {
     raw: NonNull<sys::hps_engine_t>,
     sharding: &'c mut Communicator,
     dp: Option<&'c mut Communicator>,
+    /// The tensor- and pipeline-parallel groups (`set_model_parallel_groups`), borrowed
+    /// like the others while the engine lives.
+    mp: Option<&'c mut Communicator>,
+    pp: Option<&'c mut Communicator>,
     accumulation_steps: i32,
     stage: i32,
     /// broadcast_parameters succeeded (stage 3 gathers only from then on).
@@ -895,6 +899,8 @@ impl<'c> Engine<'c> {
             raw,
             sharding,
             dp,
+            mp: None,
+            pp: None,
             accumulation_steps: options.accumulation_steps,
             stage: options.stage,
             initialised: false,
@@ -1015,9 +1021,39 @@ impl<'c> Engine<'c> {
         Ok(index)
     }
 
+    /// In a hybrid topology with tensor (`mp`) or pipeline (`pp`) parallelism, before
+    /// [`Engine::seal`]: this rank's mp and pp groups
+    /// (`hps_engine_set_model_parallel_groups`; either may be `None`). The clip norm then
+    /// sums DISTRIBUTED gradients over mp and every counted gradient over pp, and a
+    /// non-finite gradient on any rank of the sharding, dp, mp or pp groups skips the step
+    /// on all of them; without it both span the sharding and dp groups only. Every rank
+    /// calls it alike; `seal` is then collective over these groups too and checks that
+    /// they are the other axes of the same topology. The groups stay borrowed while the
+    /// engine lives.
+    /// Errors: [`Status::InvalidArgument`] (another device, the engine's own sharding or
+    /// dp communicator, mp and pp the same), [`Status::FailedPrecondition`] (sealed).
+    pub fn set_model_parallel_groups(
+        &mut self,
+        mp: Option<&'c mut Communicator>,
+        pp: Option<&'c mut Communicator>,
+    ) -> Result<()> {
+        // SAFETY: live handle, this thread only; the communicators are live and stay
+        // borrowed until the engine is dropped.
+        check(unsafe {
+            sys::hps_engine_set_model_parallel_groups(
+                self.raw.as_ptr(),
+                comm_ptr(&mp),
+                comm_ptr(&pp),
+            )
+        })?;
+        self.mp = mp;
+        self.pp = pp;
+        Ok(())
+    }
+
     /// Lay the parameters out and allocate the (zero-filled) buffers
-    /// (`hps_engine_seal`). Collective over the sharding and dp groups; blocks the
-    /// host once, at set-up.
+    /// (`hps_engine_seal`). Collective over the sharding and dp groups (and those of
+    /// [`Engine::set_model_parallel_groups`]); blocks the host once, at set-up.
     /// Errors: [`Status::InvalidArgument`] (ranks registered different parameters),
     /// [`Status::FailedPrecondition`] (no parameters, sealed twice), the
     /// communicators' errors.

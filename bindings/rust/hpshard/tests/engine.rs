@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use hpshard::{
     dependency_wait_stats, host_sync_count_thread, host_sync_reset, CommOptions, Communicator,
-    DType, DeviceType, Engine, EngineOptions, Error, Optimizer, ParamFlags, Status, Store,
-    TypedView, View, BF16, F16,
+    DType, DeviceType, Engine, EngineOptions, Error, Group, HybridGroup, Optimizer, ParamFlags,
+    Status, Store, Topology, TypedView, View, BF16, F16,
 };
 
 const COMM_TIMEOUT: Duration = Duration::from_secs(20);
@@ -1423,4 +1423,68 @@ fn engine_device_is_the_sharding_communicators() {
         engine.device()
     });
     assert_eq!(devices, vec![(DeviceType::CPU, 0); WORLD as usize]);
+}
+
+/// Two ranks as mp 2 (sharding 1): w is DISTRIBUTED (rank r holds w[2r], w[2r+1] of
+/// [1, 2, 3, 4]), b replicated ([5, 6] on both). With the mp group given to the engine its
+/// clip norm is sqrt(91) on both ranks, so after one SGD step at lr 1 every parameter is
+/// -grad / sqrt(91); a rank's own norm would give another coefficient. Also the refusals.
+#[test]
+fn two_ranks_engine_clip_spans_the_mp_group() {
+    let results = run_ranks("mp-clip", |rank, comm| {
+        let topology = Topology::new(1, 1, 1, 1, 2, WORLD, None).unwrap();
+        let group = HybridGroup::create(&comm, &topology).unwrap();
+        let mut sharding = group.comm(Group::SHARDING).unwrap();
+        let mut mp = group.comm(Group::MP).unwrap();
+        let mut other_mp = group.comm(Group::MP).unwrap();
+        let options = EngineOptions::library_defaults()
+            .unwrap()
+            .learning_rate(1.0)
+            .clip_max_norm(1.0);
+        let mut engine = Engine::new(&mut sharding, None, options).unwrap();
+        engine
+            .set_model_parallel_groups(Some(&mut mp), None)
+            .unwrap();
+        let w = engine
+            .add_param("w", &[2], DType::FLOAT32, ParamFlags::DISTRIBUTED, 0)
+            .unwrap();
+        let b = engine
+            .add_param("b", &[2], DType::FLOAT32, ParamFlags::NONE, 0)
+            .unwrap();
+        engine.seal().unwrap();
+        expect_status(
+            engine.set_model_parallel_groups(Some(&mut other_mp), None),
+            Status::FailedPrecondition,
+        );
+        engine.broadcast_parameters().unwrap();
+        engine.wait_parameters(0).unwrap();
+        let r = rank as f32;
+        engine
+            .grad(w)
+            .unwrap()
+            .copy_from_slice(&[1.0 + 2.0 * r, 2.0 + 2.0 * r]);
+        engine.grad(b).unwrap().copy_from_slice(&[5.0, 6.0]);
+        engine.grad_ready(w, None).unwrap();
+        engine.grad_ready(b, None).unwrap();
+        engine.release_parameters(0).unwrap();
+        engine.step().unwrap();
+        let mut got = engine.gather_parameter(w).unwrap();
+        got.extend(engine.gather_parameter(b).unwrap());
+        got
+    });
+    let coef = 1.0 / (91f64.sqrt() + 1e-6);
+    for (rank, got) in results.iter().enumerate() {
+        let r = rank as f64;
+        let expect = [-(1.0 + 2.0 * r), -(2.0 + 2.0 * r), -5.0, -6.0];
+        for (g, e) in got.iter().zip(expect.iter()) {
+            assert!(
+                (f64::from(*g) - e * coef).abs() < 1e-6,
+                "rank {}: {:?}, expected {:?} x {}",
+                rank,
+                got,
+                expect,
+                coef
+            );
+        }
+    }
 }

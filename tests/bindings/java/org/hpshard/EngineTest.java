@@ -158,6 +158,58 @@ class EngineTest {
   }
 
   // ---- engine ------------------------------------------------------------------------------
+  /**
+   * Two ranks as mp 2 (sharding 1): w is DISTRIBUTED (rank r holds w[2r], w[2r+1] of
+   * [1, 2, 3, 4]), b replicated ([5, 6] on both). With the mp group given to the engine its
+   * clip norm is sqrt(91) on both ranks, so after one SGD step at lr 1 every parameter is
+   * -grad / sqrt(91); a rank's own norm would give another coefficient. Also the refusals.
+   */
+  static float[] engineMpRank(int r, String url) {
+    try (Store store = Store.open(url, r, 10000);
+        Communicator world = comm(store, r, 2);
+        Topology topo = new Topology(1, 1, 1, 1, 2, 2)) {
+      Communicator sharding;
+      Communicator mp;
+      try (HybridGroup hg = HybridGroup.create(world, topo)) {
+        sharding = hg.comm(Group.SHARDING);
+        mp = hg.comm(Group.MP);
+      }
+      try (sharding; mp;
+          Engine engine = Engine.create(sharding, null,
+              new Engine.Options().learningRate(1f).clipMaxNorm(1.0))) {
+        assertEquals(INVALID_ARGUMENT, status(() -> engine.setModelParallelGroups(sharding, null)));
+        assertEquals(INVALID_ARGUMENT, status(() -> engine.setModelParallelGroups(mp, mp)));
+        engine.setModelParallelGroups(mp, null);
+        int w = engine.addParam("w", new long[] {2}, DType.FLOAT32, false, true, true, false, 0);
+        int b = engine.addParam("b", new long[] {2});
+        engine.seal();
+        assertEquals(FAILED_PRECONDITION, status(() -> engine.setModelParallelGroups(mp, null)));
+        engine.broadcastParameters();
+        engine.waitParameters(0);
+        engine.grad(w).asFloatBuffer().put(new float[] {1f + 2 * r, 2f + 2 * r});
+        engine.grad(b).asFloatBuffer().put(new float[] {5f, 6f});
+        engine.gradReady(w);
+        engine.gradReady(b);
+        engine.releaseParameters(0);
+        engine.step();
+        float[] ws = engine.gatherParameter(w);
+        float[] bs = engine.gatherParameter(b);
+        return new float[] {ws[0], ws[1], bs[0], bs[1]};
+      }
+    }
+  }
+
+  @Test
+  void engineClipSpansTheMpGroup() throws Exception {
+    List<float[]> got = CommTest.runRanks(2, EngineTest::engineMpRank);
+    double coef = 1.0 / (Math.sqrt(91.0) + 1e-6);
+    for (int r = 0; r < 2; ++r) {
+      float[] expect = {(float) (-(1 + 2 * r) * coef), (float) (-(2 + 2 * r) * coef),
+          (float) (-5 * coef), (float) (-6 * coef)};
+      assertArrayEquals(expect, got.get(r), 1e-6f);
+    }
+  }
+
   @Test
   void engineOptionsAndNullHandles() {
     hps_engine_options_t o =
