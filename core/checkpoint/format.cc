@@ -13,6 +13,8 @@
 #define XXH_INLINE_ALL  // header-only: libhpshard gains no shared-library dependency
 #include <xxhash.h>
 
+#include "core/common/env.h"
+
 namespace hps::ckpt {
 namespace {
 
@@ -40,7 +42,7 @@ Status check_checkpoint_name(std::string_view name) {
     return invalid_argument("checkpoint name must have 1 to 200 characters");
   }
   if (name.front() == '.') {
-    return invalid_argument("checkpoint name '" + std::string(name) + "' starts with '.'");
+    return invalid_argument("checkpoint name '" + shown_value(name) + "' starts with '.'");
   }
   if (name == kLatestFile || name == std::string(kLatestFile) + ".tmp") {
     return invalid_argument("'" + std::string(name) + "' names the latest pointer's file");
@@ -49,7 +51,7 @@ Status check_checkpoint_name(std::string_view name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '.' || c == '_' || c == '-';
     if (!ok) {
-      return invalid_argument("checkpoint name '" + std::string(name) +
+      return invalid_argument("checkpoint name '" + shown_value(name) +
                               "' has a character outside [A-Za-z0-9._-]");
     }
   }

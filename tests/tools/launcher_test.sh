@@ -142,6 +142,13 @@ case $case_name in
     [ $? -eq 2 ] || fail "-n 0: expected exit 2"
     "$run" -n 2 --store nfs -- "$probe" >"$work/out" 2>"$work/err"
     [ $? -eq 2 ] || fail "--store nfs: expected exit 2"
+    # An option given twice is a mistake, whichever spelling: not the last one winning.
+    for twice in "-n 2 -n 3" "-n 2 --nproc=3" "-n2 --timeout 5 --timeout 9"; do
+      # shellcheck disable=SC2086  # the words are the options
+      "$run" $twice -- "$probe" >"$work/out" 2>"$work/err"
+      [ $? -eq 2 ] || fail "'$twice': expected exit 2"
+      grep -qF "given twice" "$work/err" || fail "'$twice': no 'given twice' in $(cat "$work/err")"
+    done
     # Durations that would overflow the clock are refused, not run.
     # Numbers are plain decimals: no sign, space, exponent or hexadecimal.
     for t in 1e308 inf nan 99999999999 0x1p0 " 1" 1e0 +1 1. .5; do

@@ -117,6 +117,7 @@ bool parse_number(const std::string& text, double* out) {
 // Options, or the exit status when parsing ended the run (usage error or --help).
 std::optional<int> parse_options(int argc, char** argv, Options* options) {
   int i = 1;
+  std::vector<std::string> seen;
   for (; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--") {
@@ -144,6 +145,13 @@ std::optional<int> parse_options(int argc, char** argv, Options* options) {
       }
       value = argv[++i];
     }
+    // One value per option: a second one is a mistake, not an override.
+    const std::string canonical = name == "--nproc" ? "-n" : name;
+    if (std::find(seen.begin(), seen.end(), canonical) != seen.end()) {
+      usage(("option " + name + " given twice").c_str());
+      return kUsageError;
+    }
+    seen.push_back(canonical);
     double number = 0;
     if (name == "-n" || name == "--nproc") {
       if (!parse_number(value, &number) || number < 1 || number > 4096 ||

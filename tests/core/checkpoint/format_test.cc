@@ -386,6 +386,12 @@ TEST(Format, NamesHeadersAndChecksums) {
   for (const char* bad : {"", ".hidden", "a/b", "latest", "latest.tmp", "x y", "../up"}) {
     EXPECT_FALSE(check_checkpoint_name(bad).ok()) << bad;
   }
+  // A name read from a hostile `latest` reaches messages escaped: no terminal escapes, and
+  // a NUL does not cut the message.
+  const Status escaped = check_checkpoint_name(std::string("a\x1b[31m\0b", 8));
+  EXPECT_NE(escaped.message().find("a\\x1b[31m\\x00b"), std::string::npos) << escaped.message();
+  EXPECT_EQ(escaped.message().find('\x1b'), std::string::npos);
+  EXPECT_NE(check_checkpoint_name(".\x07").message().find(".\\x07"), std::string::npos);
   const std::string id = new_checkpoint_id();
   EXPECT_TRUE(is_checkpoint_id(id));
   EXPECT_NE(id, new_checkpoint_id());
