@@ -70,6 +70,17 @@ static void hps_java_throw(JNIEnv* jenv, int status, const char* message) {
 %typemap(out) uintptr_t "$result = (jlong)$1;"
 %typemap(javaout) uintptr_t { return $jnicall; }
 
+/* A parameter index is a size_t: a negative Java value would reach the library as
+   2^64 - k ("no parameter 18446744073709551615"). */
+%typemap(check) size_t index {
+  if ((long long)$1 < 0) {
+    char message[64];
+    snprintf(message, sizeof message, "no parameter %lld", (long long)$1);
+    SWIG_JavaThrowException(jenv, SWIG_JavaIndexOutOfBoundsException, message);
+    return $null;
+  }
+}
+
 /* ---- value types ---------------------------------------------------------------------- */
 %define HPS_JAVA_ARRAY_OUT(CTYPE, JNITYPE, JAVATYPE, NEW, SET, JELEM, DATA, COUNT, FREE)
 %typemap(jni) CTYPE "JNITYPE"

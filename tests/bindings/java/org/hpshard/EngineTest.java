@@ -323,6 +323,13 @@ class EngineTest {
         assertEquals(5f, engine.param(w).getFloat(20)); // a view, not a copy
         assertEquals(FAILED_PRECONDITION, status(() -> engine.grad(f)));
         assertEquals(OUT_OF_RANGE, status(() -> engine.param(99)));
+        // A negative index is named as given, not as the size_t it would wrap to.
+        for (Executable call : new Executable[] {() -> engine.param(-1),
+                 () -> engine.grad(-1), () -> engine.gradReady(-1), () -> engine.shardRange(-1),
+                 () -> engine.gatherParameter(-1), () -> engine.paramBucket(-1)}) {
+          IndexOutOfBoundsException e = assertThrows(IndexOutOfBoundsException.class, call);
+          assertTrue(e.getMessage().contains("no parameter -1"), e.getMessage());
+        }
         assertArrayEquals(new long[] {0, 6}, engine.shardRange(w));
         assertTrue(engine.residentBytes() > 0);
         assertEquals(NOT_FOUND, status(() -> engine.waitParameters(7)));
