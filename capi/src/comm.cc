@@ -176,7 +176,7 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
     // list is read (`count` is the caller's word for how long it is).
     const auto size = static_cast<size_t>(comm->impl->size());
     if (count > size) {
-      return hps::invalid_argument("hps_comm_split: count " + std::to_string(count) +
+      return hps::invalid_argument("count " + std::to_string(count) +
                                    " is more than the group's " + std::to_string(size) + " ranks");
     }
     std::vector<int32_t> list(ranks, ranks + count);

@@ -230,6 +230,7 @@ static void test_single_rank(void) {
     CHECK(hps_comm_split(comm, ranks, ((size_t)1 << 62) + 1, "far", &child) ==
           HPS_STATUS_INVALID_ARGUMENT);
     CHECK(strstr(hps_last_error_message(), "more than the group's 1 ranks") != NULL);
+    CHECK(strstr(hps_last_error_message(), "hps_comm_split: hps_comm_split") == NULL);
     CHECK(hps_comm_split(comm, ranks, SIZE_MAX, "far", &child) == HPS_STATUS_INVALID_ARGUMENT);
     CHECK(child == NULL);
   }
