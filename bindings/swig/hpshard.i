@@ -611,6 +611,7 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
   static CommHandle* create(StoreHandle* store, int32_t rank, int32_t size, hps_device_type_t type, int32_t device_index, const hps_comm_options_t* options) { HPS_SWIG_GET(CommHandle*, hps_comm_create(store, rank, size, type, device_index, options, &v)); }
   ~CommHandle() { hps_comm_destroy($self); }
   void abort() { HPS_SWIG_CHECK(hps_comm_abort($self)); }
+  void finish() { HPS_SWIG_CHECK(hps_comm_finish($self)); }
   int32_t rank() { HPS_SWIG_GET(int32_t, hps_comm_rank($self, &v)); }
   int32_t size() { HPS_SWIG_GET(int32_t, hps_comm_size($self, &v)); }
   hps_swig_pair device() { hps_device_type_t t = HPS_DEVICE_CPU; int32_t i = 0; HPS_SWIG_CHECK(hps_comm_device($self, &t, &i)); return hps_swig_make_pair((int64_t)t, i); }

@@ -115,6 +115,18 @@ HPS_API hps_status_t hps_comm_destroy(hps_comm_t* comm) {
   });
 }
 
+HPS_API hps_status_t hps_comm_finish(hps_comm_t* comm) {
+  HPS_CHECK_ARG(comm);
+  return guard(__func__, [&]() -> hps::Status {
+    // The stream's queue is the communicator's operations: an event at its end completes
+    // when they have ended. Their errors were theirs (their works report them).
+    HPS_ASSIGN_OR_RETURN(auto end, hps::create_event(comm->impl->device()));
+    HPS_RETURN_IF_ERROR(end->record(comm->impl->stream()));
+    (void)end->synchronize_uncounted();
+    return hps::Status::Ok();
+  });
+}
+
 HPS_API hps_status_t hps_comm_abort(hps_comm_t* comm) {
   HPS_CHECK_ARG(comm);
   return guard(__func__, [&]() -> hps::Status {
@@ -176,8 +188,8 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
     // list is read (`count` is the caller's word for how long it is).
     const auto size = static_cast<size_t>(comm->impl->size());
     if (count > size) {
-      return hps::invalid_argument("count " + std::to_string(count) +
-                                   " is more than the group's " + std::to_string(size) + " ranks");
+      return hps::invalid_argument("count " + std::to_string(count) + " is more than the group's " +
+                                   std::to_string(size) + " ranks");
     }
     std::vector<int32_t> list(ranks, ranks + count);
     HPS_ASSIGN_OR_RETURN(auto child, comm->impl->split(list, name));

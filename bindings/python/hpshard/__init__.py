@@ -662,6 +662,7 @@ class Communicator(Handle):
     def __init__(self, handle: Any, name: Optional[str] = None) -> None:
         super().__init__(handle)
         self.name = name
+        self._closing: Any = None  # the handle while close() waits (abort reaches it)
         self._groups: "weakref.WeakSet[HybridGroup]" = weakref.WeakSet()
         self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # Clip, Engine
 
@@ -694,6 +695,33 @@ class Communicator(Handle):
         for user in list(self._users):  # clips and engines over it too
             user.close()
 
+    def close(self) -> None:
+        """Close what uses the communicator (hybrid groups, clips, engines, checkpoints),
+        wait for its queued operations to end, then destroy it; harmless when already
+        closed. Only the destroy holds the handle's lock: while the rest waits (an
+        operation stuck on a rank that has gone waits for its timeout), :meth:`abort` from
+        another thread ends it at once."""
+        with self._lock:
+            h, self._handle = self._handle, None
+            if h is None:
+                return
+            self._closing = h
+        try:
+            try:
+                self._before_close(h)
+            finally:
+                try:
+                    h.finish()  # hps_comm_finish: abort() can still reach the handle
+                except Error:
+                    pass
+        finally:
+            with self._lock:
+                self._closing = None
+                try:
+                    type(h).__swig_destroy__(h)
+                finally:
+                    self._keep = []
+
     @property
     def rank(self) -> int:
         """This rank's position in the communicator."""
@@ -719,9 +747,13 @@ class Communicator(Handle):
         return self._h().transport()
 
     def abort(self) -> None:
-        """From any thread: pending and later operations end with Error ABORTED."""
-        with self._lock:  # not concurrently with close()
-            self._h().abort()
+        """From any thread: pending and later operations end with Error ABORTED, also
+        while :meth:`close` waits for them (ValueError once it has closed)."""
+        with self._lock:  # never concurrently with the destroy
+            h = self._handle if self._handle is not None else self._closing
+            if h is None:
+                self._h()  # raises: closed
+            h.abort()
 
     def set_timeout(self, timeout_ms: int) -> None:
         """Change the timeout of later operations (<= 0: Error INVALID_ARGUMENT)."""

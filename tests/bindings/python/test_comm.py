@@ -593,3 +593,45 @@ def test_device_and_transport_of_cpu_communicators():
     with store, comm:
         assert comm.device == (hpshard.DeviceType.CPU, 0)
         assert comm.transport == "tcp"  # a group of one has no peer to share memory with
+
+
+def test_abort_from_another_thread_ends_a_close_waiting_on_a_stuck_operation():
+    """Rank 0 queues an all-reduce rank 1 never joins, then closes: the close waits for the
+    operation (8 s timeout), and abort() from a watchdog thread ends that wait at once
+    (hps_comm_finish before the destroy; abort never overlaps the destroy itself). After
+    the close, abort() raises ValueError (closed)."""
+    url = unique_url("abort-close")
+    closed = threading.Event()
+    out = {}
+
+    def rank(r):
+        store = Store.open(url, r, timeout_ms=10000)
+        comm = Communicator.create(store, r, 2, timeout_ms=8000)
+        if r == 1:
+            closed.wait(30)
+        else:
+            buf = np.ones(4, np.float32)
+            work = comm.all_reduce(buf, buf)
+            watchdog = threading.Timer(0.3, comm.abort)
+            watchdog.start()
+            start = time.monotonic()
+            comm.close()
+            out["close_s"] = time.monotonic() - start
+            watchdog.join()
+            with pytest.raises(hpshard.Error) as info:
+                work.wait()
+            out["status"] = info.value.status
+            with pytest.raises(ValueError):
+                comm.abort()
+            closed.set()
+        comm.close()
+        store.close()
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    assert not any(t.is_alive() for t in threads)
+    assert out["close_s"] < 4.0, out  # not the 8 s timeout
+    assert out["status"] == 9  # ABORTED

@@ -51,8 +51,45 @@ public final class Communicator extends Handle<CommHandle> {
   private final String name;
 
   Communicator(CommHandle handle, String name) {
-    super(handle, CommHandle::delete, "communicator");
+    super(new CommState(handle), "communicator");
     this.name = name;
+  }
+
+  /**
+   * Closing waits for the queued operations (hps_comm_finish) before the destroy, keeping
+   * the handle where {@link #abort()} reaches it: an operation stuck on a rank that has gone
+   * ends at once rather than at its timeout. The monitor is held only to hand the handle
+   * over, so an abort never overlaps the destroy.
+   */
+  static final class CommState extends State<CommHandle> {
+    private CommHandle closing;
+
+    CommState(CommHandle handle) {
+      super(handle, CommHandle::delete);
+    }
+
+    @Override
+    void beforeDestroy(CommHandle p) {
+      synchronized (this) {
+        closing = p;
+      }
+      try {
+        p.finish();
+      } catch (HpsException e) {
+        // the operations' own errors: their works report them
+      } finally {
+        synchronized (this) {
+          closing = null;
+        }
+      }
+    }
+
+    synchronized void abort() {
+      CommHandle p = proxy();
+      if (p == null) p = closing;
+      if (p == null) throw new IllegalStateException("hpshard communicator is closed");
+      p.abort();
+    }
   }
 
   /** {@link #create(Store, int, int, DeviceType, int, Options)} on the CPU, defaults. */
@@ -121,11 +158,12 @@ public final class Communicator extends Handle<CommHandle> {
     return h().transport();
   }
 
-  /** From any thread: pending and later operations end with ABORTED. */
+  /**
+   * From any thread: pending and later operations end with ABORTED, also while
+   * {@link #close()} waits for them (IllegalStateException once it has closed).
+   */
   public void abort() {
-    synchronized (state) { // not concurrently with close()
-      h().abort();
-    }
+    ((CommState) state).abort();
   }
 
   /** Changes the timeout of later operations; INVALID_ARGUMENT when <= 0. */

@@ -534,6 +534,16 @@ impl Communicator {
         check(unsafe { sys::hps_comm_abort(self.raw.as_ptr()) })
     }
 
+    /// Block until the operations queued so far have ended, whatever their outcome
+    /// (`hps_comm_finish`; each one's [`Work`] reports its error). Dropping the
+    /// communicator waits for them too, but no [`Aborter`] can exist then: to close
+    /// with a watchdog that can end an operation stuck on a rank that has gone, call
+    /// this in a scope beside the aborter's thread, then drop.
+    pub fn finish(&self) -> Result<()> {
+        // SAFETY: live handle; this thread only, beside hps_comm_abort from any thread.
+        check(unsafe { sys::hps_comm_finish(self.raw.as_ptr()) })
+    }
+
     /// A handle that can only abort this communicator, `Send + Sync`, borrowing it
     /// (so the communicator cannot be dropped or moved while the aborter exists).
     /// Hand it to a watchdog thread with `std::thread::scope`.

@@ -730,3 +730,37 @@ fn device_and_transport_of_cpu_communicators() {
     // A group of one has no peer to share memory with.
     assert_eq!(comm.transport().unwrap(), "tcp");
 }
+
+#[test]
+fn finish_waits_for_queued_operations_and_an_aborter_ends_them() {
+    let finished = Arc::new(Barrier::new(2));
+    let results = run_ranks_with(2, "finish", COMM_TIMEOUT, move |rank, comm| {
+        if rank == 1 {
+            finished.wait();
+            return None;
+        }
+        // A barrier rank 1 never joins: it would wait for the communicator's timeout.
+        let pending = comm.barrier(None).unwrap();
+        let start = Instant::now();
+        let aborter = comm.aborter();
+        let finish = std::thread::scope(|t| {
+            t.spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                aborter.abort().unwrap();
+            });
+            comm.finish()
+        });
+        let elapsed = start.elapsed();
+        let waited = pending.wait();
+        finished.wait();
+        Some((finish, waited, elapsed))
+    });
+    let (finish, waited, elapsed) = results.into_iter().next().unwrap().unwrap();
+    assert!(finish.is_ok(), "{:?}", finish);
+    assert_eq!(waited.unwrap_err().status, Status::Aborted);
+    assert!(
+        elapsed < COMM_TIMEOUT / 2,
+        "aborted, not timed out: {:?}",
+        elapsed
+    );
+}

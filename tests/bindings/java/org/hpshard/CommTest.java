@@ -104,6 +104,46 @@ class CommTest {
     return (((i * 7L + rank * 13L) % 17) - 8) * 4; // multiples of 4: exact averages
   }
 
+  /**
+   * Rank 0 queues an all-reduce rank 1 never joins, then closes: the close waits for the
+   * operation (8 s timeout) and abort() from a watchdog thread ends that wait at once. After
+   * the close, abort() throws IllegalStateException.
+   */
+  @Test
+  void abortFromAnotherThreadEndsACloseWaitingOnAStuckOperation() throws Exception {
+    CountDownLatch closed = new CountDownLatch(1);
+    List<Long> out = runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000);
+          Communicator comm = Communicator.create(store, r, 2,
+              new Communicator.Options().timeoutMs(8000))) {
+        if (r == 1) {
+          assertTrue(closed.await(30, TimeUnit.SECONDS));
+          return 0L;
+        }
+        ByteBuffer buf = floats(1f, 2f);
+        Work work = comm.allReduce(buf, buf, DType.FLOAT32, ReduceOp.SUM);
+        Thread watchdog = new Thread(() -> {
+          try {
+            Thread.sleep(300);
+          } catch (InterruptedException e) {
+            return;
+          }
+          comm.abort();
+        });
+        watchdog.start();
+        long start = System.nanoTime();
+        comm.close();
+        long closeMs = (System.nanoTime() - start) / 1_000_000;
+        watchdog.join();
+        assertEquals(9, assertThrows(HpsException.class, work::await).status()); // ABORTED
+        assertThrows(IllegalStateException.class, comm::abort);
+        closed.countDown();
+        return closeMs;
+      }
+    });
+    assertTrue(out.get(0) < 4000, "close took " + out.get(0) + " ms, the 8 s timeout");
+  }
+
   @Test
   void allReduceOpsAndDtypes() throws Exception {
     int n = 16;
