@@ -113,6 +113,11 @@ class Checkpointable {
   // shards; stage 3: drops gathered or prefetched units, refreshes derived shards).
   // Collective over the engine's groups: every rank calls it. Host-blocking.
   virtual Status end_state_load() = 0;
+
+  // After end_state_load(), when the checkpoint was saved by an engine without dynamic
+  // loss scaling: an engine with it starts its scaling afresh (its initial scale, no good
+  // steps), as a new GradScaler would, rather than at the saved scale of 1. Host-blocking.
+  virtual Status restart_loss_scaling() { return Status::Ok(); }
 };
 
 }  // namespace hps

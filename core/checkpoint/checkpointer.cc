@@ -592,6 +592,7 @@ void Checkpointer::finish_in_flight() {
 StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadOptions options) {
   finish_in_flight();
   LoadReport report;
+  bool saved_loss_scaling = true;
   auto source = [&]() -> StatusOr<ckpt::SourceIndex> {
     std::string n = name;
     if (n.empty()) {
@@ -616,11 +617,13 @@ StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadO
                               " (a part loads only into the same part)");
     }
     report.directory = directory;
+    saved_loss_scaling = !m.engine || m.engine->dynamic_loss_scaling;
     report.id = m.id;
     report.metadata = m.metadata;
     return ckpt::source_of(m, directory);
   }();
-  return run_load(std::move(source), ckpt::SourceNaming::kCheckpoint, options, std::move(report));
+  return run_load(std::move(source), ckpt::SourceNaming::kCheckpoint, options, std::move(report),
+                  saved_loss_scaling);
 }
 
 StatusOr<LoadReport> Checkpointer::import_safetensors(const std::string& path,
@@ -635,8 +638,8 @@ StatusOr<LoadReport> Checkpointer::import_safetensors(const std::string& path,
 
 StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
                                             ckpt::SourceNaming naming,
-                                            const CheckpointLoadOptions& options,
-                                            LoadReport report) {
+                                            const CheckpointLoadOptions& options, LoadReport report,
+                                            bool saved_loss_scaling) {
   // Everything that can fail happens before any rank changes its engine.
   Status local = source.status();
   std::vector<StateTensor> tensors;
@@ -753,6 +756,7 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
   HPS_RETURN_IF_ERROR(copied);
   HPS_RETURN_IF_ERROR(done);
   HPS_RETURN_IF_ERROR(engine_.end_state_load());
+  if (!saved_loss_scaling) HPS_RETURN_IF_ERROR(engine_.restart_loss_scaling());
   report.unchanged = std::move(plan.unchanged);
   report.unused = std::move(plan.unused);
   return report;

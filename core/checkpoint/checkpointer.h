@@ -116,8 +116,11 @@ class Checkpointer {
   // back as the spare when it is at least as large as the one kept.
   StatusOr<ckpt::HostStaging> take_staging(Device device, size_t bytes);
   void keep_staging(ckpt::HostStaging staging);
+  // `saved_loss_scaling` false: the checkpoint's engine had no dynamic loss scaling
+  // (Checkpointable::restart_loss_scaling after the load).
   StatusOr<LoadReport> run_load(StatusOr<ckpt::SourceIndex> source, ckpt::SourceNaming naming,
-                                const CheckpointLoadOptions& options, LoadReport report);
+                                const CheckpointLoadOptions& options, LoadReport report,
+                                bool saved_loss_scaling = true);
   void finish_in_flight();
   // Every rank learns whether every rank succeeded; the first failure's message.
   Status agree(const Status& local, const char* what);

@@ -226,6 +226,17 @@ Status EngineBase::settle_loaded_scaling() {
   return opt.synchronize();  // the sources are this frame's
 }
 
+Status EngineBase::restart_loss_scaling() {
+  if (!options_.dynamic_loss_scaling) return Status::Ok();
+  StepState* state = optimizer_->state().get();  // an address, written on the stream
+  const float initial = options_.initial_loss_scale;
+  const int32_t none = 0;
+  Stream& opt = optimizer_stream();
+  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->loss_scale, &initial, sizeof(initial)));
+  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->good_steps, &none, sizeof(none)));
+  return opt.synchronize();  // the sources are this frame's
+}
+
 float EngineBase::mean_scale() const {
   return 1.0f / static_cast<float>(sharding_->size() * (dp_ ? dp_->size() : 1) *
                                    options_.accumulation_steps);

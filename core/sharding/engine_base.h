@@ -49,6 +49,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // Between steps only (no gradient checked in since the last step(); stage 3: no unit
   // gathered); waits for the work in flight.
   Status begin_state_load() override;
+  Status restart_loss_scaling() override;
 
  protected:
   EngineBase(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,

@@ -358,6 +358,20 @@ def test_an_engine_without_loss_scaling_keeps_scale_one_after_loading_a_scaled_r
             step(e, i, 1.0)
             np.testing.assert_allclose(e.gather_parameter(i), np.full(4, 0.8, np.float32),
                                        rtol=1e-6)
+        # The other way: an engine with loss scaling loading a run without it starts its
+        # scaling afresh (its initial scale), not at the saved scale of 1.
+        e, i = engine(comm, False)
+        with e, Checkpoint.create(e, comm, tmp_path) as ck:
+            step(e, i, 1.0)
+            ck.save("unscaled").wait()
+        e, i = engine(comm, True)
+        with e, Checkpoint.create(e, comm, tmp_path) as ck:
+            ck.load("unscaled")
+            assert e.loss_scale == 1024.0
+            step(e, i, 1024.0)  # the loss scaled by 1024
+            np.testing.assert_allclose(e.gather_parameter(i), np.full(4, 0.8, np.float32),
+                                       rtol=1e-6)
+            assert e.skipped_steps == 0
 
 
 def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(tmp_path):
