@@ -288,7 +288,15 @@ class ShardedModule(torch.nn.Module):
     max_norm) + 1e-6) (clip_grad_norm_'s, except that below max_norm it is
     1 - 1e-6 / max_norm where torch's is 1). ``dynamic_loss_scaling``:
     multiply the loss by :attr:`loss_scale` (or use :meth:`scale_loss`). Creating it is
-    collective over the groups; rank 0's initial parameter values are everyone's."""
+    collective over the groups; rank 0's initial parameter values are everyone's.
+
+    In a topology with tensor (``mp``) or pipeline (``pp``) parallelism, the module is this
+    rank's part of the model: pass this rank's ``mp`` and ``pp`` communicators (taken from
+    a HybridGroup given as ``sharding`` when their degree is above 1) and, in
+    ``distributed``, the parameters split across mp (same forms as ``no_weight_decay``).
+    The clip norm then sums those over mp and every counted gradient over pp, and a
+    non-finite gradient on any rank skips the step everywhere
+    (:meth:`hpshard.Engine.set_model_parallel_groups`)."""
 
     def __init__(self, module: torch.nn.Module, sharding: Any,
                  dp: Optional["_hps.Communicator"] = None, *, stage: int = 3,
@@ -301,7 +309,11 @@ class ShardedModule(torch.nn.Module):
                  dynamic_loss_scaling: bool = False, initial_loss_scale: float = 65536.0,
                  alignment_bytes: Optional[int] = None,
                  no_weight_decay: Union[Iterable[Union[str, torch.nn.Parameter]],
-                                        Callable[[str, torch.nn.Parameter], bool]] = ()
+                                        Callable[[str, torch.nn.Parameter], bool]] = (),
+                 mp: Optional["_hps.Communicator"] = None,
+                 pp: Optional["_hps.Communicator"] = None,
+                 distributed: Union[Iterable[Union[str, torch.nn.Parameter]],
+                                    Callable[[str, torch.nn.Parameter], bool]] = ()
                  ) -> None:
         super().__init__()
         self._owned: List[Any] = []  # communicators taken from a hybrid group, closed with us
@@ -312,6 +324,12 @@ class ShardedModule(torch.nn.Module):
             if dp is None and group.topology.degree(_hps.Group.DP) > 1:
                 dp = group.comm(_hps.Group.DP)
                 self._owned.append(dp)
+            if mp is None and group.topology.degree(_hps.Group.MP) > 1:
+                mp = group.comm(_hps.Group.MP)
+                self._owned.append(mp)
+            if pp is None and group.topology.degree(_hps.Group.PP) > 1:
+                pp = group.comm(_hps.Group.PP)
+                self._owned.append(pp)
         if not isinstance(sharding, _hps.Communicator):
             raise TypeError("ShardedModule: sharding must be an hpshard.Communicator or "
                             f"HybridGroup, not {type(sharding).__name__}")
@@ -325,6 +343,8 @@ class ShardedModule(torch.nn.Module):
         self.stage = stage
         self.sharding = sharding
         self.dp = dp
+        self.mp = mp
+        self.pp = pp
         self.accumulation_steps = int(accumulation_steps)
         self._engine_kwargs = dict(
             stage=stage, optimizer=_OPTIMIZERS[optimizer], learning_rate=lr, momentum=momentum,
@@ -337,7 +357,8 @@ class ShardedModule(torch.nn.Module):
         self._rank = sharding.rank
         self._hooks: list = []
         self._plan_units(units)
-        self._decayed = self._plan_weight_decay(no_weight_decay)
+        self._decayed = [not x for x in self._select(no_weight_decay, "no_weight_decay")]
+        self._distributed = self._select(distributed, "distributed")
         self._engine: Optional[_hps.Engine] = None
         self._view_cache: Dict[int, Tuple[int, torch.Tensor]] = {}
         self._gathered_keys: Dict[int, int] = {}  # storage address -> parameter index
@@ -424,8 +445,9 @@ class ShardedModule(torch.nn.Module):
                            for m in self.module.modules()]
         self._requires_grad = [p.requires_grad for p in params]
 
-    def _plan_weight_decay(self, exclude: Any) -> List[bool]:
-        """Per parameter: whether weight decay applies to it."""
+    def _select(self, exclude: Any, what: str) -> List[bool]:
+        """Per parameter: whether ``exclude`` (parameters, their names or a predicate
+        ``(name, parameter) -> bool``; the keyword ``what``) picks it."""
         named = [(f"{mname}.{pname}" if mname else pname, p)
                  for mname, m in self.module.named_modules(remove_duplicate=False)
                  for pname, p in m._parameters.items() if p is not None]
@@ -439,18 +461,18 @@ class ShardedModule(torch.nn.Module):
             for e in exclude:
                 if isinstance(e, str):
                     if e not in by_name:
-                        raise ValueError(f"ShardedModule: no_weight_decay names {e!r}, which is "
+                        raise ValueError(f"ShardedModule: {what} names {e!r}, which is "
                                          "not a parameter of the module")
                     skipped.add(id(by_name[e]))
                 elif isinstance(e, torch.Tensor):
                     if id(e) not in self._index_of:
-                        raise ValueError("ShardedModule: no_weight_decay holds a tensor that "
+                        raise ValueError(f"ShardedModule: {what} holds a tensor that "
                                          "is not a parameter of the module")
                     skipped.add(id(e))
                 else:
-                    raise TypeError("ShardedModule: no_weight_decay takes parameters, their "
+                    raise TypeError(f"ShardedModule: {what} takes parameters, their "
                                     f"names or a predicate, not {type(e).__name__}")
-        return [id(p) not in skipped for p in self._params]
+        return [id(p) in skipped for p in self._params]
 
     def _unit(self, uid: int) -> _Unit:
         return self._unit_by_id[uid]
@@ -491,10 +513,16 @@ class ShardedModule(torch.nn.Module):
             engine.close()
             raise ValueError("hpshard.torch: the engine is on "
                              f"{engine.device}; the adapter trains CPU modules")
+        try:
+            if self.mp is not None or self.pp is not None:
+                engine.set_model_parallel_groups(self.mp, self.pp)
+        except BaseException:
+            engine.close()
+            raise
         for i, p in enumerate(self._params):
             engine.add_param(self._names[i], tuple(p.shape), _DTYPES[p.dtype],
                              frozen=not p.requires_grad, unit=self._param_unit[i],
-                             weight_decay=self._decayed[i])
+                             weight_decay=self._decayed[i], distributed=self._distributed[i])
         engine.seal()
         with torch.no_grad():
             for i, p in enumerate(self._params):

@@ -1152,3 +1152,45 @@ def test_training_goes_on_after_the_models_own_backward_raised_before_any_gradie
             return model.state_dict()
 
     assert_runs_equal(rank_main)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_tensor_parallel_part_clips_by_the_whole_models_norm(stage):
+    """2 ranks as mp 2 (sharding 1), given as a HybridGroup: each rank's Linear holds its
+    slice of a weight split across mp (``distributed``) and the replicated bias. The
+    gradients' norm over the whole model counts both weight slices and the bias once; a
+    rank's own norm (what the module got without its mp group) would give another step."""
+    max_norm, lr = 0.5, 1.0
+
+    def rank_main(rank, world):
+        topology = hpshard.Topology(dp=1, pp=1, sharding=1, sep=1, mp=2, world_size=2)
+        group = hpshard.HybridGroup.create(world, topology)
+        torch.manual_seed(100 + rank)  # each mp rank its own weight slice
+        net = torch.nn.Linear(3, 2)
+        with torch.no_grad():
+            net.bias.copy_(torch.tensor([0.25, -0.5]))  # replicated across mp
+        x = torch.tensor([[1.0, 2.0, -1.0], [0.5, -1.5, 2.0]])  # the same input on both
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        y = net(x)
+        y.sum().backward()
+        grads = {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+        net.zero_grad()
+        with hpt.ShardedModule(net, group, stage=stage, optimizer="sgd", lr=lr,
+                               clip_max_norm=max_norm, distributed=["weight"]) as model:
+            assert model.mp is not None and model.mp.size == 2 and model.pp is None
+            model(x).sum().backward()
+            model.step()
+            after = {n: v.detach().clone() for n, v in model.state_dict().items()}
+        group.close()
+        topology.close()
+        return before, grads, after
+
+    results = run_ranks(2, rank_main)
+    norm2 = sum(float((g["weight"].double() ** 2).sum()) for _, g, _ in results)
+    norm2 += float((results[0][1]["bias"].double() ** 2).sum())
+    coef = max_norm / (max(norm2 ** 0.5, max_norm) + 1e-6)
+    for before, grads, after in results:
+        for name in ("weight", "bias"):
+            expect = before[name].double() - lr * coef * grads[name].double()
+            got = after[next(k for k in after if k.endswith(name))].double()
+            assert torch.allclose(got, expect, rtol=1e-5, atol=1e-6), (name, got, expect)
