@@ -14,6 +14,7 @@
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/staging.h"
+#include "core/common/env.h"
 #include "core/device/cpu/stream.h"
 #include "core/device/host_sync.h"
 
@@ -103,6 +104,47 @@ int64_t now_unix_ns() {
       .count();
 }
 
+// A root holds the checkpoints of one part of a model cut across mp and pp (or of a whole
+// model): its rotation counts and deletes every checkpoint under it, and `latest` names one.
+// The first part's engine to create a checkpointer there claims it with this file, written
+// aside and linked into place (atomic: one claim wins, on every host of a shared file
+// system); a whole model's root has none.
+constexpr char kPartFile[] = ".hpshard-part";
+
+std::string part_text(const CheckpointTopology& t) {
+  if (t.mp == 1 && t.pp == 1) return "the whole model";
+  return "the model's part at mp rank " + std::to_string(t.mp_rank) + " of " +
+         std::to_string(t.mp) + ", pp rank " + std::to_string(t.pp_rank) + " of " +
+         std::to_string(t.pp);
+}
+
+Status claim_root(const std::string& root, const CheckpointTopology& t) {
+  const std::string marker = join_path(root, kPartFile);
+  const std::string mine = part_text(t);
+  const bool part = t.mp > 1 || t.pp > 1;
+  if (part && !ckpt::path_exists(marker)) {
+    const std::string aside = marker + ".tmp-" + ckpt::new_checkpoint_id();
+    HPS_RETURN_IF_ERROR(ckpt::replace_file_atomically(aside, mine + "\n"));
+    const int linked = ::link(aside.c_str(), marker.c_str());
+    const int err = errno;
+    (void)::unlink(aside.c_str());
+    if (linked != 0 && err != EEXIST) {
+      return backend_error("checkpoint: cannot create '" + marker + "': " + std::strerror(err));
+    }
+  }
+  std::string claimed = "the whole model";
+  if (ckpt::path_exists(marker)) {
+    HPS_ASSIGN_OR_RETURN(std::string text, ckpt::read_file(marker, 256));
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    claimed = shown_value(text);
+  }
+  if (claimed == mine) return Status::Ok();
+  return invalid_argument("checkpoint: the root '" + root + "' holds the checkpoints of " +
+                          claimed + " (" + marker + "); this engine is " + mine +
+                          ": give each part of the model its own root (its rotation and "
+                          "'latest' would take the other part's checkpoints)");
+}
+
 }  // namespace
 
 // What one save carries from save() (the caller's thread) to its writer thread.
@@ -187,6 +229,7 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& eng
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) return backend_error("checkpoint: cannot create '" + root + "': " + ec.message());
+  HPS_RETURN_IF_ERROR(claim_root(root, t));
   HPS_ASSIGN_OR_RETURN(auto side, create_stream(engine.state_stream().device()));
   return std::unique_ptr<Checkpointer>(
       new Checkpointer(engine, std::move(comm), std::move(root), options, std::move(side)));

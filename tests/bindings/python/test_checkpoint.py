@@ -7,6 +7,7 @@ changed."""
 
 import json
 import os
+import shutil
 import struct
 import subprocess
 import uuid
@@ -375,9 +376,11 @@ def test_an_engine_without_loss_scaling_keeps_scale_one_after_loading_a_scaled_r
 
 
 def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(tmp_path):
-    """Two ranks as mp 2 (sharding 1): each part's engine saves under its own root; the
-    manifest records the part (mp rank of degree); a part's checkpoint loads back into it,
-    and into the other part's engine it is refused naming both parts, the engine unchanged."""
+    """Two ranks as mp 2 (sharding 1): each part's engine saves under its own root, which
+    it claims (another part's engine, or a whole model's, is refused there: the rotation and
+    `latest` would take the other's checkpoints); the manifest records the part (mp rank of
+    degree); a part's checkpoint loads back into it, and copied into the other part's root
+    its load is refused naming both parts, the engine unchanged."""
 
     def body(rank, url):
         store, world_comm = world(rank, url, size=2)
@@ -400,7 +403,12 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
                     part = json.load(f)["topology"]
                 world_comm.barrier().wait()  # the other part's checkpoint is published
                 other = tmp_path / f"mp{1 - rank}"
-                with Checkpoint.create(engine, sharding, other) as ckpt:
+                with pytest.raises(hpshard.Error) as claimed:
+                    Checkpoint.create(engine, sharding, other)
+                assert claimed.value.status == 1 and "own root" in claimed.value.message
+                copied = tmp_path / f"copied{rank}"
+                shutil.copytree(other / "a", copied / "a")
+                with Checkpoint.create(engine, sharding, copied) as ckpt:
                     with pytest.raises(hpshard.Error) as info:
                         ckpt.load("a")
                 return loaded, part, info.value.status, info.value.message, engine.param(w).copy()
@@ -412,6 +420,13 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
         assert status == 1, message  # INVALID_ARGUMENT
         assert f"mp rank {1 - rank} of 2" in message and f"mp rank {rank} of 2" in message
         np.testing.assert_array_equal(after, loaded)
+    store, comm = single_rank("whole-on-part")
+    with store, comm, Engine.create(comm) as whole:
+        whole.add_param("w", (3,))
+        whole.seal()
+        with pytest.raises(hpshard.Error) as info:
+            Checkpoint.create(whole, comm, tmp_path / "mp0")
+        assert "the whole model" in info.value.message and "mp rank 0 of 2" in info.value.message
     tool = os.environ.get("HPS_CKPT_TOOL")  # set by ctest
     if tool:
         shown = subprocess.run([tool, "inspect", str(tmp_path / "mp1" / "a")], check=True,
