@@ -210,6 +210,10 @@ HPS_API hps_status_t hps_checkpoint_inspect(const char* path, hps_checkpoint_inf
     out.created_unix_ns = m.created_unix_ns;
     copy_text(out.id, sizeof out.id, m.id);
     copy_text(out.name, sizeof out.name, m.name);
+    out.mp = m.topology.mp;
+    out.mp_rank = m.topology.mp_rank;
+    out.pp = m.topology.pp;
+    out.pp_rank = m.topology.pp_rank;
     return hps::capi::write_struct(info, out, "info");
   });
 }

@@ -51,7 +51,7 @@ HPS_EXTENSIBLE_STRUCT(hps_checkpoint_options_t, hps_checkpoint_options_init, tim
                       timeout_ms);
 HPS_EXTENSIBLE_STRUCT(hps_checkpoint_load_options_t, hps_checkpoint_load_options_init,
                       allow_partial, allow_partial);
-HPS_EXTENSIBLE_STRUCT(hps_checkpoint_info_t, hps_checkpoint_info_init, name, name);
+HPS_EXTENSIBLE_STRUCT(hps_checkpoint_info_t, hps_checkpoint_info_init, name, pp_rank);
 
 // The first-released sizes are frozen: on LP64 they are these numbers forever.
 static_assert(sizeof(void*) != 8 || Extensible<hps_device_properties_t>::kFirstSize == 292);

@@ -206,6 +206,8 @@ int main(void) {
   CHECK(info.format_version == 1 && info.stage == 2 && info.sharding == 2 && info.dp == 1);
   CHECK(info.world == 2 && info.files == 2 && strcmp(info.name, "step-2") == 0);
   CHECK(strlen(info.id) == 32 && info.created_unix_ns > 0);
+  /* A whole model's checkpoint: no mp or pp part. */
+  CHECK(info.mp == 1 && info.mp_rank == 0 && info.pp == 1 && info.pp_rank == 0);
   /* w, b, their exp_avg and exp_avg_sq (float32), and four step scalars. */
   CHECK(info.tensors == 10);
   CHECK(info.bytes == 3u * 4u * (kWeights + kBias) + 4 + 4 + 8 + 8);

@@ -1640,8 +1640,9 @@ def dependency_wait_stats() -> Tuple[int, int]:
 class CheckpointInfo:
     """What a checkpoint holds (a copy of hps_checkpoint_info_t; :func:`checkpoint_inspect`):
     its name and id, the format version, the stage, sharding and dp degrees and ranks of
-    the engine that wrote it, its data files, logical tensors and their bytes, and when it
-    was published (ns since the Unix epoch)."""
+    the engine that wrote it, its data files, logical tensors and their bytes, when it
+    was published (ns since the Unix epoch), and the part of a model cut across mp and pp
+    it holds (``mp``, ``mp_rank``, ``pp``, ``pp_rank``; 1, 0, 1, 0 for a whole model)."""
 
     name: str
     id: str
@@ -1654,6 +1655,10 @@ class CheckpointInfo:
     tensors: int
     bytes: int
     created_unix_ns: int
+    mp: int = 1
+    mp_rank: int = 0
+    pp: int = 1
+    pp_rank: int = 0
 
     @staticmethod
     def struct_size(struct_size: Optional[int] = None) -> int:
@@ -1672,7 +1677,8 @@ def checkpoint_inspect(path: Union[str, os.PathLike]) -> CheckpointInfo:
     return CheckpointInfo(name=i.name, id=i.id, format_version=i.format_version,
                           stage=i.stage, sharding=i.sharding, dp=i.dp, world=i.world,
                           files=i.files, tensors=i.tensors, bytes=i.bytes,
-                          created_unix_ns=i.created_unix_ns)
+                          created_unix_ns=i.created_unix_ns, mp=i.mp, mp_rank=i.mp_rank,
+                          pp=i.pp, pp_rank=i.pp_rank)
 
 
 def checkpoint_verify(path: Union[str, os.PathLike]) -> None:

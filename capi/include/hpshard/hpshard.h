@@ -1290,6 +1290,11 @@ typedef struct hps_checkpoint_info {
   int64_t created_unix_ns; /**< when it was published */
   char id[33];             /**< 32 hex digits and a NUL */
   char name[208];          /**< its name, NUL-terminated */
+  /* Added in 0.4.0. */
+  int32_t mp;      /**< the part of a model cut across mp and pp it holds: the mp degree */
+  int32_t mp_rank; /**< and coordinate (1 and 0 for a whole model's checkpoint) */
+  int32_t pp;      /**< the pp degree */
+  int32_t pp_rank; /**< and coordinate */
 } hps_checkpoint_info_t;
 
 /** Zero `info` and set its struct_size. Errors: INVALID_ARGUMENT. */

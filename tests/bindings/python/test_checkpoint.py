@@ -420,6 +420,8 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
         assert status == 1, message  # INVALID_ARGUMENT
         assert f"mp rank {1 - rank} of 2" in message and f"mp rank {rank} of 2" in message
         np.testing.assert_array_equal(after, loaded)
+    info = hpshard.checkpoint_inspect(tmp_path / "mp1" / "a")
+    assert (info.mp, info.mp_rank, info.pp, info.pp_rank) == (2, 1, 1, 0)
     store, comm = single_rank("whole-on-part")
     with store, comm, Engine.create(comm) as whole:
         whole.add_param("w", (3,))

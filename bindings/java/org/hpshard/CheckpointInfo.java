@@ -17,14 +17,19 @@ import org.hpshard.internal.hps_checkpoint_info_t;
  * @param tensors its logical tensors (parameters, masters, optimizer state, step scalars)
  * @param bytes the tensor data in its data files
  * @param createdUnixNs when it was published, in nanoseconds since the Unix epoch
+ * @param mp the mp degree of the part of a model cut across mp and pp it holds (1: none)
+ * @param mpRank that part's mp coordinate
+ * @param pp the pp degree (1: none)
+ * @param ppRank that part's pp coordinate
  */
 public record CheckpointInfo(String name, String id, int formatVersion, int stage,
-    int sharding, int dp, int world, int files, long tensors, long bytes, long createdUnixNs) {
+    int sharding, int dp, int world, int files, long tensors, long bytes, long createdUnixNs,
+    int mp, int mpRank, int pp, int ppRank) {
 
   static CheckpointInfo fromNative(hps_checkpoint_info_t i) {
     return new CheckpointInfo(i.getName(), i.getId(), i.getFormat_version(), i.getStage(),
         i.getSharding(), i.getDp(), i.getWorld(), i.getFiles(), i.getTensors(), i.getBytes(),
-        i.getCreated_unix_ns());
+        i.getCreated_unix_ns(), i.getMp(), i.getMp_rank(), i.getPp(), i.getPp_rank());
   }
 
   /** sizeof(hps_checkpoint_info_t) as this binding was built. */

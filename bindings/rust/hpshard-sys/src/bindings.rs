@@ -2927,12 +2927,20 @@ pub struct hps_checkpoint_info {
     pub id: [::std::os::raw::c_char; 33usize],
     #[doc = "< its name, NUL-terminated"]
     pub name: [::std::os::raw::c_char; 208usize],
+    #[doc = "< the part of a model cut across mp and pp it holds: the mp degree"]
+    pub mp: i32,
+    #[doc = "< and coordinate (1 and 0 for a whole model's checkpoint)"]
+    pub mp_rank: i32,
+    #[doc = "< the pp degree"]
+    pub pp: i32,
+    #[doc = "< and coordinate"]
+    pub pp_rank: i32,
 }
 #[test]
 fn bindgen_test_layout_hps_checkpoint_info() {
     assert_eq!(
         ::std::mem::size_of::<hps_checkpoint_info>(),
-        304usize,
+        320usize,
         concat!("Size of: ", stringify!(hps_checkpoint_info))
     );
     assert_eq!(
@@ -3144,6 +3152,74 @@ fn bindgen_test_layout_hps_checkpoint_info() {
         );
     }
     test_field_name();
+    fn test_field_mp() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mp) as usize - ptr as usize
+            },
+            300usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(mp)
+            )
+        );
+    }
+    test_field_mp();
+    fn test_field_mp_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mp_rank) as usize - ptr as usize
+            },
+            304usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(mp_rank)
+            )
+        );
+    }
+    test_field_mp_rank();
+    fn test_field_pp() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pp) as usize - ptr as usize
+            },
+            308usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(pp)
+            )
+        );
+    }
+    test_field_pp();
+    fn test_field_pp_rank() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<hps_checkpoint_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pp_rank) as usize - ptr as usize
+            },
+            312usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(hps_checkpoint_info),
+                "::",
+                stringify!(pp_rank)
+            )
+        );
+    }
+    test_field_pp_rank();
 }
 #[doc = " What a checkpoint holds. ABI-extensible."]
 pub type hps_checkpoint_info_t = hps_checkpoint_info;

@@ -160,6 +160,14 @@ pub struct CheckpointInfo {
     pub bytes: u64,
     /// When it was published, in nanoseconds since the Unix epoch.
     pub created_unix_ns: i64,
+    /// The part of a model cut across mp and pp it holds: the mp degree (1: none)...
+    pub mp: i32,
+    /// ...and coordinate,
+    pub mp_rank: i32,
+    /// the pp degree (1: none)...
+    pub pp: i32,
+    /// ...and coordinate.
+    pub pp_rank: i32,
 }
 
 /// A checkpoint handle of one engine (`hps_checkpoint_t`): saves it under a root
@@ -411,6 +419,10 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
             tensors: info.tensors,
             bytes: info.bytes,
             created_unix_ns: info.created_unix_ns,
+            mp: info.mp,
+            mp_rank: info.mp_rank,
+            pp: info.pp,
+            pp_rank: info.pp_rank,
         })
     }
 

@@ -227,6 +227,7 @@ fn save_then_resume_in_the_same_and_other_topologies() {
 
     let info = Checkpoint::inspect(&root).unwrap();
     assert_eq!(info.name, "step-3");
+    assert_eq!((info.mp, info.mp_rank, info.pp, info.pp_rank), (1, 0, 1, 0));
     assert_eq!(info.id.len(), 32);
     assert_eq!(
         (

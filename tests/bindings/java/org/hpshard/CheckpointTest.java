@@ -132,6 +132,8 @@ class CheckpointTest {
     CheckpointInfo info = Checkpoint.inspect(root);
     assertEquals("step-3", info.name());
     assertEquals(32, info.id().length());
+    assertEquals(List.of(1, 0, 1, 0),
+        List.of(info.mp(), info.mpRank(), info.pp(), info.ppRank()));
     assertEquals(List.of(1, 2, 2, 1, 2, 2),
         List.of(info.formatVersion(), info.stage(), info.sharding(), info.dp(), info.world(),
             info.files()));
