@@ -651,12 +651,8 @@ StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadO
     const CheckpointTopology& saved = m.topology;
     if (saved.mp != mine.mp || saved.mp_rank != mine.mp_rank || saved.pp != mine.pp ||
         saved.pp_rank != mine.pp_rank) {
-      auto part = [](const CheckpointTopology& t) {
-        return "mp rank " + std::to_string(t.mp_rank) + " of " + std::to_string(t.mp) +
-               ", pp rank " + std::to_string(t.pp_rank) + " of " + std::to_string(t.pp);
-      };
-      return invalid_argument("checkpoint: '" + directory + "' holds the model's part at " +
-                              part(saved) + "; this engine's is " + part(mine) +
+      return invalid_argument("checkpoint: '" + directory + "' holds " + part_text(saved) +
+                              "; this engine is " + part_text(mine) +
                               " (a part loads only into the same part)");
     }
     report.directory = directory;

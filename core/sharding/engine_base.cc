@@ -215,26 +215,22 @@ Status EngineBase::wait_stepped(bool unit_has_update) {
   return compute().wait(*stepped_);
 }
 
-Status EngineBase::settle_loaded_scaling() {
-  if (options_.dynamic_loss_scaling) return Status::Ok();
+Status EngineBase::reset_loss_scaling(float scale) {
   StepState* state = optimizer_->state().get();  // an address, written on the stream
-  const float one = 1.0f;
   const int32_t none = 0;
   Stream& opt = optimizer_stream();
-  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->loss_scale, &one, sizeof(one)));
+  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->loss_scale, &scale, sizeof(scale)));
   HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->good_steps, &none, sizeof(none)));
   return opt.synchronize();  // the sources are this frame's
 }
 
+Status EngineBase::settle_loaded_scaling() {
+  return options_.dynamic_loss_scaling ? Status::Ok() : reset_loss_scaling(1.0f);
+}
+
 Status EngineBase::restart_loss_scaling() {
-  if (!options_.dynamic_loss_scaling) return Status::Ok();
-  StepState* state = optimizer_->state().get();  // an address, written on the stream
-  const float initial = options_.initial_loss_scale;
-  const int32_t none = 0;
-  Stream& opt = optimizer_stream();
-  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->loss_scale, &initial, sizeof(initial)));
-  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->good_steps, &none, sizeof(none)));
-  return opt.synchronize();  // the sources are this frame's
+  return options_.dynamic_loss_scaling ? reset_loss_scaling(options_.initial_loss_scale)
+                                       : Status::Ok();
 }
 
 float EngineBase::mean_scale() const {

@@ -83,6 +83,9 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // end_state_load(): an engine without dynamic loss scaling keeps a loss scale of 1 (and
   // no good-step count) whatever the checkpoint's engine used. Host-blocking.
   Status settle_loaded_scaling();
+  // The loss scale set to `scale` and the good-step count to 0, on the optimizer stream,
+  // waited for (host-blocking: load time only).
+  Status reset_loss_scaling(float scale);
   // Buffer b's fp32 parameter shard (or, for a frozen 16-bit buffer, its model-dtype
   // shard): what gather_all() gathers.
   virtual std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const = 0;
