@@ -25,7 +25,7 @@ set(HPS_PACKAGE_MAINTAINER "hpshard maintainers <hpshard-maintainers@example.org
     CACHE STRING "Maintainer/vendor written into the .deb and .rpm packages")
 set(HPS_PACKAGE_HOMEPAGE "" CACHE STRING "Homepage written into the packages (optional)")
 set(HPS_PACKAGE_RELEASE 1 CACHE STRING "Package release (Debian revision / RPM release)")
-set(HPS_PACKAGE_LICENSE "Proprietary" CACHE STRING "License tag of the RPM packages")
+set(HPS_PACKAGE_LICENSE "Apache-2.0" CACHE STRING "License tag of the RPM packages (LICENSE)")
 mark_as_advanced(HPS_PACKAGE_MAINTAINER HPS_PACKAGE_HOMEPAGE HPS_PACKAGE_RELEASE
                  HPS_PACKAGE_LICENSE)
 
@@ -52,6 +52,32 @@ foreach(c IN ITEMS runtime dev tools python java rust_sys rust)
   endif()
 endforeach()
 set(HPS_CPACK_COMPONENTS "${_hps_components}" CACHE INTERNAL "Components packaged by CPack")
+
+# ---- the licence, in every package ---------------------------------------------------
+# Debian: /usr/share/doc/<package>/copyright (policy 12.5; machine-readable, pointing at
+# common-licenses). rpm_layout.cmake turns it into the RPM's %license file
+# /usr/share/licenses/<package>/LICENSE, the full text (LICENSE at the top of the tree).
+set(_hps_deb_names_runtime "${HPS_PKG_RUNTIME}")
+set(_hps_deb_names_dev "${HPS_PKG_DEV_DEB}")
+set(_hps_deb_names_tools "${HPS_PKG_TOOLS}")
+set(_hps_deb_names_python "${HPS_PKG_PYTHON}")
+set(_hps_deb_names_java "${HPS_PKG_JAVA}")
+set(_hps_deb_names_rust_sys "${HPS_PKG_RUST_SYS_DEB}")
+set(_hps_deb_names_rust "${HPS_PKG_RUST_DEB}")
+set(_hps_rpm_names_runtime "${HPS_PKG_RUNTIME}")
+set(_hps_rpm_names_dev "${HPS_PKG_DEV_RPM}")
+set(_hps_rpm_names_tools "${HPS_PKG_TOOLS}")
+set(_hps_rpm_names_python "${HPS_PKG_PYTHON}")
+set(_hps_rpm_names_java "${HPS_PKG_JAVA}")
+set(_hps_rpm_names_rust_sys "${HPS_PKG_RUST_SYS_RPM}")
+set(_hps_rpm_names_rust "${HPS_PKG_RUST_RPM}")
+set(_hps_doc_to_rpm "")
+foreach(c IN LISTS _hps_components)
+  install(FILES "${CMAKE_CURRENT_LIST_DIR}/debian/copyright"
+          DESTINATION "${CMAKE_INSTALL_DATAROOTDIR}/doc/${_hps_deb_names_${c}}"
+          COMPONENT ${c})
+  list(APPEND _hps_doc_to_rpm "${_hps_deb_names_${c}}=${_hps_rpm_names_${c}}")
+endforeach()
 
 # ---- common ---------------------------------------------------------------------
 set(CPACK_GENERATOR "DEB;RPM")
@@ -232,6 +258,14 @@ set(CPACK_HPS_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
 set(CPACK_HPS_RPM_LIBDIR "${HPS_RPM_LIBDIR}")
 set(CPACK_HPS_PYTHON_DIR "${HPS_PYTHON_INSTALL_DIR}")
 set(CPACK_HPS_RPM_PYTHON_DIR "${_hps_rpm_python_dir}")
+set(CPACK_HPS_DOC_TO_RPM "${_hps_doc_to_rpm}")
+set(CPACK_HPS_DATAROOTDIR "${CMAKE_INSTALL_DATAROOTDIR}")
+set(CPACK_HPS_LICENSE_FILE "${PROJECT_SOURCE_DIR}/LICENSE")
+foreach(c IN LISTS _hps_components)  # the licence rpm_layout.cmake puts there
+  string(TOUPPER "${c}" _hps_c)
+  set(CPACK_RPM_${_hps_c}_USER_FILELIST
+      "%license ${CPACK_PACKAGING_INSTALL_PREFIX}/share/licenses/${_hps_rpm_names_${c}}/LICENSE")
+endforeach()
 # Directories owned by the distribution (filesystem, pkgconf, cmake, python3, java, cargo).
 set(_hps_p "${CPACK_PACKAGING_INSTALL_PREFIX}")
 set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
@@ -242,7 +276,8 @@ set(CPACK_RPM_EXCLUDE_FROM_AUTO_FILELIST_ADDITION
     "${_hps_p}/${HPS_RPM_LIBDIR}/python${_hps_py_mm}"
     "${_hps_p}/share/java"
     "${_hps_p}/share/cargo"
-    "${_hps_p}/share/cargo/registry")
+    "${_hps_p}/share/cargo/registry"
+    "${_hps_p}/share/licenses")
 
 set(CPACK_RPM_RUNTIME_PACKAGE_NAME "${HPS_PKG_RUNTIME}")
 set(CPACK_RPM_RUNTIME_PACKAGE_SUMMARY "${_hps_syn} - shared library")

@@ -5,13 +5,15 @@
 #   lib/libhpshard.so*, lib/pkgconfig, lib/cmake  -> lib64/...          (%{_libdir})
 #   lib/jni/libhpshard_jni.so                      -> lib64/hpshard/     (Fedora's JNI rule)
 #   lib/python3/dist-packages/hpshard              -> the interpreter's site-packages
+#   share/doc/<deb package>/copyright              -> share/licenses/<rpm package>/LICENSE
 # and rewrites the paths inside hpshard.pc and the CMake package files. The packaging
 # test checks the result (file lists, and a consumer built in each layout).
 if(NOT CPACK_GENERATOR STREQUAL "RPM")
   return()
 endif()
 foreach(v CPACK_TEMPORARY_INSTALL_DIRECTORY CPACK_PACKAGING_INSTALL_PREFIX
-          CPACK_HPS_LIBDIR CPACK_HPS_RPM_LIBDIR CPACK_HPS_PYTHON_DIR CPACK_HPS_RPM_PYTHON_DIR)
+          CPACK_HPS_LIBDIR CPACK_HPS_RPM_LIBDIR CPACK_HPS_PYTHON_DIR CPACK_HPS_RPM_PYTHON_DIR
+          CPACK_HPS_DATAROOTDIR CPACK_HPS_LICENSE_FILE)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "rpm_layout.cmake: ${v} is not set")
   endif()
@@ -73,6 +75,35 @@ foreach(stage IN LISTS _hps_roots)
       math(EXPR level "${level} + 1")
     endwhile()
     file(WRITE "${f}" "${text}")
+  endforeach()
+
+  # The licence: Debian's share/doc/<deb package>/copyright becomes the full text as
+  # share/licenses/<rpm package>/LICENSE (the %license file; share/doc is left to %doc).
+  file(GLOB copyrights "${prefix}/${CPACK_HPS_DATAROOTDIR}/doc/*/copyright")
+  foreach(copyright IN LISTS copyrights)
+    get_filename_component(docdir "${copyright}" DIRECTORY)
+    get_filename_component(deb_name "${docdir}" NAME)
+    set(rpm_name "")
+    foreach(pair IN LISTS CPACK_HPS_DOC_TO_RPM)
+      if(pair MATCHES "^${deb_name}=(.+)$")
+        set(rpm_name "${CMAKE_MATCH_1}")
+      endif()
+    endforeach()
+    if(rpm_name STREQUAL "")
+      message(FATAL_ERROR "rpm_layout.cmake: no RPM package name for ${deb_name}")
+    endif()
+    file(REMOVE_RECURSE "${docdir}")
+    file(MAKE_DIRECTORY "${prefix}/share/licenses/${rpm_name}")
+    configure_file("${CPACK_HPS_LICENSE_FILE}" "${prefix}/share/licenses/${rpm_name}/LICENSE"
+                   COPYONLY)
+  endforeach()
+  foreach(dir "${prefix}/${CPACK_HPS_DATAROOTDIR}/doc" "${prefix}/${CPACK_HPS_DATAROOTDIR}")
+    if(IS_DIRECTORY "${dir}")
+      file(GLOB left "${dir}/*")
+      if(NOT left)
+        file(REMOVE "${dir}")
+      endif()
+    endif()
   endforeach()
 
   # Directories the moves emptied.

@@ -224,6 +224,9 @@ expected() {
   local layout="$1" c="$2" lib py jni
   if [[ "$layout" == deb ]]; then lib="$deb_libdir"; py="$deb_pydir"; jni="$deb_libdir/jni"
   else lib="$rpm_libdir"; py="$rpm_pydir"; jni="$rpm_libdir/hpshard"; fi
+  # Every package carries the licence: Debian's copyright file, the RPM's %license text.
+  if [[ "$layout" == deb ]]; then printf '%s\n' "$prefix/share/doc/$(deb_name "$c")/copyright"
+  else printf '%s\n' "$prefix/share/licenses/$(rpm_name "$c")/LICENSE"; fi
   case "$c" in
     runtime) printf '%s\n' "$lib/libhpshard.so.$HPS_VERSION_MAJOR" "$lib/libhpshard.so.$HPS_VERSION" ;;
     dev) printf '%s\n' "$incdir/hpshard/hpshard.h" "$incdir/hpshard/version.h" "$lib/libhpshard.so" \
@@ -265,6 +268,23 @@ for layout in deb rpm; do
   done
   log "[$layout] file lists OK (${components[*]})"
 done
+
+# The licence: one for every package, Apache-2.0 as the crates say; the Debian copyright
+# file is machine-readable (DEP-5), the RPM's is its %license file and the full text.
+license_text="$(cd "$here/../.." && pwd)/LICENSE"
+for c in "${components[@]}"; do
+  copyright="$(dpkg-deb --fsys-tarfile "$(deb_file "$c")" | tar -xO "./usr/share/doc/$(deb_name "$c")/copyright")"
+  head -1 <<<"$copyright" | grep -q '^Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' \
+    || fail "[deb] $(deb_name "$c")'s copyright file is not machine-readable"
+  grep -qx 'License: Apache-2.0' <<<"$copyright" || fail "[deb] $(deb_name "$c")'s copyright names no Apache-2.0"
+  [[ "$(rpm -qp --qf '%{LICENSE}' "$(rpm_file "$c")" 2>/dev/null)" == Apache-2.0 ]] \
+    || fail "[rpm] $(rpm_name "$c")'s License is '$(rpm -qp --qf '%{LICENSE}' "$(rpm_file "$c")" 2>/dev/null)'"
+  [[ "$(rpm -qpL "$(rpm_file "$c")" 2>/dev/null)" == "$prefix/share/licenses/$(rpm_name "$c")/LICENSE" ]] \
+    || fail "[rpm] $(rpm_name "$c") marks no %license file: $(rpm -qpL "$(rpm_file "$c")" 2>&1)"
+  (rpm2cpio "$(rpm_file "$c")" | cpio -i --quiet --to-stdout ".$prefix/share/licenses/$(rpm_name "$c")/LICENSE") \
+    | cmp -s - "$license_text" || fail "[rpm] $(rpm_name "$c")'s LICENSE is not the tree's LICENSE"
+done
+log "licence: a DEP-5 copyright in every .deb, Apache-2.0 and the LICENSE text in every .rpm"
 
 # ---- 5. the RPMs unpacked into a root; the .debs installed into another -------------------
 root_rpm="$scratch/root-rpm"
