@@ -176,16 +176,30 @@ HPS_REDUCE_CLONES void reduce_many(DType dtype, ReduceOp op, void* out, const vo
   }
 }
 
-HPS_REDUCE_CLONES void widen_half(const void* in, float* out, size_t count) {
+HPS_REDUCE_CLONES void widen_half(DType dtype, const void* in, float* out, size_t count) {
   const auto* h = static_cast<const uint16_t*>(in);
-  for (size_t i = 0; i < count; ++i) out[i] = half_bits_to_float(h[i]);
+  if (dtype == DType::kBFloat16) {
+    for (size_t i = 0; i < count; ++i) out[i] = bf16_bits_to_float(h[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) out[i] = half_bits_to_float(h[i]);
+  }
 }
 
-HPS_REDUCE_CLONES void narrow_half_mean(const float* sum, void* out, size_t count,
-                                        int32_t divisor) {
-  const float d = static_cast<float>(divisor);
+HPS_REDUCE_CLONES void narrow_half(DType dtype, const float* sum, void* out, size_t count,
+                                   int32_t divisor) {
   auto* h = static_cast<uint16_t*>(out);
-  for (size_t i = 0; i < count; ++i) h[i] = float_to_half_bits(sum[i] / d);
+  const float d = static_cast<float>(divisor);
+  if (dtype == DType::kBFloat16) {
+    if (divisor == 1) {
+      for (size_t i = 0; i < count; ++i) h[i] = float_to_bf16_bits(sum[i]);
+    } else {
+      for (size_t i = 0; i < count; ++i) h[i] = float_to_bf16_bits(sum[i] / d);
+    }
+  } else if (divisor == 1) {
+    for (size_t i = 0; i < count; ++i) h[i] = float_to_half_bits(sum[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) h[i] = float_to_half_bits(sum[i] / d);
+  }
 }
 
 HPS_REDUCE_CLONES void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor) {

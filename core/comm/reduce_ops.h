@@ -20,9 +20,9 @@ void reduce_many(DType dtype, ReduceOp op, void* out, const void* const* inputs,
                  size_t count);
 // buffer[i] /= divisor (integers: truncating division).
 void finish_average(DType dtype, void* buffer, size_t count, int32_t divisor);
-// out[i] = float16 bits `in[i]` as fp32.
-void widen_half(const void* in, float* out, size_t count);
-// out[i] = sum[i] / divisor rounded to float16 bits (one rounding).
-void narrow_half_mean(const float* sum, void* out, size_t count, int32_t divisor);
+// out[i] = the float16 or bfloat16 (`dtype`) bits `in[i]` as fp32.
+void widen_half(DType dtype, const void* in, float* out, size_t count);
+// out[i] = sum[i] / divisor rounded to `dtype` (float16 or bfloat16) bits: one rounding.
+void narrow_half(DType dtype, const float* sum, void* out, size_t count, int32_t divisor);
 
 }  // namespace hps

@@ -737,15 +737,21 @@ void GlooCommunicator::ring_pass_blocks(
   op.wait_all();
 }
 
+// fp16 and bf16 sums (and means) travel the ring in fp32 and are rounded once at the end,
+// as the shared-memory path and reduce_many do: a ring that rounded each partial sum to the
+// dtype gave sums up to an ulp or more off, depending on the ring's order.
+bool GlooCommunicator::widens(DType dtype, ReduceOp reduce_op) const {
+  return (dtype == DType::kFloat16 || dtype == DType::kBFloat16) &&
+         (reduce_op == ReduceOp::kSum || reduce_op == ReduceOp::kAvg) && size_ > 1;
+}
+
 Status GlooCommunicator::tcp_all_reduce(Op& op, const void* send, void* recv, size_t count,
                                         DType dtype, ReduceOp reduce_op) {
-  if (dtype != DType::kFloat16 || reduce_op != ReduceOp::kAvg || size_ == 1) {
-    return ring_all_reduce(op, send, recv, count, dtype, reduce_op);
-  }
+  if (!widens(dtype, reduce_op)) return ring_all_reduce(op, send, recv, count, dtype, reduce_op);
   auto* wide = static_cast<float*>(scratch(4, count * sizeof(float)));
-  widen_half(send, wide, count);
+  widen_half(dtype, send, wide, count);
   HPS_RETURN_IF_ERROR(ring_all_reduce(op, wide, wide, count, DType::kFloat32, ReduceOp::kSum));
-  narrow_half_mean(wide, recv, count, size_);
+  narrow_half(dtype, wide, recv, count, reduce_op == ReduceOp::kAvg ? size_ : 1);
   return Status::Ok();
 }
 
@@ -757,15 +763,13 @@ Status GlooCommunicator::tcp_reduce_scatter(Op& op, const void* send, void* recv
     return halving ? halving_reduce_scatter(op, s, r, count, d, o)
                    : ring_reduce_scatter(op, s, r, count, d, o);
   };
-  if (dtype != DType::kFloat16 || reduce_op != ReduceOp::kAvg || size_ == 1) {
-    return algorithm(send, recv, dtype, reduce_op);
-  }
+  if (!widens(dtype, reduce_op)) return algorithm(send, recv, dtype, reduce_op);
   const size_t all = count * static_cast<size_t>(size_);
   auto* wide = static_cast<float*>(scratch(4, all * sizeof(float)));
   auto* sum = static_cast<float*>(scratch(5, count * sizeof(float)));
-  widen_half(send, wide, all);
+  widen_half(dtype, send, wide, all);
   HPS_RETURN_IF_ERROR(algorithm(wide, sum, DType::kFloat32, ReduceOp::kSum));
-  narrow_half_mean(sum, recv, count, size_);
+  narrow_half(dtype, sum, recv, count, reduce_op == ReduceOp::kAvg ? size_ : 1);
   return Status::Ok();
 }
 

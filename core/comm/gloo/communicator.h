@@ -104,9 +104,11 @@ class GlooCommunicator final : public Communicator {
   Status check_descriptors(Op& op, const Descriptor& mine);
 
   // The TCP paths of all_reduce (and reduce) and reduce_scatter: the algorithm for the
-  // group, and float16 AVG widened to fp32 (the float16 algorithms round every partial sum
-  // to float16, so a sum past 65504 would become Inf where the mean fits; summed in fp32,
-  // the mean is rounded once, as over shared memory).
+  // group, and float16 / bfloat16 SUM and AVG widened to fp32 (widens()): the 16-bit
+  // algorithms would round every partial sum to the dtype (so a float16 sum past 65504
+  // would become Inf where the mean fits, and any sum could be an ulp or more off); summed
+  // in fp32, the result is rounded once, as over shared memory.
+  bool widens(DType dtype, ReduceOp reduce_op) const;
   Status tcp_all_reduce(Op& op, const void* send, void* recv, size_t count, DType dtype,
                         ReduceOp reduce_op);
   Status tcp_reduce_scatter(Op& op, const void* send, void* recv, size_t count, DType dtype,

@@ -260,6 +260,76 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, Float16AverageTest,
                                   transport_name(std::get<1>(p.param));
                          });
 
+// float16 and bfloat16 SUM and AVG are added in fp32 and rounded once, on every transport:
+// seeded values on a grid whose fp32 sums are exact, so the sum (or fp32 mean) rounded once
+// to the dtype is the one right answer whatever order a transport adds in. Over TCP the
+// ring rounded each partial sum to the dtype (a fifth of the elements an ulp or more off at
+// 3 ranks); counts cross the rings' segments and the shared-memory slots.
+class HalfPrecisionRoundingTest : public CollectivesTest {};
+
+TEST_P(HalfPrecisionRoundingTest, SumsAndMeansAreRoundedOnce) {
+  const int32_t size = std::get<0>(GetParam());
+  CommOptions options = over(std::get<1>(GetParam()));
+  options.shared_memory_slot_bytes = 4096;
+  // Multiples of 1/8 in [-300, 300], as the dtype holds them (bfloat16 keeps 8 bits, so
+  // its values are the same multiples rounded; all still multiples of 1/128).
+  auto value = [](DType dtype, int32_t rank, size_t i) {
+    uint64_t x =
+        (static_cast<uint64_t>(rank) + 1) * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 31;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 29;
+    Buffer one(dtype, 1);
+    one.set(0, static_cast<double>(static_cast<int64_t>(x % 4801) - 2400) / 8.0);
+    return one.at(0);
+  };
+  auto expected = [size, &value](DType dtype, ReduceOp op, size_t i) {
+    double sum = 0;  // exact: every partial sum is a multiple of 1/128 below 2^11
+    for (int32_t q = 0; q < size; ++q) sum += value(dtype, q, i);
+    Buffer rounded(dtype, 1);
+    rounded.set(0, op == ReduceOp::kAvg
+                       ? static_cast<double>(static_cast<float>(sum) / static_cast<float>(size))
+                       : sum);
+    return rounded.at(0);
+  };
+  run_ranks(
+      size,
+      [size, &value, &expected](int32_t rank, Communicator& comm) {
+        for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+            for (size_t count : {size_t{1}, size_t{4099}}) {
+              SCOPED_TRACE(std::string(dtype_name(dtype)) +
+                           (op == ReduceOp::kSum ? " sum" : " avg") + " count " +
+                           std::to_string(count));
+              Buffer in(dtype, count * size), out(dtype, count * size);
+              for (size_t i = 0; i < count * size; ++i) in.set(i, value(dtype, rank, i));
+              ASSERT_TRUE((*comm.all_reduce(in.data(), out.data(), count, dtype, op))->wait().ok());
+              size_t wrong = 0, first = count;
+              for (size_t i = 0; i < count; ++i) {
+                if (out.at(i) != expected(dtype, op, i) && wrong++ == 0) first = i;
+              }
+              EXPECT_EQ(wrong, 0u) << "all_reduce: first at " << first;
+              ASSERT_TRUE(
+                  (*comm.reduce_scatter(in.data(), out.data(), count, dtype, op))->wait().ok());
+              wrong = 0;
+              for (size_t i = 0; i < count; ++i) {
+                if (out.at(i) != expected(dtype, op, rank * count + i) && wrong++ == 0) first = i;
+              }
+              EXPECT_EQ(wrong, 0u) << "reduce_scatter: first at " << first;
+            }
+          }
+        }
+      },
+      options);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, HalfPrecisionRoundingTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4), kTransports),
+                         [](const auto& p) {
+                           return "world" + std::to_string(std::get<0>(p.param)) + "_" +
+                                  transport_name(std::get<1>(p.param));
+                         });
+
 class CommunicatorTest : public ::testing::TestWithParam<Transport> {
  protected:
   void SetUp() override {
