@@ -108,7 +108,8 @@ int64_t now_unix_ns() {
 // model): its rotation counts and deletes every checkpoint under it, and `latest` names one.
 // The first part's engine to create a checkpointer there claims it with this file, written
 // aside and linked into place (atomic: one claim wins, on every host of a shared file
-// system); a whole model's root has none.
+// system); a whole model's root has none. Where there is none yet, the checkpoints already
+// under the root must be of the engine's own part (a whole model's among them).
 constexpr char kPartFile[] = ".hpshard-part";
 
 std::string part_text(const CheckpointTopology& t) {
@@ -118,10 +119,33 @@ std::string part_text(const CheckpointTopology& t) {
          std::to_string(t.pp);
 }
 
+bool same_part(const CheckpointTopology& a, const CheckpointTopology& b) {
+  return a.mp == b.mp && a.mp_rank == b.mp_rank && a.pp == b.pp && a.pp_rank == b.pp_rank;
+}
+
+// A root no part has claimed may still hold checkpoints, of a whole model or written before
+// parts claimed roots: this engine takes it only if every checkpoint there (as rotation
+// counts them) is of its own part.
+Status check_unclaimed_root(const std::string& root, const CheckpointTopology& t) {
+  HPS_ASSIGN_OR_RETURN(auto names, ckpt::list_directory(root));
+  for (const auto& n : names) {
+    if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
+    auto m = ckpt::read_manifest(join_path(root, n));
+    if (!m.ok() || same_part(m->topology, t)) continue;
+    return invalid_argument("checkpoint: the root '" + root + "' holds checkpoint '" +
+                            shown_value(n) + "' of " + part_text(m->topology) +
+                            "; this engine is " + part_text(t) +
+                            ": give each part of the model its own root (its rotation and "
+                            "'latest' would take the other part's checkpoints)");
+  }
+  return Status::Ok();
+}
+
 Status claim_root(const std::string& root, const CheckpointTopology& t) {
   const std::string marker = join_path(root, kPartFile);
   const std::string mine = part_text(t);
   const bool part = t.mp > 1 || t.pp > 1;
+  if (!ckpt::path_exists(marker)) HPS_RETURN_IF_ERROR(check_unclaimed_root(root, t));
   if (part && !ckpt::path_exists(marker)) {
     const std::string aside = marker + ".tmp-" + ckpt::new_checkpoint_id();
     HPS_RETURN_IF_ERROR(ckpt::replace_file_atomically(aside, mine + "\n"));

@@ -294,7 +294,8 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     Manifest m;
     HPS_ASSIGN_OR_RETURN(std::string format, r.string("format"));
     if (format != kFormatName)
-      return r.bad("'format' is '" + format + "', not '" + std::string(kFormatName) + "'");
+      return r.bad("'format' is '" + shown_value(format) + "', not '" + std::string(kFormatName) +
+                   "'");
     HPS_ASSIGN_OR_RETURN(uint64_t version, r.uint("format_version"));
     if (version != kFormatVersion) {
       return r.bad("format version " + std::to_string(version) + "; this hpshard reads version " +
@@ -303,6 +304,8 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     HPS_ASSIGN_OR_RETURN(m.id, r.string("id"));
     if (!is_checkpoint_id(m.id)) return r.bad("'id' is not 32 lowercase hex digits");
     HPS_ASSIGN_OR_RETURN(m.name, r.string("name"));
+    if (Status named = check_checkpoint_name(m.name); !named.ok())
+      return r.bad("'name': " + named.message());
     HPS_ASSIGN_OR_RETURN(m.created_unix_ns, r.integer("created_unix_ns"));
     HPS_ASSIGN_OR_RETURN(m.chunk_bytes, r.uint("chunk_bytes"));
     if (m.chunk_bytes < 1 || m.chunk_bytes > kMaxChunkBytes)
@@ -330,7 +333,7 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     HPS_ASSIGN_OR_RETURN(const json* metadata, r.field("metadata"));
     if (!metadata->is_object()) return r.bad("'metadata' is not an object");
     for (const auto& [key, value] : metadata->items()) {
-      if (!value.is_string()) return r.bad("metadata '" + key + "' is not a string");
+      if (!value.is_string()) return r.bad("metadata '" + shown_value(key) + "' is not a string");
       m.metadata[key] = value.get<std::string>();
     }
     HPS_ASSIGN_OR_RETURN(const json* files, r.array("files"));
@@ -342,7 +345,8 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
       HPS_ASSIGN_OR_RETURN(file.name, f.string("name"));
       // Only the canonical name: a manifest cannot point a reader outside its directory.
       if (file.name != data_file_name(file.rank)) {
-        return f.bad("file name '" + file.name + "' is not " + data_file_name(file.rank));
+        return f.bad("file name '" + shown_value(file.name) + "' is not " +
+                     data_file_name(file.rank));
       }
       if (!ranks.insert(file.rank).second)
         return f.bad("rank " + std::to_string(file.rank) + " has two files");

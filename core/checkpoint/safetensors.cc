@@ -27,7 +27,7 @@ StatusOr<DType> dtype_from_safetensors(std::string_view name) {
   for (const auto& n : kNames) {
     if (n.name == name) return n.dtype;
   }
-  return invalid_argument("safetensors dtype '" + std::string(name) +
+  return invalid_argument("safetensors dtype '" + shown_value(name) +
                           "' is not one hpshard holds (F32, F64, F16, BF16, I32, I64, U8)");
 }
 
@@ -61,14 +61,19 @@ StatusOr<SafetensorsHeader> parse_safetensors_header(std::string_view header, ui
         if (!entry.is_object()) return invalid_argument(origin + ": __metadata__ is not an object");
         for (const auto& [k, v] : entry.items()) {
           if (!v.is_string())
-            return invalid_argument(origin + ": __metadata__ '" + k + "' is not a string");
+            return invalid_argument(origin + ": __metadata__ '" + shown_value(k) +
+                                    "' is not a string");
           out.metadata[k] = v.get<std::string>();
         }
         continue;
       }
-      const std::string where = origin + ": tensor '" + name + "'";
+      const std::string where = origin + ": tensor '" + shown_value(name) + "'";
       if (name.empty() || name.size() > kMaxNameBytes)
         return invalid_argument(where + ": bad name length");
+      for (unsigned char c : name) {
+        if (c < 0x20 || c == 0x7f)
+          return invalid_argument(where + ": its name has control characters");
+      }
       if (!entry.is_object()) return invalid_argument(where + " is not an object");
       auto dt = entry.find("dtype");
       auto shape = entry.find("shape");

@@ -82,7 +82,28 @@ Status EngineBase::set_model_parallel_groups(std::shared_ptr<Communicator> mp,
   return Status::Ok();
 }
 
-Status EngineBase::check_model_parallel_groups() {
+Status EngineBase::check_registrations(uint64_t& found, Status& first) {
+  auto mismatch = [&](uint64_t kind, Status s) {
+    found |= kind;
+    if (first.ok()) first = std::move(s);
+  };
+  // Every rank of both groups registered the same model.
+  const uint64_t mine = plan_.fingerprint();
+  for (const auto* group : {&sharding_, &dp_}) {
+    if (!*group) continue;
+    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, mine));
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r] != mine) {
+        mismatch(kSealParamsDiffer,
+                 invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
+                                  (*group)->name() +
+                                  "' registered different parameters (names, shapes, dtypes, "
+                                  "flags or units differ from this rank's " +
+                                  std::to_string(plan_.params().size()) + ")"));
+        break;
+      }
+    }
+  }
   auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; };
   auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
     return c ? static_cast<uint64_t>(c->rank()) : 0;
@@ -100,11 +121,14 @@ Status EngineBase::check_model_parallel_groups() {
     HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, coordinates));
     for (size_t r = 0; r < all.size(); ++r) {
       if (all[r] != coordinates) {
-        return invalid_argument(
-            std::string("engine: rank ") + std::to_string(r) + " of the " + name + " group '" +
-            (*group)->name() + "' is at other sharding, dp or " + (group == &mp_ ? "pp" : "mp") +
-            " coordinates than this rank: the " + name +
-            " group must be that axis of the topology the sharding and dp groups come from");
+        mismatch(kSealGroupsDiffer,
+                 invalid_argument(
+                     std::string("engine: rank ") + std::to_string(r) + " of the " + name +
+                     " group '" + (*group)->name() + "' is at other sharding, dp or " +
+                     (group == &mp_ ? "pp" : "mp") + " coordinates than this rank: the " + name +
+                     " group must be that axis of the topology the sharding and dp groups "
+                     "come from"));
+        break;
       }
     }
     if (group != &mp_) continue;
@@ -117,16 +141,43 @@ Status EngineBase::check_model_parallel_groups() {
     HPS_ASSIGN_OR_RETURN(all, gather_values(**group, flags));
     for (size_t r = 0; r < all.size(); ++r) {
       if (all[r] != flags) {
-        return invalid_argument(
-            "engine: rank " + std::to_string(r) + " of the mp group '" + (*group)->name() +
-            "' registered other parameters or flags (FROZEN, DISTRIBUTED, NO_CLIP, "
-            "SHARED_NOT_FIRST) than this rank's " +
-            std::to_string(plan_.params().size()) +
-            ": the clip and the skip of a step need them equal across mp");
+        mismatch(kSealMpFlagsDiffer,
+                 invalid_argument(
+                     "engine: rank " + std::to_string(r) + " of the mp group '" + (*group)->name() +
+                     "' registered other parameters or flags (FROZEN, DISTRIBUTED, NO_CLIP, "
+                     "SHARED_NOT_FIRST) than this rank's " +
+                     std::to_string(plan_.params().size()) +
+                     ": the clip and the skip of a step need them equal across mp"));
+        break;
       }
     }
   }
   return Status::Ok();
+}
+
+Status EngineBase::agree_on_registrations() {
+  uint64_t found = 0;
+  Status first = Status::Ok();
+  HPS_RETURN_IF_ERROR(check_registrations(found, first));
+  // Every rank learns what any rank found, so all refuse together: a rank that returned
+  // alone would leave the others waiting in their next collective until the timeout. One
+  // pass along each axis reaches every rank of the grid the groups span.
+  for (const auto* group : {&sharding_, &dp_, &mp_, &pp_}) {
+    if (!*group || (*group)->size() == 1) continue;
+    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, found));
+    for (uint64_t v : all) found |= v;
+  }
+  if (found == 0) return Status::Ok();
+  if (!first.ok()) return first;
+  std::string what;
+  for (const auto& [kind, text] :
+       {std::pair{kSealParamsDiffer, "ranks registered different parameters"},
+        std::pair{kSealGroupsDiffer, "an mp or pp group is not an axis of the topology"},
+        std::pair{kSealMpFlagsDiffer, "mp ranks registered different clip flags"}}) {
+    if (found & kind) what += (what.empty() ? "" : "; ") + std::string(text);
+  }
+  return invalid_argument("engine: seal refused on every rank: " + what +
+                          " (the ranks that found it name it in their errors)");
 }
 
 Status EngineBase::check_sealed(const char* call) const {
@@ -138,22 +189,8 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
                                 const std::function<Status()>& rest) {
   if (sealed_) return failed_precondition("engine: sealed twice");
   if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
-  // Every rank of both groups registered the same model (host-blocking, set-up).
-  const uint64_t mine = plan_.fingerprint();
-  for (const auto* group : {&sharding_, &dp_}) {
-    if (!*group) continue;
-    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, mine));
-    for (size_t r = 0; r < all.size(); ++r) {
-      if (all[r] != mine) {
-        return invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
-                                (*group)->name() +
-                                "' registered different parameters (names, shapes, dtypes, "
-                                "flags or units differ from this rank's " +
-                                std::to_string(plan_.params().size()) + ")");
-      }
-    }
-  }
-  HPS_RETURN_IF_ERROR(check_model_parallel_groups());
+  // Every rank of every group registered the same model (host-blocking, set-up).
+  HPS_RETURN_IF_ERROR(agree_on_registrations());
   LayoutPlan unsealed = plan_;  // what a failed seal restores
   const Status s = [&]() -> Status {
     HPS_RETURN_IF_ERROR(

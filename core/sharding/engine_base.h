@@ -100,10 +100,16 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   ShardStep shard_step(size_t b) const;
   Status check_sealed(const char* call) const;
 
-  // Collective over the mp and pp groups (seal(), host-blocking): each is an axis of the
-  // same topology as sharding and dp (its members share this rank's other coordinates),
-  // and the mp ranks registered the same clip flags.
-  Status check_model_parallel_groups();
+  // Collective over the engine's groups (seal(), host-blocking): the ranks of sharding and
+  // dp registered the same model; the mp and pp groups are axes of the same topology as
+  // sharding and dp (their members share this rank's other coordinates); the mp ranks
+  // registered the same clip flags. Then every rank learns whether any rank found a
+  // mismatch, so all return INVALID_ARGUMENT together (the finder naming it).
+  Status agree_on_registrations();
+  // The checks alone: each mismatch adds its kind to `found` and the first sets `first`;
+  // a failed collective is returned.
+  Status check_registrations(uint64_t& found, Status& first);
+  static constexpr uint64_t kSealParamsDiffer = 1, kSealGroupsDiffer = 2, kSealMpFlagsDiffer = 4;
 
   std::shared_ptr<Communicator> sharding_, dp_;
   std::shared_ptr<Communicator> mp_, pp_;  // null: none (set_model_parallel_groups)

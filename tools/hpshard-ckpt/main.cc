@@ -64,8 +64,9 @@ std::string engine_text(const EngineOptions& e) {
   return out;
 }
 
-// Metadata is the writer's: its control bytes (and backslashes) are shown as escapes, so
-// that a value cannot move the terminal's cursor or colours. Other bytes (UTF-8) pass.
+// A manifest's strings and a root's entries are the writer's: their control bytes (and backslashes)
+// are shown as escapes, so that a value cannot move the terminal's cursor or colours. Other bytes
+// (UTF-8) pass.
 std::string printable(const std::string& text) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
@@ -96,8 +97,8 @@ int inspect(const std::string& path, bool as_json) {
   uint64_t bytes = 0;
   for (const auto& t : m->tensors) bytes += t.numel * dtype_size(t.dtype);
   std::printf("checkpoint %s\n", directory->c_str());
-  std::printf("  name %s, id %s, format version %u, published %s\n", m->name.c_str(), m->id.c_str(),
-              m->format_version, utc(m->created_unix_ns).c_str());
+  std::printf("  name %s, id %s, format version %u, published %s\n", printable(m->name).c_str(),
+              m->id.c_str(), m->format_version, utc(m->created_unix_ns).c_str());
   std::printf(
       "  written by stage %d engines: sharding %d x dp %d (%d ranks), alignment %llu "
       "bytes, checksummed chunks of %llu bytes\n",
@@ -162,7 +163,7 @@ int list(const std::string& root) {
     if (!m.ok()) {
       // Not a checkpoint (no manifest) is not listed; a manifest that does not read is said.
       if (m.status().code() != StatusCode::kNotFound) {
-        std::fprintf(stderr, "hpshard-ckpt: %s not listed: %s\n", n.c_str(),
+        std::fprintf(stderr, "hpshard-ckpt: %s not listed: %s\n", printable(n).c_str(),
                      m.status().to_string().c_str());
       }
       continue;
@@ -174,13 +175,14 @@ int list(const std::string& root) {
   for (const auto& [created, name, id] : rows) {
     const bool is_latest = latest.ok() && *latest == name;
     latest_listed = latest_listed || is_latest;
-    std::printf("%s  %s  %s%s\n", utc(created).c_str(), id.c_str(), name.c_str(),
+    std::printf("%s  %s  %s%s\n", utc(created).c_str(), id.c_str(), printable(name).c_str(),
                 is_latest ? "  (latest)" : "");
   }
   // A latest pointer that names no listed checkpoint (removed by hand, or unreadable).
   if (latest.ok() && !latest_listed) {
     std::fprintf(stderr, "hpshard-ckpt: %s names '%s', which is not a checkpoint here\n",
-                 ckpt::join_path(root, std::string(ckpt::kLatestFile)).c_str(), latest->c_str());
+                 ckpt::join_path(root, std::string(ckpt::kLatestFile)).c_str(),
+                 printable(*latest).c_str());
   } else if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) {
     std::fprintf(stderr, "hpshard-ckpt: %s\n", latest.status().to_string().c_str());
   }

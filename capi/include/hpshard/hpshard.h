@@ -975,7 +975,8 @@ HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
 /**
  * Register a parameter before hps_engine_seal; its index (registration order) into
  * *out_index. `unit` is the layer its forward belongs to. Every rank must register the
- * same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),
+ * same parameters in the same order. A name is 1 byte or more without control characters
+ * (bytes below 0x20, 0x7f). Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),
  * FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32, float16, bfloat16).
  */
 HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name,
@@ -1185,7 +1186,8 @@ HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* ou
  * background thread writes and publishes. A load reads only this rank's ranges, checks
  * every checksum, converts between stage 2 and 3, sharding and dp degrees, bucket layouts
  * and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every
- * rank read everything. One hps_checkpoint_t per engine; one root per job.
+ * rank read everything. One hps_checkpoint_t per engine; one root per job, or per part of a
+ * model cut across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root.
  * Thread safety: one thread at a time per handle (its saves write on a thread of their own).
  */
 typedef struct hps_checkpoint hps_checkpoint_t;
@@ -1210,7 +1212,9 @@ HPS_API hps_status_t hps_checkpoint_options_init(hps_checkpoint_options_t* optio
  * sharding x dp ranks); the handle uses a communicator split from it, so `group` may be
  * used for other work meanwhile. `options` may be NULL. The engine and `group` must outlive
  * the handle. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another
- * size or device, bad options), BACKEND_ERROR (root cannot be created).
+ * size or device, bad options; a root claimed by another part of the model, or holding
+ * checkpoints of another part or of the whole model when this engine is a part, or of a part
+ * when it is the whole model), BACKEND_ERROR (root cannot be created or claimed).
  */
 HPS_API hps_status_t hps_checkpoint_create(hps_engine_t* engine, hps_comm_t* group,
                                            const char* root,
@@ -1249,11 +1253,13 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
 
 /**
  * Load checkpoint <root>/<name>, or the one <root>/latest names when `name` is NULL, into the
- * engine, whatever topology and parameter dtypes wrote it. Collective over the group,
+ * engine, whatever sharding and dp degrees, stage and parameter dtypes wrote it (a part of a
+ * model cut across mp and pp loads only its own part's). Collective over the group,
  * host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3).
  * `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such
  * checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;
- * tensors missing or extra; another model — the message names the file and the tensor),
+ * tensors missing or extra; another model or another part of it — the message names the file
+ * and the tensor),
  * FAILED_PRECONDITION (in the middle of a step, a unit gathered).
  */
 HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const char* name,

@@ -375,6 +375,86 @@ def test_an_engine_without_loss_scaling_keeps_scale_one_after_loading_a_scaled_r
             assert e.skipped_steps == 0
 
 
+def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path):
+    """A whole model's root has no claim file: a part's engine there was accepted, claimed
+    the root, and its rotation deleted the whole model's checkpoints (and `latest` named the
+    part's). It is refused, naming the checkpoint, and nothing under the root changes. A
+    root holding only this part's own checkpoints (its claim file lost) is taken again."""
+    root = tmp_path / "root"
+    store, comm = single_rank("whole-root")
+    with store, comm, Engine.create(comm, learning_rate=1.0) as whole:
+        whole.add_param("w", (3,))
+        whole.seal()
+        with Checkpoint.create(whole, comm, root) as ckpt:
+            ckpt.save("whole-1").wait()
+            ckpt.save("whole-2").wait()
+    before = sorted(os.listdir(root))
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=2)
+        with store, world_comm, hpshard.Topology(1, 1, 1, 1, 2, 2) as topo:
+            group = hpshard.HybridGroup.create(world_comm, topo)
+            sharding = group.comm(hpshard.Group.SHARDING)
+            with Engine.create(sharding, learning_rate=1.0) as engine:
+                engine.set_model_parallel_groups(group.comm(hpshard.Group.MP), None)
+                engine.add_param("w", (3,), distributed=True)
+                engine.seal()
+                with pytest.raises(hpshard.Error) as info:
+                    Checkpoint.create(engine, sharding, root, keep_last=1)
+                own = tmp_path / f"part{rank}"
+                with Checkpoint.create(engine, sharding, own) as ckpt:
+                    ckpt.save("p").wait()
+                os.remove(own / ".hpshard-part")
+                with Checkpoint.create(engine, sharding, own, keep_last=1) as ckpt:
+                    ckpt.save("q").wait()
+                return info.value.status, info.value.message, sorted(os.listdir(own))
+
+    for rank, (status, message, own) in enumerate(run_ranks(2, body, "ckpt-part-on-whole")):
+        assert status == 1, message  # INVALID_ARGUMENT
+        assert "checkpoint 'whole-" in message and "of the whole model" in message, message
+        assert f"mp rank {rank} of 2" in message, message
+        assert own == [".hpshard-part", "latest", "q"], own
+    assert sorted(os.listdir(root)) == before == ["latest", "whole-1", "whole-2"]
+    assert (root / "latest").read_text().strip() == "whole-2"
+
+
+def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):
+    """A manifest's name, format and metadata keys are the writer's: edited to hold terminal
+    escapes they are refused (the name is a checkpoint name) or shown escaped, in the
+    library's errors and in hpshard-ckpt's output; a parameter name with a control
+    character is refused at registration (a checkpoint naming it would not load)."""
+    store, comm = single_rank("ckpt-escapes")
+    with store, comm, Engine.create(comm) as engine:
+        with pytest.raises(hpshard.Error) as info:
+            engine.add_param("w\x1b[2J", (3,))
+        assert info.value.status == 1 and "\\x1b" in info.value.message, info.value.message
+        engine.add_param("w", (3,))
+        engine.seal()
+        with Checkpoint.create(engine, comm, tmp_path / "root") as ckpt:
+            ckpt.save("a").wait()
+    source = tmp_path / "root" / "a"
+    for what in ("name", "format", "metadata"):
+        copy = tmp_path / what / "a"
+        shutil.copytree(source, copy)
+        with open(copy / "manifest.json") as f:
+            manifest = json.load(f)
+        if what == "metadata":
+            manifest["metadata"] = {"k\x1b[2J": 1}
+        else:
+            manifest[what] = "x\x1b[2J\x1b[31mRED"
+        with open(copy / "manifest.json", "w") as f:
+            json.dump(manifest, f)
+        with pytest.raises(hpshard.Error) as info:
+            hpshard.checkpoint_inspect(copy)
+        assert "\x1b" not in info.value.message and "\\x1b" in info.value.message, \
+            info.value.message
+        tool = os.environ.get("HPS_CKPT_TOOL")  # set by ctest
+        if tool:
+            for command in (["inspect", str(copy)], ["list", str(copy.parent)]):
+                shown = subprocess.run([tool, *command], capture_output=True)
+                assert b"\x1b" not in shown.stdout + shown.stderr, (command, shown)
+
+
 def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(tmp_path):
     """Two ranks as mp 2 (sharding 1): each part's engine saves under its own root, which
     it claims (another part's engine, or a whole model's, is refused there: the rotation and
@@ -408,7 +488,12 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
                 assert claimed.value.status == 1 and "own root" in claimed.value.message
                 copied = tmp_path / f"copied{rank}"
                 shutil.copytree(other / "a", copied / "a")
+                with pytest.raises(hpshard.Error) as held:  # a root holding the other part's
+                    Checkpoint.create(engine, sharding, copied)
+                assert held.value.status == 1 and "own root" in held.value.message
+                shutil.rmtree(copied / "a")
                 with Checkpoint.create(engine, sharding, copied) as ckpt:
+                    shutil.copytree(other / "a", copied / "a")  # put there after the claim
                     with pytest.raises(hpshard.Error) as info:
                         ckpt.load("a")
                 return loaded, part, info.value.status, info.value.message, engine.param(w).copy()

@@ -1039,3 +1039,49 @@ def test_engine_model_parallel_groups_are_checked():
         assert out["world"][0] == INVALID_ARGUMENT and "coordinates" in out["world"][1]
         assert out["flags"][0] == INVALID_ARGUMENT and "DISTRIBUTED" in out["flags"][1]
         assert out["sealed"] == FAILED_PRECONDITION
+
+
+def test_engine_seal_refused_on_one_mp_group_is_refused_on_every_rank_at_once():
+    """pp 2 x mp 2: only pp stage 0's mp group registers different flags. Every rank gets
+    INVALID_ARGUMENT at once (pp stage 1's ranks waited in seal's pp collective for the
+    communicator's timeout, 20 s here, and got TIMEOUT), and the groups stay usable: a
+    fresh engine on them seals and steps."""
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=4)
+        with store, world_comm, hpshard.Topology(1, 2, 1, 1, 2, 4) as topo:
+            group = hpshard.HybridGroup.create(world_comm, topo)
+            sharding = group.comm(hpshard.Group.SHARDING)
+            mp, pp = group.comm(hpshard.Group.MP), group.comm(hpshard.Group.PP)
+            out = {}
+            with Engine.create(sharding, learning_rate=1.0, clip_max_norm=1.0) as engine:
+                engine.set_model_parallel_groups(mp, pp)
+                engine.add_param("w", (3,), distributed=rank != 0)
+                began = time.monotonic()
+                with pytest.raises(hpshard.Error) as info:
+                    engine.seal()
+                out["refused"] = (info.value.status, info.value.message,
+                                  time.monotonic() - began)
+            with Engine.create(sharding, learning_rate=1.0, clip_max_norm=1.0) as engine:
+                engine.set_model_parallel_groups(mp, pp)
+                engine.add_param("w", (3,), distributed=True)
+                engine.seal()
+                engine.grad(0)[:] = 1.0
+                engine.grad_ready(0)
+                engine.step()
+                engine.synchronize()
+                out["param"] = np.array(engine.param(0), dtype=np.float64)
+            return out
+
+    outs = run_ranks(4, body, "mp-refused-everywhere")
+    for rank, out in enumerate(outs):
+        status, message, seconds = out["refused"]
+        assert status == INVALID_ARGUMENT, (rank, message)
+        assert seconds < 10, (rank, seconds, message)
+        if rank < 2:  # the mp group that found it names it
+            assert "DISTRIBUTED" in message
+        else:
+            assert "refused on every rank" in message and "clip flags" in message
+        # Unit gradients of w (distributed) over mp 2 and pp 2: the norm is sqrt(3 * 2 * 2)
+        # (pp's other stage holds the same w), so the coefficient clips it to 1.
+        np.testing.assert_allclose(out["param"], -1.0 / math.sqrt(12), rtol=1e-5)

@@ -2401,7 +2401,8 @@ extern "C" {
 extern "C" {
     #[doc = " Register a parameter before hps_engine_seal; its index (registration order) into"]
     #[doc = " *out_index. `unit` is the layer its forward belongs to. Every rank must register the"]
-    #[doc = " same parameters in the same order. Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),"]
+    #[doc = " same parameters in the same order. A name is 1 byte or more without control characters"]
+    #[doc = " (bytes below 0x20, 0x7f). Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),"]
     #[doc = " FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32, float16, bfloat16)."]
     pub fn hps_engine_add_param(
         engine: *mut hps_engine_t,
@@ -2650,7 +2651,8 @@ pub struct hps_checkpoint {
 #[doc = " background thread writes and publishes. A load reads only this rank's ranges, checks"]
 #[doc = " every checksum, converts between stage 2 and 3, sharding and dp degrees, bucket layouts"]
 #[doc = " and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every"]
-#[doc = " rank read everything. One hps_checkpoint_t per engine; one root per job."]
+#[doc = " rank read everything. One hps_checkpoint_t per engine; one root per job, or per part of a"]
+#[doc = " model cut across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root."]
 #[doc = " Thread safety: one thread at a time per handle (its saves write on a thread of their own)."]
 pub type hps_checkpoint_t = hps_checkpoint;
 #[doc = " Checkpoint options. ABI-extensible."]
@@ -2764,7 +2766,9 @@ extern "C" {
     #[doc = " sharding x dp ranks); the handle uses a communicator split from it, so `group` may be"]
     #[doc = " used for other work meanwhile. `options` may be NULL. The engine and `group` must outlive"]
     #[doc = " the handle. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another"]
-    #[doc = " size or device, bad options), BACKEND_ERROR (root cannot be created)."]
+    #[doc = " size or device, bad options; a root claimed by another part of the model, or holding"]
+    #[doc = " checkpoints of another part or of the whole model when this engine is a part, or of a part"]
+    #[doc = " when it is the whole model), BACKEND_ERROR (root cannot be created or claimed)."]
     pub fn hps_checkpoint_create(
         engine: *mut hps_engine_t,
         group: *mut hps_comm_t,
@@ -2865,11 +2869,13 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Load checkpoint <root>/<name>, or the one <root>/latest names when `name` is NULL, into the"]
-    #[doc = " engine, whatever topology and parameter dtypes wrote it. Collective over the group,"]
+    #[doc = " engine, whatever sharding and dp degrees, stage and parameter dtypes wrote it (a part of a"]
+    #[doc = " model cut across mp and pp loads only its own part's). Collective over the group,"]
     #[doc = " host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3)."]
     #[doc = " `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such"]
     #[doc = " checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;"]
-    #[doc = " tensors missing or extra; another model — the message names the file and the tensor),"]
+    #[doc = " tensors missing or extra; another model or another part of it — the message names the file"]
+    #[doc = " and the tensor),"]
     #[doc = " FAILED_PRECONDITION (in the middle of a step, a unit gathered)."]
     pub fn hps_checkpoint_load(
         checkpoint: *mut hps_checkpoint_t,
