@@ -77,6 +77,8 @@ StatusOr<std::unique_ptr<HybridClip>> HybridClip::create(std::shared_ptr<Communi
     }
     device = d;
   }
+  if (mp) HPS_RETURN_IF_ERROR(check_topology_axis(*mp, "mp", "clip"));
+  if (pp) HPS_RETURN_IF_ERROR(check_topology_axis(*pp, "pp", "clip"));
   return std::unique_ptr<HybridClip>(
       new HybridClip(std::move(sharding), std::move(mp), std::move(pp), options));
 }

@@ -161,4 +161,13 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Stor
 #endif
 }
 
+Status check_topology_axis(const Communicator& comm, std::string_view axis, std::string_view who) {
+  const std::string& mine = comm.topology_axis();
+  if (mine.empty() || mine == axis) return Status::Ok();
+  // The pp group given as mp (or the sep group as either) would sum over the wrong ranks.
+  return invalid_argument(std::string(who) + ": the " + std::string(axis) +
+                          " communicator is the hybrid topology's '" + mine + "' group, not its " +
+                          std::string(axis) + " group");
+}
+
 }  // namespace hps

@@ -111,7 +111,20 @@ class Communicator {
 
   // Local, from any thread: pending and later operations end with ABORTED.
   virtual void abort() = 0;
+
+  // The axis of a hybrid topology this communicator is ("dp", "pp", "sharding", "sep",
+  // "mp", ...), as HybridGroup made it; empty for any other communicator. Lets a user of
+  // the group check that it was given the axis it needs.
+  const std::string& topology_axis() const { return topology_axis_; }
+  void set_topology_axis(std::string axis) { topology_axis_ = std::move(axis); }
+
+ private:
+  std::string topology_axis_;
 };
+
+// INVALID_ARGUMENT ("<who>: the <axis> communicator is the hybrid topology's '<other>'
+// group, ...") when `comm` is a hybrid group's communicator of another axis than `axis`.
+Status check_topology_axis(const Communicator& comm, std::string_view axis, std::string_view who);
 
 // Creates this rank's member of a group of `size` ranks meeting through `store`.
 // Collective: every rank calls it. CPU → Gloo (in a build without Gloo, a group of one

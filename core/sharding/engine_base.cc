@@ -73,6 +73,7 @@ Status EngineBase::set_model_parallel_groups(std::shared_ptr<Communicator> mp,
       return invalid_argument(std::string("engine: the ") + name +
                               " communicator is the engine's sharding or dp communicator");
     }
+    HPS_RETURN_IF_ERROR(check_topology_axis(**group, name, "engine"));
   }
   if (mp && mp == pp) {
     return invalid_argument("engine: the mp and pp communicators are the same communicator");

@@ -57,7 +57,10 @@ StatusOr<std::unique_ptr<HybridGroup>> HybridGroup::create(std::shared_ptr<Commu
     for (const auto& ranks : all_groups(topology, kind)) {
       HPS_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c,
                            world->split(ranks, std::string(group_kind_name(kind))));
-      if (c) hg->groups_[static_cast<size_t>(kind)] = std::move(c);
+      if (c) {
+        c->set_topology_axis(std::string(group_kind_name(kind)));
+        hg->groups_[static_cast<size_t>(kind)] = std::move(c);
+      }
     }
     if (!hg->groups_[static_cast<size_t>(kind)]) {
       return internal_error("hybrid group: rank " + std::to_string(world->rank()) + " is in no " +

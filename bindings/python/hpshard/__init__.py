@@ -1439,10 +1439,11 @@ class Engine(Handle):
         DISTRIBUTED gradients over mp and every counted gradient over pp, and a non-finite
         gradient on any rank of the sharding, dp, mp or pp groups skips the step on all of
         them; without it both span the sharding and dp groups only. Every rank calls it
-        alike; :meth:`seal` is then collective over these groups too and checks that they
-        are the other axes of the same topology. The communicators stay referenced. Error
-        INVALID_ARGUMENT (another device, the engine's sharding or dp communicator, mp and
-        pp the same), FAILED_PRECONDITION (sealed)."""
+        alike; :meth:`seal` is then collective over these groups too and checks that each
+        group's members share every other coordinate. The communicators stay referenced.
+        Error INVALID_ARGUMENT (another device, the engine's sharding or dp communicator, mp
+        and pp the same, a HybridGroup's communicator of another axis), FAILED_PRECONDITION
+        (sealed)."""
         mp_handle = _comm_or_none(mp, "mp")
         pp_handle = _comm_or_none(pp, "pp")
         with self._lock:

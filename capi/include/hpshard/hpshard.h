@@ -781,8 +781,9 @@ HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t s
  * Create a clip over the given groups (each may be NULL: not reduced over); `options` may
  * be NULL for the defaults. The clip holds its own reference to the communicators: their
  * handles may be destroyed before it. Errors:
- * INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices),
- * UNIMPLEMENTED (CUDA communicators in a build without CUDA).
+ * INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices,
+ * a hybrid group's communicator of another axis as mp or pp), UNIMPLEMENTED (CUDA
+ * communicators in a build without CUDA).
  */
 HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
                                      const hps_clip_options_t* options, hps_clip_t** out_clip);
@@ -993,8 +994,12 @@ HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name
  * all of them. Without it an engine's clip and skip span its sharding and dp groups only,
  * which is right only where mp and pp are 1. Every rank must call it alike (hps_engine_seal
  * is then collective over these groups as well). The engine holds its own references.
+ * A communicator of a hybrid group (hps_hybrid_group_comm) must be that group's own axis:
+ * its pp group given as mp, or its sep group as either, is refused; a communicator split
+ * by hand is checked at seal only by the coordinates its members share.
  * Added in 0.4.0. Errors: INVALID_ARGUMENT (a group on another device, or the engine's
- * sharding or dp communicator, or mp and pp the same), FAILED_PRECONDITION (sealed).
+ * sharding or dp communicator, or mp and pp the same, or a hybrid group's communicator of
+ * another axis), FAILED_PRECONDITION (sealed).
  * Thread safety: one thread at a time per engine.
  */
 HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, hps_comm_t* mp,
@@ -1004,8 +1009,9 @@ HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, 
  * Lay the parameters out and allocate the buffers (zero-filled). Collective over the
  * sharding and dp groups (and the groups of hps_engine_set_model_parallel_groups: their
  * members must share this rank's other coordinates, and the mp ranks must have registered
- * the same flags), host-blocking once at set-up: ranks that registered different
- * parameters get INVALID_ARGUMENT.
+ * the same flags), host-blocking once at set-up: when any rank finds a difference (other
+ * parameters, groups whose members do not share those coordinates), every rank gets
+ * INVALID_ARGUMENT at once.
  */
 HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine);
 

@@ -1013,6 +1013,14 @@ def test_engine_model_parallel_groups_are_checked():
             with Engine.create(sharding) as engine:
                 out["sharding"] = status_of(lambda: engine.set_model_parallel_groups(sharding))
                 out["same"] = status_of(lambda: engine.set_model_parallel_groups(mp, mp))
+                # A hybrid group's communicator of another axis: the mp group as pp, the
+                # sep group as mp (the norm would sum over the wrong ranks).
+                with pytest.raises(hpshard.Error) as axis:
+                    engine.set_model_parallel_groups(None, mp)
+                out["mp_as_pp"] = (axis.value.status, axis.value.message)
+                out["sep_as_mp"] = status_of(lambda: engine.set_model_parallel_groups(
+                    group.comm(hpshard.Group.SEP), None))
+                out["clip_mp_as_pp"] = status_of(lambda: Clip(sharding, None, mp))
                 with pytest.raises(TypeError):
                     engine.set_model_parallel_groups("mp")
             with Engine.create(sharding) as engine:  # the world is no axis: sharding differs
@@ -1036,6 +1044,10 @@ def test_engine_model_parallel_groups_are_checked():
 
     for out in run_ranks(4, body, "mp-checks"):
         assert out["sharding"] == INVALID_ARGUMENT and out["same"] == INVALID_ARGUMENT
+        assert out["mp_as_pp"][0] == INVALID_ARGUMENT and "'mp' group, not its pp" in \
+            out["mp_as_pp"][1]
+        assert out["sep_as_mp"] == INVALID_ARGUMENT
+        assert out["clip_mp_as_pp"] == INVALID_ARGUMENT
         assert out["world"][0] == INVALID_ARGUMENT and "coordinates" in out["world"][1]
         assert out["flags"][0] == INVALID_ARGUMENT and "DISTRIBUTED" in out["flags"][1]
         assert out["sealed"] == FAILED_PRECONDITION

@@ -402,9 +402,10 @@ public final class Engine extends Handle<EngineHandle> {
    * then sums DISTRIBUTED gradients over mp and every counted gradient over pp, and a
    * non-finite gradient on any rank of the sharding, dp, mp or pp groups skips the step on
    * all of them; without it both span the sharding and dp groups only. Every rank calls it
-   * alike; {@link #seal()} is then collective over these groups too and checks that they
-   * are the other axes of the same topology. INVALID_ARGUMENT (another device, the engine's
-   * sharding or dp communicator, mp and pp the same), FAILED_PRECONDITION (sealed).
+   * alike; {@link #seal()} is then collective over these groups too and checks that each
+   * group's members share every other coordinate. INVALID_ARGUMENT (another device, the
+   * engine's sharding or dp communicator, mp and pp the same, a hybrid group's communicator
+   * of another axis), FAILED_PRECONDITION (sealed).
    */
   public void setModelParallelGroups(Communicator mp, Communicator pp) {
     h().setModelParallelGroups(mp == null ? null : mp.h(), pp == null ? null : pp.h());

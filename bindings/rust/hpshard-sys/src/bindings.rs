@@ -1753,8 +1753,9 @@ extern "C" {
     #[doc = " Create a clip over the given groups (each may be NULL: not reduced over); `options` may"]
     #[doc = " be NULL for the defaults. The clip holds its own reference to the communicators: their"]
     #[doc = " handles may be destroyed before it. Errors:"]
-    #[doc = " INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices),"]
-    #[doc = " UNIMPLEMENTED (CUDA communicators in a build without CUDA)."]
+    #[doc = " INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices,"]
+    #[doc = " a hybrid group's communicator of another axis as mp or pp), UNIMPLEMENTED (CUDA"]
+    #[doc = " communicators in a build without CUDA)."]
     pub fn hps_clip_create(
         sharding: *mut hps_comm_t,
         mp: *mut hps_comm_t,
@@ -2425,8 +2426,12 @@ extern "C" {
     #[doc = " all of them. Without it an engine's clip and skip span its sharding and dp groups only,"]
     #[doc = " which is right only where mp and pp are 1. Every rank must call it alike (hps_engine_seal"]
     #[doc = " is then collective over these groups as well). The engine holds its own references."]
+    #[doc = " A communicator of a hybrid group (hps_hybrid_group_comm) must be that group's own axis:"]
+    #[doc = " its pp group given as mp, or its sep group as either, is refused; a communicator split"]
+    #[doc = " by hand is checked at seal only by the coordinates its members share."]
     #[doc = " Added in 0.4.0. Errors: INVALID_ARGUMENT (a group on another device, or the engine's"]
-    #[doc = " sharding or dp communicator, or mp and pp the same), FAILED_PRECONDITION (sealed)."]
+    #[doc = " sharding or dp communicator, or mp and pp the same, or a hybrid group's communicator of"]
+    #[doc = " another axis), FAILED_PRECONDITION (sealed)."]
     #[doc = " Thread safety: one thread at a time per engine."]
     pub fn hps_engine_set_model_parallel_groups(
         engine: *mut hps_engine_t,
@@ -2438,8 +2443,9 @@ extern "C" {
     #[doc = " Lay the parameters out and allocate the buffers (zero-filled). Collective over the"]
     #[doc = " sharding and dp groups (and the groups of hps_engine_set_model_parallel_groups: their"]
     #[doc = " members must share this rank's other coordinates, and the mp ranks must have registered"]
-    #[doc = " the same flags), host-blocking once at set-up: ranks that registered different"]
-    #[doc = " parameters get INVALID_ARGUMENT."]
+    #[doc = " the same flags), host-blocking once at set-up: when any rank finds a difference (other"]
+    #[doc = " parameters, groups whose members do not share those coordinates), every rank gets"]
+    #[doc = " INVALID_ARGUMENT at once."]
     pub fn hps_engine_seal(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {

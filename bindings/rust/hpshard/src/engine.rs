@@ -1028,10 +1028,11 @@ impl<'c> Engine<'c> {
     /// non-finite gradient on any rank of the sharding, dp, mp or pp groups skips the step
     /// on all of them; without it both span the sharding and dp groups only. Every rank
     /// calls it alike; `seal` is then collective over these groups too and checks that
-    /// they are the other axes of the same topology. The groups stay borrowed while the
-    /// engine lives.
+    /// each group's members share every other coordinate. The groups stay borrowed while
+    /// the engine lives.
     /// Errors: [`Status::InvalidArgument`] (another device, the engine's own sharding or
-    /// dp communicator, mp and pp the same), [`Status::FailedPrecondition`] (sealed).
+    /// dp communicator, mp and pp the same, a hybrid group's communicator of another axis),
+    /// [`Status::FailedPrecondition`] (sealed).
     pub fn set_model_parallel_groups(
         &mut self,
         mp: Option<&'c mut Communicator>,
