@@ -26,6 +26,10 @@ namespace hps::ckpt {
 
 inline constexpr std::string_view kFormatName = "hpshard-checkpoint";
 inline constexpr uint32_t kFormatVersion = 1;
+// The manifest of a part of a model cut across mp and pp (topology mp/pp above 1) says
+// version 2, so that a reader that knows no parts refuses it rather than load it as the
+// whole model; a whole model's manifest, and every data file, stay at version 1.
+inline constexpr uint32_t kPartFormatVersion = 2;
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
 // Directories under the root that are not (yet, or any more) checkpoints.

@@ -236,7 +236,8 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
 std::string manifest_to_json(const Manifest& m) {
   json j;
   j["format"] = kFormatName;
-  j["format_version"] = m.format_version;
+  j["format_version"] =
+      m.topology.mp > 1 || m.topology.pp > 1 ? kPartFormatVersion : kFormatVersion;
   j["id"] = m.id;
   j["name"] = m.name;
   j["created_unix_ns"] = m.created_unix_ns;
@@ -297,10 +298,11 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
       return r.bad("'format' is '" + shown_value(format) + "', not '" + std::string(kFormatName) +
                    "'");
     HPS_ASSIGN_OR_RETURN(uint64_t version, r.uint("format_version"));
-    if (version != kFormatVersion) {
-      return r.bad("format version " + std::to_string(version) + "; this hpshard reads version " +
-                   std::to_string(kFormatVersion));
+    if (version != kFormatVersion && version != kPartFormatVersion) {
+      return r.bad("format version " + std::to_string(version) + "; this hpshard reads versions " +
+                   std::to_string(kFormatVersion) + " and " + std::to_string(kPartFormatVersion));
     }
+    m.format_version = static_cast<uint32_t>(version);
     HPS_ASSIGN_OR_RETURN(m.id, r.string("id"));
     if (!is_checkpoint_id(m.id)) return r.bad("'id' is not 32 lowercase hex digits");
     HPS_ASSIGN_OR_RETURN(m.name, r.string("name"));
@@ -325,6 +327,13 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
       if (given == nullptr) continue;
       HPS_ASSIGN_OR_RETURN(*degree, t.int32(degree_key, 1, 1 << 24));
       HPS_ASSIGN_OR_RETURN(*rank, t.int32(rank_key, 0, *degree - 1));
+    }
+    if ((m.topology.mp > 1 || m.topology.pp > 1) != (version == kPartFormatVersion)) {
+      return r.bad("format version " + std::to_string(version) + " with mp " +
+                   std::to_string(m.topology.mp) + " and pp " + std::to_string(m.topology.pp) +
+                   ": a part of a model (mp or pp above 1) is version " +
+                   std::to_string(kPartFormatVersion) + ", a whole model version " +
+                   std::to_string(kFormatVersion));
     }
     HPS_ASSIGN_OR_RETURN(const json* engine, r.field("engine", false));
     if (engine != nullptr) {

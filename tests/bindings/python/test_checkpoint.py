@@ -415,6 +415,7 @@ def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path
         assert f"mp rank {rank} of 2" in message, message
         assert own == [".hpshard-part", "latest", "q"], own
     assert sorted(os.listdir(root)) == before == ["latest", "whole-1", "whole-2"]
+    assert hpshard.checkpoint_inspect(root / "whole-2").format_version == 1
     assert (root / "latest").read_text().strip() == "whole-2"
 
 
@@ -507,6 +508,18 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
         np.testing.assert_array_equal(after, loaded)
     info = hpshard.checkpoint_inspect(tmp_path / "mp1" / "a")
     assert (info.mp, info.mp_rank, info.pp, info.pp_rank) == (2, 1, 1, 0)
+    # A part's manifest is format version 2 (a reader without parts refuses it); claiming
+    # version 1, or a whole model claiming 2, is refused.
+    assert info.format_version == 2
+    manifest_path = tmp_path / "mp1" / "a" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["format_version"] = 1
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(hpshard.Error) as info:
+        hpshard.checkpoint_inspect(tmp_path / "mp1" / "a")
+    assert "a part of a model (mp or pp above 1) is version 2" in info.value.message
+    manifest["format_version"] = 2
+    manifest_path.write_text(json.dumps(manifest))
     store, comm = single_rank("whole-on-part")
     with store, comm, Engine.create(comm) as whole:
         whole.add_param("w", (3,))

@@ -337,8 +337,19 @@ TEST(Manifest, RecordsTheModelParallelPart) {
   EXPECT_EQ(back->topology.mp_rank, 3);
   EXPECT_EQ(back->topology.pp, 2);
   EXPECT_EQ(back->topology.pp_rank, 1);
-  json j = json::parse(manifest_to_json(m));  // a manifest written before these fields
+  // A part's manifest is version 2 (a reader without parts refuses it), a whole model's 1.
+  EXPECT_EQ(back->format_version, kPartFormatVersion);
+  EXPECT_EQ(json::parse(manifest_to_json(sample()))["format_version"], kFormatVersion);
+  json j = json::parse(manifest_to_json(m));
+  j["format_version"] = kFormatVersion;
+  back = parse_manifest(j.dump(), "x/manifest.json");
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.status().message().find("a part of a model (mp or pp above 1) is version 2"),
+            std::string::npos)
+      << back.status().to_string();
+  j = json::parse(manifest_to_json(m));  // a manifest written before these fields
   for (const char* key : {"mp", "mp_rank", "pp", "pp_rank"}) j["topology"].erase(key);
+  j["format_version"] = kFormatVersion;
   back = parse_manifest(j.dump(), "x/manifest.json");
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_EQ(back->topology.mp, 1);

@@ -69,10 +69,12 @@ public final class Communicator extends Handle<CommHandle> {
     }
 
     @Override
+    void taken(CommHandle p) {
+      closing = p; // under the monitor, as proxy() becomes null: abort() always finds it
+    }
+
+    @Override
     void beforeDestroy(CommHandle p) {
-      synchronized (this) {
-        closing = p;
-      }
       try {
         p.finish();
       } catch (HpsException e) {

@@ -31,6 +31,12 @@ public abstract class Handle<P> implements AutoCloseable {
       this.destroy = destroy;
     }
 
+    /**
+     * Runs under this state's monitor as the proxy is taken for destruction, in the same
+     * step that makes proxy() null (so another thread sees it in one place or the other).
+     */
+    void taken(P proxy) {}
+
     /** Runs before the proxy is destroyed (waiting for what it still does). */
     void beforeDestroy(P proxy) {}
 
@@ -55,6 +61,7 @@ public abstract class Handle<P> implements AutoCloseable {
       synchronized (this) {
         p = proxy;
         proxy = null;
+        if (p != null) taken(p);
         from = new ArrayList<>(owners);
         owners.clear();
       }
