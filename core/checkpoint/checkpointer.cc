@@ -141,6 +141,39 @@ Status check_unclaimed_root(const std::string& root, const CheckpointTopology& t
   return Status::Ok();
 }
 
+// The metadata keys of a part's safetensors export: its mp, mp rank, pp and pp rank.
+constexpr const char* kPartKeys[] = {"hpshard_mp", "hpshard_mp_rank", "hpshard_pp",
+                                     "hpshard_pp_rank"};
+
+// A safetensors file exported from a part's checkpoint initialises only that part (a file
+// without the keys, from elsewhere, is taken as it is: its names and shapes are checked).
+Status check_safetensors_part(const std::string& path,
+                              const std::map<std::string, std::string>& metadata,
+                              const CheckpointTopology& t) {
+  CheckpointTopology file;
+  bool any = false;
+  int32_t* fields[] = {&file.mp, &file.mp_rank, &file.pp, &file.pp_rank};
+  for (size_t k = 0; k < 4; ++k) {
+    auto it = metadata.find(kPartKeys[k]);
+    if (it == metadata.end()) continue;
+    any = true;
+    const std::string& text = it->second;
+    int64_t v = -1;
+    if (!text.empty() && text.size() <= 9 &&
+        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      v = std::stoll(text);
+    }
+    if (v < 0 || v > (1 << 24)) {
+      return invalid_argument("checkpoint: " + path + ": metadata '" + kPartKeys[k] + "' is '" +
+                              shown_value(text) + "', not a part's coordinate");
+    }
+    *fields[k] = static_cast<int32_t>(v);
+  }
+  if (!any || same_part(file, t)) return Status::Ok();
+  return invalid_argument("checkpoint: " + path + " was exported from " + part_text(file) +
+                          "; this engine is " + part_text(t));
+}
+
 Status claim_root(const std::string& root, const CheckpointTopology& t) {
   const std::string marker = join_path(root, kPartFile);
   const std::string mine = part_text(t);
@@ -695,6 +728,10 @@ StatusOr<LoadReport> Checkpointer::import_safetensors(const std::string& path,
   LoadReport report;
   report.directory = path;
   auto source = ckpt::read_safetensors(path, &report.metadata);
+  if (source.ok()) {
+    Status part = check_safetensors_part(path, report.metadata, engine_.checkpoint_topology());
+    if (!part.ok()) source = part;
+  }
   return run_load(std::move(source), ckpt::SourceNaming::kBareParameters, options,
                   std::move(report));
 }
@@ -884,6 +921,16 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   std::map<std::string, std::string> metadata = m.metadata;
   metadata["format"] = "pt";  // what transformers' loaders look for (a user key yields)
   metadata["hpshard_checkpoint"] = m.id;
+  // A part's export says which part it is; importing it into another part is refused.
+  for (auto [key, value] :
+       {std::pair{kPartKeys[0], m.topology.mp}, std::pair{kPartKeys[1], m.topology.mp_rank},
+        std::pair{kPartKeys[2], m.topology.pp}, std::pair{kPartKeys[3], m.topology.pp_rank}}) {
+    if (m.topology.mp > 1 || m.topology.pp > 1) {
+      metadata[key] = std::to_string(value);
+    } else {
+      metadata.erase(key);
+    }
+  }
   uint64_t data_bytes = 0;
   HPS_ASSIGN_OR_RETURN(std::string header,
                        ckpt::safetensors_header(entries, metadata, &data_bytes));

@@ -497,6 +497,19 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
                     shutil.copytree(other / "a", copied / "a")  # put there after the claim
                     with pytest.raises(hpshard.Error) as info:
                         ckpt.load("a")
+                    # A part's safetensors export names its part: the other part's is
+                    # refused, this part's initialises it.
+                    hpshard.checkpoint_export_safetensors(other / "a", tmp_path / f"o{rank}.st")
+                    hpshard.checkpoint_export_safetensors(own / "a", tmp_path / f"m{rank}.st")
+                    with pytest.raises(hpshard.Error) as imported:
+                        ckpt.import_safetensors(tmp_path / f"o{rank}.st")
+                    assert imported.value.status == 1 and \
+                        f"exported from the model's part at mp rank {1 - rank} of 2" in \
+                        imported.value.message, imported.value.message
+                    np.testing.assert_array_equal(engine.param(w), loaded)
+                    engine.param(w)[...] = 0.0
+                    ckpt.import_safetensors(tmp_path / f"m{rank}.st")
+                    np.testing.assert_array_equal(engine.param(w), loaded)
                 return loaded, part, info.value.status, info.value.message, engine.param(w).copy()
 
     for rank, (loaded, part, status, message, after) in enumerate(
