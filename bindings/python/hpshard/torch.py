@@ -53,8 +53,9 @@ parameter's gradient (``torch.autograd.grad``, ``backward(inputs=...)``) is not 
 micro-batch: the engine does not see it. Buffers (BatchNorm's running statistics) stay each
 rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives the calling
 rank's. The engine trains the parameters it was created with: a parameter or submodule
-replaced, added or removed, or a parameter frozen or unfrozen, after wrapping makes the
-next forward raise, naming the module that changed (change the module, then wrap it).
+replaced, added or removed, a parameter frozen or unfrozen, or its ``.data`` replaced,
+after wrapping makes the next forward raise, naming what changed (change the module, then
+wrap it; set values in place at stage 2, or through ``load_state_dict()``).
 
 A backward that raises in the model's own code before any gradient checked in ends at
 the next forward, and training goes on; one that raises after some did leaves the
@@ -495,6 +496,16 @@ class ShardedModule(torch.nn.Module):
                         f"{'unfrozen' if p.requires_grad else 'frozen'} after ShardedModule "
                         "wrapped the module; the engine trains the parameters as they were "
                         "registered: set requires_grad before wrapping")
+                if p.data_ptr() != self._expected_data(i):
+                    raise RuntimeError(
+                        f"hpshard.torch: the data of parameter {self._names[i]!r} was "
+                        "replaced (p.data = ...) after ShardedModule wrapped the module; its "
+                        "values live in the engine's memory, so the model would compute with "
+                        "the new tensor while the engine trains the old one: "
+                        + ("write the values in place (p.copy_(...) under torch.no_grad()) "
+                           "or use load_state_dict()" if self.stage == 2 else
+                           "use load_state_dict() (with stage 3 a parameter holds its values "
+                           "only inside its unit's forward and backward)"))
             return
         where = next((n for n, m in self.module.named_modules() if m is changed), None)
         where = repr(where) if where else "the wrapped module itself"
@@ -503,6 +514,15 @@ class ShardedModule(torch.nn.Module):
             "removed after ShardedModule wrapped the module; the engine trains the parameters "
             "it registered, so training would silently leave the new ones untrained: change "
             "the module before wrapping it")
+
+    def _expected_data(self, i: int) -> int:
+        """Where parameter i's data must be between forwards: the engine's memory (stage 2,
+        or a unit gathered at stage 3) or its released husk (stage 3)."""
+        if self._params[i].numel() == 0:
+            return self._params[i].data_ptr()  # no memory to compare
+        if self.stage == 2 or self._unit(self._param_unit[i]).gathered:
+            return self._engine.param_address(i)
+        return self._husks[i].data_ptr()
 
     def _start_engine(self, initial: List[torch.Tensor]) -> None:
         """A fresh engine holding ``initial`` (rank 0's values win), the parameters pointed

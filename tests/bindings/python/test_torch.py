@@ -508,6 +508,10 @@ def test_a_module_changed_after_wrapping_is_refused_until_it_is_restored(stage):
             net.wpe.weight.requires_grad_(True)  # unfrozen
             refused(r"'wpe\.weight' was unfrozen")
             net.wpe.weight.requires_grad_(False)
+            engine_data = weight.data
+            weight.data = torch.ones_like(weight)  # its data replaced: trained nowhere
+            refused(r"the data of parameter 'blocks\.1\.mlp\.0\.weight' was replaced")
+            weight.data = engine_data
             # Restored: nothing changed in the engine, and training goes on.
             after = model.state_dict()
             for key, value in before.items():
