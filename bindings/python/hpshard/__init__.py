@@ -698,14 +698,21 @@ class Communicator(Handle):
     def close(self) -> None:
         """Close what uses the communicator (hybrid groups, clips, engines, checkpoints),
         wait for its queued operations to end, then destroy it; harmless when already
-        closed. Only the destroy holds the handle's lock: while the rest waits (an
-        operation stuck on a rank that has gone waits for its timeout), :meth:`abort` from
-        another thread ends it at once."""
+        closed (a call while another thread closes it returns once that close is done).
+        Only the destroy holds the handle's lock: while the rest waits (an operation stuck
+        on a rank that has gone waits for its timeout), :meth:`abort` from another thread
+        ends it at once."""
         with self._lock:
             h, self._handle = self._handle, None
             if h is None:
-                return
-            self._closing = h
+                done = getattr(self, "_closed_event", None)
+            else:
+                self._closing = h
+                self._closed_event = threading.Event()
+        if h is None:
+            if done is not None:  # another thread is closing it: return once it has
+                done.wait()
+            return
         try:
             try:
                 self._before_close(h)
@@ -721,6 +728,7 @@ class Communicator(Handle):
                     type(h).__swig_destroy__(h)
                 finally:
                     self._keep = []
+                    self._closed_event.set()
 
     @property
     def rank(self) -> int:

@@ -595,6 +595,44 @@ def test_device_and_transport_of_cpu_communicators():
         assert comm.transport == "tcp"  # a group of one has no peer to share memory with
 
 
+def test_a_second_close_returns_only_once_the_first_has_closed_the_communicator():
+    """Rank 0 queues an all-reduce rank 1 joins only 1 s later, then closes (waiting for
+    it); a close from a second thread meanwhile returned at once, before the communicator
+    was gone. It now returns once the first close is done."""
+    url = unique_url("second-close")
+    out = {}
+
+    def rank(r):
+        store = Store.open(url, r, timeout_ms=10000)
+        comm = Communicator.create(store, r, 2, timeout_ms=8000)
+        buf = np.ones(4, np.float32)
+        if r == 1:
+            time.sleep(1.0)
+            comm.all_reduce(buf, buf).wait()
+        else:
+            work = comm.all_reduce(buf, buf)
+            first = threading.Thread(target=comm.close)
+            first.start()
+            time.sleep(0.2)
+            start = time.monotonic()
+            comm.close()  # the second
+            out["second_s"] = time.monotonic() - start
+            out["first_alive"] = first.is_alive()
+            first.join()
+            work.wait()
+        comm.close()
+        store.close()
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    assert not any(t.is_alive() for t in threads)
+    assert out["first_alive"] is False, out
+    assert out["second_s"] > 0.4, out
+
+
 def test_abort_from_another_thread_ends_a_close_waiting_on_a_stuck_operation():
     """Rank 0 queues an all-reduce rank 1 never joins, then closes: the close waits for the
     operation (8 s timeout), and abort() from a watchdog thread ends that wait at once
