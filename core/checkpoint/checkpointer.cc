@@ -174,11 +174,30 @@ Status check_safetensors_part(const std::string& path,
                           "; this engine is " + part_text(t));
 }
 
+// The files a claim writes aside exist for a moment; one a crash left behind (an hour
+// old) is removed by the next part that claims the root.
+void remove_stale_claims(const std::string& root) {
+  auto names = ckpt::list_directory(root);
+  if (!names.ok()) return;
+  const std::string prefix = std::string(kPartFile) + ".tmp-";
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (const auto& n : *names) {
+    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    std::error_code ec;
+    const std::string path = join_path(root, n);
+    const auto status = std::filesystem::symlink_status(path, ec);
+    if (ec || !std::filesystem::is_regular_file(status)) continue;
+    const auto written = std::filesystem::last_write_time(path, ec);
+    if (!ec && now - written > std::chrono::hours(1)) (void)::unlink(path.c_str());
+  }
+}
+
 Status claim_root(const std::string& root, const CheckpointTopology& t) {
   const std::string marker = join_path(root, kPartFile);
   const std::string mine = part_text(t);
   const bool part = t.mp > 1 || t.pp > 1;
   if (!ckpt::path_exists(marker)) HPS_RETURN_IF_ERROR(check_unclaimed_root(root, t));
+  if (part) remove_stale_claims(root);
   if (part && !ckpt::path_exists(marker)) {
     const std::string aside = marker + ".tmp-" + ckpt::new_checkpoint_id();
     HPS_RETURN_IF_ERROR(ckpt::replace_file_atomically(aside, mine + "\n"));

@@ -10,6 +10,7 @@ import os
 import shutil
 import struct
 import subprocess
+import time
 import uuid
 
 import numpy as np
@@ -405,6 +406,10 @@ def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path
                 with Checkpoint.create(engine, sharding, own) as ckpt:
                     ckpt.save("p").wait()
                 os.remove(own / ".hpshard-part")
+                stale, fresh = own / ".hpshard-part.tmp-stale", own / ".hpshard-part.tmp-fresh"
+                stale.write_text("left by a crash\n")  # two hours old: removed
+                os.utime(stale, (time.time() - 7200, time.time() - 7200))
+                fresh.write_text("another claim's, under way\n")  # kept
                 with Checkpoint.create(engine, sharding, own, keep_last=1) as ckpt:
                     ckpt.save("q").wait()
                 return info.value.status, info.value.message, sorted(os.listdir(own))
@@ -413,7 +418,7 @@ def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path
         assert status == 1, message  # INVALID_ARGUMENT
         assert "checkpoint 'whole-" in message and "of the whole model" in message, message
         assert f"mp rank {rank} of 2" in message, message
-        assert own == [".hpshard-part", "latest", "q"], own
+        assert own == [".hpshard-part", ".hpshard-part.tmp-fresh", "latest", "q"], own
     assert sorted(os.listdir(root)) == before == ["latest", "whole-1", "whole-2"]
     assert hpshard.checkpoint_inspect(root / "whole-2").format_version == 1
     assert (root / "latest").read_text().strip() == "whole-2"
