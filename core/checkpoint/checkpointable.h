@@ -31,6 +31,8 @@
 
 namespace hps {
 
+class Communicator;
+
 struct EngineOptions;
 
 inline constexpr std::string_view kParamPrefix = "param/";
@@ -118,6 +120,10 @@ class Checkpointable {
   // loss scaling: an engine with it starts its scaling afresh (its initial scale, no good
   // steps), as a new GradScaler would, rather than at the saved scale of 1. Host-blocking.
   virtual Status restart_loss_scaling() { return Status::Ok(); }
+  // The groups joining this state's part of a model to the other parts (mp and pp, of
+  // more than one rank); empty for a whole model. A load agrees over them, so that every
+  // part loads the same checkpoint or none does.
+  virtual std::vector<Communicator*> model_parallel_groups() const { return {}; }
 };
 
 }  // namespace hps

@@ -14,6 +14,7 @@
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/staging.h"
+#include "core/comm/agreement.h"
 #include "core/common/env.h"
 #include "core/device/cpu/stream.h"
 #include "core/device/host_sync.h"
@@ -699,6 +700,42 @@ Status Checkpointer::agree(const Status& local, const char* what) {
   return Status::Ok();
 }
 
+Status Checkpointer::agree_across_parts(const Status& agreed, const std::string& name) {
+  const std::vector<Communicator*> groups = engine_.model_parallel_groups();
+  if (groups.empty()) return agreed;
+  // 0: failed somewhere; 2: the parts named different checkpoints; odd: the name's hash.
+  constexpr uint64_t kFailed = 0, kDiffer = 2;
+  uint64_t verdict = kFailed;
+  if (agreed.ok()) verdict = name.empty() ? 1 : (ckpt::checksum(name.data(), name.size()) | 1);
+  // One pass along each axis reaches every rank of the grid the groups span.
+  for (Communicator* group : groups) {
+    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(*group, verdict));
+    for (uint64_t v : all) {
+      if (v == kFailed || verdict == kFailed) {
+        verdict = kFailed;
+      } else if (v != verdict) {
+        verdict = kDiffer;
+      }
+    }
+  }
+  if (!agreed.ok()) return agreed;
+  if (verdict == kFailed) {
+    return aborted(
+        "checkpoint: the load failed on another part of the model (mp or pp), so "
+        "no part changed its engine (that part's ranks name the cause)");
+  }
+  if (verdict == kDiffer) {
+    return invalid_argument(
+        "checkpoint: the parts of the model (mp or pp) would load different checkpoints (this "
+        "part: '" +
+        shown_value(name) +
+        "'), so no part changed its engine: a save that did not "
+        "complete on every part leaves their 'latest' apart; load by name a checkpoint every "
+        "part holds");
+  }
+  return Status::Ok();
+}
+
 void Checkpointer::finish_in_flight() {
   if (!in_flight_) return;
   // A finished save costs no wait; one still writing blocks the host (counted).
@@ -712,8 +749,9 @@ StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadO
   finish_in_flight();
   LoadReport report;
   bool saved_loss_scaling = true;
+  std::string resolved = name;
   auto source = [&]() -> StatusOr<ckpt::SourceIndex> {
-    std::string n = name;
+    std::string& n = resolved;
     if (n.empty()) {
       HPS_ASSIGN_OR_RETURN(n, latest_checkpoint(root_));
     } else {
@@ -738,7 +776,7 @@ StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadO
     return ckpt::source_of(m, directory);
   }();
   return run_load(std::move(source), ckpt::SourceNaming::kCheckpoint, options, std::move(report),
-                  saved_loss_scaling);
+                  saved_loss_scaling, resolved.empty() ? std::string("?") : resolved);
 }
 
 StatusOr<LoadReport> Checkpointer::import_safetensors(const std::string& path,
@@ -758,7 +796,7 @@ StatusOr<LoadReport> Checkpointer::import_safetensors(const std::string& path,
 StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
                                             ckpt::SourceNaming naming,
                                             const CheckpointLoadOptions& options, LoadReport report,
-                                            bool saved_loss_scaling) {
+                                            bool saved_loss_scaling, const std::string& name) {
   // Everything that can fail happens before any rank changes its engine.
   Status local = source.status();
   std::vector<StateTensor> tensors;
@@ -845,7 +883,7 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
       });
     }
   }
-  if (Status s = agree(local, "load"); !s.ok()) {
+  if (Status s = agree_across_parts(agree(local, "load"), name); !s.ok()) {
     // In place: every value a read may have changed goes back (after every copy aside).
     Status restored;
     if (!aside.empty()) {

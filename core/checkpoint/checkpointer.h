@@ -118,12 +118,17 @@ class Checkpointer {
   void keep_staging(ckpt::HostStaging staging);
   // `saved_loss_scaling` false: the checkpoint's engine had no dynamic loss scaling
   // (Checkpointable::restart_loss_scaling after the load).
+  // `name`: the checkpoint every part of a model cut across mp and pp must load (empty:
+  // each part its own file, as an import).
   StatusOr<LoadReport> run_load(StatusOr<ckpt::SourceIndex> source, ckpt::SourceNaming naming,
                                 const CheckpointLoadOptions& options, LoadReport report,
-                                bool saved_loss_scaling = true);
+                                bool saved_loss_scaling = true, const std::string& name = {});
   void finish_in_flight();
   // Every rank learns whether every rank succeeded; the first failure's message.
   Status agree(const Status& local, const char* what);
+  // Then, for a part of a model, over the engine's mp and pp groups: every part succeeded
+  // and loads the checkpoint of the same `name` (see run_load), or every part fails.
+  Status agree_across_parts(const Status& agreed, const std::string& name);
 
   Checkpointable& engine_;
   std::unique_ptr<Communicator> comm_;

@@ -181,6 +181,14 @@ Status EngineBase::agree_on_registrations() {
                           " (the ranks that found it name it in their errors)");
 }
 
+std::vector<Communicator*> EngineBase::model_parallel_groups() const {
+  std::vector<Communicator*> out;
+  for (const auto* group : {&mp_, &pp_}) {
+    if (*group && (*group)->size() > 1) out.push_back(group->get());
+  }
+  return out;
+}
+
 Status EngineBase::check_sealed(const char* call) const {
   if (sealed_) return Status::Ok();
   return failed_precondition(std::string("engine: ") + call + " before seal()");

@@ -45,6 +45,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   StatusOr<std::vector<StateTensor>> state_tensors() override;
   Stream& state_stream() override { return optimizer_stream(); }
   CheckpointTopology checkpoint_topology() const override;
+  std::vector<Communicator*> model_parallel_groups() const override;
   const EngineOptions& checkpoint_options() const override { return options_; }
   // Between steps only (no gradient checked in since the last step(); stage 3: no unit
   // gathered); waits for the work in flight.

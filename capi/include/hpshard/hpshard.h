@@ -1260,12 +1260,15 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
 /**
  * Load checkpoint <root>/<name>, or the one <root>/latest names when `name` is NULL, into the
  * engine, whatever sharding and dp degrees, stage and parameter dtypes wrote it (a part of a
- * model cut across mp and pp loads only its own part's). Collective over the group,
+ * model cut across mp and pp loads only its own part's, and the parts agree over the
+ * engine's mp and pp groups: all load checkpoints of one name, or none changes; call it on
+ * every part). Collective over the group,
  * host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3).
  * `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such
  * checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;
  * tensors missing or extra; another model or another part of it — the message names the file
- * and the tensor),
+ * and the tensor; the parts would load checkpoints of different names), ABORTED (the load
+ * failed on another part),
  * FAILED_PRECONDITION (in the middle of a step, a unit gathered).
  */
 HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const char* name,

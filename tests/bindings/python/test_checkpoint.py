@@ -424,6 +424,52 @@ def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path
     assert (root / "latest").read_text().strip() == "whole-2"
 
 
+def test_the_parts_of_a_model_load_the_same_checkpoint_or_none_does(tmp_path):
+    """mp 2: both parts save s1, then only part 0 publishes s2 (part 1's save died), so
+    their `latest` name different checkpoints. Loading `latest` mixed the two steps
+    silently; now every part refuses, engines unchanged. A name one part lacks fails there
+    and ends ABORTED on the other part, unchanged too; a name both hold loads."""
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=2)
+        with store, world_comm, hpshard.Topology(1, 1, 1, 1, 2, 2) as topo:
+            group = hpshard.HybridGroup.create(world_comm, topo)
+            sharding = group.comm(hpshard.Group.SHARDING)
+            with Engine.create(sharding, learning_rate=1.0) as engine:
+                engine.set_model_parallel_groups(group.comm(hpshard.Group.MP), None)
+                w = engine.add_param("w", (3,), distributed=True)
+                engine.seal()
+                out = {}
+                with Checkpoint.create(engine, sharding, tmp_path / f"part{rank}") as ckpt:
+                    engine.param(w)[...] = 1.0
+                    ckpt.save("s1").wait()
+                    engine.param(w)[...] = 2.0
+                    if rank == 0:
+                        ckpt.save("s2").wait()
+                    engine.param(w)[...] = 7.0
+                    for what, name in (("latest", None), ("s2", "s2")):
+                        with pytest.raises(hpshard.Error) as info:
+                            ckpt.load(name)
+                        out[what] = (info.value.status, info.value.message,
+                                     engine.param(w).copy())
+                    ckpt.load("s1")
+                    out["s1"] = engine.param(w).copy()
+                return out
+
+    for rank, out in enumerate(run_ranks(2, body, "ckpt-parts-agree")):
+        status, message, after = out["latest"]
+        assert status == 1 and "would load different checkpoints" in message, message
+        assert f"this part: '{'s2' if rank == 0 else 's1'}'" in message, message
+        np.testing.assert_array_equal(after, [7.0] * 3)
+        status, message, after = out["s2"]
+        if rank == 0:
+            assert status == 9 and "failed on another part" in message, message  # ABORTED
+        else:
+            assert status == 3, message  # NOT_FOUND
+        np.testing.assert_array_equal(after, [7.0] * 3)
+        np.testing.assert_array_equal(out["s1"], [1.0] * 3)
+
+
 def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):
     """A manifest's name, format and metadata keys are the writer's: edited to hold terminal
     escapes they are refused (the name is a checkpoint name) or shown escaped, in the

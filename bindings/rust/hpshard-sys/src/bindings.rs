@@ -2876,12 +2876,15 @@ extern "C" {
 extern "C" {
     #[doc = " Load checkpoint <root>/<name>, or the one <root>/latest names when `name` is NULL, into the"]
     #[doc = " engine, whatever sharding and dp degrees, stage and parameter dtypes wrote it (a part of a"]
-    #[doc = " model cut across mp and pp loads only its own part's). Collective over the group,"]
+    #[doc = " model cut across mp and pp loads only its own part's, and the parts agree over the"]
+    #[doc = " engine's mp and pp groups: all load checkpoints of one name, or none changes; call it on"]
+    #[doc = " every part). Collective over the group,"]
     #[doc = " host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3)."]
     #[doc = " `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such"]
     #[doc = " checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;"]
     #[doc = " tensors missing or extra; another model or another part of it — the message names the file"]
-    #[doc = " and the tensor),"]
+    #[doc = " and the tensor; the parts would load checkpoints of different names), ABORTED (the load"]
+    #[doc = " failed on another part),"]
     #[doc = " FAILED_PRECONDITION (in the middle of a step, a unit gathered)."]
     pub fn hps_checkpoint_load(
         checkpoint: *mut hps_checkpoint_t,
