@@ -97,17 +97,10 @@ foreach(stage IN LISTS _hps_roots)
     configure_file("${CPACK_HPS_LICENSE_FILE}" "${prefix}/share/licenses/${rpm_name}/LICENSE"
                    COPYONLY)
   endforeach()
-  foreach(dir "${prefix}/${CPACK_HPS_DATAROOTDIR}/doc" "${prefix}/${CPACK_HPS_DATAROOTDIR}")
-    if(IS_DIRECTORY "${dir}")
-      file(GLOB left "${dir}/*")
-      if(NOT left)
-        file(REMOVE "${dir}")
-      endif()
-    endif()
-  endforeach()
 
   # Directories the moves emptied.
-  foreach(dir "${from}/jni" "${prefix}/${CPACK_HPS_PYTHON_DIR}" "${prefix}/lib/python3" "${from}")
+  foreach(dir "${from}/jni" "${prefix}/${CPACK_HPS_PYTHON_DIR}" "${prefix}/lib/python3" "${from}"
+              "${prefix}/${CPACK_HPS_DATAROOTDIR}/doc" "${prefix}/${CPACK_HPS_DATAROOTDIR}")
     if(IS_DIRECTORY "${dir}")
       file(GLOB left "${dir}/*")
       if(NOT left)

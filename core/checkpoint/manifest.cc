@@ -150,13 +150,7 @@ StatusOr<EngineOptions> options_from_json(const Reader& r) {
   return o;
 }
 
-bool printable_name(const std::string& s) {
-  if (s.empty()) return false;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) return false;
-  }
-  return true;
-}
+bool printable_name(const std::string& s) { return !s.empty() && !has_control_bytes(s); }
 
 StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manifest& m,
                                         const std::string& origin) {
@@ -324,7 +318,13 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
          {std::tuple{&m.topology.mp, &m.topology.mp_rank, "mp", "mp_rank"},
           std::tuple{&m.topology.pp, &m.topology.pp_rank, "pp", "pp_rank"}}) {
       HPS_ASSIGN_OR_RETURN(const json* given, t.field(degree_key, false));
-      if (given == nullptr) continue;
+      if (given == nullptr) {
+        HPS_ASSIGN_OR_RETURN(const json* rank_alone, t.field(rank_key, false));
+        if (rank_alone != nullptr) {
+          return t.bad("'" + std::string(rank_key) + "' without '" + degree_key + "'");
+        }
+        continue;
+      }
       HPS_ASSIGN_OR_RETURN(*degree, t.int32(degree_key, 1, 1 << 24));
       HPS_ASSIGN_OR_RETURN(*rank, t.int32(rank_key, 0, *degree - 1));
     }

@@ -70,10 +70,8 @@ StatusOr<SafetensorsHeader> parse_safetensors_header(std::string_view header, ui
       const std::string where = origin + ": tensor '" + shown_value(name) + "'";
       if (name.empty() || name.size() > kMaxNameBytes)
         return invalid_argument(where + ": bad name length");
-      for (unsigned char c : name) {
-        if (c < 0x20 || c == 0x7f)
-          return invalid_argument(where + ": its name has control characters");
-      }
+      if (has_control_bytes(name))
+        return invalid_argument(where + ": its name has control characters");
       if (!entry.is_object()) return invalid_argument(where + " is not an object");
       auto dt = entry.find("dtype");
       auto shape = entry.find("shape");

@@ -23,6 +23,14 @@ std::string shown_value(std::string_view text) {
   return out;
 }
 
+bool has_control_bytes(std::string_view text) {
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
 std::optional<std::string> env_string(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) return std::nullopt;

@@ -29,12 +29,9 @@ Status LayoutPlan::add(ParamSpec spec) {
     return failed_precondition("parameter '" + spec.name +
                                "' registered after the plan was sealed");
   if (spec.name.empty()) return invalid_argument("a parameter needs a name");
-  for (unsigned char c : spec.name) {
-    // A checkpoint's manifest names it, and messages and tools show it.
-    if (c < 0x20 || c == 0x7f) {
-      return invalid_argument("parameter name '" + shown_value(spec.name) +
-                              "' has a control character");
-    }
+  if (has_control_bytes(spec.name)) {  // a checkpoint's manifest names it; tools show it
+    return invalid_argument("parameter name '" + shown_value(spec.name) +
+                            "' has a control character");
   }
   for (const auto& p : params_) {
     if (p.name == spec.name)

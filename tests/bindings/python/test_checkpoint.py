@@ -5,6 +5,7 @@ other stages and sharding degrees; inspect, verify, the saved engine options, sa
 export and import, partial loads, and bad input raising the library's errors with nothing
 changed."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -175,6 +176,22 @@ def test_save_then_resume_in_the_same_and_other_topologies(tmp_path):
 def single_rank(tag):
     store = Store.open(f"memory://py-ckpt-{tag}-{uuid.uuid4().hex}", 0)
     return store, Communicator.create(store, 0, 1)
+
+
+@contextlib.contextmanager
+def mp2_part(rank, url):
+    """Rank ``rank`` of two thread-ranks as mp 2 (sharding 1): a sealed engine of that
+    part holding one DISTRIBUTED parameter ``w`` of 3 (index 0), its sharding communicator
+    and the world communicator."""
+    store, world_comm = world(rank, url, size=2)
+    with store, world_comm, hpshard.Topology(1, 1, 1, 1, 2, 2) as topo:
+        group = hpshard.HybridGroup.create(world_comm, topo)
+        sharding = group.comm(hpshard.Group.SHARDING)
+        with Engine.create(sharding, learning_rate=1.0) as engine:
+            engine.set_model_parallel_groups(group.comm(hpshard.Group.MP), None)
+            engine.add_param("w", (3,), distributed=True)
+            engine.seal()
+            yield engine, sharding, world_comm
 
 
 def test_export_import_safetensors_and_metadata(tmp_path):
@@ -392,27 +409,20 @@ def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path
     before = sorted(os.listdir(root))
 
     def body(rank, url):
-        store, world_comm = world(rank, url, size=2)
-        with store, world_comm, hpshard.Topology(1, 1, 1, 1, 2, 2) as topo:
-            group = hpshard.HybridGroup.create(world_comm, topo)
-            sharding = group.comm(hpshard.Group.SHARDING)
-            with Engine.create(sharding, learning_rate=1.0) as engine:
-                engine.set_model_parallel_groups(group.comm(hpshard.Group.MP), None)
-                engine.add_param("w", (3,), distributed=True)
-                engine.seal()
-                with pytest.raises(hpshard.Error) as info:
-                    Checkpoint.create(engine, sharding, root, keep_last=1)
-                own = tmp_path / f"part{rank}"
-                with Checkpoint.create(engine, sharding, own) as ckpt:
-                    ckpt.save("p").wait()
-                os.remove(own / ".hpshard-part")
-                stale, fresh = own / ".hpshard-part.tmp-stale", own / ".hpshard-part.tmp-fresh"
-                stale.write_text("left by a crash\n")  # two hours old: removed
-                os.utime(stale, (time.time() - 7200, time.time() - 7200))
-                fresh.write_text("another claim's, under way\n")  # kept
-                with Checkpoint.create(engine, sharding, own, keep_last=1) as ckpt:
-                    ckpt.save("q").wait()
-                return info.value.status, info.value.message, sorted(os.listdir(own))
+        with mp2_part(rank, url) as (engine, sharding, world_comm):
+            with pytest.raises(hpshard.Error) as info:
+                Checkpoint.create(engine, sharding, root, keep_last=1)
+            own = tmp_path / f"part{rank}"
+            with Checkpoint.create(engine, sharding, own) as ckpt:
+                ckpt.save("p").wait()
+            os.remove(own / ".hpshard-part")
+            stale, fresh = own / ".hpshard-part.tmp-stale", own / ".hpshard-part.tmp-fresh"
+            stale.write_text("left by a crash\n")  # two hours old: removed
+            os.utime(stale, (time.time() - 7200, time.time() - 7200))
+            fresh.write_text("another claim's, under way\n")  # kept
+            with Checkpoint.create(engine, sharding, own, keep_last=1) as ckpt:
+                ckpt.save("q").wait()
+            return info.value.status, info.value.message, sorted(os.listdir(own))
 
     for rank, (status, message, own) in enumerate(run_ranks(2, body, "ckpt-part-on-whole")):
         assert status == 1, message  # INVALID_ARGUMENT
@@ -431,30 +441,24 @@ def test_the_parts_of_a_model_load_the_same_checkpoint_or_none_does(tmp_path):
     and ends ABORTED on the other part, unchanged too; a name both hold loads."""
 
     def body(rank, url):
-        store, world_comm = world(rank, url, size=2)
-        with store, world_comm, hpshard.Topology(1, 1, 1, 1, 2, 2) as topo:
-            group = hpshard.HybridGroup.create(world_comm, topo)
-            sharding = group.comm(hpshard.Group.SHARDING)
-            with Engine.create(sharding, learning_rate=1.0) as engine:
-                engine.set_model_parallel_groups(group.comm(hpshard.Group.MP), None)
-                w = engine.add_param("w", (3,), distributed=True)
-                engine.seal()
-                out = {}
-                with Checkpoint.create(engine, sharding, tmp_path / f"part{rank}") as ckpt:
-                    engine.param(w)[...] = 1.0
-                    ckpt.save("s1").wait()
-                    engine.param(w)[...] = 2.0
-                    if rank == 0:
-                        ckpt.save("s2").wait()
-                    engine.param(w)[...] = 7.0
-                    for what, name in (("latest", None), ("s2", "s2")):
-                        with pytest.raises(hpshard.Error) as info:
-                            ckpt.load(name)
-                        out[what] = (info.value.status, info.value.message,
-                                     engine.param(w).copy())
-                    ckpt.load("s1")
-                    out["s1"] = engine.param(w).copy()
-                return out
+        with mp2_part(rank, url) as (engine, sharding, world_comm):
+            w = 0
+            out = {}
+            with Checkpoint.create(engine, sharding, tmp_path / f"part{rank}") as ckpt:
+                engine.param(w)[...] = 1.0
+                ckpt.save("s1").wait()
+                engine.param(w)[...] = 2.0
+                if rank == 0:
+                    ckpt.save("s2").wait()
+                engine.param(w)[...] = 7.0
+                for what, name in (("latest", None), ("s2", "s2")):
+                    with pytest.raises(hpshard.Error) as info:
+                        ckpt.load(name)
+                    out[what] = (info.value.status, info.value.message,
+                                 engine.param(w).copy())
+                ckpt.load("s1")
+                out["s1"] = engine.param(w).copy()
+            return out
 
     for rank, out in enumerate(run_ranks(2, body, "ckpt-parts-agree")):
         status, message, after = out["latest"]
@@ -515,53 +519,47 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
     its load is refused naming both parts, the engine unchanged."""
 
     def body(rank, url):
-        store, world_comm = world(rank, url, size=2)
-        with store, world_comm, hpshard.Topology(1, 1, 1, 1, 2, 2) as topo:
-            group = hpshard.HybridGroup.create(world_comm, topo)
-            sharding = group.comm(hpshard.Group.SHARDING)
-            with Engine.create(sharding, learning_rate=1.0) as engine:
-                engine.set_model_parallel_groups(group.comm(hpshard.Group.MP), None)
-                w = engine.add_param("w", (3,), distributed=True)
-                engine.seal()
-                engine.param(w)[...] = [rank + 1.0, rank + 2.0, rank + 3.0]
-                engine.broadcast_parameters()
-                own = tmp_path / f"mp{rank}"
-                with Checkpoint.create(engine, sharding, own) as ckpt:
-                    ckpt.save("a", {"note": "red\x1b[31m\nline\\"}).wait()
-                    engine.param(w)[...] = 0.0
+        with mp2_part(rank, url) as (engine, sharding, world_comm):
+            w = 0
+            engine.param(w)[...] = [rank + 1.0, rank + 2.0, rank + 3.0]
+            engine.broadcast_parameters()
+            own = tmp_path / f"mp{rank}"
+            with Checkpoint.create(engine, sharding, own) as ckpt:
+                ckpt.save("a", {"note": "red\x1b[31m\nline\\"}).wait()
+                engine.param(w)[...] = 0.0
+                ckpt.load("a")
+                loaded = engine.param(w).copy()
+            with open(own / "a" / "manifest.json") as f:
+                part = json.load(f)["topology"]
+            world_comm.barrier().wait()  # the other part's checkpoint is published
+            other = tmp_path / f"mp{1 - rank}"
+            with pytest.raises(hpshard.Error) as claimed:
+                Checkpoint.create(engine, sharding, other)
+            assert claimed.value.status == 1 and "own root" in claimed.value.message
+            copied = tmp_path / f"copied{rank}"
+            shutil.copytree(other / "a", copied / "a")
+            with pytest.raises(hpshard.Error) as held:  # a root holding the other part's
+                Checkpoint.create(engine, sharding, copied)
+            assert held.value.status == 1 and "own root" in held.value.message
+            shutil.rmtree(copied / "a")
+            with Checkpoint.create(engine, sharding, copied) as ckpt:
+                shutil.copytree(other / "a", copied / "a")  # put there after the claim
+                with pytest.raises(hpshard.Error) as info:
                     ckpt.load("a")
-                    loaded = engine.param(w).copy()
-                with open(own / "a" / "manifest.json") as f:
-                    part = json.load(f)["topology"]
-                world_comm.barrier().wait()  # the other part's checkpoint is published
-                other = tmp_path / f"mp{1 - rank}"
-                with pytest.raises(hpshard.Error) as claimed:
-                    Checkpoint.create(engine, sharding, other)
-                assert claimed.value.status == 1 and "own root" in claimed.value.message
-                copied = tmp_path / f"copied{rank}"
-                shutil.copytree(other / "a", copied / "a")
-                with pytest.raises(hpshard.Error) as held:  # a root holding the other part's
-                    Checkpoint.create(engine, sharding, copied)
-                assert held.value.status == 1 and "own root" in held.value.message
-                shutil.rmtree(copied / "a")
-                with Checkpoint.create(engine, sharding, copied) as ckpt:
-                    shutil.copytree(other / "a", copied / "a")  # put there after the claim
-                    with pytest.raises(hpshard.Error) as info:
-                        ckpt.load("a")
-                    # A part's safetensors export names its part: the other part's is
-                    # refused, this part's initialises it.
-                    hpshard.checkpoint_export_safetensors(other / "a", tmp_path / f"o{rank}.st")
-                    hpshard.checkpoint_export_safetensors(own / "a", tmp_path / f"m{rank}.st")
-                    with pytest.raises(hpshard.Error) as imported:
-                        ckpt.import_safetensors(tmp_path / f"o{rank}.st")
-                    assert imported.value.status == 1 and \
-                        f"exported from the model's part at mp rank {1 - rank} of 2" in \
-                        imported.value.message, imported.value.message
-                    np.testing.assert_array_equal(engine.param(w), loaded)
-                    engine.param(w)[...] = 0.0
-                    ckpt.import_safetensors(tmp_path / f"m{rank}.st")
-                    np.testing.assert_array_equal(engine.param(w), loaded)
-                return loaded, part, info.value.status, info.value.message, engine.param(w).copy()
+                # A part's safetensors export names its part: the other part's is
+                # refused, this part's initialises it.
+                hpshard.checkpoint_export_safetensors(other / "a", tmp_path / f"o{rank}.st")
+                hpshard.checkpoint_export_safetensors(own / "a", tmp_path / f"m{rank}.st")
+                with pytest.raises(hpshard.Error) as imported:
+                    ckpt.import_safetensors(tmp_path / f"o{rank}.st")
+                assert imported.value.status == 1 and \
+                    f"exported from the model's part at mp rank {1 - rank} of 2" in \
+                    imported.value.message, imported.value.message
+                np.testing.assert_array_equal(engine.param(w), loaded)
+                engine.param(w)[...] = 0.0
+                ckpt.import_safetensors(tmp_path / f"m{rank}.st")
+                np.testing.assert_array_equal(engine.param(w), loaded)
+            return loaded, part, info.value.status, info.value.message, engine.param(w).copy()
 
     for rank, (loaded, part, status, message, after) in enumerate(
             run_ranks(2, body, "ckpt-mp-part")):

@@ -595,6 +595,17 @@ def test_device_and_transport_of_cpu_communicators():
         assert comm.transport == "tcp"  # a group of one has no peer to share memory with
 
 
+def run_two_threads(rank):
+    """rank(0) and rank(1) on two threads (each opens its own store and communicator);
+    fails unless both end within 40 s."""
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    assert not any(t.is_alive() for t in threads)
+
+
 def test_a_second_close_returns_only_once_the_first_has_closed_the_communicator():
     """Rank 0 queues an all-reduce rank 1 joins only 1 s later, then closes (waiting for
     it); a close from a second thread meanwhile returned at once, before the communicator
@@ -623,12 +634,7 @@ def test_a_second_close_returns_only_once_the_first_has_closed_the_communicator(
         comm.close()
         store.close()
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(40)
-    assert not any(t.is_alive() for t in threads)
+    run_two_threads(rank)
     assert out["first_alive"] is False, out
     assert out["second_s"] > 0.4, out
 
@@ -665,11 +671,6 @@ def test_abort_from_another_thread_ends_a_close_waiting_on_a_stuck_operation():
         comm.close()
         store.close()
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(40)
-    assert not any(t.is_alive() for t in threads)
+    run_two_threads(rank)
     assert out["close_s"] < 4.0, out  # not the 8 s timeout
     assert out["status"] == 9  # ABORTED

@@ -323,6 +323,7 @@ TEST(Manifest, RefusesHostileManifests) {
   expect_refused([](json& j) { j["topology"]["mp"] = 0; }, "'mp' is 0");
   expect_refused([](json& j) { j["topology"]["mp_rank"] = 1; }, "'mp_rank' is 1, outside [0, 0]");
   expect_refused([](json& j) { j["topology"].erase("pp_rank"); }, "no field 'pp_rank'");
+  expect_refused([](json& j) { j["topology"].erase("mp"); }, "'mp_rank' without 'mp'");
 }
 
 TEST(Manifest, RecordsTheModelParallelPart) {
