@@ -705,19 +705,13 @@ Status Checkpointer::agree_across_parts(const Status& agreed, const std::string&
   if (groups.empty()) return agreed;
   // 0: failed somewhere; 2: the parts named different checkpoints; odd: the name's hash.
   constexpr uint64_t kFailed = 0, kDiffer = 2;
-  uint64_t verdict = kFailed;
-  if (agreed.ok()) verdict = name.empty() ? 1 : (ckpt::checksum(name.data(), name.size()) | 1);
-  // One pass along each axis reaches every rank of the grid the groups span.
-  for (Communicator* group : groups) {
-    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(*group, verdict));
-    for (uint64_t v : all) {
-      if (v == kFailed || verdict == kFailed) {
-        verdict = kFailed;
-      } else if (v != verdict) {
-        verdict = kDiffer;
-      }
-    }
-  }
+  uint64_t mine = kFailed;
+  if (agreed.ok()) mine = name.empty() ? 1 : (ckpt::checksum(name.data(), name.size()) | 1);
+  HPS_ASSIGN_OR_RETURN(const uint64_t verdict,
+                       combine_over(groups, mine, [](uint64_t a, uint64_t b) {
+                         if (a == kFailed || b == kFailed) return kFailed;
+                         return a == b ? a : kDiffer;
+                       }));
   if (!agreed.ok()) return agreed;
   if (verdict == kFailed) {
     return aborted(

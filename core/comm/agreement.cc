@@ -20,4 +20,14 @@ StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm, uint64_t mine)
   return all;
 }
 
+StatusOr<uint64_t> combine_over(const std::vector<Communicator*>& groups, uint64_t mine,
+                                const std::function<uint64_t(uint64_t, uint64_t)>& combine) {
+  for (Communicator* group : groups) {
+    if (group == nullptr || group->size() == 1) continue;
+    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(*group, mine));
+    for (uint64_t v : all) mine = combine(mine, v);
+  }
+  return mine;
+}
+
 }  // namespace hps

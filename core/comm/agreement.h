@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/comm/communicator.h"
@@ -12,5 +13,12 @@ namespace hps {
 
 // Every rank's `mine`, in rank order.
 StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm, uint64_t mine);
+
+// `mine` folded with every rank's value over `groups` (null ones and groups of one rank
+// skipped), one gather along each in turn: where the groups are the axes of one grid,
+// every rank of it gets the same result, provided `combine` is associative and
+// commutative. A verdict that all ranks must share before one of them acts alone.
+StatusOr<uint64_t> combine_over(const std::vector<Communicator*>& groups, uint64_t mine,
+                                const std::function<uint64_t(uint64_t, uint64_t)>& combine);
 
 }  // namespace hps

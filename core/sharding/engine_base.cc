@@ -161,13 +161,9 @@ Status EngineBase::agree_on_registrations() {
   Status first = Status::Ok();
   HPS_RETURN_IF_ERROR(check_registrations(found, first));
   // Every rank learns what any rank found, so all refuse together: a rank that returned
-  // alone would leave the others waiting in their next collective until the timeout. One
-  // pass along each axis reaches every rank of the grid the groups span.
-  for (const auto* group : {&sharding_, &dp_, &mp_, &pp_}) {
-    if (!*group || (*group)->size() == 1) continue;
-    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, found));
-    for (uint64_t v : all) found |= v;
-  }
+  // alone would leave the others waiting in their next collective until the timeout.
+  HPS_ASSIGN_OR_RETURN(found, combine_over({sharding_.get(), dp_.get(), mp_.get(), pp_.get()},
+                                           found, [](uint64_t a, uint64_t b) { return a | b; }));
   if (found == 0) return Status::Ok();
   if (!first.ok()) return first;
   std::string what;

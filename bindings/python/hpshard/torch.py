@@ -496,7 +496,7 @@ class ShardedModule(torch.nn.Module):
                         f"{'unfrozen' if p.requires_grad else 'frozen'} after ShardedModule "
                         "wrapped the module; the engine trains the parameters as they were "
                         "registered: set requires_grad before wrapping")
-                if p.data_ptr() != self._expected_data(i):
+                if self._data_replaced(i, p):
                     raise RuntimeError(
                         f"hpshard.torch: the data of parameter {self._names[i]!r} was "
                         "replaced (p.data = ...) after ShardedModule wrapped the module; its "
@@ -515,14 +515,17 @@ class ShardedModule(torch.nn.Module):
             "it registered, so training would silently leave the new ones untrained: change "
             "the module before wrapping it")
 
-    def _expected_data(self, i: int) -> int:
-        """Where parameter i's data must be between forwards: the engine's memory (stage 2,
-        or a unit gathered at stage 3) or its released husk (stage 3)."""
-        if self._params[i].numel() == 0:
-            return self._params[i].data_ptr()  # no memory to compare
-        if self.stage == 2 or self._unit(self._param_unit[i]).gathered:
-            return self._engine.param_address(i)
-        return self._husks[i].data_ptr()
+    def _data_replaced(self, i: int, p: torch.Tensor) -> bool:
+        """Whether parameter i's data is elsewhere than the adapter put it: the engine's
+        memory (stage 2: its address since the engine started; stage 3: a gathered unit's
+        view) or its released husk (stage 3). Costs no call into the engine."""
+        if p.numel() == 0:
+            return False  # no memory to compare
+        if self.stage == 2:
+            return p.data_ptr() != self._resident[i]
+        if self._unit(self._param_unit[i]).gathered:
+            return self._gathered_keys.get(_storage_key(p.data)) != i
+        return p.data_ptr() != self._husks[i].data_ptr()
 
     def _start_engine(self, initial: List[torch.Tensor]) -> None:
         """A fresh engine holding ``initial`` (rank 0's values win), the parameters pointed
@@ -556,12 +559,14 @@ class ShardedModule(torch.nn.Module):
         self._husks = [_husk(p.shape, p.dtype) for p in self._params]
         self._husk_keys = {_storage_key(h): i for i, h in enumerate(self._husks)}
         self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
+        self._resident: List[int] = [0] * len(self._params)  # stage 2: where each lives
         for u in self._units:
             u.gathered = u.in_backward = u.bound = False
             u.forward_depth = u.pending = 0
         if self.stage == 2:  # resident for good: the parameters are the engine's
             for i, p in enumerate(self._params):
                 p.data = self._param_view(i)
+                self._resident[i] = p.data_ptr()
                 if p.requires_grad:
                     self._grad_views[i] = _tensor_over(engine.grad(i), p.dtype)
         else:
