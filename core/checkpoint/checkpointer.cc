@@ -943,7 +943,10 @@ StatusOr<std::string> resolve_checkpoint(const std::string& path) {
 
 StatusOr<ckpt::VerifyReport> verify_checkpoint(const std::string& directory) {
   HPS_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::read_manifest(directory));
-  return ckpt::verify_source(ckpt::source_of(m, directory));
+  HPS_ASSIGN_OR_RETURN(ckpt::VerifyReport report,
+                       ckpt::verify_source(ckpt::source_of(m, directory)));
+  report.manifest_checksummed = m.checksummed;
+  return report;
 }
 
 Status export_safetensors(const std::string& directory, const std::string& path, bool fp32) {

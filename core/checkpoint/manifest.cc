@@ -150,6 +150,15 @@ StatusOr<EngineOptions> options_from_json(const Reader& r) {
   return o;
 }
 
+// The checksum a manifest carries of itself: of its compact JSON without that field. Invalid
+// UTF-8 is replaced as the writer replaces it, so a written manifest reads back to the same
+// text.
+uint64_t manifest_checksum(json j) {
+  j.erase(std::string(kManifestChecksumKey));
+  const std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  return checksum(text.data(), text.size());
+}
+
 bool printable_name(const std::string& s) { return !s.empty() && !has_control_bytes(s); }
 
 StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manifest& m,
@@ -267,6 +276,7 @@ std::string manifest_to_json(const Manifest& m) {
                             {"shape", t.shape},
                             {"chunks", std::move(chunks)}});
   }
+  j[std::string(kManifestChecksumKey)] = hex64(manifest_checksum(j));
   // Invalid UTF-8 in a name or metadata value is replaced, not thrown on.
   return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
@@ -287,6 +297,21 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     const json& j = parsed.value;
     Reader r(j, origin);
     Manifest m;
+    // Its own checksum first: an edited or corrupted manifest is said to be one, before any
+    // field it may have changed is read.
+    HPS_ASSIGN_OR_RETURN(const json* recorded,
+                         r.field(std::string(kManifestChecksumKey).c_str(), false));
+    if (recorded != nullptr) {
+      const auto sum = recorded->is_string() ? parse_hex64(recorded->get_ref<const std::string&>())
+                                             : std::nullopt;
+      if (!sum)
+        return r.bad("'" + std::string(kManifestChecksumKey) + "' is not 16 lowercase hex digits");
+      if (*sum != manifest_checksum(j)) {
+        return r.bad("the manifest's checksum ('" + std::string(kManifestChecksumKey) +
+                     "') does not match its contents: it was edited or is corrupt");
+      }
+      m.checksummed = true;
+    }
     HPS_ASSIGN_OR_RETURN(std::string format, r.string("format"));
     if (format != kFormatName)
       return r.bad("'format' is '" + shown_value(format) + "', not '" + std::string(kFormatName) +

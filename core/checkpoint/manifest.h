@@ -62,6 +62,9 @@ struct Manifest {
   std::map<std::string, std::string> metadata;
   std::vector<StoredFile> files;
   std::vector<StoredTensor> tensors;
+  // Whether the manifest read carried its own checksum (kManifestChecksumKey), which
+  // matched; every manifest written carries one.
+  bool checksummed = false;
 };
 
 std::string manifest_to_json(const Manifest& manifest);

@@ -27,7 +27,8 @@ struct VerifyReport {
   uint64_t files = 0;
   uint64_t tensors = 0;
   uint64_t chunks = 0;
-  uint64_t bytes = 0;  // of tensor data read and checked
+  uint64_t bytes = 0;                 // of tensor data read and checked
+  bool manifest_checksummed = false;  // the manifest carried its own checksum, which matched
 };
 // Reads every chunk of every tensor and checks its checksum, every file's header and size.
 StatusOr<VerifyReport> verify_source(const SourceIndex& source);

@@ -3,7 +3,7 @@
 //   hpshard-ckpt inspect PATH [--json]      what a checkpoint holds (PATH: a checkpoint, or a
 //                                           root whose latest is shown)
 //   hpshard-ckpt verify PATH                every data file's header and size, every chunk's
-//                                           checksum
+//                                           checksum, the manifest's own checksum
 //   hpshard-ckpt export PATH OUT [--fp32]   the model as one safetensors file
 //   hpshard-ckpt list ROOT                  the checkpoints under a root, oldest first
 //
@@ -85,6 +85,14 @@ std::string printable(const std::string& text) {
   return out;
 }
 
+// "  (part: mp rank 1 of 2, pp rank 0 of 2)" for a part of a model cut across mp and pp.
+std::string part_text(const ckpt::Manifest& m) {
+  if (m.topology.mp <= 1 && m.topology.pp <= 1) return "";
+  return "  (part: mp rank " + std::to_string(m.topology.mp_rank) + " of " +
+         std::to_string(m.topology.mp) + ", pp rank " + std::to_string(m.topology.pp_rank) +
+         " of " + std::to_string(m.topology.pp) + ")";
+}
+
 int inspect(const std::string& path, bool as_json) {
   auto directory = resolve_checkpoint(path);
   if (!directory.ok()) return fail(directory.status());
@@ -132,11 +140,15 @@ int verify(const std::string& path) {
   if (!directory.ok()) return fail(directory.status());
   auto report = verify_checkpoint(*directory);
   if (!report.ok()) return fail(report.status());
-  std::printf("%s: OK: %llu files, %llu tensors, %llu chunks, %llu bytes checked\n",
+  std::printf("%s: OK: %llu files, %llu tensors, %llu chunks, %llu bytes checked%s\n",
               directory->c_str(), static_cast<unsigned long long>(report->files),
               static_cast<unsigned long long>(report->tensors),
               static_cast<unsigned long long>(report->chunks),
-              static_cast<unsigned long long>(report->bytes));
+              static_cast<unsigned long long>(report->bytes),
+              report->manifest_checksummed
+                  ? ", and the manifest's own checksum"
+                  : "; the manifest carries no checksum of its own (written by hpshard 0.4.0): "
+                    "its contents went unchecked");
   return 0;
 }
 
@@ -145,7 +157,9 @@ int export_model(const std::string& path, const std::string& out, bool fp32) {
   if (!directory.ok()) return fail(directory.status());
   Status s = export_safetensors(*directory, out, fp32);
   if (!s.ok()) return fail(s);
-  std::printf("wrote %s from %s%s\n", out.c_str(), directory->c_str(),
+  auto m = ckpt::read_manifest(*directory);
+  std::printf("wrote %s from %s%s%s\n", out.c_str(), directory->c_str(),
+              m.ok() ? part_text(*m).c_str() : "",
               fp32 ? " (float32, from the fp32 masters where saved)" : "");
   return 0;
 }
@@ -168,7 +182,7 @@ int list(const std::string& root) {
       }
       continue;
     }
-    rows.emplace_back(m->created_unix_ns, n, m->id);
+    rows.emplace_back(m->created_unix_ns, n, m->id + part_text(*m));
   }
   std::sort(rows.begin(), rows.end());
   bool latest_listed = false;

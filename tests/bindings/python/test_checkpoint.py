@@ -494,6 +494,9 @@ def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):
         shutil.copytree(source, copy)
         with open(copy / "manifest.json") as f:
             manifest = json.load(f)
+        # Without its own checksum (as hpshard 0.4.0 wrote them), the edit reaches the
+        # checks of each field; with it, the checksum alone refuses the edit.
+        del manifest["manifest_xxh3"]
         if what == "metadata":
             manifest["metadata"] = {"k\x1b[2J": 1}
         else:
@@ -574,7 +577,20 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
     # version 1, or a whole model claiming 2, is refused.
     assert info.format_version == 2
     manifest_path = tmp_path / "mp1" / "a" / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
+    written = manifest_path.read_text()
+    manifest = json.loads(written)
+    # A hand edit of the part it records: the manifest's own checksum refuses it (before
+    # the checksum, this loaded part 1's data as part 0's and verify passed).
+    manifest["topology"]["mp_rank"] = 0
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    with pytest.raises(hpshard.Error) as info:
+        hpshard.checkpoint_inspect(tmp_path / "mp1" / "a")
+    assert info.value.status == 1 and "the manifest's checksum" in info.value.message, \
+        info.value.message
+    with pytest.raises(hpshard.Error):
+        hpshard.checkpoint_verify(tmp_path / "mp1" / "a")
+    manifest = json.loads(written)
+    del manifest["manifest_xxh3"]  # as hpshard 0.4.0 wrote them: each field's checks
     manifest["format_version"] = 1
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(hpshard.Error) as info:
@@ -594,6 +610,17 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
         shown = subprocess.run([tool, "inspect", str(tmp_path / "mp1" / "a")], check=True,
                                capture_output=True).stdout
         assert b"mp rank 1 of 2, pp rank 0 of 1" in shown, shown
+        manifest_path.write_text(written)
+        listed = subprocess.run([tool, "list", str(tmp_path / "mp1")], check=True,
+                                capture_output=True).stdout
+        assert b"(part: mp rank 1 of 2, pp rank 0 of 1)" in listed, listed
+        verified = subprocess.run([tool, "verify", str(tmp_path / "mp1" / "a")], check=True,
+                                  capture_output=True).stdout
+        assert b"and the manifest's own checksum" in verified, verified
+        exported = subprocess.run(
+            [tool, "export", str(tmp_path / "mp1" / "a"), str(tmp_path / "part.st")],
+            check=True, capture_output=True).stdout
+        assert b"(part: mp rank 1 of 2, pp rank 0 of 1)" in exported, exported
         # The writer's metadata cannot reach the terminal as control bytes.
         assert b"metadata note = red\\x1b[31m\\x0aline\\\\\n" in shown, shown
         assert b"\x1b" not in shown

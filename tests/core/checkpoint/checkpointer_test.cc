@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -587,6 +588,22 @@ TEST(Checkpoint, BadDataIsRefusedNamingFileAndTensorAndChangesNothing) {
                   fs::copy_options::overwrite_existing);
     expect_failed_load_changes_nothing(
         layout, dir.path(), "mixed", {"rank-0000", "belongs to checkpoint", "another checkpoint"});
+  }
+  {  // A hand edit that leaves the manifest well formed: its own checksum refuses it.
+    const std::string d = copy("edited");
+    std::ifstream in(d + "/manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string key = "\"created_unix_ns\": ";
+    const size_t at = text.find(key);
+    ASSERT_NE(at, std::string::npos) << text;
+    text.insert(at + key.size(), "1");
+    std::ofstream(d + "/manifest.json", std::ios::trunc) << text;
+    expect_failed_load_changes_nothing(layout, dir.path(), "edited",
+                                       {"edited/manifest.json: the manifest's checksum"});
+    EXPECT_FALSE(verify_checkpoint(d).ok());
+    auto good = verify_checkpoint(dir / "good");
+    ASSERT_TRUE(good.ok()) << good.status().to_string();
+    EXPECT_TRUE(good->manifest_checksummed);
   }
   {  // A truncated manifest.
     const std::string d = copy("torn");

@@ -253,9 +253,64 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(back->tensors[1].shape, std::vector<int64_t>{});
 }
 
+// A written manifest's JSON without its own checksum (as hpshard 0.4.0 wrote them): edits of
+// it reach the checks of each field rather than the checksum's.
+json unchecked(const Manifest& m) {
+  json j = json::parse(manifest_to_json(m));
+  j.erase(std::string(kManifestChecksumKey));
+  return j;
+}
+
+TEST(Manifest, CarriesItsOwnChecksum) {
+  Manifest m = sample();
+  m.topology.mp = 2;
+  m.topology.mp_rank = 0;
+  const std::string text = manifest_to_json(m);
+  auto back = parse_manifest(text, "x/manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->checksummed);
+  // What went unnoticed before: a hand edit of the part, or of where a chunk lies, that
+  // keeps the manifest well formed.
+  for (const auto& edit : std::vector<std::function<void(json&)>>{
+           [](json& j) { j["topology"]["mp_rank"] = 1; },
+           [](json& j) { j["tensors"][0]["chunks"][1]["offset"] = 128; },
+           [](json& j) { j["tensors"][0]["name"] = "param/renamed"; },
+           [](json& j) { j["metadata"]["step"] = "7"; },
+           [](json& j) { j["created_unix_ns"] = 5; }}) {
+    json j = json::parse(text);
+    edit(j);
+    auto edited = parse_manifest(j.dump(1), "ckpt/manifest.json");
+    ASSERT_FALSE(edited.ok()) << "accepted: " << j.dump();
+    EXPECT_EQ(edited.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(edited.status().message().find("ckpt/manifest.json: the manifest's checksum"),
+              std::string::npos)
+        << edited.status().to_string();
+  }
+  // Layout does not matter (the sum is over the parsed JSON), the field must be hex.
+  json j = json::parse(text);
+  back = parse_manifest(j.dump(4), "x/manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  for (const json& bad : {json("xyz"), json(12), json("0123456789ABCDEF")}) {
+    j[std::string(kManifestChecksumKey)] = bad;
+    auto refused = parse_manifest(j.dump(), "x/manifest.json");
+    ASSERT_FALSE(refused.ok()) << bad.dump();
+    EXPECT_NE(refused.status().message().find("is not 16 lowercase hex digits"), std::string::npos)
+        << refused.status().to_string();
+  }
+  // Without the field (hpshard 0.4.0): read, and said to be unchecked.
+  back = parse_manifest(unchecked(m).dump(), "x/manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_FALSE(back->checksummed);
+  // Metadata with invalid UTF-8 is replaced as written, and the sum still matches.
+  m.metadata["bytes"] = std::string("a\xff\xfe");
+  back = parse_manifest(manifest_to_json(m), "x/manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_TRUE(back->checksummed);
+}
+
 // Applies `edit` to the sample's JSON; the parse must fail naming `expect`.
 void expect_refused(const std::function<void(json&)>& edit, const std::string& expect) {
-  json j = json::parse(manifest_to_json(sample()));
+  json j = unchecked(sample());
   edit(j);
   auto m = parse_manifest(j.dump(), "ckpt/manifest.json");
   ASSERT_FALSE(m.ok()) << "accepted: " << j.dump();
@@ -341,14 +396,14 @@ TEST(Manifest, RecordsTheModelParallelPart) {
   // A part's manifest is version 2 (a reader without parts refuses it), a whole model's 1.
   EXPECT_EQ(back->format_version, kPartFormatVersion);
   EXPECT_EQ(json::parse(manifest_to_json(sample()))["format_version"], kFormatVersion);
-  json j = json::parse(manifest_to_json(m));
+  json j = unchecked(m);
   j["format_version"] = kFormatVersion;
   back = parse_manifest(j.dump(), "x/manifest.json");
   ASSERT_FALSE(back.ok());
   EXPECT_NE(back.status().message().find("a part of a model (mp or pp above 1) is version 2"),
             std::string::npos)
       << back.status().to_string();
-  j = json::parse(manifest_to_json(m));  // a manifest written before these fields
+  j = unchecked(m);  // a manifest written before these fields
   for (const char* key : {"mp", "mp_rank", "pp", "pp_rank"}) j["topology"].erase(key);
   j["format_version"] = kFormatVersion;
   back = parse_manifest(j.dump(), "x/manifest.json");
