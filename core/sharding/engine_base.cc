@@ -156,9 +156,46 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
   return Status::Ok();
 }
 
+Status EngineBase::agree_on_group_sizes() {
+  // Every rank of the sharding and dp groups set model-parallel groups of the same sizes, or
+  // none. Agreed over those groups alone, before any check over mp or pp: a rank without
+  // them would never join its peers there, and they would wait out the timeout.
+  auto size_of = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
+    return c ? static_cast<uint64_t>(c->size()) : 0;
+  };
+  auto sizes_text = [](uint64_t sizes) {
+    auto one = [](uint64_t n) { return n == 0 ? std::string("none") : std::to_string(n); };
+    return "mp " + one(sizes >> 32) + ", pp " + one(sizes & 0xffffffffu);
+  };
+  const uint64_t mine = size_of(mp_) << 32 | size_of(pp_);
+  Status first = Status::Ok();
+  for (const auto* group : {&sharding_, &dp_}) {
+    if (!*group) continue;
+    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, mine));
+    for (size_t r = 0; r < all.size() && first.ok(); ++r) {
+      if (all[r] != mine) {
+        first = invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
+                                 (*group)->name() + "' set model-parallel groups of sizes " +
+                                 sizes_text(all[r]) + ", this rank " + sizes_text(mine) +
+                                 " (every rank calls set_model_parallel_groups with its "
+                                 "groups, or none does)");
+      }
+    }
+  }
+  HPS_ASSIGN_OR_RETURN(uint64_t differ,
+                       combine_over({sharding_.get(), dp_.get()}, first.ok() ? 0 : 1,
+                                    [](uint64_t a, uint64_t b) { return a | b; }));
+  if (differ == 0) return Status::Ok();
+  if (!first.ok()) return first;
+  return invalid_argument(
+      "engine: seal refused on every rank: ranks set model-parallel groups of different "
+      "sizes, or some none (the ranks that found it name it in their errors)");
+}
+
 Status EngineBase::agree_on_registrations() {
   uint64_t found = 0;
   Status first = Status::Ok();
+  HPS_RETURN_IF_ERROR(agree_on_group_sizes());
   HPS_RETURN_IF_ERROR(check_registrations(found, first));
   // Every rank learns what any rank found, so all refuse together: a rank that returned
   // alone would leave the others waiting in their next collective until the timeout.

@@ -107,6 +107,9 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // registered the same clip flags. Then every rank learns whether any rank found a
   // mismatch, so all return INVALID_ARGUMENT together (the finder naming it).
   Status agree_on_registrations();
+  // Part of it, first: the same sizes of model-parallel groups (or none) across the
+  // sharding and dp groups.
+  Status agree_on_group_sizes();
   // The checks alone: each mismatch adds its kind to `found` and the first sets `first`;
   // a failed collective is returned.
   Status check_registrations(uint64_t& found, Status& first);

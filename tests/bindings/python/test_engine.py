@@ -1029,6 +1029,15 @@ def test_engine_model_parallel_groups_are_checked():
                 with pytest.raises(hpshard.Error) as info:
                     engine.seal()
                 out["world"] = (info.value.status, info.value.message)
+            with Engine.create(sharding) as engine:  # sharding rank 1 sets no mp group
+                if topo.coordinate(rank, hpshard.Group.SHARDING) == 0:
+                    engine.set_model_parallel_groups(mp, None)
+                engine.add_param("w", (4,))
+                began = time.monotonic()
+                with pytest.raises(hpshard.Error) as info:
+                    engine.seal()
+                out["omitted"] = (info.value.status, info.value.message,
+                                  time.monotonic() - began)
             with Engine.create(sharding) as engine:  # mp rank 1 says w is not DISTRIBUTED
                 engine.set_model_parallel_groups(mp, None)
                 engine.add_param("w", (4,), distributed=topo.coordinate(rank, hpshard.Group.MP) == 0)
@@ -1050,6 +1059,12 @@ def test_engine_model_parallel_groups_are_checked():
         assert out["clip_mp_as_pp"] == INVALID_ARGUMENT
         assert out["world"][0] == INVALID_ARGUMENT and "coordinates" in out["world"][1]
         assert out["flags"][0] == INVALID_ARGUMENT and "DISTRIBUTED" in out["flags"][1]
+        # Named at once on every rank (the ranks with an mp group waited in seal's mp check
+        # for peers that never came, then read "destroyed its communicator before joining").
+        status, message, seconds = out["omitted"]
+        assert status == INVALID_ARGUMENT and seconds < 10, out["omitted"]
+        assert "set model-parallel groups of sizes mp" in message and "mp none, pp none" in \
+            message and "mp 2, pp none" in message, message
         assert out["sealed"] == FAILED_PRECONDITION
 
 
