@@ -2445,7 +2445,9 @@ extern "C" {
     #[doc = " members must share this rank's other coordinates, and the mp ranks must have registered"]
     #[doc = " the same flags), host-blocking once at set-up: when any rank finds a difference (other"]
     #[doc = " parameters, groups whose members do not share those coordinates), every rank gets"]
-    #[doc = " INVALID_ARGUMENT at once."]
+    #[doc = " INVALID_ARGUMENT at once. The ranks of each sharding and dp group must have set mp and pp"]
+    #[doc = " groups of the same sizes, or none; that is agreed first, over those groups alone, so a"]
+    #[doc = " rank that did not call hps_engine_set_model_parallel_groups is named at once."]
     pub fn hps_engine_seal(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {
