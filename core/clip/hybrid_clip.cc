@@ -123,18 +123,31 @@ Status HybridClip::seal() {
   for (const auto* c : {&sharding_, &mp_, &pp_}) {
     if (*c) device = (*c)->device();
   }
+  // Small all-gathers at set-up; counted as host syncs, never in the step.
+  Status mismatch = Status::Ok();
   if (reduces(mp_)) {
-    // One small all-gather at set-up; counted as a host sync, never in the step.
     const uint64_t mine = flags_fingerprint(tensors_);
     HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(*mp_, mine));
-    for (size_t r = 0; r < all.size(); ++r) {
+    for (size_t r = 0; r < all.size() && mismatch.ok(); ++r) {
       if (all[r] != mine) {
-        return invalid_argument(
+        mismatch = invalid_argument(
             "clip: ranks of the mp group registered different gradients or flags (this rank: " +
             std::to_string(tensors_.size()) + " tensors; mp rank " + std::to_string(r) +
             " differs); is_distributed, need_clip and shared_not_first must match across mp");
       }
     }
+  }
+  // Every rank learns whether any mp group found a difference, so all refuse together: the
+  // ranks of the other mp groups would otherwise wait in their first run() for peers that
+  // never come.
+  HPS_ASSIGN_OR_RETURN(uint64_t found,
+                       combine_over({sharding_.get(), mp_.get(), pp_.get()}, mismatch.ok() ? 0 : 1,
+                                    [](uint64_t a, uint64_t b) { return a | b; }));
+  if (!mismatch.ok()) return mismatch;
+  if (found != 0) {
+    return invalid_argument(
+        "clip: seal refused on every rank: ranks of an mp group registered different "
+        "gradients or flags (those ranks name it in their errors)");
   }
   HPS_RETURN_IF_ERROR(allocate_state(device));
   sealed_ = true;

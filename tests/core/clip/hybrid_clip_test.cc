@@ -275,6 +275,39 @@ TEST_F(HybridClipTest, MismatchedFlagsAcrossMpRanksAreRefusedWithNoGradientChang
   });
 }
 
+// pp 2 x mp 2: only pp stage 0's mp group registers different flags. Every rank's seal is
+// refused at once (pp stage 1's ranks sealed, then waited in their first run() for the pp
+// peers that had stopped), and the groups stay usable: the next clip on them runs.
+TEST_F(HybridClipTest, AMismatchOnOneMpGroupIsRefusedOnEveryRank) {
+  auto topology = *Topology::create({1, 2, 1, 1, 2}, 4);
+  testing_util::run_ranks(4, [&](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto hg = std::move(HybridGroup::create(w, topology)).value();
+    auto mp = hg->group(GroupKind::kMp), pp = hg->group(GroupKind::kPp);
+    std::vector<float> g = {30.0f, 40.0f};
+    {
+      auto clip = std::move(HybridClip::create(nullptr, mp, pp, {1.0, false})).value();
+      ASSERT_TRUE(clip->add_tensor({g.data(), g.size(), DType::kFloat32,
+                                    /*is_distributed=*/rank != 0})
+                      .ok());
+      const Status s = clip->seal();
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << rank << ": " << s.to_string();
+      const bool found = topology.coordinates(rank)->at(static_cast<size_t>(Axis::kPp)) == 0;
+      EXPECT_NE(s.message().find(found ? "is_distributed" : "seal refused on every rank"),
+                std::string::npos)
+          << s.to_string();
+    }
+    auto clip = std::move(HybridClip::create(nullptr, mp, pp, {1.0, false})).value();
+    ASSERT_TRUE(clip->add_tensor({g.data(), g.size(), DType::kFloat32, true}).ok());
+    ASSERT_TRUE(clip->seal().ok());
+    auto stream = std::move(create_stream(Device::cpu())).value();
+    float norm = 0;
+    ASSERT_TRUE(clip->run(*stream, &norm).ok());
+    ASSERT_TRUE(stream->synchronize().ok());
+    EXPECT_NEAR(norm, 100.0f, 1e-3f);  // 2 mp parts of [30, 40] on each of 2 stages
+  });
+}
+
 // A reduction that fails after run() returned (here: the ranks disagree on the mode, so
 // the all-reduce is refused) is the stream's error at synchronize(), on every rank: the
 // norm of that run is one rank's partial and must not pass for the model's.
