@@ -805,8 +805,9 @@ HPS_API hps_status_t hps_clip_add_tensor(hps_clip_t* clip, void* data, uint64_t 
                                          hps_dtype_t dtype, uint32_t flags);
 
 /**
- * Finish registration. Collective over the mp group, blocking the host once (counted) at
- * set-up: mp ranks that registered different flags get INVALID_ARGUMENT.
+ * Finish registration. Collective over the clip's groups (sharding, mp, pp), blocking the
+ * host at set-up (counted): when the ranks of any mp group registered different flags,
+ * every rank gets INVALID_ARGUMENT at once (the ranks of that group naming it).
  */
 HPS_API hps_status_t hps_clip_seal(hps_clip_t* clip);
 

@@ -1784,8 +1784,9 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Finish registration. Collective over the mp group, blocking the host once (counted) at"]
-    #[doc = " set-up: mp ranks that registered different flags get INVALID_ARGUMENT."]
+    #[doc = " Finish registration. Collective over the clip's groups (sharding, mp, pp), blocking the"]
+    #[doc = " host at set-up (counted): when the ranks of any mp group registered different flags,"]
+    #[doc = " every rank gets INVALID_ARGUMENT at once (the ranks of that group naming it)."]
     pub fn hps_clip_seal(clip: *mut hps_clip_t) -> hps_status_t;
 }
 extern "C" {
