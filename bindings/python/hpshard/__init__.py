@@ -1152,8 +1152,9 @@ class Clip(Handle):
             self._keep.append(b.view)
 
     def seal(self) -> None:
-        """Finish registration (collective over mp; one host sync at set-up). Error
-        INVALID_ARGUMENT when mp ranks registered different flags."""
+        """Finish registration (collective over the clip's sharding, mp and pp groups; host
+        syncs at set-up). Error INVALID_ARGUMENT on every rank when the ranks of any mp
+        group registered different flags."""
         self._h().seal()
 
     def run(self, stream: Stream, norm_out: Any = None, scale: bool = True) -> None:

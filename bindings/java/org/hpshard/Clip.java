@@ -152,8 +152,9 @@ public final class Clip extends Handle<ClipHandle> {
   }
 
   /**
-   * Finishes registration: collective over mp (one host sync at set-up); INVALID_ARGUMENT
-   * when mp ranks registered different flags.
+   * Finishes registration: collective over the clip's sharding, mp and pp groups (host syncs
+   * at set-up); INVALID_ARGUMENT on every rank when the ranks of any mp group registered
+   * different flags.
    */
   public void seal() {
     h().seal();

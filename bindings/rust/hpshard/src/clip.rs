@@ -380,11 +380,11 @@ impl<'a> Clip<'a> {
         Ok(())
     }
 
-    /// Finish registration (`hps_clip_seal`). Collective over the mp group: every mp
-    /// rank calls it; it blocks the host once (one counted host sync) to compare the
-    /// ranks' registrations.
-    /// Errors: [`Status::InvalidArgument`] (mp ranks registered different gradients
-    /// or flags; the clip stays unsealed), [`Status::FailedPrecondition`] (sealed
+    /// Finish registration (`hps_clip_seal`). Collective over the clip's groups
+    /// (sharding, mp, pp): every rank calls it; it blocks the host at set-up (counted
+    /// host syncs) to compare the mp ranks' registrations.
+    /// Errors: [`Status::InvalidArgument`] on every rank when the ranks of any mp group
+    /// registered different gradients or flags (the clip stays unsealed), [`Status::FailedPrecondition`] (sealed
     /// twice), and the communicator's errors ([`Status::Timeout`], ...).
     pub fn seal(&mut self) -> Result<()> {
         // SAFETY: live handle, this thread only; the borrowed communicators are live.
