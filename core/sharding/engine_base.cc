@@ -109,14 +109,20 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
   auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
     return c ? static_cast<uint64_t>(c->rank()) : 0;
   };
+  auto size_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
+    return c ? static_cast<uint64_t>(c->size()) : 0;
+  };
   const std::pair<const std::shared_ptr<Communicator>*, const std::shared_ptr<Communicator>*>
       axes[] = {{&mp_, &pp_}, {&pp_, &mp_}};
   for (const auto& [group, other] : axes) {
     if (!*group || (*group)->size() == 1) continue;
     const char* name = group == &mp_ ? "mp" : "pp";
-    // The members of an axis's group share every other coordinate.
+    // The members of an axis's group share every other coordinate, and the sizes of the
+    // other groups (a pp group whose members' mp groups differ in size was split by hand
+    // into groups of the wrong size).
     uint64_t coordinates = 1469598103934665603ull;
-    for (uint64_t v : {rank_in(sharding_), rank_in(dp_), rank_in(*other)}) {
+    for (uint64_t v : {rank_in(sharding_), rank_in(dp_), rank_in(*other), size_in(sharding_),
+                       size_in(dp_), size_in(*other)}) {
       coordinates = mix(coordinates, v);
     }
     HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, coordinates));
@@ -126,7 +132,8 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
                  invalid_argument(
                      std::string("engine: rank ") + std::to_string(r) + " of the " + name +
                      " group '" + (*group)->name() + "' is at other sharding, dp or " +
-                     (group == &mp_ ? "pp" : "mp") + " coordinates than this rank: the " + name +
+                     (group == &mp_ ? "pp" : "mp") +
+                     " coordinates, or in groups of other sizes, than this rank: the " + name +
                      " group must be that axis of the topology the sharding and dp groups "
                      "come from"));
         break;

@@ -997,7 +997,8 @@ HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name
  * is then collective over these groups as well). The engine holds its own references.
  * A communicator of a hybrid group (hps_hybrid_group_comm) must be that group's own axis:
  * its pp group given as mp, or its sep group as either, is refused; a communicator split
- * by hand is checked at seal only by the coordinates its members share.
+ * by hand is checked at seal by the coordinates its members share and the sizes of their
+ * groups along the other axes.
  * Added in 0.4.0. Errors: INVALID_ARGUMENT (a group on another device, or the engine's
  * sharding or dp communicator, or mp and pp the same, or a hybrid group's communicator of
  * another axis), FAILED_PRECONDITION (sealed).

@@ -1068,6 +1068,32 @@ def test_engine_model_parallel_groups_are_checked():
         assert out["sealed"] == FAILED_PRECONDITION
 
 
+def test_engine_seal_refuses_hand_split_groups_of_the_wrong_size():
+    """Three ranks split by hand: mp groups {0, 1} and {2}, pp groups {0, 2} and {1}. The
+    members of each group share the other coordinates (every rank is rank 0 of its size-1
+    groups), so only the sizes give it away: rank 0's mp group has 2 ranks, its pp peer
+    rank 2's has 1. Seal is refused on every rank."""
+
+    def body(rank, url):
+        store, world_comm = world(rank, url, size=3)
+        with store, world_comm:
+            own = [world_comm.split([r], f"self{r}") for r in range(3)][rank]
+            mp = [world_comm.split(g, "mp") for g in ([0, 1], [2])]
+            pp = [world_comm.split(g, "pp") for g in ([0, 2], [1])]
+            mp = next(c for c in mp if c is not None)
+            pp = next(c for c in pp if c is not None)
+            with own, mp, pp, Engine.create(own) as engine:
+                engine.set_model_parallel_groups(mp, pp)
+                engine.add_param("w", (4,))
+                with pytest.raises(hpshard.Error) as info:
+                    engine.seal()
+                return info.value.status, info.value.message
+
+    for rank, (status, message) in enumerate(run_ranks(3, body, "mp-hand-split")):
+        assert status == INVALID_ARGUMENT, (rank, message)
+        assert "in groups of other sizes" in message, (rank, message)
+
+
 def test_engine_seal_refused_on_one_mp_group_is_refused_on_every_rank_at_once():
     """pp 2 x mp 2: only pp stage 0's mp group registers different flags. Every rank gets
     INVALID_ARGUMENT at once (pp stage 1's ranks waited in seal's pp collective for the
