@@ -151,6 +151,16 @@ for c in "${components[@]}"; do
       | grep -vE '\((GLIBC|GCC|CXXABI|GLIBCXX)_' | sort -u | paste -sd' ')"
   if grep -qiE "$forbidden" <<<"$reqs"; then fail "$(basename "$f") requires CUDA/NCCL: $reqs"; fi
 done
+# Reproducible: the library names no path of the machine that built it (__FILE__ in its
+# log lines, its debug information).
+src_root="$(cd "$here/../.." && pwd)"
+unpacked="$scratch/unpacked-runtime"
+dpkg-deb -x "$(deb_file runtime)" "$unpacked"
+lib="$(find "$unpacked" -name 'libhpshard.so.*.*' -type f | head -1)"
+[[ -n "$lib" ]] || fail "$(basename "$(deb_file runtime)") holds no libhpshard.so.X.Y.Z"
+if grep -qaF "$src_root/" "$lib"; then
+  fail "$(basename "$lib") holds the build machine's source path $src_root/"
+fi
 runtime_deps="$(dpkg-deb -f "$(deb_file runtime)" Depends)"
 [[ -n "$runtime_deps" ]] || fail "runtime package has no Depends (dpkg-shlibdeps did not run?)"
 while read -r dep; do
