@@ -6,7 +6,10 @@
 // SGD and AdamW with random hyperparameters, clipping (deterministic or not), accumulation,
 // dynamic loss scaling with injected non-finite gradients, odd sizes, several units in a
 // random forward order, NO_CLIP, NO_WEIGHT_DECAY, frozen, distributed and shared parameters,
-// fp16 and bf16 parameters, prefetch windows 1-3 and several alignments.
+// fp16 and bf16 parameters, prefetch windows 1-3 and several alignments; in about four cases
+// of ten every rank saves a checkpoint after a random step and fresh engines at another layout
+// (stage, sharding and dp degrees, alignment, prefetch window, fp32 <-> bf16 and fp16 -> fp32
+// parameters) load it and run the remaining steps, while the model runs on unaware of it.
 //
 // Each rank's gradient is g = a ⊙ p + b (a per rank, b per rank, step and micro-batch) with p
 // read from the engine's own view during backward, as a framework computes it; the same
@@ -24,6 +27,7 @@
 // Environment: HPS_REFERENCE_SEED=S[,S...] runs only those cases; HPS_REFERENCE_CASES=N runs
 // N cases (default 64, about 10 s) from HPS_REFERENCE_FIRST_SEED (default 1).
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -32,6 +36,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -114,6 +119,32 @@ struct Case {
   // [part][param]: each part's initial values (part 0's are `initial`); a part's
   // non-DISTRIBUTED parameters are those of the part at mp 0 of its pp stage (replicated).
   std::vector<std::vector<std::vector<double>>> part_initial;
+  // >= 0: every rank saves a checkpoint after this step, and fresh engines at the layout of
+  // `resumed` (another stage, sharding and dp degree, alignment, prefetch window) load it
+  // and run the remaining steps; the model runs on as if nothing happened.
+  int save_after = -1;
+  struct Resumed {
+    int stage = 2, sharding = 1, dp = 1;
+    bool pass_dp_comm = false;
+    int prefetch_window = 1;
+    uint64_t alignment_bytes = 0;
+    std::vector<DType> dtypes;  // per parameter: its dtype after the resume
+  } resumed;
+
+  // The case from step save_after + 1 on: the resumed layout, injections on its ranks.
+  Case after_resume() const {
+    Case r = *this;
+    r.stage = resumed.stage;
+    r.sharding = resumed.sharding;
+    r.dp = resumed.dp;
+    r.pass_dp_comm = resumed.pass_dp_comm;
+    r.prefetch_window = resumed.prefetch_window;
+    r.alignment_bytes = resumed.alignment_bytes;
+    r.options.ranks = r.sharding * r.dp;
+    for (size_t i = 0; i < r.params.size(); ++i) r.params[i].dtype = resumed.dtypes[i];
+    for (Injection& in : r.injections) in.rank %= r.world();
+    return r;
+  }
 
   int parts() const { return mp * pp; }
   int world() const { return sharding * dp * mp * pp; }
@@ -173,8 +204,21 @@ std::string describe(const Case& c) {
     if (c.gather_after[static_cast<size_t>(k)] || k + 1 == c.steps) s << " " << k;
   }
   s << ", prefetch " << c.prefetch_window << ", alignment "
-    << (c.alignment_bytes ? std::to_string(c.alignment_bytes) : std::string("default"))
-    << "; forward order";
+    << (c.alignment_bytes ? std::to_string(c.alignment_bytes) : std::string("default"));
+  if (c.save_after >= 0) {
+    const Case::Resumed& r = c.resumed;
+    s << ", saved after step " << c.save_after << " and resumed at stage " << r.stage
+      << ", sharding " << r.sharding << " x dp " << r.dp
+      << (r.dp == 1 ? (r.pass_dp_comm ? " (1-rank dp group)" : " (no dp group)") : "")
+      << ", prefetch " << r.prefetch_window << ", alignment "
+      << (r.alignment_bytes ? std::to_string(r.alignment_bytes) : std::string("default"));
+    for (size_t i = 0; i < c.params.size(); ++i) {
+      if (r.dtypes[i] != c.params[i].dtype) {
+        s << ", param " << i << " now " << hps_ref::dtype_name(r.dtypes[i]);
+      }
+    }
+  }
+  s << "; forward order";
   for (int32_t u : c.forward_order) s << " " << u;
   s << "; params:";
   for (size_t i = 0; i < c.params.size(); ++i) {
@@ -335,6 +379,28 @@ Case make_case(uint64_t seed) {
   if (c.parts() > 1) {
     for (Injection& in : c.injections) in.rank = rng.integer(0, c.world() - 1);
   }
+  // A checkpoint and a resume at another layout, drawn last (the draws above are those of a
+  // case without it).
+  if (rng.chance(0.4)) {
+    c.save_after = rng.integer(0, c.steps - 2);
+    Case::Resumed& r = c.resumed;
+    r.stage = rng.chance(0.5) ? 2 : 3;
+    do {
+      r.sharding = rng.integer(1, 4);
+      r.dp = rng.chance(0.35) ? 2 : 1;
+    } while (r.sharding * r.dp * c.parts() > 8);
+    r.pass_dp_comm = r.dp == 1 && rng.chance(0.5);
+    r.prefetch_window = rng.integer(1, 3);
+    r.alignment_bytes = alignments[rng.integer(0, 2)];
+    // fp32 and bf16 parameters swap dtypes, fp16 ones become fp32 (the fp32 masters carry
+    // over; an fp16 parameter made of another could overflow at the case's loss scale).
+    for (const hps_ref::Param& p : c.params) {
+      DType t = p.dtype;
+      if (rng.chance(0.4)) t = t == DType::kBFloat16 ? DType::kFloat32 : DType::kBFloat16;
+      if (p.dtype == DType::kFloat16 && t == DType::kBFloat16) t = DType::kFloat32;
+      r.dtypes.push_back(t);
+    }
+  }
   return c;
 }
 
@@ -379,12 +445,21 @@ std::vector<hps_ref::EngineModel> part_models(const Case& c) {
   return parts;
 }
 
+// The steps a set of engines runs: all of a case's, or those before or after its checkpoint.
+struct Phase {
+  int first_step = 0, end_step = 0;  // [first_step, end_step)
+  std::string root;                  // the checkpoints' root (one directory per part under it)
+  bool load = false;                 // load the checkpoint before the first step
+  bool save = false;                 // save one after the last step
+};
+
 struct Shared {
-  Shared(const Case& the_case, std::string url)
+  Shared(const Case& the_case, std::string url, hps_ref::HybridModel the_model, Phase the_phase)
       : c(the_case),
         world(the_case.world()),
         store_url(std::move(url)),
-        model(part_models(the_case), the_case.mp),
+        phase(std::move(the_phase)),
+        model(std::move(the_model)),
         last(static_cast<size_t>(the_case.parts())),
         before(static_cast<size_t>(the_case.parts())),
         barrier(world),
@@ -394,6 +469,7 @@ struct Shared {
   const Case& c;
   const int world;
   const std::string store_url;
+  const Phase phase;
   hps_ref::HybridModel model;  // one part per (pp, mp); stepped by rank 0 between two barriers
   std::vector<hps_ref::StepResult> last;  // per part, of the latest model step
   // Per part, the masters before the latest step (empty before the first).
@@ -649,6 +725,8 @@ void run_rank(Shared& shared, int rank) {
   hps_comm_t* mp = nullptr;
   hps_comm_t* pp = nullptr;
   hps_engine_t* engine = nullptr;
+  hps_comm_t* state_group = nullptr;  // the part's sharding x dp ranks (checkpoints)
+  hps_checkpoint_t* checkpoint = nullptr;
   struct Cleanup {
     Shared& shared;
     int rank;
@@ -661,8 +739,12 @@ void run_rank(Shared& shared, int rank) {
     hps_comm_t*& mp;
     hps_comm_t*& pp;
     hps_engine_t*& engine;
+    hps_comm_t*& state_group;
+    hps_checkpoint_t*& checkpoint;
     ~Cleanup() {
+      hps_checkpoint_destroy(checkpoint);
       hps_engine_destroy(engine);
+      hps_comm_destroy(state_group);
       {
         std::lock_guard<std::mutex> lock(shared.mu);
         shared.comms[static_cast<size_t>(rank)].clear();
@@ -676,7 +758,8 @@ void run_rank(Shared& shared, int rank) {
       hps_comm_destroy(world);
       hps_store_destroy(store);
     }
-  } cleanup{shared, rank, store, world, topology, group, sharding, dp, mp, pp, engine};
+  } cleanup{shared, rank, store, world,  topology,    group,     sharding,
+            dp,     mp,   pp,    engine, state_group, checkpoint};
 
   RANK_CALL(hps_store_open(shared.store_url.c_str(), rank, 60000, &store));
   hps_comm_options_t comm_options;
@@ -739,8 +822,9 @@ void run_rank(Shared& shared, int rank) {
   RANK_CALL(hps_engine_seal(engine));
   // The first replica of each part writes the part's initial values; the others write
   // something else, which the broadcast must replace (over the sharding and the dp group).
+  // (A resumed engine's values come from the checkpoint: it broadcasts its zeros.)
   const std::vector<std::vector<double>>& initial = c.part_initial[static_cast<size_t>(part)];
-  for (size_t i = 0; i < c.params.size(); ++i) {
+  for (size_t i = 0; i < c.params.size() && !shared.phase.load; ++i) {
     void* view = nullptr;
     RANK_CALL(hps_engine_param(engine, i, &view));
     const DType t = c.params[i].dtype;
@@ -752,6 +836,35 @@ void run_rank(Shared& shared, int rank) {
     }
   }
   RANK_CALL(hps_engine_broadcast_parameters(engine));
+
+  // Checkpoints: each part under a root of its own, written by its sharding x dp ranks.
+  const Phase& phase = shared.phase;
+  if (phase.load || phase.save) {
+    for (int k = 0; k < c.parts(); ++k) {
+      std::vector<int32_t> members;
+      for (int r = 0; r < shared.world; ++r) {
+        if (c.part_of(r) == k) members.push_back(r);
+      }
+      std::sort(members.begin(), members.end(),
+                [&](int32_t a, int32_t b) { return c.replica_of(a) < c.replica_of(b); });
+      hps_comm_t* split = nullptr;
+      RANK_CALL(hps_comm_split(world, members.data(), members.size(), "state", &split));
+      if (split != nullptr) state_group = split;
+    }
+    const std::string root = phase.root + "/part" + std::to_string(part);
+    RANK_CALL(hps_checkpoint_create(engine, state_group, root.c_str(), nullptr, &checkpoint));
+  }
+  if (phase.load) {
+    RANK_CALL(hps_checkpoint_load(checkpoint, "resume", nullptr));
+    char text[32] = {};
+    size_t length = 0;
+    RANK_CALL(hps_checkpoint_metadata(checkpoint, "step", text, sizeof text, &length));
+    if (std::string(text, length) != std::to_string(c.save_after)) {
+      shared.fail("metadata", "rank " + std::to_string(rank) +
+                                  ": the checkpoint's metadata step '" + std::string(text, length) +
+                                  "', saved after step " + std::to_string(c.save_after));
+    }
+  }
 
   // Units in forward order, and their parameters.
   std::vector<std::vector<size_t>> unit_params(c.forward_order.size());
@@ -813,7 +926,7 @@ void run_rank(Shared& shared, int rank) {
     return true;
   };
 
-  for (int step = 0; step < c.steps; ++step) {
+  for (int step = phase.first_step; step < phase.end_step; ++step) {
     auto& my_grads = shared.grads[static_cast<size_t>(rank)];
     my_grads.assign(static_cast<size_t>(micro), std::vector<std::vector<double>>(c.params.size()));
     for (auto& w : written) w.clear();
@@ -914,8 +1027,19 @@ void run_rank(Shared& shared, int rank) {
   // The views after the last step, and the loss scale; then the masters.
   if (!forward("after the last step")) return;
   check_scale("after the last step");
-  if (!c.gather_after.back() && !gather_and_check(c.steps - 1)) return;
+  const int last = phase.end_step - 1;
+  if (!c.gather_after[static_cast<size_t>(last)] && !gather_and_check(last)) return;
   RANK_CALL(hps_engine_synchronize(engine));
+  if (phase.save) {
+    const std::string step_text = std::to_string(last);
+    const char* key = "step";
+    const char* value = step_text.c_str();
+    hps_work_t* work = nullptr;
+    RANK_CALL(hps_checkpoint_save(checkpoint, "resume", &key, &value, 1, &work));
+    const hps_status_t saved = hps_work_wait(work);
+    hps_work_destroy(work);
+    RANK_CALL(saved);
+  }
   RANK_SYNC();
 }
 
@@ -1123,15 +1247,16 @@ TEST(EngineModel, NoWeightDecayParametersAreNotDecayed) {
 
 class EngineReference : public ::testing::TestWithParam<uint64_t> {};
 
-TEST_P(EngineReference, MatchesTheFloat64Model) {
-  const uint64_t seed = GetParam();
-  const Case c = make_case(seed);
+// Runs `c`'s ranks over `phase` from `model`; failures are reported naming `text`. Returns the
+// model where the phase left it.
+hps_ref::HybridModel run_phase(const Case& c, const std::string& text, hps_ref::HybridModel model,
+                               Phase phase, bool with_fault_model) {
   static std::atomic<int> run_counter{0};
   Shared shared(
-      c, "memory://engine_reference_" + std::to_string(seed) + "_" + std::to_string(run_counter++));
-  bool no_clip_trained = false;
-  for (const auto& p : c.params) no_clip_trained = no_clip_trained || (p.trainable && !p.need_clip);
-  if (c.options.clip_max_norm > 0 && no_clip_trained && c.parts() == 1) {
+      c,
+      "memory://engine_reference_" + std::to_string(c.seed) + "_" + std::to_string(run_counter++),
+      std::move(model), std::move(phase));
+  if (with_fault_model) {
     hps_ref::Options faulty = c.options;
     faulty.fault_no_clip_scaled = true;
     shared.fault_model = std::make_unique<hps_ref::EngineModel>(c.params, faulty, c.initial);
@@ -1146,9 +1271,39 @@ TEST_P(EngineReference, MatchesTheFloat64Model) {
       if (f.repeats > 0)
         all += "\n    (and " + std::to_string(f.repeats) + " more times later or on other ranks)";
     }
-    ADD_FAILURE() << "seed " << seed << " (re-run alone: HPS_REFERENCE_SEED=" << seed
-                  << "): " << describe(c) << all;
+    ADD_FAILURE() << "seed " << c.seed << " (re-run alone: HPS_REFERENCE_SEED=" << c.seed
+                  << "): " << text << all;
   }
+  return std::move(shared.model);
+}
+
+TEST_P(EngineReference, MatchesTheFloat64Model) {
+  const uint64_t seed = GetParam();
+  const Case c = make_case(seed);
+  bool no_clip_trained = false;
+  for (const auto& p : c.params) no_clip_trained = no_clip_trained || (p.trainable && !p.need_clip);
+  hps_ref::HybridModel model(part_models(c), c.mp);
+  if (c.save_after < 0) {
+    const bool fault_model = c.options.clip_max_norm > 0 && no_clip_trained && c.parts() == 1;
+    run_phase(c, describe(c), std::move(model), {0, c.steps, "", false, false}, fault_model);
+    return;
+  }
+  // Saved by one layout, resumed by another: the model knows nothing of either.
+  char root_template[] = "/tmp/hps_engine_reference_XXXXXX";
+  ASSERT_NE(::mkdtemp(root_template), nullptr);
+  const std::string root = root_template;
+  const std::string text = describe(c);
+  model = run_phase(c, text + " (before the checkpoint)", std::move(model),
+                    {0, c.save_after + 1, root, false, true}, false);
+  const Case resumed = c.after_resume();
+  model.set_ranks(resumed.options.ranks);
+  for (size_t i = 0; i < c.params.size(); ++i) model.set_dtype(i, resumed.params[i].dtype);
+  if (!::testing::Test::HasFailure()) {
+    run_phase(resumed, text + " (after resuming)", std::move(model),
+              {c.save_after + 1, c.steps, root, true, false}, false);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, EngineReference,

@@ -300,6 +300,22 @@ class EngineModel {
   const std::vector<Param>& params() const { return params_; }
   const Options& options() const { return options_; }
 
+  // The job resumed from a checkpoint on another number of sharding × dp ranks: the mean is
+  // taken over `ranks` from the next step on; the state carries over unchanged.
+  void set_ranks(int ranks) {
+    if (ranks < 1) throw std::invalid_argument("ranks must be >= 1");
+    options_.ranks = ranks;
+  }
+  // ... and with parameter i held in another dtype: the framework's views and gradients are
+  // of `dtype` from the next step on. A trainable parameter keeps its fp32 master; a frozen
+  // one has none (an engine keeps no optimizer state for it), so its value is rounded to
+  // `dtype`.
+  void set_dtype(size_t i, DType dtype) {
+    params_.at(i).dtype = dtype;
+    if (params_[i].trainable) return;
+    for (double& x : master_[i]) x = round_to(dtype, x);
+  }
+
   // The loss scale the framework multiplies its loss by in the next step.
   double loss_scale() const { return scale_; }
   int64_t skipped_steps() const { return skipped_; }
@@ -564,6 +580,12 @@ class HybridModel {
   EngineModel& part(size_t k) { return parts_.at(k); }
   const EngineModel& part(size_t k) const { return parts_.at(k); }
   size_t parts() const { return parts_.size(); }
+  void set_ranks(int ranks) {
+    for (EngineModel& m : parts_) m.set_ranks(ranks);
+  }
+  void set_dtype(size_t i, DType dtype) {
+    for (EngineModel& m : parts_) m.set_dtype(i, dtype);
+  }
 
   // grads[k]: part k's gradients; the result per part (the same verdict and norm in all).
   std::vector<StepResult> step(const std::vector<StepGradients>& grads) {
