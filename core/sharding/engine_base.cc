@@ -109,8 +109,9 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
   auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
     return c ? static_cast<uint64_t>(c->rank()) : 0;
   };
+  // No group and a group of one rank are the same to the engine.
   auto size_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
-    return c ? static_cast<uint64_t>(c->size()) : 0;
+    return c ? static_cast<uint64_t>(c->size()) : 1;
   };
   const std::pair<const std::shared_ptr<Communicator>*, const std::shared_ptr<Communicator>*>
       axes[] = {{&mp_, &pp_}, {&pp_, &mp_}};
@@ -167,12 +168,12 @@ Status EngineBase::agree_on_group_sizes() {
   // Every rank of the sharding and dp groups set model-parallel groups of the same sizes, or
   // none. Agreed over those groups alone, before any check over mp or pp: a rank without
   // them would never join its peers there, and they would wait out the timeout.
+  // No group and a group of one rank are the same to the engine: "1".
   auto size_of = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
-    return c ? static_cast<uint64_t>(c->size()) : 0;
+    return c ? static_cast<uint64_t>(c->size()) : 1;
   };
   auto sizes_text = [](uint64_t sizes) {
-    auto one = [](uint64_t n) { return n == 0 ? std::string("none") : std::to_string(n); };
-    return "mp " + one(sizes >> 32) + ", pp " + one(sizes & 0xffffffffu);
+    return "mp " + std::to_string(sizes >> 32) + ", pp " + std::to_string(sizes & 0xffffffffu);
   };
   const uint64_t mine = size_of(mp_) << 32 | size_of(pp_);
   Status first = Status::Ok();
@@ -185,7 +186,7 @@ Status EngineBase::agree_on_group_sizes() {
                                  (*group)->name() + "' set model-parallel groups of sizes " +
                                  sizes_text(all[r]) + ", this rank " + sizes_text(mine) +
                                  " (every rank calls set_model_parallel_groups with its "
-                                 "groups, or none does)");
+                                 "groups, or none does; no group counts as 1)");
       }
     }
   }

@@ -1063,8 +1063,8 @@ def test_engine_model_parallel_groups_are_checked():
         # for peers that never came, then read "destroyed its communicator before joining").
         status, message, seconds = out["omitted"]
         assert status == INVALID_ARGUMENT and seconds < 10, out["omitted"]
-        assert "set model-parallel groups of sizes mp" in message and "mp none, pp none" in \
-            message and "mp 2, pp none" in message, message
+        assert "set model-parallel groups of sizes mp" in message and "mp 1, pp 1" in \
+            message and "mp 2, pp 1" in message, message
         assert out["sealed"] == FAILED_PRECONDITION
 
 
