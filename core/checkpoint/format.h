@@ -33,8 +33,8 @@ inline constexpr uint32_t kPartFormatVersion = 2;
 inline constexpr std::string_view kManifestFile = "manifest.json";
 // The manifest's own checksum: XXH3-64 (16 hex digits) of the manifest's compact JSON
 // (nlohmann's dump without indentation, keys sorted) with this field removed. A reader
-// refuses a manifest whose checksum does not match; one without the field (written by
-// hpshard 0.4.0) is read, and verify says that its manifest went unchecked.
+// refuses a manifest whose checksum does not match; one without the field (written before
+// manifests carried it) is read, and verify says that its manifest went unchecked.
 inline constexpr std::string_view kManifestChecksumKey = "manifest_xxh3";
 inline constexpr std::string_view kLatestFile = "latest";
 // Directories under the root that are not (yet, or any more) checkpoints.

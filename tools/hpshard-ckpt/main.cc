@@ -140,15 +140,16 @@ int verify(const std::string& path) {
   if (!directory.ok()) return fail(directory.status());
   auto report = verify_checkpoint(*directory);
   if (!report.ok()) return fail(report.status());
-  std::printf("%s: OK: %llu files, %llu tensors, %llu chunks, %llu bytes checked%s\n",
-              directory->c_str(), static_cast<unsigned long long>(report->files),
-              static_cast<unsigned long long>(report->tensors),
-              static_cast<unsigned long long>(report->chunks),
-              static_cast<unsigned long long>(report->bytes),
-              report->manifest_checksummed
-                  ? ", and the manifest's own checksum"
-                  : "; the manifest carries no checksum of its own (written by hpshard 0.4.0): "
-                    "its contents went unchecked");
+  std::printf(
+      "%s: OK: %llu files, %llu tensors, %llu chunks, %llu bytes checked%s\n", directory->c_str(),
+      static_cast<unsigned long long>(report->files),
+      static_cast<unsigned long long>(report->tensors),
+      static_cast<unsigned long long>(report->chunks),
+      static_cast<unsigned long long>(report->bytes),
+      report->manifest_checksummed
+          ? ", and the manifest's own checksum"
+          : "; the manifest carries no checksum of its own (written before manifests carried one): "
+            "its contents went unchecked");
   return 0;
 }
 

@@ -494,7 +494,7 @@ def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):
         shutil.copytree(source, copy)
         with open(copy / "manifest.json") as f:
             manifest = json.load(f)
-        # Without its own checksum (as hpshard 0.4.0 wrote them), the edit reaches the
+        # Without its own checksum (as manifests were written before it), the edit reaches the
         # checks of each field; with it, the checksum alone refuses the edit.
         del manifest["manifest_xxh3"]
         if what == "metadata":
@@ -590,7 +590,7 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
     with pytest.raises(hpshard.Error):
         hpshard.checkpoint_verify(tmp_path / "mp1" / "a")
     manifest = json.loads(written)
-    del manifest["manifest_xxh3"]  # as hpshard 0.4.0 wrote them: each field's checks
+    del manifest["manifest_xxh3"]  # as written before the field: each field's checks
     manifest["format_version"] = 1
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(hpshard.Error) as info:

@@ -253,7 +253,7 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(back->tensors[1].shape, std::vector<int64_t>{});
 }
 
-// A written manifest's JSON without its own checksum (as hpshard 0.4.0 wrote them): edits of
+// A written manifest's JSON without its own checksum (as written before the field): edits of
 // it reach the checks of each field rather than the checksum's.
 json unchecked(const Manifest& m) {
   json j = json::parse(manifest_to_json(m));
@@ -297,7 +297,7 @@ TEST(Manifest, CarriesItsOwnChecksum) {
     EXPECT_NE(refused.status().message().find("is not 16 lowercase hex digits"), std::string::npos)
         << refused.status().to_string();
   }
-  // Without the field (hpshard 0.4.0): read, and said to be unchecked.
+  // Without the field (written before it): read, and said to be unchecked.
   back = parse_manifest(unchecked(m).dump(), "x/manifest.json");
   ASSERT_TRUE(back.ok()) << back.status().to_string();
   EXPECT_FALSE(back->checksummed);
