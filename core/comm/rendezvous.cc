@@ -133,6 +133,21 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
     return invalid_argument(
         "environment variable HPS_STORE is not set (HPS_RANK is; hpshard-run sets both)");
   }
+  // torchrun's agent serves torch's own store on MASTER_PORT: hpshard's cannot share it.
+  if (auto agent = env_string("TORCHELASTIC_USE_AGENT_STORE")) {
+    std::string lower = *agent;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (lower == "true") {
+      return invalid_argument(
+          "MASTER_ADDR:MASTER_PORT is torchrun's agent store (environment variable "
+          "TORCHELASTIC_USE_AGENT_STORE=" +
+          shown_value(*agent) +
+          "), which hpshard's store cannot share: set HPS_STORE (tcp://HOST:PORT, another "
+          "port, the same on every rank), or from Python use hpshard.torch.world_from_env, "
+          "which finds a port through torch's store");
+    }
+  }
   const auto addr = env_string("MASTER_ADDR");
   const auto port = env_string("MASTER_PORT");
   if (!addr || !port) {

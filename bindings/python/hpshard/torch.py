@@ -104,10 +104,52 @@ _DTYPES = {torch.float32: _hps.DType.FLOAT32, torch.float16: _hps.DType.FLOAT16,
            torch.bfloat16: _hps.DType.BFLOAT16}
 
 
+def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
+    """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's agent store
+    (TORCHELASTIC_USE_AGENT_STORE=True), which hpshard's store cannot share. Rank 0 then
+    serves hpshard's store on a port of its own (a listening socket it hands to the store,
+    so no other process can take the port in between) and every rank learns the address
+    through torch's store; HPS_STORE (and, on rank 0, HPS_STORE_FD) are set for
+    hpshard.rendezvous_from_env. Nothing happens when HPS_STORE is set already."""
+    env = os.environ
+    if env.get("HPS_STORE") or env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise _hps.Error(_hps.Status.INVALID_ARGUMENT,
+                         f"world_from_env: torchrun's variables {missing} are not set")
+    rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    wait = datetime.timedelta(milliseconds=timeout_ms or _hps.DEFAULT_STORE_TIMEOUT_MS)
+    agent = TCPStore(addr, port, size, False, timeout=wait)
+    key = "hpshard/store/{}/{}".format(env.get("TORCHELASTIC_RUN_ID", ""),
+                                       env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if rank == 0:
+        family = socket.AF_INET6 if ":" in addr.strip("[]") else socket.AF_INET
+        listener = socket.create_server(("", 0), family=family)
+        listener.set_inheritable(False)
+        host = addr.strip("[]")
+        url = "tcp://{}:{}".format("[" + host + "]" if ":" in host else host,
+                                   listener.getsockname()[1])
+        env["HPS_STORE_FD"] = str(listener.detach())  # the store takes the socket over
+        env["HPS_STORE"] = url
+        agent.set(key, url)
+    else:
+        env["HPS_STORE"] = agent.get(key).decode()
+
+
 def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":
     """The world communicator of a process started by hpshard-run, torchrun, Open MPI or
-    Slurm (hpshard.rendezvous_from_env, then the store and a communicator over it). The
+    Slurm (hpshard.rendezvous_from_env, then the store and a communicator over it). Under
+    torchrun, whose agent holds MASTER_PORT for torch's own store, rank 0 serves hpshard's
+    store on a port of its own and the ranks find it through torch's store. The
     communicator keeps its store referenced."""
+    _store_beside_torchrun_agent(timeout_ms)
     info = _hps.rendezvous_from_env()
     store = _hps.Store.open(info.store_url, info.rank)
     world = _hps.Communicator.create(store, info.rank, info.world_size, timeout_ms=timeout_ms,

@@ -712,9 +712,14 @@ PROCESS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_process_ranks_with_torchrun_variables():
+@pytest.mark.parametrize("agent_store", [False, True], ids=["plain", "agent_store"])
+def test_process_ranks_with_torchrun_variables(agent_store):
     """Ranks as processes that meet through torchrun's variables (RANK, WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT), as torchrun starts them."""
+    MASTER_ADDR, MASTER_PORT), as torchrun starts them; with ``agent_store`` MASTER_PORT is
+    held by torch's own store, as torchrun's agent holds it (TORCHELASTIC_USE_AGENT_STORE):
+    rank 0 could not listen there and the others timed out in their handshake with torch's
+    store; world_from_env now finds a port of its own through torch's store."""
+    import datetime
     import json
     import socket
     here = pathlib.Path(__file__).resolve().parent
@@ -724,13 +729,22 @@ def test_process_ranks_with_torchrun_variables():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = {k: v for k, v in os.environ.items() if not k.startswith("HPS_")}
+    extra = {}
+    agent = None
+    if agent_store:
+        agent = torch.distributed.TCPStore("127.0.0.1", port, 2, True,
+                                           timeout=datetime.timedelta(seconds=60),
+                                           wait_for_workers=False)
+        extra = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "test-run",
+                 "TORCHELASTIC_RESTART_COUNT": "0"}
     procs = []
     for rank in range(2):
         env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra)
         procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outputs = [p.communicate(timeout=240) for p in procs]
+    del agent
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err
     losses = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]

@@ -22,11 +22,25 @@ namespace {
 using std::chrono::seconds;
 
 constexpr const char* kVariables[] = {
-    "HPS_RANK",     "HPS_WORLD_SIZE",       "HPS_LOCAL_RANK",       "HPS_STORE",
-    "RANK",         "WORLD_SIZE",           "LOCAL_RANK",           "MASTER_ADDR",
-    "MASTER_PORT",  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "SLURM_PROCID", "SLURM_NTASKS",         "SLURM_LOCALID",        "HPS_STORE_TOKEN",
-    "HPS_STORE_FD", "HPS_JOB_ID",
+    "HPS_RANK",
+    "HPS_WORLD_SIZE",
+    "HPS_LOCAL_RANK",
+    "HPS_STORE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "HPS_STORE_TOKEN",
+    "HPS_STORE_FD",
+    "HPS_JOB_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
 };
 
 // Every test starts with none of the variables set and leaves the environment as it was.
@@ -107,6 +121,27 @@ TEST_F(RendezvousEnv, Torchrun) {
   EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fd00::1]:29500");
   set("HPS_STORE", "file:///shared/rdzv");  // HPS_STORE wins over MASTER_*
   EXPECT_EQ(rendezvous_from_env()->store_url, "file:///shared/rdzv");
+}
+
+// torchrun's agent serves torch's own store on MASTER_PORT: refused at once with what to
+// do (rank 0 could not listen there, the others timed out in a handshake with torch's store).
+TEST_F(RendezvousEnv, TorchrunsAgentStoreIsNotTaken) {
+  set("RANK", "1");
+  set("WORLD_SIZE", "2");
+  set("MASTER_ADDR", "node0");
+  set("MASTER_PORT", "29500");
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  const Status s = failure();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("torchrun's agent store"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("HPS_STORE"), std::string::npos) << s.to_string();
+  set("HPS_STORE", "tcp://node0:29501");  // given: taken
+  auto info = rendezvous_from_env();
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  EXPECT_EQ(info->store_url, "tcp://node0:29501");
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");  // without the agent's store: MASTER_PORT
+  ::unsetenv("HPS_STORE");
+  EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://node0:29500");
 }
 
 TEST_F(RendezvousEnv, OpenMpi) {
