@@ -108,8 +108,9 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
     """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's agent store
     (TORCHELASTIC_USE_AGENT_STORE=True), which hpshard's store cannot share. Rank 0 then
     serves hpshard's store on a port of its own (a listening socket it hands to the store,
-    so no other process can take the port in between) and every rank learns the address
-    through torch's store; HPS_STORE (and, on rank 0, HPS_STORE_FD) are set for
+    so no other process can take the port in between) and every rank learns the address,
+    with a token of the job's own unless HPS_STORE_TOKEN is set, through torch's store;
+    HPS_STORE, HPS_STORE_TOKEN (and, on rank 0, HPS_STORE_FD) are set for
     hpshard.rendezvous_from_env. Nothing happens when HPS_STORE is set already."""
     env = os.environ
     if env.get("HPS_STORE") or env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
@@ -130,17 +131,24 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
     key = "hpshard/store/{}/{}".format(env.get("TORCHELASTIC_RUN_ID", ""),
                                        env.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if rank == 0:
+        import secrets
+
         family = socket.AF_INET6 if ":" in addr.strip("[]") else socket.AF_INET
         listener = socket.create_server(("", 0), family=family)
         listener.set_inheritable(False)
         host = addr.strip("[]")
         url = "tcp://{}:{}".format("[" + host + "]" if ":" in host else host,
                                    listener.getsockname()[1])
+        # A token of the job's own (unless one is set): connections that are not this
+        # job's ranks are closed, as under hpshard-run.
+        token = env.get("HPS_STORE_TOKEN") or secrets.token_hex(32)
         env["HPS_STORE_FD"] = str(listener.detach())  # the store takes the socket over
         env["HPS_STORE"] = url
-        agent.set(key, url)
+        agent.set(key, json.dumps({"url": url, "token": token}))
     else:
-        env["HPS_STORE"] = agent.get(key).decode()
+        published = json.loads(agent.get(key).decode())
+        env["HPS_STORE"], token = published["url"], published["token"]
+    env.setdefault("HPS_STORE_TOKEN", token)
 
 
 def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":

@@ -744,6 +744,11 @@ def test_process_ranks_with_torchrun_variables(agent_store):
         procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outputs = [p.communicate(timeout=240) for p in procs]
+    if agent is not None:  # rank 0 published its store and a token of the job's own
+        published = json.loads(agent.get("hpshard/store/test-run/0").decode())
+        assert published["url"].startswith("tcp://127.0.0.1:"), published
+        assert int(published["url"].rsplit(":", 1)[1]) != port, published
+        assert len(published["token"]) == 64, published
     del agent
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err
