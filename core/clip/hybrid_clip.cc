@@ -77,6 +77,12 @@ StatusOr<std::unique_ptr<HybridClip>> HybridClip::create(std::shared_ptr<Communi
     }
     device = d;
   }
+  // One communicator as two axes would count its ranks' partial norms twice.
+  if ((sharding && (sharding == mp || sharding == pp)) || (mp && mp == pp)) {
+    return invalid_argument(
+        "clip: the same communicator is given for two of sharding, mp and pp (give none for "
+        "an axis the job does not have)");
+  }
   if (mp) HPS_RETURN_IF_ERROR(check_topology_axis(*mp, "mp", "clip"));
   if (pp) HPS_RETURN_IF_ERROR(check_topology_axis(*pp, "pp", "clip"));
   return std::unique_ptr<HybridClip>(

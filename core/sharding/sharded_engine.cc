@@ -96,6 +96,12 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
 StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(
     int32_t stage, std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,
     const EngineOptions& options) {
+  // One communicator as both would average each gradient twice over the same ranks.
+  if (sharding && dp && sharding == dp) {
+    return invalid_argument(
+        "engine: the sharding and dp communicators are the same communicator (give no dp "
+        "group where there is no dp axis)");
+  }
   if (stage == 2) {
     HPS_ASSIGN_OR_RETURN(auto e, Stage2Engine::create(std::move(sharding), std::move(dp), options));
     return std::unique_ptr<ShardedEngine>(std::move(e));

@@ -1021,6 +1021,12 @@ def test_engine_model_parallel_groups_are_checked():
                 out["sep_as_mp"] = status_of(lambda: engine.set_model_parallel_groups(
                     group.comm(hpshard.Group.SEP), None))
                 out["clip_mp_as_pp"] = status_of(lambda: Clip(sharding, None, mp))
+                # One communicator as two axes: each gradient averaged twice (the engine's
+                # update was halved), a norm's partials counted twice (the clip's).
+                out["same_dp"] = status_of(lambda: Engine.create(sharding, sharding))
+                out["clip_same"] = [status_of(lambda a=a: Clip(*a)) for a in
+                                    ((sharding, sharding, None), (sharding, None, sharding),
+                                     (None, mp, mp))]
                 with pytest.raises(TypeError):
                     engine.set_model_parallel_groups("mp")
             with Engine.create(sharding) as engine:  # the world is no axis: sharding differs
@@ -1057,6 +1063,8 @@ def test_engine_model_parallel_groups_are_checked():
             out["mp_as_pp"][1]
         assert out["sep_as_mp"] == INVALID_ARGUMENT
         assert out["clip_mp_as_pp"] == INVALID_ARGUMENT
+        assert out["same_dp"] == INVALID_ARGUMENT
+        assert out["clip_same"] == [INVALID_ARGUMENT] * 3
         assert out["world"][0] == INVALID_ARGUMENT and "coordinates" in out["world"][1]
         assert out["flags"][0] == INVALID_ARGUMENT and "DISTRIBUTED" in out["flags"][1]
         # Named at once on every rank (the ranks with an mp group waited in seal's mp check
