@@ -83,6 +83,14 @@ Status EngineBase::set_model_parallel_groups(std::shared_ptr<Communicator> mp,
   return Status::Ok();
 }
 
+namespace {
+// A group's size for seal's checks: no group and a group of one rank are the same to the
+// engine.
+uint64_t group_size(const std::shared_ptr<Communicator>& c) {
+  return c ? static_cast<uint64_t>(c->size()) : 1;
+}
+}  // namespace
+
 Status EngineBase::check_registrations(uint64_t& found, Status& first) {
   auto mismatch = [&](uint64_t kind, Status s) {
     found |= kind;
@@ -109,10 +117,6 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
   auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
     return c ? static_cast<uint64_t>(c->rank()) : 0;
   };
-  // No group and a group of one rank are the same to the engine.
-  auto size_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
-    return c ? static_cast<uint64_t>(c->size()) : 1;
-  };
   const std::pair<const std::shared_ptr<Communicator>*, const std::shared_ptr<Communicator>*>
       axes[] = {{&mp_, &pp_}, {&pp_, &mp_}};
   for (const auto& [group, other] : axes) {
@@ -122,8 +126,8 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
     // other groups (a pp group whose members' mp groups differ in size was split by hand
     // into groups of the wrong size).
     uint64_t coordinates = 1469598103934665603ull;
-    for (uint64_t v : {rank_in(sharding_), rank_in(dp_), rank_in(*other), size_in(sharding_),
-                       size_in(dp_), size_in(*other)}) {
+    for (uint64_t v : {rank_in(sharding_), rank_in(dp_), rank_in(*other), group_size(sharding_),
+                       group_size(dp_), group_size(*other)}) {
       coordinates = mix(coordinates, v);
     }
     HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, coordinates));
@@ -168,14 +172,10 @@ Status EngineBase::agree_on_group_sizes() {
   // Every rank of the sharding and dp groups set model-parallel groups of the same sizes, or
   // none. Agreed over those groups alone, before any check over mp or pp: a rank without
   // them would never join its peers there, and they would wait out the timeout.
-  // No group and a group of one rank are the same to the engine: "1".
-  auto size_of = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
-    return c ? static_cast<uint64_t>(c->size()) : 1;
-  };
   auto sizes_text = [](uint64_t sizes) {
     return "mp " + std::to_string(sizes >> 32) + ", pp " + std::to_string(sizes & 0xffffffffu);
   };
-  const uint64_t mine = size_of(mp_) << 32 | size_of(pp_);
+  const uint64_t mine = group_size(mp_) << 32 | group_size(pp_);
   Status first = Status::Ok();
   for (const auto* group : {&sharding_, &dp_}) {
     if (!*group) continue;
