@@ -142,6 +142,9 @@ HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const cha
                                          const hps_checkpoint_load_options_t* options) {
   HPS_CHECK_ARG(checkpoint);
   return guard(__func__, [&]() -> hps::Status {
+    if (name != nullptr && name[0] == '\0') {
+      return hps::invalid_argument("the checkpoint name is empty (NULL loads the latest)");
+    }
     HPS_ASSIGN_OR_RETURN(auto o, load_options(options));
     HPS_ASSIGN_OR_RETURN(auto report, checkpoint->impl->load(name ? name : "", o));
     checkpoint->metadata = std::move(report.metadata);

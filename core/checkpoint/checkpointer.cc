@@ -327,6 +327,14 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
       return invalid_argument(
           "checkpoint: metadata keys need 1 to 4096 bytes, values at most 1 MiB");
     }
+    // The manifest is JSON: a key or value that is not UTF-8 could not be written as it is.
+    for (const std::string* text : {&key, &value}) {
+      if (!is_utf8(*text)) {
+        return invalid_argument("checkpoint: metadata " +
+                                std::string(text == &key ? "key" : "value of key") + " '" +
+                                shown_value(key) + "' is not valid UTF-8");
+      }
+    }
   }
   finish_in_flight();  // a second save waits for the first (documented)
   if (ckpt::path_exists(join_path(root_, name))) {
@@ -480,7 +488,7 @@ Status Checkpointer::write_job(SaveJob& job) {
       s = already_exists("checkpoint: '" + join_path(root_, job.name) + "' exists already");
     }
     if (s.ok()) s = ckpt::make_directory(job.directory);
-    agreed = s.ok() ? "ok\n" + job.id : encode(s);
+    agreed = s.ok() ? "ok\n" + job.id + "\n" + job.name : encode(s);
   }
   // Rank 0 removes the temporary directory on every way out short of publishing it (which
   // renames it: removing the old name is then a no-op), a peer's death included.
@@ -493,8 +501,14 @@ Status Checkpointer::write_job(SaveJob& job) {
   } unpublished{job.directory, rank == 0};
   HPS_RETURN_IF_ERROR(broadcast_string(comm, agreed, false));
   if (!starts_with(agreed, "ok\n")) return decode(agreed, "");
-  job.id = agreed.substr(3);
-  job.directory = join_path(root_, std::string(ckpt::kTemporaryPrefix) + job.name + "-" + job.id);
+  // "ok\n<id>\n<rank 0's name>": a rank that was asked for another name writes nothing
+  // and fails the save on every rank (step 3).
+  const size_t newline = agreed.find('\n', 3);
+  if (newline == std::string::npos) return internal_error("checkpoint: bad agreement message");
+  job.id = agreed.substr(3, newline - 3);
+  const std::string name_of_rank0 = agreed.substr(newline + 1);
+  job.directory =
+      join_path(root_, std::string(ckpt::kTemporaryPrefix) + name_of_rank0 + "-" + job.id);
 
   // 2. This rank's data file, written while the snapshot fills the staging memory (the
   //    header in its first bytes, so the file goes to the disk in one piece), fsync. Where
@@ -504,7 +518,12 @@ Status Checkpointer::write_job(SaveJob& job) {
   json tensors = json::array();
   const std::string file = ckpt::data_file_name(rank);
   Status local;
-  if (job.written.empty()) {
+  if (name_of_rank0 != job.name) {
+    (void)job.snapshot->synchronize_uncounted();
+    local = invalid_argument("checkpoint: the ranks saved under different names (rank 0: '" +
+                             name_of_rank0 + "', rank " + std::to_string(rank) + ": '" + job.name +
+                             "'), so nothing was published");
+  } else if (job.written.empty()) {
     local = job.snapshot->synchronize_uncounted();
   } else {
     const std::string header = ckpt::data_file_header(job.id, rank);
@@ -688,13 +707,23 @@ std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep) 
   return trash;
 }
 
-Status Checkpointer::agree(const Status& local, const char* what) {
-  HPS_ASSIGN_OR_RETURN(auto all, all_gather_strings(*comm_, encode(local), true));
+Status Checkpointer::agree(const Status& local, const char* what, const std::string& source) {
+  // "ok\n<source>" or an encoded failure.
+  const std::string mine = local.ok() ? "ok\n" + source : encode(local);
+  HPS_ASSIGN_OR_RETURN(auto all, all_gather_strings(*comm_, mine, true));
   if (!local.ok()) return local;
   for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] != "ok") {
+    if (!starts_with(all[r], "ok\n")) {
       return decode(all[r], std::string("checkpoint: ") + what + " failed on rank " +
                                 std::to_string(r) + ", so no rank changed its engine: ");
+    }
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] != mine) {
+      return invalid_argument(std::string("checkpoint: the ranks would ") + what +
+                              " different sources (this rank: " + shown_value(source) + ", rank " +
+                              std::to_string(r) + ": " + shown_value(all[r].substr(3)) +
+                              "), so no rank changed its engine; every rank names the same one");
     }
   }
   return Status::Ok();
@@ -877,7 +906,11 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
       });
     }
   }
-  if (Status s = agree_across_parts(agree(local, "load"), name); !s.ok()) {
+  // The ranks of the group must read one checkpoint: its name and id (`latest` may move
+  // between two ranks' reads of it). An import's file may lie at other paths on other hosts.
+  const std::string source_identity =
+      naming == ckpt::SourceNaming::kCheckpoint ? "'" + name + "' (id " + report.id + ")" : "";
+  if (Status s = agree_across_parts(agree(local, "load", source_identity), name); !s.ok()) {
     // In place: every value a read may have changed goes back (after every copy aside).
     Status restored;
     if (!aside.empty()) {
@@ -995,6 +1028,12 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   if (!ec && std::filesystem::equivalent(parent_of_out, directory, ec) && !ec) {
     return invalid_argument("checkpoint: '" + path + "' lies in the checkpoint " + directory +
                             " it is exported from");
+  }
+  // Nor over a root's pointer to its latest checkpoint.
+  if (std::filesystem::path(path).filename() == ckpt::kLatestFile &&
+      latest_checkpoint(parent_of_out.string()).ok()) {
+    return invalid_argument("checkpoint: '" + path +
+                            "' is the pointer to the latest checkpoint of a root of checkpoints");
   }
   // A temporary name of this export's own (O_EXCL), renamed over `path` once complete:
   // concurrent exports to one path each publish a whole file, and nothing else is touched.

@@ -16,6 +16,9 @@ std::string shown_value(std::string_view text);
 // Whether `text` holds a control character (a byte below 0x20, or 0x7f): names that
 // messages and tools show (parameters, checkpoint tensors) may not.
 bool has_control_bytes(std::string_view text);
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF): names and metadata a checkpoint's JSON manifest keeps must be.
+bool is_utf8(std::string_view text);
 // The variable's value, or nothing when it is unset (an empty value counts as set).
 std::optional<std::string> env_string(const char* name);
 // The variable as a base-10 integer; `fallback` when unset; an error naming the

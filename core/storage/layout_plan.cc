@@ -33,6 +33,9 @@ Status LayoutPlan::add(ParamSpec spec) {
     return invalid_argument("parameter name '" + shown_value(spec.name) +
                             "' has a control character");
   }
+  if (!is_utf8(spec.name)) {  // the manifest is JSON: its strings are UTF-8
+    return invalid_argument("parameter name '" + shown_value(spec.name) + "' is not valid UTF-8");
+  }
   for (const auto& p : params_) {
     if (p.name == spec.name)
       return already_exists("parameter '" + spec.name + "' is registered twice");

@@ -137,6 +137,8 @@ static void* rank_main(void* arg) {
   CHECK_OK(hps_checkpoint_load_options_init(&load, sizeof load));
   CHECK(load.allow_partial == 0);
   CHECK(hps_checkpoint_load(ckpt, "absent", &load) == HPS_STATUS_NOT_FOUND);
+  /* Only NULL means the latest: an empty name is a mistake. */
+  CHECK(hps_checkpoint_load(ckpt, "", &load) == HPS_STATUS_INVALID_ARGUMENT);
   CHECK_OK(hps_checkpoint_load(ckpt, NULL, &load));
   CHECK_OK(hps_checkpoint_metadata(ckpt, "loader", NULL, 0, &length));
   CHECK(length == 8);

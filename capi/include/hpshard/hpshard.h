@@ -1236,12 +1236,14 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
 
 /**
  * Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting
- * with '.') with `count` metadata entries keys[i] = values[i] (strings, copied; e.g. the
- * framework's step and data-loader position). Every rank calls it at the same point of
- * training, after the step whose state it saves. Returns at once with *out_work (owned by the
- * caller, freed with hps_work_destroy): hps_work_test / hps_work_wait tell when the
- * checkpoint is published on every rank, or how it failed (the same error on every rank;
- * nothing is published then and the previous checkpoints stay intact). A save while another
+ * with '.') with `count` metadata entries keys[i] = values[i] (UTF-8 strings, copied: keys
+ * of 1 to 4096 bytes, values of at most 1 MiB; e.g. the framework's step and data-loader
+ * position; the manifest keeps rank 0's). Every rank calls it with the same name at the same
+ * point of training, after the step whose state it saves. Returns at once with *out_work
+ * (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait tell when
+ * the checkpoint is published on every rank, or how it failed (the same error on every rank,
+ * INVALID_ARGUMENT where the ranks gave different names; nothing is published then and the
+ * previous checkpoints stay intact). A save while another
  * is in flight first waits for it (a host-blocking wait, counted as a host sync). Errors:
  * INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (a checkpoint of that name exists),
  * FAILED_PRECONDITION (the engine has no state yet).
@@ -1271,7 +1273,8 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
  * `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such
  * checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;
  * tensors missing or extra; another model or another part of it — the message names the file
- * and the tensor; the parts would load checkpoints of different names), ABORTED (the load
+ * and the tensor; the parts would load checkpoints of different names; the group's ranks
+ * named different checkpoints, or read `latest` while it moved; `name` is ""), ABORTED (the load
  * failed on another part),
  * FAILED_PRECONDITION (in the middle of a step, a unit gathered).
  */

@@ -803,6 +803,74 @@ TEST(Checkpoint, BadArgumentsAreRefusedNamingThem) {
       << latest.status().to_string();
 }
 
+// The ranks of a group name different checkpoints: a load changes no engine and says so on
+// every rank; a save publishes nothing and fails on every rank (also where a rank's files
+// would have landed in the other name's directory).
+TEST(Checkpoint, RanksNamingDifferentCheckpointsChangeNothing) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  run({2, 2, 1}, adamw_options(), dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    ASSERT_TRUE((*r.checkpointer->save("a", {{"step", "0"}}))->wait().ok());
+    r.train_step(1);
+    ASSERT_TRUE((*r.checkpointer->save("b", {{"step", "1"}}))->wait().ok());
+    r.train_step(2);
+    auto before = r.engine->gather_all();
+    ASSERT_TRUE(before.ok());
+    auto mixed = r.checkpointer->load(r.rank == 0 ? "a" : "b");
+    ASSERT_FALSE(mixed.ok()) << "rank " << r.rank << " loaded a mix of a and b";
+    EXPECT_EQ(mixed.status().code(), StatusCode::kInvalidArgument) << mixed.status().to_string();
+    EXPECT_NE(mixed.status().message().find("different sources"), std::string::npos)
+        << mixed.status().to_string();
+    auto after = r.engine->gather_all();
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(*after, *before) << "a refused load changed the engine";
+    // One latest for both: the same checkpoint everywhere.
+    auto latest = r.checkpointer->load("");
+    ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+    EXPECT_EQ(latest->metadata.at("step"), "1");
+
+    auto save = r.checkpointer->save(r.rank == 0 ? "c" : "d");
+    ASSERT_TRUE(save.ok()) << save.status().to_string();
+    const Status s = (*save)->wait();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("different names"), std::string::npos) << s.to_string();
+  });
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b", "latest"}));
+  EXPECT_EQ(*latest_checkpoint(dir.path()), "b");
+}
+
+// A manifest is JSON: names and metadata that are not UTF-8 are refused before anything is
+// written (they used to publish a checkpoint whose manifest named other tensors).
+TEST(Checkpoint, TextThatIsNotUtf8IsRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  run({2, 2, 1}, sgd_options(), dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    for (const auto& metadata : {std::map<std::string, std::string>{{"k\xff", "v"}},
+                                 std::map<std::string, std::string>{{"k", "v\xc0\xaf"}},
+                                 std::map<std::string, std::string>{{"k", "\xed\xa0\x80"}}}) {
+      auto refused = r.checkpointer->save("m", metadata);
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("not valid UTF-8"), std::string::npos)
+          << refused.status().to_string();
+    }
+    auto fine = r.checkpointer->save("m", {{"\xc3\xa9t\xc3\xa9", "\xf0\x9f\x98\x80"}});
+    ASSERT_TRUE(fine.ok()) << fine.status().to_string();
+    ASSERT_TRUE((*fine)->wait().ok());
+    auto loaded = r.checkpointer->load("m");
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    EXPECT_EQ(loaded->metadata.at("\xc3\xa9t\xc3\xa9"), "\xf0\x9f\x98\x80");
+  });
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "m"}));
+}
+
 // A save that fails because a rank left (here: it never saves, and its checkpointer and
 // communicators go away) leaves nothing under the root but what was there: rank 0 removes
 // the temporary directory it made, the previous checkpoint stays the latest.
@@ -890,6 +958,13 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
     EXPECT_NE(refused.message().find("lies in the checkpoint"), std::string::npos)
         << refused.message();
     EXPECT_TRUE(verify_checkpoint(dir / "a").ok());
+  }
+  {  // Nor over the root's pointer to its latest checkpoint.
+    auto refused = export_safetensors(dir / "a", dir / "latest", false);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("pointer to the latest"), std::string::npos)
+        << refused.message();
+    EXPECT_EQ(*latest_checkpoint(dir.path()), "a");
   }
   {  // The file as any safetensors reader sees it.
     std::ifstream in(model, std::ios::binary);

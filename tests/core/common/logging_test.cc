@@ -51,6 +51,17 @@ TEST(Env, Integers) {
       << bad.status().message();
   EXPECT_NE(bad.status().message().find("... (100003 bytes)"), std::string::npos);
   EXPECT_EQ(shown_value("a\\b"), "a\\x5cb");
+  // Well-formed UTF-8 only: every lead byte's range, overlong forms, surrogates, past U+10FFFF,
+  // cut sequences.
+  for (const char* good : {"", "plain", "\xc2\x80", "\xdf\xbf", "\xe0\xa0\x80", "\xed\x9f\xbf",
+                           "\xee\x80\x80", "\xf0\x90\x80\x80", "\xf4\x8f\xbf\xbf"}) {
+    EXPECT_TRUE(is_utf8(good)) << shown_value(good);
+  }
+  for (const char* broken : {"\x80", "\xc0\xaf", "\xc1\xbf", "\xc2", "\xc2\x41", "\xe0\x80\xaf",
+                             "\xed\xa0\x80", "\xe1\x80", "\xf0\x80\x80\x80", "\xf4\x90\x80\x80",
+                             "\xf5\x80\x80\x80", "\xff", "ok\xe2\x82"}) {
+    EXPECT_FALSE(is_utf8(broken)) << shown_value(broken);
+  }
   ::unsetenv("HPS_TEST_ENV_INT");
   EXPECT_EQ(*env_int("HPS_TEST_ENV_INT", 7), 7);
   EXPECT_FALSE(env_string("HPS_TEST_ENV_INT").has_value());

@@ -42,6 +42,11 @@ TEST(LayoutPlan, AlignedShardedAndDeterministic) {
   EXPECT_EQ(bad.add({"neg", {-1}, DType::kFloat32}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(bad.add({"huge", {1 << 30, 1 << 30}, DType::kFloat32}).code(),
             StatusCode::kInvalidArgument);
+  // Names go into a JSON manifest: UTF-8 only.
+  const Status latin1 = bad.add({"caf\xe9", {1}, DType::kFloat32});
+  EXPECT_EQ(latin1.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(latin1.message().find("not valid UTF-8"), std::string::npos) << latin1.message();
+  EXPECT_TRUE(bad.add({"caf\xc3\xa9", {1}, DType::kFloat32}).ok());
 }
 
 // Shapes from outside are checked with checked arithmetic and refused naming the
