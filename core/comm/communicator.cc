@@ -1,7 +1,9 @@
 #include "core/comm/communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "core/comm/descriptor.h"
 #include "core/comm/self/communicator.h"
@@ -159,6 +161,61 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Stor
 #else
   return unavailable("CUDA communicators need NCCL, and this build of hpshard has none");
 #endif
+}
+
+// Who a communicator's abort reaches: itself while it lives, and the nodes of the
+// communicators tied to it. Recursive: an abort holds a node's lock while it runs that
+// communicator's abort, which takes the same lock to list its own dependents.
+struct Communicator::AbortNode {
+  std::recursive_mutex mutex;
+  Communicator* comm = nullptr;
+  std::vector<std::weak_ptr<AbortNode>> dependents;
+  bool aborting = false;  // this thread is in its abort (ties that loop end here)
+};
+
+Communicator::Communicator() : abort_node_(std::make_shared<AbortNode>()) {
+  abort_node_->comm = this;
+}
+
+Communicator::~Communicator() { untie(); }
+
+void Communicator::untie() {
+  std::lock_guard lock(abort_node_->mutex);
+  abort_node_->comm = nullptr;
+}
+
+void Communicator::tie(Communicator& dependent) {
+  std::lock_guard lock(abort_node_->mutex);
+  auto& list = abort_node_->dependents;
+  list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }),
+             list.end());
+  list.push_back(dependent.abort_node_);
+}
+
+void Communicator::abort() {
+  std::vector<std::shared_ptr<AbortNode>> dependents;
+  {
+    std::lock_guard lock(abort_node_->mutex);
+    if (abort_node_->comm == nullptr || abort_node_->aborting) return;
+    abort_node_->aborting = true;
+    abort_operations();
+    for (const auto& w : abort_node_->dependents) {
+      if (auto node = w.lock()) dependents.push_back(std::move(node));
+    }
+  }
+  for (const auto& node : dependents) {
+    std::lock_guard lock(node->mutex);
+    if (node->comm != nullptr) node->comm->abort();
+  }
+  std::lock_guard lock(abort_node_->mutex);
+  abort_node_->aborting = false;
+}
+
+StatusOr<std::unique_ptr<Communicator>> Communicator::split(const std::vector<int32_t>& ranks,
+                                                            std::string name) {
+  HPS_ASSIGN_OR_RETURN(auto part, split_group(ranks, std::move(name)));
+  if (part) tie(*part);
+  return part;
 }
 
 Status check_topology_axis(const Communicator& comm, std::string_view axis, std::string_view who) {

@@ -65,7 +65,10 @@ StatusOr<CommOptions> comm_options_from_env(CommOptions defaults = {});
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  Communicator();
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
 
   virtual int32_t rank() const = 0;
   virtual int32_t size() const = 0;
@@ -105,12 +108,16 @@ class Communicator {
 
   // Collective over this communicator: every rank calls it with the same rank list (in
   // this communicator's numbering), in the same order. Members get the new
-  // communicator (rank = position in `ranks`); the others get nullptr.
-  virtual StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
-                                                        std::string name) = 0;
+  // communicator (rank = position in `ranks`); the others get nullptr. The new one is
+  // tied to this one: aborting this one aborts it.
+  StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
+                                                std::string name);
 
-  // Local, from any thread: pending and later operations end with ABORTED.
-  virtual void abort() = 0;
+  // Local, from any thread: pending and later operations end with ABORTED, on this
+  // communicator and on every live one tied to it (split from it, or tie()d), and theirs.
+  void abort();
+  // `dependent`'s abort follows this one's from now until `dependent` is destroyed.
+  void tie(Communicator& dependent);
 
   // The axis of a hybrid topology this communicator is ("dp", "pp", "sharding", "sep",
   // "mp", ...), as HybridGroup made it; empty for any other communicator. Lets a user of
@@ -118,7 +125,19 @@ class Communicator {
   const std::string& topology_axis() const { return topology_axis_; }
   void set_topology_axis(std::string axis) { topology_axis_ = std::move(axis); }
 
+ protected:
+  // The backend's split (see split()).
+  virtual StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
+                                                              std::string name) = 0;
+  // The backend's abort of its own operations (see abort()).
+  virtual void abort_operations() = 0;
+  // The first thing a backend's destructor does: no abort reaches this object after it
+  // returns (one running now finishes first).
+  void untie();
+
  private:
+  struct AbortNode;
+  std::shared_ptr<AbortNode> abort_node_;
   std::string topology_axis_;
 };
 

@@ -42,10 +42,18 @@ bool poll_until(int fd, short events, Clock::time_point deadline) {
   }
 }
 
+namespace {
+// What a failed poll_until means: TIMEOUT when the deadline passed.
+Status poll_failure() {
+  if (errno == ETIMEDOUT) return timeout_error("timed out");
+  return aborted(errno_message(errno));
+}
+}  // namespace
+
 Status send_all(int fd, std::string_view data, Clock::time_point deadline) {
   size_t done = 0;
   while (done < data.size()) {
-    if (!poll_until(fd, POLLOUT, deadline)) return aborted(errno_message(errno));
+    if (!poll_until(fd, POLLOUT, deadline)) return poll_failure();
     const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
@@ -59,7 +67,7 @@ Status send_all(int fd, std::string_view data, Clock::time_point deadline) {
 Status recv_all(int fd, char* data, size_t size, Clock::time_point deadline) {
   size_t done = 0;
   while (done < size) {
-    if (!poll_until(fd, POLLIN, deadline)) return aborted(errno_message(errno));
+    if (!poll_until(fd, POLLIN, deadline)) return poll_failure();
     const ssize_t n = ::recv(fd, data + done, size - done, 0);
     if (n == 0) return aborted("connection closed by peer");
     if (n < 0) {

@@ -139,7 +139,9 @@ class TcpStoreServer {
 // destroyed). Connecting retries until `connect_timeout` (the serving rank may start later
 // than its clients); a refused token is not retried. When not null, `bound_port` receives
 // the port served or connected to (the chosen one when port was 0). A client whose server
-// has gone gets ABORTED naming the server, never a hang; a handshake that fails the token
+// has gone gets ABORTED naming the server, never a hang; one whose server does not answer
+// (stopped) gets TIMEOUT after `connect_timeout` (1 s to 1 min; a get or wait after its own
+// timeout plus that, at most 10 s more); a handshake that fails the token
 // check is FAILED_PRECONDITION.
 StatusOr<std::shared_ptr<Store>> make_tcp_store(std::string host, uint16_t port, bool serve,
                                                 Milliseconds connect_timeout,

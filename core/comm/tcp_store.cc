@@ -34,9 +34,11 @@ using namespace net;        // NOLINT: the socket helpers
 using namespace tcp_store;  // NOLINT: the protocol
 
 // How long a call that does not wait may take before the server is deemed hung, and the
-// extra time a GET/WAIT gives the server beyond its own timeout to answer.
-constexpr Milliseconds kCallTimeout{60'000};
-constexpr Milliseconds kReplySlack{10'000};
+// extra time a GET/WAIT gives the server beyond its own timeout to answer: the store's
+// timeout (the one its first connection was given) within these bounds.
+constexpr Milliseconds kMinCallTimeout{1'000};
+constexpr Milliseconds kMaxCallTimeout{60'000};
+constexpr Milliseconds kMaxReplySlack{10'000};
 // How long the server tries to hand an answer to a client that does not read it.
 constexpr Milliseconds kServerSendTimeout{5'000};
 // A pooled connection unused for this long is replaced rather than reused: the server
@@ -593,6 +595,8 @@ class TcpStoreClient final : public Store {
   // The first connection, retried until `connect_timeout`: the server may start later. A
   // refused token ends the attempts at once.
   Status connect_first(Milliseconds connect_timeout) {
+    call_timeout_ = std::clamp(connect_timeout, kMinCallTimeout, kMaxCallTimeout);
+    reply_slack_ = std::min(call_timeout_, kMaxReplySlack);
     const auto deadline = Clock::now() + clamp_store_wait(connect_timeout);
     Milliseconds backoff{10};
     Status last = Status::Ok();
@@ -622,14 +626,14 @@ class TcpStoreClient final : public Store {
   Status set(std::string_view key, std::string_view value) override {
     HPS_RETURN_IF_ERROR(check_store_value(key, value.size()));
     Request q{Op::kSet, {std::string(key)}, std::string(value), 0};
-    return call(q, Clock::now() + kCallTimeout, key).status();
+    return call(q, Clock::now() + call_timeout_, key).status();
   }
 
   StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
     HPS_RETURN_IF_ERROR(check_store_key(key));
     timeout = clamp_store_wait(timeout);
     Request q{Op::kGet, {std::string(key)}, {}, timeout.count()};
-    HPS_ASSIGN_OR_RETURN(std::string response, call(q, Clock::now() + timeout + kReplySlack, key));
+    HPS_ASSIGN_OR_RETURN(std::string response, call(q, Clock::now() + timeout + reply_slack_, key));
     Reader r(response);
     std::string value;
     if (!r.str(&value) || !r.done()) return malformed("get");
@@ -639,7 +643,7 @@ class TcpStoreClient final : public Store {
   StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
     HPS_RETURN_IF_ERROR(check_store_key(key));
     Request q{Op::kAdd, {std::string(key)}, {}, delta};
-    HPS_ASSIGN_OR_RETURN(std::string response, call(q, Clock::now() + kCallTimeout, key));
+    HPS_ASSIGN_OR_RETURN(std::string response, call(q, Clock::now() + call_timeout_, key));
     Reader r(response);
     int64_t value = 0;
     if (!r.i64(&value) || !r.done()) return malformed("add");
@@ -650,14 +654,14 @@ class TcpStoreClient final : public Store {
     for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
     timeout = clamp_store_wait(timeout);
     Request q{Op::kWait, keys, {}, timeout.count()};
-    return call(q, Clock::now() + timeout + kReplySlack, first_key(keys)).status();
+    return call(q, Clock::now() + timeout + reply_slack_, first_key(keys)).status();
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
     for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
     Request q{Op::kCheck, keys, {}, 0};
     HPS_ASSIGN_OR_RETURN(std::string response,
-                         call(q, Clock::now() + kCallTimeout, first_key(keys)));
+                         call(q, Clock::now() + call_timeout_, first_key(keys)));
     Reader r(response);
     uint8_t set = 0;
     if (!r.u8(&set) || !r.done() || set > 1) return malformed("check");
@@ -776,6 +780,12 @@ class TcpStoreClient final : public Store {
     auto fd = open_connection(std::min(deadline, Clock::now() + Milliseconds(5000)), deadline);
     if (!fd.ok()) {
       if (fd.status().code() == StatusCode::kFailedPrecondition) return fd.status();
+      if (Clock::now() >= deadline) {  // it took the connection but never greeted
+        return timeout_error("tcp store: the server at " + endpoint(host_, port_) +
+                             " did not answer in time (is the serving rank stopped or "
+                             "overloaded?): " +
+                             fd.status().message());
+      }
       return aborted("tcp store: cannot reach the server at " + endpoint(host_, port_) +
                      " (has the serving rank exited?): " + fd.status().message());
     }
@@ -804,6 +814,13 @@ class TcpStoreClient final : public Store {
         // The stream is in an unknown state: this connection is done.
         close_fd(fd);
         if (reused && attempt == 0 && request.op != Op::kAdd && Clock::now() < deadline) continue;
+        if (io.code() == StatusCode::kTimeout) {
+          return timeout_error("tcp store " + op + " '" + std::string(key) + "': the server at " +
+                               endpoint(host_, port_) +
+                               " did not answer in time (is the serving rank stopped or "
+                               "overloaded?): " +
+                               io.message());
+        }
         return aborted("tcp store " + op + " '" + std::string(key) +
                        "': lost the connection to the server at " + endpoint(host_, port_) +
                        " (has the serving rank exited?): " + io.message());
@@ -820,6 +837,8 @@ class TcpStoreClient final : public Store {
   const std::string host_;
   const uint16_t port_;
   const std::string token_;
+  Milliseconds call_timeout_ = kMaxCallTimeout;
+  Milliseconds reply_slack_ = kMaxReplySlack;
   std::mutex pool_mutex_;
   std::vector<Pooled> idle_;
   std::unique_ptr<TcpStoreServer> server_;

@@ -756,7 +756,9 @@ class Communicator(Handle):
 
     def abort(self) -> None:
         """From any thread: pending and later operations end with Error ABORTED, also
-        while :meth:`close` waits for them (ValueError once it has closed)."""
+        while :meth:`close` waits for them (ValueError once it has closed), here and on
+        every live communicator split from this one (a topology's groups, a checkpoint's
+        own: its save in flight ends)."""
         with self._lock:  # never concurrently with the destroy
             h = self._handle if self._handle is not None else self._closing
             if h is None:

@@ -500,7 +500,9 @@ HPS_API hps_status_t hps_comm_finish(hps_comm_t* comm);
 
 /**
  * Local and immediate, from any thread: pending and later operations of `comm` end with
- * ABORTED. Thread safety: any thread.
+ * ABORTED, and those of every live communicator split from it (hps_comm_split, a hybrid
+ * topology's groups, a checkpoint's own: a save in flight ends) and from those in turn.
+ * Thread safety: any thread.
  */
 HPS_API hps_status_t hps_comm_abort(hps_comm_t* comm);
 
@@ -535,7 +537,8 @@ HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
 /**
  * Collective over `comm`: every rank calls it with the same `count` ranks (numbered in
  * `comm`) in the same order. Members get a new communicator in *out_comm (rank = position
- * in `ranks`; owned by the caller); the others get NULL. Errors: INVALID_ARGUMENT (NULL, a
+ * in `ranks`; owned by the caller); the others get NULL. hps_comm_abort on `comm` also
+ * aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a
  * count beyond comm's size, a repeated rank, an empty list), OUT_OF_RANGE (a rank outside
  * comm).
  */

@@ -3,6 +3,7 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <netdb.h>
@@ -83,8 +84,10 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
     return std::vector<char>(value->begin(), value->end());
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
-    throw_if_error(store_->wait(keys, t.count() > 0 ? t : timeout_));
+  // Always the communicator's timeout: Gloo passes its context's, which create() shortens
+  // for the connections (see there), not for the waits for late ranks.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds&) override {
+    throw_if_error(store_->wait(keys, timeout_));
   }
 
  private:
@@ -96,6 +99,37 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
 };
 
 }  // namespace
+
+// Which rank a failed connection of connectFullMesh was to: Gloo names the peer's address
+// ("[ip]:port"), which that rank published (its key `<i>` under the "gloo" prefix: one
+// address per peer, this rank's at its place among the others). -1 when none matches.
+int32_t rank_of_failed_connection(const std::string& what, hps::Store& gloo_store, int32_t rank,
+                                  int32_t size) {
+  const size_t open = what.rfind(" [");
+  if (open == std::string::npos || size < 2) return -1;
+  size_t end = what.find("]:", open);
+  if (end == std::string::npos) return -1;
+  end += 2;
+  while (end < what.size() && what[end] >= '0' && what[end] <= '9') ++end;
+  const std::string address = what.substr(open + 1, end - open - 1);
+  for (int32_t i = 0; i < size; ++i) {
+    if (i == rank) continue;
+    auto present = gloo_store.check({std::to_string(i)});
+    if (!present.ok() || !*present) continue;
+    auto all = gloo_store.get(std::to_string(i), Milliseconds(100));
+    if (!all.ok() || all->size() % static_cast<size_t>(size - 1) != 0) continue;
+    const size_t width = all->size() / static_cast<size_t>(size - 1);
+    const size_t place = static_cast<size_t>(rank > i ? rank - 1 : rank);
+    try {
+      const ::gloo::transport::tcp::Address peer(
+          std::vector<char>(all->begin() + static_cast<std::ptrdiff_t>(place * width),
+                            all->begin() + static_cast<std::ptrdiff_t>((place + 1) * width)));
+      if (peer.str().rfind(address, 0) == 0) return i;
+    } catch (const std::exception&) {
+    }
+  }
+  return -1;
+}
 
 std::string device_host() { return env_string("HPS_COMM_HOST").value_or("127.0.0.1"); }
 
@@ -427,6 +461,7 @@ class ContextReaper {
 };
 
 GlooCommunicator::~GlooCommunicator() {
+  untie();
   // Finish (or, once aborted, fail fast) the queued operations before the transport goes.
   stream_.reset();
   {
@@ -463,9 +498,23 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
   std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(store, rank, size, options));
   try {
     auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    // Gloo waits five times its context's timeout for a peer to connect (a peer killed
+    // between publishing its address and connecting made the survivors wait 5x): a fifth of
+    // it here, so that wait is the timeout. The adapter's waits for late ranks keep the
+    // whole timeout; the transfers pass their own.
+    context->setTimeout(std::max(Milliseconds(1), options.timeout / 5));
+    auto gloo_store = make_prefix_store(store, "gloo");
+    GlooStoreAdapter adapter(gloo_store, options.timeout);
+    try {
+      context->connectFullMesh(adapter, device);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const int32_t peer = rank_of_failed_connection(what, *gloo_store, rank, size);
+      if (peer < 0) throw;
+      throw std::runtime_error("the connection to rank " + std::to_string(peer) +
+                               " failed (did it exit?): " + what);
+    }
     context->setTimeout(options.timeout);
-    GlooStoreAdapter adapter(make_prefix_store(store, "gloo"), options.timeout);
-    context->connectFullMesh(adapter, device);
     comm->context_ = std::move(context);
     // Ranks that all run here also share memory for collectives (send / recv stay on TCP).
     const size_t slot_bytes = options.shared_memory_slot_bytes ? options.shared_memory_slot_bytes
@@ -488,10 +537,14 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     const std::string m = "creating communicator '" + options.name + "' (rank " +
                           std::to_string(rank) + " of " + std::to_string(size) + "): " + what;
     if (what.find("timed out") != std::string::npos ||
-        what.find("Timed out") != std::string::npos) {
+        what.find("Timed out") != std::string::npos ||
+        what.find("Connect timeout") != std::string::npos) {
       return timeout_error(m);
     }
-    if (what.rfind("aborted: ", 0) == 0) return aborted(m);  // a member gone (split)
+    // A member gone (a split's, or a peer that refused or reset its connection).
+    if (what.rfind("aborted: ", 0) == 0 || what.rfind("the connection to rank ", 0) == 0) {
+      return aborted(m);
+    }
     return backend_error(m);
   }
   HPS_LOG(kDebug) << "communicator '" << options.name << "' rank " << rank << "/" << size
@@ -513,7 +566,7 @@ void GlooCommunicator::unregister_buffer(::gloo::transport::UnboundBuffer* buffe
   active_buffers_.erase(buffer);
 }
 
-void GlooCommunicator::abort() {
+void GlooCommunicator::abort_operations() {
   std::lock_guard lock(buffers_mutex_);
   aborted_ = true;
   if (shm_) shm_->abort();
@@ -1150,8 +1203,8 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
   });
 }
 
-StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split(const std::vector<int32_t>& ranks,
-                                                                std::string name) {
+StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split_group(
+    const std::vector<int32_t>& ranks, std::string name) {
   const CommArgs a{"split", options_.name, size_};
   if (ranks.empty()) return invalid_argument("split of group '" + options_.name + "': no ranks");
   std::vector<int32_t> sorted = ranks;

@@ -68,12 +68,14 @@ class GlooCommunicator final : public Communicator {
   StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype, int32_t peer,
                                        Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> barrier(Stream* ready) override;
-  StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
-                                                std::string name) override;
-  void abort() override;
 
   // One running operation's view of the transport (defined in communicator.cc).
   class Op;
+
+ protected:
+  StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
+                                                      std::string name) override;
+  void abort_operations() override;
 
  private:
   GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, int32_t size, CommOptions options);

@@ -103,6 +103,7 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::create(std::shared_ptr
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  untie();
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -274,8 +275,8 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::barrier(Stream* ready) {
   });
 }
 
-StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::split(const std::vector<int32_t>& ranks,
-                                                                std::string name) {
+StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::split_group(
+    const std::vector<int32_t>& ranks, std::string name) {
   const CommArgs a{"split", options_.name, size_};
   for (int32_t r : ranks) HPS_RETURN_IF_ERROR(check_rank_in_group(a, "rank", r));
   auto position = std::find(ranks.begin(), ranks.end(), rank_);
@@ -299,7 +300,7 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::split(const std::vecto
   return std::unique_ptr<Communicator>(std::move(child));
 }
 
-void NcclCommunicator::abort() {
+void NcclCommunicator::abort_operations() {
   handle_.abort(aborted("communicator '" + options_.name + "' was aborted"));
 }
 

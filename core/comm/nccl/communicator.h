@@ -54,9 +54,11 @@ class NcclCommunicator final : public Communicator {
   StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype, int32_t peer,
                                        Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> barrier(Stream* ready) override;
-  StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
-                                                std::string name) override;
-  void abort() override;
+
+ protected:
+  StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
+                                                      std::string name) override;
+  void abort_operations() override;
 
  private:
   NcclCommunicator(const NcclApi& api, int32_t rank, int32_t size, int32_t device_index,

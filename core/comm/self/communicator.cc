@@ -137,8 +137,8 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::barrier(Stream* ready) {
   return enqueue("barrier", 0, ready, [] {});
 }
 
-StatusOr<std::unique_ptr<Communicator>> SelfCommunicator::split(const std::vector<int32_t>& ranks,
-                                                                std::string name) {
+StatusOr<std::unique_ptr<Communicator>> SelfCommunicator::split_group(
+    const std::vector<int32_t>& ranks, std::string name) {
   const CommArgs a{"split", name_, 1};
   if (ranks.empty()) return invalid_argument("split of group '" + name_ + "': no ranks");
   for (int32_t r : ranks) HPS_RETURN_IF_ERROR(check_rank_in_group(a, "rank", r));

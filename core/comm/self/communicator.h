@@ -19,7 +19,7 @@ class SelfCommunicator final : public Communicator {
  public:
   // Options out of range are INVALID_ARGUMENT (as create_communicator checks them).
   static StatusOr<std::unique_ptr<Communicator>> create(const CommOptions& options);
-  ~SelfCommunicator() override = default;
+  ~SelfCommunicator() override { untie(); }
 
   int32_t rank() const override { return 0; }
   int32_t size() const override { return 1; }
@@ -46,9 +46,11 @@ class SelfCommunicator final : public Communicator {
   StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype, int32_t peer,
                                        Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> barrier(Stream* ready) override;
-  StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
-                                                std::string name) override;
-  void abort() override { aborted_ = true; }
+
+ protected:
+  StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
+                                                      std::string name) override;
+  void abort_operations() override { aborted_ = true; }
 
  private:
   explicit SelfCommunicator(const CommOptions& options);

@@ -901,6 +901,41 @@ TEST(Checkpoint, ASaveThatLosesARankRemovesItsTemporaryDirectory) {
   EXPECT_TRUE(verify_checkpoint(dir / "a").ok());
 }
 
+// A save in flight whose peer is alive but never joins (hung): aborting the group the
+// checkpointer was made from ends the save at once (its own communicator, split from the
+// group, is tied to it), instead of after the checkpoint's timeout.
+TEST(Checkpoint, AbortingTheGroupEndsASaveInFlight) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  CheckpointOptions options = small_chunks();
+  options.timeout = Milliseconds(120'000);
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  run(
+      {2, 2, 1}, sgd_options(), dir.path(),
+      [&](Rank& r) {
+        r.train_step(0);
+        if (r.rank != 0) {  // alive, its communicators open, never saving
+          done.wait();
+          return;
+        }
+        auto save = r.checkpointer->save("hung");
+        ASSERT_TRUE(save.ok()) << save.status().to_string();
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        const auto start = std::chrono::steady_clock::now();
+        r.world->abort();
+        const Status s = (*save)->wait();
+        const auto took = std::chrono::steady_clock::now() - start;
+        rank0_done.set_value();
+        EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+        EXPECT_LT(took, std::chrono::seconds(10)) << s.to_string();
+      },
+      options);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  EXPECT_TRUE(names.empty()) << "an aborted save left " << names.size() << " entries";
+}
+
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;

@@ -558,6 +558,44 @@ TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
       options());
 }
 
+// Aborting a communicator aborts those split from it, and theirs (a checkpoint's own
+// communicator, a hybrid topology's groups); one already destroyed is not touched, and the
+// parent of an aborted one is not aborted.
+TEST_P(CommunicatorTest, AbortReachesTheCommunicatorsSplitFromIt) {
+  run_ranks(
+      2,
+      [](int32_t, Communicator& comm) {
+        auto child = comm.split({0, 1}, "child");
+        ASSERT_TRUE(child.ok() && *child) << child.status().to_string();
+        auto grandchild = (*child)->split({0, 1}, "grandchild");
+        ASSERT_TRUE(grandchild.ok() && *grandchild) << grandchild.status().to_string();
+        auto gone = comm.split({0, 1}, "gone");
+        ASSERT_TRUE(gone.ok() && *gone);
+        gone->reset();
+        auto second = (*child)->split({0, 1}, "second");
+        ASSERT_TRUE(second.ok() && *second);
+        // Aborting the child: both of its own go, the parent stays.
+        float x = 1, y = 0;
+        auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok() && (*w)->wait().ok());
+        (*child)->abort();
+        EXPECT_EQ((*grandchild)->barrier().status().code(), StatusCode::kAborted);
+        EXPECT_EQ((*second)->barrier().status().code(), StatusCode::kAborted);
+        w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        EXPECT_TRUE((*w)->wait().ok()) << "the parent was aborted with its child";
+        // Aborting the parent reaches through a live child to its own.
+        auto other = comm.split({0, 1}, "other");
+        ASSERT_TRUE(other.ok() && *other);
+        auto under_other = (*other)->split({0, 1}, "under-other");
+        ASSERT_TRUE(under_other.ok() && *under_other);
+        comm.abort();
+        EXPECT_EQ(comm.barrier().status().code(), StatusCode::kAborted);
+        EXPECT_EQ((*under_other)->barrier().status().code(), StatusCode::kAborted);
+      },
+      options());
+}
+
 TEST_P(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
   run_ranks(
       2,

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -424,6 +425,47 @@ TEST(TcpStore, ServerDeathEndsBlockedAndLaterCallsWithAnError) {
   EXPECT_LT(since(start).count(), 5000);
   EXPECT_TRUE(later.code() == StatusCode::kAborted || later.code() == StatusCode::kBackendError)
       << later.to_string();
+}
+
+// A serving rank that stops (SIGSTOP, a debugger, swapping) without closing its
+// connections: calls fail with TIMEOUT within the store's timeout (the one it was opened
+// with), beyond a get's own, instead of a fixed minute.
+TEST(TcpStore, AStoppedServerIsATimeoutWithinTheStoresTimeout) {
+  int ports[2];
+  ASSERT_EQ(::pipe(ports), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    uint16_t port = 0;
+    auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+    if (!server.ok()) ::_exit(1);
+    if (::write(ports[1], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) ::_exit(1);
+    while (true) ::pause();
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(::read(ports[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ::close(ports[0]);
+  ::close(ports[1]);
+  auto client = make_tcp_store("127.0.0.1", port, false, milliseconds(1500));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  ASSERT_TRUE((*client)->set("before", "1").ok());
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, WUNTRACED), pid);  // stopped by now
+  ASSERT_TRUE(WIFSTOPPED(status));
+  auto start = Clock::now();
+  const Status set = (*client)->set("after", "1");
+  const auto set_took = since(start);
+  start = Clock::now();
+  const Status get = (*client)->get("never", milliseconds(500)).status();
+  const auto get_took = since(start);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  EXPECT_EQ(set.code(), StatusCode::kTimeout) << set.to_string();
+  EXPECT_NE(set.message().find("did not answer in time"), std::string::npos) << set.to_string();
+  EXPECT_LT(set_took.count(), 3000);
+  EXPECT_EQ(get.code(), StatusCode::kTimeout) << get.to_string();
+  EXPECT_LT(get_took.count(), 3500);
 }
 
 TEST(TcpStore, ServesOnEveryInterface) {

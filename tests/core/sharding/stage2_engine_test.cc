@@ -206,6 +206,7 @@ TEST(EngineOptions, BadValuesAreRefusedNamingThem) {
 class CountingCommunicator final : public Communicator {
  public:
   explicit CountingCommunicator(Communicator& inner) : inner_(inner) {}
+  ~CountingCommunicator() override { untie(); }
   std::atomic<int> reduce_scatters{0};
   int32_t rank() const override { return inner_.rank(); }
   int32_t size() const override { return inner_.size(); }
@@ -245,11 +246,13 @@ class CountingCommunicator final : public Communicator {
     return inner_.recv(b, n, d, peer, ready);
   }
   StatusOr<std::shared_ptr<Work>> barrier(Stream* ready) override { return inner_.barrier(ready); }
-  StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
-                                                std::string name) override {
+
+ protected:
+  StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
+                                                      std::string name) override {
     return inner_.split(ranks, std::move(name));
   }
-  void abort() override { inner_.abort(); }
+  void abort_operations() override { inner_.abort(); }
 
  private:
   Communicator& inner_;

@@ -162,7 +162,8 @@ public final class Communicator extends Handle<CommHandle> {
 
   /**
    * From any thread: pending and later operations end with ABORTED, also while
-   * {@link #close()} waits for them (IllegalStateException once it has closed).
+   * {@link #close()} waits for them (IllegalStateException once it has closed), here and on
+   * every live communicator split from this one (a topology's groups, a checkpoint's own).
    */
   public void abort() {
     ((CommState) state).abort();

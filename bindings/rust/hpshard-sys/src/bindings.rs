@@ -1243,7 +1243,9 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Local and immediate, from any thread: pending and later operations of `comm` end with"]
-    #[doc = " ABORTED. Thread safety: any thread."]
+    #[doc = " ABORTED, and those of every live communicator split from it (hps_comm_split, a hybrid"]
+    #[doc = " topology's groups, a checkpoint's own: a save in flight ends) and from those in turn."]
+    #[doc = " Thread safety: any thread."]
     pub fn hps_comm_abort(comm: *mut hps_comm_t) -> hps_status_t;
 }
 extern "C" {
@@ -1284,7 +1286,8 @@ extern "C" {
 extern "C" {
     #[doc = " Collective over `comm`: every rank calls it with the same `count` ranks (numbered in"]
     #[doc = " `comm`) in the same order. Members get a new communicator in *out_comm (rank = position"]
-    #[doc = " in `ranks`; owned by the caller); the others get NULL. Errors: INVALID_ARGUMENT (NULL, a"]
+    #[doc = " in `ranks`; owned by the caller); the others get NULL. hps_comm_abort on `comm` also"]
+    #[doc = " aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a"]
     #[doc = " count beyond comm's size, a repeated rank, an empty list), OUT_OF_RANGE (a rank outside"]
     #[doc = " comm)."]
     pub fn hps_comm_split(

@@ -526,8 +526,9 @@ impl Communicator {
         check(unsafe { sys::hps_comm_set_timeout(self.raw.as_ptr(), timeout_ms(timeout)) })
     }
 
-    /// Abort: pending and later operations end with [`Status::Aborted`]
-    /// (`hps_comm_abort`; local and immediate). From another thread, use
+    /// Abort: pending and later operations end with [`Status::Aborted`], here and on
+    /// every live communicator split from this one (`hps_comm_abort`; local and
+    /// immediate). From another thread, use
     /// [`Communicator::aborter`].
     pub fn abort(&self) -> Result<()> {
         // SAFETY: live handle; hps_comm_abort is callable from any thread.

@@ -5,13 +5,16 @@
 // and its creation fails; every other rank then waits for it in the store's later rounds
 // and fails at the timeout. The store below plays that process. (A Gloo whose pairs share
 // one listener would keep the real peer connected to nothing: this test says whether the
-// property survives such an upgrade.)
+// property survives such an upgrade.) A peer that dies between publishing its addresses and
+// connecting costs the others the timeout once, and is named.
 #include <arpa/inet.h>
+#include <gloo/transport/tcp/device.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -127,6 +130,52 @@ TEST(GlooPairTakeover, UntouchedPairsConnectAndCarryData) {
   const std::vector<Status> results = connect_two(store);
   EXPECT_GT(store->seen(), 0u);
   for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+// A peer that publishes its Gloo addresses and dies before connecting (killed between the
+// two). The store below plays it: when rank 0 publishes its addresses, it publishes rank
+// 1's from a pair of its own and closes that pair at once.
+class DeadPeerStore final : public ForwardingStore {
+ public:
+  explicit DeadPeerStore(std::shared_ptr<Store> base) : ForwardingStore(std::move(base)) {}
+  Status set(std::string_view key, std::string_view value) override {
+    HPS_RETURN_IF_ERROR(ForwardingStore::set(key, value));
+    const std::string_view mine = "/gloo/0";
+    if (key.size() < mine.size() || key.substr(key.size() - mine.size()) != mine) {
+      return Status::Ok();
+    }
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = ::gloo::transport::tcp::CreateDevice(attr);
+    auto context = device->createContext(1, 2);
+    const std::vector<char> address = context->createPair(0)->address().bytes();
+    std::string peer_key(key);
+    peer_key.back() = '1';
+    return ForwardingStore::set(peer_key, std::string_view(address.data(), address.size()));
+    // The pair closes here: rank 0's connection is refused, or never comes.
+  }
+};
+
+// Rank 0 is told within its timeout (not Gloo's five times it) which rank it lost.
+TEST(GlooDeadPeer, CreationFailsWithinTheTimeoutNamingThePeer) {
+  CommOptions options;
+  options.timeout = milliseconds(1500);
+  options.shared_memory = false;
+  options.check_arguments = false;
+  // Which end of the pair connects depends on the addresses: several tries see both.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    auto store = std::make_shared<DeadPeerStore>(make_in_memory_store());
+    const auto start = std::chrono::steady_clock::now();
+    auto comm = create_communicator(store, 0, 2, Device::cpu(), options);
+    const auto took = std::chrono::steady_clock::now() - start;
+    ASSERT_FALSE(comm.ok()) << "connected to a dead peer";
+    const Status& s = comm.status();
+    EXPECT_TRUE(s.code() == StatusCode::kAborted || s.code() == StatusCode::kTimeout)
+        << s.to_string();
+    EXPECT_NE(s.message().find("the connection to rank 1 failed"), std::string::npos)
+        << s.to_string();
+    EXPECT_LT(took, milliseconds(2 * 1500)) << s.to_string();
+  }
 }
 
 }  // namespace
