@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs hpshard-run over rank_probe and checks exit codes, output prefixes and cleanup.
 # usage: launcher_test.sh CASE HPSHARD_RUN RANK_PROBE
-#   CASE: meet-tcp | meet-file | fail | fail-stubborn | signal | forward | timeout | usage |
-#         store-fd | shm-cleanup
+#   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
+#         forward-stubborn | launcher-killed | timeout | usage | store-fd | shm-cleanup
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -124,6 +124,58 @@ case $case_name in
     for pid in $(sed -n 's/^\[rank [0-9]\] pid=//p' "$work/out"); do
       kill -0 "$pid" 2>/dev/null && fail "rank process $pid still alive"
     done
+    ;;
+  forward-stubborn)
+    # The ranks ignore SIGTERM (a handler that saves first, say): SIGTERM to the launcher is
+    # forwarded, they are SIGKILLed after the grace period, and the launcher exits 128 +
+    # SIGTERM without blaming a rank for the SIGKILL it sent itself.
+    "$run" -n 2 --grace 1 -- "$probe" fail 99 1 stubborn >"$work/out" 2>"$work/err" &
+    launcher=$!
+    for _ in $(seq 100); do
+      [ "$(grep -c 'sleeping' "$work/out")" -eq 2 ] && break
+      sleep 0.05
+    done
+    kill -TERM $launcher
+    wait $launcher
+    rc=$?
+    [ $rc -eq 143 ] || fail "exit code $rc, expected 143 (128 + SIGTERM)"
+    grep -qF "sending SIGKILL" "$work/err" || fail "the stubborn ranks were not killed"
+    grep -qF "stopping the other ranks" "$work/err" && fail "a rank was blamed for the launcher's SIGKILL"
+    grep -qF "after the signal hpshard-run forwarded" "$work/err" || fail "the ranks' ends were not told"
+    ;;
+  launcher-killed)
+    # SIGKILL to the launcher (no code of its own runs): its ranks die with it (even those
+    # that ignore SIGTERM) and the file store's directory goes.
+    "$run" -n 2 --store file -- "$probe" fail 99 1 stubborn >"$work/out" 2>"$work/err" &
+    launcher=$!
+    for _ in $(seq 100); do
+      [ "$(grep -c 'sleeping' "$work/out")" -eq 2 ] && break
+      sleep 0.05
+    done
+    dir=$(sed -n 's|^\[rank 0\] HPS_STORE=file://||p' "$work/out")
+    [ -n "$dir" ] && [ -d "$dir" ] || fail "no store directory '$dir' while running"
+    kill -KILL $launcher
+    wait $launcher 2>/dev/null
+    pids=$(sed -n 's/^\[rank [0-9]\] pid=//p' "$work/out")
+    [ "$(wc -w <<<"$pids")" -eq 2 ] || fail "the ranks printed no pids"
+    for _ in $(seq 100); do
+      alive=0
+      for pid in $pids; do
+        # A zombie (reaped by init shortly) counts as gone.
+        state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)
+        [ -n "$state" ] && [ "$state" != Z ] && alive=1
+      done
+      [ $alive -eq 0 ] && [ ! -e "$dir" ] && break
+      sleep 0.1
+    done
+    for pid in $pids; do
+      state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)
+      if [ -n "$state" ] && [ "$state" != Z ]; then
+        kill -KILL "$pid"
+        fail "rank process $pid outlived the launcher"
+      fi
+    done
+    [ -e "$dir" ] && { rm -rf "$dir"; fail "store directory $dir was left"; }
     ;;
   timeout)
     start=$(now_ms)

@@ -3,14 +3,19 @@
 // with "[rank K] ", and stops them all when one fails. A TCP store's listening socket is
 // bound here, once, and handed to rank 0 (HPS_STORE_FD): no other process can take the port
 // between the launcher choosing it and rank 0 serving it. When the job ends, however it ends,
-// its shared-memory segments are removed.
+// its shared-memory segments are removed: when the launcher itself is killed (SIGKILL),
+// its ranks get SIGKILL from the kernel (PR_SET_PDEATHSIG) and a small process it left
+// behind removes the file store's directory and the segments once they have gone.
 //
 //   hpshard-run -n N [--store tcp|file] [--timeout SECONDS] [--grace SECONDS] [--] program args...
 //
 // Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit code
-// (128+signal when it was killed by a signal); 124 when --timeout expired; 2 for bad usage.
+// (128+signal when it was killed by a signal); 124 when --timeout expired; 128+signal when
+// the launcher was sent SIGINT, SIGTERM or SIGHUP (the ranks' ends after it forwarded the
+// signal are not failures of theirs); 2 for bad usage.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -308,7 +313,9 @@ class Launcher {
     // Rank 0 holds the socket now: once it is gone, clients must be refused, not queued.
     hps::net::close_fd(store_fd_);
     store_fd_ = -1;
+    if (started) start_janitor();
     if (started) code = supervise();
+    stop_janitor();
     if (!store_dir_.empty()) {
       std::error_code ignored;
       std::filesystem::remove_all(store_dir_, ignored);
@@ -357,11 +364,105 @@ class Launcher {
     return env;
   }
 
+  // A process that outlives a launcher killed with SIGKILL (which runs no code of its own):
+  // it learns of the death from its pipe's end of file, kills what is left of the ranks'
+  // process groups, and removes the file store's directory and the job's shared-memory
+  // segments once the ranks have gone. The launcher tells it of each rank it reaps (so a
+  // reused pid is never signalled) and, at a normal end, that there is nothing to do.
+  void start_janitor() {
+    int link[2];
+    if (::pipe2(link, O_CLOEXEC) != 0) {
+      say(std::string("pipe: ") + std::strerror(errno) + " (no clean-up if killed)");
+      return;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      say(std::string("fork: ") + std::strerror(errno) + " (no clean-up if killed)");
+      ::close(link[0]);
+      ::close(link[1]);
+      return;
+    }
+    if (pid == 0) {
+      ::close(link[1]);
+      janitor(link[0]);  // never returns
+    }
+    ::close(link[0]);
+    janitor_pid_ = pid;
+    janitor_fd_ = link[1];
+  }
+
+  [[noreturn]] void janitor(int from_launcher) {
+    // Interrupts meant for the job (a terminal's ^C reaches the whole process group) are the
+    // launcher's to handle; this process waits for its end.
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_IGN);
+    std::signal(SIGCHLD, SIG_DFL);
+    std::signal(SIGPIPE, SIG_IGN);
+    // The ranks' output pipes and the rest: listed first (the listing has a descriptor of
+    // its own), then closed.
+    std::vector<int> inherited;
+    std::error_code ignored;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ignored)) {
+      const int fd = std::atoi(entry.path().filename().c_str());
+      if (fd > STDERR_FILENO && fd != from_launcher) inherited.push_back(fd);
+    }
+    for (int fd : inherited) ::close(fd);
+    std::vector<bool> reaped(ranks_.size(), false);
+    std::string pending;
+    bool done = false;
+    char buffer[4096];
+    while (true) {
+      const ssize_t n = ::read(from_launcher, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      pending.append(buffer, static_cast<size_t>(n));
+      for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+        const std::string line = pending.substr(0, nl);
+        if (line == "done") {
+          done = true;
+        } else if (line.rfind("reaped ", 0) == 0) {
+          const size_t r = static_cast<size_t>(std::atol(line.c_str() + 7));
+          if (r < reaped.size()) reaped[r] = true;
+        }
+      }
+    }
+    if (done) ::_exit(0);
+    // The launcher died without cleaning up. Its ranks got SIGKILL (PR_SET_PDEATHSIG); what
+    // they started gets it here.
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (!reaped[r] && ranks_[r].pid > 0) ::kill(-ranks_[r].pid, SIGKILL);
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      while (!reaped[r] && ranks_[r].pid > 0 && ::kill(ranks_[r].pid, 0) == 0 &&
+             Clock::now() < deadline) {
+        ::usleep(20'000);
+      }
+    }
+    if (!store_dir_.empty()) std::filesystem::remove_all(store_dir_, ignored);
+    (void)hps::shm::remove_job_segments(job_id_);
+    ::_exit(0);
+  }
+
+  void tell_janitor(const std::string& line) {
+    if (janitor_fd_ >= 0) write_all(janitor_fd_, line + "\n");
+  }
+
+  void stop_janitor() {
+    if (janitor_fd_ < 0) return;
+    tell_janitor("done");
+    ::close(janitor_fd_);
+    janitor_fd_ = -1;
+    int status = 0;
+    while (::waitpid(janitor_pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+
   bool start_ranks(const std::string& store_url) {
     std::vector<char*> argv;
     for (auto& a : options_.command) argv.push_back(a.data());
     argv.push_back(nullptr);
     ranks_.resize(static_cast<size_t>(options_.nproc));
+    const pid_t launcher = ::getpid();
     for (int r = 0; r < options_.nproc; ++r) {
       RankProcess& p = ranks_[static_cast<size_t>(r)];
       p.rank = r;
@@ -391,6 +492,10 @@ class Launcher {
         return false;
       }
       if (pid == 0) {
+        // Killed with the launcher, whatever ends it (SIGKILL included); when it has died
+        // already, at once.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != launcher) ::_exit(137);
         // Own process group: stopping a rank also stops what it started.
         ::setpgid(0, 0);
         ::dup2(out[1], STDOUT_FILENO);
@@ -451,9 +556,18 @@ class Launcher {
         if (p.pid != pid || !p.running) continue;
         p.running = false;
         --running_;
+        tell_janitor("reaped " + std::to_string(p.rank));
         if (running_ == 0) drain_deadline_ = Clock::now() + kDrainAfterExit;
         const int code = exit_code_of(status);
-        if (code != 0 && !failure_) {
+        // An end the launcher caused (its own SIGTERM or SIGKILL, or the signal it forwarded
+        // and the rank's answer to it) is not a rank's failure.
+        const bool caused_here =
+            (WIFSIGNALED(status) && sent_by_us(WTERMSIG(status))) || interrupted_ != 0;
+        if (code != 0 && !failure_ && caused_here) {
+          say("rank " + std::to_string(p.rank) + " " + describe(status) +
+              (interrupted_ != 0 ? " after the signal hpshard-run forwarded"
+                                 : " when hpshard-run stopped it"));
+        } else if (code != 0 && !failure_) {
           failure_ = code;
           say("rank " + std::to_string(p.rank) + " " + describe(status) +
               (running_ > 0 ? "; stopping the other ranks" : ""));
@@ -574,6 +688,8 @@ class Launcher {
   std::string job_id_;
   std::string token_;
   int store_fd_ = -1;
+  pid_t janitor_pid_ = -1;
+  int janitor_fd_ = -1;
 };
 
 }  // namespace

@@ -72,8 +72,13 @@ using Clock = std::chrono::steady_clock;
 // Gloo's rendezvous store interface over ours (exceptions are how Gloo expects errors).
 class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
  public:
-  GlooStoreAdapter(std::shared_ptr<hps::Store> store, Milliseconds timeout)
-      : store_(std::move(store)), timeout_(timeout) {}
+  GlooStoreAdapter(std::shared_ptr<hps::Store> store, Milliseconds timeout, int32_t rank,
+                   int32_t size)
+      : store_(std::move(store)),
+        timeout_(timeout),
+        rank_(rank),
+        size_(size),
+        peer_addresses_(static_cast<size_t>(size)) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     throw_if_error(store_->set(key, std::string_view(data.data(), data.size())));
@@ -81,8 +86,15 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
   std::vector<char> get(const std::string& key) override {
     auto value = store_->get(key, timeout_);
     throw_if_error(value.status());
-    return std::vector<char>(value->begin(), value->end());
+    std::vector<char> bytes(value->begin(), value->end());
+    remember_address(key, bytes);
+    return bytes;
   }
+
+  // Each peer's address as Gloo names it in its errors ("[ip]:port"): that of the peer's
+  // pair for this rank, read from the peer's published addresses (key "<peer>": one per
+  // other rank, this rank's at its place among them). Empty where not read.
+  std::vector<std::string> take_peer_addresses() { return std::move(peer_addresses_); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   // Always the communicator's timeout: Gloo passes its context's, which create() shortens
   // for the connections (see there), not for the waits for late ranks.
@@ -94,38 +106,51 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
   static void throw_if_error(const Status& s) {
     if (!s.ok()) throw ::gloo::IoException(s.to_string());
   }
+  void remember_address(const std::string& key, const std::vector<char>& all) {
+    if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos || key.size() > 9 ||
+        size_ < 2) {
+      return;
+    }
+    const int32_t peer = std::stoi(key);
+    if (peer < 0 || peer >= size_ || peer == rank_ ||
+        all.size() % static_cast<size_t>(size_ - 1) != 0) {
+      return;
+    }
+    const size_t width = all.size() / static_cast<size_t>(size_ - 1);
+    const size_t place = static_cast<size_t>(rank_ > peer ? rank_ - 1 : rank_);
+    try {
+      const ::gloo::transport::tcp::Address address(
+          std::vector<char>(all.begin() + static_cast<std::ptrdiff_t>(place * width),
+                            all.begin() + static_cast<std::ptrdiff_t>((place + 1) * width)));
+      std::string text = address.str();
+      // "[ip]:port", without the sequence number Gloo may append.
+      const size_t close = text.find("]:");
+      if (close == std::string::npos) return;
+      size_t end = close + 2;
+      while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+      text.resize(end);
+      peer_addresses_[static_cast<size_t>(peer)] = std::move(text);
+    } catch (const std::exception&) {
+    }
+  }
   std::shared_ptr<hps::Store> store_;
   Milliseconds timeout_;
+  int32_t rank_;
+  int32_t size_;
+  std::vector<std::string> peer_addresses_;
 };
 
 }  // namespace
 
-// Which rank a failed connection of connectFullMesh was to: Gloo names the peer's address
-// ("[ip]:port"), which that rank published (its key `<i>` under the "gloo" prefix: one
-// address per peer, this rank's at its place among the others). -1 when none matches.
-int32_t rank_of_failed_connection(const std::string& what, hps::Store& gloo_store, int32_t rank,
-                                  int32_t size) {
-  const size_t open = what.rfind(" [");
-  if (open == std::string::npos || size < 2) return -1;
-  size_t end = what.find("]:", open);
-  if (end == std::string::npos) return -1;
-  end += 2;
-  while (end < what.size() && what[end] >= '0' && what[end] <= '9') ++end;
-  const std::string address = what.substr(open + 1, end - open - 1);
-  for (int32_t i = 0; i < size; ++i) {
-    if (i == rank) continue;
-    auto present = gloo_store.check({std::to_string(i)});
-    if (!present.ok() || !*present) continue;
-    auto all = gloo_store.get(std::to_string(i), Milliseconds(100));
-    if (!all.ok() || all->size() % static_cast<size_t>(size - 1) != 0) continue;
-    const size_t width = all->size() / static_cast<size_t>(size - 1);
-    const size_t place = static_cast<size_t>(rank > i ? rank - 1 : rank);
-    try {
-      const ::gloo::transport::tcp::Address peer(
-          std::vector<char>(all->begin() + static_cast<std::ptrdiff_t>(place * width),
-                            all->begin() + static_cast<std::ptrdiff_t>((place + 1) * width)));
-      if (peer.str().rfind(address, 0) == 0) return i;
-    } catch (const std::exception&) {
+// The rank whose address (see GlooStoreAdapter) a Gloo error names; -1 when none does.
+int32_t rank_named_in(const std::string& what, const std::vector<std::string>& peer_addresses) {
+  for (size_t r = 0; r < peer_addresses.size(); ++r) {
+    const std::string& a = peer_addresses[r];
+    if (a.empty()) continue;
+    // Followed by neither a digit (another port) nor anything that continues the number.
+    for (size_t at = what.find(a); at != std::string::npos; at = what.find(a, at + 1)) {
+      const size_t end = at + a.size();
+      if (end == what.size() || what[end] < '0' || what[end] > '9') return static_cast<int32_t>(r);
     }
   }
   return -1;
@@ -312,6 +337,12 @@ class GlooCommunicator::Op {
     std::vector<int32_t> peers;
     bool receiving;
   };
+  // Gloo failed a wait (a connection broke) while transfers with these ranks were owed on
+  // that buffer.
+  struct PeerFailure {
+    std::vector<int32_t> peers;
+    std::string what;
+  };
 
   Clock::time_point deadline() const { return deadline_; }
 
@@ -342,15 +373,16 @@ class GlooCommunicator::Op {
       done = receiving ? buffers_[buffer]->waitRecv(&peer, remaining())
                        : buffers_[buffer]->waitSend(&peer, remaining());
     } catch (const ::gloo::IoException& e) {
-      if (std::string_view(e.what()).find("Timed out") == std::string_view::npos) throw;
-      PeerTimeout timeout{{}, receiving};
+      std::vector<int32_t> owed;
       for (const Pending& p : list) {
-        if (p.buffer == buffer &&
-            std::find(timeout.peers.begin(), timeout.peers.end(), p.peer) == timeout.peers.end()) {
-          timeout.peers.push_back(p.peer);
+        if (p.buffer == buffer && std::find(owed.begin(), owed.end(), p.peer) == owed.end()) {
+          owed.push_back(p.peer);
         }
       }
-      throw timeout;
+      if (std::string_view(e.what()).find("Timed out") == std::string_view::npos) {
+        throw PeerFailure{std::move(owed), e.what()};
+      }
+      throw PeerTimeout{std::move(owed), receiving};
     }
     if (!done) throw AbortedByUser();
     auto it = std::find_if(list.begin(), list.end(),
@@ -503,17 +535,17 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     // it here, so that wait is the timeout. The adapter's waits for late ranks keep the
     // whole timeout; the transfers pass their own.
     context->setTimeout(std::max(Milliseconds(1), options.timeout / 5));
-    auto gloo_store = make_prefix_store(store, "gloo");
-    GlooStoreAdapter adapter(gloo_store, options.timeout);
+    GlooStoreAdapter adapter(make_prefix_store(store, "gloo"), options.timeout, rank, size);
     try {
       context->connectFullMesh(adapter, device);
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      const int32_t peer = rank_of_failed_connection(what, *gloo_store, rank, size);
+      const int32_t peer = rank_named_in(what, adapter.take_peer_addresses());
       if (peer < 0) throw;
       throw std::runtime_error("the connection to rank " + std::to_string(peer) +
                                " failed (did it exit?): " + what);
     }
+    comm->peer_addresses_ = adapter.take_peer_addresses();
     context->setTimeout(options.timeout);
     comm->context_ = std::move(context);
     // Ranks that all run here also share memory for collectives (send / recv stay on TCP).
@@ -684,6 +716,16 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
                          (t.receiving ? "waiting for data from rank" : "sending to rank") +
                          (t.peers.size() > 1 ? "s " : " ") + who +
                          " (a peer is missing or called a different operation)");
+  } catch (const Op::PeerFailure& f) {
+    if (aborted_) return aborted(place + ": the communicator was aborted");
+    // The rank Gloo's message names by address, else the one rank owed on that buffer.
+    int32_t peer = rank_named_in(f.what, peer_addresses_);
+    if (peer < 0 && f.peers.size() == 1) peer = f.peers[0];
+    if (peer >= 0) {
+      return aborted(place + ": the connection to rank " + std::to_string(peer) +
+                     " failed (did it exit?): " + f.what);
+    }
+    return aborted(place + ": the connection to a peer failed (did a rank exit?): " + f.what);
   } catch (const std::exception& e) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
     const std::string what = e.what();
@@ -691,6 +733,11 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
         what.find("timed out") != std::string::npos) {
       return timeout_error(place + ": timed out after " + std::to_string(timeout().count()) +
                            " ms (a peer is missing or called a different operation): " + what);
+    }
+    const int32_t peer = rank_named_in(what, peer_addresses_);
+    if (peer >= 0) {
+      return aborted(place + ": the connection to rank " + std::to_string(peer) +
+                     " failed (did it exit?): " + what);
     }
     return aborted(place + ": the connection to a peer failed (did a rank exit?): " + what);
   } catch (...) {

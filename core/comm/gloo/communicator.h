@@ -139,6 +139,8 @@ class GlooCommunicator final : public Communicator {
   Status located(const Op& op, Status s) const;  // prefixes where `op` failed
 
   std::shared_ptr<Store> store_;
+  // Each peer's address as Gloo's errors name it ("[ip]:port"; empty for this rank).
+  std::vector<std::string> peer_addresses_;
   int32_t rank_;
   int32_t size_;
   CommOptions options_;

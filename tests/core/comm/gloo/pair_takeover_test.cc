@@ -178,5 +178,33 @@ TEST(GlooDeadPeer, CreationFailsWithinTheTimeoutNamingThePeer) {
   }
 }
 
+// Over TCP without the argument check (no control connections to tell), a peer whose
+// connections close mid-collective is named by the rank its address belongs to.
+TEST(GlooDeadPeer, AClosedConnectionNamesThePeer) {
+  CommOptions options;
+  options.timeout = milliseconds(20'000);
+  options.shared_memory = false;
+  options.check_arguments = false;
+  auto store = make_in_memory_store();
+  Status survivor;
+  std::thread leaver([&] {
+    auto comm = create_communicator(store, 1, 2, Device::cpu(), options);
+    ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+    (*comm)->abort();  // then destroyed: its connections close at once
+  });
+  auto comm = create_communicator(store, 0, 2, Device::cpu(), options);
+  ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+  leaver.join();
+  std::vector<float> x(1 << 16, 1.0f), y(x.size());
+  const auto start = std::chrono::steady_clock::now();
+  auto work =
+      (*comm)->all_reduce(x.data(), y.data(), x.size(), DType::kFloat32, ReduceOp::kSum, nullptr);
+  survivor = work.ok() ? (*work)->wait() : work.status();
+  EXPECT_EQ(survivor.code(), StatusCode::kAborted) << survivor.to_string();
+  EXPECT_NE(survivor.message().find("the connection to rank 1 failed"), std::string::npos)
+      << survivor.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(10'000));
+}
+
 }  // namespace
 }  // namespace hps
