@@ -119,6 +119,13 @@ HPS_API hps_status_t hps_clip_add_tensor_dlpack(hps_clip_t* clip, const DLTensor
     // others and the runs' streams must be on its device.
     const std::optional<hps::Device> on = clip->device ? clip->device : clip->tensors_device;
     if (on) HPS_RETURN_IF_ERROR(hps::capi::check_device(g, "gradient", *on));
+    // The clip is bound to the first one's device: one this process has (a CUDA gradient in a
+    // CPU-only build left a clip no stream could run).
+    if (!on) {
+      if (hps::Status s = hps::check_device(g.device); !s.ok()) {
+        return hps::Status(s.code(), "gradient: " + s.message());
+      }
+    }
     HPS_RETURN_IF_ERROR(add(*clip, g.data, g.count, g.dtype, flags));
     if (!clip->device && !clip->tensors_device) clip->tensors_device = g.device;
     return hps::Status::Ok();

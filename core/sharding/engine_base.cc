@@ -1,6 +1,7 @@
 #include "core/sharding/engine_base.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "core/checkpoint/engine_state.h"
@@ -114,6 +115,62 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
     }
   }
   auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; };
+  // Every rank of every group runs the same engine: stage, optimizer and its
+  // hyperparameters, clipping, layout, buckets, accumulation and loss scaling (ranks that
+  // differed there updated their shards differently, or called different collectives and
+  // waited for one another until the timeout). The prefetch window and streams are local.
+  {
+    auto bits = [](float f) {
+      uint32_t u = 0;
+      std::memcpy(&u, &f, sizeof u);
+      return uint64_t{u};
+    };
+    auto bits64 = [](double d) {
+      uint64_t u = 0;
+      std::memcpy(&u, &d, sizeof u);
+      return u;
+    };
+    const EngineOptions& o = options_;
+    uint64_t engine = 1469598103934665603ull;
+    for (uint64_t v : {static_cast<uint64_t>(stage()),
+                       static_cast<uint64_t>(o.optimizer),
+                       bits(o.sgd.learning_rate),
+                       bits(o.sgd.momentum),
+                       bits(o.sgd.weight_decay),
+                       uint64_t{o.sgd.nesterov},
+                       bits(o.adamw.learning_rate),
+                       bits(o.adamw.beta1),
+                       bits(o.adamw.beta2),
+                       bits(o.adamw.epsilon),
+                       bits(o.adamw.weight_decay),
+                       bits64(o.clip_max_norm),
+                       uint64_t{o.deterministic_clip},
+                       o.alignment_bytes,
+                       o.bucket_bytes,
+                       static_cast<uint64_t>(o.accumulation_steps),
+                       uint64_t{o.dynamic_loss_scaling},
+                       bits(o.initial_loss_scale),
+                       bits(o.growth_factor),
+                       bits(o.backoff_factor),
+                       static_cast<uint64_t>(o.growth_interval)}) {
+      engine = mix(engine, v);
+    }
+    for (const auto* group : {&sharding_, &dp_, &mp_, &pp_}) {
+      if (!*group || (*group)->size() == 1) continue;
+      HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, engine));
+      for (size_t r = 0; r < all.size(); ++r) {
+        if (all[r] != engine) {
+          mismatch(kSealOptionsDiffer,
+                   invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
+                                    (*group)->name() +
+                                    "' was created with other engine options (stage, optimizer "
+                                    "or its hyperparameters, clipping, alignment, buckets, "
+                                    "accumulation or loss scaling) than this rank"));
+          break;
+        }
+      }
+    }
+  }
   auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
     return c ? static_cast<uint64_t>(c->rank()) : 0;
   };
@@ -215,7 +272,8 @@ Status EngineBase::agree_on_registrations() {
   for (const auto& [kind, text] :
        {std::pair{kSealParamsDiffer, "ranks registered different parameters"},
         std::pair{kSealGroupsDiffer, "an mp or pp group is not an axis of the topology"},
-        std::pair{kSealMpFlagsDiffer, "mp ranks registered different clip flags"}}) {
+        std::pair{kSealMpFlagsDiffer, "mp ranks registered different clip flags"},
+        std::pair{kSealOptionsDiffer, "ranks were created with different engine options"}}) {
     if (found & kind) what += (what.empty() ? "" : "; ") + std::string(text);
   }
   return invalid_argument("engine: seal refused on every rank: " + what +

@@ -113,7 +113,8 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // The checks alone: each mismatch adds its kind to `found` and the first sets `first`;
   // a failed collective is returned.
   Status check_registrations(uint64_t& found, Status& first);
-  static constexpr uint64_t kSealParamsDiffer = 1, kSealGroupsDiffer = 2, kSealMpFlagsDiffer = 4;
+  static constexpr uint64_t kSealParamsDiffer = 1, kSealGroupsDiffer = 2, kSealMpFlagsDiffer = 4,
+                            kSealOptionsDiffer = 8;
 
   std::shared_ptr<Communicator> sharding_, dp_;
   std::shared_ptr<Communicator> mp_, pp_;  // null: none (set_model_parallel_groups)

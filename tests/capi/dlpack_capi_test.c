@@ -417,25 +417,42 @@ static void* rank_main(void* arg) {
     if (rank == 0) CHECK(grad[0] > 0.5999f && grad[0] < 0.6001f);
 
     /* Without communicators the first DLPack gradient places the clip: a CUDA gradient is
-     * kept (its run must be on its device), a CPU one beside it and a run on a CPU stream
-     * are refused, and nothing reads the CUDA address. The coefficient waits for seal. */
+     * kept where this process has that device (its run must be on its device; a CPU one
+     * beside it and a run on a CPU stream are refused, and nothing reads the CUDA address),
+     * and refused where it has none, leaving the clip free for CPU gradients. The
+     * coefficient waits for seal. */
     CHECK_OK(hps_clip_create(NULL, NULL, NULL, NULL, &clip));
     if (clip != NULL) {
       const float* c = NULL;
+      int32_t gpus = 0;
+      CHECK_OK(hps_device_count(HPS_DEVICE_CUDA, &gpus));
       CHECK(hps_clip_coefficient(clip, &c) == HPS_STATUS_FAILED_PRECONDITION);
       CHECK(HAS("not sealed"));
       t_grad.device.device_type = kDLCUDA;
       t_grad.data = (void*)(uintptr_t)0x1000;
-      CHECK_OK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0));
-      t_grad.device.device_type = kDLCPU;
-      t_grad.data = grad;
-      CHECK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0) == HPS_STATUS_INVALID_ARGUMENT);
-      CHECK(HAS("gradient is on cpu"));
-      CHECK_OK(hps_clip_seal(clip));
-      CHECK_OK(hps_clip_coefficient(clip, &c));
-      CHECK(c != NULL && *c == 1.0f);
-      CHECK(hps_clip_run(clip, stream, &norm, 1) == HPS_STATUS_INVALID_ARGUMENT);
-      CHECK(HAS("the stream is on cpu but the clip's gradients are on cuda:0"));
+      if (gpus > 0) {
+        CHECK_OK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0));
+        t_grad.device.device_type = kDLCPU;
+        t_grad.data = grad;
+        CHECK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0) == HPS_STATUS_INVALID_ARGUMENT);
+        CHECK(HAS("gradient is on cpu"));
+        CHECK_OK(hps_clip_seal(clip));
+        CHECK_OK(hps_clip_coefficient(clip, &c));
+        CHECK(c != NULL && *c == 1.0f);
+        CHECK(hps_clip_run(clip, stream, &norm, 1) == HPS_STATUS_INVALID_ARGUMENT);
+        CHECK(HAS("the stream is on cpu but the clip's gradients are on cuda:0"));
+      } else {
+        CHECK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0) == HPS_STATUS_OUT_OF_RANGE);
+        CHECK(HAS("gradient: device cuda:0 does not exist"));
+        t_grad.device.device_type = kDLCPU;
+        t_grad.data = grad;
+        grad[0] = 3.0f;
+        grad[1] = 4.0f;
+        CHECK_OK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0));
+        CHECK_OK(hps_clip_seal(clip));
+        CHECK_OK(hps_clip_run(clip, stream, &norm, 1));
+        CHECK(norm == 5.0f);
+      }
       CHECK_OK(hps_clip_destroy(clip));
     }
   }

@@ -1015,7 +1015,9 @@ HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, 
  * sharding and dp groups (and the groups of hps_engine_set_model_parallel_groups: their
  * members must share this rank's other coordinates, and the mp ranks must have registered
  * the same flags), host-blocking once at set-up: when any rank finds a difference (other
- * parameters, groups whose members do not share those coordinates), every rank gets
+ * parameters, groups whose members do not share those coordinates, other engine options
+ * than prefetch_window and compute_stream: stage, optimizer and hyperparameters, clipping,
+ * alignment, buckets, accumulation, loss scaling), every rank gets
  * INVALID_ARGUMENT at once. The ranks of each sharding and dp group must have set mp and pp
  * groups of the same sizes, or none; that is agreed first, over those groups alone, so a
  * rank that did not call hps_engine_set_model_parallel_groups is named at once.

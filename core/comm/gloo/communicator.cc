@@ -308,14 +308,23 @@ class GlooCommunicator::Op {
     return slot_base_ | (uint64_t{phase} << 16) | step;
   }
 
+  // Gloo refuses a transfer at once on a pair that has failed already: that peer is named.
   void post_send(size_t buffer_index, int32_t peer, uint64_t slot, size_t offset, size_t bytes) {
     if (bytes == 0) return;
-    buffers_[buffer_index]->send(peer, slot, offset, bytes);
+    try {
+      buffers_[buffer_index]->send(peer, slot, offset, bytes);
+    } catch (const ::gloo::IoException& e) {
+      throw PeerFailure{{peer}, e.what()};
+    }
     pending_sends_.push_back({buffer_index, peer});
   }
   void post_recv(size_t buffer_index, int32_t peer, uint64_t slot, size_t offset, size_t bytes) {
     if (bytes == 0) return;
-    buffers_[buffer_index]->recv(peer, slot, offset, bytes);
+    try {
+      buffers_[buffer_index]->recv(peer, slot, offset, bytes);
+    } catch (const ::gloo::IoException& e) {
+      throw PeerFailure{{peer}, e.what()};
+    }
     pending_recvs_.push_back({buffer_index, peer});
   }
 

@@ -10,10 +10,55 @@
 
 #include "core/common/config.h"
 #include "core/sharding/engine_base.h"
+#include "core/sharding/stage3_engine.h"
 #include "tests/core/comm/comm_test_util.h"
 
 namespace hps {
 namespace {
+
+// Ranks created with different engine options (each of these made the ranks update their
+// shards differently or call different collectives) are refused at seal, on every rank.
+TEST(Seal, RanksWithDifferentEngineOptionsAreRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  using Change = std::function<void(EngineOptions&, bool&)>;
+  const std::vector<std::pair<const char*, Change>> changes = {
+      {"stage", [](EngineOptions&, bool& stage3) { stage3 = true; }},
+      {"optimizer", [](EngineOptions& o, bool&) { o.optimizer = OptimizerKind::kAdamW; }},
+      {"learning rate", [](EngineOptions& o, bool&) { o.sgd.learning_rate = 0.5f; }},
+      {"clip", [](EngineOptions& o, bool&) { o.clip_max_norm = 1.0; }},
+      {"accumulation", [](EngineOptions& o, bool&) { o.accumulation_steps = 2; }},
+      {"loss scaling", [](EngineOptions& o, bool&) { o.dynamic_loss_scaling = true; }},
+      {"buckets", [](EngineOptions& o, bool&) { o.bucket_bytes = 64; }},
+  };
+  for (const auto& [what, change] : changes) {
+    testing_util::run_ranks(2, [&, what = what, change = change](int32_t rank, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      EngineOptions o;
+      bool stage3 = false;
+      if (rank == 1) change(o, stage3);
+      std::unique_ptr<ShardedEngine> e;
+      if (stage3) {
+        e = std::move(Stage3Engine::create(w, nullptr, o)).value();
+      } else {
+        e = std::move(Stage2Engine::create(w, nullptr, o)).value();
+      }
+      ASSERT_TRUE(e->add_param({"w", {40}, DType::kFloat32}).ok());
+      const Status s = e->seal();
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": " << s.to_string();
+      EXPECT_NE(s.message().find("engine options"), std::string::npos)
+          << what << ": " << s.message();
+    });
+  }
+  // The prefetch window is this rank's own.
+  testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    EngineOptions o;
+    o.prefetch_window = rank + 1;
+    auto e = std::move(Stage3Engine::create(w, nullptr, o)).value();
+    ASSERT_TRUE(e->add_param({"w", {40}, DType::kFloat32}).ok());
+    EXPECT_TRUE(e->seal().ok());
+  });
+}
 
 TEST(Stage2, BadInputIsRefusedAndChangesNothing) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
