@@ -47,7 +47,7 @@ Milliseconds clamp_store_wait(Milliseconds timeout) {
 StatusOr<int64_t> store_add_result(std::string_view key, const std::string* current,
                                    int64_t delta) {
   int64_t value = 0;
-  if (current != nullptr && !current->empty()) {
+  if (current != nullptr) {  // an empty value is no integer either
     // Strictly [-]digits: from_chars takes no sign '+', no spaces, and reports overflow.
     const char* first = current->data();
     const char* last = first + current->size();

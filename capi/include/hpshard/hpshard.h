@@ -391,7 +391,11 @@ HPS_API hps_status_t hps_store_set(hps_store_t* store, const char* key, const vo
 HPS_API hps_status_t hps_store_get(hps_store_t* store, const char* key, int64_t timeout_ms,
                                    void* buffer, size_t capacity, size_t* out_size);
 
-/** Add `delta` to the integer at `key` (0 when unset); the new value into *out_value. */
+/**
+ * Add `delta` to the integer at `key` (0 when unset); the new value into *out_value.
+ * Errors: INVALID_ARGUMENT (the key holds a value that is not a decimal integer, the empty
+ * one included), OUT_OF_RANGE (the sum overflows 64 bits).
+ */
 HPS_API hps_status_t hps_store_add(hps_store_t* store, const char* key, int64_t delta,
                                    int64_t* out_value);
 
@@ -1251,7 +1255,10 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
  * previous checkpoints stay intact). A save while another
  * is in flight first waits for it (a host-blocking wait, counted as a host sync). Errors:
  * INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (a checkpoint of that name exists),
- * FAILED_PRECONDITION (the engine has no state yet).
+ * FAILED_PRECONDITION (the engine has no state yet: not sealed, or at stage 3 before
+ * hps_engine_broadcast_parameters). A save before the first step keeps the initial state;
+ * one in the middle of a step keeps the state the last step left (the step's gradients are
+ * not state).
  */
 HPS_API hps_status_t hps_checkpoint_save(hps_checkpoint_t* checkpoint, const char* name,
                                          const char* const* keys, const char* const* values,

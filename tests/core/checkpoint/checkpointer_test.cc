@@ -724,12 +724,19 @@ TEST(Checkpoint, LoadBetweenStepsOnly) {
               << refused.status().to_string();
           EXPECT_EQ(r.state_bytes(), before) << "a refused load changed the state";
           refused_once = true;
+          // A save in the middle of the step keeps the state the last step left.
+          auto mid = r.checkpointer->save("mid");
+          ASSERT_TRUE(mid.ok()) << mid.status().to_string();
+          ASSERT_TRUE((*mid)->wait().ok());
         }
       }
       ASSERT_TRUE(r.engine->release(u).ok());
     }
     ASSERT_TRUE(r.engine->step().ok());
     EXPECT_NE(r.state_bytes(), before);
+    auto mid = r.checkpointer->load("mid");
+    ASSERT_TRUE(mid.ok()) << mid.status().to_string();
+    EXPECT_EQ(r.state_bytes(), before) << "the save mid-step did not keep the last step's state";
     auto loaded = r.checkpointer->load("a");
     ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
     r.train_step(1);

@@ -886,6 +886,8 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Add `delta` to the integer at `key` (0 when unset); the new value into *out_value."]
+    #[doc = " Errors: INVALID_ARGUMENT (the key holds a value that is not a decimal integer, the empty"]
+    #[doc = " one included), OUT_OF_RANGE (the sum overflows 64 bits)."]
     pub fn hps_store_add(
         store: *mut hps_store_t,
         key: *const ::std::os::raw::c_char,
@@ -2808,7 +2810,10 @@ extern "C" {
     #[doc = " previous checkpoints stay intact). A save while another"]
     #[doc = " is in flight first waits for it (a host-blocking wait, counted as a host sync). Errors:"]
     #[doc = " INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (a checkpoint of that name exists),"]
-    #[doc = " FAILED_PRECONDITION (the engine has no state yet)."]
+    #[doc = " FAILED_PRECONDITION (the engine has no state yet: not sealed, or at stage 3 before"]
+    #[doc = " hps_engine_broadcast_parameters). A save before the first step keeps the initial state;"]
+    #[doc = " one in the middle of a step keeps the state the last step left (the step's gradients are"]
+    #[doc = " not state)."]
     pub fn hps_checkpoint_save(
         checkpoint: *mut hps_checkpoint_t,
         name: *const ::std::os::raw::c_char,
