@@ -479,19 +479,21 @@ Status ShmGroup::read_posted(int32_t q, uint64_t round, void* local, size_t byte
   std::atomic<uint64_t>& reading = control(rank_).reading;
   reading.store(round + 1, std::memory_order_seq_cst);
   const uint64_t remote = control(q).address[round % 2].load(std::memory_order_seq_cst);
-  Status s = remote != 0 ? read_peer(q, local, reinterpret_cast<const void*>(remote), bytes)
-                         : aborted("rank " + std::to_string(q) +
-                                   " withdrew its buffer before this rank read it (it failed, was "
-                                   "aborted or timed out)");
+  Status s =
+      remote != 0
+          ? read_peer(q, local, reinterpret_cast<const void*>(remote), bytes)
+          : with_cause(aborted("rank " + std::to_string(q) +
+                               " withdrew its buffer before this rank read it (it failed, was "
+                               "aborted or timed out)"));
   // A poster in another process waits for this read only until its deadline: if it withdrew
   // meanwhile, it may have returned and its caller reused the buffer under the copy. Its
   // withdrawal precedes any such reuse, so an address still posted after the copy means the
   // copy read the posted data.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (s.ok() && control(q).address[round % 2].load(std::memory_order_seq_cst) != remote) {
-    s = aborted("rank " + std::to_string(q) +
-                " withdrew its buffer while this rank read it (it failed, was aborted or timed "
-                "out); what was read is not its data");
+    s = with_cause(aborted("rank " + std::to_string(q) +
+                           " withdrew its buffer while this rank read it (it failed, was aborted "
+                           "or timed out); what was read is not its data"));
   }
   reading.store(0, std::memory_order_seq_cst);
   return s;
@@ -551,11 +553,29 @@ Status ShmGroup::peer_gone(int32_t peer) const {
     case kLeft:
       return aborted("rank " + std::to_string(peer) +
                      " destroyed its communicator before joining (did a rank exit?)");
-    case kFailed: return aborted("rank " + std::to_string(peer) + " failed an earlier operation");
-    case kAborted: return aborted("rank " + std::to_string(peer) + " aborted the communicator");
+    case kFailed:
+      return with_cause(aborted("rank " + std::to_string(peer) + " failed an earlier operation"));
+    case kAborted:
+      return with_cause(aborted("rank " + std::to_string(peer) + " aborted the communicator"));
     default: break;
   }
   return Status::Ok();
+}
+
+Status ShmGroup::with_cause(Status failure) const {
+  for (int32_t q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    const Control& c = control(q);
+    std::string cause;
+    if (c.state.load(std::memory_order_seq_cst) == kLeft) {
+      cause = "rank " + std::to_string(q) + " destroyed its communicator (did it exit?)";
+    } else if (c.pid != getpid() && c.pid_ns == control(rank_).pid_ns &&
+               host::process_ended(c.pid)) {
+      cause = "rank " + std::to_string(q) + " (process " + std::to_string(c.pid) + ") has exited";
+    }
+    if (!cause.empty()) return Status(failure.code(), cause + "; " + failure.message());
+  }
+  return failure;
 }
 
 Status ShmGroup::check_peers_alive(const std::vector<int32_t>& peers) const {

@@ -109,6 +109,10 @@ class ShmGroup {
   // wait_for on every other rank (or only `only`, when >= 0).
   Status wait_peers(bool posted, uint64_t target, Deadline deadline, int32_t only = -1);
   Status peer_gone(int32_t peer) const;
+  // `failure` (a peer that failed, aborted or withdrew its buffer: often a survivor of
+  // another rank's death), or, when a rank of the group has exited or left, that rank's
+  // end first with `failure` after it: the cause, not a fellow survivor, is named.
+  Status with_cause(Status failure) const;
   // Copies `bytes` at `remote` in rank q's address space to `local`.
   Status read_peer(int32_t q, void* local, const void* remote, size_t bytes) const;
   // Every other rank has finished `round` (it read what this rank posted).

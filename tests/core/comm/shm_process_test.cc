@@ -113,6 +113,9 @@ int child(int32_t rank, const std::string& dir, const std::string& mode) {
   CHECK_OR_FAIL(s.message().find("all_reduce #4 on group 'world'") != std::string::npos,
                 "the message names no operation: %s", s.message().c_str());
   CHECK_OR_FAIL(seconds < 15, "took %.1f s", seconds);
+  // The dead rank is named, not a survivor that failed because of it.
+  CHECK_OR_FAIL(s.message().find("rank " + std::to_string(kWorld - 1)) != std::string::npos,
+                "the message does not name rank %d: %s", kWorld - 1, s.message().c_str());
   return 0;
 }
 
