@@ -1,5 +1,7 @@
 #include "core/checkpoint/checkpointer.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -193,22 +195,49 @@ void remove_stale_claims(const std::string& root) {
   }
 }
 
+// Puts `text` at `marker` unless something is there already (then OK: the caller reads
+// it): written aside and hard-linked into place, so a reader never sees it half written and
+// one claim wins on every host of a shared file system; where the file system has no hard
+// links, renamed into place without replacing (renameat2), or, where that is missing too,
+// created exclusively.
+Status place_claim(const std::string& marker, const std::string& text) {
+  const auto no_support = [](int err) {
+    return err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
+  };
+  const std::string aside = marker + ".tmp-" + ckpt::new_checkpoint_id();
+  HPS_RETURN_IF_ERROR(ckpt::replace_file_atomically(aside, text));
+  int placed = ::link(aside.c_str(), marker.c_str());
+  int err = placed == 0 ? 0 : errno;
+  if (placed != 0 && no_support(err)) {
+    placed = ::renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, marker.c_str(), RENAME_NOREPLACE);
+    err = placed == 0 ? 0 : errno;
+  }
+  (void)::unlink(aside.c_str());
+  if (placed != 0 && no_support(err)) {
+    const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    err = fd >= 0 ? 0 : errno;
+    if (fd >= 0) {
+      const bool written =
+          ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+          ::fsync(fd) == 0;
+      err = written ? 0 : errno;
+      ::close(fd);
+      if (!written) (void)::unlink(marker.c_str());
+    }
+  }
+  if (err != 0 && err != EEXIST) {
+    return backend_error("checkpoint: cannot create '" + marker + "': " + std::strerror(err));
+  }
+  return Status::Ok();
+}
+
 Status claim_root(const std::string& root, const CheckpointTopology& t) {
   const std::string marker = join_path(root, kPartFile);
   const std::string mine = part_text(t);
   const bool part = t.mp > 1 || t.pp > 1;
   if (!ckpt::path_exists(marker)) HPS_RETURN_IF_ERROR(check_unclaimed_root(root, t));
   if (part) remove_stale_claims(root);
-  if (part && !ckpt::path_exists(marker)) {
-    const std::string aside = marker + ".tmp-" + ckpt::new_checkpoint_id();
-    HPS_RETURN_IF_ERROR(ckpt::replace_file_atomically(aside, mine + "\n"));
-    const int linked = ::link(aside.c_str(), marker.c_str());
-    const int err = errno;
-    (void)::unlink(aside.c_str());
-    if (linked != 0 && err != EEXIST) {
-      return backend_error("checkpoint: cannot create '" + marker + "': " + std::strerror(err));
-    }
-  }
+  if (part && !ckpt::path_exists(marker)) HPS_RETURN_IF_ERROR(place_claim(marker, mine + "\n"));
   std::string claimed = "the whole model";
   if (ckpt::path_exists(marker)) {
     HPS_ASSIGN_OR_RETURN(std::string text, ckpt::read_file(marker, 256));

@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +32,35 @@
 #include "tests/core/checkpoint/temp_dir.h"
 #include "tests/core/checkpoint/training.h"
 #include "tests/support/seeds.h"
+
+// File systems without hard links (and without renameat2), played by this program: its own
+// link() and renameat2() take the place of libc's in the statically linked core, failing
+// as such a file system's would while these are set.
+namespace {
+std::atomic<int> g_link_errno{0};
+std::atomic<int> g_renameat2_errno{0};
+std::atomic<int> g_link_calls{0};
+std::atomic<int> g_renameat2_calls{0};
+}  // namespace
+
+extern "C" int link(const char* from, const char* to) {
+  ++g_link_calls;
+  if (const int err = g_link_errno.load()) {
+    errno = err;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_link, from, to));
+}
+
+extern "C" int renameat2(int from_dir, const char* from, int to_dir, const char* to,
+                         unsigned int flags) {
+  ++g_renameat2_calls;
+  if (const int err = g_renameat2_errno.load()) {
+    errno = err;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_renameat2, from_dir, from, to_dir, to, flags));
+}
 
 namespace hps::ckpt_test {
 namespace {
@@ -78,6 +109,78 @@ class FakeState final : public Checkpointable {
     return Status::Ok();
   }
 };
+
+// A part of a model (mp 2) claims its root with `.hpshard-part`: by a hard link, else by a
+// rename that replaces nothing, else by an exclusive create, each leaving the claim whole;
+// the other part is then refused there, whichever way the claim was made.
+class PartState final : public Checkpointable {
+ public:
+  explicit PartState(int32_t mp_rank) : mp_rank_(mp_rank) {}
+  std::vector<float> w = std::vector<float>(16, 1.0f);
+  cpu::CpuStream stream;
+  EngineOptions options;
+  StatusOr<std::vector<StateTensor>> state_tensors() override {
+    return std::vector<StateTensor>{{"param/w", {16}, DType::kFloat32, 0, 16, w.data(), true}};
+  }
+  Stream& state_stream() override { return stream; }
+  CheckpointTopology checkpoint_topology() const override {
+    CheckpointTopology t{2, 1, 0, 1, 0, 256};
+    t.mp = 2;
+    t.mp_rank = mp_rank_;
+    return t;
+  }
+  const EngineOptions& checkpoint_options() const override { return options; }
+  Status begin_state_load() override { return stream.synchronize(); }
+  Status end_state_load() override { return Status::Ok(); }
+
+ private:
+  int32_t mp_rank_;
+};
+
+TEST(Checkpoint, APartClaimsItsRootWithoutHardLinks) {
+  struct Way {
+    const char* what;
+    int link_errno;
+    int renameat2_errno;
+  };
+  for (const Way& way : {Way{"hard link", 0, 0}, Way{"rename without replacing", EPERM, 0},
+                         Way{"exclusive create", EPERM, ENOSYS}}) {
+    SCOPED_TRACE(way.what);
+    TempDir dir;
+    g_link_errno = way.link_errno;
+    g_renameat2_errno = way.renameat2_errno;
+    auto group = [] {
+      auto c = self_backend::SelfCommunicator::create({});
+      return std::shared_ptr<Communicator>(std::move(*c));
+    };
+    PartState first(0), second(1);
+    g_link_calls = 0;
+    g_renameat2_calls = 0;
+    auto claimed = Checkpointer::create(first, group(), dir.path(), small_chunks());
+    ASSERT_TRUE(claimed.ok()) << claimed.status().to_string();
+    // The claim went the way this round plays.
+    EXPECT_EQ(g_link_calls.load(), 1);
+    EXPECT_EQ(g_renameat2_calls.load(), way.link_errno != 0 ? 1 : 0);
+    std::ifstream marker(dir / ".hpshard-part");
+    std::string text((std::istreambuf_iterator<char>(marker)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, "the model's part at mp rank 0 of 2, pp rank 0 of 1\n");
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos)
+          << "left " << e.path();
+    }
+    auto refused = Checkpointer::create(second, group(), dir.path(), small_chunks());
+    ASSERT_FALSE(refused.ok()) << "two parts share a root";
+    EXPECT_NE(refused.status().message().find("holds the checkpoints of the model's part at mp "
+                                              "rank 0"),
+              std::string::npos)
+        << refused.status().to_string();
+    // The claim stands for the part that made it.
+    auto again = Checkpointer::create(first, group(), dir.path(), small_chunks());
+    EXPECT_TRUE(again.ok()) << again.status().to_string();
+  }
+  g_link_errno = 0;
+  g_renameat2_errno = 0;
+}
 
 // The snapshot holds what the work enqueued before save() produced, not what was done when
 // save() was called nor what the work enqueued after it does.
