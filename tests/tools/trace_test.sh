@@ -61,4 +61,12 @@ if "$tool" merge -o "$out/never.json" "$out/many.json" "$out/many.json" 2>"$out/
 fi
 grep -q "overflows the total" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
 [ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
+# Events are streamed out file by file: a bad file after good ones still leaves nothing, not
+# even the partial file.
+if "$tool" merge -o "$out/never.json" "$out/trace" "$out/bad.json" 2>"$out/err.txt"; then
+  echo "a bad file after good ones was merged"; exit 1
+fi
+grep -q "bad.json" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+[ ! -e "$out/never.json" ] && [ ! -e "$out/never.json.partial" ] ||
+  { echo "output written after an error"; exit 1; }
 echo "trace test: ok"

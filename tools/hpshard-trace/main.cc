@@ -116,45 +116,51 @@ json read_events(const fs::path& path, uint64_t* dropped) {
   return events;
 }
 
+// Streams the events out as each file is read: memory holds one input file's events at a
+// time, whatever the run's total.
 int merge(const std::vector<std::string>& inputs, const std::string& output) {
   const auto files = expand(inputs, output);
-  json merged = json::array();
-  // Metadata (names, sort order) once per (pid, tid, kind): a rank writes it in every file.
-  std::set<std::tuple<std::string, std::string, std::string>> seen;
-  uint64_t dropped = 0;
-  json sources = json::array();
-  for (const auto& file : files) {
-    json events = read_events(file, &dropped);
-    for (auto& e : events) {
-      if (e["ph"] == "M") {
-        auto key = std::make_tuple(e.value("pid", json()).dump(), e.value("tid", json()).dump(),
-                                   e.value("name", json()).dump());
-        if (!seen.insert(key).second) continue;
-      }
-      merged.push_back(std::move(e));
-    }
-    sources.push_back(file.string());
-  }
-  json out = {{"traceEvents", std::move(merged)},
-              {"displayTimeUnit", "ms"},
-              {"otherData", {{"merged_from", sources}, {"dropped_events", dropped}}}};
   // Whole or absent: written beside the target, then renamed over it.
   const fs::path target(output);
   const fs::path partial = target.string() + ".partial";
-  {
-    std::ofstream file(partial, std::ios::trunc);
-    file << out.dump();
-    if (!file.flush()) {
-      std::error_code ec;
-      fs::remove(partial, ec);
-      throw Failure{"cannot write '" + output + "'"};
+  std::ofstream file(partial, std::ios::trunc | std::ios::binary);
+  if (!file) throw Failure{"cannot write '" + partial.string() + "'"};
+  size_t count = 0;
+  try {
+    // Metadata (names, sort order) once per (pid, tid, kind): a rank writes it in every file.
+    std::set<std::tuple<std::string, std::string, std::string>> seen;
+    uint64_t dropped = 0;
+    json sources = json::array();
+    file << "{\"traceEvents\":[";
+    for (const auto& path : files) {
+      const json events = read_events(path, &dropped);
+      for (const auto& e : events) {
+        if (e["ph"] == "M") {
+          auto key = std::make_tuple(e.value("pid", json()).dump(), e.value("tid", json()).dump(),
+                                     e.value("name", json()).dump());
+          if (!seen.insert(key).second) continue;
+        }
+        file << (count++ == 0 ? "" : ",") << e.dump();
+      }
+      sources.push_back(path.string());
     }
+    const json other = {{"merged_from", sources}, {"dropped_events", dropped}};
+    file << "],\"displayTimeUnit\":\"ms\",\"otherData\":" << other.dump() << "}";
+    if (!file.flush()) throw Failure{"cannot write '" + output + "'"};
+    file.close();
+  } catch (...) {
+    file.close();
+    std::error_code ec;
+    fs::remove(partial, ec);
+    throw;
   }
   std::error_code ec;
   fs::rename(partial, target, ec);
-  if (ec) throw Failure{"cannot write '" + output + "': " + ec.message()};
-  std::printf("%s: %zu events from %zu files\n", output.c_str(), out["traceEvents"].size(),
-              files.size());
+  if (ec) {
+    fs::remove(partial, ec);
+    throw Failure{"cannot write '" + output + "': " + ec.message()};
+  }
+  std::printf("%s: %zu events from %zu files\n", output.c_str(), count, files.size());
   return 0;
 }
 
