@@ -17,7 +17,8 @@
  * end. The rules, the same for every one:
  *  - Initialise with its _init function, passing sizeof the struct as you compiled it.
  *    Any struct_size at least the struct's size in the release that introduced it (0.1.0
- *    for all of these) is accepted; a smaller one is INVALID_ARGUMENT.
+ *    for all of these) up to 64 KiB is accepted; a smaller one, or a larger one (no struct
+ *    grows that large: taken for an uninitialised size), is INVALID_ARGUMENT.
  *  - _init writes the defaults into min(struct_size, the library's sizeof) bytes and
  *    records struct_size; it never writes past struct_size.
  *  - A struct read by the library takes the caller's fields up to struct_size; fields the
