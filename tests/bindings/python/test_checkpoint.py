@@ -562,6 +562,19 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
                 engine.param(w)[...] = 0.0
                 ckpt.import_safetensors(tmp_path / f"m{rank}.st")
                 np.testing.assert_array_equal(engine.param(w), loaded)
+                # A file that names no part (a whole model's export: how a 0.3 part
+                # checkpoint, recorded as the whole model, moves over) is taken by a part.
+                raw = (tmp_path / f"m{rank}.st").read_bytes()
+                n = int.from_bytes(raw[:8], "little")
+                header = json.loads(raw[8:8 + n])
+                for key in ("hpshard_mp", "hpshard_mp_rank", "hpshard_pp", "hpshard_pp_rank"):
+                    del header["__metadata__"][key]
+                text = json.dumps(header).encode()
+                (tmp_path / f"n{rank}.st").write_bytes(
+                    len(text).to_bytes(8, "little") + text + raw[8 + n:])
+                engine.param(w)[...] = 0.0
+                ckpt.import_safetensors(tmp_path / f"n{rank}.st")
+                np.testing.assert_array_equal(engine.param(w), loaded)
             return loaded, part, info.value.status, info.value.message, engine.param(w).copy()
 
     for rank, (loaded, part, status, message, after) in enumerate(
