@@ -1736,8 +1736,9 @@ class Checkpoint(Handle):
     Save, load and import are collective: every rank calls them at the same point.
 
     The checkpoint keeps its engine and group referenced; closing either closes the
-    checkpoint first, and closing the checkpoint waits for a save in flight. One thread at a
-    time per checkpoint (and not beside its engine's calls)."""
+    checkpoint first, and closing the checkpoint waits for a save in flight; after a failure,
+    ``abort()`` on the group (or on a communicator it was split from, the world) ends that
+    save at once. One thread at a time per checkpoint (and not beside its engine's calls)."""
 
     def __init__(self, handle: Any, engine: Engine, group: Communicator, root: str) -> None:
         super().__init__(handle)
