@@ -596,7 +596,6 @@ class TcpStoreClient final : public Store {
   // refused token ends the attempts at once.
   Status connect_first(Milliseconds connect_timeout) {
     call_timeout_ = std::clamp(connect_timeout, kMinCallTimeout, kMaxCallTimeout);
-    reply_slack_ = std::min(call_timeout_, kMaxReplySlack);
     const auto deadline = Clock::now() + clamp_store_wait(connect_timeout);
     Milliseconds backoff{10};
     Status last = Status::Ok();
@@ -633,7 +632,8 @@ class TcpStoreClient final : public Store {
     HPS_RETURN_IF_ERROR(check_store_key(key));
     timeout = clamp_store_wait(timeout);
     Request q{Op::kGet, {std::string(key)}, {}, timeout.count()};
-    HPS_ASSIGN_OR_RETURN(std::string response, call(q, Clock::now() + timeout + reply_slack_, key));
+    HPS_ASSIGN_OR_RETURN(std::string response,
+                         call(q, Clock::now() + timeout + reply_slack(), key));
     Reader r(response);
     std::string value;
     if (!r.str(&value) || !r.done()) return malformed("get");
@@ -654,7 +654,7 @@ class TcpStoreClient final : public Store {
     for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
     timeout = clamp_store_wait(timeout);
     Request q{Op::kWait, keys, {}, timeout.count()};
-    return call(q, Clock::now() + timeout + reply_slack_, first_key(keys)).status();
+    return call(q, Clock::now() + timeout + reply_slack(), first_key(keys)).status();
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
@@ -691,6 +691,17 @@ class TcpStoreClient final : public Store {
   Status malformed(std::string_view op) const {
     return backend_error("tcp store " + std::string(op) + ": malformed response from " +
                          endpoint(host_, port_));
+  }
+
+  // The extra time a GET/WAIT gives the server beyond its own timeout to answer.
+  Milliseconds reply_slack() const { return std::min(call_timeout_, kMaxReplySlack); }
+
+  // TIMEOUT: the server holds the connection but does not answer (stopped, or overloaded).
+  Status not_answering(const std::string& what, const Status& io) const {
+    return timeout_error(what + ": the server at " + endpoint(host_, port_) +
+                         " did not answer in time (is the serving rank stopped or "
+                         "overloaded?): " +
+                         io.message());
   }
 
   Status refused(const std::string& why) const {
@@ -781,10 +792,7 @@ class TcpStoreClient final : public Store {
     if (!fd.ok()) {
       if (fd.status().code() == StatusCode::kFailedPrecondition) return fd.status();
       if (Clock::now() >= deadline) {  // it took the connection but never greeted
-        return timeout_error("tcp store: the server at " + endpoint(host_, port_) +
-                             " did not answer in time (is the serving rank stopped or "
-                             "overloaded?): " +
-                             fd.status().message());
+        return not_answering("tcp store", fd.status());
       }
       return aborted("tcp store: cannot reach the server at " + endpoint(host_, port_) +
                      " (has the serving rank exited?): " + fd.status().message());
@@ -815,11 +823,7 @@ class TcpStoreClient final : public Store {
         close_fd(fd);
         if (reused && attempt == 0 && request.op != Op::kAdd && Clock::now() < deadline) continue;
         if (io.code() == StatusCode::kTimeout) {
-          return timeout_error("tcp store " + op + " '" + std::string(key) + "': the server at " +
-                               endpoint(host_, port_) +
-                               " did not answer in time (is the serving rank stopped or "
-                               "overloaded?): " +
-                               io.message());
+          return not_answering("tcp store " + op + " '" + std::string(key) + "'", io);
         }
         return aborted("tcp store " + op + " '" + std::string(key) +
                        "': lost the connection to the server at " + endpoint(host_, port_) +
@@ -838,7 +842,6 @@ class TcpStoreClient final : public Store {
   const uint16_t port_;
   const std::string token_;
   Milliseconds call_timeout_ = kMaxCallTimeout;
-  Milliseconds reply_slack_ = kMaxReplySlack;
   std::mutex pool_mutex_;
   std::vector<Pooled> idle_;
   std::unique_ptr<TcpStoreServer> server_;

@@ -140,8 +140,6 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
   std::vector<std::string> peer_addresses_;
 };
 
-}  // namespace
-
 // The rank whose address (see GlooStoreAdapter) a Gloo error names; -1 when none does.
 int32_t rank_named_in(const std::string& what, const std::vector<std::string>& peer_addresses) {
   for (size_t r = 0; r < peer_addresses.size(); ++r) {
@@ -155,6 +153,14 @@ int32_t rank_named_in(const std::string& what, const std::vector<std::string>& p
   }
   return -1;
 }
+
+// What a broken connection says: the rank when known (>= 0), else "a peer".
+std::string connection_failed(int32_t peer, const std::string& what) {
+  if (peer < 0) return "the connection to a peer failed (did a rank exit?): " + what;
+  return "the connection to rank " + std::to_string(peer) + " failed (did it exit?): " + what;
+}
+
+}  // namespace
 
 std::string device_host() { return env_string("HPS_COMM_HOST").value_or("127.0.0.1"); }
 
@@ -551,8 +557,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
       const std::string what = e.what();
       const int32_t peer = rank_named_in(what, adapter.take_peer_addresses());
       if (peer < 0) throw;
-      throw std::runtime_error("the connection to rank " + std::to_string(peer) +
-                               " failed (did it exit?): " + what);
+      throw std::runtime_error(connection_failed(peer, what));
     }
     comm->peer_addresses_ = adapter.take_peer_addresses();
     context->setTimeout(options.timeout);
@@ -730,11 +735,7 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
     // The rank Gloo's message names by address, else the one rank owed on that buffer.
     int32_t peer = rank_named_in(f.what, peer_addresses_);
     if (peer < 0 && f.peers.size() == 1) peer = f.peers[0];
-    if (peer >= 0) {
-      return aborted(place + ": the connection to rank " + std::to_string(peer) +
-                     " failed (did it exit?): " + f.what);
-    }
-    return aborted(place + ": the connection to a peer failed (did a rank exit?): " + f.what);
+    return aborted(place + ": " + connection_failed(peer, f.what));
   } catch (const std::exception& e) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
     const std::string what = e.what();
@@ -743,12 +744,7 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
       return timeout_error(place + ": timed out after " + std::to_string(timeout().count()) +
                            " ms (a peer is missing or called a different operation): " + what);
     }
-    const int32_t peer = rank_named_in(what, peer_addresses_);
-    if (peer >= 0) {
-      return aborted(place + ": the connection to rank " + std::to_string(peer) +
-                     " failed (did it exit?): " + what);
-    }
-    return aborted(place + ": the connection to a peer failed (did a rank exit?): " + what);
+    return aborted(place + ": " + connection_failed(rank_named_in(what, peer_addresses_), what));
   } catch (...) {
     return aborted(place + ": " + describe_exception());
   }
