@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 namespace hps {
 
@@ -32,40 +33,15 @@ bool has_control_bytes(std::string_view text) {
 }
 
 bool is_utf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    // The sequence's length and the range its second byte must lie in (RFC 3629, table 3-7
-    // of the Unicode standard): that range excludes overlong forms and surrogates.
-    size_t length = 0;
-    unsigned char low = 0x80, high = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-      length = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      length = 3;
-      if (c == 0xe0) low = 0xa0;
-      if (c == 0xed) high = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      length = 4;
-      if (c == 0xf0) low = 0x90;
-      if (c == 0xf4) high = 0x8f;
-    } else {
-      return false;
-    }
-    if (text.size() - i < length) return false;
-    const auto second = static_cast<unsigned char>(text[i + 1]);
-    if (second < low || second > high) return false;
-    for (size_t k = 2; k < length; ++k) {
-      const auto next = static_cast<unsigned char>(text[i + k]);
-      if (next < 0x80 || next > 0xbf) return false;
-    }
-    i += length;
+  // nlohmann-json's strict dump is the writer of every manifest: what it accepts is what a
+  // manifest can hold (its decoder refuses overlong forms, surrogates and code points past
+  // U+10FFFF).
+  try {
+    (void)nlohmann::json(std::string(text)).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
   }
-  return true;
 }
 
 std::optional<std::string> env_string(const char* name) {
