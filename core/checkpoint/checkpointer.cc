@@ -12,12 +12,14 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <system_error>
+#include <tuple>
 
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/staging.h"
 #include "core/comm/agreement.h"
 #include "core/common/env.h"
+#include "core/common/logging.h"
 #include "core/device/cpu/stream.h"
 #include "core/device/host_sync.h"
 
@@ -249,6 +251,40 @@ Status claim_root(const std::string& root, const CheckpointTopology& t) {
                           claimed + " (" + marker + "); this engine is " + mine +
                           ": give each part of the model its own root (its rotation and "
                           "'latest' would take the other part's checkpoints)");
+}
+
+struct Published {
+  int64_t created_unix_ns;
+  std::string name;
+  std::string id;
+  bool operator<(const Published& o) const {
+    return std::tie(created_unix_ns, name) < std::tie(o.created_unix_ns, o.name);
+  }
+};
+
+// The checkpoints published under `root` (a valid name and a manifest this code reads),
+// oldest first. Directories of another kind are not listed.
+StatusOr<std::vector<Published>> published_checkpoints(const std::string& root) {
+  HPS_ASSIGN_OR_RETURN(auto names, ckpt::list_directory(root));
+  std::vector<Published> published;
+  for (const auto& n : names) {
+    if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
+    auto m = ckpt::read_manifest(join_path(root, n));
+    if (!m.ok()) continue;
+    published.push_back({m->created_unix_ns, n, m->id});
+  }
+  std::sort(published.begin(), published.end());
+  return published;
+}
+
+// A checkpoint's name as one value of a collective: odd, so never kFailed or kDiffer.
+constexpr uint64_t kFailed = 0, kDiffer = 2;
+uint64_t name_value(const std::string& name) {
+  return ckpt::checksum(name.data(), name.size()) | 1;
+}
+uint64_t same_or_differ(uint64_t a, uint64_t b) {
+  if (a == kFailed || b == kFailed) return kFailed;
+  return a == b ? a : kDiffer;
 }
 
 }  // namespace
@@ -712,20 +748,14 @@ void Checkpointer::keep_staging(ckpt::HostStaging staging) {
 std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep) {
   std::vector<std::string> trash;
   if (options_.keep_last <= 0) return trash;
-  auto names = ckpt::list_directory(root_);
-  if (!names.ok()) return trash;
-  std::vector<std::tuple<int64_t, std::string, std::string>> published;  // created, name, id
-  for (const auto& n : *names) {
-    if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
-    auto m = ckpt::read_manifest(join_path(root_, n));
-    if (!m.ok()) continue;  // not a checkpoint this code understands: left alone
-    published.emplace_back(m->created_unix_ns, n, m->id);
-  }
-  std::sort(published.begin(), published.end());
+  auto listed = published_checkpoints(root_);
+  if (!listed.ok()) return trash;
+  const std::vector<Published>& published = *listed;
   const size_t keep_count = static_cast<size_t>(options_.keep_last);
   if (published.size() <= keep_count) return trash;
   for (size_t i = 0; i + keep_count < published.size(); ++i) {
     const auto& [created, name, id] = published[i];
+    (void)created;
     if (name == keep) continue;
     // Renamed away first: a crash while its files go never leaves a half checkpoint.
     const std::string away = join_path(root_, std::string(ckpt::kTrashPrefix) + name + "-" + id);
@@ -761,15 +791,10 @@ Status Checkpointer::agree(const Status& local, const char* what, const std::str
 Status Checkpointer::agree_across_parts(const Status& agreed, const std::string& name) {
   const std::vector<Communicator*> groups = engine_.model_parallel_groups();
   if (groups.empty()) return agreed;
-  // 0: failed somewhere; 2: the parts named different checkpoints; odd: the name's hash.
-  constexpr uint64_t kFailed = 0, kDiffer = 2;
+  // kFailed: failed somewhere; kDiffer: the parts named different checkpoints.
   uint64_t mine = kFailed;
-  if (agreed.ok()) mine = name.empty() ? 1 : (ckpt::checksum(name.data(), name.size()) | 1);
-  HPS_ASSIGN_OR_RETURN(const uint64_t verdict,
-                       combine_over(groups, mine, [](uint64_t a, uint64_t b) {
-                         if (a == kFailed || b == kFailed) return kFailed;
-                         return a == b ? a : kDiffer;
-                       }));
+  if (agreed.ok()) mine = name.empty() ? 1 : name_value(name);
+  HPS_ASSIGN_OR_RETURN(const uint64_t verdict, combine_over(groups, mine, same_or_differ));
   if (!agreed.ok()) return agreed;
   if (verdict == kFailed) {
     return aborted(
@@ -781,11 +806,62 @@ Status Checkpointer::agree_across_parts(const Status& agreed, const std::string&
         "checkpoint: the parts of the model (mp or pp) would load different checkpoints (this "
         "part: '" +
         shown_value(name) +
-        "'), so no part changed its engine: a save that did not "
-        "complete on every part leaves their 'latest' apart; load by name a checkpoint every "
-        "part holds");
+        "'), so no part changed its engine: load by name a checkpoint every part holds");
   }
   return Status::Ok();
+}
+
+StatusOr<std::string> Checkpointer::latest_of_every_part(const std::vector<Communicator*>& groups) {
+  const StatusOr<std::string> latest = latest_checkpoint(root_);
+  HPS_ASSIGN_OR_RETURN(
+      const uint64_t verdict,
+      combine_over(groups, latest.ok() ? name_value(*latest) : kFailed, same_or_differ));
+  if (!latest.ok()) return latest.status();
+  if (verdict == kFailed) {
+    return aborted(
+        "checkpoint: another part of the model (mp or pp) could not read its 'latest' (that "
+        "part's ranks name the cause), so no part changed its engine");
+  }
+  if (verdict != kDiffer) return *latest;
+  // A save that did not complete on every part left their `latest` apart: the newest
+  // checkpoint every part holds, by this part's order of publication (a part whose order
+  // differs names another one, and the load's agreement refuses it).
+  auto listed = published_checkpoints(root_);
+  std::vector<Published> newest_first;
+  if (listed.ok()) newest_first.assign(listed->rbegin(), listed->rend());
+  std::vector<uint64_t> mine;
+  for (const Published& p : newest_first) mine.push_back(name_value(p.name));
+  HPS_ASSIGN_OR_RETURN(const uint64_t width,
+                       combine_over(groups, listed.ok() ? mine.size() : 0,
+                                    [](uint64_t a, uint64_t b) { return std::max(a, b); }));
+  mine.resize(static_cast<size_t>(width), kFailed);
+  for (Communicator* group : groups) {
+    if (group == nullptr || group->size() == 1 || width == 0) continue;
+    HPS_ASSIGN_OR_RETURN(const std::vector<uint64_t> all, gather_values(*group, mine));
+    for (size_t r = 0; r < static_cast<size_t>(group->size()); ++r) {
+      const auto begin = all.begin() + static_cast<ptrdiff_t>(r * width);
+      const std::vector<uint64_t> theirs(begin, begin + static_cast<ptrdiff_t>(width));
+      for (uint64_t& v : mine) {
+        if (std::find(theirs.begin(), theirs.end(), v) == theirs.end()) v = kFailed;
+      }
+    }
+  }
+  if (!listed.ok()) return listed.status();
+  for (size_t i = 0; i < newest_first.size(); ++i) {
+    if (mine[i] != kFailed) {
+      HPS_LOG(kWarn) << "checkpoint: the parts of the model (mp or pp) have their 'latest' "
+                        "apart (this part's: '"
+                     << *latest << "'); loading '" << newest_first[i].name
+                     << "', the newest checkpoint every part holds";
+      return newest_first[i].name;
+    }
+  }
+  return invalid_argument(
+      "checkpoint: the parts of the model (mp or pp) have their 'latest' "
+      "apart (this part's: '" +
+      *latest +
+      "') and hold no checkpoint in common, so no part changed "
+      "its engine");
 }
 
 void Checkpointer::finish_in_flight() {
@@ -805,7 +881,9 @@ StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadO
   auto source = [&]() -> StatusOr<ckpt::SourceIndex> {
     std::string& n = resolved;
     if (n.empty()) {
-      HPS_ASSIGN_OR_RETURN(n, latest_checkpoint(root_));
+      const std::vector<Communicator*> parts = engine_.model_parallel_groups();
+      HPS_ASSIGN_OR_RETURN(n,
+                           parts.empty() ? latest_checkpoint(root_) : latest_of_every_part(parts));
     } else {
       HPS_RETURN_IF_ERROR(ckpt::check_checkpoint_name(n));
     }

@@ -91,8 +91,9 @@ class Checkpointer {
   // Waits for the save in flight, if any, and returns how it ended. Counted as a host sync.
   Status wait();
 
-  // Loads <root>/<name>, or the checkpoint <root>/latest names when `name` is empty.
-  // Collective over the group; host-blocking.
+  // Loads <root>/<name>, or the checkpoint <root>/latest names when `name` is empty (for a
+  // part of a model whose parts' `latest` differ: the newest checkpoint every part holds).
+  // Collective over the group (and a part's mp and pp groups); host-blocking.
   StatusOr<LoadReport> load(const std::string& name, CheckpointLoadOptions options = {});
   // Initialises the parameters (and fp32 masters) from a safetensors file whose tensors are
   // named as the parameters; optimizer state and step counts stay. Collective.
@@ -130,6 +131,10 @@ class Checkpointer {
   // Then, for a part of a model, over the engine's mp and pp groups: every part succeeded
   // and loads the checkpoint of the same `name` (see run_load), or every part fails.
   Status agree_across_parts(const Status& agreed, const std::string& name);
+  // The checkpoint a load of `latest` takes on a part of a model, over the engine's mp and
+  // pp groups (`groups`): the one every part's `latest` names, else (a save that did not
+  // complete on every part) the newest checkpoint every part holds.
+  StatusOr<std::string> latest_of_every_part(const std::vector<Communicator*>& groups);
 
   Checkpointable& engine_;
   std::unique_ptr<Communicator> comm_;

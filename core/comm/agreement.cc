@@ -4,20 +4,29 @@
 
 namespace hps {
 
-StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm, uint64_t mine) {
+StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm,
+                                              const std::vector<uint64_t>& mine) {
   const auto n = static_cast<size_t>(comm.size());
-  std::vector<uint64_t> all(n, mine);
-  if (n == 1) return all;
+  const size_t width = mine.size();
+  std::vector<uint64_t> all;
+  all.reserve(n * width);
+  for (size_t r = 0; r < n; ++r) all.insert(all.end(), mine.begin(), mine.end());
+  if (n == 1 || width == 0) return all;
   HPS_ASSIGN_OR_RETURN(DeviceBuffer memory,
-                       DeviceBuffer::allocate(comm.device(), (n + 1) * sizeof(uint64_t)));
+                       DeviceBuffer::allocate(comm.device(), (n + 1) * width * sizeof(uint64_t)));
   DevicePtr<uint64_t> values = memory.data<uint64_t>();
   Stream& stream = comm.stream();
-  HPS_RETURN_IF_ERROR(stream.memcpy_async(values.get(), &mine, sizeof mine));
+  HPS_RETURN_IF_ERROR(stream.memcpy_async(values.get(), mine.data(), width * sizeof(uint64_t)));
   HPS_ASSIGN_OR_RETURN(auto work,
-                       comm.all_gather(values.get(), (values + 1).get(), 1, DType::kInt64));
+                       comm.all_gather(values.get(), (values + width).get(), width, DType::kInt64));
   HPS_RETURN_IF_ERROR(work->wait());
-  HPS_RETURN_IF_ERROR(copy_to_host(stream, all.data(), (values + 1).get(), n * sizeof(uint64_t)));
+  HPS_RETURN_IF_ERROR(
+      copy_to_host(stream, all.data(), (values + width).get(), n * width * sizeof(uint64_t)));
   return all;
+}
+
+StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm, uint64_t mine) {
+  return gather_values(comm, std::vector<uint64_t>{mine});
 }
 
 StatusOr<uint64_t> combine_over(const std::vector<Communicator*>& groups, uint64_t mine,

@@ -13,6 +13,9 @@ namespace hps {
 
 // Every rank's `mine`, in rank order.
 StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm, uint64_t mine);
+// Every rank's `mine` (the same length on every rank), rank after rank.
+StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm,
+                                              const std::vector<uint64_t>& mine);
 
 // `mine` folded with every rank's value over `groups` (null ones and groups of one rank
 // skipped), one gather along each in turn: where the groups are the axes of one grid,

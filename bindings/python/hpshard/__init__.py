@@ -1795,7 +1795,9 @@ class Checkpoint(Handle):
         """Load checkpoint ``root/name`` (default: the one ``root/latest`` names) into the
         engine, whatever sharding and dp degrees, stage and parameter dtypes wrote it (a part
         of a model cut across mp and pp loads only its own part's, and all parts load
-        checkpoints of one name or none changes). Between steps (stage 3:
+        checkpoints of one name or none changes; where the parts' ``latest`` differ, after a
+        save that did not complete on every part, the default is the newest checkpoint
+        every part holds). Between steps (stage 3:
         after :meth:`Engine.broadcast_parameters`); host-blocking. ``allow_partial``:
         tensors the checkpoint lacks stay unchanged and tensors the engine lacks are
         skipped, instead of an error naming them. Error NOT_FOUND (no such checkpoint, a

@@ -1281,12 +1281,15 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
  * engine, whatever sharding and dp degrees, stage and parameter dtypes wrote it (a part of a
  * model cut across mp and pp loads only its own part's, and the parts agree over the
  * engine's mp and pp groups: all load checkpoints of one name, or none changes; call it on
- * every part). Collective over the group,
+ * every part. With `name` NULL and the parts' `latest` apart, as a save that did not complete
+ * on every part leaves them, each part loads the newest checkpoint every part holds).
+ * Collective over the group,
  * host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3).
  * `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such
  * checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;
  * tensors missing or extra; another model or another part of it — the message names the file
- * and the tensor; the parts would load checkpoints of different names; the group's ranks
+ * and the tensor; the parts would load checkpoints of different names, or hold none in
+ * common; the group's ranks
  * named different checkpoints, or read `latest` while it moved; `name` is ""), ABORTED (the load
  * failed on another part),
  * FAILED_PRECONDITION (in the middle of a step, a unit gathered).

@@ -29,6 +29,7 @@
 #include "core/comm/self/communicator.h"
 #include "core/common/config.h"
 #include "core/device/cpu/stream.h"
+#include "core/topology/hybrid_group.h"
 #include "tests/core/checkpoint/temp_dir.h"
 #include "tests/core/checkpoint/training.h"
 #include "tests/support/seeds.h"
@@ -115,7 +116,9 @@ class FakeState final : public Checkpointable {
 // the other part is then refused there, whichever way the claim was made.
 class PartState final : public Checkpointable {
  public:
-  explicit PartState(int32_t mp_rank) : mp_rank_(mp_rank) {}
+  explicit PartState(int32_t mp_rank, int32_t pp = 1, int32_t pp_rank = 0)
+      : mp_rank_(mp_rank), pp_(pp), pp_rank_(pp_rank) {}
+  std::vector<Communicator*> groups;  // the mp and pp groups, when the test gives them
   std::vector<float> w = std::vector<float>(16, 1.0f);
   cpu::CpuStream stream;
   EngineOptions options;
@@ -127,14 +130,17 @@ class PartState final : public Checkpointable {
     CheckpointTopology t{2, 1, 0, 1, 0, 256};
     t.mp = 2;
     t.mp_rank = mp_rank_;
+    t.pp = pp_;
+    t.pp_rank = pp_rank_;
     return t;
   }
   const EngineOptions& checkpoint_options() const override { return options; }
   Status begin_state_load() override { return stream.synchronize(); }
   Status end_state_load() override { return Status::Ok(); }
+  std::vector<Communicator*> model_parallel_groups() const override { return groups; }
 
  private:
-  int32_t mp_rank_;
+  int32_t mp_rank_, pp_, pp_rank_;
 };
 
 TEST(Checkpoint, APartClaimsItsRootWithoutHardLinks) {
@@ -180,6 +186,72 @@ TEST(Checkpoint, APartClaimsItsRootWithoutHardLinks) {
   }
   g_link_errno = 0;
   g_renameat2_errno = 0;
+}
+
+// A model cut into four parts (mp 2 x pp 2, one rank each), whose saves did not complete on
+// every part: `latest` loads the newest checkpoint every part holds (each part's own order
+// of publication, folded over the mp group and then the pp group); with none in common every
+// part refuses and none changes.
+TEST(Checkpoint, LatestOfPartsIsTheNewestCheckpointEveryPartHolds) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  testing_util::run_ranks(4, [&](int32_t rank, Communicator& comm) {
+    auto world = std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
+    auto topology = Topology::create({1, 2, 1, 1, 2}, 4);
+    ASSERT_TRUE(topology.ok()) << topology.status().to_string();
+    auto coordinates = topology->coordinates(rank);
+    ASSERT_TRUE(coordinates.ok());
+    auto hg = HybridGroup::create(world, *topology);
+    ASSERT_TRUE(hg.ok()) << hg.status().to_string();
+    const int32_t mp_rank = (*coordinates)[static_cast<int>(Axis::kMp)];
+    const int32_t pp_rank = (*coordinates)[static_cast<int>(Axis::kPp)];
+    PartState part(mp_rank, 2, pp_rank);
+    part.groups = {(*hg)->group(GroupKind::kMp).get(), (*hg)->group(GroupKind::kPp).get()};
+    auto self = self_backend::SelfCommunicator::create({});
+    ASSERT_TRUE(self.ok());
+    CheckpointOptions options = small_chunks();
+    options.keep_last = rank == 2 ? 2 : 0;
+    auto made = Checkpointer::create(part, std::shared_ptr<Communicator>(std::move(*self)),
+                                     dir / ("part" + std::to_string(rank)), options);
+    ASSERT_TRUE(made.ok()) << made.status().to_string();
+    Checkpointer& ckpt = **made;
+    auto save = [&](const std::string& name, float value) {
+      std::fill(part.w.begin(), part.w.end(), value);
+      auto s = ckpt.save(name, {{"step", name}});
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      ASSERT_TRUE((*s)->wait().ok());
+    };
+    save("s1", 1.0f);
+    save("s2", 2.0f);
+    // One latest everywhere: that one.
+    auto same = ckpt.load("");
+    ASSERT_TRUE(same.ok()) << same.status().to_string();
+    EXPECT_EQ(same->metadata.at("step"), "s2");
+    // s3 on parts 0, 2 and 3 (part 2 keeps two: s1 goes), s4 on part 0 alone: parts 1 and 3
+    // (mp peers of 0 and 2 along one axis, pp peers along the other) name s2, part 0 s4.
+    if (rank != 1) save("s3", 3.0f);
+    if (rank == 0) save("s4", 4.0f);
+    std::fill(part.w.begin(), part.w.end(), 7.0f);
+    auto common = ckpt.load("");
+    ASSERT_TRUE(common.ok()) << "rank " << rank << ": " << common.status().to_string();
+    EXPECT_EQ(common->metadata.at("step"), "s2");
+    EXPECT_EQ(fs::path(common->directory).filename(), "s2");
+    EXPECT_EQ(part.w, std::vector<float>(16, 2.0f));
+    // s5 on part 1 alone, and part 3 loses s1 and s2: part 3's s3 is on every part but 1,
+    // and nothing is on all four.
+    if (rank == 1) save("s5", 5.0f);
+    if (rank == 3) {
+      fs::remove_all(dir / "part3/s1");
+      fs::remove_all(dir / "part3/s2");
+    }
+    std::fill(part.w.begin(), part.w.end(), 7.0f);
+    auto none = ckpt.load("");
+    ASSERT_FALSE(none.ok()) << "rank " << rank << " loaded " << none->directory;
+    EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status().to_string();
+    EXPECT_NE(none.status().message().find("hold no checkpoint in common"), std::string::npos)
+        << none.status().to_string();
+    EXPECT_EQ(part.w, std::vector<float>(16, 7.0f)) << "a refused load changed the part";
+  });
 }
 
 // The snapshot holds what the work enqueued before save() produced, not what was done when

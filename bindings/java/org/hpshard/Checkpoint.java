@@ -126,7 +126,8 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
   }
 
   /**
-   * Loads checkpoint root/name (null: the one root/latest names) into the engine, whatever
+   * Loads checkpoint root/name (null: the one root/latest names; for a part of a model whose
+   * parts' latest differ, the newest checkpoint every part holds) into the engine, whatever
    * topology and parameter dtypes wrote it; between steps (stage 3: after
    * {@link Engine#broadcastParameters()}), host-blocking. {@code allowPartial}: tensors the
    * checkpoint lacks stay unchanged and tensors the engine lacks are skipped, instead of an

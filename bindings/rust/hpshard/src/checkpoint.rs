@@ -313,8 +313,8 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
     /// Load checkpoint `root/name`, or the one `root/latest` names when `name` is `None`,
     /// into the engine, whatever sharding and dp degrees, stage and parameter dtypes wrote
     /// it (a part of a model cut across mp and pp loads only its own part's, and all
-    /// parts load checkpoints of one name or none changes)
-    /// (`hps_checkpoint_load`). Collective, host-blocking; between steps (stage 3: after
+    /// parts load checkpoints of one name or none changes; with `None` and the parts'
+    /// `latest` apart, the newest checkpoint every part holds) (`hps_checkpoint_load`). Collective, host-blocking; between steps (stage 3: after
     /// [`Engine::broadcast_parameters`]). Errors: [`Status::NotFound`] (no such
     /// checkpoint, a missing file), [`Status::InvalidArgument`] (corrupt, truncated or
     /// mismatched data, another model), [`Status::FailedPrecondition`] (in the middle of a
