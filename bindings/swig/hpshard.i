@@ -676,6 +676,7 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
   ~WorkHandle() { hps_work_destroy($self); }
   int32_t test() { HPS_SWIG_GET(int32_t, hps_work_test($self, &v)); }
   void wait() { HPS_SWIG_CHECK(hps_work_wait($self)); }
+  int32_t wait_timeout(int64_t timeout_ms) { HPS_SWIG_GET(int32_t, hps_work_wait_timeout($self, timeout_ms, &v)); }
   void wait_stream(StreamHandle* stream) { HPS_SWIG_CHECK(hps_work_wait_stream($self, stream)); }
 }
 

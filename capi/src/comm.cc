@@ -1,4 +1,6 @@
 // Communicator and work handles.
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -413,6 +415,25 @@ HPS_API hps_status_t hps_work_test(hps_work_t* work, int32_t* out_completed) {
 HPS_API hps_status_t hps_work_wait(hps_work_t* work) {
   HPS_CHECK_ARG(work);
   return guard(__func__, [&] { return work->impl->wait(); });
+}
+
+HPS_API hps_status_t hps_work_wait_timeout(hps_work_t* work, int64_t timeout_ms,
+                                           int32_t* out_completed) {
+  HPS_CHECK_ARG(work);
+  HPS_CHECK_ARG(out_completed);
+  return guard(__func__, [&]() -> hps::Status {
+    if (timeout_ms < 0) {
+      return hps::invalid_argument("hps_work_wait_timeout: timeout_ms is " +
+                                   std::to_string(timeout_ms) + ", not >= 0");
+    }
+    *out_completed = 0;
+    // About 35 years: longer ones would overflow the clock's nanoseconds.
+    constexpr int64_t kLongest = int64_t{1} << 40;
+    HPS_ASSIGN_OR_RETURN(
+        bool done, work->impl->wait_for(std::chrono::milliseconds(std::min(timeout_ms, kLongest))));
+    *out_completed = done ? 1 : 0;
+    return hps::Status::Ok();
+  });
 }
 
 HPS_API hps_status_t hps_work_wait_stream(hps_work_t* work, hps_stream_t* stream) {

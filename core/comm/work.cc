@@ -18,6 +18,14 @@ Status Work::wait() {
   return status();
 }
 
+StatusOr<bool> Work::wait_for(std::chrono::nanoseconds timeout) {
+  HPS_ASSIGN_OR_RETURN(const bool finished, done_->wait_for(timeout));
+  if (!finished) return false;
+  count_host_sync(HostSyncKind::kWorkWait);
+  HPS_RETURN_IF_ERROR(status());
+  return true;
+}
+
 Status Work::wait_on(Stream& stream) {
   return stream.wait_for_outcome(*done_, [state = state_] {
     std::lock_guard lock(state->mutex);

@@ -26,6 +26,10 @@ class Work {
   StatusOr<bool> test();
   // Blocks the host until the operation has finished, and returns how it ended. Counted.
   Status wait();
+  // Blocks the host until the operation has finished or `timeout` has passed, whichever
+  // comes first: whether it finished; its error once it has finished with one. Counted as
+  // one host sync when it returns finished, so that a loop of timed waits counts as wait().
+  StatusOr<bool> wait_for(std::chrono::nanoseconds timeout);
   // Work enqueued on `stream` after this call starts only after the operation finished;
   // when it failed, the failure becomes the stream's (Stream::wait_for_outcome: a CPU
   // stream's next synchronize() reports it, the calling thread's stream returns it here).

@@ -1,6 +1,8 @@
 #include "core/device/stream.h"
 
+#include <algorithm>
 #include <string>
+#include <thread>
 
 #include "core/common/config.h"
 #include "core/device/cpu/stream.h"
@@ -10,6 +12,19 @@
 #endif
 
 namespace hps {
+
+StatusOr<bool> Event::wait_for(std::chrono::nanoseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    HPS_ASSIGN_OR_RETURN(const bool done, query());
+    if (done) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
 
 StatusOr<std::unique_ptr<Stream>> create_stream(Device device) {
   HPS_RETURN_IF_ERROR(check_device(device));

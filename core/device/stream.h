@@ -3,6 +3,7 @@
 // calls are synchronize(), and they are counted (host_sync.h).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -59,6 +60,10 @@ class Event {
   virtual Status synchronize() = 0;
   // The same wait, for callers that count the sync under their own kind (Work::wait).
   virtual Status synchronize_uncounted() = 0;
+  // Blocks the host until the most recent record has completed or `timeout` has passed,
+  // whichever comes first; whether it completed. Uncounted (Work::wait_for counts). This
+  // default polls query() with sleeps growing to a millisecond; CPU events wait on the mark.
+  virtual StatusOr<bool> wait_for(std::chrono::nanoseconds timeout);
   virtual bool recorded() const = 0;
 };
 

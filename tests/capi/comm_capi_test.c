@@ -150,6 +150,39 @@ static void* rank_main(void* p) {
   }
   CHECK_OK(finish(hps_comm_barrier(comm, NULL, &work), &work));
 
+  /* A timed wait: rank 0's receive from rank 1 is not finished after 20 ms (rank 1 sends
+   * only once told to), counting no host sync; then it finishes within the next one, counted
+   * once. */
+  if (rank < 2) {
+    int64_t got = -1, go = 1, before = 0;
+    uint64_t syncs = 0, syncs_after = 0;
+    int32_t completed = 7;
+    hps_work_t *r = NULL, *s = NULL;
+    if (rank == 0) {
+      CHECK_OK(hps_comm_recv(comm, &got, 1, HPS_DTYPE_INT64, 1, NULL, &r));
+      CHECK_OK(hps_host_sync_count_thread(&syncs));
+      CHECK_OK(hps_work_wait_timeout(r, 20, &completed));
+      CHECK(completed == 0 && got == -1);
+      CHECK(hps_work_wait_timeout(r, -1, &completed) == HPS_STATUS_INVALID_ARGUMENT);
+      CHECK(strstr(hps_last_error_message(), "timeout_ms is -1") != NULL);
+      CHECK_OK(hps_host_sync_count_thread(&syncs_after));
+      CHECK(syncs_after == syncs);
+      CHECK_OK(hps_comm_send(comm, &go, 1, HPS_DTYPE_INT64, 1, NULL, &s));
+      CHECK_OK(hps_work_wait_timeout(r, 60000, &completed));
+      CHECK(completed == 1 && got == 42);
+      CHECK_OK(hps_host_sync_count_thread(&syncs_after));
+      CHECK(syncs_after == syncs + 1);
+      CHECK_OK(hps_work_wait(s));
+    } else {
+      CHECK_OK(finish(hps_comm_recv(comm, &before, 1, HPS_DTYPE_INT64, 0, NULL, &r), &r));
+      CHECK(before == 1);
+      got = 42;
+      CHECK_OK(finish(hps_comm_send(comm, &got, 1, HPS_DTYPE_INT64, 0, NULL, &s), &s));
+    }
+    hps_work_destroy(r);
+    hps_work_destroy(s);
+  }
+
   /* Bad input: unknown reduction, root outside the group, NULL buffer. */
   CHECK(hps_comm_all_reduce(comm, in, out, 8, HPS_DTYPE_FLOAT32, (hps_reduce_op_t)9, NULL, &work) ==
         HPS_STATUS_INVALID_ARGUMENT);

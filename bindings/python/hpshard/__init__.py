@@ -35,6 +35,7 @@ import enum
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -585,6 +586,11 @@ def _ready(ready: Optional[Stream]) -> Any:
     return ready._h()
 
 
+# Work.wait's timed waits: how long the host blocks between two chances for Python to run
+# signal handlers (Ctrl-C).
+_WAIT_SLICE_MS = 100
+
+
 class Work(Handle):
     """One asynchronous operation (hps_work_t), returned by every collective.
 
@@ -616,14 +622,31 @@ class Work(Handle):
                 self._finished()
             return done
 
-    def wait(self) -> None:
-        """Block until the operation has finished (one host sync); raises its Error
-        (TIMEOUT, ABORTED, INVALID_ARGUMENT when ranks disagree, ...)."""
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the operation has finished (one host sync), or for at most
+        ``timeout`` seconds: True when it finished, False when the timeout passed first.
+        Raises its Error (TIMEOUT, ABORTED, INVALID_ARGUMENT when ranks disagree, ...). The
+        wait is made of short timed ones (hps_work_wait_timeout), so Ctrl-C (and any signal
+        handler) interrupts it; the operation goes on, and this Work keeps its buffers
+        until it is waited on again or closed."""
         h = self._h()
-        try:
-            h.wait()
-        finally:
-            self._finished()
+        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+        while True:
+            if deadline is None:
+                slice_ms = _WAIT_SLICE_MS
+            else:
+                left = deadline - time.monotonic()
+                slice_ms = max(0, min(_WAIT_SLICE_MS, int(left * 1000 + 0.999)))
+            try:
+                done = h.wait_timeout(slice_ms)
+            except Error:
+                self._finished()
+                raise
+            if done:
+                self._finished()
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def wait_stream(self, stream: Stream) -> None:
         """Make work queued on ``stream`` after this call wait for the operation (no host

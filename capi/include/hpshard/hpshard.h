@@ -659,6 +659,17 @@ HPS_API hps_status_t hps_work_test(hps_work_t* work, int32_t* out_completed);
 HPS_API hps_status_t hps_work_wait(hps_work_t* work);
 
 /**
+ * Block the host until the operation has finished or `timeout_ms` milliseconds have passed,
+ * whichever comes first: *out_completed = 1 when it finished (its error is returned when it
+ * failed), else 0 and HPS_STATUS_OK. A loop of these waits lets a caller stay responsive (a
+ * binding answers an interrupt between them). Counted as one host sync when it returns
+ * finished, so a loop counts as hps_work_wait does. INVALID_ARGUMENT when `timeout_ms` < 0;
+ * a timeout above 2^40 ms (about 35 years) waits that long.
+ */
+HPS_API hps_status_t hps_work_wait_timeout(hps_work_t* work, int64_t timeout_ms,
+                                           int32_t* out_completed);
+
+/**
  * Work queued on `stream` after this call waits for the operation, host not blocked. When
  * the operation fails, its error becomes the stream's (hps_stream_synchronize).
  */

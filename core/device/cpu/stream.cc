@@ -33,6 +33,11 @@ void EventMark::wait() const {
   done_cv_.wait(lock, [&] { return completed_; });
 }
 
+bool EventMark::wait_for(std::chrono::nanoseconds timeout) const {
+  std::unique_lock lock(mutex_);
+  return done_cv_.wait_for(lock, timeout, [&] { return completed_; });
+}
+
 StreamCore::StreamCore() : trace_track_(trace::new_stream_track()) {}
 
 uint64_t StreamCore::enqueue(std::function<void()> task, const char* label) {
@@ -228,6 +233,11 @@ Status CpuEvent::synchronize_uncounted() {
   if (!mark_) return failed_precondition("event synchronize: the event was never recorded");
   mark_->wait();
   return Status::Ok();
+}
+
+StatusOr<bool> CpuEvent::wait_for(std::chrono::nanoseconds timeout) {
+  if (!mark_) return failed_precondition("event wait: the event was never recorded");
+  return mark_->wait_for(timeout);
 }
 
 }  // namespace hps::cpu

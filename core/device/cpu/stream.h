@@ -31,6 +31,9 @@ class EventMark {
   // up to the one that completes the mark itself, in order and one at a time, instead of
   // waking the worker and sleeping until it is done: two thread hand-offs saved.
   void wait() const;
+  // Blocks the calling thread until the mark completes or `timeout` has passed; whether it
+  // completed. Runs no task of the stream (one may block for long): the worker does.
+  bool wait_for(std::chrono::nanoseconds timeout) const;
 
  private:
   mutable std::mutex mutex_;
@@ -145,6 +148,7 @@ class CpuEvent final : public Event {
   StatusOr<bool> query() override;
   Status synchronize() override;
   Status synchronize_uncounted() override;
+  StatusOr<bool> wait_for(std::chrono::nanoseconds timeout) override;
   bool recorded() const override { return mark_ != nullptr; }
 
   // Records a mark that `owner` completes itself instead of a stream: for work that

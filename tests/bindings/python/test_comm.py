@@ -5,6 +5,7 @@ GIL in every blocking call). Every multi-rank test is bounded by thread join tim
 import gc
 import itertools
 import os
+import signal
 import threading
 import time
 import uuid
@@ -369,6 +370,57 @@ def test_work_keeps_buffers_until_waited():
 
     res = run_ranks(2, rank, "keep")
     np.testing.assert_array_equal(res[0], np.arange(1024) * 2.0)
+
+
+def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
+    """Work.wait() is made of short timed waits, so SIGINT in the main thread raises
+    KeyboardInterrupt within a slice (it used to wait for the operation, here up to the
+    communicator's 20 s timeout); the receive goes on with its buffer kept, and a later
+    wait() finishes it. wait(timeout) says False while the operation is pending."""
+    url = unique_url("sigint")
+    go = threading.Event()
+    errors = []
+
+    def peer():
+        try:
+            store, comm = world(1, url, size=2)
+            with store, comm:
+                go.wait(JOIN_S)
+                comm.send(np.full(4, 42.0), 0).wait()
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    store, comm = world(0, url, size=2)
+    with store, comm:
+        got = np.zeros(4)
+        work = comm.recv(got, 1)
+        ref = weakref.ref(got)
+        start = time.monotonic()
+        assert work.wait(timeout=0.05) is False
+        assert 0.04 < time.monotonic() - start < 1.0
+        main = threading.main_thread().ident
+        timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                work.wait()
+            elapsed = time.monotonic() - start
+        finally:
+            timer.cancel()
+            go.set()
+        assert elapsed < 2.0, elapsed
+        del got
+        gc.collect()
+        got = ref()
+        assert got is not None  # still the receive's
+        assert work.wait() is True
+        np.testing.assert_array_equal(got, [42.0] * 4)
+        work.close()
+    thread.join(JOIN_S)
+    assert not thread.is_alive() and not errors, errors
 
 
 # ---- the GIL -----------------------------------------------------------------------------

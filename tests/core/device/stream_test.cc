@@ -246,6 +246,74 @@ TEST(CpuEvent, ReRecordingMovesTheMark) {
   EXPECT_TRUE(*event->query());
 }
 
+// A timed wait on a CPU event returns false after its timeout while the mark is pending,
+// without running the stream's task itself (one may block for long), and true once the
+// worker completes it; uncounted (Work::wait_for counts).
+TEST(CpuEvent, WaitForEndsAtItsTimeoutOrWhenTheMarkCompletes) {
+  using namespace std::chrono_literals;
+  auto stream = make_stream();
+  auto event = make_event();
+  EXPECT_EQ(event->wait_for(1ms).status().code(), StatusCode::kFailedPrecondition);
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::atomic<bool> ran_here{false};
+  const auto me = std::this_thread::get_id();
+  static_cast<cpu::CpuStream&>(*stream).enqueue([released, &ran_here, me] {
+    if (std::this_thread::get_id() == me) ran_here = true;
+    released.wait();
+  });
+  ASSERT_TRUE(event->record(*stream).ok());
+  host_sync_reset();
+  const auto start = std::chrono::steady_clock::now();
+  auto pending = event->wait_for(30ms);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_FALSE(*pending);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 25ms);
+  EXPECT_FALSE(ran_here.load());
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(20ms);
+    release.set_value();
+  });
+  auto done = event->wait_for(60s);
+  releaser.join();
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  EXPECT_EQ(host_sync_count_thread(), 0u);
+}
+
+// Events without a wait of their own (CUDA's) poll query() until the timeout.
+TEST(Event, TheDefaultWaitForPollsTheQuery) {
+  using namespace std::chrono_literals;
+  class Polled final : public Event {
+   public:
+    int queries = 0;
+    int complete_at = 0;  // 0: never
+    Device device() const override { return Device::cpu(); }
+    Status record(Stream&) override { return Status::Ok(); }
+    StatusOr<bool> query() override {
+      ++queries;
+      return complete_at != 0 && queries >= complete_at;
+    }
+    Status synchronize() override { return Status::Ok(); }
+    Status synchronize_uncounted() override { return Status::Ok(); }
+    bool recorded() const override { return true; }
+  };
+  Polled never;
+  const auto start = std::chrono::steady_clock::now();
+  auto pending = never.wait_for(20ms);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_FALSE(*pending);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 20ms);
+  EXPECT_GT(never.queries, 1);
+  EXPECT_LT(never.queries, 1000) << "the polls back off";
+  Polled soon;
+  soon.complete_at = 5;
+  auto done = soon.wait_for(60s);
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  EXPECT_EQ(soon.queries, 5);
+}
+
 TEST(CpuEvent, NeverRecordedIsAPreconditionError) {
   auto stream = make_stream();
   auto event = make_event();

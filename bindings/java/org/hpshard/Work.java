@@ -1,6 +1,7 @@
 package org.hpshard;
 
 import java.util.Objects;
+import java.util.concurrent.TimeUnit;
 import org.hpshard.internal.WorkHandle;
 
 /**
@@ -86,6 +87,27 @@ public final class Work extends Handle<WorkHandle> {
     } finally {
       work.finished();
     }
+  }
+
+  /**
+   * Blocks until the operation has finished or {@code timeout} has passed, whichever comes
+   * first (hps_work_wait_timeout; one host sync when it finished): true when it finished,
+   * false when the timeout passed first. Throws its HpsException once it finished with one; a
+   * negative timeout waits 0.
+   */
+  public boolean await(long timeout, TimeUnit unit) {
+    Objects.requireNonNull(unit, "unit");
+    long ms = Math.max(0, unit.toMillis(timeout));
+    if (ms == 0 && timeout > 0 && unit.toNanos(timeout) > 0) ms = 1; // never round a wait to 0
+    boolean done;
+    try {
+      done = h().waitTimeout(ms) != 0;
+    } catch (HpsException e) {
+      work.finished();
+      throw e;
+    }
+    if (done) work.finished();
+    return done;
   }
 
   /**

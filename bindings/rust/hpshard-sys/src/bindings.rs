@@ -1484,6 +1484,19 @@ extern "C" {
     pub fn hps_work_wait(work: *mut hps_work_t) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " Block the host until the operation has finished or `timeout_ms` milliseconds have passed,"]
+    #[doc = " whichever comes first: *out_completed = 1 when it finished (its error is returned when it"]
+    #[doc = " failed), else 0 and HPS_STATUS_OK. A loop of these waits lets a caller stay responsive (a"]
+    #[doc = " binding answers an interrupt between them). Counted as one host sync when it returns"]
+    #[doc = " finished, so a loop counts as hps_work_wait does. INVALID_ARGUMENT when `timeout_ms` < 0;"]
+    #[doc = " a timeout above 2^40 ms (about 35 years) waits that long."]
+    pub fn hps_work_wait_timeout(
+        work: *mut hps_work_t,
+        timeout_ms: i64,
+        out_completed: *mut i32,
+    ) -> hps_status_t;
+}
+extern "C" {
     #[doc = " Work queued on `stream` after this call waits for the operation, host not blocked. When"]
     #[doc = " the operation fails, its error becomes the stream's (hps_stream_synchronize)."]
     pub fn hps_work_wait_stream(work: *mut hps_work_t, stream: *mut hps_stream_t) -> hps_status_t;

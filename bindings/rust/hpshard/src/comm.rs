@@ -739,6 +739,13 @@ impl<'comm> Work<'comm> {
         work_wait(self.raw)
     }
 
+    /// Block until the operation finished or `timeout` passed, whichever comes first:
+    /// `true` when it finished (`hps_work_wait_timeout`; one host sync then), `false`
+    /// when the timeout passed first. A finished operation that failed returns its error.
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
+        work_wait_timeout(self.raw, timeout)
+    }
+
     /// Make work queued on `stream` after this call wait for the operation, without
     /// blocking the host (`hps_work_wait_stream`).
     pub fn wait_stream(&self, stream: &Stream) -> Result<()> {
@@ -769,6 +776,15 @@ fn work_test(raw: NonNull<sys::hps_work_t>) -> Result<bool> {
 fn work_wait(raw: NonNull<sys::hps_work_t>) -> Result<()> {
     // SAFETY: live handle used by this thread.
     check(unsafe { sys::hps_work_wait(raw.as_ptr()) })
+}
+
+fn work_wait_timeout(raw: NonNull<sys::hps_work_t>, timeout: Duration) -> Result<bool> {
+    let mut completed: i32 = 0;
+    // SAFETY: live handle used by this thread; live out-param.
+    check(unsafe {
+        sys::hps_work_wait_timeout(raw.as_ptr(), timeout_ms(timeout), &mut completed)
+    })?;
+    Ok(completed != 0)
 }
 
 fn work_wait_stream(raw: NonNull<sys::hps_work_t>, stream: &Stream) -> Result<()> {
@@ -1252,6 +1268,17 @@ impl ScopedWork<'_> {
         let result = work_wait(self.raw);
         match result {
             Ok(()) => self.note(true, false),
+            Err(_) => self.note(false, true),
+        }
+        result
+    }
+
+    /// Block until the operation finished or `timeout` passed: `true` when it finished
+    /// (`hps_work_wait_timeout`, one host sync then), `false` when the timeout passed.
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
+        let result = work_wait_timeout(self.raw, timeout);
+        match result {
+            Ok(done) => self.note(done, false),
             Err(_) => self.note(false, true),
         }
         result

@@ -307,6 +307,37 @@ fn send_recv_ring_and_barrier() {
 }
 
 #[test]
+fn timed_wait_says_whether_the_operation_finished() {
+    // Rank 0's receive is pending until rank 1 passes the barrier, which rank 0 reaches
+    // only after a timed wait said false; then a timed wait sees it finish (one host sync).
+    let pending = Arc::new(Barrier::new(2));
+    run_ranks_with(2, "timed-wait", COMM_TIMEOUT, move |rank, comm| {
+        if rank == 0 {
+            let mut got = [-1i64];
+            comm.scope(|s| {
+                let r = s.recv(&mut got, 1)?;
+                let start = Instant::now();
+                let syncs = host_sync_count_thread().unwrap();
+                assert!(!r.wait_timeout(Duration::from_millis(20))?);
+                assert!(start.elapsed() >= Duration::from_millis(15));
+                assert_eq!(host_sync_count_thread().unwrap(), syncs);
+                pending.wait();
+                assert!(r.wait_timeout(Duration::from_secs(60))?);
+                assert_eq!(host_sync_count_thread().unwrap(), syncs + 1);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(got, [42]);
+        } else {
+            pending.wait();
+            comm.scope(|s| s.send(&[42i64], 0)?.wait()).unwrap();
+        }
+        let work = comm.barrier(None).unwrap();
+        assert!(work.wait_timeout(Duration::from_secs(60)).unwrap());
+    });
+}
+
+#[test]
 fn raw_pointer_collectives() {
     run_ranks("raw", |rank, comm| {
         let send = [rank as f32; 4];

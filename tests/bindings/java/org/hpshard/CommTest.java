@@ -242,6 +242,32 @@ class CommTest {
     });
   }
 
+  /** A timed await says false while a receive is pending, then true once it finished. */
+  @Test
+  void timedAwaitSaysWhetherTheOperationFinished() throws Exception {
+    CountDownLatch pending = new CountDownLatch(1);
+    runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator comm = world(store, r, 2)) {
+        if (r == 0) {
+          ByteBuffer got = longs(-1);
+          try (Work rv = comm.recv(got, DType.INT64, 1)) {
+            long start = System.nanoTime();
+            assertFalse(rv.await(20, TimeUnit.MILLISECONDS));
+            assertTrue(System.nanoTime() - start >= TimeUnit.MILLISECONDS.toNanos(15));
+            assertEquals(-1L, got.getLong(0));
+            pending.countDown();
+            assertTrue(rv.await(60, TimeUnit.SECONDS));
+            assertEquals(42L, got.getLong(0));
+          }
+        } else {
+          assertTrue(pending.await(JOIN_MS, TimeUnit.MILLISECONDS));
+          comm.send(longs(42L), DType.INT64, 0).await();
+        }
+      }
+      return null;
+    });
+  }
+
   @Test
   void split() throws Exception {
     List<Long> sums = runRanks(WORLD, (r, url) -> {
