@@ -751,15 +751,19 @@ std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep) 
   auto listed = published_checkpoints(root_);
   if (!listed.ok()) return trash;
   const std::vector<Published>& published = *listed;
-  const size_t keep_count = static_cast<size_t>(options_.keep_last);
+  // A part of a model keeps the one before its newest too: a save that did not complete on
+  // every part then leaves one checkpoint every part holds (the one `latest` loads).
+  const CheckpointTopology part = engine_.checkpoint_topology();
+  const int32_t floor = part.mp > 1 || part.pp > 1 ? 2 : 1;
+  const size_t keep_count = static_cast<size_t>(std::max(options_.keep_last, floor));
   if (published.size() <= keep_count) return trash;
   for (size_t i = 0; i + keep_count < published.size(); ++i) {
-    const auto& [created, name, id] = published[i];
-    (void)created;
-    if (name == keep) continue;
+    const Published& p = published[i];
+    if (p.name == keep) continue;
     // Renamed away first: a crash while its files go never leaves a half checkpoint.
-    const std::string away = join_path(root_, std::string(ckpt::kTrashPrefix) + name + "-" + id);
-    if (!ckpt::rename_path(join_path(root_, name), away).ok()) continue;
+    const std::string away =
+        join_path(root_, std::string(ckpt::kTrashPrefix) + p.name + "-" + p.id);
+    if (!ckpt::rename_path(join_path(root_, p.name), away).ok()) continue;
     (void)ckpt::sync_directory(root_);
     trash.push_back(away);
   }

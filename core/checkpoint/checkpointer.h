@@ -43,7 +43,7 @@ namespace hps {
 
 struct CheckpointOptions {
   // > 0: after a save is published, older checkpoints under the root beyond the newest
-  // `keep_last` are deleted. 0 keeps all.
+  // `keep_last` are deleted (a part of a model keeps at least 2). 0 keeps all.
   int32_t keep_last = 0;
   // Ranges are checksummed in chunks of this size; a rank reads the chunks that hold its
   // ranges, so it reads at most one chunk more at each end of a range.

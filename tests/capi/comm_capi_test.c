@@ -172,6 +172,11 @@ static void* rank_main(void* p) {
       CHECK(completed == 1 && got == 42);
       CHECK_OK(hps_host_sync_count_thread(&syncs_after));
       CHECK(syncs_after == syncs + 1);
+      /* The longest timeout (capped, not overflowed) on a finished operation. */
+      completed = 0;
+      CHECK_OK(hps_work_wait_timeout(r, INT64_MAX, &completed));
+      CHECK(completed == 1);
+      CHECK(hps_work_wait_timeout(r, 0, NULL) == HPS_STATUS_INVALID_ARGUMENT);
       CHECK_OK(hps_work_wait(s));
     } else {
       CHECK_OK(finish(hps_comm_recv(comm, &before, 1, HPS_DTYPE_INT64, 0, NULL, &r), &r));

@@ -1227,7 +1227,8 @@ typedef struct hps_checkpoint hps_checkpoint_t;
 typedef struct hps_checkpoint_options {
   size_t struct_size;   /**< set by hps_checkpoint_options_init */
   int32_t keep_last;    /**< > 0: after a save is published, delete checkpoints under the root
-                             beyond the newest keep_last (default 0: keep all) */
+                             beyond the newest keep_last (at least 2 for a part of a model
+                             cut across mp and pp; default 0: keep all) */
   uint64_t chunk_bytes; /**< ranges are checksummed in chunks of this size (default 1 MiB) */
   int64_t timeout_ms;   /**< bound on each agreement among the ranks of a save or load
                              (default 1800000) */

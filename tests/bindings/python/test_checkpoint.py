@@ -428,7 +428,8 @@ def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path
         assert status == 1, message  # INVALID_ARGUMENT
         assert "checkpoint 'whole-" in message and "of the whole model" in message, message
         assert f"mp rank {rank} of 2" in message, message
-        assert own == [".hpshard-part", ".hpshard-part.tmp-fresh", "latest", "q"], own
+        # keep_last=1, but a part keeps two (the one before its newest too)
+        assert own == [".hpshard-part", ".hpshard-part.tmp-fresh", "latest", "p", "q"], own
     assert sorted(os.listdir(root)) == before == ["latest", "whole-1", "whole-2"]
     assert hpshard.checkpoint_inspect(root / "whole-2").format_version == 1
     assert (root / "latest").read_text().strip() == "whole-2"

@@ -32,7 +32,10 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
     private Long chunkBytes;
     private Long timeoutMs;
 
-    /** > 0: after a save is published, delete the checkpoints beyond the newest keepLast. */
+    /**
+     * > 0: after a save is published, delete the checkpoints beyond the newest keepLast (a part
+     * of a model cut across mp and pp keeps at least 2).
+     */
     public Options keepLast(int keepLast) {
       this.keepLast = keepLast;
       return this;

@@ -2692,7 +2692,8 @@ pub struct hps_checkpoint_options {
     #[doc = "< set by hps_checkpoint_options_init"]
     pub struct_size: usize,
     #[doc = "< > 0: after a save is published, delete checkpoints under the root"]
-    #[doc = "beyond the newest keep_last (default 0: keep all)"]
+    #[doc = "beyond the newest keep_last (at least 2 for a part of a model"]
+    #[doc = "cut across mp and pp; default 0: keep all)"]
     pub keep_last: i32,
     #[doc = "< ranges are checksummed in chunks of this size (default 1 MiB)"]
     pub chunk_bytes: u64,

@@ -49,7 +49,8 @@ fn c_text(chars: &[std::os::raw::c_char]) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointOptions {
     /// > 0: after a save is published, delete the checkpoints under the root beyond the
-    /// newest `keep_last`; 0: keep all.
+    /// newest `keep_last` (a part of a model cut across mp and pp keeps at least 2); 0:
+    /// keep all.
     pub keep_last: i32,
     /// Ranges are checksummed in chunks of this many bytes.
     pub chunk_bytes: u64,
