@@ -72,8 +72,26 @@ set(_hps_rpm_names_java "${HPS_PKG_JAVA}")
 set(_hps_rpm_names_rust_sys "${HPS_PKG_RUST_SYS_RPM}")
 set(_hps_rpm_names_rust "${HPS_PKG_RUST_RPM}")
 set(_hps_doc_to_rpm "")
+# Debian: /usr/share/doc/<package>/changelog.Debian.gz too (policy 12.7), compressed with
+# gzip -9n (no name, no time stamp); dated SOURCE_DATE_EPOCH when set, else at configure
+# time. The RPMs drop it with the rest of share/doc/<deb package>.
+string(TIMESTAMP _hps_changelog_date "%a, %d %b %Y %H:%M:%S +0000" UTC)
+set(_hps_changelog "${PROJECT_BINARY_DIR}/packaging/changelog.Debian")
+file(WRITE "${_hps_changelog}"
+     "hpshard (${HPS_PKG_FULL_VERSION}) unstable; urgency=medium\n\n"
+     "  * Upstream release ${PROJECT_VERSION}.\n\n"
+     " -- ${HPS_PACKAGE_MAINTAINER}  ${_hps_changelog_date}\n")
+find_program(HPS_GZIP gzip)
+mark_as_advanced(HPS_GZIP)
+set(_hps_changelog_gz "")
+if(HPS_GZIP)
+  execute_process(COMMAND "${HPS_GZIP}" -9nf "${_hps_changelog}" RESULT_VARIABLE _hps_gz_rc)
+  if(_hps_gz_rc EQUAL 0)
+    set(_hps_changelog_gz "${_hps_changelog}.gz")
+  endif()
+endif()
 foreach(c IN LISTS _hps_components)
-  install(FILES "${CMAKE_CURRENT_LIST_DIR}/debian/copyright"
+  install(FILES "${CMAKE_CURRENT_LIST_DIR}/debian/copyright" ${_hps_changelog_gz}
           DESTINATION "${CMAKE_INSTALL_DATAROOTDIR}/doc/${_hps_deb_names_${c}}"
           COMPONENT ${c})
   list(APPEND _hps_doc_to_rpm "${_hps_deb_names_${c}}=${_hps_rpm_names_${c}}")
@@ -107,8 +125,9 @@ set(CPACK_PROJECT_CONFIG_FILE "${CMAKE_CURRENT_LIST_DIR}/CPackProjectConfig.cmak
 # Debian: each package's Description starts with its own synopsis line (see
 # CPackProjectConfig.cmake, which keeps CPack from prepending the project summary).
 set(_hps_syn "hpshard sharded data-parallel training runtime")
-set(_hps_long "hpshard is a runtime for sharded data-parallel and hybrid-parallel training with a stable C API.")
-set(_hps_tools_text "This package contains the launcher hpshard-run, the benchmark hpshard-bench, the checkpoint tool hpshard-ckpt and the timeline tool hpshard-trace.")
+# Extended descriptions: lines of at most 80 characters (Debian policy 3.4.1), each its own.
+set(_hps_long "hpshard is a runtime for sharded data-parallel and hybrid-parallel training\nwith a stable C API.")
+set(_hps_tools_text "This package contains the launcher hpshard-run, the benchmark hpshard-bench,\nthe checkpoint tool hpshard-ckpt and the timeline tool hpshard-trace.")
 set(CPACK_COMPONENT_RUNTIME_DISPLAY_NAME "hpshard runtime library")
 set(CPACK_COMPONENT_DEV_DISPLAY_NAME "hpshard development files")
 set(CPACK_COMPONENT_PYTHON_DISPLAY_NAME "hpshard Python 3 binding")
@@ -164,7 +183,7 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
     "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), libdlpack-dev")
 set(CPACK_DEBIAN_DEV_DESCRIPTION
-    "${_hps_syn} - development files\n${_hps_long}\nThis package contains the C headers, the libhpshard.so link, the pkg-config file and the CMake package (hpshard::hpshard).")
+    "${_hps_syn} - development files\n${_hps_long}\nThis package contains the C headers, the libhpshard.so link, the pkg-config\nfile and the CMake package (hpshard::hpshard).")
 
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME "${HPS_PKG_TOOLS}")
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION utils)
@@ -181,13 +200,13 @@ set(CPACK_DEBIAN_RUST_SYS_PACKAGE_SECTION rust)
 set(CPACK_DEBIAN_RUST_SYS_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_RUST_SYS_PACKAGE_DEPENDS "${HPS_PKG_DEV_DEB} (= ${HPS_PKG_FULL_VERSION})")
 set(CPACK_DEBIAN_RUST_SYS_DESCRIPTION
-    "${_hps_syn} - Rust FFI crate hpshard-sys\n${_hps_long}\nThis package contains the source of the Rust crate hpshard-sys (the raw bindings of hpshard.h) for offline cargo builds.")
+    "${_hps_syn} - Rust FFI crate hpshard-sys\n${_hps_long}\nThis package contains the source of the Rust crate hpshard-sys (the raw\nbindings of hpshard.h) for offline cargo builds.")
 set(CPACK_DEBIAN_RUST_PACKAGE_NAME "${HPS_PKG_RUST_DEB}")
 set(CPACK_DEBIAN_RUST_PACKAGE_SECTION rust)
 set(CPACK_DEBIAN_RUST_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_RUST_PACKAGE_DEPENDS "${HPS_PKG_RUST_SYS_DEB} (= ${HPS_PKG_FULL_VERSION})")
 set(CPACK_DEBIAN_RUST_DESCRIPTION
-    "${_hps_syn} - Rust crate hpshard\n${_hps_long}\nThis package contains the source of the Rust crate hpshard (the safe wrapper) for offline cargo builds.")
+    "${_hps_syn} - Rust crate hpshard\n${_hps_long}\nThis package contains the source of the Rust crate hpshard (the safe wrapper)\nfor offline cargo builds.")
 
 set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME "${HPS_PKG_PYTHON}")
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
@@ -206,6 +225,10 @@ if("python" IN_LIST _hps_components)
 endif()
 set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS
     "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), ${_hps_py_deb}, python3-numpy")
+# The extension module's own Depends (libc6, libstdc++6) from dpkg-shlibdeps, which finds
+# libhpshard.so.N in the build tree (its package is named in Depends above).
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${PROJECT_BINARY_DIR}/capi")
 # hpshard.torch, the PyTorch adapter, needs it.
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS "python3-torch")
 set(CPACK_DEBIAN_PYTHON_DESCRIPTION
@@ -227,8 +250,10 @@ endif()
 
 set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "${HPS_PKG_JAVA}")
 set(CPACK_DEBIAN_JAVA_PACKAGE_SECTION java)
-set(CPACK_DEBIAN_JAVA_PACKAGE_DEPENDS
-    "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION}), default-jre-headless | java17-runtime-headless | java-runtime-headless")
+# A Java library depends on no runtime (Debian's Java policy); the JNI library's own
+# Depends (libc6, libstdc++6) come from dpkg-shlibdeps.
+set(CPACK_DEBIAN_JAVA_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION})")
+set(CPACK_DEBIAN_JAVA_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_JAVA_DESCRIPTION
     "${_hps_syn} - Java binding\n${_hps_long}\nThis package contains hpshard.jar and its JNI library.")
 

@@ -234,8 +234,11 @@ expected() {
   local layout="$1" c="$2" lib py jni
   if [[ "$layout" == deb ]]; then lib="$deb_libdir"; py="$deb_pydir"; jni="$deb_libdir/jni"
   else lib="$rpm_libdir"; py="$rpm_pydir"; jni="$rpm_libdir/hpshard"; fi
-  # Every package carries the licence: Debian's copyright file, the RPM's %license text.
-  if [[ "$layout" == deb ]]; then printf '%s\n' "$prefix/share/doc/$(deb_name "$c")/copyright"
+  # Every package carries the licence: Debian's copyright file (and changelog.Debian.gz),
+  # the RPM's %license text.
+  if [[ "$layout" == deb ]]; then
+    printf '%s\n' "$prefix/share/doc/$(deb_name "$c")/copyright" \
+      "$prefix/share/doc/$(deb_name "$c")/changelog.Debian.gz"
   else printf '%s\n' "$prefix/share/licenses/$(rpm_name "$c")/LICENSE"; fi
   case "$c" in
     runtime) printf '%s\n' "$lib/libhpshard.so.$HPS_VERSION_MAJOR" "$lib/libhpshard.so.$HPS_VERSION" ;;
@@ -287,6 +290,15 @@ for c in "${components[@]}"; do
   head -1 <<<"$copyright" | grep -q '^Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' \
     || fail "[deb] $(deb_name "$c")'s copyright file is not machine-readable"
   grep -qx 'License: Apache-2.0' <<<"$copyright" || fail "[deb] $(deb_name "$c")'s copyright names no Apache-2.0"
+  # changelog.Debian.gz (policy 12.7): this version first, gzip without a name or a time
+  # stamp (gzip -9n), so that it is reproducible.
+  changelog="$scratch/changelog-$c.gz"
+  dpkg-deb --fsys-tarfile "$(deb_file "$c")" \
+    | tar -xO "./usr/share/doc/$(deb_name "$c")/changelog.Debian.gz" >"$changelog"
+  head -1 <(gzip -dc "$changelog") | grep -qx "hpshard ($full_version) unstable; urgency=medium" \
+    || fail "[deb] $(deb_name "$c")'s changelog.Debian.gz starts '$(gzip -dc "$changelog" | head -1)'"
+  [[ "$(od -An -tx1 -j3 -N5 "$changelog" | tr -d ' ')" == 0000000000 ]] \
+    || fail "[deb] $(deb_name "$c")'s changelog.Debian.gz holds a name or a time stamp"
   [[ "$(rpm -qp --qf '%{LICENSE}' "$(rpm_file "$c")" 2>/dev/null)" == Apache-2.0 ]] \
     || fail "[rpm] $(rpm_name "$c")'s License is '$(rpm -qp --qf '%{LICENSE}' "$(rpm_file "$c")" 2>/dev/null)'"
   [[ "$(rpm -qpL "$(rpm_file "$c")" 2>/dev/null)" == "$prefix/share/licenses/$(rpm_name "$c")/LICENSE" ]] \
@@ -294,7 +306,7 @@ for c in "${components[@]}"; do
   (rpm2cpio "$(rpm_file "$c")" | cpio -i --quiet --to-stdout ".$prefix/share/licenses/$(rpm_name "$c")/LICENSE") \
     | cmp -s - "$license_text" || fail "[rpm] $(rpm_name "$c")'s LICENSE is not the tree's LICENSE"
 done
-log "licence: a DEP-5 copyright in every .deb, Apache-2.0 and the LICENSE text in every .rpm"
+log "licence: a DEP-5 copyright and a changelog in every .deb, Apache-2.0 and the LICENSE text in every .rpm"
 
 # ---- 5. the RPMs unpacked into a root; the .debs installed into another -------------------
 root_rpm="$scratch/root-rpm"
