@@ -211,20 +211,32 @@ class Handle:
         """What must happen before the C handle goes (closing dependents, waiting)."""
 
     def close(self) -> None:
-        """Destroy the handle; harmless when already closed."""
+        """Destroy the handle; harmless when already closed. A close that waits (a pending
+        Work, a Checkpoint's save in flight) and is interrupted (Ctrl-C) leaves the handle
+        open and raises KeyboardInterrupt."""
         with self._lock:
             h, self._handle = self._handle, None
             if h is None:
                 return
             try:
                 self._before_close(h)
-            finally:
-                try:
-                    # The proxy's destructor, once. It finishes what is queued on the
-                    # handle (a stream's copies), so what that work uses is let go after.
-                    type(h).__swig_destroy__(h)
-                finally:
-                    self._keep = []
+            except KeyboardInterrupt:
+                # An interrupted wait (Work, Checkpoint): the handle stays open, and
+                # what it waited for goes on; close again, or abort the communicator.
+                self._handle = h
+                raise
+            except BaseException:
+                self._destroy(h)
+                raise
+            self._destroy(h)
+
+    def _destroy(self, h: Any) -> None:
+        try:
+            # The proxy's destructor, once. It finishes what is queued on the handle (a
+            # stream's copies), so what that work uses is let go after.
+            type(h).__swig_destroy__(h)
+        finally:
+            self._keep = []
 
     def __enter__(self):
         return self
@@ -629,7 +641,9 @@ class Work(Handle):
         wait is made of short timed ones (hps_work_wait_timeout), so Ctrl-C (and any signal
         handler) interrupts it; the operation goes on, and this Work keeps its buffers
         until it is waited on again or closed."""
-        h = self._h()
+        return self._wait_on(self._h(), timeout)
+
+    def _wait_on(self, h: Any, timeout: Optional[float]) -> bool:
         deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
         while True:
             if deadline is None:
@@ -661,7 +675,7 @@ class Work(Handle):
     def _before_close(self, h: Any) -> None:
         if not self._done:
             try:
-                h.wait()
+                self._wait_on(h, None)
             except Error:
                 pass  # the operation has ended; its error was not asked for
         self._finished()
@@ -1759,17 +1773,36 @@ class Checkpoint(Handle):
     Save, load and import are collective: every rank calls them at the same point.
 
     The checkpoint keeps its engine and group referenced; closing either closes the
-    checkpoint first, and closing the checkpoint waits for a save in flight; after a failure,
-    ``abort()`` on the group (or on a communicator it was split from, the world) ends that
-    save at once. One thread at a time per checkpoint (and not beside its engine's calls)."""
+    checkpoint first, and closing the checkpoint waits for a save in flight (Ctrl-C
+    interrupts that wait, leaving the checkpoint open); after a failure, ``abort()`` on the
+    group (or on a communicator it was split from, the world) ends that save at once. One thread at a time per checkpoint (and not beside its engine's calls)."""
 
     def __init__(self, handle: Any, engine: Engine, group: Communicator, root: str) -> None:
         super().__init__(handle)
         self.engine = engine
         self.group = group
         self.root = root
+        self._in_flight: Optional[Work] = None  # the last save's Work
         engine._users.add(self)
         group._users.add(self)
+
+    def _wait_in_flight(self) -> None:
+        """Waits for the last save here, in Work.wait's interruptible slices, before a
+        call that would wait for it inside the library (close, load, import)."""
+        w = self._in_flight
+        if w is None:
+            return
+        with w._lock:
+            h = w._handle
+            if h is not None and not w._done:
+                try:
+                    w._wait_on(h, None)
+                except Error:
+                    pass  # the save's failure is its Work's to report
+        self._in_flight = None
+
+    def _before_close(self, h: Any) -> None:
+        self._wait_in_flight()
 
     @classmethod
     def create(cls, engine: Engine, group: Communicator, root: Union[str, os.PathLike],
@@ -1778,8 +1811,9 @@ class Checkpoint(Handle):
         """Collective over ``group``: a CPU communicator of exactly the ranks holding the
         engine's state (its sharding x dp ranks); ``root`` is created when missing.
         ``keep_last`` > 0: after a save is published, delete the checkpoints beyond the
-        newest ``keep_last`` (a part of a model cut across mp and pp keeps at least 2); ``chunk_bytes``: the checksummed chunk size (default 1 MiB);
-        ``timeout_ms``: bound on each agreement of the ranks. Unset options keep the
+        newest ``keep_last`` (a part of a model cut across mp and pp keeps at least 2);
+        ``chunk_bytes``: the checksummed chunk size (default 1 MiB); ``timeout_ms``: bound
+        on each agreement of the ranks. Unset options keep the
         library's defaults. Error INVALID_ARGUMENT (a group of another size or device, bad
         options), BACKEND_ERROR (the root cannot be created)."""
         if not isinstance(engine, Engine):
@@ -1812,7 +1846,11 @@ class Checkpoint(Handle):
                 raise TypeError(f"Checkpoint.save: metadata keys and values must be str, not "
                                 f"{type(key).__name__}: {type(value).__name__}")
             flat += [key, value]
-        return Work(self._h().save(str(name), flat), ())
+        h = self._h()
+        self._wait_in_flight()
+        work = Work(h.save(str(name), flat), ())
+        self._in_flight = work
+        return work
 
     def load(self, name: Optional[str] = None, allow_partial: bool = False) -> None:
         """Load checkpoint ``root/name`` (default: the one ``root/latest`` names) into the
@@ -1826,14 +1864,18 @@ class Checkpoint(Handle):
         skipped, instead of an error naming them. Error NOT_FOUND (no such checkpoint, a
         missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data, another
         model), FAILED_PRECONDITION (in the middle of a step); no engine changed then."""
-        self._h().load(None if name is None else str(name), _load_options(allow_partial))
+        h = self._h()
+        self._wait_in_flight()
+        h.load(None if name is None else str(name), _load_options(allow_partial))
 
     def import_safetensors(self, path: Union[str, os.PathLike],
                            allow_partial: bool = False) -> None:
         """Initialise the engine's parameters (and fp32 masters) from the safetensors file
         ``path``, whose tensors carry the parameters' names; each rank reads only its
         shard; optimizer state and step counts stay. Collective, as :meth:`load`."""
-        self._h().import_safetensors(os.fspath(path), _load_options(allow_partial))
+        h = self._h()
+        self._wait_in_flight()
+        h.import_safetensors(os.fspath(path), _load_options(allow_partial))
 
     def metadata(self, key: str) -> str:
         """The value of metadata ``key`` of the last successful :meth:`load` or

@@ -9,8 +9,10 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
+import threading
 import time
 import uuid
 
@@ -474,6 +476,58 @@ def test_the_parts_of_a_model_load_the_same_checkpoint_or_none_does(tmp_path):
             assert status == 3, message  # NOT_FOUND
         np.testing.assert_array_equal(after, [7.0] * 3)
         np.testing.assert_array_equal(out["s1"], [1.0] * 3)
+
+
+def test_ctrl_c_interrupts_a_close_waiting_for_a_save_and_leaves_the_checkpoint_open(tmp_path):
+    """Rank 0 (the main thread) saves while rank 1 has not called save yet, then closes the
+    checkpoint: the close waits for the save in Work.wait's slices, so SIGINT raises
+    KeyboardInterrupt at once (it used to wait for the save, here until the checkpoint's
+    20 s timeout) and the checkpoint stays open. Rank 1 saves; the next close finishes and
+    the checkpoint is published."""
+    url = f"memory://py-ckpt-sigint-{uuid.uuid4().hex}"
+    go = threading.Event()
+    errors = []
+
+    def peer():
+        try:
+            store, comm = world(1, url)
+            with store, comm, Engine.create(comm) as engine:
+                engine.add_param("w", (8,))
+                engine.seal()
+                with Checkpoint.create(engine, comm, tmp_path, timeout_ms=20000) as ckpt:
+                    go.wait(60)
+                    ckpt.save("s").wait()
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    store, comm = world(0, url)
+    with store, comm, Engine.create(comm) as engine:
+        engine.add_param("w", (8,))
+        engine.seal()
+        ckpt = Checkpoint.create(engine, comm, tmp_path, timeout_ms=20000)
+        save = ckpt.save("s")
+        main = threading.main_thread().ident
+        timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
+        start = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                ckpt.close()
+            elapsed = time.monotonic() - start
+            assert not ckpt.closed
+        finally:
+            timer.cancel()
+            go.set()
+        assert elapsed < 2.0, elapsed
+        ckpt.close()
+        assert ckpt.closed
+        assert save.wait() is True
+    thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    assert (tmp_path / "latest").read_text().strip() == "s"
+    hpshard.checkpoint_verify(tmp_path / "s")
 
 
 def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):
