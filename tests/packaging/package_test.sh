@@ -247,7 +247,8 @@ expected() {
            "$lib/cmake/hpshard/hpshardConfigVersion.cmake" "$lib/cmake/hpshard/hpshardTargets.cmake" \
            "$lib/cmake/hpshard/hpshardTargets-*.cmake" ;;
     tools) printf '%s\n' "$prefix/bin/hpshard-run" "$prefix/bin/hpshard-bench*" "$prefix/bin/hpshard-ckpt*" "$prefix/bin/hpshard-trace*" \
-             "$prefix/share/hpshard/bench/*.py" ;;
+             "$prefix/share/hpshard/bench/*.py" "$prefix/share/man/man1/hpshard-run.1.gz" \
+             "$prefix/share/man/man1/hpshard-*.1.gz*" ;;
     python) printf '%s\n' "$py/__init__.py" "$py/__init__.pyi" "$py/_errors.py" "$py/capi.py" \
               "$py/py.typed" "$py/torch.py" "$py/_capi*.so" ;;
     java) printf '%s\n' "$prefix/share/java/hpshard.jar" "$prefix/share/java/hpshard-$HPS_VERSION.jar" \
@@ -307,6 +308,23 @@ for c in "${components[@]}"; do
     | cmp -s - "$license_text" || fail "[rpm] $(rpm_name "$c")'s LICENSE is not the tree's LICENSE"
 done
 log "licence: a DEP-5 copyright and a changelog in every .deb, Apache-2.0 and the LICENSE text in every .rpm"
+
+# Every tool packaged has its manual page (from its --help), a page man reads.
+for layout in deb rpm; do
+  f="$(${layout}_file tools)"
+  mapfile -t have < <(${layout}_files "$f")
+  for file in "${have[@]}"; do
+    [[ "$file" == "$prefix/bin/"* ]] || continue
+    tool="$(basename "$file")"
+    printf '%s\n' "${have[@]}" | grep -qx "$prefix/share/man/man1/$tool.1.gz" \
+      || fail "[$layout] $(basename "$f") has $tool without its manual page"
+  done
+done
+page="$scratch/hpshard-run.1.gz"
+dpkg-deb --fsys-tarfile "$(deb_file tools)" | tar -xO "./usr/share/man/man1/hpshard-run.1.gz" >"$page"
+gzip -dc "$page" | head -1 | grep -q '^\.TH HPSHARD-RUN 1 ' || fail "hpshard-run.1.gz is not a manual page"
+gzip -dc "$page" | grep -q -- '--nproc' || fail "hpshard-run.1.gz does not hold its --help"
+log "manual pages: one per packaged tool, from its --help"
 
 # ---- 5. the RPMs unpacked into a root; the .debs installed into another -------------------
 root_rpm="$scratch/root-rpm"

@@ -1,0 +1,81 @@
+# Writes a tool's manual page (section 1, gzip -9n) from its own --help and each
+# subcommand's: the help text is the reference, so the page never drifts from it.
+#
+# cmake -DTOOL=<executable> -DNAME=<name> -DVERSION=<x.y.z> [-DSUBCOMMANDS=<a,b,...>]
+#       [-DSUMMARY=<the NAME line's text>] [-DSEE_ALSO=<a,b,...>] -DOUT=<file.1.gz>
+#       [-DGZIP=<gzip>] -P help2man.cmake
+foreach(var TOOL NAME VERSION OUT)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "help2man.cmake: ${var} is not set")
+  endif()
+endforeach()
+
+# The help of `args`, with the tool's path shown as its name.
+function(help_of out)
+  execute_process(COMMAND "${TOOL}" ${ARGN} --help OUTPUT_VARIABLE text ERROR_VARIABLE err
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "help2man.cmake: '${TOOL} ${ARGN} --help' exited ${rc}: ${err}")
+  endif()
+  if(text STREQUAL "")
+    set(text "${err}")  # a tool that prints its help on stderr
+  endif()
+  if(text STREQUAL "")
+    message(FATAL_ERROR "help2man.cmake: '${TOOL} ${ARGN} --help' printed nothing")
+  endif()
+  string(REPLACE "${TOOL}" "${NAME}" text "${text}")
+  set(${out} "${text}" PARENT_SCOPE)
+endfunction()
+
+# Text as roff to show verbatim: backslashes escaped, no line read as a request.
+function(verbatim out text)
+  string(REPLACE "\\" "\\e" text "${text}")
+  string(REGEX REPLACE "(^|\n)([.'])" "\\1\\\\&\\2" text "${text}")
+  string(REGEX REPLACE "\n+$" "" text "${text}")
+  set(${out} ".nf\n${text}\n.fi\n" PARENT_SCOPE)
+endfunction()
+
+help_of(main)
+# The summary: the first line's text after "<name>: ", else the name.
+string(REGEX MATCH "^[^\n]+" first "${main}")
+set(summary "${NAME}")
+if(SUMMARY)
+  set(summary "${SUMMARY}")
+elseif(first MATCHES "^${NAME}: (.*)$")
+  set(summary "${CMAKE_MATCH_1}")
+endif()
+string(REPLACE "\\" "\\e" summary "${summary}")
+string(REPLACE "-" "\\-" roff_name "${NAME}")
+string(TOUPPER "${NAME}" title)
+verbatim(body "${main}")
+set(page ".TH ${title} 1 \"\" \"hpshard ${VERSION}\" \"User Commands\"\n")
+string(APPEND page ".SH NAME\n${roff_name} \\- ${summary}\n.SH DESCRIPTION\n${body}")
+if(SUBCOMMANDS)
+  string(APPEND page ".SH SUBCOMMANDS\n")
+  string(REPLACE "," ";" subs "${SUBCOMMANDS}")
+  foreach(sub IN LISTS subs)
+    help_of(text ${sub})
+    verbatim(body "${text}")
+    string(APPEND page ".SS ${sub}\n${body}")
+  endforeach()
+endif()
+if(SEE_ALSO)
+  string(REPLACE "," ";" others "${SEE_ALSO}")
+  set(refs "")
+  foreach(other IN LISTS others)
+    string(REPLACE "-" "\\-" other "${other}")
+    list(APPEND refs ".BR ${other} (1)")
+  endforeach()
+  list(JOIN refs ",\n" refs)
+  string(APPEND page ".SH SEE ALSO\n${refs}\n")
+endif()
+
+string(REGEX REPLACE "\\.gz$" "" plain "${OUT}")
+file(WRITE "${plain}" "${page}")
+if(NOT GZIP)
+  set(GZIP gzip)
+endif()
+execute_process(COMMAND "${GZIP}" -9nf "${plain}" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "help2man.cmake: ${GZIP} -9nf ${plain} exited ${rc}")
+endif()
