@@ -645,7 +645,7 @@ Status Checkpointer::write_job(SaveJob& job) {
   if (rank == 0) {
     std::string published;
     Status s = publish(job, reports, published);
-    if (s.ok()) job.trash = collect_garbage(job.name);
+    if (s.ok()) job.trash = collect_garbage(job.name, job.topology);
     result = encode(s);
   }
   HPS_RETURN_IF_ERROR(broadcast_string(comm, result, false));
@@ -745,7 +745,8 @@ void Checkpointer::keep_staging(ckpt::HostStaging staging) {
   if (staging.size() >= spare_.size()) spare_ = std::move(staging);
 }
 
-std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep) {
+std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep,
+                                                       const CheckpointTopology& part) {
   std::vector<std::string> trash;
   if (options_.keep_last <= 0) return trash;
   auto listed = published_checkpoints(root_);
@@ -753,7 +754,6 @@ std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep) 
   const std::vector<Published>& published = *listed;
   // A part of a model keeps the one before its newest too: a save that did not complete on
   // every part then leaves one checkpoint every part holds (the one `latest` loads).
-  const CheckpointTopology part = engine_.checkpoint_topology();
   const int32_t floor = part.mp > 1 || part.pp > 1 ? 2 : 1;
   const size_t keep_count = static_cast<size_t>(std::max(options_.keep_last, floor));
   if (published.size() <= keep_count) return trash;
@@ -861,11 +861,9 @@ StatusOr<std::string> Checkpointer::latest_of_every_part(const std::vector<Commu
     }
   }
   return invalid_argument(
-      "checkpoint: the parts of the model (mp or pp) have their 'latest' "
-      "apart (this part's: '" +
-      *latest +
-      "') and hold no checkpoint in common, so no part changed "
-      "its engine");
+      "checkpoint: the parts of the model (mp or pp) have their 'latest' apart "
+      "(this part's: '" +
+      *latest + "') and hold no checkpoint in common, so no part changed its engine");
 }
 
 void Checkpointer::finish_in_flight() {

@@ -109,9 +109,10 @@ class Checkpointer {
   struct SaveJob;
   Status write_job(SaveJob& job);
   Status publish(SaveJob& job, const std::vector<std::string>& reports, std::string& directory);
-  // Renames the checkpoints beyond keep_last away (out of the root's checkpoints); returns
-  // the new paths, whose files the caller deletes.
-  std::vector<std::string> collect_garbage(const std::string& keep);
+  // Renames the checkpoints beyond keep_last away (out of the root's checkpoints; a part of
+  // a model, by `part`, keeps at least 2); returns the new paths, whose files the caller
+  // deletes.
+  std::vector<std::string> collect_garbage(const std::string& keep, const CheckpointTopology& part);
   // Staging memory of `bytes` for copies to and from `device`: the spare one when it is
   // large enough (its pages are mapped already), else new. keep_staging() hands memory
   // back as the spare when it is at least as large as the one kept.

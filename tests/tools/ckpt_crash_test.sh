@@ -4,6 +4,10 @@
 # once, the last after "b" is published, the others spread over the measured duration of a
 # save). After every run, in a fresh process: "a" verifies and loads, "b" is absent or
 # complete (verifies and loads), and latest names one of them and loads.
+# Then a model cut into two parts (mp 2, each rank a part with its own root): one part
+# publishes "b" while the other is killed before saving it, leaving their latest apart; a
+# fresh 2-rank job's load of latest takes "a" on both parts (the newest both hold), equal to
+# what each saved.
 # Usage: ckpt_crash_test.sh HPSHARD_RUN CKPT_PROBE [RUNS]
 set -uo pipefail
 run="$1"
@@ -47,3 +51,23 @@ for ((i = 0; i < runs; i++)); do
 done
 echo "$runs runs: b complete $complete times, absent $absent times; a always intact"
 ((complete > 0 && absent > 0)) || { echo "expected both outcomes"; exit 1; }
+
+for kill in 0 1; do
+  root="$work/parts$kill"
+  "$run" -n 2 --timeout 90 --grace 2 -- "$probe" save-parts "$root" "$kill" >"$work/parts.log" 2>&1
+  grep -q "killed by signal 9" "$work/parts.log" || { cat "$work/parts.log"; echo "parts: no rank was killed"; exit 1; }
+  survivor=$((1 - kill))
+  if [ "$(cat "$root/part$survivor/latest")" != b ] || [ "$(cat "$root/part$kill/latest")" != a ]; then
+    cat "$work/parts.log"
+    echo "parts: expected part $survivor at b and part $kill at a"
+    exit 1
+  fi
+  if ! "$run" -n 2 --timeout 60 -- "$probe" resume-parts "$root" >"$work/resume.log" 2>&1; then
+    cat "$work/resume.log"
+    echo "parts (part $kill killed): the load of latest failed"
+    exit 1
+  fi
+  [ "$(grep -c "loaded a$" "$work/resume.log")" = 2 ] \
+    || { cat "$work/resume.log"; echo "parts: both parts should load a"; exit 1; }
+  echo "parts: part $kill killed before saving b, part $survivor published it; latest loads a on both"
+done

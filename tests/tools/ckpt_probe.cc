@@ -8,6 +8,13 @@
 //   ckpt_probe check ROOT   (one process) "a" verifies and loads; "b" is absent or verifies
 //       and loads; latest names one of them and loads; then a save of "c" removes what the
 //       killed save left and keeps them. Prints "b complete" or "b absent".
+//   ckpt_probe save-parts ROOT KILL_RANK   (under hpshard-run, 2 ranks) the ranks are the two
+//       mp parts of one model, each its own sharding group saving under ROOT/part<rank>:
+//       both save "a"; the other part saves and publishes "b" while part KILL_RANK, which
+//       never saves it, kills itself with SIGKILL once it sees that. Each part records its
+//       parameters' checksum at each save in ROOT/part<rank>.sums.
+//   ckpt_probe resume-parts ROOT   (under hpshard-run, 2 ranks) loads latest on both parts:
+//       the newest checkpoint both hold, whose checksum the part recorded.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -17,6 +24,7 @@
 
 #include "core/checkpoint/checkpointer.h"
 #include "core/checkpoint/file_io.h"
+#include "core/checkpoint/format.h"
 #include "core/comm/rendezvous.h"
 #include "core/sharding/sharded_engine.h"
 
@@ -31,13 +39,18 @@ using Clock = std::chrono::steady_clock;
   std::_Exit(1);
 }
 
-// A model of 2 Mi + 1000 float32 parameters: 6 MiB of state with AdamW.
-std::unique_ptr<ShardedEngine> make_engine(std::shared_ptr<Communicator> world) {
+// A model of 2 Mi + 1000 float32 parameters: 6 MiB of state with AdamW; `mp`: the part's
+// model-parallel group, when it is one of the model's parts.
+std::unique_ptr<ShardedEngine> make_engine(std::shared_ptr<Communicator> world,
+                                           std::shared_ptr<Communicator> mp = nullptr) {
   EngineOptions o;
   o.optimizer = OptimizerKind::kAdamW;
   auto engine = create_sharded_engine(2, world, nullptr, o);
   if (!engine.ok()) die("engine", engine.status());
   auto& e = **engine;
+  if (mp) {
+    if (Status s = e.set_model_parallel_groups(mp, nullptr); !s.ok()) die("mp group", s);
+  }
   if (!e.add_param({"big", {512, 1024}, DType::kFloat32}).ok() ||
       !e.add_param({"small", {1000}, DType::kFloat32}).ok()) {
     die("add_param", internal_error("refused"));
@@ -158,13 +171,107 @@ int check(const std::string& root) {
   return 0;
 }
 
+// One rank of a 2-rank job as a part of the model (see save-parts).
+struct Part {
+  int32_t rank = 0;
+  std::shared_ptr<Communicator> world;
+  std::unique_ptr<ShardedEngine> engine;
+  std::unique_ptr<Checkpointer> checkpointer;
+};
+
+Part make_part(const std::string& root) {
+  Part part;
+  auto info = rendezvous_from_env();
+  if (!info.ok()) die("rendezvous", info.status());
+  if (info->world_size != 2) die("parts", invalid_argument("run it with 2 ranks"));
+  auto store = open_store(info->store_url, info->rank, std::chrono::seconds(30));
+  if (!store.ok()) die("store", store.status());
+  auto comm = create_communicator(*store, info->rank, 2, Device::cpu());
+  if (!comm.ok()) die("communicator", comm.status());
+  part.rank = info->rank;
+  part.world = std::shared_ptr<Communicator>(std::move(*comm));
+  auto own = create_communicator(make_in_memory_store(), 0, 1, Device::cpu());
+  if (!own.ok()) die("the part's group", own.status());
+  std::shared_ptr<Communicator> group(std::move(*own));
+  part.engine = make_engine(group, part.world);
+  auto c = Checkpointer::create(*dynamic_cast<Checkpointable*>(part.engine.get()), group,
+                                root + "/part" + std::to_string(part.rank));
+  if (!c.ok()) die("checkpointer", c.status());
+  part.checkpointer = std::move(*c);
+  return part;
+}
+
+uint64_t parameters_checksum(ShardedEngine& e) {
+  if (Status s = e.synchronize(); !s.ok()) die("synchronize", s);
+  uint64_t sum = 0;
+  for (size_t p = 0; p < 2; ++p) {
+    const uint64_t n = e.plan().params()[p].numel();
+    sum = sum * 31 + ckpt::checksum(*e.param(p), n * sizeof(float));
+  }
+  return sum;
+}
+
+void save_and_record(Part& part, const std::string& root, const std::string& name) {
+  auto w = part.checkpointer->save(name);
+  if (!w.ok()) die("save " + name, w.status());
+  if (Status s = (*w)->wait(); !s.ok()) die("save " + name, s);
+  const std::string sums = root + "/part" + std::to_string(part.rank) + ".sums";
+  FILE* f = std::fopen(sums.c_str(), "a");
+  if (f == nullptr) die("sums", internal_error("cannot open " + sums));
+  std::fprintf(f, "%s %llu\n", name.c_str(),
+               static_cast<unsigned long long>(parameters_checksum(*part.engine)));
+  std::fclose(f);
+  std::printf("part %d: %s published\n", part.rank, name.c_str());
+  std::fflush(stdout);
+}
+
+int save_parts(const std::string& root, int32_t kill_rank) {
+  Part part = make_part(root);
+  train_step(*part.engine, part.rank, 0);
+  save_and_record(part, root, "a");
+  train_step(*part.engine, part.rank, 1);
+  if (part.rank != kill_rank) {
+    save_and_record(part, root, "b");
+    std::this_thread::sleep_for(std::chrono::seconds(60));  // until the launcher stops it
+    return 0;
+  }
+  const std::string other = root + "/part" + std::to_string(1 - part.rank) + "/latest";
+  for (int i = 0; i < 3000; ++i) {
+    auto text = ckpt::read_file(other, 64);
+    if (text.ok() && *text == "b\n") std::raise(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  die("save-parts", internal_error("the other part never published b"));
+}
+
+int resume_parts(const std::string& root) {
+  Part part = make_part(root);
+  auto l = part.checkpointer->load("");
+  if (!l.ok()) die("load latest", l.status());
+  const std::string name = l->directory.substr(l->directory.rfind('/') + 1);
+  const uint64_t sum = parameters_checksum(*part.engine);
+  auto sums = ckpt::read_file(root + "/part" + std::to_string(part.rank) + ".sums", 4096);
+  if (!sums.ok()) die("sums", sums.status());
+  const std::string want = name + " " + std::to_string(sum) + "\n";
+  if (sums->find(want) == std::string::npos) {
+    die("resume-parts",
+        internal_error("part " + std::to_string(part.rank) + " loaded " + name + " with checksum " +
+                       std::to_string(sum) + ", not the one saved: " + *sums));
+  }
+  std::printf("part %d loaded %s\n", part.rank, name.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "save" && argc == 5) return save(argv[2], std::atoi(argv[3]), std::atoll(argv[4]));
   if (mode == "check" && argc == 3) return check(argv[2]);
+  if (mode == "save-parts" && argc == 4) return save_parts(argv[2], std::atoi(argv[3]));
+  if (mode == "resume-parts" && argc == 3) return resume_parts(argv[2]);
   std::fprintf(stderr,
-               "usage: ckpt_probe save ROOT KILL_RANK KILL_AFTER_US | ckpt_probe check ROOT\n");
+               "usage: ckpt_probe save ROOT KILL_RANK KILL_AFTER_US | ckpt_probe check ROOT | "
+               "ckpt_probe save-parts ROOT KILL_RANK | ckpt_probe resume-parts ROOT\n");
   return 2;
 }

@@ -644,13 +644,19 @@ class Work(Handle):
         return self._wait_on(self._h(), timeout)
 
     def _wait_on(self, h: Any, timeout: Optional[float]) -> bool:
-        deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+        deadline = None
+        if timeout is not None:
+            timeout = float(timeout)
+            if timeout != timeout:
+                raise ValueError("Work.wait: timeout is NaN")
+            if timeout != float("inf"):
+                deadline = time.monotonic() + max(0.0, timeout)
         while True:
             if deadline is None:
                 slice_ms = _WAIT_SLICE_MS
             else:
-                left = deadline - time.monotonic()
-                slice_ms = max(0, min(_WAIT_SLICE_MS, int(left * 1000 + 0.999)))
+                left = max(0.0, deadline - time.monotonic())
+                slice_ms = min(_WAIT_SLICE_MS, int(left * 1000 + 0.999))
             try:
                 done = h.wait_timeout(slice_ms)
             except Error:
@@ -1457,9 +1463,10 @@ class Engine(Handle):
         """Register a parameter before :meth:`seal`; its index (registration order).
         ``unit``: the layer its forward belongs to. ``weight_decay`` False: the optimizer's
         weight decay skips it (biases, norms). Every rank registers the same parameters in
-        the same order. ``flags`` (raw ParamFlag bits) replaces the five booleans. Error INVALID_ARGUMENT, ALREADY_EXISTS (name), FAILED_PRECONDITION
-        (sealed), UNIMPLEMENTED (a dtype other than float32, float16 or bfloat16). Views of
-        FLOAT16 parameters are float16 arrays, of BFLOAT16 ones uint16 bit patterns."""
+        the same order. ``flags`` (raw ParamFlag bits) replaces the five booleans. Error
+        INVALID_ARGUMENT, ALREADY_EXISTS (name), FAILED_PRECONDITION (sealed), UNIMPLEMENTED
+        (a dtype other than float32, float16 or bfloat16). Views of FLOAT16 parameters are
+        float16 arrays, of BFLOAT16 ones uint16 bit patterns."""
         shape = tuple(int(d) for d in shape)
         if flags is None:
             flags = ((ParamFlag.FROZEN if frozen else 0)
@@ -1775,7 +1782,8 @@ class Checkpoint(Handle):
     The checkpoint keeps its engine and group referenced; closing either closes the
     checkpoint first, and closing the checkpoint waits for a save in flight (Ctrl-C
     interrupts that wait, leaving the checkpoint open); after a failure, ``abort()`` on the
-    group (or on a communicator it was split from, the world) ends that save at once. One thread at a time per checkpoint (and not beside its engine's calls)."""
+    group (or on a communicator it was split from, the world) ends that save at once. One
+    thread at a time per checkpoint (and not beside its engine's calls)."""
 
     def __init__(self, handle: Any, engine: Engine, group: Communicator, root: str) -> None:
         super().__init__(handle)

@@ -400,6 +400,9 @@ def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
         start = time.monotonic()
         assert work.wait(timeout=0.05) is False
         assert 0.04 < time.monotonic() - start < 1.0
+        assert work.wait(timeout=-1) is False and work.wait(timeout=0) is False
+        with pytest.raises(ValueError):
+            work.wait(timeout=float("nan"))
         main = threading.main_thread().ident
         timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
         start = time.monotonic()
@@ -425,7 +428,7 @@ def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
         gc.collect()
         got = ref()
         assert got is not None  # still the receive's
-        assert work.wait() is True
+        assert work.wait(timeout=float("inf")) is True
         np.testing.assert_array_equal(got, [42.0] * 4)
         work.close()
     thread.join(JOIN_S)
