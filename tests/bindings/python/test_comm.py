@@ -372,6 +372,22 @@ def test_work_keeps_buffers_until_waited():
     np.testing.assert_array_equal(res[0], np.arange(1024) * 2.0)
 
 
+def seconds_to_interrupt(call, after=0.2):
+    """Runs ``call`` in the main thread with SIGINT sent to it ``after`` seconds in; it must
+    raise KeyboardInterrupt. The seconds from the start to the raise."""
+    main = threading.main_thread().ident
+    assert threading.get_ident() == main, "signals reach the main thread only"
+    timer = threading.Timer(after, lambda: signal.pthread_kill(main, signal.SIGINT))
+    start = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+        return time.monotonic() - start
+    finally:
+        timer.cancel()
+
+
 def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
     """Work.wait() is made of short timed waits, so SIGINT in the main thread raises
     KeyboardInterrupt within a slice (it used to wait for the operation, here up to the
@@ -403,25 +419,12 @@ def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
         assert work.wait(timeout=-1) is False and work.wait(timeout=0) is False
         with pytest.raises(ValueError):
             work.wait(timeout=float("nan"))
-        main = threading.main_thread().ident
-        timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
-        start = time.monotonic()
-        timer.start()
         try:
-            with pytest.raises(KeyboardInterrupt):
-                work.wait()
-            elapsed = time.monotonic() - start
+            elapsed = seconds_to_interrupt(work.wait)
+            assert elapsed < 2.0, elapsed
+            # close() waits the same way: interrupted, the Work stays open.
+            seconds_to_interrupt(work.close)
         finally:
-            timer.cancel()
-        assert elapsed < 2.0, elapsed
-        # close() waits the same way: interrupted, the Work stays open.
-        timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
-        timer.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                work.close()
-        finally:
-            timer.cancel()
             go.set()
         assert not work.closed
         del got
