@@ -2,12 +2,19 @@
 // device is usable; run on every machine that has one.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
+#include "core/common/config.h"
 #include "core/device/allocator.h"
 #include "core/device/host_sync.h"
 #include "core/device/stream.h"
+#if HPS_HAVE_CUDA
+#include "core/device/cuda/stream.h"
+#endif
 
 namespace hps {
 namespace {
@@ -52,6 +59,36 @@ TEST_F(CudaStreamTest, NeverRecordedAndDeviceMismatchAreRefused) {
   EXPECT_EQ(event->synchronize().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(cpu_event->record(*stream).code(), StatusCode::kInvalidArgument);
 }
+
+#if HPS_HAVE_CUDA
+// A timed wait on a CUDA event (the polling Event::wait_for) says false while a host function
+// holds the stream, then true once it lets go; no host sync counted.
+TEST_F(CudaStreamTest, WaitForEndsAtItsTimeoutOrWhenTheEventCompletes) {
+  using namespace std::chrono_literals;
+  const Device gpu = Device::cuda(0);
+  auto stream = std::move(create_stream(gpu)).value();
+  auto event = std::move(create_event(gpu)).value();
+  std::atomic<bool> release{false};
+  auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(static_cast<cuda::CudaStream&>(*stream).native(), hold, &release),
+            cudaSuccess);
+  ASSERT_TRUE(event->record(*stream).ok());
+  host_sync_reset();
+  const auto start = std::chrono::steady_clock::now();
+  auto pending = event->wait_for(30ms);
+  ASSERT_TRUE(pending.ok()) << pending.status().to_string();
+  EXPECT_FALSE(*pending);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
+  release = true;
+  auto done = event->wait_for(60s);
+  ASSERT_TRUE(done.ok()) << done.status().to_string();
+  EXPECT_TRUE(*done);
+  EXPECT_EQ(host_sync_count_thread(), 0u);
+  ASSERT_TRUE(stream->synchronize().ok());
+}
+#endif
 
 TEST_F(CudaStreamTest, Properties) {
   auto p = device_properties(Device::cuda(0));
