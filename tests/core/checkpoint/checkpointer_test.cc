@@ -116,8 +116,8 @@ class FakeState final : public Checkpointable {
 // the other part is then refused there, whichever way the claim was made.
 class PartState final : public Checkpointable {
  public:
-  explicit PartState(int32_t mp_rank, int32_t pp = 1, int32_t pp_rank = 0)
-      : mp_rank_(mp_rank), pp_(pp), pp_rank_(pp_rank) {}
+  explicit PartState(int32_t mp_rank, int32_t pp = 1, int32_t pp_rank = 0, int32_t mp = 2)
+      : mp_rank_(mp_rank), pp_(pp), pp_rank_(pp_rank), mp_(mp) {}
   std::vector<Communicator*> groups;  // the mp and pp groups, when the test gives them
   std::vector<float> w = std::vector<float>(16, 1.0f);
   cpu::CpuStream stream;
@@ -128,7 +128,7 @@ class PartState final : public Checkpointable {
   Stream& state_stream() override { return stream; }
   CheckpointTopology checkpoint_topology() const override {
     CheckpointTopology t{2, 1, 0, 1, 0, 256};
-    t.mp = 2;
+    t.mp = mp_;
     t.mp_rank = mp_rank_;
     t.pp = pp_;
     t.pp_rank = pp_rank_;
@@ -140,7 +140,7 @@ class PartState final : public Checkpointable {
   std::vector<Communicator*> model_parallel_groups() const override { return groups; }
 
  private:
-  int32_t mp_rank_, pp_, pp_rank_;
+  int32_t mp_rank_, pp_, pp_rank_, mp_;
 };
 
 TEST(Checkpoint, APartClaimsItsRootWithoutHardLinks) {
@@ -257,6 +257,90 @@ TEST(Checkpoint, LatestOfPartsIsTheNewestCheckpointEveryPartHolds) {
         << none.status().to_string();
     EXPECT_EQ(part.w, std::vector<float>(16, 7.0f)) << "a refused load changed the part";
   });
+}
+
+// Seeded random grids of parts (mp 1-3 x pp 1-2, one rank each), each part taking part in
+// a random subset of six saves (the first in all) with a random keep_last: `latest` loads
+// what a model of the rotation (a part keeps max(keep_last, 2)) says is the newest
+// checkpoint every part holds, or every part refuses when there is none.
+// HPS_PARTS_CASES=N or HPS_PARTS_SEED=a,b for more or chosen ones.
+TEST(Checkpoint, LatestOfPartsFollowsAModelOfTheirRotations) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  constexpr int kSaves = 6;
+  for (uint64_t seed : testing_util::seeds_from_env("HPS_PARTS", 10)) {
+    std::mt19937_64 rng(seed);
+    int32_t mp = 0, pp = 0;
+    do {
+      mp = 1 + static_cast<int32_t>(rng() % 3);
+      pp = 1 + static_cast<int32_t>(rng() % 2);
+    } while (mp * pp < 2);
+    const int32_t parts = mp * pp;
+    const int32_t keep_last = static_cast<int32_t>(rng() % 4);
+    std::vector<std::vector<bool>> saves(parts, std::vector<bool>(kSaves, true));
+    for (auto& part : saves) {
+      for (int i = 1; i < kSaves; ++i) part[i] = rng() % 5 != 0;
+    }
+    // The model: what each part keeps, and the newest save all keep (-1: none).
+    int expected = -1;
+    {
+      std::vector<std::vector<int>> kept(parts);
+      for (int32_t p = 0; p < parts; ++p) {
+        for (int i = 0; i < kSaves; ++i) {
+          if (!saves[p][i]) continue;
+          kept[p].push_back(i);
+          const size_t keep = static_cast<size_t>(std::max(keep_last, 2));
+          if (keep_last > 0 && kept[p].size() > keep) kept[p].erase(kept[p].begin());
+        }
+      }
+      for (int i = kSaves - 1; i >= 0 && expected < 0; --i) {
+        bool everywhere = true;
+        for (const auto& k : kept) everywhere &= std::find(k.begin(), k.end(), i) != k.end();
+        if (everywhere) expected = i;
+      }
+    }
+    SCOPED_TRACE("seed " + std::to_string(seed) + ": mp " + std::to_string(mp) + " x pp " +
+                 std::to_string(pp) + ", keep_last " + std::to_string(keep_last) + ", expected s" +
+                 std::to_string(expected));
+    TempDir dir;
+    testing_util::run_ranks(parts, [&](int32_t rank, Communicator& comm) {
+      auto world = std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
+      auto topology = Topology::create({1, pp, 1, 1, mp}, parts);
+      ASSERT_TRUE(topology.ok()) << topology.status().to_string();
+      auto hg = HybridGroup::create(world, *topology);
+      ASSERT_TRUE(hg.ok()) << hg.status().to_string();
+      const auto c = *topology->coordinates(rank);
+      PartState part(c[static_cast<int>(Axis::kMp)], pp, c[static_cast<int>(Axis::kPp)], mp);
+      for (GroupKind kind : {GroupKind::kMp, GroupKind::kPp}) {
+        if ((*hg)->group(kind)->size() > 1) part.groups.push_back((*hg)->group(kind).get());
+      }
+      auto self = self_backend::SelfCommunicator::create({});
+      ASSERT_TRUE(self.ok());
+      CheckpointOptions options = small_chunks();
+      options.keep_last = keep_last;
+      auto made = Checkpointer::create(part, std::shared_ptr<Communicator>(std::move(*self)),
+                                       dir / ("part" + std::to_string(rank)), options);
+      ASSERT_TRUE(made.ok()) << made.status().to_string();
+      for (int i = 0; i < kSaves; ++i) {
+        if (!saves[rank][i]) continue;
+        std::fill(part.w.begin(), part.w.end(), static_cast<float>(i));
+        auto w = (*made)->save("s" + std::to_string(i));
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        ASSERT_TRUE((*w)->wait().ok());
+      }
+      std::fill(part.w.begin(), part.w.end(), -1.0f);
+      auto loaded = (*made)->load("");
+      if (expected < 0) {
+        ASSERT_FALSE(loaded.ok()) << "part " << rank << " loaded " << loaded->directory;
+        EXPECT_EQ(loaded.status().code(), StatusCode::kInvalidArgument)
+            << loaded.status().to_string();
+        EXPECT_EQ(part.w, std::vector<float>(16, -1.0f));
+      } else {
+        ASSERT_TRUE(loaded.ok()) << "part " << rank << ": " << loaded.status().to_string();
+        EXPECT_EQ(fs::path(loaded->directory).filename(), "s" + std::to_string(expected));
+        EXPECT_EQ(part.w, std::vector<float>(16, static_cast<float>(expected)));
+      }
+    });
+  }
 }
 
 // The snapshot holds what the work enqueued before save() produced, not what was done when
