@@ -97,23 +97,29 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
     found |= kind;
     if (first.ok()) first = std::move(s);
   };
-  // Every rank of both groups registered the same model.
-  const uint64_t mine = plan_.fingerprint();
-  for (const auto* group : {&sharding_, &dp_}) {
-    if (!*group) continue;
-    HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, mine));
-    for (size_t r = 0; r < all.size(); ++r) {
-      if (all[r] != mine) {
-        mismatch(kSealParamsDiffer,
-                 invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
-                                  (*group)->name() +
-                                  "' registered different parameters (names, shapes, dtypes, "
-                                  "flags or units differ from this rank's " +
-                                  std::to_string(plan_.params().size()) + ")"));
-        break;
+  // `value` on every rank of each group, else the first rank that differs, "engine: rank r of
+  // group 'g' " + `differs`.
+  using Group = const std::shared_ptr<Communicator>*;
+  auto compare = [&](std::initializer_list<Group> groups, uint64_t value, uint64_t kind,
+                     const std::string& differs) -> Status {
+    for (Group group : groups) {
+      if (!*group || (*group)->size() == 1) continue;
+      HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, value));
+      for (size_t r = 0; r < all.size(); ++r) {
+        if (all[r] != value) {
+          mismatch(kind, invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
+                                          (*group)->name() + "' " + differs));
+          break;
+        }
       }
     }
-  }
+    return Status::Ok();
+  };
+  // Every rank of both groups registered the same model.
+  HPS_RETURN_IF_ERROR(compare({&sharding_, &dp_}, plan_.fingerprint(), kSealParamsDiffer,
+                              "registered different parameters (names, shapes, dtypes, flags or "
+                              "units differ from this rank's " +
+                                  std::to_string(plan_.params().size()) + ")"));
   auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; };
   // Every rank of every group runs the same engine: stage, optimizer and its
   // hyperparameters, clipping, layout, buckets, accumulation and loss scaling (ranks that
@@ -155,21 +161,10 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
                        static_cast<uint64_t>(o.growth_interval)}) {
       engine = mix(engine, v);
     }
-    for (const auto* group : {&sharding_, &dp_, &mp_, &pp_}) {
-      if (!*group || (*group)->size() == 1) continue;
-      HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, engine));
-      for (size_t r = 0; r < all.size(); ++r) {
-        if (all[r] != engine) {
-          mismatch(kSealOptionsDiffer,
-                   invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
-                                    (*group)->name() +
-                                    "' was created with other engine options (stage, optimizer "
-                                    "or its hyperparameters, clipping, alignment, buckets, "
-                                    "accumulation or loss scaling) than this rank"));
-          break;
-        }
-      }
-    }
+    HPS_RETURN_IF_ERROR(compare({&sharding_, &dp_, &mp_, &pp_}, engine, kSealOptionsDiffer,
+                                "was created with other engine options (stage, optimizer or its "
+                                "hyperparameters, clipping, alignment, buckets, accumulation or "
+                                "loss scaling) than this rank"));
   }
   auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
     return c ? static_cast<uint64_t>(c->rank()) : 0;
