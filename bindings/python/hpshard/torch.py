@@ -19,8 +19,9 @@ engine as soon as autograd has finished it, so the reduce-scatters run while bac
 goes on. ``step()`` is the engine's step (SGD or AdamW on this rank's shards, global-norm
 clipping and dynamic loss scaling folded in); nothing in a step blocks the host.
 
-Units are the submodules named in ``units`` (each transformer block, say); every other
-parameter forms one more unit. With stage 3 only this rank's shard of each unit is
+Units are the submodules named in ``units`` (each transformer block, say; one unit inside
+another is refused); every other parameter forms one more unit, the rest, and so does a
+parameter used by two units (a submodule two blocks share, tied weights). With stage 3 only this rank's shard of each unit is
 resident: a unit is gathered before its forward and released after it, gathered again
 when the gradient of one of its outputs arrives in backward, and released once its
 gradients are in (a unit holding a frozen parameter at the end of backward, since
@@ -443,13 +444,20 @@ class ShardedModule(torch.nn.Module):
                 raise ValueError("ShardedModule: units must be submodules of the module "
                                  "(not the module itself)")
             unit_modules.append((names[id(m)], m))
-        # Which unit(s) each module belongs to: a unit's subtree is that unit.
-        module_unit: Dict[int, int] = {}
+        # Which units each module belongs to: a unit's subtree is that unit. A unit inside
+        # another is refused; a submodule that two units share (one LayerNorm in two blocks)
+        # belongs to both, so its parameters are shared across units (the rest, below).
+        unit_of_module = {id(m): k for k, (_, m) in enumerate(unit_modules, start=1)}
+        if len(unit_of_module) != len(unit_modules):
+            raise ValueError("ShardedModule: a unit is listed twice")
+        module_units: Dict[int, set] = collections.defaultdict(set)
         for k, (uname, m) in enumerate(unit_modules, start=1):
             for sub in m.modules():
-                if id(sub) in module_unit:
-                    raise ValueError(f"ShardedModule: unit {uname!r} overlaps another unit")
-                module_unit[id(sub)] = k
+                if sub is not m and id(sub) in unit_of_module:
+                    inner = unit_modules[unit_of_module[id(sub)] - 1][0]
+                    raise ValueError(f"ShardedModule: unit {inner!r} overlaps another unit: "
+                                     f"it is inside unit {uname!r}")
+                module_units[id(sub)].add(k)
         self._units: List[_Unit] = [_Unit(0, "rest")] + [
             _Unit(k, uname) for k, (uname, _) in enumerate(unit_modules, start=1)]
         self._unit_modules = [m for _, m in unit_modules]
@@ -466,7 +474,7 @@ class ShardedModule(torch.nn.Module):
                     index_of[id(p)] = len(params)
                     params.append(p)
                     pnames.append(f"{mname}.{pname}" if mname else pname)
-                users[id(p)].add(module_unit.get(id(m), 0))
+                users[id(p)].update(module_units.get(id(m), (0,)))
         self._params = params
         self._names = pnames
         self._index_of = index_of

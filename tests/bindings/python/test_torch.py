@@ -611,8 +611,14 @@ def test_state_dict_round_trip_restarts_training_from_it():
 
 def test_units_must_not_overlap_and_must_be_submodules():
     def rank_main(rank, world):
-        with pytest.raises(ValueError, match="overlaps"):
+        with pytest.raises(ValueError, match="'blocks.0' overlaps another unit: it is inside "
+                                             "unit 'blocks'"):
             hpt.ShardedModule(make_model(), world, units=["blocks", "blocks.0"])
+        with pytest.raises(ValueError, match="'blocks.0' overlaps another unit: it is inside "
+                                             "unit 'blocks'"):
+            hpt.ShardedModule(make_model(), world, units=["blocks.0", "blocks"])
+        with pytest.raises(ValueError, match="listed twice"):
+            hpt.ShardedModule(make_model(), world, units=["blocks.0", "blocks.1", "blocks.0"])
         with pytest.raises(ValueError, match="no submodule"):
             hpt.ShardedModule(make_model(), world, units=["nowhere"])
         return True
@@ -1066,6 +1072,70 @@ def test_a_side_loss_a_unit_keeps_trains_as_torch_whichever_order_autograd_takes
             return model.state_dict()
 
     assert_states_near(run_ranks(2, rank_main), reference.state_dict())
+
+
+class _SharedNormBlock(torch.nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.fc = torch.nn.Linear(5, 5)
+        self.norm = norm
+
+    def forward(self, h):
+        return h + torch.tanh(self.fc(self.norm(h)))
+
+
+class _SharedNormNet(torch.nn.Module):
+    """Two blocks sharing one LayerNorm submodule, the blocks checkpointed or not."""
+
+    def __init__(self, checkpointed):
+        super().__init__()
+        self.inp = torch.nn.Linear(5, 5)
+        norm = torch.nn.LayerNorm(5)
+        self.blocks = torch.nn.ModuleList(_SharedNormBlock(norm) for _ in range(2))
+        self.head = torch.nn.Linear(5, 1)
+        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h) if not self.checkpointed else torch.utils.checkpoint.checkpoint(
+                block, h, use_reentrant=False)
+        return self.head(h).pow(2).mean()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_a_submodule_two_units_share_trains_as_torch(stage, checkpointed):
+    """A submodule inside two units (one LayerNorm in two blocks) was refused as units that
+    overlap; its parameters are shared across units (gathered with the rest) and get the
+    gradient of both."""
+    def make():
+        with _BUILD:
+            torch.manual_seed(8)
+            return _SharedNormNet(checkpointed)
+
+    def batch_of(step):
+        return torch.randn(8, 5, generator=torch.Generator().manual_seed(4000 + step))
+
+    reference = make()
+    opt = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    for step in range(3):
+        opt.zero_grad()
+        reference(batch_of(step)).backward()
+        opt.step()
+
+    def rank_main(rank, world):
+        with hpt.ShardedModule(make(), world, stage=stage, units=["blocks.0", "blocks.1"],
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
+            assert model._param_unit[model._names.index("blocks.0.norm.weight")] == 0
+            for step in range(3):
+                model(shard_of(batch_of(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    states = run_ranks(2, rank_main)
+    assert "blocks.1.norm.weight" in states[0]
+    assert_states_near(states, reference.state_dict())
 
 
 def test_a_parameter_used_outside_its_unit_is_refused_at_stage_3():
