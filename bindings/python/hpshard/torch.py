@@ -42,7 +42,9 @@ its parameters, so a kept graph stays right after the release; a parameter used 
 its unit inside a checkpointed region is not caught); with ``use_reentrant=True`` a
 parameter used by two checkpointed calls raises (each call completes its gradient once;
 use ``use_reentrant=False``). Evaluation under ``torch.no_grad()`` or
-``torch.inference_mode()`` between steps changes nothing.
+``torch.inference_mode()`` between steps changes nothing. A stage 3 forward gathers units
+with the other ranks, so every rank runs it; to evaluate on some ranks only (rank 0
+alone), do it inside ``with model.full_parameters():``, which every rank enters.
 
 Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
 averages over the ranks and micro-batches once. A parameter registered twice (tied
@@ -417,6 +419,8 @@ class ShardedModule(torch.nn.Module):
         self._micro_batches = 0  # backward passes since the last step
         self._in_no_sync = False
         self._backward_active = False
+        # Inside full_parameters(): each parameter's full copy, and what it held before.
+        self._full: Optional[List[torch.Tensor]] = None
         # The gradient accumulators are taken while the parameters still hold their values.
         self._install_grad_hooks()
         self._start_engine(initial=[p.data for p in self._params])
@@ -579,6 +583,8 @@ class ShardedModule(torch.nn.Module):
         view) or its released husk (stage 3). Costs no call into the engine."""
         if p.numel() == 0:
             return False  # no memory to compare
+        if self._full is not None:
+            return p.data_ptr() != self._full[i].data_ptr()
         if self.stage == 2:
             return p.data_ptr() != self._resident[i]
         if self._unit(self._param_unit[i]).gathered:
@@ -709,6 +715,8 @@ class ShardedModule(torch.nn.Module):
 
     # ---- forward --------------------------------------------------------------------
     def _begin_forward(self, u: _Unit) -> None:
+        if self._full is not None:  # full_parameters(): nothing to gather
+            return
         if self._backward_active:
             # A unit's forward run again by backward (torch.utils.checkpoint recomputing
             # it): its backward follows, so it is gathered for that now. Stage 3 runs it
@@ -736,6 +744,8 @@ class ShardedModule(torch.nn.Module):
     def _end_forward(self, u: _Unit, output: Any) -> Any:
         """After the unit's forward: its outputs, copied where they are its gathered memory
         and it is released now."""
+        if self._full is not None:
+            return output
         u.forward_depth -= 1
         if u.forward_depth:
             return output
@@ -805,6 +815,13 @@ class ShardedModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._check_structure()
+        if self._full is not None:
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    "hpshard.torch: a forward with gradients enabled inside "
+                    "full_parameters(); it evaluates only: run it under torch.no_grad() or "
+                    "torch.inference_mode(), and train outside it")
+            return self.module(*args, **kwargs)
         if self._backward_active:
             try:  # refused outside a backward
                 torch.autograd.Variable._execution_engine.queue_callback(lambda: None)
@@ -873,6 +890,10 @@ class ShardedModule(torch.nn.Module):
     def _start_backward(self) -> None:
         if self._backward_active:
             return
+        if self._full is not None:
+            raise RuntimeError(
+                "hpshard.torch: a backward inside full_parameters(); the engine reduces "
+                "gradients over every rank, outside it: run the backward after the block")
         self._backward_active = True
         for u in self._units:
             u.pending = len(u.trainable)
@@ -898,6 +919,8 @@ class ShardedModule(torch.nn.Module):
         refused before any gradient checked in (a second backward before step()); one that
         failed after some checked in leaves the engine's micro-batch half done, and its
         next grad_ready or step() is refused."""
+        if not self._backward_active:  # refused before it started: nothing to undo
+            return
         for u in self._units:
             u.forward_depth = 0  # a recomputation that raised
             u.recomputing = False
@@ -1055,6 +1078,7 @@ class ShardedModule(torch.nn.Module):
         """The optimizer step on this rank's shards and the parameters' all-gathers
         (enqueued; no host sync)."""
         begin = time.monotonic_ns()
+        self._refuse_inside_full("step()")
         if self._micro_batches != self.accumulation_steps:
             raise RuntimeError(f"hpshard.torch: step() after {self._micro_batches} backward "
                                f"passes; accumulation_steps is {self.accumulation_steps}")
@@ -1097,6 +1121,52 @@ class ShardedModule(torch.nn.Module):
         """Wait for everything in flight (a host sync: not for the training step); after
         it, stage 2 parameters hold the last step's values."""
         self._engine.synchronize()
+
+    @contextlib.contextmanager
+    def full_parameters(self):
+        """Inside the block the module's parameters hold their full values on this rank (as
+        FSDP's ``summon_full_params``, every rank holds the whole model meanwhile), so any
+        subset of ranks may evaluate: rank 0 alone, say, running the wrapped module or its
+        units under ``torch.no_grad()`` with no collective (a stage 3 forward outside it
+        gathers units with the other ranks). Entering is collective over the sharding group
+        (each parameter's :meth:`hpshard.Engine.gather_parameter`: fp16 / bf16 parameters
+        are their fp32 masters rounded); leaving is not. The values are copies: a
+        parameter written inside the block raises as the block ends, naming it, and
+        the engine's values stay (use :meth:`load_state_dict`). Inside, a forward with
+        gradients enabled, a backward, :meth:`step` and :meth:`load_state_dict` raise."""
+        self._refuse_inside_full("full_parameters()")
+        if self._backward_active:
+            raise RuntimeError("hpshard.torch: full_parameters() while a backward is under way")
+        if any(u.forward_depth for u in self._units):
+            raise RuntimeError("hpshard.torch: full_parameters() inside a forward")
+        self._check_structure()
+        values = self._save_parameters()
+        previous = [p.data for p in self._params]
+        for p, v in zip(self._params, values):
+            p.data = v
+        versions = [p._version for p in self._params]
+        self._full = values
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            self._full = None
+            written = [self._names[i] for i, p in enumerate(self._params)
+                       if p._version != versions[i]]
+            if self._engine is not None:  # close() inside gave them their values already
+                for p, old in zip(self._params, previous):
+                    p.data = old
+        if written and not failed:
+            raise RuntimeError(
+                f"hpshard.torch: parameter {written[0]!r} was written inside "
+                "full_parameters(); the block holds copies of the engine's values, so the "
+                "write was dropped: set parameters with load_state_dict()")
+
+    def _refuse_inside_full(self, what: str) -> None:
+        if self._full is not None:
+            raise RuntimeError(f"hpshard.torch: {what} inside full_parameters(); it "
+                               "evaluates only: call it after the block")
 
     # ---- state ----------------------------------------------------------------------
     def _save_parameters(self) -> List[torch.Tensor]:
@@ -1165,6 +1235,7 @@ class ShardedModule(torch.nn.Module):
 
     def _load_entries(self, state_dict: Dict[str, torch.Tensor],
                       strict: bool) -> Tuple[List[str], List[str]]:
+        self._refuse_inside_full("load_state_dict()")
         own = self.module.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]

@@ -953,6 +953,84 @@ def test_an_inference_mode_evaluation_between_steps_changes_nothing(stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_full_parameters_let_one_rank_evaluate_alone(stage):
+    """Stage 3 gathers units collectively, so rank 0 evaluating alone called an all-gather
+    the other rank never joined (refused as a disagreement). Inside full_parameters() rank
+    0 evaluates the model and a unit called directly, against torch's model trained the
+    same steps, while rank 1 does nothing; training then goes on as without it."""
+    x = _net_batch(100)
+    trained = _net()
+    trained.load_state_dict(_net_reference(2))
+    with torch.no_grad():
+        want_loss = trained(x)
+        want_block = trained.blocks[0](x)
+
+    def rank_main(rank, world, evaluate):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
+            for step in range(4):
+                if evaluate and step == 2:
+                    with model.full_parameters():
+                        if rank == 0:
+                            with torch.no_grad():
+                                loss = model(x)
+                                block = model.module.blocks[0](x)
+                            assert relative(loss, want_loss) <= 1e-5
+                            assert relative(block, want_block) <= 1e-5
+                            assert relative(model.module.inp.weight,
+                                            trained.inp.weight) <= 1e-5
+                    if stage == 3:  # released again: the husk
+                        assert model.module.blocks[0].fc.weight.stride() == (0, 0)
+                model(shard_of(_net_batch(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    assert_runs_equal(rank_main)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_inside_full_parameters_training_and_writes_are_refused_and_training_goes_on(stage):
+    """Inside full_parameters(): a forward with gradients, a backward (of a graph made
+    before), step(), load_state_dict() and a nested block raise at once; a parameter
+    written raises as the block ends, naming it, the engine's value kept. Training after
+    it equals a run without any of it, bitwise."""
+    x = _net_batch(100)
+
+    def rank_main(rank, world, refused):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR) as model:
+            for step in range(3):
+                if refused and step == 1:
+                    before = model.state_dict()
+                    pending = model(shard_of(x, rank, 2))
+                    with model.full_parameters():
+                        with pytest.raises(RuntimeError, match="gradients enabled"):
+                            model(x)
+                        with pytest.raises(RuntimeError, match="backward inside"):
+                            pending.backward()
+                        with pytest.raises(RuntimeError, match=r"step\(\) inside"):
+                            model.step()
+                        with pytest.raises(RuntimeError, match=r"load_state_dict\(\) inside"):
+                            model.load_state_dict(before)
+                        with pytest.raises(RuntimeError, match=r"full_parameters\(\) inside"):
+                            with model.full_parameters():
+                                pass
+                    del pending
+                    with pytest.raises(RuntimeError, match="'blocks.1.fc.bias' was written"):
+                        with model.full_parameters():
+                            with torch.no_grad():
+                                model.module.blocks[1].fc.bias.add_(1.0)
+                    after = model.state_dict()
+                    for key in before:
+                        assert torch.equal(before[key], after[key]), key
+                model(shard_of(_net_batch(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    assert_runs_equal(rank_main)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_a_module_holding_a_sharded_module_saves_and_loads_it(stage):
     def rank_main(rank, world):
         with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS) as sharded:
