@@ -78,7 +78,8 @@ public final class Work extends Handle<WorkHandle> {
 
   /**
    * Blocks until the operation has finished (hps_work_wait; one host sync); throws its
-   * HpsException (TIMEOUT, ABORTED, INVALID_ARGUMENT when ranks disagree, ...).
+   * HpsException (TIMEOUT, ABORTED, INVALID_ARGUMENT when ranks disagree, ...). The wait
+   * does not see {@link Thread#interrupt()}: {@link #awaitInterruptibly()} does.
    */
   public void await() {
     WorkHandle h = h();
@@ -88,6 +89,21 @@ public final class Work extends Handle<WorkHandle> {
       work.finished();
     }
   }
+
+  /**
+   * As {@link #await()}, and a {@link Thread#interrupt()} of the waiting thread ends the wait
+   * within about 50 ms with InterruptedException (the interrupt status cleared, as
+   * {@code Object.wait} does); the operation goes on and this work still holds it and its
+   * buffers: await, test or close it later. A thread already interrupted throws at once.
+   */
+  public void awaitInterruptibly() throws InterruptedException {
+    while (true) {
+      if (Thread.interrupted()) throw new InterruptedException("Work.awaitInterruptibly");
+      if (await(INTERRUPT_SLICE_MS, TimeUnit.MILLISECONDS)) return;
+    }
+  }
+
+  private static final long INTERRUPT_SLICE_MS = 50;
 
   /**
    * Blocks until the operation has finished or {@code timeout} has passed, whichever comes

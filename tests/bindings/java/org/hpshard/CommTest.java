@@ -268,6 +268,54 @@ class CommTest {
     });
   }
 
+  /**
+   * An interrupt ends awaitInterruptibly with InterruptedException while the receive is
+   * pending (await() would wait for the communicator's timeout); the work still holds the
+   * receive, which completes once the peer sends.
+   */
+  @Test
+  void anInterruptEndsAnInterruptibleAwaitAndTheWorkGoesOn() throws Exception {
+    CountDownLatch pending = new CountDownLatch(1);
+    runRanks(2, (r, url) -> {
+      try (Store store = Store.open(url, r, 10000); Communicator comm = world(store, r, 2)) {
+        if (r == 0) {
+          ByteBuffer got = longs(-1);
+          try (Work rv = comm.recv(got, DType.INT64, 1)) {
+            Thread.currentThread().interrupt();
+            assertThrows(InterruptedException.class, rv::awaitInterruptibly);
+            assertFalse(Thread.currentThread().isInterrupted());
+            Thread waiter = Thread.currentThread();
+            Thread interrupter = new Thread(() -> {
+              try {
+                Thread.sleep(100);
+              } catch (InterruptedException e) {
+                return;
+              }
+              waiter.interrupt();
+            });
+            long start = System.nanoTime();
+            interrupter.start();
+            assertThrows(InterruptedException.class, rv::awaitInterruptibly);
+            long waited = System.nanoTime() - start;
+            interrupter.join();
+            assertFalse(Thread.currentThread().isInterrupted());
+            assertTrue(waited >= TimeUnit.MILLISECONDS.toNanos(90), "waited " + waited);
+            assertTrue(waited < TimeUnit.SECONDS.toNanos(5), "waited " + waited);
+            assertEquals(-1L, got.getLong(0));
+            assertFalse(rv.test());
+            pending.countDown();
+            rv.awaitInterruptibly();
+            assertEquals(42L, got.getLong(0));
+          }
+        } else {
+          assertTrue(pending.await(JOIN_MS, TimeUnit.MILLISECONDS));
+          comm.send(longs(42L), DType.INT64, 0).await();
+        }
+      }
+      return null;
+    });
+  }
+
   @Test
   void split() throws Exception {
     List<Long> sums = runRanks(WORLD, (r, url) -> {
