@@ -585,6 +585,7 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
 %extend StoreHandle {
   static StoreHandle* open(const char* url, int32_t rank, int64_t timeout_ms) { HPS_SWIG_GET(StoreHandle*, hps_store_open(url, rank, timeout_ms, &v)); }
   ~StoreHandle() { hps_store_destroy($self); }
+  void abort() { HPS_SWIG_CHECK(hps_store_abort($self)); }
   void set(const char* key, const void* value, size_t size) { HPS_SWIG_CHECK(hps_store_set($self, key, value, size)); }
   /* Values of any size: on OUT_OF_RANGE with the size needed, grow and ask again. */
   hps_swig_bytes get(const char* key, int64_t timeout_ms) {

@@ -19,7 +19,7 @@ struct hps_event {
 };
 
 struct hps_store {
-  std::shared_ptr<hps::Store> impl;
+  std::shared_ptr<hps::AbortableStore> impl;  // hps_store_abort ends its waits
 };
 
 struct hps_comm {

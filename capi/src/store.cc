@@ -35,7 +35,7 @@ HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeo
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::Milliseconds timeout, to_timeout(timeout_ms));
     HPS_ASSIGN_OR_RETURN(auto store, hps::open_store(url, rank, timeout));
-    *out_store = new hps_store{std::move(store)};
+    *out_store = new hps_store{std::make_shared<hps::AbortableStore>(std::move(store))};
     return hps::Status::Ok();
   });
 }
@@ -43,6 +43,14 @@ HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeo
 HPS_API hps_status_t hps_store_destroy(hps_store_t* store) {
   return guard(__func__, [&]() -> hps::Status {
     delete store;
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_store_abort(hps_store_t* store) {
+  HPS_CHECK_ARG(store);
+  return guard(__func__, [&]() -> hps::Status {
+    store->impl->abort();
     return hps::Status::Ok();
   });
 }

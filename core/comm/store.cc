@@ -18,6 +18,71 @@ Status store_timeout(std::string_view operation, const std::vector<std::string>&
   return timeout_error(std::move(m));
 }
 
+void WatchedStore::stop_watching() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_ = nullptr;
+}
+
+Status WatchedStore::watch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return check_ ? check_() : Status::Ok();
+}
+
+StatusOr<std::string> WatchedStore::get(std::string_view key, Milliseconds timeout) {
+  HPS_RETURN_IF_ERROR(wait_in_slices("store get", {std::string(key)}, timeout));
+  return ForwardingStore::get(key, timeout);
+}
+
+Status WatchedStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
+  return wait_in_slices("store wait", keys, timeout);
+}
+
+Status WatchedStore::wait_in_slices(std::string_view operation,
+                                    const std::vector<std::string>& keys, Milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + clamp_store_wait(timeout);
+  for (;;) {
+    HPS_RETURN_IF_ERROR(watch());
+    const auto left =
+        std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()) + Milliseconds(1);
+    Status s = ForwardingStore::wait(keys, std::clamp(left, Milliseconds(1), kSlice));
+    if (s.code() != StatusCode::kTimeout) return s;
+    if (Clock::now() >= deadline) return store_timeout(operation, keys, timeout);
+  }
+}
+
+AbortableStore::AbortableStore(std::shared_ptr<Store> inner)
+    : AbortableStore(std::move(inner), std::make_shared<std::atomic<bool>>(false)) {}
+
+AbortableStore::AbortableStore(std::shared_ptr<Store> inner,
+                               std::shared_ptr<std::atomic<bool>> aborted)
+    : WatchedStore(std::move(inner),
+                   [aborted] { return aborted->load() ? aborted_error() : Status::Ok(); }),
+      aborted_(std::move(aborted)) {}
+
+Status AbortableStore::aborted_error() {
+  return aborted("store: aborted (hps_store_abort): a rendezvous or wait over it ends here");
+}
+
+Status AbortableStore::refuse_if_aborted() const {
+  return aborted_->load() ? aborted_error() : Status::Ok();
+}
+
+Status AbortableStore::set(std::string_view key, std::string_view value) {
+  HPS_RETURN_IF_ERROR(refuse_if_aborted());
+  return WatchedStore::set(key, value);
+}
+
+StatusOr<int64_t> AbortableStore::add(std::string_view key, int64_t delta) {
+  HPS_RETURN_IF_ERROR(refuse_if_aborted());
+  return WatchedStore::add(key, delta);
+}
+
+StatusOr<bool> AbortableStore::check(const std::vector<std::string>& keys) {
+  HPS_RETURN_IF_ERROR(refuse_if_aborted());
+  return WatchedStore::check(keys);
+}
+
 Status check_store_key(std::string_view key) {
   if (key.size() <= kMaxStoredKeyBytes) return Status::Ok();
   return invalid_argument("store: a key of " + std::to_string(key.size()) +

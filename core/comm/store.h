@@ -5,9 +5,12 @@
 // kMaxStoreValueBytes, timeouts clamped to kMaxStoreWait, and one `add` (below).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,6 +71,51 @@ class ForwardingStore : public Store {
 
  private:
   std::shared_ptr<Store> inner_;
+};
+
+// A store whose waits (`get`, `wait`) go in slices of at most kSlice and ask `check` before
+// the first and between them: an error from it ends the wait with that error, so a wait
+// ends early when something else says it cannot succeed (a split's parent group reports a
+// member gone; a store handle was aborted). `check` runs on the waiting thread, and is
+// nulled by stop_watching (it may capture what goes away after).
+class WatchedStore : public ForwardingStore {
+ public:
+  static constexpr Milliseconds kSlice{200};
+  WatchedStore(std::shared_ptr<Store> inner, std::function<Status()> check)
+      : ForwardingStore(std::move(inner)), check_(std::move(check)) {}
+
+  // From here on a plain forwarding store.
+  void stop_watching();
+
+  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override;
+  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
+
+ private:
+  Status watch();
+  Status wait_in_slices(std::string_view operation, const std::vector<std::string>& keys,
+                        Milliseconds timeout);
+  std::mutex mu_;
+  std::function<Status()> check_;
+};
+
+// A store that abort() ends: from then on every call, and every wait under way (within a
+// slice), returns ABORTED. What the C API's store handles are, so that a caller can end a
+// rendezvous that waits for ranks that never come (Ctrl-C in Python).
+class AbortableStore final : public WatchedStore {
+ public:
+  explicit AbortableStore(std::shared_ptr<Store> inner);
+  // Thread-safe; idempotent.
+  void abort() { aborted_->store(true); }
+
+  Status set(std::string_view key, std::string_view value) override;
+  StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
+  StatusOr<bool> check(const std::vector<std::string>& keys) override;
+
+ private:
+  AbortableStore(std::shared_ptr<Store> inner, std::shared_ptr<std::atomic<bool>> aborted);
+  static Status aborted_error();
+  Status refuse_if_aborted() const;
+  std::shared_ptr<std::atomic<bool>> aborted_;
 };
 
 // A store whose keys live in this process; ranks that are threads share one instance.

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hpshard/hpshard.h"
 
@@ -315,6 +316,44 @@ static void test_store(void) {
   CHECK_OK(hps_store_destroy(NULL));
 }
 
+/* hps_store_abort from another thread ends a communicator's creation that waits for a
+ * rank that never comes (here it would wait 20 s), and every later call on the store. */
+struct abort_args {
+  hps_store_t* store;
+  hps_status_t status;
+  hps_comm_t* comm;
+};
+
+static void* create_alone(void* p) {
+  struct abort_args* a = (struct abort_args*)p;
+  hps_comm_options_t options;
+  hps_comm_options_init(&options, sizeof options);
+  options.timeout_ms = 20000;
+  a->status = hps_comm_create(a->store, 0, 2, HPS_DEVICE_CPU, 0, &options, &a->comm);
+  return NULL;
+}
+
+static void test_store_abort(void) {
+  struct abort_args a = {NULL, HPS_STATUS_OK, NULL};
+  pthread_t thread;
+  struct timespec nap = {0, 300 * 1000 * 1000}, start, end;
+  int64_t value = 0;
+  CHECK(hps_store_abort(NULL) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK_OK(hps_store_open("memory://store_abort_test", 0, 1000, &a.store));
+  pthread_create(&thread, NULL, create_alone, &a);
+  nanosleep(&nap, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  CHECK_OK(hps_store_abort(a.store));
+  pthread_join(thread, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  CHECK(a.status == HPS_STATUS_ABORTED && a.comm == NULL);
+  CHECK((end.tv_sec - start.tv_sec) * 1000 + (end.tv_nsec - start.tv_nsec) / 1000000 < 2000);
+  CHECK(hps_store_add(a.store, "n", 1, &value) == HPS_STATUS_ABORTED);
+  CHECK(strstr(hps_last_error_message(), "aborted") != NULL);
+  CHECK_OK(hps_store_abort(a.store));
+  CHECK_OK(hps_store_destroy(a.store));
+}
+
 /* A caller's key holds up to 4096 bytes on every store, a file store included (under the
  * job's prefix its file name would be too long: it is named by its hash), and a job id of
  * the documented 256 bytes works there too. */
@@ -430,6 +469,7 @@ int main(void) {
   test_rendezvous();
   collectives = have_cpu_communicators();
   if (collectives) {
+    test_store_abort();
     test_single_rank();
     test_collectives();
   }

@@ -432,6 +432,14 @@ class Store(Handle):
         """Wait up to ``timeout_ms`` until ``key`` is set (Error TIMEOUT)."""
         self._h().wait(str(key), int(timeout_ms))
 
+    def abort(self) -> None:
+        """From now on every call on this store, and every wait on it under way (within
+        about 200 ms), raises Error ABORTED; so does a :meth:`Communicator.create` over it
+        that waits for ranks. Any thread may call it, also while another is blocked on the
+        store; it cannot be undone (open a new store). Ctrl-C in a Communicator.create
+        calls it."""
+        self._h().abort()
+
     def check(self, key: str) -> bool:
         """Whether ``key`` is set, without waiting."""
         return bool(self._h().check(str(key)))
@@ -603,6 +611,41 @@ def _ready(ready: Optional[Stream]) -> Any:
 _WAIT_SLICE_MS = 100
 
 
+def _interruptible(call: Callable[[], Any], abort: Callable[[], None]) -> Any:
+    """``call()``, which blocks in the library (a rendezvous), made interruptible: on the
+    main thread it runs on a helper thread while this one waits in slices, so a signal's
+    exception (KeyboardInterrupt from Ctrl-C) is raised here at once; ``abort()`` then ends
+    the call, which is joined (its result, if it completed meanwhile, dropped) before the
+    exception goes on. Elsewhere (signals reach only the main thread) it is ``call()``."""
+    if threading.current_thread() is not threading.main_thread():
+        return call()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as e:  # noqa: BLE001 — raised on the caller's thread
+            outcome["error"] = e
+
+    helper = threading.Thread(target=run, name="hpshard-rendezvous", daemon=True)
+    helper.start()
+    try:
+        while helper.is_alive():
+            helper.join(_WAIT_SLICE_MS / 1000)
+    except BaseException:
+        abort()
+        helper.join()
+        outcome.clear()
+        raise
+    if "error" in outcome:
+        error = outcome.pop("error")
+        try:
+            raise error
+        finally:
+            del error
+    return outcome["value"]
+
+
 class Work(Handle):
     """One asynchronous operation (hps_work_t), returned by every collective.
 
@@ -716,7 +759,10 @@ class Communicator(Handle):
                name: Optional[str] = None) -> "Communicator":
         """Collective: every rank of ``size`` calls it; blocks until all have connected
         (the GIL is released meanwhile). Unset options keep the library's defaults
-        (HPS_COMM_TIMEOUT_MS / HPS_COMM_CHECK, else 300000 ms and on; name "world")."""
+        (HPS_COMM_TIMEOUT_MS / HPS_COMM_CHECK, else 300000 ms and on; name "world").
+        On the main thread Ctrl-C (KeyboardInterrupt, or another signal handler's
+        exception) ends the wait at once: the store is aborted (:meth:`Store.abort`), so
+        open a new one to try again."""
         if not isinstance(store, Store):
             raise TypeError(f"store must be an hpshard.Store, not {type(store).__name__}")
         options = None
@@ -728,8 +774,11 @@ class Communicator(Handle):
                 options.check_arguments = 1 if check_arguments else 0
             if name is not None:
                 options.name = str(name)
-        h = _c.CommHandle.create(store._h(), int(rank), int(size), int(device_type),
-                                 int(device_index), options)
+        raw = store._h()
+        h = _interruptible(lambda: _c.CommHandle.create(raw, int(rank), int(size),
+                                                        int(device_type), int(device_index),
+                                                        options),
+                           raw.abort)
         return cls(h, name)
 
     def _before_close(self, h: Any) -> None:

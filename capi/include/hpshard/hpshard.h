@@ -379,6 +379,19 @@ HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeo
 /** Free `store`; NULL is a no-op. A serving TCP store stops serving. */
 HPS_API hps_status_t hps_store_destroy(hps_store_t* store);
 
+/**
+ * Abort `store`: every call on it from now on, and every wait on it under way (within about
+ * 200 ms), returns ABORTED; so does a communicator's creation over it (hps_comm_create, a
+ * hybrid group's) that waits for ranks, and later splits of communicators created over it.
+ * For a caller that must stop waiting for ranks that never come (a Ctrl-C, a supervisor
+ * giving up) while another thread is blocked in such a call. It cannot be undone: destroy
+ * the store (once no call uses it) and open a new one. Operations of communicators already
+ * created do not use the store and are not affected (see hps_comm_abort).
+ * Errors: INVALID_ARGUMENT (NULL). Thread safety: any thread, also while other threads use
+ * the store.
+ */
+HPS_API hps_status_t hps_store_abort(hps_store_t* store);
+
 /** Set `key` to the `size` bytes at `value` (binary-safe). Errors: INVALID_ARGUMENT. */
 HPS_API hps_status_t hps_store_set(hps_store_t* store, const char* key, const void* value,
                                    size_t size);

@@ -26,47 +26,6 @@ namespace hps::gloo_backend {
 
 namespace {
 
-// A split's store while the split is made: its waits go in slices and end early, ABORTED,
-// when `alive` reports a member of the parent group gone.
-class WatchedStore final : public ForwardingStore {
- public:
-  WatchedStore(std::shared_ptr<Store> inner, std::function<Status()> alive)
-      : ForwardingStore(std::move(inner)), alive_(std::move(alive)) {}
-
-  // From here on a plain forwarding store (the parent group may go).
-  void stop_watching() {
-    std::lock_guard<std::mutex> lock(mu_);
-    alive_ = nullptr;
-  }
-
-  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
-    HPS_RETURN_IF_ERROR(wait({std::string(key)}, timeout));
-    return ForwardingStore::get(key, timeout);
-  }
-
-  Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
-    using Clock = std::chrono::steady_clock;
-    const auto deadline = Clock::now() + std::clamp(timeout, Milliseconds(0), kMaxStoreWait);
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()) + Milliseconds(1);
-      Status s = ForwardingStore::wait(keys, std::clamp(left, Milliseconds(1), kSlice));
-      if (s.code() != StatusCode::kTimeout) return s;
-      if (Clock::now() >= deadline) return store_timeout("wait", keys, timeout);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (alive_) HPS_RETURN_IF_ERROR(alive_());
-    }
-  }
-
- private:
-  static constexpr Milliseconds kSlice{200};
-  std::mutex mu_;
-  std::function<Status()> alive_;
-};
-
-}  // namespace
-namespace {
-
 using Clock = std::chrono::steady_clock;
 
 // Gloo's rendezvous store interface over ours (exceptions are how Gloo expects errors).

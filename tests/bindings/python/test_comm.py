@@ -388,6 +388,52 @@ def seconds_to_interrupt(call, after=0.2):
         timer.cancel()
 
 
+@pytest.mark.parametrize("kind", ["memory", "tcp"])
+def test_ctrl_c_ends_a_rendezvous_waiting_for_a_rank_that_never_comes(kind):
+    """Communicator.create blocked in the library until its timeout (here 20 s) whatever
+    the signals: now SIGINT raises KeyboardInterrupt within a slice and leaves the store
+    aborted (Error ABORTED from then on); a new store works. From another thread create
+    is the plain call, and Store.abort from this thread ends it the same way."""
+    if kind == "memory":
+        url = unique_url("rendezvous")
+    else:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    with Store.open(url, 0) as store:
+        elapsed = seconds_to_interrupt(
+            lambda: Communicator.create(store, 0, 2, timeout_ms=20000), after=0.3)
+        assert elapsed < 3.0, elapsed
+        with pytest.raises(hpshard.Error) as e:
+            store.get("anything", 100)
+        assert e.value.status == ABORTED and "aborted" in str(e.value)
+        with pytest.raises(hpshard.Error) as e:
+            store.set("k", b"v")
+        assert e.value.status == ABORTED
+    with Store.open(unique_url("after"), 0) as store:
+        errors = []
+
+        def rank():
+            try:
+                Communicator.create(store, 0, 2, timeout_ms=20000)
+            except BaseException as e:  # noqa: BLE001 — checked below
+                errors.append(e)
+
+        thread = threading.Thread(target=rank, daemon=True)
+        start = time.monotonic()
+        thread.start()
+        time.sleep(0.3)
+        store.abort()
+        thread.join(JOIN_S)
+        assert not thread.is_alive() and time.monotonic() - start < 3.0
+        assert len(errors) == 1 and isinstance(errors[0], hpshard.Error), errors
+        assert errors[0].status == ABORTED, errors[0]
+    with Store.open(unique_url("fresh"), 0) as store:
+        with Communicator.create(store, 0, 1) as comm:
+            assert comm.size == 1
+
+
 def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
     """Work.wait() is made of short timed waits, so SIGINT in the main thread raises
     KeyboardInterrupt within a slice (it used to wait for the operation, here up to the

@@ -261,6 +261,52 @@ TYPED_TEST(StoreConformance, WaitForSeveralKeys) {
   EXPECT_TRUE(*this->store().check({"k1", "k2", "k3"}));
 }
 
+// The C API's store handles: waits in slices, ended by abort() from another thread.
+TYPED_TEST(StoreConformance, AnAbortEndsAWaitUnderWayAndEveryLaterCall) {
+  auto abortable = std::make_shared<AbortableStore>(this->store_ptr());
+  // Unaborted, it is the store: a value set after more than one slice arrives, and a
+  // timeout names the caller's whole wait.
+  std::thread writer([&] {
+    std::this_thread::sleep_for(WatchedStore::kSlice + milliseconds(150));
+    EXPECT_TRUE(this->other().set("late", "arrived").ok());
+  });
+  auto late = abortable->get("late", seconds(10));
+  writer.join();
+  ASSERT_TRUE(late.ok()) << late.status().to_string();
+  EXPECT_EQ(*late, "arrived");
+  auto start = Clock::now();
+  auto missing = abortable->get("missing", milliseconds(450));
+  EXPECT_GE(since(start).count(), 440);
+  EXPECT_EQ(missing.status().code(), StatusCode::kTimeout);
+  EXPECT_NE(missing.status().message().find("store get timed out after 450 ms"),
+            std::string::npos)
+      << missing.status().to_string();
+
+  StatusOr<std::string> waited = std::string();
+  Status waited_all;
+  std::thread getter([&] { waited = abortable->get("never", seconds(20)); });
+  std::thread waiter([&] { waited_all = abortable->wait({"never", "late"}, seconds(20)); });
+  std::this_thread::sleep_for(milliseconds(300));
+  start = Clock::now();
+  abortable->abort();
+  getter.join();
+  waiter.join();
+  EXPECT_LT(since(start).count(), 2 * WatchedStore::kSlice.count() + 500);
+  EXPECT_EQ(waited.status().code(), StatusCode::kAborted) << waited.status().to_string();
+  EXPECT_EQ(waited_all.code(), StatusCode::kAborted) << waited_all.to_string();
+  EXPECT_NE(waited.status().message().find("aborted"), std::string::npos);
+  // Every later call, present keys included; aborting twice is harmless.
+  abortable->abort();
+  EXPECT_EQ(abortable->get("late", seconds(1)).status().code(), StatusCode::kAborted);
+  EXPECT_EQ(abortable->wait({"late"}, seconds(1)).code(), StatusCode::kAborted);
+  EXPECT_EQ(abortable->set("k", "v").code(), StatusCode::kAborted);
+  EXPECT_EQ(abortable->add("n", 1).status().code(), StatusCode::kAborted);
+  EXPECT_EQ(abortable->check({"late"}).status().code(), StatusCode::kAborted);
+  // The store under it is not aborted, and nothing was written through the aborted one.
+  EXPECT_FALSE(*this->other().check({"k"}));
+  EXPECT_EQ(*AbortableStore(this->store_ptr()).get("late", seconds(1)), "arrived");
+}
+
 TYPED_TEST(StoreConformance, CheckDoesNotWait) {
   EXPECT_FALSE(*this->store().check({"x"}));
   ASSERT_TRUE(this->other().set("x", "1").ok());

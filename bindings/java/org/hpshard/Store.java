@@ -79,6 +79,17 @@ public final class Store extends Handle<StoreHandle> {
     h().wait(key, timeoutMs);
   }
 
+  /**
+   * Aborts the store (hps_store_abort): from now on every call on it, and every wait on it
+   * under way (within about 200 ms), throws HpsException ABORTED; so does a
+   * {@link Communicator} creation over it that waits for ranks that never come. Any thread
+   * may call it, also while another is blocked on the store; it cannot be undone (open a new
+   * store).
+   */
+  public void abort() {
+    h().abort();
+  }
+
   /** Whether {@code key} is set, without waiting. */
   public boolean check(String key) {
     Objects.requireNonNull(key, "key");

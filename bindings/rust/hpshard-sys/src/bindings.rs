@@ -862,6 +862,18 @@ extern "C" {
     pub fn hps_store_destroy(store: *mut hps_store_t) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " Abort `store`: every call on it from now on, and every wait on it under way (within about"]
+    #[doc = " 200 ms), returns ABORTED; so does a communicator's creation over it (hps_comm_create, a"]
+    #[doc = " hybrid group's) that waits for ranks, and later splits of communicators created over it."]
+    #[doc = " For a caller that must stop waiting for ranks that never come (a Ctrl-C, a supervisor"]
+    #[doc = " giving up) while another thread is blocked in such a call. It cannot be undone: destroy"]
+    #[doc = " the store (once no call uses it) and open a new one. Operations of communicators already"]
+    #[doc = " created do not use the store and are not affected (see hps_comm_abort)."]
+    #[doc = " Errors: INVALID_ARGUMENT (NULL). Thread safety: any thread, also while other threads use"]
+    #[doc = " the store."]
+    pub fn hps_store_abort(store: *mut hps_store_t) -> hps_status_t;
+}
+extern "C" {
     #[doc = " Set `key` to the `size` bytes at `value` (binary-safe). Errors: INVALID_ARGUMENT."]
     pub fn hps_store_set(
         store: *mut hps_store_t,

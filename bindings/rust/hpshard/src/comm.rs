@@ -168,6 +168,16 @@ impl Store {
         check(unsafe { sys::hps_store_wait(self.raw.as_ptr(), key.as_ptr(), timeout_ms(timeout)) })
     }
 
+    /// Abort the store (`hps_store_abort`): from now on every call on it, and every wait
+    /// on it under way (within about 200 ms), ends with [`Status::Aborted`]; so does a
+    /// [`Communicator::create`] over it that waits for ranks that never come. Callable
+    /// from another thread while one is blocked on the store (the store is `Sync`); it
+    /// cannot be undone (open a new store).
+    pub fn abort(&self) -> Result<()> {
+        // SAFETY: live handle; hps_store_abort is callable from any thread at any time.
+        check(unsafe { sys::hps_store_abort(self.raw.as_ptr()) })
+    }
+
     /// Whether `key` is set, without waiting (`hps_store_check`).
     pub fn check(&self, key: &str) -> Result<bool> {
         let key = c_string("store key", key)?;

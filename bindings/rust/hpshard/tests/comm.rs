@@ -148,6 +148,32 @@ fn store_is_shared_by_threads() {
     assert_eq!(store.add("counter", 0).unwrap(), 400);
 }
 
+#[test]
+fn store_abort_ends_a_rendezvous_waiting_for_a_rank_that_never_comes() {
+    let store = Store::open(&unique_url("store-abort"), 0, OPEN_TIMEOUT).unwrap();
+    let options = CommOptions::new().timeout(COMM_TIMEOUT);
+    let start = Instant::now();
+    let created = std::thread::scope(|s| {
+        let store = &store;
+        let rank =
+            s.spawn(move || Communicator::create(store, 0, 2, DeviceType::CPU, 0, Some(options)));
+        std::thread::sleep(Duration::from_millis(300));
+        store.abort().unwrap();
+        rank.join().unwrap()
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    let err = expect_status(created, Status::Aborted);
+    assert!(err.message.contains("abort"), "{}", err);
+    // Every call after it, and aborting again is harmless.
+    expect_status(store.set("k", b"v"), Status::Aborted);
+    expect_status(store.get("k", Duration::from_millis(10)), Status::Aborted);
+    store.abort().unwrap();
+}
+
 // ---------------------------------------------------------------------------------
 // Collectives
 // ---------------------------------------------------------------------------------

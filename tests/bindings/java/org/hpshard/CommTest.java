@@ -3,6 +3,7 @@ package org.hpshard;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -314,6 +315,36 @@ class CommTest {
       }
       return null;
     });
+  }
+
+  /**
+   * Store.abort from another thread ends a Communicator creation waiting for a rank that
+   * never comes (it waited for the 20 s timeout); every later call on the store throws
+   * ABORTED.
+   */
+  @Test
+  void storeAbortEndsARendezvousWaitingForARankThatNeverComes() throws Exception {
+    try (Store store = Store.open("memory://java-abort-" + UUID.randomUUID(), 0, 10000)) {
+      AtomicReference<Throwable> failure = new AtomicReference<>();
+      Thread rank = new Thread(() -> {
+        try (Communicator comm = world(store, 0, 2)) {
+          failure.set(new AssertionError("created without rank 1"));
+        } catch (Throwable t) {
+          failure.set(t);
+        }
+      });
+      long start = System.nanoTime();
+      rank.start();
+      Thread.sleep(300);
+      store.abort();
+      rank.join(JOIN_MS);
+      assertFalse(rank.isAlive());
+      assertTrue(System.nanoTime() - start < TimeUnit.SECONDS.toNanos(3));
+      HpsException e = assertInstanceOf(HpsException.class, failure.get());
+      assertEquals(ABORTED, e.status(), e.getMessage());
+      HpsException later = assertThrows(HpsException.class, () -> store.set("k", "v"));
+      assertEquals(ABORTED, later.status());
+    }
   }
 
   @Test
