@@ -278,8 +278,7 @@ TYPED_TEST(StoreConformance, AnAbortEndsAWaitUnderWayAndEveryLaterCall) {
   auto missing = abortable->get("missing", milliseconds(450));
   EXPECT_GE(since(start).count(), 440);
   EXPECT_EQ(missing.status().code(), StatusCode::kTimeout);
-  EXPECT_NE(missing.status().message().find("store get timed out after 450 ms"),
-            std::string::npos)
+  EXPECT_NE(missing.status().message().find("store get timed out after 450 ms"), std::string::npos)
       << missing.status().to_string();
 
   StatusOr<std::string> waited = std::string();
