@@ -530,6 +530,7 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
 %newobject *::param_dlpack;
 %newobject *::grad_dlpack;
 %newobject *::loss_scale_dlpack;
+%newobject *::grad_norm_dlpack;
 %newobject *::skipped_steps_dlpack;
 
 /* Inputs copied into malloc'd arrays (StoreHandle::set's value, CommHandle::split's ranks,
@@ -755,6 +756,8 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
   TensorHandle* grad_dlpack(size_t index) { HPS_SWIG_GET(TensorHandle*, hps_engine_grad_dlpack($self, index, &v)); }
   /* hps_engine_loss_scale_dlpack's two views, one per method. */
   TensorHandle* loss_scale_dlpack() { TensorHandle *s = NULL, *k = NULL; if (HPS_SWIG_CHECK(hps_engine_loss_scale_dlpack($self, &s, &k)) == HPS_STATUS_OK) hps_dlpack_release(k); return s; }
+  int64_t grad_norm() { const float* n = NULL; HPS_SWIG_CHECK(hps_engine_grad_norm($self, &n)); return (int64_t)(uintptr_t)n; }
+  TensorHandle* grad_norm_dlpack() { TensorHandle* n = NULL; HPS_SWIG_CHECK(hps_engine_grad_norm_dlpack($self, &n)); return n; }
   TensorHandle* skipped_steps_dlpack() { TensorHandle *s = NULL, *k = NULL; if (HPS_SWIG_CHECK(hps_engine_loss_scale_dlpack($self, &s, &k)) == HPS_STATUS_OK) hps_dlpack_release(s); return k; }
 }
 

@@ -62,6 +62,20 @@ hps::Status check_loss_scale(const hps_engine& engine) {
   return hps::failed_precondition("engine: the loss scale before seal()");
 }
 
+// The clip's norm lives in the optimizer's clip state, made by seal() when clipping.
+hps::StatusOr<const float*> grad_norm_of(const hps_engine& engine) {
+  if (engine.impl->loss_scale() == nullptr) {  // no step pipeline yet
+    return hps::failed_precondition("engine: the gradient norm before seal()");
+  }
+  const float* norm = engine.impl->grad_norm();
+  if (norm == nullptr) {
+    return hps::failed_precondition(
+        "engine: no gradient norm without clipping (clip_max_norm is 0; the engine computes "
+        "the norm only to clip)");
+  }
+  return norm;
+}
+
 }  // namespace
 
 extern "C" {
@@ -313,6 +327,16 @@ HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** o
   });
 }
 
+HPS_API hps_status_t hps_engine_grad_norm(hps_engine_t* engine, const float** out_norm) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_norm);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(const float* norm, grad_norm_of(*engine));
+    *out_norm = norm;
+    return hps::Status::Ok();
+  });
+}
+
 HPS_API hps_status_t hps_engine_set_learning_rate(hps_engine_t* engine, float learning_rate) {
   HPS_CHECK_ARG(engine);
   return guard(__func__, [&] { return engine->impl->set_learning_rate(learning_rate); });
@@ -359,6 +383,17 @@ HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManage
         *engine, const_cast<int64_t*>(engine->impl->skipped_steps()), hps::DType::kInt64, {1});
     *out_skipped_steps = skipped;
     *out_scale = scale.release();
+    return hps::Status::Ok();
+  });
+}
+
+HPS_API hps_status_t hps_engine_grad_norm_dlpack(hps_engine_t* engine, DLManagedTensor** out_norm) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_norm);
+  return guard(__func__, [&]() -> hps::Status {
+    HPS_ASSIGN_OR_RETURN(const float* norm, grad_norm_of(*engine));
+    // Writable by DLPack's contract; the engine overwrites it at each step.
+    *out_norm = engine_view(*engine, const_cast<float*>(norm), hps::DType::kFloat32, {1});
     return hps::Status::Ok();
   });
 }

@@ -418,6 +418,11 @@ const int64_t* EngineBase::skipped_steps() const {
   return optimizer_ ? &optimizer_->state().get()->skipped_steps : nullptr;  // an address
 }
 
+const float* EngineBase::grad_norm() const {
+  const HybridClip* clip = optimizer_ ? optimizer_->clip() : nullptr;
+  return clip ? &clip->state().get()->norm : nullptr;  // an address
+}
+
 uint64_t EngineBase::resident_bytes() const {
   return (storage_ ? storage_->bytes() : 0) + transient_bytes();
 }

@@ -34,6 +34,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   const float* loss_scale() const override;
   Status set_learning_rate(float learning_rate) override;
   const int64_t* skipped_steps() const override;
+  const float* grad_norm() const override;
   uint64_t resident_bytes() const override;
   int64_t steps_taken() const { return steps_; }
   // The step pipeline (its step state and clip state in device memory); null before seal().

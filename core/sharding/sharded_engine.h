@@ -98,6 +98,10 @@ class ShardedEngine {
   virtual const float* loss_scale() const = 0;
   // Steps skipped for non-finite gradients so far (device memory, same ordering rule).
   virtual const int64_t* skipped_steps() const = 0;
+  // With clipping: the global norm of the last step's gradients as the clip computed it
+  // (unscaled; 0 before the first step), device memory under the same ordering rule; null
+  // without clipping or before seal().
+  virtual const float* grad_norm() const = 0;
   // The learning rate of the steps enqueued from now on (a schedule sets it before each
   // step): the next step's kernels take it as an argument, so nothing waits. A checkpoint
   // records the rate in effect. INVALID_ARGUMENT when negative or not finite.

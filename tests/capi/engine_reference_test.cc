@@ -877,6 +877,14 @@ void run_rank(Shared& shared, int rank) {
   const float* scale_ptr = nullptr;
   const int64_t* skipped_ptr = nullptr;
   RANK_CALL(hps_engine_loss_scale(engine, &scale_ptr, &skipped_ptr));
+  int engine_steps = 0;             // steps this engine took (a resumed one starts anew)
+  const float* norm_ptr = nullptr;  // with clipping: the last step's gradient norm
+  if (o.clip_max_norm > 0) {
+    RANK_CALL(hps_engine_grad_norm(engine, &norm_ptr));
+  } else if (hps_engine_grad_norm(engine, &norm_ptr) != HPS_STATUS_FAILED_PRECONDITION) {
+    shared.fail("gradient norm", "rank " + std::to_string(rank) +
+                                     ": hps_engine_grad_norm without clipping did not refuse");
+  }
 
   // One forward pass: each unit's parameters gathered, read (checked), released.
   auto forward = [&](const std::string& where) -> bool {
@@ -907,6 +915,30 @@ void run_rank(Shared& shared, int rank) {
                   where + " rank " + std::to_string(rank) + ": loss scale " + number(*scale_ptr) +
                       ", skipped steps " + std::to_string(*skipped_ptr) + "; the model: " +
                       number(expect_scale) + ", " + std::to_string(model.skipped_steps()));
+    }
+    // The norm of the model's latest step (none before the first: 0).
+    if (norm_ptr == nullptr) return;
+    const double norm = static_cast<double>(*norm_ptr);
+    const hps_ref::StepResult* last = engine_steps > 0 ? &shared.last_of(rank) : nullptr;
+    bool ok = false;
+    std::string expected;
+    if (last == nullptr) {
+      ok = norm == 0.0;
+      expected = "0 before the first step";
+    } else if (last->skipped) {
+      // The model has no norm for a step it skipped. The engine's is that of the step's
+      // gradients, and the injections here put a non-finite value into one replica of a
+      // replicated parameter, which real replicas never hold: not compared.
+      ok = true;
+    } else {
+      const double bound = last->norm_error + std::ldexp(last->norm, -22);
+      ok = std::fabs(norm - last->norm) <= bound;
+      expected = number(last->norm) + " within " + number(bound);
+    }
+    if (!ok) {
+      shared.fail("gradient norm", where + " rank " + std::to_string(rank) +
+                                       ": hps_engine_grad_norm " + number(norm) +
+                                       "; the model: " + expected);
     }
   };
 
@@ -1013,6 +1045,7 @@ void run_rank(Shared& shared, int rank) {
       }
     }
     RANK_CALL(hps_engine_step(engine));
+    ++engine_steps;
 
     RANK_SYNC();  // every rank's gradients are in
     if (rank == 0) shared.step_model();

@@ -234,8 +234,9 @@ struct Accuracy {
 
 // What one step did.
 struct StepResult {
-  bool skipped = false;  // a non-finite gradient view: no update
-  double norm = 0.0;     // the clip's global norm (0 without clipping)
+  bool skipped = false;     // a non-finite gradient view: no update
+  double norm = 0.0;        // the clip's global norm (0 without clipping)
+  double norm_error = 0.0;  // how far an fp32 engine's norm may be from it
   double coefficient = 1.0;
   double loss_scale = 1.0;  // the scale this step's gradients were produced with
 };
@@ -462,6 +463,7 @@ class EngineModel {
       // |Δcoef| <= coef · |Δnorm| / max(norm, max_norm), and |Δnorm| <= ||Δg|| (triangle).
       err_coef = coef * (accuracy_.coefficient + std::sqrt(err_norm2) / std::max(norm, max_norm));
       result.norm = norm;
+      result.norm_error = accuracy_.safety * (accuracy_.coefficient * norm + std::sqrt(err_norm2));
       result.coefficient = coef;
     }
 

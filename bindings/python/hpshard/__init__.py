@@ -1725,6 +1725,28 @@ class Engine(Handle):
         with self._lock:
             return int(self.skipped_steps_tensor().numpy()[0])
 
+    def grad_norm_tensor(self) -> Tensor:
+        """The gradient norm as a DLPack view (float32, shape (1,); hps_engine_grad_norm_dlpack)."""
+        return Tensor(self, lambda h: h.grad_norm_dlpack(), (1,), DType.FLOAT32,
+                      "Engine.grad_norm", readonly=True)
+
+    @property
+    def grad_norm(self) -> float:
+        """With clipping: the global norm of the last step's unscaled mean gradients, the one
+        the clip used (torch's clip_grad_norm_ returns it; 0.0 before the first step; Inf
+        or NaN for a step with a non-finite gradient that counts), read from the engine's
+        memory under the rule of :attr:`loss_scale`. Error FAILED_PRECONDITION without
+        clipping (the engine computes the norm only to clip)."""
+        with self._lock:
+            return float(self.grad_norm_tensor().numpy()[0])
+
+    @property
+    def grad_norm_address(self) -> int:
+        """The address of the float32 gradient norm (hps_engine_grad_norm) on the engine's
+        :attr:`device`; valid until the engine is closed, read under the rule of
+        :attr:`loss_scale`."""
+        return self._h().grad_norm()
+
     @property
     def loss_scale_addresses(self) -> Tuple[int, int]:
         """(scale, skipped_steps): the addresses of the float32 loss scale and the int64

@@ -1108,6 +1108,14 @@ class ShardedModule(torch.nn.Module):
         return self._engine.skipped_steps
 
     @property
+    def grad_norm(self) -> float:
+        """With ``clip_max_norm`` > 0: the global norm of the last step's gradients, as
+        torch's ``clip_grad_norm_`` returns it (the whole model's over every rank; Inf or NaN
+        for a step with a non-finite gradient). Read it as :attr:`loss_scale`: after the next
+        forward has begun, or after :meth:`synchronize`."""
+        return self._engine.grad_norm
+
+    @property
     def engine(self) -> "_hps.Engine":
         """The hpshard.Engine underneath."""
         return self._engine

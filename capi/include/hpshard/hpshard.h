@@ -1171,6 +1171,21 @@ HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** o
                                            const int64_t** out_skipped_steps);
 
 /**
+ * With clipping (clip_max_norm > 0): the global gradient norm of the engine's last step in
+ * *out_norm, engine memory the optimizer's stream writes at each step: the norm the clip
+ * computed over the whole model (its sharding, dp, mp and pp groups, as the coefficient
+ * uses it) of the unscaled mean gradients, 0 before the first step; a step skipped for
+ * non-finite gradients has its own (Inf or NaN when such a gradient counts in the norm).
+ * What a training loop logs (torch's
+ * clip_grad_norm_ returns it) without a host sync in the step: read it under
+ * hps_engine_loss_scale's rule (after the next step's hps_engine_wait_parameters). The
+ * pointer stays valid until the engine is destroyed; on CUDA communicators it is device
+ * memory. Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (not sealed, no clipping:
+ * the engine computes the norm only to clip).
+ */
+HPS_API hps_status_t hps_engine_grad_norm(hps_engine_t* engine, const float** out_norm);
+
+/**
  * Parameter `index`'s view as a DLPack tensor into *out_tensor (the parameter's dtype and
  * shape, on hps_engine_device's device), owned by the caller: it keeps the engine's memory
  * alive until its deleter runs (hps_dlpack_release), also past hps_engine_destroy. The
@@ -1199,6 +1214,14 @@ HPS_API hps_status_t hps_engine_grad_dlpack(hps_engine_t* engine, size_t index,
  */
 HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManagedTensor** out_scale,
                                                   DLManagedTensor** out_skipped_steps);
+
+/**
+ * The gradient norm of hps_engine_grad_norm as a DLPack view (float32, shape [1]) on the
+ * engine's device into *out_norm, owned by the caller and keeping the engine's memory alive
+ * until its deleter runs. Read it under hps_engine_grad_norm's rule. Errors: as
+ * hps_engine_grad_norm. Thread safety: as hps_engine_param_dlpack.
+ */
+HPS_API hps_status_t hps_engine_grad_norm_dlpack(hps_engine_t* engine, DLManagedTensor** out_norm);
 
 /**
  * Set the learning rate of the steps enqueued from now on, SGD's and AdamW's alike (a

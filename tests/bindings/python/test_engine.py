@@ -504,6 +504,48 @@ def test_engine_two_ranks_dynamic_loss_scaling():
         np.testing.assert_allclose(final, reference, rtol=1e-6, atol=1e-7, err_msg=f"rank {r}")
 
 
+def test_grad_norm_is_the_clips_norm_of_each_step_and_needs_clipping():
+    """Engine.grad_norm: the global norm of each step's unscaled mean gradients (two ranks,
+    dynamic loss scaling), against NumPy in float64; Inf for the step with an infinite
+    gradient; 0.0 before the first step; refused before seal and without clipping."""
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm:
+            with Engine.create(comm, learning_rate=LR) as plain:
+                plain.add_param("w", LS_SHAPE)
+                plain.seal()
+                assert status_of(lambda: plain.grad_norm) == FAILED_PRECONDITION
+            with Engine.create(comm, learning_rate=LR, clip_max_norm=100.0,
+                               dynamic_loss_scaling=True, initial_loss_scale=8.0) as engine:
+                w = engine.add_param("w", LS_SHAPE)
+                assert status_of(lambda: engine.grad_norm) == FAILED_PRECONDITION
+                engine.seal()
+                engine.broadcast_parameters()
+                assert engine.grad_norm_address != 0
+                norms = []
+                for step in range(LS_STEPS):
+                    engine.wait_parameters(0)
+                    norms.append(engine.grad_norm)
+                    g = engine.grad(w)
+                    g += ls_gradient(step, r) * np.float32(engine.loss_scale)
+                    if step == 2 and r == 0:
+                        g[3] = np.inf
+                    engine.grad_ready(w)
+                    engine.release_parameters(0)
+                    engine.step()
+                engine.synchronize()
+                norms.append(engine.grad_norm)
+                return norms
+
+    results = run_ranks(2, rank, "engine-grad-norm")
+    expected = [0.0]
+    for step in range(LS_STEPS):
+        mean = (ls_gradient(step, 0).astype(np.float64) + ls_gradient(step, 1)) / 2
+        expected.append(np.inf if step == 2 else float(np.sqrt(np.sum(mean * mean))))
+    for r, norms in enumerate(results):
+        np.testing.assert_allclose(norms, expected, rtol=1e-6, err_msg=f"rank {r}")
+
+
 def test_engine_two_ranks_bad_input():
     def rank(r, url):
         store, comm = world(r, url)

@@ -52,8 +52,9 @@ def batch(step):
     return x[:, :-1], x[:, 1:]
 
 
-def reference(steps=STEPS):
-    """torch's own unsharded training on the full batch: losses and final parameters."""
+def reference(steps=STEPS, norms=None):
+    """torch's own unsharded training on the full batch: losses and final parameters (and
+    into ``norms`` what clip_grad_norm_ returned at each step)."""
     model = make_model()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
@@ -63,7 +64,9 @@ def reference(steps=STEPS):
         opt.zero_grad()
         loss = model(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
+        if norms is not None:
+            norms.append(norm.item())
         opt.step()
         losses.append(loss.item())
     return losses, {k: v.clone() for k, v in model.state_dict().items()}
@@ -74,7 +77,8 @@ _REFERENCE = {}
 
 def cached_reference():
     if not _REFERENCE:
-        _REFERENCE["value"] = reference()
+        _REFERENCE["norms"] = []
+        _REFERENCE["value"] = reference(norms=_REFERENCE["norms"])
     return _REFERENCE["value"]
 
 
@@ -131,25 +135,33 @@ def assert_matches_reference(losses, state):
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_training_equals_torch_unsharded(stage, ranks):
     def rank_main(rank, world):
-        losses, syncs = [], []
+        losses, syncs, norms = [], [], []
         with wrap(world, stage) as model:
+            assert model.grad_norm == 0.0  # before the first step
             for step in range(STEPS):
                 x, y = batch(step)
                 hpshard.host_sync_reset()
                 loss = model(shard_of(x, rank, ranks), shard_of(y, rank, ranks))
+                if step:  # the forward has begun: the last step's norm is in
+                    norms.append(model.grad_norm)
                 loss.backward()
                 model.step()
                 syncs.append(hpshard.host_sync_count_thread())
                 losses.append(loss.item())
+            model.synchronize()
+            norms.append(model.grad_norm)
             state = model.state_dict()
-        return losses, state, syncs
+        return losses, state, syncs, norms
 
     results = run_ranks(ranks, rank_main)
     # Every rank's loss is the mean over its samples; their mean is the full batch's.
     losses = [sum(r[0][s] for r in results) / ranks for s in range(STEPS)]
-    for _, state, syncs in results:
+    for _, state, syncs, norms in results:
         assert syncs == [0] * STEPS, syncs
         assert_matches_reference(losses, state)
+        # The global norm clip_grad_norm_ returned, on every rank.
+        for step, (mine, ref) in enumerate(zip(norms, _REFERENCE["norms"], strict=True)):
+            assert abs(mine - ref) <= 1e-5 * ref, f"step {step}: norm {mine} vs {ref}"
     # Tied: one parameter under both names.
     assert torch.equal(results[0][1]["wte.weight"], results[0][1]["head.weight"])
 

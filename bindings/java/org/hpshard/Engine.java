@@ -604,6 +604,32 @@ public final class Engine extends Handle<EngineHandle> {
     }
   }
 
+  /**
+   * With clipping: the global norm of the last step's unscaled mean gradients, the one the
+   * clip used (hps_engine_grad_norm; 0 before the first step; Inf or NaN for a step with a
+   * non-finite gradient that counts), read under the rule of {@link #lossScale()}. Throws
+   * FAILED_PRECONDITION without clipping (the engine computes the norm only to clip).
+   */
+  public float gradNorm() {
+    try (Tensor t = gradNormTensor()) {
+      return t.byteBuffer().getFloat(0);
+    }
+  }
+
+  /** The gradient norm as a DLPack view (float32, shape {1}; hps_engine_grad_norm_dlpack). */
+  public Tensor gradNormTensor() {
+    return new Tensor(h().gradNormDlpack(), this, "Engine.gradNorm");
+  }
+
+  /**
+   * The address of the float32 gradient norm (hps_engine_grad_norm) on the engine's
+   * {@link #device()}; valid until the engine is closed, read under the rule of
+   * {@link #lossScale()}.
+   */
+  public long gradNormAddress() {
+    return h().gradNorm();
+  }
+
   /** The loss scale as a DLPack view (float32, shape {1}; hps_engine_loss_scale_dlpack). */
   public Tensor lossScaleTensor() {
     return new Tensor(h().lossScaleDlpack(), this, "Engine.lossScale");

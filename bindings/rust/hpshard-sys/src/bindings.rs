@@ -2622,6 +2622,23 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " With clipping (clip_max_norm > 0): the global gradient norm of the engine's last step in"]
+    #[doc = " *out_norm, engine memory the optimizer's stream writes at each step: the norm the clip"]
+    #[doc = " computed over the whole model (its sharding, dp, mp and pp groups, as the coefficient"]
+    #[doc = " uses it) of the unscaled mean gradients, 0 before the first step; a step skipped for"]
+    #[doc = " non-finite gradients has its own (Inf or NaN when such a gradient counts in the norm)."]
+    #[doc = " What a training loop logs (torch's"]
+    #[doc = " clip_grad_norm_ returns it) without a host sync in the step: read it under"]
+    #[doc = " hps_engine_loss_scale's rule (after the next step's hps_engine_wait_parameters). The"]
+    #[doc = " pointer stays valid until the engine is destroyed; on CUDA communicators it is device"]
+    #[doc = " memory. Errors: INVALID_ARGUMENT (NULL), FAILED_PRECONDITION (not sealed, no clipping:"]
+    #[doc = " the engine computes the norm only to clip)."]
+    pub fn hps_engine_grad_norm(
+        engine: *mut hps_engine_t,
+        out_norm: *mut *const f32,
+    ) -> hps_status_t;
+}
+extern "C" {
     #[doc = " Parameter `index`'s view as a DLPack tensor into *out_tensor (the parameter's dtype and"]
     #[doc = " shape, on hps_engine_device's device), owned by the caller: it keeps the engine's memory"]
     #[doc = " alive until its deleter runs (hps_dlpack_release), also past hps_engine_destroy. The"]
@@ -2655,6 +2672,16 @@ extern "C" {
         engine: *mut hps_engine_t,
         out_scale: *mut *mut DLManagedTensor,
         out_skipped_steps: *mut *mut DLManagedTensor,
+    ) -> hps_status_t;
+}
+extern "C" {
+    #[doc = " The gradient norm of hps_engine_grad_norm as a DLPack view (float32, shape [1]) on the"]
+    #[doc = " engine's device into *out_norm, owned by the caller and keeping the engine's memory alive"]
+    #[doc = " until its deleter runs. Read it under hps_engine_grad_norm's rule. Errors: as"]
+    #[doc = " hps_engine_grad_norm. Thread safety: as hps_engine_param_dlpack."]
+    pub fn hps_engine_grad_norm_dlpack(
+        engine: *mut hps_engine_t,
+        out_norm: *mut *mut DLManagedTensor,
     ) -> hps_status_t;
 }
 extern "C" {

@@ -1403,6 +1403,48 @@ impl<'c> Engine<'c> {
         Ok(unsafe { *skipped })
     }
 
+    /// With clipping: the global norm of the last step's unscaled mean gradients, the one
+    /// the clip used (`hps_engine_grad_norm`; 0 before the first step; Inf or NaN for a
+    /// step with a non-finite gradient that counts), read from the engine's memory under
+    /// the rule and checks of [`Engine::loss_scale`].
+    /// Errors: [`Status::FailedPrecondition`] (no clipping: the engine computes the norm
+    /// only to clip; and as [`Engine::loss_scale`]).
+    pub fn grad_norm(&mut self) -> Result<f32> {
+        let norm = self.grad_norm_ptr()?;
+        self.readable_loss_scale_ptrs("Engine::grad_norm")?;
+        // SAFETY: `norm` points to an f32 owned by the engine, valid until it is destroyed
+        // (the borrow of `self` prevents that during the read). It is engine memory on the
+        // engine's device like the loss scale, which readable_loss_scale_ptrs proved host
+        // memory with no step in flight (the step writes the norm before the loss scale's
+        // update); none can start during this call.
+        Ok(unsafe { *norm })
+    }
+
+    /// The address of the f32 gradient norm (`hps_engine_grad_norm`) on the engine's
+    /// [`Engine::device`], owned by the engine and valid until it is dropped; reading
+    /// through it is under [`Engine::loss_scale_ptrs`]' rule.
+    pub fn grad_norm_ptr(&self) -> Result<*const f32> {
+        let mut norm: *const f32 = ptr::null();
+        // SAFETY: live handle; live out-param. Only an address is returned.
+        check(unsafe { sys::hps_engine_grad_norm(self.raw.as_ptr(), &mut norm) })?;
+        if norm.is_null() {
+            return Err(Error::new(
+                Status::Internal,
+                "hps_engine_grad_norm returned OK and a NULL address",
+            ));
+        }
+        Ok(norm)
+    }
+
+    /// The gradient norm as a DLPack view (f32, shape [1]; `hps_engine_grad_norm_dlpack`)
+    /// that keeps the engine's memory alive; read it under [`Engine::grad_norm_ptr`]'s rule.
+    pub fn grad_norm_tensor(&self) -> Result<Tensor> {
+        let mut t: *mut sys::DLManagedTensor = ptr::null_mut();
+        // SAFETY: live handle; live out-param; the tensor is ours to release.
+        check(unsafe { sys::hps_engine_grad_norm_dlpack(self.raw.as_ptr(), &mut t) })?;
+        Tensor::from_out(t, "hps_engine_grad_norm_dlpack")
+    }
+
     /// The addresses of the loss scale and the skipped-step count, after making sure they
     /// are host memory and no step's update of them is in flight. `what`: the caller,
     /// for messages.

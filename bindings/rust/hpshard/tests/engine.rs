@@ -49,6 +49,56 @@ fn one_rank(tag: &str) -> Communicator {
     Communicator::create(&store, 0, 1, DeviceType::CPU, 0, Some(options)).unwrap()
 }
 
+#[test]
+fn grad_norm_is_the_clips_norm_and_needs_clipping() {
+    let mut comm = one_rank("grad-norm");
+    {
+        let mut plain = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+        plain
+            .add_param("w", &[2], DType::FLOAT32, ParamFlags::NONE, 0)
+            .unwrap();
+        plain.seal().unwrap();
+        expect_status(plain.grad_norm(), Status::FailedPrecondition);
+        expect_status(plain.grad_norm_tensor(), Status::FailedPrecondition);
+    }
+    let options = EngineOptions::default()
+        .clip_max_norm(1.0)
+        .dynamic_loss_scaling(true)
+        .initial_loss_scale(4.0);
+    let mut engine = Engine::new(&mut comm, None, options).unwrap();
+    let w = engine
+        .add_param("w", &[4], DType::FLOAT32, ParamFlags::NONE, 0)
+        .unwrap();
+    expect_status(engine.grad_norm_ptr(), Status::FailedPrecondition);
+    engine.seal().unwrap();
+    engine.broadcast_parameters().unwrap();
+    let ptr = engine.grad_norm_ptr().unwrap();
+    assert_eq!(
+        engine.grad_norm_tensor().unwrap().data_ptr() as *const f32,
+        ptr
+    );
+    let mut norms = Vec::new();
+    for grads in [
+        [3.0f32, 4.0, 0.0, 0.0],
+        [f32::INFINITY, 1.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 2.0],
+    ] {
+        engine.wait_parameters(0).unwrap();
+        norms.push(engine.grad_norm().unwrap());
+        let scale = engine.loss_scale().unwrap();
+        for (g, x) in engine.grad(w).unwrap().iter_mut().zip(grads) {
+            *g += x * scale;
+        }
+        engine.grad_ready(w, None).unwrap();
+        engine.release_parameters(0).unwrap();
+        engine.step().unwrap();
+    }
+    // Right after a step, stage 2's grad_norm waits for it first (as loss_scale does).
+    norms.push(engine.grad_norm().unwrap());
+    assert_eq!(norms[..3], [0.0, 5.0, f32::INFINITY]);
+    assert_eq!(norms[3], 2.0);
+}
+
 /// Run `f(rank, communicator)` on WORLD thread-ranks; their results in rank order.
 fn run_ranks<F, R>(tag: &str, f: F) -> Vec<R>
 where

@@ -267,6 +267,40 @@ class EngineTest {
     }
   }
 
+  /** gradNorm: the clip's norm of the last step (0 before it), refused without clipping. */
+  @Test
+  void gradNormIsTheClipsNormAndNeedsClipping() throws Exception {
+    String url = "memory://java-norm-" + UUID.randomUUID();
+    try (Store store = Store.open(url, 0, 10000); Communicator c = comm(store, 0, 1)) {
+      try (Engine plain = Engine.create(c)) {
+        plain.addParam("w", new long[] {2});
+        plain.seal();
+        assertEquals(FAILED_PRECONDITION,
+            assertThrows(HpsException.class, plain::gradNorm).status());
+      }
+      try (Engine engine =
+               Engine.create(c, null, new Engine.Options().clipMaxNorm(1.0).learningRate(0.1f))) {
+        int w = engine.addParam("w", new long[] {2});
+        engine.seal();
+        engine.broadcastParameters();
+        assertEquals(0f, engine.gradNorm());
+        assertTrue(engine.gradNormAddress() != 0);
+        engine.waitParameters(0);
+        ByteBuffer g = engine.grad(w);
+        g.putFloat(0, 6f);
+        g.putFloat(4, 8f);
+        engine.gradReady(w);
+        engine.releaseParameters(0);
+        engine.step();
+        engine.synchronize();
+        assertEquals(10f, engine.gradNorm());
+        try (Tensor t = engine.gradNormTensor()) {
+          assertEquals(engine.gradNormAddress(), t.address());
+        }
+      }
+    }
+  }
+
   @Test
   void learningRateScheduleAppliesToTheNextSteps() throws Exception {
     String url = "memory://java-lr-" + UUID.randomUUID();
