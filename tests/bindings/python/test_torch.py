@@ -862,6 +862,35 @@ def assert_states_near(states, reference):
             assert relative(state[key], ref) <= 1e-5, f"{key}: {relative(state[key], ref):.2e}"
 
 
+def assert_trains_as_torch(make, seed, torch_optimizer, steps=3, check=None, **kwargs):
+    """make()'s module trained by torch_optimizer(parameters) on full batches of 8 x 5
+    (seeded from `seed`) and through ShardedModule(**kwargs) over 2 ranks on their halves:
+    every rank's state_dict() within 1e-5 of torch's (which it returns). ``check(model)``
+    runs on each rank's ShardedModule first."""
+    def batch_of(step):
+        return torch.randn(8, 5, generator=torch.Generator().manual_seed(seed + step))
+
+    reference = make()
+    opt = torch_optimizer(reference.parameters())
+    for step in range(steps):
+        opt.zero_grad()
+        reference(batch_of(step)).backward()
+        opt.step()
+
+    def rank_main(rank, world):
+        with hpt.ShardedModule(make(), world, **kwargs) as model:
+            if check is not None:
+                check(model)
+            for step in range(steps):
+                model(shard_of(batch_of(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    states = run_ranks(2, rank_main)
+    assert_states_near(states, reference.state_dict())
+    return states
+
+
 def assert_runs_equal(rank_main):
     """rank_main(rank, world, variant) gives the same state bitwise without and with the
     variant (an evaluation, a failed backward) over 2 ranks."""
@@ -870,6 +899,22 @@ def assert_runs_equal(rank_main):
     for a, b in zip(plain, varied):
         for key in a:
             assert torch.equal(a[key], b[key]), key
+
+
+def assert_training_unchanged_by(stage, steps, variant, **kwargs):
+    """_net trained over 2 ranks for `steps` steps, once as it is and once calling
+    variant(rank, model, step) before each step's forward: the same state bitwise."""
+    def rank_main(rank, world, vary):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR, **kwargs) as model:
+            for step in range(steps):
+                if vary:
+                    variant(rank, model, step)
+                model(shard_of(_net_batch(step), rank, 2)).backward()
+                model.step()
+            return model.state_dict()
+
+    assert_runs_equal(rank_main)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -950,18 +995,11 @@ def test_a_parameter_written_in_place_by_a_forward_is_refused_at_stage_3():
 def test_an_inference_mode_evaluation_between_steps_changes_nothing(stage):
     """Tensors made over the engine's memory under torch.inference_mode() were kept and
     could not be used by training afterwards."""
-    def rank_main(rank, world, evaluate):
-        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
-                               optimizer="adamw", lr=LR) as model:
-            for step in range(3):
-                if evaluate:
-                    with torch.inference_mode():
-                        model(_net_batch(100 + step))
-                model(shard_of(_net_batch(step), rank, 2)).backward()
-                model.step()
-            return model.state_dict()
+    def evaluate(rank, model, step):
+        with torch.inference_mode():
+            model(_net_batch(100 + step))
 
-    assert_runs_equal(rank_main)
+    assert_training_unchanged_by(stage, 3, evaluate)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -977,27 +1015,21 @@ def test_full_parameters_let_one_rank_evaluate_alone(stage):
         want_loss = trained(x)
         want_block = trained.blocks[0](x)
 
-    def rank_main(rank, world, evaluate):
-        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
-                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
-            for step in range(4):
-                if evaluate and step == 2:
-                    with model.full_parameters():
-                        if rank == 0:
-                            with torch.no_grad():
-                                loss = model(x)
-                                block = model.module.blocks[0](x)
-                            assert relative(loss, want_loss) <= 1e-5
-                            assert relative(block, want_block) <= 1e-5
-                            assert relative(model.module.inp.weight,
-                                            trained.inp.weight) <= 1e-5
-                    if stage == 3:  # released again: the husk
-                        assert model.module.blocks[0].fc.weight.stride() == (0, 0)
-                model(shard_of(_net_batch(step), rank, 2)).backward()
-                model.step()
-            return model.state_dict()
+    def evaluate(rank, model, step):
+        if step != 2:
+            return
+        with model.full_parameters():
+            if rank == 0:
+                with torch.no_grad():
+                    loss = model(x)
+                    block = model.module.blocks[0](x)
+                assert relative(loss, want_loss) <= 1e-5
+                assert relative(block, want_block) <= 1e-5
+                assert relative(model.module.inp.weight, trained.inp.weight) <= 1e-5
+        if stage == 3:  # released again: the husk
+            assert model.module.blocks[0].fc.weight.stride() == (0, 0)
 
-    assert_runs_equal(rank_main)
+    assert_training_unchanged_by(stage, 4, evaluate, weight_decay=WEIGHT_DECAY)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -1008,38 +1040,33 @@ def test_inside_full_parameters_training_and_writes_are_refused_and_training_goe
     it equals a run without any of it, bitwise."""
     x = _net_batch(100)
 
-    def rank_main(rank, world, refused):
-        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
-                               optimizer="adamw", lr=LR) as model:
-            for step in range(3):
-                if refused and step == 1:
-                    before = model.state_dict()
-                    pending = model(shard_of(x, rank, 2))
-                    with model.full_parameters():
-                        with pytest.raises(RuntimeError, match="gradients enabled"):
-                            model(x)
-                        with pytest.raises(RuntimeError, match="backward inside"):
-                            pending.backward()
-                        with pytest.raises(RuntimeError, match=r"step\(\) inside"):
-                            model.step()
-                        with pytest.raises(RuntimeError, match=r"load_state_dict\(\) inside"):
-                            model.load_state_dict(before)
-                        with pytest.raises(RuntimeError, match=r"full_parameters\(\) inside"):
-                            with model.full_parameters():
-                                pass
-                    del pending
-                    with pytest.raises(RuntimeError, match="'blocks.1.fc.bias' was written"):
-                        with model.full_parameters():
-                            with torch.no_grad():
-                                model.module.blocks[1].fc.bias.add_(1.0)
-                    after = model.state_dict()
-                    for key in before:
-                        assert torch.equal(before[key], after[key]), key
-                model(shard_of(_net_batch(step), rank, 2)).backward()
+    def refused(rank, model, step):
+        if step != 1:
+            return
+        before = model.state_dict()
+        pending = model(shard_of(x, rank, 2))
+        with model.full_parameters():
+            with pytest.raises(RuntimeError, match="gradients enabled"):
+                model(x)
+            with pytest.raises(RuntimeError, match="backward inside"):
+                pending.backward()
+            with pytest.raises(RuntimeError, match=r"step\(\) inside"):
                 model.step()
-            return model.state_dict()
+            with pytest.raises(RuntimeError, match=r"load_state_dict\(\) inside"):
+                model.load_state_dict(before)
+            with pytest.raises(RuntimeError, match=r"full_parameters\(\) inside"):
+                with model.full_parameters():
+                    pass
+        del pending
+        with pytest.raises(RuntimeError, match="'blocks.1.fc.bias' was written"):
+            with model.full_parameters():
+                with torch.no_grad():
+                    model.module.blocks[1].fc.bias.add_(1.0)
+        after = model.state_dict()
+        for key in before:
+            assert torch.equal(before[key], after[key]), key
 
-    assert_runs_equal(rank_main)
+    assert_training_unchanged_by(stage, 3, refused)
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -1143,25 +1170,9 @@ def test_a_side_loss_a_unit_keeps_trains_as_torch_whichever_order_autograd_takes
             torch.manual_seed(6)
             return _AuxNet(late)
 
-    def batch_of(step):
-        return torch.randn(8, 5, generator=torch.Generator().manual_seed(3000 + step))
-
-    reference = make()
-    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
-    for step in range(3):
-        opt.zero_grad()
-        reference(batch_of(step)).backward()
-        opt.step()
-
-    def rank_main(rank, world):
-        with hpt.ShardedModule(make(), world, stage=stage, units=["blocks.0", "blocks.1"],
-                               optimizer="sgd", lr=0.05, momentum=0.9) as model:
-            for step in range(3):
-                model(shard_of(batch_of(step), rank, 2)).backward()
-                model.step()
-            return model.state_dict()
-
-    assert_states_near(run_ranks(2, rank_main), reference.state_dict())
+    assert_trains_as_torch(
+        make, 3000, lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+        stage=stage, units=["blocks.0", "blocks.1"], optimizer="sgd", lr=0.05, momentum=0.9)
 
 
 class _SharedNormBlock(torch.nn.Module):
@@ -1204,28 +1215,14 @@ def test_a_submodule_two_units_share_trains_as_torch(stage, checkpointed):
             torch.manual_seed(8)
             return _SharedNormNet(checkpointed)
 
-    def batch_of(step):
-        return torch.randn(8, 5, generator=torch.Generator().manual_seed(4000 + step))
+    def shared_with_the_rest(model):
+        assert model._param_unit[model._names.index("blocks.0.norm.weight")] == 0
 
-    reference = make()
-    opt = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    for step in range(3):
-        opt.zero_grad()
-        reference(batch_of(step)).backward()
-        opt.step()
-
-    def rank_main(rank, world):
-        with hpt.ShardedModule(make(), world, stage=stage, units=["blocks.0", "blocks.1"],
-                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY) as model:
-            assert model._param_unit[model._names.index("blocks.0.norm.weight")] == 0
-            for step in range(3):
-                model(shard_of(batch_of(step), rank, 2)).backward()
-                model.step()
-            return model.state_dict()
-
-    states = run_ranks(2, rank_main)
+    states = assert_trains_as_torch(
+        make, 4000, lambda params: torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY),
+        stage=stage, units=["blocks.0", "blocks.1"], optimizer="adamw", lr=LR,
+        weight_decay=WEIGHT_DECAY, check=shared_with_the_rest)
     assert "blocks.1.norm.weight" in states[0]
-    assert_states_near(states, reference.state_dict())
 
 
 def test_a_parameter_used_outside_its_unit_is_refused_at_stage_3():

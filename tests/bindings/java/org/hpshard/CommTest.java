@@ -243,22 +243,21 @@ class CommTest {
     });
   }
 
-  /** A timed await says false while a receive is pending, then true once it finished. */
-  @Test
-  void timedAwaitSaysWhetherTheOperationFinished() throws Exception {
+  /** What rank 0 does with a receive from rank 1 while it is pending. */
+  interface PendingReceive {
+    /** `release` lets rank 1 send 42 into `got`. */
+    void run(Work rv, ByteBuffer got, CountDownLatch release) throws Exception;
+  }
+
+  /** Two ranks: rank 0 runs `body` on its receive; rank 1 sends once released. */
+  static void withPendingReceive(PendingReceive body) throws Exception {
     CountDownLatch pending = new CountDownLatch(1);
     runRanks(2, (r, url) -> {
       try (Store store = Store.open(url, r, 10000); Communicator comm = world(store, r, 2)) {
         if (r == 0) {
           ByteBuffer got = longs(-1);
           try (Work rv = comm.recv(got, DType.INT64, 1)) {
-            long start = System.nanoTime();
-            assertFalse(rv.await(20, TimeUnit.MILLISECONDS));
-            assertTrue(System.nanoTime() - start >= TimeUnit.MILLISECONDS.toNanos(15));
-            assertEquals(-1L, got.getLong(0));
-            pending.countDown();
-            assertTrue(rv.await(60, TimeUnit.SECONDS));
-            assertEquals(42L, got.getLong(0));
+            body.run(rv, got, pending);
           }
         } else {
           assertTrue(pending.await(JOIN_MS, TimeUnit.MILLISECONDS));
@@ -269,6 +268,20 @@ class CommTest {
     });
   }
 
+  /** A timed await says false while a receive is pending, then true once it finished. */
+  @Test
+  void timedAwaitSaysWhetherTheOperationFinished() throws Exception {
+    withPendingReceive((rv, got, release) -> {
+      long start = System.nanoTime();
+      assertFalse(rv.await(20, TimeUnit.MILLISECONDS));
+      assertTrue(System.nanoTime() - start >= TimeUnit.MILLISECONDS.toNanos(15));
+      assertEquals(-1L, got.getLong(0));
+      release.countDown();
+      assertTrue(rv.await(60, TimeUnit.SECONDS));
+      assertEquals(42L, got.getLong(0));
+    });
+  }
+
   /**
    * An interrupt ends awaitInterruptibly with InterruptedException while the receive is
    * pending (await() would wait for the communicator's timeout); the work still holds the
@@ -276,44 +289,32 @@ class CommTest {
    */
   @Test
   void anInterruptEndsAnInterruptibleAwaitAndTheWorkGoesOn() throws Exception {
-    CountDownLatch pending = new CountDownLatch(1);
-    runRanks(2, (r, url) -> {
-      try (Store store = Store.open(url, r, 10000); Communicator comm = world(store, r, 2)) {
-        if (r == 0) {
-          ByteBuffer got = longs(-1);
-          try (Work rv = comm.recv(got, DType.INT64, 1)) {
-            Thread.currentThread().interrupt();
-            assertThrows(InterruptedException.class, rv::awaitInterruptibly);
-            assertFalse(Thread.currentThread().isInterrupted());
-            Thread waiter = Thread.currentThread();
-            Thread interrupter = new Thread(() -> {
-              try {
-                Thread.sleep(100);
-              } catch (InterruptedException e) {
-                return;
-              }
-              waiter.interrupt();
-            });
-            long start = System.nanoTime();
-            interrupter.start();
-            assertThrows(InterruptedException.class, rv::awaitInterruptibly);
-            long waited = System.nanoTime() - start;
-            interrupter.join();
-            assertFalse(Thread.currentThread().isInterrupted());
-            assertTrue(waited >= TimeUnit.MILLISECONDS.toNanos(90), "waited " + waited);
-            assertTrue(waited < TimeUnit.SECONDS.toNanos(5), "waited " + waited);
-            assertEquals(-1L, got.getLong(0));
-            assertFalse(rv.test());
-            pending.countDown();
-            rv.awaitInterruptibly();
-            assertEquals(42L, got.getLong(0));
-          }
-        } else {
-          assertTrue(pending.await(JOIN_MS, TimeUnit.MILLISECONDS));
-          comm.send(longs(42L), DType.INT64, 0).await();
+    withPendingReceive((rv, got, release) -> {
+      Thread.currentThread().interrupt();
+      assertThrows(InterruptedException.class, rv::awaitInterruptibly);
+      assertFalse(Thread.currentThread().isInterrupted());
+      Thread waiter = Thread.currentThread();
+      Thread interrupter = new Thread(() -> {
+        try {
+          Thread.sleep(100);
+        } catch (InterruptedException e) {
+          return;
         }
-      }
-      return null;
+        waiter.interrupt();
+      });
+      long start = System.nanoTime();
+      interrupter.start();
+      assertThrows(InterruptedException.class, rv::awaitInterruptibly);
+      long waited = System.nanoTime() - start;
+      interrupter.join();
+      assertFalse(Thread.currentThread().isInterrupted());
+      assertTrue(waited >= TimeUnit.MILLISECONDS.toNanos(90), "waited " + waited);
+      assertTrue(waited < TimeUnit.SECONDS.toNanos(5), "waited " + waited);
+      assertEquals(-1L, got.getLong(0));
+      assertFalse(rv.test());
+      release.countDown();
+      rv.awaitInterruptibly();
+      assertEquals(42L, got.getLong(0));
     });
   }
 
