@@ -1,7 +1,8 @@
 # Configures, builds and runs tests in a sanitizer sub-build.
 #   SANITIZE unset: AddressSanitizer + UBSan over every C++ and C test (labels cpp, c).
 #   SANITIZE=thread: ThreadSanitizer over the threaded C++ tests (communicators over every
-#     transport, streams, task flows, clipping, both engines, checkpoints, the timeline), built
+#     transport, the stores and their aborts, streams, task flows, clipping, both engines,
+#     checkpoints, the timeline), built
 #     by clang (CC, CXX):
 #     gcc 12's TSan runtime crashes at load on some kernels, clang 14's does not.
 # CUDA and the bindings are left out: the CUDA runtime and the sanitizers' shadow memory do
@@ -37,7 +38,7 @@ if(SANITIZE STREQUAL "thread")
   endforeach()
   set(tests communicator_test shm_process_test stream_test task_flow_test hybrid_clip_test
             full_buffer_pool_test engine_harness_test stage2_engine_test stage3_engine_test
-            checkpointer_test trace_test)
+            checkpointer_test trace_test store_test)
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${BUILD_DIR} -G ${GENERATOR} ${common}
       -DHPS_SANITIZE=thread -DHPS_WERROR=OFF -DHPS_BUILD_EXAMPLES=OFF
       -DCMAKE_BUILD_TYPE=RelWithDebInfo)
