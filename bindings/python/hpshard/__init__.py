@@ -864,10 +864,14 @@ class Communicator(Handle):
     def split(self, ranks: Sequence[int], name: Optional[str] = None) -> Optional["Communicator"]:
         """Collective: every rank passes the same ranks (of this communicator) in the same
         order. Members get a new Communicator (rank = position in ``ranks``), the others
-        None. ``name`` (in messages) defaults to this communicator's name + ".split"."""
+        None. ``name`` (in messages) defaults to this communicator's name + ".split". On
+        the main thread Ctrl-C ends the wait for members at once and aborts this
+        communicator (:meth:`abort`)."""
         if name is None:
             name = f"{self.name or 'world'}.split"
-        h = self._h().split([int(r) for r in ranks], str(name))
+        raw = self._h()
+        listed = [int(r) for r in ranks]
+        h = _interruptible(lambda: raw.split(listed, str(name)), self.abort)
         return None if h is None else Communicator(h, name)
 
     # -- collectives --
@@ -1030,13 +1034,17 @@ class HybridGroup(Handle):
 
     @classmethod
     def create(cls, world: Communicator, topology: Topology) -> "HybridGroup":
-        """Collective over ``world`` (whose size must be the topology's)."""
+        """Collective over ``world`` (whose size must be the topology's). On the main thread
+        Ctrl-C ends the wait for the other ranks at once and aborts ``world``
+        (:meth:`Communicator.abort`)."""
         if not isinstance(world, Communicator):
             raise TypeError(f"world must be an hpshard.Communicator, not {type(world).__name__}")
         if not isinstance(topology, Topology):
             raise TypeError(f"topology must be an hpshard.Topology, not "
                             f"{type(topology).__name__}")
-        group = cls(_c.HybridGroupHandle.create(world._h(), topology._h()), world, topology)
+        raw_world, raw_topology = world._h(), topology._h()
+        group = cls(_interruptible(lambda: _c.HybridGroupHandle.create(raw_world, raw_topology),
+                                   world.abort), world, topology)
         world._groups.add(group)
         return group
 

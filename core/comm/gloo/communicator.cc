@@ -1234,9 +1234,12 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split_group(
   child.name = std::move(name);
   child.timeout = timeout();
   // The members meet through the store: a member that died would be waited for until the
-  // timeout. While the split is made, this group tells.
+  // timeout. While the split is made, this group tells, and an abort of it ends the wait.
   auto child_store = std::make_shared<WatchedStore>(
       make_prefix_store(store_, "split" + std::to_string(index)), [this, ranks]() -> Status {
+        if (aborted_) {
+          return aborted("split of group '" + options_.name + "': the group was aborted");
+        }
         if (shm_) HPS_RETURN_IF_ERROR(shm_->check_peers_alive(ranks));
         if (control_) HPS_RETURN_IF_ERROR(control_->check_peers_alive(ranks));
         return Status::Ok();

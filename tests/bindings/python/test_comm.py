@@ -434,6 +434,41 @@ def test_ctrl_c_ends_a_rendezvous_waiting_for_a_rank_that_never_comes(kind):
             assert comm.size == 1
 
 
+@pytest.mark.parametrize("call", ["split", "hybrid_group"])
+def test_ctrl_c_ends_a_split_waiting_for_a_member_and_aborts_the_group(call):
+    """A split (and a hybrid group's creation) waits in the store for the members; they
+    waited for the communicator's timeout (here 20 s) whatever the signals. SIGINT now
+    raises KeyboardInterrupt within a slice and aborts the group split from."""
+    url = unique_url(call)
+    go = threading.Event()
+    errors = []
+
+    def peer():  # joins the world, never the split
+        try:
+            store, comm = world(1, url, size=2)
+            with store, comm:
+                go.wait(JOIN_S)
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    store, comm = world(0, url, size=2)
+    try:
+        with store, comm, Topology(1, 1, 2, 1, 1, 2) as topo:
+            if call == "split":
+                elapsed = seconds_to_interrupt(lambda: comm.split([0, 1], "never"), after=0.3)
+            else:
+                elapsed = seconds_to_interrupt(lambda: HybridGroup.create(comm, topo),
+                                               after=0.3)
+            assert elapsed < 3.0, elapsed
+            assert status_of(lambda: comm.barrier().wait()) == ABORTED
+    finally:
+        go.set()
+    thread.join(JOIN_S)
+    assert not thread.is_alive() and not errors, errors
+
+
 def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
     """Work.wait() is made of short timed waits, so SIGINT in the main thread raises
     KeyboardInterrupt within a slice (it used to wait for the operation, here up to the

@@ -558,6 +558,32 @@ TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
       options());
 }
 
+// A split waits in the store for its members; an abort of the group it is split from
+// ends that wait too (it waited for the member, up to the timeout).
+TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsASplitWaitingForAMember) {
+  std::atomic<bool> finished{false};
+  run_ranks(
+      2,
+      [&finished](int32_t rank, Communicator& comm) {
+        if (rank == 1) {  // never joins the split
+          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        std::thread aborter([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          comm.abort();
+        });
+        const auto start = std::chrono::steady_clock::now();
+        auto split = comm.split({0, 1}, "never");
+        const auto took = std::chrono::steady_clock::now() - start;
+        aborter.join();
+        finished = true;
+        EXPECT_EQ(split.status().code(), StatusCode::kAborted) << split.status().to_string();
+        EXPECT_LT(took, std::chrono::seconds(3));
+      },
+      options());
+}
+
 // Aborting a communicator aborts those split from it, and theirs (a checkpoint's own
 // communicator, a hybrid topology's groups); one already destroyed is not touched, and the
 // parent of an aborted one is not aborted.

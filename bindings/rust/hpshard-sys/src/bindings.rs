@@ -1258,8 +1258,9 @@ extern "C" {
 extern "C" {
     #[doc = " Local and immediate, from any thread: pending and later operations of `comm` end with"]
     #[doc = " ABORTED, and those of every live communicator split from it (hps_comm_split, a hybrid"]
-    #[doc = " topology's groups, a checkpoint's own: a save in flight ends) and from those in turn."]
-    #[doc = " Thread safety: any thread."]
+    #[doc = " topology's groups, a checkpoint's own: a save in flight ends) and from those in turn;"]
+    #[doc = " a split of it under way (hps_comm_split, hps_hybrid_group_create) that waits for its"]
+    #[doc = " members ends with ABORTED within about 200 ms. Thread safety: any thread."]
     pub fn hps_comm_abort(comm: *mut hps_comm_t) -> hps_status_t;
 }
 extern "C" {
