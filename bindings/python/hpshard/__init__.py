@@ -1568,12 +1568,23 @@ class Engine(Handle):
     def seal(self) -> None:
         """Lay the parameters out and allocate the (zero-filled) buffers. Collective over
         the sharding and dp groups (and those of :meth:`set_model_parallel_groups`): ranks
-        that registered different parameters get Error INVALID_ARGUMENT."""
-        self._h().seal()
+        that registered different parameters get Error INVALID_ARGUMENT. On the main thread
+        Ctrl-C ends the wait for the other ranks at once and aborts those communicators
+        (as does :meth:`broadcast_parameters`'s)."""
+        raw = self._h()
+        _interruptible(raw.seal, self._abort_groups)
 
     def broadcast_parameters(self) -> None:
         """Collective: every rank's parameters become its groups' source rank's (set-up)."""
-        self._h().broadcast_parameters()
+        raw = self._h()
+        _interruptible(raw.broadcast_parameters, self._abort_groups)
+
+    def _abort_groups(self) -> None:
+        for comm in self._comms:
+            try:
+                comm.abort()
+            except (Error, ValueError):
+                pass  # closed already: nothing of it to end
 
     @property
     def device(self) -> Tuple[DeviceType, int]:

@@ -434,11 +434,12 @@ def test_ctrl_c_ends_a_rendezvous_waiting_for_a_rank_that_never_comes(kind):
             assert comm.size == 1
 
 
-@pytest.mark.parametrize("call", ["split", "hybrid_group"])
-def test_ctrl_c_ends_a_split_waiting_for_a_member_and_aborts_the_group(call):
-    """A split (and a hybrid group's creation) waits in the store for the members; they
-    waited for the communicator's timeout (here 20 s) whatever the signals. SIGINT now
-    raises KeyboardInterrupt within a slice and aborts the group split from."""
+@pytest.mark.parametrize("call", ["split", "hybrid_group", "engine_seal"])
+def test_ctrl_c_ends_a_set_up_waiting_for_a_rank_and_aborts_its_groups(call):
+    """A split (and a hybrid group's creation) waits in the store for the members, an
+    engine's seal in collectives for the other ranks; they waited for the communicator's
+    timeout (here 20 s) whatever the signals. SIGINT now raises KeyboardInterrupt within a
+    slice and aborts the group split from (the engine's groups)."""
     url = unique_url(call)
     go = threading.Event()
     errors = []
@@ -458,9 +459,13 @@ def test_ctrl_c_ends_a_split_waiting_for_a_member_and_aborts_the_group(call):
         with store, comm, Topology(1, 1, 2, 1, 1, 2) as topo:
             if call == "split":
                 elapsed = seconds_to_interrupt(lambda: comm.split([0, 1], "never"), after=0.3)
-            else:
+            elif call == "hybrid_group":
                 elapsed = seconds_to_interrupt(lambda: HybridGroup.create(comm, topo),
                                                after=0.3)
+            else:
+                with hpshard.Engine.create(comm) as engine:
+                    engine.add_param("w", (4,))
+                    elapsed = seconds_to_interrupt(engine.seal, after=0.3)
             assert elapsed < 3.0, elapsed
             assert status_of(lambda: comm.barrier().wait()) == ABORTED
     finally:
