@@ -1572,12 +1572,12 @@ class Engine(Handle):
         Ctrl-C ends the wait for the other ranks at once and aborts those communicators
         (as does :meth:`broadcast_parameters`'s)."""
         raw = self._h()
-        _interruptible(raw.seal, self._abort_groups)
+        _interruptible(lambda: raw.seal(), self._abort_groups)
 
     def broadcast_parameters(self) -> None:
         """Collective: every rank's parameters become its groups' source rank's (set-up)."""
         raw = self._h()
-        _interruptible(raw.broadcast_parameters, self._abort_groups)
+        _interruptible(lambda: raw.broadcast_parameters(), self._abort_groups)
 
     def _abort_groups(self) -> None:
         for comm in self._comms:
