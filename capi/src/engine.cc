@@ -56,17 +56,16 @@ hps::StatusOr<const hps::ParamSpec*> param_spec(const hps_engine& engine, size_t
 constexpr uint32_t kKnownFlags = HPS_PARAM_FROZEN | HPS_PARAM_DISTRIBUTED | HPS_PARAM_NO_CLIP |
                                  HPS_PARAM_SHARED_NOT_FIRST | HPS_PARAM_NO_WEIGHT_DECAY;
 
-// The loss scale and skipped-step count live in the optimizer's state, made by seal().
-hps::Status check_loss_scale(const hps_engine& engine) {
+// The loss scale, skipped-step count and the clip's norm live in the optimizer's state,
+// made by seal(): `what` is named when asked for before it.
+hps::Status check_sealed(const hps_engine& engine, const char* what) {
   if (engine.impl->loss_scale() != nullptr) return hps::Status::Ok();
-  return hps::failed_precondition("engine: the loss scale before seal()");
+  return hps::failed_precondition(std::string("engine: ") + what + " before seal()");
 }
 
-// The clip's norm lives in the optimizer's clip state, made by seal() when clipping.
+// The norm is in the clip's state, which only an engine that clips has.
 hps::StatusOr<const float*> grad_norm_of(const hps_engine& engine) {
-  if (engine.impl->loss_scale() == nullptr) {  // no step pipeline yet
-    return hps::failed_precondition("engine: the gradient norm before seal()");
-  }
+  HPS_RETURN_IF_ERROR(check_sealed(engine, "the gradient norm"));
   const float* norm = engine.impl->grad_norm();
   if (norm == nullptr) {
     return hps::failed_precondition(
@@ -320,7 +319,7 @@ HPS_API hps_status_t hps_engine_loss_scale(hps_engine_t* engine, const float** o
   HPS_CHECK_ARG(out_scale);
   HPS_CHECK_ARG(out_skipped_steps);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_RETURN_IF_ERROR(check_loss_scale(*engine));
+    HPS_RETURN_IF_ERROR(check_sealed(*engine, "the loss scale"));
     *out_scale = engine->impl->loss_scale();
     *out_skipped_steps = engine->impl->skipped_steps();
     return hps::Status::Ok();
@@ -372,7 +371,7 @@ HPS_API hps_status_t hps_engine_loss_scale_dlpack(hps_engine_t* engine, DLManage
   HPS_CHECK_ARG(out_scale);
   HPS_CHECK_ARG(out_skipped_steps);
   return guard(__func__, [&]() -> hps::Status {
-    HPS_RETURN_IF_ERROR(check_loss_scale(*engine));
+    HPS_RETURN_IF_ERROR(check_sealed(*engine, "the loss scale"));
     // The engine only reads these; a view is writable memory by DLPack's contract, and
     // a caller that writes them owns the consequences, as with hps_engine_loss_scale.
     std::unique_ptr<DLManagedTensor, void (*)(DLManagedTensor*)> scale(

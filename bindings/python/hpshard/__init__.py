@@ -638,11 +638,7 @@ def _interruptible(call: Callable[[], Any], abort: Callable[[], None]) -> Any:
         outcome.clear()
         raise
     if "error" in outcome:
-        error = outcome.pop("error")
-        try:
-            raise error
-        finally:
-            del error
+        raise outcome.pop("error")
     return outcome["value"]
 
 

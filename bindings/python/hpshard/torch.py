@@ -13,38 +13,39 @@
         model.step()                                  # replaces optimizer.step()
 
 The module's parameters live in the engine's storage: its tensors are views of the
-engine's memory (zero-copy, through the binding's NumPy views), and autograd adds gradients straight into the engine's gradient
-storage. A hook on each parameter's gradient accumulator checks the gradient in with the
-engine as soon as autograd has finished it, so the reduce-scatters run while backward
-goes on. ``step()`` is the engine's step (SGD or AdamW on this rank's shards, global-norm
-clipping and dynamic loss scaling folded in); nothing in a step blocks the host.
+engine's memory (zero-copy, through the binding's NumPy views), and autograd adds
+gradients straight into the engine's gradient storage. A hook on each parameter's gradient
+accumulator checks the gradient in with the engine as soon as autograd has finished it, so
+the reduce-scatters run while backward goes on. ``step()`` is the engine's step (SGD or
+AdamW on this rank's shards, global-norm clipping and dynamic loss scaling folded in);
+nothing in a step blocks the host.
 
 Units are the submodules named in ``units`` (each transformer block, say; one unit inside
 another is refused); every other parameter forms one more unit, the rest, and so does a
-parameter used by two units (a submodule two blocks share, tied weights). With stage 3 only this rank's shard of each unit is
-resident: a unit is gathered before its forward and released after it, gathered again
-when the gradient of one of its outputs arrives in backward, and released once its
-gradients are in (a unit holding a frozen parameter at the end of backward, since
-autograd may still need the frozen weight after the trainable ones are done). Outside a
-gathered unit its parameters hold no memory: each is its shape over one zero element
-(stride 0), so reading one there gives zeros, not its values; an operation that keeps one
-for backward there (a parent's ``F.linear(h, unit.weight)``) raises, naming it. A unit
-whose parameters backward needs before a gradient reaches its outputs (a side loss it
-kept) is gathered then.
-Tensors autograd saves for backward that are views of a gathered parameter are saved as
-"this parameter, these strides" and re-derived from the re-gathered parameter in
-backward, so activations never pin (or read stale) gathered memory; a unit that returns
-its parameter, or a view of one, returns a copy. A parameter written in place by a
-forward (``nn.Embedding(max_norm=...)``) raises at stage 3, where the release would lose
-the write. ``torch.utils.checkpoint`` may wrap units or run inside them: a unit
-recomputed in backward is gathered for its backward (stage 3 recomputes it over a copy of
-its parameters, so a kept graph stays right after the release; a parameter used outside
-its unit inside a checkpointed region is not caught); with ``use_reentrant=True`` a
-parameter used by two checkpointed calls raises (each call completes its gradient once;
-use ``use_reentrant=False``). Evaluation under ``torch.no_grad()`` or
-``torch.inference_mode()`` between steps changes nothing. A stage 3 forward gathers units
-with the other ranks, so every rank runs it; to evaluate on some ranks only (rank 0
-alone), do it inside ``with model.full_parameters():``, which every rank enters.
+parameter used by two units (a submodule two blocks share, tied weights). With stage 3
+only this rank's shard of each unit is resident: a unit is gathered before its forward and
+released after it, gathered again when the gradient of one of its outputs arrives in
+backward, and released once its gradients are in (a unit holding a frozen parameter at the
+end of backward, since autograd may still need the frozen weight after the trainable ones
+are done). Outside a gathered unit its parameters hold no memory: each is its shape over
+one zero element (stride 0), so reading one there gives zeros, not its values; an
+operation that keeps one for backward there (a parent's ``F.linear(h, unit.weight)``)
+raises, naming it. A unit whose parameters backward needs before a gradient reaches its
+outputs (a side loss it kept) is gathered then. Tensors autograd saves for backward that
+are views of a gathered parameter are saved as "this parameter, these strides" and
+re-derived from the re-gathered parameter in backward, so activations never pin (or read
+stale) gathered memory; a unit that returns its parameter, or a view of one, returns a
+copy. A parameter written in place by a forward (``nn.Embedding(max_norm=...)``) raises at
+stage 3, where the release would lose the write. ``torch.utils.checkpoint`` may wrap units
+or run inside them: a unit recomputed in backward is gathered for its backward (stage 3
+recomputes it over a copy of its parameters, so a kept graph stays right after the
+release; a parameter used outside its unit inside a checkpointed region is not caught);
+with ``use_reentrant=True`` a parameter used by two checkpointed calls raises (each call
+completes its gradient once; use ``use_reentrant=False``). Evaluation under
+``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. A stage 3
+forward gathers units with the other ranks, so every rank runs it; to evaluate on some
+ranks only (rank 0 alone), do it inside ``with model.full_parameters():``, which every
+rank enters.
 
 Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
 averages over the ranks and micro-batches once. A parameter registered twice (tied
