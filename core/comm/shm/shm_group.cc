@@ -600,8 +600,20 @@ Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline d
   auto next_pid_check = Clock::now() + std::chrono::milliseconds(200);
   for (int spins = 0;; ++spins) {
     const uint32_t seen = h.signal.load(std::memory_order_seq_cst);
+    // Whether the peer is gone is read before its counter: a peer writes the counter before
+    // it leaves, fails or exits, so one that reached `target` and then left at once is seen
+    // as done by the counter read below, not as gone.
+    Status gone = peer_gone(peer);
+    if (gone.ok() && check_pid && spins >= 80 && Clock::now() >= next_pid_check) {
+      if (host::process_ended(c.pid)) {
+        gone = aborted("rank " + std::to_string(peer) + " (process " + std::to_string(c.pid) +
+                       ") has exited");
+      }
+      next_pid_check = Clock::now() + std::chrono::milliseconds(200);
+    }
+    if (between_reads_for_testing_) between_reads_for_testing_();
     if (counter.load(std::memory_order_seq_cst) >= target) return Status::Ok();
-    HPS_RETURN_IF_ERROR(peer_gone(peer));
+    HPS_RETURN_IF_ERROR(gone);
     if (spins < 64) {
       cpu_relax();
       continue;
@@ -614,13 +626,6 @@ Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline d
     if (now >= deadline) {
       return timeout_error("timed out waiting for rank " + std::to_string(peer) +
                            " (a peer is missing or called a different operation)");
-    }
-    if (check_pid && now >= next_pid_check) {
-      if (host::process_ended(c.pid)) {
-        return aborted("rank " + std::to_string(peer) + " (process " + std::to_string(c.pid) +
-                       ") has exited");
-      }
-      next_pid_check = now + std::chrono::milliseconds(200);
     }
     h.sleepers.fetch_add(1, std::memory_order_seq_cst);
     futex_wait(&h.signal, seen,

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -88,6 +89,13 @@ class ShmGroup {
   // This rank's communicator failed: peers waiting for it stop at once.
   void mark_failed();
 
+  // Tests only: runs inside every wait of this rank's collectives, between its read of
+  // whether the peer waited for is gone and its read of that peer's progress (the window in
+  // which a peer can finish and leave). Set before the collectives run.
+  void set_between_reads_for_testing(std::function<void()> hook) {
+    between_reads_for_testing_ = std::move(hook);
+  }
+
   struct Control;
   struct Header;
 
@@ -135,6 +143,7 @@ class ShmGroup {
   uint64_t next_round_ = 0;  // worker thread only
   bool direct_ = false;
   std::atomic<bool> aborted_{false};
+  std::function<void()> between_reads_for_testing_;
 };
 
 }  // namespace hps::shm

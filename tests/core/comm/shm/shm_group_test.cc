@@ -198,5 +198,40 @@ TEST(ShmGroup, DirectAllGatherAndBroadcastDeliverTheData) {
   }
 }
 
+// A rank that finishes a collective and destroys its communicator at once may do both while
+// its peer, still waiting in the same collective, is between reading whether it is gone and
+// reading its progress. The peer used to read the progress first and then see the rank gone:
+// it failed with "destroyed its communicator before joining" a collective the rank had
+// joined (seen under ThreadSanitizer in an engine test). Here rank 0 runs its whole barrier
+// and leaves inside rank 1's window, over both transports' protocols.
+TEST(ShmGroup, APeerThatFinishesAndLeavesDuringAWaitHasJoined) {
+  for (bool direct : {false, true}) {
+    auto made = create_pair(direct);
+    std::vector<std::unique_ptr<ShmGroup>> groups;
+    for (auto& g : made) {
+      ASSERT_TRUE(g.ok() && *g) << g.status().to_string();
+      groups.push_back(std::move(*g));
+    }
+    CollectiveDescriptor d;
+    d.kind = kBarrierKind;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    Status s0 = unavailable("not run");
+    int windows = 0;
+    groups[1]->set_between_reads_for_testing([&] {
+      if (windows++ > 0) return;
+      std::thread rank0([&] {
+        s0 = groups[0]->barrier(d, deadline);
+        groups[0].reset();
+      });
+      rank0.join();
+    });
+    Status s1 = groups[1]->barrier(d, deadline);
+    EXPECT_TRUE(s0.ok()) << s0.to_string();
+    EXPECT_TRUE(s1.ok()) << "direct " << direct << ": " << s1.to_string();
+    EXPECT_GE(windows, 1);
+    EXPECT_EQ(groups[0], nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace hps::shm
