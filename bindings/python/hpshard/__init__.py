@@ -615,26 +615,39 @@ def _interruptible(call: Callable[[], Any], abort: Callable[[], None]) -> Any:
     """``call()``, which blocks in the library (a rendezvous), made interruptible: on the
     main thread it runs on a helper thread while this one waits in slices, so a signal's
     exception (KeyboardInterrupt from Ctrl-C) is raised here at once; ``abort()`` then ends
-    the call, which is joined (its result, if it completed meanwhile, dropped) before the
-    exception goes on. Elsewhere (signals reach only the main thread) it is ``call()``."""
+    the call, which is waited for (its result, if it completed meanwhile, dropped) before the
+    exception goes on. Elsewhere (signals reach only the main thread) it is ``call()``.
+
+    The waits are on an Event the helper sets, not ``Thread.join``: a join that a signal's
+    exception interrupts marks the thread stopped while it still runs (CPython 3.11), and a
+    later join returns at once, so the caller went on beside a call still changing state."""
     if threading.current_thread() is not threading.main_thread():
         return call()
     outcome: dict = {}
+    finished = threading.Event()
 
     def run() -> None:
         try:
             outcome["value"] = call()
         except BaseException as e:  # noqa: BLE001 — raised on the caller's thread
             outcome["error"] = e
+        finally:
+            finished.set()
 
     helper = threading.Thread(target=run, name="hpshard-rendezvous", daemon=True)
     helper.start()
     try:
-        while helper.is_alive():
-            helper.join(_WAIT_SLICE_MS / 1000)
+        while not finished.wait(_WAIT_SLICE_MS / 1000):
+            pass
     except BaseException:
         abort()
-        helper.join()
+        # The call ends within a slice of the abort; another Ctrl-C meanwhile changes
+        # nothing (the first one's exception goes on).
+        while not finished.is_set():
+            try:
+                finished.wait(_WAIT_SLICE_MS / 1000)
+            except BaseException:  # noqa: BLE001 — the first exception is raised below
+                pass
         outcome.clear()
         raise
     if "error" in outcome:
@@ -1778,6 +1791,16 @@ def dependency_wait_stats() -> Tuple[int, int]:
 
 
 # ---- checkpoints ------------------------------------------------------------------------
+def _abort_checkpoint_groups(engine: Engine, group: Communicator) -> None:
+    """What Ctrl-C during a checkpoint's collective call ends: its group's waits and those
+    of the engine's groups (where the parts of a model agree)."""
+    try:
+        group.abort()
+    except (Error, ValueError):
+        pass  # closed already: nothing of it to end
+    engine._abort_groups()
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointInfo:
     """What a checkpoint holds (a copy of hps_checkpoint_info_t; :func:`checkpoint_inspect`):
@@ -1868,8 +1891,11 @@ class Checkpoint(Handle):
     The checkpoint keeps its engine and group referenced; closing either closes the
     checkpoint first, and closing the checkpoint waits for a save in flight (Ctrl-C
     interrupts that wait, leaving the checkpoint open); after a failure, ``abort()`` on the
-    group (or on a communicator it was split from, the world) ends that save at once. One
-    thread at a time per checkpoint (and not beside its engine's calls)."""
+    group (or on a communicator it was split from, the world) ends that save at once. On
+    the main thread, Ctrl-C during :meth:`create`, :meth:`load` or
+    :meth:`import_safetensors` ends the wait for the other ranks at once and aborts the
+    group and the engine's communicators (as :meth:`Engine.seal`). One thread at a time
+    per checkpoint (and not beside its engine's calls)."""
 
     def __init__(self, handle: Any, engine: Engine, group: Communicator, root: str) -> None:
         super().__init__(handle)
@@ -1922,7 +1948,10 @@ class Checkpoint(Handle):
         if timeout_ms is not None:
             options.timeout_ms = int(timeout_ms)
         root = os.fspath(root)
-        h = _c.CheckpointHandle.create(engine._h(), group._h(), root, options)
+        raw_engine, raw_group = engine._h(), group._h()
+        h = _interruptible(
+            lambda: _c.CheckpointHandle.create(raw_engine, raw_group, root, options),
+            lambda: _abort_checkpoint_groups(engine, group))
         return cls(h, engine, group, root)
 
     def save(self, name: str, metadata: Optional[Mapping[str, str]] = None) -> Work:
@@ -1960,7 +1989,9 @@ class Checkpoint(Handle):
         model), FAILED_PRECONDITION (in the middle of a step); no engine changed then."""
         h = self._h()
         self._wait_in_flight()
-        h.load(None if name is None else str(name), _load_options(allow_partial))
+        options = _load_options(allow_partial)
+        listed = None if name is None else str(name)
+        _interruptible(lambda: h.load(listed, options), self._abort_groups)
 
     def import_safetensors(self, path: Union[str, os.PathLike],
                            allow_partial: bool = False) -> None:
@@ -1969,7 +2000,12 @@ class Checkpoint(Handle):
         shard; optimizer state and step counts stay. Collective, as :meth:`load`."""
         h = self._h()
         self._wait_in_flight()
-        h.import_safetensors(os.fspath(path), _load_options(allow_partial))
+        options = _load_options(allow_partial)
+        source = os.fspath(path)
+        _interruptible(lambda: h.import_safetensors(source, options), self._abort_groups)
+
+    def _abort_groups(self) -> None:
+        _abort_checkpoint_groups(self.engine, self.group)
 
     def metadata(self, key: str) -> str:
         """The value of metadata ``key`` of the last successful :meth:`load` or

@@ -21,7 +21,7 @@ import pytest
 import hpshard
 from hpshard import Checkpoint, Communicator, Engine, Optimizer, Store
 from test_comm import seconds_to_interrupt
-from test_engine import run_ranks, status_of, world
+from test_engine import JOIN_S, run_ranks, status_of, world
 
 INVALID_ARGUMENT = 1
 NOT_FOUND = 3
@@ -521,6 +521,65 @@ def test_ctrl_c_interrupts_a_close_waiting_for_a_save_and_leaves_the_checkpoint_
     assert not thread.is_alive() and not errors, errors
     assert (tmp_path / "latest").read_text().strip() == "s"
     hpshard.checkpoint_verify(tmp_path / "s")
+
+
+@pytest.mark.parametrize("call", ["create", "load", "import"])
+def test_ctrl_c_ends_a_checkpoint_call_waiting_for_a_rank_and_aborts_its_groups(tmp_path, call):
+    """Checkpoint.create, load and import_safetensors are collective: on rank 0 (the main
+    thread) they waited for a rank 1 that never called them until the checkpoint's timeout
+    (here 20 s) whatever the signals. SIGINT now raises KeyboardInterrupt within a slice,
+    aborts the group, and a load or import has changed nothing."""
+    url = f"memory://py-ckpt-ctrl-c-{call}-{uuid.uuid4().hex}"
+    saved, go = threading.Event(), threading.Event()
+    errors = []
+    export = tmp_path / "model.safetensors"
+
+    def peer():  # saves with rank 0, never joins the call under test
+        try:
+            store, comm = world(1, url)
+            with store, comm, Engine.create(comm) as engine:
+                engine.add_param("w", (8,))
+                engine.seal()
+                if call != "create":
+                    with Checkpoint.create(engine, comm, tmp_path, timeout_ms=20000) as ckpt:
+                        ckpt.save("s").wait()
+                        saved.set()
+                        go.wait(JOIN_S)
+                else:
+                    go.wait(JOIN_S)
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    store, comm = world(0, url)
+    try:
+        with store, comm, Engine.create(comm) as engine:
+            engine.add_param("w", (8,))
+            engine.seal()
+            if call == "create":
+                elapsed = seconds_to_interrupt(
+                    lambda: Checkpoint.create(engine, comm, tmp_path, timeout_ms=20000), after=0.3)
+            else:
+                ckpt = Checkpoint.create(engine, comm, tmp_path, timeout_ms=20000)
+                engine.param(0)[...] = 1.0
+                ckpt.save("s").wait()
+                assert saved.wait(JOIN_S)
+                hpshard.checkpoint_export_safetensors(tmp_path / "s", export)
+                engine.param(0)[...] = 7.0
+                if call == "load":
+                    elapsed = seconds_to_interrupt(lambda: ckpt.load("s"), after=0.3)
+                else:
+                    elapsed = seconds_to_interrupt(lambda: ckpt.import_safetensors(export),
+                                                   after=0.3)
+                np.testing.assert_array_equal(engine.param(0), [7.0] * 8)
+                ckpt.close()
+            assert elapsed < 3.0, elapsed
+            assert status_of(lambda: comm.barrier().wait()) == 9  # ABORTED
+    finally:
+        go.set()
+    thread.join(JOIN_S)
+    assert not thread.is_alive() and not errors, errors
 
 
 def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):

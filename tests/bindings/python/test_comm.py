@@ -388,6 +388,28 @@ def seconds_to_interrupt(call, after=0.2):
         timer.cancel()
 
 
+def test_an_interrupted_call_has_ended_when_its_exception_is_raised():
+    """The binding's interruptible calls run the library call on a helper thread; on Ctrl-C
+    they abort it and wait for it to end before raising. They waited with Thread.join, which
+    a KeyboardInterrupt inside it breaks (CPython 3.11 marks the thread stopped): the second
+    join returned at once and the caller went on while the call still ran (an import
+    restoring the engine's values after the caller read them). Here the call takes 0.3 s to
+    end after its abort."""
+    aborted, ended = threading.Event(), threading.Event()
+
+    def call():
+        aborted.wait(JOIN_S)
+        time.sleep(0.3)
+        ended.set()
+
+    elapsed = seconds_to_interrupt(lambda: hpshard._interruptible(call, aborted.set), after=0.2)
+    assert ended.is_set(), "KeyboardInterrupt was raised while the call still ran"
+    assert 0.4 < elapsed < 3.0, elapsed
+    assert hpshard._interruptible(lambda: 42, aborted.set) == 42
+    with pytest.raises(ValueError):
+        hpshard._interruptible(lambda: int("x"), aborted.set)
+
+
 @pytest.mark.parametrize("kind", ["memory", "tcp"])
 def test_ctrl_c_ends_a_rendezvous_waiting_for_a_rank_that_never_comes(kind):
     """Communicator.create blocked in the library until its timeout (here 20 s) whatever
