@@ -50,6 +50,7 @@ from ._errors import (
     OutOfRangeError,
     Status,
     UnavailableError,
+    _from_status,
 )
 
 __all__ = [
@@ -397,6 +398,39 @@ def host_sync_reset() -> None:
 DEFAULT_STORE_TIMEOUT_MS = 30000
 
 
+def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
+    """For ``tcp://HOST:PORT``: waits until the server accepts a connection (closed at once;
+    the server drops it silently), retrying with backoff until ``timeout_ms`` (Error TIMEOUT
+    then) in waits a signal's exception ends. The time left for the library's open (its
+    connect is then immediate). Other URLs (and ones the library will refuse): unchanged."""
+    if not url.startswith("tcp://") or timeout_ms <= 0:
+        return timeout_ms
+    import socket
+    import urllib.parse
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return timeout_ms
+    if not host or not port:
+        return timeout_ms
+    start = time.monotonic()
+    deadline = start + timeout_ms / 1000
+    backoff, last = 0.01, None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _from_status(Status.TIMEOUT, f"Store.open: could not connect to {host}:{port} "
+                                               f"within {timeout_ms} ms: {last}")
+        try:
+            socket.create_connection((host, port), timeout=min(left, 1.0)).close()
+            return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
+        except OSError as e:
+            last = e
+        time.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
+        backoff = min(backoff * 2, 0.25)
+
+
 class Store(Handle):
     """A key-value store through which ranks meet (hps_store_t); see :meth:`open`.
 
@@ -410,8 +444,14 @@ class Store(Handle):
     @classmethod
     def open(cls, url: str, rank: int, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> "Store":
         """Open the store at ``url`` as ``rank``: "memory://NAME" (shared by the threads of
-        this process), "file:///DIR" or "tcp://HOST:PORT" (rank 0 serves)."""
-        return cls(_c.StoreHandle.open(str(url), int(rank), int(timeout_ms)), str(url), int(rank))
+        this process), "file:///DIR" or "tcp://HOST:PORT" (rank 0 serves). ``timeout_ms``
+        bounds the whole open. On the main thread a rank other than 0 of a TCP store first
+        waits here, in slices, until the server accepts connections, so Ctrl-C ends the wait
+        for a rank 0 that has not started yet (Error TIMEOUT when it never does)."""
+        url, rank, timeout_ms = str(url), int(rank), int(timeout_ms)
+        if rank > 0 and threading.current_thread() is threading.main_thread():
+            timeout_ms = _wait_for_tcp_server(url, timeout_ms)
+        return cls(_c.StoreHandle.open(url, rank, timeout_ms), url, rank)
 
     def set(self, key: str, value: Any) -> None:
         """Set ``key`` to ``value``: bytes (binary-safe), any bytes-like object, or str

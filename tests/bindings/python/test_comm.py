@@ -416,13 +416,7 @@ def test_ctrl_c_ends_a_rendezvous_waiting_for_a_rank_that_never_comes(kind):
     the signals: now SIGINT raises KeyboardInterrupt within a slice and leaves the store
     aborted (Error ABORTED from then on); a new store works. From another thread create
     is the plain call, and Store.abort from this thread ends it the same way."""
-    if kind == "memory":
-        url = unique_url("rendezvous")
-    else:
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            url = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    url = unique_url("rendezvous") if kind == "memory" else free_tcp_url()
     with Store.open(url, 0) as store:
         elapsed = seconds_to_interrupt(
             lambda: Communicator.create(store, 0, 2, timeout_ms=20000), after=0.3)
@@ -454,6 +448,42 @@ def test_ctrl_c_ends_a_rendezvous_waiting_for_a_rank_that_never_comes(kind):
     with Store.open(unique_url("fresh"), 0) as store:
         with Communicator.create(store, 0, 1) as comm:
             assert comm.size == 1
+
+
+def free_tcp_url():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_ctrl_c_ends_a_tcp_store_open_waiting_for_its_server():
+    """A rank other than 0 opening a TCP store whose rank 0 has not started waited in the
+    library for its timeout (here 20 s) whatever the signals. On the main thread it now
+    waits for the server in slices: SIGINT raises KeyboardInterrupt within one; with no
+    server, Error TIMEOUT after the open's timeout, naming the address; a server that starts
+    during the wait is joined, and the store works."""
+    url = free_tcp_url()
+    elapsed = seconds_to_interrupt(lambda: Store.open(url, 1, timeout_ms=20000), after=0.3)
+    assert elapsed < 3.0, elapsed
+    start = time.monotonic()
+    with pytest.raises(hpshard.Error) as e:
+        Store.open(url, 1, timeout_ms=600)
+    assert 0.5 < time.monotonic() - start < 5.0
+    assert e.value.status == TIMEOUT and url[len("tcp://"):] in e.value.message, e.value
+    served = {}
+
+    def rank0():
+        time.sleep(0.5)
+        served["store"] = Store.open(url, 0, timeout_ms=20000)
+        served["store"].set("from0", b"hello")
+
+    thread = threading.Thread(target=rank0, daemon=True)
+    thread.start()
+    with Store.open(url, 1, timeout_ms=20000) as store:
+        assert store.get("from0", 20000) == b"hello"
+        thread.join(JOIN_S)
+        served["store"].close()
 
 
 @pytest.mark.parametrize("call", ["split", "hybrid_group", "engine_seal"])
