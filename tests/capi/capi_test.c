@@ -4,22 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "hpshard/hpshard.h"
-
-static int g_failures = 0;
-static int g_checks = 0;
-
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    ++g_checks;                                                                                  \
-    if (!(cond)) {                                                                               \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-  } while (0)
-
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
 
 /* The call fails with `status` and leaves a non-empty message naming the function. */
 #define CHECK_FAILS(call, status, function)                    \
@@ -239,6 +225,5 @@ int main(void) {
   test_streams_and_events();
   test_host_sync_counter();
   test_last_error_is_kept_until_next_failure();
-  printf("%d checks, %d failed\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return check_summary();
 }

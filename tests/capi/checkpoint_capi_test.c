@@ -10,26 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "hpshard/hpshard.h"
 
-static int g_failures = 0;
-static int g_checks = 0;
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static char g_root[256];
-
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    const int ok_ = (cond) ? 1 : 0;                                                              \
-    pthread_mutex_lock(&g_lock);                                                                 \
-    ++g_checks;                                                                                  \
-    if (!ok_) {                                                                                  \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-    pthread_mutex_unlock(&g_lock);                                                               \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
 
 enum { kWeights = 300, kBias = 7 };
 
@@ -243,6 +227,5 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_root);
   }
-  printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return check_summary();
 }

@@ -5,25 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "hpshard/hpshard.h"
-
-static int g_failures = 0;
-static int g_checks = 0;
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    const int ok_ = (cond) ? 1 : 0;                                                              \
-    pthread_mutex_lock(&g_lock);                                                                 \
-    ++g_checks;                                                                                  \
-    if (!ok_) {                                                                                  \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-    pthread_mutex_unlock(&g_lock);                                                               \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
 
 static void test_single_rank(void) {
   hps_clip_options_t options;
@@ -176,7 +159,6 @@ int main(void) {
   } else {
     printf("multi-rank part skipped: no CPU communicators in this build\n");
   }
-  printf("%d checks, %d failed\n", g_checks, g_failures);
-  if (g_failures != 0) return 1;
+  if (check_summary() != 0) return 1;
   return multi ? 0 : 77;
 }

@@ -7,26 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "check.h"
 #include "hpshard/hpshard.h"
-
-static int g_failures = 0;
-static int g_checks = 0;
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* `cond` is evaluated before taking the lock: it may be a collective call that blocks. */
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    const int ok_ = (cond) ? 1 : 0;                                                              \
-    pthread_mutex_lock(&g_lock);                                                                 \
-    ++g_checks;                                                                                  \
-    if (!ok_) {                                                                                  \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-    pthread_mutex_unlock(&g_lock);                                                               \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
 
 /* Waits for and frees the work a collective call (passed `&work`) just handed out; it
  * takes the address because C leaves the order of argument evaluation open. */
@@ -473,7 +455,6 @@ int main(void) {
     test_single_rank();
     test_collectives();
   }
-  printf("%d checks, %d failed\n", g_checks, g_failures);
-  if (g_failures != 0) return 1;
+  if (check_summary() != 0) return 1;
   return collectives ? 0 : 77; /* 77: ctest reports Skipped */
 }

@@ -6,23 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "hpshard/hpshard.h"
-
-static int g_failures = 0;
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    const int ok_ = (cond) ? 1 : 0;                                                              \
-    pthread_mutex_lock(&g_lock);                                                                 \
-    if (!ok_) {                                                                                  \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-    pthread_mutex_unlock(&g_lock);                                                               \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
-#define HAS(text) (strstr(hps_last_error_message(), (text)) != NULL)
 
 /* A host float32 tensor of one dimension over `data`. */
 static DLTensor host_f32(float* data, int64_t* shape) {
@@ -474,10 +459,7 @@ int main(void) {
     pthread_create(&threads[r], NULL, rank_main, &args[r]);
   }
   for (r = 0; r < 2; ++r) pthread_join(threads[r], NULL);
-  if (g_failures) {
-    fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
+  if (check_summary() != 0) return 1;
   printf("dlpack: views, policy, refusals and collectives as documented\n");
   return 0;
 }

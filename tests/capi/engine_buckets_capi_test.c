@@ -9,25 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "hpshard/hpshard.h"
-
-static int g_failures = 0;
-static int g_checks = 0;
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    const int ok_ = (cond) ? 1 : 0;                                                              \
-    pthread_mutex_lock(&g_lock);                                                                 \
-    ++g_checks;                                                                                  \
-    if (!ok_) {                                                                                  \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-    pthread_mutex_unlock(&g_lock);                                                               \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
 
 /* Unit 0: w1, w2, b (trainable) and f (frozen); unit 1: w3. With 256-byte alignment (64
  * floats) and a 4096-byte cap, w1 (4000 bytes) fills a bucket; w2 starts the next, and b
@@ -356,6 +339,5 @@ int main(void) {
     CHECK(args[0].result[0][3][1] == 0.5f * cosf(0.37f + 3.0f));
     printf("stage %d: capped and uncapped engines trained bitwise equal\n", (int)stage);
   }
-  printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return check_summary();
 }

@@ -13,14 +13,14 @@ set_tests_properties(dlpack_capi_test PROPERTIES LABELS c TIMEOUT 120)
 add_executable(abi_consumer_0_1_0 capi/abi/consumer_0_1_0.c)
 target_include_directories(abi_consumer_0_1_0 BEFORE PRIVATE
   ${CMAKE_CURRENT_SOURCE_DIR}/capi/abi/include-0.1.0)
-target_link_libraries(abi_consumer_0_1_0 PRIVATE hpshard::hpshard hps_warnings)
+target_link_libraries(abi_consumer_0_1_0 PRIVATE hpshard::hpshard hps_warnings Threads::Threads)
 set_target_properties(abi_consumer_0_1_0 PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
 add_test(NAME abi_consumer_0_1_0 COMMAND abi_consumer_0_1_0)
 set_tests_properties(abi_consumer_0_1_0 PROPERTIES LABELS c TIMEOUT 60)
 
 # Older and newer callers of the extensible structs, as documented in hpshard.h.
 add_executable(abi_extensible_test capi/abi/extensible_test.c)
-target_link_libraries(abi_extensible_test PRIVATE hpshard::hpshard hps_warnings)
+target_link_libraries(abi_extensible_test PRIVATE hpshard::hpshard hps_warnings Threads::Threads)
 set_target_properties(abi_extensible_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
 add_test(NAME abi_extensible_test COMMAND abi_extensible_test)
 set_tests_properties(abi_extensible_test PROPERTIES LABELS c TIMEOUT 60)

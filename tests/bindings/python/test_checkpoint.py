@@ -20,8 +20,8 @@ import pytest
 
 import hpshard
 from hpshard import Checkpoint, Communicator, Engine, Optimizer, Store
-from test_comm import seconds_to_interrupt
-from test_engine import JOIN_S, run_ranks, status_of, world
+from test_comm import JOIN_S, run_ranks, seconds_to_interrupt, status_of
+from test_engine import world
 
 INVALID_ARGUMENT = 1
 NOT_FOUND = 3

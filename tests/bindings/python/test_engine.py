@@ -5,7 +5,6 @@ through a memory:// store; every multi-rank test is bounded by thread join timeo
 import ctypes
 import gc
 import math
-import threading
 import time
 import uuid
 import weakref
@@ -16,54 +15,19 @@ import pytest
 import hpshard
 from hpshard import (Clip, ClipFlag, ClipOptions, Communicator, DType, Engine, EngineOptions,
                      Optimizer, ParamFlag, Store, Stream, capi)
+from test_comm import run_ranks, status_of
 
 INVALID_ARGUMENT = 1
 OUT_OF_RANGE = 2
 NOT_FOUND = 3
 FAILED_PRECONDITION = 5
 UNIMPLEMENTED = 6
-JOIN_S = 60.0
-
-
-def run_ranks(n, fn, tag, timeout_s=JOIN_S):
-    """Run fn(rank, url) on n threads over a fresh memory:// store; fail when one is still
-    running after timeout_s, re-raise the first rank's exception; results in rank order."""
-    url = f"memory://py-{tag}-{uuid.uuid4().hex}"
-    results = [None] * n
-    errors = [None] * n
-
-    def body(r):
-        try:
-            results[r] = fn(r, url)
-        except BaseException as e:  # noqa: BLE001 — reported below
-            errors[r] = e
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True, name=f"rank{r}")
-               for r in range(n)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout_s
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-    hung = [t.name for t in threads if t.is_alive()]
-    if hung:
-        pytest.fail(f"ranks still running after {timeout_s} s: {hung}")
-    for r, e in enumerate(errors):
-        if e is not None:
-            raise AssertionError(f"rank {r} failed: {e!r}") from e
-    return results
 
 
 def world(rank, url, size=2):
     store = Store.open(url, rank, timeout_ms=10000)
     comm = Communicator.create(store, rank, size, timeout_ms=20000)
     return store, comm
-
-
-def status_of(call):
-    with pytest.raises(hpshard.Error) as info:
-        call()
-    return info.value.status
 
 
 # ---- clip: the low-level layer -------------------------------------------------------------

@@ -7,22 +7,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../check.h"
 #include "hpshard/hpshard.h"
 
 #if HPS_VERSION_MAJOR != 0 || HPS_VERSION_MINOR != 1 || HPS_VERSION_PATCH != 0
 #error "this test is compiled against the frozen 0.1.0 header (tests/capi/abi/include-0.1.0)"
 #endif
-
-static int g_failures = 0;
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    if (!(cond)) {                                                                               \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
 
 enum { kTail = 64, kSentinel = 0x5A };
 
@@ -137,10 +127,7 @@ int main(void) {
   CHECK_OK(hps_stream_destroy(stream));
   CHECK_OK(hps_comm_destroy(comm));
   CHECK_OK(hps_store_destroy(store));
-  if (g_failures) {
-    fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
+  if (check_summary() != 0) return 1;
   printf("the 0.1.0 consumer runs against libhpshard %s\n", hps_version_string());
   return 0;
 }

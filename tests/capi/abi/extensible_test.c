@@ -9,19 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../check.h"
 #include "hpshard/hpshard.h"
-
-static int g_failures = 0;
-#define CHECK(cond)                                                                              \
-  do {                                                                                           \
-    if (!(cond)) {                                                                               \
-      ++g_failures;                                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: '%s')\n", __FILE__, __LINE__, #cond, \
-              hps_last_error_message());                                                         \
-    }                                                                                            \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == HPS_STATUS_OK)
-#define HAS(text) (strstr(hps_last_error_message(), (text)) != NULL)
 
 /* The 0.1.0 sizes (LP64), the smallest structs the library takes. */
 enum {
@@ -200,10 +189,7 @@ int main(void) {
   bucket_cap(comm);
   CHECK_OK(hps_comm_destroy(comm));
   CHECK_OK(hps_store_destroy(store));
-  if (g_failures) {
-    fprintf(stderr, "%d check(s) failed\n", g_failures);
-    return 1;
-  }
+  if (check_summary() != 0) return 1;
   printf("extensible structs: older, newer and current callers handled as documented\n");
   return 0;
 }
