@@ -1010,9 +1010,18 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
       }
     }
     if (local.ok()) {
-      local = ckpt::read_plan(*source, targets, plan, into, [&](size_t t) -> Status {
-        return aside.empty() || !aside[t] ? Status::Ok() : aside[t]->synchronize_uncounted();
-      });
+      local = ckpt::read_plan(
+          *source, targets, plan, into,
+          [&](size_t t) -> Status {
+            return aside.empty() || !aside[t] ? Status::Ok() : aside[t]->synchronize_uncounted();
+          },
+          [&]() -> Status {
+            // The agreement below would refuse the load anyway: not after reading it all.
+            return comm_->was_aborted()
+                       ? aborted("checkpoint: the group was aborted while the load read '" +
+                                 report.directory + "'")
+                       : Status::Ok();
+          });
     }
   }
   // The ranks of the group must read one checkpoint: its name and id (`latest` may move

@@ -119,7 +119,8 @@ void convert(DType from, const void* in, DType to, void* out, size_t count) {
 
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
                  const LoadPlan& plan, const std::vector<uint8_t*>& staging,
-                 const std::function<Status(size_t)>& before_write) {
+                 const std::function<Status(size_t)>& before_write,
+                 const std::function<Status()>& before_read) {
   FileSet files(source);
   std::vector<uint8_t> writable(before_write ? targets.size() : 0, 0);
   auto writing = [&](size_t target) -> Status {
@@ -157,6 +158,7 @@ Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targ
   std::vector<uint8_t> buffer;
   size_t i = 0;
   while (i < plan.pieces.size()) {
+    if (before_read) HPS_RETURN_IF_ERROR(before_read());
     const ReadPiece& first = plan.pieces[i];
     const StoredTensor& t = source.tensors[first.tensor];
     const StoredChunk& chunk = t.chunks[first.chunk];

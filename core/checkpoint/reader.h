@@ -18,10 +18,13 @@ namespace hps::ckpt {
 // of adjacent chunks the plan reads is announced to the kernel before the first read (it
 // reads ahead one readahead window of each), so the disk works while earlier chunks are
 // checked and converted. `before_write(t)`, when given, runs once before the first byte
-// is written into staging[t]; its error stops the reads.
+// is written into staging[t]; its error stops the reads. `before_read()`, when given, runs
+// before each read (a chunk, or a run of whole chunks up to kReadBytes); its error stops
+// the reads (an abort).
 Status read_plan(const SourceIndex& source, const std::vector<TargetRange>& targets,
                  const LoadPlan& plan, const std::vector<uint8_t*>& staging,
-                 const std::function<Status(size_t)>& before_write = {});
+                 const std::function<Status(size_t)>& before_write = {},
+                 const std::function<Status()>& before_read = {});
 
 struct VerifyReport {
   uint64_t files = 0;

@@ -1,6 +1,7 @@
 #include "core/comm/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -171,6 +172,7 @@ struct Communicator::AbortNode {
   Communicator* comm = nullptr;
   std::vector<std::weak_ptr<AbortNode>> dependents;
   bool aborting = false;  // this thread is in its abort (ties that loop end here)
+  std::atomic<bool> aborted{false};
 };
 
 Communicator::Communicator() : abort_node_(std::make_shared<AbortNode>()) {
@@ -198,6 +200,7 @@ void Communicator::abort() {
     std::lock_guard lock(abort_node_->mutex);
     if (abort_node_->comm == nullptr || abort_node_->aborting) return;
     abort_node_->aborting = true;
+    abort_node_->aborted = true;
     abort_operations();
     for (const auto& w : abort_node_->dependents) {
       if (auto node = w.lock()) dependents.push_back(std::move(node));
@@ -210,6 +213,8 @@ void Communicator::abort() {
   std::lock_guard lock(abort_node_->mutex);
   abort_node_->aborting = false;
 }
+
+bool Communicator::was_aborted() const { return abort_node_->aborted.load(); }
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::split(const std::vector<int32_t>& ranks,
                                                             std::string name) {

@@ -116,6 +116,9 @@ class Communicator {
   // Local, from any thread: pending and later operations end with ABORTED, on this
   // communicator and on every live one tied to it (split from it, or tie()d), and theirs.
   void abort();
+  // Whether abort() was called on this communicator (or reached it through a tie); any
+  // thread. Lets work that runs no collective for a while (reading a checkpoint) end early.
+  bool was_aborted() const;
   // `dependent`'s abort follows this one's from now until `dependent` is destroyed.
   void tie(Communicator& dependent);
 

@@ -1340,7 +1340,8 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
  * and the tensor; the parts would load checkpoints of different names, or hold none in
  * common; the group's ranks
  * named different checkpoints, or read `latest` while it moved; `name` is ""), ABORTED (the load
- * failed on another part),
+ * failed on another part; the group was aborted, hps_comm_abort on it or on a communicator it
+ * was split from: the load ends before its next read of tensor data),
  * FAILED_PRECONDITION (in the middle of a step, a unit gathered).
  */
 HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const char* name,

@@ -91,15 +91,22 @@ void run(const Layout& layout, const EngineOptions& options, const std::string& 
   });
 }
 
-// A Checkpointable of one tensor whose state stream the test drives.
+// A Checkpointable of one tensor of `rows` x 8 floats whose state stream the test drives.
 class FakeState final : public Checkpointable {
  public:
-  std::vector<float> w = std::vector<float>(64, 0.0f);
+  explicit FakeState(int64_t rows = 8) : w(static_cast<size_t>(rows) * 8, 0.0f), rows_(rows) {}
+  std::vector<float> w;
   cpu::CpuStream stream;
   EngineOptions options;
   int loads = 0;
   StatusOr<std::vector<StateTensor>> state_tensors() override {
-    return std::vector<StateTensor>{{"param/w", {8, 8}, DType::kFloat32, 0, 64, w.data(), true}};
+    return std::vector<StateTensor>{{"param/w",
+                                     {rows_, 8},
+                                     DType::kFloat32,
+                                     0,
+                                     static_cast<uint64_t>(w.size()),
+                                     w.data(),
+                                     true}};
   }
   Stream& state_stream() override { return stream; }
   CheckpointTopology checkpoint_topology() const override { return {2, 1, 0, 1, 0, 256}; }
@@ -109,6 +116,9 @@ class FakeState final : public Checkpointable {
     ++loads;
     return Status::Ok();
   }
+
+ private:
+  int64_t rows_;
 };
 
 // A part of a model (mp 2) claims its root with `.hpshard-part`: by a hard link, else by a
@@ -1205,6 +1215,50 @@ TEST(Checkpoint, AbortingTheGroupEndsASaveInFlight) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
   EXPECT_TRUE(names.empty()) << "an aborted save left " << names.size() << " entries";
+}
+
+// Bytes this process has read through read(2) and pread(2) so far (/proc/self/io's rchar).
+uint64_t bytes_read_by_process() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  ADD_FAILURE() << "no rchar in /proc/self/io";
+  return 0;
+}
+
+// A load over an aborted group read the whole checkpoint before its agreement refused it
+// (minutes for a large model after a job was told to stop). It now stops before its first
+// read of tensor data: ABORTED, and the state unchanged.
+TEST(Checkpoint, ALoadOverAnAbortedGroupReadsNoTensorData) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  testing_util::run_ranks(1, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    constexpr int64_t kRows = int64_t{1} << 19;  // 16 MiB of float32
+    FakeState state(kRows);
+    std::fill(state.w.begin(), state.w.end(), 1.0f);
+    auto c = Checkpointer::create(state, world, dir.path(), CheckpointOptions{});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto save = (*c)->save("big");
+    ASSERT_TRUE(save.ok()) << save.status().to_string();
+    ASSERT_TRUE((*save)->wait().ok()) << (*save)->status().to_string();
+    std::fill(state.w.begin(), state.w.end(), 7.0f);
+    EXPECT_FALSE(comm.was_aborted());
+    comm.abort();
+    EXPECT_TRUE(comm.was_aborted());
+    const uint64_t before = bytes_read_by_process();
+    auto loaded = (*c)->load("big");
+    const uint64_t read = bytes_read_by_process() - before;
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_EQ(loaded.status().code(), StatusCode::kAborted) << loaded.status().to_string();
+    EXPECT_LT(read, uint64_t{1} << 20) << "read " << read << " bytes of a 16 MiB checkpoint";
+    EXPECT_EQ(state.loads, 0);
+    EXPECT_EQ(std::count(state.w.begin(), state.w.end(), 7.0f),
+              static_cast<ptrdiff_t>(state.w.size()));
+  });
 }
 
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {

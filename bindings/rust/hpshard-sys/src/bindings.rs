@@ -2958,7 +2958,8 @@ extern "C" {
     #[doc = " and the tensor; the parts would load checkpoints of different names, or hold none in"]
     #[doc = " common; the group's ranks"]
     #[doc = " named different checkpoints, or read `latest` while it moved; `name` is \"\"), ABORTED (the load"]
-    #[doc = " failed on another part),"]
+    #[doc = " failed on another part; the group was aborted, hps_comm_abort on it or on a communicator it"]
+    #[doc = " was split from: the load ends before its next read of tensor data),"]
     #[doc = " FAILED_PRECONDITION (in the middle of a step, a unit gathered)."]
     pub fn hps_checkpoint_load(
         checkpoint: *mut hps_checkpoint_t,
