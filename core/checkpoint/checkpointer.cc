@@ -594,7 +594,7 @@ Status Checkpointer::write_job(SaveJob& job) {
     const std::string header = ckpt::data_file_header(job.id, rank);
     std::memcpy(job.staging.data(), header.data(), ckpt::kDataHeaderBytes);
     size_t next = 0;  // the first group not known complete
-    auto ready = [&job, &next](size_t so_far) -> StatusOr<size_t> {
+    auto ready = [&job, &next, &comm](size_t so_far) -> StatusOr<size_t> {
       uint64_t now = so_far;
       // The groups complete by now; the next one waited for when none is.
       while (next < job.marks.size()) {
@@ -612,6 +612,10 @@ Status Checkpointer::write_job(SaveJob& job) {
         }
         now = m.ready;
         ++next;
+      }
+      // The reports' gathering would fail anyway: not after writing the rest.
+      if (comm.was_aborted()) {
+        return aborted("checkpoint: the group was aborted while the save wrote its data file");
       }
       return static_cast<size_t>(now);
     };

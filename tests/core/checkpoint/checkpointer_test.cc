@@ -1217,15 +1217,16 @@ TEST(Checkpoint, AbortingTheGroupEndsASaveInFlight) {
   EXPECT_TRUE(names.empty()) << "an aborted save left " << names.size() << " entries";
 }
 
-// Bytes this process has read through read(2) and pread(2) so far (/proc/self/io's rchar).
-uint64_t bytes_read_by_process() {
+// Bytes this process has read (`rchar`) or written (`wchar`) through system calls so far,
+// from /proc/self/io.
+uint64_t process_io(const std::string& which) {
   std::ifstream io("/proc/self/io");
   std::string key;
   uint64_t value = 0;
   while (io >> key >> value) {
-    if (key == "rchar:") return value;
+    if (key == which + ":") return value;
   }
-  ADD_FAILURE() << "no rchar in /proc/self/io";
+  ADD_FAILURE() << "no " << which << " in /proc/self/io";
   return 0;
 }
 
@@ -1249,9 +1250,9 @@ TEST(Checkpoint, ALoadOverAnAbortedGroupReadsNoTensorData) {
     EXPECT_FALSE(comm.was_aborted());
     comm.abort();
     EXPECT_TRUE(comm.was_aborted());
-    const uint64_t before = bytes_read_by_process();
+    const uint64_t before = process_io("rchar");
     auto loaded = (*c)->load("big");
-    const uint64_t read = bytes_read_by_process() - before;
+    const uint64_t read = process_io("rchar") - before;
     ASSERT_FALSE(loaded.ok());
     EXPECT_EQ(loaded.status().code(), StatusCode::kAborted) << loaded.status().to_string();
     EXPECT_LT(read, uint64_t{1} << 20) << "read " << read << " bytes of a 16 MiB checkpoint";
@@ -1259,6 +1260,36 @@ TEST(Checkpoint, ALoadOverAnAbortedGroupReadsNoTensorData) {
     EXPECT_EQ(std::count(state.w.begin(), state.w.end(), 7.0f),
               static_cast<ptrdiff_t>(state.w.size()));
   });
+}
+
+// The same for a save: aborted while its writer waits for the snapshot (here held back by a
+// step still running), it wrote the whole data file before its reports' gathering failed.
+// It now stops writing: ABORTED, nothing left under the root.
+TEST(Checkpoint, AnAbortDuringASaveEndsItsWriting) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  testing_util::run_ranks(1, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    FakeState state(int64_t{1} << 19);  // 16 MiB of float32
+    auto c = Checkpointer::create(state, world, dir.path(), CheckpointOptions{});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    std::promise<void> release;
+    std::shared_future<void> gate = release.get_future().share();
+    state.stream.enqueue([gate] { gate.wait(); });
+    auto save = (*c)->save("big");
+    ASSERT_TRUE(save.ok()) << save.status().to_string();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the writer waits
+    comm.abort();
+    const uint64_t before = process_io("wchar");
+    release.set_value();
+    const Status s = (*save)->wait();
+    const uint64_t written = process_io("wchar") - before;
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+    EXPECT_LT(written, uint64_t{1} << 20) << "wrote " << written << " bytes after the abort";
+  });
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  EXPECT_TRUE(names.empty()) << "an aborted save left " << names.size() << " entries";
 }
 
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
