@@ -1932,11 +1932,10 @@ class Checkpoint(Handle):
     checkpoint first, and closing the checkpoint waits for a save in flight (Ctrl-C
     interrupts that wait, leaving the checkpoint open); after a failure, ``abort()`` on the
     group (or on a communicator it was split from, the world) ends that save at once, and a
-    load before its next read. On
-    the main thread, Ctrl-C during :meth:`create`, :meth:`load` or
-    :meth:`import_safetensors` ends the wait for the other ranks at once and aborts the
-    group and the engine's communicators (as :meth:`Engine.seal`). One thread at a time
-    per checkpoint (and not beside its engine's calls)."""
+    load before its next read. On the main thread, Ctrl-C during :meth:`create`,
+    :meth:`load` or :meth:`import_safetensors` ends the wait for the other ranks at once and
+    aborts the group and the engine's communicators (as :meth:`Engine.seal`). One thread at
+    a time per checkpoint (and not beside its engine's calls)."""
 
     def __init__(self, handle: Any, engine: Engine, group: Communicator, root: str) -> None:
         super().__init__(handle)
