@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -1143,16 +1145,42 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   uint64_t data_bytes = 0;
   HPS_ASSIGN_OR_RETURN(std::string header,
                        ckpt::safetensors_header(entries, metadata, &data_bytes));
+  // The file `path` names: a symbolic link is followed (the file it points to is replaced,
+  // the link stays); anything else there but a regular file is refused, since the rename
+  // below would replace it (a device node, a FIFO), not write into it.
+  std::string target = path;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) {
+      std::error_code link_ec;
+      const auto resolved = std::filesystem::canonical(path, link_ec);
+      if (link_ec) {
+        return invalid_argument("checkpoint: cannot export to '" + path +
+                                "': a symbolic link to nothing that exists (" + link_ec.message() +
+                                ")");
+      }
+      target = resolved.string();
+      if (::stat(target.c_str(), &st) != 0) {
+        return invalid_argument("checkpoint: cannot export to '" + path + "' (" + target +
+                                "): " + std::strerror(errno));
+      }
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return invalid_argument("checkpoint: cannot export to '" + path +
+                              "': it is not a regular file (a directory, a device, a FIFO or "
+                              "a socket); the export writes a new file and renames it there");
+    }
+  }
   // Never into the checkpoint itself (the rename would replace one of its files).
   std::error_code ec;
   const auto parent_of_out =
-      std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
+      std::filesystem::absolute(std::filesystem::path(target), ec).parent_path();
   if (!ec && std::filesystem::equivalent(parent_of_out, directory, ec) && !ec) {
     return invalid_argument("checkpoint: '" + path + "' lies in the checkpoint " + directory +
                             " it is exported from");
   }
   // Nor over a root's pointer to its latest checkpoint.
-  if (std::filesystem::path(path).filename() == ckpt::kLatestFile &&
+  if (std::filesystem::path(target).filename() == ckpt::kLatestFile &&
       latest_checkpoint(parent_of_out.string()).ok()) {
     return invalid_argument("checkpoint: '" + path +
                             "' is the pointer to the latest checkpoint of a root of checkpoints");
@@ -1162,7 +1190,7 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   std::string temporary;
   StatusOr<File> created = internal_error("export: no temporary name tried");
   for (int attempt = 0; attempt < 8; ++attempt) {
-    temporary = path + ".tmp-" + ckpt::new_checkpoint_id().substr(0, 12);
+    temporary = target + ".tmp-" + ckpt::new_checkpoint_id().substr(0, 12);
     created = File::create(temporary);
     if (created.ok() || created.status().code() != StatusCode::kAlreadyExists) break;
   }
@@ -1185,12 +1213,12 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   }
   if (s.ok()) s = out.sync();
   if (s.ok()) s = out.close();
-  if (s.ok()) s = ckpt::rename_path(temporary, path);
+  if (s.ok()) s = ckpt::rename_path(temporary, target);
   if (!s.ok()) {
     (void)::unlink(temporary.c_str());
     return s;
   }
-  const std::string parent = std::filesystem::path(path).parent_path().string();
+  const std::string parent = std::filesystem::path(target).parent_path().string();
   return ckpt::sync_directory(parent.empty() ? "." : parent);
 }
 

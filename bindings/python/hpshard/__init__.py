@@ -1905,9 +1905,10 @@ def checkpoint_read_engine_options(path: Union[str, os.PathLike]) -> EngineOptio
 def checkpoint_export_safetensors(path: Union[str, os.PathLike], out: Union[str, os.PathLike],
                                   fp32: bool = False) -> None:
     """Write the parameters of the checkpoint at ``path`` as one safetensors file ``out``
-    (replaced atomically), each under its own name, in its dtype or with ``fp32`` as
-    float32 (from the fp32 masters where the checkpoint has them); every chunk read is
-    checked. Error NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR."""
+    (replaced atomically; a symbolic link is followed, anything there but a regular file is
+    refused), each under its own name, in its dtype or with ``fp32`` as float32 (from the
+    fp32 masters where the checkpoint has them); every chunk read is checked. Error
+    NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR."""
     _c.checkpoint_export_safetensors(os.fspath(path), os.fspath(out), 1 if fp32 else 0)
 
 

@@ -1415,7 +1415,8 @@ HPS_API hps_status_t hps_checkpoint_read_engine_options(const char* path,
 
 /**
  * Write the parameters of the checkpoint at `path` as one safetensors file `out` (the
- * Hugging Face format; replaced atomically), each under its own name, in its dtype or with
+ * Hugging Face format; replaced atomically: a symbolic link is followed, anything there but a
+ * regular file is refused), each under its own name, in its dtype or with
  * `fp32` = 1 as float32 (fp32 masters where the checkpoint has them). Every chunk read is
  * checked. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR. Thread safety: any thread.
  */

@@ -1350,6 +1350,38 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
         << refused.message();
     EXPECT_TRUE(verify_checkpoint(dir / "a").ok());
   }
+  {  // A path that is not a regular file is refused, untouched (the rename replaced a FIFO
+     // or a device node with the file: as root, `export ... /dev/full` replaced the device).
+    const std::string fifo = dir / "fifo";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    fs::create_directories(dir / "outdir");
+    for (const std::string& bad : std::vector<std::string>{fifo, dir / "outdir"}) {
+      auto refused = export_safetensors(dir / "a", bad, false);
+      ASSERT_FALSE(refused.ok()) << bad;
+      EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.message().find("not a regular file"), std::string::npos)
+          << refused.message();
+    }
+    EXPECT_TRUE(fs::is_fifo(fifo));
+    EXPECT_TRUE(fs::is_directory(dir / "outdir"));
+    // A symbolic link is followed: the file it points to is replaced, the link stays.
+    const std::string file = dir / "outdir/model.st", link = dir / "link.st";
+    std::ofstream(file) << "old";
+    fs::create_symlink(file, link);
+    ASSERT_TRUE(export_safetensors(dir / "a", link, false).ok());
+    EXPECT_TRUE(fs::is_symlink(link));
+    EXPECT_EQ(fs::file_size(file), fs::file_size(model));
+    // One pointing at nothing is refused.
+    fs::create_symlink(dir / "nowhere/x.st", dir / "dangling.st");
+    auto dangling = export_safetensors(dir / "a", dir / "dangling.st", false);
+    ASSERT_FALSE(dangling.ok());
+    EXPECT_NE(dangling.message().find("symbolic link to nothing"), std::string::npos)
+        << dangling.message();
+    EXPECT_TRUE(fs::is_symlink(dir / "dangling.st"));
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+    }
+  }
   {  // Nor over the root's pointer to its latest checkpoint.
     auto refused = export_safetensors(dir / "a", dir / "latest", false);
     ASSERT_FALSE(refused.ok());

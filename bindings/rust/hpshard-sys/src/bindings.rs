@@ -3349,7 +3349,8 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Write the parameters of the checkpoint at `path` as one safetensors file `out` (the"]
-    #[doc = " Hugging Face format; replaced atomically), each under its own name, in its dtype or with"]
+    #[doc = " Hugging Face format; replaced atomically: a symbolic link is followed, anything there but a"]
+    #[doc = " regular file is refused), each under its own name, in its dtype or with"]
     #[doc = " `fp32` = 1 as float32 (fp32 masters where the checkpoint has them). Every chunk read is"]
     #[doc = " checked. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR. Thread safety: any thread."]
     pub fn hps_checkpoint_export_safetensors(
