@@ -3,11 +3,9 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +20,7 @@
 #include "core/comm/agreement.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
+#include "core/common/output_file.h"
 #include "core/device/cpu/stream.h"
 #include "core/device/host_sync.h"
 
@@ -1145,32 +1144,12 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   uint64_t data_bytes = 0;
   HPS_ASSIGN_OR_RETURN(std::string header,
                        ckpt::safetensors_header(entries, metadata, &data_bytes));
-  // The file `path` names: a symbolic link is followed (the file it points to is replaced,
-  // the link stays); anything else there but a regular file is refused, since the rename
-  // below would replace it (a device node, a FIFO), not write into it.
-  std::string target = path;
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (S_ISLNK(st.st_mode)) {
-      std::error_code link_ec;
-      const auto resolved = std::filesystem::canonical(path, link_ec);
-      if (link_ec) {
-        return invalid_argument("checkpoint: cannot export to '" + path +
-                                "': a symbolic link to nothing that exists (" + link_ec.message() +
-                                ")");
-      }
-      target = resolved.string();
-      if (::stat(target.c_str(), &st) != 0) {
-        return invalid_argument("checkpoint: cannot export to '" + path + "' (" + target +
-                                "): " + std::strerror(errno));
-      }
-    }
-    if (!S_ISREG(st.st_mode)) {
-      return invalid_argument("checkpoint: cannot export to '" + path +
-                              "': it is not a regular file (a directory, a device, a FIFO or "
-                              "a socket); the export writes a new file and renames it there");
-    }
+  // The file `path` names (core/common/output_file.h).
+  const OutputFile output = output_file(path);
+  if (!output.error.empty()) {
+    return invalid_argument("checkpoint: cannot export to '" + path + "': " + output.error);
   }
+  const std::string& target = output.target;
   // Never into the checkpoint itself (the rename would replace one of its files).
   std::error_code ec;
   const auto parent_of_out =

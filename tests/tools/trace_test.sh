@@ -69,4 +69,21 @@ fi
 grep -q "bad.json" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
 [ ! -e "$out/never.json" ] && [ ! -e "$out/never.json.partial" ] ||
   { echo "output written after an error"; exit 1; }
+# The output replaces a regular file; a symbolic link is followed (its file replaced, the
+# link kept); a FIFO, a directory or a device there is refused and left as it was (the
+# rename replaced it: as root, `-o /dev/full` replaced the device node).
+mkfifo "$out/fifo"
+mkdir "$out/outdir"
+for bad in "$out/fifo" "$out/outdir"; do
+  if "$tool" merge -o "$bad" "$out/trace" 2>"$out/err.txt"; then
+    echo "merged over $bad"; exit 1
+  fi
+  grep -q "not a regular file" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+done
+[ -p "$out/fifo" ] && [ -d "$out/outdir" ] || { echo "a refused output was replaced"; exit 1; }
+echo old >"$out/outdir/real.json"
+ln -s "$out/outdir/real.json" "$out/link.json"
+"$tool" merge -o "$out/link.json" "$out/trace" | grep -q 'events from'
+[ -L "$out/link.json" ] && grep -q traceEvents "$out/outdir/real.json" ||
+  { echo "a symbolic link was not followed"; exit 1; }
 echo "trace test: ok"

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/common/json_input.h"
+#include "core/common/output_file.h"
 
 namespace {
 
@@ -120,8 +121,11 @@ json read_events(const fs::path& path, uint64_t* dropped) {
 // time, whatever the run's total.
 int merge(const std::vector<std::string>& inputs, const std::string& output) {
   const auto files = expand(inputs, output);
-  // Whole or absent: written beside the target, then renamed over it.
-  const fs::path target(output);
+  // Whole or absent: written beside the target, then renamed over it (a symbolic link
+  // followed, anything but a regular file refused: core/common/output_file.h).
+  const hps::OutputFile checked = hps::output_file(output);
+  if (!checked.error.empty()) throw Failure{"cannot write '" + output + "': " + checked.error};
+  const fs::path target(checked.target);
   const fs::path partial = target.string() + ".partial";
   std::ofstream file(partial, std::ios::trunc | std::ios::binary);
   if (!file) throw Failure{"cannot write '" + partial.string() + "'"};

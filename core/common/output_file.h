@@ -1,0 +1,50 @@
+// Where a program writes an output file the user named, replacing it atomically (written
+// beside it under a temporary name, then renamed over it). The rename replaces whatever the
+// name holds, so the name is checked first: a symbolic link is followed (the file it points
+// to is replaced, the link stays); a name that holds anything but a regular file (a
+// directory, a device node such as /dev/full, a FIFO, a socket) is refused, since the rename
+// would replace it rather than write into it. Header-only: the tools that link no hpshard
+// library use it too.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+namespace hps {
+
+struct OutputFile {
+  std::string target;  // the path to write beside and rename over
+  std::string error;   // not empty: why `path` is refused (the path not included)
+};
+
+inline OutputFile output_file(const std::string& path) {
+  OutputFile out{path, {}};
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return out;  // nothing there yet
+  if (S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const auto resolved = std::filesystem::canonical(path, ec);
+    if (ec) {
+      out.error = "a symbolic link to nothing that exists (" + ec.message() + ")";
+      return out;
+    }
+    out.target = resolved.string();
+    if (::stat(out.target.c_str(), &st) != 0) {
+      out.error = out.target + ": " + std::strerror(errno);
+      return out;
+    }
+  }
+  if (!S_ISREG(st.st_mode)) {
+    out.error =
+        "it is not a regular file (a directory, a device, a FIFO or a socket); the output is "
+        "written beside it and renamed there, which would replace it";
+  }
+  return out;
+}
+
+}  // namespace hps
