@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 namespace hps::net {
@@ -124,6 +125,11 @@ StatusOr<int> connect_once(const std::string& host, uint16_t port, Clock::time_p
         errno = error;
       }
     }
+    if (rc == 0 && is_self_connection(fd)) {
+      last_error = "connected to itself (nothing listens on the port yet)";
+      close_fd(fd);
+      continue;
+    }
     if (rc == 0) {
       set_no_delay(fd);
       return fd;
@@ -132,6 +138,16 @@ StatusOr<int> connect_once(const std::string& host, uint16_t port, Clock::time_p
     close_fd(fd);
   }
   return unavailable(last_error);
+}
+
+bool is_self_connection(int fd) {
+  sockaddr_storage mine{}, peer{};
+  socklen_t mine_len = sizeof mine, peer_len = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_len) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
+    return false;
+  }
+  return mine_len == peer_len && std::memcmp(&mine, &peer, mine_len) == 0;
 }
 
 StatusOr<Listener> listen_on(const std::string& host, uint16_t port, int backlog) {

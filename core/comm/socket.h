@@ -35,8 +35,14 @@ using AddrInfoList = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 StatusOr<AddrInfoList> resolve(const std::string& host, uint16_t port, bool passive);
 
 // One non-blocking connect attempt to each address of host:port, bounded by `deadline`;
-// the socket it returns is non-blocking, with TCP_NODELAY.
+// the socket it returns is non-blocking, with TCP_NODELAY. A connection to itself is closed
+// and counts as refused (see is_self_connection).
 StatusOr<int> connect_once(const std::string& host, uint16_t port, Clock::time_point deadline);
+
+// Whether connected socket `fd` is connected to itself: a connect to a port of this host on
+// which nothing listens yet can pick that very port as its own (it lies in the ephemeral
+// range) and complete as a TCP simultaneous open, with no server at the other end.
+bool is_self_connection(int fd);
 
 struct Listener {
   int fd = -1;

@@ -415,6 +415,32 @@ TEST(TcpStore, ClientsInThreadsMeetOverLoopback) {
   EXPECT_EQ(met.load(), kRanks);
 }
 
+// A client that connects before its server listens can pick the server's port as its own
+// and connect to itself (a TCP simultaneous open): it then waited for a greeting from itself
+// until its timeout (seen once in CI). Such a connection is recognised and refused.
+TEST(TcpStore, AConnectionToItselfIsRecognised) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0)
+      << "the kernel refused a simultaneous open with itself";
+  EXPECT_TRUE(net::is_self_connection(fd));
+  ::close(fd);
+
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto other = net::connect_once("127.0.0.1", port, Clock::now() + seconds(5));
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  EXPECT_FALSE(net::is_self_connection(*other));
+  ::close(*other);
+}
+
 TEST(TcpStore, ClientRetriesUntilTheServerStarts) {
   const uint16_t port = released_port();
   ASSERT_NE(port, 0);
