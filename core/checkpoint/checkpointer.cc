@@ -543,6 +543,8 @@ Status Checkpointer::write_job(SaveJob& job) {
       for (const auto& n : *names) {
         if (starts_with(n, ckpt::kTemporaryPrefix) || starts_with(n, ckpt::kTrashPrefix)) {
           (void)ckpt::remove_tree(join_path(root_, n));
+        } else if (starts_with(n, ckpt::kLatestTemporaryPrefix)) {
+          (void)::unlink(join_path(root_, n).c_str());  // a file, never a checkpoint
         }
       }
     } else {
@@ -1166,15 +1168,8 @@ Status export_safetensors(const std::string& directory, const std::string& path,
   }
   // A temporary name of this export's own (O_EXCL), renamed over `path` once complete:
   // concurrent exports to one path each publish a whole file, and nothing else is touched.
-  std::string temporary;
-  StatusOr<File> created = internal_error("export: no temporary name tried");
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    temporary = target + ".tmp-" + ckpt::new_checkpoint_id().substr(0, 12);
-    created = File::create(temporary);
-    if (created.ok() || created.status().code() != StatusCode::kAlreadyExists) break;
-  }
-  HPS_RETURN_IF_ERROR(created.status());
-  File out = std::move(*created);
+  HPS_ASSIGN_OR_RETURN(File out, File::create_beside(target));
+  const std::string temporary = out.path();
   Status s = out.write_all(header.data(), header.size());
   // Tensor by tensor, in windows: memory stays bounded whatever the model's size.
   constexpr uint64_t kWindowBytes = uint64_t{64} << 20;

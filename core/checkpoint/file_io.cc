@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/common/output_file.h"
+
 namespace hps::ckpt {
 namespace {
 
@@ -47,6 +49,13 @@ StatusOr<File> File::create(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return os_error("cannot create", path, errno);
   return File(fd, path);
+}
+
+StatusOr<File> File::create_beside(const std::string& target) {
+  std::string temporary;
+  const int fd = hps::create_beside(target, &temporary);
+  if (fd < 0) return os_error("cannot create a file beside", target, errno);
+  return File(fd, temporary);
 }
 
 StatusOr<File> File::open_read(const std::string& path) {
@@ -233,9 +242,8 @@ bool path_exists(const std::string& path) {
 }
 
 Status replace_file_atomically(const std::string& path, const std::string& contents) {
-  const std::string temporary = path + ".tmp";
-  (void)::unlink(temporary.c_str());  // left by a process killed at this point before
-  HPS_ASSIGN_OR_RETURN(File file, File::create(temporary));
+  HPS_ASSIGN_OR_RETURN(File file, File::create_beside(path));
+  const std::string temporary = file.path();
   Status s = file.write_all(contents.data(), contents.size());
   if (s.ok()) s = file.sync();
   if (s.ok()) s = file.close();

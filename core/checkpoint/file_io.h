@@ -27,6 +27,9 @@ class File {
 
   // A new file for writing; ALREADY_EXISTS when `path` exists.
   static StatusOr<File> create(const std::string& path);
+  // A new file beside `target`, under a temporary name of its own (its path()), to be
+  // renamed over `target` once complete (core/common/output_file.h's create_beside).
+  static StatusOr<File> create_beside(const std::string& target);
   // The alignment write_whole() needs of its buffer and of the buffer's capacity.
   static constexpr size_t kDirectAlignment = 4096;
   // How write_whole() learns that more of its buffer is ready: called with how many of
@@ -82,8 +85,9 @@ Status rename_path(const std::string& from, const std::string& to);
 // Removes a file or a directory tree; a missing path is not an error.
 Status remove_tree(const std::string& path);
 bool path_exists(const std::string& path);
-// Replaces the file `path` with `contents` atomically: a temporary beside it is written
-// and fsynced, renamed over `path`, and the directory fsynced.
+// Replaces the file `path` with `contents` atomically: a temporary of its own beside it
+// (File::create_beside) is written and fsynced, renamed over `path`, and the directory
+// fsynced. Concurrent replacements each publish whole contents.
 Status replace_file_atomically(const std::string& path, const std::string& contents);
 // The whole file, refusing one larger than `max_bytes` (INVALID_ARGUMENT).
 StatusOr<std::string> read_file(const std::string& path, uint64_t max_bytes);

@@ -44,7 +44,8 @@ Status check_checkpoint_name(std::string_view name) {
   if (name.front() == '.') {
     return invalid_argument("checkpoint name '" + shown_value(name) + "' starts with '.'");
   }
-  if (name == kLatestFile || name == std::string(kLatestFile) + ".tmp") {
+  if (name == kLatestFile ||
+      name.substr(0, kLatestTemporaryPrefix.size()) == kLatestTemporaryPrefix) {
     return invalid_argument("'" + std::string(name) + "' names the latest pointer's file");
   }
   for (char c : name) {

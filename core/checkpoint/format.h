@@ -37,6 +37,10 @@ inline constexpr std::string_view kManifestFile = "manifest.json";
 // manifests carried it) is read, and verify says that its manifest went unchecked.
 inline constexpr std::string_view kManifestChecksumKey = "manifest_xxh3";
 inline constexpr std::string_view kLatestFile = "latest";
+// The latest pointer's replacements are written as "latest.tmp-" + a random suffix
+// (File::create_beside); names beginning so are not checkpoints, and a save removes such a
+// file a killed save left.
+inline constexpr std::string_view kLatestTemporaryPrefix = "latest.tmp";
 // Directories under the root that are not (yet, or any more) checkpoints.
 inline constexpr std::string_view kTemporaryPrefix = ".tmp-";
 inline constexpr std::string_view kTrashPrefix = ".trash-";

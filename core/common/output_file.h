@@ -3,15 +3,19 @@
 // name holds, so the name is checked first: a symbolic link is followed (the file it points
 // to is replaced, the link stays); a name that holds anything but a regular file (a
 // directory, a device node such as /dev/full, a FIFO, a socket) is refused, since the rename
-// would replace it rather than write into it. Header-only: the tools that link no hpshard
-// library use it too.
+// would replace it rather than write into it. The temporary is a name of the writer's own
+// (create_beside): two writers of one output never share it, and a file a killed writer
+// left is never reopened. Header-only: the tools that link no hpshard library use it too.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <system_error>
 
@@ -45,6 +49,24 @@ inline OutputFile output_file(const std::string& path) {
         "written beside it and renamed there, which would replace it";
   }
   return out;
+}
+
+// Creates a new file beside `target` to be renamed over it once complete: `target` +
+// ".tmp-" + 12 random hexadecimal digits, created exclusively (O_EXCL; mode 0644 less the
+// umask), another name tried when one exists. Returns the open descriptor (close-on-exec)
+// and sets `*temporary`; -1 with errno set when no file could be created.
+inline int create_beside(const std::string& target, std::string* temporary) {
+  std::random_device device;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof suffix, ".tmp-%06x%06x", device() & 0xffffffu,
+                  device() & 0xffffffu);
+    *temporary = target + suffix;
+    const int fd = ::open(temporary->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
 }
 
 }  // namespace hps

@@ -67,8 +67,23 @@ if "$tool" merge -o "$out/never.json" "$out/trace" "$out/bad.json" 2>"$out/err.t
   echo "a bad file after good ones was merged"; exit 1
 fi
 grep -q "bad.json" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
-[ ! -e "$out/never.json" ] && [ ! -e "$out/never.json.partial" ] ||
-  { echo "output written after an error"; exit 1; }
+[ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
+if compgen -G "$out/never.json*" >/dev/null; then
+  echo "a temporary was left after an error:" $out/never.json*; exit 1
+fi
+# The merge writes a temporary of its own: a file of another name beside the output (the
+# fixed "OUT.partial" it once truncated) is left as it was, and concurrent merges to one
+# output each publish a whole trace.
+echo precious >"$out/timeline.json.partial"
+pids=()
+for i in 1 2 3 4; do
+  "$tool" merge -o "$out/timeline.json" "$out/trace" >/dev/null & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || { echo "a concurrent merge failed"; exit 1; }; done
+[ "$(cat "$out/timeline.json.partial")" = precious ] || { echo "a bystander file was truncated"; exit 1; }
+/usr/bin/python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/timeline.json" ||
+  { echo "concurrent merges left a broken trace"; exit 1; }
+if compgen -G "$out/timeline.json.tmp-*" >/dev/null; then echo "a temporary was left"; exit 1; fi
 # The output replaces a regular file; a symbolic link is followed (its file replaced, the
 # link kept); a FIFO, a directory or a device there is refused and left as it was (the
 # rename replaced it: as root, `-o /dev/full` replaced the device node).

@@ -6,10 +6,14 @@
 //
 // Exit status: 0 when merged; 1 when an input cannot be read or is not a trace (the
 // message names it; nothing is written); 2 for bad usage.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -126,16 +130,32 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
   const hps::OutputFile checked = hps::output_file(output);
   if (!checked.error.empty()) throw Failure{"cannot write '" + output + "': " + checked.error};
   const fs::path target(checked.target);
-  const fs::path partial = target.string() + ".partial";
-  std::ofstream file(partial, std::ios::trunc | std::ios::binary);
-  if (!file) throw Failure{"cannot write '" + partial.string() + "'"};
+  // A temporary of this merge's own: concurrent merges to one output each publish a whole
+  // file, and no file of another name is truncated.
+  std::string partial;
+  const int fd = hps::create_beside(target.string(), &partial);
+  if (fd < 0) {
+    throw Failure{"cannot write beside '" + output + "': " + std::strerror(errno)};
+  }
+  std::FILE* file = ::fdopen(fd, "wb");
+  if (file == nullptr) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(partial.c_str());
+    throw Failure{"cannot write '" + partial + "': " + std::strerror(err)};
+  }
+  const auto put = [&](const std::string& text) {
+    if (std::fwrite(text.data(), 1, text.size(), file) != text.size()) {
+      throw Failure{"cannot write '" + partial + "': " + std::strerror(errno)};
+    }
+  };
   size_t count = 0;
   try {
     // Metadata (names, sort order) once per (pid, tid, kind): a rank writes it in every file.
     std::set<std::tuple<std::string, std::string, std::string>> seen;
     uint64_t dropped = 0;
     json sources = json::array();
-    file << "{\"traceEvents\":[";
+    put("{\"traceEvents\":[");
     for (const auto& path : files) {
       const json events = read_events(path, &dropped);
       for (const auto& e : events) {
@@ -144,24 +164,24 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
                                      e.value("name", json()).dump());
           if (!seen.insert(key).second) continue;
         }
-        file << (count++ == 0 ? "" : ",") << e.dump();
+        put((count++ == 0 ? "" : ",") + e.dump());
       }
       sources.push_back(path.string());
     }
     const json other = {{"merged_from", sources}, {"dropped_events", dropped}};
-    file << "],\"displayTimeUnit\":\"ms\",\"otherData\":" << other.dump() << "}";
-    if (!file.flush()) throw Failure{"cannot write '" + output + "'"};
-    file.close();
+    put("],\"displayTimeUnit\":\"ms\",\"otherData\":" + other.dump() + "}");
+    const int closed = std::fclose(file);
+    file = nullptr;
+    if (closed != 0) throw Failure{"cannot write '" + partial + "': " + std::strerror(errno)};
   } catch (...) {
-    file.close();
-    std::error_code ec;
-    fs::remove(partial, ec);
+    if (file != nullptr) std::fclose(file);
+    ::unlink(partial.c_str());
     throw;
   }
   std::error_code ec;
   fs::rename(partial, target, ec);
   if (ec) {
-    fs::remove(partial, ec);
+    ::unlink(partial.c_str());
     throw Failure{"cannot write '" + output + "': " + ec.message()};
   }
   std::printf("%s: %zu events from %zu files\n", output.c_str(), count, files.size());

@@ -1320,6 +1320,30 @@ TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
   EXPECT_EQ(*resolve_checkpoint(dir.path()), dir / "s3");
 }
 
+// What a save killed part-way leaves in the root (its temporary directory, a half-written
+// replacement of the latest pointer, a directory being deleted) is removed by the next save;
+// a checkpoint and other files stay.
+TEST(Checkpoint, ASaveRemovesWhatAKilledSaveLeft) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  fs::create_directories(dir / ".tmp-old-0123/rank-00000.bin");
+  fs::create_directories(dir / ".trash-old");
+  std::ofstream(dir / "latest.tmp-0a1b2c3d4e5f") << "ol";
+  std::ofstream(dir / "notes.txt") << "kept";
+  run(
+      {2, 2, 1}, sgd_options(), dir.path(),
+      [&](Rank& r) {
+        r.train_step(0);
+        ASSERT_TRUE((*r.checkpointer->save("a"))->wait().ok());
+      },
+      small_chunks());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "latest", "notes.txt"}));
+  EXPECT_EQ(*latest_checkpoint(dir.path()), "a");
+}
+
 TEST(Checkpoint, SafetensorsExportAndImport) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   TempDir dir;

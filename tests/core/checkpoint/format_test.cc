@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +17,9 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -235,6 +239,73 @@ TEST(FileIo, MoveAssignmentClosesTheReplacedFile) {
   EXPECT_EQ(std::filesystem::file_size(first), 0u);
 }
 
+// Concurrent replacements of one file each write a temporary of their own: every one
+// succeeds, a reader only ever sees one writer's whole contents, and no temporary is left
+// (with one fixed temporary name, a writer's rename published another's half-written file
+// or failed). A file named like the old fixed temporary is not touched.
+TEST(FileIo, ConcurrentReplacementsEachPublishWholeContents) {
+  testing_util::TempDir dir;
+  const std::string path = dir / "latest";
+  const std::string bystander = path + ".tmp";
+  {
+    auto f = File::create(bystander);
+    ASSERT_TRUE(f.ok() && f->write_all("mine", 4).ok() && f->close().ok());
+  }
+  constexpr int kWriters = 4, kRounds = 40;
+  constexpr size_t kBytes = 256 << 10;
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0}, torn{0}, reads{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      auto text = read_file(path, kBytes * 2);
+      if (!text.ok()) continue;  // not yet written
+      ++reads;
+      const std::string& t = *text;
+      if (t.size() != kBytes || t.find_first_not_of(t[0]) != std::string::npos) ++torn;
+    }
+  });
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      const std::string contents(kBytes, static_cast<char>('a' + w));
+      for (int r = 0; r < kRounds; ++r) {
+        if (!replace_file_atomically(path, contents).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+  stop = true;
+  reader.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(torn.load(), 0) << "of " << reads.load() << " reads";
+  auto names = list_directory(dir.path());
+  ASSERT_TRUE(names.ok());
+  std::sort(names->begin(), names->end());
+  EXPECT_EQ(*names, (std::vector<std::string>{"latest", "latest.tmp"}));
+  EXPECT_EQ(read_back(bystander), (std::vector<uint8_t>{'m', 'i', 'n', 'e'}));
+}
+
+// create_beside: a new file under a name of its own beside the target, never one that
+// exists; the error names the target.
+TEST(FileIo, CreateBesideTakesANameOfItsOwn) {
+  testing_util::TempDir dir;
+  const std::string target = dir / "out.bin";
+  std::set<std::string> names;
+  for (int i = 0; i < 32; ++i) {
+    auto f = File::create_beside(target);
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    EXPECT_EQ(f->path().rfind(target + ".tmp-", 0), 0u) << f->path();
+    EXPECT_EQ(f->path().size(), target.size() + 17) << f->path();
+    names.insert(f->path());
+  }
+  EXPECT_EQ(names.size(), 32u);
+  EXPECT_FALSE(std::filesystem::exists(target));
+  auto missing = File::create_beside(dir / "no-such-dir/out.bin");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no-such-dir/out.bin"), std::string::npos)
+      << missing.status().message();
+}
+
 TEST(Manifest, RoundTrips) {
   const Manifest m = sample();
   auto back = parse_manifest(manifest_to_json(m), "x/manifest.json");
@@ -450,7 +521,8 @@ TEST(Format, ChunksAreCutAtGlobalMultiples) {
 TEST(Format, NamesHeadersAndChecksums) {
   EXPECT_EQ(data_file_name(3), "rank-00003.bin");
   EXPECT_TRUE(check_checkpoint_name("step-100_a.b").ok());
-  for (const char* bad : {"", ".hidden", "a/b", "latest", "latest.tmp", "x y", "../up"}) {
+  for (const char* bad :
+       {"", ".hidden", "a/b", "latest", "latest.tmp", "latest.tmp-0a1b2c3d4e5f", "x y", "../up"}) {
     EXPECT_FALSE(check_checkpoint_name(bad).ok()) << bad;
   }
   // A name read from a hostile `latest` reaches messages escaped: no terminal escapes, and
