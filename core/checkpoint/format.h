@@ -58,7 +58,7 @@ inline constexpr size_t kMaxNameBytes = 4096;
 // "rank-00003.bin".
 std::string data_file_name(int32_t rank);
 // A checkpoint name a user may give: [A-Za-z0-9._-]{1,200}, not starting with '.', not
-// "latest". INVALID_ARGUMENT naming the problem otherwise.
+// "latest" nor beginning "latest.tmp". INVALID_ARGUMENT naming the problem otherwise.
 Status check_checkpoint_name(std::string_view name);
 
 // A fresh random checkpoint id: 32 lowercase hex digits.

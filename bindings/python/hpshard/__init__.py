@@ -1997,8 +1997,9 @@ class Checkpoint(Handle):
 
     def save(self, name: str, metadata: Optional[Mapping[str, str]] = None) -> Work:
         """Start saving checkpoint ``root/name`` (``[A-Za-z0-9._-]``, 1..200 characters, not
-        starting with '.') with ``metadata`` (str keys and values, e.g. the framework's step
-        and data-loader position), after the step whose state it saves. Returns at once: the
+        starting with '.', not "latest" nor beginning "latest.tmp") with ``metadata`` (str
+        keys and values, e.g. the framework's step and data-loader position), after the
+        step whose state it saves. Returns at once: the
         :class:`Work` completes when the checkpoint is published on every rank, or raises
         how it failed (the same error on every rank; nothing is published then). A save
         while another is in flight first waits for it (one host sync). Error

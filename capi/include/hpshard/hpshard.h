@@ -1295,13 +1295,13 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
 
 /**
  * Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting
- * with '.') with `count` metadata entries keys[i] = values[i] (UTF-8 strings, copied: keys
- * of 1 to 4096 bytes, values of at most 1 MiB; e.g. the framework's step and data-loader
- * position; the manifest keeps rank 0's). Every rank calls it with the same name at the same
- * point of training, after the step whose state it saves. Returns at once with *out_work
- * (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait tell when
- * the checkpoint is published on every rank, or how it failed (the same error on every rank,
- * INVALID_ARGUMENT where the ranks gave different names, ABORTED after hps_comm_abort on the
+ * with '.', not "latest" nor beginning "latest.tmp") with `count` metadata entries keys[i] =
+ * values[i] (UTF-8 strings, copied: keys of 1 to 4096 bytes, values of at most 1 MiB; e.g. the
+ * framework's step and data-loader position; the manifest keeps rank 0's). Every rank calls it with
+ * the same name at the same point of training, after the step whose state it saves. Returns at once
+ * with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait
+ * tell when the checkpoint is published on every rank, or how it failed (the same error on every
+ * rank, INVALID_ARGUMENT where the ranks gave different names, ABORTED after hps_comm_abort on the
  * group or on a communicator it was split from, which also stops the writing; nothing is
  * published then and the previous checkpoints stay intact). A save while another
  * is in flight first waits for it (a host-blocking wait, counted as a host sync). Errors:

@@ -104,8 +104,9 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
 
   /**
    * Starts saving checkpoint root/name ([A-Za-z0-9._-], 1..200 characters, not starting with
-   * '.') with {@code metadata} (e.g. the framework's step and data-loader position), after the
-   * step whose state it saves. Returns at once: the Work completes when the checkpoint is
+   * '.', not "latest" nor beginning "latest.tmp") with {@code metadata} (e.g. the framework's
+   * step and data-loader position), after the step whose state it saves. Returns at once:
+   * the Work completes when the checkpoint is
    * published on every rank, or throws how it failed (the same error on every rank; nothing
    * is published then). A save while another is in flight first waits for it (one host
    * sync). INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),

@@ -275,8 +275,9 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
     }
 
     /// Start saving checkpoint `root/name` (`[A-Za-z0-9._-]`, 1..200 characters, not
-    /// starting with '.') with `metadata` (key, value pairs, e.g. the framework's step and
-    /// data-loader position), after the step whose state it saves
+    /// starting with '.', not "latest" nor beginning "latest.tmp") with `metadata` (key,
+    /// value pairs, e.g. the framework's step and data-loader position), after the step
+    /// whose state it saves
     /// (`hps_checkpoint_save`). Returns at once: the [`Work`] completes when the checkpoint
     /// is published on every rank, or returns how it failed (the same error on every
     /// rank; nothing is published then). A save while another is in flight first waits
