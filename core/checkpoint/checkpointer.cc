@@ -2,16 +2,21 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <system_error>
+#include <thread>
 #include <tuple>
 
 #include "core/checkpoint/file_io.h"
@@ -179,6 +184,84 @@ Status check_safetensors_part(const std::string& path,
   return invalid_argument("checkpoint: " + path + " was exported from " + part_text(file) +
                           "; this engine is " + part_text(t));
 }
+
+// The root's save lock (ckpt::kSaveLockFile), held from construction to destruction. The
+// file is removed while still locked, so a process that opened it before the removal finds
+// on locking that its file is no longer the one the name holds, and opens the name again.
+class SaveLock {
+ public:
+  // Waits until the lock is free, up to `patience`, or until `stopped` says to give up.
+  static StatusOr<SaveLock> acquire(const std::string& root, Milliseconds patience,
+                                    const std::function<bool()>& stopped) {
+    const std::string path = join_path(root, std::string(ckpt::kSaveLockFile));
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    std::string holder;
+    while (true) {
+      const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0) {
+        return backend_error("checkpoint: cannot open the save lock '" + path +
+                             "': " + std::strerror(errno));
+      }
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+        struct stat mine {};
+        struct stat named {};
+        if (::fstat(fd, &mine) == 0 && ::stat(path.c_str(), &named) == 0 &&
+            mine.st_dev == named.st_dev && mine.st_ino == named.st_ino) {
+          char host[256] = {};
+          (void)::gethostname(host, sizeof host - 1);
+          const std::string text =
+              "pid " + std::to_string(::getpid()) + " on " + std::string(host) + "\n";
+          // The holder's name is for messages only: the lock holds without it.
+          const bool named_holder =
+              ::ftruncate(fd, 0) == 0 &&
+              ::pwrite(fd, text.data(), text.size(), 0) == static_cast<ssize_t>(text.size());
+          (void)named_holder;
+          return SaveLock(fd, path);
+        }
+        ::close(fd);  // removed by its holder in between: lock the name's new file
+        continue;
+      }
+      const int err = errno;
+      if (err != EWOULDBLOCK && err != EINTR) {
+        ::close(fd);
+        return backend_error("checkpoint: cannot lock '" + path + "': " + std::strerror(err));
+      }
+      char text[300] = {};
+      const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+      std::string held(text, n > 0 ? static_cast<size_t>(n) : 0);
+      while (!held.empty() && (held.back() == '\n' || held.back() == ' ')) held.pop_back();
+      holder = shown_value(held);
+      ::close(fd);
+      if (stopped && stopped()) {
+        return aborted(
+            "checkpoint: the group was aborted while the save waited for the root's "
+            "save lock");
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return timeout_error("checkpoint: another save into '" + root + "' held its lock ('" +
+                             path + "'" + (holder.empty() ? std::string() : ": " + holder) +
+                             ") for " + std::to_string(patience.count()) +
+                             " ms; one job at a time saves into a root, so nothing was saved");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  SaveLock(SaveLock&& other) noexcept
+      : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+  SaveLock& operator=(SaveLock&&) = delete;
+  SaveLock(const SaveLock&) = delete;
+  ~SaveLock() {
+    if (fd_ < 0) return;
+    (void)::unlink(path_.c_str());  // still locked: see the class comment
+    ::close(fd_);
+  }
+
+ private:
+  SaveLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_;
+  std::string path_;
+};
 
 // The files a claim writes aside exist for a moment; one a crash left behind (an hour
 // old) is removed by the next part that claims the root.
@@ -534,12 +617,18 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
 Status Checkpointer::write_job(SaveJob& job) {
   Communicator& comm = *comm_;
   const int32_t rank = comm.rank();
-  // 1. Rank 0 picks the id and creates the temporary directory; leftovers of saves a crash
-  //    interrupted (only this job writes under the root) go first.
+  // 1. Rank 0 takes the root's save lock, held until the checkpoint is published, and
+  //    picks the id and creates the temporary directory; leftovers of saves a crash
+  //    interrupted go first (under the lock, no other save is in flight in the root).
   std::string agreed;
+  std::optional<SaveLock> lock;
   if (rank == 0) {
-    Status s;
-    if (auto names = ckpt::list_directory(root_); names.ok()) {
+    auto locked = SaveLock::acquire(root_, Milliseconds(options_.timeout.count() / 2),
+                                    [&comm] { return comm.was_aborted(); });
+    Status s = locked.status();
+    if (locked.ok()) lock.emplace(std::move(*locked));
+    auto names = s.ok() ? ckpt::list_directory(root_) : StatusOr<std::vector<std::string>>(s);
+    if (names.ok()) {
       for (const auto& n : *names) {
         if (starts_with(n, ckpt::kTemporaryPrefix) || starts_with(n, ckpt::kTrashPrefix)) {
           (void)ckpt::remove_tree(join_path(root_, n));
@@ -547,7 +636,7 @@ Status Checkpointer::write_job(SaveJob& job) {
           (void)::unlink(join_path(root_, n).c_str());  // a file, never a checkpoint
         }
       }
-    } else {
+    } else if (s.ok()) {
       s = names.status();
     }
     job.id = ckpt::new_checkpoint_id();
@@ -653,6 +742,7 @@ Status Checkpointer::write_job(SaveJob& job) {
     std::string published;
     Status s = publish(job, reports, published);
     if (s.ok()) job.trash = collect_garbage(job.name, job.topology);
+    lock.reset();
     result = encode(s);
   }
   HPS_RETURN_IF_ERROR(broadcast_string(comm, result, false));

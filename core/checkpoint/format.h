@@ -41,6 +41,10 @@ inline constexpr std::string_view kLatestFile = "latest";
 // (File::create_beside); names beginning so are not checkpoints, and a save removes such a
 // file a killed save left.
 inline constexpr std::string_view kLatestTemporaryPrefix = "latest.tmp";
+// Held (flock) by the process saving into the root, from the leftovers' removal to the
+// publication: two jobs that share a root save one after the other, and neither removes the
+// other's save in flight as a crash's leftover. It holds the holder's pid and host.
+inline constexpr std::string_view kSaveLockFile = ".hpshard-save-lock";
 // Directories under the root that are not (yet, or any more) checkpoints.
 inline constexpr std::string_view kTemporaryPrefix = ".tmp-";
 inline constexpr std::string_view kTrashPrefix = ".trash-";

@@ -141,8 +141,8 @@ int check(const std::string& root) {
   if (auto l = (*checkpointer)->load(""); !l.ok()) die("load latest", l.status());
   auto names = ckpt::list_directory(root);
   for (const auto& n : *names) {
-    if (n != "a" && n != "b" && n != "latest" && n.rfind(".tmp-", 0) != 0 &&
-        n.rfind("latest.tmp", 0) != 0) {
+    if (n != "a" && n != "b" && n != "latest" && n != ".hpshard-save-lock" &&
+        n.rfind(".tmp-", 0) != 0 && n.rfind("latest.tmp", 0) != 0) {
       die("root", internal_error("unexpected entry " + n));
     }
   }

@@ -1302,8 +1302,10 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
  * with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait
  * tell when the checkpoint is published on every rank, or how it failed (the same error on every
  * rank, INVALID_ARGUMENT where the ranks gave different names, ABORTED after hps_comm_abort on the
- * group or on a communicator it was split from, which also stops the writing; nothing is
- * published then and the previous checkpoints stay intact). A save while another
+ * group or on a communicator it was split from, which also stops the writing; TIMEOUT, naming
+ * the holder, where another job's save held the root's save lock, <root>/.hpshard-save-lock,
+ * for half of timeout_ms; nothing is published then and the previous checkpoints stay intact:
+ * jobs sharing a root save one after the other). A save while another
  * is in flight first waits for it (a host-blocking wait, counted as a host sync). Errors:
  * INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (a checkpoint of that name exists),
  * FAILED_PRECONDITION (the engine has no state yet: not sealed, or at stage 3 before

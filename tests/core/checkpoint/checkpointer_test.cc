@@ -381,7 +381,7 @@ TEST(Checkpoint, SnapshotIsTakenInStreamOrder) {
     // while the step holds the snapshot back, no byte of the data file is written.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     for (const auto& entry : fs::recursive_directory_iterator(dir.path())) {
-      if (entry.is_regular_file()) {
+      if (entry.is_regular_file() && entry.path().filename() != ".hpshard-save-lock") {
         EXPECT_EQ(entry.file_size(), 0u) << entry.path() << " written before the snapshot";
       }
     }
@@ -1290,6 +1290,66 @@ TEST(Checkpoint, AnAbortDuringASaveEndsItsWriting) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
   EXPECT_TRUE(names.empty()) << "an aborted save left " << names.size() << " entries";
+}
+
+// Two jobs that share a root save one after the other (the root's save lock,
+// ".hpshard-save-lock"): the second's removal of what crashed saves left removed the first's
+// save in flight, which then failed. A save that cannot have the lock within half its
+// timeout fails naming the holder, leaving nothing; the holder's save is unharmed.
+TEST(Checkpoint, TwoJobsSavingIntoOneRootTakeTurns) {
+  TempDir dir;
+  auto group = [] {
+    auto c = self_backend::SelfCommunicator::create({});
+    return std::shared_ptr<Communicator>(std::move(*c));
+  };
+  FakeState first(64), second(64);
+  std::fill(first.w.begin(), first.w.end(), 1.0f);
+  std::fill(second.w.begin(), second.w.end(), 2.0f);
+  auto a = Checkpointer::create(first, group(), dir.path(), small_chunks());
+  auto b = Checkpointer::create(second, group(), dir.path(), small_chunks());
+  CheckpointOptions quick = small_chunks();
+  quick.timeout = Milliseconds(600);
+  auto c = Checkpointer::create(second, group(), dir.path(), quick);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  // The first job's save stays in flight: its snapshot waits behind a step still running.
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  first.stream.enqueue([gate] { gate.wait(); });
+  auto saving_a = (*a)->save("a");
+  ASSERT_TRUE(saving_a.ok()) << saving_a.status().to_string();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its writer holds the lock
+  EXPECT_TRUE(fs::exists(dir / ".hpshard-save-lock"));
+  auto saving_c = (*c)->save("c");
+  ASSERT_TRUE(saving_c.ok());
+  const Status refused = (*saving_c)->wait();
+  EXPECT_EQ(refused.code(), StatusCode::kTimeout) << refused.to_string();
+  EXPECT_NE(
+      refused.message().find(".hpshard-save-lock': pid " + std::to_string(::getpid()) + " on "),
+      std::string::npos)
+      << refused.message();
+  EXPECT_FALSE(fs::exists(dir / "c"));
+  auto saving_b = (*b)->save("b");
+  ASSERT_TRUE(saving_b.ok());
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    release.set_value();
+  });
+  const Status saved_a = (*saving_a)->wait();
+  const Status saved_b = (*saving_b)->wait();
+  releaser.join();
+  EXPECT_TRUE(saved_a.ok()) << saved_a.to_string();
+  EXPECT_TRUE(saved_b.ok()) << saved_b.to_string();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b", "latest"}));
+  EXPECT_EQ(*latest_checkpoint(dir.path()), "b");
+  for (const char* n : {"a", "b"}) EXPECT_TRUE(verify_checkpoint(dir / n).ok()) << n;
+  std::fill(first.w.begin(), first.w.end(), 0.0f);
+  ASSERT_TRUE((*a)->load("a").ok());
+  EXPECT_EQ(first.w[5], 1.0f);
+  ASSERT_TRUE((*a)->load("b").ok());
+  EXPECT_EQ(first.w[5], 2.0f);
 }
 
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
