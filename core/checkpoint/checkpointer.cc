@@ -222,6 +222,13 @@ class SaveLock {
         continue;
       }
       const int err = errno;
+      if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) {
+        // A file system without flock: saves go on unlocked, as they did before the lock.
+        HPS_LOG(kWarn) << "checkpoint: '" << path << "' cannot be locked here ("
+                       << std::strerror(err) << "); one job at a time must save into '" << root
+                       << "'";
+        return SaveLock(fd, path);
+      }
       if (err != EWOULDBLOCK && err != EINTR) {
         ::close(fd);
         return backend_error("checkpoint: cannot lock '" + path + "': " + std::strerror(err));

@@ -63,6 +63,17 @@ extern "C" int renameat2(int from_dir, const char* from, int to_dir, const char*
   return static_cast<int>(::syscall(SYS_renameat2, from_dir, from, to_dir, to, flags));
 }
 
+// flock(2) as a file system without it answers, when set.
+std::atomic<int> g_flock_errno{0};
+
+extern "C" int flock(int fd, int operation) {
+  if (const int err = g_flock_errno.load()) {
+    errno = err;
+    return -1;
+  }
+  return static_cast<int>(::syscall(SYS_flock, fd, operation));
+}
+
 namespace hps::ckpt_test {
 namespace {
 
@@ -1350,6 +1361,24 @@ TEST(Checkpoint, TwoJobsSavingIntoOneRootTakeTurns) {
   EXPECT_EQ(first.w[5], 1.0f);
   ASSERT_TRUE((*a)->load("b").ok());
   EXPECT_EQ(first.w[5], 2.0f);
+  // Where the file system has no flock, saves go on unlocked (as before the lock); any
+  // other failure to lock fails the save, naming the lock's file.
+  for (const int err : {ENOLCK, EOPNOTSUPP, EIO}) {
+    g_flock_errno = err;
+    auto saving = (*b)->save("nolock-" + std::to_string(err));
+    ASSERT_TRUE(saving.ok());
+    const Status s = (*saving)->wait();
+    g_flock_errno = 0;
+    if (err == EIO) {
+      EXPECT_EQ(s.code(), StatusCode::kBackendError) << s.to_string();
+      EXPECT_NE(s.message().find("cannot lock '" + dir / ".hpshard-save-lock'"), std::string::npos)
+          << s.message();
+    } else {
+      EXPECT_TRUE(s.ok()) << s.to_string();
+      EXPECT_FALSE(fs::exists(dir / ".hpshard-save-lock"));
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir / "nolock-5"));
 }
 
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
