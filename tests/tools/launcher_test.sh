@@ -2,7 +2,8 @@
 # Runs hpshard-run over rank_probe and checks exit codes, output prefixes and cleanup.
 # usage: launcher_test.sh CASE HPSHARD_RUN RANK_PROBE
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
-#         forward-stubborn | launcher-killed | timeout | usage | store-fd | shm-cleanup
+#         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
+#         shm-cleanup
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -185,6 +186,20 @@ case $case_name in
     [ $rc -eq 124 ] || fail "exit code $rc, expected 124"
     [ "$took" -lt 5000 ] || fail "took ${took} ms"
     grep -qF "timeout of" "$work/err" || fail "no message about the timeout"
+    ;;
+  early-exit)
+    # A rank that ends with code 0 while its peers run is named when the job then times out
+    # (its peers would wait for it until their own timeouts); a job whose ranks all end
+    # with code 0 says nothing of the kind.
+    "$run" -n 3 --timeout 4 --grace 1 -- "$probe" fail 1 0 >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 124 ] || fail "exit code $rc, expected 124"
+    grep -qE "^hpshard-run: timeout of 4 s expired; stopping the ranks; rank 1 had exited with code 0 after [0-9.]+ s while the others ran" \
+      "$work/err" || fail "the early exit of rank 1 is not named"
+    "$run" -n 3 --timeout 60 -- "$probe" meet >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "meet: exit code $rc"
+    grep -q "had exited" "$work/err" && fail "a job that ended normally named an early exit"
     ;;
   usage)
     "$run" >"$work/out" 2>"$work/err"

@@ -249,6 +249,13 @@ void close_stream(const std::string& prefix, OutputStream& s) {
   s.fd = -1;
 }
 
+// Seconds as a short decimal: "0.5", "12", "3.25".
+std::string seconds_text(double seconds) {
+  char text[64];
+  std::snprintf(text, sizeof text, seconds >= 100 ? "%.0f" : "%.3g", seconds);
+  return text;
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -559,6 +566,9 @@ class Launcher {
         tell_janitor("reaped " + std::to_string(p.rank));
         if (running_ == 0) drain_deadline_ = Clock::now() + kDrainAfterExit;
         const int code = exit_code_of(status);
+        if (code == 0 && running_ > 0 && !failure_ && interrupted_ == 0 && !kill_deadline_) {
+          early_exits_.push_back({p.rank, seconds_since(started_)});
+        }
         // An end the launcher caused (its own SIGTERM or SIGKILL, or the signal it forwarded
         // and the rank's answer to it) is not a rank's failure.
         const bool caused_here =
@@ -570,7 +580,7 @@ class Launcher {
         } else if (code != 0 && !failure_) {
           failure_ = code;
           say("rank " + std::to_string(p.rank) + " " + describe(status) +
-              (running_ > 0 ? "; stopping the other ranks" : ""));
+              (running_ > 0 ? "; stopping the other ranks" : "") + early_exits_note());
           begin_stop();
         } else if (code != 0 && WIFSIGNALED(status) && !sent_by_us(WTERMSIG(status))) {
           // Also named: a rank killed from outside (the OOM killer, a user) whose end was
@@ -632,7 +642,8 @@ class Launcher {
       const auto now = Clock::now();
       if (running_ > 0 && job_deadline && now >= *job_deadline && !timed_out_) {
         timed_out_ = true;
-        say("timeout of " + std::to_string(options_.timeout_s) + " s expired; stopping the ranks");
+        say("timeout of " + seconds_text(options_.timeout_s) + " s expired; stopping the ranks" +
+            early_exits_note());
         if (!failure_) failure_ = kTimeoutExit;
         begin_stop();
       }
@@ -675,8 +686,31 @@ class Launcher {
     }
   }
 
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+
+  // A job that fails or times out after some ranks ended with code 0 while the others ran
+  // names them: a rank that leaves before its peers' collectives (or before the rendezvous)
+  // leaves them waiting until their timeout, and the failure is theirs to report.
+  std::string early_exits_note() const {
+    if (early_exits_.empty()) return "";
+    std::string text = "; ";
+    for (size_t i = 0; i < early_exits_.size() && i < 8; ++i) {
+      text += (i > 0 ? ", " : "") + std::string("rank ") + std::to_string(early_exits_[i].first) +
+              " had exited with code 0 after " + seconds_text(early_exits_[i].second) + " s";
+    }
+    if (early_exits_.size() > 8) {
+      text += " and " + std::to_string(early_exits_.size() - 8) + " more ranks too";
+    }
+    return text +
+           " while the others ran (a rank waiting for a peer that left waits until its timeout)";
+  }
+
   Options options_;
   std::set<int> sent_;  // the signals stop_all() has sent to the ranks
+  Clock::time_point started_ = Clock::now();
+  std::vector<std::pair<int, double>> early_exits_;  // (rank, seconds after the start)
   std::vector<RankProcess> ranks_;
   int running_ = 0;
   std::optional<int> failure_;
