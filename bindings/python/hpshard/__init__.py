@@ -2001,8 +2001,10 @@ class Checkpoint(Handle):
         keys and values, e.g. the framework's step and data-loader position), after the
         step whose state it saves. Returns at once: the
         :class:`Work` completes when the checkpoint is published on every rank, or raises
-        how it failed (the same error on every rank; nothing is published then). A save
-        while another is in flight first waits for it (one host sync). Error
+        how it failed (the same error on every rank; nothing is published then; TIMEOUT
+        naming the holder when another job's save held the root's save lock for half the
+        timeout). A save while another is in flight first waits for it (one host sync).
+        Error
         INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
         FAILED_PRECONDITION (the engine has no state yet)."""
         flat: List[str] = []

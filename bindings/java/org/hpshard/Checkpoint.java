@@ -108,8 +108,9 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * step and data-loader position), after the step whose state it saves. Returns at once:
    * the Work completes when the checkpoint is
    * published on every rank, or throws how it failed (the same error on every rank; nothing
-   * is published then). A save while another is in flight first waits for it (one host
-   * sync). INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
+   * is published then; TIMEOUT naming the holder when another job's save held the root's
+   * save lock for half the timeout). A save while another is in flight first waits for it
+   * (one host sync). INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
    * FAILED_PRECONDITION (the engine has no state yet).
    */
   public Work save(String name, Map<String, String> metadata) {

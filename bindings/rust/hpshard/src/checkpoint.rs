@@ -280,7 +280,9 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
     /// whose state it saves
     /// (`hps_checkpoint_save`). Returns at once: the [`Work`] completes when the checkpoint
     /// is published on every rank, or returns how it failed (the same error on every
-    /// rank; nothing is published then). A save while another is in flight first waits
+    /// rank; nothing is published then; [`Status::Timeout`] naming the holder when another
+    /// job's save held the root's save lock for half the timeout). A save while another is
+    /// in flight first waits
     /// for it (one host sync). Errors: [`Status::InvalidArgument`] (name, metadata, a NUL
     /// in them), [`Status::AlreadyExists`] (that name exists),
     /// [`Status::FailedPrecondition`] (the engine has no state yet).
