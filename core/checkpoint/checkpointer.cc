@@ -270,6 +270,21 @@ class SaveLock {
   std::string path_;
 };
 
+// What saves a crash interrupted left in `root`: their temporary directories, the
+// directories of a keep_last deletion, a half-written replacement of the latest pointer.
+// Only under the root's save lock (no save of another job is in flight).
+Status remove_leftovers(const std::string& root) {
+  HPS_ASSIGN_OR_RETURN(auto names, ckpt::list_directory(root));
+  for (const auto& n : names) {
+    if (starts_with(n, ckpt::kTemporaryPrefix) || starts_with(n, ckpt::kTrashPrefix)) {
+      (void)ckpt::remove_tree(join_path(root, n));
+    } else if (starts_with(n, ckpt::kLatestTemporaryPrefix)) {
+      (void)::unlink(join_path(root, n).c_str());  // a file, never a checkpoint
+    }
+  }
+  return Status::Ok();
+}
+
 // The files a claim writes aside exist for a moment; one a crash left behind (an hour
 // old) is removed by the next part that claims the root.
 void remove_stale_claims(const std::string& root) {
@@ -297,8 +312,7 @@ Status place_claim(const std::string& marker, const std::string& text) {
   const auto no_support = [](int err) {
     return err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
   };
-  const std::string aside = marker + ".tmp-" + ckpt::new_checkpoint_id();
-  HPS_RETURN_IF_ERROR(ckpt::replace_file_atomically(aside, text));
+  HPS_ASSIGN_OR_RETURN(const std::string aside, ckpt::write_beside(marker, text));
   int placed = ::link(aside.c_str(), marker.c_str());
   int err = placed == 0 ? 0 : errno;
   if (placed != 0 && no_support(err)) {
@@ -633,18 +647,9 @@ Status Checkpointer::write_job(SaveJob& job) {
     auto locked = SaveLock::acquire(root_, Milliseconds(options_.timeout.count() / 2),
                                     [&comm] { return comm.was_aborted(); });
     Status s = locked.status();
-    if (locked.ok()) lock.emplace(std::move(*locked));
-    auto names = s.ok() ? ckpt::list_directory(root_) : StatusOr<std::vector<std::string>>(s);
-    if (names.ok()) {
-      for (const auto& n : *names) {
-        if (starts_with(n, ckpt::kTemporaryPrefix) || starts_with(n, ckpt::kTrashPrefix)) {
-          (void)ckpt::remove_tree(join_path(root_, n));
-        } else if (starts_with(n, ckpt::kLatestTemporaryPrefix)) {
-          (void)::unlink(join_path(root_, n).c_str());  // a file, never a checkpoint
-        }
-      }
-    } else if (s.ok()) {
-      s = names.status();
+    if (locked.ok()) {
+      lock.emplace(std::move(*locked));
+      s = remove_leftovers(root_);
     }
     job.id = ckpt::new_checkpoint_id();
     job.directory = join_path(root_, std::string(ckpt::kTemporaryPrefix) + job.name + "-" + job.id);

@@ -241,14 +241,21 @@ bool path_exists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
-Status replace_file_atomically(const std::string& path, const std::string& contents) {
-  HPS_ASSIGN_OR_RETURN(File file, File::create_beside(path));
-  const std::string temporary = file.path();
+StatusOr<std::string> write_beside(const std::string& target, const std::string& contents) {
+  HPS_ASSIGN_OR_RETURN(File file, File::create_beside(target));
   Status s = file.write_all(contents.data(), contents.size());
   if (s.ok()) s = file.sync();
   if (s.ok()) s = file.close();
-  if (s.ok()) s = rename_path(temporary, path);
   if (!s.ok()) {
+    (void)::unlink(file.path().c_str());
+    return s;
+  }
+  return file.path();
+}
+
+Status replace_file_atomically(const std::string& path, const std::string& contents) {
+  HPS_ASSIGN_OR_RETURN(const std::string temporary, write_beside(path, contents));
+  if (Status s = rename_path(temporary, path); !s.ok()) {
     (void)::unlink(temporary.c_str());
     return s;
   }
