@@ -8,8 +8,13 @@
 namespace hps::capi {
 namespace {
 
+// A DLDevice's type as the integer the caller stored: a foreign or hostile tensor may hold a
+// value no DLDeviceType names, and loading that as the enum is undefined.
+int32_t device_type_of(const DLDevice& device) { return raw_enum(device.device_type); }
+
 // Host memory: what the CPU may dereference.
-bool is_host(DLDeviceType type) {
+bool is_host(const DLDevice& device) {
+  const int32_t type = device_type_of(device);
   return type == kDLCPU || type == kDLCUDAHost || type == kDLCUDAManaged;
 }
 
@@ -60,14 +65,14 @@ DLDevice to_dlpack(Device device) {
 }
 
 std::string dlpack_device_name(DLDevice device) {
-  switch (device.device_type) {
+  switch (device_type_of(device)) {
     case kDLCPU: return "cpu:0";
     case kDLCUDAHost: return "cuda-host:0";
     case kDLCUDAManaged: return "cuda-managed:0";
     case kDLCUDA: return "cuda:" + std::to_string(device.device_id);
     default: break;
   }
-  return "dlpack-device-type-" + std::to_string(static_cast<int>(device.device_type)) + ":" +
+  return "dlpack-device-type-" + std::to_string(device_type_of(device)) + ":" +
          std::to_string(device.device_id);
 }
 
@@ -75,9 +80,9 @@ StatusOr<TensorArg> tensor_arg(const DLTensor* tensor, const char* what) {
   if (tensor == nullptr) return invalid_argument(std::string(what) + " is NULL");
   TensorArg arg;
   HPS_ASSIGN_OR_RETURN(arg.dtype, dtype_of(tensor->dtype, what));
-  if (is_host(tensor->device.device_type)) {
+  if (is_host(tensor->device)) {
     arg.device = Device::cpu();
-  } else if (tensor->device.device_type == kDLCUDA && tensor->device.device_id >= 0) {
+  } else if (device_type_of(tensor->device) == kDLCUDA && tensor->device.device_id >= 0) {
     arg.device = Device::cuda(tensor->device.device_id);
   } else {
     return invalid_argument(std::string(what) + ": hpshard has no device for DLPack device " +
@@ -104,16 +109,18 @@ StatusOr<TensorArg> tensor_arg(const DLTensor* tensor, const char* what) {
   }
   // Compact row-major: strides NULL, or each the product of the later dimensions
   // (a dimension of size 1 may have any stride; an empty tensor any strides).
+  // The products are unsigned: each is at most `count`, which fits 64 bits, but not always 63.
   if (tensor->strides != nullptr && count > 0) {
-    int64_t expected = 1;
+    uint64_t expected = 1;
     for (int i = tensor->ndim - 1; i >= 0; --i) {
-      if (tensor->shape[i] != 1 && tensor->strides[i] != expected) {
+      if (tensor->shape[i] != 1 &&
+          (tensor->strides[i] < 0 || static_cast<uint64_t>(tensor->strides[i]) != expected)) {
         return invalid_argument(std::string(what) + ": not contiguous (dimension " +
                                 std::to_string(i) + " has stride " +
                                 std::to_string(tensor->strides[i]) + ", compact row-major is " +
                                 std::to_string(expected) + "); pass a contiguous copy");
       }
-      expected *= tensor->shape[i];
+      expected *= static_cast<uint64_t>(tensor->shape[i]);
     }
   }
   if (tensor->data == nullptr && count > 0) {
@@ -189,7 +196,7 @@ HPS_API hps_status_t hps_dlpack_host_data(const DLTensor* tensor, void** out_dat
   HPS_CHECK_ARG(tensor);
   HPS_CHECK_ARG(out_data);
   return guard(__func__, [&]() -> hps::Status {
-    if (!hps::capi::is_host(tensor->device.device_type)) {
+    if (!hps::capi::is_host(tensor->device)) {
       return hps::failed_precondition(
           "the tensor's memory is on " + hps::capi::dlpack_device_name(tensor->device) +
           ", not the host: it has no host view there. Hand the tensor (or its data address) "

@@ -284,11 +284,39 @@ static void policy_and_refusals(void) {
           HPS_STATUS_INVALID_ARGUMENT);
     CHECK(HAS("recv: the size in bytes overflows 64 bits") && work == NULL);
   }
+  {
+    /* 3 * 2^62 elements fit 64 bits unsigned, not signed: the compact strides' products must
+     * not overflow on the way to the byte-size refusal (the sanitizer build checks that). */
+    int64_t big[3] = {(int64_t)1 << 31, (int64_t)1 << 31, 3};
+    int64_t compact[3] = {(int64_t)3 << 31, 3, 1}, negative[3] = {-1, 3, 1};
+    r = host_f32(out, big);
+    r.ndim = 3;
+    r.strides = compact;
+    CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+          HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(HAS("recv: the size in bytes overflows 64 bits") && work == NULL);
+    r.strides = negative;
+    CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+          HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(HAS("recv: not contiguous (dimension 0 has stride -1") && work == NULL);
+  }
   r = host_f32(out, shape);
   r.device.device_type = kDLROCM;
   CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
         HPS_STATUS_INVALID_ARGUMENT);
   CHECK(HAS("no device for DLPack device dlpack-device-type-10") && work == NULL);
+  {
+    /* A device type no DLDeviceType names: its bytes are read, not the enum (the sanitizer
+     * build checks that), and it is refused naming the number. */
+    const int32_t unknown = 99;
+    r = host_f32(out, shape);
+    memcpy(&r.device.device_type, &unknown, sizeof unknown);
+    CHECK(hps_comm_all_reduce_dlpack(comm, &t, &r, HPS_REDUCE_SUM, NULL, &work) ==
+          HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(HAS("no device for DLPack device dlpack-device-type-99") && work == NULL);
+    CHECK(hps_dlpack_host_data(&r, &host) == HPS_STATUS_FAILED_PRECONDITION);
+    CHECK(HAS("dlpack-device-type-99"));
+  }
   {
     /* Explicit compact row-major strides are taken like NULL ones. */
     int64_t square[2] = {2, 2}, row_major[2] = {2, 1};
