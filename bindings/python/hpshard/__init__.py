@@ -615,17 +615,24 @@ def _has_buffer(obj: Any) -> bool:
         return False
 
 
-def _dlpack_operands(objs: Sequence[Any], dtype: Optional[int]) -> Optional[list]:
+def _dlpack_operands(objs: Sequence[Any], dtype: Optional[int],
+                     written: Optional[Mapping[int, str]] = None) -> Optional[list]:
     """The "dltensor" capsules of a collective's buffers when they go as DLPack tensors:
     objects with ``__dlpack__`` and no buffer protocol (torch tensors, :class:`Tensor`
     views); None when they go through the buffer protocol (NumPy arrays, bytearray: the
     memoryview also keeps them from being resized). ``dtype=`` reinterprets a buffer, so
-    it takes the buffer protocol. The library checks the tensors (device, dtype, layout)."""
+    it takes the buffer protocol. The library checks the tensors (device, dtype, layout);
+    ``written`` names, by position, the operands the operation writes: a read-only
+    :class:`Tensor` view there (an engine's loss scale, say) is refused, as a read-only
+    NumPy array is on the buffer path."""
     given = [o for o in objs if o is not None]
     if dtype is not None or not given or all(_has_buffer(o) for o in given):
         return None
     if not all(hasattr(o, "__dlpack__") for o in given):
         return None  # the buffer path names what lacks both
+    for i, what in (written or {}).items():
+        if isinstance(objs[i], Tensor) and objs[i].readonly:
+            raise ValueError(f"{what} is read-only ({objs[i]._what})")
     capsules = []
     for o in objs:
         if o is None:
@@ -934,7 +941,7 @@ class Communicator(Handle):
                    ready: Optional[Stream] = None, dtype: Optional[int] = None) -> Work:
         """recv[i] = op over ranks of send[i]; recv may be send (in place); both the same
         dtype and size."""
-        t = _dlpack_operands((send, recv), dtype)
+        t = _dlpack_operands((send, recv), dtype, {1: "all_reduce: recv"})
         if t is not None:
             return self._work(self._h().all_reduce_dlpack(t[0], t[1], int(op), _ready(ready)),
                               (send, recv, *t), ready)
@@ -949,7 +956,7 @@ class Communicator(Handle):
     def reduce(self, send: Any, recv: Any, root: int, op: int = ReduceOp.SUM,
                ready: Optional[Stream] = None, dtype: Optional[int] = None) -> Work:
         """Like all_reduce, but only ``root`` receives (recv may be None elsewhere)."""
-        t = _dlpack_operands((send, recv), dtype)
+        t = _dlpack_operands((send, recv), dtype, {1: "reduce: recv"})
         if t is not None:
             return self._work(self._h().reduce_dlpack(t[0], t[1], int(op), int(root),
                                                       _ready(ready)), (send, recv, *t), ready)
@@ -968,7 +975,7 @@ class Communicator(Handle):
     def broadcast(self, buffer: Any, root: int, ready: Optional[Stream] = None,
                   dtype: Optional[int] = None) -> Work:
         """``root``'s buffer is copied into every rank's buffer."""
-        t = _dlpack_operands((buffer,), dtype)
+        t = _dlpack_operands((buffer,), dtype, {0: "broadcast: buffer"})
         if t is not None:
             return self._work(self._h().broadcast_dlpack(t[0], int(root), _ready(ready)),
                               (buffer, *t), ready)
@@ -980,7 +987,7 @@ class Communicator(Handle):
                    dtype: Optional[int] = None) -> Work:
         """Rank r's send lands at recv[r * len(send):]; recv needs size * len(send)
         elements (fewer: Error INVALID_ARGUMENT, nothing sent)."""
-        t = _dlpack_operands((send, recv), dtype)
+        t = _dlpack_operands((send, recv), dtype, {1: "all_gather: recv"})
         if t is not None:
             return self._work(self._h().all_gather_dlpack(t[0], t[1], _ready(ready)),
                               (send, recv, *t), ready)
@@ -994,7 +1001,7 @@ class Communicator(Handle):
                        ready: Optional[Stream] = None, dtype: Optional[int] = None) -> Work:
         """Rank r receives the reduction of slice r (len(recv) elements) of every rank's
         send; send needs size * len(recv) elements."""
-        t = _dlpack_operands((send, recv), dtype)
+        t = _dlpack_operands((send, recv), dtype, {1: "reduce_scatter: recv"})
         if t is not None:
             return self._work(self._h().reduce_scatter_dlpack(t[0], t[1], int(op),
                                                               _ready(ready)),
@@ -1019,7 +1026,7 @@ class Communicator(Handle):
     def recv(self, buffer: Any, peer: int, ready: Optional[Stream] = None,
              dtype: Optional[int] = None) -> Work:
         """Receive the buffer's size from ``peer``."""
-        t = _dlpack_operands((buffer,), dtype)
+        t = _dlpack_operands((buffer,), dtype, {0: "recv: buffer"})
         if t is not None:
             return self._work(self._h().recv_dlpack(t[0], int(peer), _ready(ready)),
                               (buffer, *t), ready)
@@ -1292,7 +1299,7 @@ class Clip(Handle):
             flags = ((ClipFlag.DISTRIBUTED if distributed else 0)
                      | (0 if clip else ClipFlag.NO_CLIP)
                      | (ClipFlag.SHARED_NOT_FIRST if shared_not_first else 0))
-        t = _dlpack_operands((grad,), dtype)
+        t = _dlpack_operands((grad,), dtype, {0: "Clip.add_tensor: grad"})
         with self._lock:
             if t is not None:
                 self._h().add_tensor_dlpack(t[0], int(flags))

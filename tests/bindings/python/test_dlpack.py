@@ -250,3 +250,38 @@ def test_loss_scale_views_and_compute_stream():
             assert k.dtype == np.int64 and not k.flags.writeable
         with pytest.raises(TypeError):
             Engine.create(comm, compute_stream="not a stream")
+
+
+def test_read_only_views_are_refused_where_written():
+    # The engine's loss scale, skipped-step count and norm, and a clip's coefficient, are
+    # read-only views: refused as what a collective or a clip writes (as their read-only
+    # NumPy arrays are), taken as what it reads; the engine's values are unchanged.
+    store, comm = one_rank("read-only")
+    with store, comm, Engine.create(comm, dynamic_loss_scaling=True, initial_loss_scale=8.0,
+                                    clip_max_norm=1.0) as engine:
+        engine.add_param("w", (2,))
+        engine.seal()
+        scale, skipped = engine.loss_scale_tensor(), engine.skipped_steps_tensor()
+        norm = engine.grad_norm_tensor()
+        before = (engine.loss_scale, engine.skipped_steps, engine.grad_norm)
+        one_f, one_i = np.array([7.0], np.float32), np.array([-5], np.int64)
+        attempts = [
+            ("all_reduce: recv", lambda: comm.all_reduce(one_f, scale)),
+            ("reduce: recv", lambda: comm.reduce(one_f, norm, root=0)),
+            ("broadcast: buffer", lambda: comm.broadcast(skipped, root=0)),
+            ("all_gather: recv", lambda: comm.all_gather(one_i, skipped)),
+            ("reduce_scatter: recv", lambda: comm.reduce_scatter(one_f, scale)),
+            ("recv: buffer", lambda: comm.recv(scale, peer=0)),
+        ]
+        for what, call in attempts:
+            with pytest.raises(ValueError, match=f"^{what} is read-only"):
+                call()
+        with Clip(max_norm=1.0) as clip:
+            with pytest.raises(ValueError, match="Clip.add_tensor: grad is read-only"):
+                clip.add_tensor(scale)
+        assert (engine.loss_scale, engine.skipped_steps) == before[:2]
+        assert np.isnan(engine.grad_norm) == np.isnan(before[2])
+        # As a send, a read-only view is read.
+        total = np.zeros(1, np.float32)
+        comm.all_reduce(scale, total).wait()
+        assert total[0] == 8.0
