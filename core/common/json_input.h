@@ -76,11 +76,17 @@ class Checker final : public nlohmann::json_sax<nlohmann::json> {
 
 }  // namespace json_input_detail
 
-// `text` parsed, or why not: invalid JSON, nested deeper than `max_depth` arrays and
-// objects, or a key repeated within one object (JSON leaves that open; nlohmann keeps
-// the last, and no file hpshard reads has any).
+// `text` parsed, or why not: invalid JSON (a NUL byte anywhere included), nested deeper than
+// `max_depth` arrays and objects, or a key repeated within one object (JSON leaves that open;
+// nlohmann keeps the last, and no file hpshard reads has any).
 inline CheckedJson parse_checked_json(std::string_view text, size_t max_depth) {
   CheckedJson out;
+  // nlohmann's lexer ends the input at a NUL byte, so the bytes after one would go unread;
+  // a NUL is no JSON (inside a string it must be escaped): refused.
+  if (text.find('\0') != std::string_view::npos) {
+    out.problem = CheckedJson::Problem::kInvalid;
+    return out;
+  }
   json_input_detail::Checker checker(max_depth);
   const bool ok = nlohmann::json::sax_parse(text, &checker);
   if (!ok || checker.problem != CheckedJson::Problem::kNone) {

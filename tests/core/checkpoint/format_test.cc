@@ -491,6 +491,14 @@ TEST(Manifest, RefusesTruncatedAndDeepDocuments) {
     auto m = parse_manifest(text.substr(0, cut), "m.json");
     EXPECT_FALSE(m.ok()) << cut;
   }
+  // Bytes after a NUL (which nlohmann takes for the end of its input) are not ignored.
+  for (const std::string& tail : {std::string(1, '\0'), std::string("\0 {\"x\": [", 8)}) {
+    auto m = parse_manifest(text + tail, "m.json");
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("m.json: not valid JSON"), std::string::npos)
+        << m.status().message();
+  }
+  EXPECT_EQ(parse_checked_json(std::string("{}\0", 3), 3).problem, CheckedJson::Problem::kInvalid);
   // A key repeated within an object (nlohmann would keep the last one silently).
   const std::string repeated = "{\"id\": \"x\", " + text.substr(text.find('{') + 1);
   auto twice = parse_manifest(repeated, "m.json");
@@ -643,6 +651,10 @@ TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
        "no tensor holds data bytes [0, 4)"},
       {R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
        "8 data bytes after the last tensor's"},
+      // nlohmann stops reading at a NUL: what follows one would go unread.
+      {R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})" +
+           std::string("\0{\"v\": 1", 9),
+       "the header is not a JSON object"},
   };
   for (const auto& [text, message] : bad) {
     auto refused = parse_safetensors_header(text, 16, "m.safetensors");
