@@ -28,6 +28,7 @@
 #include "core/common/dtype.h"
 #include "core/common/status.h"
 #include "core/device/stream.h"
+#include "core/storage/layout_plan.h"
 
 namespace hps {
 
@@ -44,6 +45,8 @@ inline constexpr std::string_view kStepLossScale = "step/loss_scale";
 inline constexpr std::string_view kStepGoodSteps = "step/good_steps";
 inline constexpr std::string_view kStepAppliedSteps = "step/applied_steps";
 inline constexpr std::string_view kStepSkippedSteps = "step/skipped_steps";
+// The longest name above: a parameter's longest name after the longest prefix.
+inline constexpr size_t kMaxStateNameBytes = kMaxParamNameBytes + kExpAvgSqPrefix.size();
 
 // This rank's part of one logical tensor.
 struct StateTensor {

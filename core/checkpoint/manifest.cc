@@ -165,7 +165,7 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
                                         const std::string& origin) {
   Reader r(j, origin + ": tensors[" + std::to_string(index) + "]");
   StoredTensor t;
-  HPS_ASSIGN_OR_RETURN(t.name, r.string("name"));
+  HPS_ASSIGN_OR_RETURN(t.name, r.string("name", kMaxStateNameBytes));
   if (!printable_name(t.name)) return r.bad("the tensor name is empty or has control characters");
   for (std::string_view prefix : {kParamPrefix, kMasterPrefix}) {
     if (t.name == prefix) return r.bad("tensor '" + t.name + "' names no parameter");

@@ -29,6 +29,11 @@ Status LayoutPlan::add(ParamSpec spec) {
     return failed_precondition("parameter '" + spec.name +
                                "' registered after the plan was sealed");
   if (spec.name.empty()) return invalid_argument("a parameter needs a name");
+  if (spec.name.size() > kMaxParamNameBytes) {
+    return invalid_argument("parameter name '" + shown_value(spec.name) + "' has " +
+                            std::to_string(spec.name.size()) + " bytes, more than " +
+                            std::to_string(kMaxParamNameBytes));
+  }
   if (has_control_bytes(spec.name)) {  // a checkpoint's manifest names it; tools show it
     return invalid_argument("parameter name '" + shown_value(spec.name) +
                             "' has a control character");

@@ -13,6 +13,11 @@
 
 namespace hps {
 
+// The longest parameter name, in bytes: a checkpoint's manifest and a safetensors file name
+// the parameter (prefixed in the manifest: see core/checkpoint/checkpointable.h), and their
+// readers refuse longer names.
+inline constexpr size_t kMaxParamNameBytes = 4096;
+
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;

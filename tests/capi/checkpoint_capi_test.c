@@ -158,6 +158,61 @@ static void* rank_main(void* arg) {
   return NULL;
 }
 
+/* The longest parameter name (4096 bytes) saves, loads, verifies and exports with AdamW state
+ * (the manifest names "exp_avg_sq/" and it); a longer one is refused at registration (it used
+ * to publish a checkpoint that no reader took). */
+static void longest_name(void) {
+  char root[512], model[600], name[4098];
+  hps_store_t* store = NULL;
+  hps_comm_t* comm = NULL;
+  hps_engine_t* engine = NULL;
+  hps_checkpoint_t* ckpt = NULL;
+  hps_work_t* work = NULL;
+  hps_engine_options_t options;
+  hps_checkpoint_info_t info;
+  const int64_t shape[1] = {5};
+  size_t index = 0;
+  float* p = NULL;
+  int i;
+  snprintf(root, sizeof root, "%s/longest-name", g_root);
+  snprintf(model, sizeof model, "%s/longest.safetensors", g_root);
+  memset(name, 'n', sizeof name - 1);
+  name[sizeof name - 1] = '\0';
+  CHECK_OK(hps_store_open("memory://checkpoint_capi_longest", 0, 20000, &store));
+  CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
+  CHECK_OK(hps_engine_options_init(&options, sizeof options));
+  options.optimizer = HPS_OPTIMIZER_ADAMW;
+  CHECK_OK(hps_engine_create(comm, NULL, &options, &engine));
+  CHECK(hps_engine_add_param(engine, name, shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &index) ==
+        HPS_STATUS_INVALID_ARGUMENT); /* 4097 bytes */
+  CHECK(strstr(hps_last_error_message(), "has 4097 bytes, more than 4096") != NULL);
+  name[4096] = '\0';
+  CHECK_OK(hps_engine_add_param(engine, name, shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &index));
+  CHECK_OK(hps_engine_seal(engine));
+  CHECK_OK(hps_engine_param(engine, index, (void**)&p));
+  for (i = 0; i < 5; ++i) p[i] = (float)i;
+  CHECK_OK(hps_engine_broadcast_parameters(engine));
+  CHECK_OK(hps_checkpoint_create(engine, comm, root, NULL, &ckpt));
+  CHECK_OK(hps_checkpoint_save(ckpt, "c", NULL, NULL, 0, &work));
+  CHECK_OK(hps_work_wait(work));
+  CHECK_OK(hps_work_destroy(work));
+  CHECK_OK(hps_engine_param(engine, index, (void**)&p));
+  p[2] = -1.0f;
+  CHECK_OK(hps_checkpoint_load(ckpt, "c", NULL));
+  CHECK_OK(hps_engine_param(engine, index, (void**)&p));
+  CHECK(p[2] == 2.0f);
+  CHECK_OK(hps_checkpoint_verify(root));
+  CHECK_OK(hps_checkpoint_info_init(&info, sizeof info));
+  CHECK_OK(hps_checkpoint_inspect(root, &info));
+  CHECK(info.tensors == 7); /* the parameter, exp_avg, exp_avg_sq and four step scalars */
+  CHECK_OK(hps_checkpoint_export_safetensors(root, model, 0));
+  CHECK_OK(hps_checkpoint_import_safetensors(ckpt, model, NULL));
+  CHECK_OK(hps_checkpoint_destroy(ckpt));
+  CHECK_OK(hps_engine_destroy(engine));
+  CHECK_OK(hps_comm_destroy(comm));
+  CHECK_OK(hps_store_destroy(store));
+}
+
 int main(void) {
   pthread_t threads[2];
   rank_args_t args[2];
@@ -185,6 +240,7 @@ int main(void) {
     pthread_create(&threads[r], NULL, rank_main, &args[r]);
   }
   for (r = 0; r < 2; ++r) pthread_join(threads[r], NULL);
+  longest_name();
 
   CHECK(hps_checkpoint_inspect(g_root, NULL) == HPS_STATUS_INVALID_ARGUMENT);
   CHECK_OK(hps_checkpoint_info_init(&info, sizeof info));

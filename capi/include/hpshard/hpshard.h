@@ -1010,8 +1010,8 @@ HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
 /**
  * Register a parameter before hps_engine_seal; its index (registration order) into
  * *out_index. `unit` is the layer its forward belongs to. Every rank must register the
- * same parameters in the same order. A name is 1 byte or more without control characters
- * (bytes below 0x20, 0x7f). Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),
+ * same parameters in the same order. A name is 1 to 4096 bytes of UTF-8 without control
+ * characters (bytes below 0x20, 0x7f). Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),
  * FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32, float16, bfloat16).
  */
 HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name,

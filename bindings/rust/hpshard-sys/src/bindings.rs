@@ -2434,8 +2434,8 @@ extern "C" {
 extern "C" {
     #[doc = " Register a parameter before hps_engine_seal; its index (registration order) into"]
     #[doc = " *out_index. `unit` is the layer its forward belongs to. Every rank must register the"]
-    #[doc = " same parameters in the same order. A name is 1 byte or more without control characters"]
-    #[doc = " (bytes below 0x20, 0x7f). Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),"]
+    #[doc = " same parameters in the same order. A name is 1 to 4096 bytes of UTF-8 without control"]
+    #[doc = " characters (bytes below 0x20, 0x7f). Errors: INVALID_ARGUMENT, ALREADY_EXISTS (name),"]
     #[doc = " FAILED_PRECONDITION (sealed), UNIMPLEMENTED (a dtype other than float32, float16, bfloat16)."]
     pub fn hps_engine_add_param(
         engine: *mut hps_engine_t,
