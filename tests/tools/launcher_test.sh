@@ -3,7 +3,7 @@
 # usage: launcher_test.sh CASE HPSHARD_RUN RANK_PROBE
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
-#         shm-cleanup
+#         shm-cleanup | closed-fds | long-line | fd-limit
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -264,6 +264,53 @@ case $case_name in
       [ -e "$s" ] && { rm -f "$s"; fail "segment $s was left in /dev/shm"; }
     done
     grep -qF "shared-memory segment(s) the job left" "$work/err" || fail "no message about them"
+    ;;
+  closed-fds)
+    # Started with standard descriptors closed, the launcher neither reads output as signals
+    # (its signal pipe took the free numbers) nor loses the ranks' output to them.
+    "$run" -n 2 --timeout 60 -- sh -c 'echo "out $HPS_RANK"; echo "err $HPS_RANK" >&2' \
+      <&- >"$work/out" 2>&-
+    rc=$?
+    [ $rc -eq 0 ] || fail "stdin and stderr closed: exit code $rc, expected 0"
+    for r in 0 1; do grep -qxF "[rank $r] out $r" "$work/out" || fail "rank $r's stdout lost"; done
+    "$run" -n 2 --timeout 60 -- sh -c 'echo "err $HPS_RANK" >&2; echo "out $HPS_RANK"' \
+      >&- 2>"$work/err"
+    rc=$?
+    # A rank whose stdout is a closed pipe end may die of SIGPIPE writing to it; what must
+    # hold is that no byte of output was taken for a signal.
+    grep -q "received" "$work/err" && fail "output read as a signal: $(cat "$work/err")"
+    for r in 0 1; do grep -qxF "[rank $r] err $r" "$work/err" || fail "rank $r's stderr lost"; done
+    ;;
+  long-line)
+    # A line longer than 64 KiB goes out in 64 KiB pieces, each with the prefix: every byte
+    # kept, in order; the launcher holds no more than a piece however long the line.
+    "$run" -n 1 --timeout 60 -- sh -c "head -c 200000 /dev/zero | tr '\\0' x; echo end; echo next" \
+      >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "exit code $rc, expected 0"
+    check_prefixes "$work/out"
+    [ "$(wc -l <"$work/out")" -eq 5 ] || fail "expected 5 lines, got $(wc -l <"$work/out")"
+    longest=$(awk '{ if (length($0) > n) n = length($0) } END { print n }' "$work/out")
+    [ "$longest" -eq $((9 + 65536)) ] || fail "longest line $longest, expected $((9 + 65536))"
+    joined=$(sed 's/^\[rank 0\] //' "$work/out" | head -4 | tr -d '\n')
+    [ "$joined" = "$(head -c 200000 /dev/zero | tr '\0' x)end" ] || fail "bytes lost or reordered"
+    tail -1 "$work/out" | grep -qxF "[rank 0] next" || fail "the next line is not its own"
+    # A line larger than the launcher's address space limit passes through it.
+    (ulimit -v 200000 && exec "$run" -n 1 --timeout 60 -- \
+      sh -c "head -c 300000000 /dev/zero | tr '\\0' x") >/dev/null 2>"$work/err" ||
+      fail "a 300 MB line under a 200 MB address space limit: exit code $?"
+    ;;
+  fd-limit)
+    # Out of descriptors while starting the ranks: exit 1 naming the cause, the started ranks
+    # reaped and the file store's directory removed (its removal needs descriptors too).
+    mkdir -p "$work/tmp"
+    (ulimit -n 40 && TMPDIR="$work/tmp" exec "$run" -n 30 --store file -- sleep 29.5) \
+      >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 1 ] || fail "exit code $rc, expected 1"
+    grep -qF "Too many open files" "$work/err" || fail "the cause is not named"
+    [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
+    pgrep -fx "sleep 29.5" >/dev/null && fail "a started rank is still running"
     ;;
   *)
     echo "unknown case $case_name"

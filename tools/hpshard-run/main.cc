@@ -48,6 +48,10 @@ constexpr int kTimeoutExit = 124;
 // After every rank has exited, how long output still held open (by a rank's own children)
 // is read before the launcher gives up on it.
 constexpr std::chrono::milliseconds kDrainAfterExit{2000};
+// A line of a rank's output longer than this goes out in pieces of this size, each with the
+// rank's prefix: the launcher holds at most this much of a stream however the rank writes
+// (a binary dump, a progress bar redrawn with carriage returns).
+constexpr size_t kMaxLineBytes = 64 * 1024;
 
 int g_signal_pipe[2] = {-1, -1};
 
@@ -199,6 +203,7 @@ struct OutputStream {
   int fd = -1;
   int target = -1;  // STDOUT_FILENO or STDERR_FILENO
   std::string partial;
+  size_t scanned = 0;  // bytes at the start of `partial` known to hold no newline
 };
 
 struct RankProcess {
@@ -207,22 +212,35 @@ struct RankProcess {
   bool running = false;
   OutputStream out;
   OutputStream err;
+  std::string prefix() const { return "[rank " + std::to_string(rank) + "] "; }
 };
 
+// Writes the complete lines held (and, `at_end`, the rest), each with the prefix; a line
+// reaching kMaxLineBytes goes out in pieces. Each byte is searched for a newline once.
 void emit_lines(const std::string& prefix, OutputStream& s, bool at_end) {
   size_t start = 0;
   std::string text;
-  while (true) {
-    const size_t nl = s.partial.find('\n', start);
-    if (nl == std::string::npos) break;
-    text += prefix;
-    text.append(s.partial, start, nl + 1 - start);
-    start = nl + 1;
+  while (start < s.partial.size()) {
+    const size_t nl = s.partial.find('\n', std::max(start, s.scanned));
+    if (nl != std::string::npos && nl - start < kMaxLineBytes) {
+      text += prefix;
+      text.append(s.partial, start, nl + 1 - start);
+      start = nl + 1;
+    } else if (s.partial.size() - start >= kMaxLineBytes) {
+      text += prefix;
+      text.append(s.partial, start, kMaxLineBytes);
+      text += '\n';
+      start += kMaxLineBytes;
+    } else {
+      break;  // what is left has no newline and is shorter than a piece
+    }
   }
   s.partial.erase(0, start);
+  s.scanned = s.partial.size();
   if (at_end && !s.partial.empty()) {
     text += prefix + s.partial + "\n";
     s.partial.clear();
+    s.scanned = 0;
   }
   if (!text.empty()) write_all(s.target, text);
 }
@@ -481,9 +499,15 @@ class Launcher {
       envp.push_back(nullptr);
       int out[2];
       int err[2];
-      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      if (::pipe2(out, O_CLOEXEC) != 0) {
         say(std::string("pipe: ") + std::strerror(errno));
-        stop_all(SIGKILL);
+        abandon_started();
+        return false;
+      }
+      if (::pipe2(err, O_CLOEXEC) != 0) {
+        say(std::string("pipe: ") + std::strerror(errno));
+        for (int fd : out) ::close(fd);
+        abandon_started();
         return false;
       }
       // Signals wait while the child still has the launcher's handlers: it resets them,
@@ -495,7 +519,8 @@ class Launcher {
       if (pid != 0) ::sigprocmask(SIG_SETMASK, &previous, nullptr);
       if (pid < 0) {
         say(std::string("fork: ") + std::strerror(errno));
-        stop_all(SIGKILL);
+        for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+        abandon_started();
         return false;
       }
       if (pid == 0) {
@@ -535,6 +560,23 @@ class Launcher {
       ++running_;
     }
     return true;
+  }
+
+  // After a failure to start every rank: the ranks started so far are killed and reaped,
+  // their output written and their pipes closed, so the clean-up after them (the store's
+  // directory, the shared-memory listing) has the descriptors it needs.
+  void abandon_started() {
+    stop_all(SIGKILL);
+    for (auto& p : ranks_) {
+      if (!p.running) continue;
+      int status = 0;
+      while (::waitpid(p.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      p.running = false;
+      --running_;
+      close_stream(p.prefix(), p.out);
+      close_stream(p.prefix(), p.err);
+    }
   }
 
   void stop_all(int signal) {
@@ -636,7 +678,7 @@ class Launcher {
       for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
         auto [p, s] = streams[i - 1];
-        pump("[rank " + std::to_string(p->rank) + "] ", *s);
+        pump(p->prefix(), *s);
       }
       reap();
       const auto now = Clock::now();
@@ -654,9 +696,8 @@ class Launcher {
       }
       if (running_ == 0 && drain_deadline_ && now >= *drain_deadline_) {
         for (auto& p : ranks_) {
-          const std::string prefix = "[rank " + std::to_string(p.rank) + "] ";
-          close_stream(prefix, p.out);
-          close_stream(prefix, p.err);
+          close_stream(p.prefix(), p.out);
+          close_stream(p.prefix(), p.err);
         }
       }
     }
@@ -729,6 +770,15 @@ class Launcher {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A standard descriptor the launcher was started without is /dev/null: otherwise the next
+  // descriptor opened (the signal pipe) would take its number, and output meant for it would
+  // be read as signals.
+  for (int fd = STDIN_FILENO; fd <= STDERR_FILENO; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF &&
+        ::open("/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY) != fd) {
+      return 1;
+    }
+  }
   Options options;
   if (auto exit_now = parse_options(argc, argv, &options)) return *exit_now;
   return Launcher(std::move(options)).run();
