@@ -108,14 +108,21 @@ _DTYPES = {torch.float32: _hps.DType.FLOAT32, torch.float16: _hps.DType.FLOAT16,
            torch.bfloat16: _hps.DType.BFLOAT16}
 
 
+def _invalid(message: str) -> "_hps.Error":
+    return _hps.InvalidArgumentError(_hps.Status.INVALID_ARGUMENT, message)
+
+
 def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
     """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's agent store
     (TORCHELASTIC_USE_AGENT_STORE=True), which hpshard's store cannot share. Rank 0 then
     serves hpshard's store on a port of its own (a listening socket it hands to the store,
-    so no other process can take the port in between) and every rank learns the address,
-    with a token of the job's own unless HPS_STORE_TOKEN is set, through torch's store;
-    HPS_STORE, HPS_STORE_TOKEN (and, on rank 0, HPS_STORE_FD) are set for
-    hpshard.rendezvous_from_env. Nothing happens when HPS_STORE is set already."""
+    so no other process can take the port in between) and every rank learns the address
+    through torch's store. Torch's store has no authentication: a token set in
+    HPS_STORE_TOKEN (every rank's own, as torchrun passes the environment on) never goes
+    there; without one, rank 0 makes one for the job and shares it there, which any process
+    that reaches MASTER_PORT can read. HPS_STORE, HPS_STORE_TOKEN (and, on rank 0,
+    HPS_STORE_FD) are set for hpshard.rendezvous_from_env. Nothing happens when HPS_STORE is
+    set already."""
     env = os.environ
     if env.get("HPS_STORE") or env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return
@@ -126,8 +133,7 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
 
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
     if missing:
-        raise _hps.Error(_hps.Status.INVALID_ARGUMENT,
-                         f"world_from_env: torchrun's variables {missing} are not set")
+        raise _invalid(f"world_from_env: torchrun's variables {missing} are not set")
     rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
     addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     wait = datetime.timedelta(milliseconds=timeout_ms or _hps.DEFAULT_STORE_TIMEOUT_MS)
@@ -145,14 +151,26 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
                                    listener.getsockname()[1])
         # A token of the job's own (unless one is set): connections that are not this
         # job's ranks are closed, as under hpshard-run.
-        token = env.get("HPS_STORE_TOKEN") or secrets.token_hex(32)
+        published = {"url": url}
+        if env.get("HPS_STORE_TOKEN"):
+            published["token_set"] = True  # each rank has it: not a byte of it published
+        else:
+            env["HPS_STORE_TOKEN"] = published["token"] = secrets.token_hex(32)
         env["HPS_STORE_FD"] = str(listener.detach())  # the store takes the socket over
         env["HPS_STORE"] = url
-        agent.set(key, json.dumps({"url": url, "token": token}))
+        agent.set(key, json.dumps(published))
     else:
         published = json.loads(agent.get(key).decode())
-        env["HPS_STORE"], token = published["url"], published["token"]
-    env.setdefault("HPS_STORE_TOKEN", token)
+        mine = env.get("HPS_STORE_TOKEN")
+        if published.get("token_set") and not mine:
+            raise _invalid(f"world_from_env: rank 0 has HPS_STORE_TOKEN set, rank {rank} has "
+                           f"not (set the same token on every rank)")
+        if "token" in published and mine:
+            raise _invalid(f"world_from_env: rank {rank} has HPS_STORE_TOKEN set, rank 0 has "
+                           f"not (set the same token on every rank, or on none)")
+        env["HPS_STORE"] = published["url"]
+        if "token" in published:
+            env["HPS_STORE_TOKEN"] = published["token"]
 
 
 def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":

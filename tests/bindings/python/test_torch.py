@@ -730,13 +730,16 @@ PROCESS_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("agent_store", [False, True], ids=["plain", "agent_store"])
-def test_process_ranks_with_torchrun_variables(agent_store):
+@pytest.mark.parametrize("agent_store,token", [(False, None), (True, None), (True, "t0k3n")],
+                         ids=["plain", "agent_store", "agent_store_own_token"])
+def test_process_ranks_with_torchrun_variables(agent_store, token):
     """Ranks as processes that meet through torchrun's variables (RANK, WORLD_SIZE,
     MASTER_ADDR, MASTER_PORT), as torchrun starts them; with ``agent_store`` MASTER_PORT is
     held by torch's own store, as torchrun's agent holds it (TORCHELASTIC_USE_AGENT_STORE):
     rank 0 could not listen there and the others timed out in their handshake with torch's
-    store; world_from_env now finds a port of its own through torch's store."""
+    store; world_from_env now finds a port of its own through torch's store. A token the
+    ranks have in HPS_STORE_TOKEN is never written to torch's store (it has no
+    authentication); one the job makes is shared there."""
     import datetime
     import json
     import socket
@@ -755,6 +758,8 @@ def test_process_ranks_with_torchrun_variables(agent_store):
                                            wait_for_workers=False)
         extra = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "test-run",
                  "TORCHELASTIC_RESTART_COUNT": "0"}
+        if token:
+            extra["HPS_STORE_TOKEN"] = token
     procs = []
     for rank in range(2):
         env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
@@ -766,7 +771,10 @@ def test_process_ranks_with_torchrun_variables(agent_store):
         published = json.loads(agent.get("hpshard/store/test-run/0").decode())
         assert published["url"].startswith("tcp://127.0.0.1:"), published
         assert int(published["url"].rsplit(":", 1)[1]) != port, published
-        assert len(published["token"]) == 64, published
+        if token:
+            assert published == {"url": published["url"], "token_set": True}, published
+        else:
+            assert len(published["token"]) == 64, published
     del agent
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err
@@ -775,6 +783,34 @@ def test_process_ranks_with_torchrun_variables(agent_store):
     for step in range(3):
         mine = (losses[0][step] + losses[1][step]) / 2
         assert abs(mine - ref_losses[step]) <= 1e-5 * ref_losses[step], step
+
+
+def test_ranks_disagreeing_on_a_token_of_their_own_are_told_which(monkeypatch):
+    """Under torchrun's agent store, a rank without HPS_STORE_TOKEN when rank 0 has one
+    (or with one when rank 0 made the job's) is refused naming both, before any store."""
+    import datetime
+    import json
+    import hpshard.torch as hpt
+    agent = torch.distributed.TCPStore("127.0.0.1", 0, 2, True,
+                                       timeout=datetime.timedelta(seconds=10),
+                                       wait_for_workers=False)
+    for k in [k for k in os.environ if k.startswith("HPS_")]:
+        monkeypatch.delenv(k)
+    for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "tok",
+                 "TORCHELASTIC_RESTART_COUNT": "0", "RANK": "1", "WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port)}.items():
+        monkeypatch.setenv(k, v)
+    agent.set("hpshard/store/tok/0", json.dumps({"url": "tcp://127.0.0.1:1", "token_set": True}))
+    with pytest.raises(hpshard.InvalidArgumentError, match="rank 0 has HPS_STORE_TOKEN set, "
+                                                           "rank 1 has not"):
+        hpt._store_beside_torchrun_agent(10000)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("HPS_STORE_TOKEN", "mine")
+    agent.set("hpshard/store/tok/1", json.dumps({"url": "tcp://127.0.0.1:1", "token": "x" * 64}))
+    with pytest.raises(hpshard.InvalidArgumentError, match="rank 1 has HPS_STORE_TOKEN set, "
+                                                           "rank 0 has not"):
+        hpt._store_beside_torchrun_agent(10000)
+    assert "HPS_STORE" not in os.environ and os.environ["HPS_STORE_TOKEN"] == "mine"
 
 
 # ---- module shapes beyond the GPT: units returning their memory, activation checkpointing,
