@@ -1,5 +1,7 @@
 #include "core/checkpoint/manifest.h"
 
+#include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
@@ -126,6 +128,11 @@ StatusOr<EngineOptions> options_from_json(const Reader& r) {
   }
   auto f = [&](const char* key) -> StatusOr<float> {
     HPS_ASSIGN_OR_RETURN(double v, r.number(key));
+    // A float option was written as a float: anything beyond one's range is no engine's
+    // (and converting it would be undefined).
+    if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
+      return r.bad(std::string("'") + key + "' is " + json(v).dump() + ", beyond a float");
+    }
     return static_cast<float>(v);
   };
   HPS_ASSIGN_OR_RETURN(float lr, f("learning_rate"));
@@ -147,6 +154,13 @@ StatusOr<EngineOptions> options_from_json(const Reader& r) {
   HPS_ASSIGN_OR_RETURN(o.growth_factor, f("growth_factor"));
   HPS_ASSIGN_OR_RETURN(o.backoff_factor, f("backoff_factor"));
   HPS_ASSIGN_OR_RETURN(o.growth_interval, r.int32("growth_interval", 1, INT32_MAX));
+  // Values no engine takes (a negative rate; 1e300, which is no float) are no engine's.
+  if (Status s = check_engine_options(o); !s.ok()) {
+    constexpr std::string_view kTheirs = "engine: ";  // the Reader names the field already
+    std::string_view why = s.message();
+    if (why.substr(0, kTheirs.size()) == kTheirs) why.remove_prefix(kTheirs.size());
+    return r.bad(std::string(why));
+  }
   return o;
 }
 
@@ -333,10 +347,16 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
       return r.bad("'chunk_bytes' is " + std::to_string(m.chunk_bytes) + ", not in [1, 2^34]");
     HPS_ASSIGN_OR_RETURN(const json* topology, r.field("topology"));
     Reader t(*topology, origin + ": topology");
-    HPS_ASSIGN_OR_RETURN(m.topology.stage, t.int32("stage", 0, 3));
+    HPS_ASSIGN_OR_RETURN(m.topology.stage, t.int32("stage", 2, 3));
     HPS_ASSIGN_OR_RETURN(m.topology.sharding, t.int32("sharding", 1, 1 << 24));
     HPS_ASSIGN_OR_RETURN(m.topology.dp, t.int32("dp", 1, 1 << 24));
     HPS_ASSIGN_OR_RETURN(m.world, t.int32("world", 1, 1 << 24));
+    // The writing group is the sharding x dp ranks of the state.
+    if (int64_t{m.topology.sharding} * m.topology.dp != m.world) {
+      return t.bad("sharding " + std::to_string(m.topology.sharding) + " x dp " +
+                   std::to_string(m.topology.dp) + " is not the world of " +
+                   std::to_string(m.world) + " ranks that wrote it");
+    }
     HPS_ASSIGN_OR_RETURN(m.topology.alignment_bytes, t.uint("alignment_bytes"));
     // The model-parallel part (absent: the whole model, as before these fields).
     for (auto [degree, rank, degree_key, rank_key] :

@@ -63,6 +63,10 @@ Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                             options.compute_stream->device().to_string() +
                             ", the communicators on " + sharding->device().to_string());
   }
+  return check_engine_options(options);
+}
+
+Status check_engine_options(const EngineOptions& options) {
   if (options.optimizer != OptimizerKind::kSgd && options.optimizer != OptimizerKind::kAdamW) {
     return invalid_argument("engine: unknown optimizer");
   }

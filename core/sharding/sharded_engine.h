@@ -117,5 +117,8 @@ StatusOr<std::unique_ptr<ShardedEngine>> create_sharded_engine(
 Status check_engine_arguments(const std::shared_ptr<Communicator>& sharding,
                               const std::shared_ptr<Communicator>& dp,
                               const EngineOptions& options);
+// The options alone (optimizer, hyperparameters, clipping, layout, loss scaling): what an
+// engine takes, so what a checkpoint's manifest may record.
+Status check_engine_options(const EngineOptions& options);
 
 }  // namespace hps

@@ -422,7 +422,17 @@ TEST(Manifest, RefusesHostileManifests) {
   expect_refused([](json& j) { j["engine"]["optimizer"] = "lion"; }, "lion");
   expect_refused([](json& j) { j["engine"]["accumulation_steps"] = 0; }, "accumulation_steps");
   expect_refused([](json& j) { j["topology"]["stage"] = "two"; }, "'stage'");
-  expect_refused([](json& j) { j["topology"]["stage"] = 9; }, "'stage' is 9, outside [0, 3]");
+  expect_refused([](json& j) { j["topology"]["stage"] = 9; }, "'stage' is 9, outside [2, 3]");
+  // What no engine could have written: stage 0, a negative or non-float rate, a world that
+  // is not the sharding x dp ranks.
+  expect_refused([](json& j) { j["topology"]["stage"] = 0; }, "'stage' is 0, outside [2, 3]");
+  expect_refused([](json& j) { j["engine"]["learning_rate"] = -5; },
+                 "manifest.json: engine: learning_rate must be >= 0 and finite, not -5");
+  expect_refused([](json& j) { j["engine"]["learning_rate"] = 1e300; },
+                 "'learning_rate' is 1e+300, beyond a float");
+  expect_refused([](json& j) { j["engine"]["beta2"] = 1; }, "beta2 must be in [0, 1)");
+  expect_refused([](json& j) { j["topology"]["dp"] = 1 << 24; },
+                 "sharding 2 x dp 16777216 is not the world of 2 ranks that wrote it");
   expect_refused([](json& j) { j["tensors"][0]["chunks"].erase(2); }, "cover 12 of its 20");
   expect_refused([](json& j) { j["chunk_bytes"] = -40; }, "'chunk_bytes' is not an unsigned");
   expect_refused([](json& j) { j["chunk_bytes"] = 0; }, "'chunk_bytes' is 0, not in [1, 2^34]");
