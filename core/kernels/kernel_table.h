@@ -18,6 +18,7 @@
 //  - no fused multiply-adds in any of them.
 #pragma once
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 
@@ -72,7 +73,9 @@ struct ClipState {
 
 // The step's verdict from found_inf: a skipped step backs the loss scale off; an applied
 // one counts, grows the scale after growth_interval good steps in a row (dynamic loss
-// scaling) and, for AdamW, sets the step's constants.
+// scaling; as torch's GradScaler, not beyond the largest float: an infinite scale would
+// skip every step after it, since inf × backoff stays inf) and, for AdamW, sets the step's
+// constants.
 HPS_HOST_DEVICE void advance_step_state(StepState& s, const StepRule& rule) {
   if (s.found_inf != 0) {
     ++s.skipped_steps;
@@ -85,7 +88,8 @@ HPS_HOST_DEVICE void advance_step_state(StepState& s, const StepRule& rule) {
   s.skip = 0;
   ++s.applied_steps;
   if (rule.dynamic_loss_scaling && ++s.good_steps >= rule.growth_interval) {
-    s.loss_scale *= rule.growth_factor;
+    const float grown = s.loss_scale * rule.growth_factor;
+    if (grown <= FLT_MAX) s.loss_scale = grown;
     s.good_steps = 0;
   }
   if (rule.adamw) {

@@ -55,15 +55,21 @@ struct SgdTerms {
 HPS_HOST_DEVICE SgdTerms sgd_terms(const SgdHyper& h, float g_scale) {
   return {g_scale, h.learning_rate, h.weight_decay, h.momentum, h.nesterov};
 }
+// The scaled gradient with its L2 decay; none without decay, as torch adds none (0 · an
+// infinite parameter would make it NaN).
+HPS_HOST_DEVICE float sgd_decayed(float param, float grad, const SgdTerms& t) {
+  const float g = grad * t.g_scale;
+  return t.wd == 0.0f ? g : g + t.wd * param;
+}
 // Without momentum (t.mu == 0): the new parameter.
 HPS_HOST_DEVICE float sgd_plain(float param, float grad, const SgdTerms& t) {
-  const float g = grad * t.g_scale + t.wd * param;
+  const float g = sgd_decayed(param, grad, t);
   return param - t.lr * g;
 }
 // With momentum: the buffer starts as the gradient itself on the first step (torch).
 HPS_HOST_DEVICE void sgd_momentum(float& param, float& buffer, float grad, const SgdTerms& t,
                                   bool first_step) {
-  const float g = grad * t.g_scale + t.wd * param;
+  const float g = sgd_decayed(param, grad, t);
   const float b = first_step ? g : t.mu * buffer + g;
   buffer = b;
   param = param - t.lr * (t.nesterov ? g + t.mu * b : b);

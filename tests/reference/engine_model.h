@@ -11,7 +11,9 @@
 //  - Dynamic loss scaling (torch.cuda.amp.GradScaler): a non-finite gradient view on any rank
 //    skips the step on every rank (parameters and optimizer state untouched), the scale is
 //    multiplied by backoff_factor and the count of good steps restarts; after growth_interval
-//    consecutive good steps it is multiplied by growth_factor.
+//    consecutive good steps it is multiplied by growth_factor, unless that would pass the
+//    largest float32 (the engine's scale is one; GradScaler keeps a scale that would not be
+//    finite).
 //  - The gradient is the mean over every rank and micro-batch of the unscaled views:
 //    Σ_rank view / (ranks · accumulation_steps · scale). fp16 and bf16 parameters' reduced
 //    gradients are rounded once to their dtype.
@@ -20,7 +22,8 @@
 //    is cut across mp and pp: HybridModel, at the end; is_distributed only picks the partial);
 //    coef = max_norm / (max(norm, max_norm) + 1e-6); gradients of need_clip parameters
 //    (shared_not_first included) are multiplied by coef, need_clip = false ones are not.
-//  - SGD as torch.optim.SGD (dampening 0): d = g + wd·p; the momentum buffer is d on the
+//  - SGD as torch.optim.SGD (dampening 0): d = g + wd·p (d = g when wd = 0, so an infinite
+//    p stays infinite rather than NaN); the momentum buffer is d on the
 //    first applied step, then momentum·buf + d; nesterov uses d + momentum·buf;
 //    p ← p − lr·(that). AdamW as torch.optim.AdamW: p ← p·(1 − lr·wd); m, v exponential
 //    averages; bias corrections 1 − β^t with t counting applied (not skipped) steps;
@@ -488,7 +491,7 @@ class EngineModel {
         const double x_before = x;
         if (options_.optimizer == Optimizer::kSgd) {
           const double mu = options_.momentum;
-          const double d = g + wd * x;
+          const double d = wd != 0.0 ? g + wd * x : g;
           const double ed = eg + wd * ex + arith * (std::fabs(g) + wd * std::fabs(x));
           double step = d, estep = ed;
           if (mu != 0.0) {
@@ -538,7 +541,8 @@ class EngineModel {
     }
 
     if (options_.dynamic_loss_scaling && ++good_steps_ >= options_.growth_interval) {
-      scale_ *= options_.growth_factor;
+      const double grown = scale_ * options_.growth_factor;
+      if (grown <= std::numeric_limits<float>::max()) scale_ = grown;
       good_steps_ = 0;
     }
     return result;

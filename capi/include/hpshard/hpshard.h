@@ -957,7 +957,9 @@ typedef struct hps_engine_options {
   int32_t dynamic_loss_scaling; /**< 1: multiply the loss by hps_engine_loss_scale; non-finite
                                      gradients skip the step on every rank (default 0) */
   float initial_loss_scale;     /**< default 65536 */
-  float growth_factor;          /**< applied after growth_interval good steps (default 2) */
+  float growth_factor;          /**< applied after growth_interval good steps (default 2),
+                                     unless the scale would pass the largest float (as
+                                     torch's GradScaler) */
   float backoff_factor;         /**< applied on a skipped step (default 0.5) */
   int32_t growth_interval;      /**< default 2000 */
   /* Added in 0.2.0. */

@@ -288,7 +288,8 @@ void scalar_update(StepState& s, const StepRule& rule) {
   if (rule.dynamic_loss_scaling) {
     s.good_steps += 1;
     if (s.good_steps >= rule.growth_interval) {
-      s.loss_scale = s.loss_scale * rule.growth_factor;
+      const float grown = s.loss_scale * rule.growth_factor;
+      if (std::isfinite(grown)) s.loss_scale = grown;  // GradScaler keeps a finite scale
       s.good_steps = 0;
     }
   }
@@ -951,7 +952,73 @@ TEST_P(KernelTableTest, UpdateStepStateFollowsTheVerdicts) {
   }
 }
 
+// As torch's GradScaler: a growth past the largest float keeps the scale (an infinite one
+// would skip every later step: inf × backoff is inf), and the good steps start over.
+TEST_P(KernelTableTest, UpdateStepStateNeverGrowsTheScaleToInfinity) {
+  StepRule rule;
+  rule.dynamic_loss_scaling = true;
+  rule.growth_factor = 2.0f;
+  rule.backoff_factor = 0.5f;
+  rule.growth_interval = 1;
+  StepState start;
+  start.loss_scale = std::ldexp(1.0f, 126);
+  Buffer state = upload_value(start);
+  const float expected[] = {std::ldexp(1.0f, 127), std::ldexp(1.0f, 127), std::ldexp(1.0f, 127)};
+  for (const float scale : expected) {
+    ASSERT_TRUE(table_->update_step_state(*stream_, state.ptr<StepState>(), rule).ok());
+    const auto got = download_value<StepState>(state);
+    EXPECT_EQ(got.loss_scale, scale);
+    EXPECT_EQ(got.good_steps, 0);
+    EXPECT_EQ(got.skip, 0);
+  }
+  // A factor that overflows from any scale (3.5e38 × 1e38) leaves it too.
+  rule.growth_factor = 1e38f;
+  ASSERT_TRUE(table_->update_step_state(*stream_, state.ptr<StepState>(), rule).ok());
+  EXPECT_EQ(download_value<StepState>(state).loss_scale, std::ldexp(1.0f, 127));
+  // A skip still backs it off.
+  const auto found_inf = state.ptr().byte_offset(offsetof(StepState, found_inf));
+  ASSERT_TRUE(table_->fill(*stream_, DType::kInt32, found_inf, 1, 1.0).ok());
+  ASSERT_TRUE(table_->update_step_state(*stream_, state.ptr<StepState>(), rule).ok());
+  EXPECT_EQ(download_value<StepState>(state).loss_scale, std::ldexp(1.0f, 126));
+}
+
 // ---- optimizers ----
+
+// Without weight decay SGD adds none, as torch: an infinite parameter stays infinite (0 ·
+// inf added to the gradient made it NaN), with or without momentum and nesterov.
+TEST_P(KernelTableTest, SgdWithoutDecayKeepsAnInfiniteParameterInfinite) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float momentum : {0.0f, 0.9f}) {
+    for (const bool nesterov : {false, true}) {
+      if (nesterov && momentum == 0.0f) continue;
+      SCOPED_TRACE("momentum " + std::to_string(momentum) + (nesterov ? " nesterov" : ""));
+      SgdHyper h;
+      h.learning_rate = 0.5f;
+      h.momentum = momentum;
+      h.nesterov = nesterov;
+      const std::vector<float> param = {inf, -inf, 1.0f}, grad = {1.0f, 1.0f, 1.0f};
+      const std::vector<float> buffer = {0.0f, 0.0f, 0.0f};
+      StepState state;
+      state.applied_steps = 1;
+      Buffer p = upload(as_bytes(param)), g = upload(as_bytes(grad)), b = upload(as_bytes(buffer)),
+             st = upload_value(state);
+      SgdArgs a;
+      a.param = p.ptr<float>();
+      a.grad = g.ptr<const float>();
+      a.momentum = momentum != 0 ? b.ptr<float>() : nullptr;
+      a.count = param.size();
+      a.hyper = h;
+      a.state = st.ptr<const StepState>();
+      ASSERT_TRUE(table_->sgd(*stream_, a).ok());
+      const auto bytes = download(p);
+      std::vector<float> got(param.size());
+      std::memcpy(got.data(), bytes.data(), bytes.size());
+      EXPECT_EQ(got[0], inf);
+      EXPECT_EQ(got[1], -inf);
+      EXPECT_EQ(got[2], nesterov ? 1.0f - 0.5f * 1.9f : 0.5f);
+    }
+  }
+}
 
 TEST_P(KernelTableTest, SgdIsBitwiseAndHonoursSkipFirstStepAndClip) {
   struct Case {
