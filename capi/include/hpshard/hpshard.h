@@ -1103,8 +1103,11 @@ HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t
  * clipping or dynamic loss scaling its shard's unscale pass (and the clip's partial sums)
  * follows it on the engine's optimizer stream, while the backward goes on (stage 2's full
  * gradients stay readable until hps_engine_step). `ready`: the stream the gradient was
- * produced on, or NULL when the calling thread wrote it. Errors: FAILED_PRECONDITION
- * (checked in twice, frozen), OUT_OF_RANGE, BACKEND_ERROR (a reduction failed).
+ * produced on, or NULL when the calling thread wrote it. At stage 3 a parameter that gets
+ * no gradient in a backward still checks in, after its (zero) view was taken with
+ * hps_engine_grad while its unit was gathered. Errors: FAILED_PRECONDITION (checked in twice,
+ * frozen; at stage 3 no view taken while its unit was gathered), OUT_OF_RANGE, BACKEND_ERROR
+ * (a reduction failed).
  */
 HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index, hps_stream_t* ready);
 

@@ -1987,7 +1987,9 @@ pub struct hps_engine_options {
     pub dynamic_loss_scaling: i32,
     #[doc = "< default 65536"]
     pub initial_loss_scale: f32,
-    #[doc = "< applied after growth_interval good steps (default 2)"]
+    #[doc = "< applied after growth_interval good steps (default 2),"]
+    #[doc = "unless the scale would pass the largest float (as"]
+    #[doc = "torch's GradScaler)"]
     pub growth_factor: f32,
     #[doc = "< applied on a skipped step (default 0.5)"]
     pub backoff_factor: f32,
@@ -2535,8 +2537,11 @@ extern "C" {
     #[doc = " clipping or dynamic loss scaling its shard's unscale pass (and the clip's partial sums)"]
     #[doc = " follows it on the engine's optimizer stream, while the backward goes on (stage 2's full"]
     #[doc = " gradients stay readable until hps_engine_step). `ready`: the stream the gradient was"]
-    #[doc = " produced on, or NULL when the calling thread wrote it. Errors: FAILED_PRECONDITION"]
-    #[doc = " (checked in twice, frozen), OUT_OF_RANGE, BACKEND_ERROR (a reduction failed)."]
+    #[doc = " produced on, or NULL when the calling thread wrote it. At stage 3 a parameter that gets"]
+    #[doc = " no gradient in a backward still checks in, after its (zero) view was taken with"]
+    #[doc = " hps_engine_grad while its unit was gathered. Errors: FAILED_PRECONDITION (checked in twice,"]
+    #[doc = " frozen; at stage 3 no view taken while its unit was gathered), OUT_OF_RANGE, BACKEND_ERROR"]
+    #[doc = " (a reduction failed)."]
     pub fn hps_engine_grad_ready(
         engine: *mut hps_engine_t,
         index: usize,
