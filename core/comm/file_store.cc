@@ -125,7 +125,8 @@ bool file_exists(const std::filesystem::path& path) {
 
 class FileStore final : public Store {
  public:
-  explicit FileStore(std::filesystem::path directory) : directory_(std::move(directory)) {}
+  FileStore(std::filesystem::path directory, Milliseconds timeout)
+      : directory_(std::move(directory)), timeout_(clamp_store_wait(timeout)) {}
 
   Status set(std::string_view key, std::string_view value) override {
     HPS_RETURN_IF_ERROR(check_store_value(key, value.size()));
@@ -159,10 +160,21 @@ class FileStore final : public Store {
                            "': " + errno_message(errno));
     }
     FileDescriptor lock(raw);
-    while (::flock(lock.get(), LOCK_EX) != 0) {
-      if (errno != EINTR) {
+    // Polled, not blocking: a holder that stalls (a stopped process) must not hold every
+    // other add past the store's timeout.
+    const auto deadline = Clock::now() + timeout_;
+    Milliseconds backoff = kFirstBackoff;
+    while (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      if (errno != EWOULDBLOCK) {
         return backend_error("file store add: cannot lock '" + lock_path.string() +
                              "': " + errno_message(errno));
+      }
+      if (!sleep_until_next_poll(deadline, &backoff)) {
+        return timeout_error("file store add of '" + std::string(key) + "': its lock '" +
+                             lock_path.string() + "' was held for " +
+                             std::to_string(timeout_.count()) +
+                             " ms (a process that stalled holding it?)");
       }
     }
     // Closing the descriptor (when `lock` goes out of scope) releases the flock.
@@ -251,11 +263,12 @@ class FileStore final : public Store {
   }
 
   std::filesystem::path directory_;
+  Milliseconds timeout_;  // the longest an add waits for the lock
 };
 
 }  // namespace
 
-StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory) {
+StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory, Milliseconds timeout) {
   if (directory.empty()) return invalid_argument("file store: the directory is empty");
   std::error_code error;
   const bool existed = std::filesystem::exists(directory, error);
@@ -284,7 +297,7 @@ StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory) {
         "): another user could read and replace the job's keys; use a directory only you can "
         "write to");
   }
-  return std::shared_ptr<Store>(std::make_shared<FileStore>(std::move(directory)));
+  return std::shared_ptr<Store>(std::make_shared<FileStore>(std::move(directory), timeout));
 }
 
 }  // namespace hps

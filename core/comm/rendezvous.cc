@@ -319,7 +319,7 @@ StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank
   }
   std::shared_ptr<Store> store;
   if (parsed.scheme == "file") {
-    HPS_ASSIGN_OR_RETURN(store, make_file_store(parsed.path));
+    HPS_ASSIGN_OR_RETURN(store, make_file_store(parsed.path, timeout));
   } else {
     TcpStoreOptions tcp;
     tcp.token = options.token;

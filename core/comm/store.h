@@ -144,8 +144,10 @@ namespace hps {
 
 // A store in `directory` (created when missing) on a filesystem every rank sees: one file
 // per key, replaced atomically (temp file + rename); `add` holds an flock on a lock file in
-// the directory, so it is atomic across processes. Reads poll with a short backoff.
-StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory);
+// the directory, so it is atomic across processes, and gives up with TIMEOUT when another
+// holds that lock for `timeout` (a stalled process). Reads poll with a short backoff.
+StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory,
+                                                 Milliseconds timeout = std::chrono::minutes(5));
 
 // How a TCP store serves and is reached.
 struct TcpStoreOptions {

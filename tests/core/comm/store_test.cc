@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -881,6 +882,32 @@ TEST(TcpStore, ServesOnAListeningSocketHandedDown) {
 }
 
 // ---- File --------------------------------------------------------------------------
+
+// A process that stalls holding the add lock (stopped in its read-modify-write) does not hold
+// the others' adds past the store's timeout: TIMEOUT naming the lock, and nothing added;
+// once it lets go, adds go on.
+TEST(FileStore, AnAddLockHeldByAStalledProcessTimesOut) {
+  TempDir dir;
+  auto store = make_file_store(dir.path().string(), std::chrono::milliseconds(400));
+  ASSERT_TRUE(store.ok());
+  ASSERT_EQ(*(*store)->add("n", 1), 1);
+  const std::string lock_path = (dir.path() / ".lock").string();
+  const int held = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto refused = (*store)->add("n", 1);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ::close(held);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kTimeout);
+  EXPECT_NE(refused.status().message().find("its lock '" + lock_path + "' was held for 400 ms"),
+            std::string::npos)
+      << refused.status().to_string();
+  EXPECT_GE(waited, std::chrono::milliseconds(400));
+  EXPECT_LT(waited, std::chrono::seconds(10));
+  EXPECT_EQ(*(*store)->add("n", 1), 2);
+}
 
 TEST(FileStore, TwoProcessesAddConcurrently) {
   TempDir dir;
