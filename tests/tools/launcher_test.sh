@@ -3,7 +3,7 @@
 # usage: launcher_test.sh CASE HPSHARD_RUN RANK_PROBE
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
-#         shm-cleanup | closed-fds | long-line | fd-limit
+#         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -311,6 +311,18 @@ case $case_name in
     grep -qF "Too many open files" "$work/err" || fail "the cause is not named"
     [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
     pgrep -fx "sleep 29.5" >/dev/null && fail "a started rank is still running"
+    ;;
+  failed-rank-children)
+    # What a failed rank started is stopped with the job, as what the others started: the
+    # failed rank's process group too, though its leader has ended.
+    "$run" -n 2 --timeout 60 --grace 1 -- sh -c \
+      'if [ "$HPS_RANK" = 1 ]; then sleep 28.5 & sleep 0.3; exit 3; fi; sleep 27.5' \
+      >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 3 ] || fail "exit code $rc, expected 3"
+    sleep 0.5
+    pgrep -fx "sleep 28.5" >/dev/null && { pkill -fx "sleep 28.5"; fail "the failed rank's child outlived the job"; }
+    pgrep -fx "sleep 27.5" >/dev/null && { pkill -fx "sleep 27.5"; fail "a rank's child outlived the job"; }
     ;;
   *)
     echo "unknown case $case_name"

@@ -210,6 +210,9 @@ struct RankProcess {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
+  // Its process group (what it started) may still have members: the rank's own end does
+  // not end them, so stopping the job signals the group until it is gone.
+  bool group_alive = false;
   OutputStream out;
   OutputStream err;
   std::string prefix() const { return "[rank " + std::to_string(rank) + "] "; }
@@ -340,6 +343,9 @@ class Launcher {
     store_fd_ = -1;
     if (started) start_janitor();
     if (started) code = supervise();
+    // A failed or stopped job leaves nothing its ranks started (a failed rank's children
+    // were signalled with the others; what ignored that is killed now).
+    if (code != 0) stop_all(SIGKILL);
     stop_janitor();
     if (!store_dir_.empty()) {
       std::error_code ignored;
@@ -555,6 +561,7 @@ class Launcher {
       ::fcntl(err[0], F_SETFL, O_NONBLOCK);
       p.pid = pid;
       p.running = true;
+      p.group_alive = true;
       p.out = {out[0], STDOUT_FILENO, {}};
       p.err = {err[0], STDERR_FILENO, {}};
       ++running_;
@@ -582,7 +589,7 @@ class Launcher {
   void stop_all(int signal) {
     sent_.insert(signal);
     for (auto& p : ranks_) {
-      if (p.running) ::kill(-p.pid, signal);
+      if (p.group_alive && ::kill(-p.pid, signal) != 0 && errno == ESRCH) p.group_alive = false;
     }
   }
 
