@@ -503,16 +503,13 @@ class Launcher {
       std::vector<char*> envp;
       for (auto& e : env) envp.push_back(e.data());
       envp.push_back(nullptr);
-      int out[2];
-      int err[2];
-      if (::pipe2(out, O_CLOEXEC) != 0) {
+      int out[2] = {-1, -1};  // a failed pipe2 leaves its array as it was
+      int err[2] = {-1, -1};
+      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
         say(std::string("pipe: ") + std::strerror(errno));
-        abandon_started();
-        return false;
-      }
-      if (::pipe2(err, O_CLOEXEC) != 0) {
-        say(std::string("pipe: ") + std::strerror(errno));
-        for (int fd : out) ::close(fd);
+        for (int fd : {out[0], out[1]}) {
+          if (fd >= 0) ::close(fd);
+        }
         abandon_started();
         return false;
       }
