@@ -16,6 +16,17 @@ fail() {
   exit 1
 }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# Whether a process runs whose whole command line is "$1" (read from /proc: no procps
+# needed); with "kill", those are killed too.
+running_command() {
+  local d found=1
+  for d in /proc/[0-9]*; do
+    [ "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" = "$1 " ] || continue
+    found=0
+    [ "${2:-}" = kill ] && kill -9 "${d#/proc/}" 2>/dev/null
+  done
+  return $found
+}
 
 # Every line a rank wrote carries its prefix; the launcher's own lines start "hpshard-run: ".
 check_prefixes() {
@@ -310,7 +321,7 @@ case $case_name in
     [ $rc -eq 1 ] || fail "exit code $rc, expected 1"
     grep -qF "Too many open files" "$work/err" || fail "the cause is not named"
     [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
-    pgrep -fx "sleep 29.5" >/dev/null && fail "a started rank is still running"
+    running_command "sleep 29.5" kill && fail "a started rank is still running"
     ;;
   failed-rank-children)
     # What a failed rank started is stopped with the job, as what the others started: the
@@ -321,8 +332,8 @@ case $case_name in
     rc=$?
     [ $rc -eq 3 ] || fail "exit code $rc, expected 3"
     sleep 0.5
-    pgrep -fx "sleep 28.5" >/dev/null && { pkill -fx "sleep 28.5"; fail "the failed rank's child outlived the job"; }
-    pgrep -fx "sleep 27.5" >/dev/null && { pkill -fx "sleep 27.5"; fail "a rank's child outlived the job"; }
+    running_command "sleep 28.5" kill && fail "the failed rank's child outlived the job"
+    running_command "sleep 27.5" kill && fail "a rank's child outlived the job"
     ;;
   *)
     echo "unknown case $case_name"
