@@ -29,6 +29,9 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxJobIdBytes = 256;
 constexpr Milliseconds kFirstPoll{2};
 constexpr Milliseconds kMaxPoll{50};
+// How long a rank whose job's rank 0 was refused and has gone waits for a new rank 0 of
+// the same job id before it reports the refusal.
+constexpr Milliseconds kRestartGrace{2000};
 
 const std::string kTicket = "hpshard/job/ticket";
 const std::string kCurrent = "hpshard/job/current";
@@ -267,6 +270,19 @@ class Joiner {
       }
       HPS_ASSIGN_OR_RETURN(int64_t ticket, parse_ticket(pointer, text));
       HPS_ASSIGN_OR_RETURN(Owner owner, owner_of(ticket));
+      // A refusal stands even after its rank 0 has gone: this rank's job was refused. (Unless
+      // a rank 0 of the same id arrives at once: a job started again after a refusal.)
+      HPS_ASSIGN_OR_RETURN(bool has_decision, store_.check({decision_key(ticket)}));
+      if (has_decision) {
+        HPS_ASSIGN_OR_RETURN(std::string decision, store_.get(decision_key(ticket), timeout_));
+        if (decision != "accepted") {
+          HPS_ASSIGN_OR_RETURN(bool moved, pointer_moves_past(pointer, ticket, owner));
+          if (!moved) return refused(owner, decision);
+          skipped = ticket;
+          stale_reason = owner.describe() + " was refused";
+          continue;
+        }
+      }
       HPS_ASSIGN_OR_RETURN(bool closed, store_.check({closed_key(ticket)}));
       if (closed || owner.ended()) {
         skipped = ticket;
@@ -291,11 +307,7 @@ class Joiner {
         stale_reason = owner.describe() + " has ended";
         continue;
       }
-      if (decision != "accepted") {
-        return failed_precondition("rank 0 of " + owner.describe() + " could not take the store " +
-                                   "over, so rank " + std::to_string(rank_) +
-                                   " cannot join: " + decision.substr(decision.find(' ') + 1));
-      }
+      if (decision != "accepted") return refused(owner, decision);
       if (owner.world_size > 0 && options_.world_size > 0 &&
           owner.world_size != options_.world_size) {
         return failed_precondition("store " + options_.where + " is held by " + owner.describe() +
@@ -314,6 +326,23 @@ class Joiner {
     return options_.identity.id.empty()
                ? std::string("this job")
                : "job '" + options_.identity.id + "' (" + options_.identity.source + ")";
+  }
+
+  Status refused(const Owner& owner, const std::string& decision) const {
+    return failed_precondition("rank 0 of " + owner.describe() + " could not take the store " +
+                               "over, so rank " + std::to_string(rank_) +
+                               " cannot join: " + decision.substr(decision.find(' ') + 1));
+  }
+
+  // Whether `pointer` moves past the refused `ticket` within kRestartGrace (a rank 0 of the
+  // same job id started again); never while the refused rank 0 still runs.
+  StatusOr<bool> pointer_moves_past(const std::string& pointer, int64_t ticket,
+                                    const Owner& owner) {
+    if (!owner.ended()) return false;
+    return poll_until(std::min(deadline_, Clock::now() + kRestartGrace), [&]() -> StatusOr<bool> {
+      HPS_ASSIGN_OR_RETURN(std::string text, store_.get(pointer, timeout_));
+      return text != std::to_string(ticket);
+    });
   }
 
   // Each rank joins a job once: a second one of the same rank belongs to another job.

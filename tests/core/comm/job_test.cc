@@ -145,6 +145,12 @@ TEST(JobChild, DISABLED_RunOneJob) {
     ::_exit(ok ? kCrashed : kWrong);
   }
   const StoreOptions options = job("trial-job-" + std::to_string(index), 2);
+  if (mode == "rank0") {  // rank 0 alone, which ends at once (refused or not)
+    auto store = open_store(url, 0, seconds(10), options);
+    ::_exit(store.ok()                                                 ? kCorrect
+            : store.status().code() == StatusCode::kFailedPrecondition ? kRefused
+                                                                       : kWrong);
+  }
   auto stores = open_ranks(url, 2, options);
   if (!stores.ok()) {
     ::_exit(stores.status().code() == StatusCode::kFailedPrecondition ? kRefused : kWrong);
@@ -184,6 +190,33 @@ TEST(Job, ASecondJobIsRefusedOnEveryRankWhileTheFirstHoldsTheStore) {
   ASSERT_TRUE(later0.ok()) << later0.status().to_string();
   auto later1 = open_store(dir.url(), 1, seconds(10), job("job-b", 2));
   EXPECT_TRUE(later1.ok()) << later1.status().to_string();
+}
+
+// Job B's rank 0 was refused and has exited before B's rank 1 looks: rank 1 reports the
+// refusal in a moment. It used to take the refused rank 0 for a crashed run, wait its whole
+// timeout for another and then blame its own job for ending.
+TEST(Job, ARankWhoseRefusedRankZeroHasGoneReportsTheRefusal) {
+  TempDir dir;
+  auto a = open_ranks(dir.url(), 2, job("job-a", 2));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_EQ(wait_job(start_job("rank0", dir.url(), 7)), kRefused);
+  const auto start = Clock::now();
+  auto b1 = open_store(dir.url(), 1, seconds(20), job("trial-job-7", 2));
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), 5000);
+  ASSERT_FALSE(b1.ok());
+  EXPECT_EQ(b1.status().code(), StatusCode::kFailedPrecondition) << b1.status().to_string();
+  EXPECT_NE(b1.status().message().find("could not take the store over"), std::string::npos)
+      << b1.status().message();
+  EXPECT_NE(b1.status().message().find("job 'job-a'"), std::string::npos) << b1.status().message();
+  // Started again once job A has closed the store, the job runs: the new rank 0 moves its
+  // id past the refused ticket while rank 1 waits.
+  a = unavailable("closed");
+  std::thread rank1([&] { b1 = open_store(dir.url(), 1, seconds(20), job("trial-job-7", 2)); });
+  std::this_thread::sleep_for(milliseconds(300));
+  auto b0 = open_store(dir.url(), 0, seconds(20), job("trial-job-7", 2));
+  rank1.join();
+  EXPECT_TRUE(b0.ok()) << b0.status().to_string();
+  EXPECT_TRUE(b1.ok()) << b1.status().to_string();
 }
 
 TEST(Job, WithoutJobIdsARankIsClaimedOnceAndWorldSizesMustAgree) {
