@@ -35,9 +35,12 @@ using namespace tcp_store;  // NOLINT: the protocol
 
 // How long a call that does not wait may take before the server is deemed hung, and the
 // extra time a GET/WAIT gives the server beyond its own timeout to answer: the store's
-// timeout (the one its first connection was given) within these bounds.
+// timeout (the one its first connection was given) within these bounds; the slack is also
+// at most a quarter of the wait (at least kMinReplySlack), so that a wait on a stopped server
+// ends near its own timeout.
 constexpr Milliseconds kMinCallTimeout{1'000};
 constexpr Milliseconds kMaxCallTimeout{60'000};
+constexpr Milliseconds kMinReplySlack{1'000};
 constexpr Milliseconds kMaxReplySlack{10'000};
 // How long the server tries to hand an answer to a client that does not read it.
 constexpr Milliseconds kServerSendTimeout{5'000};
@@ -633,7 +636,7 @@ class TcpStoreClient final : public Store {
     timeout = clamp_store_wait(timeout);
     Request q{Op::kGet, {std::string(key)}, {}, timeout.count()};
     HPS_ASSIGN_OR_RETURN(std::string response,
-                         call(q, Clock::now() + timeout + reply_slack(), key));
+                         call(q, Clock::now() + timeout + reply_slack(timeout), key));
     Reader r(response);
     std::string value;
     if (!r.str(&value) || !r.done()) return malformed("get");
@@ -654,7 +657,7 @@ class TcpStoreClient final : public Store {
     for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
     timeout = clamp_store_wait(timeout);
     Request q{Op::kWait, keys, {}, timeout.count()};
-    return call(q, Clock::now() + timeout + reply_slack(), first_key(keys)).status();
+    return call(q, Clock::now() + timeout + reply_slack(timeout), first_key(keys)).status();
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
@@ -694,14 +697,17 @@ class TcpStoreClient final : public Store {
   }
 
   // The extra time a GET/WAIT gives the server beyond its own timeout to answer.
-  Milliseconds reply_slack() const { return std::min(call_timeout_, kMaxReplySlack); }
+  Milliseconds reply_slack(Milliseconds wait) const {
+    return std::min({call_timeout_, kMaxReplySlack, std::max(kMinReplySlack, wait / 4)});
+  }
 
   // TIMEOUT: the server holds the connection but does not answer (stopped, or overloaded).
-  Status not_answering(const std::string& what, const Status& io) const {
+  // `since`: when the call began.
+  Status not_answering(const std::string& what, const Status& io, Clock::time_point since) const {
+    const auto waited = std::chrono::duration_cast<Milliseconds>(Clock::now() - since);
     return timeout_error(what + ": the server at " + endpoint(host_, port_) +
-                         " did not answer in time (is the serving rank stopped or "
-                         "overloaded?): " +
-                         io.message());
+                         " did not answer in time (no answer in " + std::to_string(waited.count()) +
+                         " ms; is the serving rank stopped or overloaded?): " + io.message());
   }
 
   Status refused(const std::string& why) const {
@@ -770,7 +776,7 @@ class TcpStoreClient final : public Store {
   }
 
   // An idle connection still usable, or a new one (one attempt: the server was up).
-  StatusOr<int> acquire(Clock::time_point deadline, bool* reused) {
+  StatusOr<int> acquire(Clock::time_point deadline, Clock::time_point since, bool* reused) {
     while (true) {
       Pooled p{-1, {}};
       {
@@ -792,7 +798,7 @@ class TcpStoreClient final : public Store {
     if (!fd.ok()) {
       if (fd.status().code() == StatusCode::kFailedPrecondition) return fd.status();
       if (Clock::now() >= deadline) {  // it took the connection but never greeted
-        return not_answering("tcp store", fd.status());
+        return not_answering("tcp store", fd.status(), since);
       }
       return aborted("tcp store: cannot reach the server at " + endpoint(host_, port_) +
                      " (has the serving rank exited?): " + fd.status().message());
@@ -812,9 +818,10 @@ class TcpStoreClient final : public Store {
     const std::string payload = encode_request(request);
     // A pooled connection the server closed a moment ago fails before any reply: such a
     // request is sent again on a new connection, except an add (it might have counted).
+    const auto since = Clock::now();
     for (int attempt = 0;; ++attempt) {
       bool reused = false;
-      HPS_ASSIGN_OR_RETURN(int fd, acquire(deadline, &reused));
+      HPS_ASSIGN_OR_RETURN(int fd, acquire(deadline, since, &reused));
       std::string response;
       Status io = send_frame(fd, payload, deadline);
       if (io.ok()) io = recv_frame(fd, &response, kMaxFrame, deadline);
@@ -823,7 +830,7 @@ class TcpStoreClient final : public Store {
         close_fd(fd);
         if (reused && attempt == 0 && request.op != Op::kAdd && Clock::now() < deadline) continue;
         if (io.code() == StatusCode::kTimeout) {
-          return not_answering("tcp store " + op + " '" + std::string(key) + "'", io);
+          return not_answering("tcp store " + op + " '" + std::string(key) + "'", io, since);
         }
         return aborted("tcp store " + op + " '" + std::string(key) +
                        "': lost the connection to the server at " + endpoint(host_, port_) +

@@ -521,6 +521,10 @@ TEST(TcpStore, AStoppedServerIsATimeoutWithinTheStoresTimeout) {
   auto client = make_tcp_store("127.0.0.1", port, false, milliseconds(1500));
   ASSERT_TRUE(client.ok()) << client.status().to_string();
   ASSERT_TRUE((*client)->set("before", "1").ok());
+  // A store opened with a long timeout: its short waits still end near their own timeout.
+  auto patient = make_tcp_store("127.0.0.1", port, false, seconds(60));
+  ASSERT_TRUE(patient.ok()) << patient.status().to_string();
+  ASSERT_TRUE((*patient)->set("patient", "1").ok());
   ASSERT_EQ(::kill(pid, SIGSTOP), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, WUNTRACED), pid);  // stopped by now
@@ -531,6 +535,12 @@ TEST(TcpStore, AStoppedServerIsATimeoutWithinTheStoresTimeout) {
   start = Clock::now();
   const Status get = (*client)->get("never", milliseconds(500)).status();
   const auto get_took = since(start);
+  start = Clock::now();
+  const Status short_get = (*patient)->get("never", milliseconds(1000)).status();
+  const auto short_get_took = since(start);
+  start = Clock::now();
+  const Status short_wait = (*patient)->wait({"never"}, milliseconds(1000));
+  const auto short_wait_took = since(start);
   ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
   EXPECT_EQ(set.code(), StatusCode::kTimeout) << set.to_string();
@@ -538,6 +548,13 @@ TEST(TcpStore, AStoppedServerIsATimeoutWithinTheStoresTimeout) {
   EXPECT_LT(set_took.count(), 3000);
   EXPECT_EQ(get.code(), StatusCode::kTimeout) << get.to_string();
   EXPECT_LT(get_took.count(), 3500);
+  // Each within its wait and a second (they took 11 s: a fixed 10 s beyond the wait), and
+  // the message says how long it waited.
+  EXPECT_EQ(short_get.code(), StatusCode::kTimeout) << short_get.to_string();
+  EXPECT_LT(short_get_took.count(), 2500);
+  EXPECT_NE(short_get.message().find("no answer in 2"), std::string::npos) << short_get.to_string();
+  EXPECT_EQ(short_wait.code(), StatusCode::kTimeout) << short_wait.to_string();
+  EXPECT_LT(short_wait_took.count(), 2500);
 }
 
 TEST(TcpStore, ServesOnEveryInterface) {
