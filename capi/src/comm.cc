@@ -119,14 +119,7 @@ HPS_API hps_status_t hps_comm_destroy(hps_comm_t* comm) {
 
 HPS_API hps_status_t hps_comm_finish(hps_comm_t* comm) {
   HPS_CHECK_ARG(comm);
-  return guard(__func__, [&]() -> hps::Status {
-    // The stream's queue is the communicator's operations: an event at its end completes
-    // when they have ended. Their errors were theirs (their works report them).
-    HPS_ASSIGN_OR_RETURN(auto end, hps::create_event(comm->impl->device()));
-    HPS_RETURN_IF_ERROR(end->record(comm->impl->stream()));
-    (void)end->synchronize_uncounted();
-    return hps::Status::Ok();
-  });
+  return guard(__func__, [&] { return comm->impl->finish(); });
 }
 
 HPS_API hps_status_t hps_comm_abort(hps_comm_t* comm) {

@@ -181,6 +181,15 @@ Communicator::Communicator() : abort_node_(std::make_shared<AbortNode>()) {
 
 Communicator::~Communicator() { untie(); }
 
+Status Communicator::finish() {
+  // The stream's queue is the operations: an event at its end completes when they have
+  // ended. Their errors are theirs (their works report them).
+  HPS_ASSIGN_OR_RETURN(auto end, create_event(device()));
+  HPS_RETURN_IF_ERROR(end->record(stream()));
+  (void)end->synchronize_uncounted();
+  return Status::Ok();
+}
+
 void Communicator::untie() {
   std::lock_guard lock(abort_node_->mutex);
   abort_node_->comm = nullptr;

@@ -113,6 +113,11 @@ class Communicator {
   StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
                                                 std::string name);
 
+  // Blocks until the operations enqueued so far have ended (completed, failed or timed
+  // out), whatever their outcome; abort() from another thread ends it early. Not a host sync
+  // of the training step (uncounted). A close calls it before destroying the communicator.
+  virtual Status finish();
+
   // Local, from any thread: pending and later operations end with ABORTED, on this
   // communicator and on every live one tied to it (split from it, or tie()d), and theirs.
   void abort();

@@ -849,7 +849,10 @@ class Communicator(Handle):
         closed (a call while another thread closes it returns once that close is done).
         Only the destroy holds the handle's lock: while the rest waits (an operation stuck
         on a rank that has gone waits for its timeout), :meth:`abort` from another thread
-        ends it at once."""
+        ends it at once; on the main thread Ctrl-C does (it aborts, the close completes,
+        then KeyboardInterrupt is raised). Leaving a ``with`` block by KeyboardInterrupt or
+        SystemExit aborts first: pending operations end with Error ABORTED instead of
+        holding the program up to their timeout."""
         with self._lock:
             h, self._handle = self._handle, None
             if h is None:
@@ -866,7 +869,11 @@ class Communicator(Handle):
                 self._before_close(h)
             finally:
                 try:
-                    h.finish()  # hps_comm_finish: abort() can still reach the handle
+                    # hps_comm_finish: abort() can still reach the handle
+                    if sys.is_finalizing():  # no helper thread can start
+                        h.finish()
+                    else:
+                        _interruptible(h.finish, h.abort)
                 except Error:
                     pass
         finally:
@@ -877,6 +884,14 @@ class Communicator(Handle):
                 finally:
                     self._keep = []
                     self._closed_event.set()
+
+    def __exit__(self, exc_type: Any, *rest: object) -> None:
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            with self._lock:
+                h = self._handle
+                if h is not None:
+                    h.abort()  # the program stops: what it left pending ends now
+        self.close()
 
     @property
     def rank(self) -> int:

@@ -506,12 +506,12 @@ HPS_API hps_status_t hps_comm_create(hps_store_t* store, int32_t rank, int32_t s
 HPS_API hps_status_t hps_comm_destroy(hps_comm_t* comm);
 
 /**
- * Block until the operations queued on `comm` so far have ended (completed, failed or
- * timed out), without freeing anything: a binding calls it before hps_comm_destroy so that
- * hps_comm_abort from another thread can still end an operation stuck on a peer that has
- * gone while the close waits (hps_comm_abort must not run concurrently with
- * hps_comm_destroy itself). Not a host sync of the training step (uncounted). Returns OK
- * once they have ended, whatever their outcome. Added in 0.4.0. Thread safety: with
+ * Block until the operations queued on `comm` so far (sends and receives included) have
+ * ended (completed, failed or timed out), without freeing anything: a binding calls it
+ * before hps_comm_destroy so that hps_comm_abort from another thread can still end an
+ * operation stuck on a peer that has gone while the close waits (hps_comm_abort must not
+ * run concurrently with hps_comm_destroy itself). Not a host sync of the training step (uncounted).
+ * Returns OK once they have ended, whatever their outcome. Added in 0.4.0. Thread safety: with
  * hps_comm_abort from any thread; otherwise one thread at a time.
  */
 HPS_API hps_status_t hps_comm_finish(hps_comm_t* comm);

@@ -652,7 +652,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
     } catch (...) {
       s = aborted(where(operation, sequence) + ": " + describe_exception());
     }
-    finish(*work, std::move(s));
+    end_work(*work, std::move(s));
   });
   HPS_RETURN_IF_ERROR(work->done_event().record(*stream_));
   return work;
@@ -709,7 +709,7 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
   }
 }
 
-void GlooCommunicator::finish(Work& work, Status s) noexcept {
+void GlooCommunicator::end_work(Work& work, Status s) noexcept {
   try {
     record_failure(s);
   } catch (...) {
@@ -1042,9 +1042,10 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue_point_to_point(
           });
           std::lock_guard lock(waiter_mutex_);
           waiting_.push_back({op, work, mark, s});
+          ++transfers_posted_;
           waiter_cv_.notify_one();
         } catch (...) {
-          finish(*work, aborted(where(operation, 0) + ": " + describe_exception()));
+          end_work(*work, aborted(where(operation, 0) + ": " + describe_exception()));
           mark->complete();
         }
       });
@@ -1070,11 +1071,22 @@ void GlooCommunicator::complete_transfers() {
     } catch (...) {
       s = aborted(where(t.op->operation, 0) + ": " + describe_exception());
     }
-    finish(*t.work, std::move(s));
+    end_work(*t.work, std::move(s));
     t.op.reset();
     t.mark->complete();
     lock.lock();
+    ++transfers_completed_;
+    transfer_done_cv_.notify_all();
   }
+}
+
+Status GlooCommunicator::finish() {
+  // The stream has posted the transfers enqueued so far; the waiter completes them.
+  HPS_RETURN_IF_ERROR(Communicator::finish());
+  std::unique_lock lock(waiter_mutex_);
+  const uint64_t posted = transfers_posted_;
+  transfer_done_cv_.wait(lock, [&] { return transfers_completed_ >= posted; });
+  return Status::Ok();
 }
 
 // ---- public operations: check arguments on the caller's thread, then enqueue ----

@@ -68,6 +68,8 @@ class GlooCommunicator final : public Communicator {
   StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype, int32_t peer,
                                        Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> barrier(Stream* ready) override;
+  // Also waits for the point-to-point transfers the waiter thread completes.
+  Status finish() override;
 
   // One running operation's view of the transport (defined in communicator.cc).
   class Op;
@@ -94,7 +96,7 @@ class GlooCommunicator final : public Communicator {
   Status guarded(Op& op, const std::function<Status()>& fn);
   void record_failure(const Status& s);
   // Records a finished operation's status on its work (and the communicator's failure).
-  void finish(Work& work, Status s) noexcept;
+  void end_work(Work& work, Status s) noexcept;
   // Inside a catch block: what was caught, in words.
   static std::string describe_exception() noexcept;
   StatusOr<std::shared_ptr<Work>> enqueue_point_to_point(std::string operation, Stream* ready,
@@ -175,6 +177,9 @@ class GlooCommunicator final : public Communicator {
   std::mutex waiter_mutex_;
   std::condition_variable waiter_cv_;
   std::deque<PendingTransfer> waiting_;
+  uint64_t transfers_posted_ = 0;     // handed to the waiter so far
+  uint64_t transfers_completed_ = 0;  // of those, completed (in order)
+  std::condition_variable transfer_done_cv_;
   bool stopping_ = false;
   std::thread waiter_;  // last: started after everything it uses
 };

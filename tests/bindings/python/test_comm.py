@@ -576,6 +576,70 @@ def test_ctrl_c_interrupts_a_wait_and_the_work_keeps_its_buffers():
     assert not thread.is_alive() and not errors, errors
 
 
+CTRL_C_WITH_A_PENDING_OPERATION = """
+import signal, sys, threading, time
+import numpy as np
+from hpshard import Communicator, Store
+url, how = sys.argv[1], sys.argv[2]
+ready = threading.Event()
+
+def peer():  # alive, and never joins the receive below
+    store = Store.open(url, 1, timeout_ms=10000)
+    comm = Communicator.create(store, 1, 2, timeout_ms=60000)
+    ready.set()
+    time.sleep(3600)
+
+threading.Thread(target=peer, daemon=True).start()
+main = threading.main_thread().ident
+with Store.open(url, 0, timeout_ms=10000) as store:
+    if how == "close":
+        comm = Communicator.create(store, 0, 2, timeout_ms=60000)
+        ready.wait()
+        work = comm.recv(np.zeros(4), 1)
+        threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+        try:
+            comm.close()
+        except KeyboardInterrupt:
+            print("close interrupted", comm.closed, flush=True)
+            raise
+    with Communicator.create(store, 0, 2, timeout_ms=60000) as comm:
+        ready.wait()
+        work = comm.recv(np.zeros(4), 1)
+        if how != "exit":
+            threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+        if how == "wait":
+            work.wait()
+        elif how == "exit":
+            sys.exit(3)
+        else:
+            time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("how", ["wait", "elsewhere", "exit", "close"])
+def test_ctrl_c_with_an_operation_pending_ends_the_program_at_once(how):
+    """Ctrl-C with a receive pending whose peer is alive but never sends. Leaving
+    ``with Communicator...`` by the KeyboardInterrupt (raised in Work.wait or elsewhere)
+    or by sys.exit closed the communicator, whose close waited for the receive up to the
+    communicator's 60 s timeout; the exit then aborts it first. A close() waiting for it
+    could not be interrupted; Ctrl-C now aborts it, completes the close and raises."""
+    import subprocess
+    import sys
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WITH_A_PENDING_OPERATION, unique_url("exit"), how],
+        capture_output=True, text=True, timeout=50)
+    elapsed = time.monotonic() - start
+    assert elapsed < 15.0, (elapsed, done.stderr)
+    if how == "exit":
+        assert done.returncode == 3, (done.returncode, done.stderr)
+    else:
+        assert done.returncode == -signal.SIGINT, (done.returncode, done.stderr)
+        assert "KeyboardInterrupt" in done.stderr, done.stderr
+    if how == "close":
+        assert "close interrupted True" in done.stdout, (done.stdout, done.stderr)
+
+
 # ---- the GIL -----------------------------------------------------------------------------
 def test_blocking_calls_release_the_gil():
     """While one thread blocks in the library, another runs Python code."""
@@ -844,11 +908,14 @@ def test_a_second_close_returns_only_once_the_first_has_closed_the_communicator(
     assert out["second_s"] > 0.4, out
 
 
-def test_abort_from_another_thread_ends_a_close_waiting_on_a_stuck_operation():
-    """Rank 0 queues an all-reduce rank 1 never joins, then closes: the close waits for the
-    operation (8 s timeout), and abort() from a watchdog thread ends that wait at once
-    (hps_comm_finish before the destroy; abort never overlaps the destroy itself). After
-    the close, abort() raises ValueError (closed)."""
+@pytest.mark.parametrize("op", ["all_reduce", "recv"])
+def test_abort_from_another_thread_ends_a_close_waiting_on_a_stuck_operation(op):
+    """Rank 0 queues an all-reduce (or a receive) rank 1 never joins, then closes: the close
+    waits for the operation (8 s timeout), and abort() from a watchdog thread ends that wait
+    at once (hps_comm_finish before the destroy; abort never overlaps the destroy itself).
+    After the close, abort() raises ValueError (closed). hps_comm_finish returned before a
+    receive had ended (the waiter thread completes sends and receives), so the destroy
+    waited for it, out of abort's reach, the whole timeout."""
     url = unique_url("abort-close")
     closed = threading.Event()
     out = {}
@@ -860,7 +927,7 @@ def test_abort_from_another_thread_ends_a_close_waiting_on_a_stuck_operation():
             closed.wait(30)
         else:
             buf = np.ones(4, np.float32)
-            work = comm.all_reduce(buf, buf)
+            work = comm.all_reduce(buf, buf) if op == "all_reduce" else comm.recv(buf, 1)
             watchdog = threading.Timer(0.3, comm.abort)
             watchdog.start()
             start = time.monotonic()

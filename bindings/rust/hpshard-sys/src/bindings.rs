@@ -1246,12 +1246,12 @@ extern "C" {
     pub fn hps_comm_destroy(comm: *mut hps_comm_t) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Block until the operations queued on `comm` so far have ended (completed, failed or"]
-    #[doc = " timed out), without freeing anything: a binding calls it before hps_comm_destroy so that"]
-    #[doc = " hps_comm_abort from another thread can still end an operation stuck on a peer that has"]
-    #[doc = " gone while the close waits (hps_comm_abort must not run concurrently with"]
-    #[doc = " hps_comm_destroy itself). Not a host sync of the training step (uncounted). Returns OK"]
-    #[doc = " once they have ended, whatever their outcome. Added in 0.4.0. Thread safety: with"]
+    #[doc = " Block until the operations queued on `comm` so far (sends and receives included) have"]
+    #[doc = " ended (completed, failed or timed out), without freeing anything: a binding calls it"]
+    #[doc = " before hps_comm_destroy so that hps_comm_abort from another thread can still end an"]
+    #[doc = " operation stuck on a peer that has gone while the close waits (hps_comm_abort must not"]
+    #[doc = " run concurrently with hps_comm_destroy itself). Not a host sync of the training step (uncounted)."]
+    #[doc = " Returns OK once they have ended, whatever their outcome. Added in 0.4.0. Thread safety: with"]
     #[doc = " hps_comm_abort from any thread; otherwise one thread at a time."]
     pub fn hps_comm_finish(comm: *mut hps_comm_t) -> hps_status_t;
 }
