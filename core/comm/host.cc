@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -62,6 +63,53 @@ bool process_running(int32_t pid, uint64_t start_time) {
   if (start_time == 0) return true;
   const uint64_t now = process_start_time(pid);
   return now == 0 || now == start_time;
+}
+
+Process Process::self() {
+  Process p;
+  p.host = identity();
+  p.pid = static_cast<int32_t>(::getpid());
+  p.start = process_start_time(p.pid);
+  return p;
+}
+
+std::string Process::encode() const {
+  return "host " + host + "\npid " + std::to_string(pid) + "\nstart " + std::to_string(start) +
+         "\n";
+}
+
+std::optional<Process> Process::parse(const std::string& text) {
+  Process p;
+  bool has_host = false, has_pid = false, has_start = false;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t space = line.find(' ');
+    if (space == std::string::npos) continue;
+    const std::string_view name(line.data(), space);
+    const std::string_view value(line.data() + space + 1, line.size() - space - 1);
+    auto number = [&](auto* out) {
+      auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), *out);
+      return error == std::errc() && end == value.data() + value.size();
+    };
+    if (name == "host") {
+      p.host = std::string(value);
+      has_host = true;
+    } else if (name == "pid") {
+      if (!number(&p.pid)) return std::nullopt;
+      has_pid = true;
+    } else if (name == "start") {
+      if (!number(&p.start)) return std::nullopt;
+      has_start = true;
+    }
+  }
+  if (!has_host || !has_pid || !has_start) return std::nullopt;
+  return p;
+}
+
+std::string Process::describe() const {
+  std::string d = "process " + std::to_string(pid);
+  return on_this_host() ? d + " on this host" : d + " on host " + host.substr(0, host.find('/'));
 }
 
 }  // namespace hps::host

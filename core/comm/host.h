@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace hps::host {
@@ -23,5 +24,27 @@ bool process_ended(int32_t pid);
 
 // Whether the process `pid` that started at `start_time` (0: any) still runs here.
 bool process_running(int32_t pid, uint64_t start_time);
+
+// A process as another process can check it: its host's identity(), its pid and when it
+// started. Travels through stores as "host H", "pid P" and "start S" lines.
+struct Process {
+  std::string host;
+  int32_t pid = 0;
+  uint64_t start = 0;
+
+  // This process.
+  static Process self();
+  std::string encode() const;
+  // The three fields from `text`'s "name value" lines (other lines are ignored: a caller's
+  // own fields, a later version's); nullopt when one is missing or malformed.
+  static std::optional<Process> parse(const std::string& text);
+
+  bool on_this_host() const { return host == identity(); }
+  // Provably ended: a process of this host that is gone (a pid reused since has another
+  // start time). A process elsewhere cannot be checked from here.
+  bool ended() const { return on_this_host() && !process_running(pid, start); }
+  // "process P on this host", or "process P on host NAME".
+  std::string describe() const;
+};
 
 }  // namespace hps::host

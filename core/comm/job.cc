@@ -10,8 +10,6 @@
 // are decided one at a time.
 #include "core/comm/job.h"
 
-#include <unistd.h>
-
 #include <charconv>
 #include <sstream>
 #include <thread>
@@ -41,71 +39,48 @@ std::string closed_key(int64_t t) { return owner_key(t) + "/closed"; }
 std::string id_key(const std::string& id) { return "hpshard/job/id/" + id; }
 std::string run_prefix(int64_t t) { return "hpshard/run/" + std::to_string(t); }
 
-// Who holds (or asked for) the store.
+// Who holds (or asked for) the store: a job id and size, and its rank 0's process.
 struct Owner {
   int64_t ticket = 0;
   std::string id;
   int32_t world_size = 0;
-  std::string host;
-  int32_t pid = 0;
-  uint64_t start = 0;
+  host::Process process;
 
   std::string encode() const {
-    std::ostringstream out;
-    out << "id " << id << "\nworld " << world_size << "\nhost " << host << "\npid " << pid
-        << "\nstart " << start << "\n";
-    return out.str();
+    return "id " + id + "\nworld " + std::to_string(world_size) + "\n" + process.encode();
   }
 
   static std::optional<Owner> parse(int64_t ticket, const std::string& text) {
     Owner o;
     o.ticket = ticket;
+    auto process = host::Process::parse(text);
+    if (!process) return std::nullopt;
+    o.process = std::move(*process);
     std::istringstream in(text);
     std::string line;
-    int fields = 0;
+    bool has_id = false, has_world = false;
     while (std::getline(in, line)) {
       const size_t space = line.find(' ');
       if (space == std::string::npos) return std::nullopt;
       const std::string name = line.substr(0, space), value = line.substr(space + 1);
-      auto number = [&](auto* out) {
-        auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), *out);
-        return error == std::errc() && end == value.data() + value.size();
-      };
-      bool ok = true;
       if (name == "id") {
         o.id = value;
+        has_id = true;
       } else if (name == "world") {
-        ok = number(&o.world_size);
-      } else if (name == "host") {
-        o.host = value;
-      } else if (name == "pid") {
-        ok = number(&o.pid);
-      } else if (name == "start") {
-        ok = number(&o.start);
-      } else {
-        continue;  // a later version's field
+        auto [end, error] =
+            std::from_chars(value.data(), value.data() + value.size(), o.world_size);
+        if (error != std::errc() || end != value.data() + value.size()) return std::nullopt;
+        has_world = true;
       }
-      if (!ok) return std::nullopt;
-      ++fields;
     }
-    if (fields < 5) return std::nullopt;
+    if (!has_id || !has_world) return std::nullopt;
     return o;
   }
 
-  bool on_this_host() const { return host == host::identity(); }
-  // Provably ended: a process of this host that is gone (a pid reused since has another
-  // start time). A rank 0 elsewhere cannot be checked from here.
-  bool ended() const { return on_this_host() && !host::process_running(pid, start); }
+  bool on_this_host() const { return process.on_this_host(); }
+  bool ended() const { return process.ended(); }
 
-  std::string describe() const {
-    std::string d = "job '" + id + "' (rank 0 is process " + std::to_string(pid);
-    if (on_this_host()) {
-      d += " on this host)";
-    } else {
-      d += " on host " + host.substr(0, host.find('/')) + ")";
-    }
-    return d;
-  }
+  std::string describe() const { return "job '" + id + "' (rank 0 is " + process.describe() + ")"; }
 };
 
 Status check_job_id(const std::string& id, const std::string& variable) {
@@ -204,9 +179,7 @@ class Joiner {
       me.id = "random-" + random.substr(0, 16);
     }
     me.world_size = options_.world_size;
-    me.host = host::identity();
-    me.pid = static_cast<int32_t>(::getpid());
-    me.start = host::process_start_time(me.pid);
+    me.process = host::Process::self();
     HPS_ASSIGN_OR_RETURN(me.ticket, store_.add(kTicket, 1));
     HPS_RETURN_IF_ERROR(store_.set(owner_key(me.ticket), me.encode()));
     HPS_RETURN_IF_ERROR(store_.set(id_key(me.id), std::to_string(me.ticket)));
