@@ -119,6 +119,74 @@ std::string connection_failed(int32_t peer, const std::string& what) {
   return "the connection to rank " + std::to_string(peer) + " failed (did it exit?): " + what;
 }
 
+std::string process_key(int32_t rank) { return "process/" + std::to_string(rank); }
+
+// "rank 2 (process 77 on this host)" for each peer (rank but `self`) of this host whose
+// process has ended, joined by ", "; empty when none has (or none can be checked from here).
+std::string ended_peers(const std::vector<std::optional<host::Process>>& processes, int32_t self) {
+  std::string ended;
+  for (size_t r = 0; r < processes.size(); ++r) {
+    if (static_cast<int32_t>(r) == self || !processes[r] || !processes[r]->ended()) continue;
+    ended += (ended.empty() ? "rank " : ", rank ") + std::to_string(r) + " (" +
+             processes[r]->describe() + ")";
+  }
+  return ended;
+}
+
+// The processes of a communicator's ranks while it is created: each rank publishes its
+// own before it connects; a peer of this host whose process ends before the communicator
+// is made is named at once, not after the timeout.
+class PeerWatch {
+ public:
+  PeerWatch(std::shared_ptr<Store> store, int32_t rank, int32_t size)
+      : store_(std::move(store)), rank_(rank), processes_(static_cast<size_t>(size)) {}
+
+  Status publish() { return store_->set(process_key(rank_), host::Process::self().encode()); }
+
+  // Reads the records published since the last call; ABORTED naming the peers that ended.
+  Status check() {
+    read_new();
+    const std::string ended = ended_peers(processes_, rank_);
+    if (ended.empty()) return Status::Ok();
+    return aborted(ended + (ended.find(", ") == std::string::npos ? " has" : " have") +
+                   " ended before the communicator was made");
+  }
+
+  // "2, 5": the peers that have published no record (not started, or ended before).
+  std::string unpublished() {
+    read_new();
+    std::string missing;
+    for (size_t r = 0; r < processes_.size(); ++r) {
+      if (static_cast<int32_t>(r) == rank_ || processes_[r]) continue;
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    return missing;
+  }
+
+  // Every rank's process as read (after the connections every peer had published its own).
+  std::vector<std::optional<host::Process>> take() {
+    read_new();
+    return std::move(processes_);
+  }
+
+ private:
+  void read_new() {
+    for (size_t r = 0; r < processes_.size(); ++r) {
+      if (static_cast<int32_t>(r) == rank_ || processes_[r]) continue;
+      const std::string key = process_key(static_cast<int32_t>(r));
+      auto set = store_->check({key});
+      if (!set.ok() || !*set) continue;
+      auto text = store_->get(key, Milliseconds(0));
+      // A malformed record names nothing: that rank is told apart by the timeout.
+      if (text.ok()) processes_[r] = host::Process::parse(*text);
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+  int32_t rank_;
+  std::vector<std::optional<host::Process>> processes_;
+};
+
 }  // namespace
 
 std::string device_host() { return env_string("HPS_COMM_HOST").value_or("127.0.0.1"); }
@@ -502,6 +570,10 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
                        store->add("communicators/rank" + std::to_string(rank), 1));
   store = make_prefix_store(std::move(store), "comm" + std::to_string(generation));
   std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(store, rank, size, options));
+  auto peers = std::make_shared<PeerWatch>(store, rank, size);
+  HPS_RETURN_IF_ERROR(peers->publish());
+  // The creation's waits for peers end when one of them is seen to have ended.
+  auto watched = std::make_shared<WatchedStore>(store, [peers] { return peers->check(); });
   try {
     auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     // Gloo waits five times its context's timeout for a peer to connect (a peer killed
@@ -509,7 +581,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     // it here, so that wait is the timeout. The adapter's waits for late ranks keep the
     // whole timeout; the transfers pass their own.
     context->setTimeout(std::max(Milliseconds(1), options.timeout / 5));
-    GlooStoreAdapter adapter(make_prefix_store(store, "gloo"), options.timeout, rank, size);
+    GlooStoreAdapter adapter(make_prefix_store(watched, "gloo"), options.timeout, rank, size);
     try {
       context->connectFullMesh(adapter, device);
     } catch (const std::exception& e) {
@@ -524,7 +596,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     // Ranks that all run here also share memory for collectives (send / recv stay on TCP).
     const size_t slot_bytes = options.shared_memory_slot_bytes ? options.shared_memory_slot_bytes
                                                                : shm::kDefaultSlotBytes;
-    auto shm_store = make_prefix_store(store, "shm");
+    auto shm_store = make_prefix_store(watched, "shm");
     auto shm = shm::ShmGroup::create(*shm_store, rank, size, options.shared_memory, slot_bytes,
                                      options.timeout, options.shared_memory_direct);
     if (!shm.ok()) throw std::runtime_error(shm.status().to_string());
@@ -532,19 +604,32 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     // Over TCP the argument check travels on its own connections (shared memory checks
     // in its first round).
     if (!comm->shm_ && options.check_arguments && size > 1) {
-      auto control = ControlMesh::create(*make_prefix_store(store, "control"), rank, size,
+      auto control = ControlMesh::create(*make_prefix_store(watched, "control"), rank, size,
                                          device_host(), Clock::now() + options.timeout);
       if (!control.ok()) throw std::runtime_error(control.status().to_string());
       comm->control_ = std::move(control).value();
     }
+    watched->stop_watching();  // no check runs beside the reads below
+    comm->peer_processes_ = peers->take();
   } catch (const std::exception& e) {
+    watched->stop_watching();
     const std::string what = e.what();
     const std::string m = "creating communicator '" + options.name + "' (rank " +
                           std::to_string(rank) + " of " + std::to_string(size) + "): " + what;
+    // A peer that ended explains whatever failed (a refused connection, a wait).
+    const Status gone = peers->check();
+    if (!gone.ok()) {
+      if (what.find(gone.message()) != std::string::npos) return aborted(m);
+      return aborted("creating communicator '" + options.name + "' (rank " + std::to_string(rank) +
+                     " of " + std::to_string(size) + "): " + gone.message() + ": " + what);
+    }
     if (what.find("timed out") != std::string::npos ||
         what.find("Timed out") != std::string::npos ||
         what.find("Connect timeout") != std::string::npos) {
-      return timeout_error(m);
+      const std::string missing = peers->unpublished();
+      if (missing.empty()) return timeout_error(m);
+      return timeout_error(m + " (rank" + (missing.find(',') == std::string::npos ? " " : "s ") +
+                           missing + " never began creating it: not started, or ended before)");
     }
     // A member gone (a split's, or a peer that refused or reset its connection).
     if (what.rfind("aborted: ", 0) == 0 || what.rfind("the connection to rank ", 0) == 0) {
@@ -694,7 +779,7 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
     // The rank Gloo's message names by address, else the one rank owed on that buffer.
     int32_t peer = rank_named_in(f.what, peer_addresses_);
     if (peer < 0 && f.peers.size() == 1) peer = f.peers[0];
-    return aborted(place + ": " + connection_failed(peer, f.what));
+    return aborted(place + ": " + with_ended_peers(connection_failed(peer, f.what)));
   } catch (const std::exception& e) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
     const std::string what = e.what();
@@ -703,10 +788,19 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
       return timeout_error(place + ": timed out after " + std::to_string(timeout().count()) +
                            " ms (a peer is missing or called a different operation): " + what);
     }
-    return aborted(place + ": " + connection_failed(rank_named_in(what, peer_addresses_), what));
+    return aborted(place + ": " +
+                   with_ended_peers(connection_failed(rank_named_in(what, peer_addresses_), what)));
   } catch (...) {
     return aborted(place + ": " + describe_exception());
   }
+}
+
+std::string GlooCommunicator::with_ended_peers(const std::string& failure) const {
+  // A survivor's connections fail too once its peers abort theirs: the rank that ended is
+  // named first, whichever connection failed here.
+  const std::string ended = ended_peers(peer_processes_, rank_);
+  if (ended.empty()) return failure;
+  return ended + (ended.find(", ") == std::string::npos ? " has" : " have") + " ended; " + failure;
 }
 
 void GlooCommunicator::end_work(Work& work, Status s) noexcept {

@@ -10,12 +10,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "core/comm/communicator.h"
 #include "core/comm/descriptor.h"
+#include "core/comm/host.h"
 #include "core/comm/shm/shm_group.h"
 #include "core/device/cpu/stream.h"
 
@@ -95,6 +97,8 @@ class GlooCommunicator final : public Communicator {
   // that name the operation, its sequence number and the group.
   Status guarded(Op& op, const std::function<Status()>& fn);
   void record_failure(const Status& s);
+  // `failure` preceded by the peers of this host whose processes have ended, if any.
+  std::string with_ended_peers(const std::string& failure) const;
   // Records a finished operation's status on its work (and the communicator's failure).
   void end_work(Work& work, Status s) noexcept;
   // Inside a catch block: what was caught, in words.
@@ -141,6 +145,9 @@ class GlooCommunicator final : public Communicator {
   Status located(const Op& op, Status s) const;  // prefixes where `op` failed
 
   std::shared_ptr<Store> store_;
+  // Each rank's process as it published it when the communicator was made (nullopt where
+  // unread or malformed): names a peer that ended when connections fail.
+  std::vector<std::optional<host::Process>> peer_processes_;
   // Each peer's address as Gloo's errors name it ("[ip]:port"; empty for this rank).
   std::vector<std::string> peer_addresses_;
   int32_t rank_;
