@@ -9,6 +9,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::half::{BF16, F16};
@@ -406,17 +408,29 @@ fn raw_options() -> Result<sys::hps_comm_options_t> {
 /// ```
 pub struct Communicator {
     raw: NonNull<sys::hps_comm_t>,
+    // For a handle taken from a HybridGroup: the group's mark that a handle to this
+    // communicator is out, cleared when this one is dropped (see HybridGroup::comm).
+    taken: Option<Arc<AtomicBool>>,
 }
 
 // SAFETY: the C API allows a communicator to be used by one thread at a time, any
-// thread. Not Sync: concurrent use (other than hps_comm_abort, see Aborter) is not
-// allowed.
+// thread. Every handle is the only one to its communicator (a HybridGroup hands out one
+// per communicator at a time), so moving it moves all use of that communicator. Not Sync:
+// concurrent use (other than hps_comm_abort, see Aborter) is not allowed.
 unsafe impl Send for Communicator {}
 
 pub(crate) fn comm_from_raw(raw: *mut sys::hps_comm_t, function: &str) -> Result<Communicator> {
     match NonNull::new(raw) {
-        Some(raw) => Ok(Communicator { raw }),
+        Some(raw) => Ok(Communicator { raw, taken: None }),
         None => Err(null_handle(function)),
+    }
+}
+
+impl Communicator {
+    /// Makes this handle the one its hybrid group handed out: `taken` (set) is cleared
+    /// when it is dropped.
+    pub(crate) fn hold_group_mark(&mut self, taken: Arc<AtomicBool>) {
+        self.taken = Some(taken);
     }
 }
 
@@ -581,7 +595,7 @@ impl Communicator {
                 &mut raw,
             )
         })?;
-        Ok(NonNull::new(raw).map(|raw| Communicator { raw }))
+        Ok(NonNull::new(raw).map(|raw| Communicator { raw, taken: None }))
     }
 
     /// Run `f` with a [`CommScope`] whose collectives borrow slices until the scope
@@ -648,6 +662,9 @@ impl Drop for Communicator {
         // SAFETY: we own the handle; no Aborter or scope borrows it (&mut self). The
         // library frees it after its queued operations end.
         let _ = unsafe { sys::hps_comm_destroy(self.raw.as_ptr()) };
+        if let Some(taken) = &self.taken {
+            taken.store(false, Ordering::Release); // its group may hand it out again
+        }
     }
 }
 

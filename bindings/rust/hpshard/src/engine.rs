@@ -114,7 +114,9 @@
 //! The engine uses its communicators on every call (seal, broadcast, reductions,
 //! all-gathers), so it borrows them **mutably** for its whole life: that makes it
 //! sound for [`Engine`] to be `Send` (a `&Communicator` kept by another thread would
-//! otherwise let two threads use one communicator at once, which the C API forbids).
+//! otherwise let two threads use one communicator at once, which the C API forbids; for
+//! the same reason [`crate::HybridGroup::comm`] hands out one handle per communicator at
+//! a time).
 //! The communicators stay usable on the engine's thread through
 //! [`Engine::sharding`] / [`Engine::dp`] (e.g. to all-reduce a loss, or to take an
 //! [`crate::Aborter`] for a watchdog). Not `Sync`: one thread at a time per engine.
@@ -813,7 +815,8 @@ pub struct Engine<'c> {
 }
 
 // SAFETY: the C API allows an engine to be used by one thread at a time, any thread.
-// The communicators it uses are borrowed mutably, so no other thread can use them
+// The communicators it uses are borrowed mutably, and each handle is the only one to its
+// communicator (HybridGroup::comm hands out one at a time), so no other thread can use them
 // meanwhile; the views it hands out borrow the engine. Not Sync: every method that
 // calls the library would otherwise be callable from two threads at once.
 unsafe impl Send for Engine<'_> {}

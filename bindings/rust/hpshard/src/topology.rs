@@ -1,9 +1,12 @@
 //! The hybrid topology and the hybrid communicate group (the C API's "Topology and
 //! the hybrid communicate group" section).
 
+use std::cell::RefCell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::comm::{c_string, Communicator};
 use crate::{check, sys, Error, Result, Status};
@@ -215,6 +218,8 @@ impl fmt::Debug for Topology {
 /// not `Sync`).
 pub struct HybridGroup<'world> {
     raw: NonNull<sys::hps_hybrid_group_t>,
+    // Per kind handed out: whether a handle to that communicator is alive.
+    taken: RefCell<Vec<(Group, Arc<AtomicBool>)>>,
     _world: PhantomData<&'world Communicator>,
 }
 
@@ -232,6 +237,7 @@ impl<'world> HybridGroup<'world> {
         match NonNull::new(raw) {
             Some(raw) => Ok(HybridGroup {
                 raw,
+                taken: RefCell::new(Vec::new()),
                 _world: PhantomData,
             }),
             None => Err(Error::new(
@@ -248,12 +254,39 @@ impl<'world> HybridGroup<'world> {
 
     /// A new handle to this rank's communicator of `kind` (`hps_hybrid_group_comm`);
     /// it shares the communicator with the group and stays valid after the group is
-    /// dropped. Errors: [`Status::InvalidArgument`] (unknown kind).
+    /// dropped. One handle per kind at a time: a communicator is used by one thread at a
+    /// time, and a [`Communicator`] is `Send`, so a second handle to the same one while
+    /// the first lives would let two threads use it at once. Errors:
+    /// [`Status::InvalidArgument`] (unknown kind), [`Status::FailedPrecondition`] (a
+    /// handle of that kind from this group is still alive: drop it first).
     pub fn comm(&self, kind: Group) -> Result<Communicator> {
+        let taken = {
+            let mut list = self.taken.borrow_mut();
+            match list.iter().find(|(k, _)| *k == kind) {
+                Some((_, flag)) => Arc::clone(flag),
+                None => {
+                    let flag = Arc::new(AtomicBool::new(false));
+                    list.push((kind, Arc::clone(&flag)));
+                    flag
+                }
+            }
+        };
         let mut raw: *mut sys::hps_comm_t = ptr::null_mut();
         // SAFETY: live handle used by this thread; live out-param.
         check(unsafe { sys::hps_hybrid_group_comm(self.raw.as_ptr(), kind.0, &mut raw) })?;
-        crate::comm::comm_from_raw(raw, "hps_hybrid_group_comm")
+        let mut comm = crate::comm::comm_from_raw(raw, "hps_hybrid_group_comm")?;
+        if taken.swap(true, Ordering::AcqRel) {
+            return Err(Error::new(
+                Status::FailedPrecondition,
+                format!(
+                    "HybridGroup::comm: a handle to this rank's {kind:?} communicator is still \
+                     alive; drop it before taking another (a communicator is used by one \
+                     thread at a time)"
+                ),
+            ));
+        }
+        comm.hold_group_mark(taken);
+        Ok(comm)
     }
 }
 

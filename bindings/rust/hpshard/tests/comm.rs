@@ -731,6 +731,13 @@ fn hybrid_group_dp2_sharding2() {
         let dp = group.comm(Group::DP).unwrap();
         let check = group.comm(Group::CHECK).unwrap();
         expect_status(group.comm(Group::from_raw(99)), Status::InvalidArgument);
+        // One handle per communicator at a time: a second dp handle beside `dp` could be
+        // sent to another thread and used there at once (it was handed out).
+        expect_status(group.comm(Group::DP), Status::FailedPrecondition);
+        let pp = group.comm(Group::PP).unwrap();
+        drop(pp);
+        let pp = group.comm(Group::PP).unwrap(); // the first is gone: taken again
+        drop(pp);
         drop(group); // handles taken from it stay valid
         assert_eq!(sharding.size().unwrap(), 2);
         assert_eq!(

@@ -1486,7 +1486,9 @@ fn two_ranks_engine_clip_spans_the_mp_group() {
         let group = HybridGroup::create(&comm, &topology).unwrap();
         let mut sharding = group.comm(Group::SHARDING).unwrap();
         let mut mp = group.comm(Group::MP).unwrap();
-        let mut other_mp = group.comm(Group::MP).unwrap();
+        // Another mp communicator (a group hands out one handle per communicator at a time).
+        let other_group = HybridGroup::create(&comm, &topology).unwrap();
+        let mut other_mp = other_group.comm(Group::MP).unwrap();
         let options = EngineOptions::library_defaults()
             .unwrap()
             .learning_rate(1.0)
