@@ -29,6 +29,7 @@ one of its per-status subclasses.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import enum
@@ -37,7 +38,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import capi as _c
 from ._errors import (
@@ -434,12 +435,35 @@ def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
 class Store(Handle):
     """A key-value store through which ranks meet (hps_store_t); see :meth:`open`.
 
-    One store may be used from several threads at once."""
+    One store may be used from several threads at once; :meth:`close` waits for the calls
+    under way on other threads (a wait, a :meth:`Communicator.create` over it) to return
+    first (:meth:`abort` ends those at once)."""
 
     def __init__(self, handle: Any, url: str, rank: int) -> None:
         super().__init__(handle)
         self.url = url
         self.rank = rank
+        self._in_use = 0  # calls under way; the destroy waits until none is
+        self._idle = threading.Condition(self._lock)
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Any]:
+        """The C handle for one call, counted: a close meanwhile waits for it to return
+        (the library's wait would otherwise run in freed memory)."""
+        with self._lock:
+            h = self._h()
+            self._in_use += 1
+        try:
+            yield h
+        finally:
+            with self._lock:
+                self._in_use -= 1
+                if self._in_use == 0:
+                    self._idle.notify_all()
+
+    def _before_close(self, h: Any) -> None:
+        while self._in_use > 0:  # under the lock (close holds it); wait releases it
+            self._idle.wait()
 
     @classmethod
     def open(cls, url: str, rank: int, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> "Store":
@@ -458,19 +482,23 @@ class Store(Handle):
         (stored as UTF-8)."""
         if isinstance(value, str):
             value = value.encode()
-        self._h().set(str(key), value)
+        with self._using() as h:
+            h.set(str(key), value)
 
     def get(self, key: str, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> bytes:
         """Wait up to ``timeout_ms`` for ``key``, then return its value (Error TIMEOUT)."""
-        return self._h().get(str(key), int(timeout_ms))
+        with self._using() as h:
+            return h.get(str(key), int(timeout_ms))
 
     def add(self, key: str, delta: int = 1) -> int:
         """Add ``delta`` to the integer at ``key`` (0 when unset); the new value."""
-        return self._h().add(str(key), int(delta))
+        with self._using() as h:
+            return h.add(str(key), int(delta))
 
     def wait(self, key: str, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> None:
         """Wait up to ``timeout_ms`` until ``key`` is set (Error TIMEOUT)."""
-        self._h().wait(str(key), int(timeout_ms))
+        with self._using() as h:
+            h.wait(str(key), int(timeout_ms))
 
     def abort(self) -> None:
         """From now on every call on this store, and every wait on it under way (within
@@ -478,11 +506,13 @@ class Store(Handle):
         that waits for ranks. Any thread may call it, also while another is blocked on the
         store; it cannot be undone (open a new store). Ctrl-C in a Communicator.create
         calls it."""
-        self._h().abort()
+        with self._using() as h:
+            h.abort()
 
     def check(self, key: str) -> bool:
         """Whether ``key`` is set, without waiting."""
-        return bool(self._h().check(str(key)))
+        with self._using() as h:
+            return bool(h.check(str(key)))
 
     def __repr__(self) -> str:
         return f"<hpshard.Store {self.url!r} rank {self.rank} " \
@@ -830,11 +860,11 @@ class Communicator(Handle):
                 options.check_arguments = 1 if check_arguments else 0
             if name is not None:
                 options.name = str(name)
-        raw = store._h()
-        h = _interruptible(lambda: _c.CommHandle.create(raw, int(rank), int(size),
-                                                        int(device_type), int(device_index),
-                                                        options),
-                           raw.abort)
+        with store._using() as raw:  # a close of the store waits for the creation
+            h = _interruptible(lambda: _c.CommHandle.create(raw, int(rank), int(size),
+                                                            int(device_type), int(device_index),
+                                                            options),
+                               raw.abort)
         return cls(h, name)
 
     def _before_close(self, h: Any) -> None:

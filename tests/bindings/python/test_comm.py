@@ -714,6 +714,49 @@ def test_store():
     assert status_of(lambda: Store.open(url, 0, timeout_ms=0)) == INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize("abort_first", [False, True])
+def test_closing_a_store_waits_for_calls_under_way_on_other_threads(abort_first):
+    """A store is used from several threads at once: close() destroyed the native store
+    under another thread's get (and a Communicator.create waiting for ranks), which then ran
+    in freed memory. The close now waits for them to return; abort() ends them at once."""
+    store = Store.open(unique_url("close-while-used"), 0)
+    errors = {}
+
+    def getter():
+        try:
+            store.get("never", 1500)
+        except BaseException as e:  # noqa: BLE001 — checked below
+            errors["get"] = e
+
+    def creator():
+        try:
+            Communicator.create(store, 0, 2, timeout_ms=1500)  # rank 1 never comes
+        except BaseException as e:  # noqa: BLE001 — checked below
+            errors["create"] = e
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (getter, creator)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    if abort_first:
+        store.abort()
+    store.close()
+    took = time.monotonic() - start
+    for t in threads:
+        t.join(JOIN_S)
+        assert not t.is_alive()
+    for what in ("get", "create"):
+        e = errors[what]
+        assert isinstance(e, hpshard.Error), (what, e)
+        assert e.status == (ABORTED if abort_first else TIMEOUT), (what, e)
+    if not abort_first:
+        assert took > 0.8, took  # it waited for the calls
+    assert store.closed
+    with pytest.raises(ValueError):
+        store.get("k", 10)
+
+
 def test_store_get_waits_for_a_value_set_by_another_thread():
     url = unique_url("storewait")
     with Store.open(url, 0) as a, Store.open(url, 1) as b:

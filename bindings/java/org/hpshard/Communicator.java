@@ -120,8 +120,10 @@ public final class Communicator extends Handle<CommHandle> {
         if (options.checkArguments != null) opts.setCheck_arguments(options.checkArguments ? 1 : 0);
         if (options.name != null) opts.setName(options.name);
       }
+      final hps_comm_options_t given = opts;
+      // Counted as a use of the store: a close of it meanwhile waits for the creation.
       return new Communicator(
-          CommHandle.create(store.h(), rank, size, type.code(), deviceIndex, opts),
+          store.use(h -> CommHandle.create(h, rank, size, type.code(), deviceIndex, given)),
           options == null ? null : options.name);
     } finally {
       if (opts != null) opts.delete();

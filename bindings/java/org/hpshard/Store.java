@@ -6,19 +6,73 @@ import org.hpshard.internal.StoreHandle;
 
 /**
  * A key-value store through which ranks meet (hps_store_t). {@link #close()} destroys it
- * exactly once. One store may be used from several threads at once.
+ * exactly once. One store may be used from several threads at once; a close waits for the
+ * calls under way on other threads (a wait, a {@link Communicator} creation over it) to
+ * return first ({@link #abort()} ends those at once).
  */
 public final class Store extends Handle<StoreHandle> {
   /** Default wait of {@link #open(String, int)}, {@link #get} and {@link #await}, in ms. */
   public static final long DEFAULT_TIMEOUT_MS = 30000;
 
+  /** Counts the native calls under way; the destroy waits until none is. */
+  static final class StoreState extends State<StoreHandle> {
+    private int inUse;
+
+    StoreState(StoreHandle proxy) {
+      super(proxy, StoreHandle::delete);
+    }
+
+    /** The proxy, counted as in use until {@link #leave}; IllegalStateException if closed. */
+    synchronized StoreHandle enter() {
+      StoreHandle p = proxy();
+      if (p == null) throw new IllegalStateException("hpshard store is closed");
+      ++inUse;
+      return p;
+    }
+
+    synchronized void leave() {
+      if (--inUse == 0) notifyAll();
+    }
+
+    @Override
+    void beforeDestroy(StoreHandle proxy) {
+      boolean interrupted = false;
+      synchronized (this) {
+        while (inUse > 0) {
+          try {
+            wait();
+          } catch (InterruptedException e) {
+            interrupted = true; // the destroy must not overlap a call; asked again after
+          }
+        }
+      }
+      if (interrupted) Thread.currentThread().interrupt();
+    }
+  }
+
+  /** A native call on the store, counted (see {@link StoreState}). */
+  interface Call<T> {
+    T run(StoreHandle h);
+  }
+
   private final String url;
   private final int rank;
 
   private Store(StoreHandle handle, String url, int rank) {
-    super(handle, StoreHandle::delete, "store");
+    super(new StoreState(handle), "store");
     this.url = url;
     this.rank = rank;
+  }
+
+  /** Runs {@code call} on the native store; a close meanwhile waits for it to return. */
+  <T> T use(Call<T> call) {
+    StoreState s = (StoreState) state;
+    StoreHandle h = s.enter();
+    try {
+      return call.run(h);
+    } finally {
+      s.leave();
+    }
   }
 
   /**
@@ -48,7 +102,10 @@ public final class Store extends Handle<StoreHandle> {
   public void set(String key, byte[] value) {
     Objects.requireNonNull(key, "key");
     Objects.requireNonNull(value, "value");
-    h().set(key, value);
+    use(h -> {
+      h.set(key, value);
+      return null;
+    });
   }
 
   /** Sets {@code key} to the UTF-8 bytes of {@code value}. */
@@ -59,7 +116,7 @@ public final class Store extends Handle<StoreHandle> {
   /** Waits up to {@code timeoutMs} for {@code key}, then returns its value (TIMEOUT). */
   public byte[] get(String key, long timeoutMs) {
     Objects.requireNonNull(key, "key");
-    return h().get(key, timeoutMs);
+    return use(h -> h.get(key, timeoutMs));
   }
 
   /** {@link #get(String, long)} with {@link #DEFAULT_TIMEOUT_MS}. */
@@ -70,13 +127,16 @@ public final class Store extends Handle<StoreHandle> {
   /** Adds {@code delta} to the integer at {@code key} (0 when unset); the new value. */
   public long add(String key, long delta) {
     Objects.requireNonNull(key, "key");
-    return h().add(key, delta);
+    return use(h -> h.add(key, delta));
   }
 
   /** Waits up to {@code timeoutMs} until {@code key} is set (hps_store_wait; TIMEOUT). */
   public void await(String key, long timeoutMs) {
     Objects.requireNonNull(key, "key");
-    h().wait(key, timeoutMs);
+    use(h -> {
+      h.wait(key, timeoutMs);
+      return null;
+    });
   }
 
   /**
@@ -87,13 +147,16 @@ public final class Store extends Handle<StoreHandle> {
    * store).
    */
   public void abort() {
-    h().abort();
+    use(h -> {
+      h.abort();
+      return null;
+    });
   }
 
   /** Whether {@code key} is set, without waiting. */
   public boolean check(String key) {
     Objects.requireNonNull(key, "key");
-    return h().check(key) != 0;
+    return use(h -> h.check(key)) != 0;
   }
 
   @Override

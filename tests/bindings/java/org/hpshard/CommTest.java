@@ -400,6 +400,54 @@ class CommTest {
     }
   }
 
+  /**
+   * A store is used from several threads at once: closing it while another thread waits in
+   * get (or creates a communicator over it) freed the native store under that wait (an
+   * INTERNAL error, then the JVM crashed). The close now waits for the wait to end; abort()
+   * ends it at once. The cleaner's destroy (an unreachable Store) waits the same way.
+   */
+  @Test
+  void closingAStoreWaitsForCallsUnderWayOnOtherThreads() throws Exception {
+    for (boolean abortFirst : new boolean[] {false, true}) {
+      Store store = Store.open("memory://java-close-" + UUID.randomUUID(), 0);
+      AtomicReference<Throwable> error = new AtomicReference<>();
+      CountDownLatch entered = new CountDownLatch(1);
+      Thread getter = new Thread(() -> {
+        try {
+          entered.countDown();
+          store.get("never", 1500);
+        } catch (Throwable t) {
+          error.set(t);
+        }
+      });
+      Thread creator = new Thread(() -> {
+        try {
+          // rank 1 never comes
+          Communicator.create(store, 0, 2, new Communicator.Options().timeoutMs(1500)).close();
+        } catch (Throwable t) {
+          // TIMEOUT or ABORTED, checked through the getter's
+        }
+      });
+      getter.start();
+      creator.start();
+      assertTrue(entered.await(10, TimeUnit.SECONDS));
+      Thread.sleep(300);
+      long start = System.nanoTime();
+      if (abortFirst) store.abort();
+      store.close();
+      long tookMs = (System.nanoTime() - start) / 1_000_000;
+      getter.join(JOIN_MS);
+      assertFalse(getter.isAlive());
+      HpsException e = assertInstanceOf(HpsException.class, error.get());
+      assertEquals(abortFirst ? ABORTED : TIMEOUT, e.status(), e.getMessage());
+      if (!abortFirst) assertTrue(tookMs >= 800, "close returned after " + tookMs + " ms");
+      assertTrue(store.isClosed());
+      assertThrows(IllegalStateException.class, () -> store.get("k", 10));
+      creator.join(JOIN_MS);
+      assertFalse(creator.isAlive());
+    }
+  }
+
   @Test
   void closingWorldClosesItsHybridGroups() throws Exception {
     runRanks(2, (r, url) -> {
