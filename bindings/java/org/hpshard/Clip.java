@@ -145,9 +145,10 @@ public final class Clip extends Handle<ClipHandle> {
    */
   public void addTensor(Tensor grad, long flags) {
     Objects.requireNonNull(grad, "grad");
+    Tensor.Pinned g = grad.pinned(); // its memory stays while the clip holds this
     synchronized (state) {
-      h().addTensorDlpack(grad.h(), flags);
-      keep(grad);
+      h().addTensorDlpack(g.view, flags);
+      keep(g.keep);
     }
   }
 

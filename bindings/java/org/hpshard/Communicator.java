@@ -225,8 +225,8 @@ public final class Communicator extends Handle<CommHandle> {
     return w;
   }
 
-  private static org.hpshard.internal.TensorHandle t(Tensor t, String what) {
-    return Objects.requireNonNull(t, what).h();
+  private static Tensor.Pinned t(Tensor t, String what) {
+    return Objects.requireNonNull(t, what).pinned();
   }
 
   private static void sameCount(long a, long b, String op) {
@@ -353,43 +353,53 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   // ---- collectives over DLPack tensors -------------------------------------------------------
+  // Each view is pinned before the call and the Work holds the pins: a Tensor (or its engine)
+  // closed while the operation is pending keeps its memory until the operation is over.
+
   /** allReduce over tensors (dtype and counts from them; send may be recv). */
   public Work allReduce(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
-    return work(h().allReduceDlpack(t(send, "send"), t(recv, "recv"),
-        Objects.requireNonNull(op, "op").code(), ready(ready)), ready, send, recv);
+    Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
+    return work(h().allReduceDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
+        ready(ready)), ready, s.keep, r.keep);
   }
 
   /** reduce over tensors ({@code recv} may be null on other ranks than root). */
   public Work reduce(Tensor send, Tensor recv, ReduceOp op, int root, Stream ready) {
-    return work(h().reduceDlpack(t(send, "send"), recv == null ? null : recv.h(),
-        Objects.requireNonNull(op, "op").code(), root, ready(ready)), ready, send, recv);
+    Tensor.Pinned s = t(send, "send"), r = recv == null ? null : recv.pinned();
+    return work(h().reduceDlpack(s.view, r == null ? null : r.view,
+        Objects.requireNonNull(op, "op").code(), root, ready(ready)), ready, s.keep,
+        r == null ? null : r.keep);
   }
 
   /** broadcast of a tensor. */
   public Work broadcast(Tensor buffer, int root, Stream ready) {
-    return work(h().broadcastDlpack(t(buffer, "buffer"), root, ready(ready)), ready, buffer);
+    Tensor.Pinned b = t(buffer, "buffer");
+    return work(h().broadcastDlpack(b.view, root, ready(ready)), ready, b.keep);
   }
 
   /** allGather over tensors (recv needs size x send elements). */
   public Work allGather(Tensor send, Tensor recv, Stream ready) {
-    return work(h().allGatherDlpack(t(send, "send"), t(recv, "recv"), ready(ready)), ready,
-        send, recv);
+    Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
+    return work(h().allGatherDlpack(s.view, r.view, ready(ready)), ready, s.keep, r.keep);
   }
 
   /** reduceScatter over tensors (send needs size x recv elements). */
   public Work reduceScatter(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
-    return work(h().reduceScatterDlpack(t(send, "send"), t(recv, "recv"),
-        Objects.requireNonNull(op, "op").code(), ready(ready)), ready, send, recv);
+    Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
+    return work(h().reduceScatterDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
+        ready(ready)), ready, s.keep, r.keep);
   }
 
   /** send of a tensor to {@code peer}. */
   public Work send(Tensor buffer, int peer, Stream ready) {
-    return work(h().sendDlpack(t(buffer, "buffer"), peer, ready(ready)), ready, buffer);
+    Tensor.Pinned b = t(buffer, "buffer");
+    return work(h().sendDlpack(b.view, peer, ready(ready)), ready, b.keep);
   }
 
   /** recv into a tensor from {@code peer}. */
   public Work recv(Tensor buffer, int peer, Stream ready) {
-    return work(h().recvDlpack(t(buffer, "buffer"), peer, ready(ready)), ready, buffer);
+    Tensor.Pinned b = t(buffer, "buffer");
+    return work(h().recvDlpack(b.view, peer, ready(ready)), ready, b.keep);
   }
 
   @Override

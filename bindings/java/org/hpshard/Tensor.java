@@ -16,7 +16,10 @@ import org.hpshard.internal.TensorHandle;
  * <p>{@link #byteBuffer()} is a direct ByteBuffer over host memory; the library refuses a
  * host view of device memory (HpsException FAILED_PRECONDITION), its one host/device policy.
  * {@link #address()} is the data's address on the tensor's {@link #device()}. Collectives
- * ({@link Communicator}) and {@link Clip#addTensor(Tensor, long)} take views as they are.
+ * ({@link Communicator}) and {@link Clip#addTensor(Tensor, long)} take views as they are,
+ * and keep the view's memory alive while they use it (an operation until its {@link Work}
+ * has been observed finished or closed, a clip until it is closed), also when this Tensor
+ * or its engine is closed first.
  */
 public final class Tensor extends Handle<TensorHandle> {
   private final Handle<?> owner;
@@ -134,16 +137,36 @@ public final class Tensor extends Handle<TensorHandle> {
     if (bytes > Integer.MAX_VALUE) {
       throw new UnsupportedOperationException(what + " exceeds 2 GiB");
     }
-    Object attachment;
+    return HpshardNative.directBuffer(address, bytes, pinned().keep).order(ByteOrder.nativeOrder());
+  }
+
+  /**
+   * The view with an object that keeps its native view (and so the memory) alive while the
+   * object is reachable, past close() of this Tensor and of its owner: what a ByteBuffer
+   * over it, an operation ({@link Work}) or a {@link Clip} holds. IllegalStateException
+   * when the Tensor or its owner is closed.
+   */
+  Pinned pinned() {
     synchronized (release) {
+      TensorHandle view = h(); // open now, and stays so: a close takes this monitor
       if (pin == null) {
         pin = new Object();
         release.pin();
         CLEANER.register(pin, release::unpinned);
       }
-      attachment = pin;
+      return new Pinned(view, pin);
     }
-    return HpshardNative.directBuffer(address, bytes, attachment).order(ByteOrder.nativeOrder());
+  }
+
+  /** A view and the object whose reachability keeps it (see {@link #pinned()}). */
+  static final class Pinned {
+    final TensorHandle view;
+    final Object keep;
+
+    Pinned(TensorHandle view, Object keep) {
+      this.view = view;
+      this.keep = keep;
+    }
   }
 
   /**
@@ -152,9 +175,9 @@ public final class Tensor extends Handle<TensorHandle> {
    */
   @Override
   public void close() {
-    super.close();
     synchronized (release) {
-      pin = null; // the buffers alone keep it now
+      super.close();
+      pin = null; // the buffers, operations and clips that hold it alone keep it now
     }
   }
 

@@ -6,8 +6,8 @@ import org.hpshard.internal.WorkHandle;
 
 /**
  * One asynchronous operation (hps_work_t), returned by every {@link Communicator}
- * collective. It keeps the operation's buffers (ByteBuffers or Tensors) reachable until the
- * operation has been observed finished ({@link #await()} returned or threw, {@link #test()}
+ * collective. It keeps the operation's buffers (ByteBuffers, or the memory of Tensors even
+ * when they are closed) reachable until the operation has been observed finished ({@link #await()} returned or threw, {@link #test()}
  * returned true or threw) or the work is closed. {@link #close()} waits for an operation
  * not yet observed finished (the C API needs its buffers until then), then destroys the
  * handle exactly once; an unreachable work is waited for and destroyed by a Cleaner.

@@ -118,6 +118,68 @@ class TensorTest {
     assertEquals((double) (1 << 16) * ((1 << 16) - 1) / 2, sum);
   }
 
+  /**
+   * A Tensor and its engine closed while a receive into the Tensor is pending: the Work
+   * held the Tensor object only, so the close freed the view and the engine's memory, the
+   * next engine's parameter took the same 64 MiB and the receive overwrote it. The Work now
+   * pins the view: the memory stays until the receive is over, and nothing else is touched.
+   */
+  @Test
+  void aPendingOperationKeepsTheMemoryOfAClosedTensor() throws Exception {
+    final int n = 16 << 20; // 64 MiB of float32: mapped on its own, unmapped when freed
+    String url = "memory://java-tensor-pending-" + UUID.randomUUID();
+    java.util.concurrent.CountDownLatch closed = new java.util.concurrent.CountDownLatch(1);
+    java.util.concurrent.atomic.AtomicReference<Throwable> peerError =
+        new java.util.concurrent.atomic.AtomicReference<>();
+    Thread peer = new Thread(() -> {
+      try (Store ps = Store.open(url, 1, 10000);
+          Communicator pc =
+              Communicator.create(ps, 1, 2, new Communicator.Options().timeoutMs(20000))) {
+        closed.await();
+        ByteBuffer data = ByteBuffer.allocateDirect(n * 4).order(java.nio.ByteOrder.nativeOrder());
+        for (int i = 0; i < n; i++) data.putFloat(i * 4, 7f);
+        pc.send(data, DType.FLOAT32, 0).await();
+      } catch (Throwable t) {
+        peerError.set(t);
+      }
+    });
+    peer.start();
+    try (Store s = Store.open(url, 0, 10000);
+        Communicator c =
+            Communicator.create(s, 0, 2, new Communicator.Options().timeoutMs(20000));
+        Store es = store("pending-a"); Communicator ec = one(es);
+        Store es2 = store("pending-b"); Communicator ec2 = one(es2)) {
+      Engine first = Engine.create(ec);
+      first.addParam("w", new long[] {n});
+      first.seal();
+      Tensor t = first.paramTensor(0);
+      long address = t.address();
+      Work w = c.recv(t, 1, null);
+      t.close();
+      first.close();
+      try (Engine second = Engine.create(ec2)) {
+        second.addParam("other", new long[] {n});
+        second.seal();
+        try (Tensor other = second.paramTensor(0)) {
+          ByteBuffer p2 = other.byteBuffer();
+          for (int i = 0; i < n; i++) p2.putFloat(i * 4, 0f);
+          boolean reused = other.address() == address;
+          closed.countDown();
+          w.await();
+          w.close();
+          // The first engine's memory was still the receive's.
+          assertTrue(!reused, "the pending receive's memory was reused");
+          assertEquals(0f, p2.getFloat(0));
+          assertEquals(0f, p2.getFloat((n - 1) * 4));
+        }
+      }
+    } finally {
+      closed.countDown();
+      peer.join(60000);
+    }
+    assertEquals(null, peerError.get());
+  }
+
   @Test
   void stageThreeViewsExistWhileTheUnitIsGathered() {
     try (Store s = store("stage3"); Communicator c = one(s);
