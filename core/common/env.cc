@@ -79,7 +79,7 @@ StatusOr<bool> env_flag(const char* name, bool fallback) {
   if (!text) return fallback;
   if (*text == "0") return false;
   if (*text == "1") return true;
-  return invalid_argument(std::string("environment variable ") + name + "='" + *text +
+  return invalid_argument(std::string("environment variable ") + name + "='" + shown_value(*text) +
                           "' is not 0 or 1");
 }
 

@@ -18,7 +18,7 @@ LogLevel level_from_environment() {
   if (auto text = env_string("HPS_LOG_LEVEL")) {
     if (!parse_log_level(*text, &level)) {
       std::fprintf(stderr, "[hpshard] HPS_LOG_LEVEL='%s' is not a level; using warn\n",
-                   text->c_str());
+                   shown_value(*text).c_str());
     }
   }
   return level;

@@ -26,7 +26,12 @@ echo 'not a checkpoint' >"$work/ckpt/model.safetensors"
 "$tool" list "$work/ckpt" >"$work/list.out" 2>"$work/list.err" || exit 1
 grep -q "torn not listed: invalid argument" "$work/list.err" && ! grep -q "notes\|model" "$work/list.err" \
   || { cat "$work/list.err"; echo "list did not name the unreadable manifest alone"; exit 1; }
-rm -rf "$work/ckpt/notes" "$work/ckpt/torn" "$work/ckpt/model.safetensors"
+# A name with a terminal escape is shown escaped, in the name and in the message's path.
+mkdir "$work/ckpt/e"$'\e'"[31m" && echo '{' >"$work/ckpt/e"$'\e'"[31m/manifest.json"
+"$tool" list "$work/ckpt" >"$work/list.out" 2>"$work/list.err" || exit 1
+grep -q $'\e' "$work/list.err" && { cat -v "$work/list.err"; echo "list printed a raw escape"; exit 1; }
+grep -qF 'e\x1b[31m/manifest.json' "$work/list.err" || { cat -v "$work/list.err"; echo "no escaped path"; exit 1; }
+rm -rf "$work/ckpt/notes" "$work/ckpt/torn" "$work/ckpt/model.safetensors" "$work/ckpt/e"$'\e'"[31m"
 # A latest pointer naming no checkpoint here is said (nothing is marked latest then).
 cp "$work/ckpt/latest" "$work/latest.kept" && echo gone >"$work/ckpt/latest"
 "$tool" list "$work/ckpt" >"$work/list.out" 2>"$work/list.err" || exit 1

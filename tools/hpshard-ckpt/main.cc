@@ -26,8 +26,11 @@ namespace {
 
 using namespace hps;
 
+std::string printable(const std::string& text);
+
+// Messages name paths and values from the checkpoint: shown printable (see there).
 int fail(const Status& s) {
-  std::fprintf(stderr, "hpshard-ckpt: %s\n", s.to_string().c_str());
+  std::fprintf(stderr, "hpshard-ckpt: %s\n", printable(s.to_string()).c_str());
   return 1;
 }
 
@@ -179,7 +182,7 @@ int list(const std::string& root) {
       // Not a checkpoint (no manifest) is not listed; a manifest that does not read is said.
       if (m.status().code() != StatusCode::kNotFound) {
         std::fprintf(stderr, "hpshard-ckpt: %s not listed: %s\n", printable(n).c_str(),
-                     m.status().to_string().c_str());
+                     printable(m.status().to_string()).c_str());
       }
       continue;
     }
@@ -199,7 +202,7 @@ int list(const std::string& root) {
                  ckpt::join_path(root, std::string(ckpt::kLatestFile)).c_str(),
                  printable(*latest).c_str());
   } else if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) {
-    std::fprintf(stderr, "hpshard-ckpt: %s\n", latest.status().to_string().c_str());
+    std::fprintf(stderr, "hpshard-ckpt: %s\n", printable(latest.status().to_string()).c_str());
   }
   return 0;
 }

@@ -62,6 +62,13 @@ TEST(Env, Integers) {
                              "\xf5\x80\x80\x80", "\xff", "ok\xe2\x82"}) {
     EXPECT_FALSE(is_utf8(broken)) << shown_value(broken);
   }
+  // A switch's refused value is shown escaped too (it was printed raw: a terminal escape
+  // in the variable reached the terminal).
+  ::setenv("HPS_TEST_ENV_INT", "\x1b[2J", 1);
+  auto flag = env_flag("HPS_TEST_ENV_INT", false);
+  ASSERT_FALSE(flag.ok());
+  EXPECT_EQ(flag.status().message().find('\x1b'), std::string::npos) << flag.status().message();
+  EXPECT_NE(flag.status().message().find("\\x1b[2J"), std::string::npos) << flag.status().message();
   ::unsetenv("HPS_TEST_ENV_INT");
   EXPECT_EQ(*env_int("HPS_TEST_ENV_INT", 7), 7);
   EXPECT_FALSE(env_string("HPS_TEST_ENV_INT").has_value());
