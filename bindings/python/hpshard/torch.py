@@ -122,10 +122,13 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
     there; without one, rank 0 makes one for the job and shares it there, which any process
     that reaches MASTER_PORT can read. HPS_STORE, HPS_STORE_TOKEN (and, on rank 0,
     HPS_STORE_FD) are set for hpshard.rendezvous_from_env. Nothing happens when HPS_STORE is
-    set already."""
+    set already (also when empty: the library refuses that, naming it)."""
     env = os.environ
-    if env.get("HPS_STORE") or env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+    if "HPS_STORE" in env or env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return
+    if env.get("HPS_STORE_TOKEN") == "":
+        raise _invalid("world_from_env: environment variable HPS_STORE_TOKEN is set but empty "
+                       "(set a token, or unset it to have the job make one)")
     import datetime
     import socket
 
@@ -152,7 +155,7 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
         # A token of the job's own (unless one is set): connections that are not this
         # job's ranks are closed, as under hpshard-run.
         published = {"url": url}
-        if env.get("HPS_STORE_TOKEN"):
+        if "HPS_STORE_TOKEN" in env:
             published["token_set"] = True  # each rank has it: not a byte of it published
         else:
             env["HPS_STORE_TOKEN"] = published["token"] = secrets.token_hex(32)
@@ -258,11 +261,17 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
+def _decimal(text: str) -> bool:
+    """Whether ``text`` is what the library reads as a number: ASCII digits only
+    (``str.isdigit`` also takes other scripts' digits and superscripts)."""
+    return text.isascii() and text.isdigit()
+
+
 def _trace_pid() -> int:
     """The process id the library's timeline gives this process (core/trace)."""
     for name in ("HPS_RANK", "RANK"):
         text = os.environ.get(name, "")
-        if text.isdigit() and int(text) < (1 << 30):
+        if _decimal(text) and int(text) < (1 << 30):
             return int(text)
     return os.getpid()
 
@@ -280,7 +289,7 @@ class _Timeline:
         self.files = 0
         self.dropped = 0
         text = os.environ.get("HPS_TRACE_MAX_EVENTS", "")
-        self.max_events = int(text) if text.isdigit() and int(text) > 0 else 2_000_000
+        self.max_events = int(text) if _decimal(text) and int(text) > 0 else 2_000_000
         self.lock = threading.Lock()
         atexit.register(self.write)
 

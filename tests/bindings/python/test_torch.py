@@ -813,6 +813,42 @@ def test_ranks_disagreeing_on_a_token_of_their_own_are_told_which(monkeypatch):
     assert "HPS_STORE" not in os.environ and os.environ["HPS_STORE_TOKEN"] == "mine"
 
 
+def test_empty_store_variables_under_the_agent_store_are_not_taken_for_unset(monkeypatch):
+    """An empty HPS_STORE_TOKEN is an error (README); under torchrun's agent store it was
+    taken for unset and replaced by a token the job made (rank 0) or rank 0's (the others).
+    An empty HPS_STORE is left for the library to refuse (it was replaced too)."""
+    import hpshard.torch as hpt
+    for k in [k for k in os.environ if k.startswith("HPS_")]:
+        monkeypatch.delenv(k)
+    for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "empty",
+                 "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("HPS_STORE_TOKEN", "")
+    with pytest.raises(hpshard.InvalidArgumentError, match="HPS_STORE_TOKEN is set but empty"):
+        hpt._store_beside_torchrun_agent(1000)
+    assert os.environ["HPS_STORE_TOKEN"] == "" and "HPS_STORE" not in os.environ
+    monkeypatch.delenv("HPS_STORE_TOKEN")
+    monkeypatch.setenv("HPS_STORE", "")
+    hpt._store_beside_torchrun_agent(1000)  # returns at once: the library names it
+    assert os.environ["HPS_STORE"] == "" and "HPS_STORE_TOKEN" not in os.environ
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "\u0663", "3x"])
+def test_trace_variables_are_read_as_the_library_reads_them(monkeypatch, value):
+    """HPS_TRACE_MAX_EVENTS and HPS_RANK with digits of other scripts: str.isdigit took
+    them (a crash on a superscript, another reading than the library's for Arabic-Indic 3);
+    only ASCII digits count, as in the library."""
+    import hpshard.torch as hpt
+    monkeypatch.setenv("HPS_RANK", value)
+    monkeypatch.delenv("RANK", raising=False)
+    assert hpt._trace_pid() == os.getpid()
+    monkeypatch.setenv("HPS_TRACE_MAX_EVENTS", value)
+    assert hpt._Timeline("/nonexistent").max_events == 2_000_000
+    monkeypatch.setenv("HPS_RANK", "3")
+    assert hpt._trace_pid() == 3
+
+
 # ---- module shapes beyond the GPT: units returning their memory, activation checkpointing,
 # in-place parameter writes, inference-mode evaluation, containers ---------------------
 
