@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -67,6 +68,34 @@ inline int create_beside(const std::string& target, std::string* temporary) {
   }
   errno = EEXIST;
   return -1;
+}
+
+// Writes `text` to `path` as above (checked, written beside, renamed over it). Returns
+// the error, naming the path; empty on success.
+inline std::string write_output(const std::string& path, const std::string& text) {
+  const OutputFile checked = output_file(path);
+  if (!checked.error.empty()) return "cannot write '" + path + "': " + checked.error;
+  std::string temporary;
+  const int fd = create_beside(checked.target, &temporary);
+  if (fd < 0) return "cannot write beside '" + path + "': " + std::strerror(errno);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      return "cannot write '" + temporary + "': " + std::strerror(err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 || std::rename(temporary.c_str(), checked.target.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temporary.c_str());
+    return "cannot write '" + path + "': " + std::strerror(err);
+  }
+  return {};
 }
 
 }  // namespace hps

@@ -38,3 +38,24 @@ for result in doc["results"]:
 assert doc["mpi"]["ran"] == mpi_built, doc["mpi"]
 print("bench smoke OK:", len(doc["results"]), "tables")
 PY
+# Option values are refused before any run: integers that CLI11 alone would read as octal
+# or hex (010 was 8 ranks), switches other than 0 and 1, and a --json that is no regular
+# file (a FIFO blocked the write forever, after the whole run).
+mkfifo "$out/fifo"
+refused() {
+  local expect="$1"
+  shift
+  if timeout 20 "$bench" "$@" --no-torch --quiet >"$out/refused.txt" 2>&1; then
+    echo "accepted: $*"
+    exit 1
+  fi
+  grep -qF -- "$expect" "$out/refused.txt" || { cat "$out/refused.txt"; echo "for: $*"; exit 1; }
+}
+refused "'010' is not a decimal integer" step --ranks 010 --steps 1
+refused "'0x10' is not a decimal integer" coll --ranks 0x10 --no-mpi
+refused "'08' is not a decimal integer" ckpt --reps 08
+refused "--check-arguments" coll --check-arguments 5 --no-mpi
+refused "--shm-direct" coll --shm-direct -1 --no-mpi
+refused "not a regular file" coll --ranks 2 --no-mpi --json "$out/fifo"
+refused "not a regular file" clip --plot "$out"
+echo "bench option refusals OK"

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/common/config.h"
+#include "core/common/output_file.h"
 #include "core/device/buffer.h"
 #include "core/device/cuda/stream.h"
 #include "core/device/device.h"
@@ -120,10 +121,18 @@ std::string flag_value(int argc, char** argv, int& i) {
 // A mode's figures as one JSON object in `path` (nothing when it is empty).
 void write_json(const std::string& path, const hps::bench::Json& j) {
   if (path.empty()) return;
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) die("cannot write " + path);
-  std::fputs((j.dump(2) + "\n").c_str(), f);
-  std::fclose(f);
+  const std::string error = hps::write_output(path, j.dump(2) + "\n");
+  if (!error.empty()) die(error);
+}
+
+// A --json FILE, refused before the run when it is no regular file (output_file.h).
+std::string json_value(int argc, char** argv, int& i) {
+  std::string path = flag_value(argc, argv, i);
+  const hps::OutputFile checked = hps::output_file(path);
+  if (path.empty() || !checked.error.empty()) {
+    die("--json '" + path + "': " + (path.empty() ? "an empty path" : checked.error));
+  }
+  return path;
 }
 
 // --step [--width N] [--depth N] [--json FILE]: the runtime's step on CUDA at world size 1.
@@ -139,7 +148,7 @@ int step_mode(int argc, char** argv, int first) {
     } else if (flag == "--depth") {
       c.depth = std::atoi(value().c_str());
     } else if (flag == "--json") {
-      json_path = value();
+      json_path = json_value(argc, argv, i);
     } else {
       die("--step: unknown flag " + flag);
     }
@@ -186,7 +195,7 @@ int ckpt_mode(int argc, char** argv, int first) {
     } else if (flag == "--dir") {
       c.dir = value();
     } else if (flag == "--json") {
-      json_path = value();
+      json_path = json_value(argc, argv, i);
     } else {
       die("--ckpt: unknown flag " + flag);
     }
@@ -226,7 +235,7 @@ int main(int argc, char** argv) {
     } else if (flag == "--iters") {
       iters = std::atoi(value().c_str());
     } else if (flag == "--json") {
-      json_path = value();
+      json_path = json_value(argc, argv, i);
     } else if (flag == "--info") {
       return print_info();
     } else if (flag == "--step") {
@@ -397,10 +406,8 @@ int main(int argc, char** argv) {
                 fold);
   json += tail;
   if (!json_path.empty()) {
-    std::FILE* f = std::fopen(json_path.c_str(), "w");
-    if (f == nullptr) die("cannot write " + json_path);
-    std::fputs(json.c_str(), f);
-    std::fclose(f);
+    const std::string error = hps::write_output(json_path, json);
+    if (!error.empty()) die(error);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);

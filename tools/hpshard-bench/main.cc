@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/common/output_file.h"
 #include "core/kernels/cpu/kernel_set.h"
 #include "tools/hpshard-bench/ckpt_bench.h"
 #include "tools/hpshard-bench/clip_bench.h"
@@ -35,6 +36,32 @@
 #endif
 
 namespace {
+
+// An output the run will write (--json, --plot): refused at once when it is no regular
+// file (a directory, a FIFO the write would block on), not after the whole run.
+CLI::Validator output_path() {
+  return CLI::Validator(
+      [](std::string& text) {
+        if (text.empty()) return std::string("an empty path");
+        const hps::OutputFile checked = hps::output_file(text);
+        return checked.error.empty() ? std::string() : "'" + text + "': " + checked.error;
+      },
+      "FILE");
+}
+
+// CLI11 reads integers with base 0 (010 is 8, 0x10 is 16): integer options take decimal
+// digits only.
+CLI::Validator decimal() {
+  return CLI::Validator(
+      [](std::string& text) {
+        const bool digits =
+            !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        return digits && (text.size() == 1 || text[0] != '0')
+                   ? std::string()
+                   : "'" + text + "' is not a decimal integer";
+      },
+      "INT");
+}
 
 using namespace hps::bench;
 
@@ -130,9 +157,12 @@ struct CommonCli {
 };
 
 void add_common(CLI::App& command, CommonCli& c, const std::string& torch_script, bool isa) {
-  command.add_option("--json", c.json_path, "also write every figure as one JSON object");
-  command.add_option("--plot", c.plot_path,
-                     "also draw the figures into this PNG (python3-matplotlib, plot.py)");
+  command.add_option("--json", c.json_path, "also write every figure as one JSON object")
+      ->check(output_path());
+  command
+      .add_option("--plot", c.plot_path,
+                  "also draw the figures into this PNG (python3-matplotlib, plot.py)")
+      ->check(output_path());
   command.add_flag("--no-torch", c.no_torch, "skip the torch column");
   command.add_option("--torch-script", c.torch_script,
                      torch_script + " (default: beside the sources, or $HPS_BENCH_TORCH_SCRIPT)");
@@ -179,13 +209,10 @@ int finish(const CommonCli& cli, const char* family, RunInfo& info,
   const std::filesystem::path json_path = cli.json_path.empty()
                                               ? temp_path(std::string(family) + "-plot")
                                               : std::filesystem::path(cli.json_path);
-  {
-    std::ofstream json(json_path);
-    json << to_json(info).dump(2) << "\n";
-    if (!json.flush()) {
-      std::fprintf(stderr, "hpshard-bench: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
+  const std::string error = hps::write_output(json_path.string(), to_json(info).dump(2) + "\n");
+  if (!error.empty()) {
+    std::fprintf(stderr, "hpshard-bench: %s\n", error.c_str());
+    return 1;
   }
   if (cli.plot_path.empty()) return 0;
   const std::string script = find_script("", "HPS_BENCH_PLOT_SCRIPT", "plot.py");
@@ -435,19 +462,25 @@ Family add_coll(CLI::App& app, int argc, char** argv) {
       "all_gather and reduce_scatter: count per rank x ranks, as nccl-tests); busbw uses "
       "nccl-tests' factors.");
   cmd->add_option("--ranks", c.ranks, "world sizes (default 2,4)")
+      ->check(decimal())
       ->delimiter(',')
       ->check(CLI::Range(2, 64));
   cmd->add_option("--min-bytes", c.min_bytes, "smallest message S in bytes (default 4096)")
+      ->check(decimal())
       ->check(CLI::Range(size_t{1}, size_t{1} << 31));
   cmd->add_option("--max-bytes", c.max_bytes,
                   "largest message S in bytes (default 67108864; up to 268435456)")
+      ->check(decimal())
       ->check(CLI::Range(size_t{1}, size_t{1} << 31));
   cmd->add_option("--iters", c.iters, "timed iterations per size (default: 40 small .. 5 large)")
+      ->check(decimal())
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", c.warmup, "untimed runs per size after the checked one (3 / 1)")
+      ->check(decimal())
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--repeat", c.repeat,
                   "the whole sweep N times; each figure is the median of the N (default 1)")
+      ->check(decimal())
       ->check(CLI::Range(1, 100));
   cmd->add_option("--ops", cli->ops, "all_reduce,all_gather,reduce_scatter,broadcast (default all)")
       ->delimiter(',')
@@ -455,14 +488,16 @@ Family add_coll(CLI::App& app, int argc, char** argv) {
   cmd->add_option("--dtype", cli->dtype, "float32 or float64 (default float32)")
       ->check(CLI::IsMember({"float32", "float64"}));
   cmd->add_option("--check-arguments", c.check_arguments,
-                  "hpshard's per-collective argument agreement, 0 or 1 (default 1)");
+                  "hpshard's per-collective argument agreement, 0 or 1 (default 1)")
+      ->check(CLI::IsMember({"0", "1"}));
   cmd->add_option("--transport", cli->transport,
                   "hpshard's transport between its same-host ranks (default shm)")
       ->check(CLI::IsMember({"shm", "tcp"}));
-  cmd->add_option(
-      "--shm-direct", c.shared_memory_direct,
-      "0 or 1: shared-memory all-gather and broadcast read the peers' buffers in "
-      "place, one copy per byte (CommOptions::shared_memory_direct; default 1, as in the library)");
+  cmd->add_option("--shm-direct", c.shared_memory_direct,
+                  "0 or 1: shared-memory all-gather and broadcast read the peers' buffers in "
+                  "place, one copy per byte (CommOptions::shared_memory_direct; default 1, as in "
+                  "the library)")
+      ->check(CLI::IsMember({"0", "1"}));
   cmd->add_flag("--no-mpi", cli->no_mpi, "skip the Open MPI column");
   cmd->add_option("--mpi-helper", cli->mpi_helper,
                   "hpshard-bench-mpi (default: beside this program)");
@@ -611,8 +646,10 @@ Family add_clip(CLI::App& app, int argc, char** argv) {
           },
           "SIZE[:mixed]"));
   cmd->add_option("--iters", c.iters, "timed iterations per model (default: 7 .. 31 by size)")
+      ->check(decimal())
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", c.warmup, "untimed iterations per model (default 2)")
+      ->check(decimal())
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--max-norm", c.max_norm, "the clip's max_norm (default 1)")
       ->check(CLI::Range(1e-6, 1e30));
@@ -790,17 +827,26 @@ Family add_step(CLI::App& app, int argc, char** argv) {
       "on the full parameters) on the same backend; torch DDP + ZeroRedundancyOptimizer(Adam) + "
       "clip_grad_norm_ when installed.");
   cmd->add_option("--ranks", c.ranks, "world sizes (default 2,4)")
+      ->check(decimal())
       ->delimiter(',')
       ->check(CLI::Range(1, 16));
   cmd->add_option("--width", c.width, "the MLP's width (default 1024)")
+      ->check(decimal())
       ->check(CLI::Range(1, 16384));
-  cmd->add_option("--depth", c.depth, "the MLP's depth (default 8)")->check(CLI::Range(1, 256));
+  cmd->add_option("--depth", c.depth, "the MLP's depth (default 8)")
+      ->check(decimal())
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--batch", c.batch, "samples per rank per step (default 8)")
+      ->check(decimal())
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--steps", c.steps, "steps per timed repetition (default 3)")
+      ->check(decimal())
       ->check(CLI::Range(1, 10000));
-  cmd->add_option("--reps", c.reps, "timed repetitions (default 5)")->check(CLI::Range(1, 10000));
+  cmd->add_option("--reps", c.reps, "timed repetitions (default 5)")
+      ->check(decimal())
+      ->check(CLI::Range(1, 10000));
   cmd->add_option("--warmup", c.warmup, "untimed repetitions (default 1)")
+      ->check(decimal())
       ->check(CLI::Range(0, 10000));
   cmd->add_option("--optimizer", cli->optimizer, "adamw or sgd (momentum 0.9); default adamw")
       ->check(CLI::IsMember({"adamw", "sgd"}));
@@ -808,6 +854,7 @@ Family add_step(CLI::App& app, int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e30));
   cmd->add_option("--prefetch-window", c.prefetch_window,
                   "stage 3: units live at once, prefetch included (default 2)")
+      ->check(decimal())
       ->check(CLI::Range(1, 1024));
   cmd->add_flag("--scale", c.scale,
                 "instead of --ranks: widths x1, x2, x4 of --width (about x1, x4, x16 parameters) "
@@ -861,7 +908,9 @@ Family add_ckpt(CLI::App& app, int argc, char** argv) {
       "Checkpoints of a Stage2Engine (AdamW, ranks as threads): save and load beside each rank "
       "writing (with fsync) and reading (cold cache) as many bytes plainly; a step while an "
       "asynchronous save is written beside the same step without one.");
-  cmd->add_option("--ranks", c.ranks, "ranks (default 2)")->check(CLI::Range(1, 16));
+  cmd->add_option("--ranks", c.ranks, "ranks (default 2)")
+      ->check(decimal())
+      ->check(CLI::Range(1, 16));
   cmd->add_option("--bytes", cli->bytes,
                   "fp32 parameter bytes (suffix K, M or G; AdamW saves 3x; default 64M)")
       ->check(CLI::Validator(
@@ -871,13 +920,18 @@ Family add_ckpt(CLI::App& app, int argc, char** argv) {
           },
           "SIZE"));
   cmd->add_option("--tensors", c.tensors, "parameters, one unit each (default 8)")
+      ->check(decimal())
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--reps", c.reps, "repetitions (default 3)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--reps", c.reps, "repetitions (default 3)")
+      ->check(decimal())
+      ->check(CLI::Range(1, 1000));
   cmd->add_option("--steps", c.steps,
                   "steps timed with and without a save, per repetition (default 6)")
+      ->check(decimal())
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--compute-passes", c.compute_passes,
                   "passes over the parameters in a step's compute (default 4)")
+      ->check(decimal())
       ->check(CLI::Range(0, 1000));
   cmd->add_flag("--kernel-passes", c.kernel_passes,
                 "run the compute passes as the kernel table's accumulate on the engine's "
@@ -886,7 +940,8 @@ Family add_ckpt(CLI::App& app, int argc, char** argv) {
                   "the engine's device: cpu (default) or cuda[:N]; exits 77 when it is absent")
       ->check(device_validator());
   cmd->add_option("--dir", c.dir, "where the checkpoints go (default: a temporary directory)");
-  cmd->add_option("--json", cli->common.json_path, "also write every figure as one JSON object");
+  cmd->add_option("--json", cli->common.json_path, "also write every figure as one JSON object")
+      ->check(output_path());
   cmd->add_flag("--quiet", cli->common.quiet, "no progress lines on stderr");
   return {cmd, [cli, argc, argv] { return run_ckpt_family(*cli, argc, argv); }};
 }
@@ -933,9 +988,10 @@ Family add_torch(CLI::App& app) {
       "rank, host syncs. Its options go to torch_peer.py: --ranks LIST, --width N, --layers "
       "N, --heads N, --context N, --vocab N, --batch N (per rank), --steps N, --reps N, "
       "--warmup N, --clip X, --prefetch-window N, --json FILE, --quiet.");
-  cmd->add_option("--torch-script", cli->script,
-                  "torch_peer.py (default: $HPS_BENCH_TORCH_SCRIPT, the installed one, or beside the "
-                  "sources)");
+  cmd->add_option(
+      "--torch-script", cli->script,
+      "torch_peer.py (default: $HPS_BENCH_TORCH_SCRIPT, the installed one, or beside the "
+      "sources)");
   cmd->allow_extras();
   return {cmd, [cli, cmd] { return run_torch_family(cli->script, cmd->remaining()); }};
 }
