@@ -603,7 +603,10 @@ impl Communicator {
     /// every operation not yet known to be finished is waited for
     /// (`hps_work_wait`), then every work handle is freed. Returns `f`'s error if it
     /// failed, else the first error of those final waits (of operations whose error
-    /// the closure had not already been given), else `f`'s value.
+    /// the closure had not already been given), else `f`'s value. The slices are host
+    /// memory, so only a CPU communicator has scopes: on another device it is
+    /// [`Status::InvalidArgument`] before `f` runs (its collectives take device memory
+    /// through the `*_raw` functions or DLPack tensors).
     ///
     /// ```no_run
     /// # fn main() -> hpshard::Result<()> {
@@ -625,6 +628,17 @@ impl Communicator {
     where
         F: for<'scope> FnOnce(&'scope CommScope<'scope, 'env>) -> Result<T>,
     {
+        let (device_type, index) = self.device()?;
+        if device_type != DeviceType::CPU {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!(
+                    "Communicator::scope: its collectives take host slices, but this \
+                     communicator is on {device_type} {index} (use the *_raw collectives \
+                     with device pointers, or DLPack tensors)"
+                ),
+            ));
+        }
         let works: RefCell<Vec<Slot>> = RefCell::new(Vec::new());
         let mut guard = FinishGuard {
             works: &works,

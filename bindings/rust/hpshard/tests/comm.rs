@@ -125,6 +125,24 @@ fn store_set_get_add_wait_check() {
     assert_eq!(b.get("x", Duration::from_secs(1)).unwrap(), b"1".to_vec());
 }
 
+/// A scope's collectives take host slices: a CUDA communicator has none (it would have
+/// handed host memory to NCCL as device memory). Runs where a CUDA device is present.
+#[test]
+fn a_device_communicator_has_no_slice_scope() {
+    if hpshard::device_count(DeviceType::CUDA).unwrap_or(0) == 0 {
+        return; // no CUDA device here: the GPU check runs it
+    }
+    let store = Store::open(&unique_url("cuda-scope"), 0, Duration::from_secs(10)).unwrap();
+    let comm = Communicator::create(&store, 0, 1, DeviceType::CUDA, 0, None).unwrap();
+    let send = [1.0f32; 4];
+    let mut recv = [0.0f32; 4];
+    let e = expect_status(
+        comm.scope(|s| s.all_reduce(&send, &mut recv, ReduceOp::SUM)?.wait()),
+        Status::InvalidArgument,
+    );
+    assert!(e.message().contains("host slices"), "{}", e.message());
+}
+
 #[test]
 fn store_is_shared_by_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
