@@ -77,6 +77,10 @@ class HybridClip {
   const ClipOptions& options() const { return options_; }
   size_t tensor_count() const { return tensors_.size(); }
 
+  // Blocks (uncounted) until what the latest run()/finish() enqueued has completed: what a
+  // handle's destroy waits for while views keep the clip (their owner's memory may go).
+  void wait_in_flight();
+
  private:
   HybridClip(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> mp,
              std::shared_ptr<Communicator> pp, ClipOptions options);
@@ -92,9 +96,6 @@ class HybridClip {
   bool has_groups_ = false;
   // Records `done_` on `stream`: everything the latest run enqueued there is behind it.
   void mark_enqueued(Stream& stream);
-  // Blocks (uncounted) until what the latest run()/finish() enqueued has completed.
-  void wait_in_flight();
-
   DeviceBuffer state_;  // one ClipState
   // States a communicator-less clip moved away from: kept, so that coefficient addresses
   // taken before the move stay readable memory.

@@ -324,3 +324,56 @@ def test_cuda_round_trip_with_host_buffers():
     with hpshard.Stream(DeviceType.CPU) as cpu, hpshard.Event(DeviceType.CUDA) as ev:
         with raises_status(INVALID_ARGUMENT):  # device mismatch
             ev.record(cpu)
+
+
+CLIP_CLOSED_WITH_A_VIEW = """
+import sys, threading, time, uuid, gc
+import numpy as np
+import hpshard as hps
+url = sys.argv[1]
+go = threading.Event()
+N = 4 << 20  # 16 MiB of float32: mapped on its own, unmapped when freed
+
+def rank1():
+    with hps.Store.open(url, 1) as st, hps.Communicator.create(st, 1, 2) as c:
+        go.wait()
+        c.send(np.ones(1, np.float32), 0).wait()
+
+t = threading.Thread(target=rank1)
+t.start()
+threading.Timer(1.0, go.set).start()
+st = hps.Store.open(url, 0)
+world = hps.Communicator.create(st, 0, 2)
+s = hps.Stream()
+pending = world.recv(np.zeros(1, np.float32), 1)
+pending.wait_stream(s)  # s waits for rank 1's send
+clip = hps.Clip(max_norm=1.0)
+g = np.full(N, 100.0, np.float32)
+clip.add_tensor(g)
+clip.seal()
+coef = clip.coefficient()  # a view: it keeps the clip
+clip.run(s)  # queued behind the receive
+del g  # the clip keeps it while it lives
+t0 = time.monotonic()
+clip.close()
+print("close took", round(time.monotonic() - t0, 3), "pending", not pending.test(), flush=True)
+gc.collect()
+pending.wait()
+s.synchronize()
+s.close(); world.close(); st.close(); t.join()
+print("survived", flush=True)
+"""
+
+
+def test_closing_a_clip_with_a_live_coefficient_view_waits_for_its_run():
+    """hps_clip_destroy waited for the last run only when it freed the clip: with a
+    coefficient view keeping the clip it returned at once, the binding let go of the
+    registered gradients and the queued run scaled freed memory (SIGSEGV)."""
+    import subprocess
+    import sys
+    import uuid
+    done = subprocess.run([sys.executable, "-c", CLIP_CLOSED_WITH_A_VIEW,
+                           f"memory://clip-view-{uuid.uuid4().hex}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert "survived" in done.stdout and "pending False" in done.stdout, done.stdout
