@@ -445,6 +445,7 @@ class Store(Handle):
         self.rank = rank
         self._in_use = 0  # calls under way; the destroy waits until none is
         self._idle = threading.Condition(self._lock)
+        self._closing: Any = None  # the handle while close() waits for those calls
 
     @contextlib.contextmanager
     def _using(self) -> Iterator[Any]:
@@ -462,8 +463,12 @@ class Store(Handle):
                     self._idle.notify_all()
 
     def _before_close(self, h: Any) -> None:
-        while self._in_use > 0:  # under the lock (close holds it); wait releases it
-            self._idle.wait()
+        self._closing = h  # abort() reaches it while the close waits
+        try:
+            while self._in_use > 0:  # under the lock (close holds it); wait releases it
+                self._idle.wait()
+        finally:
+            self._closing = None
 
     @classmethod
     def open(cls, url: str, rank: int, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> "Store":
@@ -505,8 +510,11 @@ class Store(Handle):
         about 200 ms), raises Error ABORTED; so does a :meth:`Communicator.create` over it
         that waits for ranks. Any thread may call it, also while another is blocked on the
         store; it cannot be undone (open a new store). Ctrl-C in a Communicator.create
-        calls it."""
-        with self._using() as h:
+        calls it. Also while :meth:`close` waits for calls under way (it ends them)."""
+        with self._lock:  # never beside the destroy, which runs under the lock
+            h = self._handle if self._handle is not None else self._closing
+            if h is None:
+                self._h()  # raises: closed
             h.abort()
 
     def check(self, key: str) -> bool:

@@ -714,11 +714,13 @@ def test_store():
     assert status_of(lambda: Store.open(url, 0, timeout_ms=0)) == INVALID_ARGUMENT
 
 
-@pytest.mark.parametrize("abort_first", [False, True])
-def test_closing_a_store_waits_for_calls_under_way_on_other_threads(abort_first):
+@pytest.mark.parametrize("abort", ["none", "before", "during"])
+def test_closing_a_store_waits_for_calls_under_way_on_other_threads(abort):
     """A store is used from several threads at once: close() destroyed the native store
     under another thread's get (and a Communicator.create waiting for ranks), which then ran
-    in freed memory. The close now waits for them to return; abort() ends them at once."""
+    in freed memory. The close now waits for them to return; abort() ends them at once,
+    also from another thread while the close waits (it raised ValueError: closed)."""
+    abort_first = abort != "none"
     store = Store.open(unique_url("close-while-used"), 0)
     errors = {}
 
@@ -739,10 +741,17 @@ def test_closing_a_store_waits_for_calls_under_way_on_other_threads(abort_first)
         t.start()
     time.sleep(0.3)
     start = time.monotonic()
-    if abort_first:
+    watchdog = None
+    if abort == "before":
         store.abort()
+    elif abort == "during":
+        watchdog = threading.Timer(0.3, store.abort)
+        watchdog.start()
     store.close()
     took = time.monotonic() - start
+    if watchdog is not None:
+        watchdog.join()
+        assert took < 1.2, took  # ended by the abort, not the 1.5 s waits
     for t in threads:
         t.join(JOIN_S)
         assert not t.is_alive()

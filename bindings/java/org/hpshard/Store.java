@@ -17,6 +17,7 @@ public final class Store extends Handle<StoreHandle> {
   /** Counts the native calls under way; the destroy waits until none is. */
   static final class StoreState extends State<StoreHandle> {
     private int inUse;
+    private StoreHandle closing; // the proxy while the destroy waits for the calls
 
     StoreState(StoreHandle proxy) {
       super(proxy, StoreHandle::delete);
@@ -34,6 +35,18 @@ public final class Store extends Handle<StoreHandle> {
       if (--inUse == 0) notifyAll();
     }
 
+    /** Aborts the store, also while the destroy waits for calls (it ends them). */
+    synchronized void abort() {
+      StoreHandle p = proxy() != null ? proxy() : closing;
+      if (p == null) throw new IllegalStateException("hpshard store is closed");
+      p.abort(); // under the monitor: the destroy cannot begin meanwhile
+    }
+
+    @Override
+    void taken(StoreHandle proxy) {
+      closing = proxy; // in the step that makes proxy() null: abort() finds one or the other
+    }
+
     @Override
     void beforeDestroy(StoreHandle proxy) {
       boolean interrupted = false;
@@ -45,6 +58,7 @@ public final class Store extends Handle<StoreHandle> {
             interrupted = true; // the destroy must not overlap a call; asked again after
           }
         }
+        closing = null;
       }
       if (interrupted) Thread.currentThread().interrupt();
     }
@@ -143,14 +157,11 @@ public final class Store extends Handle<StoreHandle> {
    * Aborts the store (hps_store_abort): from now on every call on it, and every wait on it
    * under way (within about 200 ms), throws HpsException ABORTED; so does a
    * {@link Communicator} creation over it that waits for ranks that never come. Any thread
-   * may call it, also while another is blocked on the store; it cannot be undone (open a new
-   * store).
+   * may call it, also while another is blocked on the store or {@link #close()} waits for
+   * such calls; it cannot be undone (open a new store).
    */
   public void abort() {
-    use(h -> {
-      h.abort();
-      return null;
-    });
+    ((StoreState) state).abort();
   }
 
   /** Whether {@code key} is set, without waiting. */

@@ -408,7 +408,8 @@ class CommTest {
    */
   @Test
   void closingAStoreWaitsForCallsUnderWayOnOtherThreads() throws Exception {
-    for (boolean abortFirst : new boolean[] {false, true}) {
+    for (int mode = 0; mode < 3; mode++) {
+      final boolean abortFirst = mode == 1, abortDuring = mode == 2;
       Store store = Store.open("memory://java-close-" + UUID.randomUUID(), 0);
       AtomicReference<Throwable> error = new AtomicReference<>();
       CountDownLatch entered = new CountDownLatch(1);
@@ -434,13 +435,27 @@ class CommTest {
       Thread.sleep(300);
       long start = System.nanoTime();
       if (abortFirst) store.abort();
+      // From another thread while the close waits: it ends the calls (it threw: closed).
+      Thread watchdog = new Thread(() -> {
+        try {
+          Thread.sleep(300);
+          store.abort();
+        } catch (Throwable t) {
+          error.compareAndSet(null, t);
+        }
+      });
+      if (abortDuring) watchdog.start();
       store.close();
       long tookMs = (System.nanoTime() - start) / 1_000_000;
+      if (abortDuring) {
+        watchdog.join(JOIN_MS);
+        assertTrue(tookMs < 1200, "close returned after " + tookMs + " ms");
+      }
       getter.join(JOIN_MS);
       assertFalse(getter.isAlive());
       HpsException e = assertInstanceOf(HpsException.class, error.get());
-      assertEquals(abortFirst ? ABORTED : TIMEOUT, e.status(), e.getMessage());
-      if (!abortFirst) assertTrue(tookMs >= 800, "close returned after " + tookMs + " ms");
+      assertEquals(mode == 0 ? TIMEOUT : ABORTED, e.status(), e.getMessage());
+      if (mode == 0) assertTrue(tookMs >= 800, "close returned after " + tookMs + " ms");
       assertTrue(store.isClosed());
       assertThrows(IllegalStateException.class, () -> store.get("k", 10));
       creator.join(JOIN_MS);
