@@ -121,16 +121,19 @@ std::string connection_failed(int32_t peer, const std::string& what) {
 
 std::string process_key(int32_t rank) { return "process/" + std::to_string(rank); }
 
-// "rank 2 (process 77 on this host)" for each peer (rank but `self`) of this host whose
-// process has ended, joined by ", "; empty when none has (or none can be checked from here).
+// "rank 2 (process 77 on this host) has ended", or "rank 2 (...), rank 5 (...) have ended":
+// the peers (ranks but `self`) of this host whose process has ended; empty when none has (or
+// none can be checked from here).
 std::string ended_peers(const std::vector<std::optional<host::Process>>& processes, int32_t self) {
   std::string ended;
+  int count = 0;
   for (size_t r = 0; r < processes.size(); ++r) {
     if (static_cast<int32_t>(r) == self || !processes[r] || !processes[r]->ended()) continue;
-    ended += (ended.empty() ? "rank " : ", rank ") + std::to_string(r) + " (" +
+    ended += (count++ == 0 ? "rank " : ", rank ") + std::to_string(r) + " (" +
              processes[r]->describe() + ")";
   }
-  return ended;
+  if (count == 0) return ended;
+  return ended + (count == 1 ? " has ended" : " have ended");
 }
 
 // The processes of a communicator's ranks while it is created: each rank publishes its
@@ -148,8 +151,7 @@ class PeerWatch {
     read_new();
     const std::string ended = ended_peers(processes_, rank_);
     if (ended.empty()) return Status::Ok();
-    return aborted(ended + (ended.find(", ") == std::string::npos ? " has" : " have") +
-                   " ended before the communicator was made");
+    return aborted(ended + " before the communicator was made");
   }
 
   // "2, 5": the peers that have published no record (not started, or ended before).
@@ -614,14 +616,14 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
   } catch (const std::exception& e) {
     watched->stop_watching();
     const std::string what = e.what();
-    const std::string m = "creating communicator '" + options.name + "' (rank " +
-                          std::to_string(rank) + " of " + std::to_string(size) + "): " + what;
+    const std::string prefix = "creating communicator '" + options.name + "' (rank " +
+                               std::to_string(rank) + " of " + std::to_string(size) + "): ";
+    const std::string m = prefix + what;
     // A peer that ended explains whatever failed (a refused connection, a wait).
     const Status gone = peers->check();
     if (!gone.ok()) {
       if (what.find(gone.message()) != std::string::npos) return aborted(m);
-      return aborted("creating communicator '" + options.name + "' (rank " + std::to_string(rank) +
-                     " of " + std::to_string(size) + "): " + gone.message() + ": " + what);
+      return aborted(prefix + gone.message() + ": " + what);
     }
     if (what.find("timed out") != std::string::npos ||
         what.find("Timed out") != std::string::npos ||
@@ -800,7 +802,7 @@ std::string GlooCommunicator::with_ended_peers(const std::string& failure) const
   // named first, whichever connection failed here.
   const std::string ended = ended_peers(peer_processes_, rank_);
   if (ended.empty()) return failure;
-  return ended + (ended.find(", ") == std::string::npos ? " has" : " have") + " ended; " + failure;
+  return ended + "; " + failure;
 }
 
 void GlooCommunicator::end_work(Work& work, Status s) noexcept {
