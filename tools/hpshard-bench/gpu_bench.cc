@@ -15,7 +15,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -118,6 +120,22 @@ std::string flag_value(int argc, char** argv, int& i) {
   return argv[++i];
 }
 
+// The decimal integer in min..max after the flag at argv[i] (i moves onto it): decimal
+// digits only, as hpshard-bench takes them (no sign, no leading zero, no trailing text).
+int64_t int_value(int argc, char** argv, int& i, int64_t min, int64_t max) {
+  const std::string flag = argv[i];
+  const std::string text = flag_value(argc, argv, i);
+  int64_t v = 0;
+  const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos &&
+                      (text.size() == 1 || text[0] != '0');
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (!digits || ec != std::errc() || end != text.data() + text.size() || v < min || v > max) {
+    die(flag + " '" + text + "': not a decimal integer in " + std::to_string(min) + ".." +
+        std::to_string(max));
+  }
+  return v;
+}
+
 // A mode's figures as one JSON object in `path` (nothing when it is empty).
 void write_json(const std::string& path, const hps::bench::Json& j) {
   if (path.empty()) return;
@@ -142,19 +160,15 @@ int step_mode(int argc, char** argv, int first) {
   std::string json_path;
   for (int i = first; i < argc; ++i) {
     const std::string flag = argv[i];
-    auto value = [&] { return flag_value(argc, argv, i); };
     if (flag == "--width") {
-      c.width = std::atoi(value().c_str());
+      c.width = static_cast<int>(int_value(argc, argv, i, 1, 65536));
     } else if (flag == "--depth") {
-      c.depth = std::atoi(value().c_str());
+      c.depth = static_cast<int>(int_value(argc, argv, i, 1, 1024));
     } else if (flag == "--json") {
       json_path = json_value(argc, argv, i);
     } else {
       die("--step: unknown flag " + flag);
     }
-  }
-  if (c.width < 1 || c.width > 65536 || c.depth < 1 || c.depth > 1024) {
-    die("--width must be in 1..65536 and --depth in 1..1024");
   }
   if (hps::device_count(hps::DeviceType::kCuda) == 0) {
     std::puts("skipped: no usable CUDA device");
@@ -185,13 +199,13 @@ int ckpt_mode(int argc, char** argv, int first) {
     const std::string flag = argv[i];
     auto value = [&] { return flag_value(argc, argv, i); };
     if (flag == "--mib") {
-      mib = std::strtoul(value().c_str(), nullptr, 10);
+      mib = static_cast<size_t>(int_value(argc, argv, i, 1, 65536));
     } else if (flag == "--reps") {
-      c.reps = std::atoi(value().c_str());
+      c.reps = static_cast<int>(int_value(argc, argv, i, 1, 1000));
     } else if (flag == "--steps") {
-      c.steps = std::atoi(value().c_str());
+      c.steps = static_cast<int>(int_value(argc, argv, i, 1, 10000));
     } else if (flag == "--compute-passes") {
-      c.compute_passes = std::atoi(value().c_str());
+      c.compute_passes = static_cast<int>(int_value(argc, argv, i, 0, 100000));
     } else if (flag == "--dir") {
       c.dir = value();
     } else if (flag == "--json") {
@@ -199,11 +213,6 @@ int ckpt_mode(int argc, char** argv, int first) {
     } else {
       die("--ckpt: unknown flag " + flag);
     }
-  }
-  if (mib < 1 || mib > 65536 || c.reps < 1 || c.reps > 1000 || c.steps < 1 || c.steps > 10000 ||
-      c.compute_passes < 0 || c.compute_passes > 100000) {
-    die("--mib must be in 1..65536, --reps in 1..1000, --steps in 1..10000 and "
-        "--compute-passes in 0..100000");
   }
   c.bytes = mib << 20;
   if (hps::device_count(hps::DeviceType::kCuda) == 0) {
@@ -229,11 +238,10 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    auto value = [&] { return flag_value(argc, argv, i); };
     if (flag == "--mib") {
-      mib = std::strtoul(value().c_str(), nullptr, 10);
+      mib = static_cast<size_t>(int_value(argc, argv, i, 1, int64_t{1} << 20));
     } else if (flag == "--iters") {
-      iters = std::atoi(value().c_str());
+      iters = static_cast<int>(int_value(argc, argv, i, 1, 10000));
     } else if (flag == "--json") {
       json_path = json_value(argc, argv, i);
     } else if (flag == "--info") {
@@ -255,9 +263,6 @@ int main(int argc, char** argv) {
     } else {
       die("unknown flag " + flag);
     }
-  }
-  if (mib == 0 || mib > (size_t{1} << 20) || iters < 1 || iters > 10000) {
-    die("--mib must be in 1..1048576 and --iters in 1..10000");
   }
   if (hps::device_count(hps::DeviceType::kCuda) == 0) {
     std::puts("skipped: no usable CUDA device");
