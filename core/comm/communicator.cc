@@ -81,6 +81,54 @@ Status check_buffer(const CommArgs& a, const char* which, const void* pointer, s
 
 namespace {
 
+// Send and recv disjoint, or send exactly at `in_place`; sizes already checked (no range
+// end wraps).
+Status check_overlap(const CommArgs& a, const void* send, size_t send_bytes, const void* recv,
+                     size_t recv_bytes, uintptr_t in_place) {
+  const auto s = reinterpret_cast<uintptr_t>(send), r = reinterpret_cast<uintptr_t>(recv);
+  if (send_bytes == 0 || recv_bytes == 0 || s == in_place) return Status::Ok();
+  if (s + send_bytes <= r || r + recv_bytes <= s) return Status::Ok();
+  const std::string where = r >= s ? "recv starts " + std::to_string(r - s) + " bytes into send"
+                                   : "send starts " + std::to_string(s - r) + " bytes into recv";
+  return invalid_argument(std::string(a.operation) + " on group '" + a.group + "': send (" +
+                          std::to_string(send_bytes) + " bytes) and recv (" +
+                          std::to_string(recv_bytes) + " bytes) overlap (" + where +
+                          ") and are not the in-place form");
+}
+
+}  // namespace
+
+Status check_reduce_buffers(const CommArgs& a, const void* send, const void* recv, size_t count,
+                            DType dtype, bool receives) {
+  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
+  if (!receives) return Status::Ok();
+  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  const size_t bytes = count * dtype_size(dtype);
+  return check_overlap(a, send, bytes, recv, bytes, reinterpret_cast<uintptr_t>(recv));
+}
+
+Status check_all_gather_buffers(const CommArgs& a, int32_t rank, const void* send, const void* recv,
+                                size_t count, DType dtype) {
+  const auto ranks = static_cast<size_t>(a.size);
+  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
+  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype, ranks));
+  const size_t bytes = count * dtype_size(dtype);
+  return check_overlap(a, send, bytes, recv, bytes * ranks,
+                       reinterpret_cast<uintptr_t>(recv) + static_cast<size_t>(rank) * bytes);
+}
+
+Status check_reduce_scatter_buffers(const CommArgs& a, int32_t rank, const void* send,
+                                    const void* recv, size_t count, DType dtype) {
+  const auto ranks = static_cast<size_t>(a.size);
+  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype, ranks));
+  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  const size_t bytes = count * dtype_size(dtype);
+  return check_overlap(a, send, bytes * ranks, recv, bytes,
+                       reinterpret_cast<uintptr_t>(recv) - static_cast<size_t>(rank) * bytes);
+}
+
+namespace {
+
 // "all_gather #44 with count 87424, dtype float32, op sum, root 0"; a peer's fields are
 // named where they are known values and shown as numbers otherwise.
 std::string describe(const CollectiveDescriptor& d) {

@@ -173,5 +173,18 @@ struct CommArgs {
 Status check_buffer(const CommArgs& a, const char* which, const void* pointer, size_t count,
                     DType dtype, size_t multiple = 1);
 Status check_rank_in_group(const CommArgs& a, const char* which, int32_t rank);
+// The buffers of all_reduce (`receives`: true) and reduce (`receives`: this rank is the
+// root), all_gather (send is count elements, recv size x count) and reduce_scatter (send
+// size x count, recv count) on rank `rank`: each checked as check_buffer does, and send
+// and recv either disjoint or in the collective's in-place form (all_reduce, reduce: the
+// same buffer; all_gather: send is the rank's slot of recv; reduce_scatter: recv is the
+// rank's slice of send). Any other overlap is INVALID_ARGUMENT: the transports copy and
+// add between them as if they were apart.
+Status check_reduce_buffers(const CommArgs& a, const void* send, const void* recv, size_t count,
+                            DType dtype, bool receives);
+Status check_all_gather_buffers(const CommArgs& a, int32_t rank, const void* send, const void* recv,
+                                size_t count, DType dtype);
+Status check_reduce_scatter_buffers(const CommArgs& a, int32_t rank, const void* send,
+                                    const void* recv, size_t count, DType dtype);
 
 }  // namespace hps

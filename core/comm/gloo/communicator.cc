@@ -675,8 +675,11 @@ Status GlooCommunicator::located(const Op& op, Status s) const {
 }
 
 std::string GlooCommunicator::where(const std::string& operation, uint64_t sequence) const {
-  return operation + " #" + std::to_string(sequence) + " on group '" + options_.name + "' (rank " +
-         std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+  // Collectives count from 1; a point-to-point operation (sequence 0) carries its own
+  // number and peer in `operation` ("send #3 to rank 1").
+  return operation + (sequence != 0 ? " #" + std::to_string(sequence) : std::string()) +
+         " on group '" + options_.name + "' (rank " + std::to_string(rank_) + " of " +
+         std::to_string(size_) + ")";
 }
 
 void* GlooCommunicator::scratch(size_t index, size_t bytes) {
@@ -1191,8 +1194,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_reduce(const void* send, v
                                                              size_t count, DType dtype, ReduceOp op,
                                                              Stream* ready) {
   const CommArgs a{"all_reduce", options_.name, size_};
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, true));
   Descriptor d{kAllReduceKind,  static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
                next_sequence_++};
   return enqueue("all_reduce", ready, &d, collective_slot_base(d),
@@ -1210,8 +1212,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void*
                                                          Stream* ready) {
   const CommArgs a{"reduce", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  if (rank_ == root) HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, rank_ == root));
   Descriptor d{kReduceKind,     static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count,
                next_sequence_++};
   return enqueue(
@@ -1251,8 +1252,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_gather(const void* send, v
                                                              size_t count, DType dtype,
                                                              Stream* ready) {
   const CommArgs a{"all_gather", options_.name, size_};
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype, static_cast<size_t>(size_)));
+  HPS_RETURN_IF_ERROR(check_all_gather_buffers(a, rank_, send, recv, count, dtype));
   Descriptor d{kAllGatherKind, static_cast<int32_t>(dtype), 0, 0, count, next_sequence_++};
   return enqueue(
       "all_gather", ready, &d, collective_slot_base(d), [this, send, recv, count, dtype](Op& o) {
@@ -1270,8 +1270,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* sen
                                                                  size_t count, DType dtype,
                                                                  ReduceOp op, Stream* ready) {
   const CommArgs a{"reduce_scatter", options_.name, size_};
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype, static_cast<size_t>(size_)));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_scatter_buffers(a, rank_, send, recv, count, dtype));
   Descriptor d{kReduceScatterKind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
                next_sequence_++};
   return enqueue("reduce_scatter", ready, &d, collective_slot_base(d),
@@ -1284,17 +1283,30 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* sen
                  });
 }
 
+namespace {
+
+// "send #3 to rank 1": the operation with its number among this rank's messages to (or
+// from) that peer, counted from 1 as collectives are.
+std::string p2p_name(const char* operation, uint64_t number, const char* direction, int32_t peer) {
+  return std::string(operation) + " #" + std::to_string(number + 1) + " " + direction + " rank " +
+         std::to_string(peer);
+}
+
+}  // namespace
+
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::send(const void* buffer, size_t count,
                                                        DType dtype, int32_t peer, Stream* ready) {
   const CommArgs a{"send", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
   if (peer == rank_) return invalid_argument("send on group '" + options_.name + "': to itself");
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  const uint64_t slot = transfer_slot_base(sent_[peer]++, count * dtype_size(dtype));
-  return enqueue_point_to_point("send", ready, slot, [buffer, count, dtype, peer](Op& o) {
-    const size_t bytes = count * dtype_size(dtype);
-    o.post_send(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
-  });
+  const uint64_t number = sent_[peer]++;
+  const uint64_t slot = transfer_slot_base(number, count * dtype_size(dtype));
+  return enqueue_point_to_point(
+      p2p_name("send", number, "to", peer), ready, slot, [buffer, count, dtype, peer](Op& o) {
+        const size_t bytes = count * dtype_size(dtype);
+        o.post_send(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
+      });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::recv(void* buffer, size_t count, DType dtype,
@@ -1303,11 +1315,13 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::recv(void* buffer, size_t coun
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
   if (peer == rank_) return invalid_argument("recv on group '" + options_.name + "': from itself");
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  const uint64_t slot = transfer_slot_base(received_[peer]++, count * dtype_size(dtype));
-  return enqueue_point_to_point("recv", ready, slot, [buffer, count, dtype, peer](Op& o) {
-    const size_t bytes = count * dtype_size(dtype);
-    o.post_recv(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
-  });
+  const uint64_t number = received_[peer]++;
+  const uint64_t slot = transfer_slot_base(number, count * dtype_size(dtype));
+  return enqueue_point_to_point(
+      p2p_name("recv", number, "from", peer), ready, slot, [buffer, count, dtype, peer](Op& o) {
+        const size_t bytes = count * dtype_size(dtype);
+        o.post_recv(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
+      });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {

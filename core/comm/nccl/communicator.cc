@@ -196,8 +196,7 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::all_reduce(const void* send, v
                                                              size_t count, DType dtype, ReduceOp op,
                                                              Stream* ready) {
   const CommArgs a{"all_reduce", options_.name, size_};
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, true));
   return enqueue("all_reduce", ready, [&](ncclComm_t comm, cudaStream_t s) {
     return nccl_.AllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm, s);
   });
@@ -208,8 +207,7 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::reduce(const void* send, void*
                                                          Stream* ready) {
   const CommArgs a{"reduce", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  if (rank_ == root) HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, rank_ == root));
   return enqueue("reduce", ready, [&](ncclComm_t comm, cudaStream_t s) {
     return nccl_.Reduce(send, recv, count, nccl_type(dtype), nccl_op(op), root, comm, s);
   });
@@ -229,8 +227,7 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::all_gather(const void* send, v
                                                              size_t count, DType dtype,
                                                              Stream* ready) {
   const CommArgs a{"all_gather", options_.name, size_};
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype, static_cast<size_t>(size_)));
+  HPS_RETURN_IF_ERROR(check_all_gather_buffers(a, rank_, send, recv, count, dtype));
   return enqueue("all_gather", ready, [&](ncclComm_t comm, cudaStream_t s) {
     return nccl_.AllGather(send, recv, count, nccl_type(dtype), comm, s);
   });
@@ -240,8 +237,7 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::reduce_scatter(const void* sen
                                                                  size_t count, DType dtype,
                                                                  ReduceOp op, Stream* ready) {
   const CommArgs a{"reduce_scatter", options_.name, size_};
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype, static_cast<size_t>(size_)));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_scatter_buffers(a, rank_, send, recv, count, dtype));
   return enqueue("reduce_scatter", ready, [&](ncclComm_t comm, cudaStream_t s) {
     return nccl_.ReduceScatter(send, recv, count, nccl_type(dtype), nccl_op(op), comm, s);
   });

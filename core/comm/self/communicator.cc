@@ -70,8 +70,7 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::all_reduce(const void* send, v
                                                              Stream* ready) {
   const CommArgs a{"all_reduce", name_, 1};
   HPS_RETURN_IF_ERROR(reduce_op_from_int(static_cast<int32_t>(op)).status());
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, true));
   const size_t bytes = count * dtype_size(dtype);
   return enqueue("all_reduce", bytes, ready, copy(send, recv, bytes));
 }
@@ -82,8 +81,7 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::reduce(const void* send, void*
   const CommArgs a{"reduce", name_, 1};
   HPS_RETURN_IF_ERROR(reduce_op_from_int(static_cast<int32_t>(op)).status());
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, true));
   const size_t bytes = count * dtype_size(dtype);
   return enqueue("reduce", bytes, ready, copy(send, recv, bytes));
 }
@@ -100,8 +98,7 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::all_gather(const void* send, v
                                                              size_t count, DType dtype,
                                                              Stream* ready) {
   const CommArgs a{"all_gather", name_, 1};
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype, 1));
+  HPS_RETURN_IF_ERROR(check_all_gather_buffers(a, 0, send, recv, count, dtype));
   const size_t bytes = count * dtype_size(dtype);
   return enqueue("all_gather", bytes, ready, copy(send, recv, bytes));
 }
@@ -111,8 +108,7 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::reduce_scatter(const void* sen
                                                                  ReduceOp op, Stream* ready) {
   const CommArgs a{"reduce_scatter", name_, 1};
   HPS_RETURN_IF_ERROR(reduce_op_from_int(static_cast<int32_t>(op)).status());
-  HPS_RETURN_IF_ERROR(check_buffer(a, "send", send, count, dtype, 1));
-  HPS_RETURN_IF_ERROR(check_buffer(a, "recv", recv, count, dtype));
+  HPS_RETURN_IF_ERROR(check_reduce_scatter_buffers(a, 0, send, recv, count, dtype));
   const size_t bytes = count * dtype_size(dtype);
   return enqueue("reduce_scatter", bytes, ready, copy(send, recv, bytes));
 }

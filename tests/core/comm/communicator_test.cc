@@ -184,6 +184,91 @@ TEST_P(CollectivesTest, EveryCollectiveAndDtypeMatchesTheReference) {
       options);
 }
 
+// The in-place forms: all_gather with send at the rank's slot of recv, reduce_scatter with
+// recv at the rank's slice of send, all_reduce with send equal to recv; each gives what the
+// out-of-place form gives. Counts cross the small shared-memory slots.
+TEST_P(CollectivesTest, TheInPlaceFormsMatchTheReference) {
+  const int32_t size = std::get<0>(GetParam());
+  CommOptions options = over(std::get<1>(GetParam()));
+  options.shared_memory_slot_bytes = 4096;
+  run_ranks(
+      size,
+      [size](int32_t rank, Communicator& comm) {
+        const auto n = static_cast<size_t>(size);
+        for (size_t count : {size_t{1}, size_t{1003}, size_t{5000}}) {
+          std::vector<float> gathered(count * n, -1.0f);
+          for (size_t i = 0; i < count; ++i) {
+            gathered[static_cast<size_t>(rank) * count + i] = static_cast<float>(value(rank, i));
+          }
+          const float* own = gathered.data() + static_cast<size_t>(rank) * count;
+          auto w = comm.all_gather(own, gathered.data(), count, DType::kFloat32);
+          ASSERT_TRUE(w.ok()) << w.status().to_string();
+          ASSERT_TRUE((*w)->wait().ok());
+          for (size_t r = 0; r < n; ++r) {
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(gathered[r * count + i], value(static_cast<int32_t>(r), i))
+                  << "all_gather count " << count << " rank " << r << " element " << i;
+            }
+          }
+          std::vector<float> scattered(count * n);
+          for (size_t j = 0; j < count * n; ++j) scattered[j] = static_cast<float>(value(rank, j));
+          float* slice = scattered.data() + static_cast<size_t>(rank) * count;
+          w = comm.reduce_scatter(scattered.data(), slice, count, DType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(w.ok()) << w.status().to_string();
+          ASSERT_TRUE((*w)->wait().ok());
+          for (size_t i = 0; i < count; ++i) {
+            const size_t j = static_cast<size_t>(rank) * count + i;
+            ASSERT_EQ(slice[i], reduce_reference(ReduceOp::kSum, size, j))
+                << "reduce_scatter count " << count << " element " << i;
+          }
+          std::vector<float> same(count);
+          for (size_t i = 0; i < count; ++i) same[i] = static_cast<float>(value(rank, i));
+          w = comm.all_reduce(same.data(), same.data(), count, DType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(w.ok() && (*w)->wait().ok());
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(same[i], reduce_reference(ReduceOp::kSum, size, i));
+          }
+        }
+      },
+      options);
+}
+
+// Send and recv that overlap other than in the in-place form are refused before anything
+// is sent (the TCP ring copied between them with memcpy: undefined, and wrong sums); the
+// group goes on.
+TEST_P(CollectivesTest, PartlyOverlappingBuffersAreRefusedWithNothingSent) {
+  const int32_t size = std::get<0>(GetParam());
+  run_ranks(
+      size,
+      [size](int32_t rank, Communicator& comm) {
+        const auto n = static_cast<size_t>(size);
+        const size_t count = 8;
+        std::vector<float> b(count * (n + 1), 1.0f);
+        auto refused = [&](const char* what, StatusOr<std::shared_ptr<Work>> w) {
+          EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument) << what;
+          EXPECT_NE(w.status().message().find("overlap"), std::string::npos)
+              << what << ": " << w.status().message();
+        };
+        refused("all_reduce",
+                comm.all_reduce(b.data(), b.data() + 1, count, DType::kFloat32, ReduceOp::kSum));
+        refused("reduce at the root",
+                comm.reduce(b.data() + 3, b.data(), count, DType::kFloat32, ReduceOp::kSum, rank));
+        // all_gather: send inside recv but not at this rank's slot.
+        const size_t wrong_slot = (static_cast<size_t>(rank) + 1) % n * count + (n == 1 ? 1 : 0);
+        refused("all_gather",
+                comm.all_gather(b.data() + wrong_slot, b.data(), count, DType::kFloat32));
+        // reduce_scatter: recv inside send but not at this rank's slice.
+        refused("reduce_scatter", comm.reduce_scatter(b.data(), b.data() + wrong_slot, count,
+                                                      DType::kFloat32, ReduceOp::kSum));
+        // Nothing was sent: the group's next collective is the one every rank makes.
+        std::vector<float> x(count, 1.0f), y(count, 0.0f);
+        auto w = comm.all_reduce(x.data(), y.data(), count, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok() && (*w)->wait().ok());
+        for (float v : y) ASSERT_EQ(v, static_cast<float>(size));
+      },
+      over(std::get<1>(GetParam())));
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), kTransports),
                          [](const auto& p) {
@@ -992,6 +1077,40 @@ TEST(CommLimits, ADataPhaseTimeoutNamesTheMissingRank) {
         EXPECT_EQ(s.code(), StatusCode::kTimeout);
         EXPECT_NE(s.message().find("rank 2"), std::string::npos) << s.message();
         ++done;
+      },
+      options);
+}
+
+// A point-to-point operation that fails is named by its number among the messages to or
+// from that peer (every one said "#0", so the error did not say which message it was).
+TEST(CommLimits, AFailedReceiveNamesItsNumberAndPeer) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  CommOptions options = over(kTcp);
+  options.timeout = Milliseconds(1'000);
+  std::atomic<bool> done{false};
+  run_ranks(
+      2,
+      [&](int32_t rank, Communicator& comm) {
+        std::vector<int32_t> data(4, rank);
+        if (rank == 0) {  // sends two messages, never the third
+          for (int i = 0; i < 2; ++i) {
+            auto w = comm.send(data.data(), data.size(), DType::kInt32, 1);
+            ASSERT_TRUE(w.ok() && (*w)->wait().ok());
+          }
+          while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        for (int i = 0; i < 2; ++i) {
+          auto w = comm.recv(data.data(), data.size(), DType::kInt32, 0);
+          ASSERT_TRUE(w.ok() && (*w)->wait().ok());
+        }
+        auto w = comm.recv(data.data(), data.size(), DType::kInt32, 0);
+        ASSERT_TRUE(w.ok());
+        const Status s = (*w)->wait();
+        EXPECT_EQ(s.code(), StatusCode::kTimeout);
+        EXPECT_NE(s.message().find("recv #3 from rank 0 on group '"), std::string::npos)
+            << s.message();
+        done = true;
       },
       options);
 }
