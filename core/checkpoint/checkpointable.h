@@ -45,6 +45,10 @@ inline constexpr std::string_view kStepLossScale = "step/loss_scale";
 inline constexpr std::string_view kStepGoodSteps = "step/good_steps";
 inline constexpr std::string_view kStepAppliedSteps = "step/applied_steps";
 inline constexpr std::string_view kStepSkippedSteps = "step/skipped_steps";
+// Whether a state tensor's name has one of the prefixes above.
+inline bool starts_with(std::string_view name, std::string_view prefix) {
+  return name.substr(0, prefix.size()) == prefix;
+}
 // The longest name above: a parameter's longest name after the longest prefix.
 inline constexpr size_t kMaxStateNameBytes = kMaxParamNameBytes + kExpAvgSqPrefix.size();
 

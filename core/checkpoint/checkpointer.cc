@@ -42,10 +42,6 @@ namespace {
 constexpr size_t kMarkChunks = 16;
 constexpr uint64_t kMarkBytes = uint64_t{16} << 20;
 
-bool starts_with(const std::string& s, std::string_view prefix) {
-  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
-}
-
 // Waits for a collective of the checkpoint's own communicator. The background writer's
 // waits are not counted as host syncs: they block no thread of the training.
 Status finish(const std::shared_ptr<Work>& work, bool counted) {

@@ -1,12 +1,15 @@
 #include "core/checkpoint/manifest.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
 
 #include "core/checkpoint/file_io.h"
+#include "core/checkpoint/reshard.h"
 #include "core/common/env.h"
 #include "core/common/json_input.h"
 
@@ -248,6 +251,63 @@ StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manif
   return t;
 }
 
+// A parameter's fp32 master has the parameter's shape, beside it: a reader that loads one
+// of the pair leaves the other unread, so a master of another shape would go unnoticed.
+Status check_masters(const Manifest& m, const Reader& r) {
+  std::map<std::string_view, const StoredTensor*> params;
+  for (const StoredTensor& t : m.tensors) {
+    if (starts_with(t.name, kParamPrefix)) params.emplace(t.name, &t);
+  }
+  for (const StoredTensor& t : m.tensors) {
+    if (!starts_with(t.name, kMasterPrefix)) continue;
+    const std::string param = std::string(kParamPrefix) + t.name.substr(kMasterPrefix.size());
+    auto it = params.find(param);
+    if (it == params.end()) return r.bad("tensor '" + t.name + "' has no '" + param + "'");
+    if (t.dtype != DType::kFloat32) {
+      return r.bad("tensor '" + t.name + "' is " + std::string(dtype_name(t.dtype)) +
+                   ", not float32");
+    }
+    if (t.shape != it->second->shape) {
+      return r.bad("tensor '" + t.name + "' has shape " + shape_text(t.shape) + " but '" + param +
+                   "' " + shape_text(it->second->shape));
+    }
+  }
+  return Status::Ok();
+}
+
+// Each chunk has bytes of its own in its file: two that share bytes (one checksum good
+// for both) would load one element range's values into another.
+Status check_file_bytes_apart(const Manifest& m, const Reader& r) {
+  struct Span {
+    uint32_t file;
+    uint64_t offset, stop;
+    const StoredTensor* tensor;
+    size_t chunk;
+  };
+  std::vector<Span> spans;
+  for (const StoredTensor& t : m.tensors) {
+    const uint64_t element = dtype_size(t.dtype);
+    for (size_t k = 0; k < t.chunks.size(); ++k) {
+      const StoredChunk& c = t.chunks[k];
+      // Checked when read: the chunk's bytes end inside its file.
+      spans.push_back({c.file, c.offset, c.offset + (c.end - c.begin) * element, &t, k});
+    }
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+  });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span& a = spans[i - 1];
+    const Span& b = spans[i];
+    if (a.file == b.file && b.offset < a.stop) {
+      return r.bad("tensor '" + b.tensor->name + "' chunk " + std::to_string(b.chunk) +
+                   " and tensor '" + a.tensor->name + "' chunk " + std::to_string(a.chunk) +
+                   " share bytes of file '" + m.files[a.file].name + "'");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string manifest_to_json(const Manifest& m) {
@@ -358,6 +418,12 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
                    std::to_string(m.world) + " ranks that wrote it");
     }
     HPS_ASSIGN_OR_RETURN(m.topology.alignment_bytes, t.uint("alignment_bytes"));
+    // The writing engine's alignment: what an engine takes (its options say the same).
+    if (const uint64_t a = m.topology.alignment_bytes;
+        a == 0 || (a & (a - 1)) != 0 || a > kMaxAlignmentBytes) {
+      return t.bad("'alignment_bytes' is " + std::to_string(a) + ", not a power of two from 1 to " +
+                   std::to_string(kMaxAlignmentBytes));
+    }
     // The model-parallel part (absent: the whole model, as before these fields).
     for (auto [degree, rank, degree_key, rank_key] :
          {std::tuple{&m.topology.mp, &m.topology.mp_rank, "mp", "mp_rank"},
@@ -419,6 +485,8 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
       total = *sum;
       m.tensors.push_back(std::move(tensor));
     }
+    HPS_RETURN_IF_ERROR(check_masters(m, r));
+    HPS_RETURN_IF_ERROR(check_file_bytes_apart(m, r));
     return m;
   } catch (const std::exception& e) {
     return invalid_argument(origin + ": " + e.what());

@@ -7,10 +7,6 @@
 namespace hps::ckpt {
 namespace {
 
-bool starts_with(const std::string& s, std::string_view prefix) {
-  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
-}
-
 // Up to 8 entries, then how many more; names are quoted.
 std::string name_list(const std::vector<std::string>& names) {
   std::string out;

@@ -48,11 +48,11 @@ Manifest sample() {
   m.engine->optimizer = OptimizerKind::kAdamW;
   m.engine->adamw.learning_rate = 0.125f;
   m.metadata = {{"step", "5"}};
-  m.files = {{"rank-00000.bin", 0, 64 + 48}, {"rank-00001.bin", 1, 64 + 32}};
+  m.files = {{"rank-00000.bin", 0, 64 + 56}, {"rank-00001.bin", 1, 64 + 32}};
   StoredTensor w{"param/w", DType::kFloat32, {4, 5}, 20, {}};
   w.chunks = {{0, 0, 10, 64, 0x1111}, {0, 10, 12, 104, 0x2222}, {1, 12, 20, 64, 0x3333}};
   StoredTensor s{"step/applied_steps", DType::kInt64, {}, 1, {{0, 0, 1, 104 + 0, 0x4444}}};
-  s.chunks[0].offset = 64 + 40;
+  s.chunks[0].offset = 64 + 48;
   m.tensors = {w, s};
   return m;
 }
@@ -460,6 +460,65 @@ TEST(Manifest, RefusesHostileManifests) {
   expect_refused([](json& j) { j["topology"]["mp_rank"] = 1; }, "'mp_rank' is 1, outside [0, 0]");
   expect_refused([](json& j) { j["topology"].erase("pp_rank"); }, "no field 'pp_rank'");
   expect_refused([](json& j) { j["topology"].erase("mp"); }, "'mp_rank' without 'mp'");
+}
+
+// The sample's JSON with "master/w" beside "param/w" (its bytes after rank 1's in file
+// 1), as `edit` changes it.
+json with_master(const std::function<void(json&)>& edit) {
+  json j = unchecked(sample());
+  j["files"][1]["bytes"] = 64 + 32 + 80;
+  json master = j["tensors"][0];
+  master["name"] = "master/w";
+  master["chunks"] = json::array(
+      {{{"file", 1}, {"begin", 0}, {"end", 10}, {"offset", 96}, {"xxh3", "0000000000000001"}},
+       {{"file", 1}, {"begin", 10}, {"end", 20}, {"offset", 136}, {"xxh3", "0000000000000002"}}});
+  edit(master);
+  j["tensors"].push_back(master);
+  return j;
+}
+
+// What a manifest's parts say of each other: a master has its parameter's shape (a reader
+// that loads the parameter leaves the master unread, so nothing else would see it), no two
+// chunks share bytes of a file (one checksum would pass both, and the load would copy one
+// range's values into another), the writer's alignment is one an engine takes.
+TEST(Manifest, RefusesPartsThatContradictEachOther) {
+  auto parsed = [](const json& j) { return parse_manifest(j.dump(), "ckpt/manifest.json"); };
+  auto good = parsed(with_master([](json&) {}));
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  ASSERT_EQ(good->tensors.size(), 3u);
+  auto refused = [&](const json& j, const std::string& expect) {
+    auto m = parsed(j);
+    ASSERT_FALSE(m.ok()) << "accepted: " << j.dump();
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("ckpt/manifest.json"), std::string::npos);
+    EXPECT_NE(m.status().message().find(expect), std::string::npos) << m.status().message();
+  };
+  refused(with_master([](json& t) { t["shape"] = {20}; }),
+          "tensor 'master/w' has shape [20] but 'param/w' [4, 5]");
+  refused(with_master([](json& t) { t["shape"] = {5, 4}; }), "has shape [5, 4]");
+  refused(with_master([](json& t) { t["name"] = "master/v"; }),
+          "tensor 'master/v' has no 'param/v'");
+  refused(with_master([](json& t) { t["dtype"] = "bfloat16"; }),
+          "tensor 'master/w' is bfloat16, not float32");
+  // Two chunks over the same bytes: the scalar's over w's second chunk, a master's over
+  // rank 1's part of w.
+  json j = unchecked(sample());
+  j["tensors"][1]["chunks"][0]["offset"] = 104;
+  refused(j,
+          "tensor 'step/applied_steps' chunk 0 and tensor 'param/w' chunk 1 share bytes of "
+          "file 'rank-00000.bin'");
+  refused(with_master([](json& t) { t["chunks"][0]["offset"] = 88; }),
+          "share bytes of file 'rank-00001.bin'");
+  // Adjacent is not overlapping.
+  j = unchecked(sample());
+  j["tensors"][1]["chunks"][0]["offset"] = 112;
+  EXPECT_TRUE(parsed(j).ok());
+  for (uint64_t alignment : {uint64_t{0}, uint64_t{3}, uint64_t{1} << 22}) {
+    j = unchecked(sample());
+    j["topology"]["alignment_bytes"] = alignment;
+    refused(j, "'alignment_bytes' is " + std::to_string(alignment) +
+                   ", not a power of two from 1 to 2097152");
+  }
 }
 
 TEST(Manifest, RecordsTheModelParallelPart) {
