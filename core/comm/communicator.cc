@@ -64,6 +64,22 @@ StatusOr<CommOptions> comm_options_from_env(CommOptions defaults) {
   return defaults;
 }
 
+Status check_comm_name(std::string_view name, std::string_view what) {
+  const std::string who(what);
+  if (name.empty()) return invalid_argument(who + " is empty");
+  if (name.size() > kMaxCommNameBytes) {
+    return invalid_argument(who + " has " + std::to_string(name.size()) + " bytes, more than " +
+                            std::to_string(kMaxCommNameBytes));
+  }
+  if (has_control_bytes(name)) {
+    return invalid_argument(who + " '" + shown_value(name) + "' has a control character");
+  }
+  if (!is_utf8(name)) {
+    return invalid_argument(who + " '" + shown_value(name) + "' is not valid UTF-8");
+  }
+  return Status::Ok();
+}
+
 Status check_buffer(const CommArgs& a, const char* which, const void* pointer, size_t count,
                     DType dtype, size_t multiple) {
   const size_t element = dtype_size(dtype);
@@ -186,6 +202,7 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Stor
                         " is outside a group of " + std::to_string(size));
   }
   HPS_RETURN_IF_ERROR(check_comm_timeout(options.timeout, "create_communicator: the timeout"));
+  HPS_RETURN_IF_ERROR(check_comm_name(options.name, "create_communicator: the group's name"));
   if (options.shared_memory_slot_bytes > shm::kMaxSlotBytes) {
     return invalid_argument("create_communicator: shared-memory slots of " +
                             std::to_string(options.shared_memory_slot_bytes) +
@@ -275,6 +292,7 @@ bool Communicator::was_aborted() const { return abort_node_->aborted.load(); }
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::split(const std::vector<int32_t>& ranks,
                                                             std::string name) {
+  HPS_RETURN_IF_ERROR(check_comm_name(name, "split of group '" + this->name() + "': the name"));
   HPS_ASSIGN_OR_RETURN(auto part, split_group(ranks, std::move(name)));
   if (part) tie(*part);
   return part;

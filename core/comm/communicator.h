@@ -33,10 +33,15 @@ inline constexpr int32_t kMaxGroupSize = 1 << 16;
 // INVALID_ARGUMENT naming `what` unless 0 < timeout <= kMaxCommTimeout.
 Status check_comm_timeout(Milliseconds timeout, std::string_view what);
 
+// A group's name goes into every message about its operations: 1 to kMaxCommNameBytes
+// bytes of UTF-8 without control characters, or INVALID_ARGUMENT naming `what`.
+inline constexpr size_t kMaxCommNameBytes = 1024;
+Status check_comm_name(std::string_view name, std::string_view what);
+
 struct CommOptions {
   // Every operation ends by this deadline: TIMEOUT on the ranks still waiting.
   Milliseconds timeout = kDefaultCommTimeout;
-  // The group's name in messages ("world", "dp", "sharding", ...).
+  // The group's name in messages ("world", "dp", "sharding", ...); see check_comm_name.
   std::string name = "world";
   // Before each collective, ranks exchange a small descriptor (operation, dtype, count,
   // root, sequence number) so mismatched calls fail on every rank with nothing sent.
@@ -109,7 +114,7 @@ class Communicator {
   // Collective over this communicator: every rank calls it with the same rank list (in
   // this communicator's numbering), in the same order. Members get the new
   // communicator (rank = position in `ranks`); the others get nullptr. The new one is
-  // tied to this one: aborting this one aborts it.
+  // tied to this one: aborting this one aborts it. `name` as check_comm_name takes it.
   StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
                                                 std::string name);
 

@@ -254,6 +254,25 @@ static void test_single_rank(void) {
     CHECK(strstr(hps_last_error_message(), "hps_comm_split: hps_comm_split") == NULL);
     CHECK(hps_comm_split(comm, ranks, SIZE_MAX, "far", &child) == HPS_STATUS_INVALID_ARGUMENT);
     CHECK(child == NULL);
+    /* A name that would forge lines in the messages that carry it is refused. */
+    CHECK(hps_comm_split(comm, ranks, 1, "a\n[hpshard E] forged", &child) ==
+          HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(strstr(hps_last_error_message(), "has a control character") != NULL);
+    CHECK(strchr(hps_last_error_message(), '\n') == NULL);
+    CHECK(child == NULL);
+    /* Partly overlapping send and recv are refused; the in-place form runs. */
+    {
+      float b[3] = {1.0f, 2.0f, 3.0f};
+      hps_work_t* work = NULL;
+      CHECK(hps_comm_all_reduce(comm, b, b + 1, 2, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM, NULL,
+                                &work) == HPS_STATUS_INVALID_ARGUMENT);
+      CHECK(strstr(hps_last_error_message(), "overlap") != NULL);
+      CHECK(work == NULL);
+      CHECK_OK(hps_comm_all_reduce(comm, b, b, 3, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM, NULL, &work));
+      CHECK_OK(hps_work_wait(work));
+      CHECK_OK(hps_work_destroy(work));
+      CHECK(b[0] == 1.0f && b[1] == 2.0f && b[2] == 3.0f);
+    }
   }
   CHECK_OK(hps_comm_destroy(comm));
   CHECK_OK(hps_store_destroy(store));

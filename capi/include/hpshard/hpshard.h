@@ -479,7 +479,8 @@ typedef struct hps_comm_options {
   size_t struct_size;      /**< set by hps_comm_options_init */
   int64_t timeout_ms;      /**< every operation ends by then: TIMEOUT (default 300000) */
   int32_t check_arguments; /**< 1: ranks check they called the same collective (default) */
-  const char* name;        /**< the group's name in messages (default "world"); copied */
+  const char* name;        /**< the group's name in messages (default "world"); copied; 1 to 1024
+                                bytes of UTF-8 without control characters, or INVALID_ARGUMENT */
 } hps_comm_options_t;
 
 /**
@@ -558,8 +559,8 @@ HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
  * `comm`) in the same order. Members get a new communicator in *out_comm (rank = position
  * in `ranks`; owned by the caller); the others get NULL. hps_comm_abort on `comm` also
  * aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a
- * count beyond comm's size, a repeated rank, an empty list), OUT_OF_RANGE (a rank outside
- * comm).
+ * count beyond comm's size, a repeated rank, an empty list, a name as
+ * hps_comm_options_t.name refuses), OUT_OF_RANGE (a rank outside comm).
  */
 HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size_t count,
                                     const char* name, hps_comm_t** out_comm);
@@ -569,13 +570,14 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
  * the operation starts after the work already queued on that stream (the caller's compute
  * stream), without blocking the host. The caller owns *out_work and frees it with
  * hps_work_destroy (which does not wait). Bad input — a NULL buffer, an output too small,
- * an unknown reduction, a rank outside the group, a count that overflows — is refused
- * with nothing sent. Ranks that disagree on a collective end it with INVALID_ARGUMENT
- * (when check_arguments is on), a peer that is missing with TIMEOUT, a peer that died
- * with ABORTED or TIMEOUT; the message names the operation, its group and sequence number.
+ * an unknown reduction, a rank outside the group, a count that overflows, send and recv
+ * that overlap other than in the operation's in-place form — is refused with nothing sent. Ranks
+ * that disagree on a collective end it with INVALID_ARGUMENT (when check_arguments is on), a peer
+ * that is missing with TIMEOUT, a peer that died with ABORTED or TIMEOUT; the message names the
+ * operation, its group and sequence number.
  */
 
-/** recv[i] = op over ranks of send[i], for i < count. send may equal recv. */
+/** recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */
 HPS_API hps_status_t hps_comm_all_reduce(hps_comm_t* comm, const void* send, void* recv,
                                          uint64_t count, hps_dtype_t dtype, hps_reduce_op_t op,
                                          hps_stream_t* ready, hps_work_t** out_work);
@@ -592,7 +594,7 @@ HPS_API hps_status_t hps_comm_broadcast(hps_comm_t* comm, void* buffer, uint64_t
 
 /**
  * Rank r's send_count elements land at recv + r * send_count; recv_count (the capacity of
- * recv) must be at least size * send_count.
+ * recv) must be at least size * send_count. In place: send == recv + r * send_count.
  */
 HPS_API hps_status_t hps_comm_all_gather(hps_comm_t* comm, const void* send, uint64_t send_count,
                                          void* recv, uint64_t recv_count, hps_dtype_t dtype,
@@ -600,7 +602,7 @@ HPS_API hps_status_t hps_comm_all_gather(hps_comm_t* comm, const void* send, uin
 
 /**
  * Rank r receives (recv_count elements) the reduction of slice r of every rank's send;
- * send_count must be at least size * recv_count.
+ * send_count must be at least size * recv_count. In place: recv == send + r * recv_count.
  */
 HPS_API hps_status_t hps_comm_reduce_scatter(hps_comm_t* comm, const void* send,
                                              uint64_t send_count, void* recv, uint64_t recv_count,

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "core/common/config.h"
+#include "core/common/env.h"
 #include "core/device/host_sync.h"
 #include "tests/core/comm/comm_test_util.h"
 #if HPS_HAVE_GLOO
@@ -1015,6 +1016,44 @@ TEST(CommLimits, AGroupLargerThanTheLimitIsRefusedBeforeAnythingIsAllocated) {
   forever.timeout = Milliseconds::max();
   EXPECT_EQ(create_communicator(store, 0, 1, Device::cpu(), forever).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// A group's name goes into every message of its operations: one with a newline or an
+// escape sequence forged log lines. Refused at creation and at a split; a good one is kept.
+TEST(CommLimits, GroupNamesThatCouldForgeMessagesAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "is empty"},
+      {"world'\n[hpshard E 00:00:00.000 1 fake.cc:1] injected", "has a control character"},
+      {"red\x1b[31m", "has a control character"},
+      {std::string("a\xff\xfe"), "is not valid UTF-8"},
+      {std::string(kMaxCommNameBytes + 1, 'n'), "bytes, more than 1024"}};
+  auto store = make_in_memory_store();
+  for (const auto& [name, why] : bad) {
+    CommOptions options;
+    options.name = name;
+    auto comm = create_communicator(store, 0, 1, Device::cpu(), options);
+    ASSERT_FALSE(comm.ok()) << "accepted '" << shown_value(name) << "'";
+    EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(comm.status().message().find("create_communicator: the group's name"),
+              std::string::npos)
+        << comm.status().message();
+    EXPECT_NE(comm.status().message().find(why), std::string::npos) << comm.status().message();
+    EXPECT_EQ(comm.status().message().find('\n'), std::string::npos);
+  }
+  CommOptions options;
+  options.name = "wörld-" + std::string(kMaxCommNameBytes - 7, 'w');  // 1024 bytes of UTF-8
+  auto comm = create_communicator(make_in_memory_store(), 0, 1, Device::cpu(), options);
+  ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+  EXPECT_EQ((*comm)->name(), options.name);
+  for (const auto& [name, why] : bad) {
+    auto part = (*comm)->split({0}, name);
+    ASSERT_FALSE(part.ok()) << "accepted '" << shown_value(name) << "'";
+    EXPECT_NE(part.status().message().find("the name"), std::string::npos);
+    EXPECT_NE(part.status().message().find(why), std::string::npos) << part.status().message();
+  }
+  auto part = (*comm)->split({0}, "even");
+  ASSERT_TRUE(part.ok()) << part.status().to_string();
+  EXPECT_EQ((*part)->name(), "even");
 }
 
 // With shared memory and the argument check off, counts 4 and 5 used to reach Gloo's event

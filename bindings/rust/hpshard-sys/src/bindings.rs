@@ -1128,7 +1128,8 @@ pub struct hps_comm_options {
     pub timeout_ms: i64,
     #[doc = "< 1: ranks check they called the same collective (default)"]
     pub check_arguments: i32,
-    #[doc = "< the group's name in messages (default \"world\"); copied"]
+    #[doc = "< the group's name in messages (default \"world\"); copied; 1 to 1024"]
+    #[doc = "bytes of UTF-8 without control characters, or INVALID_ARGUMENT"]
     pub name: *const ::std::os::raw::c_char,
 }
 #[test]
@@ -1303,8 +1304,8 @@ extern "C" {
     #[doc = " `comm`) in the same order. Members get a new communicator in *out_comm (rank = position"]
     #[doc = " in `ranks`; owned by the caller); the others get NULL. hps_comm_abort on `comm` also"]
     #[doc = " aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a"]
-    #[doc = " count beyond comm's size, a repeated rank, an empty list), OUT_OF_RANGE (a rank outside"]
-    #[doc = " comm)."]
+    #[doc = " count beyond comm's size, a repeated rank, an empty list, a name as"]
+    #[doc = " hps_comm_options_t.name refuses), OUT_OF_RANGE (a rank outside comm)."]
     pub fn hps_comm_split(
         comm: *mut hps_comm_t,
         ranks: *const i32,
@@ -1314,7 +1315,7 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " recv[i] = op over ranks of send[i], for i < count. send may equal recv."]
+    #[doc = " recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place)."]
     pub fn hps_comm_all_reduce(
         comm: *mut hps_comm_t,
         send: *const ::std::os::raw::c_void,
@@ -1354,7 +1355,7 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Rank r's send_count elements land at recv + r * send_count; recv_count (the capacity of"]
-    #[doc = " recv) must be at least size * send_count."]
+    #[doc = " recv) must be at least size * send_count. In place: send == recv + r * send_count."]
     pub fn hps_comm_all_gather(
         comm: *mut hps_comm_t,
         send: *const ::std::os::raw::c_void,
@@ -1368,7 +1369,7 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Rank r receives (recv_count elements) the reduction of slice r of every rank's send;"]
-    #[doc = " send_count must be at least size * recv_count."]
+    #[doc = " send_count must be at least size * recv_count. In place: recv == send + r * recv_count."]
     pub fn hps_comm_reduce_scatter(
         comm: *mut hps_comm_t,
         send: *const ::std::os::raw::c_void,
