@@ -905,7 +905,10 @@ HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTens
  *   forward:  hps_engine_wait_parameters(u); compute; hps_engine_release_parameters(u)
  *   backward: hps_engine_wait_parameters(u); add into the gradient views;
  *             hps_engine_grad_ready(i) for each of its parameters; hps_engine_release_parameters(u)
- * then hps_engine_step. Stage 2 keeps full parameters resident (an all-gather after each
+ * then hps_engine_step. Every rank of the sharding and dp groups makes these calls in the
+ * same order: collectives pair by their order, so ranks that check in buckets or wait for
+ * units in different orders pair different buckets' data (refused only where the sizes
+ * differ). Stage 2 keeps full parameters resident (an all-gather after each
  * step brings them back; release does nothing). Stage 3 keeps only this rank's shards:
  * wait_parameters gathers the unit (prefetched in the order recorded on the first step,
  * at most prefetch_window units live) and release frees it. Nothing in a steady-state
