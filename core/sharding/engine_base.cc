@@ -307,6 +307,8 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
     // returns: the zeroing is done by then (set-up, one counted host sync).
     HPS_RETURN_IF_ERROR(stream.synchronize());
     buckets_.init(plan_, options_.accumulation_steps);
+    held_.clear();
+    held_.resize(plan_.buffers().size());
     return rest();
   }();
   if (!s.ok()) {
@@ -333,6 +335,32 @@ Status EngineBase::broadcast_full(const std::function<DevicePtr<void>(size_t)>& 
       HPS_ASSIGN_OR_RETURN(auto d, dp_->broadcast(data, buf.numel, buf.dtype, 0, &compute()));
       HPS_RETURN_IF_ERROR(d->wait());
     }
+  }
+  return Status::Ok();
+}
+
+Status EngineBase::reduce_in_order(size_t index, Stream* ready,
+                                   const std::function<Status(size_t, Stream*)>& reduce) {
+  HPS_ASSIGN_OR_RETURN(bool complete, buckets_.check_in(plan_, index));
+  if (!complete) return Status::Ok();
+  const size_t b = plan_.placement(index).buffer;
+  Stream& gradients = gradients_from(ready);
+  if (buckets_.next() != b) {
+    // Its turn comes after buckets not yet complete: the point its gradients are at.
+    if (!held_[b]) {
+      HPS_ASSIGN_OR_RETURN(held_[b], create_event(device_));
+    }
+    return held_[b]->record(gradients);
+  }
+  while (buckets_.next_ready()) {
+    const size_t next = buckets_.next();
+    if (next == b) {
+      HPS_RETURN_IF_ERROR(reduce(next, &gradients));
+    } else {
+      HPS_RETURN_IF_ERROR(sharding_->stream().wait(*held_[next]));
+      HPS_RETURN_IF_ERROR(reduce(next, nullptr));
+    }
+    buckets_.started();
   }
   return Status::Ok();
 }

@@ -70,6 +70,13 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   Stream& optimizer_stream() { return *optimizer_stream_; }
   // The stream a reduction of the framework's gradients must follow.
   Stream& gradients_from(Stream* ready) { return ready != nullptr ? *ready : compute(); }
+  // grad_ready(index, ready) after the check-in: when the parameter's bucket is complete,
+  // starts the reductions whose turn has come, in GradBuckets' order, each by
+  // `reduce(bucket, stream its reduction must follow)`. A bucket complete before its turn
+  // keeps its gradients' point on their stream (an event); when its turn comes the
+  // sharding stream waits for it and `reduce` gets null.
+  Status reduce_in_order(size_t index, Stream* ready,
+                         const std::function<Status(size_t, Stream*)>& reduce);
   // `consumer` waits (device-side; on the CPU calling thread a dependency wait) for
   // `work`, and its failure is reported once known.
   Status wait_for(Stream& consumer, Work& work);
@@ -132,6 +139,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   std::unique_ptr<ShardedStorage> storage_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
   GradBuckets buckets_;
+  std::vector<std::unique_ptr<Event>> held_;  // per bucket, for reduce_in_order()
 };
 
 // Shared argument checks of the views.

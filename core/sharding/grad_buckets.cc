@@ -14,13 +14,22 @@ void GradBuckets::init(const LayoutPlan& plan, int32_t accumulation_steps) {
   complete_.assign(n, 0);
   position_.assign(plan.params().size(), 0);
   has_trainable_ = false;
+  order_.clear();
+  next_ = 0;
   for (size_t b = 0; b < n; ++b) {
     const FlatBuffer& buf = plan.buffers()[b];
     has_trainable_ = has_trainable_ || buf.trainable;
+    if (buf.trainable) order_.push_back(b);
     checked_in_[b].assign(buf.params.size(), 0);
     pending_[b] = buf.params.size();
     for (size_t k = 0; k < buf.params.size(); ++k) position_[buf.params[k]] = k;
   }
+  // Latest-registered parameter first: a backward pass visits the model in reverse.
+  auto last = [&](size_t b) {
+    const auto& p = plan.buffers()[b].params;
+    return *std::max_element(p.begin(), p.end());
+  };
+  std::sort(order_.begin(), order_.end(), [&](size_t a, size_t b) { return last(a) > last(b); });
 }
 
 StatusOr<bool> GradBuckets::check_in(const LayoutPlan& plan, size_t index) {
@@ -39,13 +48,13 @@ StatusOr<bool> GradBuckets::check_in(const LayoutPlan& plan, size_t index) {
   return --pending_[b] == 0;
 }
 
-void GradBuckets::completed(const LayoutPlan& plan, size_t b) {
+void GradBuckets::started() {
+  const size_t b = order_[next_];
   complete_[b] = 1;
   std::fill(checked_in_[b].begin(), checked_in_[b].end(), 0);
   pending_[b] = checked_in_[b].size();
-  for (size_t k = 0; k < complete_.size(); ++k) {
-    if (plan.buffers()[k].trainable && !complete_[k]) return;
-  }
+  if (++next_ < order_.size()) return;
+  next_ = 0;
   std::fill(complete_.begin(), complete_.end(), 0);
   ++micro_batch_;  // after the last micro-batch: == accumulation_steps_, the step is due
 }

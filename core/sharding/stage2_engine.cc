@@ -101,7 +101,7 @@ Status Stage2Engine::release(int32_t unit) {
   return not_found("engine: no parameters belong to unit " + std::to_string(unit));
 }
 
-Status Stage2Engine::launch_reduce(size_t b, Stream& ready) {
+Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
   const FlatBuffer& buf = plan_.buffers()[b];
   // fp32 buffers reduce straight into the optimizer's shard; fp16/bf16 ones reduce in their
   // dtype (the rings add in fp32 and round the sum once) and are widened before the dp
@@ -113,7 +113,7 @@ Status Stage2Engine::launch_reduce(size_t b, Stream& ready) {
       fp32 ? DevicePtr<void>(shard) : storage_->get(StorageRole::kReducedShard, b);
   HPS_ASSIGN_OR_RETURN(
       auto work, sharding_->reduce_scatter(storage_->get(StorageRole::kGrads, b).get(), out.get(),
-                                           buf.shard_numel, buf.dtype, ReduceOp::kSum, &ready));
+                                           buf.shard_numel, buf.dtype, ReduceOp::kSum, ready));
   // Kept at once: when what follows fails (a dp group that failed refuses its all-reduce),
   // synchronize() still waits for this reduce-scatter, which reads the gradients.
   reduced_[b] = work;
@@ -145,13 +145,10 @@ Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
     return invalid_argument("engine: grad_ready's stream is on " + ready->device().to_string() +
                             ", the engine on " + device_.to_string());
   }
-  HPS_ASSIGN_OR_RETURN(bool complete, buckets_.check_in(plan_, index));
-  if (!complete) return Status::Ok();
-  const size_t b = plan_.placement(index).buffer;
   // Gradients accumulate in the full buffer over micro-batches; the last one reduces.
-  if (buckets_.last_micro_batch()) HPS_RETURN_IF_ERROR(launch_reduce(b, gradients_from(ready)));
-  buckets_.completed(plan_, b);
-  return Status::Ok();
+  return reduce_in_order(index, ready, [&](size_t b, Stream* after) {
+    return buckets_.last_micro_batch() ? launch_reduce(b, after) : Status::Ok();
+  });
 }
 
 Status Stage2Engine::step() {

@@ -46,7 +46,7 @@ class Stage2Engine final : public EngineBase {
   DevicePtr<void> model_parameter_shard(size_t b) const override { return own_parameters(b); }
   // Buffer b's slice of the full parameters that this rank owns.
   DevicePtr<void> own_parameters(size_t b) const;
-  Status launch_reduce(size_t b, Stream& ready);
+  Status launch_reduce(size_t b, Stream* ready);
 
   std::vector<std::shared_ptr<Work>> reduced_;   // per bucket: this step's reduction
   std::vector<std::shared_ptr<Work>> gathered_;  // per bucket: the latest all-gather

@@ -214,7 +214,7 @@ Status Stage3Engine::release(int32_t unit) {
   HPS_RETURN_IF_ERROR(check_sealed("release()"));
   HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* unit_buffers, schedule_.unit_buffers(unit));
   for (size_t b : *unit_buffers) {
-    if (buffers_[b].grads) {  // taken this micro-batch, and the bucket's reduction not started
+    if (buffers_[b].grads && !buckets_.checked_in(b)) {  // taken, and not all checked in
       return failed_precondition("engine: release(" + std::to_string(unit) +
                                  ") while some of its gradients have not checked in");
     }
@@ -251,11 +251,15 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
     return failed_precondition("engine: grad_ready for '" + plan_.params()[index].name +
                                "' without a gradient: take grad() while its unit is gathered");
   }
-  HPS_ASSIGN_OR_RETURN(bool complete, buckets_.check_in(plan_, index));
-  if (!complete) return Status::Ok();
+  return reduce_in_order(index, ready,
+                         [&](size_t next, Stream* after) { return launch_reduce(next, after); });
+}
+
+Status Stage3Engine::launch_reduce(size_t b, Stream* ready) {
   // The bucket's full gradient is complete: reduce-scatter it into the shard (the first
   // micro-batch) or into scratch and add (later ones); the full buffer goes back to the
   // pool after the reduction has read it.
+  Unit& u = buffers_[b];
   const FlatBuffer& fb = plan_.buffers()[b];
   const size_t n = fb.shard_numel;
   Stream& comm = sharding_->stream();
@@ -264,9 +268,8 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
   DevicePtr<void> out = fb.dtype != DType::kFloat32 ? storage_->get(StorageRole::kReducedShard, b)
                         : first                     ? DevicePtr<void>(shard)
                                                     : storage_->get(StorageRole::kIncoming, b);
-  HPS_ASSIGN_OR_RETURN(auto work,
-                       sharding_->reduce_scatter(u.grads->data().get(), out.get(), n, fb.dtype,
-                                                 ReduceOp::kSum, &gradients_from(ready)));
+  HPS_ASSIGN_OR_RETURN(auto work, sharding_->reduce_scatter(u.grads->data().get(), out.get(), n,
+                                                            fb.dtype, ReduceOp::kSum, ready));
   HPS_RETURN_IF_ERROR(pool_->give_back(std::move(u.grads), comm));
   if (fb.dtype != DType::kFloat32 && first) {
     HPS_RETURN_IF_ERROR(kernels_->cast(comm, fb.dtype, out, DType::kFloat32, shard, n));
@@ -289,7 +292,6 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
     };
     HPS_RETURN_IF_ERROR(optimizer_->reduced(opt, shard_step(b), mean_scale(), wait_reduced));
   }
-  buckets_.completed(plan_, b);
   return Status::Ok();
 }
 

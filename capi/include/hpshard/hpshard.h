@@ -905,22 +905,24 @@ HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTens
  *   forward:  hps_engine_wait_parameters(u); compute; hps_engine_release_parameters(u)
  *   backward: hps_engine_wait_parameters(u); add into the gradient views;
  *             hps_engine_grad_ready(i) for each of its parameters; hps_engine_release_parameters(u)
- * then hps_engine_step. Every rank of the sharding and dp groups makes these calls in the
- * same order: collectives pair by their order, so ranks that check in buckets or wait for
- * units in different orders pair different buckets' data (refused only where the sizes
- * differ). Stage 2 keeps full parameters resident (an all-gather after each
- * step brings them back; release does nothing). Stage 3 keeps only this rank's shards:
- * wait_parameters gathers the unit (prefetched in the order recorded on the first step,
- * at most prefetch_window units live) and release frees it. Nothing in a steady-state
- * step blocks the host. Both stages, every parameter dtype and dynamic loss scaling work
- * over CPU communicators (shared memory, Gloo TCP) and CUDA ones (NCCL) alike: parameters
- * are float32, float16 or bfloat16 (views and gradients in that dtype, reductions adding
- * in fp32, fp32 master weights and optimizer state inside, parameters rounded once per
- * step). On CUDA the views are device pointers and the framework's forward and backward
- * are taken to run on the engine's compute stream (options.compute_stream; NULL: the CUDA
- * legacy default stream): wait_parameters makes that stream wait for the unit's
- * all-gather on the device, and the host never blocks.
- * Thread safety: one thread at a time per engine.
+ * then hps_engine_step. Buckets' reductions start in one order on every rank whatever
+ * order their gradients check in: the bucket holding the latest-registered parameter
+ * first (the order a backward pass completes them); a bucket complete before its turn
+ * waits, without blocking the host, for the ones ahead of it. Units' all-gathers start
+ * at their waits, and collectives pair by their order, so every rank of the sharding and
+ * dp groups waits for units in the same order (ranks that do not pair different units'
+ * data, refused only where the sizes differ). Stage 2 keeps full parameters resident
+ * (an all-gather after each step brings them back; release does nothing). Stage 3 keeps
+ * only this rank's shards: wait_parameters gathers the unit (prefetched in the order recorded on
+ * the first step, at most prefetch_window units live) and release frees it. Nothing in a
+ * steady-state step blocks the host. Both stages, every parameter dtype and dynamic loss scaling
+ * work over CPU communicators (shared memory, Gloo TCP) and CUDA ones (NCCL) alike: parameters are
+ * float32, float16 or bfloat16 (views and gradients in that dtype, reductions adding in fp32, fp32
+ * master weights and optimizer state inside, parameters rounded once per step). On CUDA the views
+ * are device pointers and the framework's forward and backward are taken to run on the engine's
+ * compute stream (options.compute_stream; NULL: the CUDA legacy default stream): wait_parameters
+ * makes that stream wait for the unit's all-gather on the device, and the host never blocks. Thread
+ * safety: one thread at a time per engine.
  */
 typedef struct hps_engine hps_engine_t;
 
@@ -1104,7 +1106,8 @@ HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t
 
 /**
  * Parameter `index`'s gradient is complete for this micro-batch. When the last parameter
- * of a bucket checks in on the last micro-batch, the bucket's reduction starts; with
+ * of a bucket checks in on the last micro-batch, the bucket's reduction starts (after
+ * those of the buckets ahead of it in the reduction order: hps_engine_t); with
  * clipping or dynamic loss scaling its shard's unscale pass (and the clip's partial sums)
  * follows it on the engine's optimizer stream, while the backward goes on (stage 2's full
  * gradients stay readable until hps_engine_step). `ready`: the stream the gradient was

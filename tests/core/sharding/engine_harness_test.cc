@@ -13,6 +13,7 @@
 // host-sync counter: both must stay 0 inside the engine's calls of every steady step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstring>
@@ -55,6 +56,12 @@ struct Case {
   bool loss_scaling = false;
   bool frozen = false;
   uint64_t bucket_bytes = 0;
+  // Odd ranks check in each unit's gradients in the reverse order, so their buckets
+  // complete in another order than the even ranks'.
+  bool rank_orders = false;
+  // Backward visits the units in forward order (every rank): each unit's buckets complete
+  // before their turn and are held past the unit's release.
+  bool units_forward_in_backward = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -96,6 +103,21 @@ std::vector<Case> all_cases() {
          .sharding = 4,
          .loss_scaling = true,
          .bucket_bytes = 512});
+    // Equal-sized buckets (l2.w and l2.shared pad to 1024 bytes at sharding 4) completed
+    // in opposite orders: their reduce-scatters must still pair bucket with bucket.
+    add({.name = "sgd_buckets_rank_orders",
+         .sharding = 4,
+         .bucket_bytes = 512,
+         .rank_orders = true});
+    add({.name = "adamw_mixed_buckets_rank_orders_dp",
+         .adamw = true,
+         .clip = Clip::kFloat,
+         .sharding = 2,
+         .dp = 2,
+         .mixed = true,
+         .bucket_bytes = 256,
+         .rank_orders = true,
+         .units_forward_in_backward = true});
   }
   if (kDevice == DeviceType::kCuda) {
     for (Case& c : out) c.sharding = c.dp = 1;  // one GPU
@@ -306,11 +328,15 @@ void run_rank(const Case& c, int32_t rank, std::shared_ptr<Communicator> shardin
         if (::testing::Test::HasFatalFailure()) return;
         if (!ok("release", [&] { return e.release(u); })) return;
       }
-      for (auto it = units.rbegin(); it != units.rend(); ++it) {  // backward
+      std::vector<int32_t> backward(units.rbegin(), units.rend());
+      if (c.units_forward_in_backward) backward = units;
+      for (auto it = backward.begin(); it != backward.end(); ++it) {
         if (!ok("gather", [&] { return e.gather(*it); })) return;
         const double scale = read(copies, DType::kFloat32, scale_address, 1)[0];
         ASSERT_EQ(scale, shared.model->loss_scale()) << where;
-        for (size_t i : unit_params(*it)) {
+        std::vector<size_t> order = unit_params(*it);
+        if (c.rank_orders && rank % 2 == 1) std::reverse(order.begin(), order.end());
+        for (size_t i : order) {
           if (!params[i].trainable) continue;
           const DType d = core_dtype(params[i].dtype);
           const size_t n = params[i].numel();

@@ -1165,7 +1165,8 @@ impl<'c> Engine<'c> {
     /// (`hps_engine_grad_ready`). When the last parameter of a bucket (by default the
     /// unit's trainable parameters of one dtype: [`Engine::param_bucket`]) checks in on
     /// the last micro-batch, the
-    /// bucket's reduction starts; from then until the next [`Engine::step`] (and the
+    /// bucket's reduction starts (after the buckets ahead of it in the library's
+    /// reduction order, the latest-registered parameter's first); from then until the next [`Engine::step`] (and the
     /// wait after it), the bucket's gradient views are refused. `ready`: the stream
     /// the gradient was produced on (the reduction waits for its work queued so far),
     /// or `None` when this thread wrote it (the safe views).
