@@ -65,19 +65,7 @@ StatusOr<CommOptions> comm_options_from_env(CommOptions defaults) {
 }
 
 Status check_comm_name(std::string_view name, std::string_view what) {
-  const std::string who(what);
-  if (name.empty()) return invalid_argument(who + " is empty");
-  if (name.size() > kMaxCommNameBytes) {
-    return invalid_argument(who + " has " + std::to_string(name.size()) + " bytes, more than " +
-                            std::to_string(kMaxCommNameBytes));
-  }
-  if (has_control_bytes(name)) {
-    return invalid_argument(who + " '" + shown_value(name) + "' has a control character");
-  }
-  if (!is_utf8(name)) {
-    return invalid_argument(who + " '" + shown_value(name) + "' is not valid UTF-8");
-  }
-  return Status::Ok();
+  return check_shown_name(name, what, kMaxCommNameBytes);
 }
 
 Status check_buffer(const CommArgs& a, const char* which, const void* pointer, size_t count,

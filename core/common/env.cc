@@ -44,6 +44,19 @@ bool is_utf8(std::string_view text) {
   }
 }
 
+Status check_shown_name(std::string_view name, std::string_view what, size_t max_bytes) {
+  const std::string who(what);
+  if (name.empty()) return invalid_argument(who + " is empty");
+  const std::string shown = who + " '" + shown_value(name) + "'";
+  if (name.size() > max_bytes) {
+    return invalid_argument(shown + " has " + std::to_string(name.size()) + " bytes, more than " +
+                            std::to_string(max_bytes));
+  }
+  if (has_control_bytes(name)) return invalid_argument(shown + " has a control character");
+  if (!is_utf8(name)) return invalid_argument(shown + " is not valid UTF-8");
+  return Status::Ok();
+}
+
 std::optional<std::string> env_string(const char* name) {
   const char* value = std::getenv(name);
   if (value == nullptr) return std::nullopt;

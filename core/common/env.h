@@ -19,6 +19,10 @@ bool has_control_bytes(std::string_view text);
 // Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
 // U+10FFFF): names and metadata a checkpoint's JSON manifest keeps must be.
 bool is_utf8(std::string_view text);
+// A name that messages, logs and manifests show (a parameter's, a group's): INVALID_ARGUMENT
+// starting with `what` ("parameter name") when it is empty, longer than `max_bytes`, holds
+// a control character or is not UTF-8.
+Status check_shown_name(std::string_view name, std::string_view what, size_t max_bytes);
 // The variable's value, or nothing when it is unset (an empty value counts as set).
 std::optional<std::string> env_string(const char* name);
 // The variable as a base-10 integer; `fallback` when unset; an error naming the

@@ -28,19 +28,8 @@ Status LayoutPlan::add(ParamSpec spec) {
   if (sealed_)
     return failed_precondition("parameter '" + spec.name +
                                "' registered after the plan was sealed");
-  if (spec.name.empty()) return invalid_argument("a parameter needs a name");
-  if (spec.name.size() > kMaxParamNameBytes) {
-    return invalid_argument("parameter name '" + shown_value(spec.name) + "' has " +
-                            std::to_string(spec.name.size()) + " bytes, more than " +
-                            std::to_string(kMaxParamNameBytes));
-  }
-  if (has_control_bytes(spec.name)) {  // a checkpoint's manifest names it; tools show it
-    return invalid_argument("parameter name '" + shown_value(spec.name) +
-                            "' has a control character");
-  }
-  if (!is_utf8(spec.name)) {  // the manifest is JSON: its strings are UTF-8
-    return invalid_argument("parameter name '" + shown_value(spec.name) + "' is not valid UTF-8");
-  }
+  // A checkpoint's manifest (JSON: UTF-8) names it; messages and tools show it.
+  HPS_RETURN_IF_ERROR(check_shown_name(spec.name, "parameter name", kMaxParamNameBytes));
   for (const auto& p : params_) {
     if (p.name == spec.name)
       return already_exists("parameter '" + spec.name + "' is registered twice");

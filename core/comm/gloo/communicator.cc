@@ -1296,32 +1296,38 @@ std::string p2p_name(const char* operation, uint64_t number, const char* directi
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::send(const void* buffer, size_t count,
                                                        DType dtype, int32_t peer, Stream* ready) {
-  const CommArgs a{"send", options_.name, size_};
-  HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
-  if (peer == rank_) return invalid_argument("send on group '" + options_.name + "': to itself");
-  HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  const uint64_t number = sent_[peer]++;
-  const uint64_t slot = transfer_slot_base(number, count * dtype_size(dtype));
-  return enqueue_point_to_point(
-      p2p_name("send", number, "to", peer), ready, slot, [buffer, count, dtype, peer](Op& o) {
-        const size_t bytes = count * dtype_size(dtype);
-        o.post_send(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
-      });
+  return point_to_point(true, buffer, count, dtype, peer, ready);
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::recv(void* buffer, size_t count, DType dtype,
                                                        int32_t peer, Stream* ready) {
-  const CommArgs a{"recv", options_.name, size_};
+  return point_to_point(false, buffer, count, dtype, peer, ready);
+}
+
+StatusOr<std::shared_ptr<Work>> GlooCommunicator::point_to_point(bool sending, const void* buffer,
+                                                                 size_t count, DType dtype,
+                                                                 int32_t peer, Stream* ready) {
+  const char* operation = sending ? "send" : "recv";
+  const char* direction = sending ? "to" : "from";
+  const CommArgs a{operation, options_.name, size_};
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "peer", peer));
-  if (peer == rank_) return invalid_argument("recv on group '" + options_.name + "': from itself");
+  if (peer == rank_) {
+    return invalid_argument(std::string(operation) + " on group '" + options_.name +
+                            "': " + direction + " itself");
+  }
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  const uint64_t number = received_[peer]++;
+  const uint64_t number = (sending ? sent_ : received_)[peer]++;
   const uint64_t slot = transfer_slot_base(number, count * dtype_size(dtype));
-  return enqueue_point_to_point(
-      p2p_name("recv", number, "from", peer), ready, slot, [buffer, count, dtype, peer](Op& o) {
-        const size_t bytes = count * dtype_size(dtype);
-        o.post_recv(o.buffer(buffer, bytes), peer, o.slot(6, 0), 0, bytes);
-      });
+  return enqueue_point_to_point(p2p_name(operation, number, direction, peer), ready, slot,
+                                [sending, buffer, count, dtype, peer](Op& o) {
+                                  const size_t bytes = count * dtype_size(dtype);
+                                  const size_t b = o.buffer(buffer, bytes);
+                                  if (sending) {
+                                    o.post_send(b, peer, o.slot(6, 0), 0, bytes);
+                                  } else {
+                                    o.post_recv(b, peer, o.slot(6, 0), 0, bytes);
+                                  }
+                                });
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {

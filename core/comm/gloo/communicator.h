@@ -103,6 +103,9 @@ class GlooCommunicator final : public Communicator {
   void end_work(Work& work, Status s) noexcept;
   // Inside a catch block: what was caught, in words.
   static std::string describe_exception() noexcept;
+  // send() and recv(): the checks, the message number per peer, the transfer.
+  StatusOr<std::shared_ptr<Work>> point_to_point(bool sending, const void* buffer, size_t count,
+                                                 DType dtype, int32_t peer, Stream* ready);
   StatusOr<std::shared_ptr<Work>> enqueue_point_to_point(std::string operation, Stream* ready,
                                                          uint64_t slot_base,
                                                          std::function<void(Op&)> post);

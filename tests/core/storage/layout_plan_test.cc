@@ -59,7 +59,7 @@ TEST(LayoutPlan, HostileShapesAreRefusedNamingTheParameter) {
       {{"neg", {3, -1}, DType::kFloat32}, "'neg' has a negative dimension"},
       {{"wraps", {big, big, big}, DType::kFloat32}, "'wraps': its element count overflows"},
       {{"huge", {int64_t{1} << 30, int64_t{1} << 19}, DType::kFloat32}, "'huge' is too large"},
-      {{"", {4}, DType::kFloat32}, "needs a name"},
+      {{"", {4}, DType::kFloat32}, "parameter name is empty"},
       {{"ok", {4}, DType::kFloat32}, "'ok' is registered twice"},
   };
   for (const auto& [spec, message] : bad) {
