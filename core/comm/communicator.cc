@@ -146,7 +146,7 @@ std::string describe(const CollectiveDescriptor& d) {
   return kind + " #" + std::to_string(d.sequence) + " with count " + std::to_string(d.count) +
          ", dtype " + (dtype == "unknown" ? std::to_string(d.dtype) : std::string(dtype)) +
          ", op " + (op == "unknown" ? std::to_string(d.op) : std::string(op)) + ", root " +
-         std::to_string(d.root);
+         std::to_string(d.root) + (d.tag != 0 ? ", tag " + std::to_string(d.tag) : std::string());
 }
 
 }  // namespace

@@ -89,10 +89,13 @@ class Communicator {
 
   // `ready`: when given, the operation starts only after the work enqueued on it so far
   // (the caller's compute stream); the host never blocks for it. In-place is allowed
-  // where noted (send == recv; for all_gather send == recv + rank * count).
+  // where noted (send == recv; for all_gather send == recv + rank * count). `tag`: what
+  // the caller means by this call (the engine: a bucket's number + 1); collectives pair
+  // by their order, and with argument checks on, ranks whose calls at one place carry
+  // different tags are refused like ranks with different counts (0: none).
   virtual StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
                                                      DType dtype, ReduceOp op,
-                                                     Stream* ready = nullptr) = 0;
+                                                     Stream* ready = nullptr, uint64_t tag = 0) = 0;
   virtual StatusOr<std::shared_ptr<Work>> reduce(const void* send, void* recv, size_t count,
                                                  DType dtype, ReduceOp op, int32_t root,
                                                  Stream* ready = nullptr) = 0;
@@ -100,11 +103,13 @@ class Communicator {
                                                     int32_t root, Stream* ready = nullptr) = 0;
   // recv holds size() * count elements, rank r's contribution at r * count.
   virtual StatusOr<std::shared_ptr<Work>> all_gather(const void* send, void* recv, size_t count,
-                                                     DType dtype, Stream* ready = nullptr) = 0;
+                                                     DType dtype, Stream* ready = nullptr,
+                                                     uint64_t tag = 0) = 0;
   // send holds size() * count elements; rank r receives the reduction of slice r.
   virtual StatusOr<std::shared_ptr<Work>> reduce_scatter(const void* send, void* recv, size_t count,
                                                          DType dtype, ReduceOp op,
-                                                         Stream* ready = nullptr) = 0;
+                                                         Stream* ready = nullptr,
+                                                         uint64_t tag = 0) = 0;
   virtual StatusOr<std::shared_ptr<Work>> send(const void* buffer, size_t count, DType dtype,
                                                int32_t peer, Stream* ready = nullptr) = 0;
   virtual StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype,

@@ -16,6 +16,7 @@ struct CollectiveDescriptor {
   int32_t root = 0;
   uint64_t count = 0;
   uint64_t sequence = 0;
+  uint64_t tag = 0;  // the caller's (Communicator::all_reduce); 0: none
 };
 
 enum CollectiveKind : int32_t {

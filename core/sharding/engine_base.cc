@@ -466,8 +466,9 @@ StatusOr<std::vector<std::vector<float>>> EngineBase::gather_all() {
     const size_t element = dtype_size(dtype);
     HPS_ASSIGN_OR_RETURN(DeviceBuffer gathered,
                          DeviceBuffer::allocate(device_, buf.numel * element));
-    HPS_ASSIGN_OR_RETURN(auto work, sharding_->all_gather(shard.get(), gathered.data().get(),
-                                                          buf.shard_numel, dtype));
+    HPS_ASSIGN_OR_RETURN(
+        auto work, sharding_->all_gather(shard.get(), gathered.data().get(), buf.shard_numel, dtype,
+                                         nullptr, bucket_tag(b)));
     HPS_RETURN_IF_ERROR(work->wait());
     DeviceBuffer widened;
     DevicePtr<const float> full = gathered.data<const float>();

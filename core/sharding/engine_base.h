@@ -77,6 +77,9 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // sharding stream waits for it and `reduce` gets null.
   Status reduce_in_order(size_t index, Stream* ready,
                          const std::function<Status(size_t, Stream*)>& reduce);
+  // The tag of bucket b's collectives (Communicator::all_reduce): ranks whose collectives
+  // at one place are of different buckets are refused where arguments are checked.
+  static uint64_t bucket_tag(size_t b) { return static_cast<uint64_t>(b) + 1; }
   // `consumer` waits (device-side; on the CPU calling thread a dependency wait) for
   // `work`, and its failure is reported once known.
   Status wait_for(Stream& consumer, Work& work);

@@ -112,8 +112,9 @@ Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
   DevicePtr<void> out =
       fp32 ? DevicePtr<void>(shard) : storage_->get(StorageRole::kReducedShard, b);
   HPS_ASSIGN_OR_RETURN(
-      auto work, sharding_->reduce_scatter(storage_->get(StorageRole::kGrads, b).get(), out.get(),
-                                           buf.shard_numel, buf.dtype, ReduceOp::kSum, ready));
+      auto work,
+      sharding_->reduce_scatter(storage_->get(StorageRole::kGrads, b).get(), out.get(),
+                                buf.shard_numel, buf.dtype, ReduceOp::kSum, ready, bucket_tag(b)));
   // Kept at once: when what follows fails (a dp group that failed refuses its all-reduce),
   // synchronize() still waits for this reduce-scatter, which reads the gradients.
   reduced_[b] = work;
@@ -122,8 +123,9 @@ Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
         kernels_->cast(comm, buf.dtype, out, DType::kFloat32, shard, buf.shard_numel));
   }
   if (dp_ && dp_->size() > 1) {
-    HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(shard.get(), shard.get(), buf.shard_numel,
-                                               DType::kFloat32, ReduceOp::kSum, &comm));
+    HPS_ASSIGN_OR_RETURN(work,
+                         dp_->all_reduce(shard.get(), shard.get(), buf.shard_numel, DType::kFloat32,
+                                         ReduceOp::kSum, &comm, bucket_tag(b)));
   }
   reduced_[b] = std::move(work);
   if (!optimizer_->unscales_early()) return Status::Ok();
@@ -183,10 +185,10 @@ Status Stage2Engine::step() {
         // The updated shards back to every rank, in place; the next forward of the unit
         // waits on it.
         const FlatBuffer& buf = plan_.buffers()[b];
-        HPS_ASSIGN_OR_RETURN(gathered_[b],
-                             sharding_->all_gather(own_parameters(b).get(),
-                                                   storage_->get(StorageRole::kParams, b).get(),
-                                                   buf.shard_numel, buf.dtype, &opt));
+        HPS_ASSIGN_OR_RETURN(
+            gathered_[b], sharding_->all_gather(own_parameters(b).get(),
+                                                storage_->get(StorageRole::kParams, b).get(),
+                                                buf.shard_numel, buf.dtype, &opt, bucket_tag(b)));
         reduced_[b].reset();
         return Status::Ok();
       }));
@@ -221,7 +223,7 @@ Status Stage2Engine::end_state_load() {
     HPS_ASSIGN_OR_RETURN(
         gathered_[b],
         sharding_->all_gather(own_parameters(b).get(), storage_->get(StorageRole::kParams, b).get(),
-                              buf.shard_numel, buf.dtype, &optimizer_stream()));
+                              buf.shard_numel, buf.dtype, &optimizer_stream(), bucket_tag(b)));
     HPS_RETURN_IF_ERROR(gathered_[b]->wait());
   }
   return settle_loaded_scaling();

@@ -173,8 +173,9 @@ Status Stage3Engine::start_gather(size_t b) {
   DevicePtr<void> own =
       u.params->data().byte_offset(plan_.shard(b, sharding_->rank()).first * element);
   HPS_RETURN_IF_ERROR(comm.memcpy_async(own.get(), wire.get(), fb.shard_numel * element));
-  HPS_ASSIGN_OR_RETURN(u.gathering, sharding_->all_gather(own.get(), u.params->data().get(),
-                                                          fb.shard_numel, fb.dtype, nullptr));
+  HPS_ASSIGN_OR_RETURN(u.gathering,
+                       sharding_->all_gather(own.get(), u.params->data().get(), fb.shard_numel,
+                                             fb.dtype, nullptr, bucket_tag(b)));
   u.used = false;
   note_resident();
   return Status::Ok();
@@ -268,8 +269,9 @@ Status Stage3Engine::launch_reduce(size_t b, Stream* ready) {
   DevicePtr<void> out = fb.dtype != DType::kFloat32 ? storage_->get(StorageRole::kReducedShard, b)
                         : first                     ? DevicePtr<void>(shard)
                                                     : storage_->get(StorageRole::kIncoming, b);
-  HPS_ASSIGN_OR_RETURN(auto work, sharding_->reduce_scatter(u.grads->data().get(), out.get(), n,
-                                                            fb.dtype, ReduceOp::kSum, ready));
+  HPS_ASSIGN_OR_RETURN(auto work,
+                       sharding_->reduce_scatter(u.grads->data().get(), out.get(), n, fb.dtype,
+                                                 ReduceOp::kSum, ready, bucket_tag(b)));
   HPS_RETURN_IF_ERROR(pool_->give_back(std::move(u.grads), comm));
   if (fb.dtype != DType::kFloat32 && first) {
     HPS_RETURN_IF_ERROR(kernels_->cast(comm, fb.dtype, out, DType::kFloat32, shard, n));
@@ -277,8 +279,8 @@ Status Stage3Engine::launch_reduce(size_t b, Stream* ready) {
     HPS_RETURN_IF_ERROR(kernels_->accumulate(comm, shard, fb.dtype, out, n));
   }
   if (buckets_.last_micro_batch() && dp_ && dp_->size() > 1) {
-    HPS_ASSIGN_OR_RETURN(
-        work, dp_->all_reduce(shard.get(), shard.get(), n, DType::kFloat32, ReduceOp::kSum, &comm));
+    HPS_ASSIGN_OR_RETURN(work, dp_->all_reduce(shard.get(), shard.get(), n, DType::kFloat32,
+                                               ReduceOp::kSum, &comm, bucket_tag(b)));
   }
   u.reduced = std::move(work);
   if (buckets_.last_micro_batch() && optimizer_->unscales_early()) {

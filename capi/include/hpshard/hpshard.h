@@ -572,9 +572,10 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
  * hps_work_destroy (which does not wait). Bad input — a NULL buffer, an output too small,
  * an unknown reduction, a rank outside the group, a count that overflows, send and recv
  * that overlap other than in the operation's in-place form — is refused with nothing sent. Ranks
- * that disagree on a collective end it with INVALID_ARGUMENT (when check_arguments is on), a peer
- * that is missing with TIMEOUT, a peer that died with ABORTED or TIMEOUT; the message names the
- * operation, its group and sequence number.
+ * that disagree on a collective end it with INVALID_ARGUMENT (CPU groups with check_arguments
+ * on; NCCL groups do not compare their calls), a peer that is missing with TIMEOUT, a peer
+ * that died with ABORTED or TIMEOUT; the message names the operation, its group and sequence
+ * number.
  */
 
 /** recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */
@@ -910,8 +911,10 @@ HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTens
  * first (the order a backward pass completes them); a bucket complete before its turn
  * waits, without blocking the host, for the ones ahead of it. Units' all-gathers start
  * at their waits, and collectives pair by their order, so every rank of the sharding and
- * dp groups waits for units in the same order (ranks that do not pair different units'
- * data, refused only where the sizes differ). Stage 2 keeps full parameters resident
+ * dp groups waits for units in the same order: each collective carries its bucket, so
+ * CPU groups checking arguments (check_arguments, the default) refuse ranks that do not
+ * with INVALID_ARGUMENT naming both ("tag" = bucket + 1); NCCL groups check nothing and
+ * pair different units' data where their sizes are equal. Stage 2 keeps full parameters resident
  * (an all-gather after each step brings them back; release does nothing). Stage 3 keeps
  * only this rank's shards: wait_parameters gathers the unit (prefetched in the order recorded on
  * the first step, at most prefetch_window units live) and release frees it. Nothing in a

@@ -266,7 +266,7 @@ uint64_t collective_slot_base(const CollectiveDescriptor& d) {
   uint64_t h = 0;
   for (uint64_t field :
        {static_cast<uint64_t>(d.kind), static_cast<uint64_t>(d.dtype), static_cast<uint64_t>(d.op),
-        static_cast<uint64_t>(d.root), static_cast<uint64_t>(d.count)}) {
+        static_cast<uint64_t>(d.root), static_cast<uint64_t>(d.count), d.tag}) {
     h = mix(h, field);
   }
   return slot_base(d.sequence, h);
@@ -1190,13 +1190,20 @@ Status GlooCommunicator::finish() {
 
 // ---- public operations: check arguments on the caller's thread, then enqueue ----
 
+GlooCommunicator::Descriptor GlooCommunicator::next_descriptor(CollectiveKind kind, DType dtype,
+                                                               ReduceOp op, int32_t root,
+                                                               size_t count, uint64_t tag) {
+  return Descriptor{
+      kind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count, next_sequence_++,
+      tag};
+}
+
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_reduce(const void* send, void* recv,
                                                              size_t count, DType dtype, ReduceOp op,
-                                                             Stream* ready) {
+                                                             Stream* ready, uint64_t tag) {
   const CommArgs a{"all_reduce", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, true));
-  Descriptor d{kAllReduceKind,  static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
-               next_sequence_++};
+  Descriptor d = next_descriptor(kAllReduceKind, dtype, op, 0, count, tag);
   return enqueue("all_reduce", ready, &d, collective_slot_base(d),
                  [this, send, recv, count, dtype, op](Op& o) {
                    if (shm_) {
@@ -1213,8 +1220,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce(const void* send, void*
   const CommArgs a{"reduce", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
   HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, rank_ == root));
-  Descriptor d{kReduceKind,     static_cast<int32_t>(dtype), static_cast<int32_t>(op), root, count,
-               next_sequence_++};
+  Descriptor d = next_descriptor(kReduceKind, dtype, op, root, count, 0);
   return enqueue(
       "reduce", ready, &d, collective_slot_base(d),
       [this, send, recv, count, dtype, op, root](Op& o) {
@@ -1237,7 +1243,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::broadcast(void* buffer, size_t
   const CommArgs a{"broadcast", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_rank_in_group(a, "root", root));
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
-  Descriptor d{kBroadcastKind, static_cast<int32_t>(dtype), 0, root, count, next_sequence_++};
+  Descriptor d = next_descriptor(kBroadcastKind, dtype, ReduceOp::kSum, root, count, 0);
   return enqueue(
       "broadcast", ready, &d, collective_slot_base(d), [this, buffer, count, dtype, root](Op& o) {
         const size_t bytes = count * dtype_size(dtype);
@@ -1250,10 +1256,10 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::broadcast(void* buffer, size_t
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_gather(const void* send, void* recv,
                                                              size_t count, DType dtype,
-                                                             Stream* ready) {
+                                                             Stream* ready, uint64_t tag) {
   const CommArgs a{"all_gather", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_all_gather_buffers(a, rank_, send, recv, count, dtype));
-  Descriptor d{kAllGatherKind, static_cast<int32_t>(dtype), 0, 0, count, next_sequence_++};
+  Descriptor d = next_descriptor(kAllGatherKind, dtype, ReduceOp::kSum, 0, count, tag);
   return enqueue(
       "all_gather", ready, &d, collective_slot_base(d), [this, send, recv, count, dtype](Op& o) {
         const size_t bytes = count * dtype_size(dtype);
@@ -1268,11 +1274,11 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::all_gather(const void* send, v
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::reduce_scatter(const void* send, void* recv,
                                                                  size_t count, DType dtype,
-                                                                 ReduceOp op, Stream* ready) {
+                                                                 ReduceOp op, Stream* ready,
+                                                                 uint64_t tag) {
   const CommArgs a{"reduce_scatter", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_reduce_scatter_buffers(a, rank_, send, recv, count, dtype));
-  Descriptor d{kReduceScatterKind, static_cast<int32_t>(dtype), static_cast<int32_t>(op), 0, count,
-               next_sequence_++};
+  Descriptor d = next_descriptor(kReduceScatterKind, dtype, op, 0, count, tag);
   return enqueue("reduce_scatter", ready, &d, collective_slot_base(d),
                  [this, send, recv, count, dtype, op](Op& o) {
                    if (shm_) {
@@ -1331,7 +1337,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::point_to_point(bool sending, c
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
-  Descriptor d{kBarrierKind, 0, 0, 0, 0, next_sequence_++};
+  Descriptor d = next_descriptor(kBarrierKind, static_cast<DType>(0), ReduceOp::kSum, 0, 0, 0);
   return enqueue("barrier", ready, &d, collective_slot_base(d), [this](Op& o) {
     if (shm_) return located(o, shm_->barrier(*o.descriptor, o.deadline()));
     // The descriptors were posted when each rank enqueued, not when its stream got here,

@@ -56,15 +56,17 @@ class GlooCommunicator final : public Communicator {
   }
 
   StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
-                                             DType dtype, ReduceOp op, Stream* ready) override;
+                                             DType dtype, ReduceOp op, Stream* ready,
+                                             uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> reduce(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op, int32_t root, Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> broadcast(void* buffer, size_t count, DType dtype, int32_t root,
                                             Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> all_gather(const void* send, void* recv, size_t count,
-                                             DType dtype, Stream* ready) override;
+                                             DType dtype, Stream* ready, uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> reduce_scatter(const void* send, void* recv, size_t count,
-                                                 DType dtype, ReduceOp op, Stream* ready) override;
+                                                 DType dtype, ReduceOp op, Stream* ready,
+                                                 uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> send(const void* buffer, size_t count, DType dtype, int32_t peer,
                                        Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype, int32_t peer,
@@ -103,6 +105,10 @@ class GlooCommunicator final : public Communicator {
   void end_work(Work& work, Status s) noexcept;
   // Inside a catch block: what was caught, in words.
   static std::string describe_exception() noexcept;
+  // The next collective's descriptor (its sequence number taken). Operations without a
+  // dtype or reduction describe them as 0.
+  Descriptor next_descriptor(CollectiveKind kind, DType dtype, ReduceOp op, int32_t root,
+                             size_t count, uint64_t tag);
   // send() and recv(): the checks, the message number per peer, the transfer.
   StatusOr<std::shared_ptr<Work>> point_to_point(bool sending, const void* buffer, size_t count,
                                                  DType dtype, int32_t peer, Stream* ready);

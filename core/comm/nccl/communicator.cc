@@ -194,7 +194,7 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::enqueue(const char* operation,
 
 StatusOr<std::shared_ptr<Work>> NcclCommunicator::all_reduce(const void* send, void* recv,
                                                              size_t count, DType dtype, ReduceOp op,
-                                                             Stream* ready) {
+                                                             Stream* ready, uint64_t /*tag*/) {
   const CommArgs a{"all_reduce", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, true));
   return enqueue("all_reduce", ready, [&](ncclComm_t comm, cudaStream_t s) {
@@ -225,7 +225,7 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::broadcast(void* buffer, size_t
 
 StatusOr<std::shared_ptr<Work>> NcclCommunicator::all_gather(const void* send, void* recv,
                                                              size_t count, DType dtype,
-                                                             Stream* ready) {
+                                                             Stream* ready, uint64_t /*tag*/) {
   const CommArgs a{"all_gather", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_all_gather_buffers(a, rank_, send, recv, count, dtype));
   return enqueue("all_gather", ready, [&](ncclComm_t comm, cudaStream_t s) {
@@ -235,7 +235,8 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::all_gather(const void* send, v
 
 StatusOr<std::shared_ptr<Work>> NcclCommunicator::reduce_scatter(const void* send, void* recv,
                                                                  size_t count, DType dtype,
-                                                                 ReduceOp op, Stream* ready) {
+                                                                 ReduceOp op, Stream* ready,
+                                                                 uint64_t /*tag*/) {
   const CommArgs a{"reduce_scatter", options_.name, size_};
   HPS_RETURN_IF_ERROR(check_reduce_scatter_buffers(a, rank_, send, recv, count, dtype));
   return enqueue("reduce_scatter", ready, [&](ncclComm_t comm, cudaStream_t s) {

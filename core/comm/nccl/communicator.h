@@ -40,15 +40,17 @@ class NcclCommunicator final : public Communicator {
   }
 
   StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
-                                             DType dtype, ReduceOp op, Stream* ready) override;
+                                             DType dtype, ReduceOp op, Stream* ready,
+                                             uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> reduce(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op, int32_t root, Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> broadcast(void* buffer, size_t count, DType dtype, int32_t root,
                                             Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> all_gather(const void* send, void* recv, size_t count,
-                                             DType dtype, Stream* ready) override;
+                                             DType dtype, Stream* ready, uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> reduce_scatter(const void* send, void* recv, size_t count,
-                                                 DType dtype, ReduceOp op, Stream* ready) override;
+                                                 DType dtype, ReduceOp op, Stream* ready,
+                                                 uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> send(const void* buffer, size_t count, DType dtype, int32_t peer,
                                        Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> recv(void* buffer, size_t count, DType dtype, int32_t peer,

@@ -67,7 +67,7 @@ std::function<void()> copy(const void* send, void* recv, size_t bytes) {
 
 StatusOr<std::shared_ptr<Work>> SelfCommunicator::all_reduce(const void* send, void* recv,
                                                              size_t count, DType dtype, ReduceOp op,
-                                                             Stream* ready) {
+                                                             Stream* ready, uint64_t /*tag*/) {
   const CommArgs a{"all_reduce", name_, 1};
   HPS_RETURN_IF_ERROR(reduce_op_from_int(static_cast<int32_t>(op)).status());
   HPS_RETURN_IF_ERROR(check_reduce_buffers(a, send, recv, count, dtype, true));
@@ -96,7 +96,7 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::broadcast(void* buffer, size_t
 
 StatusOr<std::shared_ptr<Work>> SelfCommunicator::all_gather(const void* send, void* recv,
                                                              size_t count, DType dtype,
-                                                             Stream* ready) {
+                                                             Stream* ready, uint64_t /*tag*/) {
   const CommArgs a{"all_gather", name_, 1};
   HPS_RETURN_IF_ERROR(check_all_gather_buffers(a, 0, send, recv, count, dtype));
   const size_t bytes = count * dtype_size(dtype);
@@ -105,7 +105,8 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::all_gather(const void* send, v
 
 StatusOr<std::shared_ptr<Work>> SelfCommunicator::reduce_scatter(const void* send, void* recv,
                                                                  size_t count, DType dtype,
-                                                                 ReduceOp op, Stream* ready) {
+                                                                 ReduceOp op, Stream* ready,
+                                                                 uint64_t /*tag*/) {
   const CommArgs a{"reduce_scatter", name_, 1};
   HPS_RETURN_IF_ERROR(reduce_op_from_int(static_cast<int32_t>(op)).status());
   HPS_RETURN_IF_ERROR(check_reduce_scatter_buffers(a, 0, send, recv, count, dtype));

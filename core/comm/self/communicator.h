@@ -31,15 +31,17 @@ class SelfCommunicator final : public Communicator {
   void set_timeout(Milliseconds timeout) override;
 
   StatusOr<std::shared_ptr<Work>> all_reduce(const void* send, void* recv, size_t count,
-                                             DType dtype, ReduceOp op, Stream* ready) override;
+                                             DType dtype, ReduceOp op, Stream* ready,
+                                             uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> reduce(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op, int32_t root, Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> broadcast(void* buffer, size_t count, DType dtype, int32_t root,
                                             Stream* ready) override;
   StatusOr<std::shared_ptr<Work>> all_gather(const void* send, void* recv, size_t count,
-                                             DType dtype, Stream* ready) override;
+                                             DType dtype, Stream* ready, uint64_t tag) override;
   StatusOr<std::shared_ptr<Work>> reduce_scatter(const void* send, void* recv, size_t count,
-                                                 DType dtype, ReduceOp op, Stream* ready) override;
+                                                 DType dtype, ReduceOp op, Stream* ready,
+                                                 uint64_t tag) override;
   // A rank has no peer to send to or receive from: INVALID_ARGUMENT, as on any group.
   StatusOr<std::shared_ptr<Work>> send(const void* buffer, size_t count, DType dtype, int32_t peer,
                                        Stream* ready) override;

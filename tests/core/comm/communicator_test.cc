@@ -521,6 +521,41 @@ TEST_P(CommunicatorTest, MismatchedCallsFailOnEveryRankWithNothingSent) {
       options());
 }
 
+// Equal counts, different tags (the engine: one rank's bucket 1 where another's is 2):
+// refused naming both, nothing received; with argument checks off the calls do not pair
+// (they meet on different slots) and fail instead of mixing the data.
+TEST_P(CommunicatorTest, CollectivesOfDifferentTagsAreRefused) {
+  for (const bool checked : {true, false}) {
+    CommOptions options = this->options();
+    options.check_arguments = checked;
+    options.timeout = Milliseconds(checked ? 20'000 : 500);
+    run_ranks(
+        2,
+        [checked](int32_t rank, Communicator& comm) {
+          const uint64_t tag = rank == 1 ? 3 : 2;
+          std::vector<float> in(8, 1.0f + static_cast<float>(rank)), out(8, -1.0f);
+          auto w = comm.all_gather(in.data(), out.data(), 4, DType::kFloat32, nullptr, tag);
+          ASSERT_TRUE(w.ok()) << w.status().to_string();
+          const Status s = (*w)->wait();
+          EXPECT_FALSE(s.ok()) << "checked " << checked;
+          if (checked || comm.transport() == "shm") {
+            EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+            const std::string theirs = std::string("rank ") + (rank == 1 ? "0" : "1") +
+                                       " called all_gather #1 with count 4, dtype float32, op "
+                                       "sum, root 0, tag " +
+                                       (rank == 1 ? "2" : "3");
+            EXPECT_NE(s.message().find(theirs), std::string::npos) << s.message();
+          }
+          for (size_t i = 0; i < 8; ++i) {
+            if (i / 4 != static_cast<size_t>(rank)) {
+              EXPECT_EQ(out[i], -1.0f) << "nothing of the peer's arrives";
+            }
+          }
+        },
+        options);
+  }
+}
+
 TEST_P(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
   CommOptions options = this->options();
   options.timeout = Milliseconds(300);

@@ -262,8 +262,8 @@ class CountingCommunicator final : public Communicator {
   Milliseconds timeout() const override { return inner_.timeout(); }
   void set_timeout(Milliseconds t) override { inner_.set_timeout(t); }
   StatusOr<std::shared_ptr<Work>> all_reduce(const void* s, void* r, size_t n, DType d, ReduceOp op,
-                                             Stream* ready) override {
-    return inner_.all_reduce(s, r, n, d, op, ready);
+                                             Stream* ready, uint64_t tag) override {
+    return inner_.all_reduce(s, r, n, d, op, ready, tag);
   }
   StatusOr<std::shared_ptr<Work>> reduce(const void* s, void* r, size_t n, DType d, ReduceOp op,
                                          int32_t root, Stream* ready) override {
@@ -274,13 +274,14 @@ class CountingCommunicator final : public Communicator {
     return inner_.broadcast(b, n, d, root, ready);
   }
   StatusOr<std::shared_ptr<Work>> all_gather(const void* s, void* r, size_t n, DType d,
-                                             Stream* ready) override {
-    return inner_.all_gather(s, r, n, d, ready);
+                                             Stream* ready, uint64_t tag) override {
+    return inner_.all_gather(s, r, n, d, ready, tag);
   }
   StatusOr<std::shared_ptr<Work>> reduce_scatter(const void* s, void* r, size_t n, DType d,
-                                                 ReduceOp op, Stream* ready) override {
+                                                 ReduceOp op, Stream* ready,
+                                                 uint64_t tag) override {
     ++reduce_scatters;
-    return inner_.reduce_scatter(s, r, n, d, op, ready);
+    return inner_.reduce_scatter(s, r, n, d, op, ready, tag);
   }
   StatusOr<std::shared_ptr<Work>> send(const void* b, size_t n, DType d, int32_t peer,
                                        Stream* ready) override {

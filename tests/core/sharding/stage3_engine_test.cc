@@ -265,6 +265,30 @@ TEST(Stage3, BadInputIsRefused) {
   });
 }
 
+// Ranks that wait for two units of equal size in opposite orders pair one unit's
+// all-gather with the other's: the collectives carry their bucket, so every rank's wait
+// is refused naming both, instead of handing rank 1 unit 0's values as unit 1's.
+TEST(Stage3, RanksWaitingForUnitsInDifferentOrdersAreRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
+    ParamSpec a{"a", {64}, DType::kFloat32};
+    ParamSpec b{"b", {64}, DType::kFloat32};
+    b.unit = 1;
+    ASSERT_TRUE(e->add_param(a).ok());
+    ASSERT_TRUE(e->add_param(b).ok());
+    ASSERT_TRUE(e->seal().ok());
+    ASSERT_TRUE(e->broadcast_parameters().ok());
+    const int32_t first = rank == 0 ? 0 : 1;
+    const Status s = e->gather(first);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    EXPECT_NE(s.message().find("tag 1"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("tag 2"), std::string::npos) << s.message();
+    (void)e->synchronize();
+  });
+}
+
 // Issue 10, item 4: a view kept past release(u) must never reach the full buffer handed to
 // another unit. In the checked mode (HPS_DEBUG_VIEWS=1) the write faults at once.
 TEST(Stage3DeathTest, AStaleViewFaultsInTheCheckedMode) {
