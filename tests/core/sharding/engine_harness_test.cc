@@ -19,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,8 @@ struct Case {
   bool loss_scaling = false;
   bool frozen = false;
   uint64_t bucket_bytes = 0;
-  // Odd ranks check in each unit's gradients in the reverse order, so their buckets
-  // complete in another order than the even ranks'.
+  // Every rank checks in each unit's gradients in an order of its own (seeded by rank,
+  // step, micro-batch and unit), so the ranks' buckets complete in different orders.
   bool rank_orders = false;
   // Backward visits the units in forward order (every rank): each unit's buckets complete
   // before their turn and are held past the unit's release.
@@ -104,8 +105,9 @@ std::vector<Case> all_cases() {
          .loss_scaling = true,
          .bucket_bytes = 512});
     // Equal-sized buckets (l2.w and l2.shared pad to 1024 bytes at sharding 4) completed
-    // in opposite orders: their reduce-scatters must still pair bucket with bucket.
-    add({.name = "sgd_buckets_rank_orders",
+    // in different orders: their reduce-scatters must still pair bucket with bucket.
+    add({.name = "sgd_accumulation_buckets_rank_orders",
+         .accumulation = 2,
          .sharding = 4,
          .bucket_bytes = 512,
          .rank_orders = true});
@@ -335,7 +337,11 @@ void run_rank(const Case& c, int32_t rank, std::shared_ptr<Communicator> shardin
         const double scale = read(copies, DType::kFloat32, scale_address, 1)[0];
         ASSERT_EQ(scale, shared.model->loss_scale()) << where;
         std::vector<size_t> order = unit_params(*it);
-        if (c.rank_orders && rank % 2 == 1) std::reverse(order.begin(), order.end());
+        if (c.rank_orders) {  // each rank, step and micro-batch its own order
+          std::mt19937_64 random(0x5eed +
+                                 static_cast<uint64_t>(((rank * 31 + step) * 7 + mb) * 5 + *it));
+          std::shuffle(order.begin(), order.end(), random);
+        }
         for (size_t i : order) {
           if (!params[i].trainable) continue;
           const DType d = core_dtype(params[i].dtype);
