@@ -165,6 +165,14 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
                                 "was created with other engine options (stage, optimizer or its "
                                 "hyperparameters, clipping, alignment, buckets, accumulation or "
                                 "loss scaling) than this rank"));
+    // Stage 3 prefetches all-gathers among its reduce-scatters on the sharding group, as
+    // far ahead as the window lets it: ranks of one group with other windows would call
+    // the group's collectives in other orders. (Other groups may differ: pipeline stages.)
+    const uint64_t window = stage() == 3 ? static_cast<uint64_t>(o.prefetch_window) : 0;
+    HPS_RETURN_IF_ERROR(compare({&sharding_}, window, kSealOptionsDiffer,
+                                "was created with another prefetch_window (" +
+                                    std::to_string(o.prefetch_window) +
+                                    " here): a sharding group's ranks prefetch alike"));
   }
   auto rank_in = [](const std::shared_ptr<Communicator>& c) -> uint64_t {
     return c ? static_cast<uint64_t>(c->rank()) : 0;

@@ -963,7 +963,8 @@ typedef struct hps_engine_options {
   int32_t deterministic_clip;   /**< 1: the clip norm is bitwise layout-independent */
   int32_t accumulation_steps;   /**< micro-batches per step (default 1) */
   uint64_t alignment_bytes;     /**< parameter alignment in the flat buffers (default 256) */
-  int32_t prefetch_window;      /**< stage 3: units live at once, prefetch included (default 2) */
+  int32_t prefetch_window;      /**< stage 3: units live at once, prefetch included (default 2);
+                                     the same on every rank of a sharding group */
   int32_t dynamic_loss_scaling; /**< 1: multiply the loss by hps_engine_loss_scale; non-finite
                                      gradients skip the step on every rank (default 0) */
   float initial_loss_scale;     /**< default 65536 */
@@ -1058,8 +1059,9 @@ HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, 
  * members must share this rank's other coordinates, and the mp ranks must have registered
  * the same flags), host-blocking once at set-up: when any rank finds a difference (other
  * parameters, groups whose members do not share those coordinates, other engine options
- * than prefetch_window and compute_stream: stage, optimizer and hyperparameters, clipping,
- * alignment, buckets, accumulation, loss scaling), every rank gets
+ * than compute_stream: stage, optimizer and hyperparameters, clipping, alignment, buckets,
+ * accumulation, loss scaling; at stage 3 prefetch_window, within a sharding group, where it
+ * decides where all-gathers fall among reduce-scatters), every rank gets
  * INVALID_ARGUMENT at once. The ranks of each sharding and dp group must have set mp and pp
  * groups of the same sizes, or none; that is agreed first, over those groups alone, so a
  * rank that did not call hps_engine_set_model_parallel_groups is named at once.

@@ -16,6 +16,18 @@
 namespace hps {
 namespace {
 
+// An engine of the stage with one parameter: its seal's outcome.
+Status seal_one_parameter(bool stage3, std::shared_ptr<Communicator> w, const EngineOptions& o) {
+  std::unique_ptr<ShardedEngine> e;
+  if (stage3) {
+    e = std::move(Stage3Engine::create(std::move(w), nullptr, o)).value();
+  } else {
+    e = std::move(Stage2Engine::create(std::move(w), nullptr, o)).value();
+  }
+  HPS_RETURN_IF_ERROR(e->add_param({"w", {40}, DType::kFloat32}).status());
+  return e->seal();
+}
+
 // Ranks created with different engine options (each of these made the ranks update their
 // shards differently or call different collectives) are refused at seal, on every rank.
 TEST(Seal, RanksWithDifferentEngineOptionsAreRefused) {
@@ -36,28 +48,28 @@ TEST(Seal, RanksWithDifferentEngineOptionsAreRefused) {
       EngineOptions o;
       bool stage3 = false;
       if (rank == 1) change(o, stage3);
-      std::unique_ptr<ShardedEngine> e;
-      if (stage3) {
-        e = std::move(Stage3Engine::create(w, nullptr, o)).value();
-      } else {
-        e = std::move(Stage2Engine::create(w, nullptr, o)).value();
-      }
-      ASSERT_TRUE(e->add_param({"w", {40}, DType::kFloat32}).ok());
-      const Status s = e->seal();
+      const Status s = seal_one_parameter(stage3, w, o);
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": " << s.to_string();
       EXPECT_NE(s.message().find("engine options"), std::string::npos)
           << what << ": " << s.message();
     });
   }
-  // The prefetch window is this rank's own.
-  testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
-    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
-    EngineOptions o;
-    o.prefetch_window = rank + 1;
-    auto e = std::move(Stage3Engine::create(w, nullptr, o)).value();
-    ASSERT_TRUE(e->add_param({"w", {40}, DType::kFloat32}).ok());
-    EXPECT_TRUE(e->seal().ok());
-  });
+  // Stage 3's prefetch window decides where its all-gathers fall among its reduce-scatters
+  // on the sharding group: the group's ranks must agree on it. Stage 2 has none.
+  for (const bool stage3 : {true, false}) {
+    testing_util::run_ranks(2, [stage3](int32_t rank, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      EngineOptions o;
+      o.prefetch_window = rank + 1;
+      const Status s = seal_one_parameter(stage3, w, o);
+      if (!stage3) {
+        EXPECT_TRUE(s.ok()) << s.to_string();
+        return;
+      }
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+      EXPECT_NE(s.message().find("prefetch_window"), std::string::npos) << s.message();
+    });
+  }
 }
 
 TEST(Stage2, BadInputIsRefusedAndChangesNothing) {

@@ -1988,7 +1988,8 @@ pub struct hps_engine_options {
     pub accumulation_steps: i32,
     #[doc = "< parameter alignment in the flat buffers (default 256)"]
     pub alignment_bytes: u64,
-    #[doc = "< stage 3: units live at once, prefetch included (default 2)"]
+    #[doc = "< stage 3: units live at once, prefetch included (default 2);"]
+    #[doc = "the same on every rank of a sharding group"]
     pub prefetch_window: i32,
     #[doc = "< 1: multiply the loss by hps_engine_loss_scale; non-finite"]
     #[doc = "gradients skip the step on every rank (default 0)"]
@@ -2488,8 +2489,9 @@ extern "C" {
     #[doc = " members must share this rank's other coordinates, and the mp ranks must have registered"]
     #[doc = " the same flags), host-blocking once at set-up: when any rank finds a difference (other"]
     #[doc = " parameters, groups whose members do not share those coordinates, other engine options"]
-    #[doc = " than prefetch_window and compute_stream: stage, optimizer and hyperparameters, clipping,"]
-    #[doc = " alignment, buckets, accumulation, loss scaling), every rank gets"]
+    #[doc = " than compute_stream: stage, optimizer and hyperparameters, clipping, alignment, buckets,"]
+    #[doc = " accumulation, loss scaling; at stage 3 prefetch_window, within a sharding group, where it"]
+    #[doc = " decides where all-gathers fall among reduce-scatters), every rank gets"]
     #[doc = " INVALID_ARGUMENT at once. The ranks of each sharding and dp group must have set mp and pp"]
     #[doc = " groups of the same sizes, or none; that is agreed first, over those groups alone, so a"]
     #[doc = " rank that did not call hps_engine_set_model_parallel_groups is named at once."]
