@@ -1765,7 +1765,8 @@ class Engine(Handle):
     def release_parameters(self, unit: int) -> None:
         """After the forward or the backward of ``unit``: stage 3 frees its full parameters
         (their views become invalid until the next :meth:`wait_parameters`); stage 2 does
-        nothing. Error NOT_FOUND, FAILED_PRECONDITION (gradients not all checked in)."""
+        nothing. Error NOT_FOUND, FAILED_PRECONDITION (gradients taken in this backward that
+        have not all checked in)."""
         self._h().release_parameters(int(unit))
 
     def grad_ready(self, index: int, ready: Optional[Stream] = None) -> None:

@@ -910,12 +910,14 @@ HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTens
  * order their gradients check in: the bucket holding the latest-registered parameter
  * first (the order a backward pass completes them); a bucket complete before its turn
  * waits, without blocking the host, for the ones ahead of it. Units' all-gathers start
- * at their waits, and collectives pair by their order, so every rank of the sharding and
- * dp groups waits for units in the same order: each collective carries its bucket, so
+ * at their waits (or are prefetched at a wait, release or step), and collectives pair by
+ * their order, so every rank of the sharding and dp groups makes the same sequence of
+ * wait, release and step calls and checks in the same gradients between each two of them
+ * (in any order among themselves): each collective carries its bucket, so
  * CPU groups checking arguments (check_arguments, the default) refuse ranks that do not
  * with INVALID_ARGUMENT naming both ("tag" = bucket + 1); NCCL groups check nothing and
- * pair different units' data where their sizes are equal. Stage 2 keeps full parameters resident
- * (an all-gather after each step brings them back; release does nothing). Stage 3 keeps
+ * pair different collectives' data where their sizes are equal. Stage 2 keeps full parameters
+ * resident (an all-gather after each step brings them back; release does nothing). Stage 3 keeps
  * only this rank's shards: wait_parameters gathers the unit (prefetched in the order recorded on
  * the first step, at most prefetch_window units live) and release frees it. Nothing in a
  * steady-state step blocks the host. Both stages, every parameter dtype and dynamic loss scaling

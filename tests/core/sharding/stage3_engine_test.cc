@@ -289,6 +289,45 @@ TEST(Stage3, RanksWaitingForUnitsInDifferentOrdersAreRefused) {
   });
 }
 
+// Both ranks wait for the units in one order, but rank 1 checks unit 1's gradient in
+// after its wait for unit 0 (rank 0 before it): its reduce-scatter falls on the other side
+// of unit 0's all-gather. Refused (the calls' tags differ), never paired.
+TEST(Stage3, ACheckInOnTheOtherSideOfAWaitIsRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
+    ParamSpec a{"a", {64}, DType::kFloat32};
+    ParamSpec b{"b", {64}, DType::kFloat32};
+    b.unit = 1;
+    ASSERT_TRUE(e->add_param(a).ok());
+    ASSERT_TRUE(e->add_param(b).ok());
+    ASSERT_TRUE(e->seal().ok());
+    ASSERT_TRUE(e->broadcast_parameters().ok());
+    Status s = [&]() -> Status {
+      for (int32_t u : {0, 1}) {
+        HPS_RETURN_IF_ERROR(e->gather(u));
+        HPS_RETURN_IF_ERROR(e->release(u));
+      }
+      HPS_RETURN_IF_ERROR(e->gather(1));
+      HPS_RETURN_IF_ERROR(e->grad(1).status());
+      if (rank == 0) HPS_RETURN_IF_ERROR(e->grad_ready(1, nullptr));
+      HPS_RETURN_IF_ERROR(e->gather(0));
+      if (rank == 1) HPS_RETURN_IF_ERROR(e->grad_ready(1, nullptr));
+      HPS_RETURN_IF_ERROR(e->grad(0).status());
+      HPS_RETURN_IF_ERROR(e->grad_ready(0, nullptr));
+      HPS_RETURN_IF_ERROR(e->release(1));
+      HPS_RETURN_IF_ERROR(e->release(0));
+      HPS_RETURN_IF_ERROR(e->step());
+      return e->synchronize();
+    }();
+    EXPECT_FALSE(s.ok()) << "rank " << rank;
+    EXPECT_NE(s.message().find("ranks disagree on the call"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("tag 2"), std::string::npos) << s.message();
+    (void)e->synchronize();
+  });
+}
+
 // Issue 10, item 4: a view kept past release(u) must never reach the full buffer handed to
 // another unit. In the checked mode (HPS_DEBUG_VIEWS=1) the write faults at once.
 TEST(Stage3DeathTest, AStaleViewFaultsInTheCheckedMode) {
