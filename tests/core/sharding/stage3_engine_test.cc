@@ -265,21 +265,35 @@ TEST(Stage3, BadInputIsRefused) {
   });
 }
 
+// Two units of one 64-float parameter each ("a" in unit 0, "b" in unit 1), sealed and
+// broadcast; null (and a failure) when a step of that fails.
+std::unique_ptr<Stage3Engine> two_equal_units(Communicator& comm) {
+  std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+  auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
+  ParamSpec a{"a", {64}, DType::kFloat32};
+  ParamSpec b{"b", {64}, DType::kFloat32};
+  b.unit = 1;
+  const Status s = [&]() -> Status {
+    HPS_RETURN_IF_ERROR(e->add_param(a).status());
+    HPS_RETURN_IF_ERROR(e->add_param(b).status());
+    HPS_RETURN_IF_ERROR(e->seal());
+    return e->broadcast_parameters();
+  }();
+  if (!s.ok()) {
+    ADD_FAILURE() << s.to_string();
+    return nullptr;
+  }
+  return e;
+}
+
 // Ranks that wait for two units of equal size in opposite orders pair one unit's
 // all-gather with the other's: the collectives carry their bucket, so every rank's wait
 // is refused naming both, instead of handing rank 1 unit 0's values as unit 1's.
 TEST(Stage3, RanksWaitingForUnitsInDifferentOrdersAreRefused) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
-    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
-    auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
-    ParamSpec a{"a", {64}, DType::kFloat32};
-    ParamSpec b{"b", {64}, DType::kFloat32};
-    b.unit = 1;
-    ASSERT_TRUE(e->add_param(a).ok());
-    ASSERT_TRUE(e->add_param(b).ok());
-    ASSERT_TRUE(e->seal().ok());
-    ASSERT_TRUE(e->broadcast_parameters().ok());
+    auto e = two_equal_units(comm);
+    ASSERT_TRUE(e);
     const int32_t first = rank == 0 ? 0 : 1;
     const Status s = e->gather(first);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
@@ -295,15 +309,8 @@ TEST(Stage3, RanksWaitingForUnitsInDifferentOrdersAreRefused) {
 TEST(Stage3, ACheckInOnTheOtherSideOfAWaitIsRefused) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
-    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
-    auto e = std::move(Stage3Engine::create(w, nullptr, {})).value();
-    ParamSpec a{"a", {64}, DType::kFloat32};
-    ParamSpec b{"b", {64}, DType::kFloat32};
-    b.unit = 1;
-    ASSERT_TRUE(e->add_param(a).ok());
-    ASSERT_TRUE(e->add_param(b).ok());
-    ASSERT_TRUE(e->seal().ok());
-    ASSERT_TRUE(e->broadcast_parameters().ok());
+    auto e = two_equal_units(comm);
+    ASSERT_TRUE(e);
     Status s = [&]() -> Status {
       for (int32_t u : {0, 1}) {
         HPS_RETURN_IF_ERROR(e->gather(u));
