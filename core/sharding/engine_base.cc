@@ -347,11 +347,16 @@ Status EngineBase::broadcast_full(const std::function<DevicePtr<void>(size_t)>& 
   return Status::Ok();
 }
 
-Status EngineBase::reduce_in_order(size_t index, Stream* ready,
+Status EngineBase::reduce_in_order(size_t index, Stream* ready, bool reduces,
                                    const std::function<Status(size_t, Stream*)>& reduce) {
   HPS_ASSIGN_OR_RETURN(bool complete, buckets_.check_in(plan_, index));
   if (!complete) return Status::Ok();
   const size_t b = plan_.placement(index).buffer;
+  if (!reduces) {
+    // Nothing is launched: the turns pass to every complete bucket at the head of the order.
+    while (buckets_.next_ready()) buckets_.started();
+    return Status::Ok();
+  }
   Stream& gradients = gradients_from(ready);
   if (buckets_.next() != b) {
     // Its turn comes after buckets not yet complete: the point its gradients are at.

@@ -74,8 +74,10 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // starts the reductions whose turn has come, in GradBuckets' order, each by
   // `reduce(bucket, stream its reduction must follow)`. A bucket complete before its turn
   // keeps its gradients' point on their stream (an event); when its turn comes the
-  // sharding stream waits for it and `reduce` gets null.
-  Status reduce_in_order(size_t index, Stream* ready,
+  // sharding stream waits for it and `reduce` gets null. A micro-batch whose gradients stay
+  // in their full buffers (`reduces` false: stage 2 before the last micro-batch) only
+  // passes the turns: no event, no wait, no `reduce`.
+  Status reduce_in_order(size_t index, Stream* ready, bool reduces,
                          const std::function<Status(size_t, Stream*)>& reduce);
   // The tag of bucket b's collectives (Communicator::all_reduce): ranks whose collectives
   // at one place are of different buckets are refused where arguments are checked.

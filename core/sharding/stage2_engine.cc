@@ -148,9 +148,8 @@ Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
                             ", the engine on " + device_.to_string());
   }
   // Gradients accumulate in the full buffer over micro-batches; the last one reduces.
-  return reduce_in_order(index, ready, [&](size_t b, Stream* after) {
-    return buckets_.last_micro_batch() ? launch_reduce(b, after) : Status::Ok();
-  });
+  return reduce_in_order(index, ready, buckets_.last_micro_batch(),
+                         [this](size_t b, Stream* after) { return launch_reduce(b, after); });
 }
 
 Status Stage2Engine::step() {

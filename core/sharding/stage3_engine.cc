@@ -252,8 +252,8 @@ Status Stage3Engine::grad_ready(size_t index, Stream* ready) {
     return failed_precondition("engine: grad_ready for '" + plan_.params()[index].name +
                                "' without a gradient: take grad() while its unit is gathered");
   }
-  return reduce_in_order(index, ready,
-                         [&](size_t next, Stream* after) { return launch_reduce(next, after); });
+  return reduce_in_order(index, ready, true,
+                         [this](size_t next, Stream* after) { return launch_reduce(next, after); });
 }
 
 Status Stage3Engine::launch_reduce(size_t b, Stream* ready) {
