@@ -26,11 +26,13 @@ namespace {
 
 using namespace hps;
 
-std::string printable(const std::string& text);
+std::string printable(const std::string& text, bool escape_backslashes = true);
 
-// Messages name paths and values from the checkpoint: shown printable (see there).
+// Messages name paths and values from the checkpoint. The library shows the values it quotes
+// escaped already (\xNN, a backslash as \x5c): its backslashes stay as they are (escaped again,
+// "\x1b" read "\\x1b"), and control bytes from elsewhere in the message (a path) are escaped.
 int fail(const Status& s) {
-  std::fprintf(stderr, "hpshard-ckpt: %s\n", printable(s.to_string()).c_str());
+  std::fprintf(stderr, "hpshard-ckpt: %s\n", printable(s.to_string(), false).c_str());
   return 1;
 }
 
@@ -67,15 +69,15 @@ std::string engine_text(const EngineOptions& e) {
   return out;
 }
 
-// A manifest's strings and a root's entries are the writer's: their control bytes (and backslashes)
-// are shown as escapes, so that a value cannot move the terminal's cursor or colours. Other bytes
-// (UTF-8) pass.
-std::string printable(const std::string& text) {
+// A manifest's strings and a root's entries are the writer's: their control bytes (and backslashes,
+// unless told otherwise) are shown as escapes, so that a value cannot move the terminal's cursor
+// or colours. Other bytes (UTF-8) pass.
+std::string printable(const std::string& text, bool escape_backslashes) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (const char ch : text) {
     const auto c = static_cast<unsigned char>(ch);
-    if (c == '\\') {
+    if (c == '\\' && escape_backslashes) {
       out += "\\\\";
     } else if (c < 0x20 || c == 0x7f) {
       out += "\\x";

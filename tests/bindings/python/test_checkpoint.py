@@ -620,6 +620,11 @@ def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):
             for command in (["inspect", str(copy)], ["list", str(copy.parent)]):
                 shown = subprocess.run([tool, *command], capture_output=True)
                 assert b"\x1b" not in shown.stdout + shown.stderr, (command, shown)
+            # The library's message is escaped once: the tool shows it as it is, not
+            # escaped again ("\\x1b").
+            failed = subprocess.run([tool, "inspect", str(copy)], capture_output=True)
+            assert failed.returncode == 1, failed
+            assert b"\\x1b" in failed.stderr and b"\\\\x1b" not in failed.stderr, failed
 
 
 def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(tmp_path):
