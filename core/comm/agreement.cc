@@ -16,12 +16,20 @@ StatusOr<std::vector<uint64_t>> gather_values(Communicator& comm,
                        DeviceBuffer::allocate(comm.device(), (n + 1) * width * sizeof(uint64_t)));
   DevicePtr<uint64_t> values = memory.data<uint64_t>();
   Stream& stream = comm.stream();
-  HPS_RETURN_IF_ERROR(stream.memcpy_async(values.get(), mine.data(), width * sizeof(uint64_t)));
-  HPS_ASSIGN_OR_RETURN(auto work,
-                       comm.all_gather(values.get(), (values + width).get(), width, DType::kInt64));
-  HPS_RETURN_IF_ERROR(work->wait());
-  HPS_RETURN_IF_ERROR(
-      copy_to_host(stream, all.data(), (values + width).get(), n * width * sizeof(uint64_t)));
+  const Status gathered = [&]() -> Status {
+    HPS_RETURN_IF_ERROR(stream.memcpy_async(values.get(), mine.data(), width * sizeof(uint64_t)));
+    HPS_ASSIGN_OR_RETURN(
+        auto work, comm.all_gather(values.get(), (values + width).get(), width, DType::kInt64));
+    HPS_RETURN_IF_ERROR(work->wait());
+    return copy_to_host(stream, all.data(), (values + width).get(), n * width * sizeof(uint64_t));
+  }();
+  if (!gathered.ok()) {
+    // An all-gather refused at once (an aborted or failed group) left the copy of `mine`
+    // queued on the stream, behind whatever the group ran before: it completes before
+    // `mine` and `memory` go.
+    (void)drain(stream);
+    return gathered;
+  }
   return all;
 }
 

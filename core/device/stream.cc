@@ -50,12 +50,24 @@ StatusOr<std::unique_ptr<Event>> create_event(Device device) {
   return std::unique_ptr<Event>(std::make_unique<cpu::CpuEvent>());
 }
 
+Status drain(Stream& stream) {
+  auto done = create_event(stream.device());
+  if (!done.ok()) return stream.synchronize();  // the wait matters more than the error
+  const Status recorded = (*done)->record(stream);
+  return recorded.ok() ? (*done)->synchronize() : stream.synchronize();
+}
+
 Status copy_to_host(Stream& stream, void* host, const void* device, size_t bytes) {
   if (bytes == 0) return Status::Ok();
+  // The event first: once the copy is queued, nothing returns before it has landed.
+  HPS_ASSIGN_OR_RETURN(auto done, create_event(stream.device()));
   HPS_RETURN_IF_ERROR(stream.memcpy_async(host, device, bytes));
   count_host_sync(HostSyncKind::kDeviceToHostRead);
-  HPS_ASSIGN_OR_RETURN(auto done, create_event(stream.device()));
-  HPS_RETURN_IF_ERROR(done->record(stream));
+  const Status recorded = done->record(stream);
+  if (!recorded.ok()) {
+    (void)stream.synchronize();
+    return recorded;
+  }
   return done->synchronize_uncounted();
 }
 

@@ -74,6 +74,11 @@ StatusOr<std::unique_ptr<Stream>> create_stream(Device device);
 StatusOr<std::unique_ptr<Stream>> default_compute_stream(Device device);
 StatusOr<std::unique_ptr<Event>> create_event(Device device);
 
+// Blocks the host until everything enqueued on `stream` so far has completed, leaving an
+// asynchronous error the stream took for its next synchronize(). For a failure path that
+// frees memory its queued work uses (a copy enqueued before the collective that refused).
+// Counted (set-up and error paths only).
+Status drain(Stream& stream);
 // Copies `bytes` of device memory into host memory after the work enqueued on `stream`
 // and blocks the host until it has arrived. A host sync (counted as a device-to-host
 // read): for set-up, gather_all and checkpoints, never inside a step.

@@ -400,8 +400,12 @@ Status EngineBase::reset_loss_scaling(float scale) {
   StepState* state = optimizer_->state().get();  // an address, written on the stream
   const int32_t none = 0;
   Stream& opt = optimizer_stream();
-  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->loss_scale, &scale, sizeof(scale)));
-  HPS_RETURN_IF_ERROR(opt.memcpy_async(&state->good_steps, &none, sizeof(none)));
+  Status copied = opt.memcpy_async(&state->loss_scale, &scale, sizeof(scale));
+  if (copied.ok()) copied = opt.memcpy_async(&state->good_steps, &none, sizeof(none));
+  if (!copied.ok()) {
+    (void)drain(opt);  // a copy queued reads this frame
+    return copied;
+  }
   return opt.synchronize();  // the sources are this frame's
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 
+#include "core/comm/agreement.h"
 #include "core/common/config.h"
 #include "core/common/env.h"
 #include "core/device/host_sync.h"
@@ -1187,6 +1188,35 @@ TEST(CommLimits, AFailedReceiveNamesItsNumberAndPeer) {
         done = true;
       },
       options);
+}
+
+// A group that refuses the agreement's all-gather at once (aborted here) returns only after
+// the copy of this rank's values it queued first has run: the copy reads the caller's
+// vector and writes memory freed on return (heap use after free, found through
+// hps_clip_seal on an aborted communicator). The group's stream is kept busy so that the
+// copy is still queued when the all-gather is refused.
+TEST(Agreement, ARefusedAgreementReturnsAfterTheCopyItQueued) {
+  testing_util::run_ranks(2, [](int32_t rank, Communicator& comm) {
+    if (rank != 0) return;
+    constexpr size_t kBusy = size_t{512} << 20;
+    std::vector<char> from(kBusy, 1), to(kBusy);
+    auto side = create_stream(Device::cpu());
+    ASSERT_TRUE(side.ok());
+    auto copied = create_event(Device::cpu());
+    ASSERT_TRUE(copied.ok());
+    ASSERT_TRUE((*side)->memcpy_async(to.data(), from.data(), kBusy).ok());
+    ASSERT_TRUE((*copied)->record(**side).ok());
+    ASSERT_TRUE(comm.stream().wait(**copied).ok());
+    comm.abort();
+    const std::vector<uint64_t> mine(8, 7);
+    auto all = gather_values(comm, mine);
+    EXPECT_EQ(all.status().code(), StatusCode::kAborted) << all.status().to_string();
+    // The copy was queued behind the busy work: that work has completed by the return.
+    auto done = (*copied)->query();
+    ASSERT_TRUE(done.ok());
+    EXPECT_TRUE(*done) << "gather_values returned with its copy still queued";
+    ASSERT_TRUE((*side)->synchronize().ok());
+  });
 }
 
 }  // namespace
