@@ -139,6 +139,9 @@ std::string ended_peers(const std::vector<std::optional<host::Process>>& process
 // The processes of a communicator's ranks while it is created: each rank publishes its
 // own before it connects; a peer of this host whose process ends before the communicator
 // is made is named at once, not after the timeout.
+// The store key a rank sets once its side of a communicator (or of a split) is made.
+std::string made_key(int32_t rank) { return "made/" + std::to_string(rank); }
+
 class PeerWatch {
  public:
   PeerWatch(std::shared_ptr<Store> store, int32_t rank, int32_t size)
@@ -146,13 +149,23 @@ class PeerWatch {
 
   Status publish() { return store_->set(process_key(rank_), host::Process::self().encode()); }
 
-  // Reads the records published since the last call; ABORTED naming the peers that ended.
+  // Reads the records published since the last call; ABORTED naming the peers that ended
+  // before making their side of the communicator (one that made it may end at once: it
+  // needs nothing more of the creation, and nothing here waits for it).
   Status check() {
     read_new();
-    const std::string ended = ended_peers(processes_, rank_);
+    if (ended_peers(processes_, rank_).empty()) return Status::Ok();
+    std::vector<std::optional<host::Process>> making = processes_;
+    for (size_t r = 0; r < making.size(); ++r) {
+      if (making[r] && made(static_cast<int32_t>(r))) making[r].reset();
+    }
+    const std::string ended = ended_peers(making, rank_);
     if (ended.empty()) return Status::Ok();
     return aborted(ended + " before the communicator was made");
   }
+
+  // Marks this rank's side of the communicator made (its last write to the store).
+  Status made_here() { return store_->set(made_key(rank_), "1"); }
 
   // "2, 5": the peers that have published no record (not started, or ended before).
   std::string unpublished() {
@@ -182,6 +195,11 @@ class PeerWatch {
       // A malformed record names nothing: that rank is told apart by the timeout.
       if (text.ok()) processes_[r] = host::Process::parse(*text);
     }
+  }
+
+  bool made(int32_t r) {
+    auto set = store_->check({made_key(r)});
+    return set.ok() && *set;
   }
 
   std::shared_ptr<Store> store_;
@@ -613,6 +631,8 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     }
     watched->stop_watching();  // no check runs beside the reads below
     comm->peer_processes_ = peers->take();
+    const Status marked = peers->made_here();
+    if (!marked.ok()) throw std::runtime_error(marked.to_string());
   } catch (const std::exception& e) {
     watched->stop_watching();
     const std::string what = e.what();
@@ -1367,20 +1387,33 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split_group(
   CommOptions child = options_;
   child.name = std::move(name);
   child.timeout = timeout();
+  auto split_store = make_prefix_store(store_, "split" + std::to_string(index));
+  auto alive = [this](const std::vector<int32_t>& members) -> Status {
+    if (shm_) HPS_RETURN_IF_ERROR(shm_->check_peers_alive(members));
+    if (control_) HPS_RETURN_IF_ERROR(control_->check_peers_alive(members));
+    return Status::Ok();
+  };
   // The members meet through the store: a member that died would be waited for until the
   // timeout. While the split is made, this group tells, and an abort of it ends the wait.
-  auto child_store = std::make_shared<WatchedStore>(
-      make_prefix_store(store_, "split" + std::to_string(index)), [this, ranks]() -> Status {
+  // A member that has made its side of the split may leave this group at once (it needs
+  // nothing more of it): only the members still making theirs are waited for in vain.
+  auto child_store =
+      std::make_shared<WatchedStore>(split_store, [this, ranks, split_store, alive]() -> Status {
         if (aborted_) {
           return aborted("split of group '" + options_.name + "': the group was aborted");
         }
-        if (shm_) HPS_RETURN_IF_ERROR(shm_->check_peers_alive(ranks));
-        if (control_) HPS_RETURN_IF_ERROR(control_->check_peers_alive(ranks));
-        return Status::Ok();
+        if (alive(ranks).ok()) return Status::Ok();
+        std::vector<int32_t> making;
+        for (const int32_t q : ranks) {
+          auto joined = split_store->check({made_key(q)});
+          if (!joined.ok() || !*joined) making.push_back(q);
+        }
+        return alive(making);
       });
   auto made = create(child_store, static_cast<int32_t>(position - ranks.begin()),
                      static_cast<int32_t>(ranks.size()), child);
   child_store->stop_watching();
+  if (made.ok()) HPS_RETURN_IF_ERROR(split_store->set(made_key(rank_), "1"));
   return made;
 }
 

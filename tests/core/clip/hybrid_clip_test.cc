@@ -138,7 +138,8 @@ float run_layout(const Layout& layout, bool deterministic, double max_norm) {
                    kModel[g.param].need_clip, g.shared_not_first};
       ASSERT_TRUE((*clip)->add_tensor(t).ok());
     }
-    ASSERT_TRUE((*clip)->seal().ok());
+    const Status sealed = (*clip)->seal();
+    ASSERT_TRUE(sealed.ok()) << layout.name << " rank " << rank << ": " << sealed.to_string();
     auto stream = std::move(create_stream(Device::cpu())).value();
     host_sync_reset();
     ASSERT_TRUE((*clip)->run(*stream, &norms[static_cast<size_t>(rank)]).ok());
