@@ -510,7 +510,9 @@ StatusOr<std::vector<std::vector<float>>> EngineBase::gather_all() {
 
 StatusOr<std::vector<StateTensor>> EngineBase::state_tensors() {
   HPS_RETURN_IF_ERROR(check_sealed("state_tensors()"));
-  HPS_RETURN_IF_ERROR(check_loadable());  // stage 3: the shards exist after initialisation
+  // A save may come at any point of a step (stage 3: with units gathered, which only read
+  // the shards); a load checks more (begin_state_load).
+  HPS_RETURN_IF_ERROR(check_has_state());
   ShardPointers shards;
   shards.adamw = options_.optimizer == OptimizerKind::kAdamW;
   const StorageRole state_a = shards.adamw ? StorageRole::kExpAvg : StorageRole::kMomentum;

@@ -107,8 +107,11 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   virtual uint64_t transient_bytes() const { return 0; }
   // Buffer b's parameter shard in the model dtype: what "param/<p>" of a checkpoint holds.
   virtual DevicePtr<void> model_parameter_shard(size_t b) const = 0;
-  // The stage's own reasons a load must wait (stage 3: a gathered unit).
-  virtual Status check_loadable() const { return Status::Ok(); }
+  // The stage's own reason it has no state to save or load yet (stage 3: before
+  // broadcast_parameters() the shards do not exist).
+  virtual Status check_has_state() const { return Status::Ok(); }
+  // The stage's own reasons a load must wait (stage 3: no state yet, a gathered unit).
+  virtual Status check_loadable() const { return check_has_state(); }
   // The ShardStep of trainable buffer b with its clip spans; the stage fills in where its
   // gradients and parameters are.
   ShardStep shard_step(size_t b) const;

@@ -373,10 +373,13 @@ DevicePtr<void> Stage3Engine::model_parameter_shard(size_t b) const {
                                                      : storage_->get(StorageRole::kMasters, b);
 }
 
+Status Stage3Engine::check_has_state() const {
+  if (initialised_) return Status::Ok();
+  return failed_precondition("engine: stage 3 has state after broadcast_parameters()");
+}
+
 Status Stage3Engine::check_loadable() const {
-  if (!initialised_) {
-    return failed_precondition("engine: stage 3 has state after broadcast_parameters()");
-  }
+  HPS_RETURN_IF_ERROR(check_has_state());
   for (size_t b = 0; b < buffers_.size(); ++b) {
     if (buffers_[b].in_use || buffers_[b].grads) {
       return failed_precondition("engine: unit " + std::to_string(plan_.buffers()[b].unit) +

@@ -59,6 +59,7 @@ class Stage3Engine final : public EngineBase {
   std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const override;
   uint64_t transient_bytes() const override;
   DevicePtr<void> model_parameter_shard(size_t b) const override;
+  Status check_has_state() const override;
   Status check_loadable() const override;
   Status start_gather(size_t b);
   // Buffer b's complete gradients reduce-scattered into its shard (after `ready`, when given).

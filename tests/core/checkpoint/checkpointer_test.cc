@@ -983,49 +983,55 @@ TEST(Checkpoint, LoadBetweenStepsOnly) {
     auto loaded = (*c)->load("a");
     EXPECT_TRUE(loaded.ok()) << loaded.status().to_string();
   });
-  // Stage 2: once a gradient of the step has checked in, a load is refused and changes
-  // nothing; the step then finishes as usual, and a load after it is taken.
-  TempDir dir2;
-  run({2, 2, 1}, adamw_options(), dir2.path(), [&](Rank& r) {
-    r.train_step(0);
-    ASSERT_TRUE((*r.checkpointer->save("a"))->wait().ok());
-    r.train_step(1);
-    const auto before = r.state_bytes();
-    bool refused_once = false;
-    for (int32_t u = kUnits; u-- > 0;) {
-      ASSERT_TRUE(r.engine->gather(u).ok());
-      for (size_t p = kModel.size(); p-- > 0;) {
-        if (kModel[p].unit != u || !kModel[p].trainable) continue;
-        auto g = r.engine->grad_data(p);
-        ASSERT_TRUE(g.ok());
-        const DType d = r.engine->plan().params()[p].dtype;
-        for (size_t i = 0; i < numel(kModel[p]); ++i) testing_util::store_element(d, *g, i, 0.5f);
-        ASSERT_TRUE(r.engine->grad_ready(p, nullptr).ok());
-        if (!refused_once) {
-          auto refused = r.checkpointer->load("a");
-          EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
-              << refused.status().to_string();
-          EXPECT_NE(refused.status().message().find("between steps"), std::string::npos)
-              << refused.status().to_string();
-          EXPECT_EQ(r.state_bytes(), before) << "a refused load changed the state";
-          refused_once = true;
-          // A save in the middle of the step keeps the state the last step left.
-          auto mid = r.checkpointer->save("mid");
-          ASSERT_TRUE(mid.ok()) << mid.status().to_string();
-          ASSERT_TRUE((*mid)->wait().ok());
+  // Once a gradient of the step has checked in, a load is refused and changes nothing; a
+  // save there (stage 3: its unit gathered) keeps the state the last step left; the step
+  // then finishes as usual, and a load after it is taken.
+  for (const int32_t stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    TempDir dir2;
+    run({stage, 2, 1}, adamw_options(), dir2.path(), [&](Rank& r) {
+      r.train_step(0);
+      ASSERT_TRUE((*r.checkpointer->save("a"))->wait().ok());
+      r.train_step(1);
+      const auto before = r.state_bytes();
+      bool refused_once = false;
+      for (int32_t u = kUnits; u-- > 0;) {
+        ASSERT_TRUE(r.engine->gather(u).ok());
+        for (size_t p = kModel.size(); p-- > 0;) {
+          if (kModel[p].unit != u || !kModel[p].trainable) continue;
+          auto g = r.engine->grad_data(p);
+          ASSERT_TRUE(g.ok());
+          const DType d = r.engine->plan().params()[p].dtype;
+          for (size_t i = 0; i < numel(kModel[p]); ++i) testing_util::store_element(d, *g, i, 0.5f);
+          ASSERT_TRUE(r.engine->grad_ready(p, nullptr).ok());
+          if (!refused_once) {
+            auto refused = r.checkpointer->load("a");
+            EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+                << refused.status().to_string();
+            // Stage 3 says first that the unit is gathered.
+            EXPECT_NE(refused.status().message().find(stage == 2 ? "between steps" : "is gathered"),
+                      std::string::npos)
+                << refused.status().to_string();
+            EXPECT_EQ(r.state_bytes(), before) << "a refused load changed the state";
+            refused_once = true;
+            // A save in the middle of the step keeps the state the last step left.
+            auto mid = r.checkpointer->save("mid");
+            ASSERT_TRUE(mid.ok()) << mid.status().to_string();
+            ASSERT_TRUE((*mid)->wait().ok());
+          }
         }
+        ASSERT_TRUE(r.engine->release(u).ok());
       }
-      ASSERT_TRUE(r.engine->release(u).ok());
-    }
-    ASSERT_TRUE(r.engine->step().ok());
-    EXPECT_NE(r.state_bytes(), before);
-    auto mid = r.checkpointer->load("mid");
-    ASSERT_TRUE(mid.ok()) << mid.status().to_string();
-    EXPECT_EQ(r.state_bytes(), before) << "the save mid-step did not keep the last step's state";
-    auto loaded = r.checkpointer->load("a");
-    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
-    r.train_step(1);
-  });
+      ASSERT_TRUE(r.engine->step().ok());
+      EXPECT_NE(r.state_bytes(), before);
+      auto mid = r.checkpointer->load("mid");
+      ASSERT_TRUE(mid.ok()) << mid.status().to_string();
+      EXPECT_EQ(r.state_bytes(), before) << "the save mid-step did not keep the last step's state";
+      auto loaded = r.checkpointer->load("a");
+      ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+      r.train_step(1);
+    });
+  }
 }
 
 // Arguments a checkpointer cannot work with are refused naming what is wrong, before
