@@ -258,7 +258,7 @@ HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t in
                                std::to_string(count));
     }
     HPS_ASSIGN_OR_RETURN(auto all, engine->impl->gather_all());
-    std::memcpy(out, all[index].data(), numel * sizeof(float));
+    if (numel != 0) std::memcpy(out, all[index].data(), numel * sizeof(float));
     return hps::Status::Ok();
   });
 }
