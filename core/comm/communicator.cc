@@ -281,6 +281,8 @@ bool Communicator::was_aborted() const { return abort_node_->aborted.load(); }
 StatusOr<std::unique_ptr<Communicator>> Communicator::split(const std::vector<int32_t>& ranks,
                                                             std::string name) {
   HPS_RETURN_IF_ERROR(check_comm_name(name, "split of group '" + this->name() + "': the name"));
+  // Whatever the split would need of the group (a one-rank part needs nothing of it).
+  if (was_aborted()) return aborted("split of group '" + this->name() + "': the group was aborted");
   HPS_ASSIGN_OR_RETURN(auto part, split_group(ranks, std::move(name)));
   if (part) tie(*part);
   return part;

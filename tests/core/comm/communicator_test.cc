@@ -741,6 +741,12 @@ TEST_P(CommunicatorTest, AbortReachesTheCommunicatorsSplitFromIt) {
         comm.abort();
         EXPECT_EQ(comm.barrier().status().code(), StatusCode::kAborted);
         EXPECT_EQ((*under_other)->barrier().status().code(), StatusCode::kAborted);
+        // A split of an aborted group is refused, a one-rank part too (it needs nothing of
+        // the group, and was made).
+        for (const std::vector<int32_t>& part : {std::vector<int32_t>{0, 1}, {0}, {1}}) {
+          auto late = comm.split(part, "late");
+          EXPECT_EQ(late.status().code(), StatusCode::kAborted) << part.size();
+        }
       },
       options());
 }
