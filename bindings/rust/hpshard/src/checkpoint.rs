@@ -212,6 +212,9 @@ pub struct CheckpointInfo {
 pub struct Checkpoint<'e, 'c> {
     raw: NonNull<sys::hps_checkpoint_t>,
     engine: &'e mut Engine<'c>,
+    // The engine the library's checkpoint saves: `engine` must still hold it (safe code
+    // can `std::mem::swap` another engine in through `engine()`).
+    engine_raw: *mut sys::hps_engine_t,
 }
 
 // SAFETY: the C API allows a checkpoint handle to be used by one thread at a time, any
@@ -256,7 +259,14 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
             )
         })?;
         match NonNull::new(raw) {
-            Some(raw) => Ok(Checkpoint { raw, engine }),
+            Some(raw) => {
+                let engine_raw = engine.as_ptr();
+                Ok(Checkpoint {
+                    raw,
+                    engine,
+                    engine_raw,
+                })
+            }
             None => Err(Error::new(
                 Status::Internal,
                 "hps_checkpoint_create returned OK and a NULL handle",
@@ -264,9 +274,27 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
         }
     }
 
-    /// The engine, for training between saves and loads.
+    /// The engine, for training between saves and loads. An engine swapped in through it
+    /// (`std::mem::swap`) is not the one the checkpoint saves: saves and loads are then
+    /// refused with [`Status::FailedPrecondition`] until the checkpoint's own engine is
+    /// back (the views of the one swapped in would not know of the save reading them).
     pub fn engine(&mut self) -> &mut Engine<'c> {
         self.engine
+    }
+
+    // FAILED_PRECONDITION when `engine` no longer holds the engine the library saves.
+    fn check_own_engine(&self, call: &str) -> Result<()> {
+        if self.engine.as_ptr() == self.engine_raw {
+            return Ok(());
+        }
+        Err(Error::new(
+            Status::FailedPrecondition,
+            format!(
+                "Checkpoint::{}: another engine was swapped in through Checkpoint::engine(); \
+                 the checkpoint saves and loads the engine it was created with",
+                call
+            ),
+        ))
     }
 
     /// The raw handle, still owned by `self`.
@@ -285,8 +313,10 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
     /// in flight first waits
     /// for it (one host sync). Errors: [`Status::InvalidArgument`] (name, metadata, a NUL
     /// in them), [`Status::AlreadyExists`] (that name exists),
-    /// [`Status::FailedPrecondition`] (the engine has no state yet).
+    /// [`Status::FailedPrecondition`] (the engine has no state yet, or another engine was
+    /// swapped in through [`Checkpoint::engine`]).
     pub fn save(&mut self, name: &str, metadata: &[(&str, &str)]) -> Result<Work<'static>> {
+        self.check_own_engine("save")?;
         let c_name = c_string("checkpoint name", name)?;
         let mut keys: Vec<CString> = Vec::with_capacity(metadata.len());
         let mut values: Vec<CString> = Vec::with_capacity(metadata.len());
@@ -324,6 +354,7 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
     /// mismatched data, another model), [`Status::FailedPrecondition`] (in the middle of a
     /// step); no rank's engine changed then.
     pub fn load(&mut self, name: Option<&str>, options: LoadOptions) -> Result<()> {
+        self.check_own_engine("load")?;
         let c_name = match name {
             Some(name) => Some(c_string("checkpoint name", name)?),
             None => None,
@@ -351,6 +382,7 @@ impl<'e, 'c> Checkpoint<'e, 'c> {
         path: impl AsRef<Path>,
         options: LoadOptions,
     ) -> Result<()> {
+        self.check_own_engine("import_safetensors")?;
         let path = c_path("safetensors path", path.as_ref())?;
         let raw_opts = options.to_raw()?;
         // SAFETY: as in load.

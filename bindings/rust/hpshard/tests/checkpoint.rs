@@ -454,3 +454,29 @@ fn checkpoint_is_send() {
     fn assert_send<T: Send>() {}
     assert_send::<Checkpoint<'static, 'static>>();
 }
+
+#[test]
+fn an_engine_swapped_in_through_engine_is_not_saved_or_loaded() {
+    // Safe code can swap another engine into the checkpoint's `engine()`: its views would
+    // not know of the save reading the checkpoint's own engine. Refused until it is back.
+    let dir = TempDir::new("swap");
+    let root = dir.path().to_path_buf();
+    let mut comm = one_rank("swap-a");
+    let mut other_comm = one_rank("swap-b");
+    let mut engine = Engine::new(&mut comm, None, adamw(2)).unwrap();
+    build(&mut engine, 0, &MODEL, None);
+    let mut other = Engine::new(&mut other_comm, None, adamw(2)).unwrap();
+    build(&mut other, 0, &MODEL, Some(1.0));
+    let mut ckpt = Checkpoint::new(&mut engine, None, &root, CheckpointOptions::default()).unwrap();
+    std::mem::swap(ckpt.engine(), &mut other);
+    let refused = expect_status(ckpt.save("a", &[]), Status::FailedPrecondition);
+    assert!(refused.message.contains("swapped"), "{}", refused.message);
+    expect_status(
+        ckpt.load(None, LoadOptions::default()),
+        Status::FailedPrecondition,
+    );
+    assert!(!root.join("a").exists());
+    std::mem::swap(ckpt.engine(), &mut other);
+    ckpt.save("a", &[]).unwrap().wait().unwrap();
+    ckpt.load(Some("a"), LoadOptions::default()).unwrap();
+}
