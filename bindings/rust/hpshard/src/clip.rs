@@ -411,9 +411,10 @@ impl<'a> Clip<'a> {
     ///
     /// Errors: [`Status::FailedPrecondition`] (not sealed),
     /// [`Status::InvalidArgument`] (not a CPU stream), the communicators' errors.
-    /// After a failed run the stream has been synchronised as well; if that
-    /// synchronisation fails, the process aborts (work may still use the gradients,
-    /// as for [`crate::Stream::scope`]).
+    /// After a failed run the stream has been synchronised as well, and a failed
+    /// reduction (a peer that aborted or timed out) is returned once nothing uses the
+    /// gradients; when that cannot be told (a device error) the process aborts (work
+    /// may still use the gradients, as for [`crate::Stream::scope`]).
     pub fn run(&mut self, stream: &Stream, scale: bool) -> Result<f32> {
         if stream.device_type() != DeviceType::CPU {
             return Err(Error::new(
@@ -431,7 +432,12 @@ impl<'a> Clip<'a> {
         // read before the stream has been synchronised below; the gradients are
         // borrowed by the clip; the stream is synchronised before this returns.
         let result = unsafe { self.run_async(stream, norm_ptr, scale) };
-        if let Err(err) = stream.synchronize() {
+        if let Err(err) = stream.synchronize_here() {
+            if stream.drained_after_failure() {
+                // Nothing uses the gradients any more: the run's failure is returned.
+                result?;
+                return Err(err);
+            }
             eprintln!(
                 "hpshard: synchronize after Clip::run failed ({}); aborting because the \
                  clip may still use the borrowed gradients",

@@ -32,9 +32,11 @@
 //!   returns (also when the closure panics). This is the design of
 //!   `std::thread::scope`. A guard object that synchronises in its `Drop` would not be
 //!   sound: `std::mem::forget` is safe, so a forgotten guard would end the borrows
-//!   while the copy may still write into the buffer. If that final synchronise
-//!   fails, the C API does not promise the copy has stopped, so the process aborts
-//!   rather than hand back memory a copy may still be writing.
+//!   while the copy may still write into the buffer. When that final synchronise
+//!   fails, a fresh event recorded on the stream tells whether everything queued has
+//!   completed (a CPU stream reports an operation's failure only then): if so the
+//!   failure is kept for the next [`Stream::synchronize`]; if not (a device error) the
+//!   process aborts rather than hand back memory a copy may still be writing.
 //!
 //! # Stores, communicators and topology
 //!
@@ -640,6 +642,9 @@ pub struct Stream {
     raw: NonNull<sys::hps_stream_t>,
     device_type: DeviceType,
     device_index: i32,
+    // A failure the library reported to a synchronise of this crate's own (the end of a
+    // scope) after everything queued had completed: the next `synchronize` returns it.
+    deferred: Cell<Option<Error>>,
 }
 
 // SAFETY: the C API allows a handle to be used by any one thread at a time, so it may
@@ -659,6 +664,7 @@ impl Stream {
                 raw,
                 device_type,
                 device_index: index,
+                deferred: Cell::new(None),
             }),
             None => Err(Error::new(
                 Status::Internal,
@@ -683,10 +689,45 @@ impl Stream {
     }
 
     /// Block until all work queued so far has completed (`hps_stream_synchronize`).
-    /// Counts one host sync.
+    /// Counts one host sync. A CPU stream returns the failure of an operation it waited
+    /// for ([`Work::wait_stream`], a clip's reductions) once everything queued has
+    /// completed; one that the end of a [`Stream::scope`] met comes from this call.
     pub fn synchronize(&self) -> Result<()> {
+        let result = self.synchronize_here();
+        match self.deferred.take() {
+            None => result,
+            Some(earlier) => {
+                if let Err(later) = result {
+                    self.deferred.set(Some(later));
+                }
+                Err(earlier)
+            }
+        }
+    }
+
+    // hps_stream_synchronize alone (no deferred failure).
+    pub(crate) fn synchronize_here(&self) -> Result<()> {
         // SAFETY: live handle, used by this thread only (Stream is not Sync).
         check(unsafe { sys::hps_stream_synchronize(self.raw.as_ptr()) })
+    }
+
+    // After a failed synchronise: whether everything queued has completed all the same.
+    // A CPU stream's synchronise returns an operation's failure only once it has (the
+    // header's hps_stream_synchronize); after a device error nothing is known (false).
+    pub(crate) fn drained_after_failure(&self) -> bool {
+        match Event::new(self.device_type, self.device_index) {
+            Ok(event) => event.record(self).is_ok() && event.synchronize().is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    // The failure a synchronise of this crate's own met, for the next `synchronize`.
+    pub(crate) fn defer(&self, err: Error) {
+        if let Some(earlier) = self.deferred.take() {
+            self.deferred.set(Some(earlier));
+            return;
+        }
+        self.deferred.set(Some(err));
     }
 
     /// Make work queued after this call wait for `event`'s most recent record, without
@@ -706,8 +747,11 @@ impl Stream {
     /// Run `f` with a [`StreamScope`] whose [`StreamScope::memcpy_async`] enqueues
     /// copies between borrowed slices; before `scope` returns (or unwinds) the stream
     /// is synchronised if any copy was enqueued, so the borrows end only after the
-    /// copies completed. That final synchronise counts one host sync. If it fails the
-    /// process aborts (see the crate documentation, "Asynchronous copies").
+    /// copies completed. That final synchronise counts one host sync. A failure it
+    /// meets once everything has completed (an operation the stream waited for failed)
+    /// is returned by the next [`Stream::synchronize`]; if it cannot tell that the copies
+    /// have stopped the process aborts (see the crate documentation, "Asynchronous
+    /// copies").
     ///
     /// ```no_run
     /// # fn main() -> hpshard::Result<()> {
@@ -766,7 +810,13 @@ impl Drop for ScopeGuard<'_> {
         if !self.pending.get() {
             return;
         }
-        if let Err(err) = self.stream.synchronize() {
+        if let Err(err) = self.stream.synchronize_here() {
+            if self.stream.drained_after_failure() {
+                // Nothing is in flight: the failure (of an operation the stream waited
+                // for) is the next synchronize's to return.
+                self.stream.defer(err);
+                return;
+            }
             // A copy may still be writing into memory whose borrow is about to end.
             eprintln!(
                 "hpshard: synchronize at the end of Stream::scope failed ({}); \

@@ -455,3 +455,52 @@ fn mp_group_mismatched_flags_fail_seal() {
         assert_eq!(b[..], B[..], "rank {}", rank);
     }
 }
+
+// A peer that aborted is an ordinary failure: Clip::run returns it (it aborted the whole
+// process), and a Stream::scope after a failed operation the stream waited for ends
+// normally, its failure kept for the next Stream::synchronize (the process aborted too).
+#[test]
+fn a_peer_that_aborted_is_returned_not_a_process_abort() {
+    use hpshard::Store;
+    let url = unique_url("peer-aborted");
+    let s0 = Store::open(&url, 0, COMM_TIMEOUT).unwrap();
+    let s1 = Store::open(&url, 1, COMM_TIMEOUT).unwrap();
+    let peer = std::thread::spawn(move || {
+        let c1 = Communicator::create(&s1, 1, 2, DeviceType::CPU, 0, None).unwrap();
+        let mut g1 = vec![3.0f32, 4.0];
+        let mut clip = Clip::new(Some(&c1), None, None, ClipOptions::new(1.0)).unwrap();
+        clip.add_tensor(&mut g1, ClipFlags::NONE).unwrap();
+        clip.seal().unwrap();
+        c1.abort().unwrap(); // goes away without clipping
+    });
+    let c0 = Communicator::create(&s0, 0, 2, DeviceType::CPU, 0, None).unwrap();
+    let stream = Stream::new(DeviceType::CPU, 0).unwrap();
+    let mut g0 = vec![3.0f32, 4.0];
+    {
+        let mut clip = Clip::new(Some(&c0), None, None, ClipOptions::new(1.0)).unwrap();
+        clip.add_tensor(&mut g0, ClipFlags::NONE).unwrap();
+        clip.seal().unwrap();
+        peer.join().unwrap();
+        let failed = clip.run(&stream, true).unwrap_err();
+        assert_eq!(failed.status, Status::Aborted, "{}", failed.message);
+    }
+    let c2_url = unique_url("scope-after-failure");
+    let t0 = Store::open(&c2_url, 0, COMM_TIMEOUT).unwrap();
+    let t1 = Store::open(&c2_url, 1, COMM_TIMEOUT).unwrap();
+    let peer = std::thread::spawn(move || {
+        let c1 = Communicator::create(&t1, 1, 2, DeviceType::CPU, 0, None).unwrap();
+        c1.abort().unwrap();
+    });
+    let c = Communicator::create(&t0, 0, 2, DeviceType::CPU, 0, None).unwrap();
+    peer.join().unwrap();
+    let w = c.barrier(None).unwrap();
+    w.wait_stream(&stream).unwrap();
+    assert_eq!(w.wait().unwrap_err().status, Status::Aborted);
+    let src = [1u8, 2, 3, 4];
+    let mut dst = [0u8; 4];
+    stream.scope(|s| s.memcpy_async(&mut dst, &src)).unwrap();
+    assert_eq!(dst, src);
+    let kept = stream.synchronize().unwrap_err();
+    assert_eq!(kept.status, Status::Aborted, "{}", kept.message);
+    stream.synchronize().unwrap(); // reported once
+}
