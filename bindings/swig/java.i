@@ -20,6 +20,117 @@
 
 #include "hpshard/hpshard.h"
 
+/* Strings cross as standard UTF-8, which the C API takes and gives: JNI's own
+ * GetStringUTFChars / NewStringUTF use "modified UTF-8" (a character outside the BMP as
+ * two 3-byte surrogates, NUL as C0 80), which the library refuses as invalid or shows
+ * mangled. */
+static jstring hps_java_utf8_out(JNIEnv* jenv, const char* text);
+
+/* A new NUL-terminated UTF-8 copy of `s` (free it), or NULL with IllegalArgumentException
+ * (a NUL, an unpaired surrogate: neither has a C string form) or OutOfMemoryError pending. */
+static char* hps_java_utf8_in(JNIEnv* jenv, jstring s, const char* where) {
+  const jsize n = (*jenv)->GetStringLength(jenv, s);
+  const jchar* units = (*jenv)->GetStringChars(jenv, s, NULL);
+  char* out;
+  size_t k = 0;
+  jsize i;
+  const char* refused = NULL;
+  if (!units) return NULL; /* OutOfMemoryError pending */
+  out = (char*)malloc((size_t)n * 3 + 1);
+  if (!out) {
+    (*jenv)->ReleaseStringChars(jenv, s, units);
+    (*jenv)->ThrowNew(jenv, (*jenv)->FindClass(jenv, "java/lang/OutOfMemoryError"), where);
+    return NULL;
+  }
+  for (i = 0; i < n && !refused; ++i) {
+    uint32_t c = units[i];
+    if (c == 0) {
+      refused = "holds a NUL character, which a C string cannot carry";
+    } else if (c >= 0xD800 && c <= 0xDBFF && i + 1 < n && units[i + 1] >= 0xDC00 &&
+               units[i + 1] <= 0xDFFF) {
+      c = 0x10000 + ((c - 0xD800) << 10) + (uint32_t)(units[i + 1] - 0xDC00);
+      ++i;
+    } else if (c >= 0xD800 && c <= 0xDFFF) {
+      refused = "holds an unpaired surrogate, which UTF-8 cannot carry";
+    }
+    if (c < 0x80) {
+      out[k++] = (char)c;
+    } else if (c < 0x800) {
+      out[k++] = (char)(0xC0 | (c >> 6));
+      out[k++] = (char)(0x80 | (c & 0x3F));
+    } else if (c < 0x10000) {
+      out[k++] = (char)(0xE0 | (c >> 12));
+      out[k++] = (char)(0x80 | ((c >> 6) & 0x3F));
+      out[k++] = (char)(0x80 | (c & 0x3F));
+    } else {
+      out[k++] = (char)(0xF0 | (c >> 18));
+      out[k++] = (char)(0x80 | ((c >> 12) & 0x3F));
+      out[k++] = (char)(0x80 | ((c >> 6) & 0x3F));
+      out[k++] = (char)(0x80 | (c & 0x3F));
+    }
+  }
+  (*jenv)->ReleaseStringChars(jenv, s, units);
+  out[k] = '\0';
+  if (refused) {
+    char message[256];
+    free(out);
+    snprintf(message, sizeof message, "%s: a string argument %s", where, refused);
+    (*jenv)->ThrowNew(jenv, (*jenv)->FindClass(jenv, "java/lang/IllegalArgumentException"),
+                      message);
+    return NULL;
+  }
+  return out;
+}
+
+/* `text` (UTF-8; a byte that is not, as U+FFFD) as a Java string; NULL with an exception
+ * pending when the JVM has no memory. */
+static jstring hps_java_utf8_out(JNIEnv* jenv, const char* text) {
+  const size_t n = strlen(text);
+  jchar* units = (jchar*)malloc((n ? n : 1) * sizeof(jchar));
+  size_t i = 0, k = 0;
+  jstring result;
+  if (!units) {
+    (*jenv)->ThrowNew(jenv, (*jenv)->FindClass(jenv, "java/lang/OutOfMemoryError"), "string");
+    return NULL;
+  }
+  while (i < n) {
+    const unsigned char b = (unsigned char)text[i];
+    uint32_t c = 0xFFFD;
+    size_t len = 1, j;
+    uint32_t min = 0;
+    if (b < 0x80) {
+      c = b;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      len = 2, c = b & 0x1F, min = 0x80;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      len = 3, c = b & 0x0F, min = 0x800;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      len = 4, c = b & 0x07, min = 0x10000;
+    }
+    if (len > 1) {
+      for (j = 1; j < len; ++j) {
+        const unsigned char t = i + j < n ? (unsigned char)text[i + j] : 0;
+        if ((t & 0xC0) != 0x80) break;
+        c = (c << 6) | (t & 0x3F);
+      }
+      if (j < len || c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
+        c = 0xFFFD; /* malformed: one replacement, resynchronised at the next byte */
+        len = 1;
+      }
+    }
+    if (c >= 0x10000) {
+      units[k++] = (jchar)(0xD800 + ((c - 0x10000) >> 10));
+      units[k++] = (jchar)(0xDC00 + ((c - 0x10000) & 0x3FF));
+    } else {
+      units[k++] = (jchar)c;
+    }
+    i += len;
+  }
+  result = (*jenv)->NewString(jenv, units, (jsize)k);
+  free(units);
+  return result;
+}
+
 /* Throw org.hpshard.HpsException(status, message), or IllegalArgumentException for an
  * argument the binding refused (status -1). `message` is copied at once. */
 static void hps_java_throw(JNIEnv* jenv, int status, const char* message) {
@@ -36,7 +147,7 @@ static void hps_java_throw(JNIEnv* jenv, int status, const char* message) {
   if (!cls) return; /* NoClassDefFoundError is pending */
   ctor = (*jenv)->GetMethodID(jenv, cls, "<init>", "(ILjava/lang/String;)V");
   if (!ctor) return;
-  text = (*jenv)->NewStringUTF(jenv, message ? message : "");
+  text = hps_java_utf8_out(jenv, message ? message : "");
   if (!text) return;
   exc = (*jenv)->NewObject(jenv, cls, ctor, (jint)status, text);
   if (exc) (*jenv)->Throw(jenv, (jthrowable)exc);
@@ -232,13 +343,8 @@ HPS_JAVA_INT_ARRAY((const int64_t* shape, size_t ndim), jlongArray, long[], int6
   }
   for (i = 0; i < n; ++i) {
     jstring item = (jstring)(*jenv)->GetObjectArrayElement(jenv, $input, i);
-    const char* text = item ? (*jenv)->GetStringUTFChars(jenv, item, NULL) : NULL;
     char** slot = &block[i % 2 == 0 ? i / 2 : n / 2 + i / 2]; /* keys first, then values */
-    if (text) {
-      *slot = (char*)malloc(strlen(text) + 1);
-      if (*slot) strcpy(*slot, text);
-      (*jenv)->ReleaseStringUTFChars(jenv, item, text);
-    }
+    if (item) *slot = hps_java_utf8_in(jenv, item, "$symname: metadata");
     if (item) (*jenv)->DeleteLocalRef(jenv, item);
     if (!*slot) {
       hps_swig_free_strings(block, (size_t)n / 2);
@@ -254,6 +360,18 @@ HPS_JAVA_INT_ARRAY((const int64_t* shape, size_t ndim), jlongArray, long[], int6
   $3 = (size_t)(n / 2);
 }
 %typemap(freearg) (const char* const* keys, const char* const* values, size_t count) "hps_swig_free_strings($1, $3);"
+
+/* Every string argument and result as standard UTF-8 (see hps_java_utf8_in). */
+%typemap(in, noblock=1) char* {
+  $1 = NULL;
+  if ($input) {
+    $1 = ($1_ltype)hps_java_utf8_in(jenv, $input, "$symname");
+    if (!$1) return $null;
+  }
+}
+%typemap(freearg, noblock=1) char* { free((void*)$1); }
+%typemap(out, noblock=1) char* { if ($1) $result = hps_java_utf8_out(jenv, (const char*)$1); }
+%typemap(out, noblock=1) char[ANY] { $result = hps_java_utf8_out(jenv, (const char*)$1); }
 
 %include "stdint.i"
 %include "hpshard.i"

@@ -264,6 +264,42 @@ class CheckpointTest {
     }
   }
 
+  /**
+   * Strings cross as standard UTF-8 both ways (JNI's own conversions use "modified UTF-8": a
+   * character outside the BMP became two encoded surrogates, refused as invalid UTF-8, and
+   * came back mangled in messages); a NUL or an unpaired surrogate has no C string form and
+   * is refused, not changed.
+   */
+  @Test
+  void stringsCrossAsUtf8(@TempDir Path tmp) throws Exception {
+    String smile = "w\uD83D\uDE00"; // "w" and U+1F600
+    try (Store store = Store.open("memory://java-utf8-" + UUID.randomUUID(), 0, 10000);
+        Communicator c = single(store);
+        Engine engine = Engine.create(c, null, adamw(2))) {
+      int index = engine.addParam(smile, new long[] {3}, DType.FLOAT32, false, false, true, false, 0);
+      assertThrows(IllegalArgumentException.class,
+          () -> engine.addParam("a\0b", new long[] {3}, DType.FLOAT32, false, false, true, false, 0));
+      assertThrows(IllegalArgumentException.class,
+          () -> engine.addParam("a\uD83D", new long[] {3}, DType.FLOAT32, false, false, true, false, 0));
+      HpsException twice = assertThrows(HpsException.class,
+          () -> engine.addParam(smile, new long[] {3}, DType.FLOAT32, false, false, true, false, 0));
+      assertTrue(twice.getMessage().contains(smile), twice.getMessage());
+      engine.seal();
+      engine.broadcastParameters();
+      Path root = tmp.resolve("ck\uD83D\uDE00");
+      try (Checkpoint ckpt = Checkpoint.create(engine, c, root)) {
+        ckpt.save("a", Map.of("note", "x\uD83D\uDE00y")).await();
+        assertTrue(Files.isDirectory(root.resolve("a")), root.toString());
+        ckpt.load("a", false);
+        assertEquals("x\uD83D\uDE00y", ckpt.metadata("note"));
+      }
+      assertEquals(0, index);
+      assertThrows(IllegalArgumentException.class, () -> store.set("k\0", new byte[] {1}));
+      store.set("k\uD83D\uDE00", new byte[] {1});
+      assertTrue(store.check("k\uD83D\uDE00"));
+    }
+  }
+
   @Test
   void closingTheEngineClosesItsCheckpointFirst(@TempDir Path tmp) {
     int[] index = new int[NAMES.length];
