@@ -331,6 +331,16 @@ class Event(Handle):
         return f"<hpshard.Event {DeviceType(self.device_type).name.lower()}:{self.index} {state}>"
 
 
+def _text(value: Any, what: str) -> str:
+    """A name, key or path the library takes as text: bytes are refused (str() would send
+    their repr, "b'...'"), anything else goes as str(value)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be str, not {type(value).__name__} (decode it first)")
+    return str(value)
+
+
 def _buffer(obj: Any, what: str, writable: bool) -> memoryview:
     if obj is None:
         raise ValueError(f"memcpy_async: {what} is None")
@@ -488,22 +498,22 @@ class Store(Handle):
         if isinstance(value, str):
             value = value.encode()
         with self._using() as h:
-            h.set(str(key), value)
+            h.set(_text(key, 'Store.set: the key'), value)
 
     def get(self, key: str, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> bytes:
         """Wait up to ``timeout_ms`` for ``key``, then return its value (Error TIMEOUT)."""
         with self._using() as h:
-            return h.get(str(key), int(timeout_ms))
+            return h.get(_text(key, 'Store.get: the key'), int(timeout_ms))
 
     def add(self, key: str, delta: int = 1) -> int:
         """Add ``delta`` to the integer at ``key`` (0 when unset); the new value."""
         with self._using() as h:
-            return h.add(str(key), int(delta))
+            return h.add(_text(key, 'Store.add: the key'), int(delta))
 
     def wait(self, key: str, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> None:
         """Wait up to ``timeout_ms`` until ``key`` is set (Error TIMEOUT)."""
         with self._using() as h:
-            h.wait(str(key), int(timeout_ms))
+            h.wait(_text(key, 'Store.wait: the key'), int(timeout_ms))
 
     def abort(self) -> None:
         """From now on every call on this store, and every wait on it under way (within
@@ -520,7 +530,7 @@ class Store(Handle):
     def check(self, key: str) -> bool:
         """Whether ``key`` is set, without waiting."""
         with self._using() as h:
-            return bool(h.check(str(key)))
+            return bool(h.check(_text(key, 'Store.check: the key')))
 
     def __repr__(self) -> str:
         return f"<hpshard.Store {self.url!r} rank {self.rank} " \
@@ -867,7 +877,7 @@ class Communicator(Handle):
             if check_arguments is not None:
                 options.check_arguments = 1 if check_arguments else 0
             if name is not None:
-                options.name = str(name)
+                options.name = _text(name, 'the communicator name')
         with store._using() as raw:  # a close of the store waits for the creation
             h = _interruptible(lambda: _c.CommHandle.create(raw, int(rank), int(size),
                                                             int(device_type), int(device_index),
@@ -980,7 +990,8 @@ class Communicator(Handle):
             name = f"{self.name or 'world'}.split"
         raw = self._h()
         listed = [int(r) for r in ranks]
-        h = _interruptible(lambda: raw.split(listed, str(name)), self.abort)
+        split_name = _text(name, "Communicator.split: the name")
+        h = _interruptible(lambda: raw.split(listed, split_name), self.abort)
         return None if h is None else Communicator(h, name)
 
     # -- collectives --
@@ -1642,13 +1653,14 @@ class Engine(Handle):
                      | (0 if weight_decay else ParamFlag.NO_WEIGHT_DECAY))
         with self._lock:
             code = _as_dtype(dtype)
-            index = self._h().add_param(str(name), list(shape), code, int(flags), int(unit))
+            name = _text(name, 'Engine.add_param: the name')
+            index = self._h().add_param(name, list(shape), code, int(flags), int(unit))
             while len(self._shapes) <= index:
                 self._shapes.append(())
                 self._names.append("")
                 self._dtypes.append(DType.FLOAT32)
             self._shapes[index] = shape
-            self._names[index] = str(name)
+            self._names[index] = name
             self._dtypes[index] = DType(int(code))
         return index
 
@@ -2076,7 +2088,7 @@ class Checkpoint(Handle):
             flat += [key, value]
         h = self._h()
         self._wait_in_flight()
-        work = Work(h.save(str(name), flat), ())
+        work = Work(h.save(_text(name, 'Checkpoint.save: the name'), flat), ())
         self._in_flight = work
         return work
 
@@ -2095,7 +2107,7 @@ class Checkpoint(Handle):
         h = self._h()
         self._wait_in_flight()
         options = _load_options(allow_partial)
-        listed = None if name is None else str(name)
+        listed = None if name is None else _text(name, 'the checkpoint name')
         _interruptible(lambda: h.load(listed, options), self._abort_groups)
 
     def import_safetensors(self, path: Union[str, os.PathLike],
@@ -2115,7 +2127,7 @@ class Checkpoint(Handle):
     def metadata(self, key: str) -> str:
         """The value of metadata ``key`` of the last successful :meth:`load` or
         :meth:`import_safetensors`. Error NOT_FOUND (no such key, or nothing loaded)."""
-        return self._h().metadata(str(key)).decode("utf-8", errors="replace")
+        return self._h().metadata(_text(key, 'Checkpoint.metadata: the key')).decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
         return f"<hpshard.Checkpoint {self.root!r} {'closed' if self.closed else 'open'}>"

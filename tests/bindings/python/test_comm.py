@@ -998,3 +998,19 @@ def test_abort_from_another_thread_ends_a_close_waiting_on_a_stuck_operation(op)
     run_two_threads(rank)
     assert out["close_s"] < 4.0, out  # not the 8 s timeout
     assert out["status"] == 9  # ABORTED
+
+
+def test_bytes_are_refused_where_text_is_taken():
+    """A bytes key or name is a TypeError: str() sent its repr ("b'ready'"), so a peer's
+    check('ready') never saw it and a parameter was registered as "b'w'"."""
+    store, comm = world(0, unique_url("bytes-names"), size=1)
+    with store, comm:
+        for call in (lambda: store.set(b"ready", b"1"), lambda: store.check(b"ready"),
+                     lambda: store.add(bytearray(b"n"), 1), lambda: comm.split([0], b"part")):
+            with pytest.raises(TypeError, match="not (bytes|bytearray)"):
+                call()
+        assert not store.check("b'ready'")
+        with hpshard.Engine.create(comm) as engine:
+            with pytest.raises(TypeError):
+                engine.add_param(b"w", (3,))
+            assert engine.add_param("w", (3,)) == 0
