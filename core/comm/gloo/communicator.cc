@@ -136,12 +136,19 @@ std::string ended_peers(const std::vector<std::optional<host::Process>>& process
   return ended + (count == 1 ? " has ended" : " have ended");
 }
 
+// A rank marks its side of a communicator (or of a split) made in the creation's store, as
+// its last write there; a peer that has made its side may leave at once, and the watches
+// of those still making theirs skip it.
+std::string made_key(int32_t rank) { return "made/" + std::to_string(rank); }
+Status mark_made(Store& store, int32_t rank) { return store.set(made_key(rank), "1"); }
+bool is_made(Store& store, int32_t rank) {
+  auto set = store.check({made_key(rank)});
+  return set.ok() && *set;
+}
+
 // The processes of a communicator's ranks while it is created: each rank publishes its
 // own before it connects; a peer of this host whose process ends before the communicator
 // is made is named at once, not after the timeout.
-// The store key a rank sets once its side of a communicator (or of a split) is made.
-std::string made_key(int32_t rank) { return "made/" + std::to_string(rank); }
-
 class PeerWatch {
  public:
   PeerWatch(std::shared_ptr<Store> store, int32_t rank, int32_t size)
@@ -157,7 +164,7 @@ class PeerWatch {
     if (ended_peers(processes_, rank_).empty()) return Status::Ok();
     std::vector<std::optional<host::Process>> making = processes_;
     for (size_t r = 0; r < making.size(); ++r) {
-      if (making[r] && made(static_cast<int32_t>(r))) making[r].reset();
+      if (making[r] && is_made(*store_, static_cast<int32_t>(r))) making[r].reset();
     }
     const std::string ended = ended_peers(making, rank_);
     if (ended.empty()) return Status::Ok();
@@ -165,7 +172,7 @@ class PeerWatch {
   }
 
   // Marks this rank's side of the communicator made (its last write to the store).
-  Status made_here() { return store_->set(made_key(rank_), "1"); }
+  Status made_here() { return mark_made(*store_, rank_); }
 
   // "2, 5": the peers that have published no record (not started, or ended before).
   std::string unpublished() {
@@ -195,11 +202,6 @@ class PeerWatch {
       // A malformed record names nothing: that rank is told apart by the timeout.
       if (text.ok()) processes_[r] = host::Process::parse(*text);
     }
-  }
-
-  bool made(int32_t r) {
-    auto set = store_->check({made_key(r)});
-    return set.ok() && *set;
   }
 
   std::shared_ptr<Store> store_;
@@ -1405,15 +1407,14 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split_group(
         if (alive(ranks).ok()) return Status::Ok();
         std::vector<int32_t> making;
         for (const int32_t q : ranks) {
-          auto joined = split_store->check({made_key(q)});
-          if (!joined.ok() || !*joined) making.push_back(q);
+          if (!is_made(*split_store, q)) making.push_back(q);
         }
         return alive(making);
       });
   auto made = create(child_store, static_cast<int32_t>(position - ranks.begin()),
                      static_cast<int32_t>(ranks.size()), child);
   child_store->stop_watching();
-  if (made.ok()) HPS_RETURN_IF_ERROR(split_store->set(made_key(rank_), "1"));
+  if (made.ok()) HPS_RETURN_IF_ERROR(mark_made(*split_store, rank_));
   return made;
 }
 
