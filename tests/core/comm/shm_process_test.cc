@@ -4,7 +4,9 @@
 // match a reference, then one rank is killed with SIGKILL and the others' next collective
 // must end with ABORTED soon, long before its 60 s timeout. Then a broadcast whose root
 // times out while its peer is still copying the root's buffer: the peer never reports
-// success with data the root overwrote after its error.
+// success with data the root overwrote after its error. Then a rank that makes its side of
+// a communicator and exits at once while its peer is still making its own: the peer's
+// creation succeeds.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -156,6 +158,43 @@ int late_reader(int32_t rank, const std::string& dir, int64_t lead_us) {
   return 0;
 }
 
+// Slows every read of a shared-memory set-up key, so that this rank is still making its side
+// of the communicator after its peer has made its own.
+class SlowSharedMemoryKeysStore final : public hps::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  hps::StatusOr<std::string> get(std::string_view key, hps::Milliseconds timeout) override {
+    if (key.find("/shm/") != std::string_view::npos) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    return ForwardingStore::get(key, timeout);
+  }
+};
+
+// Two ranks: rank 0 makes its side of the communicator and exits at once; rank 1, slowed,
+// is still making its side then. A peer that made its side needs nothing more of the
+// creation: rank 1's creation must succeed (it failed, "rank 0 (process ...) has ended
+// before the communicator was made", before the made marks).
+int made_then_exit(int32_t rank, const std::string& dir) {
+  using namespace hps;
+  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
+  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
+  CommOptions options;
+  options.timeout = Milliseconds(30'000);
+  options.shared_memory = true;
+  std::shared_ptr<Store> used = std::move(store).value();
+  if (rank == 1) used = std::make_shared<SlowSharedMemoryKeysStore>(used);
+  const auto start = std::chrono::steady_clock::now();
+  auto comm_or = create_communicator(used, rank, 2, Device::cpu(), options);
+  CHECK_OR_FAIL(comm_or.ok(), "create: %s", comm_or.status().to_string().c_str());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("made then exit: rank %d made its side in %.2f s\n", rank, seconds);
+  std::fflush(stdout);
+  if (rank == 0) std::_Exit(0);  // at once: no destructor waits for anything of rank 1
+  return 0;
+}
+
 // Starts `world` copies of this program as `<exe> <flag> <rank> <scratch dir> <arg>` and
 // returns their wait statuses by rank (none when one could not start).
 std::vector<int> run_copies(const std::string& flag, int32_t world, const std::string& arg) {
@@ -224,6 +263,9 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--late-reader") {
     return late_reader(std::atoi(argv[2]), argv[3], std::atoll(argv[4]));
   }
+  if (argc == 5 && std::string(argv[1]) == "--made-then-exit") {
+    return made_then_exit(std::atoi(argv[2]), argv[3]);
+  }
   if (!HPS_HAVE_GLOO) {
     std::printf("skipped: built without Gloo\n");
     return kSkip;
@@ -236,6 +278,16 @@ int main(int argc, char** argv) {
     for (int64_t lead_us : {2'000, 6'000, 10'000, 15'000, 20'000, 30'000}) {
       ok = run_late_reader(lead_us) && ok;
     }
+  }
+  {
+    const std::vector<int> statuses = run_copies("--made-then-exit", 2, "");
+    for (const int status : statuses) {
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "made then exit: a rank ended with status 0x%x\n", status);
+        ok = false;
+      }
+    }
+    ok = ok && statuses.size() == 2;
   }
   std::printf(ok ? "shm_process_test: passed\n" : "shm_process_test: FAILED\n");
   return ok ? 0 : 1;
