@@ -830,11 +830,32 @@ Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& repor
   HPS_RETURN_IF_ERROR(f.sync());
   HPS_RETURN_IF_ERROR(f.close());
   HPS_RETURN_IF_ERROR(ckpt::sync_directory(job.directory));
+  // The new `latest` is written aside before anything is published: a disk too full for it
+  // fails the save with nothing published. Then the rename publishes the checkpoint and the
+  // second renames the pointer over `latest`; one that fails (`latest` a directory) takes
+  // the checkpoint back under its temporary name, which the save's way out removes.
+  const std::string latest = join_path(root_, std::string(ckpt::kLatestFile));
+  HPS_ASSIGN_OR_RETURN(const std::string pointer, ckpt::write_beside(latest, job.name + "\n"));
   directory = join_path(root_, job.name);
-  HPS_RETURN_IF_ERROR(ckpt::rename_path(job.directory, directory));
-  HPS_RETURN_IF_ERROR(ckpt::sync_directory(root_));
-  return ckpt::replace_file_atomically(join_path(root_, std::string(ckpt::kLatestFile)),
-                                       job.name + "\n");
+  Status s = ckpt::rename_path(job.directory, directory);
+  if (s.ok()) {
+    s = ckpt::sync_directory(root_);
+    if (s.ok()) s = ckpt::rename_path(pointer, latest);
+    if (!s.ok()) {
+      const Status back = ckpt::rename_path(directory, job.directory);
+      if (!back.ok()) {
+        s = Status(s.code(), s.message() + "; and taking the checkpoint back failed, so '" +
+                                 directory +
+                                 "' stays, published but not named by 'latest': " + back.message());
+      }
+    }
+  }
+  if (!s.ok()) {
+    (void)::unlink(pointer.c_str());
+    (void)ckpt::sync_directory(root_);
+    return s;
+  }
+  return ckpt::sync_directory(root_);
 }
 
 StatusOr<ckpt::HostStaging> Checkpointer::take_staging(Device device, size_t bytes) {

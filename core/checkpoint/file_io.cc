@@ -253,15 +253,6 @@ StatusOr<std::string> write_beside(const std::string& target, const std::string&
   return file.path();
 }
 
-Status replace_file_atomically(const std::string& path, const std::string& contents) {
-  HPS_ASSIGN_OR_RETURN(const std::string temporary, write_beside(path, contents));
-  if (Status s = rename_path(temporary, path); !s.ok()) {
-    (void)::unlink(temporary.c_str());
-    return s;
-  }
-  return sync_directory(std::filesystem::path(path).parent_path().string());
-}
-
 StatusOr<std::string> read_file(const std::string& path, uint64_t max_bytes) {
   HPS_ASSIGN_OR_RETURN(File file, File::open_read(path));
   HPS_ASSIGN_OR_RETURN(uint64_t size, file.size());

@@ -86,12 +86,9 @@ Status rename_path(const std::string& from, const std::string& to);
 Status remove_tree(const std::string& path);
 bool path_exists(const std::string& path);
 // Writes `contents` into a new file beside `target` (File::create_beside), fsyncs and
-// closes it; returns its name (removed again on an error).
+// closes it; returns its name (removed again on an error). Renamed over `target`, it
+// replaces the file atomically: concurrent replacements each publish whole contents.
 StatusOr<std::string> write_beside(const std::string& target, const std::string& contents);
-// Replaces the file `path` with `contents` atomically: a temporary of its own beside it
-// (write_beside) is renamed over `path`, and the directory fsynced. Concurrent
-// replacements each publish whole contents.
-Status replace_file_atomically(const std::string& path, const std::string& contents);
 // The whole file, refusing one larger than `max_bytes` (INVALID_ARGUMENT).
 StatusOr<std::string> read_file(const std::string& path, uint64_t max_bytes);
 // The names in directory `path` (not "." or "..").

@@ -1415,6 +1415,37 @@ TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
   EXPECT_EQ(*resolve_checkpoint(dir.path()), dir / "s3");
 }
 
+// A save whose `latest` pointer cannot be replaced (here a directory stands there; a disk
+// too full for the pointer's file is the case disk_full_test.sh covers) fails with nothing
+// published, and the same name saves once the way is clear (the checkpoint was renamed into
+// place first and stayed: a failed save published, and its retry was ALREADY_EXISTS).
+TEST(Checkpoint, ASaveThatCannotReplaceLatestPublishesNothing) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  fs::create_directories(dir / "latest/in-the-way");
+  run(
+      {2, 2, 1}, sgd_options(), dir.path(),
+      [&](Rank& r) {
+        r.train_step(0);
+        const Status failed = (*r.checkpointer->save("a"))->wait();
+        EXPECT_EQ(failed.code(), StatusCode::kBackendError) << failed.to_string();
+        EXPECT_NE(failed.message().find(dir / "latest"), std::string::npos) << failed.message();
+        EXPECT_FALSE(fs::exists(dir / "a"));
+        ASSERT_TRUE(r.world->barrier().value()->wait().ok());
+        if (r.rank == 0) fs::remove_all(dir / "latest");
+        ASSERT_TRUE(r.world->barrier().value()->wait().ok());
+        const Status retried = (*r.checkpointer->save("a"))->wait();
+        EXPECT_TRUE(retried.ok()) << retried.to_string();
+      },
+      small_chunks());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "latest"}));
+  EXPECT_EQ(*latest_checkpoint(dir.path()), "a");
+  EXPECT_TRUE(verify_checkpoint(dir / "a").ok());
+}
+
 // What a save killed part-way leaves in the root (its temporary directory, a half-written
 // replacement of the latest pointer, a directory being deleted) is removed by the next save;
 // a checkpoint and other files stay.
