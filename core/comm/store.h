@@ -186,7 +186,9 @@ class TcpStoreServer {
 
 // A client of the TCP store at host:port; when `serve`, the returned store also owns the
 // server (it listens on host:port, or on options.listen_fd, and stops when the store is
-// destroyed). Connecting retries until `connect_timeout` (the serving rank may start later
+// destroyed, once the other clients have closed their connections or `connect_timeout`, 1 s
+// to 1 min, has passed: peers still finishing a creation or split over it are not cut off).
+// Connecting retries until `connect_timeout` (the serving rank may start later
 // than its clients); a refused token is not retried. When not null, `bound_port` receives
 // the port served or connected to (the chosen one when port was 0). A client whose server
 // has gone gets ABORTED naming the server, never a hang; one whose server does not answer

@@ -592,7 +592,7 @@ class TcpStoreClient final : public Store {
 
   ~TcpStoreClient() override {
     for (auto& c : idle_) close_fd(c.fd);
-    // server_ (when this rank serves) stops after its own connections are closed.
+    if (server_) linger();
   }
 
   // The first connection, retried until `connect_timeout`: the server may start later. A
@@ -847,6 +847,24 @@ class TcpStoreClient final : public Store {
 
   const std::string host_;
   const uint16_t port_;
+  // The serving rank's store goes only once the other ranks have closed their connections
+  // (destroyed their stores), or after the call timeout: a rank that is done with a
+  // communicator's creation or split may leave while its peers still finish theirs over
+  // this store (they failed, "cannot reach the server", when the serving rank left first).
+  void linger() {
+    const auto deadline = Clock::now() + call_timeout_;
+    auto pause = Milliseconds(1);
+    while (server_->connection_count() > 0) {
+      if (Clock::now() >= deadline) {
+        HPS_LOG(kDebug) << "tcp store: stopped serving with " << server_->connection_count()
+                        << " connections still open after " << call_timeout_.count() << " ms";
+        return;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, Milliseconds(20));
+    }
+  }
+
   const std::string token_;
   Milliseconds call_timeout_ = kMaxCallTimeout;
   std::mutex pool_mutex_;

@@ -376,7 +376,12 @@ typedef struct hps_store hps_store_t;
 HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeout_ms,
                                     hps_store_t** out_store);
 
-/** Free `store`; NULL is a no-op. A serving TCP store stops serving. */
+/**
+ * Free `store`; NULL is a no-op. A serving TCP store stops serving once the other ranks have
+ * closed their connections to it (destroyed their stores), or after its timeout (timeout_ms
+ * of hps_store_open, 1 s to 1 min): the call blocks until then, so that ranks still finishing
+ * a communicator's creation or split that this rank is done with are not cut off.
+ */
 HPS_API hps_status_t hps_store_destroy(hps_store_t* store);
 
 /**

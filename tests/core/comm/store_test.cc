@@ -469,9 +469,11 @@ TEST(TcpStore, ConnectGivesUpAtItsTimeout) {
       << client.status().message();
 }
 
+// The serving store's destruction waits for the client's connection up to its timeout (1 s
+// here: the client's get never ends), then the server stops.
 TEST(TcpStore, ServerDeathEndsBlockedAndLaterCallsWithAnError) {
   uint16_t port = 0;
-  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(1), &port);
   ASSERT_TRUE(server.ok()) << server.status().to_string();
   auto client = make_tcp_store("127.0.0.1", port, false, seconds(5));
   ASSERT_TRUE(client.ok()) << client.status().to_string();
@@ -497,6 +499,43 @@ TEST(TcpStore, ServerDeathEndsBlockedAndLaterCallsWithAnError) {
   EXPECT_LT(since(start).count(), 5000);
   EXPECT_TRUE(later.code() == StatusCode::kAborted || later.code() == StatusCode::kBackendError)
       << later.to_string();
+}
+
+// The serving rank may be done with the store (a communicator's creation made on its side)
+// while the others still use it: its store's destruction keeps serving until they have
+// closed their connections (their calls succeed meanwhile), and no longer than its timeout
+// when one never does. Other ranks failed, "cannot reach the server", when it left first.
+TEST(TcpStore, TheServingStoreServesUntilTheOthersHaveClosedTheirs) {
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto client = make_tcp_store("127.0.0.1", port, false, seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  ASSERT_TRUE((*server)->set("made/0", "1").ok());
+  std::atomic<bool> gone{false};
+  std::thread leaving([&] {
+    server = unavailable("destroyed");
+    gone = true;
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_FALSE(gone.load()) << "the serving store went while a client was connected";
+  EXPECT_EQ(*(*client)->get("made/0", seconds(1)), "1");
+  EXPECT_TRUE((*client)->set("made/1", "1").ok());
+  const auto closed = Clock::now();
+  client = unavailable("destroyed");
+  leaving.join();
+  EXPECT_LT(since(closed).count(), 1000) << "the serving store stayed after the last client left";
+
+  // A client that never closes holds the serving store only for its timeout.
+  server = make_tcp_store("127.0.0.1", 0, true, seconds(1), &port);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto holding = make_tcp_store("127.0.0.1", port, false, seconds(5));
+  ASSERT_TRUE(holding.ok()) << holding.status().to_string();
+  ASSERT_TRUE((*holding)->set("k", "v").ok());
+  const auto start = Clock::now();
+  server = unavailable("destroyed");
+  EXPECT_GE(since(start).count(), 900);
+  EXPECT_LT(since(start).count(), 3000);
 }
 
 // A serving rank that stops (SIGSTOP, a debugger, swapping) without closing its

@@ -858,7 +858,10 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Free `store`; NULL is a no-op. A serving TCP store stops serving."]
+    #[doc = " Free `store`; NULL is a no-op. A serving TCP store stops serving once the other ranks have"]
+    #[doc = " closed their connections to it (destroyed their stores), or after its timeout (timeout_ms"]
+    #[doc = " of hps_store_open, 1 s to 1 min): the call blocks until then, so that ranks still finishing"]
+    #[doc = " a communicator's creation or split that this rank is done with are not cut off."]
     pub fn hps_store_destroy(store: *mut hps_store_t) -> hps_status_t;
 }
 extern "C" {
