@@ -9,6 +9,9 @@
 //   rank_probe leak-shm                  every rank makes a shared-memory segment named for
 //                                        its job (and the launcher's pid) and is killed
 //                                        (SIGKILL) before removing it.
+//   rank_probe split-exit                every rank creates the world communicator, splits
+//                                        it into ranks 1..N-1 (rank 0 no member, done at
+//                                        once), destroys both and its store, and exits 0.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -21,7 +24,9 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/comm/host.h"
 #include "core/comm/rendezvous.h"
 #include "core/comm/shm/shm_group.h"
@@ -89,6 +94,33 @@ int meet(const hps::RendezvousInfo& info) {
   return 0;
 }
 
+// Nothing waits for the others at the end: rank 0, done first with the split, leaves while
+// the members still make theirs over the store it serves.
+int split_exit(const hps::RendezvousInfo& info) {
+  auto store = hps::open_store(info.store_url, info.rank, std::chrono::seconds(20));
+  if (!store.ok()) {
+    std::fprintf(stderr, "open_store: %s\n", store.status().to_string().c_str());
+    return 1;
+  }
+  hps::CommOptions options;
+  options.timeout = hps::Milliseconds(20'000);
+  auto world =
+      hps::create_communicator(*store, info.rank, info.world_size, hps::Device::cpu(), options);
+  if (!world.ok()) {
+    std::fprintf(stderr, "create: %s\n", world.status().to_string().c_str());
+    return 1;
+  }
+  std::vector<int32_t> members;
+  for (int32_t r = 1; r < info.world_size; ++r) members.push_back(r);
+  auto part = (*world)->split(members, "part");
+  if (!part.ok()) {
+    std::fprintf(stderr, "split: %s\n", part.status().to_string().c_str());
+    return 1;
+  }
+  std::printf("rank %d made its side of the split\n", info.rank);
+  return 0;
+}
+
 void sleep_long() {
   std::this_thread::sleep_for(std::chrono::seconds(60));
   std::printf("slept 60 s without being stopped\n");
@@ -140,6 +172,7 @@ int main(int argc, char** argv) {
     }
     return meet(*info);
   }
+  if (mode == "split-exit") return split_exit(*info);
   if (mode == "leak-shm") {
     const char* job_id = std::getenv("HPS_JOB_ID");
     // Named for the launcher's pid, which lives until it has cleaned up: a segment named
@@ -179,6 +212,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: rank_probe [meet | fail RANK CODE [stubborn] | signal RANK SIG | store-fd "
-               "| leak-shm]\n");
+               "| leak-shm | split-exit]\n");
   return 2;
 }
