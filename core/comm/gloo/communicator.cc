@@ -146,6 +146,34 @@ bool is_made(Store& store, int32_t rank) {
   return set.ok() && *set;
 }
 
+// Over TCP a rank that checks its collectives' arguments exchanges a descriptor on the control
+// connections before each one, so the ranks must agree on it (CommOptions::check_arguments,
+// HPS_COMM_CHECK): each publishes its choice before it connects and reads the others' once
+// the connections are made. INVALID_ARGUMENT on every rank when they differ (they waited for
+// each other until the timeout, or one rank's collectives hung).
+std::string check_key(int32_t rank) { return "check/" + std::to_string(rank); }
+Status agree_on_checking(Store& store, int32_t rank, int32_t size, bool mine,
+                         Milliseconds timeout) {
+  for (int32_t q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    const StatusOr<std::string> theirs = store.get(check_key(q), timeout);
+    if (!theirs.ok()) return theirs.status();
+    if ((*theirs == "1") == mine) continue;
+    return invalid_argument(
+        "the ranks disagree on checking their collectives' arguments (CommOptions::"
+        "check_arguments, hps_comm_options_t.check_arguments, default HPS_COMM_CHECK): "
+        "rank " +
+        std::to_string(rank) + (mine ? " checks" : " does not") + ", rank " + std::to_string(q) +
+        (mine ? " does not" : " checks") + "; over TCP every rank must choose alike");
+  }
+  return Status::Ok();
+}
+
+// A creation's failure that is not the transport's: returned as it is, not as a backend error.
+struct Refused {
+  Status status;
+};
+
 // The processes of a communicator's ranks while it is created: each rank publishes its
 // own before it connects; a peer of this host whose process ends before the communicator
 // is made is named at once, not after the timeout.
@@ -594,6 +622,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
   std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(store, rank, size, options));
   auto peers = std::make_shared<PeerWatch>(store, rank, size);
   HPS_RETURN_IF_ERROR(peers->publish());
+  HPS_RETURN_IF_ERROR(store->set(check_key(rank), options.check_arguments ? "1" : "0"));
   // The creation's waits for peers end when one of them is seen to have ended.
   auto watched = std::make_shared<WatchedStore>(store, [peers] { return peers->check(); });
   try {
@@ -625,6 +654,12 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     comm->shm_ = std::move(shm).value();
     // Over TCP the argument check travels on its own connections (shared memory checks
     // in its first round).
+    if (!comm->shm_ && size > 1) {
+      const Status agreed =
+          agree_on_checking(*watched, rank, size, options.check_arguments, options.timeout);
+      if (agreed.code() == StatusCode::kInvalidArgument) throw Refused{agreed};
+      if (!agreed.ok()) throw std::runtime_error(agreed.to_string());
+    }
     if (!comm->shm_ && options.check_arguments && size > 1) {
       auto control = ControlMesh::create(*make_prefix_store(watched, "control"), rank, size,
                                          device_host(), Clock::now() + options.timeout);
@@ -635,6 +670,11 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     comm->peer_processes_ = peers->take();
     const Status marked = peers->made_here();
     if (!marked.ok()) throw std::runtime_error(marked.to_string());
+  } catch (const Refused& refused) {
+    watched->stop_watching();
+    return Status(refused.status.code(), "creating communicator '" + options.name + "' (rank " +
+                                             std::to_string(rank) + " of " + std::to_string(size) +
+                                             "): " + refused.status.message());
   } catch (const std::exception& e) {
     watched->stop_watching();
     const std::string what = e.what();
@@ -1405,11 +1445,14 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split_group(
           return aborted("split of group '" + options_.name + "': the group was aborted");
         }
         if (alive(ranks).ok()) return Status::Ok();
-        std::vector<int32_t> making;
+        // A member is seen gone first, then its mark is read: it marks before it leaves, so
+        // one gone with no mark had not made its side. (Marks read before the liveness could
+        // miss a member that marked and left in between.)
         for (const int32_t q : ranks) {
-          if (!is_made(*split_store, q)) making.push_back(q);
+          const Status gone = alive({q});
+          if (!gone.ok() && !is_made(*split_store, q)) return gone;
         }
-        return alive(making);
+        return Status::Ok();
       });
   auto made = create(child_store, static_cast<int32_t>(position - ranks.begin()),
                      static_cast<int32_t>(ranks.size()), child);

@@ -1046,6 +1046,45 @@ TEST(CommLimits, OversizedSharedMemorySlotsAreRefusedOnEveryRank) {
   }
 }
 
+// Over TCP the ranks must agree on checking their collectives' arguments (HPS_COMM_CHECK):
+// ranks that disagreed waited for each other's control connections until the timeout, or one
+// rank got a communicator whose first collective hung. Every rank is refused at creation,
+// the option named. Over shared memory the check is part of every collective and free, so
+// the option does not matter there.
+TEST(CommLimits, RanksThatDisagreeOnCheckingArgumentsOverTcpAreRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (const bool shared_memory : {false, true}) {
+    auto store = make_in_memory_store();
+    std::vector<Status> results(3);
+    std::vector<std::thread> threads;
+    const auto start = std::chrono::steady_clock::now();
+    for (int32_t r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        CommOptions options;
+        options.timeout = Milliseconds(20'000);
+        options.shared_memory = shared_memory;
+        options.check_arguments = r != 1;
+        auto comm = create_communicator(store, r, 3, Device::cpu(), options);
+        results[static_cast<size_t>(r)] = comm.status();
+        if (comm.ok()) {
+          auto w = (*comm)->barrier();
+          results[static_cast<size_t>(r)] = w.ok() ? (*w)->wait() : w.status();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    for (const Status& st : results) {
+      if (shared_memory) {
+        EXPECT_TRUE(st.ok()) << st.to_string();
+        continue;
+      }
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+      EXPECT_NE(st.message().find("HPS_COMM_CHECK"), std::string::npos) << st.message();
+    }
+  }
+}
+
 // A group of 2e9 ranks made the C API report bad_alloc.
 TEST(CommLimits, AGroupLargerThanTheLimitIsRefusedBeforeAnythingIsAllocated) {
   auto store = make_in_memory_store();
