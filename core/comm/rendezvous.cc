@@ -133,7 +133,21 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
     return invalid_argument(
         "environment variable HPS_STORE is not set (HPS_RANK is; hpshard-run sets both)");
   }
-  // torchrun's agent serves torch's own store on MASTER_PORT: hpshard's cannot share it.
+  const auto addr = env_string("MASTER_ADDR");
+  const auto port = env_string("MASTER_PORT");
+  if (!addr || !port) {
+    return invalid_argument(std::string("environment variable ") +
+                            (!addr ? "MASTER_ADDR" : "MASTER_PORT") +
+                            " is not set: the store comes from HPS_STORE or "
+                            "MASTER_ADDR and MASTER_PORT");
+  }
+  if (addr->empty()) return invalid_argument("environment variable MASTER_ADDR is empty");
+  auto parsed_port = parse_port(*port);
+  if (!parsed_port.ok()) {
+    return parsed_port.status().with_context("environment variable MASTER_PORT");
+  }
+  // torchrun's agent serves torch's own store on MASTER_PORT: hpshard's cannot share it
+  // (refused after the variables are checked: hpshard.torch relies on their checks here).
   if (auto agent = env_string("TORCHELASTIC_USE_AGENT_STORE")) {
     std::string lower = *agent;
     std::transform(lower.begin(), lower.end(), lower.begin(),
@@ -147,19 +161,6 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
           "port, the same on every rank), or from Python use hpshard.torch.world_from_env, "
           "which finds a port through torch's store");
     }
-  }
-  const auto addr = env_string("MASTER_ADDR");
-  const auto port = env_string("MASTER_PORT");
-  if (!addr || !port) {
-    return invalid_argument(std::string("environment variable ") +
-                            (!addr ? "MASTER_ADDR" : "MASTER_PORT") +
-                            " is not set: the store comes from HPS_STORE or "
-                            "MASTER_ADDR and MASTER_PORT");
-  }
-  if (addr->empty()) return invalid_argument("environment variable MASTER_ADDR is empty");
-  auto parsed_port = parse_port(*port);
-  if (!parsed_port.ok()) {
-    return parsed_port.status().with_context("environment variable MASTER_PORT");
   }
   *used += ", MASTER_ADDR, MASTER_PORT";
   // An IPv6 literal goes in brackets, whether MASTER_ADDR has them already or not.

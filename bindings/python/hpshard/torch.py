@@ -137,6 +137,13 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
     if missing:
         raise _invalid(f"world_from_env: torchrun's variables {missing} are not set")
+    # The library checks the variables (RANK within WORLD_SIZE, MASTER_PORT a port, ...) and
+    # then refuses the agent's store; any other refusal names a variable that is wrong.
+    try:
+        _hps.rendezvous_from_env()
+    except _hps.InvalidArgumentError as e:
+        if "TORCHELASTIC_USE_AGENT_STORE" not in str(e):
+            raise
     rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
     addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     wait = datetime.timedelta(milliseconds=timeout_ms or _hps.DEFAULT_STORE_TIMEOUT_MS)

@@ -834,6 +834,36 @@ def test_empty_store_variables_under_the_agent_store_are_not_taken_for_unset(mon
     assert os.environ["HPS_STORE"] == "" and "HPS_STORE_TOKEN" not in os.environ
 
 
+@pytest.mark.parametrize("variables, named", [
+    ({"RANK": "abc"}, "RANK"),
+    ({"WORLD_SIZE": "x"}, "WORLD_SIZE"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is outside"),
+    ({"RANK": "-1"}, "RANK=-1 is outside"),
+    ({"MASTER_PORT": "99999"}, "MASTER_PORT"),
+    ({"MASTER_ADDR": ""}, "MASTER_ADDR is empty"),
+])
+def test_torchrun_variables_under_the_agent_store_are_checked_first(monkeypatch, variables,
+                                                                    named):
+    """Under torchrun's agent store the variables went to int() and torch's TCPStore
+    unchecked: RANK=abc was a bare ValueError, MASTER_PORT=99999 a TypeError from torch, and
+    RANK=2 of WORLD_SIZE=2 waited out the store's timeout. The library's checks run first:
+    INVALID_ARGUMENT naming the variable, at once, with nothing set."""
+    import time
+
+    import hpshard.torch as hpt
+    for k in [k for k in os.environ if k.startswith("HPS_")]:
+        monkeypatch.delenv(k)
+    base = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "bad",
+            "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for k, v in dict(base, **variables).items():
+        monkeypatch.setenv(k, v)
+    start = time.monotonic()
+    with pytest.raises(hpshard.InvalidArgumentError, match=named):
+        hpt._store_beside_torchrun_agent(20000)
+    assert time.monotonic() - start < 5
+    assert "HPS_STORE" not in os.environ and "HPS_STORE_TOKEN" not in os.environ
+
+
 @pytest.mark.parametrize("value", ["\u00b2", "\u0663", "3x"])
 def test_trace_variables_are_read_as_the_library_reads_them(monkeypatch, value):
     """HPS_TRACE_MAX_EVENTS and HPS_RANK with digits of other scripts: str.isdigit took
