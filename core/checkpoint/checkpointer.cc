@@ -354,12 +354,16 @@ Status claim_root(const std::string& root, const CheckpointTopology& t) {
                           "'latest' would take the other part's checkpoints)");
 }
 
+// Ordered by publication: its sequence, then (for equal ones: written without one, or at
+// the limit) its creation time and name.
 struct Published {
+  uint64_t sequence;
   int64_t created_unix_ns;
   std::string name;
   std::string id;
   bool operator<(const Published& o) const {
-    return std::tie(created_unix_ns, name) < std::tie(o.created_unix_ns, o.name);
+    return std::tie(sequence, created_unix_ns, name) <
+           std::tie(o.sequence, o.created_unix_ns, o.name);
   }
 };
 
@@ -372,7 +376,7 @@ StatusOr<std::vector<Published>> published_checkpoints(const std::string& root) 
     if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
     auto m = ckpt::read_manifest(join_path(root, n));
     if (!m.ok()) continue;
-    published.push_back({m->created_unix_ns, n, m->id});
+    published.push_back({m->sequence, m->created_unix_ns, n, m->id});
   }
   std::sort(published.begin(), published.end());
   return published;
@@ -821,6 +825,12 @@ Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& repor
     }
   }
   m.created_unix_ns = now_unix_ns();
+  // After every checkpoint published under the root (under the save lock, so no other
+  // job's save publishes in between).
+  m.sequence = 1;
+  if (auto listed = published_checkpoints(root_); listed.ok() && !listed->empty()) {
+    m.sequence = std::min(listed->back().sequence + 1, ckpt::kMaxSequence);
+  }
   // The manifest last, then the directory's names, then the rename publishes it.
   HPS_RETURN_IF_ERROR(ckpt::sync_directory(job.directory));
   const std::string text = ckpt::manifest_to_json(m);

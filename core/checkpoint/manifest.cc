@@ -318,6 +318,7 @@ std::string manifest_to_json(const Manifest& m) {
   j["id"] = m.id;
   j["name"] = m.name;
   j["created_unix_ns"] = m.created_unix_ns;
+  if (m.sequence > 0) j["sequence"] = m.sequence;
   j["chunk_bytes"] = m.chunk_bytes;
   j["topology"] = {{"stage", m.topology.stage},
                    {"sharding", m.topology.sharding},
@@ -402,6 +403,10 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     if (Status named = check_checkpoint_name(m.name); !named.ok())
       return r.bad("'name': " + named.message());
     HPS_ASSIGN_OR_RETURN(m.created_unix_ns, r.integer("created_unix_ns"));
+    HPS_ASSIGN_OR_RETURN(const json* sequence, r.field("sequence", false));
+    if (sequence != nullptr) {
+      HPS_ASSIGN_OR_RETURN(m.sequence, r.uint("sequence", kMaxSequence));
+    }
     HPS_ASSIGN_OR_RETURN(m.chunk_bytes, r.uint("chunk_bytes"));
     if (m.chunk_bytes < 1 || m.chunk_bytes > kMaxChunkBytes)
       return r.bad("'chunk_bytes' is " + std::to_string(m.chunk_bytes) + ", not in [1, 2^34]");

@@ -50,11 +50,19 @@ struct SourceIndex {
   std::vector<StoredTensor> tensors;
 };
 
+// The largest sequence a manifest may carry (a root's sequence stops there).
+inline constexpr uint64_t kMaxSequence = uint64_t{1} << 53;
+
 struct Manifest {
   uint32_t format_version = kFormatVersion;
   std::string id;
   std::string name;
   int64_t created_unix_ns = 0;
+  // Its place in the order of publication under its root: 1 + the largest sequence of the
+  // checkpoints published there before it (0: written without one). Rotation and the
+  // newest-first orders go by it, then by created_unix_ns, so a clock that steps back (or
+  // another host's) never makes a new checkpoint look older than the ones it follows.
+  uint64_t sequence = 0;
   uint64_t chunk_bytes = kDefaultChunkBytes;
   CheckpointTopology topology;  // the writers' stage, degrees and alignment
   int32_t world = 1;            // ranks that saved it

@@ -174,7 +174,7 @@ int list(const std::string& root) {
   auto names = ckpt::list_directory(root);
   if (!names.ok()) return fail(names.status());
   auto latest = latest_checkpoint(root);
-  std::vector<std::tuple<int64_t, std::string, std::string>> rows;
+  std::vector<std::tuple<uint64_t, int64_t, std::string, std::string>> rows;
   for (const auto& n : *names) {
     if (n.empty() || n[0] == '.' || n == ckpt::kLatestFile) continue;
     std::error_code ec;
@@ -188,11 +188,11 @@ int list(const std::string& root) {
       }
       continue;
     }
-    rows.emplace_back(m->created_unix_ns, n, m->id + part_text(*m));
+    rows.emplace_back(m->sequence, m->created_unix_ns, n, m->id + part_text(*m));
   }
-  std::sort(rows.begin(), rows.end());
+  std::sort(rows.begin(), rows.end());  // in the order of publication (Manifest::sequence)
   bool latest_listed = false;
-  for (const auto& [created, name, id] : rows) {
+  for (const auto& [sequence, created, name, id] : rows) {
     const bool is_latest = latest.ok() && *latest == name;
     latest_listed = latest_listed || is_latest;
     std::printf("%s  %s  %s%s\n", utc(created).c_str(), id.c_str(), printable(name).c_str(),

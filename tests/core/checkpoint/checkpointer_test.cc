@@ -25,6 +25,7 @@
 
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/format.h"
+#include "core/checkpoint/manifest.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/comm/self/communicator.h"
 #include "core/common/config.h"
@@ -1413,6 +1414,49 @@ TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
   EXPECT_EQ(*latest_checkpoint(dir.path()), "s3");
   EXPECT_TRUE(verify_checkpoint(dir / "s2").ok());
   EXPECT_EQ(*resolve_checkpoint(dir.path()), dir / "s3");
+}
+
+// Rotation goes by the order of publication (the manifests' sequence), not by the clock: a
+// checkpoint whose time is ahead (a clock stepped back since, or another host's) and one
+// written without a sequence are older than the saves after them. By time, keep_last 2 kept
+// those two and deleted each new save's predecessor.
+TEST(Checkpoint, RotationFollowsTheOrderOfPublicationNotTheClock) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  run({2, 2, 1}, sgd_options(), dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    ASSERT_TRUE((*r.checkpointer->save("legacy"))->wait().ok());
+    ASSERT_TRUE((*r.checkpointer->save("ahead"))->wait().ok());
+  });
+  constexpr int64_t kHour = int64_t{3600} * 1'000'000'000;
+  for (const auto& [name, hours, sequence] :
+       {std::tuple{"legacy", 2, uint64_t{0}}, std::tuple{"ahead", 1, uint64_t{2}}}) {
+    auto m = ckpt::read_manifest(dir / name);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(m->sequence, std::string(name) == "legacy" ? 1u : 2u);
+    m->created_unix_ns += hours * kHour;
+    m->sequence = sequence;
+    std::ofstream(dir / name + "/manifest.json", std::ios::trunc) << ckpt::manifest_to_json(*m);
+    ASSERT_TRUE(verify_checkpoint(dir / name).ok());
+  }
+  CheckpointOptions o = small_chunks();
+  o.keep_last = 2;
+  run(
+      {2, 2, 1}, sgd_options(), dir.path(),
+      [&](Rank& r) {
+        for (int s = 0; s < 3; ++s) {
+          r.train_step(s);
+          ASSERT_TRUE((*r.checkpointer->save("s" + std::to_string(s)))->wait().ok());
+        }
+      },
+      o);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "s1", "s2"}));
+  auto s2 = ckpt::read_manifest(dir / "s2");
+  ASSERT_TRUE(s2.ok());
+  EXPECT_EQ(s2->sequence, 5u);
 }
 
 // A save whose `latest` pointer cannot be replaced (here a directory stands there; a disk

@@ -66,7 +66,8 @@ fn null_handle(function: &str) -> Error {
 // ---------------------------------------------------------------------------------
 
 /// A key-value store through which ranks meet (`hps_store_t`). Dropping it calls
-/// `hps_store_destroy` (a serving TCP store stops serving).
+/// `hps_store_destroy` (a serving TCP store stops serving once the other ranks have closed
+/// theirs, or after its timeout: the drop waits for that).
 ///
 /// `Send` and `Sync`: the C API documents store handles as usable from several
 /// threads at once (ranks that are threads may share one).
