@@ -115,6 +115,11 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
     }
     return Status::Ok();
   };
+  // A rank with nothing registered (a pp stage given no parameters) is refused with the rest
+  // (returning alone, it left its mp and pp peers waiting until the timeout).
+  if (plan_.params().empty()) {
+    mismatch(kSealNoParams, failed_precondition("engine: no parameters registered"));
+  }
   // Every rank of both groups registered the same model.
   HPS_RETURN_IF_ERROR(compare({&sharding_, &dp_}, plan_.fingerprint(), kSealParamsDiffer,
                               "registered different parameters (names, shapes, dtypes, flags or "
@@ -271,12 +276,18 @@ Status EngineBase::agree_on_registrations() {
                                            found, [](uint64_t a, uint64_t b) { return a | b; }));
   if (found == 0) return Status::Ok();
   if (!first.ok()) return first;
+  if (found == kSealNoParams) {
+    return failed_precondition(
+        "engine: seal refused on every rank: a rank registered no parameters (it names "
+        "itself: 'no parameters registered')");
+  }
   std::string what;
   for (const auto& [kind, text] :
        {std::pair{kSealParamsDiffer, "ranks registered different parameters"},
         std::pair{kSealGroupsDiffer, "an mp or pp group is not an axis of the topology"},
         std::pair{kSealMpFlagsDiffer, "mp ranks registered different clip flags"},
-        std::pair{kSealOptionsDiffer, "ranks were created with different engine options"}}) {
+        std::pair{kSealOptionsDiffer, "ranks were created with different engine options"},
+        std::pair{kSealNoParams, "a rank registered no parameters"}}) {
     if (found & kind) what += (what.empty() ? "" : "; ") + std::string(text);
   }
   return invalid_argument("engine: seal refused on every rank: " + what +
@@ -299,8 +310,8 @@ Status EngineBase::check_sealed(const char* call) const {
 Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
                                 const std::function<Status()>& rest) {
   if (sealed_) return failed_precondition("engine: sealed twice");
-  if (plan_.params().empty()) return failed_precondition("engine: no parameters registered");
-  // Every rank of every group registered the same model (host-blocking, set-up).
+  // Every rank of every group registered the same model, and some model (host-blocking,
+  // set-up).
   HPS_RETURN_IF_ERROR(agree_on_registrations());
   LayoutPlan unsealed = plan_;  // what a failed seal restores
   const Status s = [&]() -> Status {

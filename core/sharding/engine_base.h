@@ -130,7 +130,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // a failed collective is returned.
   Status check_registrations(uint64_t& found, Status& first);
   static constexpr uint64_t kSealParamsDiffer = 1, kSealGroupsDiffer = 2, kSealMpFlagsDiffer = 4,
-                            kSealOptionsDiffer = 8;
+                            kSealOptionsDiffer = 8, kSealNoParams = 16;
 
   std::shared_ptr<Communicator> sharding_, dp_;
   std::shared_ptr<Communicator> mp_, pp_;  // null: none (set_model_parallel_groups)

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "core/common/config.h"
 #include "core/sharding/engine_base.h"
 #include "core/sharding/stage3_engine.h"
+#include "core/topology/hybrid_group.h"
 #include "tests/core/comm/comm_test_util.h"
 
 namespace hps {
@@ -68,6 +70,39 @@ TEST(Seal, RanksWithDifferentEngineOptionsAreRefused) {
       }
       EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
       EXPECT_NE(s.message().find("prefetch_window"), std::string::npos) << s.message();
+    });
+  }
+}
+
+// A pipeline stage given no parameters: its seal failed alone ("no parameters registered")
+// and its pp peers waited in seal's agreement until the timeout. Every rank is refused at
+// once, the empty one naming itself.
+TEST(Seal, ARankWithNoParametersIsRefusedWithItsPeers) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  auto topology = *Topology::create({1, 2, 1, 1, 1}, 2);
+  for (const bool stage3 : {false, true}) {
+    testing_util::run_ranks(2, [&](int32_t rank, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      auto hg = std::move(HybridGroup::create(w, topology)).value();
+      std::unique_ptr<ShardedEngine> e;
+      const auto sharding = hg->group(GroupKind::kSharding);
+      if (stage3) {
+        e = std::move(Stage3Engine::create(sharding, nullptr, {})).value();
+      } else {
+        e = std::move(Stage2Engine::create(sharding, nullptr, {})).value();
+      }
+      ASSERT_TRUE(e->set_model_parallel_groups(nullptr, hg->group(GroupKind::kPp)).ok());
+      if (rank == 0) {
+        ASSERT_TRUE(e->add_param({"w", {40}, DType::kFloat32}).ok());
+      }
+      const auto start = std::chrono::steady_clock::now();
+      const Status s = e->seal();
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+      EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.to_string();
+      EXPECT_NE(s.message().find(rank == 1 ? "no parameters registered"
+                                           : "a rank registered no parameters"),
+                std::string::npos)
+          << s.message();
     });
   }
 }
