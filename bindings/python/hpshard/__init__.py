@@ -447,7 +447,8 @@ class Store(Handle):
 
     One store may be used from several threads at once; :meth:`close` waits for the calls
     under way on other threads (a wait, a :meth:`Communicator.create` over it) to return
-    first (:meth:`abort` ends those at once)."""
+    first (:meth:`abort` ends those at once). Rank 0's TCP store serves until the other
+    ranks have closed theirs: its close waits for that, at most the store's timeout."""
 
     def __init__(self, handle: Any, url: str, rank: int) -> None:
         super().__init__(handle)

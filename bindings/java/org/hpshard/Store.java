@@ -8,7 +8,8 @@ import org.hpshard.internal.StoreHandle;
  * A key-value store through which ranks meet (hps_store_t). {@link #close()} destroys it
  * exactly once. One store may be used from several threads at once; a close waits for the
  * calls under way on other threads (a wait, a {@link Communicator} creation over it) to
- * return first ({@link #abort()} ends those at once).
+ * return first ({@link #abort()} ends those at once). Rank 0's TCP store serves until the
+ * other ranks have closed theirs: its close waits for that, at most the store's timeout.
  */
 public final class Store extends Handle<StoreHandle> {
   /** Default wait of {@link #open(String, int)}, {@link #get} and {@link #await}, in ms. */
