@@ -454,12 +454,11 @@ HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info);
 /* ------------------------------------------------------------------------ */
 
 /**
- * Reductions of float16 and bfloat16 add in fp32 and round the sums to the dtype (over
- * shared memory once, over TCP after each ring step). AVG on CPU communicators divides
- * the sum by the group size: over shared memory the fp32 sum, rounding the mean once;
- * over TCP float16 travels widened to fp32 for AVG (the same result), other dtypes divide
- * the sum the ring rounded. So a float16 average is finite wherever the mean fits, even
- * where the sum does not. Integer AVG truncates. CUDA communicators use NCCL's ncclAvg.
+ * Reductions (SUM, AVG) of float16 and bfloat16 on CPU communicators add in fp32 and round
+ * the result to the dtype once: over shared memory the ranks add in fp32; over TCP the data
+ * travels widened to fp32. AVG divides the fp32 sum by the group size before that rounding,
+ * so a float16 average is finite wherever the mean fits, even where the sum does not.
+ * Integer AVG truncates. CUDA communicators use NCCL's ncclAvg.
  */
 typedef enum hps_reduce_op {
   HPS_REDUCE_SUM = 0,
