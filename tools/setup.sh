@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev libxxhash-dev libcli11-dev
   python3-torch python3-matplotlib
   libopenmpi-dev openmpi-bin
+  ccache
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -32,5 +33,9 @@ if ((${#missing[@]})); then
 fi
 
 build_dir="${HPS_BUILD_DIR:-build}"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${HPS_CMAKE_ARGS:-}
+# ccache for the build and (through the launcher they inherit) the sanitizer sub-builds;
+# paths under the checkout hash relative to it, so another clone reuses the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache ${HPS_CMAKE_ARGS:-}
 cmake --build "$build_dir" --parallel "${HPS_BUILD_JOBS:-$(nproc)}"
