@@ -11,9 +11,9 @@
 using hps::capi::guard;
 
 struct hps_checkpoint {
-  // The engine lives as long as a checkpoint of it does (hps_engine_destroy drops only the
-  // engine handle's reference). Members go in reverse order: the checkpointer first.
-  std::shared_ptr<hps::capi::EngineState> engine;
+  // The engine lives whole as long as a checkpoint of it does (hps_engine_destroy drops only
+  // the engine handle's use). Members go in reverse order: the checkpointer first.
+  std::shared_ptr<hps::capi::EngineUse> engine;
   std::unique_ptr<hps::Checkpointer> impl;
   std::map<std::string, std::string> metadata;  // of the last load or import
 };
@@ -102,7 +102,7 @@ HPS_API hps_status_t hps_checkpoint_create(hps_engine_t* engine, hps_comm_t* gro
     c.timeout = hps::Milliseconds(o.timeout_ms);
     HPS_ASSIGN_OR_RETURN(auto checkpointer,
                          hps::Checkpointer::create(*state, group->impl, root, c));
-    *out_checkpoint = new hps_checkpoint{engine->state, std::move(checkpointer), {}};
+    *out_checkpoint = new hps_checkpoint{engine->use, std::move(checkpointer), {}};
     return hps::Status::Ok();
   });
 }

@@ -96,9 +96,10 @@ HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_c
 
 HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip) {
   return guard(__func__, [&]() -> hps::Status {
-    // A coefficient view keeps the clip: its last run still completes now, as documented
-    // (the caller frees the gradients it registered once this returns).
-    if (clip != nullptr) clip->impl->wait_in_flight();
+    // A coefficient view keeps the clip's memory: its last run still completes now, as
+    // documented (the caller frees the gradients it registered once this returns), and its
+    // communicators go with the handle.
+    if (clip != nullptr && clip->impl.use_count() > 1) clip->impl->drop_groups();
     delete clip;
     return hps::Status::Ok();
   });

@@ -44,7 +44,7 @@ hps_engine_options_t default_options() {
 // A view of engine memory, keeping the engine's state alive.
 DLManagedTensor* engine_view(const hps_engine& engine, void* data, hps::DType dtype,
                              const std::vector<int64_t>& shape) {
-  return hps::capi::make_view(engine.state, data, dtype, shape, engine.device);
+  return hps::capi::make_view(engine.use->state, data, dtype, shape, engine.device);
 }
 
 // The dtype and shape of registered parameter `index`.
@@ -129,18 +129,22 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
     HPS_ASSIGN_OR_RETURN(state->engine, hps::create_sharded_engine(given.stage, sharding->impl,
                                                                    dp ? dp->impl : nullptr, o));
     hps::ShardedEngine* impl = state->engine.get();
-    *out_engine = new hps_engine{std::move(state), impl, device};
+    *out_engine =
+        new hps_engine{std::make_shared<hps::capi::EngineUse>(std::move(state)), impl, device};
     return hps::Status::Ok();
   });
 }
 
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine) {
   return guard(__func__, [&]() -> hps::Status {
-    // Views keep the engine: what it has in flight still finishes now, as documented.
-    const hps::Status finished = engine != nullptr && engine->state.use_count() > 1
-                                     ? engine->impl->synchronize()
-                                     : hps::Status::Ok();
+    if (engine == nullptr) return hps::Status::Ok();
+    std::shared_ptr<hps::capi::EngineUse> use = std::move(engine->use);
     delete engine;
+    // Checkpoint handles keep the whole engine; views keep only its memory. Either way
+    // what it has in flight finishes now, as documented.
+    const hps::Status finished =
+        use.use_count() > 1 ? use->state->engine->synchronize() : use->drop_groups_if_viewed();
+    use.reset();
     return finished;
   });
 }

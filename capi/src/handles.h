@@ -47,10 +47,30 @@ struct EngineState {
   std::unique_ptr<hps::ShardedEngine> engine;
 };
 
+// The engine's users: its handle and its checkpoint handles, which call into it. When the
+// last of them goes while DLPack views still keep the state, the engine lets its
+// communicators and streams go (ShardedEngine::drop_groups) and the views keep only its
+// memory.
+struct EngineUse {
+  explicit EngineUse(std::shared_ptr<EngineState> s) : state(std::move(s)) {}
+  EngineUse(const EngineUse&) = delete;
+  EngineUse& operator=(const EngineUse&) = delete;
+  ~EngineUse() { (void)drop_groups_if_viewed(); }
+  // With views outstanding: finishes what is in flight and lets the groups and streams go
+  // (returning what the engine's work in flight ended with); otherwise nothing.
+  hps::Status drop_groups_if_viewed() {
+    if (state.use_count() <= 1) return hps::Status::Ok();
+    const hps::Status finished = state->engine->drop_groups();
+    state->compute_stream.reset();
+    return finished;
+  }
+  const std::shared_ptr<EngineState> state;
+};
+
 }  // namespace hps::capi
 
 struct hps_engine {
-  std::shared_ptr<hps::capi::EngineState> state;
-  hps::ShardedEngine* impl;  // state->engine
+  std::shared_ptr<hps::capi::EngineUse> use;
+  hps::ShardedEngine* impl;  // use->state->engine
   hps::Device device;        // the sharding communicator's, fixed at creation
 };

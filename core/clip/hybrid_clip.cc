@@ -42,6 +42,21 @@ void HybridClip::wait_in_flight() {
   if (done_ && done_->recorded()) (void)done_->synchronize_uncounted();
 }
 
+void HybridClip::drop_groups() {
+  wait_in_flight();
+  in_flight_.clear();
+  tensors_.clear();
+  sharding_.reset();
+  mp_.reset();
+  pp_.reset();
+  dropped_ = true;
+}
+
+Status HybridClip::check_not_dropped() const {
+  if (!dropped_) return Status::Ok();
+  return failed_precondition("clip: its communicators were let go (its handle was destroyed)");
+}
+
 void HybridClip::mark_enqueued(Stream& stream) {
   if (!done_ || done_->device() != stream.device()) {
     auto event = create_event(stream.device());
@@ -90,6 +105,7 @@ StatusOr<std::unique_ptr<HybridClip>> HybridClip::create(std::shared_ptr<Communi
 }
 
 Status HybridClip::add_tensor(const ClipTensor& tensor) {
+  HPS_RETURN_IF_ERROR(check_not_dropped());
   if (sealed_) return failed_precondition("clip: add_tensor after seal()");
   if (!dtype_is_floating(tensor.dtype)) {
     return invalid_argument("clip: tensor " + std::to_string(tensors_.size()) + " has dtype " +
@@ -124,6 +140,7 @@ Status HybridClip::allocate_state(Device device) {
 }
 
 Status HybridClip::seal() {
+  HPS_RETURN_IF_ERROR(check_not_dropped());
   if (sealed_) return failed_precondition("clip: sealed twice");
   Device device = Device::cpu();
   for (const auto* c : {&sharding_, &mp_, &pp_}) {
@@ -165,6 +182,7 @@ const float* HybridClip::coefficient() const {
 }
 
 Status HybridClip::use_stream(Stream& stream) {
+  HPS_RETURN_IF_ERROR(check_not_dropped());
   if (!sealed_) return failed_precondition("clip: run() before seal()");
   const Device device = stream.device();
   if (device == state_.device()) return Status::Ok();

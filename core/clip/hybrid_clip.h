@@ -80,12 +80,18 @@ class HybridClip {
   // Blocks (uncounted) until what the latest run()/finish() enqueued has completed: what a
   // handle's destroy waits for while views keep the clip (their owner's memory may go).
   void wait_in_flight();
+  // wait_in_flight(), then lets the communicators and the registered gradients go: what a
+  // handle's destroy does while views keep the clip, so that its groups close with the
+  // handle and the views keep only the state's memory. Every call after it but
+  // coefficient() is FAILED_PRECONDITION.
+  void drop_groups();
 
  private:
   HybridClip(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> mp,
              std::shared_ptr<Communicator> pp, ClipOptions options);
   // The device state on `device`, its coefficient 1 (on `stream`, or synchronously).
   Status allocate_state(Device device);
+  Status check_not_dropped() const;
   // Checks `stream` against the state's device (moving a communicator-less clip's state).
   Status use_stream(Stream& stream);
 
@@ -94,6 +100,7 @@ class HybridClip {
   std::vector<ClipTensor> tensors_;
   bool sealed_ = false;
   bool has_groups_ = false;
+  bool dropped_ = false;  // drop_groups()
   // Records `done_` on `stream`: everything the latest run enqueued there is behind it.
   void mark_enqueued(Stream& stream);
   DeviceBuffer state_;  // one ClipState

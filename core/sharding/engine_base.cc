@@ -31,7 +31,34 @@ EngineBase::EngineBase(std::shared_ptr<Communicator> sharding, std::shared_ptr<C
     : sharding_(std::move(sharding)),
       dp_(std::move(dp)),
       options_(options),
-      device_(sharding_->device()) {}
+      device_(sharding_->device()),
+      shard_rank_(sharding_->rank()) {}
+
+Status EngineBase::drop_groups() {
+  if (dropped_) return Status::Ok();
+  const Status finished = synchronize();
+  drop_stage_work();
+  if (optimizer_) optimizer_->drop_groups();  // its step state stays: views read it
+  held_.clear();
+  stepped_.reset();
+  sharding_.reset();
+  dp_.reset();
+  mp_.reset();
+  pp_.reset();
+  compute_ = nullptr;
+  default_compute_.reset();
+  optimizer_stream_.reset();
+  sealed_ = false;  // synchronize() and the destructor find nothing in flight
+  dropped_ = true;
+  return finished;
+}
+
+Status EngineBase::check_not_dropped() const {
+  if (!dropped_) return Status::Ok();
+  return failed_precondition(
+      "engine: its communicators and streams were let go (its handle "
+      "was destroyed)");
+}
 
 Status EngineBase::init_device() {
   HPS_ASSIGN_OR_RETURN(kernels_, kernels_for(device_.type));
@@ -47,6 +74,7 @@ Status EngineBase::init_device() {
 }
 
 StatusOr<size_t> EngineBase::add_param(ParamSpec spec) {
+  HPS_RETURN_IF_ERROR(check_not_dropped());
   if (plan_.sealed()) {
     return failed_precondition("engine: parameter '" + spec.name + "' registered after seal()");
   }
@@ -62,6 +90,7 @@ StatusOr<size_t> EngineBase::add_param(ParamSpec spec) {
 
 Status EngineBase::set_model_parallel_groups(std::shared_ptr<Communicator> mp,
                                              std::shared_ptr<Communicator> pp) {
+  HPS_RETURN_IF_ERROR(check_not_dropped());
   if (sealed_) return failed_precondition("engine: model-parallel groups set after seal()");
   for (const auto& [group, name] : {std::pair{&mp, "mp"}, std::pair{&pp, "pp"}}) {
     if (!*group) continue;
@@ -304,11 +333,13 @@ std::vector<Communicator*> EngineBase::model_parallel_groups() const {
 
 Status EngineBase::check_sealed(const char* call) const {
   if (sealed_) return Status::Ok();
+  HPS_RETURN_IF_ERROR(check_not_dropped());
   return failed_precondition(std::string("engine: ") + call + " before seal()");
 }
 
 Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
                                 const std::function<Status()>& rest) {
+  HPS_RETURN_IF_ERROR(check_not_dropped());
   if (sealed_) return failed_precondition("engine: sealed twice");
   // Every rank of every group registered the same model, and some model (host-blocking,
   // set-up).

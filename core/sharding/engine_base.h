@@ -29,13 +29,14 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   StatusOr<float*> grad(size_t index) override;
   StatusOr<std::vector<std::vector<float>>> gather_all() override;
   const LayoutPlan& plan() const override { return plan_; }
-  int32_t shard_rank() const override { return sharding_->rank(); }
+  int32_t shard_rank() const override { return shard_rank_; }
   Device device() const override { return device_; }
   const float* loss_scale() const override;
   Status set_learning_rate(float learning_rate) override;
   const int64_t* skipped_steps() const override;
   const float* grad_norm() const override;
   uint64_t resident_bytes() const override;
+  Status drop_groups() override;
   int64_t steps_taken() const { return steps_; }
   // The step pipeline (its step state and clip state in device memory); null before seal().
   const ShardedOptimizer* optimizer() const { return optimizer_.get(); }
@@ -116,6 +117,10 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // gradients and parameters are.
   ShardStep shard_step(size_t b) const;
   Status check_sealed(const char* call) const;
+  // FAILED_PRECONDITION once drop_groups() has run.
+  Status check_not_dropped() const;
+  // drop_groups()'s part in the stage: its pending collectives' work handles.
+  virtual void drop_stage_work() = 0;
 
   // Collective over the engine's groups (seal(), host-blocking): the ranks of sharding and
   // dp registered the same model; the mp and pp groups are axes of the same topology as
@@ -136,6 +141,8 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   std::shared_ptr<Communicator> mp_, pp_;  // null: none (set_model_parallel_groups)
   EngineOptions options_;
   Device device_;
+  int32_t shard_rank_;
+  bool dropped_ = false;  // drop_groups()
   const Kernels* kernels_ = nullptr;
   LayoutPlan plan_;
   bool sealed_ = false;

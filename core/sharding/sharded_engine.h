@@ -85,6 +85,12 @@ class ShardedEngine {
   virtual Status step() = 0;
   // Drains everything in flight (a host sync; for shutdown, checkpoints and tests).
   virtual Status synchronize() = 0;
+  // synchronize(), then lets go of everything but the memory handed out as views (the
+  // parameters and gradients, the step state and the clip's norm): the communicators, the
+  // streams, the work in flight. What a handle's destroy does while views keep the
+  // engine: its groups close with the handle, so peers learn at once that this rank left.
+  // Every call after it is FAILED_PRECONDITION. Returns synchronize()'s status.
+  virtual Status drop_groups() = 0;
   // Full fp32 copies of every parameter (for saving or evaluation; Paddle's
   // get_all_parameters): the masters for fp16/bf16 ones. Collective over the sharding
   // group; host-blocking.

@@ -2,6 +2,11 @@
 
 namespace hps {
 
+void ShardedOptimizer::drop_groups() {
+  groups_ = {};
+  if (clip_) clip_->drop_groups();
+}
+
 std::vector<RoleLayout> ShardedOptimizer::state_roles(const EngineOptions& options) {
   auto trainable = [](const FlatBuffer& b) { return b.trainable; };
   if (options.optimizer == OptimizerKind::kAdamW) {

@@ -89,6 +89,9 @@ class ShardedOptimizer {
   // The clip whose state step() fills (null without clipping).
   const HybridClip* clip() const { return clip_.get(); }
   bool clips() const { return clip_ != nullptr; }
+  // Lets the groups go (the clip's too), keeping the step state and the clip's state: the
+  // engine's drop_groups() (no step after it).
+  void drop_groups();
 
  private:
   ShardedOptimizer() = default;

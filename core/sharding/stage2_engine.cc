@@ -215,6 +215,12 @@ Status Stage2Engine::synchronize() {
   return first.status();
 }
 
+void Stage2Engine::drop_stage_work() {
+  reduced_.clear();
+  gathered_.clear();
+  widened_.reset();
+}
+
 Status Stage2Engine::end_state_load() {
   HPS_RETURN_IF_ERROR(check_sealed("a state load"));
   for (size_t b = 0; b < plan_.buffers().size(); ++b) {

@@ -44,6 +44,7 @@ class Stage2Engine final : public EngineBase {
   using EngineBase::EngineBase;
   std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const override;
   DevicePtr<void> model_parameter_shard(size_t b) const override { return own_parameters(b); }
+  void drop_stage_work() override;
   // Buffer b's slice of the full parameters that this rank owns.
   DevicePtr<void> own_parameters(size_t b) const;
   Status launch_reduce(size_t b, Stream* ready);

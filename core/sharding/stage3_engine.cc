@@ -367,6 +367,16 @@ Status Stage3Engine::synchronize() {
   return first.status();
 }
 
+void Stage3Engine::drop_stage_work() {
+  for (Unit& u : buffers_) {
+    u.gathering.reset();
+    u.reduced.reset();
+  }
+  updated_.clear();
+  updated_recorded_.clear();
+  accumulated_.reset();
+}
+
 DevicePtr<void> Stage3Engine::model_parameter_shard(size_t b) const {
   // fp32 buffers send their masters; fp16 / bf16 ones their rounded shard.
   return storage_->holds(StorageRole::kWireShard, b) ? storage_->get(StorageRole::kWireShard, b)

@@ -61,6 +61,8 @@ class Stage3Engine final : public EngineBase {
   DevicePtr<void> model_parameter_shard(size_t b) const override;
   Status check_has_state() const override;
   Status check_loadable() const override;
+  // The collectives' work handles; the units' full buffers stay (views may point there).
+  void drop_stage_work() override;
   Status start_gather(size_t b);
   // Buffer b's complete gradients reduce-scattered into its shard (after `ready`, when given).
   Status launch_reduce(size_t b, Stream* ready);

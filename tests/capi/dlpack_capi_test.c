@@ -1,9 +1,10 @@
 /* DLPack tensors through the C API, compiled as C99: views handed out by engines and clips
  * (their metadata, that they write through, that they keep the memory alive past the
- * handle), the host/device policy, and collectives and clip registration over DLTensors
- * (results over two thread-ranks, and every refusal). */
+ * handle but not its communicators), the host/device policy, and collectives and clip registration
+ * over DLTensors (results over two thread-ranks, and every refusal). */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -475,6 +476,177 @@ static void* rank_main(void* arg) {
   return NULL;
 }
 
+/* ---- views keep memory, not the groups ---------------------------------------------------- */
+
+/* A view outlives its handle's groups: rank 1 keeps views of an engine (kind 0: stage 2 with
+ * clipping, its parameter, loss-scale and norm views; kind 1: stage 3, a gathered unit's
+ * parameters) or of a clip (kind 2: its coefficient), then destroys the handle and its
+ * communicator. Rank 0's next collective learns at once that rank 1 has gone (ABORTED),
+ * not at its timeout, and rank 1's views still read their values. Kind 3: a checkpoint
+ * handle keeps the whole engine (it saves after hps_engine_destroy); the groups go with
+ * the checkpoint handle. */
+typedef struct {
+  int rank;
+  int kind;
+} views_args_t;
+
+static pthread_mutex_t g_left_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_left_cond = PTHREAD_COND_INITIALIZER;
+static int g_left = 0; /* 1: rank 1 destroyed its handles; 2: rank 0 has checked */
+static char g_views_root[64];
+
+static void set_left(int value) {
+  pthread_mutex_lock(&g_left_mutex);
+  g_left = value;
+  pthread_cond_broadcast(&g_left_cond);
+  pthread_mutex_unlock(&g_left_mutex);
+}
+
+static void wait_left(int value) {
+  pthread_mutex_lock(&g_left_mutex);
+  while (g_left < value) pthread_cond_wait(&g_left_cond, &g_left_mutex);
+  pthread_mutex_unlock(&g_left_mutex);
+}
+
+static void* views_rank(void* arg) {
+  const views_args_t* a = (const views_args_t*)arg;
+  char address[64];
+  hps_store_t* store = NULL;
+  hps_comm_t* comm = NULL;
+  hps_comm_options_t co;
+  hps_engine_t* engine = NULL;
+  hps_clip_t* clip = NULL;
+  hps_stream_t* stream = NULL;
+  hps_work_t* work = NULL;
+  hps_checkpoint_t* ckpt = NULL;
+  DLManagedTensor* views[3] = {NULL, NULL, NULL};
+  const int64_t shape[1] = {4};
+  int64_t two[1] = {2};
+  float grad[2] = {3.0f, 4.0f}, norm = 0, x = 1, y = 0;
+  DLTensor t_grad;
+  size_t index = 0;
+  int i;
+
+  snprintf(address, sizeof address, "memory://dlpack-views-go-%d", a->kind);
+  CHECK_OK(hps_store_open(address, a->rank, 10000, &store));
+  CHECK_OK(hps_comm_options_init(&co, sizeof co));
+  co.timeout_ms = 8000;
+  CHECK_OK(hps_comm_create(store, a->rank, 2, HPS_DEVICE_CPU, 0, &co, &comm));
+  if (comm == NULL) return NULL;
+  if (a->kind != 2) {
+    hps_engine_options_t o;
+    float* g = NULL;
+    CHECK_OK(hps_engine_options_init(&o, sizeof o));
+    o.stage = a->kind == 1 ? 3 : 2;
+    o.clip_max_norm = a->kind == 0 ? 1.0 : 0.0;
+    CHECK_OK(hps_engine_create(comm, NULL, &o, &engine));
+    if (engine == NULL) return NULL;
+    CHECK_OK(hps_engine_add_param(engine, "w", shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &index));
+    CHECK_OK(hps_engine_seal(engine));
+    CHECK_OK(hps_engine_broadcast_parameters(engine));
+    CHECK_OK(hps_engine_wait_parameters(engine, 0));
+    CHECK_OK(hps_engine_grad(engine, 0, (void**)&g));
+    for (i = 0; g != NULL && i < 4; ++i) g[i] = 1.0f;
+    CHECK_OK(hps_engine_grad_ready(engine, 0, NULL));
+    CHECK_OK(hps_engine_release_parameters(engine, 0));
+    CHECK_OK(hps_engine_step(engine));
+    CHECK_OK(hps_engine_wait_parameters(engine, 0));
+    if (a->kind == 3) CHECK_OK(hps_checkpoint_create(engine, comm, g_views_root, NULL, &ckpt));
+    if (a->rank == 1) {
+      CHECK_OK(hps_engine_param_dlpack(engine, 0, &views[0]));
+      if (a->kind == 0) {
+        CHECK_OK(hps_engine_loss_scale_dlpack(engine, &views[1], &views[2]));
+        CHECK_OK(hps_dlpack_release(views[2]));
+        CHECK_OK(hps_engine_grad_norm_dlpack(engine, &views[2]));
+      }
+    }
+  } else {
+    t_grad = host_f32(grad, two);
+    CHECK_OK(hps_clip_create(comm, NULL, NULL, NULL, &clip));
+    CHECK_OK(hps_stream_create(HPS_DEVICE_CPU, 0, &stream));
+    CHECK_OK(hps_clip_add_tensor_dlpack(clip, &t_grad, 0));
+    CHECK_OK(hps_clip_seal(clip));
+    CHECK_OK(hps_clip_run(clip, stream, &norm, 1));
+    CHECK_OK(hps_stream_synchronize(stream));
+    if (a->rank == 1) CHECK_OK(hps_clip_coefficient_dlpack(clip, &views[0]));
+  }
+
+  if (a->rank == 1) {
+    CHECK_OK(hps_engine_destroy(engine));
+    if (ckpt != NULL) {
+      CHECK_OK(hps_checkpoint_save(ckpt, "after-destroy", NULL, NULL, 0, &work));
+      CHECK_OK(hps_work_wait(work));
+      hps_work_destroy(work);
+      work = NULL;
+    }
+    CHECK_OK(hps_checkpoint_destroy(ckpt));
+    CHECK_OK(hps_clip_destroy(clip));
+    CHECK_OK(hps_comm_destroy(comm));
+    set_left(1);
+    wait_left(2);
+    /* The views still read what the last step left: the parameter 0 - 0.01 x the (clipped)
+     * mean gradient (SGD's default rate), the loss scale 1, the norm 2, the coefficient. */
+    if (views[0] != NULL && a->kind != 2) {
+      const float* p = (const float*)views[0]->dl_tensor.data;
+      const float expected = a->kind == 0 ? -0.005f : -0.01f; /* clipped by 1 / 2, or not */
+      CHECK(p[0] == p[3] && p[0] > expected - 1e-6f && p[0] < expected + 1e-6f);
+    }
+    if (views[1] != NULL) CHECK(*(const float*)views[1]->dl_tensor.data == 1.0f);
+    if (views[2] != NULL) CHECK(*(const float*)views[2]->dl_tensor.data == 2.0f);
+    if (views[0] != NULL && a->kind == 2) {
+      const float c = *(const float*)views[0]->dl_tensor.data;
+      CHECK(c > 0.1413f && c < 0.1415f); /* 1 / sqrt(2 * 25) */
+    }
+    for (i = 0; i < 3; ++i) CHECK_OK(hps_dlpack_release(views[i]));
+  } else {
+    hps_status_t s;
+    if (ckpt != NULL) {
+      CHECK_OK(hps_checkpoint_save(ckpt, "after-destroy", NULL, NULL, 0, &work));
+      CHECK_OK(hps_work_wait(work));
+      hps_work_destroy(work);
+      work = NULL;
+      CHECK_OK(hps_checkpoint_destroy(ckpt));
+    }
+    wait_left(1);
+    /* Rank 1's communicator is gone with its handles: ABORTED at once, not TIMEOUT. */
+    s = hps_comm_all_reduce(comm, &x, &y, 1, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM, NULL, &work);
+    if (s == HPS_STATUS_OK) {
+      s = hps_work_wait(work);
+      hps_work_destroy(work);
+    }
+    CHECK(s == HPS_STATUS_ABORTED);
+    set_left(2);
+    CHECK_OK(hps_engine_destroy(engine));
+    CHECK_OK(hps_clip_destroy(clip));
+    CHECK_OK(hps_comm_destroy(comm));
+  }
+  CHECK_OK(hps_stream_destroy(stream));
+  CHECK_OK(hps_store_destroy(store));
+  return NULL;
+}
+
+static void views_let_the_groups_go(void) {
+  int kind, r;
+  snprintf(g_views_root, sizeof g_views_root, "/tmp/hps-dlpack-views-XXXXXX");
+  CHECK(mkdtemp(g_views_root) != NULL);
+  for (kind = 0; kind < 4; ++kind) {
+    pthread_t threads[2];
+    views_args_t args[2];
+    set_left(0);
+    for (r = 0; r < 2; ++r) {
+      args[r].rank = r;
+      args[r].kind = kind;
+      pthread_create(&threads[r], NULL, views_rank, &args[r]);
+    }
+    for (r = 0; r < 2; ++r) pthread_join(threads[r], NULL);
+  }
+  {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_views_root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_views_root);
+  }
+}
+
 int main(void) {
   pthread_t threads[2];
   rank_args_t args[2];
@@ -487,6 +659,7 @@ int main(void) {
     pthread_create(&threads[r], NULL, rank_main, &args[r]);
   }
   for (r = 0; r < 2; ++r) pthread_join(threads[r], NULL);
+  views_let_the_groups_go();
   if (check_summary() != 0) return 1;
   printf("dlpack: views, policy, refusals and collectives as documented\n");
   return 0;

@@ -831,7 +831,8 @@ HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_c
 /**
  * Free `clip` once the work its last run queued has completed (blocking, not counted: with
  * a peer gone, until the communicator's timeout; hps_comm_abort first ends it at once);
- * NULL is a no-op. DLPack views of its coefficient keep its memory until released.
+ * NULL is a no-op. DLPack views of its coefficient keep its memory until released, not
+ * its communicators: those go with the handle.
  */
 HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip);
 
@@ -1020,9 +1021,13 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
                                        hps_engine_t** out_engine);
 
 /**
- * Finish what is in flight, then free `engine`; NULL is a no-op. DLPack views handed out
- * by it keep its memory (and the engine's state) until they are released; the handle is
- * gone at once. Thread safety: no other thread may use the handle.
+ * Finish what is in flight, then free `engine`; NULL is a no-op. The handle is gone at
+ * once. DLPack views handed out by it keep its memory (parameters, gradients, loss scale,
+ * norm) until they are released, not its communicators and streams: those go now, so its
+ * peers learn at once that this rank has left. Checkpoint handles of it keep the whole
+ * engine (they may still save and load) until the last of them is destroyed, which then
+ * lets the communicators and streams go as above. Thread safety: no other thread may use
+ * the handle.
  */
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
 

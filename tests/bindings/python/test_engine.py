@@ -5,6 +5,7 @@ through a memory:// store; every multi-rank test is bounded by thread join timeo
 import ctypes
 import gc
 import math
+import threading
 import time
 import uuid
 import weakref
@@ -275,6 +276,59 @@ def test_engine_single_rank_views_and_errors():
         assert engine.closed
         engine.close()  # harmless
         del view
+
+
+def test_views_kept_past_close_let_the_communicator_go():
+    """Rank 1 closes its engine (or clip) and communicator while it still holds views of
+    their memory: it has left, and rank 0's next collective learns it at once (ABORTED)
+    rather than at its 20 s timeout; the views still read the step's values."""
+    left, checked = threading.Event(), threading.Event()
+
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store:
+            engine = Engine.create(comm, clip_max_norm=1.0)
+            w = engine.add_param("w", (4,))
+            engine.seal()
+            engine.broadcast_parameters()
+            engine.wait_parameters(0)
+            engine.grad(w)[:] = 1.0
+            engine.grad_ready(w)
+            engine.step()
+            engine.wait_parameters(0)
+            clip = Clip(comm)
+            grad = np.array([3.0, 4.0], np.float32)
+            clip.add_tensor(grad)
+            clip.seal()
+            with Stream() as stream:
+                clip.run(stream)
+                stream.synchronize()
+            if r == 1:
+                views = (engine.param(w), engine.grad_norm_tensor().numpy(), clip.coefficient())
+                engine.close()
+                clip.close()
+                comm.close()
+                left.set()
+                assert checked.wait(30)
+                np.testing.assert_allclose(views[0], [-0.005] * 4, rtol=1e-5)  # 0 - 0.01 * 1/2
+                assert views[1][0] == 2.0  # the norm of the mean gradient
+                assert abs(views[2][0] - 1 / math.sqrt(50)) < 1e-6
+                return None
+            assert left.wait(30)
+            start = time.monotonic()
+            try:
+                comm.all_reduce(np.ones(1, np.float32), np.zeros(1, np.float32)).wait()
+                code = 0
+            except hpshard.Error as e:
+                code = e.status_name
+            checked.set()
+            engine.close()
+            clip.close()
+            comm.close()
+            return code, time.monotonic() - start
+
+    (code, seconds), _ = run_ranks(2, rank, "views-let-go")
+    assert code == "ABORTED" and seconds < 10
 
 
 def test_engine_view_keeps_the_engine_alive():

@@ -1800,7 +1800,8 @@ extern "C" {
 extern "C" {
     #[doc = " Free `clip` once the work its last run queued has completed (blocking, not counted: with"]
     #[doc = " a peer gone, until the communicator's timeout; hps_comm_abort first ends it at once);"]
-    #[doc = " NULL is a no-op. DLPack views of its coefficient keep its memory until released."]
+    #[doc = " NULL is a no-op. DLPack views of its coefficient keep its memory until released, not"]
+    #[doc = " its communicators: those go with the handle."]
     pub fn hps_clip_destroy(clip: *mut hps_clip_t) -> hps_status_t;
 }
 extern "C" {
@@ -2440,9 +2441,13 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Finish what is in flight, then free `engine`; NULL is a no-op. DLPack views handed out"]
-    #[doc = " by it keep its memory (and the engine's state) until they are released; the handle is"]
-    #[doc = " gone at once. Thread safety: no other thread may use the handle."]
+    #[doc = " Finish what is in flight, then free `engine`; NULL is a no-op. The handle is gone at"]
+    #[doc = " once. DLPack views handed out by it keep its memory (parameters, gradients, loss scale,"]
+    #[doc = " norm) until they are released, not its communicators and streams: those go now, so its"]
+    #[doc = " peers learn at once that this rank has left. Checkpoint handles of it keep the whole"]
+    #[doc = " engine (they may still save and load) until the last of them is destroyed, which then"]
+    #[doc = " lets the communicators and streams go as above. Thread safety: no other thread may use"]
+    #[doc = " the handle."]
     pub fn hps_engine_destroy(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {
