@@ -59,7 +59,16 @@ rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives th
 rank's. The engine trains the parameters it was created with: a parameter or submodule
 replaced, added or removed, a parameter frozen or unfrozen, or its ``.data`` replaced,
 after wrapping makes the next forward raise, naming what changed (change the module, then
-wrap it; set values in place at stage 2, or through ``load_state_dict()``).
+wrap it; set values through ``load_state_dict()``, or in place at stage 2 as below).
+
+Writing parameters in place (under ``torch.no_grad()``) at stage 2: a float32 or frozen
+parameter holds the write once :meth:`ShardedModule.synchronize` has returned after the last
+``step()`` (or once its unit's next forward has begun); before that the step's all-gather may
+still be writing it. A trainable float16 / bfloat16 parameter's values are the engine's
+float32 master rounded at each step, so a write to it would be lost. The next forward,
+``step()``, ``synchronize()`` or ``state_dict()`` raises, naming the parameter, for a write it
+sees in either case; a write through ``p.data`` is not seen (its version counter is another
+tensor's).
 
 A backward that raises in the model's own code before any gradient checked in ends at
 the next forward, and training goes on; one that raises after some did leaves the
@@ -599,8 +608,8 @@ class ShardedModule(torch.nn.Module):
                         "replaced (p.data = ...) after ShardedModule wrapped the module; its "
                         "values live in the engine's memory, so the model would compute with "
                         "the new tensor while the engine trains the old one: "
-                        + ("write the values in place (p.copy_(...) under torch.no_grad()) "
-                           "or use load_state_dict()" if self.stage == 2 else
+                        + ("write float32 values in place (p.copy_(...) under torch.no_grad(), "
+                           "after synchronize()) or use load_state_dict()" if self.stage == 2 else
                            "use load_state_dict() (with stage 3 a parameter holds its values "
                            "only inside its unit's forward and backward)"))
             return
@@ -657,6 +666,11 @@ class ShardedModule(torch.nn.Module):
         self._gathered_keys.clear()
         self._husks = [_husk(p.shape, p.dtype) for p in self._params]
         self._husk_keys = {_storage_key(h): i for i, h in enumerate(self._husks)}
+        # Stage 2: each parameter's version counter when the adapter last saw it, and the
+        # parameters whose step all-gather may still be writing them (since step(), until
+        # their unit's next gather or synchronize()).
+        self._versions = [p._version for p in self._params]
+        self._gathering: set = set()
         self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
         self._resident: List[int] = [0] * len(self._params)  # stage 2: where each lives
         for u in self._units:
@@ -721,6 +735,7 @@ class ShardedModule(torch.nn.Module):
         if self.stage == 3 and u.gathered:
             return
         self._engine.wait_parameters(u.uid)
+        self._gathering.difference_update(u.params)
         if self.stage == 3:
             for i in u.params:
                 view = self._param_view(i)
@@ -815,6 +830,29 @@ class ShardedModule(torch.nn.Module):
                                 self._rank)
         return output
 
+    def _check_writes(self) -> None:
+        """Stage 2: a parameter written in place since the adapter last looked (its version
+        counter moved) is kept when the write holds; refused, naming it, when it cannot: a
+        trainable float16 / bfloat16 one (the next step rounds the fp32 master over it), or
+        one whose step (its update, its all-gather) may still have been writing it."""
+        if self.stage != 2:
+            return
+        for i, p in enumerate(self._params):
+            if p._version == self._versions[i]:
+                continue
+            if p.requires_grad and p.dtype != torch.float32:
+                raise RuntimeError(
+                    f"hpshard.torch: parameter {self._names[i]!r} ({p.dtype}) was written in "
+                    "place; its values are the engine's float32 master rounded at each step, "
+                    "so the write would be lost: set it with load_state_dict()")
+            if i in self._gathering:
+                raise RuntimeError(
+                    f"hpshard.torch: parameter {self._names[i]!r} was written in place after "
+                    "step() while the step (its update, its all-gather) may still have been "
+                    "writing it, so its values are undefined: call synchronize() before "
+                    "writing parameters (or write them after the next forward has begun)")
+            self._versions[i] = p._version
+
     def _check_unwritten(self, u: _Unit) -> None:
         """Stage 3: a parameter written in place by the unit's forward would lose the write
         at the release (the engine keeps its shards); refused, naming it."""
@@ -850,6 +888,7 @@ class ShardedModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._check_structure()
+        self._check_writes()
         if self._full is not None:
             if torch.is_grad_enabled():
                 raise RuntimeError(
@@ -1106,8 +1145,10 @@ class ShardedModule(torch.nn.Module):
 
     def set_learning_rate(self, lr: float) -> None:
         """The learning rate of the next steps (a schedule's value, set before each step on
-        every rank, e.g. ``model.set_learning_rate(scheduler_fn(step))``); no host sync."""
+        every rank, e.g. ``model.set_learning_rate(scheduler_fn(step))``); no host sync. It
+        holds until the next call, across :meth:`load_state_dict` too."""
         self._engine.set_learning_rate(lr)
+        self._engine_kwargs["learning_rate"] = float(lr)
 
     def step(self) -> None:
         """The optimizer step on this rank's shards and the parameters' all-gathers
@@ -1117,7 +1158,10 @@ class ShardedModule(torch.nn.Module):
         if self._micro_batches != self.accumulation_steps:
             raise RuntimeError(f"hpshard.torch: step() after {self._micro_batches} backward "
                                f"passes; accumulation_steps is {self.accumulation_steps}")
+        self._check_writes()
         self._engine.step()
+        if self.stage == 2:
+            self._gathering = {i for i, p in enumerate(self._params) if p.requires_grad}
         self._micro_batches = 0
         if self.stage == 2:  # gradients are zero again after the step's reductions
             for i, p in enumerate(self._params):
@@ -1162,8 +1206,14 @@ class ShardedModule(torch.nn.Module):
 
     def synchronize(self) -> None:
         """Wait for everything in flight (a host sync: not for the training step); after
-        it, stage 2 parameters hold the last step's values."""
+        it, stage 2 parameters hold the last step's values (and float32 ones may be written
+        in place). A parameter written in place that could not hold the write (see the
+        module's notes) raises here, naming it, once everything has completed."""
         self._engine.synchronize()
+        try:
+            self._check_writes()
+        finally:
+            self._gathering = set()
 
     @contextlib.contextmanager
     def full_parameters(self):
@@ -1183,6 +1233,7 @@ class ShardedModule(torch.nn.Module):
         if any(u.forward_depth for u in self._units):
             raise RuntimeError("hpshard.torch: full_parameters() inside a forward")
         self._check_structure()
+        self._check_writes()
         values = self._save_parameters()
         previous = [p.data for p in self._params]
         for p, v in zip(self._params, values):
@@ -1200,6 +1251,8 @@ class ShardedModule(torch.nn.Module):
             if self._engine is not None:  # close() inside gave them their values already
                 for p, old in zip(self._params, previous):
                     p.data = old
+                # What was written inside went to the copies (refused below), not the engine.
+                self._versions = [p._version for p in self._params]
         if written and not failed:
             raise RuntimeError(
                 f"hpshard.torch: parameter {written[0]!r} was written inside "
@@ -1236,6 +1289,7 @@ class ShardedModule(torch.nn.Module):
         if args:  # the deprecated positional form: destination, prefix, keep_vars
             destination = args[0]
             prefix = args[1] if len(args) > 1 else prefix
+        self._check_writes()
         values = self._save_parameters()
         out: Dict[str, Any] = collections.OrderedDict() if destination is None else destination
         for key, v in self.module.state_dict(keep_vars=True).items():

@@ -536,6 +536,67 @@ def test_a_module_changed_after_wrapping_is_refused_until_it_is_restored(stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_learning_rate_holds_across_load_state_dict(stage):
+    """load_state_dict() restarts the engine: the rate set before it still holds (it went
+    back to the constructor's)."""
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            x, y = batch(0)
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+            model.step()
+            model.set_learning_rate(0.0)
+            model.load_state_dict(model.state_dict())
+            before = [hpt_gathered(model, i) for i in range(len(model._params))]
+            x, y = batch(1)
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+            model.step()
+            after = [hpt_gathered(model, i) for i in range(len(model._params))]
+        return before, after
+
+    for before, after in run_ranks(2, rank_main):
+        for b, a in zip(before, after):
+            assert (b == a).all()
+
+
+def test_stage_2_in_place_writes_hold_or_are_refused():
+    """Stage 2: a float32 parameter written in place after synchronize() keeps the write; one
+    written while the step may still be writing it, and a bfloat16 one (its fp32 master
+    would round over the write), are refused, naming the parameter."""
+    x = torch.ones(4, 13)
+
+    def rank_main(rank, world):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(13, 7)
+        with hpt.ShardedModule(net, world, stage=2, optimizer="sgd", lr=0.1) as model:
+            model(x).pow(2).mean().backward()
+            model.step()
+            with torch.no_grad():
+                net.weight.fill_(1.0)
+            with pytest.raises(RuntimeError, match=r"'weight' was written in place after step"):
+                model.synchronize()
+            with torch.no_grad():
+                net.weight.fill_(1.0)
+                net.bias.fill_(2.0)
+            model.set_learning_rate(0.0)
+            model(x).pow(2).mean().backward()
+            model.step()
+            model.synchronize()
+            held = model.state_dict()
+        low = torch.nn.Linear(13, 7).to(torch.bfloat16)
+        with hpt.ShardedModule(low, world, stage=2, optimizer="sgd", lr=0.1) as model:
+            with torch.no_grad():
+                low.weight.fill_(1.0)
+            with pytest.raises(RuntimeError,
+                               match=r"'weight' \(torch.bfloat16\) was written in place"):
+                model(x.to(torch.bfloat16))
+        return held
+
+    for held in run_ranks(2, rank_main):
+        assert torch.equal(held["weight"], torch.ones(7, 13))
+        assert torch.equal(held["bias"], torch.full((7,), 2.0))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_a_learning_rate_of_zero_leaves_the_parameters(stage):
     def rank_main(rank, world):
         with wrap(world, stage) as model:
