@@ -88,15 +88,36 @@ Status write_all(int fd, std::string_view data) {
   return Status::Ok();
 }
 
-// The file's contents, or nothing when it does not exist.
+// The file's contents, or nothing when it does not exist. The store writes its files
+// itself (renamed into place): anything else at the path (a link, a FIFO, a device, more
+// than a value's bytes) is refused, naming it, rather than followed, waited on or read
+// without end.
 StatusOr<std::optional<std::string>> read_file(const std::filesystem::path& path) {
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
   if (raw < 0) {
     if (errno == ENOENT) return std::optional<std::string>();
+    if (errno == ELOOP) {
+      return backend_error("file store: '" + path.string() +
+                           "' is a symbolic link; the store's files are regular files");
+    }
     return backend_error("file store: cannot open '" + path.string() +
                          "': " + errno_message(errno));
   }
   FileDescriptor fd(raw);
+  struct stat info {};
+  if (::fstat(fd.get(), &info) != 0) {
+    return backend_error("file store: cannot stat '" + path.string() +
+                         "': " + errno_message(errno));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    return backend_error("file store: '" + path.string() +
+                         "' is not a regular file; the store's files are");
+  }
+  auto too_large = [&] {
+    return backend_error("file store: '" + path.string() + "' holds more than " +
+                         std::to_string(kMaxStoreValueBytes) + " bytes, a store value's limit");
+  };
+  if (static_cast<uint64_t>(info.st_size) > kMaxStoreValueBytes) return too_large();
   std::string contents;
   char buffer[64 * 1024];
   while (true) {
@@ -108,6 +129,7 @@ StatusOr<std::optional<std::string>> read_file(const std::filesystem::path& path
     }
     if (n == 0) break;
     contents.append(buffer, static_cast<size_t>(n));
+    if (contents.size() > kMaxStoreValueBytes) return too_large();  // it grew meanwhile
   }
   return std::optional<std::string>(std::move(contents));
 }

@@ -94,6 +94,18 @@ StatusOr<StoreUrl> parse_store_url(const std::string& url) {
       port = rest.substr(colon + 1);
     }
     if (host.empty()) return invalid_argument("store URL '" + url + "' names no host");
+    // A host name, an IPv4 address or an IPv6 one (with its zone): nothing a resolver would
+    // take for something else (a space, a slash, a bracket, a control character).
+    const bool host_ok = std::all_of(host.begin(), host.end(), [](char ch) {
+      const auto c = static_cast<unsigned char>(ch);
+      return std::isalnum(c) != 0 || c == '.' || c == '-' || c == '_' || c == ':' || c == '%';
+    });
+    if (!host_ok) {
+      return invalid_argument("store URL '" + shown_value(url) + "': the host '" +
+                              shown_value(host) +
+                              "' is not a host name or an IP address (letters, digits, '.', "
+                              "'-', '_'; an IPv6 address in brackets)");
+    }
     auto parsed_port = parse_port(port);
     if (!parsed_port.ok()) {
       return parsed_port.status().with_context("store URL '" + url + "'");
@@ -166,7 +178,13 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
   // An IPv6 literal goes in brackets, whether MASTER_ADDR has them already or not.
   const bool bracketed = addr->size() > 2 && addr->front() == '[' && addr->back() == ']';
   const bool ipv6 = !bracketed && addr->find(':') != std::string::npos;
-  return "tcp://" + (ipv6 ? "[" + *addr + "]" : *addr) + ":" + std::to_string(*parsed_port);
+  std::string url =
+      "tcp://" + (ipv6 ? "[" + *addr + "]" : *addr) + ":" + std::to_string(*parsed_port);
+  auto parsed = parse_store_url(url);
+  if (!parsed.ok()) {
+    return parsed.status().with_context("environment variable MASTER_ADDR");
+  }
+  return url;
 }
 
 StatusOr<RendezvousInfo> from_family(const VariableFamily& family) {

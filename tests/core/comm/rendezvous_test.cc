@@ -278,8 +278,21 @@ TEST_F(RendezvousEnv, MalformedValuesAreNamed) {
   set("MASTER_PORT", "65536");
   expect_error_naming(failure(), "MASTER_PORT", "not a port");
   set("MASTER_PORT", "29500");
+  // Hosts a resolver would take for something else (or fail on, naming no variable).
+  for (const char* addr : {" 127.0.0.1", "[::1", "a/b", "x\ny", "host name", "[fd00::1]x"}) {
+    set("MASTER_ADDR", addr);
+    expect_error_naming(failure(), "MASTER_ADDR", "not a host name or an IP address");
+  }
+  set("MASTER_ADDR", "node-0.cluster_a");
+  EXPECT_TRUE(rendezvous_from_env().ok());
+  set("MASTER_ADDR", "head");
   set("WORLD_SIZE", "-3");
   expect_error_naming(failure(), "WORLD_SIZE", "at least 1");
+  set("WORLD_SIZE", "2");
+  set("HPS_RANK", "0");
+  set("HPS_WORLD_SIZE", "2");
+  set("HPS_STORE", "tcp://[::1]]:29500");
+  expect_error_naming(failure(), "HPS_STORE", "not a host name or an IP address");
 }
 
 TEST_F(RendezvousEnv, StoreOptionsComeFromTheEnvironment) {

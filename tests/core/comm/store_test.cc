@@ -1012,6 +1012,48 @@ TEST(FileStore, KeysBecomeFlatFileNames) {
   }
 }
 
+TEST(FileStore, WhatIsNotTheStoresOwnFileAtAKeyIsRefusedNamingIt) {
+  // The store renames its own regular files into place; a FIFO there hung get() past its
+  // timeout and abort(), a link to /dev/zero was read until memory ran out.
+  TempDir dir;
+  auto store = make_file_store(dir.path().string());
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  ASSERT_TRUE((*store)->set("k", "v").ok());
+  std::filesystem::path file;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    std::ifstream in(entry.path());
+    std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (entry.is_regular_file() && contents == "v") file = entry.path();
+  }
+  ASSERT_FALSE(file.empty());
+  auto refused = [&](const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    auto got = (*store)->get("k", seconds(5));
+    EXPECT_FALSE(got.ok()) << what;
+    if (got.ok()) return;
+    EXPECT_NE(got.status().message().find(what), std::string::npos) << got.status().to_string();
+    EXPECT_NE(got.status().message().find(file.string()), std::string::npos)
+        << got.status().to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(2)) << what;
+  };
+  std::filesystem::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+  refused("not a regular file");
+  std::filesystem::remove(file);
+  std::filesystem::create_symlink("/dev/zero", file);
+  refused("symbolic link");
+  std::filesystem::remove(file);
+  {
+    std::ofstream out(file, std::ios::binary);
+    out.seekp(static_cast<std::streamoff>(kMaxStoreValueBytes));
+    out.put('x');
+  }
+  refused("more than");
+  std::filesystem::remove(file);
+  ASSERT_TRUE((*store)->set("k", std::string(kMaxStoreValueBytes, 'v')).ok());
+  EXPECT_EQ((*store)->get("k", seconds(1))->size(), kMaxStoreValueBytes);
+}
+
 TEST(FileStore, BadDirectoriesAreErrors) {
   TempDir dir;
   std::filesystem::create_directories(dir.path());
