@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.Map;
@@ -76,19 +77,24 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    */
   public static Checkpoint create(Engine engine, Communicator group, Path root,
       Options options) {
-    Objects.requireNonNull(engine, "engine");
-    Objects.requireNonNull(group, "group");
-    Objects.requireNonNull(root, "root");
-    hps_checkpoint_options_t o =
-        HpshardNative.checkpointOptionsInit(HpshardNative.checkpointOptionsStructSize());
     try {
-      if (options != null && options.keepLast != null) o.setKeep_last(options.keepLast);
-      if (options != null && options.chunkBytes != null) o.setChunk_bytes(options.chunkBytes);
-      if (options != null && options.timeoutMs != null) o.setTimeout_ms(options.timeoutMs);
-      return new Checkpoint(CheckpointHandle.create(engine.h(), group.h(), root.toString(), o),
-          engine, group, root);
+      Objects.requireNonNull(engine, "engine");
+      Objects.requireNonNull(group, "group");
+      Objects.requireNonNull(root, "root");
+      hps_checkpoint_options_t o =
+          HpshardNative.checkpointOptionsInit(HpshardNative.checkpointOptionsStructSize());
+      try {
+        if (options != null && options.keepLast != null) o.setKeep_last(options.keepLast);
+        if (options != null && options.chunkBytes != null) o.setChunk_bytes(options.chunkBytes);
+        if (options != null && options.timeoutMs != null) o.setTimeout_ms(options.timeoutMs);
+        return new Checkpoint(CheckpointHandle.create(engine.h(), group.h(), root.toString(), o),
+            engine, group, root);
+      } finally {
+        o.delete();
+      }
     } finally {
-      o.delete();
+      Reference.reachabilityFence(engine);
+      Reference.reachabilityFence(group);
     }
   }
 
@@ -114,15 +120,19 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * FAILED_PRECONDITION (the engine has no state yet).
    */
   public Work save(String name, Map<String, String> metadata) {
-    Objects.requireNonNull(name, "name");
-    Objects.requireNonNull(metadata, "metadata");
-    String[] flat = new String[2 * metadata.size()];
-    int i = 0;
-    for (Map.Entry<String, String> e : metadata.entrySet()) {
-      flat[i++] = Objects.requireNonNull(e.getKey(), "metadata key");
-      flat[i++] = Objects.requireNonNull(e.getValue(), "metadata value of " + e.getKey());
+    try {
+      Objects.requireNonNull(name, "name");
+      Objects.requireNonNull(metadata, "metadata");
+      String[] flat = new String[2 * metadata.size()];
+      int i = 0;
+      for (Map.Entry<String, String> e : metadata.entrySet()) {
+        flat[i++] = Objects.requireNonNull(e.getKey(), "metadata key");
+        flat[i++] = Objects.requireNonNull(e.getValue(), "metadata value of " + e.getKey());
+      }
+      return new Work(h().save(name, flat));
+    } finally {
+      Reference.reachabilityFence(this);
     }
-    return new Work(h().save(name, flat));
   }
 
   /** Loads the checkpoint root/latest names; see {@link #load(String, boolean)}. */
@@ -141,11 +151,15 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * of a step); no engine changed then.
    */
   public void load(String name, boolean allowPartial) {
-    hps_checkpoint_load_options_t o = loadOptions(allowPartial);
     try {
-      h().load(name, o);
+      hps_checkpoint_load_options_t o = loadOptions(allowPartial);
+      try {
+        h().load(name, o);
+      } finally {
+        o.delete();
+      }
     } finally {
-      o.delete();
+      Reference.reachabilityFence(this);
     }
   }
 
@@ -155,12 +169,16 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * optimizer state and step counts stay. Collective, as {@link #load(String, boolean)}.
    */
   public void importSafetensors(Path path, boolean allowPartial) {
-    Objects.requireNonNull(path, "path");
-    hps_checkpoint_load_options_t o = loadOptions(allowPartial);
     try {
-      h().importSafetensors(path.toString(), o);
+      Objects.requireNonNull(path, "path");
+      hps_checkpoint_load_options_t o = loadOptions(allowPartial);
+      try {
+        h().importSafetensors(path.toString(), o);
+      } finally {
+        o.delete();
+      }
     } finally {
-      o.delete();
+      Reference.reachabilityFence(this);
     }
   }
 
@@ -169,8 +187,12 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * such key, or nothing loaded).
    */
   public String metadata(String key) {
-    Objects.requireNonNull(key, "key");
-    return new String(h().metadata(key), StandardCharsets.UTF_8);
+    try {
+      Objects.requireNonNull(key, "key");
+      return new String(h().metadata(key), StandardCharsets.UTF_8);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   private static hps_checkpoint_load_options_t loadOptions(boolean allowPartial) {

@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.nio.ByteBuffer;
 import java.util.Objects;
 import org.hpshard.internal.ClipHandle;
@@ -59,7 +60,11 @@ public final class Clip extends Handle<ClipHandle> {
   }
 
   private static CommHandle handle(Communicator c) {
-    return c == null ? null : c.h();
+    try {
+      return c == null ? null : c.h();
+    } finally {
+      Reference.reachabilityFence(c);
+    }
   }
 
   /** The library's default max_norm (hps_clip_options_init). */
@@ -112,30 +117,36 @@ public final class Clip extends Handle<ClipHandle> {
 
   /** As above with raw hps_clip_flag_t bits (unknown bits: INVALID_ARGUMENT). */
   public void addTensor(ByteBuffer grad, DType dtype, long flags) {
-    Objects.requireNonNull(grad, "grad");
-    Objects.requireNonNull(dtype, "dtype");
-    if (flags < 0 || flags > 0xFFFFFFFFL) {
-      throw new IllegalArgumentException(
-          "Clip.addTensor: flags " + flags + " are not 32-bit hps_clip_flag_t bits");
-    }
-    if (!grad.isDirect()) {
-      throw new IllegalArgumentException(
-          "Clip.addTensor: grad is a heap ByteBuffer; use ByteBuffer.allocateDirect");
-    }
-    if (grad.isReadOnly()) throw new IllegalArgumentException("Clip.addTensor: grad is read-only");
-    if (grad.order() != java.nio.ByteOrder.nativeOrder()) {
-      throw new IllegalArgumentException("Clip.addTensor: grad is " + grad.order()
-          + "; the library reads native order (" + java.nio.ByteOrder.nativeOrder() + ")");
-    }
-    ByteBuffer slice = grad.slice();
-    long size = dtype.size();
-    if (slice.remaining() % size != 0) {
-      throw new IllegalArgumentException("Clip.addTensor: grad has " + slice.remaining()
-          + " bytes, no whole number of " + dtype.name() + " elements");
-    }
-    synchronized (state) {
-      h().addTensor(slice, slice.remaining() / size, dtype.code(), flags);
-      keep(slice);
+    try {
+      Objects.requireNonNull(grad, "grad");
+      Objects.requireNonNull(dtype, "dtype");
+      if (flags < 0 || flags > 0xFFFFFFFFL) {
+        throw new IllegalArgumentException(
+            "Clip.addTensor: flags " + flags + " are not 32-bit hps_clip_flag_t bits");
+      }
+      if (!grad.isDirect()) {
+        throw new IllegalArgumentException(
+            "Clip.addTensor: grad is a heap ByteBuffer; use ByteBuffer.allocateDirect");
+      }
+      if (grad.isReadOnly()) {
+        throw new IllegalArgumentException("Clip.addTensor: grad is read-only");
+      }
+      if (grad.order() != java.nio.ByteOrder.nativeOrder()) {
+        throw new IllegalArgumentException("Clip.addTensor: grad is " + grad.order()
+            + "; the library reads native order (" + java.nio.ByteOrder.nativeOrder() + ")");
+      }
+      ByteBuffer slice = grad.slice();
+      long size = dtype.size();
+      if (slice.remaining() % size != 0) {
+        throw new IllegalArgumentException("Clip.addTensor: grad has " + slice.remaining()
+            + " bytes, no whole number of " + dtype.name() + " elements");
+      }
+      synchronized (state) {
+        h().addTensor(slice, slice.remaining() / size, dtype.code(), flags);
+        keep(slice);
+      }
+    } finally {
+      Reference.reachabilityFence(this);
     }
   }
 
@@ -144,11 +155,15 @@ public final class Clip extends Handle<ClipHandle> {
    * checked by the library) with raw hps_clip_flag_t bits; the clip keeps it reachable.
    */
   public void addTensor(Tensor grad, long flags) {
-    Objects.requireNonNull(grad, "grad");
-    Tensor.Pinned g = grad.pinned(); // its memory stays while the clip holds this
-    synchronized (state) {
-      h().addTensorDlpack(g.view, flags);
-      keep(g.keep);
+    try {
+      Objects.requireNonNull(grad, "grad");
+      Tensor.Pinned g = grad.pinned(); // its memory stays while the clip holds this
+      synchronized (state) {
+        h().addTensorDlpack(g.view, flags);
+        keep(g.keep);
+      }
+    } finally {
+      Reference.reachabilityFence(this);
     }
   }
 
@@ -158,7 +173,11 @@ public final class Clip extends Handle<ClipHandle> {
    * different flags.
    */
   public void seal() {
-    h().seal();
+    try {
+      h().seal();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** {@link #run(Stream, ByteBuffer, boolean)} without the norm, scaling. */
@@ -173,28 +192,38 @@ public final class Clip extends Handle<ClipHandle> {
    * which the stream keeps it reachable. FAILED_PRECONDITION before {@link #seal()}.
    */
   public void run(Stream stream, ByteBuffer normOut, boolean scale) {
-    Objects.requireNonNull(stream, "stream");
-    ByteBuffer out = null;
-    if (normOut != null) {
-      if (!normOut.isDirect() || normOut.isReadOnly()) {
-        throw new IllegalArgumentException("Clip.run: normOut must be a writable direct ByteBuffer");
+    try {
+      Objects.requireNonNull(stream, "stream");
+      ByteBuffer out = null;
+      if (normOut != null) {
+        if (!normOut.isDirect() || normOut.isReadOnly()) {
+          throw new IllegalArgumentException(
+              "Clip.run: normOut must be a writable direct ByteBuffer");
+        }
+        if (normOut.order() != java.nio.ByteOrder.nativeOrder()) {
+          throw new IllegalArgumentException("Clip.run: normOut is " + normOut.order()
+              + "; the library writes native order (" + java.nio.ByteOrder.nativeOrder() + ")");
+        }
+        out = normOut.slice();
+        if (out.remaining() < 4) {
+          throw new IllegalArgumentException("Clip.run: normOut holds no float32");
+        }
       }
-      if (normOut.order() != java.nio.ByteOrder.nativeOrder()) {
-        throw new IllegalArgumentException("Clip.run: normOut is " + normOut.order()
-            + "; the library writes native order (" + java.nio.ByteOrder.nativeOrder() + ")");
-      }
-      out = normOut.slice();
-      if (out.remaining() < 4) {
-        throw new IllegalArgumentException("Clip.run: normOut holds no float32");
-      }
+      h().run(stream.h(), out, scale ? 1 : 0);
+      stream.keep(out);
+    } finally {
+      Reference.reachabilityFence(this);
+      Reference.reachabilityFence(stream);
     }
-    h().run(stream.h(), out, scale ? 1 : 0);
-    stream.keep(out);
   }
 
   /** The address of the latest coefficient (owned by the clip; valid after run, in stream order). */
   public long coefficientAddress() {
-    return h().coefficient();
+    try {
+      return h().coefficient();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -202,7 +231,11 @@ public final class Clip extends Handle<ClipHandle> {
    * device; hps_clip_coefficient_dlpack): it keeps the clip's memory alive.
    */
   public Tensor coefficientTensor() {
-    return new Tensor(h().coefficientDlpack(), this, "Clip.coefficient");
+    try {
+      return new Tensor(h().coefficientDlpack(), this, "Clip.coefficient");
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**

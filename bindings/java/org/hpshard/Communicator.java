@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.Objects;
@@ -137,12 +138,20 @@ public final class Communicator extends Handle<CommHandle> {
 
   /** This rank's position in the communicator. */
   public int rank() {
-    return h().rank();
+    try {
+      return h().rank();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** The number of ranks. */
   public int size() {
-    return h().size();
+    try {
+      return h().size();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -150,7 +159,11 @@ public final class Communicator extends Handle<CommHandle> {
    * communicator take device memory, not ByteBuffers of host memory.
    */
   public Device device() {
-    return Device.fromNative(h().device());
+    try {
+      return Device.fromNative(h().device());
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -159,7 +172,11 @@ public final class Communicator extends Handle<CommHandle> {
    * without Gloo) or "nccl".
    */
   public String transport() {
-    return h().transport();
+    try {
+      return h().transport();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -173,7 +190,11 @@ public final class Communicator extends Handle<CommHandle> {
 
   /** Changes the timeout of later operations; INVALID_ARGUMENT when <= 0. */
   public void setTimeout(long timeoutMs) {
-    h().setTimeout(timeoutMs);
+    try {
+      h().setTimeout(timeoutMs);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -182,10 +203,14 @@ public final class Communicator extends Handle<CommHandle> {
    * {@code name} (in messages) may be null: this communicator's name + ".split".
    */
   public Communicator split(int[] ranks, String name) {
-    Objects.requireNonNull(ranks, "ranks");
-    if (name == null) name = (this.name != null ? this.name : "world") + ".split";
-    CommHandle h = h().split(ranks, name);
-    return h == null ? null : new Communicator(h, name);
+    try {
+      Objects.requireNonNull(ranks, "ranks");
+      if (name == null) name = (this.name != null ? this.name : "world") + ".split";
+      CommHandle h = h().split(ranks, name);
+      return h == null ? null : new Communicator(h, name);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   // ---- buffers ---------------------------------------------------------------------------
@@ -216,7 +241,11 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   private static StreamHandle ready(Stream ready) {
-    return ready == null ? null : ready.h();
+    try {
+      return ready == null ? null : ready.h();
+    } finally {
+      Reference.reachabilityFence(ready);
+    }
   }
 
   private static Work work(WorkHandle h, Stream ready, Object... buffers) {
@@ -244,14 +273,18 @@ public final class Communicator extends Handle<CommHandle> {
   /** As above; the operation starts after the work queued on {@code ready} (may be null). */
   public Work allReduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op,
       Stream ready) {
-    Objects.requireNonNull(dtype, "dtype");
-    Objects.requireNonNull(op, "op");
-    ByteBuffer s = data(send, "allReduce", "send", false);
-    ByteBuffer r = data(recv, "allReduce", "recv", true);
-    long n = count(s, dtype, "allReduce", "send");
-    sameCount(n, count(r, dtype, "allReduce", "recv"), "allReduce");
-    return work(h().allReduce(s, r, n, dtype.code(), op.code(),
-        ready(ready)), ready, s, r);
+    try {
+      Objects.requireNonNull(dtype, "dtype");
+      Objects.requireNonNull(op, "op");
+      ByteBuffer s = data(send, "allReduce", "send", false);
+      ByteBuffer r = data(recv, "allReduce", "recv", true);
+      long n = count(s, dtype, "allReduce", "send");
+      sameCount(n, count(r, dtype, "allReduce", "recv"), "allReduce");
+      return work(h().allReduce(s, r, n, dtype.code(), op.code(),
+          ready(ready)), ready, s, r);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Like allReduce, but only {@code root} receives ({@code recv} may be null elsewhere). */
@@ -261,17 +294,21 @@ public final class Communicator extends Handle<CommHandle> {
 
   public Work reduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op, int root,
       Stream ready) {
-    Objects.requireNonNull(dtype, "dtype");
-    Objects.requireNonNull(op, "op");
-    ByteBuffer s = data(send, "reduce", "send", false);
-    long n = count(s, dtype, "reduce", "send");
-    ByteBuffer r = null;
-    if (recv != null) {
-      r = data(recv, "reduce", "recv", true);
-      sameCount(n, count(r, dtype, "reduce", "recv"), "reduce");
+    try {
+      Objects.requireNonNull(dtype, "dtype");
+      Objects.requireNonNull(op, "op");
+      ByteBuffer s = data(send, "reduce", "send", false);
+      long n = count(s, dtype, "reduce", "send");
+      ByteBuffer r = null;
+      if (recv != null) {
+        r = data(recv, "reduce", "recv", true);
+        sameCount(n, count(r, dtype, "reduce", "recv"), "reduce");
+      }
+      return work(h().reduce(s, r, n, dtype.code(), op.code(), root,
+          ready(ready)), ready, s, r);
+    } finally {
+      Reference.reachabilityFence(this);
     }
-    return work(h().reduce(s, r, n, dtype.code(), op.code(), root,
-        ready(ready)), ready, s, r);
   }
 
   /** {@code root}'s buffer is copied into every rank's buffer. */
@@ -280,11 +317,15 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work broadcast(ByteBuffer buffer, DType dtype, int root, Stream ready) {
-    Objects.requireNonNull(dtype, "dtype");
-    ByteBuffer b = data(buffer, "broadcast", "buffer", true);
-    long n = count(b, dtype, "broadcast", "buffer");
-    return work(h().broadcast(b, n, dtype.code(), root,
-        ready(ready)), ready, b);
+    try {
+      Objects.requireNonNull(dtype, "dtype");
+      ByteBuffer b = data(buffer, "broadcast", "buffer", true);
+      long n = count(b, dtype, "broadcast", "buffer");
+      return work(h().broadcast(b, n, dtype.code(), root,
+          ready(ready)), ready, b);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -296,11 +337,16 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work allGather(ByteBuffer send, ByteBuffer recv, DType dtype, Stream ready) {
-    Objects.requireNonNull(dtype, "dtype");
-    ByteBuffer s = data(send, "allGather", "send", false);
-    ByteBuffer r = data(recv, "allGather", "recv", true);
-    return work(h().allGather(s, count(s, dtype, "allGather",
-        "send"), r, count(r, dtype, "allGather", "recv"), dtype.code(), ready(ready)), ready, s, r);
+    try {
+      Objects.requireNonNull(dtype, "dtype");
+      ByteBuffer s = data(send, "allGather", "send", false);
+      ByteBuffer r = data(recv, "allGather", "recv", true);
+      return work(h().allGather(s, count(s, dtype, "allGather",
+          "send"), r, count(r, dtype, "allGather", "recv"), dtype.code(), ready(ready)), ready, s,
+          r);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Rank r receives the reduction of slice r of every rank's send (size * recv elements). */
@@ -310,13 +356,17 @@ public final class Communicator extends Handle<CommHandle> {
 
   public Work reduceScatter(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op,
       Stream ready) {
-    Objects.requireNonNull(dtype, "dtype");
-    Objects.requireNonNull(op, "op");
-    ByteBuffer s = data(send, "reduceScatter", "send", false);
-    ByteBuffer r = data(recv, "reduceScatter", "recv", true);
-    return work(h().reduceScatter(s, count(s, dtype,
-        "reduceScatter", "send"), r, count(r, dtype, "reduceScatter", "recv"), dtype.code(),
-        op.code(), ready(ready)), ready, s, r);
+    try {
+      Objects.requireNonNull(dtype, "dtype");
+      Objects.requireNonNull(op, "op");
+      ByteBuffer s = data(send, "reduceScatter", "send", false);
+      ByteBuffer r = data(recv, "reduceScatter", "recv", true);
+      return work(h().reduceScatter(s, count(s, dtype,
+          "reduceScatter", "send"), r, count(r, dtype, "reduceScatter", "recv"), dtype.code(),
+          op.code(), ready(ready)), ready, s, r);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Sends the buffer to {@code peer}, which receives it with {@link #recv}. */
@@ -325,10 +375,14 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work send(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
-    Objects.requireNonNull(dtype, "dtype");
-    ByteBuffer b = data(buffer, "send", "buffer", false);
-    return work(h().send(b, count(b, dtype, "send", "buffer"),
-        dtype.code(), peer, ready(ready)), ready, b);
+    try {
+      Objects.requireNonNull(dtype, "dtype");
+      ByteBuffer b = data(buffer, "send", "buffer", false);
+      return work(h().send(b, count(b, dtype, "send", "buffer"),
+          dtype.code(), peer, ready(ready)), ready, b);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Receives the buffer's element count from {@code peer}. */
@@ -337,10 +391,14 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work recv(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
-    Objects.requireNonNull(dtype, "dtype");
-    ByteBuffer b = data(buffer, "recv", "buffer", true);
-    return work(h().recv(b, count(b, dtype, "recv", "buffer"),
-        dtype.code(), peer, ready(ready)), ready, b);
+    try {
+      Objects.requireNonNull(dtype, "dtype");
+      ByteBuffer b = data(buffer, "recv", "buffer", true);
+      return work(h().recv(b, count(b, dtype, "recv", "buffer"),
+          dtype.code(), peer, ready(ready)), ready, b);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Completes once every rank has reached it. */
@@ -349,7 +407,11 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work barrier(Stream ready) {
-    return work(h().barrier(ready(ready)), ready);
+    try {
+      return work(h().barrier(ready(ready)), ready);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   // ---- collectives over DLPack tensors -------------------------------------------------------
@@ -358,48 +420,76 @@ public final class Communicator extends Handle<CommHandle> {
 
   /** allReduce over tensors (dtype and counts from them; send may be recv). */
   public Work allReduce(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
-    Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
-    return work(h().allReduceDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
-        ready(ready)), ready, s.keep, r.keep);
+    try {
+      Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
+      return work(h().allReduceDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
+          ready(ready)), ready, s.keep, r.keep);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** reduce over tensors ({@code recv} may be null on other ranks than root). */
   public Work reduce(Tensor send, Tensor recv, ReduceOp op, int root, Stream ready) {
-    Tensor.Pinned s = t(send, "send"), r = recv == null ? null : recv.pinned();
-    return work(h().reduceDlpack(s.view, r == null ? null : r.view,
-        Objects.requireNonNull(op, "op").code(), root, ready(ready)), ready, s.keep,
-        r == null ? null : r.keep);
+    try {
+      Tensor.Pinned s = t(send, "send"), r = recv == null ? null : recv.pinned();
+      return work(h().reduceDlpack(s.view, r == null ? null : r.view,
+          Objects.requireNonNull(op, "op").code(), root, ready(ready)), ready, s.keep,
+          r == null ? null : r.keep);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** broadcast of a tensor. */
   public Work broadcast(Tensor buffer, int root, Stream ready) {
-    Tensor.Pinned b = t(buffer, "buffer");
-    return work(h().broadcastDlpack(b.view, root, ready(ready)), ready, b.keep);
+    try {
+      Tensor.Pinned b = t(buffer, "buffer");
+      return work(h().broadcastDlpack(b.view, root, ready(ready)), ready, b.keep);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** allGather over tensors (recv needs size x send elements). */
   public Work allGather(Tensor send, Tensor recv, Stream ready) {
-    Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
-    return work(h().allGatherDlpack(s.view, r.view, ready(ready)), ready, s.keep, r.keep);
+    try {
+      Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
+      return work(h().allGatherDlpack(s.view, r.view, ready(ready)), ready, s.keep, r.keep);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** reduceScatter over tensors (send needs size x recv elements). */
   public Work reduceScatter(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
-    Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
-    return work(h().reduceScatterDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
-        ready(ready)), ready, s.keep, r.keep);
+    try {
+      Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
+      return work(h().reduceScatterDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
+          ready(ready)), ready, s.keep, r.keep);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** send of a tensor to {@code peer}. */
   public Work send(Tensor buffer, int peer, Stream ready) {
-    Tensor.Pinned b = t(buffer, "buffer");
-    return work(h().sendDlpack(b.view, peer, ready(ready)), ready, b.keep);
+    try {
+      Tensor.Pinned b = t(buffer, "buffer");
+      return work(h().sendDlpack(b.view, peer, ready(ready)), ready, b.keep);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** recv into a tensor from {@code peer}. */
   public Work recv(Tensor buffer, int peer, Stream ready) {
-    Tensor.Pinned b = t(buffer, "buffer");
-    return work(h().recvDlpack(b.view, peer, ready(ready)), ready, b.keep);
+    try {
+      Tensor.Pinned b = t(buffer, "buffer");
+      return work(h().recvDlpack(b.view, peer, ready(ready)), ready, b.keep);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   @Override

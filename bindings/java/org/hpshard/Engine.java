@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
@@ -284,15 +285,20 @@ public final class Engine extends Handle<EngineHandle> {
    * in a build without CUDA).
    */
   public static Engine create(Communicator sharding, Communicator dp, Options options) {
-    Objects.requireNonNull(sharding, "sharding");
-    hps_engine_options_t opts =
-        HpshardNative.engineOptionsInit(HpshardNative.engineOptionsStructSize());
     try {
-      if (options != null) options.applyTo(opts);
-      return new Engine(EngineHandle.create(sharding.h(), dp == null ? null : dp.h(), opts),
-          sharding, dp);
+      Objects.requireNonNull(sharding, "sharding");
+      hps_engine_options_t opts =
+          HpshardNative.engineOptionsInit(HpshardNative.engineOptionsStructSize());
+      try {
+        if (options != null) options.applyTo(opts);
+        return new Engine(EngineHandle.create(sharding.h(), dp == null ? null : dp.h(), opts),
+            sharding, dp);
+      } finally {
+        opts.delete();
+      }
     } finally {
-      opts.delete();
+      Reference.reachabilityFence(sharding);
+      Reference.reachabilityFence(dp);
     }
   }
 
@@ -339,23 +345,27 @@ public final class Engine extends Handle<EngineHandle> {
 
   /** As above with raw hps_param_flag_t bits. */
   public int addParam(String name, long[] shape, DType dtype, long flags, int unit) {
-    Objects.requireNonNull(name, "name");
-    Objects.requireNonNull(shape, "shape");
-    Objects.requireNonNull(dtype, "dtype");
-    if (flags < 0 || flags > 0xFFFFFFFFL) {
-      throw new IllegalArgumentException(
-          "Engine.addParam: flags " + flags + " are not 32-bit hps_param_flag_t bits");
-    }
-    long[] copy = shape.clone();
-    synchronized (state) {
-      int index = (int) h().addParam(name, copy, dtype.code(), flags, unit);
-      while (shapes.size() <= index) {
-        shapes.add(new long[0]);
-        names.add("");
+    try {
+      Objects.requireNonNull(name, "name");
+      Objects.requireNonNull(shape, "shape");
+      Objects.requireNonNull(dtype, "dtype");
+      if (flags < 0 || flags > 0xFFFFFFFFL) {
+        throw new IllegalArgumentException(
+            "Engine.addParam: flags " + flags + " are not 32-bit hps_param_flag_t bits");
       }
-      shapes.set(index, copy);
-      names.set(index, name);
-      return index;
+      long[] copy = shape.clone();
+      synchronized (state) {
+        int index = (int) h().addParam(name, copy, dtype.code(), flags, unit);
+        while (shapes.size() <= index) {
+          shapes.add(new long[0]);
+          names.add("");
+        }
+        shapes.set(index, copy);
+        names.set(index, name);
+        return index;
+      }
+    } finally {
+      Reference.reachabilityFence(this);
     }
   }
 
@@ -408,9 +418,15 @@ public final class Engine extends Handle<EngineHandle> {
    * of another axis), FAILED_PRECONDITION (sealed).
    */
   public void setModelParallelGroups(Communicator mp, Communicator pp) {
-    h().setModelParallelGroups(mp == null ? null : mp.h(), pp == null ? null : pp.h());
-    dependOn(mp);
-    dependOn(pp);
+    try {
+      h().setModelParallelGroups(mp == null ? null : mp.h(), pp == null ? null : pp.h());
+      dependOn(mp);
+      dependOn(pp);
+    } finally {
+      Reference.reachabilityFence(this);
+      Reference.reachabilityFence(mp);
+      Reference.reachabilityFence(pp);
+    }
   }
 
   /**
@@ -419,12 +435,20 @@ public final class Engine extends Handle<EngineHandle> {
    * registered different parameters get INVALID_ARGUMENT.
    */
   public void seal() {
-    h().seal();
+    try {
+      h().seal();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Collective: every rank's parameters become its groups' source rank's (set-up only). */
   public void broadcastParameters() {
-    h().broadcastParameters();
+    try {
+      h().broadcastParameters();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -441,12 +465,20 @@ public final class Engine extends Handle<EngineHandle> {
    * and shape, on {@link #device()}). Stage 3: only while its unit is gathered.
    */
   public Tensor paramTensor(int index) {
-    return new Tensor(h().paramDlpack(index), this, "Engine.param(" + index + ")");
+    try {
+      return new Tensor(h().paramDlpack(index), this, "Engine.param(" + index + ")");
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Parameter {@code index}'s gradient as a DLPack view (hps_engine_grad_dlpack). */
   public Tensor gradTensor(int index) {
-    return new Tensor(h().gradDlpack(index), this, "Engine.grad(" + index + ")");
+    try {
+      return new Tensor(h().gradDlpack(index), this, "Engine.grad(" + index + ")");
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -472,7 +504,11 @@ public final class Engine extends Handle<EngineHandle> {
    * Valid as the view is.
    */
   public long paramAddress(int index) {
-    return h().param(index);
+    try {
+      return h().param(index);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -480,7 +516,11 @@ public final class Engine extends Handle<EngineHandle> {
    * {@link #device()}; see {@link #paramAddress}.
    */
   public long gradAddress(int index) {
-    return h().grad(index);
+    try {
+      return h().grad(index);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -488,7 +528,11 @@ public final class Engine extends Handle<EngineHandle> {
    * parameters (a dependency wait, not a host sync). NOT_FOUND (no such unit).
    */
   public void waitParameters(int unit) {
-    h().waitParameters(unit);
+    try {
+      h().waitParameters(unit);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -496,7 +540,11 @@ public final class Engine extends Handle<EngineHandle> {
    * stage 2 does nothing. NOT_FOUND, FAILED_PRECONDITION.
    */
   public void releaseParameters(int unit) {
-    h().releaseParameters(unit);
+    try {
+      h().releaseParameters(unit);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Parameter {@code index}'s gradient, written by this thread, is complete. */
@@ -510,9 +558,14 @@ public final class Engine extends Handle<EngineHandle> {
    * FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE.
    */
   public void gradReady(int index, Stream ready) {
-    synchronized (state) {
-      h().gradReady(index, ready == null ? null : ready.h());
-      keep(ready);
+    try {
+      synchronized (state) {
+        h().gradReady(index, ready == null ? null : ready.h());
+        keep(ready);
+      }
+    } finally {
+      Reference.reachabilityFence(this);
+      Reference.reachabilityFence(ready);
     }
   }
 
@@ -521,7 +574,11 @@ public final class Engine extends Handle<EngineHandle> {
    * FAILED_PRECONDITION (a gradient has not checked in).
    */
   public void step() {
-    h().step();
+    try {
+      h().step();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -530,13 +587,21 @@ public final class Engine extends Handle<EngineHandle> {
    * finite.
    */
   public void setLearningRate(float learningRate) {
-    h().setLearningRate(learningRate);
+    try {
+      h().setLearningRate(learningRate);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Blocks until everything in flight has finished (one host sync). */
   public void synchronize() {
-    h().synchronize();
-    releaseKept();
+    try {
+      h().synchronize();
+      releaseKept();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -547,30 +612,42 @@ public final class Engine extends Handle<EngineHandle> {
    * sealed; stage 3: before {@link #broadcastParameters()}).
    */
   public float[] gatherParameter(int index) {
-    long count;
-    synchronized (state) {
-      // An unknown index gets an empty buffer: the library refuses it (OUT_OF_RANGE).
-      count = index >= 0 && index < shapes.size() ? numel(index) : 0;
+    try {
+      long count;
+      synchronized (state) {
+        // An unknown index gets an empty buffer: the library refuses it (OUT_OF_RANGE).
+        count = index >= 0 && index < shapes.size() ? numel(index) : 0;
+      }
+      if (count * 4 > Integer.MAX_VALUE) {
+        throw new UnsupportedOperationException("parameter " + index + " exceeds 2 GiB");
+      }
+      ByteBuffer out = ByteBuffer.allocateDirect((int) Math.max(4, count * 4))
+          .order(ByteOrder.nativeOrder());
+      h().gatherParameter(index, out, count);
+      float[] values = new float[(int) count];
+      out.asFloatBuffer().get(values);
+      return values;
+    } finally {
+      Reference.reachabilityFence(this);
     }
-    if (count * 4 > Integer.MAX_VALUE) {
-      throw new UnsupportedOperationException("parameter " + index + " exceeds 2 GiB");
-    }
-    ByteBuffer out = ByteBuffer.allocateDirect((int) Math.max(4, count * 4))
-        .order(ByteOrder.nativeOrder());
-    h().gatherParameter(index, out, count);
-    float[] values = new float[(int) count];
-    out.asFloatBuffer().get(values);
-    return values;
   }
 
   /** Bytes this rank holds: parameters, gradients and optimizer state. */
   public long residentBytes() {
-    return h().residentBytes();
+    try {
+      return h().residentBytes();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** {begin, end}: the element offsets of parameter {@code index} this rank's shard holds. */
   public long[] shardRange(int index) {
-    return h().shardRange(index);
+    try {
+      return h().shardRange(index);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -580,7 +657,11 @@ public final class Engine extends Handle<EngineHandle> {
    * FAILED_PRECONDITION (not sealed), OUT_OF_RANGE.
    */
   public long paramBucket(int index) {
-    return h().paramBucket(index);
+    try {
+      return h().paramBucket(index);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -618,7 +699,11 @@ public final class Engine extends Handle<EngineHandle> {
 
   /** The gradient norm as a DLPack view (float32, shape {1}; hps_engine_grad_norm_dlpack). */
   public Tensor gradNormTensor() {
-    return new Tensor(h().gradNormDlpack(), this, "Engine.gradNorm");
+    try {
+      return new Tensor(h().gradNormDlpack(), this, "Engine.gradNorm");
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -627,17 +712,29 @@ public final class Engine extends Handle<EngineHandle> {
    * {@link #lossScale()}.
    */
   public long gradNormAddress() {
-    return h().gradNorm();
+    try {
+      return h().gradNorm();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** The loss scale as a DLPack view (float32, shape {1}; hps_engine_loss_scale_dlpack). */
   public Tensor lossScaleTensor() {
-    return new Tensor(h().lossScaleDlpack(), this, "Engine.lossScale");
+    try {
+      return new Tensor(h().lossScaleDlpack(), this, "Engine.lossScale");
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** The skipped-step count as a DLPack view (int64, shape {1}). */
   public Tensor skippedStepsTensor() {
-    return new Tensor(h().skippedStepsDlpack(), this, "Engine.skippedSteps");
+    try {
+      return new Tensor(h().skippedStepsDlpack(), this, "Engine.skippedSteps");
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -646,7 +743,11 @@ public final class Engine extends Handle<EngineHandle> {
    * is closed, read under the rule of {@link #lossScale()}.
    */
   public long[] lossScaleAddresses() {
-    return h().lossScale();
+    try {
+      return h().lossScale();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** {count, nanoseconds}: dependency waits so far (process-wide) and the time blocked. */

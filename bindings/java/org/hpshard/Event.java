@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.util.Objects;
 import org.hpshard.internal.EventHandle;
 
@@ -40,12 +41,20 @@ public final class Event extends Handle<EventHandle> {
    * throws FAILED_PRECONDITION.
    */
   public boolean query() {
-    return h().query() != 0;
+    try {
+      return h().query() != 0;
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Blocks until the most recent record has completed (counts one host sync). */
   public void synchronize() {
-    h().synchronize();
+    try {
+      h().synchronize();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   @Override

@@ -8,9 +8,11 @@ import java.util.function.Consumer;
 /**
  * A native handle (an org.hpshard.internal proxy) destroyed exactly once: by {@link #close()}
  * (later calls do nothing), by try-with-resources, or by a Cleaner once the object is
- * unreachable. Using a closed handle throws IllegalStateException. A handle can depend on
- * others (an engine on its communicators): it keeps them reachable and is closed before
- * them.
+ * unreachable (every method that calls into the native handle keeps its object reachable
+ * until the call returns: Reference.reachabilityFence, so the Cleaner never destroys a
+ * handle under its own call). Using a closed handle throws IllegalStateException. A handle
+ * can depend on others (an engine on its communicators): it keeps them reachable and is
+ * closed before them.
  *
  * @param <P> the proxy type
  */

@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.util.Objects;
 import org.hpshard.internal.HybridGroupHandle;
 
@@ -22,9 +23,14 @@ public final class HybridGroup extends Handle<HybridGroupHandle> {
    * communicator in the same order on every rank.
    */
   public static HybridGroup create(Communicator world, Topology topology) {
-    Objects.requireNonNull(world, "world");
-    Objects.requireNonNull(topology, "topology");
-    return new HybridGroup(HybridGroupHandle.create(world.h(), topology.h()), world, topology);
+    try {
+      Objects.requireNonNull(world, "world");
+      Objects.requireNonNull(topology, "topology");
+      return new HybridGroup(HybridGroupHandle.create(world.h(), topology.h()), world, topology);
+    } finally {
+      Reference.reachabilityFence(world);
+      Reference.reachabilityFence(topology);
+    }
   }
 
   public Topology topology() {
@@ -33,7 +39,11 @@ public final class HybridGroup extends Handle<HybridGroupHandle> {
 
   /** A new Communicator for this rank's group of {@code kind}; the caller closes it. */
   public Communicator comm(Group kind) {
-    Objects.requireNonNull(kind, "kind");
-    return new Communicator(h().comm(kind.code()), kind.name().toLowerCase());
+    try {
+      Objects.requireNonNull(kind, "kind");
+      return new Communicator(h().comm(kind.code()), kind.name().toLowerCase());
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 }

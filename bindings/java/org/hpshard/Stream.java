@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.nio.ByteBuffer;
 import java.util.Objects;
 import org.hpshard.internal.StreamHandle;
@@ -37,8 +38,12 @@ public final class Stream extends Handle<StreamHandle> {
 
   /** Blocks until all queued work has completed (counts one host sync). */
   public void synchronize() {
-    h().synchronize();
-    releaseKept();
+    try {
+      h().synchronize();
+      releaseKept();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -46,8 +51,13 @@ public final class Stream extends Handle<StreamHandle> {
    * blocking the host. A never-recorded event throws FAILED_PRECONDITION.
    */
   public void waitEvent(Event event) {
-    Objects.requireNonNull(event, "event");
-    h().waitEvent(event.h());
+    try {
+      Objects.requireNonNull(event, "event");
+      h().waitEvent(event.h());
+    } finally {
+      Reference.reachabilityFence(this);
+      Reference.reachabilityFence(event);
+    }
   }
 
   /** Same as {@link Hpshard#memcpyAsync(ByteBuffer, ByteBuffer, long, Stream)} on this stream. */
@@ -56,11 +66,15 @@ public final class Stream extends Handle<StreamHandle> {
   }
 
   void enqueueCopy(ByteBuffer dst, ByteBuffer src, long bytes) {
-    StreamHandle h = h();
-    synchronized (state) {
-      h.memcpyAsync(dst, src, bytes);
-      keep(dst);
-      keep(src);
+    try {
+      StreamHandle h = h();
+      synchronized (state) {
+        h.memcpyAsync(dst, src, bytes);
+        keep(dst);
+        keep(src);
+      }
+    } finally {
+      Reference.reachabilityFence(this);
     }
   }
 

@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import org.hpshard.internal.HpshardNative;
@@ -118,7 +119,11 @@ public final class Tensor extends Handle<TensorHandle> {
 
   /** The data's address on {@link #device()}, for that device's tools. */
   public long address() {
-    return h().data();
+    try {
+      return h().data();
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /**
@@ -127,17 +132,22 @@ public final class Tensor extends Handle<TensorHandle> {
    * derived from it, is reachable. HpsException FAILED_PRECONDITION off the host.
    */
   public ByteBuffer byteBuffer() {
-    long address;
     try {
-      address = h().hostData();
-    } catch (HpsException e) {
-      throw new HpsException(e.status(), what + ": " + e.getMessage());
+      long address;
+      try {
+        address = h().hostData();
+      } catch (HpsException e) {
+        throw new HpsException(e.status(), what + ": " + e.getMessage());
+      }
+      long bytes = numel() * dtype.size();
+      if (bytes > Integer.MAX_VALUE) {
+        throw new UnsupportedOperationException(what + " exceeds 2 GiB");
+      }
+      return HpshardNative.directBuffer(address, bytes, pinned().keep)
+          .order(ByteOrder.nativeOrder());
+    } finally {
+      Reference.reachabilityFence(this);
     }
-    long bytes = numel() * dtype.size();
-    if (bytes > Integer.MAX_VALUE) {
-      throw new UnsupportedOperationException(what + " exceeds 2 GiB");
-    }
-    return HpshardNative.directBuffer(address, bytes, pinned().keep).order(ByteOrder.nativeOrder());
   }
 
   /**
@@ -147,14 +157,18 @@ public final class Tensor extends Handle<TensorHandle> {
    * when the Tensor or its owner is closed.
    */
   Pinned pinned() {
-    synchronized (release) {
-      TensorHandle view = h(); // open now, and stays so: a close takes this monitor
-      if (pin == null) {
-        pin = new Object();
-        release.pin();
-        CLEANER.register(pin, release::unpinned);
+    try {
+      synchronized (release) {
+        TensorHandle view = h(); // open now, and stays so: a close takes this monitor
+        if (pin == null) {
+          pin = new Object();
+          release.pin();
+          CLEANER.register(pin, release::unpinned);
+        }
+        return new Pinned(view, pin);
       }
-      return new Pinned(view, pin);
+    } finally {
+      Reference.reachabilityFence(this);
     }
   }
 

@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.util.Objects;
 import org.hpshard.internal.TopologyHandle;
 
@@ -35,27 +36,47 @@ public final class Topology extends Handle<TopologyHandle> {
 
   /** The degree of an axis (DP .. MP; the check groups throw INVALID_ARGUMENT). */
   public int degree(Group axis) {
-    return h().degree(Objects.requireNonNull(axis).code());
+    try {
+      return h().degree(Objects.requireNonNull(axis).code());
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** {@code rank}'s coordinate on {@code axis}; OUT_OF_RANGE for a bad rank. */
   public int coordinate(int rank, Group axis) {
-    return h().coordinate(rank, Objects.requireNonNull(axis).code());
+    try {
+      return h().coordinate(rank, Objects.requireNonNull(axis).code());
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** The rank at these coordinates; OUT_OF_RANGE for a bad coordinate. */
   public int rankOf(int dp, int pp, int sharding, int sep, int mp) {
-    return h().rankOf(dp, pp, sharding, sep, mp);
+    try {
+      return h().rankOf(dp, pp, sharding, sep, mp);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** The ranks of {@code rank}'s group of kind {@code group}, ascending. */
   public int[] groupRanks(Group group, int rank) {
-    return h().groupRanks(Objects.requireNonNull(group).code(), rank);
+    try {
+      return h().groupRanks(Objects.requireNonNull(group).code(), rank);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** The previous and next stage of {@code rank} in its pipeline (wrapping around). */
   public PipelineNeighbors pipelineNeighbors(int rank) {
-    long[] pair = h().pipelineNeighbors(rank);
-    return new PipelineNeighbors((int) pair[0], (int) pair[1]);
+    try {
+      long[] pair = h().pipelineNeighbors(rank);
+      return new PipelineNeighbors((int) pair[0], (int) pair[1]);
+    } finally {
+      Reference.reachabilityFence(this);
+    }
   }
 }

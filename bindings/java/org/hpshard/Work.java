@@ -1,5 +1,6 @@
 package org.hpshard;
 
+import java.lang.ref.Reference;
 import java.util.Objects;
 import java.util.concurrent.TimeUnit;
 import org.hpshard.internal.WorkHandle;
@@ -65,15 +66,19 @@ public final class Work extends Handle<WorkHandle> {
    * operation that failed throws its HpsException.
    */
   public boolean test() {
-    boolean done;
     try {
-      done = h().test() != 0;
-    } catch (HpsException e) {
-      work.finished();
-      throw e;
+      boolean done;
+      try {
+        done = h().test() != 0;
+      } catch (HpsException e) {
+        work.finished();
+        throw e;
+      }
+      if (done) work.finished();
+      return done;
+    } finally {
+      Reference.reachabilityFence(this);
     }
-    if (done) work.finished();
-    return done;
   }
 
   /**
@@ -82,11 +87,15 @@ public final class Work extends Handle<WorkHandle> {
    * does not see {@link Thread#interrupt()}: {@link #awaitInterruptibly()} does.
    */
   public void await() {
-    WorkHandle h = h();
     try {
-      h.await();
+      WorkHandle h = h();
+      try {
+        h.await();
+      } finally {
+        work.finished();
+      }
     } finally {
-      work.finished();
+      Reference.reachabilityFence(this);
     }
   }
 
@@ -112,18 +121,22 @@ public final class Work extends Handle<WorkHandle> {
    * negative timeout waits 0.
    */
   public boolean await(long timeout, TimeUnit unit) {
-    Objects.requireNonNull(unit, "unit");
-    long ms = Math.max(0, unit.toMillis(timeout));
-    if (ms == 0 && timeout > 0 && unit.toNanos(timeout) > 0) ms = 1; // never round a wait to 0
-    boolean done;
     try {
-      done = h().waitTimeout(ms) != 0;
-    } catch (HpsException e) {
-      work.finished();
-      throw e;
+      Objects.requireNonNull(unit, "unit");
+      long ms = Math.max(0, unit.toMillis(timeout));
+      if (ms == 0 && timeout > 0 && unit.toNanos(timeout) > 0) ms = 1; // never round a wait to 0
+      boolean done;
+      try {
+        done = h().waitTimeout(ms) != 0;
+      } catch (HpsException e) {
+        work.finished();
+        throw e;
+      }
+      if (done) work.finished();
+      return done;
+    } finally {
+      Reference.reachabilityFence(this);
     }
-    if (done) work.finished();
-    return done;
   }
 
   /**
@@ -131,9 +144,14 @@ public final class Work extends Handle<WorkHandle> {
    * blocking the host. The buffers stay reachable until this work is awaited or closed.
    */
   public void waitStream(Stream stream) {
-    Objects.requireNonNull(stream, "stream");
-    h().waitStream(stream.h());
-    keep(stream);
+    try {
+      Objects.requireNonNull(stream, "stream");
+      h().waitStream(stream.h());
+      keep(stream);
+    } finally {
+      Reference.reachabilityFence(this);
+      Reference.reachabilityFence(stream);
+    }
   }
 
   @Override
