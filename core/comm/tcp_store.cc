@@ -14,7 +14,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -83,6 +85,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     Request request;
     Clock::time_point deadline;
     std::string waiting_for;  // the first missing key, under which it is indexed
+    size_t set_before = 0;    // keys before this one are set (keys are never removed)
   };
 
   struct Connection {
@@ -93,8 +96,10 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     Nonce nonce{};
     FrameDecoder decoder{kMaxHandshakeFrame};
     std::string input;  // read, not yet decoded (while a reply is pending or a request parked)
-    std::string output;
-    size_t sent = 0;
+    // Replies not yet sent, in pieces: a GET's value is the stored one, shared, not a copy
+    // per connection (clients that do not read cannot make the server hold a value each).
+    std::deque<std::shared_ptr<const std::string>> output;
+    size_t sent = 0;  // of output.front()
     Clock::time_point send_deadline{};
     Clock::time_point handshake_deadline{};
     Clock::time_point idle_deadline{};
@@ -144,10 +149,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     // Last replies (a rank's final SET must not be reported lost because rank 0 left right
     // after seeing it) go out if the socket takes them now; everything else is closed.
     for (auto& [id, c] : connections_) {
-      if (c->sent < c->output.size()) {
-        (void)::send(c->fd, c->output.data() + c->sent, c->output.size() - c->sent,
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
-      }
+      (void)flush(*c);
       ::shutdown(c->fd, SHUT_RDWR);
       close_fd(c->fd);
     }
@@ -277,7 +279,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   // Decodes and answers requests while the connection is free to (no reply pending, nothing
   // parked); false when it must close.
   bool process(Connection& c) {
-    while (!c.closing && !c.parked && c.sent == c.output.size() && !c.input.empty()) {
+    while (!c.closing && !c.parked && c.output.empty() && !c.input.empty()) {
       std::string_view in = c.input;
       const auto state = c.decoder.feed(&in);
       c.input.erase(0, c.input.size() - in.size());
@@ -338,7 +340,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
           reply(c, encode_error(s), now);
           return true;
         }
-        values_[key] = std::move(request->value);
+        values_[key] = std::make_shared<const std::string>(std::move(request->value));
         reply(c, encode_ok({}), now);
         changed(key);
         return true;
@@ -346,13 +348,13 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       case Op::kAdd: {
         const std::string& key = request->keys[0];
         auto it = values_.find(key);
-        auto result =
-            store_add_result(key, it == values_.end() ? nullptr : &it->second, request->number);
+        auto result = store_add_result(key, it == values_.end() ? nullptr : it->second.get(),
+                                       request->number);
         if (!result.ok()) {
           reply(c, encode_error(result.status()), now);
           return true;
         }
-        values_[key] = std::to_string(*result);
+        values_[key] = std::make_shared<const std::string>(std::to_string(*result));
         Writer w;
         w.i64(*result);
         reply(c, encode_ok(w.take()), now);
@@ -368,13 +370,14 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       case Op::kWait: {
         const Milliseconds timeout = clamp_store_wait(Milliseconds(request->number));
         request->number = timeout.count();
-        const std::string* missing = first_missing(request->keys);
+        size_t set_before = 0;
+        const std::string* missing = first_missing(request->keys, &set_before);
         if (missing == nullptr) {
           answer_wait(c, *request, now);
         } else if (timeout.count() == 0) {
           reply(c, encode_error(wait_timeout(*request)), now);
         } else {
-          c.parked = Parked{std::move(*request), now + timeout, *missing};
+          c.parked = Parked{std::move(*request), now + timeout, *missing, set_before};
           waiters_[c.parked->waiting_for].insert(c.id);
         }
         return true;
@@ -383,11 +386,16 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     return false;
   }
 
-  const std::string* first_missing(const std::vector<std::string>& keys) const {
-    for (const auto& k : keys) {
-      if (values_.find(k) == values_.end()) return &k;
+  // The first of `keys` from *from on that is not set (*from moves to it), or null.
+  const std::string* first_missing(const std::vector<std::string>& keys, size_t* from) const {
+    for (; *from < keys.size(); ++*from) {
+      if (values_.find(keys[*from]) == values_.end()) return &keys[*from];
     }
     return nullptr;
+  }
+  const std::string* first_missing(const std::vector<std::string>& keys) const {
+    size_t from = 0;
+    return first_missing(keys, &from);
   }
 
   static Status wait_timeout(const Request& r) {
@@ -397,9 +405,14 @@ class TcpStoreServerImpl final : public TcpStoreServer {
 
   void answer_wait(Connection& c, const Request& r, Clock::time_point now) {
     if (r.op == Op::kGet) {
-      Writer w;
-      w.str(values_.find(r.keys[0])->second);
-      reply(c, encode_ok(w.take()), now);
+      const std::shared_ptr<const std::string>& value = values_.find(r.keys[0])->second;
+      Writer w;  // the frame's header, the OK status and the value's length; then the value
+      w.u32(static_cast<uint32_t>(1 + 4 + value->size()));
+      w.u8(static_cast<uint8_t>(StatusCode::kOk));
+      w.u32(static_cast<uint32_t>(value->size()));
+      c.output.push_back(std::make_shared<const std::string>(w.take()));
+      c.output.push_back(value);
+      replied(c, now);
     } else {
       reply(c, encode_ok({}), now);
     }
@@ -416,7 +429,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       auto c = connections_.find(id);
       if (c == connections_.end() || !c->second->parked) continue;
       Connection& conn = *c->second;
-      const std::string* missing = first_missing(conn.parked->request.keys);
+      const std::string* missing =
+          first_missing(conn.parked->request.keys, &conn.parked->set_before);
       if (missing != nullptr) {
         conn.parked->waiting_for = *missing;
         waiters_[*missing].insert(id);
@@ -444,29 +458,31 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     c.parked.reset();
   }
 
-  void reply(Connection& c, std::string payload, Clock::time_point now) {
-    if (c.sent == c.output.size()) {
-      c.output.clear();
-      c.sent = 0;
-    }
-    c.output += frame(payload);
+  void reply(Connection& c, std::string_view payload, Clock::time_point now) {
+    c.output.push_back(std::make_shared<const std::string>(frame(payload)));
+    replied(c, now);
+  }
+
+  void replied(Connection& c, Clock::time_point now) {
     c.send_deadline = now + kServerSendTimeout;
     if (c.authenticated) c.idle_deadline = now + options_.idle_timeout;
   }
 
   // Sends what the socket takes now; false when the connection broke.
   bool flush(Connection& c) {
-    while (c.sent < c.output.size()) {
-      const ssize_t n = ::send(c.fd, c.output.data() + c.sent, c.output.size() - c.sent,
-                               MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return errno == EAGAIN || errno == EWOULDBLOCK;
+    while (!c.output.empty()) {
+      const std::string& piece = *c.output.front();
+      if (c.sent < piece.size()) {
+        const ssize_t n =
+            ::send(c.fd, piece.data() + c.sent, piece.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return errno == EAGAIN || errno == EWOULDBLOCK;
+        }
+        c.sent += static_cast<size_t>(n);
+        if (c.sent < piece.size()) continue;
       }
-      c.sent += static_cast<size_t>(n);
-    }
-    if (c.sent == c.output.size()) {
-      c.output.clear();
+      c.output.pop_front();
       c.sent = 0;
     }
     return true;
@@ -560,7 +576,7 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   std::map<uint64_t, std::unique_ptr<Connection>> connections_;
   std::set<std::pair<Clock::time_point, uint64_t>> timers_;
   std::unordered_map<std::string, std::unordered_set<uint64_t>> waiters_;
-  std::map<std::string, std::string> values_;
+  std::map<std::string, std::shared_ptr<const std::string>> values_;
   bool listen_paused_ = false;
   Clock::time_point listen_resume_{};
 };
@@ -656,19 +672,30 @@ class TcpStoreClient final : public Store {
   Status wait(const std::vector<std::string>& keys, Milliseconds timeout) override {
     for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
     timeout = clamp_store_wait(timeout);
-    Request q{Op::kWait, keys, {}, timeout.count()};
-    return call(q, Clock::now() + timeout + reply_slack(timeout), first_key(keys)).status();
+    const auto deadline = Clock::now() + timeout;
+    // At most kMaxRequestKeys per request, one after the other, within the one timeout.
+    for (size_t first = 0; first < keys.size() || first == 0; first += kMaxRequestKeys) {
+      const auto left = std::max(Milliseconds(0),
+                                 std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()));
+      Request q{Op::kWait, slice(keys, first), {}, left.count()};
+      HPS_RETURN_IF_ERROR(
+          call(q, Clock::now() + left + reply_slack(left), first_key(q.keys)).status());
+    }
+    return Status::Ok();
   }
 
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
     for (const auto& k : keys) HPS_RETURN_IF_ERROR(check_store_key(k));
-    Request q{Op::kCheck, keys, {}, 0};
-    HPS_ASSIGN_OR_RETURN(std::string response,
-                         call(q, Clock::now() + call_timeout_, first_key(keys)));
-    Reader r(response);
-    uint8_t set = 0;
-    if (!r.u8(&set) || !r.done() || set > 1) return malformed("check");
-    return set != 0;
+    for (size_t first = 0; first < keys.size() || first == 0; first += kMaxRequestKeys) {
+      Request q{Op::kCheck, slice(keys, first), {}, 0};
+      HPS_ASSIGN_OR_RETURN(std::string response,
+                           call(q, Clock::now() + call_timeout_, first_key(q.keys)));
+      Reader r(response);
+      uint8_t set = 0;
+      if (!r.u8(&set) || !r.done() || set > 1) return malformed("check");
+      if (set == 0) return false;
+    }
+    return true;
   }
 
  private:
@@ -676,6 +703,13 @@ class TcpStoreClient final : public Store {
     int fd;
     Clock::time_point used;
   };
+
+  // keys[first, first + kMaxRequestKeys), what one request names.
+  static std::vector<std::string> slice(const std::vector<std::string>& keys, size_t first) {
+    const size_t end = std::min(keys.size(), first + size_t{kMaxRequestKeys});
+    return std::vector<std::string>(keys.begin() + static_cast<std::ptrdiff_t>(first),
+                                    keys.begin() + static_cast<std::ptrdiff_t>(end));
+  }
 
   static std::string_view first_key(const std::vector<std::string>& keys) {
     return keys.empty() ? std::string_view() : std::string_view(keys[0]);

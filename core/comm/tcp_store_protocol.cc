@@ -104,7 +104,7 @@ bool Reader::bytes(void* out, size_t size) {
 bool Reader::keys(std::vector<std::string>* keys) {
   uint32_t n = 0;
   // Each key takes at least its 4-byte length: bounds n before reserving.
-  if (!u32(&n) || n > (in_.size() - pos_) / 4) return false;
+  if (!u32(&n) || n > kMaxRequestKeys || n > (in_.size() - pos_) / 4) return false;
   keys->resize(n);
   for (auto& k : *keys) {
     if (!str(&k)) return false;

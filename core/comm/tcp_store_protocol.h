@@ -32,6 +32,9 @@ namespace hps::tcp_store {
 inline constexpr uint8_t kProtocolVersion = 2;
 inline constexpr uint32_t kMaxHandshakeFrame = 512;
 inline constexpr uint32_t kMaxFrame = static_cast<uint32_t>(kMaxStoreValueBytes + 64 * 1024);
+// The most keys one CHECK or WAIT names (the client splits longer lists): what a parked
+// request holds stays near the bytes it took to send it.
+inline constexpr uint32_t kMaxRequestKeys = 4096;
 
 enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5 };
 
@@ -59,7 +62,7 @@ class Reader {
   bool i64(int64_t* v);
   bool str(std::string* s);
   bool bytes(void* out, size_t size);
-  bool keys(std::vector<std::string>* keys);  // u32 n, then n strings
+  bool keys(std::vector<std::string>* keys);  // u32 n <= kMaxRequestKeys, then n strings
   bool done() const { return pos_ == in_.size(); }
   std::string_view rest() const { return in_.substr(pos_); }
 

@@ -866,6 +866,64 @@ TEST(TcpStore, IdleSilentAndAbandonedConnectionsAreClosed) {
       << (*server)->connection_count() << " abandoned GETs still held";
 }
 
+TEST(TcpStore, ClientsThatDoNotReadShareTheValueTheyAskedFor) {
+  // Each of 40 raw clients asks for a 16 MiB value in 20 bytes and never reads: the
+  // server held a copy per connection (640 MiB) until each send deadline; the pending
+  // replies now share the stored value.
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  ASSERT_TRUE((*server)->set("big", std::string(kMaxStoreValueBytes, 'v')).ok());
+  const size_t before = resident_bytes();
+  std::vector<int> readers;
+  for (int i = 0; i < 40; ++i) {
+    readers.push_back(raw_connect(port));
+    handshake_without_token(readers.back());
+    tcp_store::Request get{tcp_store::Op::kGet, {"big"}, {}, 1000};
+    send_bytes(readers.back(), tcp_store::frame(tcp_store::encode_request(get)));
+  }
+  EXPECT_EQ(*(*server)->add("served", 1), 1);
+  std::this_thread::sleep_for(milliseconds(300));  // every GET has been answered by now
+  const size_t grown = resident_bytes() - std::min(before, resident_bytes());
+  EXPECT_LT(grown, size_t{128} << 20) << grown / (1 << 20) << " MiB for 40 pending replies";
+  for (int fd : readers) ::close(fd);
+}
+
+TEST(TcpStore, LongKeyListsAreSplitByTheClientAndRefusedFromOthers) {
+  uint16_t port = 0;
+  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(5), &port);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  auto client = make_tcp_store("127.0.0.1", port, false, seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status().to_string();
+  // 10,000 keys (three requests' worth), set in reverse from another thread while the wait
+  // is under way: a parked wait moves on from the keys it found set.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10'000; ++i) keys.push_back("k" + std::to_string(i));
+  EXPECT_FALSE(*(*client)->check(keys));
+  std::thread setter([&] {
+    auto other = make_tcp_store("127.0.0.1", port, false, seconds(5));
+    ASSERT_TRUE(other.ok());
+    for (auto it = keys.rbegin(); it != keys.rend(); ++it) ASSERT_TRUE((*other)->set(*it, "").ok());
+  });
+  EXPECT_TRUE((*client)->wait(keys, seconds(30)).ok());
+  setter.join();
+  EXPECT_TRUE(*(*client)->check(keys));
+  keys.push_back("missing");
+  EXPECT_FALSE(*(*client)->check(keys));
+  EXPECT_EQ((*client)->wait(keys, milliseconds(200)).code(), StatusCode::kTimeout);
+  // A raw client naming more than kMaxRequestKeys in one WAIT is closed; others go on.
+  const int raw = raw_connect(port);
+  handshake_without_token(raw);
+  tcp_store::Request wait{tcp_store::Op::kWait,
+                          std::vector<std::string>(tcp_store::kMaxRequestKeys + 1, ""),
+                          {},
+                          3'600'000};
+  send_bytes(raw, tcp_store::frame(tcp_store::encode_request(wait)));
+  EXPECT_TRUE(closed_by_server(raw, seconds(5)));
+  ::close(raw);
+  EXPECT_TRUE((*client)->set("after", "1").ok());
+}
+
 TEST(TcpStore, ConnectionsCostNoThreadEach) {
   rlimit files{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &files), 0);
