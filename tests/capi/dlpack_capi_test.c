@@ -508,6 +508,16 @@ static void wait_left(int value) {
   pthread_mutex_unlock(&g_left_mutex);
 }
 
+/* A collective save through `ckpt` (NULL: none), then its destruction. */
+static void save_and_destroy(hps_checkpoint_t* ckpt) {
+  hps_work_t* work = NULL;
+  if (ckpt == NULL) return;
+  CHECK_OK(hps_checkpoint_save(ckpt, "after-destroy", NULL, NULL, 0, &work));
+  CHECK_OK(hps_work_wait(work));
+  hps_work_destroy(work);
+  CHECK_OK(hps_checkpoint_destroy(ckpt));
+}
+
 static void* views_rank(void* arg) {
   const views_args_t* a = (const views_args_t*)arg;
   char address[64];
@@ -573,13 +583,7 @@ static void* views_rank(void* arg) {
 
   if (a->rank == 1) {
     CHECK_OK(hps_engine_destroy(engine));
-    if (ckpt != NULL) {
-      CHECK_OK(hps_checkpoint_save(ckpt, "after-destroy", NULL, NULL, 0, &work));
-      CHECK_OK(hps_work_wait(work));
-      hps_work_destroy(work);
-      work = NULL;
-    }
-    CHECK_OK(hps_checkpoint_destroy(ckpt));
+    save_and_destroy(ckpt);
     CHECK_OK(hps_clip_destroy(clip));
     CHECK_OK(hps_comm_destroy(comm));
     set_left(1);
@@ -600,13 +604,7 @@ static void* views_rank(void* arg) {
     for (i = 0; i < 3; ++i) CHECK_OK(hps_dlpack_release(views[i]));
   } else {
     hps_status_t s;
-    if (ckpt != NULL) {
-      CHECK_OK(hps_checkpoint_save(ckpt, "after-destroy", NULL, NULL, 0, &work));
-      CHECK_OK(hps_work_wait(work));
-      hps_work_destroy(work);
-      work = NULL;
-      CHECK_OK(hps_checkpoint_destroy(ckpt));
-    }
+    save_and_destroy(ckpt);
     wait_left(1);
     /* Rank 1's communicator is gone with its handles: ABORTED at once, not TIMEOUT. */
     s = hps_comm_all_reduce(comm, &x, &y, 1, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM, NULL, &work);
