@@ -142,8 +142,13 @@ HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine) {
     delete engine;
     // Checkpoint handles keep the whole engine; views keep only its memory. Either way
     // what it has in flight finishes now, as documented.
-    const hps::Status finished =
-        use.use_count() > 1 ? use->state->engine->synchronize() : use->drop_groups_if_viewed();
+    hps::Status finished = hps::Status::Ok();
+    if (use.use_count() > 1) {
+      finished = use->state->engine->synchronize();
+      use->state->engine->release_gathered_units();  // nobody is left to release them
+    } else {
+      finished = use->drop_groups_if_viewed();
+    }
     use.reset();
     return finished;
   });

@@ -91,6 +91,10 @@ class ShardedEngine {
   // engine: its groups close with the handle, so peers learn at once that this rank left.
   // Every call after it is FAILED_PRECONDITION. Returns synchronize()'s status.
   virtual Status drop_groups() = 0;
+  // The framework's handle is gone while checkpoint handles keep the engine: no unit stays
+  // gathered for it (stage 3's full buffers stay until the next load returns them), so a
+  // load is not refused for a unit nobody can release any more. Stage 2 gathers nothing.
+  virtual void release_gathered_units() {}
   // Full fp32 copies of every parameter (for saving or evaluation; Paddle's
   // get_all_parameters): the masters for fp16/bf16 ones. Collective over the sharding
   // group; host-blocking.

@@ -367,6 +367,10 @@ Status Stage3Engine::synchronize() {
   return first.status();
 }
 
+void Stage3Engine::release_gathered_units() {
+  for (Unit& u : buffers_) u.in_use = false;
+}
+
 void Stage3Engine::drop_stage_work() {
   for (Unit& u : buffers_) {
     u.gathering.reset();

@@ -52,6 +52,7 @@ class Stage3Engine final : public EngineBase {
   // Full buffers taken from the pool since seal(), and those of them allocated afresh.
   uint64_t full_buffers_taken() const { return pool_->takes(); }
   uint64_t fresh_full_buffers() const { return pool_->fresh_allocations(); }
+  void release_gathered_units() override;
 
  private:
   Stage3Engine(std::shared_ptr<Communicator> sharding, std::shared_ptr<Communicator> dp,

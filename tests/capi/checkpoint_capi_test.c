@@ -213,6 +213,40 @@ static void longest_name(void) {
   CHECK_OK(hps_store_destroy(store));
 }
 
+/* Stage 3 with a unit gathered (a forward's state) when the engine's handle goes: its
+ * checkpoint handle still saves and loads (the load was refused, "unit 0 is gathered",
+ * with nobody left to release it). */
+static void load_after_the_engine_handle(void) {
+  char root[512];
+  hps_store_t* store = NULL;
+  hps_comm_t* comm = NULL;
+  hps_engine_t* engine = NULL;
+  hps_checkpoint_t* ckpt = NULL;
+  hps_work_t* work = NULL;
+  hps_engine_options_t options;
+  const int64_t shape[1] = {4};
+  size_t index = 0;
+  snprintf(root, sizeof root, "%s/after-handle", g_root);
+  CHECK_OK(hps_store_open("memory://checkpoint_capi_after_handle", 0, 20000, &store));
+  CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
+  CHECK_OK(hps_engine_options_init(&options, sizeof options));
+  options.stage = 3;
+  CHECK_OK(hps_engine_create(comm, NULL, &options, &engine));
+  CHECK_OK(hps_engine_add_param(engine, "w", shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &index));
+  CHECK_OK(hps_engine_seal(engine));
+  CHECK_OK(hps_engine_broadcast_parameters(engine));
+  CHECK_OK(hps_checkpoint_create(engine, comm, root, NULL, &ckpt));
+  CHECK_OK(hps_engine_wait_parameters(engine, 0));
+  CHECK_OK(hps_engine_destroy(engine));
+  CHECK_OK(hps_checkpoint_save(ckpt, "c", NULL, NULL, 0, &work));
+  CHECK_OK(hps_work_wait(work));
+  CHECK_OK(hps_work_destroy(work));
+  CHECK_OK(hps_checkpoint_load(ckpt, "c", NULL));
+  CHECK_OK(hps_checkpoint_destroy(ckpt));
+  CHECK_OK(hps_comm_destroy(comm));
+  CHECK_OK(hps_store_destroy(store));
+}
+
 int main(void) {
   pthread_t threads[2];
   rank_args_t args[2];
@@ -241,6 +275,7 @@ int main(void) {
   }
   for (r = 0; r < 2; ++r) pthread_join(threads[r], NULL);
   longest_name();
+  load_after_the_engine_handle();
 
   CHECK(hps_checkpoint_inspect(g_root, NULL) == HPS_STATUS_INVALID_ARGUMENT);
   CHECK_OK(hps_checkpoint_info_init(&info, sizeof info));

@@ -66,9 +66,9 @@ parameter holds the write once :meth:`ShardedModule.synchronize` has returned af
 ``step()`` (or once its unit's next forward has begun); before that the step's all-gather may
 still be writing it. A trainable float16 / bfloat16 parameter's values are the engine's
 float32 master rounded at each step, so a write to it would be lost. The next forward,
-``step()``, ``synchronize()`` or ``state_dict()`` raises, naming the parameter, for a write it
-sees in either case; a write through ``p.data`` is not seen (its version counter is another
-tensor's).
+``step()``, ``synchronize()``, ``state_dict()`` or ``close()`` raises once, naming the
+parameter, for a write it sees in either case; a write through ``p.data`` is not seen (its
+version counter is another tensor's).
 
 A backward that raises in the model's own code before any gradient checked in ends at
 the next forward, and training goes on; one that raises after some did leaves the
@@ -840,6 +840,7 @@ class ShardedModule(torch.nn.Module):
         for i, p in enumerate(self._params):
             if p._version == self._versions[i]:
                 continue
+            self._versions[i] = p._version  # each write is reported once
             if p.requires_grad and p.dtype != torch.float32:
                 raise RuntimeError(
                     f"hpshard.torch: parameter {self._names[i]!r} ({p.dtype}) was written in "
@@ -851,7 +852,6 @@ class ShardedModule(torch.nn.Module):
                     "step() while the step (its update, its all-gather) may still have been "
                     "writing it, so its values are undefined: call synchronize() before "
                     "writing parameters (or write them after the next forward has begun)")
-            self._versions[i] = p._version
 
     def _check_unwritten(self, u: _Unit) -> None:
         """Stage 3: a parameter written in place by the unit's forward would lose the write
@@ -1359,7 +1359,15 @@ class ShardedModule(torch.nn.Module):
     # ---- end ------------------------------------------------------------------------
     def close(self) -> None:
         """Finish what is in flight and free the engine; the module's parameters become
-        plain tensors holding their last values (stage 3: gathered first, collective)."""
+        plain tensors holding their last values (stage 3: gathered first, collective). A
+        stage 2 parameter written in place that could not hold the write raises first, as
+        :meth:`synchronize` does, and the module stays open (a second close() closes it)."""
+        if self._engine is None:
+            return
+        self.synchronize()
+        self._close()
+
+    def _close(self) -> None:
         if self._engine is None:
             return
         values = self._save_parameters()
@@ -1380,8 +1388,11 @@ class ShardedModule(torch.nn.Module):
     def __enter__(self) -> "ShardedModule":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._close()  # the error under way is the one to see
 
 
 class _ParamRef:

@@ -589,6 +589,19 @@ def test_stage_2_in_place_writes_hold_or_are_refused():
             with pytest.raises(RuntimeError,
                                match=r"'weight' \(torch.bfloat16\) was written in place"):
                 model(x.to(torch.bfloat16))
+            model(x.to(torch.bfloat16))  # reported once
+        # close() sees what it would lose too (the module stays open; closing again closes).
+        torch.manual_seed(0)
+        net = torch.nn.Linear(13, 7)
+        model = hpt.ShardedModule(net, world, stage=2, optimizer="sgd", lr=0.1)
+        model(x).pow(2).mean().backward()
+        model.step()
+        with torch.no_grad():
+            net.bias.fill_(2.0)
+        with pytest.raises(RuntimeError, match=r"'bias' was written in place after step"):
+            model.close()
+        model.close()
+        assert model.engine is None
         return held
 
     for held in run_ranks(2, rank_main):

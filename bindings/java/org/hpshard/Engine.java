@@ -299,6 +299,7 @@ public final class Engine extends Handle<EngineHandle> {
     } finally {
       Reference.reachabilityFence(sharding);
       Reference.reachabilityFence(dp);
+      Reference.reachabilityFence(options); // its compute stream
     }
   }
 

@@ -32,8 +32,13 @@ public final class Event extends Handle<EventHandle> {
 
   /** Records the event at the current end of {@code stream}'s queue (no host block). */
   public void record(Stream stream) {
-    Objects.requireNonNull(stream, "stream");
-    h().record(stream.h());
+    try {
+      Objects.requireNonNull(stream, "stream");
+      h().record(stream.h());
+    } finally {
+      Reference.reachabilityFence(this);
+      Reference.reachabilityFence(stream);
+    }
   }
 
   /**
