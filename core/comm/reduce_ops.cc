@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/common/half.h"
 
@@ -12,6 +13,27 @@ namespace {
 // own vectorised copy.
 #define HPS_INLINE __attribute__((always_inline)) inline
 
+// MAX and MIN propagate NaN (as torch.maximum / torch.minimum): a NaN on any rank is the
+// result whatever the transport's order of operands (std::max keeps its first argument
+// when the other is NaN, so the result depended on which rank held it).
+template <typename T>
+HPS_INLINE T max_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return (a > b || a != a) ? a : b;
+  } else {
+    return a < b ? b : a;
+  }
+}
+
+template <typename T>
+HPS_INLINE T min_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return (a < b || a != a) ? a : b;
+  } else {
+    return b < a ? b : a;
+  }
+}
+
 template <typename T>
 HPS_INLINE void reduce_typed(ReduceOp op, T* out, const T* a, const T* b, size_t n) {
   switch (op) {
@@ -20,10 +42,10 @@ HPS_INLINE void reduce_typed(ReduceOp op, T* out, const T* a, const T* b, size_t
       for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] + b[i]);
       return;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = max_of(a[i], b[i]);
       return;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = min_of(a[i], b[i]);
       return;
   }
 }
@@ -40,10 +62,10 @@ HPS_INLINE void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const
       for (size_t i = 0; i < n; ++i) out[i] = encode(decode(a[i]) + decode(b[i]));
       return;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) out[i] = encode(std::max(decode(a[i]), decode(b[i])));
+      for (size_t i = 0; i < n; ++i) out[i] = encode(max_of(decode(a[i]), decode(b[i])));
       return;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) out[i] = encode(std::min(decode(a[i]), decode(b[i])));
+      for (size_t i = 0; i < n; ++i) out[i] = encode(min_of(decode(a[i]), decode(b[i])));
       return;
   }
 }
@@ -96,10 +118,10 @@ HPS_INLINE void reduce_many_half(ReduceOp op, uint16_t* out, const void* const* 
           for (size_t i = 0; i < len; ++i) acc[i] += decode(in[i]);
           break;
         case ReduceOp::kMax:
-          for (size_t i = 0; i < len; ++i) acc[i] = std::max(acc[i], decode(in[i]));
+          for (size_t i = 0; i < len; ++i) acc[i] = max_of(acc[i], decode(in[i]));
           break;
         case ReduceOp::kMin:
-          for (size_t i = 0; i < len; ++i) acc[i] = std::min(acc[i], decode(in[i]));
+          for (size_t i = 0; i < len; ++i) acc[i] = min_of(acc[i], decode(in[i]));
           break;
       }
     }

@@ -94,11 +94,14 @@ StatusOr<StoreUrl> parse_store_url(const std::string& url) {
       port = rest.substr(colon + 1);
     }
     if (host.empty()) return invalid_argument("store URL '" + url + "' names no host");
-    // A host name, an IPv4 address or an IPv6 one (with its zone): nothing a resolver would
-    // take for something else (a space, a slash, a bracket, a control character).
-    const bool host_ok = std::all_of(host.begin(), host.end(), [](char ch) {
+    // A host name, an IPv4 address or, in brackets, an IPv6 one (with its zone): nothing a
+    // resolver would take for something else (a space, a slash, a bracket, a control
+    // character, a second port).
+    const bool bracketed = rest[0] == '[';
+    const bool host_ok = std::all_of(host.begin(), host.end(), [bracketed](char ch) {
       const auto c = static_cast<unsigned char>(ch);
-      return std::isalnum(c) != 0 || c == '.' || c == '-' || c == '_' || c == ':' || c == '%';
+      return std::isalnum(c) != 0 || c == '.' || c == '-' || c == '_' ||
+             (bracketed && (c == ':' || c == '%'));
     });
     if (!host_ok) {
       return invalid_argument("store URL '" + shown_value(url) + "': the host '" +

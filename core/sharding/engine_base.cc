@@ -516,6 +516,7 @@ uint64_t EngineBase::resident_bytes() const {
 
 StatusOr<std::vector<std::vector<float>>> EngineBase::gather_all() {
   HPS_RETURN_IF_ERROR(check_sealed("gather_all()"));
+  HPS_RETURN_IF_ERROR(check_has_state());  // stage 3 before broadcast_parameters(): none
   HPS_RETURN_IF_ERROR(synchronize());
   std::vector<std::vector<float>> out(plan_.params().size());
   Stream& stream = sharding_->stream();

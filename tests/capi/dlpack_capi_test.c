@@ -147,6 +147,10 @@ static void stage3_views(void) {
   CHECK_OK(hps_engine_add_param(engine, "a", shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &index));
   CHECK_OK(hps_engine_add_param(engine, "b", shape, 1, HPS_DTYPE_FLOAT32, 0, 1, &index));
   CHECK_OK(hps_engine_seal(engine));
+  { /* No state before the broadcast: nothing to gather (it gave zeros). */
+    float full[8];
+    CHECK(hps_engine_gather_parameter(engine, 0, full, 8) == HPS_STATUS_FAILED_PRECONDITION);
+  }
   CHECK_OK(hps_engine_broadcast_parameters(engine));
   /* Unit 1 is not gathered: no view of it. */
   CHECK(hps_engine_param_dlpack(engine, 1, &v) == HPS_STATUS_FAILED_PRECONDITION && v == NULL);

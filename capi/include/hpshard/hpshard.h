@@ -458,7 +458,9 @@ HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info);
  * the result to the dtype once: over shared memory the ranks add in fp32; over TCP the data
  * travels widened to fp32. AVG divides the fp32 sum by the group size before that rounding,
  * so a float16 average is finite wherever the mean fits, even where the sum does not.
- * Integer AVG truncates. CUDA communicators use NCCL's ncclAvg.
+ * Integer AVG truncates. CUDA communicators use NCCL's ncclAvg. MAX and MIN of floating
+ * types on CPU communicators give NaN where any rank's element is NaN (as torch.maximum),
+ * over either transport; CUDA communicators follow NCCL.
  */
 typedef enum hps_reduce_op {
   HPS_REDUCE_SUM = 0,
@@ -1308,8 +1310,9 @@ HPS_API hps_status_t hps_checkpoint_options_init(hps_checkpoint_options_t* optio
  * A checkpoint handle for `engine`, saving under `root` (created when missing). Collective
  * over `group`: a CPU communicator of exactly the ranks holding the engine's state (its
  * sharding x dp ranks); the handle uses a communicator split from it, so `group` may be
- * used for other work meanwhile. `options` may be NULL. The engine and `group` must outlive
- * the handle. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another
+ * used for other work meanwhile. `options` may be NULL. The handle keeps the engine whole
+ * (hps_engine_destroy may come first: it may still save and load), `group` must outlive
+ * it. The caller owns *out_checkpoint. Errors: INVALID_ARGUMENT (a group of another
  * size or device, bad options; a root claimed by another part of the model, or holding
  * checkpoints of another part or of the whole model when this engine is a part, or of a part
  * when it is the whole model), BACKEND_ERROR (root cannot be created or claimed).

@@ -291,8 +291,12 @@ TEST_F(RendezvousEnv, MalformedValuesAreNamed) {
   set("WORLD_SIZE", "2");
   set("HPS_RANK", "0");
   set("HPS_WORLD_SIZE", "2");
-  set("HPS_STORE", "tcp://[::1]]:29500");
-  expect_error_naming(failure(), "HPS_STORE", "not a host name or an IP address");
+  for (const char* url : {"tcp://[::1]]:29500", "tcp://127.0.0.1:1:2", "tcp://h%st:1"}) {
+    set("HPS_STORE", url);
+    expect_error_naming(failure(), "HPS_STORE", "not a host name or an IP address");
+  }
+  set("HPS_STORE", "tcp://[fe80::1%lo]:29500");  // an IPv6 address with its zone
+  EXPECT_TRUE(rendezvous_from_env().ok());
 }
 
 TEST_F(RendezvousEnv, StoreOptionsComeFromTheEnvironment) {
