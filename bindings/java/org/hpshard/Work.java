@@ -67,18 +67,26 @@ public final class Work extends Handle<WorkHandle> {
    */
   public boolean test() {
     try {
-      boolean done;
-      try {
-        done = h().test() != 0;
-      } catch (HpsException e) {
-        work.finished();
-        throw e;
-      }
-      if (done) work.finished();
-      return done;
+      return finishedBy(() -> h().test());
     } finally {
       Reference.reachabilityFence(this);
     }
+  }
+
+  /**
+   * Whether {@code poll} (a native test or timed wait) found the operation finished; one that
+   * failed has finished too (its HpsException is thrown). The work lets go of its buffers then.
+   */
+  private boolean finishedBy(java.util.function.IntSupplier poll) {
+    boolean done;
+    try {
+      done = poll.getAsInt() != 0;
+    } catch (HpsException e) {
+      work.finished();
+      throw e;
+    }
+    if (done) work.finished();
+    return done;
   }
 
   /**
@@ -125,15 +133,8 @@ public final class Work extends Handle<WorkHandle> {
       Objects.requireNonNull(unit, "unit");
       long ms = Math.max(0, unit.toMillis(timeout));
       if (ms == 0 && timeout > 0 && unit.toNanos(timeout) > 0) ms = 1; // never round a wait to 0
-      boolean done;
-      try {
-        done = h().waitTimeout(ms) != 0;
-      } catch (HpsException e) {
-        work.finished();
-        throw e;
-      }
-      if (done) work.finished();
-      return done;
+      final long waitMs = ms;
+      return finishedBy(() -> h().waitTimeout(waitMs));
     } finally {
       Reference.reachabilityFence(this);
     }
