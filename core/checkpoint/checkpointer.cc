@@ -41,6 +41,8 @@ namespace {
 // comes first: the writer writes the groups complete while the later ones are copied.
 constexpr size_t kMarkChunks = 16;
 constexpr uint64_t kMarkBytes = uint64_t{16} << 20;
+// A save's metadata, keys and values as JSON strings (quoted, escaped), in all.
+constexpr uint64_t kMaxMetadataJsonBytes = uint64_t{64} << 20;
 
 // Waits for a collective of the checkpoint's own communicator. The background writer's
 // waits are not counted as host syncs: they block no thread of the training.
@@ -471,7 +473,8 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& eng
   if (options.timeout.count() <= 0) return invalid_argument("checkpoint: timeout must be > 0");
   std::vector<int32_t> everyone(static_cast<size_t>(group->size()));
   std::iota(everyone.begin(), everyone.end(), 0);
-  HPS_ASSIGN_OR_RETURN(auto comm, group->split(everyone, group->name() + ".checkpoint"));
+  HPS_ASSIGN_OR_RETURN(auto comm,
+                       group->split(everyone, derived_comm_name(group->name(), ".checkpoint")));
   comm->set_timeout(options.timeout);
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
@@ -492,6 +495,9 @@ Status Checkpointer::wait() {
 StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
                                                    std::map<std::string, std::string> metadata) {
   HPS_RETURN_IF_ERROR(ckpt::check_checkpoint_name(name));
+  // The manifest and an export's safetensors header carry the metadata: in all it stays
+  // well within what their readers take (kMaxManifestBytes, kMaxSafetensorsHeaderBytes).
+  uint64_t written = 0;
   for (const auto& [key, value] : metadata) {
     if (key.empty() || key.size() > ckpt::kMaxNameBytes || value.size() > (size_t{1} << 20)) {
       return invalid_argument(
@@ -504,7 +510,13 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
                                 std::string(text == &key ? "key" : "value of key") + " '" +
                                 shown_value(key) + "' is not valid UTF-8");
       }
+      written += json(*text).dump().size();
     }
+  }
+  if (written > kMaxMetadataJsonBytes) {
+    return invalid_argument("checkpoint: the metadata takes " + std::to_string(written) +
+                            " bytes as JSON, more than the " +
+                            std::to_string(kMaxMetadataJsonBytes) + " allowed");
   }
   finish_in_flight();  // a second save waits for the first (documented)
   if (ckpt::path_exists(join_path(root_, name))) {
@@ -834,6 +846,11 @@ Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& repor
   // The manifest last, then the directory's names, then the rename publishes it.
   HPS_RETURN_IF_ERROR(ckpt::sync_directory(job.directory));
   const std::string text = ckpt::manifest_to_json(m);
+  if (text.size() > ckpt::kMaxManifestBytes) {  // a load would refuse it
+    return invalid_argument("checkpoint: the manifest would have " + std::to_string(text.size()) +
+                            " bytes, more than the " + std::to_string(ckpt::kMaxManifestBytes) +
+                            " a load reads (a larger chunk_bytes makes fewer chunks)");
+  }
   HPS_ASSIGN_OR_RETURN(File f,
                        File::create(join_path(job.directory, std::string(ckpt::kManifestFile))));
   HPS_RETURN_IF_ERROR(f.write_all(text.data(), text.size()));

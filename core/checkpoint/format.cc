@@ -107,17 +107,21 @@ void copy_streaming(uint8_t* dst, const uint8_t* src, size_t bytes) {
 }  // namespace
 
 uint64_t copy_with_checksum(void* dst, const void* src, size_t bytes) {
-  // A block the size of a small L2's share: hashed first (the read brings it into cache),
-  // then copied from cache.
-  constexpr size_t kBlock = size_t{64} << 10;
+  // Each block is copied into a buffer that stays in cache, hashed there, then stored from
+  // there: the sum is of the bytes stored even where `src` changes meanwhile (a host write
+  // racing the snapshot makes a checkpoint of either value, never one failing its
+  // checksum), and memory still sees one read of `src` and one write of `dst`.
+  constexpr size_t kBlock = size_t{16} << 10;
+  alignas(64) static thread_local uint8_t bounce[kBlock];
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
   for (size_t at = 0; at < bytes; at += kBlock) {
     const size_t n = std::min(kBlock, bytes - at);
-    XXH3_64bits_update(&state, s + at, n);
-    copy_streaming(d + at, s + at, n);
+    std::memcpy(bounce, s + at, n);
+    XXH3_64bits_update(&state, bounce, n);
+    copy_streaming(d + at, bounce, n);
   }
 #if defined(__SSE2__)
   _mm_sfence();  // the streaming stores are visible before whatever follows the copy

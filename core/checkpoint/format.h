@@ -71,10 +71,11 @@ bool is_checkpoint_id(std::string_view text);
 
 // XXH3-64 of `bytes`, and as 16 lowercase hex digits.
 uint64_t checksum(const void* data, size_t bytes);
-// Copies `bytes` from `src` to `dst` (not overlapping) and returns checksum(src, bytes): each
-// block is hashed while it is in cache from the copy's read, and the copy's stores bypass
-// the cache where the CPU allows (the copy is read next by the disk, not the CPU), so the
-// two take the memory traffic of one copy.
+// Copies `bytes` from `src` to `dst` (not overlapping) and returns the checksum of the bytes
+// stored in `dst`, checksum(src, bytes) unless `src` changed during the copy: each block is
+// hashed in cache between the copy's read and its stores, which bypass the cache where the
+// CPU allows (the copy is read next by the disk, not the CPU), so the two take the memory
+// traffic of one copy.
 uint64_t copy_with_checksum(void* dst, const void* src, size_t bytes);
 std::string hex64(uint64_t value);
 std::optional<uint64_t> parse_hex64(std::string_view text);

@@ -149,7 +149,12 @@ StatusOr<SourceIndex> read_safetensors(const std::string& path,
   HPS_RETURN_IF_ERROR(file.pread_all(length_bytes, 8, 0));
   uint64_t length = 0;
   for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
-  if (length > kMaxSafetensorsHeaderBytes || length > size - 8) {
+  if (length > kMaxSafetensorsHeaderBytes) {
+    return invalid_argument("'" + path + "': header length " + std::to_string(length) +
+                            " is more than the " + std::to_string(kMaxSafetensorsHeaderBytes) +
+                            " bytes allowed");
+  }
+  if (length > size - 8) {
     return invalid_argument("'" + path + "': header length " + std::to_string(length) +
                             " does not fit the file (" + std::to_string(size) + " bytes)");
   }
@@ -195,6 +200,12 @@ StatusOr<std::string> safetensors_header(const std::vector<SafetensorsEntry>& en
   }
   std::string text = j.dump(-1, ' ', false, ordered::error_handler_t::replace);
   text.append((8 - text.size() % 8) % 8, ' ');
+  // What the reader (hpshard's, and Hugging Face's, which has the same limit) takes back.
+  if (text.size() > kMaxSafetensorsHeaderBytes) {
+    return invalid_argument("safetensors: the header would have " + std::to_string(text.size()) +
+                            " bytes, more than the " + std::to_string(kMaxSafetensorsHeaderBytes) +
+                            " a reader takes (fewer or shorter metadata values)");
+  }
   std::string out(8, '\0');
   const uint64_t length = text.size();
   for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(length >> (8 * i));

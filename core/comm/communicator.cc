@@ -68,6 +68,17 @@ Status check_comm_name(std::string_view name, std::string_view what) {
   return check_shown_name(name, what, kMaxCommNameBytes);
 }
 
+std::string derived_comm_name(std::string_view base, std::string_view suffix) {
+  size_t keep =
+      std::min(base.size(), kMaxCommNameBytes - std::min(suffix.size(), kMaxCommNameBytes));
+  // A UTF-8 continuation byte (10xxxxxx) is no character's start.
+  while (keep > 0 && keep < base.size() &&
+         (static_cast<unsigned char>(base[keep]) & 0xC0) == 0x80) {
+    --keep;
+  }
+  return std::string(base.substr(0, keep)) + std::string(suffix);
+}
+
 Status check_buffer(const CommArgs& a, const char* which, const void* pointer, size_t count,
                     DType dtype, size_t multiple) {
   const size_t element = dtype_size(dtype);

@@ -37,6 +37,9 @@ Status check_comm_timeout(Milliseconds timeout, std::string_view what);
 // bytes of UTF-8 without control characters, or INVALID_ARGUMENT naming `what`.
 inline constexpr size_t kMaxCommNameBytes = 1024;
 Status check_comm_name(std::string_view name, std::string_view what);
+// The name of a group made from `base`'s: base + suffix, base cut (at a UTF-8 character's
+// start) so that the whole stays within kMaxCommNameBytes. `suffix` is shorter than that.
+std::string derived_comm_name(std::string_view base, std::string_view suffix);
 
 struct CommOptions {
   // Every operation ends by this deadline: TIMEOUT on the ranks still waiting.

@@ -184,7 +184,7 @@ int list(const std::string& root) {
       // Not a checkpoint (no manifest) is not listed; a manifest that does not read is said.
       if (m.status().code() != StatusCode::kNotFound) {
         std::fprintf(stderr, "hpshard-ckpt: %s not listed: %s\n", printable(n).c_str(),
-                     printable(m.status().to_string()).c_str());
+                     printable(m.status().to_string(), false).c_str());
       }
       continue;
     }
@@ -204,7 +204,8 @@ int list(const std::string& root) {
                  ckpt::join_path(root, std::string(ckpt::kLatestFile)).c_str(),
                  printable(*latest).c_str());
   } else if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) {
-    std::fprintf(stderr, "hpshard-ckpt: %s\n", printable(latest.status().to_string()).c_str());
+    std::fprintf(stderr, "hpshard-ckpt: %s\n",
+                 printable(latest.status().to_string(), false).c_str());
   }
   return 0;
 }

@@ -1569,6 +1569,9 @@ class Engine(Handle):
         kind, index = handle.device()
         self._device: Tuple[Any, int] = (_device_type(kind), index)
         self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # Checkpoint
+        # Called (weakref.WeakMethod) before a Checkpoint's save starts: hpshard.torch checks
+        # the parameter writes it has not seen yet, then watches for writes racing the save.
+        self._save_hooks: List[Any] = []
         for comm in self._comms:
             comm._users.add(self)
 
@@ -2078,6 +2081,9 @@ class Checkpoint(Handle):
         how it failed (the same error on every rank; nothing is published then; TIMEOUT
         naming the holder when another job's save held the root's save lock for half the
         timeout). A save while another is in flight first waits for it (one host sync).
+        The save copies this rank's state on a stream of its own, ordered before the next
+        step's update: write into parameter views (:meth:`Engine.param`) after
+        :meth:`Engine.synchronize`, not before (the checkpoint could hold either value).
         Error
         INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
         FAILED_PRECONDITION (the engine has no state yet)."""
@@ -2089,6 +2095,12 @@ class Checkpoint(Handle):
             flat += [key, value]
         h = self._h()
         self._wait_in_flight()
+        hooks = self.engine._save_hooks
+        hooks[:] = [ref for ref in hooks if ref() is not None]
+        for ref in list(hooks):
+            hook = ref()
+            if hook is not None:
+                hook()
         work = Work(h.save(_text(name, 'Checkpoint.save: the name'), flat), ())
         self._in_flight = work
         return work

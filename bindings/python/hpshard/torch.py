@@ -68,7 +68,10 @@ still be writing it. A trainable float16 / bfloat16 parameter's values are the e
 float32 master rounded at each step, so a write to it would be lost. The next forward,
 ``step()``, ``synchronize()``, ``state_dict()`` or ``close()`` raises once, naming the
 parameter, for a write it sees in either case; a write through ``p.data`` is not seen (its
-version counter is another tensor's).
+version counter is another tensor's). A checkpoint's save (``hpshard.Checkpoint.save`` on
+``model.engine``) copies the parameters on a stream of its own after it returns: a write
+after ``save()`` holds, and leaves the checkpoint alone, once :meth:`ShardedModule.synchronize`
+has returned (or the next ``step()``'s forward has begun); one before that raises as above.
 
 A backward that raises in the model's own code before any gradient checked in ends at
 the next forward, and training goes on; one that raises after some did leaves the
@@ -103,6 +106,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -671,6 +675,12 @@ class ShardedModule(torch.nn.Module):
         # their unit's next gather or synchronize()).
         self._versions = [p._version for p in self._params]
         self._gathering: set = set()
+        # A checkpoint's save reads the state on a stream of its own: from save() until
+        # synchronize(), or a unit's gather after the next step (whose update waits for the
+        # save's copies), a parameter written in place may be read half written.
+        self._snapshot_pending = False
+        self._stepped_since_save = False
+        engine._save_hooks.append(weakref.WeakMethod(self._before_save))
         self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
         self._resident: List[int] = [0] * len(self._params)  # stage 2: where each lives
         for u in self._units:
@@ -736,6 +746,8 @@ class ShardedModule(torch.nn.Module):
             return
         self._engine.wait_parameters(u.uid)
         self._gathering.difference_update(u.params)
+        if self._stepped_since_save and any(self._params[i].requires_grad for i in u.params):
+            self._snapshot_pending = self._stepped_since_save = False
         if self.stage == 3:
             for i in u.params:
                 view = self._param_view(i)
@@ -852,6 +864,22 @@ class ShardedModule(torch.nn.Module):
                     "step() while the step (its update, its all-gather) may still have been "
                     "writing it, so its values are undefined: call synchronize() before "
                     "writing parameters (or write them after the next forward has begun)")
+            if self._snapshot_pending:
+                raise RuntimeError(
+                    f"hpshard.torch: parameter {self._names[i]!r} was written in place after "
+                    "a checkpoint's save() while the save may still have been copying it, so "
+                    "the checkpoint may hold either value, or part of each: call "
+                    "synchronize() after save() before writing parameters")
+
+    def _before_save(self) -> None:
+        """Called by hpshard.Checkpoint.save on this module's engine before the save starts:
+        the writes made before it are checked (and saved); those after it, until the save's
+        copies are known done, are refused (see _check_writes)."""
+        if self.stage != 2:
+            return
+        self._check_writes()
+        self._snapshot_pending = True
+        self._stepped_since_save = False
 
     def _check_unwritten(self, u: _Unit) -> None:
         """Stage 3: a parameter written in place by the unit's forward would lose the write
@@ -1162,6 +1190,7 @@ class ShardedModule(torch.nn.Module):
         self._engine.step()
         if self.stage == 2:
             self._gathering = {i for i, p in enumerate(self._params) if p.requires_grad}
+            self._stepped_since_save = self._snapshot_pending
         self._micro_batches = 0
         if self.stage == 2:  # gradients are zero again after the step's reductions
             for i, p in enumerate(self._params):
@@ -1214,6 +1243,7 @@ class ShardedModule(torch.nn.Module):
             self._check_writes()
         finally:
             self._gathering = set()
+            self._snapshot_pending = self._stepped_since_save = False
 
     @contextlib.contextmanager
     def full_parameters(self):

@@ -16,9 +16,9 @@
  * *_options_t structs) start with `size_t struct_size` and only ever gain fields at their
  * end. The rules, the same for every one:
  *  - Initialise with its _init function, passing sizeof the struct as you compiled it.
- *    Any struct_size at least the struct's size in the release that introduced it (0.1.0
- *    for all of these) up to 64 KiB is accepted; a smaller one, or a larger one (no struct
- *    grows that large: taken for an uninitialised size), is INVALID_ARGUMENT.
+ *    Any struct_size at least the struct's size in the release that introduced it (0.1.0,
+ *    0.3.0 for the checkpoint structs) up to 64 KiB is accepted; a smaller one, or a larger one (no
+ * struct grows that large: taken for an uninitialised size), is INVALID_ARGUMENT.
  *  - _init writes the defaults into min(struct_size, the library's sizeof) bytes and
  *    records struct_size; it never writes past struct_size.
  *  - A struct read by the library takes the caller's fields up to struct_size; fields the
@@ -431,7 +431,9 @@ typedef struct hps_rendezvous_info {
   int32_t world_size;
   int32_t local_rank;  /**< rank among the processes of this host */
   char store_url[512]; /**< for hps_store_open */
-  char source[128];    /**< which variables were read ("hpshard-run", "torchrun", ...) */
+  char source[128];    /**< which variables were read: the family, then the variables, e.g.
+                            "hpshard (HPS_RANK, HPS_WORLD_SIZE, HPS_STORE)" or
+                            "torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)" */
 } hps_rendezvous_info_t;
 
 /**
@@ -1328,7 +1330,8 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
 /**
  * Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting
  * with '.', not "latest" nor beginning "latest.tmp") with `count` metadata entries keys[i] =
- * values[i] (UTF-8 strings, copied: keys of 1 to 4096 bytes, values of at most 1 MiB; e.g. the
+ * values[i] (UTF-8 strings, copied: keys of 1 to 4096 bytes, values of at most 1 MiB, all
+ * of them at most 64 MiB as JSON strings, where a control character takes 6 bytes; e.g. the
  * framework's step and data-loader position; the manifest keeps rank 0's). Every rank calls it with
  * the same name at the same point of training, after the step whose state it saves. Returns at once
  * with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait
@@ -1343,7 +1346,10 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
  * FAILED_PRECONDITION (the engine has no state yet: not sealed, or at stage 3 before
  * hps_engine_broadcast_parameters). A save before the first step keeps the initial state;
  * one in the middle of a step keeps the state the last step left (the step's gradients are
- * not state).
+ * not state). The save copies this rank's state on a stream of its own, ordered before the
+ * next step's update: a host write into a parameter view belongs after hps_engine_synchronize
+ * (before it, the checkpoint may hold the old value, the new one, or part of each; every
+ * part verifies).
  */
 HPS_API hps_status_t hps_checkpoint_save(hps_checkpoint_t* checkpoint, const char* name,
                                          const char* const* keys, const char* const* values,

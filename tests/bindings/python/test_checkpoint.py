@@ -327,6 +327,37 @@ def test_group_of_another_size_is_refused(tmp_path):
     assert run_ranks(2, rank, "ckpt-group") == [INVALID_ARGUMENT] * 2
 
 
+def test_a_group_of_the_longest_name_takes_a_checkpoint(tmp_path):
+    """A communicator name the header takes (1 to 1024 bytes, 'é' straddling the cut) makes
+    a checkpoint: its own group's name is cut to fit (it was name + '.checkpoint', refused
+    past 1024 bytes)."""
+    for name in ("n" * 1024, "n" * 1012 + "é" * 6):
+        url = f"memory://ckpt-long-{uuid.uuid4().hex}"
+        with Store.open(url, 0) as store, \
+                Communicator.create(store, 0, 1, name=name) as comm:
+            engine, _ = build(comm)
+            with engine, Checkpoint.create(engine, comm, tmp_path / str(len(name))) as ckpt:
+                ckpt.save("a").wait()
+
+
+def test_metadata_too_large_for_the_readers_is_refused_before_anything_is_written(tmp_path):
+    """Each entry within its limits, but together more than the 64 MiB of JSON the manifest
+    and an export's safetensors header carry (a control character is 6 bytes there): the
+    save is refused at once (it published a manifest its own load refused, past 1 GiB, or an
+    export that import_safetensors refused, past 100 MiB)."""
+    url = f"memory://ckpt-meta-{uuid.uuid4().hex}"
+    with Store.open(url, 0) as store, Communicator.create(store, 0, 1) as comm:
+        engine, _ = build(comm)
+        with engine, Checkpoint.create(engine, comm, tmp_path) as ckpt:
+            for metadata in ({f"k{i}": "v" * (1 << 20) for i in range(65)},
+                             {f"k{i}": "\x01" * (1 << 20) for i in range(11)}):
+                with pytest.raises(hpshard.InvalidArgumentError, match="more than the 67108864"):
+                    ckpt.save("a", metadata)
+                assert not (tmp_path / "a").exists()
+            ckpt.save("a", {f"k{i}": "\x01" * (1 << 20) for i in range(10)}).wait()
+            ckpt.load("a")
+
+
 def test_closing_the_engine_closes_its_checkpoints_first(tmp_path):
     store, comm = single_rank("close")
     with store, comm:
@@ -625,6 +656,14 @@ def test_a_manifests_strings_reach_no_message_as_control_bytes(tmp_path):
             failed = subprocess.run([tool, "inspect", str(copy)], capture_output=True)
             assert failed.returncode == 1, failed
             assert b"\\x1b" in failed.stderr and b"\\\\x1b" not in failed.stderr, failed
+            # So is list's, for a manifest it cannot list and for a `latest` it cannot read.
+            listed = subprocess.run([tool, "list", str(copy.parent)], capture_output=True)
+            assert b"not listed" in listed.stderr and b"\\\\x1b" not in listed.stderr, listed
+    (tmp_path / "name" / "latest").write_bytes(b"a\x1b[2J\n")
+    tool = os.environ.get("HPS_CKPT_TOOL")
+    if tool:
+        listed = subprocess.run([tool, "list", str(tmp_path / "name")], capture_output=True)
+        assert b"\\x1b" in listed.stderr and b"\\\\x1b" not in listed.stderr, listed
 
 
 def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(tmp_path):

@@ -609,6 +609,48 @@ def test_stage_2_in_place_writes_hold_or_are_refused():
         assert torch.equal(held["bias"], torch.full((7,), 2.0))
 
 
+def test_a_write_after_a_save_waits_for_synchronize(tmp_path):
+    """Stage 2: a checkpoint's save copies the parameters after it returns; a parameter
+    written in place before synchronize() raced the copy (a checkpoint of either value, or
+    part of each) and raises, naming it; a write before save() is saved, one after
+    synchronize() holds and leaves the checkpoint alone."""
+    x = torch.ones(4, 13)
+
+    def rank_main(rank, world):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(13, 7)
+        with hpt.ShardedModule(net, world, stage=2, optimizer="sgd", lr=0.1) as model:
+            model(x).pow(2).mean().backward()
+            model.step()
+            model.synchronize()
+            with hpshard.Checkpoint.create(model.engine, world, tmp_path) as ckpt:
+                with torch.no_grad():
+                    net.weight.fill_(3.0)  # before the save: saved
+                work = ckpt.save("a")
+                with torch.no_grad():
+                    net.bias.fill_(5.0)
+                with pytest.raises(RuntimeError,
+                                   match=r"'bias' was written in place after a checkpoint's"):
+                    model.synchronize()
+                work.wait()
+                work = ckpt.save("b")
+                model.synchronize()
+                with torch.no_grad():
+                    net.bias.fill_(7.0)  # after synchronize(): holds
+                model(x)
+                work.wait()
+                ckpt.load("b")
+                loaded_b = model.state_dict()
+                ckpt.load("a")
+                loaded_a = model.state_dict()
+        return loaded_a, loaded_b
+
+    for loaded_a, loaded_b in run_ranks(2, rank_main):
+        assert torch.equal(loaded_a["weight"], torch.full((7, 13), 3.0))
+        assert torch.equal(loaded_b["weight"], torch.full((7, 13), 3.0))
+        assert torch.equal(loaded_b["bias"], torch.full((7,), 5.0))
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_learning_rate_of_zero_leaves_the_parameters(stage):
     def rank_main(rank, world):

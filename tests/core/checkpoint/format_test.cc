@@ -662,6 +662,41 @@ TEST(Format, CopyWithChecksumCopiesAndSumsLikeTheOneShotChecksum) {
     }
   }
 }
+// A host write racing the snapshot (a parameter view written right after a save): the sum
+// is the stored bytes', so the checkpoint holds one value or the other and verifies, never
+// bytes that fail their own checksum (the sum was of the source, read before the copy's).
+TEST(Format, CopyWithChecksumSumsWhatItStoredWhileTheSourceChanges) {
+  std::vector<uint8_t> src(size_t{16} << 20), dst(src.size());
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> writes{0};
+  std::thread writer([&] {
+    std::mt19937_64 rng(5);
+    uint64_t n = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const uint64_t r = rng();
+      // A relaxed atomic store: the race is the copy's, as a racing host write's would be.
+      std::atomic_ref<uint8_t>(src[r % src.size()])
+          .store(static_cast<uint8_t>(r >> 32), std::memory_order_relaxed);
+      ++n;
+    }
+    writes = n;
+  });
+  size_t rounds = 0, changed = 0;
+  for (; rounds < 40; ++rounds) {
+    const uint64_t sum = copy_with_checksum(dst.data(), src.data(), dst.size());
+    if (sum != checksum(dst.data(), dst.size())) {
+      ADD_FAILURE() << "round " << rounds << ": the sum is not of the bytes stored";
+      break;
+    }
+    if (sum != checksum(src.data(), src.size())) ++changed;
+  }
+  stop = true;
+  writer.join();
+  EXPECT_GT(writes.load(), 0u);
+  // The source did move under the copies (otherwise the test showed nothing).
+  EXPECT_GT(changed, 0u);
+}
+
 TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
   uint64_t data = 0;
   auto header = safetensors_header({{"w", DType::kBFloat16, {2, 3}}, {"b", DType::kFloat32, {3}}},
@@ -763,6 +798,24 @@ TEST(Safetensors, FilesWhoseHeaderLengthDoesNotFitAreRefused) {
   refused = read_safetensors(path, nullptr);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("too short"), std::string::npos);
+  // A length past the limit is said to be that (it said "does not fit the file" of one it
+  // fitted), and a header that long is not written in the first place.
+  const uint64_t over = kMaxSafetensorsHeaderBytes + 8;
+  std::string big(8, '\0');
+  for (int i = 0; i < 8; ++i) big[static_cast<size_t>(i)] = static_cast<char>(over >> (8 * i));
+  write(big + "{}");
+  refused = read_safetensors(path, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("more than the 104857600 bytes allowed"),
+            std::string::npos)
+      << refused.status().to_string();
+  std::map<std::string, std::string> metadata;
+  for (int i = 0; i < 101; ++i) metadata["k" + std::to_string(i)] = std::string(1 << 20, 'v');
+  uint64_t data = 0;
+  auto header = safetensors_header({{"w", DType::kFloat32, {1}}}, metadata, &data);
+  ASSERT_FALSE(header.ok());
+  EXPECT_NE(header.status().message().find("a reader takes"), std::string::npos)
+      << header.status().to_string();
   length[0] = 2;
   write(length + "{}");
   auto empty = read_safetensors(path, nullptr);

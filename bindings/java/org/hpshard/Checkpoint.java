@@ -116,7 +116,10 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * published on every rank, or throws how it failed (the same error on every rank; nothing
    * is published then; TIMEOUT naming the holder when another job's save held the root's
    * save lock for half the timeout). A save while another is in flight first waits for it
-   * (one host sync). INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
+   * (one host sync). The save copies this rank's state on a stream of its own, ordered
+   * before the next step's update: write into parameter views after
+   * {@link Engine#synchronize()} (before it, the checkpoint may hold either value).
+   * INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
    * FAILED_PRECONDITION (the engine has no state yet).
    */
   public Work save(String name, Map<String, String> metadata) {

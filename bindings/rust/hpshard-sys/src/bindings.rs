@@ -938,7 +938,9 @@ pub struct hps_rendezvous_info {
     pub local_rank: i32,
     #[doc = "< for hps_store_open"]
     pub store_url: [::std::os::raw::c_char; 512usize],
-    #[doc = "< which variables were read (\"hpshard-run\", \"torchrun\", ...)"]
+    #[doc = "< which variables were read: the family, then the variables, e.g."]
+    #[doc = "\"hpshard (HPS_RANK, HPS_WORLD_SIZE, HPS_STORE)\" or"]
+    #[doc = "\"torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)\""]
     pub source: [::std::os::raw::c_char; 128usize],
 }
 #[test]
@@ -2884,7 +2886,8 @@ extern "C" {
 extern "C" {
     #[doc = " Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting"]
     #[doc = " with '.', not \"latest\" nor beginning \"latest.tmp\") with `count` metadata entries keys[i] ="]
-    #[doc = " values[i] (UTF-8 strings, copied: keys of 1 to 4096 bytes, values of at most 1 MiB; e.g. the"]
+    #[doc = " values[i] (UTF-8 strings, copied: keys of 1 to 4096 bytes, values of at most 1 MiB, all"]
+    #[doc = " of them at most 64 MiB as JSON strings, where a control character takes 6 bytes; e.g. the"]
     #[doc = " framework's step and data-loader position; the manifest keeps rank 0's). Every rank calls it with"]
     #[doc = " the same name at the same point of training, after the step whose state it saves. Returns at once"]
     #[doc = " with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait"]
@@ -2899,7 +2902,10 @@ extern "C" {
     #[doc = " FAILED_PRECONDITION (the engine has no state yet: not sealed, or at stage 3 before"]
     #[doc = " hps_engine_broadcast_parameters). A save before the first step keeps the initial state;"]
     #[doc = " one in the middle of a step keeps the state the last step left (the step's gradients are"]
-    #[doc = " not state)."]
+    #[doc = " not state). The save copies this rank's state on a stream of its own, ordered before the"]
+    #[doc = " next step's update: a host write into a parameter view belongs after hps_engine_synchronize"]
+    #[doc = " (before it, the checkpoint may hold the old value, the new one, or part of each; every"]
+    #[doc = " part verifies)."]
     pub fn hps_checkpoint_save(
         checkpoint: *mut hps_checkpoint_t,
         name: *const ::std::os::raw::c_char,
