@@ -731,7 +731,7 @@ struct BucketState {
     grads: GradState,
 }
 
-/// A stage-2 sharded training engine (`hps_engine_t`). Dropping it calls
+/// A sharded training engine, stage 2 or 3 (`hps_engine_t`). Dropping it calls
 /// `hps_engine_destroy` (which finishes what is in flight) and only then ends the
 /// borrows of the communicators; a poisoned engine is leaked instead (see the module
 /// documentation, "Soundness of the views").
@@ -839,7 +839,7 @@ impl<'c> Engine<'c> {
     /// mutably borrowed until the engine is dropped; use them meanwhile through
     /// [`Engine::sharding`] / [`Engine::dp`].
     /// Errors: [`Status::InvalidArgument`] (bad options), [`Status::Unimplemented`]
-    /// (stage 3, CUDA communicators).
+    /// (CUDA communicators in a build without CUDA kernels).
     pub fn new(
         sharding: &'c mut Communicator,
         dp: Option<&'c mut Communicator>,
