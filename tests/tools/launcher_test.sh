@@ -3,7 +3,8 @@
 # usage: launcher_test.sh CASE HPSHARD_RUN RANK_PROBE
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
-#         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit
+#         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
+#         group-killed
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -202,6 +203,44 @@ case $case_name in
       fi
     done
     [ -e "$dir" ] && { rm -rf "$dir"; fail "store directory $dir was left"; }
+    ;;
+  group-killed)
+    # SIGKILL to the launcher's whole process group (what `timeout -s KILL` sends): the
+    # clean-up process is not in that group, so what the ranks started is killed and the file
+    # store's directory removed all the same.
+    mkdir -p "$work/tmp"
+    TMPDIR="$work/tmp" setsid "$run" -n 2 --store file -- \
+      sh -c 'sleep 26.5 & echo "child $!"; sleep 25.5' >"$work/out" 2>"$work/err" &
+    launcher=$!
+    for _ in $(seq 100); do
+      [ "$(grep -c 'child' "$work/out")" -eq 2 ] && break
+      sleep 0.05
+    done
+    [ "$(grep -c 'child' "$work/out")" -eq 2 ] || fail "the ranks did not start their children"
+    [ -n "$(ls -A "$work/tmp")" ] || fail "no store directory while running"
+    kill -KILL -- -$launcher
+    wait $launcher 2>/dev/null
+    children=$(sed -n 's/^\[rank [0-9]\] child //p' "$work/out")
+    for _ in $(seq 100); do
+      alive=0
+      for pid in $children; do
+        # A zombie (reaped by init shortly) counts as gone.
+        state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)
+        [ -n "$state" ] && [ "$state" != Z ] && alive=1
+      done
+      [ $alive -eq 0 ] && break
+      sleep 0.1
+    done
+    running_command "sleep 25.5" kill
+    if [ $alive -ne 0 ]; then
+      kill -KILL $children 2>/dev/null
+      fail "a rank's child outlived the killed group"
+    fi
+    for _ in $(seq 50); do
+      [ -z "$(ls -A "$work/tmp")" ] && break
+      sleep 0.1
+    done
+    [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
     ;;
   timeout)
     start=$(now_ms)

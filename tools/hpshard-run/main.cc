@@ -414,6 +414,9 @@ class Launcher {
       return;
     }
     if (pid == 0) {
+      // A session of its own: a signal to the launcher's whole process group (`timeout -s
+      // KILL`, a terminal's hangup) must not end the process that cleans up after it.
+      ::setsid();
       ::close(link[1]);
       janitor(link[0]);  // never returns
     }
