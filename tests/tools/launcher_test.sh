@@ -4,7 +4,7 @@
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
 #         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
-#         group-killed
+#         group-killed | terminal-input
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -203,6 +203,67 @@ case $case_name in
       fi
     done
     [ -e "$dir" ] && { rm -rf "$dir"; fail "store directory $dir was left"; }
+    ;;
+  terminal-input)
+    # Rank 0 reads the launcher's input, the others /dev/null. From a terminal (a pty here,
+    # as from an interactive shell) the line typed reaches rank 0: a rank reading the
+    # terminal itself was stopped (SIGTTIN, its process group is not the foreground one)
+    # and the job never ended. In the background the launcher reads nothing (it would be
+    # stopped itself) and its job runs on.
+    command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 0; }
+    printf 'piped\n' | "$run" -n 2 --timeout 60 -- sh -c 'read x; echo "rank $HPS_RANK got:$x"' \
+      >"$work/out" 2>"$work/err" || fail "input from a pipe: exit code $?"
+    grep -qxF "[rank 0] rank 0 got:piped" "$work/out" || fail "rank 0 did not read the pipe"
+    grep -qxF "[rank 1] rank 1 got:" "$work/out" || fail "rank 1 did not read /dev/null"
+    python3 - "$run" >"$work/out" 2>"$work/err" <<'PY' || fail "on a terminal"
+import os, pty, select, sys, time
+run = sys.argv[1]
+rank = "read x; echo rank $HPS_RANK got:$x"
+
+
+def on_pty(child, typed):
+    """Runs child() on a new pty, types `typed`; the output and exit code (None: hung)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        child()
+    time.sleep(0.5)
+    os.write(fd, typed)
+    out, end = b"", time.time() + 15
+    while time.time() < end:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                pass
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return out.decode(errors="replace"), os.waitstatus_to_exitcode(status)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return out.decode(errors="replace"), None
+
+
+def foreground():
+    os.execv(run, [run, "-n", "2", "--", "sh", "-c", rank])
+
+
+def background():
+    launcher = os.fork()
+    if launcher == 0:
+        os.setpgid(0, 0)  # a job of its own, not the terminal's foreground one
+        os.execv(run, [run, "-n", "1", "--", "sh", "-c", "sleep 1; echo done"])
+    os._exit(os.waitstatus_to_exitcode(os.waitpid(launcher, 0)[1]) & 255)
+
+
+out, code = on_pty(foreground, b"typed\n")
+print(out)
+if code != 0 or "[rank 0] rank 0 got:typed" not in out or "[rank 1] rank 1 got:\r" not in out:
+    sys.exit("foreground: exit code %s" % code)
+out, code = on_pty(background, b"for the shell\n")
+print(out)
+if code != 0 or "[rank 0] done" not in out:
+    sys.exit("background: exit code %s" % code)
+PY
     ;;
   group-killed)
     # SIGKILL to the launcher's whole process group (what `timeout -s KILL` sends): the

@@ -1,6 +1,7 @@
 // hpshard-run: starts N local ranks of a program, each with HPS_RANK, HPS_WORLD_SIZE,
 // HPS_LOCAL_RANK, HPS_STORE, HPS_JOB_ID and HPS_STORE_TOKEN set, prefixes their output lines
-// with "[rank K] ", and stops them all when one fails. A TCP store's listening socket is
+// with "[rank K] ", passes its standard input on to rank 0 (the others read /dev/null), and
+// stops them all when one fails. A TCP store's listening socket is
 // bound here, once, and handed to rank 0 (HPS_STORE_FD): no other process can take the port
 // between the launcher choosing it and rank 0 serving it. When the job ends, however it ends,
 // its shared-memory segments are removed: when the launcher itself is killed (SIGKILL),
@@ -86,7 +87,9 @@ void usage(const char* problem) {
             "                     removed at the end\n"
             "  --timeout SECONDS  stop every rank and exit 124 after this long (default and 0:\n"
             "                     none)\n"
-            "  --grace SECONDS    between SIGTERM and SIGKILL when stopping ranks (default 5)\n");
+            "  --grace SECONDS    between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
+            "Rank 0 reads hpshard-run's standard input (a terminal's passed on by hpshard-run\n"
+            "while it is in the foreground); the other ranks read /dev/null.\n");
 }
 
 struct Options {
@@ -497,6 +500,29 @@ class Launcher {
     argv.push_back(nullptr);
     ranks_.resize(static_cast<size_t>(options_.nproc));
     const pid_t launcher = ::getpid();
+    // Input: rank 0 reads the launcher's, the other ranks /dev/null (as mpirun's ranks). A
+    // rank is in a process group of its own, never the terminal's foreground group: reading
+    // a terminal directly it would be stopped (SIGTTIN), so the launcher's controlling
+    // terminal reaches rank 0 through a pipe the launcher writes on.
+    struct RankInputs {  // the ends the ranks' stdin are made from, closed here after fork
+      int no_input = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      int terminal_pipe = -1;
+      ~RankInputs() {
+        for (int fd : {no_input, terminal_pipe}) {
+          if (fd >= 0) ::close(fd);
+        }
+      }
+    } inputs;
+    if (::isatty(STDIN_FILENO) && ::tcgetpgrp(STDIN_FILENO) >= 0) {
+      int input[2];
+      if (::pipe2(input, O_CLOEXEC) != 0) {
+        say(std::string("pipe: ") + std::strerror(errno));
+        return false;
+      }
+      ::fcntl(input[1], F_SETFL, O_NONBLOCK);
+      inputs.terminal_pipe = input[0];
+      input_fd_ = input[1];
+    }
     for (int r = 0; r < options_.nproc; ++r) {
       RankProcess& p = ranks_[static_cast<size_t>(r)];
       p.rank = r;
@@ -536,6 +562,11 @@ class Launcher {
         if (::getppid() != launcher) ::_exit(137);
         // Own process group: stopping a rank also stops what it started.
         ::setpgid(0, 0);
+        if (r != 0 && inputs.no_input >= 0) {
+          ::dup2(inputs.no_input, STDIN_FILENO);
+        } else if (r == 0 && inputs.terminal_pipe >= 0) {
+          ::dup2(inputs.terminal_pipe, STDIN_FILENO);
+        }
         ::dup2(out[1], STDOUT_FILENO);
         ::dup2(err[1], STDERR_FILENO);
         std::signal(SIGPIPE, SIG_DFL);
@@ -612,6 +643,7 @@ class Launcher {
         if (p.pid != pid || !p.running) continue;
         p.running = false;
         --running_;
+        if (p.rank == 0) stop_forwarding_input();
         tell_janitor("reaped " + std::to_string(p.rank));
         if (running_ == 0) drain_deadline_ = Clock::now() + kDrainAfterExit;
         const int code = exit_code_of(status);
@@ -658,6 +690,22 @@ class Launcher {
         }
       }
       if (running_ == 0 && streams.empty()) break;
+      // Rank 0's input from the terminal: read while the launcher is in the terminal's
+      // foreground (in the background a read would stop it, SIGTTIN), written on as rank 0
+      // takes it.
+      std::optional<size_t> input_at;
+      bool input_waits_for_foreground = false;
+      if (input_fd_ >= 0 && running_ > 0) {
+        if (!input_pending_.empty()) {
+          input_at = fds.size();
+          fds.push_back({input_fd_, POLLOUT, 0});
+        } else if (::tcgetpgrp(STDIN_FILENO) == ::getpgrp()) {
+          input_at = fds.size();
+          fds.push_back({STDIN_FILENO, POLLIN, 0});
+        } else {
+          input_waits_for_foreground = true;
+        }
+      }
 
       std::optional<Clock::time_point> wake;
       auto earliest = [&](std::optional<Clock::time_point> t) {
@@ -675,6 +723,8 @@ class Launcher {
             std::chrono::duration_cast<std::chrono::milliseconds>(*wake - Clock::now());
         timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 60'000));
       }
+      // A job in the background looks again now and then whether it has been brought back.
+      if (input_waits_for_foreground && (timeout_ms < 0 || timeout_ms > 250)) timeout_ms = 250;
       const int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0 && errno != EINTR) {
         say(std::string("poll: ") + std::strerror(errno));
@@ -682,7 +732,8 @@ class Launcher {
         return 1;
       }
       if (n > 0 && fds[0].revents != 0) handle_signals();
-      for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
+      if (n > 0 && input_at && fds[*input_at].revents != 0) forward_input();
+      for (size_t i = 1; n > 0 && i < 1 + streams.size(); ++i) {
         if (fds[i].revents == 0) continue;
         auto [p, s] = streams[i - 1];
         pump(p->prefix(), *s);
@@ -711,6 +762,36 @@ class Launcher {
     if (failure_) return *failure_;
     if (interrupted_) return 128 + interrupted_;
     return 0;
+  }
+
+  // Reads what the terminal has for rank 0 or writes on what rank 0's pipe did not take.
+  // The terminal's end of file (^D), its hangup or rank 0 closing its input ends it: rank 0
+  // then reads end of file.
+  void forward_input() {
+    if (input_pending_.empty()) {
+      char buffer[4096];
+      const ssize_t n = ::read(STDIN_FILENO, buffer, sizeof buffer);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+      if (n <= 0) {
+        stop_forwarding_input();
+        return;
+      }
+      input_pending_.assign(buffer, static_cast<size_t>(n));
+    }
+    const ssize_t n = ::write(input_fd_, input_pending_.data(), input_pending_.size());
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n < 0) {
+      stop_forwarding_input();  // rank 0 closed its input (EPIPE)
+      return;
+    }
+    input_pending_.erase(0, static_cast<size_t>(n));
+  }
+
+  void stop_forwarding_input() {
+    if (input_fd_ < 0) return;
+    ::close(input_fd_);
+    input_fd_ = -1;
+    input_pending_.clear();
   }
 
   void handle_signals() {
@@ -772,6 +853,10 @@ class Launcher {
   int store_fd_ = -1;
   pid_t janitor_pid_ = -1;
   int janitor_fd_ = -1;
+  // The write end of rank 0's input pipe while the launcher passes its terminal on, and
+  // what rank 0 has not taken yet.
+  int input_fd_ = -1;
+  std::string input_pending_;
 };
 
 }  // namespace
