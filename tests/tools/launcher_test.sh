@@ -330,6 +330,18 @@ PY
     "$run" >"$work/out" 2>"$work/err"
     [ $? -eq 2 ] || fail "no arguments: expected exit 2"
     grep -qF "usage: hpshard-run" "$work/err" || fail "no usage text"
+    # Help asked for goes to stdout (exit 0), as hpshard-ckpt's; an unknown option is named
+    # as such, with or without a word after it (it was "option --bogus needs a value").
+    "$run" --help >"$work/out" 2>"$work/err"
+    [ $? -eq 0 ] || fail "--help: expected exit 0"
+    grep -qF "usage: hpshard-run" "$work/out" || fail "--help: no usage text on stdout"
+    [ -s "$work/err" ] && fail "--help wrote to stderr"
+    for bogus in "--bogus" "--bogus x" "-x" "--bogus=1"; do
+      # shellcheck disable=SC2086  # the words are the options
+      "$run" $bogus >"$work/out" 2>"$work/err"
+      [ $? -eq 2 ] || fail "'$bogus': expected exit 2"
+      grep -qF "unknown option ${bogus%% *}" "$work/err" || fail "'$bogus': $(head -1 "$work/err")"
+    done
     "$run" -n 0 -- "$probe" >"$work/out" 2>"$work/err"
     [ $? -eq 2 ] || fail "-n 0: expected exit 2"
     "$run" -n 2 --store nfs -- "$probe" >"$work/out" 2>"$work/err"

@@ -76,9 +76,10 @@ void write_all(int fd, std::string_view text) {
 
 void say(const std::string& message) { write_all(STDERR_FILENO, "hpshard-run: " + message + "\n"); }
 
+// The help: on stdout when asked for (--help), on stderr after a usage error.
 void usage(const char* problem) {
   if (problem) say(problem);
-  write_all(STDERR_FILENO,
+  write_all(problem ? STDERR_FILENO : STDOUT_FILENO,
             "usage: hpshard-run -n N [--store tcp|file] [--timeout SECONDS] [--grace SECONDS]\n"
             "                   [--] program [args...]\n"
             "  -n, --nproc N      number of local ranks to start (1-4096)\n"
@@ -151,6 +152,11 @@ std::optional<int> parse_options(int argc, char** argv, Options* options) {
       name = "-n";
       value = arg.substr(2);
     } else {
+      if (name != "-n" && name != "--nproc" && name != "--store" && name != "--timeout" &&
+          name != "--grace") {
+        usage(("unknown option " + arg).c_str());
+        return kUsageError;
+      }
       if (i + 1 >= argc) {
         usage(("option " + arg + " needs a value").c_str());
         return kUsageError;
