@@ -47,3 +47,12 @@ row = doc["results"][0]
 assert row["loaded_equal"] is True and row["host_syncs_in_overlapped_steps_max"] == 0, row
 print("bench ckpt --kernel-passes smoke OK")
 PY
+# More tensors than a rank's share holds: one rank holds no shard and writes no data file.
+# The bench measured one file per rank ("the saved data file: not found") and left its
+# temporary directory (no --dir) when it failed.
+mkdir "$out/tmp"
+TMPDIR="$out/tmp" "$bench" ckpt --ranks 2 --bytes 4K --tensors 16 --reps 1 --steps 1 \
+  --compute-passes 0 --quiet >"$out/tensors.txt" 2>&1 || { cat "$out/tensors.txt"; exit 1; }
+grep -q 'loaded state bitwise equal' "$out/tensors.txt" || { cat "$out/tensors.txt"; exit 1; }
+[ -z "$(ls -A "$out/tmp")" ] || { echo "left in TMPDIR: $(ls -A "$out/tmp")"; exit 1; }
+echo "bench ckpt with a rank holding no shard OK"

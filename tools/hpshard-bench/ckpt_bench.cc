@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -26,11 +27,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The temporary directory run_ckpt made (no --dir), removed by a run that fails too.
+std::string g_made_dir;
+
 [[noreturn]] void die(const std::string& message) {
   static std::mutex mutex;
   std::lock_guard lock(mutex);
   std::fflush(stdout);
   std::fprintf(stderr, "hpshard-bench: error: %s\n", message.c_str());
+  if (!g_made_dir.empty()) (void)ckpt::remove_tree(g_made_dir);
   std::_Exit(1);
 }
 
@@ -93,6 +98,7 @@ struct RankFigures {
   int32_t overlapped = 0;
   uint64_t syncs = 0;
   uint64_t bytes = 0;
+  bool has_file = false;  // a rank that holds no shard of any tensor writes no data file
   bool equal = true;
 };
 
@@ -217,8 +223,15 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
       out.save.push_back(slowest(*host, seconds_since(start)));
       check(checkpointer.wait(), "save");  // the older checkpoint's files deleted too
       auto f = ckpt::File::open_read(file);
+      out.has_file = f.ok();
+      if (!f.ok() && f.status().code() == StatusCode::kNotFound) {
+        out.bytes = 0;  // this rank holds no shard: nothing of its own to write or read
+        return;
+      }
       check(f.status(), "the saved data file");
-      out.bytes = *f->size();
+      auto size = f->size();
+      check(size.status(), "the saved data file");
+      out.bytes = *size;
     };
     // The same bytes, written plainly (as many as the data file, which repetition 0 saves
     // before the first reference goes first).
@@ -249,13 +262,18 @@ void run_rank(const CkptConfig& c, int32_t rank, std::shared_ptr<Store> store,
     // A cold read of this rank's data file of the checkpoint the load reads (the same
     // bytes, as the same file holds them), and one of the plain file written above
     // (through the page cache).
+    // A rank without a data file reads nothing there, but times its part all the same.
     auto time_read = [&](const std::string& path, std::vector<double>& into) {
-      auto f = ckpt::File::open_read(path);
-      check(f.status(), "plain read");
-      f->drop_cache();
+      std::optional<ckpt::File> f;
+      if (path != file || out.has_file) {
+        auto opened = ckpt::File::open_read(path);
+        check(opened.status(), "plain read");
+        opened->drop_cache();
+        f = std::move(*opened);
+      }
       quiet_barrier(*host, dir);
       auto start = Clock::now();
-      check(f->pread_all(plain.data(), plain.size(), 0), "plain read");
+      if (f) check(f->pread_all(plain.data(), plain.size(), 0), "plain read");
       into.push_back(slowest(*host, seconds_since(start)));
     };
     in_turn(time_load, [&] { time_read(file, out.read); });
@@ -324,7 +342,7 @@ CkptResult run_ckpt(const CkptConfig& c) {
     std::string pattern =
         (std::filesystem::temp_directory_path() / "hpshard-bench-ckpt-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) die("cannot create a temporary directory");
-    dir = made = pattern;
+    dir = made = g_made_dir = pattern;
   }
   auto store = make_in_memory_store();
   std::vector<RankFigures> figures(static_cast<size_t>(c.ranks));
@@ -334,6 +352,7 @@ CkptResult run_ckpt(const CkptConfig& c) {
   }
   for (auto& t : threads) t.join();
   if (!made.empty()) (void)ckpt::remove_tree(made);
+  g_made_dir.clear();
   CkptResult r;
   r.ranks = c.ranks;
   const RankFigures& f = figures[0];
