@@ -84,6 +84,16 @@ for p in "${pids[@]}"; do wait "$p" || { echo "a concurrent merge failed"; exit 
 /usr/bin/python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/timeline.json" ||
   { echo "concurrent merges left a broken trace"; exit 1; }
 if compgen -G "$out/timeline.json.tmp-*" >/dev/null; then echo "a temporary was left"; exit 1; fi
+# Entries of a directory that are not regular files (symbolic links leading nowhere, a FIFO)
+# are skipped whatever the listing's order: the merge failed ("cannot list the directory")
+# when a dangling link came last.
+mkdir "$out/mixed"
+cp "$out"/trace/hpshard-trace-rank0-* "$out/mixed/"
+for name in a b.json c m.json x y.json z zz.json; do ln -s "$out/nowhere" "$out/mixed/$name"; done
+mkfifo "$out/mixed/fifo.json"
+"$tool" merge -o "$out/mixed.json" "$out/mixed" >"$out/mixed.txt" 2>&1 ||
+  { cat "$out/mixed.txt"; exit 1; }
+grep -q 'events from 1 ' "$out/mixed.txt" || { cat "$out/mixed.txt"; exit 1; }
 # The output replaces a regular file; a symbolic link is followed (its file replaced, the
 # link kept); a FIFO, a directory or a device there is refused and left as it was (the
 # rename replaced it: as root, `-o /dev/full` replaced the device node).

@@ -49,9 +49,15 @@ std::vector<fs::path> expand(const std::vector<std::string>& inputs, const fs::p
     const fs::path p(input);
     if (fs::is_directory(p, ec)) {
       std::vector<fs::path> found;
-      for (const auto& entry : fs::directory_iterator(p, ec)) {
-        if (!entry.is_regular_file(ec) || entry.path().extension() != ".json") continue;
-        if (fs::weakly_canonical(entry.path(), ec) == out_abs) continue;
+      // Only the listing's own errors fail it: an entry that is not a regular file, or a
+      // symbolic link that leads nowhere, is no trace file and is skipped (its error was left
+      // in the listing's error code, and the merge failed when it came last).
+      fs::directory_iterator entries(p, ec);
+      for (; !ec && entries != fs::directory_iterator(); entries.increment(ec)) {
+        const fs::directory_entry& entry = *entries;
+        std::error_code entry_ec;
+        if (!entry.is_regular_file(entry_ec) || entry.path().extension() != ".json") continue;
+        if (fs::weakly_canonical(entry.path(), entry_ec) == out_abs) continue;
         found.push_back(entry.path());
       }
       if (ec) throw Failure{"cannot list the directory '" + input + "': " + ec.message()};
