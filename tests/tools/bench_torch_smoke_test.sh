@@ -30,4 +30,42 @@ for name, c in world["contenders"].items():
     if name.startswith("hpshard"):
         assert c["host_syncs_per_step"] == 0, (name, c)
 PY
+# SIGTERM or SIGINT to the bench ends torch_peer.py and the ranks it spawned with it (exit
+# 128 + the signal): SIGTERM left them running under pid 1, SIGINT was ignored. The bench
+# runs in a session of its own, whose processes are listed after it ends.
+session_left() {
+  /usr/bin/python3 - "$1" <<'PY'
+import os, sys
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        cmd = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
+    except OSError:
+        continue
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[3] == sys.argv[1] and fields[0] != "Z":
+        print(f"{pid}:{cmd[:60].replace(' ', '_')}")
+PY
+}
+for sig in TERM INT; do
+  setsid "$bench" torch --ranks 2 --width 16 --layers 1 --heads 1 --context 4 --vocab 16 \
+    --batch 1 --steps 200 --reps 50 --warmup 0 >"$out/signal.txt" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do  # until both ranks run: the bench, the script, its tracker, 2 ranks
+    [ "$(session_left $pid | wc -l)" -ge 5 ] && break
+    sleep 0.1
+  done
+  sleep 1
+  kill -$sig $pid
+  rc=0
+  wait $pid || rc=$?
+  expected=$((128 + $(kill -l $sig)))
+  [ $rc -eq $expected ] || { cat "$out/signal.txt"; echo "SIG$sig: exit $rc, not $expected"; exit 1; }
+  sleep 1
+  left=$(session_left $pid)
+  if [ -n "$left" ]; then
+    for p in $left; do kill -KILL "${p%%:*}" 2>/dev/null || true; done
+    echo "SIG$sig to the bench left processes running:$left"; exit 1
+  fi
+done
 echo "bench torch smoke: ok"

@@ -5,11 +5,16 @@
 //
 // Exit status: 0 when every case ran and gave the right result; 1 on an error or a wrong
 // result; 2 for bad usage.
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -948,6 +953,63 @@ Family add_ckpt(CLI::App& app, int argc, char** argv) {
 
 // ---- torch ----
 
+// torch_peer.py's process group while it runs: SIGINT, SIGTERM and SIGHUP sent to the bench
+// go to every process of it (the script and the ranks it spawned), not to the script alone.
+volatile sig_atomic_t g_torch_group = 0;
+volatile sig_atomic_t g_torch_signal = 0;
+
+void forward_to_torch(int signal) {
+  g_torch_signal = signal;
+  if (g_torch_group > 0) ::kill(-static_cast<pid_t>(g_torch_group), signal);
+}
+
+// Runs argv (argv[0] a path) in a process group of its own and waits for it; a signal sent to
+// the bench is forwarded to that group, and whatever of the group outlives the script is
+// killed, so no rank is left running under pid 1. The script gets SIGTERM when the bench dies
+// (PR_SET_PDEATHSIG; its ranks die with it in turn). Returns its exit code, 128 + a signal
+// that ended it or that the bench was sent, 1 when it could not start.
+int run_in_own_group(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, &previous);
+  const pid_t bench = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != bench) ::_exit(128 + SIGTERM);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    ::execv(argv[0], argv.data());
+    std::fprintf(stderr, "hpshard-bench: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  if (pid < 0) {
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    std::fprintf(stderr, "hpshard-bench: fork: %s\n", std::strerror(errno));
+    return 1;
+  }
+  ::setpgid(pid, pid);  // also here: the group exists before a signal is forwarded to it
+  g_torch_group = pid;
+  struct sigaction action {};
+  action.sa_handler = forward_to_torch;
+  sigemptyset(&action.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
+  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  // What the script left of its group (ranks, a resource tracker) goes with it.
+  ::kill(-pid, SIGKILL);
+  g_torch_group = 0;
+  if (g_torch_signal != 0) return 128 + g_torch_signal;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 // The torch family runs entirely in torch_peer.py (every contender is torch compute): this
 // finds the script, the model and the Python binding, and passes the options through.
 int run_torch_family(const std::string& script_option, const std::vector<std::string>& pass) {
@@ -958,9 +1020,9 @@ int run_torch_family(const std::string& script_option, const std::vector<std::st
   const auto models = !installed.empty() ? installed
                                          : std::filesystem::path(HPS_BENCH_SOURCE_DIR) / ".." /
                                                ".." / "examples" / "python";
-  std::string command = "/usr/bin/python3 " + shell_quote(script) + " --model-dir " +
-                        shell_quote(models.lexically_normal().string());
-  for (const auto& a : pass) command += " " + shell_quote(a);
+  std::vector<std::string> command{"/usr/bin/python3", script, "--model-dir",
+                                   models.lexically_normal().string()};
+  command.insert(command.end(), pass.begin(), pass.end());
 #ifdef HPS_BENCH_PYTHON_DIR
   // From a build tree, the build tree's Python binding; installed, the installed one.
   if (installed.empty()) {
@@ -970,7 +1032,7 @@ int run_torch_family(const std::string& script_option, const std::vector<std::st
     ::setenv("PYTHONPATH", path.c_str(), 1);
   }
 #endif
-  return std::system(command.c_str()) == 0 ? 0 : 1;
+  return run_in_own_group(std::move(command));
 }
 
 Family add_torch(CLI::App& app) {

@@ -36,6 +36,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import sys
@@ -71,7 +72,20 @@ def optimizer_tensors(opt):
                 yield v
 
 
+def die_with_parent():
+    """This rank ends with the process that spawned it, however that ends (SIGKILL too)."""
+    parent = os.getppid()
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the request
+        os._exit(1)
+
+
 def rank_main(rank, args, ports, queue):
+    die_with_parent()
     import torch
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
