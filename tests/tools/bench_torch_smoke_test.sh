@@ -68,4 +68,19 @@ for sig in TERM INT; do
     echo "SIG$sig to the bench left processes running:$left"; exit 1
   fi
 done
+# Options torch_peer.py cannot use are refused before anything runs, with exit 2 as the C++
+# families do: --json naming a directory ran the whole benchmark, then a traceback, and left
+# DIR.tmp; --width 0 gave a rank's traceback.
+mkdir "$out/dir"
+for bad in "--json $out/dir" "--json $out/nowhere/x.json" "--width 0" "--width 30 --heads 4" \
+           "--steps -1" "--clip nan"; do
+  rc=0
+  # shellcheck disable=SC2086  # the words are the options
+  timeout 60 "$bench" torch --ranks 1 --width 16 --layers 1 --heads 1 --context 4 --vocab 16 \
+    --steps 1 --reps 1 --warmup 0 --quiet $bad >"$out/bad.txt" 2>&1 || rc=$?
+  [ $rc -eq 2 ] || { cat "$out/bad.txt"; echo "'$bad': exit $rc, not 2"; exit 1; }
+  grep -q Traceback "$out/bad.txt" && { cat "$out/bad.txt"; echo "'$bad': a traceback"; exit 1; }
+done
+[ -z "$(ls -A "$out/dir")" ] && ! compgen -G "$out/dir.tmp*" >/dev/null ||
+  { echo "a temporary was left: $(ls -d "$out"/dir*)"; exit 1; }
 echo "bench torch smoke: ok"

@@ -34,12 +34,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import signal
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from queue import Empty
 
@@ -319,26 +321,85 @@ def report(args, worlds, info):
     return "\n".join(out), verdicts
 
 
+def count(least):
+    """An argparse type: a decimal integer of at least `least`."""
+    def parse(text):
+        if not text.isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {least}")
+        return int(text)
+    return parse
+
+
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def output_target(path):
+    """The file --json replaces (a symbolic link followed), or why it cannot be written: as
+    the C++ families, checked before anything runs."""
+    if not path:
+        return None, "an empty path"
+    target = os.path.realpath(path) if os.path.islink(path) else path
+    if os.path.islink(path) and not os.path.exists(target):
+        return None, f"{path!r}: a symbolic link to nothing that exists"
+    if os.path.exists(target) and not os.path.isfile(target):
+        return None, (f"{path!r}: it is not a regular file (a directory, a device, a FIFO or a "
+                      "socket); the output is written beside it and renamed there")
+    parent = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(parent):
+        return None, f"{path!r}: its directory {parent!r} does not exist"
+    return target, None
+
+
+def write_json(target, doc):
+    """Writes `doc` beside `target` under a name of its own, then renames it over `target`."""
+    directory, name = os.path.split(os.path.abspath(target))
+    fd, temporary = tempfile.mkstemp(prefix=name + ".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o644 & ~mask)  # as open() would make it (mkstemp: 0600)
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="2,4")
     # Defaults: a model wide enough, and a batch small enough, that what happens around
     # the compute (reduction, optimizer, gathers) is a fair part of the step on CPU.
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=3)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--context", type=int, default=32)
-    ap.add_argument("--vocab", type=int, default=96)
-    ap.add_argument("--batch", type=int, default=1, help="sequences per rank per step")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--prefetch-window", type=int, default=3)
+    ap.add_argument("--width", type=count(1), default=256)
+    ap.add_argument("--layers", type=count(1), default=3)
+    ap.add_argument("--heads", type=count(1), default=4)
+    ap.add_argument("--context", type=count(1), default=32)
+    ap.add_argument("--vocab", type=count(1), default=96)
+    ap.add_argument("--batch", type=count(1), default=1, help="sequences per rank per step")
+    ap.add_argument("--steps", type=count(1), default=3)
+    ap.add_argument("--reps", type=count(1), default=5)
+    ap.add_argument("--warmup", type=count(0), default=1)
+    ap.add_argument("--clip", type=positive_float, default=1.0)
+    ap.add_argument("--prefetch-window", type=count(0), default=3)
     ap.add_argument("--model-dir", required=True, help="where gpt.py is")
-    ap.add_argument("--json", default="")
+    ap.add_argument("--json", default=None)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
+    if args.width % args.heads:
+        ap.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
+    json_target = None
+    if args.json is not None:
+        json_target, why = output_target(args.json)
+        if why:
+            ap.error(f"--json: {why}")
     try:
         ranks = [int(r) for r in args.ranks.split(",") if r]
     except ValueError:
@@ -364,13 +425,11 @@ def main() -> int:
         worlds.append(run_world(args, n))
     text, verdicts = report(args, worlds, info)
     print(text)
-    if args.json:
+    if json_target:
         doc = {"tool": "hpshard-bench", "family": "torch", **info,
                "config": {k: v for k, v in vars(args).items() if k not in ("json", "quiet")},
                "results": worlds, "targets": verdicts}
-        with open(args.json + ".tmp", "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(args.json + ".tmp", args.json)
+        write_json(json_target, doc)
     return 0
 
 
