@@ -22,6 +22,14 @@ case "$family" in
     rc=$?
     set -e
     [ "$rc" -eq 2 ] || { echo "--isa avx1024 exited $rc, expected 2"; exit 1; }
+    # A max_norm that is not a finite number is a usage error too (nan passed the range
+    # check, every comparison with it being false, and failed in the engine with exit 1).
+    for v in nan inf -nan; do
+      rc=0
+      "$bench" clip --sizes 4K --kernel-bytes 0 --iters 1 --no-torch --quiet --max-norm "$v" \
+        >/dev/null 2>&1 || rc=$?
+      [ "$rc" -eq 2 ] || { echo "--max-norm $v exited $rc, expected 2"; exit 1; }
+    done
     ;;
   step)
     "$bench" step --ranks 1,2 --width 32 --depth 3 --batch 2 --steps 2 --reps 2 --no-torch \
@@ -29,6 +37,12 @@ case "$family" in
     for line in 'stage2 / unsharded time' 'stage3 / unsharded time'; do
       grep -q "^summary: step 2 ranks: $line" "$out/stdout.txt" \
         || { cat "$out/stdout.txt"; exit 1; }
+    done
+    for v in nan inf -nan; do  # as --max-norm of clip: not a finite number, exit 2
+      rc=0
+      "$bench" step --ranks 1 --width 8 --depth 1 --steps 1 --reps 1 --warmup 0 --no-torch \
+        --quiet --clip "$v" >/dev/null 2>&1 || rc=$?
+      [ "$rc" -eq 2 ] || { echo "--clip $v exited $rc, expected 2"; exit 1; }
     done
     ;;
   step-scale)

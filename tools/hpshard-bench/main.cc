@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +67,20 @@ CLI::Validator decimal() {
                    : "'" + text + "' is not a decimal integer";
       },
       "INT");
+}
+
+// A finite number: CLI::Range compares, and every comparison with NaN is false, so 'nan'
+// passed a range check and failed in the engine (exit 1 instead of a usage error).
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        return !text.empty() && *end == '\0' && std::isfinite(value)
+                   ? std::string()
+                   : "'" + text + "' is not a finite number";
+      },
+      "NUMBER");
 }
 
 using namespace hps::bench;
@@ -657,6 +672,7 @@ Family add_clip(CLI::App& app, int argc, char** argv) {
       ->check(decimal())
       ->check(CLI::Range(0, 100000));
   cmd->add_option("--max-norm", c.max_norm, "the clip's max_norm (default 1)")
+      ->check(finite_number())
       ->check(CLI::Range(1e-6, 1e30));
   cmd->add_option("--kernel-bytes", cli->kernel_bytes,
                   "fp32 bytes of each kernel's buffers in the kernel table (suffix K, M, G; 0: "
@@ -856,6 +872,7 @@ Family add_step(CLI::App& app, int argc, char** argv) {
   cmd->add_option("--optimizer", cli->optimizer, "adamw or sgd (momentum 0.9); default adamw")
       ->check(CLI::IsMember({"adamw", "sgd"}));
   cmd->add_option("--clip", c.clip, "global-norm max_norm, 0 for none (default 1)")
+      ->check(finite_number())
       ->check(CLI::Range(0.0, 1e30));
   cmd->add_option("--prefetch-window", c.prefetch_window,
                   "stage 3: units live at once, prefetch included (default 2)")
