@@ -59,3 +59,22 @@ refused "--shm-direct" coll --shm-direct -1 --no-mpi
 refused "not a regular file" coll --ranks 2 --no-mpi --json "$out/fifo"
 refused "not a regular file" clip --plot "$out"
 echo "bench option refusals OK"
+# Sizes that give an operation no message at a world size (below one element, per rank for
+# all_gather) are refused (exit 2): they gave an empty table with exit 0, or a plot.py
+# traceback. The upper bound is the one --help names (2^31 was accepted).
+for sizes in "--min-bytes 3 --max-bytes 3 --ops all_reduce" \
+             "--min-bytes 4 --max-bytes 4 --ops all_gather --plot $out/tiny.png" \
+             "--max-bytes 268435457" "--max-bytes 2147483648"; do
+  rc=0
+  # shellcheck disable=SC2086  # the words are the options
+  "$bench" coll --ranks 2 $sizes --iters 1 --warmup 0 --no-mpi --no-torch --quiet \
+    >"$out/tiny.txt" 2>&1 || rc=$?
+  [ $rc -eq 2 ] || { cat "$out/tiny.txt"; echo "'$sizes': exit $rc, expected 2"; exit 1; }
+done
+"$bench" coll --help | grep -q -- '--max-bytes.*268435456' || { echo "--help: no bound"; exit 1; }
+# The smallest sizes that give a message are measured and charted.
+"$bench" coll --ranks 2 --min-bytes 8 --max-bytes 8 --ops all_gather --iters 1 --warmup 0 \
+  --no-mpi --no-torch --quiet --plot "$out/tiny.png" >"$out/tiny.txt" 2>&1 ||
+  { cat "$out/tiny.txt"; exit 1; }
+[ -s "$out/tiny.png" ] || { echo "no chart of the smallest all_gather"; exit 1; }
+echo "bench coll tiny sizes OK"

@@ -428,6 +428,21 @@ int run_coll(CollCli& cli, int argc, char** argv) {
   c.shared_memory = cli.transport == "shm";
   c.progress = !cli.common.quiet;
   if (c.min_bytes > c.max_bytes) usage_error("--min-bytes is larger than --max-bytes");
+  // Every operation measures at least one size at every world size: a size below one element
+  // (per rank, for all_gather and reduce_scatter) is skipped, and a sweep of such sizes alone
+  // gave an empty table with exit 0 (and a plot.py traceback with --plot).
+  const size_t largest_size = message_sizes(c).empty() ? 0 : message_sizes(c).back();
+  for (CollOp op : c.ops) {
+    for (int32_t ranks : c.ranks) {
+      const size_t least =
+          hps::dtype_size(c.dtype) * (count_is_per_rank(op) ? static_cast<size_t>(ranks) : 1);
+      if (largest_size < least) {
+        usage_error("--max-bytes " + std::to_string(c.max_bytes) + " gives " +
+                    std::string(coll_op_name(op)) + " at " + std::to_string(ranks) +
+                    " ranks no message: it needs at least " + std::to_string(least) + " bytes");
+      }
+    }
+  }
   RunInfo info = run_info(argc, argv);
   use_isa(cli.common, info);
   const std::string script = torch_setup(cli.common, "torch_coll.py", info);
@@ -471,6 +486,10 @@ int run_coll(CollCli& cli, int argc, char** argv) {
   return finish(cli.common, "coll", info, [&](const RunInfo& i) { return to_json(c, i, worlds); });
 }
 
+// The largest message --help promises (each rank holds its buffers, as threads of one
+// process): 256 MiB.
+constexpr size_t kMaxCollBytes = size_t{1} << 28;
+
 Family add_coll(CLI::App& app, int argc, char** argv) {
   auto cli = std::make_shared<CollCli>();
   CollConfig& c = cli->config;
@@ -485,13 +504,15 @@ Family add_coll(CLI::App& app, int argc, char** argv) {
       ->check(decimal())
       ->delimiter(',')
       ->check(CLI::Range(2, 64));
-  cmd->add_option("--min-bytes", c.min_bytes, "smallest message S in bytes (default 4096)")
+  cmd->add_option("--min-bytes", c.min_bytes,
+                  "smallest message S in bytes (default 4096; 1 to 268435456)")
       ->check(decimal())
-      ->check(CLI::Range(size_t{1}, size_t{1} << 31));
+      ->check(CLI::Range(size_t{1}, kMaxCollBytes));
   cmd->add_option("--max-bytes", c.max_bytes,
-                  "largest message S in bytes (default 67108864; up to 268435456)")
+                  "largest message S in bytes (default 67108864; 1 to 268435456; at least one "
+                  "element, per rank for all_gather and reduce_scatter)")
       ->check(decimal())
-      ->check(CLI::Range(size_t{1}, size_t{1} << 31));
+      ->check(CLI::Range(size_t{1}, kMaxCollBytes));
   cmd->add_option("--iters", c.iters, "timed iterations per size (default: 40 small .. 5 large)")
       ->check(decimal())
       ->check(CLI::Range(1, 100000));
