@@ -13,11 +13,12 @@ trap 'rm -rf "$out"' EXIT
   --json "$out/bench.json" >"$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
 grep -q '^summary: ckpt: save .* plain write .* plain read of its files .* a read of the plain file.* the step right after save() .* steps from save() on .* loaded state bitwise equal' "$out/stdout.txt" \
   || { cat "$out/stdout.txt"; exit 1; }
+grep -q '^# cpu kernels: .*load average' "$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
 /usr/bin/python3 - "$out/bench.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-for key in ("tool", "family", "command", "date", "machine", "config", "units", "reference",
-            "targets", "results"):
+for key in ("tool", "family", "command", "date", "machine", "cpu_kernels", "load_average",
+            "config", "units", "reference", "targets", "results"):
     assert key in doc, f"missing top-level key {key}"
 assert doc["family"] == "ckpt"
 row = doc["results"][0]

@@ -70,10 +70,20 @@ PY
     # the two engines end with the same parameters.
     "$bench" step --device cpu --width 64 --depth 3 --steps 2 --reps 2 --warmup 1 \
       --json "$out/bench.json" >"$out/stdout.txt"
+    grep -q '^# cpu kernels: .*load average' "$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
+    # --plot has no chart here: refused before the run (plot.py failed after it, exit 1).
+    rc=0
+    "$bench" step --device cpu --width 8 --depth 1 --steps 1 --reps 1 --warmup 0 --quiet \
+      --plot "$out/device.png" >/dev/null 2>&1 || rc=$?
+    [ "$rc" -eq 2 ] || { echo "step --device --plot exited $rc, expected 2"; exit 1; }
     /usr/bin/python3 - "$out/bench.json" <<'PY' || { cat "$out/stdout.txt"; exit 1; }
 import json, sys
 doc = json.load(open(sys.argv[1]))
 assert doc["device"] == "cpu" and doc["parameters"] == 3 * (64 * 64 + 64), doc
+# The header of every family's JSON (it had none of these).
+for key in ("tool", "command", "date", "machine", "cpu_kernels", "load_average"):
+    assert key in doc, f"missing top-level key {key}"
+assert doc["family"] == "step" and doc["cpu_kernels"]["isa"], doc
 assert doc["stage2_host_syncs_max"] == 0 and doc["stage3_host_syncs_max"] == 0, doc
 assert doc["stage2_vs_stage3_max_diff"] < 1e-6, doc
 for key in ("stage2_seconds", "stage3_seconds", "optimizer_seconds"):

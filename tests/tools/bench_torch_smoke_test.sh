@@ -17,8 +17,11 @@ grep -q '^## GPT width 32, 1 blocks' "$out/stdout.txt" || { cat "$out/stdout.txt
 /usr/bin/python3 - "$out/torch.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-for key in ("tool", "family", "command", "date", "machine", "config", "results", "targets"):
+# The header every family's JSON has (the bench adds it to torch_peer.py's figures).
+for key in ("tool", "family", "command", "date", "machine", "cpu_kernels", "load_average",
+            "config", "results", "targets"):
     assert key in doc, f"missing top-level key {key}"
+assert doc["cpu_kernels"]["isa"] and doc["load_average"]["end"] is not None, doc
 assert doc["family"] == "torch"
 (world,) = doc["results"]
 assert world["ranks"] == 2

@@ -382,8 +382,7 @@ CkptResult run_ckpt(const CkptConfig& c) {
 
 void print_ckpt(std::FILE* out, const CkptConfig& c, const RunInfo& info, const CkptResult& r) {
   const double gb = static_cast<double>(r.saved_bytes) / 1e9;
-  std::fprintf(out, "# hpshard-bench ckpt — %s — %s\n", info.date.c_str(), info.machine.c_str());
-  std::fprintf(out, "# command: %s\n", info.command.c_str());
+  print_run_header(out, "ckpt", info);
   std::fprintf(out,
                "# Stage2Engine on %s, AdamW, %d ranks as threads, %d fp32 parameters of %s in "
                "all; a step's %d passes %s; medians of %d repetitions of the slowest rank; each "

@@ -29,6 +29,7 @@
 #include "core/device/buffer.h"
 #include "core/device/cuda/stream.h"
 #include "core/device/device.h"
+#include "core/kernels/cpu/kernel_set.h"
 #include "core/kernels/kernel_table.h"
 #include "tools/hpshard-bench/ckpt_bench.h"
 #include "tools/hpshard-bench/device_step.h"
@@ -222,6 +223,9 @@ int ckpt_mode(int argc, char** argv, int first) {
   hps::bench::RunInfo info = hps::bench::run_info(argc, argv);
   info.machine += ", " + take(hps::device_properties(c.device), "device properties").name;
   info.torch = "no torch column for checkpoints";
+  // The report's header names the CPU kernels too (the engine's host-side work runs on them).
+  info.cpu_kernels = hps::cpu::cpu_isa_name(hps::cpu::active_cpu_kernels().isa);
+  info.cpu_features = hps::cpu::cpu_feature_text();
   const hps::bench::CkptResult r = hps::bench::run_ckpt(c);
   info.load_after = hps::bench::load_average();
   hps::bench::print_ckpt(stdout, c, info, r);

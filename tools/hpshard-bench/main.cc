@@ -767,6 +767,8 @@ int run_step_family(StepCli& cli, int argc, char** argv) {
   c.adamw = cli.optimizer == "adamw";
   c.progress = !cli.common.quiet;
   if (!c.device.empty()) {
+    // One row of figures: plot.py charts the world-size sweep, which --device does not run.
+    if (!cli.common.plot_path.empty()) usage_error("--plot: step --device has no chart");
     DeviceStepConfig d;
     d.device = *hps::parse_device(c.device);
     d.width = c.width;
@@ -783,9 +785,14 @@ int run_step_family(StepCli& cli, int argc, char** argv) {
       return 77;
     }
     const DeviceStepResult r = run_device_step(d);
+    info.load_after = load_average();
+    print_run_header(stdout, "step", info);
     print_device_step(d, r);
-    return finish(cli.common, "step", info,
-                  [&](const RunInfo&) { return device_step_to_json(d, r); });
+    return finish(cli.common, "step", info, [&](const RunInfo& i) {
+      Json j = device_step_to_json(d, r);
+      add_run_info(j, "step", i);
+      return j;
+    });
   }
   RunInfo info = run_info(argc, argv);
   use_isa(cli.common, info);
@@ -906,7 +913,7 @@ Family add_step(CLI::App& app, int argc, char** argv) {
   cmd->add_option("--device", c.device,
                   "instead: the runtime's own step on cpu, cuda or cuda:N at world size 1 (no "
                   "model compute; synthetic gradients), beside the optimizer kernel alone; exit "
-                  "77 when the device is absent")
+                  "77 when the device is absent; no --plot (one row, no chart)")
       ->check(device_validator());
   cmd->add_flag("--trace-overhead", c.trace_overhead,
                 "also time stage 2 and 3 while the timeline records (HPS_TRACE)");
@@ -1050,7 +1057,38 @@ int run_in_own_group(std::vector<std::string> args) {
 
 // The torch family runs entirely in torch_peer.py (every contender is torch compute): this
 // finds the script, the model and the Python binding, and passes the options through.
-int run_torch_family(const std::string& script_option, const std::vector<std::string>& pass) {
+// torch_peer.py writes its JSON to a scratch file; the bench adds the header every family's
+// JSON has (add_run_info: command, date, machine, cpu_kernels, load_average) and writes it
+// to --json FILE, checked before anything runs as the other families check theirs.
+int run_torch_family(const std::string& script_option, const std::vector<std::string>& pass,
+                     int argc, char** argv) {
+  RunInfo info = run_info(argc, argv);
+  use_isa(CommonCli{}, info);
+  std::string json_path;
+  std::vector<std::string> args;
+  for (size_t i = 0; i < pass.size(); ++i) {
+    if (pass[i] == "--json" && i + 1 < pass.size()) {
+      json_path = pass[++i];
+    } else if (pass[i].rfind("--json=", 0) == 0) {
+      json_path = pass[i].substr(7);
+    } else {
+      args.push_back(pass[i]);
+    }
+  }
+  std::filesystem::path scratch;
+  if (!json_path.empty() || std::find(pass.begin(), pass.end(), "--json") != pass.end()) {
+    const hps::OutputFile checked = hps::output_file(json_path);
+    if (json_path.empty()) usage_error("--json: an empty path");
+    if (!checked.error.empty()) usage_error("--json: '" + json_path + "': " + checked.error);
+    std::error_code ec;
+    const auto parent = std::filesystem::absolute(checked.target, ec).parent_path();
+    if (!std::filesystem::is_directory(parent, ec)) {
+      usage_error("--json: '" + json_path + "': its directory does not exist");
+    }
+    scratch = temp_path("torch");
+    args.push_back("--json");
+    args.push_back(scratch.string());
+  }
   const std::string script = find_script(script_option, "HPS_BENCH_TORCH_SCRIPT", "torch_peer.py");
   if (script.empty()) usage_error("torch_peer.py not found (--torch-script)");
   // gpt.py: installed beside the scripts, or in the sources' examples.
@@ -1060,7 +1098,7 @@ int run_torch_family(const std::string& script_option, const std::vector<std::st
                                                ".." / "examples" / "python";
   std::vector<std::string> command{"/usr/bin/python3", script, "--model-dir",
                                    models.lexically_normal().string()};
-  command.insert(command.end(), pass.begin(), pass.end());
+  command.insert(command.end(), args.begin(), args.end());
 #ifdef HPS_BENCH_PYTHON_DIR
   // From a build tree, the build tree's Python binding; installed, the installed one.
   if (installed.empty()) {
@@ -1070,10 +1108,28 @@ int run_torch_family(const std::string& script_option, const std::vector<std::st
     ::setenv("PYTHONPATH", path.c_str(), 1);
   }
 #endif
-  return run_in_own_group(std::move(command));
+  const int code = run_in_own_group(std::move(command));
+  if (scratch.empty()) return code;
+  std::string why;
+  std::optional<Json> doc = code == 0 ? read_json(scratch, &why) : std::nullopt;
+  std::error_code ignored;
+  std::filesystem::remove(scratch, ignored);
+  if (code != 0) return code;
+  if (!doc) {
+    std::fprintf(stderr, "hpshard-bench: torch_peer.py's JSON: %s\n", why.c_str());
+    return 1;
+  }
+  info.load_after = load_average();
+  add_run_info(*doc, "torch", info);
+  why = hps::write_output(json_path, doc->dump(1) + "\n");
+  if (!why.empty()) {
+    std::fprintf(stderr, "hpshard-bench: %s\n", why.c_str());
+    return 1;
+  }
+  return 0;
 }
 
-Family add_torch(CLI::App& app) {
+Family add_torch(CLI::App& app, int argc, char** argv) {
   struct TorchCli {
     std::string script;
     std::vector<std::string> pass;
@@ -1093,7 +1149,9 @@ Family add_torch(CLI::App& app) {
       "torch_peer.py (default: $HPS_BENCH_TORCH_SCRIPT, the installed one, or beside the "
       "sources)");
   cmd->allow_extras();
-  return {cmd, [cli, cmd] { return run_torch_family(cli->script, cmd->remaining()); }};
+  return {cmd, [cli, cmd, argc, argv] {
+            return run_torch_family(cli->script, cmd->remaining(), argc, argv);
+          }};
 }
 
 }  // namespace
@@ -1107,7 +1165,7 @@ int main(int argc, char** argv) {
   // One line per family: its subcommand and options, and what runs once it is parsed.
   const std::vector<Family> families{add_coll(app, argc, argv), add_clip(app, argc, argv),
                                      add_step(app, argc, argv), add_ckpt(app, argc, argv),
-                                     add_torch(app)};
+                                     add_torch(app, argc, argv)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
