@@ -14,6 +14,9 @@ trap 'rm -rf "$out"' EXIT
 "$bench" torch --ranks 2 --width 32 --layers 1 --heads 2 --context 8 --batch 1 --steps 1 \
   --reps 1 --warmup 0 --quiet --json "$out/torch.json" >"$out/stdout.txt"
 grep -q '^## GPT width 32, 1 blocks' "$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
+# The header every family's report has, once.
+[ "$(grep -c '^# hpshard-bench torch — ' "$out/stdout.txt")" -eq 1 ] &&
+  grep -q '^# cpu kernels: .*load average' "$out/stdout.txt" || { cat "$out/stdout.txt"; exit 1; }
 /usr/bin/python3 - "$out/torch.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))

@@ -5,6 +5,8 @@
 //
 // Exit status: 0 when every case ran and gave the right result; 1 on an error or a wrong
 // result; 2 for bad usage.
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1011,12 +1013,18 @@ void forward_to_torch(int signal) {
 // Runs argv (argv[0] a path) in a process group of its own and waits for it; a signal sent to
 // the bench is forwarded to that group, and whatever of the group outlives the script is
 // killed, so no rank is left running under pid 1. The script gets SIGTERM when the bench dies
-// (PR_SET_PDEATHSIG; its ranks die with it in turn). Returns its exit code, 128 + a signal
-// that ended it or that the bench was sent, 1 when it could not start.
-int run_in_own_group(std::vector<std::string> args) {
+// (PR_SET_PDEATHSIG; its ranks die with it in turn). With `stdout_text`, its standard output
+// is collected there instead. Returns its exit code, 128 + a signal that ended it or that the
+// bench was sent, 1 when it could not start.
+int run_in_own_group(std::vector<std::string> args, std::string* stdout_text = nullptr) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  int output[2] = {-1, -1};
+  if (stdout_text && ::pipe2(output, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "hpshard-bench: pipe: %s\n", std::strerror(errno));
+    return 1;
+  }
   sigset_t all, previous;
   sigfillset(&all);
   ::sigprocmask(SIG_SETMASK, &all, &previous);
@@ -1027,14 +1035,17 @@ int run_in_own_group(std::vector<std::string> args) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != bench) ::_exit(128 + SIGTERM);
     for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+    if (output[1] >= 0) ::dup2(output[1], STDOUT_FILENO);
     ::sigprocmask(SIG_SETMASK, &previous, nullptr);
     ::execv(argv[0], argv.data());
     std::fprintf(stderr, "hpshard-bench: cannot run %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
   }
+  if (output[1] >= 0) ::close(output[1]);
   if (pid < 0) {
     ::sigprocmask(SIG_SETMASK, &previous, nullptr);
     std::fprintf(stderr, "hpshard-bench: fork: %s\n", std::strerror(errno));
+    if (output[0] >= 0) ::close(output[0]);
     return 1;
   }
   ::setpgid(pid, pid);  // also here: the group exists before a signal is forwarded to it
@@ -1045,11 +1056,30 @@ int run_in_own_group(std::vector<std::string> args) {
   for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
   ::sigprocmask(SIG_SETMASK, &previous, nullptr);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  bool reaped = false;
+  char buffer[4096];
+  // Its output until it ends (a process it started may hold the pipe open longer).
+  while (output[0] >= 0 && !reaped) {
+    pollfd readable{output[0], POLLIN, 0};
+    if (::poll(&readable, 1, 200) > 0) {
+      const ssize_t n = ::read(output[0], buffer, sizeof buffer);
+      if (n > 0) stdout_text->append(buffer, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+    }
+    reaped = ::waitpid(pid, &status, WNOHANG) == pid;
+  }
+  while (!reaped && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   // What the script left of its group (ranks, a resource tracker) goes with it.
   ::kill(-pid, SIGKILL);
   g_torch_group = 0;
+  if (output[0] >= 0) {  // the rest of its output: every writer is gone now
+    ssize_t n = 0;
+    while ((n = ::read(output[0], buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
+      if (n > 0) stdout_text->append(buffer, static_cast<size_t>(n));
+    }
+    ::close(output[0]);
+  }
   if (g_torch_signal != 0) return 128 + g_torch_signal;
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
@@ -1096,7 +1126,8 @@ int run_torch_family(const std::string& script_option, const std::vector<std::st
   const auto models = !installed.empty() ? installed
                                          : std::filesystem::path(HPS_BENCH_SOURCE_DIR) / ".." /
                                                ".." / "examples" / "python";
-  std::vector<std::string> command{"/usr/bin/python3", script, "--model-dir",
+  // --bench-header: the script leaves out the header lines the bench prints itself.
+  std::vector<std::string> command{"/usr/bin/python3", script, "--bench-header", "--model-dir",
                                    models.lexically_normal().string()};
   command.insert(command.end(), args.begin(), args.end());
 #ifdef HPS_BENCH_PYTHON_DIR
@@ -1108,7 +1139,13 @@ int run_torch_family(const std::string& script_option, const std::vector<std::st
     ::setenv("PYTHONPATH", path.c_str(), 1);
   }
 #endif
-  const int code = run_in_own_group(std::move(command));
+  // Its report goes out after the header every family's report has (print_run_header).
+  std::string report;
+  const int code = run_in_own_group(std::move(command), &report);
+  info.load_after = load_average();
+  if (code == 0) print_run_header(stdout, "torch", info);
+  std::fputs(report.c_str(), stdout);
+  std::fflush(stdout);
   if (scratch.empty()) return code;
   std::string why;
   std::optional<Json> doc = code == 0 ? read_json(scratch, &why) : std::nullopt;
@@ -1119,7 +1156,6 @@ int run_torch_family(const std::string& script_option, const std::vector<std::st
     std::fprintf(stderr, "hpshard-bench: torch_peer.py's JSON: %s\n", why.c_str());
     return 1;
   }
-  info.load_after = load_average();
   add_run_info(*doc, "torch", info);
   why = hps::write_output(json_path, doc->dump(1) + "\n");
   if (!why.empty()) {

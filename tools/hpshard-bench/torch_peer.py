@@ -278,8 +278,9 @@ LABELS = {
 
 def report(args, worlds, info):
     out = []
-    out.append(f"# hpshard-bench torch — {info['date']} — {info['machine']}")
-    out.append(f"# {info['command']}")
+    if not args.bench_header:  # else hpshard-bench prints the header all its reports have
+        out.append(f"# hpshard-bench torch — {info['date']} — {info['machine']}")
+        out.append(f"# {info['command']}")
     out.append(f"# torch {info['torch']}, 1 intra-op thread per rank, ranks as processes; "
                f"{worlds[0]['fsdp'] if worlds else ''}")
     verdicts = []
@@ -392,6 +393,7 @@ def main() -> int:
     ap.add_argument("--model-dir", required=True, help="where gpt.py is")
     ap.add_argument("--json", default=None)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--bench-header", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.width % args.heads:
         ap.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
@@ -427,7 +429,8 @@ def main() -> int:
     print(text)
     if json_target:
         doc = {"tool": "hpshard-bench", "family": "torch", **info,
-               "config": {k: v for k, v in vars(args).items() if k not in ("json", "quiet")},
+               "config": {k: v for k, v in vars(args).items()
+                          if k not in ("json", "quiet", "bench_header")},
                "results": worlds, "targets": verdicts}
         write_json(json_target, doc)
     return 0
