@@ -19,9 +19,10 @@ rotating), so machine noise falls on all of them alike. A repetition: a barrier,
 steps, the slowest rank's time / steps; each figure is the median over --reps repetitions
 after --warmup. "x ZeRO" is the median over repetitions of the contender's time / torch
 ZeRO's in the same repetition (the pairs ran back to back, so load that comes and goes on
-a shared machine falls on both); the targets are judged on it. Resident bytes per rank: what each contender holds for training on rank
-0 after a step — hpshard: the engine's own count (shards, gathered units, buffer pool);
-torch: the parameter, gradient and optimizer-state tensors it holds (DDP's bucket buffers
+a shared machine falls on both); the targets are judged on it. Resident bytes per rank: what
+each contender holds for training on rank 0 after a step — hpshard: the engine's own count
+(shards, gathered units, buffer pool); torch: the parameter, gradient and optimizer-state
+tensors it holds (DDP's bucket buffers
 not included, which favours torch). Host syncs: hpshard's counter over a step (0 is the
 design); torch's collectives block the host in every step (DDP waits for its all-reduces
 at the end of backward, ZeRO for its broadcasts) and are not counted.

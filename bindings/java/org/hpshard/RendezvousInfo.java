@@ -10,7 +10,9 @@ import org.hpshard.internal.hps_rendezvous_info_t;
  * @param worldSize the number of ranks
  * @param localRank rank among the processes of this host
  * @param storeUrl for {@link Store#open}
- * @param source which variables were read ("hpshard-run", "torchrun", ...)
+ * @param source which variables were read: the family, then the variables, e.g.
+ *     "hpshard (HPS_RANK, HPS_WORLD_SIZE, HPS_STORE)" or
+ *     "torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"
  */
 public record RendezvousInfo(
     int rank, int worldSize, int localRank, String storeUrl, String source) {

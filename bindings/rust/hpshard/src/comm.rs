@@ -220,7 +220,9 @@ pub struct RendezvousInfo {
     pub local_rank: i32,
     /// The URL to give [`Store::open`].
     pub store_url: String,
-    /// Which variables were read ("hpshard-run", "torchrun", ...).
+    /// Which variables were read: the family, then the variables, e.g.
+    /// `"hpshard (HPS_RANK, HPS_WORLD_SIZE, HPS_STORE)"` or
+    /// `"torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)"`.
     pub source: String,
 }
 
