@@ -102,17 +102,104 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+// A peer's process group while it runs (run_in_own_group): SIGINT, SIGTERM and SIGHUP sent
+// to the bench go to every process of it (the script and the ranks it spawned), not to the
+// script alone.
+volatile sig_atomic_t g_child_group = 0;
+volatile sig_atomic_t g_forwarded_signal = 0;
+
+void forward_to_child(int signal) {
+  g_forwarded_signal = signal;
+  if (g_child_group > 0) ::kill(-static_cast<pid_t>(g_child_group), signal);
+}
+
+// Runs argv (argv[0] a path) in a process group of its own and waits for it; a signal sent to
+// the bench is forwarded to that group, and whatever of the group outlives the script is
+// killed, so no rank is left running under pid 1. The script gets SIGTERM when the bench dies
+// (PR_SET_PDEATHSIG; its ranks die with it in turn). With `stdout_text`, its standard output
+// is collected there instead. Returns its exit code, 128 + a signal that ended it or that the
+// bench was sent (the bench's own signal actions are back by then), 1 when it could not
+// start.
+int run_in_own_group(std::vector<std::string> args, std::string* stdout_text = nullptr) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int output[2] = {-1, -1};
+  if (stdout_text && ::pipe2(output, O_CLOEXEC) != 0) {
+    std::fprintf(stderr, "hpshard-bench: pipe: %s\n", std::strerror(errno));
+    return 1;
+  }
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, &previous);
+  const pid_t bench = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != bench) ::_exit(128 + SIGTERM);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+    if (output[1] >= 0) ::dup2(output[1], STDOUT_FILENO);
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    ::execv(argv[0], argv.data());
+    std::fprintf(stderr, "hpshard-bench: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  if (output[1] >= 0) ::close(output[1]);
+  if (pid < 0) {
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+    std::fprintf(stderr, "hpshard-bench: fork: %s\n", std::strerror(errno));
+    if (output[0] >= 0) ::close(output[0]);
+    return 1;
+  }
+  ::setpgid(pid, pid);  // also here: the group exists before a signal is forwarded to it
+  g_child_group = pid;
+  g_forwarded_signal = 0;
+  constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction action {
+  }, before[3];
+  action.sa_handler = forward_to_child;
+  sigemptyset(&action.sa_mask);
+  for (int i = 0; i < 3; ++i) ::sigaction(kForwarded[i], &action, &before[i]);
+  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+  int status = 0;
+  bool reaped = false;
+  char buffer[4096];
+  // Its output until it ends (a process it started may hold the pipe open longer).
+  while (output[0] >= 0 && !reaped) {
+    pollfd readable{output[0], POLLIN, 0};
+    if (::poll(&readable, 1, 200) > 0) {
+      const ssize_t n = ::read(output[0], buffer, sizeof buffer);
+      if (n > 0) stdout_text->append(buffer, static_cast<size_t>(n));
+      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
+    }
+    reaped = ::waitpid(pid, &status, WNOHANG) == pid;
+  }
+  while (!reaped && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  // What the script left of its group (ranks, a resource tracker) goes with it.
+  ::kill(-pid, SIGKILL);
+  g_child_group = 0;
+  for (int i = 0; i < 3; ++i) ::sigaction(kForwarded[i], &before[i], nullptr);
+  if (output[0] >= 0) {  // the rest of its output: every writer is gone now
+    ssize_t n = 0;
+    while ((n = ::read(output[0], buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
+      if (n > 0) stdout_text->append(buffer, static_cast<size_t>(n));
+    }
+    ::close(output[0]);
+  }
+  if (g_forwarded_signal != 0) return 128 + g_forwarded_signal;
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+// A peer's shell command, its standard output captured; *status its exit code (128 + a
+// signal). A signal the bench was sent meanwhile ends the bench too, once the peer's whole
+// group is gone.
 std::string run_and_capture(const std::string& command, int* status) {
   std::string output;
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) {
-    *status = -1;
-    return output;
-  }
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  *status = ::pclose(pipe);
+  *status = run_in_own_group({"/bin/sh", "-c", command}, &output);
+  if (g_forwarded_signal != 0) std::raise(g_forwarded_signal);
   return output;
 }
 
@@ -999,91 +1086,6 @@ Family add_ckpt(CLI::App& app, int argc, char** argv) {
 }
 
 // ---- torch ----
-
-// torch_peer.py's process group while it runs: SIGINT, SIGTERM and SIGHUP sent to the bench
-// go to every process of it (the script and the ranks it spawned), not to the script alone.
-volatile sig_atomic_t g_torch_group = 0;
-volatile sig_atomic_t g_torch_signal = 0;
-
-void forward_to_torch(int signal) {
-  g_torch_signal = signal;
-  if (g_torch_group > 0) ::kill(-static_cast<pid_t>(g_torch_group), signal);
-}
-
-// Runs argv (argv[0] a path) in a process group of its own and waits for it; a signal sent to
-// the bench is forwarded to that group, and whatever of the group outlives the script is
-// killed, so no rank is left running under pid 1. The script gets SIGTERM when the bench dies
-// (PR_SET_PDEATHSIG; its ranks die with it in turn). With `stdout_text`, its standard output
-// is collected there instead. Returns its exit code, 128 + a signal that ended it or that the
-// bench was sent, 1 when it could not start.
-int run_in_own_group(std::vector<std::string> args, std::string* stdout_text = nullptr) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  int output[2] = {-1, -1};
-  if (stdout_text && ::pipe2(output, O_CLOEXEC) != 0) {
-    std::fprintf(stderr, "hpshard-bench: pipe: %s\n", std::strerror(errno));
-    return 1;
-  }
-  sigset_t all, previous;
-  sigfillset(&all);
-  ::sigprocmask(SIG_SETMASK, &all, &previous);
-  const pid_t bench = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != bench) ::_exit(128 + SIGTERM);
-    for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
-    if (output[1] >= 0) ::dup2(output[1], STDOUT_FILENO);
-    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-    ::execv(argv[0], argv.data());
-    std::fprintf(stderr, "hpshard-bench: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  if (output[1] >= 0) ::close(output[1]);
-  if (pid < 0) {
-    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-    std::fprintf(stderr, "hpshard-bench: fork: %s\n", std::strerror(errno));
-    if (output[0] >= 0) ::close(output[0]);
-    return 1;
-  }
-  ::setpgid(pid, pid);  // also here: the group exists before a signal is forwarded to it
-  g_torch_group = pid;
-  struct sigaction action {};
-  action.sa_handler = forward_to_torch;
-  sigemptyset(&action.sa_mask);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
-  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-  int status = 0;
-  bool reaped = false;
-  char buffer[4096];
-  // Its output until it ends (a process it started may hold the pipe open longer).
-  while (output[0] >= 0 && !reaped) {
-    pollfd readable{output[0], POLLIN, 0};
-    if (::poll(&readable, 1, 200) > 0) {
-      const ssize_t n = ::read(output[0], buffer, sizeof buffer);
-      if (n > 0) stdout_text->append(buffer, static_cast<size_t>(n));
-      if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) break;
-    }
-    reaped = ::waitpid(pid, &status, WNOHANG) == pid;
-  }
-  while (!reaped && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  // What the script left of its group (ranks, a resource tracker) goes with it.
-  ::kill(-pid, SIGKILL);
-  g_torch_group = 0;
-  if (output[0] >= 0) {  // the rest of its output: every writer is gone now
-    ssize_t n = 0;
-    while ((n = ::read(output[0], buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
-      if (n > 0) stdout_text->append(buffer, static_cast<size_t>(n));
-    }
-    ::close(output[0]);
-  }
-  if (g_torch_signal != 0) return 128 + g_torch_signal;
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-}
 
 // The torch family runs entirely in torch_peer.py (every contender is torch compute): this
 // finds the script, the model and the Python binding, and passes the options through.
