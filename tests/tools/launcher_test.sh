@@ -4,7 +4,7 @@
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
 #         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
-#         group-killed | terminal-input
+#         group-killed | group-killed-early | stop-continue | terminal-input
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -302,6 +302,61 @@ PY
       sleep 0.1
     done
     [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
+    ;;
+  group-killed-early)
+    # The same SIGKILL to the whole group at moments across the launcher's start: whenever a
+    # store directory or a rank exists, the clean-up process has left the group already.
+    mkdir -p "$work/tmp"
+    for i in $(seq 0 39); do
+      TMPDIR="$work/tmp" setsid "$run" -n 2 --store file -- \
+        sh -c 'sleep 27.5 & sleep 26.5' >"$work/out" 2>"$work/err" &
+      launcher=$!
+      sleep "0.$(printf '%03d' $((i * 3 / 2)))"
+      kill -KILL -- -$launcher 2>/dev/null
+      wait $launcher 2>/dev/null
+    done
+    for _ in $(seq 100); do
+      running_command "sleep 27.5" || [ -n "$(ls -A "$work/tmp")" ] || break
+      sleep 0.1
+    done
+    running_command "sleep 27.5" kill && fail "a rank's child outlived its killed group"
+    running_command "sleep 26.5" kill && fail "a rank outlived its killed group"
+    [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
+    ;;
+  stop-continue)
+    # ^Z (SIGTSTP to the launcher) stops every rank's process group and then the launcher;
+    # SIGCONT continues them all and the job ends as it would have.
+    setsid "$run" -n 2 -- sh -c 'echo "pid $$"; sleep 1.5 & echo "child $!"; i=0
+      while [ $i -lt 40 ]; do i=$((i + 1)); sleep 0.05; done; wait; echo finished' \
+      >"$work/out" 2>"$work/err" &
+    launcher=$!
+    for _ in $(seq 100); do
+      [ "$(grep -c 'child' "$work/out")" -eq 2 ] && break
+      sleep 0.05
+    done
+    [ "$(grep -c 'child' "$work/out")" -eq 2 ] || fail "the ranks did not start"
+    pids=$(sed -n 's/^\[rank [0-9]\] \(pid\|child\) //p' "$work/out")
+    state() { awk '{print $3}' "/proc/$1/stat" 2>/dev/null; }
+    kill -TSTP $launcher
+    stopped=0
+    for _ in $(seq 100); do
+      stopped=1
+      for pid in $pids $launcher; do [ "$(state $pid)" = T ] || stopped=0; done
+      [ $stopped -eq 1 ] && break
+      sleep 0.05
+    done
+    if [ $stopped -ne 1 ]; then
+      for pid in $pids $launcher; do echo "pid $pid: $(state $pid)"; done
+      kill -CONT $launcher $pids 2>/dev/null
+      fail "SIGTSTP did not stop the launcher, the ranks and their children"
+    fi
+    sleep 2  # longer than the job runs: stopped, it does not end
+    grep -q finished "$work/out" && fail "ranks ran on while stopped"
+    kill -CONT $launcher
+    wait $launcher
+    rc=$?
+    [ $rc -eq 0 ] || fail "exit code $rc after SIGCONT, expected 0"
+    [ "$(grep -c 'finished' "$work/out")" -eq 2 ] || fail "the ranks did not finish"
     ;;
   timeout)
     start=$(now_ms)

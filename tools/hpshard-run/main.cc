@@ -13,10 +13,12 @@
 // Exit status: 0 when every rank exits 0; otherwise the first failing rank's exit code
 // (128+signal when it was killed by a signal); 124 when --timeout expired; 128+signal when
 // the launcher was sent SIGINT, SIGTERM or SIGHUP (the ranks' ends after it forwarded the
-// signal are not failures of theirs); 2 for bad usage.
+// signal are not failures of theirs); 2 for bad usage. ^Z (SIGTSTP) stops the ranks and the
+// launcher; SIGCONT continues them.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,6 +57,10 @@ constexpr std::chrono::milliseconds kDrainAfterExit{2000};
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
 int g_signal_pipe[2] = {-1, -1};
+// What the launcher handles: the ends it forwards (SIGINT, SIGTERM, SIGHUP), its children's
+// ends, and job control (SIGTSTP stops the ranks and then the launcher, SIGCONT continues
+// them): the ranks are in process groups of their own, which a terminal's ^Z does not reach.
+constexpr int kHandledSignals[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGTSTP, SIGCONT};
 
 void on_signal(int signal) {
   const int saved = errno;
@@ -337,20 +343,30 @@ class Launcher {
       // Absolute: a file:// store URL needs an absolute path.
       std::error_code ignored;
       const auto base = std::filesystem::absolute(tmp && *tmp ? tmp : "/tmp", ignored);
-      std::string pattern = (base / "hpshard-run.XXXXXX").string();
-      if (::mkdtemp(pattern.data()) == nullptr) {
-        say("cannot create a store directory from " + pattern + ": " + std::strerror(errno));
+      // Named here and made once the clean-up process knows it (as mkdtemp would: a random
+      // name, made by this process alone, only its owner's).
+      auto unique = hps::auth::new_token();
+      if (!unique.ok()) {
+        say("cannot name the store directory: " + unique.status().message());
         return 1;
       }
-      store_dir_ = pattern;
-      store_url = "file://" + pattern;
+      store_url = "file://" + (base / ("hpshard-run." + unique->substr(0, 16))).string();
+    }
+    // Before the store's directory and any rank: a launcher killed once either exists always
+    // leaves the clean-up behind.
+    if (!store_url.empty() && store_url.rfind("file://", 0) == 0) store_dir_ = store_url.substr(7);
+    start_janitor();
+    if (!store_dir_.empty() && ::mkdir(store_dir_.c_str(), 0700) != 0) {
+      say("cannot create the store directory " + store_dir_ + ": " + std::strerror(errno));
+      store_dir_.clear();  // not this job's
+      stop_janitor();
+      return 1;
     }
     int code = 1;
     const bool started = start_ranks(store_url);
     // Rank 0 holds the socket now: once it is gone, clients must be refused, not queued.
     hps::net::close_fd(store_fd_);
     store_fd_ = -1;
-    if (started) start_janitor();
     if (started) code = supervise();
     // A failed or stopped job leaves nothing its ranks started (a failed rank's children
     // were signalled with the others; what ignored that is killed now).
@@ -377,7 +393,7 @@ class Launcher {
     action.sa_handler = on_signal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
+    for (int s : kHandledSignals) ::sigaction(s, &action, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
     return true;
   }
@@ -407,7 +423,8 @@ class Launcher {
   // A process that outlives a launcher killed with SIGKILL (which runs no code of its own):
   // it learns of the death from its pipe's end of file, kills what is left of the ranks'
   // process groups, and removes the file store's directory and the job's shared-memory
-  // segments once the ranks have gone. The launcher tells it of each rank it reaps (so a
+  // segments once the ranks have gone. Started before the ranks, in a session of its own
+  // before any rank exists; the launcher tells it of each rank it starts and reaps (so a
   // reused pid is never signalled) and, at a normal end, that there is nothing to do.
   void start_janitor() {
     int link[2];
@@ -415,31 +432,40 @@ class Launcher {
       say(std::string("pipe: ") + std::strerror(errno) + " (no clean-up if killed)");
       return;
     }
+    // Signals wait while the child still has the launcher's handlers (which write to the
+    // launcher's signal pipe).
+    sigset_t all, previous;
+    sigfillset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, &previous);
     const pid_t pid = ::fork();
+    if (pid == 0) {
+      // A session of its own: a signal to the launcher's whole process group (`timeout -s
+      // KILL`, a terminal's hangup or ^Z) must not reach the process that cleans up after it.
+      ::setsid();
+      // Interrupts meant for the job are the launcher's to handle; this process waits for
+      // its end.
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) std::signal(sig, SIG_IGN);
+      for (int sig : {SIGCHLD, SIGTSTP, SIGCONT}) std::signal(sig, SIG_DFL);
+      ::sigprocmask(SIG_SETMASK, &previous, nullptr);
+      ::close(link[1]);
+      janitor(link[0]);  // never returns
+    }
+    ::sigprocmask(SIG_SETMASK, &previous, nullptr);
     if (pid < 0) {
       say(std::string("fork: ") + std::strerror(errno) + " (no clean-up if killed)");
       ::close(link[0]);
       ::close(link[1]);
       return;
     }
-    if (pid == 0) {
-      // A session of its own: a signal to the launcher's whole process group (`timeout -s
-      // KILL`, a terminal's hangup) must not end the process that cleans up after it.
-      ::setsid();
-      ::close(link[1]);
-      janitor(link[0]);  // never returns
-    }
     ::close(link[0]);
     janitor_pid_ = pid;
     janitor_fd_ = link[1];
+    // No rank starts before the clean-up has left the launcher's session: a SIGKILL of the
+    // launcher's group in between would end both.
+    for (int i = 0; i < 5000 && ::getsid(pid) != pid; ++i) ::usleep(200);
   }
 
   [[noreturn]] void janitor(int from_launcher) {
-    // Interrupts meant for the job (a terminal's ^C reaches the whole process group) are the
-    // launcher's to handle; this process waits for its end.
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_IGN);
-    std::signal(SIGCHLD, SIG_DFL);
-    std::signal(SIGPIPE, SIG_IGN);
     // The ranks' output pipes and the rest: listed first (the listing has a descriptor of
     // its own), then closed.
     std::vector<int> inherited;
@@ -449,7 +475,9 @@ class Launcher {
       if (fd > STDERR_FILENO && fd != from_launcher) inherited.push_back(fd);
     }
     for (int fd : inherited) ::close(fd);
-    std::vector<bool> reaped(ranks_.size(), false);
+    const size_t nproc = static_cast<size_t>(options_.nproc);
+    std::vector<pid_t> pids(nproc, -1);
+    std::vector<bool> reaped(nproc, false);
     std::string pending;
     bool done = false;
     char buffer[4096];
@@ -465,19 +493,23 @@ class Launcher {
         } else if (line.rfind("reaped ", 0) == 0) {
           const size_t r = static_cast<size_t>(std::atol(line.c_str() + 7));
           if (r < reaped.size()) reaped[r] = true;
+        } else if (long r = 0, pid = 0;
+                   std::sscanf(line.c_str(), "started %ld %ld", &r, &pid) == 2) {
+          if (r >= 0 && static_cast<size_t>(r) < pids.size() && pid > 0) {
+            pids[static_cast<size_t>(r)] = static_cast<pid_t>(pid);
+          }
         }
       }
     }
     if (done) ::_exit(0);
     // The launcher died without cleaning up. Its ranks got SIGKILL (PR_SET_PDEATHSIG); what
     // they started gets it here.
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      if (!reaped[r] && ranks_[r].pid > 0) ::kill(-ranks_[r].pid, SIGKILL);
+    for (size_t r = 0; r < nproc; ++r) {
+      if (!reaped[r] && pids[r] > 0) ::kill(-pids[r], SIGKILL);
     }
     const auto deadline = Clock::now() + std::chrono::seconds(10);
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      while (!reaped[r] && ranks_[r].pid > 0 && ::kill(ranks_[r].pid, 0) == 0 &&
-             Clock::now() < deadline) {
+    for (size_t r = 0; r < nproc; ++r) {
+      while (!reaped[r] && pids[r] > 0 && ::kill(pids[r], 0) == 0 && Clock::now() < deadline) {
         ::usleep(20'000);
       }
     }
@@ -578,7 +610,7 @@ class Launcher {
         std::signal(SIGPIPE, SIG_DFL);
         // The launcher's handlers are not the rank's: a signal before the exec (the launcher
         // stopping the ranks) must act on this process, not write to the launcher's pipe.
-        for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) std::signal(s, SIG_DFL);
+        for (int s : kHandledSignals) std::signal(s, SIG_DFL);
         // Rank 0 inherits the store's listening socket (HPS_STORE_FD); the others do not.
         if (r == 0 && store_fd_ >= 0) ::fcntl(store_fd_, F_SETFD, 0);
         sigset_t none;
@@ -592,6 +624,7 @@ class Launcher {
         ::_exit(127);
       }
       ::setpgid(pid, pid);  // also here, so the group exists before any kill(-pid)
+      tell_janitor("started " + std::to_string(r) + " " + std::to_string(pid));
       ::close(out[1]);
       ::close(err[1]);
       ::fcntl(out[0], F_SETFL, O_NONBLOCK);
@@ -807,6 +840,10 @@ class Launcher {
       for (ssize_t i = 0; i < n; ++i) {
         const int s = signals[i];
         if (s == SIGCHLD) continue;  // reap() runs after every wake-up
+        if (s == SIGTSTP || s == SIGCONT) {
+          job_control(s);
+          continue;
+        }
         // Forward, and stop the ranks that do not exit on it within the grace period.
         if (!interrupted_) {
           interrupted_ = s;
@@ -819,6 +856,17 @@ class Launcher {
         }
       }
     }
+  }
+
+  // ^Z (SIGTSTP) stops the ranks' groups, then the launcher; SIGCONT (a shell's `fg` or
+  // `bg`) continues them. A rank that handles SIGTSTP itself decides what it does.
+  void job_control(int signal) {
+    for (auto& p : ranks_) {
+      if (p.group_alive && ::kill(-p.pid, signal) != 0 && errno == ESRCH) p.group_alive = false;
+    }
+    // SIGSTOP, which a process group no terminal controls (a job started with setsid or
+    // nohup) does not discard as it discards an unhandled SIGTSTP.
+    if (signal == SIGTSTP) ::raise(SIGSTOP);
   }
 
   static double seconds_since(Clock::time_point t) {
