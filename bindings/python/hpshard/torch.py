@@ -915,6 +915,7 @@ class ShardedModule(torch.nn.Module):
         return hook
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._open("forward")
         self._check_structure()
         self._check_writes()
         if self._full is not None:
@@ -1162,6 +1163,7 @@ class ShardedModule(torch.nn.Module):
     def no_sync(self):
         """Backward passes inside are micro-batches before the step's last one (see the
         module documentation); the engine adds their gradients into its shards."""
+        self._open("no_sync()")
         if self.accumulation_steps == 1:
             raise RuntimeError("hpshard.torch: no_sync() needs accumulation_steps > 1 at "
                                "construction (the engine reduces per micro-batch)")
@@ -1175,13 +1177,14 @@ class ShardedModule(torch.nn.Module):
         """The learning rate of the next steps (a schedule's value, set before each step on
         every rank, e.g. ``model.set_learning_rate(scheduler_fn(step))``); no host sync. It
         holds until the next call, across :meth:`load_state_dict` too."""
-        self._engine.set_learning_rate(lr)
+        self._open("set_learning_rate()").set_learning_rate(lr)
         self._engine_kwargs["learning_rate"] = float(lr)
 
     def step(self) -> None:
         """The optimizer step on this rank's shards and the parameters' all-gathers
         (enqueued; no host sync)."""
         begin = time.monotonic_ns()
+        self._open("step()")
         self._refuse_inside_full("step()")
         if self._micro_batches != self.accumulation_steps:
             raise RuntimeError(f"hpshard.torch: step() after {self._micro_batches} backward "
@@ -1206,14 +1209,14 @@ class ShardedModule(torch.nn.Module):
     def loss_scale(self) -> float:
         """The dynamic loss scale (1.0 without): multiply the loss by it before backward.
         Read after this step's forward has begun (its first gather)."""
-        return self._engine.loss_scale
+        return self._open("loss_scale").loss_scale
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.loss_scale if self._engine_kwargs["dynamic_loss_scaling"] else loss
 
     @property
     def skipped_steps(self) -> int:
-        return self._engine.skipped_steps
+        return self._open("skipped_steps").skipped_steps
 
     @property
     def grad_norm(self) -> float:
@@ -1221,24 +1224,24 @@ class ShardedModule(torch.nn.Module):
         torch's ``clip_grad_norm_`` returns it (the whole model's over every rank; Inf or NaN
         for a step with a non-finite gradient). Read it as :attr:`loss_scale`: after the next
         forward has begun, or after :meth:`synchronize`."""
-        return self._engine.grad_norm
+        return self._open("grad_norm").grad_norm
 
     @property
     def engine(self) -> "_hps.Engine":
-        """The hpshard.Engine underneath."""
+        """The hpshard.Engine underneath (None after :meth:`close`)."""
         return self._engine
 
     @property
     def resident_bytes(self) -> int:
         """Bytes the engine holds on this rank (parameters, gradients, optimizer state)."""
-        return self._engine.resident_bytes
+        return self._open("resident_bytes").resident_bytes
 
     def synchronize(self) -> None:
         """Wait for everything in flight (a host sync: not for the training step); after
         it, stage 2 parameters hold the last step's values (and float32 ones may be written
         in place). A parameter written in place that could not hold the write (see the
         module's notes) raises here, naming it, once everything has completed."""
-        self._engine.synchronize()
+        self._open("synchronize()").synchronize()
         try:
             self._check_writes()
         finally:
@@ -1257,6 +1260,7 @@ class ShardedModule(torch.nn.Module):
         parameter written inside the block raises as the block ends, naming it, and
         the engine's values stay (use :meth:`load_state_dict`). Inside, a forward with
         gradients enabled, a backward, :meth:`step` and :meth:`load_state_dict` raise."""
+        self._open("full_parameters()")
         self._refuse_inside_full("full_parameters()")
         if self._backward_active:
             raise RuntimeError("hpshard.torch: full_parameters() while a backward is under way")
@@ -1289,6 +1293,15 @@ class ShardedModule(torch.nn.Module):
                 "full_parameters(); the block holds copies of the engine's values, so the "
                 "write was dropped: set parameters with load_state_dict()")
 
+    def _open(self, what: str) -> "_hps.Engine":
+        """The engine, or ValueError after :meth:`close` (its parameters are plain tensors
+        of the wrapped module now)."""
+        if self._engine is None:
+            raise ValueError(f"hpshard.torch: {what} on a closed ShardedModule: close() "
+                             "ended its engine; the wrapped module (.module) holds the "
+                             "parameters' last values")
+        return self._engine
+
     def _refuse_inside_full(self, what: str) -> None:
         if self._full is not None:
             raise RuntimeError(f"hpshard.torch: {what} inside full_parameters(); it "
@@ -1319,6 +1332,7 @@ class ShardedModule(torch.nn.Module):
         if args:  # the deprecated positional form: destination, prefix, keep_vars
             destination = args[0]
             prefix = args[1] if len(args) > 1 else prefix
+        self._open("state_dict()")
         self._check_writes()
         values = self._save_parameters()
         out: Dict[str, Any] = collections.OrderedDict() if destination is None else destination
@@ -1330,8 +1344,11 @@ class ShardedModule(torch.nn.Module):
     def load_state_dict(self, state_dict: Dict[str, torch.Tensor], strict: bool = True) -> Any:
         """Parameters (and buffers) from ``state_dict``, keyed as ``module.state_dict()``;
         the engine restarts from them with a fresh optimizer state. Collective: every rank
-        calls it; rank 0's values are everyone's. A module holding this one loads it
-        through its own ``load_state_dict`` the same way."""
+        calls it; rank 0's values are everyone's (the other ranks' dicts may lack keys, with
+        ``strict=False``; a parameter rank 0's dict lacks keeps its value). A dict refused on
+        one rank (strict keys, a shape) is refused on every rank, and nothing is loaded. A
+        module holding this one loads it through its own ``load_state_dict`` the same
+        way."""
         missing, unexpected = self._load_entries(state_dict, strict)
         return collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")(
             missing, unexpected)
@@ -1362,21 +1379,38 @@ class ShardedModule(torch.nn.Module):
 
     def _load_entries(self, state_dict: Dict[str, torch.Tensor],
                       strict: bool) -> Tuple[List[str], List[str]]:
+        self._open("load_state_dict()")
         self._refuse_inside_full("load_state_dict()")
         own = self.module.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
+        # Everything is checked before anything changes, and the ranks agree on the outcome
+        # before any collective: a rank whose dict fails (or lacks a parameter) would
+        # otherwise make other calls than its peers.
+        problem = None
         if strict and (missing or unexpected):
-            raise RuntimeError(f"ShardedModule.load_state_dict: missing keys {missing}, "
-                               f"unexpected keys {unexpected}")
-        values = self._save_parameters() if missing else [None] * len(self._params)
+            problem = (f"ShardedModule.load_state_dict: missing keys {missing}, "
+                       f"unexpected keys {unexpected}")
+        for key, v in own.items():
+            src = state_dict.get(key)
+            if problem is None and src is not None and tuple(src.shape) != tuple(v.shape):
+                problem = (f"ShardedModule.load_state_dict: {key!r} has shape "
+                           f"{tuple(src.shape)}, the module {tuple(v.shape)}")
+        lacks_param = any(self._index_of.get(id(own[k])) is not None for k in missing)
+        failed_elsewhere, gather = self._agree_on_load(problem is not None, lacks_param)
+        if problem is not None:
+            raise RuntimeError(problem)
+        if failed_elsewhere:
+            raise RuntimeError("ShardedModule.load_state_dict: the state dict of another rank "
+                               "was refused (that rank names the cause), so no rank loaded")
+        # A parameter some rank's dict lacks keeps the engine's value there (rank 0's values
+        # are everyone's): gathered on every rank, the gather being collective.
+        values: List[Any] = (self._save_parameters() if gather
+                             else [p.detach() for p in self._husks])
         for key, v in own.items():
             if key not in state_dict:
                 continue
             src = state_dict[key]
-            if tuple(src.shape) != tuple(v.shape):
-                raise RuntimeError(f"ShardedModule.load_state_dict: {key!r} has shape "
-                                   f"{tuple(src.shape)}, the module {tuple(v.shape)}")
             i = self._index_of.get(id(v))
             if i is None:
                 with torch.no_grad():
@@ -1386,12 +1420,23 @@ class ShardedModule(torch.nn.Module):
         self._load_parameters(values)
         return missing, unexpected
 
+    def _agree_on_load(self, failed: bool, lacks_param: bool) -> Tuple[bool, bool]:
+        """Over the engine's ranks (sharding x dp): whether any rank's dict was refused, and
+        whether any lacks a parameter (a host sync: loading is no training step)."""
+        flags = torch.tensor([int(failed), int(lacks_param)], dtype=torch.int64)
+        for group in (self.sharding, self.dp):
+            if group is not None and group.size > 1:
+                group.all_reduce(flags, flags, _hps.ReduceOp.MAX).wait()
+        return bool(flags[0]), bool(flags[1])
+
     # ---- end ------------------------------------------------------------------------
     def close(self) -> None:
         """Finish what is in flight and free the engine; the module's parameters become
         plain tensors holding their last values (stage 3: gathered first, collective). A
         stage 2 parameter written in place that could not hold the write raises first, as
-        :meth:`synchronize` does, and the module stays open (a second close() closes it)."""
+        :meth:`synchronize` does, and the module stays open (a second close() closes it).
+        After it, the wrapped module (:attr:`module`) is a plain module, and this one's
+        calls (forward, step, state_dict, ...) raise ValueError."""
         if self._engine is None:
             return
         self.synchronize()

@@ -737,6 +737,61 @@ def test_state_dict_round_trip_restarts_training_from_it():
         plain.load_state_dict(saved)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_rank_0s_dict_loads_on_every_rank_whatever_the_others_pass(stage):
+    """load_state_dict: rank 0's values are everyone's, so the other ranks' dicts may lack
+    keys (strict=False): every rank ends with rank 0's values and trains on. A dict refused
+    on one rank (a wrong shape) is refused on every rank at once, nothing loaded, and the
+    module goes on."""
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            original = model.state_dict()
+            target = {k: torch.full_like(v, 0.25) for k, v in original.items()}
+            partial = {k: v for k, v in target.items() if k != "ln_f.bias"}
+            given = {0: target, 1: {}, 2: partial}[rank]
+            model.load_state_dict(given, strict=False)
+            loaded = model.state_dict()
+            bad = dict(target)
+            if rank == 1:
+                bad["ln_f.bias"] = torch.zeros(3)
+            with pytest.raises(RuntimeError, match="ln_f.bias|another rank"):
+                model.load_state_dict(bad)
+            unchanged = model.state_dict()
+            x, y = batch(0)
+            model(shard_of(x, rank, 3), shard_of(y, rank, 3)).backward()
+            model.step()
+            return target, loaded, unchanged
+
+    for target, loaded, unchanged in run_ranks(3, rank_main):
+        for key in target:
+            assert torch.equal(loaded[key], target[key]), key
+            assert torch.equal(unchanged[key], target[key]), key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_closed_module_says_it_is_closed(stage):
+    """After close() the parameters are the wrapped module's plain tensors; the
+    ShardedModule's own calls raise ValueError saying it was closed."""
+    def rank_main(rank, world):
+        model = wrap(world, stage)
+        x, y = batch(0)
+        model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+        model.step()
+        model.close()
+        model.close()  # a second close does nothing
+        for call in (lambda: model(shard_of(x, rank, 2), shard_of(y, rank, 2)),
+                     model.state_dict, model.synchronize, model.step,
+                     lambda: model.load_state_dict({}), lambda: model.loss_scale,
+                     lambda: model.grad_norm, lambda: model.set_learning_rate(0.1)):
+            with pytest.raises(ValueError, match="closed ShardedModule"):
+                call()
+        assert model.engine is None
+        return model.module(shard_of(x, rank, 2), shard_of(y, rank, 2)).item()
+
+    losses = run_ranks(2, rank_main)
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses)
+
+
 def test_units_must_not_overlap_and_must_be_submodules():
     def rank_main(rank, world):
         with pytest.raises(ValueError, match="'blocks.0' overlaps another unit: it is inside "
