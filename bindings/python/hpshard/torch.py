@@ -1344,8 +1344,9 @@ class ShardedModule(torch.nn.Module):
     def load_state_dict(self, state_dict: Dict[str, torch.Tensor], strict: bool = True) -> Any:
         """Parameters (and buffers) from ``state_dict``, keyed as ``module.state_dict()``;
         the engine restarts from them with a fresh optimizer state. Collective: every rank
-        calls it; rank 0's values are everyone's (the other ranks' dicts may lack keys, with
-        ``strict=False``; a parameter rank 0's dict lacks keeps its value). A dict refused on
+        calls it; rank 0's parameter values are everyone's (the other ranks' dicts may lack
+        keys, with ``strict=False``; a parameter rank 0's dict lacks keeps its value), and
+        each rank's buffers, its own, come from its own dict. A dict refused on
         one rank (strict keys, a shape) is refused on every rank, and nothing is loaded. A
         module holding this one loads it through its own ``load_state_dict`` the same
         way."""
