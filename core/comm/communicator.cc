@@ -6,6 +6,10 @@
 #include <limits>
 #include <mutex>
 
+#define XXH_INLINE_ALL  // header-only: libhpshard gains no shared-library dependency
+#include <xxhash.h>
+
+#include "core/comm/agreement.h"
 #include "core/comm/descriptor.h"
 #include "core/comm/self/communicator.h"
 #include "core/comm/shm/shm_group.h"
@@ -289,11 +293,76 @@ void Communicator::abort() {
 
 bool Communicator::was_aborted() const { return abort_node_->aborted.load(); }
 
+namespace {
+
+// How many ranks of a list a message about lists that differ shows.
+constexpr size_t kShownSplitRanks = 16;
+
+std::string shown_rank_list(const uint64_t* ranks, uint64_t count) {
+  const size_t shown = static_cast<size_t>(std::min<uint64_t>(count, kShownSplitRanks));
+  std::string text = "[";
+  for (size_t i = 0; i < shown; ++i) {
+    if (i) text += ", ";
+    text += std::to_string(static_cast<int64_t>(ranks[i]));
+  }
+  if (count > shown) text += ", ... (" + std::to_string(count) + " ranks)";
+  return text + "]";
+}
+
+// The ranks of `comm` compare their split lists (count and XXH3 of the list, one small
+// all-gather) so that lists that differ fail on every rank, members and others alike,
+// before anything of the split is made: otherwise ranks that agree among themselves make
+// their group while the others wait in vain or pair with the wrong ranks. Only when the
+// lists differ does a second all-gather bring their first ranks, for the message.
+Status check_same_split_lists(Communicator& comm, const std::vector<int32_t>& ranks,
+                              const std::string& what) {
+  const uint64_t count = ranks.size();
+  const uint64_t hash = XXH3_64bits(ranks.data(), ranks.size() * sizeof(int32_t));
+  auto summaries = gather_values(comm, std::vector<uint64_t>{count, hash});
+  if (!summaries.ok()) {
+    return summaries.status().with_context(what + ": comparing the ranks' lists");
+  }
+  const size_t size = static_cast<size_t>(comm.size());
+  const auto summary = [&](size_t r) {
+    return std::pair((*summaries)[2 * r], (*summaries)[2 * r + 1]);
+  };
+  size_t first_other = 0, others = 0;
+  uint64_t widest = 0;
+  for (size_t r = 0; r < size; ++r) {
+    widest = std::max(widest, summary(r).first);
+    if (summary(r) == summary(0)) continue;
+    if (others++ == 0) first_other = r;
+  }
+  if (others == 0) return Status::Ok();
+  const size_t width = static_cast<size_t>(std::min<uint64_t>(widest, kShownSplitRanks));
+  std::vector<uint64_t> mine(width, 0);
+  for (size_t i = 0; i < std::min(width, ranks.size()); ++i) {
+    mine[i] = static_cast<uint64_t>(static_cast<int64_t>(ranks[i]));
+  }
+  auto lists = gather_values(comm, mine);
+  if (!lists.ok()) return lists.status().with_context(what + ": comparing the ranks' lists");
+  const std::string theirs =
+      shown_rank_list(lists->data() + first_other * width, summary(first_other).first);
+  const std::string first = shown_rank_list(lists->data(), summary(0).first);
+  std::string message = what + ": rank " + std::to_string(first_other) + " gave ranks " + theirs +
+                        ", rank 0 gave " + first;
+  if (theirs == first) message += " (they differ after the first " + std::to_string(width) + ")";
+  if (others > 1) {
+    message += " (" + std::to_string(others) + " of the " + std::to_string(size) +
+               " ranks gave another list than rank 0's)";
+  }
+  return invalid_argument(message + ": every rank gives the same list");
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Communicator>> Communicator::split(const std::vector<int32_t>& ranks,
                                                             std::string name) {
   HPS_RETURN_IF_ERROR(check_comm_name(name, "split of group '" + this->name() + "': the name"));
-  // Whatever the split would need of the group (a one-rank part needs nothing of it).
   if (was_aborted()) return aborted("split of group '" + this->name() + "': the group was aborted");
+  // Every rank of the group takes part, a one-rank part's too: the lists are compared first.
+  HPS_RETURN_IF_ERROR(check_same_split_lists(
+      *this, ranks, "split of group '" + this->name() + "' into '" + name + "'"));
   HPS_ASSIGN_OR_RETURN(auto part, split_group(ranks, std::move(name)));
   if (part) tie(*part);
   return part;

@@ -123,6 +123,11 @@ class Communicator {
   // this communicator's numbering), in the same order. Members get the new
   // communicator (rank = position in `ranks`); the others get nullptr. The new one is
   // tied to this one: aborting this one aborts it. `name` as check_comm_name takes it.
+  // Every rank takes part, members or not: the ranks first compare their lists (one small
+  // all-gather over this communicator), and lists that differ are INVALID_ARGUMENT on
+  // every rank, naming the split and two of the lists, with nothing made. So it returns
+  // once every rank has called it, and fails (ABORTED, TIMEOUT) on a group that has lost
+  // a rank or failed an operation.
   StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
                                                 std::string name);
 

@@ -171,18 +171,6 @@ static void* rank_main(void* p) {
     hps_work_destroy(s);
   }
 
-  /* A timed wait on an operation that failed (the ranks' counts differ): it has finished,
-   * so *out_completed is 1 beside its error (it was 0, "not finished"). */
-  {
-    int32_t completed = 7;
-    CHECK_OK(hps_comm_all_reduce(comm, in, out, rank == 0 ? 4 : 8, HPS_DTYPE_FLOAT32,
-                                 HPS_REDUCE_SUM, NULL, &work));
-    CHECK(hps_work_wait_timeout(work, 60000, &completed) == HPS_STATUS_INVALID_ARGUMENT);
-    CHECK(completed == 1);
-    hps_work_destroy(work);
-    work = NULL;
-  }
-
   /* Bad input: unknown reduction, root outside the group, NULL buffer. */
   CHECK(hps_comm_all_reduce(comm, in, out, 8, HPS_DTYPE_FLOAT32, (hps_reduce_op_t)9, NULL, &work) ==
         HPS_STATUS_INVALID_ARGUMENT);
@@ -243,6 +231,19 @@ static void* rank_main(void* p) {
     }
     hps_comm_destroy(sharding);
     hps_topology_destroy(topo);
+  }
+
+  /* A timed wait on an operation that failed (the ranks' counts differ): it has finished,
+   * so *out_completed is 1 beside its error (it was 0, "not finished"). Last: the group
+   * is unusable after a failure, and a split needs the whole group. */
+  {
+    int32_t completed = 7;
+    CHECK_OK(hps_comm_all_reduce(comm, in, out, rank == 0 ? 4 : 8, HPS_DTYPE_FLOAT32,
+                                 HPS_REDUCE_SUM, NULL, &work));
+    CHECK(hps_work_wait_timeout(work, 60000, &completed) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(completed == 1);
+    hps_work_destroy(work);
+    work = NULL;
   }
   CHECK_OK(hps_comm_destroy(comm));
   CHECK_OK(hps_store_destroy(store));

@@ -984,9 +984,10 @@ class Communicator(Handle):
     def split(self, ranks: Sequence[int], name: Optional[str] = None) -> Optional["Communicator"]:
         """Collective: every rank passes the same ranks (of this communicator) in the same
         order. Members get a new Communicator (rank = position in ``ranks``), the others
-        None. ``name`` (in messages) defaults to this communicator's name + ".split". On
-        the main thread Ctrl-C ends the wait for members at once and aborts this
-        communicator (:meth:`abort`)."""
+        None. Every rank takes part: ranks whose lists differ all get INVALID_ARGUMENT
+        and nothing is made. ``name`` (in messages) defaults to this communicator's name
+        + ".split". On the main thread Ctrl-C ends the wait for the other ranks at once
+        and aborts this communicator (:meth:`abort`)."""
         if name is None:
             name = f"{self.name or 'world'}.split"
         raw = self._h()

@@ -522,6 +522,90 @@ TEST_P(CommunicatorTest, SplitMakesSubgroups) {
       options());
 }
 
+// Counts the writes (set, add) made through it: one per rank, over the shared store.
+class CountingStore final : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Status set(std::string_view key, std::string_view value) override {
+    ++writes;
+    return ForwardingStore::set(key, value);
+  }
+  StatusOr<int64_t> add(std::string_view key, int64_t delta) override {
+    ++writes;
+    return ForwardingStore::add(key, delta);
+  }
+  std::atomic<int> writes{0};
+};
+
+// Ranks that pass different lists to a split (another order, another member, another
+// count) all get INVALID_ARGUMENT naming the split and two of the lists, at once, with
+// nothing written to the store and no communicator made; the group stays usable. They
+// used to pair with the wrong ranks or make a group the others were not in, and wait for
+// the timeout or fail later with a message about something else.
+TEST_P(CommunicatorTest, SplitListsThatDifferBetweenRanksAreRefusedOnEveryRank) {
+  struct Case {
+    const char* name;
+    std::vector<std::vector<int32_t>> lists;  // rank r's at r
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"permuted",
+       {{0, 1}, {1, 0}, {0, 1}},
+       "split of group 'world' into 'permuted': rank 1 gave ranks [1, 0], rank 0 gave [0, 1]: "
+       "every rank gives the same list"},
+      {"other_member",
+       {{0, 1}, {0, 1}, {0, 2}},
+       "split of group 'world' into 'other_member': rank 2 gave ranks [0, 2], rank 0 gave [0, "
+       "1]: every rank gives the same list"},
+      {"longer",
+       {{0, 1}, {0, 1, 2}, {0, 1}},
+       "split of group 'world' into 'longer': rank 1 gave ranks [0, 1, 2], rank 0 gave [0, 1]: "
+       "every rank gives the same list"},
+      {"two_others",
+       {{2}, {1, 2}, {1, 2}},
+       "split of group 'world' into 'two_others': rank 1 gave ranks [1, 2], rank 0 gave [2] (2 "
+       "of the 3 ranks gave another list than rank 0's): every rank gives the same list"},
+  };
+  CommOptions options = this->options();
+  options.timeout = Milliseconds(3000);
+  auto shared = make_in_memory_store();
+  std::vector<std::thread> threads;
+  for (int32_t rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto store = std::make_shared<CountingStore>(shared);
+      auto made = create_communicator(store, rank, 3, Device::cpu(), options);
+      ASSERT_TRUE(made.ok()) << made.status().to_string();
+      Communicator& comm = **made;
+      for (const Case& c : cases) {
+        const int writes = store->writes;
+        const auto start = std::chrono::steady_clock::now();
+        auto part = comm.split(c.lists[static_cast<size_t>(rank)], c.name);
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << c.name;
+        EXPECT_EQ(part.status().code(), StatusCode::kInvalidArgument)
+            << c.name << " on rank " << rank << ": " << part.status().to_string();
+        EXPECT_EQ(part.status().message(), c.expected) << "rank " << rank;
+        EXPECT_EQ(store->writes, writes) << c.name << ": rank " << rank << " wrote to the store";
+      }
+      // The group is as it was: a split of the same list on every rank is made, and
+      // collectives on the group and on the part add up.
+      auto evens = comm.split({0, 2}, "evens");
+      ASSERT_TRUE(evens.ok()) << evens.status().to_string();
+      ASSERT_EQ(*evens == nullptr, rank == 1);
+      int64_t v = rank + 1, sum = 0;
+      if (*evens) {
+        auto w = (*evens)->all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok() && (*w)->wait().ok());
+        EXPECT_EQ(sum, 1 + 3);
+      }
+      auto w = comm.all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum);
+      ASSERT_TRUE(w.ok());
+      EXPECT_TRUE((*w)->wait().ok());
+      EXPECT_EQ(sum, 1 + 2 + 3);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 TEST_P(CommunicatorTest, MismatchedCallsFailOnEveryRankWithNothingSent) {
   run_ranks(
       3,
@@ -673,12 +757,15 @@ TEST_P(CommunicatorTest, AMemberThatHasGoneEndsASplitAtOnceNotAtTheTimeout) {
     auto split = comm.split({0, 1}, "pair");
     EXPECT_FALSE(split.ok());
     if (split.ok()) return Status::Ok();
-    // A split without it is made.
+    // Every rank of the group takes part in a split (the ranks compare their lists), so a
+    // part without the rank that has gone is refused at once as well.
     auto alone = comm.split({0}, "alone");
-    EXPECT_TRUE(alone.ok()) << alone.status().to_string();
-    if (alone.ok()) {
-      EXPECT_EQ((*alone)->size(), 1);
-    }
+    EXPECT_EQ(alone.status().code(), StatusCode::kAborted) << alone.status().to_string();
+    EXPECT_NE(alone.status().message().find("split of group 'world' into 'alone'"),
+              std::string::npos)
+        << alone.status().message();
+    EXPECT_NE(alone.status().message().find("rank 1"), std::string::npos)
+        << alone.status().message();
     return split.status();
   });
 }

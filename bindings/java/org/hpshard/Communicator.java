@@ -200,7 +200,8 @@ public final class Communicator extends Handle<CommHandle> {
   /**
    * Collective: every rank passes the same {@code ranks} (of this communicator) in the same
    * order. Members get a new communicator (rank = position in {@code ranks}), others null.
-   * {@code name} (in messages) may be null: this communicator's name + ".split".
+   * Every rank takes part: ranks whose lists differ all get INVALID_ARGUMENT and nothing is
+   * made. {@code name} (in messages) may be null: this communicator's name + ".split".
    */
   public Communicator split(int[] ranks, String name) {
     try {

@@ -584,7 +584,9 @@ impl Communicator {
 
     /// Collective split (`hps_comm_split`): every rank calls it with the same `ranks`
     /// (numbered in this communicator) in the same order. Members get `Some` new
-    /// communicator (rank = position in `ranks`), the others `None`.
+    /// communicator (rank = position in `ranks`), the others `None`. Every rank takes
+    /// part: ranks whose lists differ all get [`Status::InvalidArgument`] and nothing is
+    /// made.
     pub fn split(&self, ranks: &[i32], name: &str) -> Result<Option<Communicator>> {
         let name = c_string("communicator name", name)?;
         let mut raw: *mut sys::hps_comm_t = ptr::null_mut();
