@@ -93,6 +93,7 @@ class PrefixStore final : public Store {
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
     return base_->check(prefixed(keys));
   }
+  void abandon_peers() override { base_->abandon_peers(); }
 
  private:
   std::string prefixed(std::string_view key) const { return prefix_ + std::string(key); }

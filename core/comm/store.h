@@ -47,6 +47,10 @@ class Store {
   virtual Status wait(const std::vector<std::string>& keys, Milliseconds timeout) = 0;
   // Whether every key is set, without waiting.
   virtual StatusOr<bool> check(const std::vector<std::string>& keys) = 0;
+  // The caller gave up on the other ranks (a store handle aborted): a serving store no longer
+  // waits for them to close their connections when it goes.
+  // Thread-safe; idempotent.
+  virtual void abandon_peers() {}
 };
 
 // A store that passes every call to `inner`: a base for stores that change one of them.
@@ -68,6 +72,7 @@ class ForwardingStore : public Store {
   StatusOr<bool> check(const std::vector<std::string>& keys) override {
     return inner_->check(keys);
   }
+  void abandon_peers() override { inner_->abandon_peers(); }
 
  private:
   std::shared_ptr<Store> inner_;
@@ -104,8 +109,12 @@ class WatchedStore : public ForwardingStore {
 class AbortableStore final : public WatchedStore {
  public:
   explicit AbortableStore(std::shared_ptr<Store> inner);
-  // Thread-safe; idempotent.
-  void abort() { aborted_->store(true); }
+  // Thread-safe; idempotent. A serving store no longer waits for the other ranks when it
+  // goes (abandon_peers).
+  void abort() {
+    aborted_->store(true);
+    abandon_peers();
+  }
 
   Status set(std::string_view key, std::string_view value) override;
   StatusOr<int64_t> add(std::string_view key, int64_t delta) override;

@@ -881,6 +881,8 @@ class TcpStoreClient final : public Store {
 
   const std::string host_;
   const uint16_t port_;
+  // After an abort of the store (hps_store_abort) it waits for no one.
+  void abandon_peers() override { abandoned_ = true; }
   // The serving rank's store goes only once the other ranks have closed their connections
   // (destroyed their stores), or after the call timeout: a rank that is done with a
   // communicator's creation or split may leave while its peers still finish theirs over
@@ -888,7 +890,7 @@ class TcpStoreClient final : public Store {
   void linger() {
     const auto deadline = Clock::now() + call_timeout_;
     auto pause = Milliseconds(1);
-    while (server_->connection_count() > 0) {
+    while (server_->connection_count() > 0 && !abandoned_) {
       if (Clock::now() >= deadline) {
         HPS_LOG(kDebug) << "tcp store: stopped serving with " << server_->connection_count()
                         << " connections still open after " << call_timeout_.count() << " ms";
@@ -900,6 +902,7 @@ class TcpStoreClient final : public Store {
   }
 
   const std::string token_;
+  std::atomic<bool> abandoned_{false};  // abandon_peers(): linger() waits for no one
   Milliseconds call_timeout_ = kMaxCallTimeout;
   std::mutex pool_mutex_;
   std::vector<Pooled> idle_;

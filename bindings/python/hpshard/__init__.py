@@ -448,7 +448,8 @@ class Store(Handle):
     One store may be used from several threads at once; :meth:`close` waits for the calls
     under way on other threads (a wait, a :meth:`Communicator.create` over it) to return
     first (:meth:`abort` ends those at once). Rank 0's TCP store serves until the other
-    ranks have closed theirs: its close waits for that, at most the store's timeout."""
+    ranks have closed theirs: its close waits for that, at most the store's timeout (not
+    at all once aborted)."""
 
     def __init__(self, handle: Any, url: str, rank: int) -> None:
         super().__init__(handle)
@@ -472,6 +473,14 @@ class Store(Handle):
                 self._in_use -= 1
                 if self._in_use == 0:
                     self._idle.notify_all()
+
+    def __exit__(self, exc_type: Any, *rest: object) -> None:
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
+            try:
+                self.abort()  # the program stops: no rank is waited for
+            except ValueError:  # closed already
+                pass
+        self.close()
 
     def _before_close(self, h: Any) -> None:
         self._closing = h  # abort() reaches it while the close waits
@@ -521,7 +530,10 @@ class Store(Handle):
         about 200 ms), raises Error ABORTED; so does a :meth:`Communicator.create` over it
         that waits for ranks. Any thread may call it, also while another is blocked on the
         store; it cannot be undone (open a new store). Ctrl-C in a Communicator.create
-        calls it. Also while :meth:`close` waits for calls under way (it ends them)."""
+        calls it, and so does leaving a ``with`` block of the store, or of a communicator
+        created over it, by KeyboardInterrupt or SystemExit. Also while :meth:`close` waits
+        for calls under way (it ends them). Rank 0's TCP store, aborted, closes without
+        waiting for the other ranks."""
         with self._lock:  # never beside the destroy, which runs under the lock
             h = self._handle if self._handle is not None else self._closing
             if h is None:
@@ -856,6 +868,7 @@ class Communicator(Handle):
         self._closing: Any = None  # the handle while close() waits (abort reaches it)
         self._groups: "weakref.WeakSet[HybridGroup]" = weakref.WeakSet()
         self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # Clip, Engine
+        self._store: Optional["weakref.ref[Store]"] = None  # what create() met over
 
     @classmethod
     def create(cls, store: Store, rank: int, size: int, device_type: int = DeviceType.CPU,
@@ -884,7 +897,9 @@ class Communicator(Handle):
                                                             int(device_type), int(device_index),
                                                             options),
                                raw.abort)
-        return cls(h, name)
+        comm = cls(h, name)
+        comm._store = weakref.ref(store)
+        return comm
 
     def _before_close(self, h: Any) -> None:
         for group in list(self._groups):  # hybrid groups over this world go first
@@ -901,7 +916,9 @@ class Communicator(Handle):
         ends it at once; on the main thread Ctrl-C does (it aborts, the close completes,
         then KeyboardInterrupt is raised). Leaving a ``with`` block by KeyboardInterrupt or
         SystemExit aborts first: pending operations end with Error ABORTED instead of
-        holding the program up to their timeout."""
+        holding the program up to their timeout, and the store :meth:`create` met over is
+        aborted too (:meth:`Store.abort`: rank 0's TCP store then waits for no other rank
+        when it closes)."""
         with self._lock:
             h, self._handle = self._handle, None
             if h is None:
@@ -940,6 +957,12 @@ class Communicator(Handle):
                 h = self._handle
                 if h is not None:
                     h.abort()  # the program stops: what it left pending ends now
+            store = self._store() if self._store is not None else None
+            if store is not None:
+                try:
+                    store.abort()  # and its store serves no one any more
+                except ValueError:  # closed already
+                    pass
         self.close()
 
     @property
@@ -2141,7 +2164,8 @@ class Checkpoint(Handle):
     def metadata(self, key: str) -> str:
         """The value of metadata ``key`` of the last successful :meth:`load` or
         :meth:`import_safetensors`. Error NOT_FOUND (no such key, or nothing loaded)."""
-        return self._h().metadata(_text(key, 'Checkpoint.metadata: the key')).decode("utf-8", errors="replace")
+        value = self._h().metadata(_text(key, 'Checkpoint.metadata: the key'))
+        return value.decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
         return f"<hpshard.Checkpoint {self.root!r} {'closed' if self.closed else 'open'}>"

@@ -380,7 +380,8 @@ HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeo
  * Free `store`; NULL is a no-op. A serving TCP store stops serving once the other ranks have
  * closed their connections to it (destroyed their stores), or after its timeout (timeout_ms
  * of hps_store_open, 1 s to 1 min): the call blocks until then, so that ranks still finishing
- * a communicator's creation or split that this rank is done with are not cut off.
+ * a communicator's creation or split that this rank is done with are not cut off. After
+ * hps_store_abort it waits for no one.
  */
 HPS_API hps_status_t hps_store_destroy(hps_store_t* store);
 
@@ -390,7 +391,8 @@ HPS_API hps_status_t hps_store_destroy(hps_store_t* store);
  * hybrid group's) that waits for ranks, and later splits of communicators created over it.
  * For a caller that must stop waiting for ranks that never come (a Ctrl-C, a supervisor
  * giving up) while another thread is blocked in such a call. It cannot be undone: destroy
- * the store (once no call uses it) and open a new one. Operations of communicators already
+ * the store (once no call uses it; a serving TCP store then stops at once, without waiting
+ * for the other ranks) and open a new one. Operations of communicators already
  * created do not use the store and are not affected (see hps_comm_abort).
  * Errors: INVALID_ARGUMENT (NULL). Thread safety: any thread, also while other threads use
  * the store.

@@ -401,6 +401,40 @@ TEST(OpenStore, TcpUrlRankZeroServes) {
   }
 }
 
+// The store a C API handle holds (open_store's job and prefix stores under an abortable
+// one): aborted, rank 0's serving store goes without waiting for a rank that never closes
+// its connection (a peer stopped, a program leaving on Ctrl-C); not aborted, it waits.
+TEST(OpenStore, AnAbortedServingStoreGoesWithoutWaitingForTheOthers) {
+  for (const bool abort : {true, false}) {
+    uint16_t port = 0;
+    {
+      auto probe = TcpStoreServer::start("127.0.0.1", 0);
+      ASSERT_TRUE(probe.ok());
+      port = (*probe)->port();
+    }
+    const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+    StatusOr<std::shared_ptr<Store>> rank1 = unavailable("not opened");
+    std::thread early([&] { rank1 = open_store(url, 1, seconds(5)); });
+    auto rank0 = open_store(url, 0, seconds(2));
+    early.join();
+    ASSERT_TRUE(rank0.ok()) << rank0.status().to_string();
+    ASSERT_TRUE(rank1.ok()) << rank1.status().to_string();
+    auto handle = std::make_shared<AbortableStore>(*rank0);
+    rank0 = unavailable("held by the handle");
+    if (abort) handle->abort();
+    const auto start = std::chrono::steady_clock::now();
+    handle.reset();
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    if (abort) {
+      EXPECT_LT(took.count(), 1000) << "the aborted serving store waited for rank 1";
+    } else {
+      EXPECT_GE(took.count(), 1500) << "the serving store did not wait for rank 1";
+    }
+    rank1 = unavailable("closed");
+  }
+}
+
 // Whether a socket listens on `port` bound to `address` (hex as in /proc/net/tcp,
 // e.g. 0100007F for 127.0.0.1).
 bool listening_on(uint16_t port, const std::string& address) {

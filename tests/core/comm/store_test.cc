@@ -538,6 +538,23 @@ TEST(TcpStore, TheServingStoreServesUntilTheOthersHaveClosedTheirs) {
   EXPECT_LT(since(start).count(), 3000);
 }
 
+// An aborted store (hps_store_abort: the caller gave up on the other ranks, a Ctrl-C) waits
+// for no one when it goes: a client that never closes (a peer stopped) does not hold the
+// serving rank's exit for the store's timeout.
+TEST(TcpStore, AnAbortedServingStoreGoesWithoutWaitingForTheOthers) {
+  uint16_t port = 0;
+  auto inner = make_tcp_store("127.0.0.1", 0, true, seconds(10), &port);
+  ASSERT_TRUE(inner.ok()) << inner.status().to_string();
+  auto server = std::make_shared<AbortableStore>(std::move(*inner));
+  auto holding = make_tcp_store("127.0.0.1", port, false, seconds(10));
+  ASSERT_TRUE(holding.ok()) << holding.status().to_string();
+  ASSERT_TRUE((*holding)->set("k", "v").ok());
+  server->abort();
+  auto start = Clock::now();
+  server.reset();
+  EXPECT_LT(since(start).count(), 1000) << "the aborted serving store waited for the client";
+}
+
 // A serving rank that stops (SIGSTOP, a debugger, swapping) without closing its
 // connections: calls fail with TIMEOUT within the store's timeout (the one it was opened
 // with), beyond a get's own, instead of a fixed minute.

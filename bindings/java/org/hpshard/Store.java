@@ -9,7 +9,8 @@ import org.hpshard.internal.StoreHandle;
  * exactly once. One store may be used from several threads at once; a close waits for the
  * calls under way on other threads (a wait, a {@link Communicator} creation over it) to
  * return first ({@link #abort()} ends those at once). Rank 0's TCP store serves until the
- * other ranks have closed theirs: its close waits for that, at most the store's timeout.
+ * other ranks have closed theirs: its close waits for that, at most the store's timeout
+ * (not at all once aborted).
  */
 public final class Store extends Handle<StoreHandle> {
   /** Default wait of {@link #open(String, int)}, {@link #get} and {@link #await}, in ms. */
@@ -159,7 +160,8 @@ public final class Store extends Handle<StoreHandle> {
    * under way (within about 200 ms), throws HpsException ABORTED; so does a
    * {@link Communicator} creation over it that waits for ranks that never come. Any thread
    * may call it, also while another is blocked on the store or {@link #close()} waits for
-   * such calls; it cannot be undone (open a new store).
+   * such calls; it cannot be undone (open a new store). Rank 0's TCP store, aborted, closes
+   * without waiting for the other ranks.
    */
   public void abort() {
     ((StoreState) state).abort();

@@ -861,7 +861,8 @@ extern "C" {
     #[doc = " Free `store`; NULL is a no-op. A serving TCP store stops serving once the other ranks have"]
     #[doc = " closed their connections to it (destroyed their stores), or after its timeout (timeout_ms"]
     #[doc = " of hps_store_open, 1 s to 1 min): the call blocks until then, so that ranks still finishing"]
-    #[doc = " a communicator's creation or split that this rank is done with are not cut off."]
+    #[doc = " a communicator's creation or split that this rank is done with are not cut off. After"]
+    #[doc = " hps_store_abort it waits for no one."]
     pub fn hps_store_destroy(store: *mut hps_store_t) -> hps_status_t;
 }
 extern "C" {
@@ -870,7 +871,8 @@ extern "C" {
     #[doc = " hybrid group's) that waits for ranks, and later splits of communicators created over it."]
     #[doc = " For a caller that must stop waiting for ranks that never come (a Ctrl-C, a supervisor"]
     #[doc = " giving up) while another thread is blocked in such a call. It cannot be undone: destroy"]
-    #[doc = " the store (once no call uses it) and open a new one. Operations of communicators already"]
+    #[doc = " the store (once no call uses it; a serving TCP store then stops at once, without waiting"]
+    #[doc = " for the other ranks) and open a new one. Operations of communicators already"]
     #[doc = " created do not use the store and are not affected (see hps_comm_abort)."]
     #[doc = " Errors: INVALID_ARGUMENT (NULL). Thread safety: any thread, also while other threads use"]
     #[doc = " the store."]

@@ -175,7 +175,8 @@ impl Store {
     /// on it under way (within about 200 ms), ends with [`Status::Aborted`]; so does a
     /// [`Communicator::create`] over it that waits for ranks that never come. Callable
     /// from another thread while one is blocked on the store (the store is `Sync`); it
-    /// cannot be undone (open a new store).
+    /// cannot be undone (open a new store). Rank 0's TCP store, aborted, is dropped
+    /// without waiting for the other ranks.
     pub fn abort(&self) -> Result<()> {
         // SAFETY: live handle; hps_store_abort is callable from any thread at any time.
         check(unsafe { sys::hps_store_abort(self.raw.as_ptr()) })
