@@ -1,12 +1,18 @@
 #include "core/checkpoint/manifest.h"
 
+#define XXH_INLINE_ALL  // header-only, as format.cc
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <tuple>
+#include <unordered_set>
 
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/reshard.h"
@@ -18,79 +24,121 @@ namespace {
 
 using json = nlohmann::json;
 
-// Typed access to a JSON object's fields: hostile input never throws past here, and every
-// message says where in the manifest the problem is.
+// A value read from a manifest, kept only as far as the checks need: its JSON kind, its
+// number, a string's length and first kKeptStringBytes bytes (every string check but the
+// metadata's, which keeps its values whole, looks no further).
+enum class Kind : uint8_t {
+  kNull,
+  kBoolean,
+  kInteger,
+  kUnsigned,
+  kFloat,
+  kString,
+  kArray,
+  kObject
+};
+constexpr size_t kKeptStringBytes = std::max(kMaxNameBytes, kMaxStateNameBytes) + 1;
+
+struct Field {
+  Kind kind = Kind::kNull;
+  bool boolean = false;
+  int64_t integer = 0;
+  uint64_t unsigned_value = 0;
+  double number = 0;
+  std::string text;  // kString: its first kKeptStringBytes bytes
+  size_t text_bytes = 0;
+};
+
+// A JSON value where an object was expected: its kind, and (an object) the fields of it
+// that a check reads. The keys are those of the fixed lists below.
+struct RawObject {
+  Kind kind = Kind::kObject;
+  std::vector<std::pair<std::string_view, Field>> fields;
+
+  const Field* find(std::string_view key) const {
+    for (const auto& [k, v] : fields) {
+      if (k == key) return &v;
+    }
+    return nullptr;
+  }
+};
+
+// Typed access to an object's fields: every message says where in the manifest the problem
+// is.
 class Reader {
  public:
-  Reader(const json& object, std::string where) : object_(object), where_(std::move(where)) {}
+  Reader(const RawObject& object, std::string where) : object_(object), where_(std::move(where)) {}
   const std::string& where() const { return where_; }
 
-  StatusOr<const json*> field(const char* key, bool required = true) const {
-    if (!object_.is_object()) return bad("is not a JSON object");
-    auto it = object_.find(key);
-    if (it == object_.end()) {
-      if (!required) return static_cast<const json*>(nullptr);
-      return bad(std::string("has no field '") + key + "'");
+  StatusOr<const Field*> field(std::string_view key, bool required = true) const {
+    if (object_.kind != Kind::kObject) return bad("is not a JSON object");
+    const Field* v = object_.find(key);
+    if (v == nullptr) {
+      if (!required) return v;
+      return bad("has no field '" + std::string(key) + "'");
     }
-    return &*it;
+    return v;
   }
-  StatusOr<uint64_t> uint(const char* key, uint64_t max = UINT64_MAX) const {
-    HPS_ASSIGN_OR_RETURN(const json* v, field(key));
-    if (!v->is_number_unsigned())
-      return bad(std::string("'") + key + "' is not an unsigned integer");
-    const uint64_t x = v->get<uint64_t>();
+  StatusOr<uint64_t> uint(std::string_view key, uint64_t max = UINT64_MAX) const {
+    HPS_ASSIGN_OR_RETURN(const Field* v, field(key));
+    if (v->kind != Kind::kUnsigned)
+      return bad("'" + std::string(key) + "' is not an unsigned integer");
+    const uint64_t x = v->unsigned_value;
     if (x > max)
-      return bad(std::string("'") + key + "' is " + std::to_string(x) + ", above " +
+      return bad("'" + std::string(key) + "' is " + std::to_string(x) + ", above " +
                  std::to_string(max));
     return x;
   }
-  StatusOr<int64_t> integer(const char* key) const {
-    HPS_ASSIGN_OR_RETURN(const json* v, field(key));
-    if (v->is_number_unsigned()) {
-      const uint64_t x = v->get<uint64_t>();
-      if (x > static_cast<uint64_t>(INT64_MAX))
-        return bad(std::string("'") + key + "' is too large");
-      return static_cast<int64_t>(x);
+  StatusOr<int64_t> integer(std::string_view key) const {
+    HPS_ASSIGN_OR_RETURN(const Field* v, field(key));
+    if (v->kind == Kind::kUnsigned) {
+      if (v->unsigned_value > static_cast<uint64_t>(INT64_MAX))
+        return bad("'" + std::string(key) + "' is too large");
+      return static_cast<int64_t>(v->unsigned_value);
     }
-    if (!v->is_number_integer()) return bad(std::string("'") + key + "' is not an integer");
-    return v->get<int64_t>();
+    if (v->kind != Kind::kInteger) return bad("'" + std::string(key) + "' is not an integer");
+    return v->integer;
   }
-  StatusOr<int32_t> int32(const char* key, int32_t min, int32_t max) const {
+  StatusOr<int32_t> int32(std::string_view key, int32_t min, int32_t max) const {
     HPS_ASSIGN_OR_RETURN(int64_t v, integer(key));
     if (v < min || v > max) {
-      return bad(std::string("'") + key + "' is " + std::to_string(v) + ", outside [" +
+      return bad("'" + std::string(key) + "' is " + std::to_string(v) + ", outside [" +
                  std::to_string(min) + ", " + std::to_string(max) + "]");
     }
     return static_cast<int32_t>(v);
   }
-  StatusOr<double> number(const char* key) const {
-    HPS_ASSIGN_OR_RETURN(const json* v, field(key));
-    if (!v->is_number()) return bad(std::string("'") + key + "' is not a number");
-    return v->get<double>();
+  StatusOr<double> number(std::string_view key) const {
+    HPS_ASSIGN_OR_RETURN(const Field* v, field(key));
+    switch (v->kind) {
+      case Kind::kUnsigned: return static_cast<double>(v->unsigned_value);
+      case Kind::kInteger: return static_cast<double>(v->integer);
+      case Kind::kFloat: return v->number;
+      default: return bad("'" + std::string(key) + "' is not a number");
+    }
   }
-  StatusOr<bool> boolean(const char* key) const {
-    HPS_ASSIGN_OR_RETURN(const json* v, field(key));
-    if (!v->is_boolean()) return bad(std::string("'") + key + "' is not true or false");
-    return v->get<bool>();
+  StatusOr<bool> boolean(std::string_view key) const {
+    HPS_ASSIGN_OR_RETURN(const Field* v, field(key));
+    if (v->kind != Kind::kBoolean) return bad("'" + std::string(key) + "' is not true or false");
+    return v->boolean;
   }
-  StatusOr<std::string> string(const char* key, size_t max_bytes = kMaxNameBytes) const {
-    HPS_ASSIGN_OR_RETURN(const json* v, field(key));
-    if (!v->is_string()) return bad(std::string("'") + key + "' is not a string");
-    const auto& s = v->get_ref<const std::string&>();
-    if (s.size() > max_bytes)
-      return bad(std::string("'") + key + "' is longer than " + std::to_string(max_bytes) +
+  StatusOr<std::string> string(std::string_view key, size_t max_bytes = kMaxNameBytes) const {
+    HPS_ASSIGN_OR_RETURN(const Field* v, field(key));
+    if (v->kind != Kind::kString) return bad("'" + std::string(key) + "' is not a string");
+    if (v->text_bytes > max_bytes)
+      return bad("'" + std::string(key) + "' is longer than " + std::to_string(max_bytes) +
                  " bytes");
-    return s;
+    return v->text;
   }
-  StatusOr<const json*> array(const char* key) const {
-    HPS_ASSIGN_OR_RETURN(const json* v, field(key));
-    if (!v->is_array()) return bad(std::string("'") + key + "' is not an array");
-    return v;
+  // OK when `key` is there and an array (whose elements are kept apart).
+  Status array(std::string_view key) const {
+    HPS_ASSIGN_OR_RETURN(const Field* v, field(key));
+    if (v->kind != Kind::kArray) return bad("'" + std::string(key) + "' is not an array");
+    return Status::Ok();
   }
   Status bad(const std::string& what) const { return invalid_argument(where_ + ": " + what); }
 
  private:
-  const json& object_;
+  const RawObject& object_;
   std::string where_;
 };
 
@@ -178,78 +226,474 @@ uint64_t manifest_checksum(json j) {
 
 bool printable_name(const std::string& s) { return !s.empty() && !has_control_bytes(s); }
 
-StatusOr<StoredTensor> tensor_from_json(const json& j, size_t index, const Manifest& m,
-                                        const std::string& origin) {
-  Reader r(j, origin + ": tensors[" + std::to_string(index) + "]");
-  StoredTensor t;
-  HPS_ASSIGN_OR_RETURN(t.name, r.string("name", kMaxStateNameBytes));
-  if (!printable_name(t.name)) return r.bad("the tensor name is empty or has control characters");
-  for (std::string_view prefix : {kParamPrefix, kMasterPrefix}) {
-    if (t.name == prefix) return r.bad("tensor '" + t.name + "' names no parameter");
+constexpr int32_t kMaxWorld = 1 << 24;
+
+// The fields each object of a manifest has that a check reads; the values of others are
+// read past and kept nowhere.
+constexpr std::string_view kRootKeys[] = {
+    kManifestChecksumKey, "format",   "format_version", "id",       "name",
+    "created_unix_ns",    "sequence", "chunk_bytes",    "topology", "engine",
+    "metadata",           "files",    "tensors"};
+constexpr std::string_view kTopologyKeys[] = {
+    "stage", "sharding", "dp", "world", "alignment_bytes", "mp", "mp_rank", "pp", "pp_rank"};
+constexpr std::string_view kEngineKeys[] = {"optimizer",
+                                            "learning_rate",
+                                            "weight_decay",
+                                            "momentum",
+                                            "nesterov",
+                                            "beta1",
+                                            "beta2",
+                                            "epsilon",
+                                            "clip_max_norm",
+                                            "deterministic_clip",
+                                            "alignment_bytes",
+                                            "accumulation_steps",
+                                            "prefetch_window",
+                                            "dynamic_loss_scaling",
+                                            "initial_loss_scale",
+                                            "growth_factor",
+                                            "backoff_factor",
+                                            "growth_interval"};
+constexpr std::string_view kFileKeys[] = {"rank", "name", "bytes"};
+constexpr std::string_view kTensorKeys[] = {"name", "dtype", "shape", "chunks"};
+constexpr std::string_view kChunkKeys[] = {"file", "begin", "end", "offset", "xxh3"};
+
+template <size_t N>
+std::string_view known_key(const std::string_view (&keys)[N], std::string_view key) {
+  for (std::string_view k : keys) {
+    if (k == key) return k;
   }
-  Reader named(j, origin + ": tensor '" + t.name + "'");
-  HPS_ASSIGN_OR_RETURN(std::string dtype, named.string("dtype"));
-  auto d = dtype_from_name(dtype);
-  if (!d.ok() || dtype_name(*d) != dtype) return named.bad("unknown dtype '" + dtype + "'");
-  t.dtype = *d;
-  HPS_ASSIGN_OR_RETURN(const json* shape, named.array("shape"));
-  if (shape->size() > kMaxDimensions) return named.bad("has more than 16 dimensions");
-  uint64_t numel = 1;
-  for (const json& dim : *shape) {
-    if (!dim.is_number_unsigned()) return named.bad("a dimension is not an unsigned integer");
-    const uint64_t n = dim.get<uint64_t>();
-    auto product = checked_mul(numel, n);
-    if (n > kMaxElements || !product || *product > kMaxElements) {
-      return named.bad("has more than 2^48 elements");
-    }
-    numel = *product;
-    t.shape.push_back(static_cast<int64_t>(n));
-  }
-  t.numel = numel;
-  const uint64_t element = dtype_size(t.dtype);
-  HPS_ASSIGN_OR_RETURN(const json* chunks, named.array("chunks"));
-  uint64_t covered = 0;
-  size_t k = 0;
-  for (const json& cj : *chunks) {
-    Reader c(cj, named.where() + ", chunk " + std::to_string(k++));
-    StoredChunk chunk;
-    HPS_ASSIGN_OR_RETURN(uint64_t file, c.uint("file"));
-    if (file >= m.files.size())
-      return c.bad("names file " + std::to_string(file) + " of " + std::to_string(m.files.size()));
-    chunk.file = static_cast<uint32_t>(file);
-    HPS_ASSIGN_OR_RETURN(chunk.begin, c.uint("begin"));
-    HPS_ASSIGN_OR_RETURN(chunk.end, c.uint("end"));
-    HPS_ASSIGN_OR_RETURN(chunk.offset, c.uint("offset"));
-    HPS_ASSIGN_OR_RETURN(std::string sum, c.string("xxh3", 16));
-    chunk.xxh3 = parse_hex64(sum);
-    if (!chunk.xxh3) return c.bad("'xxh3' is not 16 lowercase hex digits");
-    if (chunk.begin != covered || chunk.end <= chunk.begin || chunk.end > numel) {
-      return c.bad("covers elements [" + std::to_string(chunk.begin) + ", " +
-                   std::to_string(chunk.end) + ") where [" + std::to_string(covered) +
-                   ", ...) of " + std::to_string(numel) + " was due");
-    }
-    const StoredFile& f = m.files[chunk.file];
-    auto bytes = checked_mul(chunk.end - chunk.begin, element);
-    auto stop = bytes ? checked_add(chunk.offset, *bytes) : std::nullopt;
-    if (chunk.offset < kDataHeaderBytes || !stop || *stop > f.bytes) {
-      return c.bad("lies outside file '" + f.name + "' (" + std::to_string(f.bytes) + " bytes)");
-    }
-    // A writer cuts at most chunk_bytes (one element at least) into a chunk, and a reader
-    // holds a whole chunk to check its sum: a larger one is refused before any is read.
-    if (chunk.end - chunk.begin > std::max<uint64_t>(1, m.chunk_bytes / element)) {
-      return c.bad("holds " + std::to_string(chunk.end - chunk.begin) +
-                   " elements, more than chunk_bytes (" + std::to_string(m.chunk_bytes) +
-                   ") allows");
-    }
-    covered = chunk.end;
-    t.chunks.push_back(chunk);
-  }
-  if (covered != numel) {
-    return named.bad("its chunks cover " + std::to_string(covered) + " of its " +
-                     std::to_string(numel) + " elements");
-  }
-  return t;
+  return {};
 }
+
+// A tensor as read: its fields, and its chunks up to the first one whose own fields fail a
+// check (a reader stops at that one).
+struct RawTensor {
+  RawObject object;  // name and dtype, and the kinds of shape and chunks
+  uint64_t dimensions = 0;
+  std::vector<Field> shape;            // the first kMaxDimensions dimensions
+  std::vector<StoredChunk> chunks;     // sound alone, each beginning where the one before ended
+  std::optional<RawObject> bad_chunk;  // the chunk after those, when one failed
+};
+
+// What a manifest's text holds that its checks read: the elements of its lists up to the
+// first that fails a check of its own (a reader stops at that one at the latest).
+struct RawManifest {
+  Kind kind = Kind::kObject;  // of the whole document
+  RawObject root;
+  RawObject topology;
+  RawObject engine;
+  std::string metadata;  // each key, then its string value, each after its size (8 bytes)
+  std::optional<std::string> metadata_not_string;   // the least key whose value is no string
+  std::vector<std::pair<int32_t, uint64_t>> files;  // sound alone: rank, bytes
+  std::optional<RawObject> bad_file;                // the file after those, when one failed
+  std::vector<StoredTensor> tensors;                // sound alone
+  std::optional<RawTensor> bad_tensor;              // the tensor after those, when one failed
+  uint64_t checksum = 0;  // of the canonical text without kManifestChecksumKey
+};
+
+// What a tensor's own fields say (`m` null: the checks that need nothing else, whose
+// messages go unused), in a reader's order; fills `out` when they pass (moving the chunks).
+Status check_tensor(RawTensor& raw, size_t index, const Manifest* m, const std::string& origin,
+                    StoredTensor* out);
+// A file's fields (`world` 0: the checks that need nothing else); `ranks` (kMaxWorld bits)
+// marks the ranks of the files before it.
+StatusOr<StoredFile> check_file(const Reader& f, int32_t world, std::vector<bool>& ranks);
+// A chunk's own fields; with `m`, those that need the manifest's files and the tensor too.
+Status check_chunk(const Reader& c, const Manifest* m, uint64_t covered, uint64_t numel,
+                   uint64_t element, StoredChunk* out);
+
+// One pass of nlohmann's SAX parser over a manifest: refuses what parse_checked_json refuses
+// (json_input.h), writes the canonical text the manifest's checksum is of (nlohmann's
+// compact dump of its document: keys sorted bytewise as its std::map orders them, invalid
+// UTF-8 replaced) and hashes it, and keeps in a RawManifest what the checks read. No
+// document is built: a manifest costs its text, the canonical text, and what it holds.
+class ManifestSax final : public json::json_sax_t {
+ public:
+  enum class Role : uint8_t {
+    kSkip,
+    kRoot,
+    kTopology,
+    kEngine,
+    kMetadata,
+    kFiles,
+    kFile,
+    kTensors,
+    kTensor,
+    kShape,
+    kChunks,
+    kChunk
+  };
+
+  ManifestSax(size_t text_bytes, std::string origin) : origin_(std::move(origin)) {
+    out_.reserve(text_bytes);
+  }
+
+  CheckedJson::Problem problem = CheckedJson::Problem::kNone;
+  std::string repeated;
+  RawManifest raw;
+
+  bool null() override { return scalar(json(nullptr), Field{}); }
+  bool boolean(bool v) override {
+    Field f;
+    f.kind = Kind::kBoolean;
+    f.boolean = v;
+    return scalar(json(v), std::move(f));
+  }
+  bool number_integer(number_integer_t v) override {
+    Field f;
+    f.kind = Kind::kInteger;
+    f.integer = v;
+    return scalar(json(v), std::move(f));
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    Field f;
+    f.kind = Kind::kUnsigned;
+    f.unsigned_value = v;
+    return scalar(json(v), std::move(f));
+  }
+  bool number_float(number_float_t v, const string_t&) override {
+    Field f;
+    f.kind = Kind::kFloat;
+    f.number = v;
+    return scalar(json(v), std::move(f));
+  }
+  bool string(string_t& v) override {
+    comma();
+    write_string(v);
+    if (!frames_.empty() && frames_.back().role == Role::kMetadata) {
+      metadata_value(&v);
+      return true;
+    }
+    Field f;
+    f.kind = Kind::kString;
+    f.text_bytes = v.size();
+    if (v.size() > kKeptStringBytes) v.resize(kKeptStringBytes);
+    f.text = std::move(v);
+    place(std::move(f));
+    return true;
+  }
+  bool binary(binary_t&) override { return false; }  // no JSON text has one
+
+  bool start_object(std::size_t) override { return open(Kind::kObject, '{'); }
+  bool start_array(std::size_t) override { return open(Kind::kArray, '['); }
+
+  bool key(string_t& key) override {
+    Frame& f = frames_.back();
+    if (f.count > 0) {
+      // Keys that come in order (as in every file hpshard writes) need no set to be found
+      // repeated, nor any moving at the object's end.
+      if (f.sorted && key <= f.last_key) {
+        if (key == f.last_key) return repeated_key(key);
+        f.sorted = false;
+        f.seen = std::make_unique<std::set<std::string>>();
+        for (auto& [k, text] : members_of(f)) f.seen->insert(std::move(k));
+      }
+      if (!f.sorted && !f.seen->insert(key).second) return repeated_key(key);
+      out_ += ',';
+    }
+    ++f.count;
+    if (f.sorted) f.last_key = key;
+    write_string(key);
+    out_ += ':';
+    switch (f.role) {
+      case Role::kRoot: f.key = known_key(kRootKeys, key); break;
+      case Role::kTopology: f.key = known_key(kTopologyKeys, key); break;
+      case Role::kEngine: f.key = known_key(kEngineKeys, key); break;
+      case Role::kFile: f.key = known_key(kFileKeys, key); break;
+      case Role::kTensor: f.key = known_key(kTensorKeys, key); break;
+      case Role::kChunk: f.key = known_key(kChunkKeys, key); break;
+      case Role::kMetadata: metadata_key_ = key; break;
+      default: break;
+    }
+    return true;
+  }
+
+  bool end_object() override {
+    Frame& f = frames_.back();
+    if (frames_.size() == 1) {
+      hash_root();
+    } else {
+      if (!f.sorted) sort_members(f);
+      out_ += '}';
+    }
+    const Role role = f.role;
+    frames_.pop_back();
+    switch (role) {
+      case Role::kFile: end_file(); break;
+      case Role::kTensor: end_tensor(); break;
+      case Role::kChunk: end_chunk(); break;
+      default: break;
+    }
+    if (frames_.empty()) release();
+    return true;
+  }
+  bool end_array() override {
+    out_ += ']';
+    frames_.pop_back();
+    if (frames_.empty()) release();
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    problem = CheckedJson::Problem::kInvalid;
+    return false;
+  }
+
+ private:
+  struct Frame {
+    Role role = Role::kSkip;
+    bool object = false;
+    bool sorted = true;    // its keys so far came in order
+    size_t count = 0;      // members or elements so far
+    std::string_view key;  // an object's: the known key of the member being read ("": none)
+    size_t start = 0;      // where its members start in out_
+    std::string last_key;  // while its keys came in order: the last
+    std::unique_ptr<std::set<std::string>> seen;  // its keys, once one came out of order
+  };
+
+  // An open object's members in out_ (each "key":value) with their keys, in order of keys.
+  std::vector<std::pair<std::string, std::string_view>> members_of(const Frame& f) const {
+    std::vector<std::pair<std::string, std::string_view>> members;
+    const std::string_view text = std::string_view(out_).substr(f.start);
+    auto add = [&](std::string_view member) {
+      // Its key is the JSON string it starts with, written by write_string from UTF-8 (what
+      // nlohmann's lexer takes), so parsing that string gives the key back.
+      size_t end = 1;
+      while (member[end] != '"') end += member[end] == '\\' ? 2 : 1;
+      members.emplace_back(json::parse(member.substr(0, end + 1)).get<std::string>(), member);
+    };
+    size_t depth = 0;
+    size_t start = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const char c = text[i];
+      if (in_string) {
+        if (c == '\\') {
+          ++i;
+        } else if (c == '"') {
+          in_string = false;
+        }
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '{' || c == '[') {
+        ++depth;
+      } else if (c == '}' || c == ']') {
+        --depth;
+      } else if (c == ',' && depth == 0) {
+        add(text.substr(start, i - start));
+        start = i + 1;
+      }
+    }
+    if (start < text.size()) add(text.substr(start));
+    if (!f.sorted) {
+      std::sort(members.begin(), members.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+    }
+    return members;
+  }
+  void sort_members(const Frame& f) {
+    std::string sorted;
+    sorted.reserve(out_.size() - f.start);
+    for (const auto& [key, text] : members_of(f)) {
+      if (!sorted.empty()) sorted += ',';
+      sorted += text;
+    }
+    out_.resize(f.start);
+    out_ += sorted;
+  }
+  // The checksum: of the root's members in order, without the checksum's own.
+  void hash_root() {
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    XXH3_64bits_update(&state, "{", 1);
+    bool first = true;
+    for (const auto& [key, text] : members_of(frames_.back())) {
+      if (key == kManifestChecksumKey) continue;
+      if (!first) XXH3_64bits_update(&state, ",", 1);
+      first = false;
+      XXH3_64bits_update(&state, text.data(), text.size());
+    }
+    XXH3_64bits_update(&state, "}", 1);
+    raw.checksum = XXH3_64bits_digest(&state);
+  }
+  void release() { std::string().swap(out_); }
+
+  void comma() {
+    if (frames_.empty() || frames_.back().object) return;
+    if (frames_.back().count++ > 0) out_ += ',';
+  }
+  // Writes `value` as its dump(-1, ' ', false, replace) would, into out_ (no copy of it).
+  void write(const json& value) {
+    nlohmann::detail::serializer<json> serializer(
+        nlohmann::detail::output_adapter<char, std::string>(out_), ' ',
+        json::error_handler_t::replace);
+    serializer.dump(value, false, false, 0);
+  }
+  void write_string(std::string& s) {
+    json value(std::move(s));
+    write(value);
+    s = std::move(value.get_ref<std::string&>());
+  }
+  bool scalar(const json& value, Field f) {
+    comma();
+    write(value);
+    if (!frames_.empty() && frames_.back().role == Role::kMetadata) {
+      metadata_value(nullptr);
+      return true;
+    }
+    place(std::move(f));
+    return true;
+  }
+  bool open(Kind kind, char bracket) {
+    if (frames_.size() + 1 > kMaxJsonDepth) {
+      problem = CheckedJson::Problem::kTooDeep;
+      return false;
+    }
+    comma();
+    out_ += bracket;
+    Role role = Role::kSkip;
+    if (!frames_.empty() && frames_.back().role == Role::kMetadata) {
+      metadata_value(nullptr);
+    } else {
+      Field f;
+      f.kind = kind;
+      role = place(std::move(f));
+    }
+    Frame frame;
+    frame.role = role;
+    frame.object = kind == Kind::kObject;
+    frame.start = out_.size();
+    frames_.push_back(std::move(frame));
+    return true;
+  }
+  bool repeated_key(const std::string& key) {
+    problem = CheckedJson::Problem::kRepeatedKey;
+    repeated = key;
+    return false;
+  }
+
+  // A metadata value: kept when a string, while every one so far was.
+  void metadata_value(std::string* value) {
+    if (value == nullptr) {
+      if (!raw.metadata_not_string || metadata_key_ < *raw.metadata_not_string)
+        raw.metadata_not_string = metadata_key_;
+      std::string().swap(raw.metadata);
+      return;
+    }
+    if (raw.metadata_not_string) return;
+    for (const std::string* s : {&metadata_key_, value}) {
+      const uint64_t size = s->size();
+      raw.metadata.append(reinterpret_cast<const char*>(&size), sizeof size);
+      raw.metadata += *s;
+    }
+  }
+
+  // Where a value goes: into the field it is, and (a container) the role of its contents.
+  Role place(Field f) {
+    const Kind kind = f.kind;
+    if (frames_.empty()) {
+      raw.kind = kind;
+      return kind == Kind::kObject ? Role::kRoot : Role::kSkip;
+    }
+    Frame& top = frames_.back();
+    auto keep = [&](RawObject& o) {
+      if (!top.key.empty()) o.fields.emplace_back(top.key, std::move(f));
+    };
+    switch (top.role) {
+      case Role::kSkip:
+      case Role::kMetadata: return Role::kSkip;
+      case Role::kRoot: {
+        const std::string_view key = top.key;
+        keep(raw.root);
+        if (key == "topology") {
+          raw.topology.kind = kind;
+          return kind == Kind::kObject ? Role::kTopology : Role::kSkip;
+        }
+        if (key == "engine") {
+          raw.engine.kind = kind;
+          return kind == Kind::kObject ? Role::kEngine : Role::kSkip;
+        }
+        if (key == "metadata" && kind == Kind::kObject) return Role::kMetadata;
+        if (key == "files" && kind == Kind::kArray) return Role::kFiles;
+        if (key == "tensors" && kind == Kind::kArray) return Role::kTensors;
+        return Role::kSkip;
+      }
+      case Role::kTopology: keep(raw.topology); return Role::kSkip;
+      case Role::kEngine: keep(raw.engine); return Role::kSkip;
+      case Role::kFiles:
+        if (raw.bad_file) return Role::kSkip;
+        file_ = RawObject{kind, {}};
+        if (kind == Kind::kObject) return Role::kFile;
+        end_file();
+        return Role::kSkip;
+      case Role::kFile: keep(file_); return Role::kSkip;
+      case Role::kTensors:
+        if (raw.bad_tensor) return Role::kSkip;
+        tensor_ = RawTensor{};
+        tensor_.object.kind = kind;
+        if (kind == Kind::kObject) return Role::kTensor;
+        end_tensor();
+        return Role::kSkip;
+      case Role::kTensor: {
+        const std::string_view key = top.key;
+        keep(tensor_.object);
+        if (key == "shape" && kind == Kind::kArray) return Role::kShape;
+        if (key == "chunks" && kind == Kind::kArray) return Role::kChunks;
+        return Role::kSkip;
+      }
+      case Role::kShape:
+        if (++tensor_.dimensions <= kMaxDimensions) tensor_.shape.push_back(std::move(f));
+        return Role::kSkip;
+      case Role::kChunks:
+        if (tensor_.bad_chunk) return Role::kSkip;
+        chunk_ = RawObject{kind, {}};
+        if (kind == Kind::kObject) return Role::kChunk;
+        end_chunk();
+        return Role::kSkip;
+      case Role::kChunk: keep(chunk_); return Role::kSkip;
+    }
+    return Role::kSkip;
+  }
+
+  void end_file() {
+    Reader f(file_, std::string());
+    if (ranks_.empty()) ranks_.resize(kMaxWorld);
+    auto file = check_file(f, 0, ranks_);
+    if (file.ok()) {
+      raw.files.emplace_back(file->rank, file->bytes);
+    } else {
+      raw.bad_file = std::move(file_);
+    }
+  }
+  void end_chunk() {
+    Reader c(chunk_, std::string());
+    StoredChunk chunk;
+    const uint64_t covered = tensor_.chunks.empty() ? 0 : tensor_.chunks.back().end;
+    if (check_chunk(c, nullptr, covered, UINT64_MAX, 1, &chunk).ok()) {
+      tensor_.chunks.push_back(chunk);
+    } else {
+      tensor_.bad_chunk = std::move(chunk_);
+    }
+  }
+  void end_tensor() {
+    StoredTensor t;
+    if (check_tensor(tensor_, raw.tensors.size(), nullptr, origin_, &t).ok()) {
+      raw.tensors.push_back(std::move(t));
+    } else {
+      raw.bad_tensor = std::move(tensor_);
+    }
+  }
+
+  std::string origin_;
+  std::vector<Frame> frames_;
+  std::string out_;  // the canonical text so far
+  std::string metadata_key_;
+  std::vector<bool> ranks_;  // of the files so far
+  RawObject file_;
+  RawObject chunk_;
+  RawTensor tensor_;
+};
 
 // A parameter's fp32 master has the parameter's shape, beside it: a reader that loads one
 // of the pair leaves the other unread, so a master of another shape would go unnoticed.
@@ -308,6 +752,146 @@ Status check_file_bytes_apart(const Manifest& m, const Reader& r) {
   return Status::Ok();
 }
 
+StatusOr<StoredFile> check_file(const Reader& f, int32_t world, std::vector<bool>& ranks) {
+  StoredFile file;
+  HPS_ASSIGN_OR_RETURN(file.rank, f.int32("rank", 0, (world > 0 ? world : kMaxWorld) - 1));
+  HPS_ASSIGN_OR_RETURN(file.name, f.string("name"));
+  // Only the canonical name: a manifest cannot point a reader outside its directory.
+  if (file.name != data_file_name(file.rank)) {
+    return f.bad("file name '" + shown_value(file.name) + "' is not " + data_file_name(file.rank));
+  }
+  if (ranks[static_cast<size_t>(file.rank)])
+    return f.bad("rank " + std::to_string(file.rank) + " has two files");
+  ranks[static_cast<size_t>(file.rank)] = true;
+  HPS_ASSIGN_OR_RETURN(file.bytes, f.uint("bytes"));
+  return file;
+}
+
+// The checks of a chunk whose fields are read (`c`'s where names it): where it lies, in the
+// tensor and in its file.
+Status check_chunk_place(const StoredChunk& chunk, const std::string& where, const Manifest& m,
+                         uint64_t covered, uint64_t numel, uint64_t element) {
+  auto bad = [&](const std::string& what) { return invalid_argument(where + ": " + what); };
+  if (chunk.begin != covered || chunk.end <= chunk.begin || chunk.end > numel) {
+    return bad("covers elements [" + std::to_string(chunk.begin) + ", " +
+               std::to_string(chunk.end) + ") where [" + std::to_string(covered) + ", ...) of " +
+               std::to_string(numel) + " was due");
+  }
+  const StoredFile& f = m.files[chunk.file];
+  auto bytes = checked_mul(chunk.end - chunk.begin, element);
+  auto stop = bytes ? checked_add(chunk.offset, *bytes) : std::nullopt;
+  if (chunk.offset < kDataHeaderBytes || !stop || *stop > f.bytes) {
+    return bad("lies outside file '" + f.name + "' (" + std::to_string(f.bytes) + " bytes)");
+  }
+  // A writer cuts at most chunk_bytes (one element at least) into a chunk, and a reader
+  // holds a whole chunk to check its sum: a larger one is refused before any is read.
+  if (chunk.end - chunk.begin > std::max<uint64_t>(1, m.chunk_bytes / element)) {
+    return bad("holds " + std::to_string(chunk.end - chunk.begin) +
+               " elements, more than chunk_bytes (" + std::to_string(m.chunk_bytes) + ") allows");
+  }
+  return Status::Ok();
+}
+
+Status check_file_index(uint64_t file, const std::string& where, const Manifest& m) {
+  if (file >= m.files.size()) {
+    return invalid_argument(where + ": names file " + std::to_string(file) + " of " +
+                            std::to_string(m.files.size()));
+  }
+  return Status::Ok();
+}
+
+Status check_chunk(const Reader& c, const Manifest* m, uint64_t covered, uint64_t numel,
+                   uint64_t element, StoredChunk* out) {
+  StoredChunk& chunk = *out;
+  HPS_ASSIGN_OR_RETURN(uint64_t file, c.uint("file"));
+  if (m != nullptr) HPS_RETURN_IF_ERROR(check_file_index(file, c.where(), *m));
+  if (file > UINT32_MAX) return c.bad("names file " + std::to_string(file));
+  chunk.file = static_cast<uint32_t>(file);
+  HPS_ASSIGN_OR_RETURN(chunk.begin, c.uint("begin"));
+  HPS_ASSIGN_OR_RETURN(chunk.end, c.uint("end"));
+  HPS_ASSIGN_OR_RETURN(chunk.offset, c.uint("offset"));
+  HPS_ASSIGN_OR_RETURN(std::string sum, c.string("xxh3", 16));
+  chunk.xxh3 = parse_hex64(sum);
+  if (!chunk.xxh3) return c.bad("'xxh3' is not 16 lowercase hex digits");
+  if (m != nullptr) return check_chunk_place(chunk, c.where(), *m, covered, numel, element);
+  if (chunk.begin != covered || chunk.end <= chunk.begin) return c.bad("out of place");
+  return Status::Ok();
+}
+
+Status check_tensor(RawTensor& raw, size_t index, const Manifest* m, const std::string& origin,
+                    StoredTensor* out) {
+  StoredTensor& t = *out;
+  Reader r(raw.object, origin + ": tensors[" + std::to_string(index) + "]");
+  HPS_ASSIGN_OR_RETURN(t.name, r.string("name", kMaxStateNameBytes));
+  if (!printable_name(t.name)) return r.bad("the tensor name is empty or has control characters");
+  for (std::string_view prefix : {kParamPrefix, kMasterPrefix}) {
+    if (t.name == prefix) return r.bad("tensor '" + t.name + "' names no parameter");
+  }
+  Reader named(raw.object, origin + ": tensor '" + t.name + "'");
+  HPS_ASSIGN_OR_RETURN(std::string dtype, named.string("dtype"));
+  auto d = dtype_from_name(dtype);
+  if (!d.ok() || dtype_name(*d) != dtype) return named.bad("unknown dtype '" + dtype + "'");
+  t.dtype = *d;
+  HPS_RETURN_IF_ERROR(named.array("shape"));
+  if (raw.dimensions > kMaxDimensions) return named.bad("has more than 16 dimensions");
+  uint64_t numel = 1;
+  for (const Field& dim : raw.shape) {
+    if (dim.kind != Kind::kUnsigned) return named.bad("a dimension is not an unsigned integer");
+    const uint64_t n = dim.unsigned_value;
+    auto product = checked_mul(numel, n);
+    if (n > kMaxElements || !product || *product > kMaxElements) {
+      return named.bad("has more than 2^48 elements");
+    }
+    numel = *product;
+    t.shape.push_back(static_cast<int64_t>(n));
+  }
+  t.numel = numel;
+  const uint64_t element = dtype_size(t.dtype);
+  HPS_RETURN_IF_ERROR(named.array("chunks"));
+  uint64_t covered = 0;
+  size_t k = 0;
+  for (const StoredChunk& chunk : raw.chunks) {
+    if (m != nullptr) {
+      const std::string where = named.where() + ", chunk " + std::to_string(k);
+      HPS_RETURN_IF_ERROR(check_file_index(chunk.file, where, *m));
+      HPS_RETURN_IF_ERROR(check_chunk_place(chunk, where, *m, covered, numel, element));
+    } else if (chunk.end > numel) {
+      return named.bad("a chunk lies outside the tensor");
+    }
+    ++k;
+    covered = chunk.end;
+  }
+  if (raw.bad_chunk) {
+    StoredChunk chunk;
+    Reader c(*raw.bad_chunk, named.where() + ", chunk " + std::to_string(k));
+    HPS_RETURN_IF_ERROR(check_chunk(c, m, covered, numel, element, &chunk));
+    // Sound alone but not in place (checked with `m` above, where it is refused).
+    return c.bad("covers elements [" + std::to_string(chunk.begin) + ", " +
+                 std::to_string(chunk.end) + ") where [" + std::to_string(covered) + ", ...) of " +
+                 std::to_string(numel) + " was due");
+  }
+  if (covered != numel) {
+    return named.bad("its chunks cover " + std::to_string(covered) + " of its " +
+                     std::to_string(numel) + " elements");
+  }
+  t.chunks = std::move(raw.chunks);
+  return Status::Ok();
+}
+
+// The checks of a tensor whose own fields passed them: those of its chunks' files.
+Status check_stored_tensor(const StoredTensor& t, const Manifest& m, const std::string& origin) {
+  const uint64_t element = dtype_size(t.dtype);
+  uint64_t covered = 0;
+  for (size_t k = 0; k < t.chunks.size(); ++k) {
+    const StoredChunk& chunk = t.chunks[k];
+    const std::string where = origin + ": tensor '" + t.name + "', chunk " + std::to_string(k);
+    HPS_RETURN_IF_ERROR(check_file_index(chunk.file, where, m));
+    HPS_RETURN_IF_ERROR(check_chunk_place(chunk, where, m, covered, t.numel, element));
+    covered = chunk.end;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string manifest_to_json(const Manifest& m) {
@@ -358,8 +942,13 @@ std::string manifest_to_json(const Manifest& m) {
 
 StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& origin) {
   try {
-    CheckedJson parsed = parse_checked_json(text, kMaxJsonDepth);
-    switch (parsed.problem) {
+    // nlohmann's lexer ends the input at a NUL byte, so the bytes after one would go unread;
+    // a NUL is no JSON (inside a string it must be escaped): refused.
+    ManifestSax sax(text.size(), origin);
+    const bool parsed = text.find('\0') == std::string_view::npos && json::sax_parse(text, &sax);
+    CheckedJson::Problem problem = sax.problem;
+    if (!parsed && problem == CheckedJson::Problem::kNone) problem = CheckedJson::Problem::kInvalid;
+    switch (problem) {
       case CheckedJson::Problem::kNone: break;
       case CheckedJson::Problem::kInvalid:
         return invalid_argument(origin + ": not valid JSON (truncated or corrupt manifest?)");
@@ -367,21 +956,20 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
         return invalid_argument(origin + ": JSON nested deeper than " +
                                 std::to_string(kMaxJsonDepth));
       case CheckedJson::Problem::kRepeatedKey:
-        return invalid_argument(origin + ": key '" + shown_value(parsed.key) + "' repeated");
+        return invalid_argument(origin + ": key '" + shown_value(sax.repeated) + "' repeated");
     }
-    const json& j = parsed.value;
-    Reader r(j, origin);
+    RawManifest& raw = sax.raw;
+    raw.root.kind = raw.kind;
+    Reader r(raw.root, origin);
     Manifest m;
     // Its own checksum first: an edited or corrupted manifest is said to be one, before any
     // field it may have changed is read.
-    HPS_ASSIGN_OR_RETURN(const json* recorded,
-                         r.field(std::string(kManifestChecksumKey).c_str(), false));
+    HPS_ASSIGN_OR_RETURN(const Field* recorded, r.field(kManifestChecksumKey, false));
     if (recorded != nullptr) {
-      const auto sum = recorded->is_string() ? parse_hex64(recorded->get_ref<const std::string&>())
-                                             : std::nullopt;
+      const auto sum = recorded->kind == Kind::kString ? parse_hex64(recorded->text) : std::nullopt;
       if (!sum)
         return r.bad("'" + std::string(kManifestChecksumKey) + "' is not 16 lowercase hex digits");
-      if (*sum != manifest_checksum(j)) {
+      if (*sum != raw.checksum) {
         return r.bad("the manifest's checksum ('" + std::string(kManifestChecksumKey) +
                      "') does not match its contents: it was edited or is corrupt");
       }
@@ -403,15 +991,16 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     if (Status named = check_checkpoint_name(m.name); !named.ok())
       return r.bad("'name': " + named.message());
     HPS_ASSIGN_OR_RETURN(m.created_unix_ns, r.integer("created_unix_ns"));
-    HPS_ASSIGN_OR_RETURN(const json* sequence, r.field("sequence", false));
+    HPS_ASSIGN_OR_RETURN(const Field* sequence, r.field("sequence", false));
     if (sequence != nullptr) {
       HPS_ASSIGN_OR_RETURN(m.sequence, r.uint("sequence", kMaxSequence));
     }
     HPS_ASSIGN_OR_RETURN(m.chunk_bytes, r.uint("chunk_bytes"));
     if (m.chunk_bytes < 1 || m.chunk_bytes > kMaxChunkBytes)
       return r.bad("'chunk_bytes' is " + std::to_string(m.chunk_bytes) + ", not in [1, 2^34]");
-    HPS_ASSIGN_OR_RETURN(const json* topology, r.field("topology"));
-    Reader t(*topology, origin + ": topology");
+    HPS_RETURN_IF_ERROR(r.field("topology").status());
+    Reader t(raw.topology, origin + ": topology");
+
     HPS_ASSIGN_OR_RETURN(m.topology.stage, t.int32("stage", 2, 3));
     HPS_ASSIGN_OR_RETURN(m.topology.sharding, t.int32("sharding", 1, 1 << 24));
     HPS_ASSIGN_OR_RETURN(m.topology.dp, t.int32("dp", 1, 1 << 24));
@@ -433,9 +1022,9 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     for (auto [degree, rank, degree_key, rank_key] :
          {std::tuple{&m.topology.mp, &m.topology.mp_rank, "mp", "mp_rank"},
           std::tuple{&m.topology.pp, &m.topology.pp_rank, "pp", "pp_rank"}}) {
-      HPS_ASSIGN_OR_RETURN(const json* given, t.field(degree_key, false));
+      HPS_ASSIGN_OR_RETURN(const Field* given, t.field(degree_key, false));
       if (given == nullptr) {
-        HPS_ASSIGN_OR_RETURN(const json* rank_alone, t.field(rank_key, false));
+        HPS_ASSIGN_OR_RETURN(const Field* rank_alone, t.field(rank_key, false));
         if (rank_alone != nullptr) {
           return t.bad("'" + std::string(rank_key) + "' without '" + degree_key + "'");
         }
@@ -451,48 +1040,63 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
                    std::to_string(kPartFormatVersion) + ", a whole model version " +
                    std::to_string(kFormatVersion));
     }
-    HPS_ASSIGN_OR_RETURN(const json* engine, r.field("engine", false));
+    HPS_ASSIGN_OR_RETURN(const Field* engine, r.field("engine", false));
     if (engine != nullptr) {
-      HPS_ASSIGN_OR_RETURN(m.engine, options_from_json(Reader(*engine, origin + ": engine")));
+      HPS_ASSIGN_OR_RETURN(m.engine, options_from_json(Reader(raw.engine, origin + ": engine")));
     }
-    HPS_ASSIGN_OR_RETURN(const json* metadata, r.field("metadata"));
-    if (!metadata->is_object()) return r.bad("'metadata' is not an object");
-    for (const auto& [key, value] : metadata->items()) {
-      if (!value.is_string()) return r.bad("metadata '" + shown_value(key) + "' is not a string");
-      m.metadata[key] = value.get<std::string>();
-    }
-    HPS_ASSIGN_OR_RETURN(const json* files, r.array("files"));
-    std::set<int32_t> ranks;
-    for (size_t i = 0; i < files->size(); ++i) {
-      Reader f((*files)[i], origin + ": files[" + std::to_string(i) + "]");
-      StoredFile file;
-      HPS_ASSIGN_OR_RETURN(file.rank, f.int32("rank", 0, m.world - 1));
-      HPS_ASSIGN_OR_RETURN(file.name, f.string("name"));
-      // Only the canonical name: a manifest cannot point a reader outside its directory.
-      if (file.name != data_file_name(file.rank)) {
-        return f.bad("file name '" + shown_value(file.name) + "' is not " +
-                     data_file_name(file.rank));
+    HPS_ASSIGN_OR_RETURN(const Field* metadata, r.field("metadata"));
+    if (metadata->kind != Kind::kObject) return r.bad("'metadata' is not an object");
+    if (raw.metadata_not_string)
+      return r.bad("metadata '" + shown_value(*raw.metadata_not_string) + "' is not a string");
+    for (size_t at = 0; at < raw.metadata.size();) {
+      std::string_view entry[2];
+      for (std::string_view& s : entry) {
+        uint64_t size = 0;
+        std::memcpy(&size, raw.metadata.data() + at, sizeof size);
+        s = std::string_view(raw.metadata).substr(at + sizeof size, size);
+        at += sizeof size + size;
       }
-      if (!ranks.insert(file.rank).second)
-        return f.bad("rank " + std::to_string(file.rank) + " has two files");
-      HPS_ASSIGN_OR_RETURN(file.bytes, f.uint("bytes"));
-      m.files.push_back(std::move(file));
+      m.metadata.emplace_hint(m.metadata.end(), entry[0], entry[1]);
     }
-    HPS_ASSIGN_OR_RETURN(const json* tensors, r.array("tensors"));
-    std::set<std::string> names;
+    std::string().swap(raw.metadata);
+    HPS_RETURN_IF_ERROR(r.array("files"));
+    std::vector<bool> ranks(kMaxWorld);
+    m.files.reserve(raw.files.size());
+    for (const auto& [rank, bytes] : raw.files) {
+      if (rank >= m.world) {
+        return invalid_argument(origin + ": files[" + std::to_string(m.files.size()) +
+                                "]: 'rank' is " + std::to_string(rank) + ", outside [0, " +
+                                std::to_string(m.world - 1) + "]");
+      }
+      ranks[static_cast<size_t>(rank)] = true;
+      m.files.push_back({data_file_name(rank), rank, bytes});
+    }
+    if (raw.bad_file) {
+      Reader f(*raw.bad_file, origin + ": files[" + std::to_string(m.files.size()) + "]");
+      HPS_RETURN_IF_ERROR(check_file(f, m.world, ranks).status());
+    }
+    HPS_RETURN_IF_ERROR(r.array("tensors"));
+    std::unordered_set<std::string_view> names;
     uint64_t total = 0;  // every tensor's bytes: what inspect adds up
-    for (size_t i = 0; i < tensors->size(); ++i) {
-      HPS_ASSIGN_OR_RETURN(StoredTensor tensor, tensor_from_json((*tensors)[i], i, m, origin));
+    for (const StoredTensor& tensor : raw.tensors) {
+      HPS_RETURN_IF_ERROR(check_stored_tensor(tensor, m, origin));
       if (!names.insert(tensor.name).second)
         return r.bad("tensor '" + tensor.name + "' is listed twice");
       auto sum = checked_add(total, tensor.numel * dtype_size(tensor.dtype));  // 2^48 x 8 fits
       if (!sum) return r.bad("its tensors hold more than 2^64 bytes");
       total = *sum;
-      m.tensors.push_back(std::move(tensor));
     }
+    if (raw.bad_tensor) {
+      StoredTensor tensor;
+      HPS_RETURN_IF_ERROR(check_tensor(*raw.bad_tensor, raw.tensors.size(), &m, origin, &tensor));
+    }
+    m.tensors = std::move(raw.tensors);
     HPS_RETURN_IF_ERROR(check_masters(m, r));
     HPS_RETURN_IF_ERROR(check_file_bytes_apart(m, r));
     return m;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(origin + ": the manifest (" + std::to_string(text.size()) +
+                         " bytes) takes more memory to read than there is");
   } catch (const std::exception& e) {
     return invalid_argument(origin + ": " + e.what());
   }

@@ -76,14 +76,16 @@ struct Manifest {
 };
 
 std::string manifest_to_json(const Manifest& manifest);
-// Parses and checks `text`; `origin` (a path) names it in messages.
+// Parses and checks `text` in one SAX pass that builds no document (a few times the text's
+// size in memory; OUT_OF_MEMORY when even that is not there); `origin` (a path) names it in
+// messages.
 StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& origin);
 // <directory>/manifest.json, parsed.
 StatusOr<Manifest> read_manifest(const std::string& directory);
 SourceIndex source_of(const Manifest& manifest, const std::string& directory);
 
 // How deep a manifest's or a safetensors header's arrays and objects may nest
-// (parse_checked_json, core/common/json_input.h).
+// (parse_manifest's SAX pass; parse_checked_json, core/common/json_input.h).
 inline constexpr size_t kMaxJsonDepth = 32;
 
 }  // namespace hps::ckpt

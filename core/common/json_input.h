@@ -1,4 +1,5 @@
-// JSON read from outside (a checkpoint's manifest, a safetensors header, a trace file):
+// JSON read from outside (a safetensors header, a trace file; a checkpoint's manifest has a
+// pass of its own, core/checkpoint/manifest.cc, making the same checks with no document):
 // parsed by nlohmann-json after one pass of its SAX parser that refuses a text nested
 // deeper than a bound or repeating a key within an object. The SAX pass is iterative and
 // builds nothing, so a hostile text costs linear time and no stack; the document nlohmann
