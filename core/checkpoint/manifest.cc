@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -283,7 +284,11 @@ struct RawManifest {
   RawObject root;
   RawObject topology;
   RawObject engine;
-  std::string metadata;  // each key, then its string value, each after its size (8 bytes)
+  // The canonical text, kept while the metadata is read from it: the metadata object is
+  // [metadata_begin, metadata_end) of it (its values are read once every one is a string).
+  std::string canonical;
+  size_t metadata_begin = 0;
+  size_t metadata_end = 0;
   std::optional<std::string> metadata_not_string;   // the least key whose value is no string
   std::vector<std::pair<int32_t, uint64_t>> files;  // sound alone: rank, bytes
   std::optional<RawObject> bad_file;                // the file after those, when one failed
@@ -302,6 +307,38 @@ StatusOr<StoredFile> check_file(const Reader& f, int32_t world, std::vector<bool
 // A chunk's own fields; with `m`, those that need the manifest's files and the tensor too.
 Status check_chunk(const Reader& c, const Manifest* m, uint64_t covered, uint64_t numel,
                    uint64_t element, StoredChunk* out);
+
+// The metadata's entries, from its canonical text (every value a string; UTF-8 all, as
+// nlohmann's lexer takes no other, so the text gives back each key and value).
+class MetadataSax final : public json::json_sax_t {
+ public:
+  explicit MetadataSax(std::map<std::string, std::string>* out) : out_(out) {}
+  bool null() override { return false; }
+  bool boolean(bool) override { return false; }
+  bool number_integer(number_integer_t) override { return false; }
+  bool number_unsigned(number_unsigned_t) override { return false; }
+  bool number_float(number_float_t, const string_t&) override { return false; }
+  bool string(string_t& v) override {
+    out_->emplace_hint(out_->end(), std::move(key_), std::move(v));
+    return true;
+  }
+  bool binary(binary_t&) override { return false; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t& key) override {
+    key_ = std::move(key);
+    return true;
+  }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return false; }
+  bool end_array() override { return false; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+
+ private:
+  std::map<std::string, std::string>* out_;
+  std::string key_;
+};
 
 // One pass of nlohmann's SAX parser over a manifest: refuses what parse_checked_json refuses
 // (json_input.h), writes the canonical text the manifest's checksum is of (nlohmann's
@@ -362,7 +399,6 @@ class ManifestSax final : public json::json_sax_t {
     comma();
     write_string(v);
     if (!frames_.empty() && frames_.back().role == Role::kMetadata) {
-      metadata_value(&v);
       return true;
     }
     Field f;
@@ -418,6 +454,10 @@ class ManifestSax final : public json::json_sax_t {
       out_ += '}';
     }
     const Role role = f.role;
+    if (role == Role::kMetadata) {
+      raw.metadata_begin = f.start - 1;
+      raw.metadata_end = out_.size();
+    }
     frames_.pop_back();
     switch (role) {
       case Role::kFile: end_file(); break;
@@ -517,7 +557,13 @@ class ManifestSax final : public json::json_sax_t {
     XXH3_64bits_update(&state, "}", 1);
     raw.checksum = XXH3_64bits_digest(&state);
   }
-  void release() { std::string().swap(out_); }
+  void release() {
+    if (raw.metadata_end > 0) {
+      raw.canonical = std::move(out_);
+    } else {
+      std::string().swap(out_);
+    }
+  }
 
   void comma() {
     if (frames_.empty() || frames_.back().object) return;
@@ -539,7 +585,7 @@ class ManifestSax final : public json::json_sax_t {
     comma();
     write(value);
     if (!frames_.empty() && frames_.back().role == Role::kMetadata) {
-      metadata_value(nullptr);
+      metadata_not_string();
       return true;
     }
     place(std::move(f));
@@ -554,7 +600,7 @@ class ManifestSax final : public json::json_sax_t {
     out_ += bracket;
     Role role = Role::kSkip;
     if (!frames_.empty() && frames_.back().role == Role::kMetadata) {
-      metadata_value(nullptr);
+      metadata_not_string();
     } else {
       Field f;
       f.kind = kind;
@@ -573,20 +619,10 @@ class ManifestSax final : public json::json_sax_t {
     return false;
   }
 
-  // A metadata value: kept when a string, while every one so far was.
-  void metadata_value(std::string* value) {
-    if (value == nullptr) {
-      if (!raw.metadata_not_string || metadata_key_ < *raw.metadata_not_string)
-        raw.metadata_not_string = metadata_key_;
-      std::string().swap(raw.metadata);
-      return;
-    }
-    if (raw.metadata_not_string) return;
-    for (const std::string* s : {&metadata_key_, value}) {
-      const uint64_t size = s->size();
-      raw.metadata.append(reinterpret_cast<const char*>(&size), sizeof size);
-      raw.metadata += *s;
-    }
+  // A metadata value that is no string: the least key of such is named.
+  void metadata_not_string() {
+    if (!raw.metadata_not_string || metadata_key_ < *raw.metadata_not_string)
+      raw.metadata_not_string = metadata_key_;
   }
 
   // Where a value goes: into the field it is, and (a container) the role of its contents.
@@ -1048,17 +1084,11 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     if (metadata->kind != Kind::kObject) return r.bad("'metadata' is not an object");
     if (raw.metadata_not_string)
       return r.bad("metadata '" + shown_value(*raw.metadata_not_string) + "' is not a string");
-    for (size_t at = 0; at < raw.metadata.size();) {
-      std::string_view entry[2];
-      for (std::string_view& s : entry) {
-        uint64_t size = 0;
-        std::memcpy(&size, raw.metadata.data() + at, sizeof size);
-        s = std::string_view(raw.metadata).substr(at + sizeof size, size);
-        at += sizeof size + size;
-      }
-      m.metadata.emplace_hint(m.metadata.end(), entry[0], entry[1]);
-    }
-    std::string().swap(raw.metadata);
+    MetadataSax entries(&m.metadata);
+    json::sax_parse(std::string_view(raw.canonical)
+                        .substr(raw.metadata_begin, raw.metadata_end - raw.metadata_begin),
+                    &entries);
+    std::string().swap(raw.canonical);
     HPS_RETURN_IF_ERROR(r.array("files"));
     std::vector<bool> ranks(kMaxWorld);
     m.files.reserve(raw.files.size());
