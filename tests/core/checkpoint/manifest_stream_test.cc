@@ -196,7 +196,7 @@ TEST(ManifestStream, WrittenManifestsVerify) {
 #endif
 #endif
 
-size_t status_kib(const char* field) {
+[[maybe_unused]] size_t status_kib(const char* field) {
   std::ifstream in("/proc/self/status");
   std::string line;
   while (std::getline(in, line)) {
@@ -207,8 +207,8 @@ size_t status_kib(const char* field) {
 
 // About `bytes` of JSON: `head`, then `element` (with %d its number) over and over, then
 // `tail`.
-std::string repeated(const std::string& head, const std::string& element, const std::string& tail,
-                     size_t bytes) {
+[[maybe_unused]] std::string repeated(const std::string& head, const std::string& element,
+                                      const std::string& tail, size_t bytes) {
   std::string text = head;
   text.reserve(bytes + 256);
   char buffer[512];
