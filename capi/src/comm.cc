@@ -179,15 +179,8 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
   HPS_CHECK_ARG(name);
   HPS_CHECK_ARG(out_comm);
   return guard(__func__, [&]() -> hps::Status {
-    // More ranks than the group has repeat one or name one outside it; refused before the
-    // list is read (`count` is the caller's word for how long it is).
-    const auto size = static_cast<size_t>(comm->impl->size());
-    if (count > size) {
-      return hps::invalid_argument("count " + std::to_string(count) + " is more than the group's " +
-                                   std::to_string(size) + " ranks");
-    }
-    std::vector<int32_t> list(ranks, ranks + count);
-    HPS_ASSIGN_OR_RETURN(auto child, comm->impl->split(list, name));
+    // A count beyond the group's size is refused with the list unread, on every rank.
+    HPS_ASSIGN_OR_RETURN(auto child, comm->impl->split(ranks, count, name));
     *out_comm =
         child ? new hps_comm{std::shared_ptr<hps::Communicator>(std::move(child))} : nullptr;
     return hps::Status::Ok();

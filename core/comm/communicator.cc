@@ -298,7 +298,12 @@ namespace {
 // How many ranks of a list a message about lists that differ shows.
 constexpr size_t kShownSplitRanks = 16;
 
-std::string shown_rank_list(const uint64_t* ranks, uint64_t count) {
+// A rank's list as a message about lists that differ shows it: its first ranks, or only
+// its length where it is longer than the group (such a list is not read).
+std::string shown_rank_list(const uint64_t* ranks, uint64_t count, int32_t group_size) {
+  if (count > static_cast<uint64_t>(group_size)) {
+    return "a list of " + std::to_string(count) + " ranks";
+  }
   const size_t shown = static_cast<size_t>(std::min<uint64_t>(count, kShownSplitRanks));
   std::string text = "[";
   for (size_t i = 0; i < shown; ++i) {
@@ -313,11 +318,12 @@ std::string shown_rank_list(const uint64_t* ranks, uint64_t count) {
 // all-gather) so that lists that differ fail on every rank, members and others alike,
 // before anything of the split is made: otherwise ranks that agree among themselves make
 // their group while the others wait in vain or pair with the wrong ranks. Only when the
-// lists differ does a second all-gather bring their first ranks, for the message.
-Status check_same_split_lists(Communicator& comm, const std::vector<int32_t>& ranks,
+// lists differ does a second all-gather bring their first ranks, for the message. A list
+// longer than the group (`count` > its size) is not read: it takes part by its count.
+Status check_same_split_lists(Communicator& comm, const int32_t* ranks, uint64_t count,
                               const std::string& what) {
-  const uint64_t count = ranks.size();
-  const uint64_t hash = XXH3_64bits(ranks.data(), ranks.size() * sizeof(int32_t));
+  const bool readable = count <= static_cast<uint64_t>(comm.size());
+  const uint64_t hash = readable ? XXH3_64bits(ranks, count * sizeof(int32_t)) : 0;
   auto summaries = gather_values(comm, std::vector<uint64_t>{count, hash});
   if (!summaries.ok()) {
     return summaries.status().with_context(what + ": comparing the ranks' lists");
@@ -329,23 +335,23 @@ Status check_same_split_lists(Communicator& comm, const std::vector<int32_t>& ra
   size_t first_other = 0, others = 0;
   uint64_t widest = 0;
   for (size_t r = 0; r < size; ++r) {
-    widest = std::max(widest, summary(r).first);
+    if (summary(r).first <= size) widest = std::max(widest, summary(r).first);
     if (summary(r) == summary(0)) continue;
     if (others++ == 0) first_other = r;
   }
   if (others == 0) return Status::Ok();
   const size_t width = static_cast<size_t>(std::min<uint64_t>(widest, kShownSplitRanks));
   std::vector<uint64_t> mine(width, 0);
-  for (size_t i = 0; i < std::min(width, ranks.size()); ++i) {
+  for (size_t i = 0; readable && i < std::min<uint64_t>(width, count); ++i) {
     mine[i] = static_cast<uint64_t>(static_cast<int64_t>(ranks[i]));
   }
   auto lists = gather_values(comm, mine);
   if (!lists.ok()) return lists.status().with_context(what + ": comparing the ranks' lists");
   const std::string theirs =
-      shown_rank_list(lists->data() + first_other * width, summary(first_other).first);
-  const std::string first = shown_rank_list(lists->data(), summary(0).first);
-  std::string message = what + ": rank " + std::to_string(first_other) + " gave ranks " + theirs +
-                        ", rank 0 gave " + first;
+      shown_rank_list(lists->data() + first_other * width, summary(first_other).first, comm.size());
+  const std::string first = shown_rank_list(lists->data(), summary(0).first, comm.size());
+  std::string message = what + ": rank " + std::to_string(first_other) + " gave " +
+                        (theirs[0] == '[' ? "ranks " : "") + theirs + ", rank 0 gave " + first;
   if (theirs == first) message += " (they differ after the first " + std::to_string(width) + ")";
   if (others > 1) {
     message += " (" + std::to_string(others) + " of the " + std::to_string(size) +
@@ -354,16 +360,47 @@ Status check_same_split_lists(Communicator& comm, const std::vector<int32_t>& ra
   return invalid_argument(message + ": every rank gives the same list");
 }
 
+// A list every rank gave: not empty, each rank in the group once.
+Status check_split_list(const Communicator& comm, const int32_t* ranks, uint64_t count) {
+  const CommArgs a{"split", comm.name(), comm.size()};
+  if (count == 0) return invalid_argument("split of group '" + comm.name() + "': no ranks");
+  std::vector<int32_t> sorted(ranks, ranks + count);
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    HPS_RETURN_IF_ERROR(check_rank_in_group(a, "rank", sorted[i]));
+    if (i && sorted[i] == sorted[i - 1]) {
+      return invalid_argument("split of group '" + comm.name() + "': rank " +
+                              std::to_string(sorted[i]) + " is listed twice");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Communicator>> Communicator::split(const std::vector<int32_t>& ranks,
                                                             std::string name) {
+  return split(ranks.data(), ranks.size(), std::move(name));
+}
+
+StatusOr<std::unique_ptr<Communicator>> Communicator::split(const int32_t* ranks, uint64_t count,
+                                                            std::string name) {
   HPS_RETURN_IF_ERROR(check_comm_name(name, "split of group '" + this->name() + "': the name"));
   if (was_aborted()) return aborted("split of group '" + this->name() + "': the group was aborted");
-  // Every rank of the group takes part, a one-rank part's too: the lists are compared first.
-  HPS_RETURN_IF_ERROR(check_same_split_lists(
-      *this, ranks, "split of group '" + this->name() + "' into '" + name + "'"));
-  HPS_ASSIGN_OR_RETURN(auto part, split_group(ranks, std::move(name)));
+  if (ranks == nullptr && count > 0) {
+    return invalid_argument("split of group '" + this->name() + "': the rank list is null");
+  }
+  // Every rank of the group takes part, a one-rank part's too: the lists are compared first,
+  // then checked (the same list gives the same answer on every rank).
+  const std::string what = "split of group '" + this->name() + "' into '" + name + "'";
+  HPS_RETURN_IF_ERROR(check_same_split_lists(*this, ranks, count, what));
+  if (count > static_cast<uint64_t>(size())) {
+    return invalid_argument(what + ": count " + std::to_string(count) +
+                            " is more than the group's " + std::to_string(size()) + " ranks");
+  }
+  HPS_RETURN_IF_ERROR(check_split_list(*this, ranks, count));
+  HPS_ASSIGN_OR_RETURN(auto part,
+                       split_group(std::vector<int32_t>(ranks, ranks + count), std::move(name)));
   if (part) tie(*part);
   return part;
 }

@@ -127,8 +127,15 @@ class Communicator {
   // all-gather over this communicator), and lists that differ are INVALID_ARGUMENT on
   // every rank, naming the split and two of the lists, with nothing made. So it returns
   // once every rank has called it, and fails (ABORTED, TIMEOUT) on a group that has lost
-  // a rank or failed an operation.
+  // a rank or failed an operation. A list that every rank gives is then checked: an empty
+  // one, or one that repeats a rank, is INVALID_ARGUMENT, a rank outside the group
+  // OUT_OF_RANGE, on every rank alike.
   StatusOr<std::unique_ptr<Communicator>> split(const std::vector<int32_t>& ranks,
+                                                std::string name);
+  // The same with the list as `count` ranks at `ranks`. A count beyond the group's size is
+  // INVALID_ARGUMENT with the list unread (the other ranks' lists differ from it, so theirs
+  // fail too, naming its count).
+  StatusOr<std::unique_ptr<Communicator>> split(const int32_t* ranks, uint64_t count,
                                                 std::string name);
 
   // Blocks until the operations enqueued so far have ended (completed, failed or timed

@@ -570,12 +570,14 @@ HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
  * in `ranks`; owned by the caller); the others get NULL. Every rank takes part, members
  * or not: the ranks compare their lists first (one small all-gather over `comm`), so it
  * returns once every rank has called it. hps_comm_abort on `comm` also
- * aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a
- * count beyond comm's size, a repeated rank, an empty list, a name as
+ * aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a name as
  * hps_comm_options_t.name refuses; on every rank, with nothing made, when the ranks'
  * lists differ in order, members or count: the message names the split and two of the
- * lists), OUT_OF_RANGE (a rank outside comm), ABORTED or TIMEOUT (a rank of `comm` that
- * has gone or never calls it, a `comm` aborted or unusable after a failed operation).
+ * lists; on every rank when the list they all give is empty or repeats a rank; a count
+ * beyond comm's size, with the list unread: on that rank, and on the others as lists
+ * that differ), OUT_OF_RANGE (a rank outside comm, on every rank), ABORTED or TIMEOUT (a
+ * rank of `comm` that has gone or never calls it, a `comm` aborted or unusable after a
+ * failed operation).
  */
 HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size_t count,
                                     const char* name, hps_comm_t** out_comm);

@@ -1412,17 +1412,6 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
 
 StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split_group(
     const std::vector<int32_t>& ranks, std::string name) {
-  const CommArgs a{"split", options_.name, size_};
-  if (ranks.empty()) return invalid_argument("split of group '" + options_.name + "': no ranks");
-  std::vector<int32_t> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    HPS_RETURN_IF_ERROR(check_rank_in_group(a, "rank", sorted[i]));
-    if (i && sorted[i] == sorted[i - 1]) {
-      return invalid_argument("split of group '" + options_.name + "': rank " +
-                              std::to_string(sorted[i]) + " is listed twice");
-    }
-  }
   const uint64_t index = next_split_++;
   auto position = std::find(ranks.begin(), ranks.end(), rank_);
   if (position == ranks.end()) return std::unique_ptr<Communicator>();

@@ -547,6 +547,8 @@ TEST_P(CommunicatorTest, SplitListsThatDifferBetweenRanksAreRefusedOnEveryRank) 
     const char* name;
     std::vector<std::vector<int32_t>> lists;  // rank r's at r
     const char* expected;
+    // Where not 0: the count rank r gives (more than the group: its list is not read).
+    std::vector<uint64_t> counts = {};
   };
   const std::vector<Case> cases = {
       {"permuted",
@@ -565,6 +567,17 @@ TEST_P(CommunicatorTest, SplitListsThatDifferBetweenRanksAreRefusedOnEveryRank) 
        {{2}, {1, 2}, {1, 2}},
        "split of group 'world' into 'two_others': rank 1 gave ranks [1, 2], rank 0 gave [2] (2 "
        "of the 3 ranks gave another list than rank 0's): every rank gives the same list"},
+      {"count_beyond",
+       {{0, 1}, {0, 1}, {0, 1}},
+       "split of group 'world' into 'count_beyond': rank 2 gave a list of 1000 ranks, rank 0 "
+       "gave [0, 1]: every rank gives the same list",
+       {0, 0, 1000}},
+      {"count_beyond_on_0",
+       {{0, 1}, {0, 1}, {0, 1}},
+       "split of group 'world' into 'count_beyond_on_0': rank 1 gave ranks [0, 1], rank 0 gave a "
+       "list of 4 ranks (2 of the 3 ranks gave another list than rank 0's): every rank gives "
+       "the same list",
+       {4, 0, 0}},
   };
   CommOptions options = this->options();
   options.timeout = Milliseconds(3000);
@@ -579,7 +592,11 @@ TEST_P(CommunicatorTest, SplitListsThatDifferBetweenRanksAreRefusedOnEveryRank) 
       for (const Case& c : cases) {
         const int writes = store->writes;
         const auto start = std::chrono::steady_clock::now();
-        auto part = comm.split(c.lists[static_cast<size_t>(rank)], c.name);
+        const auto& list = c.lists[static_cast<size_t>(rank)];
+        const uint64_t count = c.counts.empty() || c.counts[static_cast<size_t>(rank)] == 0
+                                   ? list.size()
+                                   : c.counts[static_cast<size_t>(rank)];
+        auto part = comm.split(list.data(), count, c.name);
         EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << c.name;
         EXPECT_EQ(part.status().code(), StatusCode::kInvalidArgument)
             << c.name << " on rank " << rank << ": " << part.status().to_string();
@@ -597,6 +614,66 @@ TEST_P(CommunicatorTest, SplitListsThatDifferBetweenRanksAreRefusedOnEveryRank) 
         ASSERT_TRUE(w.ok() && (*w)->wait().ok());
         EXPECT_EQ(sum, 1 + 3);
       }
+      auto w = comm.all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum);
+      ASSERT_TRUE(w.ok());
+      EXPECT_TRUE((*w)->wait().ok());
+      EXPECT_EQ(sum, 1 + 2 + 3);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// A list every rank gives alike but that cannot be split (empty, a repeated rank, a rank
+// outside the group, a count beyond it) fails on every rank at once, with nothing written
+// to the store; the group goes on.
+TEST_P(CommunicatorTest, BadSplitListsGivenByEveryRankFailOnEveryRank) {
+  struct Case {
+    std::vector<int32_t> list;
+    uint64_t count;
+    StatusCode code;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {{}, 0, StatusCode::kInvalidArgument, "split of group 'world': no ranks"},
+      {{1, 0, 1},
+       3,
+       StatusCode::kInvalidArgument,
+       "split of group 'world': rank 1 is listed twice"},
+      {{0, 3},
+       2,
+       StatusCode::kOutOfRange,
+       "split on group 'world': rank 3 is outside the group of 3"},
+      {{-1},
+       1,
+       StatusCode::kOutOfRange,
+       "split on group 'world': rank -1 is outside the group of 3"},
+      {{0, 1, 2},
+       uint64_t{1} << 62,
+       StatusCode::kInvalidArgument,
+       "split of group 'world' into 'bad': count 4611686018427387904 is more than the group's 3 "
+       "ranks"},
+  };
+  CommOptions options = this->options();
+  options.timeout = Milliseconds(3000);
+  auto shared = make_in_memory_store();
+  std::vector<std::thread> threads;
+  for (int32_t rank = 0; rank < 3; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto store = std::make_shared<CountingStore>(shared);
+      auto made = create_communicator(store, rank, 3, Device::cpu(), options);
+      ASSERT_TRUE(made.ok()) << made.status().to_string();
+      Communicator& comm = **made;
+      for (const Case& c : cases) {
+        const int writes = store->writes;
+        const auto start = std::chrono::steady_clock::now();
+        auto part = comm.split(c.list.data(), c.count, "bad");
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << c.expected;
+        EXPECT_EQ(part.status().code(), c.code) << part.status().to_string();
+        EXPECT_EQ(part.status().message(), c.expected) << "rank " << rank;
+        EXPECT_EQ(store->writes, writes)
+            << c.expected << ": rank " << rank << " wrote to the store";
+      }
+      int64_t v = rank + 1, sum = 0;
       auto w = comm.all_reduce(&v, &sum, 1, DType::kInt64, ReduceOp::kSum);
       ASSERT_TRUE(w.ok());
       EXPECT_TRUE((*w)->wait().ok());

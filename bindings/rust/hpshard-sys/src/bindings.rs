@@ -1314,12 +1314,14 @@ extern "C" {
     #[doc = " in `ranks`; owned by the caller); the others get NULL. Every rank takes part, members"]
     #[doc = " or not: the ranks compare their lists first (one small all-gather over `comm`), so it"]
     #[doc = " returns once every rank has called it. hps_comm_abort on `comm` also"]
-    #[doc = " aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a"]
-    #[doc = " count beyond comm's size, a repeated rank, an empty list, a name as"]
+    #[doc = " aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a name as"]
     #[doc = " hps_comm_options_t.name refuses; on every rank, with nothing made, when the ranks'"]
     #[doc = " lists differ in order, members or count: the message names the split and two of the"]
-    #[doc = " lists), OUT_OF_RANGE (a rank outside comm), ABORTED or TIMEOUT (a rank of `comm` that"]
-    #[doc = " has gone or never calls it, a `comm` aborted or unusable after a failed operation)."]
+    #[doc = " lists; on every rank when the list they all give is empty or repeats a rank; a count"]
+    #[doc = " beyond comm's size, with the list unread: on that rank, and on the others as lists"]
+    #[doc = " that differ), OUT_OF_RANGE (a rank outside comm, on every rank), ABORTED or TIMEOUT (a"]
+    #[doc = " rank of `comm` that has gone or never calls it, a `comm` aborted or unusable after a"]
+    #[doc = " failed operation)."]
     pub fn hps_comm_split(
         comm: *mut hps_comm_t,
         ranks: *const i32,
