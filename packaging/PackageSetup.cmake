@@ -12,8 +12,8 @@
 # The runtime package holds the library only, so libraries of two SONAMEs install side by
 # side. The build installs in the Debian layout (lib/, lib/jni, lib/python3/dist-packages,
 # byte-compiled on install by the python package's maintainer scripts); the RPM packages
-# get the Fedora/RHEL layout (lib64, the interpreter's site-packages, ldconfig scriptlets)
-# from rpm_layout.cmake. The crates go where Debian and Fedora put Rust library crates,
+# get the Fedora/RHEL layout (lib64, the interpreter's site-packages with the module's
+# bytecode in the package, ldconfig scriptlets) from rpm_layout.cmake. The crates go where Debian and Fedora put Rust library crates,
 # share/cargo/registry/<crate>-<version>. python, java and the crates are packaged only
 # when those components have install rules (the bindings were configured). No package
 # depends on CUDA or NCCL: libhpshard links the CUDA runtime statically and loads the
@@ -283,6 +283,10 @@ set(CPACK_HPS_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
 set(CPACK_HPS_RPM_LIBDIR "${HPS_RPM_LIBDIR}")
 set(CPACK_HPS_PYTHON_DIR "${HPS_PYTHON_INSTALL_DIR}")
 set(CPACK_HPS_RPM_PYTHON_DIR "${_hps_rpm_python_dir}")
+set(CPACK_HPS_PYTHON_EXECUTABLE "")
+if(Python3_FOUND)
+  set(CPACK_HPS_PYTHON_EXECUTABLE "${Python3_EXECUTABLE}")  # the binding's, its bytecode
+endif()
 set(CPACK_HPS_DOC_TO_RPM "${_hps_doc_to_rpm}")
 set(CPACK_HPS_DATAROOTDIR "${CMAKE_INSTALL_DATAROOTDIR}")
 set(CPACK_HPS_LICENSE_FILE "${PROJECT_SOURCE_DIR}/LICENSE")

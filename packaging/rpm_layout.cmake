@@ -4,7 +4,8 @@
 # lists the files, this moves them where Fedora/RHEL x86_64 look:
 #   lib/libhpshard.so*, lib/pkgconfig, lib/cmake  -> lib64/...          (%{_libdir})
 #   lib/jni/libhpshard_jni.so                      -> lib64/hpshard/     (Fedora's JNI rule)
-#   lib/python3/dist-packages/hpshard              -> the interpreter's site-packages
+#   lib/python3/dist-packages/hpshard              -> the interpreter's site-packages,
+#                                                     byte-compiled (its __pycache__)
 #   share/doc/<deb package>/copyright              -> share/licenses/<rpm package>/LICENSE
 # and rewrites the paths inside hpshard.pc and the CMake package files. The packaging
 # test checks the result (file lists, and a consumer built in each layout).
@@ -37,8 +38,21 @@ foreach(stage IN LISTS _hps_roots)
   set(from "${prefix}/${CPACK_HPS_LIBDIR}")
   set(to "${prefix}/${CPACK_HPS_RPM_LIBDIR}")
 
-  # The Python package first: it lies under lib/ too.
-  hps_move("${prefix}/${CPACK_HPS_PYTHON_DIR}/hpshard" "${prefix}/${CPACK_HPS_RPM_PYTHON_DIR}/hpshard")
+  # The Python package first: it lies under lib/ too. It ships its bytecode, as Fedora's
+  # python packages do (levels 0 and 1, the sources' installed path in tracebacks): rpm
+  # owns the files, so an import as root writes none that a removal would leave behind.
+  set(python_package "${prefix}/${CPACK_HPS_RPM_PYTHON_DIR}/hpshard")
+  hps_move("${prefix}/${CPACK_HPS_PYTHON_DIR}/hpshard" "${python_package}")
+  if(IS_DIRECTORY "${python_package}" AND CPACK_HPS_PYTHON_EXECUTABLE)
+    execute_process(
+      COMMAND "${CPACK_HPS_PYTHON_EXECUTABLE}" -m compileall -q -o 0 -o 1
+              -d "${CPACK_PACKAGING_INSTALL_PREFIX}/${CPACK_HPS_RPM_PYTHON_DIR}/hpshard"
+              "${python_package}"
+      RESULT_VARIABLE compiled)
+    if(NOT compiled EQUAL 0)
+      message(FATAL_ERROR "rpm_layout.cmake: byte-compiling ${python_package} failed")
+    endif()
+  endif()
   hps_move("${from}/jni/libhpshard_jni.so" "${to}/hpshard/libhpshard_jni.so")
   file(GLOB libs "${from}/libhpshard.so*")
   foreach(lib IN LISTS libs)

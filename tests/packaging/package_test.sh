@@ -250,7 +250,14 @@ expected() {
              "$prefix/share/hpshard/bench/*.py" "$prefix/share/man/man1/hpshard-run.1.gz" \
              "$prefix/share/man/man1/hpshard-*.1.gz*" ;;
     python) printf '%s\n' "$py/__init__.py" "$py/__init__.pyi" "$py/_errors.py" "$py/capi.py" \
-              "$py/py.typed" "$py/torch.py" "$py/_capi*.so" ;;
+              "$py/py.typed" "$py/torch.py" "$py/_capi*.so"
+      # The RPM ships the bytecode of each module, levels 0 and 1 (Fedora's way).
+      if [[ "$layout" == rpm ]]; then
+        local m
+        for m in __init__ _errors capi torch; do
+          printf '%s\n' "$py/__pycache__/$m.cpython-*.pyc"
+        done
+      fi ;;
     java) printf '%s\n' "$prefix/share/java/hpshard.jar" "$prefix/share/java/hpshard-$HPS_VERSION.jar" \
             "$jni/libhpshard_jni.so" ;;
     rust_sys) local d="$registry/hpshard-sys-$HPS_VERSION"
@@ -332,6 +339,25 @@ mkdir -p "$root_rpm"
 for c in "${components[@]}"; do
   (cd "$root_rpm" && rpm2cpio "$(rpm_file "$c")" | cpio -idm --quiet)
 done
+# The RPM's bytecode is this interpreter's and current: an import (as root, writing
+# allowed) leaves its __pycache__ as the package made it, so nothing outlives rpm -e.
+if has_component python && [[ -x /usr/bin/python3 ]]; then
+  cache="$root_rpm$rpm_pydir/__pycache__"
+  for m in __init__ _errors capi torch; do
+    for level in "" ".opt-1"; do
+      compgen -G "$cache/$m.cpython-*$level.pyc" >/dev/null \
+        || fail "[rpm/python] the package holds no $m.cpython-*$level.pyc"
+    done
+  done
+  before="$(cd "$cache" && sha256sum -- * | sort)"
+  out="$(cd "$scratch" && PYTHONPATH="$root_rpm$(dirname "$rpm_pydir")" \
+         LD_LIBRARY_PATH="$root_rpm$rpm_libdir" /usr/bin/python3 -s -c \
+         'import hpshard, hpshard.capi; print(hpshard.__file__)' 2>&1)" \
+    || fail "[rpm/python] import hpshard failed: $out"
+  after="$(cd "$cache" && sha256sum -- * | sort)"
+  [[ "$before" == "$after" ]] || fail "[rpm/python] an import rewrote or added bytecode: $after"
+  log "[rpm/python] the packaged bytecode serves the import ($(wc -l <<<"$after") files)"
+fi
 
 # dpkg --root installs into a scratch root with its own package database. The maintainer
 # scripts run chrootless (the root holds no shell or Python), with DPKG_ROOT set to the
