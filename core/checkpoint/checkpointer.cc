@@ -35,6 +35,89 @@ using ckpt::File;
 using ckpt::join_path;
 using json = nlohmann::json;
 
+// What the listings of a root use of each checkpoint's manifest, kept by the checkpoint's
+// name and its manifest file's identity (one stat: device, inode, size, modification and
+// change times), so a manifest is read and parsed once while its file stays as it is (the
+// saves list the root at every save). A file that changed is read again, one that went is
+// forgotten. A manifest refused for what it holds (INVALID_ARGUMENT: not JSON, a checksum
+// or a field that does not check) is remembered as refused; one that failed otherwise (out
+// of memory, an I/O error) is read again by the next listing.
+class PublishedManifests {
+ public:
+  struct Summary {
+    uint64_t sequence = 0;
+    int64_t created_unix_ns = 0;
+    std::string id;
+    CheckpointTopology topology;
+  };
+  struct Listed {
+    std::string name;
+    Summary summary;
+  };
+
+  explicit PublishedManifests(std::string root) : root_(std::move(root)) {}
+
+  // The checkpoints under the root (a valid name and a manifest this code reads), in the
+  // directory's order. The writer thread and the caller's both list: one at a time.
+  StatusOr<std::vector<Listed>> list() {
+    std::lock_guard lock(mutex_);
+    HPS_ASSIGN_OR_RETURN(auto names, ckpt::list_directory(root_));
+    std::map<std::string, Known> still;  // what the next listing may take as known
+    std::vector<Listed> listed;
+    for (const auto& n : names) {
+      if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
+      const std::string directory = join_path(root_, n);
+      const std::string path = join_path(directory, std::string(ckpt::kManifestFile));
+      const std::optional<Identity> file = identity_of(path);
+      if (auto known = known_.find(n);
+          file && known != known_.end() && known->second.file == *file) {
+        if (known->second.summary) listed.push_back({n, *known->second.summary});
+        still.insert(known_.extract(known));
+        continue;
+      }
+      auto m = ckpt::read_manifest(directory);
+      std::optional<Summary> summary;
+      if (m.ok()) summary = Summary{m->sequence, m->created_unix_ns, m->id, m->topology};
+      if (summary) listed.push_back({n, *summary});
+      // Kept when the verdict is the file's own and the file read is the one stat'ed before
+      // and after (not replaced or written while it was read).
+      if (file && (m.ok() || m.status().code() == StatusCode::kInvalidArgument) &&
+          identity_of(path) == file) {
+        still.emplace(n, Known{*file, std::move(summary)});
+      }
+    }
+    known_ = std::move(still);
+    return listed;
+  }
+
+ private:
+  struct Identity {
+    dev_t device;
+    ino_t inode;
+    off_t size;
+    struct timespec modified, changed;
+    bool operator==(const Identity& o) const {
+      return device == o.device && inode == o.inode && size == o.size &&
+             modified.tv_sec == o.modified.tv_sec && modified.tv_nsec == o.modified.tv_nsec &&
+             changed.tv_sec == o.changed.tv_sec && changed.tv_nsec == o.changed.tv_nsec;
+    }
+  };
+  struct Known {
+    Identity file;
+    std::optional<Summary> summary;  // none: the manifest was refused
+  };
+
+  static std::optional<Identity> identity_of(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+    return Identity{st.st_dev, st.st_ino, st.st_size, st.st_mtim, st.st_ctim};
+  }
+
+  const std::string root_;
+  std::mutex mutex_;
+  std::map<std::string, Known> known_;  // by the checkpoint's name
+};
+
 namespace {
 
 // The snapshot's copies are marked in groups of this many chunks or bytes, whichever
@@ -135,15 +218,14 @@ bool same_part(const CheckpointTopology& a, const CheckpointTopology& b) {
 // A root no part has claimed may still hold checkpoints, of a whole model or written before
 // parts claimed roots: this engine takes it only if every checkpoint there (as rotation
 // counts them) is of its own part.
-Status check_unclaimed_root(const std::string& root, const CheckpointTopology& t) {
-  HPS_ASSIGN_OR_RETURN(auto names, ckpt::list_directory(root));
-  for (const auto& n : names) {
-    if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
-    auto m = ckpt::read_manifest(join_path(root, n));
-    if (!m.ok() || same_part(m->topology, t)) continue;
+Status check_unclaimed_root(const std::string& root, const CheckpointTopology& t,
+                            PublishedManifests& manifests) {
+  HPS_ASSIGN_OR_RETURN(auto listed, manifests.list());
+  for (const auto& [n, m] : listed) {
+    if (same_part(m.topology, t)) continue;
     return invalid_argument("checkpoint: the root '" + root + "' holds checkpoint '" +
-                            shown_value(n) + "' of " + part_text(m->topology) +
-                            "; this engine is " + part_text(t) +
+                            shown_value(n) + "' of " + part_text(m.topology) + "; this engine is " +
+                            part_text(t) +
                             ": give each part of the model its own root (its rotation and "
                             "'latest' would take the other part's checkpoints)");
   }
@@ -336,11 +418,12 @@ Status place_claim(const std::string& marker, const std::string& text) {
   return Status::Ok();
 }
 
-Status claim_root(const std::string& root, const CheckpointTopology& t) {
+Status claim_root(const std::string& root, const CheckpointTopology& t,
+                  PublishedManifests& manifests) {
   const std::string marker = join_path(root, kPartFile);
   const std::string mine = part_text(t);
   const bool part = t.mp > 1 || t.pp > 1;
-  if (!ckpt::path_exists(marker)) HPS_RETURN_IF_ERROR(check_unclaimed_root(root, t));
+  if (!ckpt::path_exists(marker)) HPS_RETURN_IF_ERROR(check_unclaimed_root(root, t, manifests));
   if (part) remove_stale_claims(root);
   if (part && !ckpt::path_exists(marker)) HPS_RETURN_IF_ERROR(place_claim(marker, mine + "\n"));
   std::string claimed = "the whole model";
@@ -369,16 +452,13 @@ struct Published {
   }
 };
 
-// The checkpoints published under `root` (a valid name and a manifest this code reads),
+// The checkpoints published under the root (a valid name and a manifest this code reads),
 // oldest first. Directories of another kind are not listed.
-StatusOr<std::vector<Published>> published_checkpoints(const std::string& root) {
-  HPS_ASSIGN_OR_RETURN(auto names, ckpt::list_directory(root));
+StatusOr<std::vector<Published>> published_checkpoints(PublishedManifests& manifests) {
+  HPS_ASSIGN_OR_RETURN(auto listed, manifests.list());
   std::vector<Published> published;
-  for (const auto& n : names) {
-    if (n.empty() || n[0] == '.' || !ckpt::check_checkpoint_name(n).ok()) continue;
-    auto m = ckpt::read_manifest(join_path(root, n));
-    if (!m.ok()) continue;
-    published.push_back({m->sequence, m->created_unix_ns, n, m->id});
+  for (auto& [n, m] : listed) {
+    published.push_back({m.sequence, m.created_unix_ns, std::move(n), std::move(m.id)});
   }
   std::sort(published.begin(), published.end());
   return published;
@@ -436,12 +516,14 @@ struct Checkpointer::SaveJob {
 
 Checkpointer::Checkpointer(Checkpointable& engine, std::unique_ptr<Communicator> comm,
                            std::string root, CheckpointOptions options,
-                           std::unique_ptr<Stream> side)
+                           std::unique_ptr<Stream> side,
+                           std::unique_ptr<PublishedManifests> manifests)
     : engine_(engine),
       comm_(std::move(comm)),
       root_(std::move(root)),
       options_(options),
-      side_(std::move(side)) {}
+      side_(std::move(side)),
+      manifests_(std::move(manifests)) {}
 
 Checkpointer::~Checkpointer() {
   if (writer_.joinable()) writer_.join();
@@ -479,10 +561,11 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& eng
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) return backend_error("checkpoint: cannot create '" + root + "': " + ec.message());
-  HPS_RETURN_IF_ERROR(claim_root(root, t));
+  auto manifests = std::make_unique<PublishedManifests>(root);
+  HPS_RETURN_IF_ERROR(claim_root(root, t, *manifests));
   HPS_ASSIGN_OR_RETURN(auto side, create_stream(engine.state_stream().device()));
-  return std::unique_ptr<Checkpointer>(
-      new Checkpointer(engine, std::move(comm), std::move(root), options, std::move(side)));
+  return std::unique_ptr<Checkpointer>(new Checkpointer(
+      engine, std::move(comm), std::move(root), options, std::move(side), std::move(manifests)));
 }
 
 Status Checkpointer::wait() {
@@ -840,7 +923,7 @@ Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& repor
   // After every checkpoint published under the root (under the save lock, so no other
   // job's save publishes in between).
   m.sequence = 1;
-  if (auto listed = published_checkpoints(root_); listed.ok() && !listed->empty()) {
+  if (auto listed = published_checkpoints(*manifests_); listed.ok() && !listed->empty()) {
     m.sequence = std::min(listed->back().sequence + 1, ckpt::kMaxSequence);
   }
   // The manifest last, then the directory's names, then the rename publishes it.
@@ -902,7 +985,7 @@ std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep,
                                                        const CheckpointTopology& part) {
   std::vector<std::string> trash;
   if (options_.keep_last <= 0) return trash;
-  auto listed = published_checkpoints(root_);
+  auto listed = published_checkpoints(*manifests_);
   if (!listed.ok()) return trash;
   const std::vector<Published>& published = *listed;
   // A part of a model keeps the one before its newest too: a save that did not complete on
@@ -983,7 +1066,7 @@ StatusOr<std::string> Checkpointer::latest_of_every_part(const std::vector<Commu
   // A save that did not complete on every part left their `latest` apart: the newest
   // checkpoint every part holds, by this part's order of publication (a part whose order
   // differs names another one, and the load's agreement refuses it).
-  auto listed = published_checkpoints(root_);
+  auto listed = published_checkpoints(*manifests_);
   std::vector<Published> newest_first;
   if (listed.ok()) newest_first.assign(listed->rbegin(), listed->rend());
   std::vector<uint64_t> mine;

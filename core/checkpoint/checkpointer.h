@@ -24,6 +24,11 @@
 // memory (while the reads wait for the disk) and copied back on an error; other devices
 // read into the staging memory and copy it into the engine only once every rank has read
 // everything. Host-blocking.
+//
+// The saves list the root's checkpoints (for the new one's sequence, and for keep_last's
+// rotation): each manifest there is read once while its file stays the same (device,
+// inode, size, modification and change times), and again when it changed, so another job's
+// checkpoints under the same root count as they are.
 #pragma once
 
 #include <map>
@@ -40,6 +45,9 @@
 #include "core/comm/communicator.h"
 
 namespace hps {
+
+// What a checkpointer learned of the manifests under its root (defined in checkpointer.cc).
+class PublishedManifests;
 
 struct CheckpointOptions {
   // > 0: after a save is published, older checkpoints under the root beyond the newest
@@ -105,7 +113,8 @@ class Checkpointer {
 
  private:
   Checkpointer(Checkpointable& engine, std::unique_ptr<Communicator> comm, std::string root,
-               CheckpointOptions options, std::unique_ptr<Stream> side);
+               CheckpointOptions options, std::unique_ptr<Stream> side,
+               std::unique_ptr<PublishedManifests> manifests);
   struct SaveJob;
   Status write_job(SaveJob& job);
   Status publish(SaveJob& job, const std::vector<std::string>& reports, std::string& directory);
@@ -142,6 +151,9 @@ class Checkpointer {
   std::string root_;
   CheckpointOptions options_;
   std::unique_ptr<Stream> side_;  // the snapshot copies run here
+  // The listings' knowledge of the root's manifests, shared by the writer thread (saves)
+  // and the caller's (loads of `latest`); guarded by its own mutex.
+  std::unique_ptr<PublishedManifests> manifests_;
   std::thread writer_;
   std::shared_ptr<Work> in_flight_;
   // The last save's staging memory, kept for the next one: its pages stay mapped, so a

@@ -1459,6 +1459,130 @@ TEST(Checkpoint, RotationFollowsTheOrderOfPublicationNotTheClock) {
   EXPECT_EQ(s2->sequence, 5u);
 }
 
+// Each save lists the root's checkpoints (for its sequence, and with keep_last for the
+// rotation): it read and parsed every manifest there, so the k-th save of a run that keeps
+// all read k manifests, and a broken one at every save. A manifest is now read once while
+// its file stays as it is: from the second save on, each save reads the one manifest
+// published since the save before it, however many are under the root.
+TEST(Checkpoint, ASaveReadsOnlyTheManifestsPublishedSinceTheSaveBefore) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  // A manifest that fails to parse, after 256 KiB (skipped by the listings, as before).
+  fs::create_directories(dir / "broken");
+  std::ofstream(dir / "broken/manifest.json") << "{\"a\": \"" << std::string(256 << 10, 'x');
+  testing_util::run_ranks(1, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    FakeState state;
+    auto c = Checkpointer::create(state, world, dir.path(), CheckpointOptions{});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    uint64_t manifest_bytes = 0;
+    for (int s = 0; s < 40; ++s) {
+      const uint64_t before = process_io("rchar");
+      auto work = (*c)->save("s" + std::to_string(s));
+      ASSERT_TRUE(work.ok()) << work.status().to_string();
+      ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+      const uint64_t read = process_io("rchar") - before;
+      if (s == 0) {
+        manifest_bytes = fs::file_size(dir / "s0/manifest.json");
+        continue;
+      }
+      // The manifest of the save before (of about manifest_bytes), and /proc/self/io.
+      ASSERT_LT(read, manifest_bytes + 1024)
+          << "save " << s << " read " << read << " bytes; a manifest has " << manifest_bytes;
+    }
+    auto m = ckpt::read_manifest(dir / "s39");
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->sequence, 40u);
+  });
+}
+
+// A manifest is known by its file (device, inode, size, times): one that another job
+// replaced under the same name, rewrote in place, or that appeared or went since the last
+// save is read again, so the next save's sequence follows it and rotation counts it.
+TEST(Checkpoint, ASaveSeesManifestsChangedSinceItsLastListing) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  // A checkpoint's manifest with `sequence`, published as `name` (a new directory, as
+  // another job's save makes one) or written over the manifest there (the same file).
+  auto republish = [&](const std::string& from, const std::string& name, uint64_t sequence,
+                       bool in_place) {
+    auto m = ckpt::read_manifest(dir / from);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    m->name = name;
+    m->sequence = sequence;
+    if (!in_place) {
+      const std::string aside = dir / ".other-job";
+      fs::remove_all(aside);
+      fs::copy(dir / from, aside, fs::copy_options::recursive);
+      fs::remove(aside + "/manifest.json");
+      std::ofstream(aside + "/manifest.json") << ckpt::manifest_to_json(*m);
+      fs::remove_all(dir / name);
+      fs::rename(aside, dir / name);
+    } else {
+      std::ofstream(dir / name + "/manifest.json", std::ios::trunc) << ckpt::manifest_to_json(*m);
+    }
+    auto verified = verify_checkpoint(dir / name);
+    ASSERT_TRUE(verified.ok()) << verified.status().to_string();
+  };
+  auto sequence_of = [&](const std::string& name) {
+    auto m = ckpt::read_manifest(dir / name);
+    return m.ok() ? m->sequence : 0;
+  };
+  auto names = [&] {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir.path())) out.push_back(e.path().filename());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  testing_util::run_ranks(1, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    FakeState state;
+    CheckpointOptions o = small_chunks();
+    o.keep_last = 2;
+    auto c = Checkpointer::create(state, world, dir.path(), o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto save = [&](const std::string& name) {
+      auto work = (*c)->save(name);
+      ASSERT_TRUE(work.ok()) << work.status().to_string();
+      ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+      ASSERT_TRUE((*c)->wait().ok());
+    };
+    save("a");
+    save("b");
+    ASSERT_EQ(sequence_of("b"), 2u);
+    // Another job published `a` anew after these saves read it: it is now the newest, so
+    // the next save follows it and the rotation keeps it, deleting `b`.
+    republish("b", "a", 7, false);
+    save("c");
+    EXPECT_EQ(sequence_of("c"), 8u);
+    EXPECT_EQ(names(), (std::vector<std::string>{"a", "c", "latest"}));
+    // `a` rewritten in place (the same file) with a later sequence.
+    republish("a", "a", 100, true);
+    save("d");
+    EXPECT_EQ(sequence_of("d"), 101u);
+    EXPECT_EQ(names(), (std::vector<std::string>{"a", "d", "latest"}));
+    // A manifest broken in place is skipped (and `a` no longer counts: the rotation keeps
+    // `d` and `e`, and leaves the directory it does not list); mended, it counts again.
+    auto mended = ckpt::read_manifest(dir / "a");
+    ASSERT_TRUE(mended.ok());
+    std::ofstream(dir / "a/manifest.json", std::ios::trunc) << "{";
+    save("e");
+    EXPECT_EQ(sequence_of("e"), 102u);
+    EXPECT_EQ(names(), (std::vector<std::string>{"a", "d", "e", "latest"}));
+    mended->sequence = 500;
+    std::ofstream(dir / "a/manifest.json", std::ios::trunc) << ckpt::manifest_to_json(*mended);
+    save("f");
+    EXPECT_EQ(sequence_of("f"), 501u);
+    EXPECT_EQ(names(), (std::vector<std::string>{"a", "f", "latest"}));
+    // A checkpoint that appeared (copied in) counts; one that went no longer does.
+    republish("f", "g", 900, false);
+    fs::remove_all(dir / "a");
+    save("h");
+    EXPECT_EQ(sequence_of("h"), 901u);
+    EXPECT_EQ(names(), (std::vector<std::string>{"g", "h", "latest"}));
+  });
+}
+
 // A save whose `latest` pointer cannot be replaced (here a directory stands there; a disk
 // too full for the pointer's file is the case disk_full_test.sh covers) fails with nothing
 // published, and the same name saves once the way is clear (the checkpoint was renamed into
