@@ -11,7 +11,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <tuple>
 #include <unordered_set>
 
@@ -340,7 +339,7 @@ class MetadataSax final : public json::json_sax_t {
   std::string key_;
 };
 
-// One pass of nlohmann's SAX parser over a manifest: refuses what parse_checked_json refuses
+// One pass of nlohmann's SAX parser over a manifest: makes JsonChecks' checks
 // (json_input.h), writes the canonical text the manifest's checksum is of (nlohmann's
 // compact dump of its document: keys sorted bytewise as its std::map orders them, invalid
 // UTF-8 replaced) and hashes it, and keeps in a RawManifest what the checks read. No
@@ -366,8 +365,7 @@ class ManifestSax final : public json::json_sax_t {
     out_.reserve(text_bytes);
   }
 
-  CheckedJson::Problem problem = CheckedJson::Problem::kNone;
-  std::string repeated;
+  JsonChecks checks{kMaxJsonDepth};
   RawManifest raw;
 
   bool null() override { return scalar(json(nullptr), Field{}); }
@@ -415,21 +413,10 @@ class ManifestSax final : public json::json_sax_t {
   bool start_array(std::size_t) override { return open(Kind::kArray, '['); }
 
   bool key(string_t& key) override {
+    if (!checks.key(key)) return false;
     Frame& f = frames_.back();
-    if (f.count > 0) {
-      // Keys that come in order (as in every file hpshard writes) need no set to be found
-      // repeated, nor any moving at the object's end.
-      if (f.sorted && key <= f.last_key) {
-        if (key == f.last_key) return repeated_key(key);
-        f.sorted = false;
-        f.seen = std::make_unique<std::set<std::string>>();
-        for (auto& [k, text] : members_of(f)) f.seen->insert(std::move(k));
-      }
-      if (!f.sorted && !f.seen->insert(key).second) return repeated_key(key);
-      out_ += ',';
-    }
+    if (f.count > 0) out_ += ',';
     ++f.count;
-    if (f.sorted) f.last_key = key;
     write_string(key);
     out_ += ':';
     switch (f.role) {
@@ -450,7 +437,7 @@ class ManifestSax final : public json::json_sax_t {
     if (frames_.size() == 1) {
       hash_root();
     } else {
-      if (!f.sorted) sort_members(f);
+      if (!checks.in_order()) sort_members(f);
       out_ += '}';
     }
     const Role role = f.role;
@@ -458,6 +445,7 @@ class ManifestSax final : public json::json_sax_t {
       raw.metadata_begin = f.start - 1;
       raw.metadata_end = out_.size();
     }
+    checks.close();
     frames_.pop_back();
     switch (role) {
       case Role::kFile: end_file(); break;
@@ -470,13 +458,14 @@ class ManifestSax final : public json::json_sax_t {
   }
   bool end_array() override {
     out_ += ']';
+    checks.close();
     frames_.pop_back();
     if (frames_.empty()) release();
     return true;
   }
 
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
-    problem = CheckedJson::Problem::kInvalid;
+    checks.problem = CheckedJson::Problem::kInvalid;
     return false;
   }
 
@@ -484,12 +473,9 @@ class ManifestSax final : public json::json_sax_t {
   struct Frame {
     Role role = Role::kSkip;
     bool object = false;
-    bool sorted = true;    // its keys so far came in order
     size_t count = 0;      // members or elements so far
     std::string_view key;  // an object's: the known key of the member being read ("": none)
     size_t start = 0;      // where its members start in out_
-    std::string last_key;  // while its keys came in order: the last
-    std::unique_ptr<std::set<std::string>> seen;  // its keys, once one came out of order
   };
 
   // An open object's members in out_ (each "key":value) with their keys, in order of keys.
@@ -526,7 +512,7 @@ class ManifestSax final : public json::json_sax_t {
       }
     }
     if (start < text.size()) add(text.substr(start));
-    if (!f.sorted) {
+    if (!checks.in_order()) {
       std::sort(members.begin(), members.end(),
                 [](const auto& a, const auto& b) { return a.first < b.first; });
     }
@@ -592,10 +578,7 @@ class ManifestSax final : public json::json_sax_t {
     return true;
   }
   bool open(Kind kind, char bracket) {
-    if (frames_.size() + 1 > kMaxJsonDepth) {
-      problem = CheckedJson::Problem::kTooDeep;
-      return false;
-    }
+    if (!checks.open(kind == Kind::kObject)) return false;
     comma();
     out_ += bracket;
     Role role = Role::kSkip;
@@ -613,12 +596,6 @@ class ManifestSax final : public json::json_sax_t {
     frames_.push_back(std::move(frame));
     return true;
   }
-  bool repeated_key(const std::string& key) {
-    problem = CheckedJson::Problem::kRepeatedKey;
-    repeated = key;
-    return false;
-  }
-
   // A metadata value that is no string: the least key of such is named.
   void metadata_not_string() {
     if (!raw.metadata_not_string || metadata_key_ < *raw.metadata_not_string)
@@ -982,9 +959,7 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     // a NUL is no JSON (inside a string it must be escaped): refused.
     ManifestSax sax(text.size(), origin);
     const bool parsed = text.find('\0') == std::string_view::npos && json::sax_parse(text, &sax);
-    CheckedJson::Problem problem = sax.problem;
-    if (!parsed && problem == CheckedJson::Problem::kNone) problem = CheckedJson::Problem::kInvalid;
-    switch (problem) {
+    switch (sax.checks.finish(parsed)) {
       case CheckedJson::Problem::kNone: break;
       case CheckedJson::Problem::kInvalid:
         return invalid_argument(origin + ": not valid JSON (truncated or corrupt manifest?)");
@@ -992,7 +967,8 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
         return invalid_argument(origin + ": JSON nested deeper than " +
                                 std::to_string(kMaxJsonDepth));
       case CheckedJson::Problem::kRepeatedKey:
-        return invalid_argument(origin + ": key '" + shown_value(sax.repeated) + "' repeated");
+        return invalid_argument(origin + ": key '" + shown_value(sax.checks.repeated) +
+                                "' repeated");
     }
     RawManifest& raw = sax.raw;
     raw.root.kind = raw.kind;

@@ -1,11 +1,11 @@
-// JSON read from outside (a safetensors header, a trace file; a checkpoint's manifest has a
-// pass of its own, core/checkpoint/manifest.cc, making the same checks): checked in one pass
-// of nlohmann-json's SAX parser, which is iterative and builds nothing, for what JSON leaves
-// open and hpshard refuses: a text nested deeper than a bound, a key repeated within an
-// object, a NUL byte. JsonChecks makes those checks for a SAX handler that reads such a text
-// in one pass and keeps what it needs (core/checkpoint/safetensors.cc); parse_checked_json
-// makes them and then has nlohmann build the document, which is shallow. Header-only: the
-// tools that link no hpshard library use it too.
+// JSON read from outside (a checkpoint's manifest, a safetensors header, a trace file): checked
+// in one pass of nlohmann-json's SAX parser, which is iterative and builds nothing, for what
+// JSON leaves open and hpshard refuses: a text nested deeper than a bound, a key repeated
+// within an object, a NUL byte. JsonChecks makes those checks for a SAX handler that reads
+// such a text in one pass and keeps what it needs (core/checkpoint/manifest.cc,
+// core/checkpoint/safetensors.cc); parse_checked_json makes them and then has nlohmann build
+// the document, which is shallow. Header-only: the tools that link no hpshard library use it
+// too.
 #pragma once
 
 #include <algorithm>
@@ -44,6 +44,8 @@ class JsonChecks {
   std::string repeated;  // kRepeatedKey: the key (after finish())
 
   size_t depth() const { return frames_.size(); }
+  // Whether the keys of the innermost open object so far came in order (bytewise).
+  bool in_order() const { return frames_.back().sorted; }
 
   // False (kTooDeep) when the array or object opened is nested deeper than max_depth.
   bool open(bool object) {
