@@ -255,8 +255,10 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       auto* into = static_cast<char*>(all) + peer * bytes;
       const ssize_t r = ::recv(fds[i].fd, into + got[peer], bytes - got[peer], 0);
       if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
-                       (r == 0 ? std::string("did it exit?") : net::errno_message(errno)) + ")");
+        return aborted(
+            "rank " + std::to_string(peer) + " closed its control connection (" +
+            (r == 0 ? std::string("it aborted the group or exited") : net::errno_message(errno)) +
+            ")");
       }
       if (r > 0) {
         got[peer] += static_cast<size_t>(r);
@@ -288,6 +290,12 @@ void ControlMesh::abort() {
   aborted_ = true;
   const uint64_t one = 1;
   while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+  // The peers learn it at once, as they would of a rank that died: each connection ends
+  // (its descriptor stays open until the destructor), so a peer's collect() or
+  // check_peers_alive() finds it closed instead of waiting for this rank until its timeout.
+  for (const int fd : sockets_) {
+    if (fd >= 0) (void)::shutdown(fd, SHUT_RDWR);
   }
 }
 

@@ -43,7 +43,8 @@ class ControlMesh {
   // connection closed or abort() ran.
   Status collect(void* all, size_t bytes, Clock::time_point deadline);
 
-  // Any thread: a running collect() returns ABORTED at once, and so do later calls.
+  // Any thread: a running collect() returns ABORTED at once, and so do later calls; the
+  // connections are shut down, so the peers' collect() ends ABORTED too.
   void abort();
 
   // Any thread, beside post()/collect(): ABORTED naming the first of `peers` whose

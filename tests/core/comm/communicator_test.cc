@@ -847,6 +847,36 @@ TEST_P(CommunicatorTest, AMemberThatHasGoneEndsASplitAtOnceNotAtTheTimeout) {
   });
 }
 
+// A rank that aborts its communicator and stays (it goes on with other work) is learned by
+// its peers at once, as one that has gone: over TCP its control connections end with the
+// abort, in shared memory the segment says so. Rank 0's wait had lasted its whole timeout.
+TEST_P(CommunicatorTest, APeerThatAbortedIsNamedAtOnceNotAtTheTimeout) {
+  CommOptions options = this->options();
+  options.timeout = Milliseconds(60'000);
+  std::atomic<bool> aborted{false}, finished{false};
+  run_ranks(
+      2,
+      [&](int32_t rank, Communicator& comm) {
+        if (rank == 1) {
+          comm.abort();
+          aborted = true;
+          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        const auto start = std::chrono::steady_clock::now();
+        float x = 1, y = 0;
+        auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        const Status s = (*w)->wait();
+        finished = true;
+        EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+        EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      },
+      options);
+}
+
 TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
   std::atomic<bool> finished{false};
   run_ranks(

@@ -1266,11 +1266,14 @@ extern "C" {
     pub fn hps_comm_finish(comm: *mut hps_comm_t) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Local and immediate, from any thread: pending and later operations of `comm` end with"]
+    #[doc = " Immediate, from any thread: pending and later operations of `comm` end with"]
     #[doc = " ABORTED, and those of every live communicator split from it (hps_comm_split, a hybrid"]
     #[doc = " topology's groups, a checkpoint's own: a save in flight ends) and from those in turn;"]
     #[doc = " a split of it under way (hps_comm_split, hps_hybrid_group_create) that waits for its"]
-    #[doc = " members ends with ABORTED within about 200 ms. Thread safety: any thread."]
+    #[doc = " members ends with ABORTED within about 200 ms. The other ranks of a CPU group learn of it"]
+    #[doc = " as of a rank that has gone: their operations that wait for this rank's arguments or, through shared"]
+    #[doc = " memory, its data end with ABORTED naming it (a CPU transfer already under way over TCP"]
+    #[doc = " ends at its timeout). Thread safety: any thread."]
     pub fn hps_comm_abort(comm: *mut hps_comm_t) -> hps_status_t;
 }
 extern "C" {
