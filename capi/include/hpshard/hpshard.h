@@ -1043,7 +1043,7 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
  * peers learn at once that this rank has left. Checkpoint handles of it keep the whole
  * engine (they may still save and load) until the last of them is destroyed, which then
  * lets the communicators and streams go as above. Thread safety: no other thread may use
- * the handle.
+ * the handle, nor a checkpoint handle of it (hps_checkpoint_t) while it runs.
  */
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
 
@@ -1301,7 +1301,10 @@ HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* ou
  * and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every
  * rank read everything. One hps_checkpoint_t per engine; one root per job, or per part of a
  * model cut across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root.
- * Thread safety: one thread at a time per handle (its saves write on a thread of their own).
+ * Thread safety: a checkpoint handle and the engine handle it was made from are one handle
+ * for threads: one thread at a time calls either (a save's snapshot and a load use the
+ * engine's state, which a step on another thread would change under them; hps_engine_destroy
+ * likewise); a save's writing runs on a thread of its own, beside the caller's steps.
  */
 typedef struct hps_checkpoint hps_checkpoint_t;
 

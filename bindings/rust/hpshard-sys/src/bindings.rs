@@ -2465,7 +2465,7 @@ extern "C" {
     #[doc = " peers learn at once that this rank has left. Checkpoint handles of it keep the whole"]
     #[doc = " engine (they may still save and load) until the last of them is destroyed, which then"]
     #[doc = " lets the communicators and streams go as above. Thread safety: no other thread may use"]
-    #[doc = " the handle."]
+    #[doc = " the handle, nor a checkpoint handle of it (hps_checkpoint_t) while it runs."]
     pub fn hps_engine_destroy(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {
@@ -2765,7 +2765,10 @@ pub struct hps_checkpoint {
 #[doc = " and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every"]
 #[doc = " rank read everything. One hps_checkpoint_t per engine; one root per job, or per part of a"]
 #[doc = " model cut across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root."]
-#[doc = " Thread safety: one thread at a time per handle (its saves write on a thread of their own)."]
+#[doc = " Thread safety: a checkpoint handle and the engine handle it was made from are one handle"]
+#[doc = " for threads: one thread at a time calls either (a save's snapshot and a load use the"]
+#[doc = " engine's state, which a step on another thread would change under them; hps_engine_destroy"]
+#[doc = " likewise); a save's writing runs on a thread of its own, beside the caller's steps."]
 pub type hps_checkpoint_t = hps_checkpoint;
 #[doc = " Checkpoint options. ABI-extensible."]
 #[repr(C)]
