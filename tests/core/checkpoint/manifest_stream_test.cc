@@ -3,15 +3,10 @@
 // whatever order its keys come in, and a hostile manifest costs a small multiple of its
 // size in memory, and a Status when even that is more than there is.
 #include <gtest/gtest.h>
-#include <malloc.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -20,6 +15,7 @@
 
 #include "core/checkpoint/format.h"
 #include "core/checkpoint/manifest.h"
+#include "tests/core/checkpoint/hostile_text.h"
 
 namespace hps::ckpt {
 namespace {
@@ -187,39 +183,6 @@ TEST(ManifestStream, WrittenManifestsVerify) {
   EXPECT_EQ(manifest_to_json(*back), text);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HPS_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define HPS_TEST_SANITIZED 1
-#endif
-#endif
-
-[[maybe_unused]] size_t status_kib(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoul(line.substr(std::strlen(field)));
-  }
-  return 0;
-}
-
-// About `bytes` of JSON: `head`, then `element` (with %d its number) over and over, then
-// `tail`.
-[[maybe_unused]] std::string repeated(const std::string& head, const std::string& element,
-                                      const std::string& tail, size_t bytes) {
-  std::string text = head;
-  text.reserve(bytes + 256);
-  char buffer[512];
-  for (int i = 0; text.size() < bytes; ++i) {
-    if (i > 0) text += ',';
-    std::snprintf(buffer, sizeof buffer, element.c_str(), i, i + 1);
-    text += buffer;
-  }
-  return text + tail;
-}
-
 // Hostile manifests of 64 MiB, each parsed in a child whose address space may grow by 6x
 // the text at most: each gives a Status (an allocation refused included), none aborts.
 TEST(ManifestStream, HostileManifestsStayWithinAFewTimesTheirSize) {
@@ -228,43 +191,23 @@ TEST(ManifestStream, HostileManifestsStayWithinAFewTimesTheirSize) {
 #else
   constexpr size_t kBytes = size_t{64} << 20;
   const std::pair<const char*, std::string> cases[] = {
-      {"zeros under an unknown key", repeated(R"({"x":[)", "0", "]}", kBytes)},
-      {"a huge shape", repeated(R"({"tensors":[{"shape":[)", "0", "]}]}", kBytes)},
-      {"tiny metadata entries", repeated(R"({"metadata":{)", R"("k%09d":"")", "}}", kBytes)},
-      {"tiny chunks",
-       repeated(R"({"tensors":[{"chunks":[)",
-                R"({"begin":%d,"end":%d,"file":0,"offset":64,"xxh3":"0000000000000000"})",
-                R"(],"dtype":"uint8","name":"t","shape":[1]}]})", kBytes)},
-      {"empty chunks", repeated(R"({"tensors":[{"chunks":[)", "{}", "]}]}", kBytes)},
-      {"empty tensors", repeated(R"({"tensors":[)", "{}", "]}", kBytes)},
+      {"zeros under an unknown key", testing_util::repeated(R"({"x":[)", "0", "]}", kBytes)},
+      {"a huge shape", testing_util::repeated(R"({"tensors":[{"shape":[)", "0", "]}]}", kBytes)},
+      {"tiny metadata entries",
+       testing_util::repeated(R"({"metadata":{)", R"("k%09d":"")", "}}", kBytes)},
+      {"tiny chunks", testing_util::repeated(
+                          R"({"tensors":[{"chunks":[)",
+                          R"({"begin":%d,"end":%d,"file":0,"offset":64,"xxh3":"0000000000000000"})",
+                          R"(],"dtype":"uint8","name":"t","shape":[1]}]})", kBytes)},
+      {"empty chunks", testing_util::repeated(R"({"tensors":[{"chunks":[)", "{}", "]}]}", kBytes)},
+      {"empty tensors", testing_util::repeated(R"({"tensors":[)", "{}", "]}", kBytes)},
   };
   for (const auto& [what, text] : cases) {
-    std::fflush(nullptr);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      // Peak resident memory counted from here (Linux 4.0 on): what the parse touches,
-      // once the pages the parent freed are given back.
-      ::malloc_trim(0);
-      if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-        std::fputs("5", f);
-        std::fclose(f);
-      }
-      const size_t resident = status_kib("VmRSS:") << 10;
-      const size_t before = status_kib("VmSize:") << 10;
-      const rlimit limit{before + 6 * text.size(), before + 6 * text.size()};
-      ::setrlimit(RLIMIT_AS, &limit);
+    EXPECT_TRUE(testing_util::read_within(what, text.size(), 6, [&text = text](std::string& shown) {
       auto m = parse_manifest(text, "hostile/manifest.json");
-      std::fprintf(stderr, "%s (%zu MiB): %zu MiB more resident at the peak; %s\n", what,
-                   text.size() >> 20, ((status_kib("VmHWM:") << 10) - resident) >> 20,
-                   m.status().to_string().substr(0, 160).c_str());
-      ::_exit(m.ok() ? 1 : 0);
-    }
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << what << ": " << (WIFSIGNALED(status) ? "killed by signal " : "exit ")
-        << (WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+      shown = m.status().to_string();
+      return !m.ok();
+    }));
   }
 #endif
 }

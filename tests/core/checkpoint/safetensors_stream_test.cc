@@ -3,15 +3,10 @@
 // same tensors and metadata or the same error, for many random headers, sound and broken in
 // every way the checks refuse; and a hostile header costs a small multiple of its size.
 #include <gtest/gtest.h>
-#include <malloc.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -23,6 +18,7 @@
 #include "core/checkpoint/format.h"
 #include "core/checkpoint/safetensors.h"
 #include "core/common/env.h"
+#include "tests/core/checkpoint/hostile_text.h"
 #include "tests/support/seeds.h"
 
 namespace hps::ckpt {
@@ -546,39 +542,6 @@ TEST(SafetensorsStream, RandomHeadersReadAsTheDocumentReadThem) {
   std::printf("%zu sound, %zu refused\n", sound, refused);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HPS_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define HPS_TEST_SANITIZED 1
-#endif
-#endif
-
-[[maybe_unused]] size_t status_kib(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoul(line.substr(std::strlen(field)));
-  }
-  return 0;
-}
-
-// About `bytes` of JSON: `head`, then `element` (with %d a number counting up, or down from
-// 999999999 when `down`) over and over, then `tail`.
-[[maybe_unused]] std::string repeated(const std::string& head, const std::string& element,
-                                      const std::string& tail, size_t bytes, bool down = false) {
-  std::string text = head;
-  text.reserve(bytes + 256);
-  char buffer[512];
-  for (int i = 0; text.size() < bytes; ++i) {
-    if (i > 0) text += ',';
-    std::snprintf(buffer, sizeof buffer, element.c_str(), down ? 999999999 - i : i);
-    text += buffer;
-  }
-  return text + tail;
-}
-
 // Hostile headers of 64 MiB, each read in a child whose address space may grow by 5 times
 // the text at most: each gives the result it should (no allocation refused), none aborts.
 TEST(SafetensorsStream, HostileHeadersStayWithinAFewTimesTheirSize) {
@@ -593,60 +556,40 @@ TEST(SafetensorsStream, HostileHeadersStayWithinAFewTimesTheirSize) {
     const char* result;  // a part of the message ("": the header is sound)
   };
   const Case cases[] = {
-      {"tiny entries", repeated("{", R"("k%09d":0)", "}", kBytes),
+      {"tiny entries", testing_util::repeated("{", R"("k%09d":0)", "}", kBytes),
        "tensor 'k000000000' is not an object"},
-      {"tiny entries in reverse order", repeated("{", R"("k%09d":0)", "}", kBytes, true),
-       "is not an object"},
+      {"tiny entries in reverse order",
+       testing_util::repeated("{", R"("k%09d":0)", "}", kBytes, true), "is not an object"},
       {"tiny entries, one repeated at the end",
-       repeated("{", R"("k%09d":0)", R"(,"k999999999":1})", kBytes, true),
+       testing_util::repeated("{", R"("k%09d":0)", R"(,"k999999999":1})", kBytes, true),
        "key 'k999999999' repeated"},
-      {"zeros under an unknown key", repeated("{" + tensor + R"(,"x":[)", "0", "]}}", kBytes), ""},
+      {"zeros under an unknown key",
+       testing_util::repeated("{" + tensor + R"(,"x":[)", "0", "]}}", kBytes), ""},
       {"a huge shape",
-       repeated(R"({"w":{"dtype":"F32","data_offsets":[0,4],"shape":[)", "0", "]}}", kBytes),
+       testing_util::repeated(R"({"w":{"dtype":"F32","data_offsets":[0,4],"shape":[)", "0", "]}}",
+                              kBytes),
        "more than 16 dimensions"},
       {"deep nesting just under the limit",
-       repeated("{" + tensor + R"(,"x":[)", Headers::nested(29), "]}}", kBytes), ""},
+       testing_util::repeated("{" + tensor + R"(,"x":[)", Headers::nested(29), "]}}", kBytes), ""},
       {"tiny metadata entries",
-       repeated(R"({"__metadata__":{)", R"("k%09d":"")", R"(},"~":0})", kBytes),
+       testing_util::repeated(R"({"__metadata__":{)", R"("k%09d":"")", R"(},"~":0})", kBytes),
        "tensor '~' is not an object"},
       {"tiny sound tensors",
-       repeated("{" + tensor + "},", R"("k%09d":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})",
-                "}", kBytes),
+       testing_util::repeated("{" + tensor + "},",
+                              R"("k%09d":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})", "}",
+                              kBytes),
        ""},
       {"empty objects under an unknown key",
-       repeated("{" + tensor + R"(,"x":[)", "{}", "]}}", kBytes), ""},
+       testing_util::repeated("{" + tensor + R"(,"x":[)", "{}", "]}}", kBytes), ""},
   };
   for (const Case& c : cases) {
-    std::fflush(nullptr);
-    const pid_t child = ::fork();
-    ASSERT_GE(child, 0);
-    if (child == 0) {
-      // Peak resident memory counted from here (Linux 4.0 on): what the read touches, once
-      // the pages the parent freed are given back.
-      ::malloc_trim(0);
-      if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-        std::fputs("5", f);
-        std::fclose(f);
-      }
-      const size_t resident = status_kib("VmRSS:") << 10;
-      const size_t before = status_kib("VmSize:") << 10;
-      const rlimit limit{before + 5 * c.text.size(), before + 5 * c.text.size()};
-      ::setrlimit(RLIMIT_AS, &limit);
+    EXPECT_TRUE(testing_util::read_within(c.what, c.text.size(), 5, [&c](std::string& shown) {
       auto h = parse_safetensors_header(c.text, 4, "hostile.safetensors");
-      const bool right = *c.result == '\0'
-                             ? h.ok()
-                             : !h.ok() && h.status().code() == StatusCode::kInvalidArgument &&
-                                   h.status().message().find(c.result) != std::string::npos;
-      std::fprintf(stderr, "%s (%zu MiB): %zu MiB more resident at the peak; %s\n", c.what,
-                   c.text.size() >> 20, ((status_kib("VmHWM:") << 10) - resident) >> 20,
-                   h.status().to_string().substr(0, 160).c_str());
-      ::_exit(right ? 0 : 1);
-    }
-    int status = 0;
-    ASSERT_EQ(::waitpid(child, &status, 0), child);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << c.what << ": " << (WIFSIGNALED(status) ? "killed by signal " : "exit ")
-        << (WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+      shown = h.status().to_string();
+      return *c.result == '\0' ? h.ok()
+                               : !h.ok() && h.status().code() == StatusCode::kInvalidArgument &&
+                                     h.status().message().find(c.result) != std::string::npos;
+    }));
   }
 #endif
 }
