@@ -1270,10 +1270,10 @@ extern "C" {
     #[doc = " ABORTED, and those of every live communicator split from it (hps_comm_split, a hybrid"]
     #[doc = " topology's groups, a checkpoint's own: a save in flight ends) and from those in turn;"]
     #[doc = " a split of it under way (hps_comm_split, hps_hybrid_group_create) that waits for its"]
-    #[doc = " members ends with ABORTED within about 200 ms. The other ranks of a CPU group learn of it"]
-    #[doc = " as of a rank that has gone: their operations that wait for this rank's arguments or, through shared"]
-    #[doc = " memory, its data end with ABORTED naming it (a CPU transfer already under way over TCP"]
-    #[doc = " ends at its timeout). Thread safety: any thread."]
+    #[doc = " members ends with ABORTED within about 200 ms. The other ranks of a CPU group learn of"]
+    #[doc = " it as of a rank that has gone: their operations that wait for this rank's arguments or,"]
+    #[doc = " through shared memory, its data end with ABORTED naming it (a CPU transfer already under"]
+    #[doc = " way over TCP ends at its timeout). Thread safety: any thread."]
     pub fn hps_comm_abort(comm: *mut hps_comm_t) -> hps_status_t;
 }
 extern "C" {
