@@ -325,12 +325,17 @@ PY
     ;;
   stop-continue)
     # ^Z (SIGTSTP to the launcher) stops every rank's process group and then the launcher;
-    # SIGCONT continues them all and the job ends as it would have.
-    setsid "$run" -n 2 -- sh -c 'echo "pid $$"; sleep 1.5 & echo "child $!"; i=0
-      while [ $i -lt 40 ]; do i=$((i + 1)); sleep 0.05; done; wait; echo finished' \
-      >"$work/out" 2>"$work/err" &
+    # SIGCONT continues them all and the job ends as it would have. The ranks and their
+    # children run until a file appears (at most 60 s), which the test makes while they are
+    # stopped: a rank that ran on would finish then. No step depends on how fast a loaded
+    # machine runs them.
+    go="$work/go"
+    # shellcheck disable=SC2016  # expanded by the ranks' shells
+    wait_go='i=0; while [ ! -e "$HPS_TEST_GO" ] && [ $i -lt 1200 ]; do i=$((i + 1)); sleep 0.05; done'
+    HPS_TEST_GO="$go" setsid "$run" -n 2 -- sh -c "echo \"pid \$\$\"; ($wait_go) &
+      echo \"child \$!\"; $wait_go; wait; echo finished" >"$work/out" 2>"$work/err" &
     launcher=$!
-    for _ in $(seq 100); do
+    for _ in $(seq 600); do
       [ "$(grep -c 'child' "$work/out")" -eq 2 ] && break
       sleep 0.05
     done
@@ -339,7 +344,7 @@ PY
     state() { awk '{print $3}' "/proc/$1/stat" 2>/dev/null; }
     kill -TSTP $launcher
     stopped=0
-    for _ in $(seq 100); do
+    for _ in $(seq 600); do
       stopped=1
       for pid in $pids $launcher; do [ "$(state $pid)" = T ] || stopped=0; done
       [ $stopped -eq 1 ] && break
@@ -347,11 +352,16 @@ PY
     done
     if [ $stopped -ne 1 ]; then
       for pid in $pids $launcher; do echo "pid $pid: $(state $pid)"; done
+      touch "$go"
       kill -CONT $launcher $pids 2>/dev/null
       fail "SIGTSTP did not stop the launcher, the ranks and their children"
     fi
-    sleep 2  # longer than the job runs: stopped, it does not end
+    touch "$go"
+    sleep 1  # stopped, the ranks do not see the file and do not end
     grep -q finished "$work/out" && fail "ranks ran on while stopped"
+    for pid in $pids $launcher; do
+      [ "$(state $pid)" = T ] || fail "pid $pid is $(state $pid) while the job is stopped"
+    done
     kill -CONT $launcher
     wait $launcher
     rc=$?
