@@ -533,9 +533,9 @@ HPS_API hps_status_t hps_comm_finish(hps_comm_t* comm);
  * topology's groups, a checkpoint's own: a save in flight ends) and from those in turn;
  * a split of it under way (hps_comm_split, hps_hybrid_group_create) that waits for its
  * members ends with ABORTED within about 200 ms. The other ranks of a CPU group learn of
- * it as of a rank that has gone: their operations that wait for this rank's arguments or,
- * through shared memory, its data end with ABORTED naming it (a CPU transfer already under
- * way over TCP ends at its timeout). Thread safety: any thread.
+ * it as of a rank that has gone: their operations that wait for this rank's arguments or
+ * data end with ABORTED naming it, at once (over TCP this rank resets its connections to
+ * them). Thread safety: any thread.
  */
 HPS_API hps_status_t hps_comm_abort(hps_comm_t* comm);
 

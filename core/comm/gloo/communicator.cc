@@ -115,8 +115,9 @@ int32_t rank_named_in(const std::string& what, const std::vector<std::string>& p
 
 // What a broken connection says: the rank when known (>= 0), else "a peer".
 std::string connection_failed(int32_t peer, const std::string& what) {
-  if (peer < 0) return "the connection to a peer failed (did a rank exit?): " + what;
-  return "the connection to rank " + std::to_string(peer) + " failed (did it exit?): " + what;
+  if (peer < 0) return "the connection to a peer failed (did a rank exit or abort?): " + what;
+  return "the connection to rank " + std::to_string(peer) +
+         " failed (did it exit or abort?): " + what;
 }
 
 std::string process_key(int32_t rank) { return "process/" + std::to_string(rank); }
@@ -729,6 +730,9 @@ void GlooCommunicator::abort_operations() {
     b->abortWaitRecv();
     b->abortWaitSend();
   }
+  // Closing the connections (a reset) fails the peers' transfers with this rank at once: a
+  // peer waiting for its data would otherwise wait out its timeout.
+  if (context_) context_->closeConnections();
 }
 
 Status GlooCommunicator::located(const Op& op, Status s) const {

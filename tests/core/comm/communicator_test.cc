@@ -1052,6 +1052,44 @@ TEST(GlooTcp, APeerThatLeavesCannotEndThisProcessWithSigpipe) {
   std::signal(SIGPIPE, SIG_IGN);
 }
 
+// An abort over TCP without the argument check (no control connections): the other ranks
+// wait for data of a collective rank 1 never joins; rank 1's abort resets its connections,
+// so they fail at once instead of waiting out their timeout, at 2, 3 and 4 ranks.
+TEST(GlooTcp, AnAbortEndsThePeersTransfersUnderWayAtOnce) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (int32_t world : {2, 3, 4}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    CommOptions options = over(kTcp);
+    options.check_arguments = false;
+    options.timeout = Milliseconds(60'000);
+    std::atomic<int> waiting{0}, finished{0};
+    run_ranks(
+        world,
+        [&](int32_t rank, Communicator& comm) {
+          if (rank == 1) {
+            while (waiting < world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            comm.abort();
+            while (finished < world - 1) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+            return;
+          }
+          std::vector<float> x(1024, 1.0f), y(1024, 0.0f);
+          const auto start = std::chrono::steady_clock::now();
+          auto w = comm.all_reduce(x.data(), y.data(), x.size(), DType::kFloat32, ReduceOp::kSum);
+          ASSERT_TRUE(w.ok());
+          ++waiting;
+          const Status s = (*w)->wait();
+          ++finished;
+          EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+          EXPECT_NE(s.message().find("the connection to rank "), std::string::npos) << s.message();
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+        },
+        options);
+  }
+}
+
 TEST(GlooTcp, DataArrivingAfterAFailedCollectiveDoesNotSpinTheEventLoop) {
   // Without the argument check rank 0 posts its receive at once and times out before rank
   // 1 joins. Were rank 1's data to arrive for that buffer, now gone, Gloo 0.5's event loop
@@ -1329,7 +1367,7 @@ TEST(CommLimits, MismatchedCountsWithoutTheCheckFailOnEveryRankWithoutAborting) 
   CommOptions options = over(kTcp);
   options.check_arguments = false;
   options.timeout = Milliseconds(1'500);
-  for (int32_t world : {2, 3}) {
+  for (int32_t world : {2, 3, 4}) {
     std::atomic<int> failed{0};
     run_ranks(
         world,

@@ -1271,9 +1271,9 @@ extern "C" {
     #[doc = " topology's groups, a checkpoint's own: a save in flight ends) and from those in turn;"]
     #[doc = " a split of it under way (hps_comm_split, hps_hybrid_group_create) that waits for its"]
     #[doc = " members ends with ABORTED within about 200 ms. The other ranks of a CPU group learn of"]
-    #[doc = " it as of a rank that has gone: their operations that wait for this rank's arguments or,"]
-    #[doc = " through shared memory, its data end with ABORTED naming it (a CPU transfer already under"]
-    #[doc = " way over TCP ends at its timeout). Thread safety: any thread."]
+    #[doc = " it as of a rank that has gone: their operations that wait for this rank's arguments or"]
+    #[doc = " data end with ABORTED naming it, at once (over TCP this rank resets its connections to"]
+    #[doc = " them). Thread safety: any thread."]
     pub fn hps_comm_abort(comm: *mut hps_comm_t) -> hps_status_t;
 }
 extern "C" {
