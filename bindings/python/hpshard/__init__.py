@@ -706,6 +706,74 @@ def _dlpack_operands(objs: Sequence[Any], dtype: Optional[int],
     return capsules
 
 
+class _DLTensor(ctypes.Structure):
+    """The head of a DLManagedTensor (dlpack.h's DLTensor), read to check an export."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+# A private prototype: setting restype on ctypes.pythonapi's own would change it for everyone.
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+
+def _capsule_memory(capsule: Any) -> Tuple[Any, ...]:
+    """(address, shape) of the tensor of a "dltensor" capsule (not consumed)."""
+    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    shape = tuple(t.shape[i] for i in range(t.ndim)) if t.ndim > 0 and t.shape else ()
+    return ((t.data or 0) + t.byte_offset, shape)
+
+
+def _memory_of(obj: Any, capsule: Any = None) -> Optional[Tuple[Any, ...]]:
+    """What says where a DLPack operand's memory is and how large: a torch tensor's data
+    pointer, shape and storage size; another producer's address and shape in ``capsule``
+    (default: a fresh ``__dlpack__`` export); None for a :class:`Tensor` view (the library's
+    memory, kept alive by the capsule, never moves)."""
+    if isinstance(obj, Tensor):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage()
+        return ("torch", obj.data_ptr(), tuple(obj.shape), storage.nbytes())
+    return ("dlpack",) + _capsule_memory(obj.__dlpack__() if capsule is None else capsule)
+
+
+class _Pinned:
+    """A DLPack operand the library keeps using after the call that took it (a
+    :class:`Clip`'s gradient), with where its memory was then. Nothing keeps a DLPack
+    producer's memory in place (torch's ``resize_`` reallocates the storage the capsule
+    shares), so every call that uses it again first calls :meth:`check`."""
+
+    __slots__ = ("obj", "index", "memory")
+
+    def __init__(self, obj: Any, index: int, capsule: Any) -> None:
+        self.obj = obj
+        self.index = index
+        self.memory = _memory_of(obj, capsule)
+
+    def check(self, what: str) -> None:
+        """Raises FailedPreconditionError naming the operand when its memory has moved or
+        changed size (or cannot be exported again to tell)."""
+        if self.memory is None:
+            return
+        try:
+            moved = _memory_of(self.obj) != self.memory
+            why = "was resized or its storage replaced"
+        except Exception as e:  # noqa: BLE001 — an export that fails cannot be checked
+            moved, why = True, f"cannot be exported again to check its memory ({e})"
+        if moved:
+            kind = type(self.obj)
+            raise _from_status(
+                Status.FAILED_PRECONDITION,
+                f"{what}: tensor {self.index} ({kind.__module__}.{kind.__qualname__}) {why} "
+                f"since it was registered: the library would use memory it no longer owns; "
+                f"nothing was run (a registered tensor must keep its memory)")
+
+
 def _ready(ready: Optional[Stream]) -> Any:
     if ready is None:
         return None
@@ -860,7 +928,10 @@ class Communicator(Handle):
     the dtype comes from the array (float32/64/16, int32/64, uint8; pass ``dtype=`` e.g.
     for bfloat16 stored as uint16) and the element count from its size. Each returns a
     :class:`Work` that keeps the buffers referenced; do not touch them before it has been
-    waited on. One thread at a time per communicator, except :meth:`abort` (any thread)."""
+    waited on: a buffer-protocol object cannot be resized meanwhile (the Work holds its
+    memoryview), but nothing keeps a DLPack tensor's memory in place (torch's ``resize_``
+    or ``set_`` frees what the operation is using). One thread at a time per communicator,
+    except :meth:`abort` (any thread)."""
 
     def __init__(self, handle: Any, name: Optional[str] = None) -> None:
         super().__init__(handle)
@@ -1355,8 +1426,16 @@ class Clip(Handle):
 
     ``sharding``, ``mp`` and ``pp`` are Communicators (or None: not reduced over); the Clip
     keeps them referenced, and closing one of them closes the Clip first. Gradients
-    registered with :meth:`add_tensor` stay referenced (and un-resizable) while the Clip
-    lives. One thread at a time per clip."""
+    registered with :meth:`add_tensor` stay referenced while the Clip lives, and must keep
+    their memory: a buffer-protocol gradient (a NumPy array) cannot be resized meanwhile
+    (the clip holds its memoryview); a DLPack one (a torch tensor) can (``resize_``,
+    ``set_``, a storage resized: torch then frees the memory the clip registered), so
+    :meth:`run` first checks every DLPack gradient (a torch tensor's data pointer, shape
+    and storage size; another producer's address and shape in a fresh ``__dlpack__``
+    export) and raises FailedPreconditionError naming the tensor's index (registration
+    order), running nothing, whenever one has changed. An engine's :class:`Tensor` view's
+    memory never moves. Between :meth:`run` and the stream's ``synchronize()`` the queued
+    run uses the memory: change nothing then. One thread at a time per clip."""
 
     def __init__(self, sharding: Optional[Communicator] = None,
                  mp: Optional[Communicator] = None, pp: Optional[Communicator] = None,
@@ -1371,6 +1450,8 @@ class Clip(Handle):
         self._comms = tuple(c for c in (sharding, mp, pp) if c is not None)
         # hps_clip_create refuses communicators on different devices; none: the CPU.
         self._device = self._comms[0].device if self._comms else (DeviceType.CPU, 0)
+        self._count = 0  # tensors registered: the library numbers them in this order
+        self._pinned: List[_Pinned] = []  # the DLPack ones, checked before each run
         for comm in self._comms:
             comm._users.add(self)
 
@@ -1393,10 +1474,18 @@ class Clip(Handle):
             if t is not None:
                 self._h().add_tensor_dlpack(t[0], int(flags))
                 self._keep.append((grad, t[0]))
-                return
-            b = _Buf(grad, "Clip.add_tensor: grad", True, dtype)
-            self._h().add_tensor(b.view, b.count, int(b.dtype), int(flags))
-            self._keep.append(b.view)
+                self._pinned.append(_Pinned(grad, self._count, t[0]))
+            else:
+                b = _Buf(grad, "Clip.add_tensor: grad", True, dtype)
+                self._h().add_tensor(b.view, b.count, int(b.dtype), int(flags))
+                self._keep.append(b.view)
+            self._count += 1
+
+    def _destroy(self, h: Any) -> None:
+        try:
+            super()._destroy(h)
+        finally:
+            self._pinned = []
 
     def seal(self) -> None:
         """Finish registration (collective over the clip's sharding, mp and pp groups; host
@@ -1410,9 +1499,13 @@ class Clip(Handle):
         Nothing blocks: read ``norm_out`` after ``stream.synchronize()``, which is also
         how long the stream keeps it referenced. A reduction that fails after this returns
         (a peer gone, a timeout) is raised by ``stream.synchronize()``; that run's norm and
-        gradients are not to be used. Error FAILED_PRECONDITION (not sealed)."""
+        gradients are not to be used. Error FAILED_PRECONDITION (not sealed; a DLPack
+        gradient whose memory changed since :meth:`add_tensor`, see :class:`Clip`)."""
         if not isinstance(stream, Stream):
             raise TypeError(f"run expects an hpshard.Stream, not {type(stream).__name__}")
+        clip = self._h()
+        for pinned in self._pinned:
+            pinned.check("Clip.run")
         view = None
         if norm_out is not None:
             b = _Buf(norm_out, "Clip.run: norm_out", True, None)
@@ -1421,7 +1514,7 @@ class Clip(Handle):
             view = b.view
         handle = stream._h()
         with stream._lock:
-            self._h().run(handle, view, 1 if scale else 0)
+            clip.run(handle, view, 1 if scale else 0)
             if view is not None:
                 stream._keep.append(view)
 

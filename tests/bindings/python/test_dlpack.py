@@ -235,6 +235,68 @@ def test_clip_takes_dlpack_objects():
         np.testing.assert_allclose(grad, [0.6, 0.8], rtol=1e-5)
 
 
+# Run in a child: before the check, Clip.run scaled the gradient's freed memory (a heap
+# corrupted, glibc aborting at exit), which must not take the test process with it.
+_MOVED_GRADIENT = """
+import numpy as np, hpshard
+from hpshard import Clip, Stream
+{setup}
+kept = np.array([3.0, 4.0], np.float32)
+with Clip(max_norm=1.0) as clip, Stream() as stream:
+    clip.add_tensor(kept)               # tensor 0, through the buffer protocol
+    clip.add_tensor(obj)                # tensor 1, through DLPack
+    clip.seal()
+    {touch}                             # writes in place keep the memory: runs
+    clip.run(stream); stream.synchronize()
+    assert kept[0] < 3.0, kept          # that run scaled
+    before = kept.copy()
+    {move}
+    norm = np.full(1, -1.0, np.float32)
+    try:
+        clip.run(stream, norm)
+        stream.synchronize()
+        print("ran")
+    except hpshard.FailedPreconditionError as e:
+        stream.synchronize()
+        assert "Clip.run: tensor 1 (" in e.message, e.message
+        assert norm[0] == -1.0 and kept.tolist() == before.tolist(), (norm, kept)
+        print("refused")
+"""
+
+
+def _run_moved_gradient(setup, touch, move):
+    code = _MOVED_GRADIENT.format(setup=setup, touch=touch, move=move)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "refused", (r.returncode, r.stdout, r.stderr)
+
+
+@needs_torch
+@pytest.mark.parametrize("move", ["g.resize_(1 << 20); g.zero_()",
+                                  "g.set_(torch.zeros(2))",
+                                  "g.storage().resize_(0); g.storage().resize_(1)"])
+def test_clip_refuses_a_torch_gradient_whose_memory_moved(move):
+    # Clip keeps registered gradients' memory in place: torch lets a DLPack gradient be
+    # resized (its storage reallocated, the registered memory freed) or given another
+    # storage; run() then refuses, naming the tensor, and touches nothing.
+    _run_moved_gradient("import torch\ng = torch.tensor([3.0, 4.0]); obj = g",
+                        "g.mul_(2.0); g[1:].zero_()", move)
+
+
+def test_clip_refuses_a_dlpack_gradient_whose_memory_moved():
+    # Any other DLPack producer: a fresh export's address and shape are compared (here a
+    # NumPy array offered through __dlpack__ only, resized without the reference check).
+    setup = textwrap.dedent("""
+        class OnlyDLPack:
+            def __init__(self, array):
+                self.array = array
+            def __dlpack__(self, stream=None):
+                return self.array.__dlpack__()
+            def __dlpack_device__(self):
+                return self.array.__dlpack_device__()
+        g = np.array([3.0, 4.0], np.float32); obj = OnlyDLPack(g)""")
+    _run_moved_gradient(setup, "g *= 2.0", "g.resize((1 << 20,), refcheck=False)")
+
+
 def test_loss_scale_views_and_compute_stream():
     store, comm = one_rank("scale")
     with store, comm, Stream() as compute:
