@@ -25,6 +25,10 @@ the GIL, so ranks may be threads of one process (``Store.open("memory://NAME", r
 
 Every failing call raises :class:`Error` (``.status``, ``.status_name``, ``.message``) or
 one of its per-status subclasses.
+
+Names, keys, URLs and axis orders are str, paths str or ``os.PathLike``; anything else
+(None, bytes, a number) is a TypeError naming the argument, except where None is documented
+as the default (a communicator's name, :meth:`Checkpoint.load`'s name: the latest).
 """
 
 from __future__ import annotations
@@ -331,14 +335,28 @@ class Event(Handle):
         return f"<hpshard.Event {DeviceType(self.device_type).name.lower()}:{self.index} {state}>"
 
 
+def _kind(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
 def _text(value: Any, what: str) -> str:
-    """A name, key or path the library takes as text: bytes are refused (str() would send
-    their repr, "b'...'"), anything else goes as str(value)."""
+    """A name, key or URL the library takes as text: a str. Anything else is a TypeError
+    naming ``what`` (str() sent None as "None" and bytes as their repr, "b'...'"); a call
+    where None means a default handles None before."""
     if isinstance(value, str):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{what} must be str, not {type(value).__name__} (decode it first)")
-    return str(value)
+        raise TypeError(f"{what} must be str, not {_kind(value)} (decode it first)")
+    raise TypeError(f"{what} must be str, not {_kind(value)}")
+
+
+def _path(value: Any, what: str) -> str:
+    """A path the library takes: a str or an os.PathLike giving one; anything else (None,
+    bytes) is a TypeError naming ``what``."""
+    path = value.__fspath__() if isinstance(value, os.PathLike) else value
+    if isinstance(path, str):
+        return path
+    raise TypeError(f"{what} must be str or os.PathLike, not {_kind(path)}")
 
 
 def _buffer(obj: Any, what: str, writable: bool) -> memoryview:
@@ -497,7 +515,7 @@ class Store(Handle):
         bounds the whole open. On the main thread a rank other than 0 of a TCP store first
         waits here, in slices, until the server accepts connections, so Ctrl-C ends the wait
         for a rank 0 that has not started yet (Error TIMEOUT when it never does)."""
-        url, rank, timeout_ms = str(url), int(rank), int(timeout_ms)
+        url, rank, timeout_ms = _text(url, "Store.open: the url"), int(rank), int(timeout_ms)
         if rank > 0 and threading.current_thread() is threading.main_thread():
             timeout_ms = _wait_for_tcp_server(url, timeout_ms)
         return cls(_c.StoreHandle.open(url, rank, timeout_ms), url, rank)
@@ -962,7 +980,7 @@ class Communicator(Handle):
             if check_arguments is not None:
                 options.check_arguments = 1 if check_arguments else 0
             if name is not None:
-                options.name = _text(name, 'the communicator name')
+                options.name = _text(name, 'Communicator.create: the name')
         with store._using() as raw:  # a close of the store waits for the creation
             h = _interruptible(lambda: _c.CommHandle.create(raw, int(rank), int(size),
                                                             int(device_type), int(device_index),
@@ -1212,6 +1230,8 @@ class Topology(Handle):
 
     def __init__(self, dp: int, pp: int, sharding: int, sep: int, mp: int, world_size: int,
                  order: Optional[str] = None) -> None:
+        if order is not None:
+            order = _text(order, "Topology: the order")
         super().__init__(_c.TopologyHandle.create(int(dp), int(pp), int(sharding), int(sep),
                                                   int(mp), order, int(world_size)))
         self.world_size = int(world_size)
@@ -2072,7 +2092,7 @@ def checkpoint_inspect(path: Union[str, os.PathLike]) -> CheckpointInfo:
     """Read the manifest of the checkpoint at ``path`` (a checkpoint directory, or a root
     whose ``latest`` is read), checking it but not the data. Error NOT_FOUND,
     INVALID_ARGUMENT."""
-    i = _c.checkpoint_inspect(os.fspath(path))
+    i = _c.checkpoint_inspect(_path(path, "checkpoint_inspect: the path"))
     return CheckpointInfo(name=i.name, id=i.id, format_version=i.format_version,
                           stage=i.stage, sharding=i.sharding, dp=i.dp, world=i.world,
                           files=i.files, tensors=i.tensors, bytes=i.bytes,
@@ -2083,7 +2103,7 @@ def checkpoint_inspect(path: Union[str, os.PathLike]) -> CheckpointInfo:
 def checkpoint_verify(path: Union[str, os.PathLike]) -> None:
     """Check every data file's header and size and every chunk's checksum of the checkpoint
     at ``path``; Error NOT_FOUND, INVALID_ARGUMENT naming the file and tensor."""
-    _c.checkpoint_verify(os.fspath(path))
+    _c.checkpoint_verify(_path(path, "checkpoint_verify: the path"))
 
 
 def checkpoint_read_engine_options(path: Union[str, os.PathLike]) -> EngineOptions:
@@ -2092,7 +2112,8 @@ def checkpoint_read_engine_options(path: Union[str, os.PathLike]) -> EngineOptio
     the others the library's defaults: pass them to :meth:`Engine.create` to resume with
     the same engine. Error NOT_FOUND, INVALID_ARGUMENT."""
     o = _c.engine_options_init(_c.engine_options_struct_size())
-    _c.checkpoint_read_engine_options(os.fspath(path), o)
+    _c.checkpoint_read_engine_options(_path(path, "checkpoint_read_engine_options: the path"),
+                                      o)
     return EngineOptions._from_c(o)
 
 
@@ -2103,7 +2124,9 @@ def checkpoint_export_safetensors(path: Union[str, os.PathLike], out: Union[str,
     refused), each under its own name, in its dtype or with ``fp32`` as float32 (from the
     fp32 masters where the checkpoint has them); every chunk read is checked. Error
     NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR."""
-    _c.checkpoint_export_safetensors(os.fspath(path), os.fspath(out), 1 if fp32 else 0)
+    _c.checkpoint_export_safetensors(_path(path, "checkpoint_export_safetensors: the path"),
+                                     _path(out, "checkpoint_export_safetensors: out"),
+                                     1 if fp32 else 0)
 
 
 def _load_options(allow_partial: bool) -> Any:
@@ -2182,7 +2205,7 @@ class Checkpoint(Handle):
             options.chunk_bytes = int(chunk_bytes)
         if timeout_ms is not None:
             options.timeout_ms = int(timeout_ms)
-        root = os.fspath(root)
+        root = _path(root, "Checkpoint.create: the root")
         raw_engine, raw_group = engine._h(), group._h()
         h = _interruptible(
             lambda: _c.CheckpointHandle.create(raw_engine, raw_group, root, options),
@@ -2204,6 +2227,7 @@ class Checkpoint(Handle):
         Error
         INVALID_ARGUMENT (name, metadata), ALREADY_EXISTS (that name exists),
         FAILED_PRECONDITION (the engine has no state yet)."""
+        name = _text(name, 'Checkpoint.save: the name')
         flat: List[str] = []
         for key, value in (metadata or {}).items():
             if not isinstance(key, str) or not isinstance(value, str):
@@ -2218,7 +2242,7 @@ class Checkpoint(Handle):
             hook = ref()
             if hook is not None:
                 hook()
-        work = Work(h.save(_text(name, 'Checkpoint.save: the name'), flat), ())
+        work = Work(h.save(name, flat), ())
         self._in_flight = work
         return work
 
@@ -2237,7 +2261,7 @@ class Checkpoint(Handle):
         h = self._h()
         self._wait_in_flight()
         options = _load_options(allow_partial)
-        listed = None if name is None else _text(name, 'the checkpoint name')
+        listed = None if name is None else _text(name, 'Checkpoint.load: the name')
         _interruptible(lambda: h.load(listed, options), self._abort_groups)
 
     def import_safetensors(self, path: Union[str, os.PathLike],
@@ -2248,7 +2272,7 @@ class Checkpoint(Handle):
         h = self._h()
         self._wait_in_flight()
         options = _load_options(allow_partial)
-        source = os.fspath(path)
+        source = _path(path, "Checkpoint.import_safetensors: the path")
         _interruptible(lambda: h.import_safetensors(source, options), self._abort_groups)
 
     def _abort_groups(self) -> None:

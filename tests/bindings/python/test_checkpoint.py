@@ -239,6 +239,57 @@ def test_export_import_safetensors_and_metadata(tmp_path):
             call()
 
 
+def test_none_and_other_objects_are_refused_where_a_name_or_path_is_taken(tmp_path):
+    """None (or a number, or bytes) as a checkpoint name, metadata key or path is a
+    TypeError naming it: str() sent None as the text "None", so save(None) published a
+    checkpoint named "None" while load(None) means the latest. load(None) still does."""
+    store, comm = single_rank("none-names")
+    with store, comm:
+        engine, index = build(comm)
+        with engine:
+            with pytest.raises(TypeError, match="^Checkpoint.create: the root must be str or "
+                                                "os.PathLike, not None$"):
+                Checkpoint.create(engine, comm, None)
+            with Checkpoint.create(engine, comm, tmp_path) as ckpt:
+                train(engine, index, 0, 1)
+                before = sorted(os.listdir(tmp_path))
+                for name in (None, 3):
+                    with pytest.raises(TypeError, match="^Checkpoint.save: the name must be str"):
+                        ckpt.save(name)
+                assert sorted(os.listdir(tmp_path)) == before
+                ckpt.save("one", {"step": "1"}).wait()
+                saved = gathered(engine, index)
+                train(engine, index, 1, 1)
+                engine.synchronize()
+                with pytest.raises(TypeError, match="^Checkpoint.load: the name must be str, "
+                                                    "not int$"):
+                    ckpt.load(3)
+                ckpt.load(None)  # the latest
+                assert_same(gathered(engine, index), saved)
+                with pytest.raises(TypeError, match="^Checkpoint.metadata: the key must be str, "
+                                                    "not None$"):
+                    ckpt.metadata(None)
+                assert ckpt.metadata("step") == "1"
+                with pytest.raises(TypeError, match="^Checkpoint.import_safetensors: the path "
+                                                    "must be str or os.PathLike, not None$"):
+                    ckpt.import_safetensors(None)
+    one, out = tmp_path / "one", tmp_path / "one.safetensors"
+    calls = {"checkpoint_inspect: the path": hpshard.checkpoint_inspect,
+             "checkpoint_verify: the path": hpshard.checkpoint_verify,
+             "checkpoint_read_engine_options: the path": hpshard.checkpoint_read_engine_options,
+             "checkpoint_export_safetensors: the path":
+                 lambda p: hpshard.checkpoint_export_safetensors(p, out),
+             "checkpoint_export_safetensors: out":
+                 lambda p: hpshard.checkpoint_export_safetensors(one, p)}
+    for what, call in calls.items():
+        for bad, kind in ((None, "None"), (b"/tmp", "bytes"), (5, "int")):
+            with pytest.raises(TypeError, match=f"^{what} must be str or os.PathLike, "
+                                                f"not {kind}$"):
+                call(bad)
+    assert hpshard.checkpoint_inspect(one).name == "one"  # an os.PathLike still goes
+    assert not out.exists() and "None" not in os.listdir(tmp_path)
+
+
 def test_partial_load_and_bad_input_change_nothing(tmp_path):
     store, comm = single_rank("bad")
     with store, comm:

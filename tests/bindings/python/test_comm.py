@@ -1018,3 +1018,44 @@ def test_bytes_are_refused_where_text_is_taken():
             with pytest.raises(TypeError):
                 engine.add_param(b"w", (3,))
             assert engine.add_param("w", (3,)) == 0
+
+
+def test_none_and_other_objects_are_refused_where_text_is_taken():
+    """None (or a number) as a key, name, URL or axis order is a TypeError naming it: str()
+    sent None as the text "None" (C refuses NULL, Java throws NullPointerException), so
+    store.set(None, ...) set the key "None" and add_param(None) registered 'None'. Where
+    None is documented as the default (a communicator's or split's name, the order) it
+    stays the default."""
+    url = unique_url("none-names")
+    with pytest.raises(TypeError, match="^Store.open: the url must be str, not None$"):
+        Store.open(None, 0)
+    with pytest.raises(TypeError, match="^Topology: the order must be str, not int$"):
+        Topology(1, 1, 1, 1, 1, 1, order=5)
+    with Topology(1, 1, 1, 1, 1, 1, order=None) as topo:
+        assert topo.degree(Group.DP) == 1
+    store, comm = world(0, url, size=1)
+    with store, comm:
+        calls = {"Store.set": lambda k: store.set(k, b"v"),
+                 "Store.get": lambda k: store.get(k, 100),
+                 "Store.add": lambda k: store.add(k, 1),
+                 "Store.wait": lambda k: store.wait(k, 100),
+                 "Store.check": store.check}
+        for what, call in calls.items():
+            for key in (None, 7):
+                kind = "None" if key is None else "int"
+                with pytest.raises(TypeError, match=f"^{what}: the key must be str, not {kind}$"):
+                    call(key)
+        assert not store.check("None") and not store.check("7")
+        with pytest.raises(TypeError, match="^Communicator.split: the name must be str, not int"):
+            comm.split([0], 5)
+        with comm.split([0], None) as part:  # the default name
+            assert part.name == "world.split"
+        with Store.open(unique_url("none-comm"), 0) as other:
+            with pytest.raises(TypeError, match="^Communicator.create: the name must be str"):
+                Communicator.create(other, 0, 1, name=3)
+        with hpshard.Engine.create(comm) as engine:
+            for name in (None, 1.5):
+                with pytest.raises(TypeError, match="^Engine.add_param: the name must be str"):
+                    engine.add_param(name, (2,))
+            assert engine.num_params == 0
+            assert engine.add_param("w", (2,)) == 0
