@@ -398,7 +398,12 @@ class ShardedModule(torch.nn.Module):
     ``distributed``, the parameters split across mp (same forms as ``no_weight_decay``).
     The clip norm then sums those over mp and every counted gradient over pp, and a
     non-finite gradient on any rank skips the step everywhere
-    (:meth:`hpshard.Engine.set_model_parallel_groups`)."""
+    (:meth:`hpshard.Engine.set_model_parallel_groups`). ``shared_not_first``: the
+    parameters that are a later pipeline stage's copy of a weight an earlier stage holds
+    too (a tied embedding; their gradients made equal by the caller): scaled by the clip
+    but not counted in its norm, so the weight counts once. ``no_clip``: the parameters
+    whose gradients the clip neither counts nor scales (Paddle's ``need_clip`` False).
+    Both take the same forms as ``no_weight_decay``."""
 
     def __init__(self, module: torch.nn.Module, sharding: Any,
                  dp: Optional["_hps.Communicator"] = None, *, stage: int = 3,
@@ -415,7 +420,11 @@ class ShardedModule(torch.nn.Module):
                  mp: Optional["_hps.Communicator"] = None,
                  pp: Optional["_hps.Communicator"] = None,
                  distributed: Union[Iterable[Union[str, torch.nn.Parameter]],
-                                    Callable[[str, torch.nn.Parameter], bool]] = ()
+                                    Callable[[str, torch.nn.Parameter], bool]] = (),
+                 shared_not_first: Union[Iterable[Union[str, torch.nn.Parameter]],
+                                         Callable[[str, torch.nn.Parameter], bool]] = (),
+                 no_clip: Union[Iterable[Union[str, torch.nn.Parameter]],
+                                Callable[[str, torch.nn.Parameter], bool]] = ()
                  ) -> None:
         super().__init__()
         self._owned: List[Any] = []  # communicators taken from a hybrid group, closed with us
@@ -461,6 +470,8 @@ class ShardedModule(torch.nn.Module):
         self._plan_units(units)
         self._decayed = [not x for x in self._select(no_weight_decay, "no_weight_decay")]
         self._distributed = self._select(distributed, "distributed")
+        self._shared_not_first = self._select(shared_not_first, "shared_not_first")
+        self._clipped = [not x for x in self._select(no_clip, "no_clip")]
         self._engine: Optional[_hps.Engine] = None
         self._view_cache: Dict[int, Tuple[int, torch.Tensor]] = {}
         self._gathered_keys: Dict[int, int] = {}  # storage address -> parameter index
@@ -657,7 +668,9 @@ class ShardedModule(torch.nn.Module):
         for i, p in enumerate(self._params):
             engine.add_param(self._names[i], tuple(p.shape), _DTYPES[p.dtype],
                              frozen=not p.requires_grad, unit=self._param_unit[i],
-                             weight_decay=self._decayed[i], distributed=self._distributed[i])
+                             weight_decay=self._decayed[i], distributed=self._distributed[i],
+                             shared_not_first=self._shared_not_first[i],
+                             clip=self._clipped[i])
         engine.seal()
         with torch.no_grad():
             for i, p in enumerate(self._params):

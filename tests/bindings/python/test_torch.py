@@ -1608,6 +1608,61 @@ def test_training_goes_on_after_the_models_own_backward_raised_before_any_gradie
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_weight_shared_across_pipeline_stages_counts_once_in_the_clip(stage):
+    """2 ranks as pp 2: each stage holds a copy of one tied weight ``w`` (its gradients
+    equal on both, as a pipeline's shared-weight sync leaves them) and a weight of its own.
+    Marked ``shared_not_first`` on the second stage, ``w`` counts once in the norm and both
+    copies are scaled; unmarked, it would count twice. ``no_clip`` leaves ``c`` (on both
+    stages) out of the norm and unscaled."""
+    max_norm, lr = 0.5, 1.0
+    x = torch.tensor([1.0, -2.0, 0.5])
+
+    def rank_main(rank, world, mark):
+        topology = hpshard.Topology(dp=1, pp=2, sharding=1, sep=1, mp=1, world_size=2)
+        group = hpshard.HybridGroup.create(world, topology)
+
+        class Stage(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.tensor([0.5, 1.0, -1.0]))
+                self.own = torch.nn.Parameter(torch.tensor([2.0, 0.0, 1.0]))
+                self.c = torch.nn.Parameter(torch.tensor([1.0, 1.0, 1.0]))
+
+            def forward(self, x):
+                return (self.w * x).sum() + (1 + rank) * (self.own * x).sum() + \
+                    3 * (self.c * x).sum()
+
+        net = Stage()
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        kwargs = dict(no_clip=["c"], shared_not_first=["w"] if rank == 1 else ()) if mark \
+            else {}
+        with hpt.ShardedModule(net, group, stage=stage, optimizer="sgd", lr=lr,
+                               clip_max_norm=max_norm, **kwargs) as model:
+            assert model.pp is not None and model.pp.size == 2
+            model(x).backward()
+            model.step()
+            after = {n.rsplit(".", 1)[-1]: v.detach().clone()
+                     for n, v in model.state_dict().items()}
+        group.close()
+        topology.close()
+        return before, after
+
+    g = x.double()
+    grads = [{"w": g, "own": g, "c": 3 * g}, {"w": g, "own": 2 * g, "c": 3 * g}]
+    for mark in (True, False):
+        counted = [["w", "own"], ["own"]] if mark else [["w", "own", "c"]] * 2
+        norm = sum(float((grads[r][n] ** 2).sum()) for r in range(2) for n in counted[r]) ** 0.5
+        coef = max_norm / (max(norm, max_norm) + 1e-6)
+        results = run_ranks(2, lambda rank, world: rank_main(rank, world, mark))
+        for rank, (before, after) in enumerate(results):
+            for name in ("w", "own", "c"):
+                scale = 1.0 if mark and name == "c" else coef
+                expect = before[name].double() - lr * scale * grads[rank][name]
+                assert torch.allclose(after[name].double(), expect, rtol=1e-5, atol=1e-6), \
+                    (mark, rank, name, after[name], expect)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_a_tensor_parallel_part_clips_by_the_whole_models_norm(stage):
     """2 ranks as mp 2 (sharding 1), given as a HybridGroup: each rank's Linear holds its
     slice of a weight split across mp (``distributed``) and the replicated bias. The
