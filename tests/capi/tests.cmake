@@ -22,6 +22,7 @@ set_tests_properties(abi_consumer_0_1_0 PROPERTIES LABELS c TIMEOUT 60)
 add_executable(abi_extensible_test capi/abi/extensible_test.c)
 target_link_libraries(abi_extensible_test PRIVATE hpshard::hpshard hps_warnings Threads::Threads)
 set_target_properties(abi_extensible_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
+target_compile_definitions(abi_extensible_test PRIVATE _POSIX_C_SOURCE=200809L)
 add_test(NAME abi_extensible_test COMMAND abi_extensible_test)
 set_tests_properties(abi_extensible_test PROPERTIES LABELS c TIMEOUT 60)
 

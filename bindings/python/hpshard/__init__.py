@@ -1630,7 +1630,9 @@ class EngineOptions:
 
     @staticmethod
     def struct_size(struct_size: Optional[int] = None) -> int:
-        """The struct_size hps_engine_options_init records (default: sizeof as built)."""
+        """The struct_size hps_engine_options_init records (default: sizeof as built);
+        sizes smaller than the first version, or ending inside a field, raise Error
+        (INVALID_ARGUMENT)."""
         if struct_size is None:
             struct_size = _c.engine_options_struct_size()
         return _c.engine_options_init(int(struct_size)).struct_size
@@ -2082,7 +2084,8 @@ class CheckpointInfo:
     @staticmethod
     def struct_size(struct_size: Optional[int] = None) -> int:
         """The struct_size hps_checkpoint_info_init records (default: sizeof as built);
-        sizes smaller than the first version raise Error (INVALID_ARGUMENT)."""
+        sizes smaller than the first version, or ending inside a field, raise Error
+        (INVALID_ARGUMENT)."""
         if struct_size is None:
             struct_size = _c.checkpoint_info_struct_size()
         return _c.checkpoint_info_init(int(struct_size)).struct_size

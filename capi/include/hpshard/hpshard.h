@@ -12,21 +12,26 @@
  *  - Thread safety, unless a function says otherwise: one handle is used by one
  *    thread at a time; distinct handles may be used concurrently.
  *
- * ABI-extensible structs (hps_device_properties_t, hps_rendezvous_info_t and the
- * *_options_t structs) start with `size_t struct_size` and only ever gain fields at their
- * end. The rules, the same for every one:
+ * ABI-extensible structs (hps_device_properties_t, hps_rendezvous_info_t,
+ * hps_checkpoint_info_t and the *_options_t structs) start with `size_t struct_size` and
+ * only ever gain fields at their end. The rules, the same for every one:
  *  - Initialise with its _init function, passing sizeof the struct as you compiled it.
  *    Any struct_size at least the struct's size in the release that introduced it (0.1.0,
- *    0.3.0 for the checkpoint structs) up to 64 KiB is accepted; a smaller one, or a larger one (no
- * struct grows that large: taken for an uninitialised size), is INVALID_ARGUMENT.
+ *    0.3.0 for the checkpoint structs) up to 64 KiB is accepted, unless it ends strictly
+ *    inside a field the library knows (a field added since that release: no header's
+ *    sizeof ends there); a size at a field's end or in padding is accepted. A smaller one,
+ *    a larger one (no struct grows that large: taken for an uninitialised size) or one
+ *    ending inside a field is INVALID_ARGUMENT, from _init and from every function taking
+ *    the struct, and nothing is written.
  *  - _init writes the defaults into min(struct_size, the library's sizeof) bytes and
  *    records struct_size; it never writes past struct_size.
  *  - A struct read by the library takes the caller's fields up to struct_size; fields the
  *    caller's (older) header did not have take their defaults.
  *  - A caller compiled against a newer header than the library's passes a larger struct:
- *    its fields the library does not know must be zero, else the call is refused with
- *    INVALID_ARGUMENT naming the byte. Zero the struct (= {0}) before its _init: an older
- *    library's _init leaves the newer fields alone.
+ *    its bytes the library does not know, the padding past the library's last field
+ *    included (a newer header's field may sit there), must be zero, else the call is
+ *    refused with INVALID_ARGUMENT naming the byte. Zero the struct (= {0}) before its
+ *    _init: an older library's _init leaves the newer fields alone.
  *  - The library fills an output struct only up to struct_size.
  * The ABI of the first release of a major version is kept in the repository
  * (tests/capi/abi) and checked by the test suite: within a major version (one SONAME,
@@ -166,8 +171,8 @@ typedef struct hps_device_properties {
 /**
  * Zero `props` (its first min(struct_size, sizeof) bytes) and set its struct_size; pass
  * sizeof(hps_device_properties_t) as the caller knows it (see "ABI-extensible structs").
- * Errors: INVALID_ARGUMENT for NULL or a struct_size smaller than the first version of
- * the struct. Thread safety: any thread.
+ * Errors: INVALID_ARGUMENT for NULL or a struct_size those rules refuse. Thread safety:
+ * any thread.
  */
 HPS_API hps_status_t hps_device_properties_init(hps_device_properties_t* props, size_t struct_size);
 
@@ -496,7 +501,7 @@ typedef struct hps_comm_options {
 /**
  * Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size, as
  * every _init does (see "ABI-extensible structs"). Errors: INVALID_ARGUMENT (NULL,
- * struct_size too small, a malformed environment variable: those two, and HPS_COMM_SHM,
+ * a struct_size those rules refuse, a malformed environment variable: those two, and HPS_COMM_SHM,
  * HPS_COMM_SHM_SLOT_BYTES and HPS_COMM_SHM_DIRECT, which hps_comm_create reads). Thread safety: any
  * thread.
  */
@@ -829,7 +834,7 @@ typedef struct hps_clip_options {
 
 /**
  * Set the defaults and struct_size (see "ABI-extensible structs"). Errors:
- * INVALID_ARGUMENT (NULL, struct_size too small). Thread safety: any thread.
+ * INVALID_ARGUMENT (NULL, a struct_size those rules refuse). Thread safety: any thread.
  */
 HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t struct_size);
 
@@ -1020,7 +1025,7 @@ typedef struct hps_engine_options {
 
 /**
  * Set the defaults and struct_size (see "ABI-extensible structs"). Errors:
- * INVALID_ARGUMENT (NULL, struct_size too small). Thread safety: any thread.
+ * INVALID_ARGUMENT (NULL, a struct_size those rules refuse). Thread safety: any thread.
  */
 HPS_API hps_status_t hps_engine_options_init(hps_engine_options_t* options, size_t struct_size);
 

@@ -39,7 +39,8 @@ public record CheckpointInfo(String name, String id, int formatVersion, int stag
 
   /**
    * The struct_size hps_checkpoint_info_init records for a struct of {@code structSize}
-   * bytes; sizes below the first version of the struct throw INVALID_ARGUMENT.
+   * bytes; sizes below the first version of the struct, or ending inside one of its fields,
+   * throw INVALID_ARGUMENT.
    */
   public static long structSize(long structSize) {
     hps_checkpoint_info_t info = HpshardNative.checkpointInfoInit(structSize);

@@ -305,7 +305,8 @@ public final class Engine extends Handle<EngineHandle> {
 
   /**
    * The struct_size hps_engine_options_init records for {@code structSize} bytes; sizes below
-   * the first version of the struct throw INVALID_ARGUMENT.
+   * the first version of the struct, or ending inside one of its fields, throw
+   * INVALID_ARGUMENT.
    */
   public static long optionsStructSize(long structSize) {
     hps_engine_options_t o = HpshardNative.engineOptionsInit(structSize);

@@ -679,8 +679,8 @@ pub type hps_device_properties_t = hps_device_properties;
 extern "C" {
     #[doc = " Zero `props` (its first min(struct_size, sizeof) bytes) and set its struct_size; pass"]
     #[doc = " sizeof(hps_device_properties_t) as the caller knows it (see \"ABI-extensible structs\")."]
-    #[doc = " Errors: INVALID_ARGUMENT for NULL or a struct_size smaller than the first version of"]
-    #[doc = " the struct. Thread safety: any thread."]
+    #[doc = " Errors: INVALID_ARGUMENT for NULL or a struct_size those rules refuse. Thread safety:"]
+    #[doc = " any thread."]
     pub fn hps_device_properties_init(
         props: *mut hps_device_properties_t,
         struct_size: usize,
@@ -1227,7 +1227,7 @@ pub type hps_comm_options_t = hps_comm_options;
 extern "C" {
     #[doc = " Set the defaults (reading HPS_COMM_TIMEOUT_MS and HPS_COMM_CHECK) and struct_size, as"]
     #[doc = " every _init does (see \"ABI-extensible structs\"). Errors: INVALID_ARGUMENT (NULL,"]
-    #[doc = " struct_size too small, a malformed environment variable: those two, and HPS_COMM_SHM,"]
+    #[doc = " a struct_size those rules refuse, a malformed environment variable: those two, and HPS_COMM_SHM,"]
     #[doc = " HPS_COMM_SHM_SLOT_BYTES and HPS_COMM_SHM_DIRECT, which hps_comm_create reads). Thread safety: any"]
     #[doc = " thread."]
     pub fn hps_comm_options_init(
@@ -1794,7 +1794,7 @@ fn bindgen_test_layout_hps_clip_options() {
 pub type hps_clip_options_t = hps_clip_options;
 extern "C" {
     #[doc = " Set the defaults and struct_size (see \"ABI-extensible structs\"). Errors:"]
-    #[doc = " INVALID_ARGUMENT (NULL, struct_size too small). Thread safety: any thread."]
+    #[doc = " INVALID_ARGUMENT (NULL, a struct_size those rules refuse). Thread safety: any thread."]
     pub fn hps_clip_options_init(
         options: *mut hps_clip_options_t,
         struct_size: usize,
@@ -2438,7 +2438,7 @@ fn bindgen_test_layout_hps_engine_options() {
 pub type hps_engine_options_t = hps_engine_options;
 extern "C" {
     #[doc = " Set the defaults and struct_size (see \"ABI-extensible structs\"). Errors:"]
-    #[doc = " INVALID_ARGUMENT (NULL, struct_size too small). Thread safety: any thread."]
+    #[doc = " INVALID_ARGUMENT (NULL, a struct_size those rules refuse). Thread safety: any thread."]
     pub fn hps_engine_options_init(
         options: *mut hps_engine_options_t,
         struct_size: usize,
