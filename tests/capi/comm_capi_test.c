@@ -233,15 +233,19 @@ static void* rank_main(void* p) {
     hps_topology_destroy(topo);
   }
 
-  /* A timed wait on an operation that failed (the ranks' counts differ): it has finished,
-   * so *out_completed is 1 beside its error (it was 0, "not finished"). Last: the group
-   * is unusable after a failure, and a split needs the whole group. */
+  /* A timed wait on an operation that failed (the ranks' counts differ) returns its error
+   * and, as every failing call, leaves *out_completed untouched, as hps_work_test does.
+   * Last: the group is unusable after a failure, and a split needs the whole group. */
   {
     int32_t completed = 7;
     CHECK_OK(hps_comm_all_reduce(comm, in, out, rank == 0 ? 4 : 8, HPS_DTYPE_FLOAT32,
                                  HPS_REDUCE_SUM, NULL, &work));
     CHECK(hps_work_wait_timeout(work, 60000, &completed) == HPS_STATUS_INVALID_ARGUMENT);
-    CHECK(completed == 1);
+    CHECK(completed == 7);
+    CHECK(hps_work_wait_timeout(work, 0, &completed) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(completed == 7);
+    CHECK(hps_work_test(work, &completed) == HPS_STATUS_INVALID_ARGUMENT);
+    CHECK(completed == 7);
     hps_work_destroy(work);
     work = NULL;
   }

@@ -702,10 +702,11 @@ HPS_API hps_status_t hps_work_wait(hps_work_t* work);
 
 /**
  * Block the host until the operation has finished or `timeout_ms` milliseconds have passed,
- * whichever comes first: *out_completed = 1 when it finished (its error is returned when it
- * failed), else 0 and HPS_STATUS_OK. A loop of these waits lets a caller stay responsive (a
- * binding answers an interrupt between them). Counted as one host sync when it returns
- * finished, so a loop counts as hps_work_wait does. INVALID_ARGUMENT when `timeout_ms` < 0;
+ * whichever comes first: HPS_STATUS_OK with *out_completed = 1 when it finished, 0 when the
+ * timeout passed first; an operation that finished and failed returns its error instead,
+ * *out_completed untouched (as hps_work_test). A loop of these waits lets a caller stay
+ * responsive (a binding answers an interrupt between them). Counted as one host sync when it
+ * returns finished, so a loop counts as hps_work_wait does. INVALID_ARGUMENT when `timeout_ms` < 0;
  * a timeout above 2^40 ms (about 35 years) waits that long.
  */
 HPS_API hps_status_t hps_work_wait_timeout(hps_work_t* work, int64_t timeout_ms,

@@ -1518,10 +1518,11 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Block the host until the operation has finished or `timeout_ms` milliseconds have passed,"]
-    #[doc = " whichever comes first: *out_completed = 1 when it finished (its error is returned when it"]
-    #[doc = " failed), else 0 and HPS_STATUS_OK. A loop of these waits lets a caller stay responsive (a"]
-    #[doc = " binding answers an interrupt between them). Counted as one host sync when it returns"]
-    #[doc = " finished, so a loop counts as hps_work_wait does. INVALID_ARGUMENT when `timeout_ms` < 0;"]
+    #[doc = " whichever comes first: HPS_STATUS_OK with *out_completed = 1 when it finished, 0 when the"]
+    #[doc = " timeout passed first; an operation that finished and failed returns its error instead,"]
+    #[doc = " *out_completed untouched (as hps_work_test). A loop of these waits lets a caller stay"]
+    #[doc = " responsive (a binding answers an interrupt between them). Counted as one host sync when it"]
+    #[doc = " returns finished, so a loop counts as hps_work_wait does. INVALID_ARGUMENT when `timeout_ms` < 0;"]
     #[doc = " a timeout above 2^40 ms (about 35 years) waits that long."]
     pub fn hps_work_wait_timeout(
         work: *mut hps_work_t,
