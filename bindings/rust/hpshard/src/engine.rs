@@ -1856,8 +1856,12 @@ impl<'c> Engine<'c> {
             let info = match self.params.get(index) {
                 Some(info) => info,
                 None => {
-                    // Not registered: the library reports it (out of range, not sealed).
-                    self.param_data(index)?;
+                    // Not registered: the library reports it (out of range, not sealed),
+                    // from the function of the request's kind.
+                    match request {
+                        View::Param(_) => self.param_data(index)?,
+                        View::Grad(_) => self.grad_data(index)?,
+                    };
                     return Err(Error::new(
                         Status::OutOfRange,
                         format!("engine: no parameter {}", index),

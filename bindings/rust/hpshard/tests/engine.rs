@@ -634,7 +634,16 @@ fn bad_registrations() {
     expect_status(engine.grad(1), Status::FailedPrecondition);
     expect_status(engine.grad_ready(1, None), Status::FailedPrecondition);
     engine.param(1).unwrap();
-    expect_status(engine.param(2), Status::OutOfRange);
+    // An unknown index: the error names the C function of the view asked for.
+    let err = expect_status(engine.param(2), Status::OutOfRange);
+    assert!(err.message.starts_with("hps_engine_param: "), "{}", err);
+    let err = expect_status(engine.grad(2), Status::OutOfRange);
+    assert!(err.message.starts_with("hps_engine_grad: "), "{}", err);
+    let err = expect_status(
+        engine.views([View::Param(0), View::Grad(2)]),
+        Status::OutOfRange,
+    );
+    assert!(err.message.starts_with("hps_engine_grad: "), "{}", err);
     expect_status(engine.grad_ready(2, None), Status::OutOfRange);
     expect_status(
         engine.views([View::Param(0), View::Param(0)]),
@@ -1396,8 +1405,10 @@ fn typed_views_refuse_other_dtypes() {
     // Frozen: a parameter view, no gradient; unknown indices are out of range.
     assert_eq!(engine.param_f16(frozen).unwrap().len(), 5);
     expect_status(engine.grad_f16(frozen), Status::FailedPrecondition);
-    expect_status(engine.param_f16(7), Status::OutOfRange);
-    expect_status(engine.grad_bf16(7), Status::OutOfRange);
+    let err = expect_status(engine.param_f16(7), Status::OutOfRange);
+    assert!(err.message.starts_with("hps_engine_param: "), "{}", err);
+    let err = expect_status(engine.grad_bf16(7), Status::OutOfRange);
+    assert!(err.message.starts_with("hps_engine_grad: "), "{}", err);
     // The right types are handed out, together.
     {
         let [pf, ph, pb, gf, gh, gb] = engine
