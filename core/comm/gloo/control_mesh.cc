@@ -179,15 +179,21 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
     std::string their_address;
     Nonce theirs{};
     if (why.empty()) {
-      auto published = store.get(address_key(peer), Milliseconds(1));
+      // It knew this rank's nonce, so it read the store after publishing its own address: the
+      // address is there, and a store slow to answer (its server paused) only delays it, up
+      // to the mesh's deadline (a stranger never gets here: the handshake's bound is for it).
+      const auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now());
+      auto published = store.get(address_key(peer), std::max(left, Milliseconds(1)));
       std::string ignored_host;
       uint16_t ignored_port = 0;
-      if (!published.ok() || !parse_address(*published, &ignored_host, &ignored_port, &theirs)) {
-        why = "rank " + std::to_string(peer) + " has published no address";
+      if (!published.ok()) {
+        why = "its published address could not be read: " + published.status().message();
+      } else if (!parse_address(*published, &ignored_host, &ignored_port, &theirs)) {
+        why = "rank " + std::to_string(peer) + " published a malformed address";
       }
     }
     if (why.empty()) {
-      s = net::send_all(fd, bytes_of(theirs), handshake_deadline);
+      s = net::send_all(fd, bytes_of(theirs), deadline);
       if (!s.ok()) why = s.message();
     }
     if (!why.empty()) {

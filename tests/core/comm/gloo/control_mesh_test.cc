@@ -56,5 +56,41 @@ TEST(ControlMesh, AStrangerIsClosedAndThePeersStillConnect) {
   EXPECT_EQ(all1[0], from0);
 }
 
+// A store that answers every get after `delay`, as a TCP store's server answers while it is
+// paused (stopped for a moment, or busy): a get given less time fails with TIMEOUT.
+class SlowStore : public ForwardingStore {
+ public:
+  SlowStore(std::shared_ptr<Store> inner, std::chrono::milliseconds delay)
+      : ForwardingStore(std::move(inner)), delay_(delay) {}
+  StatusOr<std::string> get(std::string_view key, Milliseconds timeout) override {
+    if (timeout < delay_) {
+      std::this_thread::sleep_for(timeout);
+      return timeout_error("get '" + std::string(key) + "': the store did not answer in time");
+    }
+    std::this_thread::sleep_for(delay_);
+    return ForwardingStore::get(key, timeout - delay_);
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+};
+
+// The accepting rank reads the connecting peer's published address from the store; a store
+// slow to answer (its server paused for 300 ms) delays the mesh, it does not refuse the peer
+// (it read the address with a 1 ms timeout, closed rank 1 as "not a peer" and timed out).
+TEST(ControlMesh, AStoreSlowToAnswerDelaysTheMeshButRefusesNoPeer) {
+  auto store = make_in_memory_store();
+  auto slow = std::make_shared<SlowStore>(store, std::chrono::milliseconds(300));
+  const auto deadline = Clock::now() + seconds(5);
+  StatusOr<std::unique_ptr<ControlMesh>> rank0 = unavailable("not made");
+  StatusOr<std::unique_ptr<ControlMesh>> rank1 = unavailable("not made");
+  std::thread first([&] { rank0 = ControlMesh::create(*slow, 0, 2, "127.0.0.1", deadline); });
+  std::thread second([&] { rank1 = ControlMesh::create(*slow, 1, 2, "127.0.0.1", deadline); });
+  first.join();
+  second.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status().to_string();
+  ASSERT_TRUE(rank1.ok()) << rank1.status().to_string();
+}
+
 }  // namespace
 }  // namespace hps::gloo_backend
