@@ -219,13 +219,14 @@ Status HybridClip::finish(Stream& stream, float* norm_out) {
       // D's slots and N's slots are contiguous; over mp only D travels.
       int64_t* fixed = s.get()->fixed[0].slots.data();
       const size_t count = static_cast<size_t>(FixedSquares::kSlots) * (both ? 2 : 1);
-      HPS_ASSIGN_OR_RETURN(
-          work, (*group)->all_reduce(fixed, fixed, count, DType::kInt64, ReduceOp::kSum, last));
+      HPS_ASSIGN_OR_RETURN(work, (*group)->all_reduce(fixed, fixed, count, DType::kInt64,
+                                                      ReduceOp::kSum, last, options_.tag));
       in_flight_.push_back(work);
     } else {
       double* partials = s.get()->partials;
-      HPS_ASSIGN_OR_RETURN(work, (*group)->all_reduce(partials, partials, both ? 2 : 1,
-                                                      DType::kFloat64, ReduceOp::kSum, last));
+      HPS_ASSIGN_OR_RETURN(work,
+                           (*group)->all_reduce(partials, partials, both ? 2 : 1, DType::kFloat64,
+                                                ReduceOp::kSum, last, options_.tag));
       in_flight_.push_back(work);
     }
     last = &(*group)->stream();

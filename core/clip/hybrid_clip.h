@@ -31,6 +31,8 @@ struct ClipOptions {
   // Exact fixed-point partial sums: the norm is bitwise identical whatever the dp /
   // sharding / mp / pp layout of the same gradients.
   bool deterministic = false;
+  // The tag its reductions carry (Communicator::all_reduce): kEngineClipTag for an engine's.
+  uint64_t tag = kClipTag;
 };
 
 class HybridClip {

@@ -42,6 +42,14 @@ StatusOr<ReduceOp> reduce_op_from_int(int32_t raw) {
                           " (0=sum, 1=avg, 2=max, 3=min)");
 }
 
+std::string tag_text(uint64_t tag) {
+  const char* what = tag == kEngineClipTag       ? "an engine's clip norm"
+                     : tag == kClipTag           ? "a standalone clip's norm"
+                     : tag == kEngineFoundInfTag ? "an engine's found-inf flag"
+                                                 : nullptr;
+  return "tag " + std::to_string(tag) + (what ? std::string(" (") + what + ")" : std::string());
+}
+
 Status check_comm_timeout(Milliseconds timeout, std::string_view what) {
   if (timeout.count() > 0 && timeout <= kMaxCommTimeout) return Status::Ok();
   return invalid_argument(std::string(what) + " = " + std::to_string(timeout.count()) +
@@ -161,7 +169,7 @@ std::string describe(const CollectiveDescriptor& d) {
   return kind + " #" + std::to_string(d.sequence) + " with count " + std::to_string(d.count) +
          ", dtype " + (dtype == "unknown" ? std::to_string(d.dtype) : std::string(dtype)) +
          ", op " + (op == "unknown" ? std::to_string(d.op) : std::string(op)) + ", root " +
-         std::to_string(d.root) + (d.tag != 0 ? ", tag " + std::to_string(d.tag) : std::string());
+         std::to_string(d.root) + (d.tag != 0 ? ", " + tag_text(d.tag) : std::string());
 }
 
 }  // namespace

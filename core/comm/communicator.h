@@ -30,6 +30,16 @@ inline constexpr Milliseconds kMaxCommTimeout{365LL * 24 * 3600 * 1000};
 // (connections, counters), and a larger request is a mistake (OUT_OF_RANGE), not a job.
 inline constexpr int32_t kMaxGroupSize = 1 << 16;
 
+// The tags (Communicator::all_reduce's `tag`) of hpshard's own collectives besides an
+// engine's buckets (which count from 1): with argument checks on, a rank whose call at one
+// place is another of them, or a caller's untagged collective of the same size, is refused.
+inline constexpr uint64_t kOwnTags = uint64_t{1} << 48;
+inline constexpr uint64_t kEngineClipTag = kOwnTags + 1;      // an engine's clip norm
+inline constexpr uint64_t kClipTag = kOwnTags + 2;            // a standalone clip's norm
+inline constexpr uint64_t kEngineFoundInfTag = kOwnTags + 3;  // an engine's found-inf flag
+// "tag 5", or for one of hpshard's own: "tag 281474976710657 (an engine's clip norm)".
+std::string tag_text(uint64_t tag);
+
 // INVALID_ARGUMENT naming `what` unless 0 < timeout <= kMaxCommTimeout.
 Status check_comm_timeout(Milliseconds timeout, std::string_view what);
 

@@ -30,9 +30,10 @@ StatusOr<std::unique_ptr<ShardedOptimizer>> ShardedOptimizer::create(const Engin
   if (options.clip_max_norm > 0) {
     // Not over dp: its replicas hold the same reduced gradients.
     const StepGroups& g = o->groups_;
-    HPS_ASSIGN_OR_RETURN(o->clip_,
-                         HybridClip::create(g.sharding, g.mp, g.pp,
-                                            {options.clip_max_norm, options.deterministic_clip}));
+    HPS_ASSIGN_OR_RETURN(
+        o->clip_,
+        HybridClip::create(g.sharding, g.mp, g.pp,
+                           {options.clip_max_norm, options.deterministic_clip, kEngineClipTag}));
     HPS_RETURN_IF_ERROR(o->clip_->seal());
   }
   HPS_ASSIGN_OR_RETURN(o->state_, DeviceBuffer::allocate(device, sizeof(StepState)));
@@ -167,8 +168,8 @@ Status ShardedOptimizer::step(Stream& stream, const std::vector<ShardStep>& shar
     for (Communicator* c :
          {groups_.sharding.get(), groups_.dp.get(), groups_.mp.get(), groups_.pp.get()}) {
       if (c == nullptr || c->size() == 1) continue;
-      HPS_ASSIGN_OR_RETURN(work,
-                           c->all_reduce(found, found, 1, DType::kInt32, ReduceOp::kMax, after));
+      HPS_ASSIGN_OR_RETURN(work, c->all_reduce(found, found, 1, DType::kInt32, ReduceOp::kMax,
+                                               after, kEngineFoundInfTag));
       after = &c->stream();
     }
     if (work) HPS_RETURN_IF_ERROR(work->wait_on(stream));

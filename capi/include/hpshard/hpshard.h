@@ -942,7 +942,10 @@ HPS_API hps_status_t hps_clip_coefficient_dlpack(hps_clip_t* clip, DLManagedTens
  * wait, release and step calls and checks in the same gradients between each two of them
  * (in any order among themselves): each collective carries its bucket, so
  * CPU groups checking arguments (check_arguments, the default) refuse ranks that do not
- * with INVALID_ARGUMENT naming both ("tag" = bucket + 1); NCCL groups check nothing and
+ * with INVALID_ARGUMENT naming both ("tag" = bucket + 1; the step's clip norm and
+ * found-inf flag, and a standalone hps_clip_run, carry tags of their own, so a rank at
+ * one of them while its peers are at another, or at a caller's collective of the same
+ * size, is refused likewise); NCCL groups check nothing and
  * pair different collectives' data where their sizes are equal. Stage 2 keeps full parameters
  * resident (an all-gather after each step brings them back; release does nothing). Stage 3 keeps
  * only this rank's shards: wait_parameters gathers the unit (prefetched in the order recorded on

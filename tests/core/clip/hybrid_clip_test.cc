@@ -332,6 +332,39 @@ TEST_F(HybridClipTest, AReductionThatFailsAfterRunIsTheStreamsErrorOnEveryRank) 
   });
 }
 
+// Ranks that meet at a clip's reduction with another collective of the same size are
+// refused on both (it carries its tag): an engine's clip against a standalone clip, and a
+// standalone clip against a caller's untagged all-reduce of two doubles. Without the tag the
+// first two exchanged partial sums and each returned a norm built from the other's.
+TEST_F(HybridClipTest, ARankAtAnotherCollectiveOfTheSameSizeIsRefused) {
+  for (const bool against_user : {false, true}) {
+    SCOPED_TRACE(against_user ? "against an untagged all-reduce" : "against an engine's clip");
+    testing_util::run_ranks(2, [&](int32_t rank, Communicator& comm) {
+      std::shared_ptr<Communicator> sharding(&comm, [](Communicator*) {});
+      auto stream = std::move(create_stream(Device::cpu())).value();
+      std::vector<float> g(4, 1.0f);
+      ClipOptions options{1.0, false, rank == 0 ? kClipTag : kEngineClipTag};
+      auto clip = std::move(HybridClip::create(sharding, nullptr, nullptr, options)).value();
+      ASSERT_TRUE(clip->add_tensor({g.data(), g.size(), DType::kFloat32}).ok());
+      ASSERT_TRUE(clip->seal().ok());
+      Status s;
+      if (rank == 1 && against_user) {
+        double partials[2] = {1.0, 2.0};
+        auto work = comm.all_reduce(partials, partials, 2, DType::kFloat64, ReduceOp::kSum);
+        ASSERT_TRUE(work.ok());
+        s = (*work)->wait();
+      } else {
+        ASSERT_TRUE(clip->run(*stream, nullptr).ok());
+        s = stream->synchronize();
+      }
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "rank " << rank << ": " << s.to_string();
+      if (rank == 0) {
+        EXPECT_NE(s.message().find("(a standalone clip's norm)"), std::string::npos) << s.message();
+      }
+    });
+  }
+}
+
 // Destroying a clip right after run() waits for the queued kernels (they use its state and
 // the gradients): no use after free (this test is what ASan checks), and the run completed.
 TEST(HybridClipEdges, DestroyingAClipRightAfterRunWaitsForItsWork) {
