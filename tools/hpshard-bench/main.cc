@@ -274,7 +274,8 @@ void add_common(CLI::App& command, CommonCli& c, const std::string& torch_script
       ->check(output_path());
   command.add_flag("--no-torch", c.no_torch, "skip the torch column");
   command.add_option("--torch-script", c.torch_script,
-                     torch_script + " (default: beside the sources, or $HPS_BENCH_TORCH_SCRIPT)");
+                     torch_script + " (default: $HPS_BENCH_TORCH_SCRIPT, else the installed " +
+                         "share/hpshard/bench copy, else beside the sources in a build tree)");
   command.add_flag("--quiet", c.quiet, "no progress lines on stderr");
   if (isa) {
     command
@@ -328,7 +329,7 @@ int finish(const CommonCli& cli, const char* family, RunInfo& info,
   int status = 0;
   std::string log;
   if (script.empty()) {
-    log = "plot.py not found (installed, beside the sources, or $HPS_BENCH_PLOT_SCRIPT)";
+    log = "plot.py not found ($HPS_BENCH_PLOT_SCRIPT, installed, or beside the sources)";
     status = -1;
   } else {
     log = run_and_capture("/usr/bin/python3 " + shell_quote(script) + " " +
