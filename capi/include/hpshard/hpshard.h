@@ -374,7 +374,12 @@ typedef struct hps_store hps_store_t;
  *   "memory://NAME"    shared by every open of NAME in this process (thread-ranks);
  *   "file:///DIR"      a directory on a filesystem all ranks see;
  *   "tcp://HOST:PORT"  rank 0 serves on HOST:PORT, every rank connects, retrying until
- *                      timeout_ms.
+ *                      timeout_ms. A call whose answer does not come (the serving rank
+ *                      stopped or overloaded) fails with TIMEOUT after timeout_ms held
+ *                      within 1 to 60 s (a get or wait: after its own wait and a slack of
+ *                      a quarter of it, 1 to 10 s); what uses the store (a communicator's
+ *                      creation, a checkpoint's agreements) can take that much past its
+ *                      own timeout.
  * Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),
  * TIMEOUT (no server), BACKEND_ERROR. Thread safety: any thread.
  */

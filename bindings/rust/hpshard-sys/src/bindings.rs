@@ -847,7 +847,12 @@ extern "C" {
     #[doc = "   \"memory://NAME\"    shared by every open of NAME in this process (thread-ranks);"]
     #[doc = "   \"file:///DIR\"      a directory on a filesystem all ranks see;"]
     #[doc = "   \"tcp://HOST:PORT\"  rank 0 serves on HOST:PORT, every rank connects, retrying until"]
-    #[doc = "                      timeout_ms."]
+    #[doc = "                      timeout_ms. A call whose answer does not come (the serving rank"]
+    #[doc = "                      stopped or overloaded) fails with TIMEOUT after timeout_ms held"]
+    #[doc = "                      within 1 to 60 s (a get or wait: after its own wait and a slack of"]
+    #[doc = "                      a quarter of it, 1 to 10 s); what uses the store (a communicator's"]
+    #[doc = "                      creation, a checkpoint's agreements) can take that much past its"]
+    #[doc = "                      own timeout."]
     #[doc = " Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),"]
     #[doc = " TIMEOUT (no server), BACKEND_ERROR. Thread safety: any thread."]
     pub fn hps_store_open(
