@@ -5,6 +5,7 @@ alive past close() and refuse to be used after it (never a crash); collectives a
 Clip.add_tensor over any object with __dlpack__; the compute_stream option."""
 
 import gc
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -285,15 +286,8 @@ def test_clip_refuses_a_torch_gradient_whose_memory_moved(move):
 def test_clip_refuses_a_dlpack_gradient_whose_memory_moved():
     # Any other DLPack producer: a fresh export's address and shape are compared (here a
     # NumPy array offered through __dlpack__ only, resized without the reference check).
-    setup = textwrap.dedent("""
-        class OnlyDLPack:
-            def __init__(self, array):
-                self.array = array
-            def __dlpack__(self, stream=None):
-                return self.array.__dlpack__()
-            def __dlpack_device__(self):
-                return self.array.__dlpack_device__()
-        g = np.array([3.0, 4.0], np.float32); obj = OnlyDLPack(g)""")
+    setup = (inspect.getsource(OnlyDLPack)
+             + "g = np.array([3.0, 4.0], np.float32); obj = OnlyDLPack(g)")
     _run_moved_gradient(setup, "g *= 2.0", "g.resize((1 << 20,), refcheck=False)")
 
 
