@@ -58,8 +58,10 @@ class PublishedManifests {
   explicit PublishedManifests(std::string root) : root_(std::move(root)) {}
 
   // The checkpoints under the root (a valid name and a manifest this code reads), in the
-  // directory's order. The writer thread and the caller's both list: one at a time.
-  StatusOr<std::vector<Listed>> list() {
+  // directory's order; into `unreadable`, when given, the names of those whose manifest is
+  // there but refused (damaged, or a newer hpshard's). The writer thread and the caller's
+  // both list: one at a time.
+  StatusOr<std::vector<Listed>> list(std::vector<std::string>* unreadable = nullptr) {
     std::lock_guard lock(mutex_);
     HPS_ASSIGN_OR_RETURN(auto names, ckpt::list_directory(root_));
     std::map<std::string, Known> still;  // what the next listing may take as known
@@ -71,14 +73,22 @@ class PublishedManifests {
       const std::optional<Identity> file = identity_of(path);
       if (auto known = known_.find(n);
           file && known != known_.end() && known->second.file == *file) {
-        if (known->second.summary) listed.push_back({n, *known->second.summary});
+        if (known->second.summary) {
+          listed.push_back({n, *known->second.summary});
+        } else if (unreadable != nullptr) {
+          unreadable->push_back(n);
+        }
         still.insert(known_.extract(known));
         continue;
       }
       auto m = ckpt::read_manifest(directory);
       std::optional<Summary> summary;
       if (m.ok()) summary = Summary{m->sequence, m->created_unix_ns, m->id, m->topology};
-      if (summary) listed.push_back({n, *summary});
+      if (summary) {
+        listed.push_back({n, *summary});
+      } else if (unreadable != nullptr && file) {
+        unreadable->push_back(n);
+      }
       // Kept when the verdict is the file's own and the file read is the one stat'ed before
       // and after (not replaced or written while it was read).
       if (file && (m.ok() || m.status().code() == StatusCode::kInvalidArgument) &&
@@ -220,7 +230,8 @@ bool same_part(const CheckpointTopology& a, const CheckpointTopology& b) {
 // counts them) is of its own part.
 Status check_unclaimed_root(const std::string& root, const CheckpointTopology& t,
                             PublishedManifests& manifests) {
-  HPS_ASSIGN_OR_RETURN(auto listed, manifests.list());
+  std::vector<std::string> unreadable;
+  HPS_ASSIGN_OR_RETURN(auto listed, manifests.list(&unreadable));
   for (const auto& [n, m] : listed) {
     if (same_part(m.topology, t)) continue;
     return invalid_argument("checkpoint: the root '" + root + "' holds checkpoint '" +
@@ -228,6 +239,16 @@ Status check_unclaimed_root(const std::string& root, const CheckpointTopology& t
                             part_text(t) +
                             ": give each part of the model its own root (its rotation and "
                             "'latest' would take the other part's checkpoints)");
+  }
+  // One whose manifest cannot be read (damaged, or a newer hpshard's) may be any part's: a
+  // part does not take the root (a whole model, whose root it most likely is, still saves).
+  if (!unreadable.empty() && (t.mp > 1 || t.pp > 1)) {
+    return invalid_argument("checkpoint: the root '" + root + "' holds checkpoint '" +
+                            shown_value(unreadable.front()) +
+                            "' whose manifest cannot be read (damaged, or written by a newer "
+                            "hpshard), so which part of a model wrote it is unknown; this "
+                            "engine is " +
+                            part_text(t) + ": give it a root of its own");
   }
   return Status::Ok();
 }
@@ -1336,6 +1357,28 @@ StatusOr<ckpt::VerifyReport> verify_checkpoint(const std::string& directory) {
   return report;
 }
 
+namespace {
+
+// Whether `folder` is a root of checkpoints: the root of `checkpoint` (the directory being
+// read), or one with a pointer to its latest, a part's claim or a checkpoint under it.
+bool is_checkpoint_root(const std::filesystem::path& folder, const std::string& checkpoint) {
+  std::error_code ec;
+  auto own = std::filesystem::absolute(checkpoint, ec).lexically_normal();
+  if (!own.has_filename()) own = own.parent_path();  // "root/name/"
+  const auto own_root = own.parent_path();
+  if (!ec && std::filesystem::equivalent(folder, own_root, ec) && !ec) return true;
+  const std::string root = folder.string();
+  if (latest_checkpoint(root).ok() || ckpt::path_exists(join_path(root, kPartFile))) return true;
+  auto names = ckpt::list_directory(root);
+  if (!names.ok()) return false;
+  return std::any_of(names->begin(), names->end(), [&](const std::string& n) {
+    return !n.empty() && n[0] != '.' &&
+           ckpt::path_exists(join_path(join_path(root, n), std::string(ckpt::kManifestFile)));
+  });
+}
+
+}  // namespace
+
 Status export_safetensors(const std::string& directory, const std::string& path, bool fp32) {
   HPS_ASSIGN_OR_RETURN(ckpt::Manifest m, ckpt::read_manifest(directory));
   const ckpt::SourceIndex source = ckpt::source_of(m, directory);
@@ -1389,9 +1432,11 @@ Status export_safetensors(const std::string& directory, const std::string& path,
     return invalid_argument("checkpoint: '" + path + "' lies in the checkpoint " + directory +
                             " it is exported from");
   }
-  // Nor over a root's pointer to its latest checkpoint.
+  // Nor over a root's pointer to its latest checkpoint: in the checkpoint's own root, or in
+  // a folder that is a root (a pointer, a part's claim, or a checkpoint under it), with its
+  // pointer there or not.
   if (std::filesystem::path(target).filename() == ckpt::kLatestFile &&
-      latest_checkpoint(parent_of_out.string()).ok()) {
+      is_checkpoint_root(parent_of_out, directory)) {
     return invalid_argument("checkpoint: '" + path +
                             "' is the pointer to the latest checkpoint of a root of checkpoints");
   }

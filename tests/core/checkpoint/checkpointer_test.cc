@@ -210,6 +210,34 @@ TEST(Checkpoint, APartClaimsItsRootWithoutHardLinks) {
   g_renameat2_errno = 0;
 }
 
+// A root holding a checkpoint whose manifest cannot be read (not JSON; or a newer hpshard's,
+// of a format version this one does not read) may hold any part's checkpoints: a part does not
+// claim it (it took the root and moved its 'latest'); a whole model still saves there.
+TEST(Checkpoint, APartRefusesARootHoldingACheckpointItCannotRead) {
+  for (const char* manifest : {"{not json", R"({"format_version": 3})"}) {
+    SCOPED_TRACE(manifest);
+    TempDir dir;
+    fs::create_directory(dir / "x");
+    std::ofstream(fs::path(dir / "x") / "manifest.json") << manifest;
+    auto group = [] {
+      auto c = self_backend::SelfCommunicator::create({});
+      return std::shared_ptr<Communicator>(std::move(*c));
+    };
+    PartState part(0);
+    auto refused = Checkpointer::create(part, group(), dir.path(), small_chunks());
+    ASSERT_FALSE(refused.ok()) << "a part took a root it cannot read";
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("checkpoint 'x' whose manifest cannot be read"),
+              std::string::npos)
+        << refused.status().to_string();
+    EXPECT_FALSE(fs::exists(dir / ".hpshard-part"));
+    EXPECT_FALSE(fs::exists(dir / "latest"));
+    PartState whole(0, 1, 0, 1);
+    auto taken = Checkpointer::create(whole, group(), dir.path(), small_chunks());
+    EXPECT_TRUE(taken.ok()) << taken.status().to_string();
+  }
+}
+
 // A model cut into four parts (mp 2 x pp 2, one rank each), whose saves did not complete on
 // every part: `latest` loads the newest checkpoint every part holds (each part's own order
 // of publication, folded over the mp group and then the pp group); with none in common every
@@ -1706,6 +1734,19 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
     EXPECT_NE(refused.message().find("pointer to the latest"), std::string::npos)
         << refused.message();
     EXPECT_EQ(*latest_checkpoint(dir.path()), "a");
+    // With the pointer gone (removed by hand) the folder is still a root; so is another
+    // folder holding a checkpoint and no pointer.
+    fs::rename(dir / "latest", dir / "latest.aside");
+    auto gone = export_safetensors(dir / "a", dir / "latest", false);
+    EXPECT_NE(gone.message().find("pointer to the latest"), std::string::npos) << gone.message();
+    EXPECT_FALSE(fs::exists(dir / "latest"));
+    fs::rename(dir / "latest.aside", dir / "latest");
+    TempDir other;
+    fs::copy(dir / "a", other / "b", fs::copy_options::recursive);
+    auto elsewhere = export_safetensors(dir / "a", other / "latest", false);
+    EXPECT_NE(elsewhere.message().find("pointer to the latest"), std::string::npos)
+        << elsewhere.message();
+    EXPECT_FALSE(fs::exists(other / "latest"));
   }
   {  // The file as any safetensors reader sees it.
     std::ifstream in(model, std::ios::binary);
