@@ -111,6 +111,7 @@ Status Stage3Engine::broadcast_parameters() {
   for (const auto& [unit, bytes] : unit_bytes) largest_unit = std::max(largest_unit, bytes);
   pool_->set_budget(static_cast<uint64_t>(options_.prefetch_window) * largest_unit);
   peak_resident_ = 0;
+  peak_live_units_ = 0;
   note_resident();
   return Status::Ok();
 }
@@ -119,7 +120,10 @@ uint64_t Stage3Engine::transient_bytes() const {
   return pool_->lent_bytes() + pool_->pooled_bytes();
 }
 
-void Stage3Engine::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+void Stage3Engine::note_resident() {
+  peak_resident_ = std::max(peak_resident_, resident_bytes());
+  peak_live_units_ = std::max(peak_live_units_, live_units());
+}
 
 StatusOr<void*> Stage3Engine::param_data(size_t index) {
   HPS_RETURN_IF_ERROR(check_sealed("a parameter view"));
@@ -181,6 +185,39 @@ Status Stage3Engine::start_gather(size_t b) {
   return Status::Ok();
 }
 
+int32_t Stage3Engine::live_units() const {
+  return schedule_.live_units([this](size_t b) { return !!buffers_[b].params; });
+}
+
+Status Stage3Engine::keep_window(int32_t unit) {
+  // A unit gathered out of the recorded order (a step whose order changed) would come on top
+  // of the units prefetched or kept live for that order: those not in use make room, so at
+  // most the window's units are live (units in use at once are never dropped).
+  auto live = [this](size_t b) { return !!buffers_[b].params; };
+  auto busy = [this](size_t b) { return buffers_[b].in_use; };
+  HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* mine, schedule_.unit_buffers(unit));
+  const bool here = std::any_of(mine->begin(), mine->end(), live);
+  int32_t count = schedule_.live_units(live) + (here ? 0 : 1);
+  while (count > schedule_.prefetch_window()) {
+    const int32_t victim = schedule_.unit_to_drop(unit, live, busy);
+    if (victim < 0) break;
+    HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* dropped, schedule_.unit_buffers(victim));
+    for (size_t b : *dropped) {
+      Unit& u = buffers_[b];
+      if (!u.params) continue;
+      // After its last reader: the compute stream when it was used (kept live across a
+      // release), else the all-gather itself.
+      HPS_RETURN_IF_ERROR(
+          pool_->give_back(std::move(u.params), u.used ? compute() : sharding_->stream()));
+      u.gathering.reset();
+      u.used = false;
+    }
+    ++dropped_;
+    --count;
+  }
+  return Status::Ok();
+}
+
 Status Stage3Engine::gather(int32_t unit) {
   HPS_RETURN_IF_ERROR(check_sealed("gather()"));
   if (!initialised_) {
@@ -189,6 +226,7 @@ Status Stage3Engine::gather(int32_t unit) {
         "values, before the first gather() (stage 3)");
   }
   HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* unit_buffers, schedule_.unit_buffers(unit));
+  HPS_RETURN_IF_ERROR(keep_window(unit));
   for (size_t b : *unit_buffers) {
     if (buffers_[b].params) ++found_in_flight_;
     HPS_RETURN_IF_ERROR(start_gather(b));

@@ -49,6 +49,13 @@ class Stage3Engine final : public EngineBase {
   uint64_t gathers_found_in_flight() const { return found_in_flight_; }
   // release() calls that kept their unit live because the recorded order gathers it next.
   uint64_t releases_kept_live() const { return kept_live_; }
+  // Units whose full parameters are live (gathered or in flight) now, and the most at once
+  // since broadcast_parameters().
+  int32_t live_units() const;
+  int32_t peak_live_units() const { return peak_live_units_; }
+  // Units prefetched (or kept live) for the recorded order and dropped unused to keep the
+  // window when a step gathered another unit (the order changed).
+  uint64_t units_dropped() const { return dropped_; }
   // Full buffers taken from the pool since seal(), and those of them allocated afresh.
   uint64_t full_buffers_taken() const { return pool_->takes(); }
   uint64_t fresh_full_buffers() const { return pool_->fresh_allocations(); }
@@ -65,6 +72,9 @@ class Stage3Engine final : public EngineBase {
   // The collectives' work handles; the units' full buffers stay (views may point there).
   void drop_stage_work() override;
   Status start_gather(size_t b);
+  // Before gather(unit) makes it live: drops live units not in use, the recorded order's
+  // farthest first, while the window would be exceeded.
+  Status keep_window(int32_t unit);
   // Buffer b's complete gradients reduce-scattered into its shard (after `ready`, when given).
   Status launch_reduce(size_t b, Stream* ready);
   void note_resident();
@@ -90,6 +100,8 @@ class Stage3Engine final : public EngineBase {
   uint64_t prefetched_ = 0;
   uint64_t found_in_flight_ = 0;
   uint64_t kept_live_ = 0;
+  uint64_t dropped_ = 0;
+  int32_t peak_live_units_ = 0;
 };
 
 }  // namespace hps

@@ -60,6 +60,39 @@ std::vector<size_t> Stage3Schedule::ahead_from(size_t first,
   return ahead;
 }
 
+int32_t Stage3Schedule::live_units(const std::function<bool(size_t)>& live) const {
+  int32_t count = 0;
+  for (const auto& [id, buffers] : units_) {
+    count += std::any_of(buffers.begin(), buffers.end(), live) ? 1 : 0;
+  }
+  return count;
+}
+
+int32_t Stage3Schedule::unit_to_drop(int32_t except, const std::function<bool(size_t)>& live,
+                                     const std::function<bool(size_t)>& busy) const {
+  int32_t chosen = -1;
+  size_t chosen_distance = 0;
+  for (const auto& [id, buffers] : units_) {
+    if (id == except || !std::any_of(buffers.begin(), buffers.end(), live) ||
+        std::any_of(buffers.begin(), buffers.end(), busy)) {
+      continue;
+    }
+    // How far ahead of the cursor the order gathers it next (not again this step: farthest).
+    size_t distance = order_.size() + 1;
+    for (size_t k = cursor_; k < order_.size(); ++k) {
+      if (order_[k] == id) {
+        distance = k - cursor_;
+        break;
+      }
+    }
+    if (chosen < 0 || distance > chosen_distance) {
+      chosen = id;
+      chosen_distance = distance;
+    }
+  }
+  return chosen;
+}
+
 bool Stage3Schedule::gathered_next(int32_t unit) const {
   return !recording_ && cursor_ < order_.size() && order_[cursor_] == unit;
 }

@@ -37,6 +37,14 @@ class Stage3Schedule {
 
   int32_t prefetch_window() const { return window_; }
 
+  // The units with a live buffer (`live(b)`).
+  int32_t live_units(const std::function<bool(size_t)>& live) const;
+  // A live unit other than `except` none of whose buffers is in use (`busy(b)`), the one the
+  // recorded order reaches last from the cursor (first: one it does not reach again this
+  // step); -1 when there is none.
+  int32_t unit_to_drop(int32_t except, const std::function<bool(size_t)>& live,
+                       const std::function<bool(size_t)>& busy) const;
+
  private:
   // The buffers of the units at order_[first...] not live yet, while fewer than the window
   // hold live buffers (counting these).

@@ -1945,7 +1945,8 @@ class Engine(Handle):
         self._h().set_learning_rate(float(learning_rate))
 
     def synchronize(self) -> None:
-        """Block until everything in flight has finished (one host sync)."""
+        """Block until everything in flight has finished (each wait it makes counts as a
+        host sync: one per stream or collective it waits for)."""
         self._h().synchronize()
         with self._lock:
             self._keep = []
@@ -1954,7 +1955,8 @@ class Engine(Handle):
         """A new float32 array of parameter ``index``'s shape holding its full value (fp16 /
         bf16 parameters give their fp32 master weights): for saving or evaluation.
         Collective over the sharding group: every rank calls it with the same index; it
-        blocks (one host sync) until the copy is done. Error OUT_OF_RANGE (no such
+        blocks until the copy is done (first finishing everything in flight, as
+        :meth:`synchronize`: each wait counts as a host sync). Error OUT_OF_RANGE (no such
         parameter), FAILED_PRECONDITION (not sealed; stage 3: before
         :meth:`broadcast_parameters`)."""
         np = _numpy()

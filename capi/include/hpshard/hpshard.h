@@ -1000,8 +1000,10 @@ typedef struct hps_engine_options {
   int32_t deterministic_clip;   /**< 1: the clip norm is bitwise layout-independent */
   int32_t accumulation_steps;   /**< micro-batches per step (default 1) */
   uint64_t alignment_bytes;     /**< parameter alignment in the flat buffers (default 256) */
-  int32_t prefetch_window;      /**< stage 3: units live at once, prefetch included (default 2);
-                                     the same on every rank of a sharding group */
+  int32_t prefetch_window;      /**< stage 3: units live at once, prefetch included (default 2;
+                                     a step gathering units out of the recorded order drops
+                                     units prefetched for it; more only while more are in use
+                                     at once); the same on every rank of a sharding group */
   int32_t dynamic_loss_scaling; /**< 1: multiply the loss by hps_engine_loss_scale; non-finite
                                      gradients skip the step on every rank (default 0) */
   float initial_loss_scale;     /**< default 65536 */
@@ -1098,7 +1100,8 @@ HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, 
  * Lay the parameters out and allocate the buffers (zero-filled). Collective over the
  * sharding and dp groups (and the groups of hps_engine_set_model_parallel_groups: their
  * members must share this rank's other coordinates, and the mp ranks must have registered
- * the same flags), host-blocking once at set-up: when any rank finds a difference (other
+ * the same flags), host-blocking at set-up only (its waits are counted as host syncs): when
+ * any rank finds a difference (other
  * parameters, groups whose members do not share those coordinates, other engine options
  * than compute_stream: stage, optimizer and hyperparameters, clipping, alignment, buckets,
  * accumulation, loss scaling; at stage 3 prefetch_window, within a sharding group, where it

@@ -240,6 +240,54 @@ TEST(Stage3, APatternUnlikeTheFirstStepsStillTrainsOnUpdatedParameters) {
   }
 }
 
+// A step whose order differs from the recorded one gathers a unit the prefetch did not
+// expect: the units prefetched (or kept live) for the old order are dropped rather than held
+// on top of it, so at most prefetch_window units are ever live (it was window + 1 at the
+// first gather of the changed step, and up to every unit after it).
+TEST(Stage3, AChangedOrderKeepsAtMostTheWindowLive) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (int32_t window : {1, 2, 3}) {
+    SCOPED_TRACE("prefetch_window " + std::to_string(window));
+    testing_util::run_ranks(2, [&](int32_t, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      EngineOptions options;
+      options.prefetch_window = window;
+      auto e = std::move(Stage3Engine::create(w, nullptr, options)).value();
+      for (int32_t u = 0; u < kUnits; ++u) {
+        ParamSpec p{"p" + std::to_string(u), {static_cast<int64_t>(128) << u}, DType::kFloat32};
+        p.unit = u;
+        ASSERT_TRUE(e->add_param(p).ok());
+      }
+      ASSERT_TRUE(e->seal().ok());
+      ASSERT_TRUE(e->broadcast_parameters().ok());
+      auto pass = [&](const std::vector<int32_t>& forward) {
+        for (int32_t u : forward) {
+          ASSERT_TRUE(e->gather(u).ok());
+          EXPECT_LE(e->live_units(), window) << "forward at unit " << u;
+          ASSERT_TRUE(e->release(u).ok());
+        }
+        for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
+          ASSERT_TRUE(e->gather(*it).ok());
+          EXPECT_LE(e->live_units(), window) << "backward at unit " << *it;
+          float* g = *e->grad(static_cast<size_t>(*it));
+          g[0] = 1.0f;
+          ASSERT_TRUE(e->grad_ready(static_cast<size_t>(*it), nullptr).ok());
+          ASSERT_TRUE(e->release(*it).ok());
+        }
+        ASSERT_TRUE(e->step().ok());
+        EXPECT_LE(e->live_units(), window) << "after step";
+      };
+      pass({0, 1, 2, 3});
+      pass({0, 1, 2, 3});
+      pass({3, 2, 1, 0});  // the order changed
+      pass({0, 1, 2, 3});
+      ASSERT_TRUE(e->synchronize().ok());
+      EXPECT_LE(e->peak_live_units(), window);
+      EXPECT_GT(e->units_dropped(), 0u);
+    });
+  }
+}
+
 TEST(Stage3, BadInputIsRefused) {
   if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
   testing_util::run_ranks(2, [](int32_t, Communicator& comm) {

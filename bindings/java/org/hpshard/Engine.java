@@ -596,7 +596,10 @@ public final class Engine extends Handle<EngineHandle> {
     }
   }
 
-  /** Blocks until everything in flight has finished (one host sync). */
+  /**
+   * Blocks until everything in flight has finished (each wait it makes counts as a host sync:
+   * one per stream or collective it waits for).
+   */
   public void synchronize() {
     try {
       h().synchronize();
@@ -609,8 +612,9 @@ public final class Engine extends Handle<EngineHandle> {
   /**
    * A new float[] holding the full value of parameter {@code index} (float16 / bfloat16
    * parameters give their float32 master weights), for saving or evaluation. Collective over
-   * the sharding group: every rank calls it with the same index; it blocks (one host sync)
-   * until the copy is done. OUT_OF_RANGE (no such parameter), FAILED_PRECONDITION (not
+   * the sharding group: every rank calls it with the same index; it blocks until the copy is
+   * done (first finishing everything in flight, as {@link #synchronize()}: each wait counts as
+   * a host sync). OUT_OF_RANGE (no such parameter), FAILED_PRECONDITION (not
    * sealed; stage 3: before {@link #broadcastParameters()}).
    */
   public float[] gatherParameter(int index) {

@@ -2019,8 +2019,10 @@ pub struct hps_engine_options {
     pub accumulation_steps: i32,
     #[doc = "< parameter alignment in the flat buffers (default 256)"]
     pub alignment_bytes: u64,
-    #[doc = "< stage 3: units live at once, prefetch included (default 2);"]
-    #[doc = "the same on every rank of a sharding group"]
+    #[doc = "< stage 3: units live at once, prefetch included (default 2;"]
+    #[doc = "a step gathering units out of the recorded order drops"]
+    #[doc = "units prefetched for it; more only while more are in use"]
+    #[doc = "at once); the same on every rank of a sharding group"]
     pub prefetch_window: i32,
     #[doc = "< 1: multiply the loss by hps_engine_loss_scale; non-finite"]
     #[doc = "gradients skip the step on every rank (default 0)"]
@@ -2522,7 +2524,8 @@ extern "C" {
     #[doc = " Lay the parameters out and allocate the buffers (zero-filled). Collective over the"]
     #[doc = " sharding and dp groups (and the groups of hps_engine_set_model_parallel_groups: their"]
     #[doc = " members must share this rank's other coordinates, and the mp ranks must have registered"]
-    #[doc = " the same flags), host-blocking once at set-up: when any rank finds a difference (other"]
+    #[doc = " the same flags), host-blocking at set-up only (its waits are counted as host syncs): when"]
+    #[doc = " any rank finds a difference (other"]
     #[doc = " parameters, groups whose members do not share those coordinates, other engine options"]
     #[doc = " than compute_stream: stage, optimizer and hyperparameters, clipping, alignment, buckets,"]
     #[doc = " accumulation, loss scaling; at stage 3 prefetch_window, within a sharding group, where it"]

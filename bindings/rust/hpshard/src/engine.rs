@@ -1309,8 +1309,8 @@ impl<'c> Engine<'c> {
     /// A copy of the full value of parameter `index` (`numel(index)` elements; float16 /
     /// bfloat16 parameters give their fp32 master weights), for saving or evaluation
     /// (`hps_engine_gather_parameter`). Collective over the sharding group: every rank
-    /// calls it with the same index. It first finishes everything in flight (one
-    /// counted host sync), as [`Engine::synchronize`] does.
+    /// calls it with the same index. It first finishes everything in flight (each wait
+    /// a counted host sync), as [`Engine::synchronize`] does.
     /// Errors: [`Status::OutOfRange`] (no such index), [`Status::FailedPrecondition`]
     /// (not sealed; stage 3: before [`Engine::broadcast_parameters`]), the
     /// communicators' errors (these poison the engine).
