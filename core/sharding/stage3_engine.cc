@@ -185,6 +185,16 @@ Status Stage3Engine::start_gather(size_t b) {
   return Status::Ok();
 }
 
+Status Stage3Engine::drop_parameters(Unit& u) {
+  // Back to the pool after its last reader: the compute stream's forward or backward, or,
+  // for a prefetched unit never used, the all-gather itself.
+  HPS_RETURN_IF_ERROR(
+      pool_->give_back(std::move(u.params), u.used ? compute() : sharding_->stream()));
+  u.gathering.reset();
+  u.used = false;
+  return Status::Ok();
+}
+
 int32_t Stage3Engine::live_units() const {
   return schedule_.live_units([this](size_t b) { return !!buffers_[b].params; });
 }
@@ -203,14 +213,7 @@ Status Stage3Engine::keep_window(int32_t unit) {
     if (victim < 0) break;
     HPS_ASSIGN_OR_RETURN(const std::vector<size_t>* dropped, schedule_.unit_buffers(victim));
     for (size_t b : *dropped) {
-      Unit& u = buffers_[b];
-      if (!u.params) continue;
-      // After its last reader: the compute stream when it was used (kept live across a
-      // release), else the all-gather itself.
-      HPS_RETURN_IF_ERROR(
-          pool_->give_back(std::move(u.params), u.used ? compute() : sharding_->stream()));
-      u.gathering.reset();
-      u.used = false;
+      if (buffers_[b].params) HPS_RETURN_IF_ERROR(drop_parameters(buffers_[b]));
     }
     ++dropped_;
     --count;
@@ -267,11 +270,7 @@ Status Stage3Engine::release(int32_t unit) {
     Unit& u = buffers_[b];
     u.in_use = false;
     if (gathered_next || !u.params) continue;
-    // Back to the pool after its last reader: the compute stream's forward or backward,
-    // or, for a prefetched unit never used, the all-gather itself.
-    HPS_RETURN_IF_ERROR(
-        pool_->give_back(std::move(u.params), u.used ? compute() : sharding_->stream()));
-    u.gathering.reset();
+    HPS_RETURN_IF_ERROR(drop_parameters(u));
   }
   return Status::Ok();
 }
@@ -370,10 +369,7 @@ Status Stage3Engine::step() {
   for (size_t b = 0; b < buffers_.size(); ++b) {
     Unit& u = buffers_[b];
     if (!u.params || u.in_use || !plan_.buffers()[b].trainable) continue;
-    HPS_RETURN_IF_ERROR(
-        pool_->give_back(std::move(u.params), u.used ? compute() : sharding_->stream()));
-    u.gathering.reset();
-    u.used = false;
+    HPS_RETURN_IF_ERROR(drop_parameters(u));
   }
   ++steps_;
   buckets_.stepped();

@@ -72,6 +72,9 @@ class Stage3Engine final : public EngineBase {
   // The collectives' work handles; the units' full buffers stay (views may point there).
   void drop_stage_work() override;
   Status start_gather(size_t b);
+  struct Unit;
+  // Gives a unit's live full parameters back to the pool after their last reader.
+  Status drop_parameters(Unit& u);
   // Before gather(unit) makes it live: drops live units not in use, the recorded order's
   // farthest first, while the window would be exceeded.
   Status keep_window(int32_t unit);
