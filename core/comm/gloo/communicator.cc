@@ -376,6 +376,9 @@ class GlooCommunicator::Op {
 
   ~Op() {
     for (auto& b : buffers_) comm_.unregister_buffer(b.get());
+    // Gloo's event loop may still be signalling a failed connection's other buffers (under
+    // their own locks): those live on until the communicator's transport is gone.
+    if (broken_) comm_.park_buffers(std::move(buffers_));
   }
 
   // Registers `bytes` at `pointer` with the transport; returns its index.
@@ -398,6 +401,7 @@ class GlooCommunicator::Op {
     try {
       buffers_[buffer_index]->send(peer, slot, offset, bytes);
     } catch (const ::gloo::IoException& e) {
+      broken_ = true;
       throw PeerFailure{{peer}, e.what()};
     }
     pending_sends_.push_back({buffer_index, peer});
@@ -407,6 +411,7 @@ class GlooCommunicator::Op {
     try {
       buffers_[buffer_index]->recv(peer, slot, offset, bytes);
     } catch (const ::gloo::IoException& e) {
+      broken_ = true;
       throw PeerFailure{{peer}, e.what()};
     }
     pending_recvs_.push_back({buffer_index, peer});
@@ -466,6 +471,7 @@ class GlooCommunicator::Op {
       done = receiving ? buffers_[buffer]->waitRecv(&peer, remaining())
                        : buffers_[buffer]->waitSend(&peer, remaining());
     } catch (const ::gloo::IoException& e) {
+      broken_ = true;
       std::vector<int32_t> owed;
       for (const Pending& p : list) {
         if (p.buffer == buffer && std::find(owed.begin(), owed.end(), p.peer) == owed.end()) {
@@ -477,7 +483,10 @@ class GlooCommunicator::Op {
       }
       throw PeerTimeout{std::move(owed), receiving};
     }
-    if (!done) throw AbortedByUser();
+    if (!done) {
+      broken_ = true;
+      throw AbortedByUser();
+    }
     auto it = std::find_if(list.begin(), list.end(),
                            [&](const Pending& p) { return p.buffer == buffer && p.peer == peer; });
     list.erase(it != list.end() ? it : list.begin());
@@ -488,6 +497,7 @@ class GlooCommunicator::Op {
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers_;
   std::vector<Pending> pending_sends_;
   std::vector<Pending> pending_recvs_;
+  bool broken_ = false;  // a wait or a post failed: the transport may still touch the buffers
 };
 
 namespace {
@@ -596,7 +606,7 @@ GlooCommunicator::~GlooCommunicator() {
   waiter_cv_.notify_all();
   waiter_.join();
   shm_.reset();  // tells same-host peers still waiting for this rank that it has gone
-  bool healthy = !aborted_;
+  bool healthy = !aborted_ && parked_.empty();
   {
     std::lock_guard lock(failure_mutex_);
     healthy = healthy && failure_.ok();
@@ -604,6 +614,13 @@ GlooCommunicator::~GlooCommunicator() {
   // After an abort or a failure the peers must learn at once that this rank is gone.
   if (healthy && context_) ContextReaper::instance().retire(std::move(context_));
   context_.reset();
+  parked_.clear();  // the transport is gone: nothing signals them any more
+}
+
+void GlooCommunicator::park_buffers(
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers) {
+  std::lock_guard lock(buffers_mutex_);
+  for (auto& b : buffers) parked_.push_back(std::move(b));
 }
 
 StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr<Store> store,

@@ -181,6 +181,9 @@ class GlooCommunicator final : public Communicator {
 
   std::mutex buffers_mutex_;
   std::set<::gloo::transport::UnboundBuffer*> active_buffers_;
+  // The buffers of operations whose transfers failed, kept until the transport goes.
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> parked_;
+  void park_buffers(std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers);
   std::vector<std::vector<uint8_t>> scratch_;
 
   // Posted point-to-point transfers, completed off the stream by `waiter_`.
