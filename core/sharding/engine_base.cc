@@ -64,7 +64,10 @@ Status EngineBase::init_device() {
   HPS_ASSIGN_OR_RETURN(kernels_, kernels_for(device_.type));
   HPS_ASSIGN_OR_RETURN(optimizer_stream_, create_stream(device_));
   optimizer_stream_->set_name("optimizer");
-  if (options_.compute_stream != nullptr) {
+  // A CPU framework computes on the calling thread, which orders the engine's work by
+  // blocking in its calls; a CPU stream given as the compute stream is kept alive by the
+  // caller and not used (its worker thread would take the waits off the calling thread).
+  if (options_.compute_stream != nullptr && device_.type != DeviceType::kCpu) {
     compute_ = options_.compute_stream;
   } else {
     HPS_ASSIGN_OR_RETURN(default_compute_, default_compute_stream(device_));

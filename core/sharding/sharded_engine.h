@@ -49,8 +49,9 @@ struct EngineOptions {
   // The stream the framework runs forward and backward on (on the communicators' device).
   // gather() makes it wait for the unit's all-gather, release() frees the unit after the
   // work queued on it, grad_ready() without a `ready` stream orders the reduction after it.
-  // Null: on the CPU the calling thread (waits block it: dependency waits); on CUDA the
-  // legacy default stream.
+  // On the CPU always the calling thread (waits block it: dependency waits; a CPU stream
+  // given here is checked for its device and not used); null on CUDA: the legacy default
+  // stream.
   Stream* compute_stream = nullptr;
 };
 

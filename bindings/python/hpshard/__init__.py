@@ -1286,7 +1286,10 @@ class HybridGroup(Handle):
 
     def comm(self, kind: int) -> Communicator:
         """A new Communicator handle for this rank's group of ``kind`` (it stays valid after
-        the hybrid group is closed; close it yourself)."""
+        the hybrid group is closed; close it yourself). Every handle of one kind is that one
+        communicator: one thread at a time across all of them (two threads each calling
+        collectives on its own handle pair them differently on each rank: wrong results).
+        A communicator of its own for another thread: :meth:`Communicator.split`."""
         try:
             name = Group(kind).name.lower()
         except ValueError:
@@ -1580,7 +1583,9 @@ class ParamFlag(enum.IntFlag):
 class EngineOptions:
     """Engine options (hps_engine_options_t); :meth:`defaults` reads the library's.
     ``compute_stream``: the framework's compute stream (a :class:`Stream` on the engine's
-    device, or None: the calling thread on CPU, the legacy default stream on CUDA).
+    device; None: the legacy default stream on CUDA). A CPU engine's framework computes on the
+    calling thread, whose calls order the engine's work: a CPU stream is checked and kept,
+    not used.
     ``bucket_bytes`` > 0 caps a flat buffer (bucket) of a unit's parameters of one dtype at
     that many bytes, so one unit is reduced in several collectives overlapping its
     backward (:meth:`Engine.param_bucket`); 0: one bucket per unit and dtype."""

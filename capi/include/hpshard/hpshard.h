@@ -802,7 +802,10 @@ HPS_API hps_status_t hps_hybrid_group_destroy(hps_hybrid_group_t* group);
 
 /**
  * A new handle to this rank's communicator of `group` (it shares the communicator with the
- * hybrid group); the caller owns it and frees it with hps_comm_destroy.
+ * hybrid group); the caller owns it and frees it with hps_comm_destroy. Every handle taken
+ * for one kind is that one communicator: one thread at a time across all of them (two
+ * threads each issuing collectives on its own handle pair them differently on each rank).
+ * A communicator of its own for another thread: hps_comm_split.
  */
 HPS_API hps_status_t hps_hybrid_group_comm(hps_hybrid_group_t* group, hps_group_t kind,
                                            hps_comm_t** out_comm);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -161,6 +162,45 @@ TEST(Stage2, BadInputIsRefusedAndChangesNothing) {
   });
   EXPECT_EQ(Stage2Engine::create(nullptr, nullptr, {}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// A CPU engine given a CPU stream as its compute stream keeps it alive and nothing more (the
+// header): the framework computes on the calling thread, so wait_parameters and step order
+// the engine's work by blocking that thread. The stream was used as the compute stream, and
+// wait_parameters queued its wait on that stream's worker thread instead: the views held the
+// previous step's values while the optimizer was still writing them.
+TEST(Engine, ACpuComputeStreamLeavesTheCallingThreadOrderingTheWork) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  constexpr size_t kNumel = size_t{1} << 22;
+  for (const int32_t stage : {2, 3}) {
+    testing_util::run_ranks(2, [stage](int32_t, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      std::shared_ptr<Stream> compute = std::move(create_stream(comm.device())).value();
+      EngineOptions o;
+      o.sgd = {0.5f, 0.0f, 0.0f, false};
+      o.compute_stream = compute.get();
+      auto e = std::move(create_sharded_engine(stage, w, nullptr, o)).value();
+      ASSERT_TRUE(e->add_param({"w", {static_cast<int64_t>(kNumel)}, DType::kFloat32}).ok());
+      ASSERT_TRUE(e->seal().ok());
+      std::fill_n(*e->param(0), kNumel, 1.0f);
+      ASSERT_TRUE(e->broadcast_parameters().ok());
+      for (int step = 1; step <= 3; ++step) {
+        ASSERT_TRUE(e->gather(0).ok());
+        std::fill_n(*e->grad(0), kNumel, 1.0f);
+        ASSERT_TRUE(e->grad_ready(0, nullptr).ok());
+        ASSERT_TRUE(e->release(0).ok());
+        ASSERT_TRUE(e->step().ok());
+        ASSERT_TRUE(e->gather(0).ok());  // stage 2: wait_parameters
+        const float want = 1.0f - 0.5f * static_cast<float>(step);
+        const float* v = *e->param(0);
+        const size_t stale = kNumel - static_cast<size_t>(std::count(v, v + kNumel, want));
+        EXPECT_EQ(stale, 0u) << "stage " << stage << " step " << step << ": " << stale
+                             << " values differ from " << want << " after gather";
+        ASSERT_TRUE(e->release(0).ok());
+      }
+      ASSERT_TRUE(e->synchronize().ok());
+    });
+  }
 }
 
 // Calls that do not fit a parameter are refused naming it, at either stage: views before

@@ -169,8 +169,10 @@ public final class Engine extends Handle<EngineHandle> {
     }
 
     /**
-     * The framework's compute stream, on the engine's device (default none: the calling
-     * thread on CPU, the legacy default stream on CUDA); the engine keeps it alive.
+     * The framework's compute stream, on the engine's device (default none: the legacy
+     * default stream on CUDA); the engine keeps it alive. A CPU engine's framework computes
+     * on the calling thread, whose calls order the engine's work: a CPU stream is checked
+     * and kept, not used.
      */
     public Options computeStream(Stream computeStream) {
       this.computeStream = computeStream;

@@ -37,7 +37,13 @@ public final class HybridGroup extends Handle<HybridGroupHandle> {
     return topology;
   }
 
-  /** A new Communicator for this rank's group of {@code kind}; the caller closes it. */
+  /**
+   * A new Communicator handle for this rank's group of {@code kind}; the caller closes it.
+   * Every handle of one kind is that one communicator: one thread at a time across all of
+   * them (two threads each calling collectives on its own handle pair them differently on
+   * each rank: wrong results). A communicator of its own for another thread: {@link
+   * Communicator#split}.
+   */
   public Communicator comm(Group kind) {
     try {
       Objects.requireNonNull(kind, "kind");

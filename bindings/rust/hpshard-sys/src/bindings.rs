@@ -1679,7 +1679,10 @@ extern "C" {
 }
 extern "C" {
     #[doc = " A new handle to this rank's communicator of `group` (it shares the communicator with the"]
-    #[doc = " hybrid group); the caller owns it and frees it with hps_comm_destroy."]
+    #[doc = " hybrid group); the caller owns it and frees it with hps_comm_destroy. Every handle taken"]
+    #[doc = " for one kind is that one communicator: one thread at a time across all of them (two"]
+    #[doc = " threads each issuing collectives on its own handle pair them differently on each rank)."]
+    #[doc = " A communicator of its own for another thread: hps_comm_split."]
     pub fn hps_hybrid_group_comm(
         group: *mut hps_hybrid_group_t,
         kind: hps_group_t,

@@ -850,7 +850,9 @@ impl<'c> Engine<'c> {
 
     /// As [`Engine::new`], with the framework's compute stream (`compute_stream` of the
     /// engine options): a stream on the engine's device, which the library keeps alive
-    /// for the engine (it may be dropped after this call).
+    /// for the engine (it may be dropped after this call). A CPU engine's framework
+    /// computes on the calling thread, whose calls order the engine's work: a CPU stream
+    /// is checked and kept, not used.
     /// Errors: as [`Engine::new`]; [`Status::InvalidArgument`] for a stream on another
     /// device.
     pub fn with_compute_stream(
