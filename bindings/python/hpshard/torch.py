@@ -52,7 +52,12 @@ averages over the ranks and micro-batches once. A parameter registered twice (ti
 weights) is one parameter. ``requires_grad=False`` parameters are frozen (never updated,
 no gradient, still sharded). A trainable parameter that got no gradient in a backward is
 checked in with a zero gradient at the end of it (torch.optim would skip it: AdamW's
-decay and moments still advance here). A backward that completes no trainable
+decay and moments still advance here). At stage 3 the parameters left without one must be
+the same on every rank, as with FSDP's and ZeRO-3's units: a unit's gradients are
+reduce-scattered where its last one arrives, so a parameter only some ranks use (a branch
+taken by the data, an expert given no tokens) makes the ranks' collectives differ, refused
+as INVALID_ARGUMENT naming both calls where arguments are checked (CPU groups by default);
+stage 2 takes it, as DDP's ``find_unused_parameters``. A backward that completes no trainable
 parameter's gradient (``torch.autograd.grad``, ``backward(inputs=...)``) is not a
 micro-batch: the engine does not see it. Buffers (BatchNorm's running statistics) stay each
 rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives the calling
@@ -484,8 +489,8 @@ class ShardedModule(torch.nn.Module):
         self._install_grad_hooks()
         self._start_engine(initial=[p.data for p in self._params])
         self._install_module_hooks()
-        self._loaded_prefix: Optional[str] = None
-        self.register_load_state_dict_post_hook(ShardedModule._forget_inner_missing)
+        self._hidden_modules: Optional[Dict[str, Any]] = None
+        self.register_load_state_dict_post_hook(ShardedModule._unhide_modules)
 
     # ---- set-up --------------------------------------------------------------------
     def _plan_units(self, units: Any) -> None:
@@ -1372,24 +1377,24 @@ class ShardedModule(torch.nn.Module):
         """nn.Module.load_state_dict of a module holding this one: the entries under
         ``prefix`` as :meth:`load_state_dict` takes them (every rank must load)."""
         entries = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        # torch goes on into this module's children next (self.module, under prefix +
+        # "module.", where no entry is: the keys are the plain module's, loaded here), then
+        # runs this module's load post-hooks. The children are hidden until then: they
+        # would report every key missing, and a BatchNorm, finding no version for its
+        # prefix, would set num_batches_tracked to 0 over the value loaded here.
         try:
             missing, unexpected = self._load_entries(entries, False)
-        except RuntimeError as e:
+        except RuntimeError as e:  # refused on every rank: torch raises after the hooks
             error_msgs.append(str(e))
-            return
+            missing, unexpected = [], []
+        self._hidden_modules, self._modules = self._modules, collections.OrderedDict()
         missing_keys.extend(prefix + k for k in missing)
         unexpected_keys.extend(prefix + k for k in unexpected)
-        # torch goes on into self.module under prefix + "module.", where no entry is: what
-        # it reports missing there was loaded (or reported) above.
-        self._loaded_prefix = prefix + "module."
 
     @staticmethod
-    def _forget_inner_missing(module: "ShardedModule", incompatible: Any) -> None:
-        inner = getattr(module, "_loaded_prefix", None)
-        if inner is not None:
-            incompatible.missing_keys[:] = [
-                k for k in incompatible.missing_keys if not k.startswith(inner)]
-            module._loaded_prefix = None
+    def _unhide_modules(module: "ShardedModule", incompatible: Any) -> None:
+        if module._hidden_modules is not None:
+            module._modules, module._hidden_modules = module._hidden_modules, None
 
     def _load_entries(self, state_dict: Dict[str, torch.Tensor],
                       strict: bool) -> Tuple[List[str], List[str]]:

@@ -1370,6 +1370,91 @@ def test_a_module_holding_a_sharded_module_saves_and_loads_it(stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_holding_modules_load_keeps_the_wrapped_buffers_it_loads(stage):
+    """Through a module holding a ShardedModule, torch went on into the wrapped module's
+    children under "module." with no entries; BatchNorm, finding no version there, set
+    num_batches_tracked to 0 after the wrapper had loaded it (momentum=None's cumulative
+    average then drifted), also on a load refused as a whole."""
+    def rank_main(rank, world):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
+        with hpt.ShardedModule(net, world, stage=stage, optimizer="sgd", lr=0.0) as sharded:
+            container = torch.nn.ModuleDict({"m": sharded})
+            for step in range(2):
+                x = torch.randn(8, 4, generator=torch.Generator().manual_seed(10 * rank + step))
+                sharded(x).pow(2).mean().backward()
+                sharded.step()
+            saved = container.state_dict()
+            assert saved["m.1.num_batches_tracked"].item() == 2
+            result = container.load_state_dict(saved)
+            assert not result.missing_keys and not result.unexpected_keys
+            after = sharded.state_dict()
+            for key in ("1.num_batches_tracked", "1.running_mean", "1.running_var"):
+                assert torch.equal(after[key], saved["m." + key]), key
+            partial = dict(saved)
+            del partial["m.0.bias"]
+            with pytest.raises(RuntimeError, match="m.0.bias"):
+                container.load_state_dict(partial)
+            assert sharded.state_dict()["1.num_batches_tracked"].item() == 2
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
+
+
+class _Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 4)
+        self.fc2 = torch.nn.Linear(4, 4)
+        self.branch = torch.nn.Linear(4, 4)  # in the rest unit, used where the data says
+
+    def forward(self, x, use_branch):
+        h = self.fc1(x)
+        z = self.fc2(h)
+        return z + self.branch(h) if use_branch else z
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_parameter_only_some_ranks_use(stage):
+    """Stage 2 trains it as DDP (find_unused_parameters): rank 1's zero gradient averaged
+    in. Stage 3 reduce-scatters a unit where its last gradient arrives, so the ranks'
+    collectives differ: refused on the ranks, naming both calls (as the module says)."""
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
+
+    def rank_main(rank, world):
+        torch.manual_seed(0)
+        model = hpt.ShardedModule(_Branchy(), world, stage=stage, units=["fc1", "fc2"],
+                                  optimizer="sgd", lr=0.1)
+        try:
+            for _ in range(2):
+                model(x, use_branch=rank == 0).pow(2).mean().backward()
+                model.step()
+            return model.state_dict()
+        except hpshard.Error as e:  # INVALID_ARGUMENT, or ABORTED after it
+            world.abort()
+            return str(e)
+        finally:
+            if stage == 2:
+                model.close()
+
+    results = run_ranks(2, rank_main)
+    if stage == 3:
+        assert any("ranks disagree on the call" in r for r in results if isinstance(r, str))
+        return
+    torch.manual_seed(0)
+    ref = _Branchy()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        for r in range(2):
+            (ref(x, use_branch=r == 0).pow(2).mean() / 2).backward()
+        opt.step()
+    for state in results:
+        for key, want in ref.state_dict().items():
+            assert relative(state[key], want) <= 1e-6, key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_input_gradients_through_the_model_are_not_a_micro_batch(stage):
     """torch.autograd.grad through the model (saliency, an input-gradient penalty, a
     gradient with respect to parameters) accumulates no parameter's gradient: it was counted
