@@ -83,39 +83,53 @@ struct Owner {
   std::string describe() const { return "job '" + id + "' (rank 0 is " + process.describe() + ")"; }
 };
 
-Status check_job_id(const std::string& id, const std::string& variable) {
+// `what` names where `id` (or a part of one) came from: "environment variable SLURM_JOB_ID".
+Status check_job_id(const std::string& id, const std::string& what) {
   if (id.size() > kMaxJobIdBytes) {
-    return invalid_argument("environment variable " + variable + " holds a job id of " +
-                            std::to_string(id.size()) + " bytes; at most " +
-                            std::to_string(kMaxJobIdBytes) + " are allowed");
+    return invalid_argument(what + " holds " + std::to_string(id.size()) +
+                            " bytes; a job id takes at most " + std::to_string(kMaxJobIdBytes));
   }
   for (char ch : id) {
     const auto byte = static_cast<unsigned char>(ch);
     if (byte < 0x20 || byte == 0x7F) {
-      return invalid_argument("environment variable " + variable +
-                              " holds a control character in its job id");
+      return invalid_argument(what + " holds a control character; a job id takes none");
     }
   }
   return Status::Ok();
 }
 
 // A job id from `variables` joined by ':' ("name" or "name:count"); empty when the first
-// is unset. `none` is a value that counts as unset (torchrun's default run id).
+// is unset. `none` is a value that counts as unset (torchrun's default run id). Each value
+// is checked on its own, so a message names the variable that holds the bad one and that
+// value's length; a job id too long only once the prefix and the other values join it
+// names them all with their lengths.
 StatusOr<JobIdentity> identity_from(const std::string& prefix,
                                     std::initializer_list<const char*> variables,
                                     const char* none = nullptr) {
   JobIdentity identity;
   auto first = env_string(*variables.begin());
   if (!first || first->empty() || (none && *first == none)) return identity;
-  identity.id = prefix + *first;
-  identity.source = *variables.begin();
-  for (auto it = variables.begin() + 1; it != variables.end(); ++it) {
-    if (auto more = env_string(*it)) {
-      identity.id += ":" + *more;
-      identity.source += std::string(", ") + *it;
+  identity.id = prefix;
+  std::string lengths;
+  for (const char* variable : variables) {
+    auto value = env_string(variable);
+    if (!value) continue;
+    HPS_RETURN_IF_ERROR(check_job_id(*value, std::string("environment variable ") + variable));
+    if (!identity.source.empty()) {
+      identity.id += ":";
+      identity.source += ", ";
+      lengths += ", ";
     }
+    identity.id += *value;
+    identity.source += variable;
+    lengths += std::string(variable) + " (" + std::to_string(value->size()) + " bytes)";
   }
-  HPS_RETURN_IF_ERROR(check_job_id(identity.id, *variables.begin()));
+  if (identity.id.size() > kMaxJobIdBytes) {
+    return invalid_argument("the job id made of " +
+                            (prefix.empty() ? std::string() : "'" + prefix + "' and ") + lengths +
+                            " is " + std::to_string(identity.id.size()) + " bytes; at most " +
+                            std::to_string(kMaxJobIdBytes) + " are allowed");
+  }
   return identity;
 }
 
@@ -391,9 +405,10 @@ StatusOr<std::shared_ptr<Store>> join_job(std::shared_ptr<Store> store, int32_t 
   if (!store) return invalid_argument("join_job: the store is null");
   if (rank < 0) return invalid_argument("join_job: rank " + std::to_string(rank) + " < 0");
   if (!options.identity.id.empty()) {
-    HPS_RETURN_IF_ERROR(check_job_id(options.identity.id, options.identity.source.empty()
-                                                              ? std::string("the job id")
-                                                              : options.identity.source));
+    HPS_RETURN_IF_ERROR(
+        check_job_id(options.identity.id, options.identity.source.empty()
+                                              ? std::string("the job id")
+                                              : "the job id from " + options.identity.source));
   }
   Joiner joiner(*store, rank, options, timeout);
   HPS_ASSIGN_OR_RETURN(int64_t ticket, rank == 0 ? joiner.take_over() : joiner.join());

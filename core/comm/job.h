@@ -27,8 +27,10 @@ struct JobIdentity {
 // In this priority: HPS_JOB_ID (hpshard-run sets it); torchrun's TORCHELASTIC_RUN_ID with
 // TORCHELASTIC_RESTART_COUNT ("none" counts as unset); Open MPI's PMIX_NAMESPACE or
 // OMPI_MCA_ess_base_jobid; Slurm's SLURM_JOB_ID with SLURM_STEP_ID and SLURM_RESTART_COUNT.
-// An empty id when none is set; INVALID_ARGUMENT naming the variable when one is malformed
-// (longer than 256 bytes or holding control characters).
+// An empty id when none is set; INVALID_ARGUMENT naming the variable whose value is malformed
+// (a control character, or longer than 256 bytes: its own length), or, when the id the
+// values make with their prefix ("slurm:") is longer than 256 bytes, each variable with its
+// length.
 StatusOr<JobIdentity> job_identity_from_env();
 
 struct JobOptions {

@@ -313,6 +313,31 @@ TEST(Job, IdentityComesFromTheLaunchersVariables) {
   EXPECT_NE(bad.status().message().find("HPS_JOB_ID"), std::string::npos);
   ::setenv("HPS_JOB_ID", std::string(300, 'x').c_str(), 1);
   EXPECT_EQ(job_identity_from_env().status().code(), StatusCode::kInvalidArgument);
+  ::unsetenv("HPS_JOB_ID");
+  // A message names the variable that holds the bad value, with that value's own length.
+  auto message_of = [](StatusOr<JobIdentity> r) {
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "\001", 1);
+  auto control = message_of(job_identity_from_env());
+  EXPECT_NE(control.find("TORCHELASTIC_RESTART_COUNT holds a control character"), std::string::npos)
+      << control;
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+  ::setenv("SLURM_JOB_ID", "5", 1);
+  ::setenv("SLURM_STEP_ID", std::string(300, '1').c_str(), 1);
+  auto step = message_of(job_identity_from_env());
+  EXPECT_NE(step.find("SLURM_STEP_ID holds 300 bytes"), std::string::npos) << step;
+  EXPECT_EQ(step.find("SLURM_JOB_ID"), std::string::npos) << step;
+  ::unsetenv("SLURM_STEP_ID");
+  ::setenv("SLURM_JOB_ID", std::string(251, '7').c_str(), 1);
+  auto joined = message_of(job_identity_from_env());
+  EXPECT_NE(joined.find("SLURM_JOB_ID (251 bytes)"), std::string::npos) << joined;
+  EXPECT_NE(joined.find("'slurm:'"), std::string::npos) << joined;
+  EXPECT_NE(joined.find("is 257 bytes"), std::string::npos) << joined;
+  ::setenv("SLURM_JOB_ID", std::string(250, '7').c_str(), 1);
+  EXPECT_EQ(job_identity_from_env()->id, "slurm:" + std::string(250, '7'));
   for (const char* n : names) {
     auto it = saved.find(n);
     if (it != saved.end()) {
