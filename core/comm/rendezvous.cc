@@ -49,17 +49,19 @@ StatusOr<uint16_t> parse_port(std::string_view text) {
   if (text.empty() || error != std::errc() || end != last || value < 1 || value > 65535) {
     // Appended, not "'" + ...: gcc 12 at -O3 warns falsely (-Wrestrict) on that operator+.
     std::string message = "'";
-    message.append(text);
+    message.append(shown_value(text));
     message += "' is not a port number (1-65535)";
     return invalid_argument(std::move(message));
   }
   return static_cast<uint16_t>(value);
 }
 
+// Every message shows the URL (and its parts) through shown_value: it comes from outside.
 StatusOr<StoreUrl> parse_store_url(const std::string& url) {
+  const std::string shown = shown_value(url);
   const auto separator = url.find("://");
   if (separator == std::string::npos) {
-    return invalid_argument("store URL '" + url +
+    return invalid_argument("store URL '" + shown +
                             "' has no scheme: use file:///path, tcp://host:port or memory://name");
   }
   StoreUrl parsed;
@@ -67,12 +69,12 @@ StatusOr<StoreUrl> parse_store_url(const std::string& url) {
   const std::string rest = url.substr(separator + 3);
   if (parsed.scheme == "file") {
     if (rest.empty() || rest[0] != '/') {
-      return invalid_argument("store URL '" + url + "': a file store needs an absolute path, " +
+      return invalid_argument("store URL '" + shown + "': a file store needs an absolute path, " +
                               "file:///path");
     }
     parsed.path = rest;
   } else if (parsed.scheme == "memory") {
-    if (rest.empty()) return invalid_argument("store URL '" + url + "' names no memory store");
+    if (rest.empty()) return invalid_argument("store URL '" + shown + "' names no memory store");
     parsed.path = rest;
   } else if (parsed.scheme == "tcp") {
     // host:port, or [ipv6]:port
@@ -81,19 +83,19 @@ StatusOr<StoreUrl> parse_store_url(const std::string& url) {
     if (!rest.empty() && rest[0] == '[') {
       const auto close = rest.find("]:");
       if (close == std::string::npos) {
-        return invalid_argument("store URL '" + url + "': expected tcp://[address]:port");
+        return invalid_argument("store URL '" + shown + "': expected tcp://[address]:port");
       }
       host = rest.substr(1, close - 1);
       port = rest.substr(close + 2);
     } else {
       const auto colon = rest.rfind(':');
       if (colon == std::string::npos) {
-        return invalid_argument("store URL '" + url + "': expected tcp://host:port");
+        return invalid_argument("store URL '" + shown + "': expected tcp://host:port");
       }
       host = rest.substr(0, colon);
       port = rest.substr(colon + 1);
     }
-    if (host.empty()) return invalid_argument("store URL '" + url + "' names no host");
+    if (host.empty()) return invalid_argument("store URL '" + shown + "' names no host");
     // A host name, an IPv4 address or, in brackets, an IPv6 one (with its zone): nothing a
     // resolver would take for something else (a space, a slash, a bracket, a control
     // character, a second port).
@@ -104,20 +106,19 @@ StatusOr<StoreUrl> parse_store_url(const std::string& url) {
              (bracketed && (c == ':' || c == '%'));
     });
     if (!host_ok) {
-      return invalid_argument("store URL '" + shown_value(url) + "': the host '" +
-                              shown_value(host) +
+      return invalid_argument("store URL '" + shown + "': the host '" + shown_value(host) +
                               "' is not a host name or an IP address (letters, digits, '.', "
                               "'-', '_'; an IPv6 address in brackets)");
     }
     auto parsed_port = parse_port(port);
     if (!parsed_port.ok()) {
-      return parsed_port.status().with_context("store URL '" + url + "'");
+      return parsed_port.status().with_context("store URL '" + shown + "'");
     }
     parsed.path = host;
     parsed.port = *parsed_port;
   } else {
-    return invalid_argument("store URL '" + url + "' has the unknown scheme '" + parsed.scheme +
-                            "': use file://, tcp:// or memory://");
+    return invalid_argument("store URL '" + shown + "' has the unknown scheme '" +
+                            shown_value(parsed.scheme) + "': use file://, tcp:// or memory://");
   }
   return parsed;
 }
@@ -269,7 +270,7 @@ StatusOr<StoreOptions> store_options_from_env(const std::string& url, int32_t ra
     if (taken) return options;
     HPS_ASSIGN_OR_RETURN(int64_t fd, env_int("HPS_STORE_FD", -1));
     if (fd < 0 || fd > std::numeric_limits<int>::max()) {
-      return invalid_argument("environment variable HPS_STORE_FD=" + *fd_text +
+      return invalid_argument("environment variable HPS_STORE_FD=" + shown_value(*fd_text) +
                               " is not a file descriptor");
     }
     HPS_ASSIGN_OR_RETURN(auto listener, net::adopt_listener(static_cast<int>(fd),
@@ -311,7 +312,7 @@ StatusOr<std::string> store_bind_address(const std::string& host) {
     }
     if (address && ::inet_ntop(a->ai_family, address, text, sizeof text)) return std::string(text);
   }
-  return unavailable("cannot resolve '" + host + "' to an address to listen on");
+  return unavailable("cannot resolve '" + shown_value(host) + "' to an address to listen on");
 }
 
 StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank,
@@ -359,7 +360,7 @@ StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank
   JobOptions job;
   job.identity = options.job;
   job.world_size = options.world_size;
-  job.where = url;
+  job.where = shown_value(url);  // for messages: the URL comes from outside
   return join_job(std::move(store), rank, job, timeout);
 }
 

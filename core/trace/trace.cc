@@ -77,7 +77,7 @@ int64_t env_rank(const char* name) {
   int64_t v = -1;
   auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
   if (ec != std::errc() || end != text->data() + text->size() || v < 0 || v >= (int64_t{1} << 30)) {
-    HPS_LOG(kWarn) << "trace: " << name << "='" << *text
+    HPS_LOG(kWarn) << "trace: " << name << "='" << shown_value(*text)
                    << "' is not a rank; the trace names the process by its id";
     return -1;
   }

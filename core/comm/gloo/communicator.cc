@@ -282,7 +282,7 @@ StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
       attr.hostname = host;
       slot = ::gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& e) {
-      return backend_error("cannot open a Gloo TCP device on '" + host +
+      return backend_error("cannot open a Gloo TCP device on '" + shown_value(host) +
                            "' (set HPS_COMM_HOST to this host's address): " + e.what());
     }
   }

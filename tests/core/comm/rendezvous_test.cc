@@ -13,8 +13,10 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "core/comm/socket.h"
+#include "core/common/env.h"
 
 namespace hps {
 namespace {
@@ -297,6 +299,42 @@ TEST_F(RendezvousEnv, MalformedValuesAreNamed) {
   }
   set("HPS_STORE", "tcp://[fe80::1%lo]:29500");  // an IPv6 address with its zone
   EXPECT_TRUE(rendezvous_from_env().ok());
+}
+
+// HPS_STORE and MASTER_PORT come from outside: a message shows at most 64 of their bytes,
+// the others as \xNN, never a terminal escape or a value's whole length.
+TEST_F(RendezvousEnv, StoreAndPortValuesAreShownEscapedAndCut) {
+  auto expect_shown = [](const Status& status, const char* variable, size_t length) {
+    const std::string message(status.message());
+    EXPECT_NE(message.find(variable), std::string::npos) << message;
+    EXPECT_FALSE(has_control_bytes(message)) << shown_value(message);
+    EXPECT_LT(message.size(), 400u) << shown_value(message);
+    if (length > 64) {
+      EXPECT_NE(message.find("(" + std::to_string(length) + " bytes)"), std::string::npos)
+          << message;
+    } else {
+      EXPECT_NE(message.find("\\x1b"), std::string::npos) << message;
+    }
+  };
+  set("HPS_RANK", "0");
+  set("HPS_WORLD_SIZE", "1");
+  const std::string long_value(100000, 'a');
+  for (const std::string& url : std::vector<std::string>{
+           "\033[2J\033[31mEVIL", long_value, "file://" + long_value, long_value + "://x",
+           "tcp://" + long_value, "tcp://[" + long_value, "tcp://host:" + long_value,
+           "tcp://host:\033]0;pwned\007", "tcp://:1\033[2J", "\033[2J://x"}) {
+    set("HPS_STORE", url.c_str());
+    expect_shown(failure(), "HPS_STORE", url.size());
+  }
+  SetUp();
+  set("RANK", "0");
+  set("WORLD_SIZE", "1");
+  set("MASTER_ADDR", "localhost");
+  for (const std::string& port :
+       std::vector<std::string>{"\033]0;pwned\007", std::string(100000, '1')}) {
+    set("MASTER_PORT", port.c_str());
+    expect_shown(failure(), "MASTER_PORT", port.size());
+  }
 }
 
 TEST_F(RendezvousEnv, StoreOptionsComeFromTheEnvironment) {
