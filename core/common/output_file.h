@@ -53,18 +53,32 @@ inline OutputFile output_file(const std::string& path) {
 }
 
 // Creates a new file beside `target` to be renamed over it once complete: `target` +
-// ".tmp-" + 12 random hexadecimal digits, created exclusively (O_EXCL; mode 0644 less the
-// umask), another name tried when one exists. Returns the open descriptor (close-on-exec)
-// and sets `*temporary`; -1 with errno set when no file could be created.
+// ".tmp-" + 12 random hexadecimal digits, created exclusively (O_EXCL), another name tried
+// when one exists. Its mode is the existing target's permission bits (the rename must not
+// make a private file readable to others, nor a shared one private), or, with no file at
+// `target`, 0666 less the umask, as any new file's. Returns the open descriptor
+// (close-on-exec) and sets `*temporary`; -1 with errno set when no file could be created.
 inline int create_beside(const std::string& target, std::string* temporary) {
+  struct stat existing {};
+  const bool keep_mode = ::stat(target.c_str(), &existing) == 0 && S_ISREG(existing.st_mode);
   std::random_device device;
   for (int attempt = 0; attempt < 16; ++attempt) {
     char suffix[32];
     std::snprintf(suffix, sizeof suffix, ".tmp-%06x%06x", device() & 0xffffffu,
                   device() & 0xffffffu);
     *temporary = target + suffix;
-    const int fd = ::open(temporary->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0 || errno != EEXIST) return fd;
+    // Private until its mode is set: no moment where others may open it.
+    const int fd = ::open(temporary->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                          keep_mode ? 0600 : 0666);
+    if (fd < 0 && errno == EEXIST) continue;
+    if (fd >= 0 && keep_mode && ::fchmod(fd, existing.st_mode & 0777) != 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(temporary->c_str());
+      errno = err;
+      return -1;
+    }
+    return fd;
   }
   errno = EEXIST;
   return -1;

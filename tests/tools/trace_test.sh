@@ -111,4 +111,14 @@ ln -s "$out/outdir/real.json" "$out/link.json"
 "$tool" merge -o "$out/link.json" "$out/trace" | grep -q 'events from'
 [ -L "$out/link.json" ] && grep -q traceEvents "$out/outdir/real.json" ||
   { echo "a symbolic link was not followed"; exit 1; }
+# The output takes the mode of the file it replaces: a private trace stays private (it became
+# 0644, readable to everyone); a new one is 0666 less the umask.
+chmod 600 "$out/timeline.json"
+"$tool" merge -o "$out/timeline.json" "$out/trace" | grep -q 'events from'
+[ "$(stat -c %a "$out/timeline.json")" = 600 ] ||
+  { echo "merging over a 0600 file made it $(stat -c %a "$out/timeline.json")"; exit 1; }
+(umask 077 && "$tool" merge -o "$out/fresh.json" "$out/trace" >/dev/null)
+[ "$(stat -c %a "$out/fresh.json")" = 600 ] || { echo "a new output ignored the umask"; exit 1; }
+(umask 002 && "$tool" merge -o "$out/shared.json" "$out/trace" >/dev/null)
+[ "$(stat -c %a "$out/shared.json")" = 664 ] || { echo "a new output is not 0666 less the umask"; exit 1; }
 echo "trace test: ok"

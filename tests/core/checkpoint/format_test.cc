@@ -307,6 +307,31 @@ TEST(FileIo, CreateBesideTakesANameOfItsOwn) {
       << missing.status().message();
 }
 
+// The file renamed over a target takes the target's mode: a private file stays private
+// (it was created 0644 and the rename made it readable to everyone); a new one is 0666 less
+// the umask.
+TEST(FileIo, CreateBesideKeepsTheTargetsMode) {
+  testing_util::TempDir dir;
+  const std::string target = dir / "out.bin";
+  auto mode_of = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 07777;
+  };
+  const mode_t mask = ::umask(027);
+  auto fresh = write_beside(target, "new");
+  ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+  EXPECT_EQ(mode_of(*fresh), 0640u);
+  for (const mode_t mode : {0600u, 0640u, 0604u, 0400u}) {
+    ASSERT_EQ(::rename(fresh->c_str(), target.c_str()), 0);
+    ASSERT_EQ(::chmod(target.c_str(), mode), 0);
+    fresh = write_beside(target, "again");
+    ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+    EXPECT_EQ(mode_of(*fresh), mode) << std::oct << mode;
+  }
+  ::umask(mask);
+}
+
 TEST(Manifest, RoundTrips) {
   const Manifest m = sample();
   auto back = parse_manifest(manifest_to_json(m), "x/manifest.json");
