@@ -121,4 +121,27 @@ chmod 600 "$out/timeline.json"
 [ "$(stat -c %a "$out/fresh.json")" = 600 ] || { echo "a new output ignored the umask"; exit 1; }
 (umask 002 && "$tool" merge -o "$out/shared.json" "$out/trace" >/dev/null)
 [ "$(stat -c %a "$out/shared.json")" = 664 ] || { echo "a new output is not 0666 less the umask"; exit 1; }
+# Two runs of one rank in one directory (HPS_TRACE reused): the second rank 0's file names
+# row 0 for another process. They are refused, naming both files, rather than drawn on one
+# row with their tracks interleaved; each run's files merge on their own.
+mkdir "$out/two-runs"
+cp "$out"/trace/hpshard-trace-rank*.json "$out/two-runs/"
+first=$(ls "$out"/trace/hpshard-trace-rank0-*.json | head -n 1)
+/usr/bin/python3 - "$first" "$out/two-runs/hpshard-trace-rank0-pid999999999-0.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for e in doc["traceEvents"]:
+    if e["ph"] == "M" and e["name"] == "process_name":
+        e["args"]["name"] = "rank 0 (pid 999999999)"
+json.dump(doc, open(sys.argv[2], "w"))
+PY
+if "$tool" merge -o "$out/never.json" "$out/two-runs" 2>"$out/err.txt"; then
+  echo "two processes of rank 0 were merged onto one row"; exit 1
+else
+  rc=$?
+fi
+[ "$rc" = 1 ] || { echo "exit $rc, not 1"; cat "$out/err.txt"; exit 1; }
+grep -q "$(basename "$first")' and '.*pid999999999-0.json' hold one row (pid 0) for two processes" \
+  "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+[ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
 echo "trace test: ok"

@@ -4,8 +4,12 @@
 //
 //   hpshard-trace merge -o OUT INPUT...   INPUT: a trace file, or a directory of them
 //
-// Exit status: 0 when merged; 1 when an input cannot be read or is not a trace (the
-// message names it; nothing is written); 2 for bad usage.
+// Files of one run only: two processes that name one row differently (two runs of one
+// rank, written into one HPS_TRACE directory) are refused rather than drawn as one.
+//
+// Exit status: 0 when merged; 1 when an input cannot be read or is not a trace, or two
+// files hold one rank's row for different processes (the message names the files; nothing
+// is written); 2 for bad usage.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -127,6 +132,32 @@ json read_events(const fs::path& path, uint64_t* dropped) {
   return events;
 }
 
+// A name from a file, for a message: at most 64 bytes, quoted and escaped as JSON.
+std::string shown(const std::string& text) {
+  return json(text.substr(0, 64)).dump(-1, ' ', false, json::error_handler_t::replace) +
+         (text.size() > 64 ? "... (" + std::to_string(text.size()) + " bytes)" : "");
+}
+
+// Refuses a "process_name" event that names its row (pid) for another process than an
+// earlier file did: the library's files name the row "rank R (pid P)", so two processes of
+// one rank (two runs into one HPS_TRACE directory) would share a row and their tracks.
+void check_row(std::map<std::string, std::pair<std::string, std::string>>& row_process,
+               const json& e, const std::string& path) {
+  if (e.value("name", json()) != "process_name") return;
+  const auto args = e.find("args");
+  if (args == e.end() || !args->is_object()) return;
+  const auto name = args->find("name");
+  if (name == args->end() || !name->is_string()) return;
+  const std::string row = e.value("pid", json()).dump(-1, ' ', true);
+  const auto [it, first] = row_process.emplace(row, std::make_pair(name->get<std::string>(), path));
+  if (first || it->second.first == *name) return;
+  throw Failure{"'" + it->second.second + "' and '" + path + "' hold one row (pid " +
+                row.substr(0, 64) + ") for two processes, " + shown(it->second.first) + " and " +
+                shown(name->get<std::string>()) +
+                ": the files of two runs cannot be merged into one trace (each rank a row); "
+                "merge each run's files apart"};
+}
+
 // Streams the events out as each file is read: memory holds one input file's events at a
 // time, whatever the run's total.
 int merge(const std::vector<std::string>& inputs, const std::string& output) {
@@ -159,6 +190,9 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
   try {
     // Metadata (names, sort order) once per (pid, tid, kind): a rank writes it in every file.
     std::set<std::tuple<std::string, std::string, std::string>> seen;
+    // Each row's process (its "process_name": "rank 0 (pid 12580)") and the file that named
+    // it first: a second process on one row is a second run's, and is refused.
+    std::map<std::string, std::pair<std::string, std::string>> row_process;
     uint64_t dropped = 0;
     json sources = json::array();
     put("{\"traceEvents\":[");
@@ -166,6 +200,7 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
       const json events = read_events(path, &dropped);
       for (const auto& e : events) {
         if (e["ph"] == "M") {
+          check_row(row_process, e, path.string());
           auto key = std::make_tuple(e.value("pid", json()).dump(), e.value("tid", json()).dump(),
                                      e.value("name", json()).dump());
           if (!seen.insert(key).second) continue;
@@ -202,7 +237,9 @@ int main(int argc, char** argv) {
   std::string output;
   std::vector<std::string> inputs;
   auto* merge_cmd =
-      app.add_subcommand("merge", "join trace files (or directories of them) into one file");
+      app.add_subcommand("merge",
+                         "join one run's trace files (or directories of them) into one file, "
+                         "each rank a process row (two processes of one rank: exit 1)");
   merge_cmd->add_option("-o,--output", output, "the merged trace file")->required();
   merge_cmd->add_option("inputs", inputs, "trace files or directories")->required();
   try {
