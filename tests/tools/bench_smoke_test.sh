@@ -58,6 +58,25 @@ refused "--check-arguments" coll --check-arguments 5 --no-mpi
 refused "--shm-direct" coll --shm-direct -1 --no-mpi
 refused "not a regular file" coll --ranks 2 --no-mpi --json "$out/fifo"
 refused "not a regular file" clip --plot "$out"
+# A value given twice in a list is refused (exit 2), naming the option and the value:
+# --ops all_reduce,all_reduce printed its table twice, each with both runs' rows, and
+# --ranks 2,2 ran the sweep twice.
+tiny_coll="coll --min-bytes 8 --max-bytes 8 --iters 1 --warmup 0 --no-mpi"
+tiny_step="step --width 8 --depth 1 --steps 1 --reps 1 --warmup 0"
+tiny_clip="clip --iters 1 --warmup 0 --kernel-bytes 0"
+for dup in "$tiny_coll --ranks 2 --ops all_reduce,all_reduce|--ops: 'all_reduce' is given twice" \
+           "$tiny_coll --ranks 2,3,2 --ops all_reduce|--ranks: 2 is given twice" \
+           "$tiny_step --ranks 2,2|--ranks: 2 is given twice" \
+           "$tiny_clip --sizes 64K,65536|--sizes: '64K' and '65536' are one value" \
+           "$tiny_clip --sizes 64K:mixed,64k:mixed|--sizes: '64K:mixed' and '64k:mixed' are one"; do
+  args="${dup%%|*}"
+  expect="${dup#*|}"
+  rc=0
+  # shellcheck disable=SC2086  # the words are the options
+  timeout 60 "$bench" $args --no-torch --quiet >"$out/dup.txt" 2>&1 || rc=$?
+  [ $rc -eq 2 ] || { cat "$out/dup.txt"; echo "'$args': exit $rc, not 2"; exit 1; }
+  grep -qF -- "$expect" "$out/dup.txt" || { cat "$out/dup.txt"; echo "for: $args"; exit 1; }
+done
 echo "bench option refusals OK"
 # Sizes that give an operation no message at a world size (below one element, per rank for
 # all_gather) are refused (exit 2): they gave an empty table with exit 0, or a plot.py

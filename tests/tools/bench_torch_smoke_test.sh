@@ -76,10 +76,10 @@ for sig in TERM INT; do
 done
 # Options torch_peer.py cannot use are refused before anything runs, with exit 2 as the C++
 # families do: --json naming a directory ran the whole benchmark, then a traceback, and left
-# DIR.tmp; --width 0 gave a rank's traceback.
+# DIR.tmp; --width 0 gave a rank's traceback; --ranks 1,1 ran the sweep twice.
 mkdir "$out/dir"
 for bad in "--json $out/dir" "--json $out/nowhere/x.json" "--width 0" "--width 30 --heads 4" \
-           "--steps -1" "--clip nan"; do
+           "--steps -1" "--clip nan" "--ranks 1,1"; do
   rc=0
   # shellcheck disable=SC2086  # the words are the options
   timeout 60 "$bench" torch --ranks 1 --width 16 --layers 1 --heads 1 --context 4 --vocab 16 \

@@ -96,6 +96,32 @@ constexpr int kUsageError = 2;
 
 // ---- what every family shares ----
 
+// A list option's values each once: a value given twice ran its sweep twice, and a table
+// printed twice held both runs' rows. `same(a, b)`: whether two values measure one thing
+// ("16M" and "16777216" are one model).
+template <typename T, typename Same>
+void refuse_repeats(const char* option, const std::vector<T>& values, Same same,
+                    const std::function<std::string(const T&)>& show) {
+  for (size_t i = 1; i < values.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (!same(values[j], values[i])) continue;
+      const std::string first = show(values[j]), again = show(values[i]);
+      usage_error(std::string(option) + ": " + first +
+                  (first == again ? " is given twice" : " and " + again + " are one value"));
+    }
+  }
+}
+
+void refuse_repeats(const char* option, const std::vector<int32_t>& values) {
+  refuse_repeats<int32_t>(option, values, std::equal_to<>(),
+                          [](const int32_t& v) { return std::to_string(v); });
+}
+
+void refuse_repeats(const char* option, const std::vector<std::string>& values) {
+  refuse_repeats<std::string>(option, values, std::equal_to<>(),
+                              [](const std::string& v) { return "'" + v + "'"; });
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
@@ -510,6 +536,8 @@ std::string mpi_setup(const CollCli& cli, RunInfo& info) {
 
 int run_coll(CollCli& cli, int argc, char** argv) {
   CollConfig& c = cli.config;
+  refuse_repeats("--ranks", c.ranks);
+  refuse_repeats("--ops", cli.ops);
   if (!cli.ops.empty()) {
     c.ops.clear();
     for (const auto& name : cli.ops) c.ops.push_back(*coll_op_from_name(name));
@@ -725,6 +753,13 @@ std::string run_torch_clip(const std::string& script, const ClipConfig& config,
 
 int run_clip_family(ClipCli& cli, int argc, char** argv) {
   ClipConfig& c = cli.config;
+  refuse_repeats<std::string>(
+      "--sizes", cli.sizes,
+      [](const std::string& a, const std::string& b) {
+        const ClipModel x = *parse_model(a), y = *parse_model(b);
+        return x.bytes == y.bytes && x.mixed == y.mixed;
+      },
+      [](const std::string& v) { return "'" + v + "'"; });
   if (!cli.sizes.empty()) {
     c.models.clear();
     for (const auto& s : cli.sizes) c.models.push_back(*parse_model(s));
@@ -854,6 +889,7 @@ uint64_t mem_available_bytes() {
 
 int run_step_family(StepCli& cli, int argc, char** argv) {
   StepConfig& c = cli.config;
+  refuse_repeats("--ranks", c.ranks);
   c.adamw = cli.optimizer == "adamw";
   c.progress = !cli.common.quiet;
   if (!c.device.empty()) {

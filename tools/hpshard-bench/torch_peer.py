@@ -409,6 +409,9 @@ def main() -> int:
         ap.error(f"--ranks: {args.ranks!r} is not a list of integers")
     if not ranks or any(r < 1 or r > 16 for r in ranks):
         ap.error("--ranks: world sizes from 1 to 16")
+    repeated = sorted({r for r in ranks if ranks.count(r) > 1})
+    if repeated:
+        ap.error(f"--ranks: {repeated[0]} is given twice")
     try:
         import torch
         import hpshard.torch  # noqa: F401
