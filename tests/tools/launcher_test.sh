@@ -4,7 +4,7 @@
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
 #         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
-#         group-killed | group-killed-early | stop-continue | terminal-input
+#         group-killed | group-killed-early | stop-continue | terminal-input | line-64k
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -264,6 +264,26 @@ print(out)
 if code != 0 or "[rank 0] done" not in out:
     sys.exit("background: exit code %s" % code)
 PY
+    ;;
+  line-64k)
+    # A line of exactly 64 KiB is one line (it got an empty "[rank 0] " line after it); a
+    # longer one goes out in 64 KiB pieces. The newline comes in the same write as the line
+    # (python) or in a write of its own (printf after tr), which the launcher may read apart.
+    for n in 65535 65536 65537 131072; do
+      expected="$n 0 4"
+      [ $n -eq 65537 ] && expected="65536 1 0 4"
+      [ $n -eq 131072 ] && expected="65536 65536 0 4"
+      writers=("head -c $n /dev/zero | tr '\\0' x; printf '\\n\\nnext\\n'")
+      command -v python3 >/dev/null &&
+        writers+=("python3 -c \"import sys; sys.stdout.write('x' * $n + '\\n\\nnext\\n')\"")
+      for writer in "${writers[@]}"; do
+        "$run" -n 1 --timeout 60 -- sh -c "$writer" >"$work/out" 2>"$work/err" ||
+          fail "$n bytes: exit code $?"
+        check_prefixes "$work/out"
+        lengths=$(sed 's/^\[rank 0\] //' "$work/out" | awk '{ printf "%s%d", (NR > 1 ? " " : ""), length($0) }')
+        [ "$lengths" = "$expected" ] || fail "a line of $n bytes ($writer): lines of $lengths, expected $expected"
+      done
+    done
     ;;
   group-killed)
     # SIGKILL to the launcher's whole process group (what `timeout -s KILL` sends): the

@@ -234,23 +234,24 @@ struct RankProcess {
 };
 
 // Writes the complete lines held (and, `at_end`, the rest), each with the prefix; a line
-// reaching kMaxLineBytes goes out in pieces. Each byte is searched for a newline once.
+// longer than kMaxLineBytes goes out in pieces of that size (a line of exactly that size is
+// one line). Each byte is searched for a newline once.
 void emit_lines(const std::string& prefix, OutputStream& s, bool at_end) {
   size_t start = 0;
   std::string text;
   while (start < s.partial.size()) {
     const size_t nl = s.partial.find('\n', std::max(start, s.scanned));
-    if (nl != std::string::npos && nl - start < kMaxLineBytes) {
+    if (nl != std::string::npos && nl - start <= kMaxLineBytes) {
       text += prefix;
       text.append(s.partial, start, nl + 1 - start);
       start = nl + 1;
-    } else if (s.partial.size() - start >= kMaxLineBytes) {
+    } else if (s.partial.size() - start > kMaxLineBytes) {
       text += prefix;
       text.append(s.partial, start, kMaxLineBytes);
       text += '\n';
       start += kMaxLineBytes;
     } else {
-      break;  // what is left has no newline and is shorter than a piece
+      break;  // what is left has no newline and fits a piece (its newline may follow)
     }
   }
   s.partial.erase(0, start);
