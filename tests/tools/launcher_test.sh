@@ -4,7 +4,8 @@
 #   CASE: meet-tcp | meet-file | fail | fail-stubborn | fail-outside-kill | signal | forward |
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
 #         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
-#         group-killed | group-killed-early | stop-continue | terminal-input | line-64k
+#         group-killed | group-killed-early | stop-continue | terminal-input | blocked-output |
+#         line-64k | partial-line
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -265,6 +266,92 @@ if code != 0 or "[rank 0] done" not in out:
     sys.exit("background: exit code %s" % code)
 PY
     ;;
+  blocked-output)
+    # The launcher's stdout is a FIFO this shell holds open and never reads. The timeout, a
+    # forwarded SIGTERM and a failed rank act on time all the same (each stalled for as long
+    # as nothing read: the loop that handles them was blocked writing), and the launcher then
+    # exits after a bounded wait for its reader. The ranks write more than the launcher holds:
+    # it stops reading their pipes, so they block on their own output (they never finish).
+    mkfifo "$work/fifo"
+    exec 3<>"$work/fifo"
+    export HPS_TEST_DIR=$work
+    # shellcheck disable=SC2016  # expanded by the ranks' shells
+    flood='echo $$ >"$HPS_TEST_DIR/pid.$HPS_RANK"; yes "line of rank $HPS_RANK" | head -c 20000000
+      touch "$HPS_TEST_DIR/wrote.$HPS_RANK"; sleep 60'
+    # Waits at most $1 s for the launcher: its exit code in rc, the time since start in took.
+    wait_launcher() {
+      local _
+      for _ in $(seq $(($1 * 10))); do
+        kill -0 "$launcher" 2>/dev/null || break
+        sleep 0.1
+      done
+      if kill -0 "$launcher" 2>/dev/null; then
+        kill -KILL "$launcher"
+        wait "$launcher"
+        for f in "$work"/pid.*; do kill -KILL -- "-$(cat "$f")" 2>/dev/null; done
+        fail "$2: the launcher was still running after $1 s"
+      fi
+      wait "$launcher"
+      rc=$?
+      took=$(($(now_ms) - start))
+    }
+    ranks_gone() {
+      local f
+      for f in "$work"/pid.*; do kill -0 "$(cat "$f")" 2>/dev/null && return 1; done
+      return 0
+    }
+    start=$(now_ms)
+    "$run" -n 2 --timeout 2 --grace 1 -- sh -c "$flood" >"$work/fifo" 2>"$work/err" &
+    launcher=$!
+    wait_launcher 20 "--timeout 2"
+    [ $rc -eq 124 ] || fail "--timeout 2: exit code $rc, expected 124"
+    [ "$took" -lt 8000 ] || fail "--timeout 2: took ${took} ms"
+    ranks_gone || fail "--timeout 2: a rank outlived the launcher"
+    ls "$work"/wrote.* >/dev/null 2>&1 && fail "a rank wrote 20 MB that nothing read"
+    grep -qF "bytes of the ranks' output not written: its reader took none for 2 s" \
+      "$work/err" || fail "--timeout 2: the output given up is not said"
+    echo "--timeout 2: exit 124 after ${took} ms"
+
+    rm -f "$work"/pid.*
+    "$run" -n 2 --grace 1 -- sh -c "$flood" >"$work/fifo" 2>"$work/err" &
+    launcher=$!
+    for _ in $(seq 200); do
+      [ -e "$work/pid.0" ] && [ -e "$work/pid.1" ] && break
+      sleep 0.05
+    done
+    sleep 0.5
+    start=$(now_ms)
+    kill -TERM "$launcher"
+    wait_launcher 20 "SIGTERM"
+    [ $rc -eq 143 ] || fail "SIGTERM: exit code $rc, expected 143"
+    [ "$took" -lt 6000 ] || fail "SIGTERM: took ${took} ms"
+    ranks_gone || fail "SIGTERM: a rank outlived the launcher"
+    echo "SIGTERM: exit 143 after ${took} ms"
+
+    rm -f "$work"/pid.*
+    start=$(now_ms)
+    "$run" -n 2 --grace 1 -- sh -c \
+      "if [ \$HPS_RANK = 1 ]; then echo \$\$ >$work/pid.1; sleep 1; exit 3; fi; $flood" \
+      >"$work/fifo" 2>"$work/err" &
+    launcher=$!
+    stopped=""
+    for _ in $(seq 100); do
+      if [ -e "$work/pid.0" ] && ! kill -0 "$(cat "$work/pid.0")" 2>/dev/null; then
+        stopped=$(($(now_ms) - start))
+        break
+      fi
+      sleep 0.1
+    done
+    [ -n "$stopped" ] || { kill -KILL "$launcher"; fail "rank 0 not stopped after rank 1 failed"; }
+    [ "$stopped" -lt 5000 ] || fail "rank 0 was stopped after ${stopped} ms"
+    wait_launcher 30 "a failed rank"
+    [ $rc -eq 3 ] || fail "a failed rank: exit code $rc, expected 3"
+    [ "$took" -lt 20000 ] || fail "a failed rank: took ${took} ms"
+    grep -qF "rank 1 exited with code 3; stopping the other ranks" "$work/err" ||
+      fail "the failed rank is not named"
+    echo "a failed rank: rank 0 stopped after ${stopped} ms, exit 3 after ${took} ms"
+    exec 3>&-
+    ;;
   line-64k)
     # A line of exactly 64 KiB is one line (it got an empty "[rank 0] " line after it); a
     # longer one goes out in 64 KiB pieces. The newline comes in the same write as the line
@@ -284,6 +371,68 @@ PY
         [ "$lengths" = "$expected" ] || fail "a line of $n bytes ($writer): lines of $lengths, expected $expected"
       done
     done
+    ;;
+  partial-line)
+    # A partial line (a prompt) on a terminal goes out, with its prefix, once the rank has
+    # written nothing more for 100 ms: rank 0's "name? " was held until its newline, after
+    # the user had to answer it blind. What the rank writes next continues the line without a
+    # second prefix, unless another rank's line came first: that one ends it. Written to a
+    # file, a partial line waits for its newline as before (log lines stay whole).
+    command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 0; }
+    # shellcheck disable=SC2016  # expanded by the ranks' shells
+    parts='if [ $HPS_RANK = 0 ]; then printf a; sleep 0.5; printf b; sleep 1; echo c
+      else sleep 1; echo mid; fi'
+    "$run" -n 2 --timeout 60 -- sh -c "$parts" >"$work/out" 2>"$work/err" ||
+      fail "to a file: exit code $?"
+    grep -qxF "[rank 0] abc" "$work/out" || fail "to a file: rank 0's line was not kept whole"
+    python3 - "$run" "$parts" >"$work/out" 2>"$work/err" <<'PY' || fail "on a terminal"
+import os, pty, select, sys, time
+run, parts = sys.argv[1], sys.argv[2]
+
+
+def start(args):
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(run, [run] + args)
+    return pid, fd
+
+
+def read_until(fd, out, want, seconds):
+    end = time.time() + seconds
+    while want not in out and time.time() < end:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                break
+    return out
+
+
+def finish(pid, fd, out):
+    out = read_until(fd, out, b"\0", 3)  # the rest, until the launcher is gone
+    return out.decode(errors="replace"), os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+pid, fd = start(["-n", "1", "--timeout", "60", "--", "sh", "-c",
+                 'printf "name? "; read x; echo "hi $x"'])
+out = read_until(fd, b"", b"[rank 0] name? ", 10)
+print(out)
+if not out.endswith(b"[rank 0] name? "):
+    os.kill(pid, 9)
+    sys.exit("the prompt was not shown before the answer")
+os.write(fd, b"bob\n")
+text, code = finish(pid, fd, out)
+print(text)
+# The terminal's echo of the answer ended the prompt's line: the next line has its prefix.
+if code != 0 or "[rank 0] name? bob\r\n[rank 0] hi bob\r\n" not in text:
+    sys.exit("prompt: exit code %s" % code)
+
+pid, fd = start(["-n", "2", "--timeout", "60", "--", "sh", "-c", parts])
+text, code = finish(pid, fd, read_until(fd, b"", b"[rank 0] c", 15))
+print(text)
+if code != 0 or "[rank 0] ab\r\n[rank 1] mid\r\n[rank 0] c\r\n" not in text:
+    sys.exit("parts: exit code %s" % code)
+PY
     ;;
   group-killed)
     # SIGKILL to the launcher's whole process group (what `timeout -s KILL` sends): the

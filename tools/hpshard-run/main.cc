@@ -15,8 +15,20 @@
 // the launcher was sent SIGINT, SIGTERM or SIGHUP (the ranks' ends after it forwarded the
 // signal are not failures of theirs); 2 for bad usage. ^Z (SIGTSTP) stops the ranks and the
 // launcher; SIGCONT continues them.
+//
+// The launcher's own output (the ranks' lines, its messages) is queued and written by a
+// thread per output file, with blocking writes (a terminal or pipe that polls writable may
+// still block a write larger than its room, and O_NONBLOCK on the launcher's stdout would
+// change a file description it shares with its shell), so a reader that does not read
+// never holds up the supervision: the timeout, the signals and a failed rank act on time.
+// While at least kOutputQueueBytes wait, the ranks' pipes are not read (the ranks block on
+// their own output instead). When the job is over, what waits is written while the reader
+// takes some of it: a reader that takes nothing for kOutputWaitEnded (kOutputWaitStopped
+// after --timeout or a signal) is given up.
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -25,15 +37,19 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "core/comm/auth.h"
@@ -55,6 +71,17 @@ constexpr std::chrono::milliseconds kDrainAfterExit{2000};
 // rank's prefix: the launcher holds at most this much of a stream however the rank writes
 // (a binary dump, a progress bar redrawn with carriage returns).
 constexpr size_t kMaxLineBytes = 64 * 1024;
+// A partial line (a prompt, a progress bar) going to a terminal, or rank 0's while the
+// launcher passes a terminal on to it, is written after this long without more output.
+constexpr std::chrono::milliseconds kPartialLineIdle{100};
+// While this much of the launcher's output waits for its reader, the ranks' pipes are not
+// read: a rank writing more blocks on its own pipe, not the launcher.
+constexpr size_t kOutputQueueBytes = 1024 * 1024;
+// When the job is over, how long the launcher waits for a reader that takes none of what
+// waits: after an ordinary end (every rank exited, or one failed), and after --timeout or a
+// signal.
+constexpr std::chrono::seconds kOutputWaitEnded{10};
+constexpr std::chrono::seconds kOutputWaitStopped{2};
 
 int g_signal_pipe[2] = {-1, -1};
 // What the launcher handles: the ends it forwards (SIGINT, SIGTERM, SIGHUP), its children's
@@ -80,7 +107,167 @@ void write_all(int fd, std::string_view text) {
   }
 }
 
-void say(const std::string& message) { write_all(STDERR_FILENO, "hpshard-run: " + message + "\n"); }
+// One of a rank's output pipes; complete lines go out with the rank's prefix.
+struct OutputStream {
+  int fd = -1;
+  int target = -1;  // STDOUT_FILENO or STDERR_FILENO
+  std::string partial;
+  size_t scanned = 0;  // bytes at the start of `partial` known to hold no newline
+  // Bytes of the current line written already (a partial line written out, its line still
+  // open on the output): what follows continues it without a second prefix.
+  size_t written = 0;
+  bool flush_idle = false;  // its partial line is written after kPartialLineIdle
+  Clock::time_point last_read{};
+};
+
+// The launcher's standard output and error. Once start() has run, text is queued and a thread
+// a file writes it, chunk by chunk in the order queued (lines stay whole, stdout's and
+// stderr's too when they are one file; a reader that lags on one does not hold up the
+// other); before, it is written at once. An output file (stdout and stderr
+// are one when they are the same file) holds at most one open partial line: text of another
+// stream (or the launcher's own) ends it with a newline first.
+class Output {
+ public:
+  void init() {
+    struct stat out {
+    }, err{};
+    same_file_ = ::fstat(STDOUT_FILENO, &out) == 0 && ::fstat(STDERR_FILENO, &err) == 0 &&
+                 out.st_dev == err.st_dev && out.st_ino == err.st_ino;
+    terminal_[0] = ::isatty(STDOUT_FILENO) != 0;
+    terminal_[1] = ::isatty(STDERR_FILENO) != 0;
+  }
+
+  // Starts the writers (one a file); without them (no thread could be made) writes stay
+  // direct.
+  void start() {
+    if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) return;
+    // The writers take no signal: the launcher's handlers run on its main thread, and the
+    // writers' writes are not interrupted.
+    sigset_t all, previous;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+    try {
+      for (int c = 0; c < (same_file_ ? 1 : 2); ++c) {
+        // Detached: one may stay blocked on a reader that never reads until the launcher
+        // exits.
+        std::thread([this, c] { write_queued(c); }).detach();
+        started_ = true;
+      }
+    } catch (const std::system_error&) {
+      same_file_ = true;  // one writer (or none) for both
+    }
+    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  }
+
+  bool started() const { return started_; }
+  bool is_terminal(int fd) const { return terminal_[fd == STDOUT_FILENO ? 0 : 1]; }
+  bool same_file() const { return same_file_; }
+  // Readable after each chunk written.
+  int wake_fd() const { return wake_[0]; }
+
+  void clear_wakes() {
+    char bytes[256];
+    while (::read(wake_[0], bytes, sizeof bytes) > 0) {
+    }
+  }
+
+  // `text` of `from` (nullptr: the launcher's own lines) for fd; `from->written` says
+  // whether its line is left open.
+  void put(int fd, OutputStream* from, std::string text) {
+    const int c = channel(fd);
+    if (open_[c] != nullptr && open_[c] != from) {
+      OutputStream* other = open_[c];
+      other->written = 0;
+      enqueue(other->target, "\n");
+    }
+    open_[c] = from != nullptr && from->written > 0 ? from : nullptr;
+    enqueue(fd, std::move(text));
+  }
+
+  // The open partial line of fd's file is over without a newline (a terminal's echo of a
+  // typed line ended it): what its stream writes next starts a new prefixed line.
+  void forget_open_line(int fd) {
+    const int c = channel(fd);
+    if (open_[c] != nullptr) open_[c]->written = 0;
+    open_[c] = nullptr;
+  }
+
+  size_t pending() const {
+    std::lock_guard lock(mutex_);
+    return pending_[0] + pending_[1];
+  }
+  size_t pending_on(int fd) const {
+    std::lock_guard lock(mutex_);
+    return pending_[fd == STDOUT_FILENO ? 0 : 1];
+  }
+  // When a chunk was last written (or queued into an empty queue).
+  Clock::time_point last_progress() const {
+    std::lock_guard lock(mutex_);
+    return progress_;
+  }
+
+ private:
+  int channel(int fd) const { return fd == STDOUT_FILENO || same_file_ ? 0 : 1; }
+
+  void enqueue(int fd, std::string text) {
+    if (text.empty()) return;
+    if (!started_) {
+      write_all(fd, text);
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (pending_[0] + pending_[1] == 0) progress_ = Clock::now();
+      pending_[fd == STDOUT_FILENO ? 0 : 1] += text.size();
+      queue_[channel(fd)].emplace_back(fd, std::move(text));
+    }
+    ready_[channel(fd)].notify_one();
+  }
+
+  // Writes what is queued for one file, in order.
+  void write_queued(int c) {
+    // Pieces of a chunk at most this large, so progress is seen while a slow reader reads.
+    constexpr size_t kPiece = 64 * 1024;
+    while (true) {
+      std::unique_lock lock(mutex_);
+      ready_[c].wait(lock, [this, c] { return !queue_[c].empty(); });
+      auto [fd, text] = std::move(queue_[c].front());
+      queue_[c].pop_front();
+      lock.unlock();
+      for (size_t at = 0; at < text.size(); at += kPiece) {
+        const size_t n = std::min(kPiece, text.size() - at);
+        write_all(fd, std::string_view(text).substr(at, n));
+        lock.lock();
+        pending_[fd == STDOUT_FILENO ? 0 : 1] -= n;
+        progress_ = Clock::now();
+        lock.unlock();
+        const char byte = 0;
+        [[maybe_unused]] ssize_t w = ::write(wake_[1], &byte, 1);
+      }
+    }
+  }
+
+  bool same_file_ = false;
+  bool terminal_[2] = {false, false};  // stdout's and stderr's
+  bool started_ = false;
+  int wake_[2] = {-1, -1};
+  OutputStream* open_[2] = {nullptr, nullptr};  // by file; the main thread's alone
+  mutable std::mutex mutex_;
+  std::condition_variable ready_[2];                  // by file
+  std::deque<std::pair<int, std::string>> queue_[2];  // by file: (fd, text)
+  size_t pending_[2] = {0, 0};  // bytes queued or being written, stdout's and stderr's
+  Clock::time_point progress_{};
+};
+
+// Never destroyed: its writer may still be blocked on a reader when the launcher exits.
+Output& output() {
+  static Output* const out = new Output;
+  return *out;
+}
+
+void say(const std::string& message) {
+  output().put(STDERR_FILENO, nullptr, "hpshard-run: " + message + "\n");
+}
 
 // The help: on stdout when asked for (--help), on stderr after a usage error.
 void usage(const char* problem) {
@@ -96,7 +283,18 @@ void usage(const char* problem) {
             "                     none)\n"
             "  --grace SECONDS    between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
             "Rank 0 reads hpshard-run's standard input (a terminal's passed on by hpshard-run\n"
-            "while it is in the foreground); the other ranks read /dev/null.\n");
+            "while it is in the foreground); the other ranks read /dev/null.\n"
+            "Each line a rank writes goes out with \"[rank K] \" before it (a line longer than\n"
+            "64 KiB in 64 KiB pieces). A partial line (a prompt) goes out after 100 ms without\n"
+            "more output when it goes to a terminal or is rank 0's while a terminal is passed\n"
+            "on; what the rank writes next continues it, unless another rank's line (or\n"
+            "hpshard-run's) came first: that ends it with a newline, and the rest starts a\n"
+            "prefixed line of its own. A line the terminal's echo of typed input ended is over.\n"
+            "The timeout, the signals and a failed rank act on time while nothing reads\n"
+            "hpshard-run's output: once 1 MiB of it waits, the ranks' output waits in their\n"
+            "pipes (a rank writing more blocks). When the job is over, what waits is written\n"
+            "while the reader takes some of it at least every 10 s (2 s after --timeout or a\n"
+            "signal); then hpshard-run exits with the job's code, the rest not written.\n");
 }
 
 struct Options {
@@ -213,14 +411,6 @@ std::optional<int> parse_options(int argc, char** argv, Options* options) {
   return std::nullopt;
 }
 
-// One of a rank's output pipes; complete lines go out with the rank's prefix.
-struct OutputStream {
-  int fd = -1;
-  int target = -1;  // STDOUT_FILENO or STDERR_FILENO
-  std::string partial;
-  size_t scanned = 0;  // bytes at the start of `partial` known to hold no newline
-};
-
 struct RankProcess {
   int rank = 0;
   pid_t pid = -1;
@@ -233,35 +423,50 @@ struct RankProcess {
   std::string prefix() const { return "[rank " + std::to_string(rank) + "] "; }
 };
 
-// Writes the complete lines held (and, `at_end`, the rest), each with the prefix; a line
-// longer than kMaxLineBytes goes out in pieces of that size (a line of exactly that size is
-// one line). Each byte is searched for a newline once.
-void emit_lines(const std::string& prefix, OutputStream& s, bool at_end) {
+// What emit_lines writes besides the complete lines: nothing more, the partial line too (its
+// line left open), or at the stream's end the rest with a newline.
+enum class Emit { kLines, kPartial, kEnd };
+
+// Writes the complete lines held, each with the prefix (a continuation of a partial line
+// written before has none); a line longer than kMaxLineBytes goes out in pieces of that
+// size. Each byte is searched for a newline once.
+void emit_lines(const std::string& prefix, OutputStream& s, Emit how) {
   size_t start = 0;
   std::string text;
   while (start < s.partial.size()) {
+    const size_t room = kMaxLineBytes - s.written;  // what the current line may still take
     const size_t nl = s.partial.find('\n', std::max(start, s.scanned));
-    if (nl != std::string::npos && nl - start <= kMaxLineBytes) {
-      text += prefix;
+    if (nl != std::string::npos && nl - start <= room) {
+      if (s.written == 0) text += prefix;
       text.append(s.partial, start, nl + 1 - start);
       start = nl + 1;
-    } else if (s.partial.size() - start > kMaxLineBytes) {
-      text += prefix;
-      text.append(s.partial, start, kMaxLineBytes);
+      s.written = 0;
+    } else if (s.partial.size() - start > room) {
+      if (s.written == 0) text += prefix;
+      text.append(s.partial, start, room);
       text += '\n';
-      start += kMaxLineBytes;
+      start += room;
+      s.written = 0;
     } else {
-      break;  // what is left has no newline and fits a piece (its newline may follow)
+      break;  // what is left has no newline and fits the current line
     }
   }
   s.partial.erase(0, start);
   s.scanned = s.partial.size();
-  if (at_end && !s.partial.empty()) {
-    text += prefix + s.partial + "\n";
+  if (how == Emit::kEnd && (!s.partial.empty() || s.written > 0)) {
+    if (s.written == 0) text += prefix;
+    text += s.partial + "\n";
+    s.partial.clear();
+    s.scanned = 0;
+    s.written = 0;
+  } else if (how == Emit::kPartial && !s.partial.empty()) {
+    if (s.written == 0) text += prefix;
+    text += s.partial;
+    s.written += s.partial.size();
     s.partial.clear();
     s.scanned = 0;
   }
-  if (!text.empty()) write_all(s.target, text);
+  if (!text.empty()) output().put(s.target, &s, std::move(text));
 }
 
 // Reads what the pipe holds; closes it at end of file.
@@ -270,18 +475,19 @@ void pump(const std::string& prefix, OutputStream& s) {
   const ssize_t n = ::read(s.fd, buffer, sizeof buffer);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
   if (n <= 0) {
-    emit_lines(prefix, s, true);
+    emit_lines(prefix, s, Emit::kEnd);
     ::close(s.fd);
     s.fd = -1;
     return;
   }
+  s.last_read = Clock::now();
   s.partial.append(buffer, static_cast<size_t>(n));
-  emit_lines(prefix, s, false);
+  emit_lines(prefix, s, Emit::kLines);
 }
 
 void close_stream(const std::string& prefix, OutputStream& s) {
   if (s.fd < 0) return;
-  emit_lines(prefix, s, true);
+  emit_lines(prefix, s, Emit::kEnd);
   ::close(s.fd);
   s.fd = -1;
 }
@@ -312,6 +518,10 @@ class Launcher {
   explicit Launcher(Options options) : options_(std::move(options)) {}
 
   int run() {
+    // One malloc arena: the output's thread frees what the main thread allocated, and an
+    // arena of its own would reserve 64 MiB of address space (a launcher under `ulimit -v`).
+    ::mallopt(M_ARENA_MAX, 1);
+    output().init();
     if (!install_signal_handlers()) return 1;
     // The job's name (HPS_JOB_ID: its store and shared-memory segments carry it) and, where
     // this build can check one, the secret its TCP store asks every client for.
@@ -381,7 +591,7 @@ class Launcher {
     if (const int removed = hps::shm::remove_job_segments(job_id_); removed > 0) {
       say("removed " + std::to_string(removed) + " shared-memory segment(s) the job left");
     }
-    return code;
+    return finish_output(code);
   }
 
  private:
@@ -633,8 +843,15 @@ class Launcher {
       p.pid = pid;
       p.running = true;
       p.group_alive = true;
-      p.out = {out[0], STDOUT_FILENO, {}};
-      p.err = {err[0], STDERR_FILENO, {}};
+      p.out.fd = out[0];
+      p.out.target = STDOUT_FILENO;
+      p.err.fd = err[0];
+      p.err.target = STDERR_FILENO;
+      // Partial lines a person waits for: on a terminal, and rank 0's prompts for the
+      // terminal the launcher passes on.
+      for (OutputStream* s : {&p.out, &p.err}) {
+        s->flush_idle = output().is_terminal(s->target) || (r == 0 && input_fd_ >= 0);
+      }
       ++running_;
     }
     return true;
@@ -685,7 +902,10 @@ class Launcher {
         --running_;
         if (p.rank == 0) stop_forwarding_input();
         tell_janitor("reaped " + std::to_string(p.rank));
-        if (running_ == 0) drain_deadline_ = Clock::now() + kDrainAfterExit;
+        if (running_ == 0) {
+          ranks_ended_ = Clock::now();
+          drain_deadline_ = *ranks_ended_ + kDrainAfterExit;
+        }
         const int code = exit_code_of(status);
         if (code == 0 && running_ > 0 && !failure_ && interrupted_ == 0 && !kill_deadline_) {
           early_exits_.push_back({p.rank, seconds_since(started_)});
@@ -713,23 +933,52 @@ class Launcher {
     }
   }
 
+  // The moment after which the job's end no longer waits for the launcher's reader: that
+  // reader has taken none of what waits for kOutputWaitEnded (kOutputWaitStopped after
+  // --timeout or a signal) since the ranks ended.
+  Clock::time_point output_give_up() const {
+    const auto since = std::max(*ranks_ended_, output().last_progress());
+    return since + (interrupted_ != 0 || timed_out_
+                        ? std::chrono::duration_cast<Clock::duration>(kOutputWaitStopped)
+                        : std::chrono::duration_cast<Clock::duration>(kOutputWaitEnded));
+  }
+
+  // Rank 0's streams before the launcher passes it input: a prompt it wrote goes out first.
+  // A typed line, echoed by the terminal, ended the line open there.
+  void before_input(bool typed_line) {
+    RankProcess& p = ranks_.front();
+    for (OutputStream* s : {&p.out, &p.err}) {
+      if (typed_line && output().is_terminal(s->target)) output().forget_open_line(s->target);
+    }
+    for (OutputStream* s : {&p.out, &p.err}) emit_lines(p.prefix(), *s, Emit::kPartial);
+  }
+
   int supervise() {
     const auto job_deadline =
         options_.timeout_s > 0
             ? std::optional(Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(options_.timeout_s)))
             : std::nullopt;
+    Output& out = output();
+    out.start();
     while (true) {
       std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+      if (out.started()) fds.push_back({out.wake_fd(), POLLIN, 0});
+      const size_t first_stream = fds.size();
+      // While the launcher's reader lags, the ranks' output waits in their pipes.
+      const bool held = out.pending() >= kOutputQueueBytes;
       std::vector<std::pair<RankProcess*, OutputStream*>> streams;
+      bool open_streams = false;
       for (auto& p : ranks_) {
         for (OutputStream* s : {&p.out, &p.err}) {
           if (s->fd < 0) continue;
+          open_streams = true;
+          if (held) continue;
           fds.push_back({s->fd, POLLIN, 0});
           streams.emplace_back(&p, s);
         }
       }
-      if (running_ == 0 && streams.empty()) break;
+      if (running_ == 0 && !open_streams) break;
       // Rank 0's input from the terminal: read while the launcher is in the terminal's
       // foreground (in the background a read would stop it, SIGTTIN), written on as rank 0
       // takes it.
@@ -754,8 +1003,15 @@ class Launcher {
       if (running_ > 0) {
         earliest(kill_deadline_);
         earliest(job_deadline);
+      } else if (held) {
+        earliest(output_give_up());
       } else {
         earliest(drain_deadline_);
+      }
+      for (auto& p : ranks_) {
+        for (OutputStream* s : {&p.out, &p.err}) {
+          if (s->flush_idle && !s->partial.empty()) earliest(s->last_read + kPartialLineIdle);
+        }
       }
       int timeout_ms = -1;
       if (wake) {
@@ -772,14 +1028,22 @@ class Launcher {
         return 1;
       }
       if (n > 0 && fds[0].revents != 0) handle_signals();
+      if (n > 0 && first_stream > 1 && fds[1].revents != 0) out.clear_wakes();
       if (n > 0 && input_at && fds[*input_at].revents != 0) forward_input();
-      for (size_t i = 1; n > 0 && i < 1 + streams.size(); ++i) {
-        if (fds[i].revents == 0) continue;
-        auto [p, s] = streams[i - 1];
+      for (size_t i = 0; n > 0 && i < streams.size(); ++i) {
+        if (fds[first_stream + i].revents == 0) continue;
+        auto [p, s] = streams[i];
         pump(p->prefix(), *s);
       }
       reap();
       const auto now = Clock::now();
+      for (auto& p : ranks_) {
+        for (OutputStream* s : {&p.out, &p.err}) {
+          if (s->flush_idle && !s->partial.empty() && now >= s->last_read + kPartialLineIdle) {
+            emit_lines(p.prefix(), *s, Emit::kPartial);
+          }
+        }
+      }
       if (running_ > 0 && job_deadline && now >= *job_deadline && !timed_out_) {
         timed_out_ = true;
         say("timeout of " + seconds_text(options_.timeout_s) + " s expired; stopping the ranks" +
@@ -792,7 +1056,12 @@ class Launcher {
         stop_all(SIGKILL);
         kill_deadline_ = now + std::chrono::hours(24);  // SIGKILL cannot be ignored
       }
-      if (running_ == 0 && drain_deadline_ && now >= *drain_deadline_) {
+      if (running_ == 0 && held && drain_deadline_) {
+        // Output still held open is read for kDrainAfterExit once the reader takes more.
+        drain_deadline_ = std::max(*drain_deadline_, now + kDrainAfterExit);
+      }
+      if (running_ == 0 && drain_deadline_ &&
+          (now >= *drain_deadline_ || (held && now >= output_give_up()))) {
         for (auto& p : ranks_) {
           close_stream(p.prefix(), p.out);
           close_stream(p.prefix(), p.err);
@@ -802,6 +1071,44 @@ class Launcher {
     if (failure_) return *failure_;
     if (interrupted_) return 128 + interrupted_;
     return 0;
+  }
+
+  // Waits until the launcher's own output is written, or its reader is given up on (a
+  // signal then changes an exit code of 0 as it does while the ranks run).
+  int finish_output(int code) {
+    Output& out = output();
+    if (!out.started()) return code;
+    if (!ranks_ended_) ranks_ended_ = Clock::now();
+    while (out.pending() > 0) {
+      const auto give_up = output_give_up();
+      const auto now = Clock::now();
+      if (now >= give_up) {
+        const size_t left = out.pending();
+        // Said only where it cannot land inside a line waiting for the same reader.
+        if (!out.same_file() && out.pending_on(STDERR_FILENO) == 0) {
+          pollfd writable{STDERR_FILENO, POLLOUT, 0};
+          if (::poll(&writable, 1, 0) == 1 && (writable.revents & POLLOUT) != 0) {
+            write_all(STDERR_FILENO,
+                      "hpshard-run: " + std::to_string(left) +
+                          " bytes of the ranks' output not written: its reader took none for " +
+                          seconds_text(std::chrono::duration<double>(interrupted_ != 0 || timed_out_
+                                                                         ? kOutputWaitStopped
+                                                                         : kOutputWaitEnded)
+                                           .count()) +
+                          " s\n");
+          }
+        }
+        break;
+      }
+      pollfd fds[2] = {{g_signal_pipe[0], POLLIN, 0}, {out.wake_fd(), POLLIN, 0}};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - now);
+      const int n =
+          ::poll(fds, 2, static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 60'000)));
+      if (n > 0 && fds[0].revents != 0) handle_signals();
+      if (n > 0 && fds[1].revents != 0) out.clear_wakes();
+    }
+    if (code == 0 && interrupted_ != 0) return 128 + interrupted_;
+    return code;
   }
 
   // Reads what the terminal has for rank 0 or writes on what rank 0's pipe did not take.
@@ -817,6 +1124,7 @@ class Launcher {
         return;
       }
       input_pending_.assign(buffer, static_cast<size_t>(n));
+      before_input(input_pending_.find('\n') != std::string::npos);
     }
     const ssize_t n = ::write(input_fd_, input_pending_.data(), input_pending_.size());
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
@@ -902,6 +1210,7 @@ class Launcher {
   bool timed_out_ = false;
   std::optional<Clock::time_point> kill_deadline_;
   std::optional<Clock::time_point> drain_deadline_;
+  std::optional<Clock::time_point> ranks_ended_;  // when the last rank was reaped
   std::string store_dir_;
   std::string job_id_;
   std::string token_;
