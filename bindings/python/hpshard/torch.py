@@ -130,27 +130,75 @@ def _invalid(message: str) -> "_hps.Error":
     return _hps.InvalidArgumentError(_hps.Status.INVALID_ARGUMENT, message)
 
 
+def _store_listen_host(addr: str) -> str:
+    """Where rank 0 listens for hpshard's store at MASTER_ADDR ``addr``, as the library
+    listens for tcp://addr:P: 127.0.0.1 for localhost (and *.localhost), a numeric address
+    on that address, any other name on every interface."""
+    import ipaddress
+
+    host = addr.strip("[]")
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    lower = host.lower()
+    return "127.0.0.1" if lower == "localhost" or lower.endswith(".localhost") else ""
+
+
+def _comm_timeout_ms(timeout_ms: Optional[int]) -> int:
+    """The communicator's timeout world_from_env creates it with: ``timeout_ms``, else the
+    library's default (HPS_COMM_TIMEOUT_MS, else 300000 ms), a malformed variable refused as
+    the library refuses it."""
+    if timeout_ms is not None:
+        return int(timeout_ms)
+    return int(_hps._c.comm_options_init(_hps._c.comm_options_struct_size()).timeout_ms)
+
+
+def _torch_store_failed(what: str, e: BaseException, timeout_ms: int) -> "_hps.Error":
+    """hpshard's error for a failing call on torch's store (which raises a bare RuntimeError
+    or OSError): TIMEOUT for its timeouts, UNAVAILABLE otherwise, naming ``what``."""
+    text = str(e)
+    if isinstance(e, TimeoutError) or "timeout" in text.lower() or "timed out" in text.lower():
+        return _hps._from_status(_hps.Status.TIMEOUT,
+                                 f"world_from_env: {what} within {timeout_ms} ms "
+                                 f"(torch's store: {text})")
+    return _hps._from_status(_hps.Status.UNAVAILABLE,
+                             f"world_from_env: {what}: torch's store: {text}")
+
+
 def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
-    """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's agent store
-    (TORCHELASTIC_USE_AGENT_STORE=True), which hpshard's store cannot share. Rank 0 then
-    serves hpshard's store on a port of its own (a listening socket it hands to the store,
-    so no other process can take the port in between) and every rank learns the address
-    through torch's store. Torch's store has no authentication: a token set in
-    HPS_STORE_TOKEN (every rank's own, as torchrun passes the environment on) never goes
-    there; without one, rank 0 makes one for the job and shares it there, which any process
-    that reaches MASTER_PORT can read. HPS_STORE, HPS_STORE_TOKEN (and, on rank 0,
-    HPS_STORE_FD) are set for hpshard.rendezvous_from_env. Nothing happens when HPS_STORE is
-    set already (also when empty: the library refuses that, naming it)."""
+    """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's: its agent's store
+    (TORCHELASTIC_USE_AGENT_STORE=True), or, without the agent's store (``--standalone``,
+    ``--rdzv_backend=c10d``: TORCHELASTIC_RUN_ID set), the port rank 0's
+    ``torch.distributed.init_process_group`` (env://) binds, before or after this. Rank 0
+    then serves hpshard's store on a port of its own (a listening socket it hands to the
+    store, so no other process can take the port in between; on MASTER_ADDR as the library
+    binds it: 127.0.0.1 for localhost, a numeric address on that address, another name on
+    every interface) and every rank learns the address through torch's store: the agent's;
+    torch.distributed's default store when it is initialized; else a TCPStore of the
+    exchange's own on MASTER_PORT (rank 0 serving it, as env:// does), which rank 0 closes
+    once every other rank has said it has the address, so that torch's own can bind there
+    later. The waits there take the communicator's timeout (``timeout_ms``, else
+    HPS_COMM_TIMEOUT_MS) and end in hpshard's TIMEOUT naming what was waited for.
+
+    Torch's store has no authentication: a token set in HPS_STORE_TOKEN (every rank's own,
+    as torchrun passes the environment on) never goes there; without one, rank 0 makes one
+    for the job and shares it there, which any process that reaches MASTER_PORT can read.
+    HPS_STORE, HPS_STORE_TOKEN (and, on rank 0, HPS_STORE_FD) are set for
+    hpshard.rendezvous_from_env. Nothing happens when HPS_STORE is set already (also when
+    empty: the library refuses that, naming it)."""
     env = os.environ
-    if "HPS_STORE" in env or env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+    if "HPS_STORE" in env:
         return
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if not agent_store and "TORCHELASTIC_RUN_ID" not in env:
+        return  # not torchrun: MASTER_ADDR:MASTER_PORT is hpshard's store
     if env.get("HPS_STORE_TOKEN") == "":
         raise _invalid("world_from_env: environment variable HPS_STORE_TOKEN is set but empty "
                        "(set a token, or unset it to have the job make one)")
     import datetime
-    import socket
 
-    from torch.distributed import TCPStore
+    import torch.distributed as dist
 
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
     if missing:
@@ -164,49 +212,125 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
             raise
     rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
     addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
-    wait = datetime.timedelta(milliseconds=timeout_ms or _hps.DEFAULT_STORE_TIMEOUT_MS)
-    agent = TCPStore(addr, port, size, False, timeout=wait)
+    timeout = _comm_timeout_ms(timeout_ms)
+    wait = datetime.timedelta(milliseconds=timeout)
     key = "hpshard/store/{}/{}".format(env.get("TORCHELASTIC_RUN_ID", ""),
                                        env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if rank == 0:
-        import secrets
+    where = f"{addr}:{port}"
+    own = None  # the exchange's own TCPStore, closed before this returns
+    initialized = dist.is_available() and dist.is_initialized()
+    if agent_store:
+        what = f"torchrun's agent store at {where}"
+    elif initialized:
+        what = "torch.distributed's default store"
+    else:
+        what = f"the torch TCPStore rank 0 serves on MASTER_ADDR:MASTER_PORT ({where})"
+    try:
+        if agent_store:
+            store = dist.TCPStore(addr, port, size, False, timeout=wait)
+        elif initialized:
+            store = dist.distributed_c10d._get_default_store()
+        else:
+            store = own = dist.TCPStore(addr, port, size, rank == 0, timeout=wait,
+                                        wait_for_workers=False)
+    except (RuntimeError, OSError) as e:
+        if rank == 0 and not agent_store:
+            raise _torch_store_failed(
+                f"rank 0 cannot serve a torch TCPStore on MASTER_ADDR:MASTER_PORT ({where}) "
+                f"to tell the ranks hpshard's store", e, timeout) from e
+        raise _torch_store_failed(f"rank {rank} cannot reach {what}", e, timeout) from e
+    listener = None
+    try:
+        if rank == 0:
+            listener, published = _publish_store(env, store, key, addr, what, timeout)
+            if own is not None and size > 1:
+                try:
+                    own.wait([key + "/all"], wait)
+                except (RuntimeError, OSError) as e:
+                    raise _torch_store_failed(
+                        f"rank 0 waited for the other {size - 1} ranks to read key '{key}' "
+                        f"from {what}", e, timeout) from e
+            if "token" in published:
+                env["HPS_STORE_TOKEN"] = published["token"]
+            env["HPS_STORE_FD"] = str(listener.detach())  # the store takes the socket over
+            env["HPS_STORE"] = published["url"]
+        else:
+            try:
+                store.wait([key], wait)
+                published = json.loads(store.get(key).decode())
+                if own is not None and int(own.add(key + "/have", 1)) == size - 1:
+                    own.set(key + "/all", "1")
+            except (RuntimeError, OSError) as e:
+                raise _torch_store_failed(
+                    f"rank {rank} waited for rank 0 to publish hpshard's store (key '{key}') "
+                    f"in {what}", e, timeout) from e
+            mine = env.get("HPS_STORE_TOKEN")
+            if published.get("token_set") and not mine:
+                raise _invalid(f"world_from_env: rank 0 has HPS_STORE_TOKEN set, rank {rank} "
+                               f"has not (set the same token on every rank)")
+            if "token" in published and mine:
+                raise _invalid(f"world_from_env: rank {rank} has HPS_STORE_TOKEN set, rank 0 "
+                               f"has not (set the same token on every rank, or on none)")
+            env["HPS_STORE"] = published["url"]
+            if "token" in published:
+                env["HPS_STORE_TOKEN"] = published["token"]
+    finally:
+        if listener is not None:
+            listener.close()  # detached (a no-op) unless this failed
+        # Closes MASTER_PORT on rank 0 (torch's own store binds it later). Every other rank
+        # said it had the address first, and none returns from world_from_env before rank 0
+        # has joined hpshard's store, after this.
+        del store, own
 
-        family = socket.AF_INET6 if ":" in addr.strip("[]") else socket.AF_INET
-        listener = socket.create_server(("", 0), family=family)
+
+def _publish_store(env: Any, store: Any, key: str, addr: str, what: str,
+                   timeout: int) -> Tuple[Any, Dict[str, Any]]:
+    """Rank 0: bind hpshard's store's listening socket and publish its address (and a token
+    of the job's own, unless HPS_STORE_TOKEN is set) under ``key`` in torch's ``store``.
+    Returns the socket and what was published."""
+    import secrets
+    import socket
+
+    family = socket.AF_INET6 if ":" in addr.strip("[]") else socket.AF_INET
+    bind = _store_listen_host(addr)
+    try:
+        listener = socket.create_server((bind, 0), family=family)
+    except OSError as e:
+        raise _hps._from_status(
+            _hps.Status.UNAVAILABLE,
+            f"world_from_env: rank 0 cannot listen for hpshard's store on "
+            f"{bind or 'every interface'} (MASTER_ADDR={addr}): {e}") from e
+    try:
         listener.set_inheritable(False)
         host = addr.strip("[]")
         url = "tcp://{}:{}".format("[" + host + "]" if ":" in host else host,
                                    listener.getsockname()[1])
         # A token of the job's own (unless one is set): connections that are not this
         # job's ranks are closed, as under hpshard-run.
-        published = {"url": url}
+        published: Dict[str, Any] = {"url": url}
         if "HPS_STORE_TOKEN" in env:
             published["token_set"] = True  # each rank has it: not a byte of it published
         else:
-            env["HPS_STORE_TOKEN"] = published["token"] = secrets.token_hex(32)
-        env["HPS_STORE_FD"] = str(listener.detach())  # the store takes the socket over
-        env["HPS_STORE"] = url
-        agent.set(key, json.dumps(published))
-    else:
-        published = json.loads(agent.get(key).decode())
-        mine = env.get("HPS_STORE_TOKEN")
-        if published.get("token_set") and not mine:
-            raise _invalid(f"world_from_env: rank 0 has HPS_STORE_TOKEN set, rank {rank} has "
-                           f"not (set the same token on every rank)")
-        if "token" in published and mine:
-            raise _invalid(f"world_from_env: rank {rank} has HPS_STORE_TOKEN set, rank 0 has "
-                           f"not (set the same token on every rank, or on none)")
-        env["HPS_STORE"] = published["url"]
-        if "token" in published:
-            env["HPS_STORE_TOKEN"] = published["token"]
+            published["token"] = secrets.token_hex(32)
+        try:
+            store.set(key, json.dumps(published))
+        except (RuntimeError, OSError) as e:
+            raise _torch_store_failed(f"rank 0 cannot publish hpshard's store in {what}", e,
+                                      timeout) from e
+    except BaseException:
+        listener.close()
+        raise
+    return listener, published
 
 
 def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":
     """The world communicator of a process started by hpshard-run, torchrun, Open MPI or
     Slurm (hpshard.rendezvous_from_env, then the store and a communicator over it). Under
-    torchrun, whose agent holds MASTER_PORT for torch's own store, rank 0 serves hpshard's
-    store on a port of its own and the ranks find it through torch's store. The
-    communicator keeps its store referenced."""
+    torchrun, where MASTER_PORT is torch's (its agent's store, or the one rank 0's
+    ``torch.distributed.init_process_group`` binds, before or after this), rank 0 serves
+    hpshard's store on a port of its own and the ranks find it through torch's store.
+    ``timeout_ms`` (else HPS_COMM_TIMEOUT_MS, else 300000) bounds that exchange and the
+    communicator's operations. The communicator keeps its store referenced."""
     _store_beside_torchrun_agent(timeout_ms)
     info = _hps.rendezvous_from_env()
     store = _hps.Store.open(info.store_url, info.rank)

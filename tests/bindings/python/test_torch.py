@@ -1035,6 +1035,163 @@ def test_torchrun_variables_under_the_agent_store_are_checked_first(monkeypatch,
     assert "HPS_STORE" not in os.environ and "HPS_STORE_TOKEN" not in os.environ
 
 
+PROCESS_GROUP_SCRIPT = textwrap.dedent("""
+    import json, os
+    import numpy as np
+    import torch, torch.distributed as dist
+    import hpshard.torch as hpt
+    before = os.environ["ORDER"] == "before"
+    if before:
+        dist.init_process_group("gloo")
+    world = hpt.world_from_env(timeout_ms=60000)
+    if not before:
+        dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    mine = np.full(4, world.rank + 1, dtype=np.float32)
+    total = np.zeros(4, dtype=np.float32)
+    world.all_reduce(mine, total).wait()
+    print(json.dumps({"torch": t.item(), "hpshard": float(total[0]),
+                      "store": os.environ["HPS_STORE"]}))
+    dist.destroy_process_group()
+    world.close()
+""")
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_torch_process_group_beside_world_from_env_without_the_agent_store(order):
+    """torchrun --standalone or --rdzv_backend=c10d has no agent store
+    (TORCHELASTIC_USE_AGENT_STORE=False): MASTER_PORT is the port rank 0's
+    init_process_group (env://) binds. world_from_env served hpshard's store there, so torch
+    failed "Address already in use" after it, and hpshard could not listen before it. Now
+    hpshard's store has a port of its own, whichever of the two comes first."""
+    import json
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HPS_")}
+    run_id = uuid.uuid4().hex  # torchrun's c10d rendezvous makes one
+    procs = []
+    for rank in range(2):
+        env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ORDER=order,
+                   TORCHELASTIC_USE_AGENT_STORE="False",
+                   TORCHELASTIC_RUN_ID=run_id,
+                   TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-c", PROCESS_GROUP_SCRIPT], env=env,
+                                      text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
+    outputs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, out + err
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    for r in results:
+        assert r["torch"] == 2.0 and r["hpshard"] == 3.0, r
+        assert r["store"] == results[0]["store"], results
+        assert r["store"].startswith("tcp://127.0.0.1:"), r
+        assert int(r["store"].rsplit(":", 1)[1]) != port, r
+
+
+def _listening_address(fd):
+    """The address the listening socket ``fd`` is bound to, as /proc/net/tcp shows it."""
+    import socket
+    with socket.socket(fileno=os.dup(fd)) as s:
+        host, port = s.getsockname()[:2]
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    listening = [r[1] for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port]
+    assert len(listening) == 1, (port, listening)
+    raw = bytes.fromhex(listening[0].split(":")[0])[::-1]  # little-endian on x86
+    assert socket.inet_ntoa(raw) == host
+    return host
+
+
+@pytest.mark.parametrize("agent_store", [True, False], ids=["agent_store", "standalone"])
+@pytest.mark.parametrize("master_addr, listens", [("localhost", "127.0.0.1"),
+                                                  ("127.0.0.1", "127.0.0.1"),
+                                                  ("127.0.0.2", "127.0.0.2")])
+def test_store_beside_torchrun_listens_where_the_library_would(monkeypatch, agent_store,
+                                                               master_addr, listens):
+    """Under torchrun rank 0's hpshard store listened on every interface (0.0.0.0) whatever
+    MASTER_ADDR was; as the library does for tcp://HOST:P it now listens on 127.0.0.1 for
+    localhost and on a numeric MASTER_ADDR itself."""
+    import datetime
+    for k in [k for k in os.environ if k.startswith("HPS_")]:
+        monkeypatch.delenv(k)
+    agent = None
+    if agent_store:
+        agent = torch.distributed.TCPStore("127.0.0.1", 0, 1, True,
+                                           timeout=datetime.timedelta(seconds=10),
+                                           wait_for_workers=False)
+        port = agent.port
+    else:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    for k, v in {"TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
+                 "TORCHELASTIC_RUN_ID": "listen", "TORCHELASTIC_RESTART_COUNT": "0",
+                 "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": master_addr,
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        hpt._store_beside_torchrun_agent(10000)
+        assert os.environ["HPS_STORE"].startswith(f"tcp://{master_addr}:")
+        assert _listening_address(int(os.environ["HPS_STORE_FD"])) == listens
+    finally:
+        if "HPS_STORE_FD" in os.environ:
+            os.close(int(os.environ["HPS_STORE_FD"]))
+        for k in ("HPS_STORE", "HPS_STORE_FD", "HPS_STORE_TOKEN"):
+            os.environ.pop(k, None)
+    del agent
+
+
+@pytest.mark.parametrize("agent_store", [True, False], ids=["agent_store", "standalone"])
+@pytest.mark.parametrize("from_env", [True, False], ids=["HPS_COMM_TIMEOUT_MS", "timeout_ms"])
+def test_a_late_rank_0_under_torchrun_times_out_as_the_communicator(monkeypatch, agent_store,
+                                                                    from_env):
+    """A rank waiting for rank 0 under torchrun waited torch's 30 s and then failed with
+    torch's bare RuntimeError "Socket Timeout". It now waits the communicator's timeout
+    (timeout_ms, else HPS_COMM_TIMEOUT_MS) and fails with hpshard's TIMEOUT naming rank 0
+    and what it waited for."""
+    import datetime
+    import socket
+    import time
+    for k in [k for k in os.environ if k.startswith("HPS_")]:
+        monkeypatch.delenv(k)
+    agent = None
+    if agent_store:  # rank 0 never publishes its store there
+        agent = torch.distributed.TCPStore("127.0.0.1", 0, 2, True,
+                                           timeout=datetime.timedelta(seconds=60),
+                                           wait_for_workers=False)
+        port = agent.port
+    else:  # rank 0 never serves MASTER_PORT
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    for k, v in {"TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
+                 "TORCHELASTIC_RUN_ID": "late", "TORCHELASTIC_RESTART_COUNT": "0",
+                 "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    if from_env:
+        monkeypatch.setenv("HPS_COMM_TIMEOUT_MS", "1500")
+    start = time.monotonic()
+    with pytest.raises(hpshard.Error) as caught:
+        hpt.world_from_env(timeout_ms=None if from_env else 1500)
+    assert time.monotonic() - start < 15
+    assert caught.value.status == hpshard.Status.TIMEOUT, caught.value
+    assert "rank 1" in caught.value.message and "1500 ms" in caught.value.message
+    if agent_store:
+        assert "rank 0 to publish hpshard's store (key 'hpshard/store/late/0')" in \
+            caught.value.message
+    else:
+        assert "the torch TCPStore rank 0 serves" in caught.value.message
+    assert "HPS_STORE" not in os.environ
+    del agent
+
+
 @pytest.mark.parametrize("value", ["\u00b2", "\u0663", "3x"])
 def test_trace_variables_are_read_as_the_library_reads_them(monkeypatch, value):
     """HPS_TRACE_MAX_EVENTS and HPS_RANK with digits of other scripts: str.isdigit took
