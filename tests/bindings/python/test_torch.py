@@ -1533,7 +1533,6 @@ def test_a_holding_modules_load_keeps_the_wrapped_buffers_it_loads(stage):
     num_batches_tracked to 0 after the wrapper had loaded it (momentum=None's cumulative
     average then drifted), also on a load refused as a whole."""
     def rank_main(rank, world):
-        torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4, momentum=None))
         with hpt.ShardedModule(net, world, stage=stage, optimizer="sgd", lr=0.0) as sharded:
             container = torch.nn.ModuleDict({"m": sharded})
@@ -1577,10 +1576,13 @@ def test_a_parameter_only_some_ranks_use(stage):
     in. Stage 3 reduce-scatters a unit where its last gradient arrives, so the ranks'
     collectives differ: refused on the ranks, naming both calls (as the module says)."""
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)  # here, not on the rank threads: they share torch's generator
+    initial = _Branchy().state_dict()
 
     def rank_main(rank, world):
-        torch.manual_seed(0)
-        model = hpt.ShardedModule(_Branchy(), world, stage=stage, units=["fc1", "fc2"],
+        net = _Branchy()
+        net.load_state_dict(initial)
+        model = hpt.ShardedModule(net, world, stage=stage, units=["fc1", "fc2"],
                                   optimizer="sgd", lr=0.1)
         try:
             for _ in range(2):
@@ -1598,8 +1600,8 @@ def test_a_parameter_only_some_ranks_use(stage):
     if stage == 3:
         assert any("ranks disagree on the call" in r for r in results if isinstance(r, str))
         return
-    torch.manual_seed(0)
     ref = _Branchy()
+    ref.load_state_dict(initial)
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     for _ in range(2):
         opt.zero_grad()
