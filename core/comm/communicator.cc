@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <stop_token>
 
 #define XXH_INLINE_ALL  // header-only: libhpshard gains no shared-library dependency
 #include <xxhash.h>
@@ -15,6 +16,7 @@
 #include "core/comm/shm/shm_group.h"
 #include "core/common/config.h"
 #include "core/common/env.h"
+#include "core/device/cpu/stream.h"
 #if HPS_HAVE_GLOO
 #include "core/comm/gloo/communicator.h"
 #endif
@@ -249,6 +251,8 @@ struct Communicator::AbortNode {
   std::vector<std::weak_ptr<AbortNode>> dependents;
   bool aborting = false;  // this thread is in its abort (ties that loop end here)
   std::atomic<bool> aborted{false};
+  // Requested by the abort, after the backend's: ends the stream's waits for ready streams.
+  std::stop_source stop;
 };
 
 Communicator::Communicator() : abort_node_(std::make_shared<AbortNode>()) {
@@ -287,6 +291,7 @@ void Communicator::abort() {
     abort_node_->aborting = true;
     abort_node_->aborted = true;
     abort_operations();
+    abort_node_->stop.request_stop();
     for (const auto& w : abort_node_->dependents) {
       if (auto node = w.lock()) dependents.push_back(std::move(node));
     }
@@ -300,6 +305,18 @@ void Communicator::abort() {
 }
 
 bool Communicator::was_aborted() const { return abort_node_->aborted.load(); }
+
+Status Communicator::wait_for_ready(cpu::CpuStream& own, Stream* ready,
+                                    std::string_view operation) {
+  if (ready == nullptr) return Status::Ok();
+  if (ready->device().type != DeviceType::kCpu) {
+    return invalid_argument(std::string(operation) + ": the ready stream is on " +
+                            ready->device().to_string() + ", not the cpu");
+  }
+  cpu::CpuEvent ready_event;
+  HPS_RETURN_IF_ERROR(ready_event.record(*ready));
+  return own.wait(ready_event, abort_node_->stop.get_token());
+}
 
 namespace {
 

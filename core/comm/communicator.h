@@ -18,6 +18,10 @@
 
 namespace hps {
 
+namespace cpu {
+class CpuStream;
+}
+
 // Numeric values are the C API's hps_reduce_op_t.
 enum class ReduceOp : int32_t { kSum = 0, kAvg = 1, kMax = 2, kMin = 3 };
 std::string_view reduce_op_name(ReduceOp op);
@@ -177,6 +181,14 @@ class Communicator {
   // The first thing a backend's destructor does: no abort reaches this object after it
   // returns (one running now finishes first).
   void untie();
+  // For CPU backends: `own` (the communicator's stream) waits for the work enqueued on
+  // `ready` so far (nothing when it is null), without blocking the host. abort() ends that
+  // wait, so the operations queued behind it end ABORTED at once rather than when `ready`
+  // gets there (it may be blocked behind another group's operation), and whatever else is
+  // queued on `own` after it runs without waiting for `ready` either. Call it after the
+  // backend's own abort check (an operation behind it must find the backend aborted).
+  // INVALID_ARGUMENT naming `operation` when `ready` is not on the CPU.
+  Status wait_for_ready(cpu::CpuStream& own, Stream* ready, std::string_view operation);
 
  private:
   struct AbortNode;

@@ -782,15 +782,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
                      "': an earlier operation failed: " + failure_.message());
     }
   }
-  if (ready != nullptr) {
-    if (ready->device().type != DeviceType::kCpu) {
-      return invalid_argument(operation + ": the ready stream is on " +
-                              ready->device().to_string() + ", not the cpu");
-    }
-    cpu::CpuEvent ready_event;
-    HPS_RETURN_IF_ERROR(ready_event.record(*ready));
-    HPS_RETURN_IF_ERROR(stream_->wait(ready_event));
-  }
+  HPS_RETURN_IF_ERROR(wait_for_ready(*stream_, ready, operation));
   const uint64_t sequence = descriptor ? descriptor->sequence : 0;
   auto work = std::make_shared<Work>(where(operation, sequence), std::make_unique<cpu::CpuEvent>());
   std::optional<Descriptor> checked;

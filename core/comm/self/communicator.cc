@@ -29,15 +29,7 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::enqueue(const char* operation,
   const std::string where =
       std::string(operation) + " #" + std::to_string(next_sequence_) + " on group '" + name_ + "'";
   if (aborted_) return aborted(where + ": the communicator was aborted");
-  if (ready != nullptr) {
-    if (ready->device().type != DeviceType::kCpu) {
-      return invalid_argument(std::string(operation) + ": the ready stream is on " +
-                              ready->device().to_string() + ", not the cpu");
-    }
-    cpu::CpuEvent ready_event;
-    HPS_RETURN_IF_ERROR(ready_event.record(*ready));
-    HPS_RETURN_IF_ERROR(stream_->wait(ready_event));
-  }
+  HPS_RETURN_IF_ERROR(wait_for_ready(*stream_, ready, operation));
   const uint64_t sequence = next_sequence_++;
   auto work = std::make_shared<Work>(where, std::make_unique<cpu::CpuEvent>());
   stream_->enqueue(

@@ -38,6 +38,18 @@ bool EventMark::wait_for(std::chrono::nanoseconds timeout) const {
   return done_cv_.wait_for(lock, timeout, [&] { return completed_; });
 }
 
+bool EventMark::wait(std::stop_token stop) const {
+  // The stop's callback runs on the thread that requests it; it notifies under the lock,
+  // so the request cannot fall between this thread's check and its sleep.
+  std::stop_callback wake(stop, [this] {
+    std::lock_guard lock(mutex_);
+    done_cv_.notify_all();
+  });
+  std::unique_lock lock(mutex_);
+  done_cv_.wait(lock, [&] { return completed_ || stop.stop_requested(); });
+  return completed_;
+}
+
 StreamCore::StreamCore() : trace_track_(trace::new_stream_track()) {}
 
 uint64_t StreamCore::enqueue(std::function<void()> task, const char* label) {
@@ -150,6 +162,15 @@ Status CpuStream::wait(Event& event) {
   auto mark = static_cast<CpuEvent&>(event).mark();
   if (!mark) return failed_precondition("stream wait: the event was never recorded");
   enqueue([mark] { mark->wait(); }, "wait event");
+  return Status::Ok();
+}
+
+Status CpuStream::wait(Event& event, std::stop_token stop) {
+  HPS_RETURN_IF_ERROR(check_same_device(*this, event, "stream wait"));
+  auto mark = static_cast<CpuEvent&>(event).mark();
+  if (!mark) return failed_precondition("stream wait: the event was never recorded");
+  if (mark->completed()) return Status::Ok();  // the calling thread's stream: already there
+  enqueue([mark, stop = std::move(stop)] { (void)mark->wait(stop); }, "wait event");
   return Status::Ok();
 }
 

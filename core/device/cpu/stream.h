@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,10 @@ class EventMark {
   // Blocks the calling thread until the mark completes or `timeout` has passed; whether it
   // completed. Runs no task of the stream (one may block for long): the worker does.
   bool wait_for(std::chrono::nanoseconds timeout) const;
+  // Blocks the calling thread until the mark completes or `stop` is requested; whether it
+  // completed. Runs no task of the stream either: one may block for long, and no stop
+  // reaches into it.
+  bool wait(std::stop_token stop) const;
 
  private:
   mutable std::mutex mutex_;
@@ -107,6 +112,11 @@ class CpuStream final : public HostQueue {
   CpuStream& operator=(const CpuStream&) = delete;
 
   Status wait(Event& event) override;
+  // As wait(), except that the stream stops waiting once `stop` is requested: work
+  // enqueued after this call then runs without waiting for the rest of `event`'s work.
+  // For a communicator's operations queued behind a caller's stream that may never get
+  // there (blocked behind another group's operation): its abort ends them at once.
+  Status wait(Event& event, std::stop_token stop);
   Status wait_for_outcome(Event& event, std::function<Status()> outcome) override;
   Status synchronize() override;
 

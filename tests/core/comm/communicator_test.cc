@@ -864,6 +864,50 @@ TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
       options());
 }
 
+// An operation whose ready stream is blocked (here: it waits for another group's receive
+// that is never matched) ends ABORTED at the abort of its communicator, not when the stream
+// gets there (the other group's timeout): the communicator's stream stops waiting for it.
+TEST_P(CommunicatorTest, AbortEndsAnOperationWaitingForABlockedReadyStream) {
+  using namespace std::chrono_literals;
+  std::atomic<bool> finished{false};
+  auto other_store = make_in_memory_store();
+  run_ranks(
+      2,
+      [&](int32_t rank, Communicator& comm) {
+        auto other = create_communicator(other_store, rank, 2, Device::cpu(), options());
+        ASSERT_TRUE(other.ok()) << other.status().to_string();
+        if (rank == 1) {  // sends nothing on `other`, runs nothing on `comm`
+          while (!finished) std::this_thread::sleep_for(5ms);
+          return;
+        }
+        float x = 1, y = 0, z = 0;
+        auto never = (*other)->recv(&z, 1, DType::kFloat32, 1);
+        ASSERT_TRUE(never.ok()) << never.status().to_string();
+        auto compute = std::move(create_stream(Device::cpu())).value();
+        ASSERT_TRUE((*never)->wait_on(*compute).ok());
+        auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum, compute.get());
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        std::this_thread::sleep_for(50ms);
+        EXPECT_FALSE(*(*w)->test());
+        comm.abort();
+        auto ended = (*w)->wait_for(1s);
+        // Whatever it found, the receive goes now, and with it the stream's block.
+        (*other)->abort();
+        EXPECT_EQ(ended.status().code(), StatusCode::kAborted)
+            << (ended.ok() ? "still pending 1 s after the abort: it waited for the ready stream"
+                           : ended.status().to_string());
+        const Status s = (*w)->wait();
+        EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+        EXPECT_NE(s.message().find("aborted"), std::string::npos) << s.message();
+        EXPECT_EQ(y, 0.0f) << "an aborted operation ran";
+        EXPECT_EQ((*never)->wait().code(), StatusCode::kAborted);
+        (void)compute->synchronize();  // the receive's failure, reported through wait_on
+        EXPECT_EQ(comm.barrier().status().code(), StatusCode::kAborted);
+        finished = true;
+      },
+      options());
+}
+
 // A split waits in the store for its members; an abort of the group it is split from
 // ends that wait too (it waited for the member, up to the timeout).
 TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsASplitWaitingForAMember) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -153,6 +154,29 @@ TEST(SelfCommunicator, AbortEndsQueuedOperationsAndRefusesLaterOnes) {
   EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
   EXPECT_EQ(y, 0.0f) << "an aborted operation ran";
   EXPECT_EQ(c->barrier(nullptr).status().code(), StatusCode::kAborted);
+}
+
+// An operation queued behind a ready stream that does not get there ends ABORTED at the
+// abort, while that stream is still blocked (the communicator's stream stops waiting).
+TEST(SelfCommunicator, AbortEndsAnOperationWaitingForABlockedReadyStream) {
+  auto c = make();
+  cpu::CpuStream compute;
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  compute.enqueue([released] { released.wait(); });
+  float x = 2.0f, y = 0.0f;
+  auto queued = c->all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum, &compute);
+  ASSERT_TRUE(queued.ok());
+  EXPECT_FALSE(*(*queued)->test());
+  c->abort();
+  auto ended = (*queued)->wait_for(std::chrono::seconds(1));
+  release.set_value();
+  EXPECT_EQ(ended.status().code(), StatusCode::kAborted)
+      << (ended.ok() ? "still pending 1 s after the abort: it waited for the ready stream"
+                     : ended.status().to_string());
+  EXPECT_EQ((*queued)->wait().code(), StatusCode::kAborted);
+  EXPECT_EQ(y, 0.0f) << "an aborted operation ran";
+  EXPECT_TRUE(compute.synchronize().ok());
 }
 
 TEST(SelfCommunicator, SplitMakesAnotherGroupOfOne) {

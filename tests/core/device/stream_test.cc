@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <future>
 #include <numeric>
+#include <stop_token>
 #include <thread>
 #include <vector>
 
@@ -228,6 +229,42 @@ TEST(CpuStream, AWaitedOutcomeThatFailedIsTheStreamsError) {
   EXPECT_TRUE(caller.wait_for_outcome(*done, ok).ok());
   EXPECT_EQ(caller.wait_for_outcome(*done, failed).code(), StatusCode::kTimeout);
   EXPECT_TRUE(caller.synchronize().ok());
+}
+
+// A wait given a stop token ends when the stop is requested, with the event still
+// pending: work enqueued after it runs then, not when the event's stream gets there. An
+// event already complete adds no wait.
+TEST(CpuStream, AWaitEndsWhenItsStopIsRequested) {
+  using namespace std::chrono_literals;
+  auto producer = make_stream();
+  auto consumer = std::make_unique<cpu::CpuStream>();
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  static_cast<cpu::CpuStream&>(*producer).enqueue([released] { released.wait(); });
+  auto ready = make_event();
+  ASSERT_TRUE(ready->record(*producer).ok());
+  std::stop_source stop;
+  ASSERT_TRUE(consumer->wait(*ready, stop.get_token()).ok());
+  auto after = make_event();
+  ASSERT_TRUE(after->record(*consumer).ok());
+  EXPECT_FALSE(*after->wait_for(30ms)) << "the consumer ran before the producer's event";
+  stop.request_stop();
+  EXPECT_TRUE(*after->wait_for(5s)) << "the stop did not end the wait";
+  EXPECT_FALSE(*ready->query());
+  // A stop requested before the wait starts ends it at once too.
+  auto again = make_event();
+  ASSERT_TRUE(consumer->wait(*ready, stop.get_token()).ok());
+  ASSERT_TRUE(again->record(*consumer).ok());
+  EXPECT_TRUE(*again->wait_for(5s));
+  release.set_value();
+  ASSERT_TRUE(ready->synchronize().ok());
+  // Without a stop, the wait lasts until the event completes.
+  static_cast<cpu::CpuStream&>(*producer).enqueue([] { std::this_thread::sleep_for(30ms); });
+  ASSERT_TRUE(ready->record(*producer).ok());
+  ASSERT_TRUE(consumer->wait(*ready, std::stop_token()).ok());
+  ASSERT_TRUE(after->record(*consumer).ok());
+  ASSERT_TRUE(after->synchronize().ok());
+  EXPECT_TRUE(*ready->query());
 }
 
 TEST(CpuEvent, ReRecordingMovesTheMark) {
