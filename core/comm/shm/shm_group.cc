@@ -37,10 +37,22 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr uint64_t kMagic = 0x6870736861726432ULL;  // "hpshard2"
+constexpr uint64_t kMagic = 0x6870736861726433ULL;  // "hpshard3"
 constexpr size_t kPage = 4096;
 
 enum State : uint32_t { kActive = 0, kLeft = 1, kFailed = 2, kAborted = 3 };
+
+// How a round ended (Header::outcome): (round + 1) << kRoundShift | rank << 2 | how, where
+// rank is the rank that decided it. A word naming an earlier round decides nothing yet.
+enum How : uint64_t { kComplete = 1, kGaveUp = 2 };
+constexpr int kRoundShift = 24;
+constexpr uint64_t kRankMask = (uint64_t{1} << (kRoundShift - 2)) - 1;
+uint64_t outcome_word(uint64_t round, int32_t rank, How how) {
+  return (round + 1) << kRoundShift | (static_cast<uint64_t>(rank) & kRankMask) << 2 | how;
+}
+bool decides(uint64_t word, uint64_t round) { return word >> kRoundShift == round + 1; }
+How how_of(uint64_t word) { return static_cast<How>(word & 3); }
+int32_t decider_of(uint64_t word) { return static_cast<int32_t>(word >> 2 & kRankMask); }
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4,
               "futex words must be plain 32-bit integers");
@@ -212,6 +224,10 @@ struct ShmGroup::Header {
   uint64_t slot_bytes;
   std::atomic<uint32_t> signal;    // futex word: bumped whenever any counter moves
   std::atomic<uint32_t> sleepers;  // ranks asleep on it
+  // Round k's outcome word, at k % 2 (see How): set once, by the first rank that either saw
+  // every post it waited for (kComplete) or stopped waiting (kGaveUp); every rank abides by
+  // it. Round k + 2 starts only after every rank has finished round k.
+  std::atomic<uint64_t> outcome[2];
 };
 
 struct alignas(128) ShmGroup::Control {
@@ -604,6 +620,10 @@ Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline d
     // it leaves, fails or exits, so one that reached `target` and then left at once is seen
     // as done by the counter read below, not as gone.
     Status gone = peer_gone(peer);
+    if (posted && gone.ok()) {
+      const uint64_t outcome = h.outcome[(target - 1) % 2].load(std::memory_order_seq_cst);
+      if (decides(outcome, target - 1) && how_of(outcome) == kGaveUp) gone = given_up(outcome);
+    }
     if (gone.ok() && check_pid && spins >= 80 && Clock::now() >= next_pid_check) {
       if (host::process_ended(c.pid)) {
         gone = aborted("rank " + std::to_string(peer) + " (process " + std::to_string(c.pid) +
@@ -649,7 +669,31 @@ void ShmGroup::post(uint64_t round, const CollectiveDescriptor* d) {
 }
 
 Status ShmGroup::wait_posted(uint64_t round, Deadline deadline, int32_t only) {
-  return wait_peers(true, round + 1, deadline, only);
+  return settle(round, wait_peers(true, round + 1, deadline, only));
+}
+
+Status ShmGroup::settle(uint64_t round, Status waited) {
+  std::atomic<uint64_t>& word = header().outcome[round % 2];
+  const uint64_t mine = outcome_word(round, rank_, waited.ok() ? kComplete : kGaveUp);
+  uint64_t seen = word.load(std::memory_order_seq_cst);
+  while (!decides(seen, round)) {
+    if (word.compare_exchange_weak(seen, mine, std::memory_order_seq_cst)) {
+      if (!waited.ok()) notify();  // the peers still waiting for this round stop now
+      return waited;
+    }
+  }
+  if (how_of(seen) == kComplete) {
+    // Whoever decided saw every post this rank waits for: a wait that timed out as the last
+    // one arrived completes, as the peers' do.
+    return waited.code() == StatusCode::kTimeout ? Status::Ok() : waited;
+  }
+  return waited.ok() ? given_up(seen) : waited;
+}
+
+Status ShmGroup::given_up(uint64_t word) const {
+  return with_cause(aborted("rank " + std::to_string(decider_of(word)) +
+                            " gave up on this operation before every rank had joined it (it "
+                            "timed out, failed or was aborted)"));
 }
 
 Status ShmGroup::check(uint64_t round, const CollectiveDescriptor& mine) {

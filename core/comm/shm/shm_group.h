@@ -11,7 +11,9 @@
 // Every collective checks the ranks' descriptors in its first round, for free. Waits
 // spin briefly, then sleep on a futex in the segment; they end at the deadline, on
 // abort(), or as soon as the rank waited for has failed, aborted, left, or its process
-// died.
+// died. Each round's outcome is one word in the segment, set by the first rank to see every
+// post (complete) or to stop waiting (given up): a rank that joins a round its peers gave up
+// on fails too, and one that timed out as the last post arrived completes with its peers.
 #pragma once
 
 #include <atomic>
@@ -109,8 +111,15 @@ class ShmGroup {
   // Round protocol.
   Status acquire(uint64_t round, Deadline deadline);  // my slot for `round` may be written
   void post(uint64_t round, const CollectiveDescriptor* d);
-  // Every rank (or only `only`, when >= 0) has published `round`.
+  // Every rank (or only `only`, when >= 0) has published `round`, and the round is settled:
+  // it ends alike on every rank.
   Status wait_posted(uint64_t round, Deadline deadline, int32_t only = -1);
+  // Decides, once for every rank, whether `round` completes: `waited` is what this rank's wait
+  // for its posts returned. The first rank to decide wins; a rank that saw every post after a
+  // peer gave up gets ABORTED, and one whose wait timed out after a peer saw them all gets OK.
+  Status settle(uint64_t round, Status waited);
+  // ABORTED naming the rank that gave up the round whose outcome word is `word`.
+  Status given_up(uint64_t word) const;
   Status check(uint64_t round, const CollectiveDescriptor& mine);
   void finish(uint64_t round);
   Status wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline);

@@ -734,6 +734,83 @@ TEST_P(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
       options);
 }
 
+// Rank 1 of `size` calls the first collective `late_ms` after the others, whose timeout is
+// `timeout_ms`; what each rank's collective returned.
+std::vector<Status> with_a_late_rank(CommOptions options, int32_t size, int late_ms, int timeout_ms,
+                                     const std::string& what, size_t count) {
+  options.timeout = Milliseconds(timeout_ms);
+  std::vector<Status> result(static_cast<size_t>(size), unavailable("did not run"));
+  run_ranks(
+      size,
+      [&](int32_t rank, Communicator& comm) {
+        std::vector<float> x(count * static_cast<size_t>(size), 1.0f);
+        std::vector<float> y(count * static_cast<size_t>(size), 0.0f);
+        if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+        StatusOr<std::shared_ptr<Work>> w = unavailable("no such collective: " + what);
+        if (what == "all_reduce") {
+          w = comm.all_reduce(x.data(), y.data(), count, DType::kFloat32, ReduceOp::kSum);
+        } else if (what == "reduce_scatter") {
+          w = comm.reduce_scatter(x.data(), y.data(), count, DType::kFloat32, ReduceOp::kSum);
+        } else if (what == "all_gather") {
+          w = comm.all_gather(x.data(), y.data(), count, DType::kFloat32);
+        } else if (what == "broadcast") {
+          w = comm.broadcast(x.data(), count, DType::kFloat32, 0);
+        } else if (what == "barrier") {
+          w = comm.barrier();
+        }
+        result[static_cast<size_t>(rank)] = w.ok() ? (*w)->wait() : w.status();
+      },
+      options);
+  return result;
+}
+
+// A rank that joins a collective after its peers timed out on it used to complete it (OK, with
+// their data) over shared memory whenever it fitted one round, while they reported TIMEOUT:
+// the peers' posts were still in the segment. Now the round is given up for every rank.
+TEST_P(CommunicatorTest, ARankThatJoinsAfterThePeersTimedOutFailsToo) {
+  struct Case {
+    int32_t size;
+    std::string what;
+    size_t count;
+  };
+  std::vector<Case> cases;
+  for (int32_t size : {2, 3}) {
+    for (size_t count : {size_t{1}, size_t{1024}, size_t{16384}, size_t{65536}}) {
+      cases.push_back({size, "all_reduce", count});
+    }
+  }
+  for (const char* what : {"reduce_scatter", "all_gather", "broadcast", "barrier"}) {
+    cases.push_back({2, what, 1024});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what + " of " + std::to_string(c.count) + " floats, " + std::to_string(c.size) +
+                 " ranks");
+    const std::vector<Status> s = with_a_late_rank(options(), c.size, 700, 300, c.what, c.count);
+    for (int32_t r = 0; r < c.size; ++r) {
+      const Status& mine = s[static_cast<size_t>(r)];
+      EXPECT_TRUE(mine.code() == StatusCode::kTimeout || mine.code() == StatusCode::kAborted)
+          << "rank " << r << ": " << mine.to_string();
+      EXPECT_NE(mine.message().find(c.what + " #1 on group 'world'"), std::string::npos)
+          << "rank " << r << ": " << mine.message();
+    }
+  }
+}
+
+// Over shared memory, a rank that arrives about when its peer's timeout fires: the collective
+// completes on both ranks or on neither, never OK on one and TIMEOUT on the other (one word in
+// the segment decides the round).
+TEST(SharedMemory, ARankArrivingAsThePeerTimesOutEndsLikeIt) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (Transport t : {kShmStaged, kShmDirect}) {
+    for (int late_ms : {160, 180, 190, 195, 200, 200, 205, 210, 220, 240}) {
+      const std::vector<Status> s = with_a_late_rank(over(t), 2, late_ms, 200, "all_reduce", 16);
+      EXPECT_EQ(s[0].ok(), s[1].ok())
+          << transport_name(t) << ", late by " << late_ms << " ms: rank 0 " << s[0].to_string()
+          << "; rank 1 " << s[1].to_string();
+    }
+  }
+}
+
 TEST_P(CommunicatorTest, APeerThatLeavesMidCollectiveAbortsTheOthers) {
   // A rank whose neighbour left sees the connection close; the others time out.
   CommOptions options = this->options();
