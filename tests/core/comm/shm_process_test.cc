@@ -6,7 +6,8 @@
 // times out while its peer is still copying the root's buffer: the peer never reports
 // success with data the root overwrote after its error. Then a rank that makes its side of
 // a communicator and exits at once while its peer is still making its own: the peer's
-// creation succeeds.
+// creation succeeds. Then a rank that joins an all_reduce after its peers timed out on it:
+// it fails too.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -158,6 +159,30 @@ int late_reader(int32_t rank, const std::string& dir, int64_t lead_us) {
   return 0;
 }
 
+// kWorld ranks over shared memory with a 300 ms timeout: rank 1 joins an all_reduce of `count`
+// floats 700 ms after the others. Every rank's all_reduce must fail (a late rank used to get
+// OK, with the peers' data, while they reported TIMEOUT).
+int late_joiner(int32_t rank, const std::string& dir, size_t count) {
+  using namespace hps;
+  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
+  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
+  CommOptions options;
+  options.timeout = Milliseconds(300);
+  options.shared_memory = true;
+  auto comm_or = create_communicator(*store, rank, kWorld, Device::cpu(), options);
+  CHECK_OR_FAIL(comm_or.ok(), "create: %s", comm_or.status().to_string().c_str());
+  Communicator& comm = **comm_or;
+  CHECK_OR_FAIL(comm.transport() == "shm", "transport %s", std::string(comm.transport()).c_str());
+  std::vector<float> x(count, 1.0f), y(count, 0.0f);
+  if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  auto w = comm.all_reduce(x.data(), y.data(), count, DType::kFloat32, ReduceOp::kSum);
+  CHECK_OR_FAIL(w.ok(), "enqueue: %s", w.status().to_string().c_str());
+  const Status s = (*w)->wait();
+  CHECK_OR_FAIL(s.code() == StatusCode::kTimeout || s.code() == StatusCode::kAborted,
+                "all_reduce of %zu floats, rank 1 late: %s", count, s.to_string().c_str());
+  return 0;
+}
+
 // Slows every read of a shared-memory set-up key, so that this rank is still making its side
 // of the communicator after its peer has made its own.
 class SlowSharedMemoryKeysStore final : public hps::ForwardingStore {
@@ -263,6 +288,9 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--late-reader") {
     return late_reader(std::atoi(argv[2]), argv[3], std::atoll(argv[4]));
   }
+  if (argc == 5 && std::string(argv[1]) == "--late-joiner") {
+    return late_joiner(std::atoi(argv[2]), argv[3], std::strtoull(argv[4], nullptr, 10));
+  }
   if (argc == 5 && std::string(argv[1]) == "--made-then-exit") {
     return made_then_exit(std::atoi(argv[2]), argv[3]);
   }
@@ -288,6 +316,17 @@ int main(int argc, char** argv) {
       }
     }
     ok = ok && statuses.size() == 2;
+  }
+  for (const char* count : {"1", "16384"}) {
+    const std::vector<int> statuses = run_copies("--late-joiner", kWorld, count);
+    for (const int status : statuses) {
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "late joiner, %s floats: a rank ended with status 0x%x\n", count,
+                     status);
+        ok = false;
+      }
+    }
+    ok = ok && statuses.size() == static_cast<size_t>(kWorld);
   }
   std::printf(ok ? "shm_process_test: passed\n" : "shm_process_test: FAILED\n");
   return ok ? 0 : 1;
