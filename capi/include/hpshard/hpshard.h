@@ -605,7 +605,9 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
  * that disagree on a collective end it with INVALID_ARGUMENT (CPU groups with check_arguments
  * on; NCCL groups do not compare their calls), a peer that is missing with TIMEOUT, a peer
  * that died with ABORTED or TIMEOUT; the message names the operation, its group and sequence
- * number.
+ * number. An operation that fails ends its communicator on that rank: later operations end
+ * with ABORTED naming the failure, and the other ranks of a CPU group learn of it as of a
+ * rank that has gone (hps_comm_abort), so a rank that joins the operation late fails too.
  */
 
 /** recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */

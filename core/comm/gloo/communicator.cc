@@ -115,9 +115,12 @@ int32_t rank_named_in(const std::string& what, const std::vector<std::string>& p
 
 // What a broken connection says: the rank when known (>= 0), else "a peer".
 std::string connection_failed(int32_t peer, const std::string& what) {
-  if (peer < 0) return "the connection to a peer failed (did a rank exit or abort?): " + what;
+  if (peer < 0) {
+    return "the connection to a peer failed (did a rank exit, abort or fail an operation?): " +
+           what;
+  }
   return "the connection to rank " + std::to_string(peer) +
-         " failed (did it exit or abort?): " + what;
+         " failed (did it exit, abort or fail an operation?): " + what;
 }
 
 std::string process_key(int32_t rank) { return "process/" + std::to_string(rank); }
@@ -739,17 +742,16 @@ void GlooCommunicator::unregister_buffer(::gloo::transport::UnboundBuffer* buffe
 }
 
 void GlooCommunicator::abort_operations() {
-  std::lock_guard lock(buffers_mutex_);
-  aborted_ = true;
-  if (shm_) shm_->abort();
-  if (control_) control_->abort();
-  for (auto* b : active_buffers_) {
-    b->abortWaitRecv();
-    b->abortWaitSend();
+  {
+    std::lock_guard lock(buffers_mutex_);
+    aborted_ = true;
+    if (shm_) shm_->abort();
+    for (auto* b : active_buffers_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
   }
-  // Closing the connections (a reset) fails the peers' transfers with this rank at once: a
-  // peer waiting for its data would otherwise wait out its timeout.
-  if (context_) context_->closeConnections();
+  end_connections();
 }
 
 Status GlooCommunicator::located(const Op& op, Status s) const {
@@ -904,10 +906,25 @@ std::string GlooCommunicator::describe_exception() noexcept {
 
 void GlooCommunicator::record_failure(const Status& s) {
   if (s.ok()) return;
-  std::lock_guard lock(failure_mutex_);
-  if (failure_.ok()) failure_ = s;
-  if (shm_) shm_->mark_failed();
+  bool first = false;
+  {
+    std::lock_guard lock(failure_mutex_);
+    first = failure_.ok();
+    if (first) failure_ = s;
+    if (shm_) shm_->mark_failed();
+  }
   HPS_LOG(kWarn) << s.to_string();
+  // A failed communicator runs nothing more, and its peers must not complete the operation
+  // it gave up on (with the data it sent before), nor wait out their own timeouts.
+  if (first) end_connections();
+}
+
+void GlooCommunicator::end_connections() {
+  // Closing the connections (a reset) fails the peers' transfers with this rank at once, and
+  // the control connections' end fails their argument checks.
+  std::lock_guard lock(buffers_mutex_);
+  if (control_) control_->abort();
+  if (context_) context_->closeConnections();
 }
 
 bool GlooCommunicator::checks_over_control_mesh(const Descriptor* descriptor) const {

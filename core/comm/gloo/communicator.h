@@ -98,7 +98,11 @@ class GlooCommunicator final : public Communicator {
   // Runs fn, turning Gloo's exceptions and an abort into TIMEOUT / ABORTED statuses
   // that name the operation, its sequence number and the group.
   Status guarded(Op& op, const std::function<Status()>& fn);
+  // Keeps the first failure (every later operation is refused with it) and ends the
+  // connections.
   void record_failure(const Status& s);
+  // Ends the data and control connections, so that the peers' operations with this rank fail.
+  void end_connections();
   // `failure` preceded by the peers of this host whose processes have ended, if any.
   std::string with_ended_peers(const std::string& failure) const;
   // Records a finished operation's status on its work (and the communicator's failure).

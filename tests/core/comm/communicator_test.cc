@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <latch>
 #include <optional>
 
 #include "core/comm/agreement.h"
@@ -736,16 +737,23 @@ TEST_P(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
 
 // Rank 1 of `size` calls the first collective `late_ms` after the others, whose timeout is
 // `timeout_ms`; what each rank's collective returned.
+// Every rank keeps its communicator until all have their result: a peer's destructor must not
+// be what fails the late rank. `took`, if given, receives each rank's time from its call to its
+// result.
 std::vector<Status> with_a_late_rank(CommOptions options, int32_t size, int late_ms, int timeout_ms,
-                                     const std::string& what, size_t count) {
+                                     const std::string& what, size_t count,
+                                     std::vector<Milliseconds>* took = nullptr) {
   options.timeout = Milliseconds(timeout_ms);
   std::vector<Status> result(static_cast<size_t>(size), unavailable("did not run"));
+  if (took) took->assign(static_cast<size_t>(size), Milliseconds(-1));
+  std::latch all_ended(size);
   run_ranks(
       size,
       [&](int32_t rank, Communicator& comm) {
         std::vector<float> x(count * static_cast<size_t>(size), 1.0f);
         std::vector<float> y(count * static_cast<size_t>(size), 0.0f);
         if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+        const auto start = std::chrono::steady_clock::now();
         StatusOr<std::shared_ptr<Work>> w = unavailable("no such collective: " + what);
         if (what == "all_reduce") {
           w = comm.all_reduce(x.data(), y.data(), count, DType::kFloat32, ReduceOp::kSum);
@@ -759,14 +767,21 @@ std::vector<Status> with_a_late_rank(CommOptions options, int32_t size, int late
           w = comm.barrier();
         }
         result[static_cast<size_t>(rank)] = w.ok() ? (*w)->wait() : w.status();
+        if (took) {
+          (*took)[static_cast<size_t>(rank)] =
+              std::chrono::duration_cast<Milliseconds>(std::chrono::steady_clock::now() - start);
+        }
+        all_ended.arrive_and_wait();
       },
       options);
   return result;
 }
 
 // A rank that joins a collective after its peers timed out on it used to complete it (OK, with
-// their data) over shared memory whenever it fitted one round, while they reported TIMEOUT:
-// the peers' posts were still in the segment. Now the round is given up for every rank.
+// their data) while they reported TIMEOUT: over shared memory whenever it fitted one round (the
+// peers' posts were still in the segment), over TCP whenever the peers had sent all it needed
+// (their data was in its sockets). Now the round is given up for every rank, and a TCP rank
+// that fails ends its connections: the late rank fails at once.
 TEST_P(CommunicatorTest, ARankThatJoinsAfterThePeersTimedOutFailsToo) {
   struct Case {
     int32_t size;
@@ -783,15 +798,27 @@ TEST_P(CommunicatorTest, ARankThatJoinsAfterThePeersTimedOutFailsToo) {
     cases.push_back({2, what, 1024});
   }
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.what + " of " + std::to_string(c.count) + " floats, " + std::to_string(c.size) +
-                 " ranks");
-    const std::vector<Status> s = with_a_late_rank(options(), c.size, 700, 300, c.what, c.count);
-    for (int32_t r = 0; r < c.size; ++r) {
-      const Status& mine = s[static_cast<size_t>(r)];
-      EXPECT_TRUE(mine.code() == StatusCode::kTimeout || mine.code() == StatusCode::kAborted)
-          << "rank " << r << ": " << mine.to_string();
-      EXPECT_NE(mine.message().find(c.what + " #1 on group 'world'"), std::string::npos)
-          << "rank " << r << ": " << mine.message();
+    for (const bool check : {true, false}) {
+      // Without the argument check a TCP rank sends its data before it waits for the peers'
+      // (shared memory checks the arguments in its first round either way).
+      if (!check && GetParam() != kTcp) continue;
+      CommOptions options = this->options();
+      options.check_arguments = check;
+      SCOPED_TRACE(c.what + " of " + std::to_string(c.count) + " floats, " +
+                   std::to_string(c.size) + " ranks, arguments " +
+                   (check ? "checked" : "unchecked"));
+      std::vector<Milliseconds> took;
+      const std::vector<Status> s =
+          with_a_late_rank(options, c.size, 700, 300, c.what, c.count, &took);
+      // The late rank learns it at once, not after a timeout of its own.
+      EXPECT_LT(took[1].count(), 250) << "rank 1: " << s[1].to_string();
+      for (int32_t r = 0; r < c.size; ++r) {
+        const Status& mine = s[static_cast<size_t>(r)];
+        EXPECT_TRUE(mine.code() == StatusCode::kTimeout || mine.code() == StatusCode::kAborted)
+            << "rank " << r << ": " << mine.to_string();
+        EXPECT_NE(mine.message().find(c.what + " #1 on group 'world'"), std::string::npos)
+            << "rank " << r << ": " << mine.message();
+      }
     }
   }
 }
