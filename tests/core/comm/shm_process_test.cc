@@ -55,19 +55,27 @@ constexpr int kSkip = 77;
   return scope == 0 || (scope < 3 && geteuid() == 0);
 }
 
+// This rank's communicator of `world` ranks over the file store in `dir`, or why the store or
+// the communicator could not be made.
+hps::StatusOr<std::unique_ptr<hps::Communicator>> connect(int32_t rank, const std::string& dir,
+                                                          int32_t world,
+                                                          const hps::CommOptions& options) {
+  auto store = hps::open_store("file://" + dir, rank, std::chrono::seconds(30));
+  if (!store.ok()) return store.status();
+  return hps::create_communicator(*store, rank, world, hps::Device::cpu(), options);
+}
+
 // mode: "direct" (shm, cross-memory attach), "staged" (shm slots only), "tcp".
 int child(int32_t rank, const std::string& dir, const std::string& mode) {
   const bool shared_memory = mode != "tcp";
   using namespace hps;
-  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
-  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
   CommOptions options;
   options.timeout = Milliseconds(60'000);
   options.shared_memory = shared_memory;
   options.shared_memory_direct = mode == "direct";
   options.shared_memory_slot_bytes = 64 * 1024;  // many rounds
-  auto comm_or = create_communicator(*store, rank, kWorld, Device::cpu(), options);
-  CHECK_OR_FAIL(comm_or.ok(), "create: %s", comm_or.status().to_string().c_str());
+  auto comm_or = connect(rank, dir, kWorld, options);
+  CHECK_OR_FAIL(comm_or.ok(), "connect: %s", comm_or.status().to_string().c_str());
   Communicator& comm = **comm_or;
   const std::string want = shared_memory ? "shm" : "tcp";
   CHECK_OR_FAIL(comm.transport() == want, "transport %s, wanted %s",
@@ -128,14 +136,12 @@ int child(int32_t rank, const std::string& dir, const std::string& mode) {
 // or fail, but never succeed with anything but rank 0's data.
 int late_reader(int32_t rank, const std::string& dir, int64_t lead_us) {
   using namespace hps;
-  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
-  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
   CommOptions options;
   options.timeout = Milliseconds(1000);
   options.shared_memory = true;
   options.shared_memory_direct = true;
-  auto comm_or = create_communicator(*store, rank, 2, Device::cpu(), options);
-  CHECK_OR_FAIL(comm_or.ok(), "create: %s", comm_or.status().to_string().c_str());
+  auto comm_or = connect(rank, dir, 2, options);
+  CHECK_OR_FAIL(comm_or.ok(), "connect: %s", comm_or.status().to_string().c_str());
   Communicator& comm = **comm_or;
   const size_t count = size_t{16} << 20;
   std::vector<float> buffer(count, rank == 0 ? 1.0f : 0.0f);
@@ -164,13 +170,11 @@ int late_reader(int32_t rank, const std::string& dir, int64_t lead_us) {
 // OK, with the peers' data, while they reported TIMEOUT).
 int late_joiner(int32_t rank, const std::string& dir, size_t count) {
   using namespace hps;
-  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
-  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
   CommOptions options;
   options.timeout = Milliseconds(300);
   options.shared_memory = true;
-  auto comm_or = create_communicator(*store, rank, kWorld, Device::cpu(), options);
-  CHECK_OR_FAIL(comm_or.ok(), "create: %s", comm_or.status().to_string().c_str());
+  auto comm_or = connect(rank, dir, kWorld, options);
+  CHECK_OR_FAIL(comm_or.ok(), "connect: %s", comm_or.status().to_string().c_str());
   Communicator& comm = **comm_or;
   CHECK_OR_FAIL(comm.transport() == "shm", "transport %s", std::string(comm.transport()).c_str());
   std::vector<float> x(count, 1.0f), y(count, 0.0f);
