@@ -23,6 +23,7 @@
 #include "core/checkpoint/safetensors.h"
 #include "core/checkpoint/staging.h"
 #include "core/comm/agreement.h"
+#include "core/comm/host.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
 #include "core/common/output_file.h"
@@ -129,6 +130,14 @@ class PublishedManifests {
 };
 
 namespace {
+
+// The ranks that see one file system: this host (and boot and pid namespace) and this mount
+// namespace.
+std::string host_and_mounts() {
+  struct stat st {};
+  const uint64_t mounts = ::stat("/proc/self/ns/mnt", &st) == 0 ? st.st_ino : 0;
+  return host::identity() + "/" + std::to_string(mounts);
+}
 
 // The snapshot's copies are marked in groups of this many chunks or bytes, whichever
 // comes first: the writer writes the groups complete while the later ones are copied.
@@ -1027,9 +1036,16 @@ std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep,
   return trash;
 }
 
-Status Checkpointer::agree(const Status& local, const char* what, const std::string& source) {
-  // "ok\n<source>" or an encoded failure.
-  const std::string mine = local.ok() ? "ok\n" + source : encode(local);
+Status Checkpointer::agree(const Status& local, const char* what, const std::string& source,
+                           const std::string& on_host) {
+  // "ok\n<source>\0<host>\0<on_host>" or an encoded failure.
+  std::string mine = local.ok() ? "ok\n" + source : encode(local);
+  if (local.ok()) {
+    mine += '\0';
+    mine += on_host.empty() ? std::string() : host_and_mounts();
+    mine += '\0';
+    mine += on_host;
+  }
   HPS_ASSIGN_OR_RETURN(auto all, all_gather_strings(*comm_, mine, true));
   if (!local.ok()) return local;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -1038,13 +1054,42 @@ Status Checkpointer::agree(const Status& local, const char* what, const std::str
                                 std::to_string(r) + ", so no rank changed its engine: ");
     }
   }
+  // Each rank's three fields; a rank that sent no separators names only a source.
+  struct Said {
+    std::string source, host, on_host;
+  };
+  std::vector<Said> said(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] != mine) {
+    const std::string& text = all[r];
+    const size_t a = text.find('\0', 3);
+    const size_t b = a == std::string::npos ? a : text.find('\0', a + 1);
+    if (b == std::string::npos) {
+      said[r].source = text.substr(3);
+    } else {
+      said[r] = {text.substr(3, a - 3), text.substr(a + 1, b - a - 1), text.substr(b + 1)};
+    }
+  }
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (said[r].source != source) {
       return invalid_argument(std::string("checkpoint: the ranks would ") + what +
                               " different sources (this rank: " + shown_value(source) + ", rank " +
-                              std::to_string(r) + ": " + shown_value(all[r].substr(3)) +
+                              std::to_string(r) + ": " + shown_value(said[r].source) +
                               "), so no rank changed its engine; every rank names the same one");
     }
+  }
+  // Every rank judges every host alike, so all reach one verdict.
+  std::map<std::string, size_t> first_of_host;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (said[r].host.empty() || said[r].on_host.empty()) continue;
+    const auto [it, added] = first_of_host.emplace(said[r].host, r);
+    const Said& first = said[it->second];
+    if (added || first.on_host == said[r].on_host) continue;
+    return invalid_argument(
+        std::string("checkpoint: ranks ") + std::to_string(it->second) + " and " +
+        std::to_string(r) + " of one host would " + what + " different files (" +
+        shown_value(first.on_host) + " and " + shown_value(said[r].on_host) +
+        " as device:inode:modified:size: the file was replaced while they opened it, or they "
+        "named two copies), so no rank changed its engine; the ranks of a host read one file");
   }
   return Status::Ok();
 }
@@ -1282,10 +1327,18 @@ StatusOr<LoadReport> Checkpointer::run_load(StatusOr<ckpt::SourceIndex> source,
     }
   }
   // The ranks of the group must read one checkpoint: its name and id (`latest` may move
-  // between two ranks' reads of it). An import's file may lie at other paths on other hosts.
-  const std::string source_identity =
-      naming == ckpt::SourceNaming::kCheckpoint ? "'" + name + "' (id " + report.id + ")" : "";
-  if (Status s = agree_across_parts(agree(local, "load", source_identity), name); !s.ok()) {
+  // between two ranks' reads of it). An import's file, which may lie at other paths on other
+  // hosts, by its header's checksum and its size, and on one host by the file itself (it may
+  // be replaced, an export over it, between two ranks' opens).
+  std::string source_identity, on_host;
+  if (naming == ckpt::SourceNaming::kCheckpoint) {
+    source_identity = "'" + name + "' (id " + report.id + ")";
+  } else if (source.ok()) {
+    source_identity = source->identity;
+    on_host = source->identity_on_host;
+  }
+  if (Status s = agree_across_parts(agree(local, "load", source_identity, on_host), name);
+      !s.ok()) {
     // In place: every value a read may have changed goes back (after every copy aside).
     Status restored;
     if (!aside.empty()) {

@@ -135,9 +135,11 @@ class Checkpointer {
                                 const CheckpointLoadOptions& options, LoadReport report,
                                 bool saved_loss_scaling = true, const std::string& name = {});
   void finish_in_flight();
-  // Every rank learns whether every rank succeeded (the first failure's message), and
-  // whether every rank read the same `source` (INVALID_ARGUMENT naming two when not).
-  Status agree(const Status& local, const char* what, const std::string& source);
+  // Every rank learns whether every rank succeeded (the first failure's message), whether
+  // every rank read the same `source`, and whether the ranks of each host that give
+  // `on_host` read the same file (INVALID_ARGUMENT naming two ranks when not).
+  Status agree(const Status& local, const char* what, const std::string& source,
+               const std::string& on_host = {});
   // Then, for a part of a model, over the engine's mp and pp groups: every part succeeded
   // and loads the checkpoint of the same `name` (see run_load), or every part fails.
   Status agree_across_parts(const Status& agreed, const std::string& name);

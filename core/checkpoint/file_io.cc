@@ -176,6 +176,16 @@ Status File::pread_all(void* data, size_t bytes, uint64_t offset) const {
   return Status::Ok();
 }
 
+StatusOr<std::string> File::identity() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return os_error("cannot stat", path_, errno);
+  const int64_t modified_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
+                              static_cast<int64_t>(st.st_mtim.tv_nsec);
+  return std::to_string(static_cast<uint64_t>(st.st_dev)) + ":" +
+         std::to_string(static_cast<uint64_t>(st.st_ino)) + ":" + std::to_string(modified_ns) +
+         ":" + std::to_string(static_cast<int64_t>(st.st_size));
+}
+
 StatusOr<uint64_t> File::size() const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return os_error("cannot stat", path_, errno);

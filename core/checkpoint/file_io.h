@@ -57,6 +57,9 @@ class File {
   // Reads exactly `bytes` at `offset`; INVALID_ARGUMENT when the file ends before.
   Status pread_all(void* data, size_t bytes, uint64_t offset) const;
   StatusOr<uint64_t> size() const;
+  // The file itself as this host sees it: "device:inode:modified (ns):size". Two opens of one
+  // path that give different identities opened different files (one was replaced between).
+  StatusOr<std::string> identity() const;
   Status sync();
   Status close();
   // Tells the kernel the file's cached pages may go (benchmarks compare cold reads).

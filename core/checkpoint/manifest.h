@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/checkpoint/checkpointable.h"
+#include "core/checkpoint/file_io.h"
 #include "core/checkpoint/format.h"
 #include "core/common/dtype.h"
 #include "core/common/status.h"
@@ -48,6 +50,15 @@ struct SourceIndex {
   std::string id;           // the checkpoint's id, checked against each file's header
   std::vector<StoredFile> files;
   std::vector<StoredTensor> tensors;
+  // Files already open, by index into `files` (the rest are opened by path when first read):
+  // a file whose header was read stays the file its data is read from.
+  std::vector<std::shared_ptr<const File>> opened;
+  // What the ranks of a load compare, where the source has no id: the same for the same bytes
+  // on every host (a safetensors file: its header's checksum and its size).
+  std::string identity;
+  // What the ranks of one host compare too: the file itself (File::identity), which two ranks
+  // that read one path while it was replaced see differ.
+  std::string identity_on_host;
 };
 
 // The largest sequence a manifest may carry (a root's sequence stops there).

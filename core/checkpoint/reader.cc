@@ -26,6 +26,10 @@ class FileSet {
       const std::string holds = tensor.empty() ? "" : " (it holds tensor '" + tensor + "')";
       return Status(s.code(), source_.description + ": " + s.message() + holds);
     };
+    if (index < source_.opened.size() && source_.opened[index]) {
+      files_[index] = source_.opened[index];
+      return files_[index].get();
+    }
     auto file = File::open_read(path);
     if (!file.ok()) return context(file.status());
     if (f.rank >= 0) {
@@ -41,13 +45,13 @@ class FileSet {
                                       " bytes, the manifest says " + std::to_string(f.bytes) +
                                       (*size < f.bytes ? " (truncated)" : "")));
     }
-    files_[index] = std::make_unique<File>(std::move(*file));
+    files_[index] = std::make_shared<const File>(std::move(*file));
     return files_[index].get();
   }
 
  private:
   const SourceIndex& source_;
-  std::vector<std::unique_ptr<File>> files_;
+  std::vector<std::shared_ptr<const File>> files_;
 };
 
 // Reads `bytes` at `offset` of `chunk`'s file into `out`; elements [begin, end) of `t`

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -374,6 +375,11 @@ StatusOr<SourceIndex> read_safetensors(const std::string& path,
   const std::filesystem::path p(path);
   s.directory = p.parent_path().string();
   s.files.push_back({p.filename().string(), -1, size});
+  // The data is read from the file whose header this is, whatever the path names by then.
+  s.identity = "safetensors header xxh3 " + hex64(checksum(header.data(), header.size())) + ", " +
+               std::to_string(size) + " bytes";
+  HPS_ASSIGN_OR_RETURN(s.identity_on_host, file.identity());
+  s.opened.push_back(std::make_shared<const File>(std::move(file)));
   for (auto& t : parsed.tensors) {
     for (auto& c : t.chunks) c.offset += 8 + length;
     s.tensors.push_back(std::move(t));

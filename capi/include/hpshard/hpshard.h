@@ -1429,6 +1429,9 @@ HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const cha
  * Initialise the engine's parameters (and fp32 masters) from the safetensors file `path`,
  * whose tensors carry the parameters' names; each rank reads only its shard. Optimizer state
  * and step counts stay. Collective, host-blocking; same errors and rule as hps_checkpoint_load.
+ * The ranks compare the file's header (its checksum) and size, and the ranks of one host the
+ * file itself (device, inode, modification time): a path replaced while they opened it, or
+ * two copies of the file on one host, get INVALID_ARGUMENT on every rank and change nothing.
  */
 HPS_API hps_status_t hps_checkpoint_import_safetensors(
     hps_checkpoint_t* checkpoint, const char* path, const hps_checkpoint_load_options_t* options);

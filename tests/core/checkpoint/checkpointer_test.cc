@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -1796,6 +1797,54 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
         EXPECT_TRUE(r.checkpointer->import_safetensors(model, {.allow_partial = true}).ok());
       },
       small_chunks(), smaller);
+}
+
+// The ranks of one host that import one path while it is replaced (an export over it) read
+// two files with one header. They used to load one file's shards on one rank and the other's
+// on the next, silently; now every rank refuses, naming two ranks, and no engine changes.
+// The ranks of one host must read one file: links to it are that file, a copy is not.
+TEST(Checkpoint, RanksOfOneHostImportingDifferentFilesChangeNothing) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  const EngineOptions options = adamw_options();
+  run({2, 2, 1}, options, dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    ASSERT_TRUE((*r.checkpointer->save("a"))->wait().ok());
+  });
+  const std::string first = dir / "first.safetensors";
+  const std::string second = dir / "second.safetensors";
+  ASSERT_TRUE(export_safetensors(dir / "a", first, false).ok());
+  {  // The same header, other values: every float of the data doubled.
+    std::ifstream in(first, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    for (size_t at = 8 + n; at + 4 <= bytes.size(); at += 4) {
+      float v = 0;
+      std::memcpy(&v, bytes.data() + at, 4);
+      v = 2 * v + 1;
+      std::memcpy(bytes.data() + at, &v, 4);
+    }
+    std::ofstream(second, std::ios::binary) << bytes;
+  }
+  fs::create_symlink(first, dir / "link.safetensors");
+  run({2, 2, 1}, options, dir.path(), [&](Rank& r) {
+    r.train_step(0);
+    const auto before = r.engine->gather_all();
+    ASSERT_TRUE(before.ok());
+    auto refused = r.checkpointer->import_safetensors(r.rank == 0 ? first : second);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+        << refused.status().to_string();
+    EXPECT_NE(refused.status().message().find("ranks 0 and 1 of one host"), std::string::npos)
+        << refused.status().message();
+    EXPECT_EQ(*r.engine->gather_all(), *before);
+    // A link to the file is the file.
+    auto linked =
+        r.checkpointer->import_safetensors(r.rank == 0 ? first : dir / "link.safetensors");
+    EXPECT_TRUE(linked.ok()) << linked.status().to_string();
+    r.train_step(1);
+  });
 }
 
 }  // namespace

@@ -3039,6 +3039,9 @@ extern "C" {
     #[doc = " Initialise the engine's parameters (and fp32 masters) from the safetensors file `path`,"]
     #[doc = " whose tensors carry the parameters' names; each rank reads only its shard. Optimizer state"]
     #[doc = " and step counts stay. Collective, host-blocking; same errors and rule as hps_checkpoint_load."]
+    #[doc = " The ranks compare the file's header (its checksum) and size, and the ranks of one host the"]
+    #[doc = " file itself (device, inode, modification time): a path replaced while they opened it, or"]
+    #[doc = " two copies of the file on one host, get INVALID_ARGUMENT on every rank and change nothing."]
     pub fn hps_checkpoint_import_safetensors(
         checkpoint: *mut hps_checkpoint_t,
         path: *const ::std::os::raw::c_char,
