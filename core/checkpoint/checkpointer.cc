@@ -419,18 +419,10 @@ void remove_stale_claims(const std::string& root) {
 // links, renamed into place without replacing (renameat2), or, where that is missing too,
 // created exclusively.
 Status place_claim(const std::string& marker, const std::string& text) {
-  const auto no_support = [](int err) {
-    return err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
-  };
   HPS_ASSIGN_OR_RETURN(const std::string aside, ckpt::write_beside(marker, text));
-  int placed = ::link(aside.c_str(), marker.c_str());
-  int err = placed == 0 ? 0 : errno;
-  if (placed != 0 && no_support(err)) {
-    placed = ::renameat2(AT_FDCWD, aside.c_str(), AT_FDCWD, marker.c_str(), RENAME_NOREPLACE);
-    err = placed == 0 ? 0 : errno;
-  }
-  (void)::unlink(aside.c_str());
-  if (placed != 0 && no_support(err)) {
+  int err = place_new(aside, marker);
+  if (err != 0) (void)::unlink(aside.c_str());
+  if (placing_unsupported(err)) {
     const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     err = fd >= 0 ? 0 : errno;
     if (fd >= 0) {

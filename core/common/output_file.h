@@ -5,7 +5,9 @@
 // directory, a device node such as /dev/full, a FIFO, a socket) is refused, since the rename
 // would replace it rather than write into it. The temporary is a name of the writer's own
 // (create_beside): two writers of one output never share it, and a file a killed writer
-// left is never reopened. Header-only: the tools that link no hpshard library use it too.
+// left is never reopened. A file that must not replace another (a claim, a trace file that
+// may share its name with another process's) is placed with place_new instead. Header-only:
+// the tools that link no hpshard library use it too.
 #pragma once
 
 #include <fcntl.h>
@@ -84,14 +86,12 @@ inline int create_beside(const std::string& target, std::string* temporary) {
   return -1;
 }
 
-// Writes `text` to `path` as above (checked, written beside, renamed over it). Returns
-// the error, naming the path; empty on success.
-inline std::string write_output(const std::string& path, const std::string& text) {
-  const OutputFile checked = output_file(path);
-  if (!checked.error.empty()) return "cannot write '" + path + "': " + checked.error;
-  std::string temporary;
-  const int fd = create_beside(checked.target, &temporary);
-  if (fd < 0) return "cannot write beside '" + path + "': " + std::strerror(errno);
+// Writes `text` into a new file beside `target` (create_beside) and sets `*temporary` to its
+// name. Returns the error, naming the file; empty on success. Nothing is left on a failure.
+inline std::string write_beside_target(const std::string& target, const std::string& text,
+                                       std::string* temporary) {
+  const int fd = create_beside(target, temporary);
+  if (fd < 0) return "cannot write beside '" + target + "': " + std::strerror(errno);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -99,17 +99,58 @@ inline std::string write_output(const std::string& path, const std::string& text
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;
       ::close(fd);
-      ::unlink(temporary.c_str());
-      return "cannot write '" + temporary + "': " + std::strerror(err);
+      ::unlink(temporary->c_str());
+      return "cannot write '" + *temporary + "': " + std::strerror(err);
     }
     done += static_cast<size_t>(n);
   }
-  if (::close(fd) != 0 || std::rename(temporary.c_str(), checked.target.c_str()) != 0) {
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temporary->c_str());
+    return "cannot write '" + *temporary + "': " + std::strerror(err);
+  }
+  return {};
+}
+
+// Writes `text` to `path` as above (checked, written beside, renamed over it). Returns
+// the error, naming the path; empty on success.
+inline std::string write_output(const std::string& path, const std::string& text) {
+  const OutputFile checked = output_file(path);
+  if (!checked.error.empty()) return "cannot write '" + path + "': " + checked.error;
+  std::string temporary;
+  if (std::string error = write_beside_target(checked.target, text, &temporary); !error.empty()) {
+    return error;
+  }
+  if (std::rename(temporary.c_str(), checked.target.c_str()) != 0) {
     const int err = errno;
     ::unlink(temporary.c_str());
     return "cannot write '" + path + "': " + std::strerror(err);
   }
   return {};
+}
+
+// Whether `err`, from place_new, says the file system can neither hard-link nor rename
+// without replacing.
+inline bool placing_unsupported(int err) {
+  return err == EPERM || err == ENOTSUP || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL;
+}
+
+// Moves the complete file `temporary` to `target` unless something is there already:
+// hard-linked, then unlinked (one winner on every host of a shared file system), or, where
+// the file system has no hard links, renamed without replacing (renameat2). Returns 0 once
+// placed (`temporary` is gone), else the errno and `temporary` stays: EEXIST when `target` is
+// taken, one placing_unsupported() names where the file system can do neither.
+inline int place_new(const std::string& temporary, const std::string& target) {
+  if (::link(temporary.c_str(), target.c_str()) == 0) {
+    (void)::unlink(temporary.c_str());
+    return 0;
+  }
+  const int err = errno;
+  if (!placing_unsupported(err)) return err;
+  if (::renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) {
+    return 0;
+  }
+  return errno;
 }
 
 }  // namespace hps

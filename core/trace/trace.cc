@@ -3,8 +3,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 
 #include "core/common/env.h"
 #include "core/common/logging.h"
+#include "core/common/output_file.h"
 
 namespace hps::trace {
 
@@ -369,26 +372,37 @@ StatusOr<std::string> flush() {
                        "' (HPS_TRACE): " + ec.message());
   }
   const std::string stem =
-      "hpshard-trace-" +
-      (process_name.rfind("rank ", 0) == 0 ? "rank" + std::to_string(pid) + "-" : std::string()) +
-      "pid" + std::to_string(::getpid()) + "-" + std::to_string(index);
-  const std::filesystem::path path = std::filesystem::path(dir) / (stem + ".json");
-  const std::filesystem::path partial = std::filesystem::path(dir) / (stem + ".json.partial");
-  {
-    std::ofstream file(partial, std::ios::trunc);
-    file << out.dump();
-    if (!file.flush()) {
-      std::filesystem::remove(partial, ec);
-      return unavailable("trace: cannot write '" + partial.string() + "'");
+      (std::filesystem::path(dir) /
+       ("hpshard-trace-" +
+        (process_name.rfind("rank ", 0) == 0 ? "rank" + std::to_string(pid) + "-" : std::string()) +
+        "pid" + std::to_string(::getpid()) + "-" + std::to_string(index)))
+          .string();
+  // Written under a temporary name of this process's own, then published whole under the
+  // first free name of STEM.json, STEM.1.json, ...: a process of another pid namespace
+  // (containers sharing the directory) or of another host can have this pid.
+  std::string temporary;
+  if (std::string error = write_beside_target(stem + ".json", out.dump(), &temporary);
+      !error.empty()) {
+    return unavailable("trace: " + error);
+  }
+  for (int n = 0; n < 10'000; ++n) {
+    const std::string path = stem + (n == 0 ? std::string() : "." + std::to_string(n)) + ".json";
+    int err = place_new(temporary, path);
+    if (placing_unsupported(err)) {
+      // Neither hard links nor a rename that replaces nothing: a rename where nothing is.
+      err = std::filesystem::exists(std::filesystem::symlink_status(path, ec))
+                ? EEXIST
+                : (std::rename(temporary.c_str(), path.c_str()) == 0 ? 0 : errno);
+    }
+    if (err == 0) return path;
+    if (err != EEXIST) {
+      (void)::unlink(temporary.c_str());
+      return unavailable("trace: cannot publish '" + temporary + "' as '" + path +
+                         "': " + std::strerror(err));
     }
   }
-  // Whole or absent: a reader never sees half a file.
-  std::filesystem::rename(partial, path, ec);
-  if (ec) {
-    return unavailable("trace: cannot rename '" + partial.string() + "' to '" + path.string() +
-                       "': " + ec.message());
-  }
-  return path.string();
+  (void)::unlink(temporary.c_str());
+  return unavailable("trace: every name from '" + stem + ".json' on is taken");
 }
 
 }  // namespace hps::trace

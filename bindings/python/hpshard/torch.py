@@ -109,6 +109,7 @@ import contextlib
 import copy
 import json
 import os
+import tempfile
 import threading
 import time
 import weakref
@@ -416,6 +417,18 @@ def _decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
 def _trace_pid() -> int:
     """The process id the library's timeline gives this process (core/trace)."""
     for name in ("HPS_RANK", "RANK"):
@@ -474,13 +487,35 @@ class _Timeline:
         os.makedirs(self.directory, exist_ok=True)
         pid = _trace_pid()
         rank = f"rank{pid}-" if pid != os.getpid() else ""
-        path = os.path.join(self.directory, f"torch-{rank}pid{os.getpid()}-{index}.json")
-        with open(path + ".partial", "w") as f:
-            json.dump({"traceEvents": events, "displayTimeUnit": "ms",
-                       "otherData": {"producer": "hpshard.torch", "clock": "CLOCK_MONOTONIC",
-                                     "dropped_events": dropped}}, f)
-        os.replace(path + ".partial", path)
-        return path
+        stem = os.path.join(self.directory, f"torch-{rank}pid{os.getpid()}-{index}")
+        # A temporary name of this process's own, then the first free name of STEM.json,
+        # STEM.1.json, ...: a process of another pid namespace (containers sharing the
+        # directory) or of another host can have this pid.
+        fd, temporary = tempfile.mkstemp(dir=self.directory,
+                                         prefix=os.path.basename(stem) + ".json.tmp-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"traceEvents": events, "displayTimeUnit": "ms",
+                           "otherData": {"producer": "hpshard.torch",
+                                         "clock": "CLOCK_MONOTONIC",
+                                         "dropped_events": dropped}}, f)
+            os.chmod(temporary, 0o666 & ~_umask())
+            for n in range(10_000):
+                path = stem + (f".{n}" if n else "") + ".json"
+                try:
+                    os.link(temporary, path)
+                except FileExistsError:
+                    continue
+                except OSError:  # no hard links here: a rename where nothing is
+                    if os.path.lexists(path):
+                        continue
+                    os.replace(temporary, path)
+                    return path
+                return path
+            raise OSError(f"every name from {stem}.json on is taken")
+        finally:
+            if os.path.lexists(temporary):
+                os.unlink(temporary)
 
 
 class _Unit:

@@ -1946,3 +1946,27 @@ def test_a_tensor_parallel_part_clips_by_the_whole_models_norm(stage):
             expect = before[name].double() - lr * coef * grads[name].double()
             got = after[next(k for k in after if k.endswith(name))].double()
             assert torch.allclose(got, expect, rtol=1e-5, atol=1e-6), (name, got, expect)
+
+
+def test_timeline_keeps_another_processes_file_of_the_same_name(tmp_path):
+    # A process of another pid namespace (a container sharing HPS_TRACE) or host can have
+    # this pid: its file is kept and this one takes the next free name (each used to
+    # replace the other's).
+    from hpshard.torch import _Timeline, _umask
+    timeline = _Timeline(str(tmp_path))
+    timeline.span("forward", 0, 1000, 0)
+    first = timeline.write()
+    stem, index = first[:-len(".json")].rsplit("-", 1)
+    nxt = f"{stem}-{int(index) + 1}"
+    (tmp_path / f"{nxt}.json").write_text("theirs")
+    (tmp_path / f"{nxt}.1.json").write_text("theirs too")
+    timeline.span("backward", 1000, 2000, 0)
+    second = timeline.write()
+    assert second == f"{nxt}.2.json"
+    import json
+    with open(second) as f:
+        assert json.load(f)["traceEvents"][0]["name"] == "backward"
+    assert (tmp_path / f"{nxt}.json").read_text() == "theirs"
+    assert (tmp_path / f"{nxt}.1.json").read_text() == "theirs too"
+    assert os.stat(second).st_mode & 0o777 == 0o666 & ~_umask()
+    assert all(p.suffix == ".json" for p in tmp_path.iterdir()), list(tmp_path.iterdir())

@@ -235,6 +235,41 @@ TEST_F(TraceTest, EventsBeyondTheCapAreCountedAsDropped) {
   trace::stop();
 }
 
+// A process of another pid namespace (a container sharing the directory) or of another host
+// can have this pid: its file of the name this process would take is kept, and this process
+// publishes under the next free name. (Each used to replace the other's file, and the merge
+// saw one process where two ran.)
+TEST_F(TraceTest, AnotherProcessesFileOfTheSameNameIsKept) {
+  trace::start(dir_.string());
+  trace::step_boundary(2, 0);
+  auto first = trace::flush();
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  // The next file's name: ...-N.json becomes ...-(N+1).json.
+  const std::string name = *first;
+  const size_t dash = name.rfind('-');
+  const size_t dot = name.rfind(".json");
+  ASSERT_TRUE(dash != std::string::npos && dot != std::string::npos && dash < dot) << name;
+  const std::string stem = name.substr(0, dash + 1) +
+                           std::to_string(std::stoul(name.substr(dash + 1, dot - dash - 1)) + 1);
+  std::ofstream(stem + ".json") << "theirs";
+  std::ofstream(stem + ".1.json") << "theirs too";
+  trace::step_boundary(2, 1);
+  trace::stop();
+  auto second = trace::flush();
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_EQ(*second, stem + ".2.json");
+  const json t = read(*second);
+  EXPECT_TRUE(t.contains("traceEvents"));
+  std::string theirs;
+  std::getline(std::ifstream(stem + ".json"), theirs);
+  EXPECT_EQ(theirs, "theirs");
+  std::getline(std::ifstream(stem + ".1.json"), theirs);
+  EXPECT_EQ(theirs, "theirs too");
+  for (const auto& f : files()) {  // no temporary left
+    EXPECT_EQ(f.extension(), ".json") << f;
+  }
+}
+
 TEST_F(TraceTest, AnUnwritableDirectoryIsAClearErrorAndKeepsRunning) {
   const std::string file = (dir_.string() + "-file");
   std::ofstream(file) << "x";  // a file where the directory should be
