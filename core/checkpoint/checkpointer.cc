@@ -1384,8 +1384,13 @@ StatusOr<std::string> latest_checkpoint(const std::string& root) {
 }
 
 StatusOr<std::string> resolve_checkpoint(const std::string& path) {
-  if (ckpt::path_exists(join_path(path, std::string(ckpt::kManifestFile)))) return path;
-  if (ckpt::path_exists(join_path(path, std::string(ckpt::kLatestFile)))) {
+  // A folder that cannot be searched says so: it may hold either.
+  HPS_ASSIGN_OR_RETURN(const bool manifest,
+                       ckpt::entry_exists(join_path(path, std::string(ckpt::kManifestFile))));
+  if (manifest) return path;
+  HPS_ASSIGN_OR_RETURN(const bool latest,
+                       ckpt::entry_exists(join_path(path, std::string(ckpt::kLatestFile))));
+  if (latest) {
     HPS_ASSIGN_OR_RETURN(std::string name, latest_checkpoint(path));
     return join_path(path, name);
   }

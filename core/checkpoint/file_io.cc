@@ -251,6 +251,13 @@ bool path_exists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
+StatusOr<bool> entry_exists(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) return true;
+  if (errno == ENOENT) return false;
+  return os_error("cannot look for", path, errno);
+}
+
 StatusOr<std::string> write_beside(const std::string& target, const std::string& contents) {
   HPS_ASSIGN_OR_RETURN(File file, File::create_beside(target));
   Status s = file.write_all(contents.data(), contents.size());

@@ -88,6 +88,9 @@ Status rename_path(const std::string& from, const std::string& to);
 // Removes a file or a directory tree; a missing path is not an error.
 Status remove_tree(const std::string& path);
 bool path_exists(const std::string& path);
+// Whether `path` exists, or why that cannot be told (a folder on the way that cannot be
+// searched, one that is not a folder): BACKEND_ERROR naming the path and the reason.
+StatusOr<bool> entry_exists(const std::string& path);
 // Writes `contents` into a new file beside `target` (File::create_beside), fsyncs and
 // closes it; returns its name (removed again on an error). Renamed over `target`, it
 // replaces the file atomically: concurrent replacements each publish whole contents.

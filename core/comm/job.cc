@@ -10,6 +10,8 @@
 // are decided one at a time.
 #include "core/comm/job.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <sstream>
 #include <thread>
@@ -212,6 +214,10 @@ class Joiner {
                        << " ended without closing it (a crashed run?); its keys are ignored "
                           "and job '"
                        << me.id << "' takes the store over";
+      } else if (holder.on_this_host() && holder.process.pid == ::getpid() && holder.id == me.id) {
+        refusal = "the store " + options_.where + " of job '" + me.id +
+                  "' is open in this process already: open the job's store once per process "
+                  "and share it (or close it before opening it again)";
       } else if (holder.on_this_host()) {
         refusal = "the store " + options_.where + " is in use by " + holder.describe() +
                   ", which still runs: a second job cannot share a store; give this job "
@@ -339,7 +345,8 @@ class Joiner {
     if (joins == 1) return Status::Ok();
     return failed_precondition("rank " + std::to_string(rank_) + " of " + owner.describe() +
                                " has joined the store " + options_.where +
-                               " already: is a second job using it?");
+                               " already: is a second job using it, or did this process open "
+                               "the job's store a second time (open it once and share it)?");
   }
 
   StatusOr<Owner> owner_of(int64_t ticket) {

@@ -381,7 +381,11 @@ typedef struct hps_store hps_store_t;
  *                      creation, a checkpoint's agreements) can take that much past its
  *                      own timeout.
  * Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),
- * TIMEOUT (no server), BACKEND_ERROR. Thread safety: any thread.
+ * TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken,
+ * by another job or by a store this process opened there already), FAILED_PRECONDITION (the
+ * store belongs to another job, or this rank of this job has joined it already: a second open
+ * of the job's store in one process while the first is open), BACKEND_ERROR. Thread safety:
+ * any thread.
  */
 HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeout_ms,
                                     hps_store_t** out_store);
@@ -1420,7 +1424,8 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
  * named different checkpoints, or read `latest` while it moved; `name` is ""), ABORTED (the load
  * failed on another part; the group was aborted, hps_comm_abort on it or on a communicator it
  * was split from: the load ends before its next read of tensor data),
- * FAILED_PRECONDITION (in the middle of a step, a unit gathered).
+ * FAILED_PRECONDITION (in the middle of a step, a unit gathered), BACKEND_ERROR (a file that
+ * cannot be read, as for hps_checkpoint_inspect).
  */
 HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const char* name,
                                          const hps_checkpoint_load_options_t* options);
@@ -1472,15 +1477,16 @@ HPS_API hps_status_t hps_checkpoint_info_init(hps_checkpoint_info_t* info, size_
 /**
  * Read the manifest of the checkpoint at `path` (a checkpoint directory, or a root whose
  * latest is read) into *info, checking it but not the data (hps_checkpoint_verify does).
- * Fields past info->struct_size are not written. Errors: NOT_FOUND, INVALID_ARGUMENT.
- * Thread safety: any thread.
+ * Fields past info->struct_size are not written. Errors: NOT_FOUND, INVALID_ARGUMENT,
+ * BACKEND_ERROR (a file or folder that cannot be read: permissions, an I/O error, a path
+ * through something that is not a folder). Thread safety: any thread.
  */
 HPS_API hps_status_t hps_checkpoint_inspect(const char* path, hps_checkpoint_info_t* info);
 
 /**
  * Check every data file's header and size and every chunk's checksum of the checkpoint at
- * `path` (as for inspect). Errors: NOT_FOUND, INVALID_ARGUMENT naming the file and tensor.
- * Thread safety: any thread.
+ * `path` (as for inspect). Errors: NOT_FOUND, INVALID_ARGUMENT naming the file and tensor,
+ * BACKEND_ERROR (as for inspect). Thread safety: any thread.
  */
 HPS_API hps_status_t hps_checkpoint_verify(const char* path);
 

@@ -1443,6 +1443,15 @@ TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
   EXPECT_EQ(*latest_checkpoint(dir.path()), "s3");
   EXPECT_TRUE(verify_checkpoint(dir / "s2").ok());
   EXPECT_EQ(*resolve_checkpoint(dir.path()), dir / "s3");
+  // A folder with neither is NOT_FOUND; one that cannot be searched says why (it used to be
+  // "holds neither" too, for a folder without permission to search it).
+  fs::create_directories(dir / "empty");
+  EXPECT_EQ(resolve_checkpoint(dir / "empty").status().code(), StatusCode::kNotFound);
+  std::ofstream(dir / "a-file") << "x";
+  const auto refused = resolve_checkpoint(dir / "a-file");
+  EXPECT_EQ(refused.status().code(), StatusCode::kBackendError) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find("Not a directory"), std::string::npos)
+      << refused.status().message();
 }
 
 // Rotation goes by the order of publication (the manifests' sequence), not by the clock: a

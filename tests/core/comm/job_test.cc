@@ -192,6 +192,19 @@ TEST(Job, ASecondJobIsRefusedOnEveryRankWhileTheFirstHoldsTheStore) {
   EXPECT_TRUE(later1.ok()) << later1.status().to_string();
 }
 
+// A second open of the job's store in one process, while the first is open (two libraries
+// each asking for the world), is refused naming this process, not "a second job".
+TEST(Job, ASecondOpenOfTheJobsStoreInOneProcessSaysSo) {
+  TempDir dir;
+  auto a = open_ranks(dir.url(), 2, job("job-a", 2));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto again = open_store(dir.url(), 0, seconds(10), job("job-a", 2));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find("open in this process already"), std::string::npos)
+      << again.status().message();
+}
+
 // Job B's rank 0 was refused and has exited before B's rank 1 looks: rank 1 reports the
 // refusal in a moment. It used to take the refused rank 0 for a crashed run, wait its whole
 // timeout for another and then blame its own job for ending.

@@ -854,7 +854,11 @@ extern "C" {
     #[doc = "                      creation, a checkpoint's agreements) can take that much past its"]
     #[doc = "                      own timeout."]
     #[doc = " Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),"]
-    #[doc = " TIMEOUT (no server), BACKEND_ERROR. Thread safety: any thread."]
+    #[doc = " TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken,"]
+    #[doc = " by another job or by a store this process opened there already), FAILED_PRECONDITION (the"]
+    #[doc = " store belongs to another job, or this rank of this job has joined it already: a second open"]
+    #[doc = " of the job's store in one process while the first is open), BACKEND_ERROR. Thread safety:"]
+    #[doc = " any thread."]
     pub fn hps_store_open(
         url: *const ::std::os::raw::c_char,
         rank: i32,
@@ -3028,7 +3032,8 @@ extern "C" {
     #[doc = " named different checkpoints, or read `latest` while it moved; `name` is \"\"), ABORTED (the load"]
     #[doc = " failed on another part; the group was aborted, hps_comm_abort on it or on a communicator it"]
     #[doc = " was split from: the load ends before its next read of tensor data),"]
-    #[doc = " FAILED_PRECONDITION (in the middle of a step, a unit gathered)."]
+    #[doc = " FAILED_PRECONDITION (in the middle of a step, a unit gathered), BACKEND_ERROR (a file that"]
+    #[doc = " cannot be read, as for hps_checkpoint_inspect)."]
     pub fn hps_checkpoint_load(
         checkpoint: *mut hps_checkpoint_t,
         name: *const ::std::os::raw::c_char,
@@ -3394,8 +3399,9 @@ extern "C" {
 extern "C" {
     #[doc = " Read the manifest of the checkpoint at `path` (a checkpoint directory, or a root whose"]
     #[doc = " latest is read) into *info, checking it but not the data (hps_checkpoint_verify does)."]
-    #[doc = " Fields past info->struct_size are not written. Errors: NOT_FOUND, INVALID_ARGUMENT."]
-    #[doc = " Thread safety: any thread."]
+    #[doc = " Fields past info->struct_size are not written. Errors: NOT_FOUND, INVALID_ARGUMENT,"]
+    #[doc = " BACKEND_ERROR (a file or folder that cannot be read: permissions, an I/O error, a path"]
+    #[doc = " through something that is not a folder). Thread safety: any thread."]
     pub fn hps_checkpoint_inspect(
         path: *const ::std::os::raw::c_char,
         info: *mut hps_checkpoint_info_t,
@@ -3403,8 +3409,8 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Check every data file's header and size and every chunk's checksum of the checkpoint at"]
-    #[doc = " `path` (as for inspect). Errors: NOT_FOUND, INVALID_ARGUMENT naming the file and tensor."]
-    #[doc = " Thread safety: any thread."]
+    #[doc = " `path` (as for inspect). Errors: NOT_FOUND, INVALID_ARGUMENT naming the file and tensor,"]
+    #[doc = " BACKEND_ERROR (as for inspect). Thread safety: any thread."]
     pub fn hps_checkpoint_verify(path: *const ::std::os::raw::c_char) -> hps_status_t;
 }
 extern "C" {
