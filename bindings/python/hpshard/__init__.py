@@ -23,8 +23,9 @@ refuses to be used once its engine (or clip) is closed.
 Blocking calls (creating a communicator, ``Work.wait``, ``Store.get``/``wait``) release
 the GIL, so ranks may be threads of one process (``Store.open("memory://NAME", rank)``).
 
-Every failing call raises :class:`Error` (``.status``, ``.status_name``, ``.message``) or
-one of its per-status subclasses.
+Every failing call raises one of :class:`Error`'s per-status subclasses (``.status``,
+``.status_name``, ``.message``): ``TimedOutError`` for TIMEOUT, ``AbortedError`` for
+ABORTED, and so on for each status.
 
 Names, keys, URLs and axis orders are str, paths str or ``os.PathLike``; anything else
 (None, bytes, a number) is a TypeError naming the argument, except where None is documented
@@ -46,15 +47,20 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 
 from . import capi as _c
 from ._errors import (
+    AbortedError,
     AlreadyExistsError,
     BackendError,
     Error,
     FailedPreconditionError,
+    InternalError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfMemoryError,
     OutOfRangeError,
     Status,
+    TimedOutError,
     UnavailableError,
+    UnimplementedError,
     _from_status,
 )
 
@@ -62,7 +68,8 @@ __all__ = [
     "VERSION_MAJOR", "VERSION_MINOR", "VERSION_PATCH", "VERSION_NUMBER", "VERSION_STRING",
     "version", "version_number", "status_string", "last_error_message",
     "Error", "InvalidArgumentError", "OutOfRangeError", "NotFoundError", "AlreadyExistsError",
-    "FailedPreconditionError", "UnavailableError", "BackendError", "Status",
+    "FailedPreconditionError", "UnimplementedError", "UnavailableError", "TimedOutError",
+    "AbortedError", "OutOfMemoryError", "InternalError", "BackendError", "Status",
     "DType", "dtype_size", "dtype_name",
     "DeviceType", "DeviceProperties", "device_count", "device_properties",
     "properties_struct_size", "Handle",

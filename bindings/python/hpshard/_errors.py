@@ -74,6 +74,26 @@ class UnavailableError(Error):
     """HPS_STATUS_UNAVAILABLE."""
 
 
+class UnimplementedError(Error):
+    """HPS_STATUS_UNIMPLEMENTED."""
+
+
+class TimedOutError(Error):
+    """HPS_STATUS_TIMEOUT (not Python's TimeoutError, an OSError)."""
+
+
+class AbortedError(Error):
+    """HPS_STATUS_ABORTED."""
+
+
+class OutOfMemoryError(Error):
+    """HPS_STATUS_OUT_OF_MEMORY."""
+
+
+class InternalError(Error):
+    """HPS_STATUS_INTERNAL."""
+
+
 class BackendError(Error):
     """HPS_STATUS_BACKEND_ERROR."""
 
@@ -84,7 +104,12 @@ _SUBCLASSES: dict[int, type[Error]] = {
     Status.NOT_FOUND: NotFoundError,
     Status.ALREADY_EXISTS: AlreadyExistsError,
     Status.FAILED_PRECONDITION: FailedPreconditionError,
+    Status.UNIMPLEMENTED: UnimplementedError,
     Status.UNAVAILABLE: UnavailableError,
+    Status.TIMEOUT: TimedOutError,
+    Status.ABORTED: AbortedError,
+    Status.OUT_OF_MEMORY: OutOfMemoryError,
+    Status.INTERNAL: InternalError,
     Status.BACKEND_ERROR: BackendError,
 }
 

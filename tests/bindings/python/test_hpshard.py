@@ -58,6 +58,24 @@ def test_error_carries_status_name_and_message():
     assert hpshard.last_error_message() == err.message
 
 
+def test_every_failing_status_has_its_own_error_class():
+    # TIMEOUT and ABORTED (a collective's failure) used to come as the bare hpshard.Error.
+    from hpshard._errors import _from_status
+    classes = set()
+    for s in hpshard.Status:
+        if s == hpshard.Status.OK:
+            continue
+        err = _from_status(int(s), "m")
+        assert type(err) is not hpshard.Error, s
+        assert err.status == s and err.status_name == s.name
+        assert type(err).__name__ in hpshard.__all__
+        classes.add(type(err))
+    assert len(classes) == len(hpshard.Status) - 1
+    assert isinstance(_from_status(hpshard.Status.TIMEOUT, "m"), hpshard.TimedOutError)
+    assert isinstance(_from_status(hpshard.Status.ABORTED, "m"), hpshard.AbortedError)
+    assert type(_from_status(99, "m")) is hpshard.Error
+
+
 def test_last_error_message_is_thread_local():
     with pytest.raises(hpshard.Error):
         hpshard.dtype_name(99)

@@ -86,7 +86,9 @@ impl Store {
     /// `"memory://NAME"` (shared by every open of NAME in this process),
     /// `"file:///DIR"`, `"tcp://HOST:PORT"` (rank 0 serves).
     /// Errors: [`Status::InvalidArgument`] (malformed URL, unknown scheme, zero
-    /// timeout), [`Status::Timeout`] (no server), [`Status::BackendError`].
+    /// timeout), [`Status::Timeout`] (no server), [`Status::Unavailable`] (rank 0 cannot
+    /// listen there), [`Status::FailedPrecondition`] (another job's store, or the job's store
+    /// open in this process already: open it once and share it), [`Status::BackendError`].
     pub fn open(url: &str, rank: i32, timeout: Duration) -> Result<Store> {
         let url = c_string("store URL", url)?;
         let mut raw: *mut sys::hps_store_t = ptr::null_mut();
