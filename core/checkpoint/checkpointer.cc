@@ -602,6 +602,11 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   HPS_RETURN_IF_ERROR(ckpt::check_checkpoint_name(name));
   // The manifest and an export's safetensors header carry the metadata: in all it stays
   // well within what their readers take (kMaxManifestBytes, kMaxSafetensorsHeaderBytes).
+  if (metadata.size() > ckpt::kMaxMetadataEntries) {
+    return invalid_argument("checkpoint: the metadata has " + std::to_string(metadata.size()) +
+                            " entries, more than the " + std::to_string(ckpt::kMaxMetadataEntries) +
+                            " allowed");
+  }
   uint64_t written = 0;
   for (const auto& [key, value] : metadata) {
     if (key.empty() || key.size() > ckpt::kMaxNameBytes || value.size() > (size_t{1} << 20)) {

@@ -58,6 +58,9 @@ inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 inline constexpr size_t kMaxDimensions = 16;
 inline constexpr uint64_t kMaxElements = uint64_t{1} << 48;
 inline constexpr size_t kMaxNameBytes = 4096;
+// Entries of a checkpoint's (or a safetensors file's) metadata: a save refuses more, a
+// reader refuses more before it builds them (hostile tiny entries cost ~100 bytes each).
+inline constexpr size_t kMaxMetadataEntries = 65'536;
 
 // "rank-00003.bin".
 std::string data_file_name(int32_t rank);

@@ -288,6 +288,7 @@ struct RawManifest {
   std::string canonical;
   size_t metadata_begin = 0;
   size_t metadata_end = 0;
+  size_t metadata_entries = 0;
   std::optional<std::string> metadata_not_string;   // the least key whose value is no string
   std::vector<std::pair<int32_t, uint64_t>> files;  // sound alone: rank, bytes
   std::optional<RawObject> bad_file;                // the file after those, when one failed
@@ -426,7 +427,10 @@ class ManifestSax final : public json::json_sax_t {
       case Role::kFile: f.key = known_key(kFileKeys, key); break;
       case Role::kTensor: f.key = known_key(kTensorKeys, key); break;
       case Role::kChunk: f.key = known_key(kChunkKeys, key); break;
-      case Role::kMetadata: metadata_key_ = key; break;
+      case Role::kMetadata:
+        metadata_key_ = key;
+        ++raw.metadata_entries;
+        break;
       default: break;
     }
     return true;
@@ -1060,6 +1064,10 @@ StatusOr<Manifest> parse_manifest(std::string_view text, const std::string& orig
     if (metadata->kind != Kind::kObject) return r.bad("'metadata' is not an object");
     if (raw.metadata_not_string)
       return r.bad("metadata '" + shown_value(*raw.metadata_not_string) + "' is not a string");
+    if (raw.metadata_entries > kMaxMetadataEntries) {
+      return r.bad("'metadata' has " + std::to_string(raw.metadata_entries) +
+                   " entries, more than the " + std::to_string(kMaxMetadataEntries) + " allowed");
+    }
     MetadataSax entries(&m.metadata);
     json::sax_parse(std::string_view(raw.canonical)
                         .substr(raw.metadata_begin, raw.metadata_end - raw.metadata_begin),

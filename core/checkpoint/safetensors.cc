@@ -330,6 +330,19 @@ StatusOr<SafetensorsHeader> parse_safetensors_header(std::string_view header, ui
       return invalid_argument(origin + ": " + std::to_string(data_bytes - at) +
                               " data bytes after the last tensor's");
     }
+    size_t entries = 0;
+    for (size_t i = 0; i < sax.metadata.size(); ++entries) {
+      uint32_t sizes[2];
+      std::memcpy(sizes, sax.metadata.data() + i, sizeof sizes);
+      i += sizeof sizes + sizes[0] + sizes[1];
+    }
+    // An export adds a few keys of its own to a checkpoint's metadata.
+    constexpr size_t kMaxEntries = kMaxMetadataEntries + 16;
+    if (entries > kMaxEntries) {
+      return invalid_argument(origin + ": __metadata__ has " + std::to_string(entries) +
+                              " entries, more than the " + std::to_string(kMaxEntries) +
+                              " allowed");
+    }
     for (size_t i = 0; i < sax.metadata.size();) {
       uint32_t sizes[2];
       std::memcpy(sizes, sax.metadata.data() + i, sizeof sizes);

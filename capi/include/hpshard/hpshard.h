@@ -1371,8 +1371,9 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
 /**
  * Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting
  * with '.', not "latest" nor beginning "latest.tmp") with `count` metadata entries keys[i] =
- * values[i] (UTF-8 strings, copied: keys of 1 to 4096 bytes, values of at most 1 MiB, all
- * of them at most 64 MiB as JSON strings, where a control character takes 6 bytes; e.g. the
+ * values[i] (UTF-8 strings, copied: at most 65536 entries, keys of 1 to 4096 bytes, values of
+ * at most 1 MiB, all of them at most 64 MiB as JSON strings, where a control character takes
+ * 6 bytes; e.g. the
  * framework's step and data-loader position; the manifest keeps rank 0's). Every rank calls it with
  * the same name at the same point of training, after the step whose state it saves. Returns at once
  * with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait

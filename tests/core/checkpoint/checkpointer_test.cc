@@ -1112,6 +1112,16 @@ TEST(Checkpoint, BadArgumentsAreRefusedNamingThem) {
                 std::string::npos)
           << refused.status().to_string();
     }
+    {  // More entries than a reader keeps.
+      std::map<std::string, std::string> many;
+      for (int i = 0; i <= 65'536; ++i) many.emplace_hint(many.end(), "k" + std::to_string(i), "");
+      ASSERT_EQ(many.size(), 65'537u);
+      auto refused = r.checkpointer->save("m", many);
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(refused.status().message().find("65537 entries, more than the 65536"),
+                std::string::npos)
+          << refused.status().to_string();
+    }
     for (const char* name : {"", "latest", "../up", ".tmp-x"}) {
       EXPECT_EQ(r.checkpointer->save(name).status().code(), StatusCode::kInvalidArgument) << name;
     }

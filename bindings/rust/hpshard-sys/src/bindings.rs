@@ -2920,8 +2920,9 @@ extern "C" {
 extern "C" {
     #[doc = " Start saving checkpoint <root>/<name> ([A-Za-z0-9._-], 1..200 characters, not starting"]
     #[doc = " with '.', not \"latest\" nor beginning \"latest.tmp\") with `count` metadata entries keys[i] ="]
-    #[doc = " values[i] (UTF-8 strings, copied: keys of 1 to 4096 bytes, values of at most 1 MiB, all"]
-    #[doc = " of them at most 64 MiB as JSON strings, where a control character takes 6 bytes; e.g. the"]
+    #[doc = " values[i] (UTF-8 strings, copied: at most 65536 entries, keys of 1 to 4096 bytes, values of"]
+    #[doc = " at most 1 MiB, all of them at most 64 MiB as JSON strings, where a control character takes"]
+    #[doc = " 6 bytes; e.g. the"]
     #[doc = " framework's step and data-loader position; the manifest keeps rank 0's). Every rank calls it with"]
     #[doc = " the same name at the same point of training, after the step whose state it saves. Returns at once"]
     #[doc = " with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait"]
