@@ -1487,6 +1487,12 @@ Status export_safetensors(const std::string& directory, const std::string& path,
     return invalid_argument("checkpoint: '" + path + "' lies in the checkpoint " + directory +
                             " it is exported from");
   }
+  // Nor into another checkpoint (a folder holding a manifest): the rename would replace one of
+  // its files, a data file or the manifest, and that checkpoint would no longer load.
+  if (!ec && ckpt::path_exists((parent_of_out / std::string(ckpt::kManifestFile)).string())) {
+    return invalid_argument("checkpoint: '" + path + "' lies in the checkpoint " +
+                            parent_of_out.string() + " (an export never writes into one)");
+  }
   // Nor over a root's pointer to its latest checkpoint: in the checkpoint's own root, or in
   // a folder that is a root (a pointer, a part's claim, or a checkpoint under it), with its
   // pointer there or not.

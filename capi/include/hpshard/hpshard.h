@@ -1505,7 +1505,9 @@ HPS_API hps_status_t hps_checkpoint_read_engine_options(const char* path,
  * Hugging Face format; replaced atomically: a symbolic link is followed, anything there but a
  * regular file is refused), each under its own name, in its dtype or with
  * `fp32` = 1 as float32 (fp32 masters where the checkpoint has them). Every chunk read is
- * checked. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR. Thread safety: any thread.
+ * checked. `out` may not lie in a checkpoint (the one exported or another: a folder holding a
+ * manifest) nor be a root's `latest`. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR.
+ * Thread safety: any thread.
  */
 HPS_API hps_status_t hps_checkpoint_export_safetensors(const char* path, const char* out,
                                                        int32_t fp32);

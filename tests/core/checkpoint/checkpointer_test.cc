@@ -1715,6 +1715,16 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
     EXPECT_NE(refused.message().find("lies in the checkpoint"), std::string::npos)
         << refused.message();
     EXPECT_TRUE(verify_checkpoint(dir / "a").ok());
+    // Nor into another checkpoint (it replaced that one's data file, which then failed to load).
+    fs::copy(dir / "a", dir / "other", fs::copy_options::recursive);
+    for (const char* file : {"rank-00000.bin", "manifest.json", "new.safetensors"}) {
+      auto into_other = export_safetensors(dir / "a", dir / (std::string("other/") + file), false);
+      ASSERT_FALSE(into_other.ok()) << file;
+      EXPECT_NE(into_other.message().find("lies in the checkpoint"), std::string::npos)
+          << into_other.message();
+    }
+    EXPECT_TRUE(verify_checkpoint(dir / "other").ok());
+    fs::remove_all(dir / "other");
   }
   {  // A path that is not a regular file is refused, untouched (the rename replaced a FIFO
      // or a device node with the file: as root, `export ... /dev/full` replaced the device).

@@ -3429,7 +3429,9 @@ extern "C" {
     #[doc = " Hugging Face format; replaced atomically: a symbolic link is followed, anything there but a"]
     #[doc = " regular file is refused), each under its own name, in its dtype or with"]
     #[doc = " `fp32` = 1 as float32 (fp32 masters where the checkpoint has them). Every chunk read is"]
-    #[doc = " checked. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR. Thread safety: any thread."]
+    #[doc = " checked. `out` may not lie in a checkpoint (the one exported or another: a folder holding a"]
+    #[doc = " manifest) nor be a root's `latest`. Errors: NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR."]
+    #[doc = " Thread safety: any thread."]
     pub fn hps_checkpoint_export_safetensors(
         path: *const ::std::os::raw::c_char,
         out: *const ::std::os::raw::c_char,
