@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -13,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <vector>
 
 #include "core/common/env.h"
@@ -309,6 +311,22 @@ size_t event_count() {
   return s.events.size();
 }
 
+namespace {
+
+// This process: a random number drawn once, and the pid (a forked child differs).
+std::string process_id() {
+  static const uint64_t drawn = [] {
+    std::random_device device;
+    return (static_cast<uint64_t>(device()) << 32) ^ device();
+  }();
+  char text[48];
+  std::snprintf(text, sizeof text, "%016llx-%lld", static_cast<unsigned long long>(drawn),
+                static_cast<long long>(::getpid()));
+  return text;
+}
+
+}  // namespace
+
 StatusOr<std::string> flush() {
   State& s = state();
   std::vector<Event> events;
@@ -334,11 +352,13 @@ StatusOr<std::string> flush() {
   nlohmann::json out;
   auto& list = out["traceEvents"];
   list = nlohmann::json::array();
+  // The row's process, told apart from a process of the same name and pid in another pid
+  // namespace or on another host (the merge refuses two processes on one row).
   list.push_back({{"ph", "M"},
                   {"name", "process_name"},
                   {"pid", pid},
                   {"tid", 0},
-                  {"args", {{"name", process_name}}}});
+                  {"args", {{"name", process_name}, {"hpshard_process", process_id()}}}});
   list.push_back({{"ph", "M"},
                   {"name", "process_sort_index"},
                   {"pid", pid},

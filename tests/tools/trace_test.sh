@@ -144,4 +144,22 @@ fi
 grep -q "$(basename "$first")' and '.*pid999999999-0.json' hold one row (pid 0) for two processes" \
   "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
 [ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
+# Two processes of one name and pid (two containers sharing the directory, or two hosts): the
+# library's files tell them apart by the process id beside the name, and they are refused too.
+mkdir "$out/two-namespaces"
+cp "$out"/trace/hpshard-trace-rank*.json "$out/two-namespaces/"
+/usr/bin/python3 - "$first" "$out/two-namespaces/hpshard-trace-rank0-pid1-0.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for e in doc["traceEvents"]:
+    if e["ph"] == "M" and e["name"] == "process_name":
+        assert e["args"]["hpshard_process"], e
+        e["args"]["hpshard_process"] = "another-process"
+json.dump(doc, open(sys.argv[2], "w"))
+PY
+if "$tool" merge -o "$out/never.json" "$out/two-namespaces" 2>"$out/err.txt"; then
+  echo "two processes of one name on rank 0 were merged onto one row"; exit 1
+fi
+grep -q "of one name: in other pid namespaces or on other hosts" "$out/err.txt" ||
+  { cat "$out/err.txt"; exit 1; }
 echo "trace test: ok"

@@ -149,11 +149,19 @@ void check_row(std::map<std::string, std::pair<std::string, std::string>>& row_p
   const auto name = args->find("name");
   if (name == args->end() || !name->is_string()) return;
   const std::string row = e.value("pid", json()).dump(-1, ' ', true);
-  const auto [it, first] = row_process.emplace(row, std::make_pair(name->get<std::string>(), path));
-  if (first || it->second.first == *name) return;
+  // The library's files also name the process itself: two of one name and pid (other pid
+  // namespaces or hosts) differ there.
+  const auto id = args->find("hpshard_process");
+  const std::string process =
+      name->get<std::string>() +
+      (id != args->end() && id->is_string() ? "\n" + id->get<std::string>() : std::string());
+  const auto [it, first] = row_process.emplace(row, std::make_pair(process, path));
+  if (first || it->second.first == process) return;
+  const auto name_of = [](const std::string& p) { return p.substr(0, p.find('\n')); };
+  const std::string a = name_of(it->second.first), b = name_of(process);
   throw Failure{"'" + it->second.second + "' and '" + path + "' hold one row (pid " +
-                row.substr(0, 64) + ") for two processes, " + shown(it->second.first) + " and " +
-                shown(name->get<std::string>()) +
+                row.substr(0, 64) + ") for two processes, " + shown(a) + " and " + shown(b) +
+                (a == b ? " (of one name: in other pid namespaces or on other hosts)" : "") +
                 ": the files of two runs cannot be merged into one trace (each rank a row); "
                 "merge each run's files apart"};
 }
