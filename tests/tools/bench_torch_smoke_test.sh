@@ -37,8 +37,10 @@ for name, c in world["contenders"].items():
         assert c["host_syncs_per_step"] == 0, (name, c)
 PY
 # SIGTERM or SIGINT to the bench ends torch_peer.py and the ranks it spawned with it (exit
-# 128 + the signal): SIGTERM left them running under pid 1, SIGINT was ignored. The bench
-# runs in a session of its own, whose processes are listed after it ends.
+# 128 + the signal): SIGTERM left them running under pid 1, SIGINT was ignored, and SIGINT
+# while rank 0 waited in torch's rendezvous for rank 1 (which SIGINT had ended) left the
+# script waiting for rank 0 for 30 minutes. The bench runs in a session of its own, whose
+# processes are listed after it ends. SIGINT comes at several moments of the ranks' start.
 session_left() {
   /usr/bin/python3 - "$1" <<'PY'
 import os, sys
@@ -53,7 +55,8 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         print(f"{pid}:{cmd[:60].replace(' ', '_')}")
 PY
 }
-for sig in TERM INT; do
+for case in TERM:1 INT:0 INT:1 INT:2 INT:3; do
+  sig=${case%%:*}
   setsid "$bench" torch --ranks 2 --width 16 --layers 1 --heads 1 --context 4 --vocab 16 \
     --batch 1 --steps 200 --reps 50 --warmup 0 >"$out/signal.txt" 2>&1 &
   pid=$!
@@ -61,8 +64,14 @@ for sig in TERM INT; do
     [ "$(session_left $pid | wc -l)" -ge 5 ] && break
     sleep 0.1
   done
-  sleep 1
+  sleep "${case#*:}"
   kill -$sig $pid
+  if ! timeout 60 tail --pid=$pid -f /dev/null; then  # this test ends, whatever happens
+    kill -KILL -$pid 2>/dev/null || true
+    cat "$out/signal.txt"
+    echo "SIG$sig ${case#*:} s after the ranks started: the bench did not end within 60 s"
+    exit 1
+  fi
   rc=0
   wait $pid || rc=$?
   expected=$((128 + $(kill -l $sig)))

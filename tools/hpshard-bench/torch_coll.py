@@ -16,11 +16,11 @@ Usage: torch_coll.py --ranks N --dtype float32 --cases op:count:iters:warmup,...
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
-from queue import Empty
+
+from torch_ranks import free_port, run_ranks
 
 
 def parse_cases(text):
@@ -29,12 +29,6 @@ def parse_cases(text):
         op, count, iters, warmup = item.split(":")
         cases.append((op, int(count), int(iters), int(warmup)))
     return cases
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_main(rank, args, port, queue):
@@ -101,29 +95,9 @@ def main():
     args = parser.parse_args()
 
     import torch
-    import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, args, port, queue)) for r in range(args.ranks)]
-    for p in procs:
-        p.start()
-    results = None
-    while results is None:
-        try:
-            results = queue.get(timeout=1.0)
-        except Empty:
-            if any(p.exitcode not in (None, 0) for p in procs) or all(
-                    p.exitcode is not None for p in procs):
-                for p in procs:
-                    if p.exitcode is None:
-                        p.terminate()
-                print("torch_coll.py: a rank failed", file=sys.stderr)
-                return 1
-    for p in procs:
-        p.join()
-    if any(p.exitcode != 0 for p in procs):
+    results = run_ranks(rank_main, args.ranks, args, free_port())
+    if results is None:
         print("torch_coll.py: a rank failed", file=sys.stderr)
         return 1
     with open(args.out + ".tmp", "w") as out:

@@ -38,19 +38,12 @@ import json
 import math
 import os
 import platform
-import signal
-import socket
 import statistics
 import sys
 import tempfile
 import time
-from queue import Empty
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from torch_ranks import free_port, run_ranks
 
 
 def tensor_bytes(tensors) -> int:
@@ -75,20 +68,7 @@ def optimizer_tensors(opt):
                 yield v
 
 
-def die_with_parent():
-    """This rank ends with the process that spawned it, however that ends (SIGKILL too)."""
-    parent = os.getppid()
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # it ended before the request
-        os._exit(1)
-
-
 def rank_main(rank, args, ports, queue):
-    die_with_parent()
     import torch
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -242,28 +222,11 @@ def rank_main(rank, args, ports, queue):
 
 
 def run_world(args, n):
-    import torch.multiprocessing as mp
     a = argparse.Namespace(**vars(args))
     a.ranks = n
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    ports = (free_port(), free_port())
-    procs = [ctx.Process(target=rank_main, args=(r, a, ports, queue)) for r in range(n)]
-    for p in procs:
-        p.start()
-    result = None
-    while result is None:
-        try:
-            result = queue.get(timeout=1.0)
-        except Empty:
-            if any(p.exitcode not in (None, 0) for p in procs) or all(
-                    p.exitcode is not None for p in procs):
-                for p in procs:
-                    if p.exitcode is None:
-                        p.terminate()
-                raise SystemExit(f"torch_peer.py: a rank failed at {n} ranks")
-    for p in procs:
-        p.join()
+    result = run_ranks(rank_main, n, a, (free_port(), free_port()))
+    if result is None:
+        raise SystemExit(f"torch_peer.py: a rank failed at {n} ranks")
     return result
 
 

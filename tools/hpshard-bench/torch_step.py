@@ -21,17 +21,11 @@ Usage: torch_step.py --ranks N --width W --depth D --batch B --steps S --reps R
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
-from queue import Empty
 
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from torch_ranks import free_port, run_ranks
 
 
 def rank_main(rank, args, port, queue):
@@ -117,29 +111,9 @@ def main():
     args = parser.parse_args()
 
     import torch
-    import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, args, port, queue)) for r in range(args.ranks)]
-    for p in procs:
-        p.start()
-    result = None
-    while result is None:
-        try:
-            result = queue.get(timeout=1.0)
-        except Empty:
-            if any(p.exitcode not in (None, 0) for p in procs) or all(
-                    p.exitcode is not None for p in procs):
-                for p in procs:
-                    if p.exitcode is None:
-                        p.terminate()
-                print("torch_step.py: a rank failed", file=sys.stderr)
-                return 1
-    for p in procs:
-        p.join()
-    if any(p.exitcode != 0 for p in procs):
+    result = run_ranks(rank_main, args.ranks, args, free_port())
+    if result is None:
         print("torch_step.py: a rank failed", file=sys.stderr)
         return 1
     result.update({"torch_version": torch.__version__, "ranks": args.ranks})
