@@ -94,6 +94,7 @@ class PrefixStore final : public Store {
     return base_->check(prefixed(keys));
   }
   void abandon_peers() override { base_->abandon_peers(); }
+  void drop_idle_connections() override { base_->drop_idle_connections(); }
 
  private:
   std::string prefixed(std::string_view key) const { return prefix_ + std::string(key); }

@@ -1,6 +1,8 @@
 // Keys of the protocol (in the store's own key space, beside the jobs' key spaces):
 //   hpshard/job/ticket              counter: each rank 0 that arrives takes the next ticket
-//   hpshard/job/owner/T             ticket T's record: job id, world size, host, pid
+//   hpshard/job/owner/T             ticket T's record: job id, world size, host, pid, and a
+//                                   random nonce (a new server of a TCP store counts its
+//                                   tickets from 1 again: the nonce tells the records apart)
 //   hpshard/job/owner/T/decision    "accepted" or "refused: <why>"
 //   hpshard/job/owner/T/closed      set when T's rank 0 closed the store
 //   hpshard/job/current             the ticket of the job that holds the store
@@ -13,6 +15,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -41,15 +45,18 @@ std::string closed_key(int64_t t) { return owner_key(t) + "/closed"; }
 std::string id_key(const std::string& id) { return "hpshard/job/id/" + id; }
 std::string run_prefix(int64_t t) { return "hpshard/run/" + std::to_string(t); }
 
-// Who holds (or asked for) the store: a job id and size, and its rank 0's process.
+// Who holds (or asked for) the store: a job id and size, its rank 0's process, and a nonce
+// drawn at random for this record.
 struct Owner {
   int64_t ticket = 0;
   std::string id;
   int32_t world_size = 0;
+  std::string nonce;
   host::Process process;
 
   std::string encode() const {
-    return "id " + id + "\nworld " + std::to_string(world_size) + "\n" + process.encode();
+    return "id " + id + "\nworld " + std::to_string(world_size) + "\nnonce " + nonce + "\n" +
+           process.encode();
   }
 
   static std::optional<Owner> parse(int64_t ticket, const std::string& text) {
@@ -60,7 +67,7 @@ struct Owner {
     o.process = std::move(*process);
     std::istringstream in(text);
     std::string line;
-    bool has_id = false, has_world = false;
+    bool has_id = false, has_world = false, has_nonce = false;
     while (std::getline(in, line)) {
       const size_t space = line.find(' ');
       if (space == std::string::npos) return std::nullopt;
@@ -73,9 +80,12 @@ struct Owner {
             std::from_chars(value.data(), value.data() + value.size(), o.world_size);
         if (error != std::errc() || end != value.data() + value.size()) return std::nullopt;
         has_world = true;
+      } else if (name == "nonce") {
+        o.nonce = value;
+        has_nonce = !value.empty();
       }
     }
-    if (!has_id || !has_world) return std::nullopt;
+    if (!has_id || !has_world || !has_nonce) return std::nullopt;
     return o;
   }
 
@@ -158,22 +168,57 @@ StatusOr<int64_t> parse_ticket(const std::string& key, const std::string& text) 
   return t;
 }
 
+// The job stores this process has joined, by their record's nonce and the rank that joined:
+// open, or closed. A rank that opens its job's store again after closing it waits for the
+// next record (its rank 0's next take-over) instead of joining the one it left; one that
+// opens it while it is still open is refused at once.
+enum class JoinedHere { kNever, kOpen, kClosed };
+
+class JoinedStores {
+ public:
+  static JoinedHere find(const std::string& nonce, int32_t rank) {
+    std::lock_guard lock(mutex());
+    auto it = joined().find({nonce, rank});
+    if (it == joined().end()) return JoinedHere::kNever;
+    return it->second ? JoinedHere::kOpen : JoinedHere::kClosed;
+  }
+  static void mark(const std::string& nonce, int32_t rank, bool open) {
+    std::lock_guard lock(mutex());
+    joined()[{nonce, rank}] = open;
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::map<std::pair<std::string, int32_t>, bool>& joined() {
+    static auto* m = new std::map<std::pair<std::string, int32_t>, bool>();
+    return *m;
+  }
+};
+
 // The job's key space; rank 0's marks the job closed when it goes.
 class JobStore final : public ForwardingStore {
  public:
-  JobStore(std::shared_ptr<Store> base, int64_t ticket, bool owner)
-      : ForwardingStore(make_prefix_store(base, run_prefix(ticket))),
+  JobStore(std::shared_ptr<Store> base, const Owner& job, int32_t rank)
+      : ForwardingStore(make_prefix_store(base, run_prefix(job.ticket))),
         base_(std::move(base)),
-        ticket_(ticket),
-        owner_(owner) {}
+        ticket_(job.ticket),
+        nonce_(job.nonce),
+        rank_(rank) {
+    JoinedStores::mark(nonce_, rank_, true);
+  }
   ~JobStore() override {
-    if (owner_) (void)base_->set(closed_key(ticket_), "1");
+    if (rank_ == 0) (void)base_->set(closed_key(ticket_), "1");
+    JoinedStores::mark(nonce_, rank_, false);
   }
 
  private:
   std::shared_ptr<Store> base_;
   int64_t ticket_;
-  bool owner_;
+  std::string nonce_;
+  int32_t rank_;
 };
 
 class Joiner {
@@ -187,13 +232,12 @@ class Joiner {
 
   // Rank 0: takes a ticket, waits for the one before to decide, then takes the store over
   // unless its holder still runs (or cannot be checked).
-  StatusOr<int64_t> take_over() {
+  StatusOr<Owner> take_over() {
     Owner me;
+    HPS_ASSIGN_OR_RETURN(std::string random, auth::new_token());
+    me.nonce = random.substr(16, 16);
     me.id = options_.identity.id;
-    if (me.id.empty()) {
-      HPS_ASSIGN_OR_RETURN(std::string random, auth::new_token());
-      me.id = "random-" + random.substr(0, 16);
-    }
+    if (me.id.empty()) me.id = "random-" + random.substr(0, 16);
     me.world_size = options_.world_size;
     me.process = host::Process::self();
     HPS_ASSIGN_OR_RETURN(me.ticket, store_.add(kTicket, 1));
@@ -235,34 +279,48 @@ class Joiner {
     HPS_RETURN_IF_ERROR(store_.set(kCurrent, std::to_string(me.ticket)));
     HPS_RETURN_IF_ERROR(store_.set(decision_key(me.ticket), "accepted"));
     HPS_RETURN_IF_ERROR(claim(me));
-    return me.ticket;
+    return me;
   }
 
   // Ranks 1..: follow their job's pointer (its id's, or the store's current job when the
   // id is made up by rank 0) past records of jobs that have ended, to an accepted one.
-  StatusOr<int64_t> join() {
+  StatusOr<Owner> join() {
     const bool named = !options_.identity.id.empty();
     const std::string pointer = named ? id_key(options_.identity.id) : kCurrent;
-    int64_t skipped = 0;  // a ticket found stale: wait for the pointer to move past it
+    Owner skipped;  // a record found stale (ticket 0: none): wait for the pointer to leave it
     std::string stale_reason;
     while (true) {
       std::string text;
       HPS_ASSIGN_OR_RETURN(bool found, poll_until(deadline_, [&]() -> StatusOr<bool> {
-                             HPS_ASSIGN_OR_RETURN(bool set, store_.check({pointer}));
-                             if (!set) return false;
-                             HPS_ASSIGN_OR_RETURN(text, store_.get(pointer, timeout_));
-                             return text != std::to_string(skipped);
+                             return pointer_moved(pointer, skipped, &text);
                            }));
       if (!found) {
         return timeout_error(
             "store " + options_.where + ": rank " + std::to_string(rank_) + " waited " +
             std::to_string(timeout_.count()) + " ms for rank 0 of " + job_name() +
-            (skipped
+            (skipped.ticket != 0
                  ? " to take the store over from the job that ended there (" + stale_reason + ")"
                  : " to open the store"));
       }
       HPS_ASSIGN_OR_RETURN(int64_t ticket, parse_ticket(pointer, text));
       HPS_ASSIGN_OR_RETURN(Owner owner, owner_of(ticket));
+      // This process's rank joined this record before: it is open here still (a second open),
+      // or this rank closed it and opens the store again, so it waits for rank 0 to take the
+      // store over anew (rank 0 may not have closed it yet).
+      const JoinedHere here = JoinedStores::find(owner.nonce, rank_);
+      if (here == JoinedHere::kOpen) {
+        return failed_precondition("the store " + options_.where + " of " + owner.describe() +
+                                   " is open in this process already as rank " +
+                                   std::to_string(rank_) +
+                                   ": open the job's store once per process and share it (or "
+                                   "close it before opening it again)");
+      }
+      if (here == JoinedHere::kClosed) {
+        skipped = owner;
+        stale_reason = "this process's rank " + std::to_string(rank_) + " closed its store of " +
+                       owner.describe();
+        continue;
+      }
       // A refusal stands even after its rank 0 has gone: this rank's job was refused. (Unless
       // a rank 0 of the same id arrives at once: a job started again after a refusal.)
       HPS_ASSIGN_OR_RETURN(bool has_decision, store_.check({decision_key(ticket)}));
@@ -271,14 +329,14 @@ class Joiner {
         if (decision != "accepted") {
           HPS_ASSIGN_OR_RETURN(bool moved, pointer_moves_past(pointer, ticket, owner));
           if (!moved) return refused(owner, decision);
-          skipped = ticket;
+          skipped = owner;
           stale_reason = owner.describe() + " was refused";
           continue;
         }
       }
       HPS_ASSIGN_OR_RETURN(bool closed, store_.check({closed_key(ticket)}));
       if (closed || owner.ended()) {
-        skipped = ticket;
+        skipped = owner;
         stale_reason = owner.describe() + (closed ? " closed it" : " has ended");
         continue;
       }
@@ -296,7 +354,7 @@ class Joiner {
                              owner.describe() + " to take the store over");
       }
       if (decision.empty()) {  // rank 0 died before deciding
-        skipped = ticket;
+        skipped = owner;
         stale_reason = owner.describe() + " has ended";
         continue;
       }
@@ -310,7 +368,7 @@ class Joiner {
                                    ": is another job using the store?");
       }
       HPS_RETURN_IF_ERROR(claim(owner));
-      return ticket;
+      return owner;
     }
   }
 
@@ -325,6 +383,28 @@ class Joiner {
     return failed_precondition("rank 0 of " + owner.describe() + " could not take the store " +
                                "over, so rank " + std::to_string(rank_) +
                                " cannot join: " + decision.substr(decision.find(' ') + 1));
+  }
+
+  // Whether `pointer` is set and names another record than `skipped` (ticket 0: any record);
+  // *text receives its value. While it names `skipped`, whose rank 0 closed the store or
+  // ended, the server of a TCP store may be going or gone: this rank keeps no connection
+  // open between polls (the old server serves until its clients have gone), and a server
+  // that cannot be reached counts as not moved yet (a new one takes its port).
+  StatusOr<bool> pointer_moved(const std::string& pointer, const Owner& skipped,
+                               std::string* text) {
+    auto moved = [&]() -> StatusOr<bool> {
+      HPS_ASSIGN_OR_RETURN(bool set, store_.check({pointer}));
+      if (!set) return false;
+      HPS_ASSIGN_OR_RETURN(*text, store_.get(pointer, timeout_));
+      if (skipped.ticket == 0 || *text != std::to_string(skipped.ticket)) return true;
+      HPS_ASSIGN_OR_RETURN(int64_t ticket, parse_ticket(pointer, *text));
+      HPS_ASSIGN_OR_RETURN(Owner owner, owner_of(ticket));
+      return owner.nonce != skipped.nonce;  // a new server counts its tickets from 1 again
+    }();
+    if (skipped.ticket == 0) return moved;
+    if (moved.ok() ? *moved : moved.status().code() != StatusCode::kAborted) return moved;
+    store_.drop_idle_connections();
+    return false;
   }
 
   // Whether `pointer` moves past the refused `ticket` within kRestartGrace (a rank 0 of the
@@ -418,8 +498,8 @@ StatusOr<std::shared_ptr<Store>> join_job(std::shared_ptr<Store> store, int32_t 
                                               : "the job id from " + options.identity.source));
   }
   Joiner joiner(*store, rank, options, timeout);
-  HPS_ASSIGN_OR_RETURN(int64_t ticket, rank == 0 ? joiner.take_over() : joiner.join());
-  return std::shared_ptr<Store>(std::make_shared<JobStore>(std::move(store), ticket, rank == 0));
+  HPS_ASSIGN_OR_RETURN(Owner job, rank == 0 ? joiner.take_over() : joiner.join());
+  return std::shared_ptr<Store>(std::make_shared<JobStore>(std::move(store), job, rank));
 }
 
 }  // namespace hps

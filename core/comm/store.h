@@ -51,6 +51,10 @@ class Store {
   // waits for them to close their connections when it goes.
   // Thread-safe; idempotent.
   virtual void abandon_peers() {}
+  // Closes the connections kept for later calls (a TCP client's pool); the next call opens
+  // a new one. A rank waiting for a new server to take the store over calls it between
+  // polls, so the old one, which serves until its clients have gone, can go. Thread-safe.
+  virtual void drop_idle_connections() {}
 };
 
 // A store that passes every call to `inner`: a base for stores that change one of them.
@@ -73,6 +77,7 @@ class ForwardingStore : public Store {
     return inner_->check(keys);
   }
   void abandon_peers() override { inner_->abandon_peers(); }
+  void drop_idle_connections() override { inner_->drop_idle_connections(); }
 
  private:
   std::shared_ptr<Store> inner_;

@@ -607,7 +607,7 @@ class TcpStoreClient final : public Store {
       : host_(std::move(host)), port_(port), token_(std::move(token)), server_(std::move(server)) {}
 
   ~TcpStoreClient() override {
-    for (auto& c : idle_) close_fd(c.fd);
+    drop_idle_connections();
     if (server_) linger();
   }
 
@@ -883,6 +883,14 @@ class TcpStoreClient final : public Store {
   const uint16_t port_;
   // After an abort of the store (hps_store_abort) it waits for no one.
   void abandon_peers() override { abandoned_ = true; }
+  void drop_idle_connections() override {
+    std::vector<Pooled> idle;
+    {
+      std::lock_guard lock(pool_mutex_);
+      idle.swap(idle_);
+    }
+    for (auto& c : idle) close_fd(c.fd);
+  }
   // The serving rank's store goes only once the other ranks have closed their connections
   // (destroyed their stores), or after the call timeout: a rank that is done with a
   // communicator's creation or split may leave while its peers still finish theirs over

@@ -5,7 +5,7 @@
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
 #         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
 #         group-killed | group-killed-early | stop-continue | terminal-input | blocked-output |
-#         line-64k | partial-line
+#         line-64k | partial-line | reopen-tcp | reopen-file
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -51,6 +51,24 @@ case $case_name in
           fail "run $i: rank $r did not make its side"
       done
     done
+    ;;
+  reopen-tcp | reopen-file)
+    # Every rank closes the job's store and world and opens them again, ranks 1 and 2 before
+    # rank 0 has closed its own. They were refused ("has joined the store already") with
+    # the file store; with the TCP store, rank 0's close waited for their new connections
+    # until its timeout while they waited for its next server.
+    store=${case_name#reopen-}
+    start=$(date +%s)
+    "$run" -n 3 --store "$store" --timeout 60 -- "$probe" reopen >"$work/out" 2>"$work/err"
+    rc=$?
+    [ $rc -eq 0 ] || fail "exit code $rc, expected 0"
+    for r in 0 1 2; do
+      for phase in 0 1; do
+        grep -qxF "[rank $r] rank $r phase $phase summed 6" "$work/out" ||
+          fail "rank $r did not sum in phase $phase"
+      done
+    done
+    [ $(($(date +%s) - start)) -lt 8 ] || fail "took $(($(date +%s) - start)) s"
     ;;
   meet-tcp | meet-file)
     store=${case_name#meet-}

@@ -12,6 +12,10 @@
 //   rank_probe split-exit                every rank creates the world communicator, splits
 //                                        it into ranks 1..N-1 (rank 0 no member, done at
 //                                        once), destroys both and its store, and exits 0.
+//   rank_probe reopen                    twice: every rank opens the job's store, creates the
+//                                        world, sums rank + 1 over it, and closes both;
+//                                        rank 0 closes 300 ms late, so the others open the
+//                                        store again before it has closed its own.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -121,6 +125,40 @@ int split_exit(const hps::RendezvousInfo& info) {
   return 0;
 }
 
+// Two phases of one program, each with the job's store and world of its own.
+int reopen(const hps::RendezvousInfo& info) {
+  for (int phase = 0; phase < 2; ++phase) {
+    auto store = hps::open_store(info.store_url, info.rank, std::chrono::seconds(20));
+    if (!store.ok()) {
+      std::fprintf(stderr, "phase %d: open_store: %s\n", phase, store.status().to_string().c_str());
+      return 1;
+    }
+    hps::CommOptions options;
+    options.timeout = hps::Milliseconds(20'000);
+    auto world =
+        hps::create_communicator(*store, info.rank, info.world_size, hps::Device::cpu(), options);
+    if (!world.ok()) {
+      std::fprintf(stderr, "phase %d: create: %s\n", phase, world.status().to_string().c_str());
+      return 1;
+    }
+    double value = info.rank + 1, sum = 0;
+    auto work = (*world)->all_reduce(&value, &sum, 1, hps::DType::kFloat64, hps::ReduceOp::kSum);
+    const hps::Status done = work.ok() ? (*work)->wait() : work.status();
+    const double expected = info.world_size * (info.world_size + 1) / 2.0;
+    if (!done.ok() || sum != expected) {
+      std::fprintf(stderr, "phase %d: sum %g, not %g: %s\n", phase, sum, expected,
+                   done.to_string().c_str());
+      return 1;
+    }
+    std::printf("rank %d phase %d summed %g\n", info.rank, phase, sum);
+    std::fflush(stdout);
+    world->reset();
+    if (info.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    store->reset();
+  }
+  return 0;
+}
+
 void sleep_long() {
   std::this_thread::sleep_for(std::chrono::seconds(60));
   std::printf("slept 60 s without being stopped\n");
@@ -173,6 +211,7 @@ int main(int argc, char** argv) {
     return meet(*info);
   }
   if (mode == "split-exit") return split_exit(*info);
+  if (mode == "reopen") return reopen(*info);
   if (mode == "leak-shm") {
     const char* job_id = std::getenv("HPS_JOB_ID");
     // Named for the launcher's pid, which lives until it has cleaned up: a segment named
@@ -212,6 +251,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr,
                "usage: rank_probe [meet | fail RANK CODE [stubborn] | signal RANK SIG | store-fd "
-               "| leak-shm | split-exit]\n");
+               "| leak-shm | split-exit | reopen]\n");
   return 2;
 }

@@ -386,6 +386,10 @@ typedef struct hps_store hps_store_t;
  * store belongs to another job, or this rank of this job has joined it already: a second open
  * of the job's store in one process while the first is open), BACKEND_ERROR. Thread safety:
  * any thread.
+ *
+ * The job's store may be destroyed and opened again in one process (a program in phases):
+ * a rank that opens it again waits, up to timeout_ms, for rank 0 to open it again, even when
+ * rank 0 has not destroyed its first one yet, and never joins the one it destroyed.
  */
 HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeout_ms,
                                     hps_store_t** out_store);

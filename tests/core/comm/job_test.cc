@@ -16,6 +16,7 @@
 
 #include "core/comm/communicator.h"
 #include "core/comm/rendezvous.h"
+#include "core/comm/socket.h"
 #include "core/common/config.h"
 
 namespace hps {
@@ -151,6 +152,12 @@ TEST(JobChild, DISABLED_RunOneJob) {
             : store.status().code() == StatusCode::kFailedPrecondition ? kRefused
                                                                        : kWrong);
   }
+  if (mode == "rank1") {  // rank 1 of a job without an id, which another rank 1 has joined
+    auto store = open_store(url, 1, seconds(10), job("", 3));
+    const bool joined = !store.ok() && store.status().code() == StatusCode::kFailedPrecondition &&
+                        store.status().message().find("has joined the store") != std::string::npos;
+    ::_exit(joined ? kRefused : kWrong);
+  }
   auto stores = open_ranks(url, 2, options);
   if (!stores.ok()) {
     ::_exit(stores.status().code() == StatusCode::kFailedPrecondition ? kRefused : kWrong);
@@ -205,6 +212,62 @@ TEST(Job, ASecondOpenOfTheJobsStoreInOneProcessSaysSo) {
       << again.status().message();
 }
 
+// Every rank closes the job's store and opens it again (a program in two phases, or two
+// libraries one after the other), rank 1 before rank 0 has closed its own: rank 1 waits for
+// rank 0's next take-over instead of joining the job it left (it was refused, "has joined the
+// store already"). Under a TCP store, rank 0's server serves until its clients have gone:
+// rank 1 keeps no connection open while it waits, so rank 0's close is not held up to its
+// timeout, and rank 1 reaches the new server on the same port.
+void ReopenBeforeRankZeroCloses(const std::string& url) {
+  auto first = open_ranks(url, 2, job("job-r", 2));
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  double sum = 0;
+  ASSERT_TRUE(all_reduce_once(*first, 2, 0, &sum).ok());
+  std::shared_ptr<Store> rank0 = (*first)[0];
+  first = unavailable("closed");  // rank 1's store goes; rank 0's is held here
+  StatusOr<std::shared_ptr<Store>> again1 = unavailable("not opened");
+  std::thread rank1([&] { again1 = open_store(url, 1, seconds(20), job("job-r", 2)); });
+  std::this_thread::sleep_for(milliseconds(500));
+  const auto closing = Clock::now();
+  rank0.reset();
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - closing).count(), 3000)
+      << "rank 0's store waited for rank 1 to go";
+  auto again0 = open_store(url, 0, seconds(20), job("job-r", 2));
+  rank1.join();
+  ASSERT_TRUE(again0.ok()) << again0.status().to_string();
+  ASSERT_TRUE(again1.ok()) << again1.status().to_string();
+  ASSERT_TRUE(all_reduce_once({*again0, *again1}, 2, 10, &sum).ok());
+  EXPECT_EQ(sum, 23);
+  // Opened again while still open, rank 1 is refused at once, naming this process.
+  auto twice = open_store(url, 1, seconds(20), job("job-r", 2));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("open in this process already as rank 1"),
+            std::string::npos)
+      << twice.status().message();
+}
+
+TEST(Job, ARankThatOpensTheFileStoreAgainWaitsForRankZerosNextOpen) {
+#if !HPS_HAVE_GLOO
+  GTEST_SKIP() << "needs the Gloo communicator";
+#endif
+  TempDir dir;
+  ReopenBeforeRankZeroCloses(dir.url());
+}
+
+TEST(Job, ARankThatOpensTheTcpStoreAgainWaitsForRankZerosNextServer) {
+#if !HPS_HAVE_GLOO
+  GTEST_SKIP() << "needs the Gloo communicator";
+#endif
+  uint16_t port = 0;
+  {
+    auto probe = net::listen_on("127.0.0.1", 0, 1);
+    ASSERT_TRUE(probe.ok()) << probe.status().to_string();
+    port = probe->port;
+    net::close_fd(probe->fd);
+  }
+  ReopenBeforeRankZeroCloses("tcp://127.0.0.1:" + std::to_string(port));
+}
+
 // Job B's rank 0 was refused and has exited before B's rank 1 looks: rank 1 reports the
 // refusal in a moment. It used to take the refused rank 0 for a crashed run, wait its whole
 // timeout for another and then blame its own job for ending.
@@ -238,11 +301,14 @@ TEST(Job, WithoutJobIdsARankIsClaimedOnceAndWorldSizesMustAgree) {
   ASSERT_TRUE(rank0.ok()) << rank0.status().to_string();
   auto rank1 = open_store(dir.url(), 1, seconds(10), job("", 3));
   ASSERT_TRUE(rank1.ok()) << rank1.status().to_string();
+  // In this process, rank 1 is open already; in another, it has joined already.
   auto again = open_store(dir.url(), 1, seconds(10), job("", 3));
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(again.status().message().find("has joined the store"), std::string::npos)
+  EXPECT_NE(again.status().message().find("open in this process already as rank 1"),
+            std::string::npos)
       << again.status().message();
+  ASSERT_EQ(wait_job(start_job("rank1", dir.url(), 0)), kRefused);
   auto other_size = open_store(dir.url(), 2, seconds(10), job("", 4));
   ASSERT_FALSE(other_size.ok());
   EXPECT_NE(other_size.status().message().find("of 3 ranks"), std::string::npos)

@@ -859,6 +859,10 @@ extern "C" {
     #[doc = " store belongs to another job, or this rank of this job has joined it already: a second open"]
     #[doc = " of the job's store in one process while the first is open), BACKEND_ERROR. Thread safety:"]
     #[doc = " any thread."]
+    #[doc = ""]
+    #[doc = " The job's store may be destroyed and opened again in one process (a program in phases):"]
+    #[doc = " a rank that opens it again waits, up to timeout_ms, for rank 0 to open it again, even when"]
+    #[doc = " rank 0 has not destroyed its first one yet, and never joins the one it destroyed."]
     pub fn hps_store_open(
         url: *const ::std::os::raw::c_char,
         rank: i32,
