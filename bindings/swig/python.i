@@ -197,6 +197,38 @@ HPS_PY_INT_SEQUENCE((const int64_t* shape, size_t ndim), int64_t, PyLong_AsLongL
   if (alloc$argnum == SWIG_NEWOBJ) %delete_array(buf$argnum);
 }
 
+/* A file system path (a checkpoint, its root, an export's output): str, encoded as os.fsencode
+ * does (the file system's encoding with surrogateescape, so a name os.listdir gave for bytes
+ * that are not UTF-8 reaches that file), or bytes; None where C takes NULL. One holding a NUL
+ * is refused. */
+%define HPS_PY_PATH(NAME)
+%typemap(in, noblock = 1) const char* NAME (PyObject* encoded = NULL) {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else {
+    if (PyUnicode_Check($input)) {
+      encoded = PyUnicode_EncodeFSDefault($input);
+    } else if (PyBytes_Check($input)) {
+      Py_INCREF($input);
+      encoded = $input;
+    }
+    if (!encoded) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "$symname: a path must be str or bytes");
+      SWIG_fail;
+    }
+    if (strlen(PyBytes_AS_STRING(encoded)) != (size_t)PyBytes_GET_SIZE(encoded)) {
+      PyErr_SetString(PyExc_ValueError, "$symname: a path holds a NUL character");
+      SWIG_fail;
+    }
+    $1 = PyBytes_AS_STRING(encoded);
+  }
+}
+%typemap(freearg, noblock = 1) const char* NAME { Py_XDECREF(encoded$argnum); }
+%enddef
+HPS_PY_PATH(path)
+HPS_PY_PATH(out)
+HPS_PY_PATH(root)
+
 /* A checkpoint's metadata: a flat sequence of str, key, value, key, value... (copied as
  * UTF-8; a str holding a NUL is refused). */
 %typemap(in) (const char* const* keys, const char* const* values, size_t count) {

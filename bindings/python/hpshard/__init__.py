@@ -27,9 +27,10 @@ Every failing call raises one of :class:`Error`'s per-status subclasses (``.stat
 ``.status_name``, ``.message``): ``TimedOutError`` for TIMEOUT, ``AbortedError`` for
 ABORTED, and so on for each status.
 
-Names, keys, URLs and axis orders are str, paths str or ``os.PathLike``; anything else
-(None, bytes, a number) is a TypeError naming the argument, except where None is documented
-as the default (a communicator's name, :meth:`Checkpoint.load`'s name: the latest).
+Names, keys, URLs and axis orders are str; paths str, bytes or ``os.PathLike`` (a str is
+encoded as ``os.fsencode`` does, so names that are not UTF-8 work). Anything else (None,
+bytes for a name, a number) is a TypeError naming the argument, except where None is
+documented as the default (a communicator's name, :meth:`Checkpoint.load`'s name: the latest).
 """
 
 from __future__ import annotations
@@ -357,13 +358,14 @@ def _text(value: Any, what: str) -> str:
     raise TypeError(f"{what} must be str, not {_kind(value)}")
 
 
-def _path(value: Any, what: str) -> str:
-    """A path the library takes: a str or an os.PathLike giving one; anything else (None,
-    bytes) is a TypeError naming ``what``."""
+def _path(value: Any, what: str) -> Union[str, bytes]:
+    """A path the library takes: str, bytes, or an os.PathLike giving one (a str is encoded
+    as os.fsencode does, so a name os.listdir gave for bytes that are not UTF-8 reaches that
+    file); anything else (None) is a TypeError naming ``what``."""
     path = value.__fspath__() if isinstance(value, os.PathLike) else value
-    if isinstance(path, str):
+    if isinstance(path, (str, bytes)):
         return path
-    raise TypeError(f"{what} must be str or os.PathLike, not {_kind(path)}")
+    raise TypeError(f"{what} must be str, bytes or os.PathLike, not {_kind(path)}")
 
 
 def _buffer(obj: Any, what: str, writable: bool) -> memoryview:
@@ -2105,7 +2107,7 @@ class CheckpointInfo:
         return _c.checkpoint_info_init(int(struct_size)).struct_size
 
 
-def checkpoint_inspect(path: Union[str, os.PathLike]) -> CheckpointInfo:
+def checkpoint_inspect(path: Union[str, bytes, os.PathLike]) -> CheckpointInfo:
     """Read the manifest of the checkpoint at ``path`` (a checkpoint directory, or a root
     whose ``latest`` is read), checking it but not the data. Error NOT_FOUND,
     INVALID_ARGUMENT."""
@@ -2117,13 +2119,13 @@ def checkpoint_inspect(path: Union[str, os.PathLike]) -> CheckpointInfo:
                           pp=i.pp, pp_rank=i.pp_rank)
 
 
-def checkpoint_verify(path: Union[str, os.PathLike]) -> None:
+def checkpoint_verify(path: Union[str, bytes, os.PathLike]) -> None:
     """Check every data file's header and size and every chunk's checksum of the checkpoint
     at ``path``; Error NOT_FOUND, INVALID_ARGUMENT naming the file and tensor."""
     _c.checkpoint_verify(_path(path, "checkpoint_verify: the path"))
 
 
-def checkpoint_read_engine_options(path: Union[str, os.PathLike]) -> EngineOptions:
+def checkpoint_read_engine_options(path: Union[str, bytes, os.PathLike]) -> EngineOptions:
     """The engine options the checkpoint at ``path`` was saved with (stage, optimizer and
     its hyperparameters, clipping, accumulation, alignment, prefetch window, loss scaling),
     the others the library's defaults: pass them to :meth:`Engine.create` to resume with
@@ -2134,7 +2136,7 @@ def checkpoint_read_engine_options(path: Union[str, os.PathLike]) -> EngineOptio
     return EngineOptions._from_c(o)
 
 
-def checkpoint_export_safetensors(path: Union[str, os.PathLike], out: Union[str, os.PathLike],
+def checkpoint_export_safetensors(path: Union[str, bytes, os.PathLike], out: Union[str, bytes, os.PathLike],
                                   fp32: bool = False) -> None:
     """Write the parameters of the checkpoint at ``path`` as one safetensors file ``out``
     (replaced atomically; a symbolic link is followed, anything there but a regular file is
@@ -2200,7 +2202,7 @@ class Checkpoint(Handle):
         self._wait_in_flight()
 
     @classmethod
-    def create(cls, engine: Engine, group: Communicator, root: Union[str, os.PathLike],
+    def create(cls, engine: Engine, group: Communicator, root: Union[str, bytes, os.PathLike],
                keep_last: Optional[int] = None, chunk_bytes: Optional[int] = None,
                timeout_ms: Optional[int] = None) -> "Checkpoint":
         """Collective over ``group``: a CPU communicator of exactly the ranks holding the
@@ -2281,7 +2283,7 @@ class Checkpoint(Handle):
         listed = None if name is None else _text(name, 'Checkpoint.load: the name')
         _interruptible(lambda: h.load(listed, options), self._abort_groups)
 
-    def import_safetensors(self, path: Union[str, os.PathLike],
+    def import_safetensors(self, path: Union[str, bytes, os.PathLike],
                            allow_partial: bool = False) -> None:
         """Initialise the engine's parameters (and fp32 masters) from the safetensors file
         ``path``, whose tensors carry the parameters' names; each rank reads only its

@@ -8,6 +8,7 @@ changed."""
 import contextlib
 import json
 import os
+import pathlib
 import shutil
 import struct
 import subprocess
@@ -247,8 +248,8 @@ def test_none_and_other_objects_are_refused_where_a_name_or_path_is_taken(tmp_pa
     with store, comm:
         engine, index = build(comm)
         with engine:
-            with pytest.raises(TypeError, match="^Checkpoint.create: the root must be str or "
-                                                "os.PathLike, not None$"):
+            with pytest.raises(TypeError, match="^Checkpoint.create: the root must be str, bytes "
+                                                "or os.PathLike, not None$"):
                 Checkpoint.create(engine, comm, None)
             with Checkpoint.create(engine, comm, tmp_path) as ckpt:
                 train(engine, index, 0, 1)
@@ -271,7 +272,8 @@ def test_none_and_other_objects_are_refused_where_a_name_or_path_is_taken(tmp_pa
                     ckpt.metadata(None)
                 assert ckpt.metadata("step") == "1"
                 with pytest.raises(TypeError, match="^Checkpoint.import_safetensors: the path "
-                                                    "must be str or os.PathLike, not None$"):
+                                                    "must be str, bytes or os.PathLike, not "
+                                                    "None$"):
                     ckpt.import_safetensors(None)
     one, out = tmp_path / "one", tmp_path / "one.safetensors"
     calls = {"checkpoint_inspect: the path": hpshard.checkpoint_inspect,
@@ -282,12 +284,42 @@ def test_none_and_other_objects_are_refused_where_a_name_or_path_is_taken(tmp_pa
              "checkpoint_export_safetensors: out":
                  lambda p: hpshard.checkpoint_export_safetensors(one, p)}
     for what, call in calls.items():
-        for bad, kind in ((None, "None"), (b"/tmp", "bytes"), (5, "int")):
-            with pytest.raises(TypeError, match=f"^{what} must be str or os.PathLike, "
+        for bad, kind in ((None, "None"), (5, "int"), (bytearray(b"/tmp"), "bytearray")):
+            with pytest.raises(TypeError, match=f"^{what} must be str, bytes or os.PathLike, "
                                                 f"not {kind}$"):
                 call(bad)
     assert hpshard.checkpoint_inspect(one).name == "one"  # an os.PathLike still goes
     assert not out.exists() and "None" not in os.listdir(tmp_path)
+
+
+def test_paths_that_are_not_utf8_reach_their_files(tmp_path):
+    """A root whose name is not UTF-8 (as os.listdir gives it: str with surrogates, or
+    bytes) is the same directory for every call. The str was refused as "argument 1 of type
+    'char const *'", and bytes were refused."""
+    root = os.path.join(os.fsencode(tmp_path), b"ckpt-\xff\xfe")
+    os.mkdir(root)
+    as_str = os.fsdecode(root)
+    assert "\udcff" in as_str
+    store, comm = single_rank("not-utf8")
+    with store, comm:
+        engine, index = build(comm)
+        with engine:
+            with Checkpoint.create(engine, comm, as_str) as ckpt:
+                train(engine, index, 0, 1)
+                ckpt.save("one", {"step": "1"}).wait()
+            with Checkpoint.create(engine, comm, root) as ckpt:
+                ckpt.load("one")
+                assert ckpt.metadata("step") == "1"
+    one = os.path.join(root, b"one")
+    assert b"one" in os.listdir(root)
+    for path in (one, os.fsdecode(one), pathlib.Path(os.fsdecode(one))):
+        assert hpshard.checkpoint_inspect(path).name == "one"
+        hpshard.checkpoint_verify(path)
+    out = os.path.join(os.fsencode(tmp_path), b"model-\xff.safetensors")
+    hpshard.checkpoint_export_safetensors(os.fsdecode(one), out)
+    assert os.path.getsize(out) > 8
+    with pytest.raises(ValueError, match="a path holds a NUL character"):
+        hpshard.checkpoint_inspect(one + b"\0/x")
 
 
 def test_partial_load_and_bad_input_change_nothing(tmp_path):
