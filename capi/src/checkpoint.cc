@@ -169,6 +169,11 @@ HPS_API hps_status_t hps_checkpoint_metadata(hps_checkpoint_t* checkpoint, const
   HPS_CHECK_ARG(checkpoint);
   HPS_CHECK_ARG(key);
   HPS_CHECK_ARG(out_length);
+  if (buffer == nullptr && capacity != 0) {
+    return hps::capi::fail(
+        hps::invalid_argument(std::string(__func__) + ": buffer is NULL but capacity is " +
+                              std::to_string(capacity) + " (NULL asks for the length: 0)"));
+  }
   return guard(__func__, [&]() -> hps::Status {
     auto it = checkpoint->metadata.find(key);
     if (it == checkpoint->metadata.end()) {

@@ -24,6 +24,7 @@
 #include "core/checkpoint/staging.h"
 #include "core/comm/agreement.h"
 #include "core/comm/host.h"
+#include "core/comm/store.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
 #include "core/common/output_file.h"
@@ -548,6 +549,7 @@ Checkpointer::Checkpointer(Checkpointable& engine, std::unique_ptr<Communicator>
       manifests_(std::move(manifests)) {}
 
 Checkpointer::~Checkpointer() {
+  std::lock_guard calls(calls_);
   if (writer_.joinable()) writer_.join();
 }
 
@@ -575,11 +577,15 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& eng
     return invalid_argument("checkpoint: chunk_bytes must be in [1, 2^34]");
   }
   if (options.timeout.count() <= 0) return invalid_argument("checkpoint: timeout must be > 0");
+  // A timeout longer than a year is a year: deadlines (now + the timeout, or half of it for
+  // the save lock) never overflow.
+  CheckpointOptions bounded = options;
+  bounded.timeout = std::min(options.timeout, kMaxStoreWait);
   std::vector<int32_t> everyone(static_cast<size_t>(group->size()));
   std::iota(everyone.begin(), everyone.end(), 0);
   HPS_ASSIGN_OR_RETURN(auto comm,
                        group->split(everyone, derived_comm_name(group->name(), ".checkpoint")));
-  comm->set_timeout(options.timeout);
+  comm->set_timeout(bounded.timeout);
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   if (ec) return backend_error("checkpoint: cannot create '" + root + "': " + ec.message());
@@ -587,10 +593,11 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& eng
   HPS_RETURN_IF_ERROR(claim_root(root, t, *manifests));
   HPS_ASSIGN_OR_RETURN(auto side, create_stream(engine.state_stream().device()));
   return std::unique_ptr<Checkpointer>(new Checkpointer(
-      engine, std::move(comm), std::move(root), options, std::move(side), std::move(manifests)));
+      engine, std::move(comm), std::move(root), bounded, std::move(side), std::move(manifests)));
 }
 
 Status Checkpointer::wait() {
+  std::lock_guard calls(calls_);
   if (!in_flight_) return Status::Ok();
   Status s = in_flight_->wait();
   if (writer_.joinable()) writer_.join();
@@ -599,6 +606,7 @@ Status Checkpointer::wait() {
 
 StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
                                                    std::map<std::string, std::string> metadata) {
+  std::lock_guard calls(calls_);
   HPS_RETURN_IF_ERROR(ckpt::check_checkpoint_name(name));
   // The manifest and an export's safetensors header carry the metadata: in all it stays
   // well within what their readers take (kMaxManifestBytes, kMaxSafetensorsHeaderBytes).
@@ -1175,6 +1183,7 @@ void Checkpointer::finish_in_flight() {
 }
 
 StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadOptions options) {
+  std::lock_guard calls(calls_);
   finish_in_flight();
   LoadReport report;
   bool saved_loss_scaling = true;
@@ -1212,6 +1221,7 @@ StatusOr<LoadReport> Checkpointer::load(const std::string& name, CheckpointLoadO
 
 StatusOr<LoadReport> Checkpointer::import_safetensors(const std::string& path,
                                                       CheckpointLoadOptions options) {
+  std::lock_guard calls(calls_);
   finish_in_flight();
   LoadReport report;
   report.directory = path;

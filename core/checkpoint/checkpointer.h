@@ -156,6 +156,10 @@ class Checkpointer {
   // The listings' knowledge of the root's manifests, shared by the writer thread (saves)
   // and the caller's (loads of `latest`); guarded by its own mutex.
   std::unique_ptr<PublishedManifests> manifests_;
+  // Held by each call of save, wait, load and import_safetensors, and by the destructor: a
+  // checkpointer is used from one thread at a time, and calls from two take turns instead
+  // of both handing writer_ on (a joinable std::thread replaced ends the process).
+  std::mutex calls_;
   std::thread writer_;
   std::shared_ptr<Work> in_flight_;
   // The last save's staging memory, kept for the next one: its pages stay mapped, so a

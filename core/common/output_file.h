@@ -31,6 +31,14 @@ struct OutputFile {
 
 inline OutputFile output_file(const std::string& path) {
   OutputFile out{path, {}};
+  if (path.empty()) {
+    out.error = "the path is empty";
+    return out;
+  }
+  if (path.back() == '/') {
+    out.error = "it ends in '/', which names a folder, not a file";
+    return out;
+  }
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return out;  // nothing there yet
   if (S_ISLNK(st.st_mode)) {

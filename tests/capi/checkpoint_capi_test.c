@@ -126,6 +126,10 @@ static void* rank_main(void* arg) {
   CHECK_OK(hps_checkpoint_load(ckpt, NULL, &load));
   CHECK_OK(hps_checkpoint_metadata(ckpt, "loader", NULL, 0, &length));
   CHECK(length == 8);
+  /* A NULL buffer said to hold 5 bytes is refused (it was taken as a length query). */
+  length = 99;
+  CHECK(hps_checkpoint_metadata(ckpt, "loader", NULL, 5, &length) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(length == 99);
   CHECK(hps_checkpoint_metadata(ckpt, "loader", value, 8, &length) == HPS_STATUS_OUT_OF_RANGE);
   CHECK_OK(hps_checkpoint_metadata(ckpt, "loader", value, sizeof value, &length));
   CHECK(strcmp(value, "batch 17") == 0);

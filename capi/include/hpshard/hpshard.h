@@ -1346,7 +1346,7 @@ typedef struct hps_checkpoint_options {
                              cut across mp and pp; default 0: keep all) */
   uint64_t chunk_bytes; /**< ranges are checksummed in chunks of this size (default 1 MiB) */
   int64_t timeout_ms;   /**< bound on each agreement among the ranks of a save or load
-                             (default 1800000) */
+                             (default 1800000; more than a year counts as a year) */
 } hps_checkpoint_options_t;
 
 /** Set the defaults and struct_size. Errors: INVALID_ARGUMENT. */
@@ -1449,7 +1449,8 @@ HPS_API hps_status_t hps_checkpoint_import_safetensors(
 /**
  * The value of metadata `key` of the last successful load or import, copied with its NUL
  * into `buffer` of `capacity` bytes; its length (without the NUL) into *out_length.
- * `buffer` may be NULL (with capacity 0) to ask for the length. Errors: NOT_FOUND (no such
+ * `buffer` may be NULL (with capacity 0) to ask for the length. Errors: INVALID_ARGUMENT
+ * (NULL checkpoint, key or out_length; NULL buffer with capacity > 0), NOT_FOUND (no such
  * key, or nothing loaded), OUT_OF_RANGE (capacity <= length; nothing written).
  */
 HPS_API hps_status_t hps_checkpoint_metadata(hps_checkpoint_t* checkpoint, const char* key,

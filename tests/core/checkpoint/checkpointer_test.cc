@@ -19,6 +19,7 @@
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -1363,7 +1364,11 @@ TEST(Checkpoint, TwoJobsSavingIntoOneRootTakeTurns) {
   std::fill(first.w.begin(), first.w.end(), 1.0f);
   std::fill(second.w.begin(), second.w.end(), 2.0f);
   auto a = Checkpointer::create(first, group(), dir.path(), small_chunks());
-  auto b = Checkpointer::create(second, group(), dir.path(), small_chunks());
+  // The longest timeout waits too: "now + half of it" overflowed, and the save failed at
+  // once, saying the lock had been held for 2^62 ms.
+  CheckpointOptions patient = small_chunks();
+  patient.timeout = Milliseconds(std::numeric_limits<int64_t>::max());
+  auto b = Checkpointer::create(second, group(), dir.path(), patient);
   CheckpointOptions quick = small_chunks();
   quick.timeout = Milliseconds(600);
   auto c = Checkpointer::create(second, group(), dir.path(), quick);
@@ -1425,6 +1430,46 @@ TEST(Checkpoint, TwoJobsSavingIntoOneRootTakeTurns) {
     }
   }
   EXPECT_FALSE(fs::exists(dir / "nolock-5"));
+}
+
+// A checkpointer is used from one thread at a time; two threads that save and load on one
+// anyway take turns. They ended the process ("terminate called without an active
+// exception": a second writer thread assigned over a running one).
+TEST(Checkpoint, CallsFromTwoThreadsTakeTurns) {
+  TempDir dir;
+  auto group = self_backend::SelfCommunicator::create({});
+  ASSERT_TRUE(group.ok());
+  FakeState state(64);
+  std::fill(state.w.begin(), state.w.end(), 3.0f);
+  auto ckpt = Checkpointer::create(state, std::move(*group), dir.path(), small_chunks());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().to_string();
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures;
+  std::mutex failures_mutex;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 8; ++i) {
+        const std::string name = "t" + std::to_string(t) + "-" + std::to_string(i);
+        auto saving = (*ckpt)->save(name);
+        Status s = saving.ok() ? (*saving)->wait() : saving.status();
+        if (s.ok()) s = (*ckpt)->wait();
+        if (s.ok() && i % 3 == 0) s = (*ckpt)->load(name).status();
+        if (!s.ok()) {
+          std::lock_guard lock(failures_mutex);
+          failures.push_back(name + ": " + s.to_string());
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  for (int t = 0; t < 2; ++t) {
+    for (int i = 0; i < 8; ++i) {
+      const std::string name = "t" + std::to_string(t) + "-" + std::to_string(i);
+      EXPECT_TRUE(verify_checkpoint(dir / name).ok()) << name;
+    }
+  }
+  EXPECT_EQ(state.w[7], 3.0f);
 }
 
 TEST(Checkpoint, KeepLastDeletesOlderOnesAfterPublishing) {
@@ -1740,6 +1785,15 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
     }
     EXPECT_TRUE(fs::is_fifo(fifo));
     EXPECT_TRUE(fs::is_directory(dir / "outdir"));
+    // An empty path, or one ending in '/', is refused before anything is written (the export
+    // was written whole into the working directory, then the rename failed: NOT_FOUND).
+    for (const std::string& bad : std::vector<std::string>{"", dir / "nothing/"}) {
+      const uint64_t before = process_io("wchar");
+      auto refused = export_safetensors(dir / "a", bad, false);
+      EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.to_string();
+      EXPECT_LT(process_io("wchar") - before, uint64_t{4096}) << "'" << bad << "'";
+    }
+    EXPECT_FALSE(fs::exists(dir / "nothing"));
     // A symbolic link is followed: the file it points to is replaced, the link stays.
     const std::string file = dir / "outdir/model.st", link = dir / "link.st";
     std::ofstream(file) << "old";

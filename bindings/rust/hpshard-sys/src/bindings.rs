@@ -2806,7 +2806,7 @@ pub struct hps_checkpoint_options {
     #[doc = "< ranges are checksummed in chunks of this size (default 1 MiB)"]
     pub chunk_bytes: u64,
     #[doc = "< bound on each agreement among the ranks of a save or load"]
-    #[doc = "(default 1800000)"]
+    #[doc = "(default 1800000; more than a year counts as a year)"]
     pub timeout_ms: i64,
 }
 #[test]
@@ -3061,7 +3061,8 @@ extern "C" {
 extern "C" {
     #[doc = " The value of metadata `key` of the last successful load or import, copied with its NUL"]
     #[doc = " into `buffer` of `capacity` bytes; its length (without the NUL) into *out_length."]
-    #[doc = " `buffer` may be NULL (with capacity 0) to ask for the length. Errors: NOT_FOUND (no such"]
+    #[doc = " `buffer` may be NULL (with capacity 0) to ask for the length. Errors: INVALID_ARGUMENT"]
+    #[doc = " (NULL checkpoint, key or out_length; NULL buffer with capacity > 0), NOT_FOUND (no such"]
     #[doc = " key, or nothing loaded), OUT_OF_RANGE (capacity <= length; nothing written)."]
     pub fn hps_checkpoint_metadata(
         checkpoint: *mut hps_checkpoint_t,
