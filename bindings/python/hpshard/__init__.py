@@ -204,12 +204,35 @@ class Handle:
     """A C handle (a ``capi.*Handle`` proxy) destroyed exactly once: by :meth:`close`,
     leaving a ``with`` block, or garbage collection. Closing again is harmless; any other
     use of a closed handle raises ValueError. Subclasses name what must go first in
-    ``_before_close`` and what they keep referenced in ``_keep``."""
+    ``_before_close`` and what they keep referenced in ``_keep``. Calls made in
+    :meth:`_using` are counted: a close on another thread waits for them to return."""
 
     def __init__(self, proxy: Any) -> None:
         self._lock = threading.RLock()
         self._keep: list = []
         self._handle: Any = proxy
+        self._in_use = 0  # calls under way in _using(); the destroy waits until none is
+        self._idle = threading.Condition(self._lock)
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Any]:
+        """The C handle for one call, counted: a close meanwhile waits for it to return
+        (the library's call would otherwise run in freed memory)."""
+        with self._lock:
+            h = self._h()
+            self._in_use += 1
+        try:
+            yield h
+        finally:
+            with self._lock:
+                self._in_use -= 1
+                if self._in_use == 0:
+                    self._idle.notify_all()
+
+    def _wait_for_calls(self) -> None:
+        """Under the lock (close holds it): until no call of _using() is under way."""
+        while self._in_use > 0:
+            self._idle.wait()  # releases the lock meanwhile
 
     def _h(self) -> Any:
         h = self._handle
@@ -482,24 +505,7 @@ class Store(Handle):
         super().__init__(handle)
         self.url = url
         self.rank = rank
-        self._in_use = 0  # calls under way; the destroy waits until none is
-        self._idle = threading.Condition(self._lock)
-        self._closing: Any = None  # the handle while close() waits for those calls
-
-    @contextlib.contextmanager
-    def _using(self) -> Iterator[Any]:
-        """The C handle for one call, counted: a close meanwhile waits for it to return
-        (the library's wait would otherwise run in freed memory)."""
-        with self._lock:
-            h = self._h()
-            self._in_use += 1
-        try:
-            yield h
-        finally:
-            with self._lock:
-                self._in_use -= 1
-                if self._in_use == 0:
-                    self._idle.notify_all()
+        self._closing: Any = None  # the handle while close() waits for calls under way
 
     def __exit__(self, exc_type: Any, *rest: object) -> None:
         if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
@@ -512,8 +518,7 @@ class Store(Handle):
     def _before_close(self, h: Any) -> None:
         self._closing = h  # abort() reaches it while the close waits
         try:
-            while self._in_use > 0:  # under the lock (close holds it); wait releases it
-                self._idle.wait()
+            self._wait_for_calls()
         finally:
             self._closing = None
 
@@ -2167,7 +2172,8 @@ class Checkpoint(Handle):
 
     The checkpoint keeps its engine and group referenced; closing either closes the
     checkpoint first, and closing the checkpoint waits for a save in flight (Ctrl-C
-    interrupts that wait, leaving the checkpoint open); after a failure, ``abort()`` on the
+    interrupts that wait, leaving the checkpoint open), and for a save, load or import under
+    way on another thread; after a failure, ``abort()`` on the
     group (or on a communicator it was split from, the world) ends that save at once, and a
     load before its next read. On the main thread, Ctrl-C during :meth:`create`,
     :meth:`load` or :meth:`import_safetensors` ends the wait for the other ranks at once and
@@ -2199,6 +2205,7 @@ class Checkpoint(Handle):
         self._in_flight = None
 
     def _before_close(self, h: Any) -> None:
+        self._wait_for_calls()
         self._wait_in_flight()
 
     @classmethod
@@ -2253,17 +2260,17 @@ class Checkpoint(Handle):
                 raise TypeError(f"Checkpoint.save: metadata keys and values must be str, not "
                                 f"{type(key).__name__}: {type(value).__name__}")
             flat += [key, value]
-        h = self._h()
-        self._wait_in_flight()
-        hooks = self.engine._save_hooks
-        hooks[:] = [ref for ref in hooks if ref() is not None]
-        for ref in list(hooks):
-            hook = ref()
-            if hook is not None:
-                hook()
-        work = Work(h.save(name, flat), ())
-        self._in_flight = work
-        return work
+        with self._using() as h:
+            self._wait_in_flight()
+            hooks = self.engine._save_hooks
+            hooks[:] = [ref for ref in hooks if ref() is not None]
+            for ref in list(hooks):
+                hook = ref()
+                if hook is not None:
+                    hook()
+            work = Work(h.save(name, flat), ())
+            self._in_flight = work
+            return work
 
     def load(self, name: Optional[str] = None, allow_partial: bool = False) -> None:
         """Load checkpoint ``root/name`` (default: the one ``root/latest`` names) into the
@@ -2277,22 +2284,22 @@ class Checkpoint(Handle):
         skipped, instead of an error naming them. Error NOT_FOUND (no such checkpoint, a
         missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data, another
         model), FAILED_PRECONDITION (in the middle of a step); no engine changed then."""
-        h = self._h()
-        self._wait_in_flight()
         options = _load_options(allow_partial)
         listed = None if name is None else _text(name, 'Checkpoint.load: the name')
-        _interruptible(lambda: h.load(listed, options), self._abort_groups)
+        with self._using() as h:
+            self._wait_in_flight()
+            _interruptible(lambda: h.load(listed, options), self._abort_groups)
 
     def import_safetensors(self, path: Union[str, bytes, os.PathLike],
                            allow_partial: bool = False) -> None:
         """Initialise the engine's parameters (and fp32 masters) from the safetensors file
         ``path``, whose tensors carry the parameters' names; each rank reads only its
         shard; optimizer state and step counts stay. Collective, as :meth:`load`."""
-        h = self._h()
-        self._wait_in_flight()
         options = _load_options(allow_partial)
         source = _path(path, "Checkpoint.import_safetensors: the path")
-        _interruptible(lambda: h.import_safetensors(source, options), self._abort_groups)
+        with self._using() as h:
+            self._wait_in_flight()
+            _interruptible(lambda: h.import_safetensors(source, options), self._abort_groups)
 
     def _abort_groups(self) -> None:
         _abort_checkpoint_groups(self.engine, self.group)
@@ -2300,7 +2307,9 @@ class Checkpoint(Handle):
     def metadata(self, key: str) -> str:
         """The value of metadata ``key`` of the last successful :meth:`load` or
         :meth:`import_safetensors`. Error NOT_FOUND (no such key, or nothing loaded)."""
-        value = self._h().metadata(_text(key, 'Checkpoint.metadata: the key'))
+        key = _text(key, 'Checkpoint.metadata: the key')
+        with self._using() as h:
+            value = h.metadata(key)
         return value.decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:

@@ -872,3 +872,43 @@ def test_a_part_of_a_model_cut_across_mp_saves_and_loads_only_into_its_own_part(
         # The writer's metadata cannot reach the terminal as control bytes.
         assert b"metadata note = red\\x1b[31m\\x0aline\\\\\n" in shown, shown
         assert b"\x1b" not in shown
+
+
+def test_a_close_on_another_thread_waits_for_a_load_under_way(tmp_path):
+    """Closing the checkpoint while another thread loads (a misuse: one thread at a time)
+    waits for the load to return, as a Store's close does; it freed the handle under the
+    load, which then crashed the process (SIGSEGV). Saves from two threads take turns."""
+    big = [("w", (1 << 21,), 0), ("b", (3,), 1)]
+    store, comm = single_rank("close-race")
+    with store, comm:
+        engine, index = build(comm, model=big)
+        with engine:
+            with Checkpoint.create(engine, comm, tmp_path) as ckpt:
+                works = []
+                savers = [threading.Thread(target=lambda t=t: works.append(ckpt.save(f"s{t}")))
+                          for t in range(2)]
+                for t in savers:
+                    t.start()
+                for t in savers:
+                    t.join()
+                for w in works:
+                    w.wait()
+            for delay in (0.0, 0.002, 0.01):
+                ckpt = Checkpoint.create(engine, comm, tmp_path)
+                outcome = []
+
+                def load():
+                    try:
+                        ckpt.load("s0")
+                        outcome.append("loaded")
+                    except ValueError:  # the close came first
+                        outcome.append("closed")
+
+                loader = threading.Thread(target=load)
+                loader.start()
+                time.sleep(delay)
+                ckpt.close()
+                loader.join()
+                assert outcome in (["loaded"], ["closed"]), outcome
+                assert ckpt.closed
+    assert sorted(os.listdir(tmp_path))[-2:] == ["s0", "s1"]

@@ -23,8 +23,9 @@ import org.hpshard.internal.hps_engine_options_t;
  * import are collective: every rank calls them at the same point of training.
  *
  * <p>The checkpoint keeps its engine and group reachable; closing either closes the
- * checkpoint first, and {@link #close()} waits for a save in flight. One thread at a time per
- * checkpoint (and not beside its engine's calls).
+ * checkpoint first, and {@link #close()} waits for a save in flight and for a save, load or
+ * import under way on another thread. One thread at a time per checkpoint (and not beside its
+ * engine's calls); calls from two take turns.
  */
 public final class Checkpoint extends Handle<CheckpointHandle> {
   /** Options of {@link #create}; unset ones keep the library's defaults. */
@@ -132,7 +133,7 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
         flat[i++] = Objects.requireNonNull(e.getKey(), "metadata key");
         flat[i++] = Objects.requireNonNull(e.getValue(), "metadata value of " + e.getKey());
       }
-      return new Work(h().save(name, flat));
+      return new Work(use(h -> h.save(name, flat)));
     } finally {
       Reference.reachabilityFence(this);
     }
@@ -157,7 +158,10 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
     try {
       hps_checkpoint_load_options_t o = loadOptions(allowPartial);
       try {
-        h().load(name, o);
+        use(h -> {
+          h.load(name, o);
+          return null;
+        });
       } finally {
         o.delete();
       }
@@ -176,7 +180,10 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
       Objects.requireNonNull(path, "path");
       hps_checkpoint_load_options_t o = loadOptions(allowPartial);
       try {
-        h().importSafetensors(path.toString(), o);
+        use(h -> {
+          h.importSafetensors(path.toString(), o);
+          return null;
+        });
       } finally {
         o.delete();
       }
@@ -192,7 +199,7 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
   public String metadata(String key) {
     try {
       Objects.requireNonNull(key, "key");
-      return new String(h().metadata(key), StandardCharsets.UTF_8);
+      return new String(use(h -> h.metadata(key)), StandardCharsets.UTF_8);
     } finally {
       Reference.reachabilityFence(this);
     }

@@ -1,9 +1,11 @@
 package org.hpshard;
 
 import java.lang.ref.Cleaner;
+import java.lang.ref.Reference;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.function.Consumer;
+import java.util.function.Function;
 
 /**
  * A native handle (an org.hpshard.internal proxy) destroyed exactly once: by {@link #close()}
@@ -12,7 +14,8 @@ import java.util.function.Consumer;
  * until the call returns: Reference.reachabilityFence, so the Cleaner never destroys a
  * handle under its own call). Using a closed handle throws IllegalStateException. A handle
  * can depend on others (an engine on its communicators): it keeps them reachable and is
- * closed before them.
+ * closed before them. Calls made through {@link #use} are counted: a close on another thread
+ * waits for them to return before the native handle goes.
  *
  * @param <P> the proxy type
  */
@@ -27,6 +30,7 @@ public abstract class Handle<P> implements AutoCloseable {
     private final List<State<?>> dependents = new ArrayList<>(); // closed before this
     private final List<State<?>> owners = new ArrayList<>();
     private final List<Handle<?>> ownerHandles = new ArrayList<>(); // kept reachable
+    private int inUse; // calls under way through enter()/leave()
 
     State(P proxy, Consumer<P> destroy) {
       this.proxy = proxy;
@@ -44,6 +48,32 @@ public abstract class Handle<P> implements AutoCloseable {
 
     synchronized P proxy() {
       return proxy;
+    }
+
+    /** The proxy, counted as in use until {@link #leave}; IllegalStateException if closed. */
+    synchronized P enter(String kind) {
+      if (proxy == null) throw new IllegalStateException("hpshard " + kind + " is closed");
+      ++inUse;
+      return proxy;
+    }
+
+    synchronized void leave() {
+      if (--inUse == 0) notifyAll();
+    }
+
+    /** Waits until no counted call is under way (the destroy must not overlap one). */
+    private void awaitCalls() {
+      boolean interrupted = false;
+      synchronized (this) {
+        while (inUse > 0) {
+          try {
+            wait();
+          } catch (InterruptedException e) {
+            interrupted = true; // asked again once the calls have returned
+          }
+        }
+      }
+      if (interrupted) Thread.currentThread().interrupt();
     }
 
     private synchronized void forget(State<?> dependent) {
@@ -69,6 +99,7 @@ public abstract class Handle<P> implements AutoCloseable {
       }
       if (p == null) return;
       try {
+        awaitCalls();
         beforeDestroy(p);
       } finally {
         try {
@@ -107,6 +138,20 @@ public abstract class Handle<P> implements AutoCloseable {
 
   public boolean isClosed() {
     return state.proxy() == null;
+  }
+
+  /**
+   * Runs {@code call} on the proxy, counted: a close on another thread meanwhile waits for it
+   * to return. IllegalStateException once closed.
+   */
+  <T> T use(Function<P, T> call) {
+    P p = state.enter(kind);
+    try {
+      return call.apply(p);
+    } finally {
+      state.leave();
+      Reference.reachabilityFence(this);
+    }
   }
 
   /** Keeps {@code o} reachable until the handle is closed. */

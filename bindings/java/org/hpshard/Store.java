@@ -16,25 +16,12 @@ public final class Store extends Handle<StoreHandle> {
   /** Default wait of {@link #open(String, int)}, {@link #get} and {@link #await}, in ms. */
   public static final long DEFAULT_TIMEOUT_MS = 30000;
 
-  /** Counts the native calls under way; the destroy waits until none is. */
+  /** Lets abort() reach the store while its destroy waits for the calls under way. */
   static final class StoreState extends State<StoreHandle> {
-    private int inUse;
     private StoreHandle closing; // the proxy while the destroy waits for the calls
 
     StoreState(StoreHandle proxy) {
       super(proxy, StoreHandle::delete);
-    }
-
-    /** The proxy, counted as in use until {@link #leave}; IllegalStateException if closed. */
-    synchronized StoreHandle enter() {
-      StoreHandle p = proxy();
-      if (p == null) throw new IllegalStateException("hpshard store is closed");
-      ++inUse;
-      return p;
-    }
-
-    synchronized void leave() {
-      if (--inUse == 0) notifyAll();
     }
 
     /** Aborts the store, also while the destroy waits for calls (it ends them). */
@@ -51,24 +38,10 @@ public final class Store extends Handle<StoreHandle> {
 
     @Override
     void beforeDestroy(StoreHandle proxy) {
-      boolean interrupted = false;
       synchronized (this) {
-        while (inUse > 0) {
-          try {
-            wait();
-          } catch (InterruptedException e) {
-            interrupted = true; // the destroy must not overlap a call; asked again after
-          }
-        }
-        closing = null;
+        closing = null; // the calls have returned (Handle.State waited for them)
       }
-      if (interrupted) Thread.currentThread().interrupt();
     }
-  }
-
-  /** A native call on the store, counted (see {@link StoreState}). */
-  interface Call<T> {
-    T run(StoreHandle h);
   }
 
   private final String url;
@@ -78,17 +51,6 @@ public final class Store extends Handle<StoreHandle> {
     super(new StoreState(handle), "store");
     this.url = url;
     this.rank = rank;
-  }
-
-  /** Runs {@code call} on the native store; a close meanwhile waits for it to return. */
-  <T> T use(Call<T> call) {
-    StoreState s = (StoreState) state;
-    StoreHandle h = s.enter();
-    try {
-      return call.run(h);
-    } finally {
-      s.leave();
-    }
   }
 
   /**

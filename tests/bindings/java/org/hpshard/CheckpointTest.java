@@ -300,6 +300,52 @@ class CheckpointTest {
     }
   }
 
+  /**
+   * A close on another thread while a load runs (a misuse: one thread at a time) waits for
+   * the load to return; it freed the native checkpoint under the load (the JVM crashed,
+   * SIGSEGV). Saves from two threads take turns (the process aborted).
+   */
+  @Test
+  void aCloseOnAnotherThreadWaitsForTheLoadUnderWay(@TempDir Path tmp) throws Exception {
+    try (Store store = Store.open("memory://java-ckpt-" + UUID.randomUUID(), 0, 10000);
+        Communicator c = single(store);
+        Engine engine = Engine.create(c, null, adamw(2))) {
+      engine.addParam("w", new long[] {1 << 21}, DType.FLOAT32, false, false, true, false, 0);
+      engine.seal();
+      engine.broadcastParameters();
+      try (Checkpoint ckpt = Checkpoint.create(engine, c, tmp)) {
+        Work[] works = new Work[2];
+        Thread[] savers = new Thread[2];
+        for (int t = 0; t < 2; t++) {
+          final int which = t;
+          savers[t] = new Thread(() -> works[which] = ckpt.save("s" + which));
+          savers[t].start();
+        }
+        for (Thread t : savers) t.join();
+        for (Work w : works) w.await();
+      }
+      for (int delayMs : new int[] {0, 2, 10}) {
+        Checkpoint ckpt = Checkpoint.create(engine, c, tmp);
+        String[] outcome = new String[1];
+        Thread loader = new Thread(() -> {
+          try {
+            ckpt.load("s0", false);
+            outcome[0] = "loaded";
+          } catch (IllegalStateException e) { // the close came first
+            outcome[0] = "closed";
+          }
+        });
+        loader.start();
+        Thread.sleep(delayMs);
+        ckpt.close();
+        loader.join();
+        assertTrue(outcome[0] != null, "the load neither ran nor was refused");
+        assertTrue(ckpt.isClosed());
+      }
+      Checkpoint.verify(tmp.resolve("s1"));
+    }
+  }
+
   @Test
   void closingTheEngineClosesItsCheckpointFirst(@TempDir Path tmp) {
     int[] index = new int[NAMES.length];
