@@ -214,7 +214,8 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
 
   /**
    * Reads the manifest of the checkpoint at {@code path} (a checkpoint directory, or a root
-   * whose latest is read), checking it but not the data. NOT_FOUND, INVALID_ARGUMENT.
+   * whose latest is read), checking it but not the data. NOT_FOUND, INVALID_ARGUMENT,
+   * BACKEND_ERROR (a path that cannot be read or searched).
    */
   public static CheckpointInfo inspect(Path path) {
     Objects.requireNonNull(path, "path");
@@ -228,7 +229,7 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
 
   /**
    * Checks every data file's header and size and every chunk's checksum of the checkpoint at
-   * {@code path}. NOT_FOUND, INVALID_ARGUMENT naming the file and tensor.
+   * {@code path}. NOT_FOUND, INVALID_ARGUMENT naming the file and tensor, BACKEND_ERROR.
    */
   public static void verify(Path path) {
     Objects.requireNonNull(path, "path");
@@ -239,7 +240,7 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
    * The engine options the checkpoint at {@code path} was saved with (stage, optimizer and
    * its hyperparameters, clipping, accumulation, alignment, prefetch window, loss scaling),
    * every other field the library's default: pass them to {@link Engine#create} to resume
-   * with the same engine. NOT_FOUND, INVALID_ARGUMENT.
+   * with the same engine. NOT_FOUND, INVALID_ARGUMENT, BACKEND_ERROR.
    */
   public static Engine.Options readEngineOptions(Path path) {
     Objects.requireNonNull(path, "path");
