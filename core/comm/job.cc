@@ -67,7 +67,7 @@ struct Owner {
     o.process = std::move(*process);
     std::istringstream in(text);
     std::string line;
-    bool has_id = false, has_world = false, has_nonce = false;
+    bool has_id = false, has_world = false;
     while (std::getline(in, line)) {
       const size_t space = line.find(' ');
       if (space == std::string::npos) return std::nullopt;
@@ -82,10 +82,11 @@ struct Owner {
         has_world = true;
       } else if (name == "nonce") {
         o.nonce = value;
-        has_nonce = !value.empty();
       }
     }
-    if (!has_id || !has_world || !has_nonce) return std::nullopt;
+    // A record without a nonce (a store left by an older version) stays readable: its
+    // empty nonce matches no record this process joined.
+    if (!has_id || !has_world) return std::nullopt;
     return o;
   }
 
@@ -177,6 +178,7 @@ enum class JoinedHere { kNever, kOpen, kClosed };
 class JoinedStores {
  public:
   static JoinedHere find(const std::string& nonce, int32_t rank) {
+    if (nonce.empty()) return JoinedHere::kNever;
     std::lock_guard lock(mutex());
     auto it = joined().find({nonce, rank});
     if (it == joined().end()) return JoinedHere::kNever;

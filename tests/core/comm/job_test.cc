@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/comm/communicator.h"
+#include "core/comm/host.h"
 #include "core/comm/rendezvous.h"
 #include "core/comm/socket.h"
 #include "core/common/config.h"
@@ -244,6 +245,28 @@ void ReopenBeforeRankZeroCloses(const std::string& url) {
   EXPECT_NE(twice.status().message().find("open in this process already as rank 1"),
             std::string::npos)
       << twice.status().message();
+}
+
+// A store an older version left (records without a nonce) is still read: its closed job
+// is taken over, not reported as a malformed record.
+TEST(Job, RecordsWithoutANonceAreStillRead) {
+  TempDir dir;
+  {
+    auto raw = make_file_store(dir.url().substr(7), seconds(5));
+    ASSERT_TRUE(raw.ok()) << raw.status().to_string();
+    const std::string record = "id old-job\nworld 2\n" + host::Process::self().encode();
+    for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+             {"hpshard/job/ticket", "1"},
+             {"hpshard/job/owner/1", record},
+             {"hpshard/job/owner/1/decision", "accepted"},
+             {"hpshard/job/owner/1/closed", "1"},
+             {"hpshard/job/current", "1"},
+             {"hpshard/job/id/old-job", "1"}}) {
+      ASSERT_TRUE((*raw)->set(key, value).ok()) << key;
+    }
+  }
+  auto stores = open_ranks(dir.url(), 2, job("old-job", 2));
+  ASSERT_TRUE(stores.ok()) << stores.status().to_string();
 }
 
 TEST(Job, ARankThatOpensTheFileStoreAgainWaitsForRankZerosNextOpen) {
