@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,23 +101,35 @@ int meet(const hps::RendezvousInfo& info) {
 
 // Nothing waits for the others at the end: rank 0, done first with the split, leaves while
 // the members still make theirs over the store it serves.
-int split_exit(const hps::RendezvousInfo& info) {
-  auto store = hps::open_store(info.store_url, info.rank, std::chrono::seconds(20));
-  if (!store.ok()) {
-    std::fprintf(stderr, "open_store: %s\n", store.status().to_string().c_str());
-    return 1;
+// The job's store and the world communicator over it (20 s timeouts); false, the error
+// printed after `what`, when either fails.
+bool open_world(const hps::RendezvousInfo& info, const std::string& what,
+                std::shared_ptr<hps::Store>* store, std::unique_ptr<hps::Communicator>* world) {
+  auto opened = hps::open_store(info.store_url, info.rank, std::chrono::seconds(20));
+  if (!opened.ok()) {
+    std::fprintf(stderr, "%sopen_store: %s\n", what.c_str(), opened.status().to_string().c_str());
+    return false;
   }
+  *store = *opened;
   hps::CommOptions options;
   options.timeout = hps::Milliseconds(20'000);
-  auto world =
+  auto created =
       hps::create_communicator(*store, info.rank, info.world_size, hps::Device::cpu(), options);
-  if (!world.ok()) {
-    std::fprintf(stderr, "create: %s\n", world.status().to_string().c_str());
-    return 1;
+  if (!created.ok()) {
+    std::fprintf(stderr, "%screate: %s\n", what.c_str(), created.status().to_string().c_str());
+    return false;
   }
+  *world = std::move(*created);
+  return true;
+}
+
+int split_exit(const hps::RendezvousInfo& info) {
+  std::shared_ptr<hps::Store> store;
+  std::unique_ptr<hps::Communicator> world;
+  if (!open_world(info, "", &store, &world)) return 1;
   std::vector<int32_t> members;
   for (int32_t r = 1; r < info.world_size; ++r) members.push_back(r);
-  auto part = (*world)->split(members, "part");
+  auto part = world->split(members, "part");
   if (!part.ok()) {
     std::fprintf(stderr, "split: %s\n", part.status().to_string().c_str());
     return 1;
@@ -128,21 +141,11 @@ int split_exit(const hps::RendezvousInfo& info) {
 // Two phases of one program, each with the job's store and world of its own.
 int reopen(const hps::RendezvousInfo& info) {
   for (int phase = 0; phase < 2; ++phase) {
-    auto store = hps::open_store(info.store_url, info.rank, std::chrono::seconds(20));
-    if (!store.ok()) {
-      std::fprintf(stderr, "phase %d: open_store: %s\n", phase, store.status().to_string().c_str());
-      return 1;
-    }
-    hps::CommOptions options;
-    options.timeout = hps::Milliseconds(20'000);
-    auto world =
-        hps::create_communicator(*store, info.rank, info.world_size, hps::Device::cpu(), options);
-    if (!world.ok()) {
-      std::fprintf(stderr, "phase %d: create: %s\n", phase, world.status().to_string().c_str());
-      return 1;
-    }
+    std::shared_ptr<hps::Store> store;
+    std::unique_ptr<hps::Communicator> world;
+    if (!open_world(info, "phase " + std::to_string(phase) + ": ", &store, &world)) return 1;
     double value = info.rank + 1, sum = 0;
-    auto work = (*world)->all_reduce(&value, &sum, 1, hps::DType::kFloat64, hps::ReduceOp::kSum);
+    auto work = world->all_reduce(&value, &sum, 1, hps::DType::kFloat64, hps::ReduceOp::kSum);
     const hps::Status done = work.ok() ? (*work)->wait() : work.status();
     const double expected = info.world_size * (info.world_size + 1) / 2.0;
     if (!done.ok() || sum != expected) {
@@ -152,9 +155,9 @@ int reopen(const hps::RendezvousInfo& info) {
     }
     std::printf("rank %d phase %d summed %g\n", info.rank, phase, sum);
     std::fflush(stdout);
-    world->reset();
+    world.reset();
     if (info.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    store->reset();
+    store.reset();
   }
   return 0;
 }
