@@ -7,7 +7,8 @@
 //   hpshard/job/owner/T/closed      set when T's rank 0 closed the store
 //   hpshard/job/current             the ticket of the job that holds the store
 //   hpshard/job/id/<job id>         the ticket of the last rank 0 of that job id
-//   hpshard/run/T/...               the keys of the job of ticket T (rank/R: joins of rank R)
+//   hpshard/run/T-N/...             the keys of the job of ticket T and nonce N (rank/R:
+//                                   joins of rank R)
 // Rank 0 with ticket T decides after ticket T-1 has decided, so rank 0s arriving together
 // are decided one at a time.
 #include "core/comm/job.h"
@@ -43,7 +44,6 @@ std::string owner_key(int64_t t) { return "hpshard/job/owner/" + std::to_string(
 std::string decision_key(int64_t t) { return owner_key(t) + "/decision"; }
 std::string closed_key(int64_t t) { return owner_key(t) + "/closed"; }
 std::string id_key(const std::string& id) { return "hpshard/job/id/" + id; }
-std::string run_prefix(int64_t t) { return "hpshard/run/" + std::to_string(t); }
 
 // Who holds (or asked for) the store: a job id and size, its rank 0's process, and a nonce
 // drawn at random for this record.
@@ -95,6 +95,13 @@ struct Owner {
 
   std::string describe() const { return "job '" + id + "' (rank 0 is " + process.describe() + ")"; }
 };
+
+// The keys of the job of record `o`: named by its ticket and nonce, so a TCP store's next
+// server, which counts its tickets from 1 again, never gives a later job the keys of a job
+// whose clients still hold the store (a record without a nonce: by its ticket alone).
+std::string run_prefix(const Owner& o) {
+  return "hpshard/run/" + std::to_string(o.ticket) + (o.nonce.empty() ? "" : "-" + o.nonce);
+}
 
 // `what` names where `id` (or a part of one) came from: "environment variable SLURM_JOB_ID".
 Status check_job_id(const std::string& id, const std::string& what) {
@@ -200,11 +207,35 @@ class JoinedStores {
   }
 };
 
+// The ids rank 0 made up for jobs without one, by store (see join_job in job.h).
+class MadeUpIds {
+ public:
+  static std::string find(const std::string& store) {
+    std::lock_guard lock(mutex());
+    auto it = ids().find(store);
+    return it == ids().end() ? std::string() : it->second;
+  }
+  static void keep(const std::string& store, const std::string& id) {
+    std::lock_guard lock(mutex());
+    ids()[store] = id;
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::map<std::string, std::string>& ids() {
+    static auto* m = new std::map<std::string, std::string>();
+    return *m;
+  }
+};
+
 // The job's key space; rank 0's marks the job closed when it goes.
 class JobStore final : public ForwardingStore {
  public:
   JobStore(std::shared_ptr<Store> base, const Owner& job, int32_t rank)
-      : ForwardingStore(make_prefix_store(base, run_prefix(job.ticket))),
+      : ForwardingStore(make_prefix_store(base, run_prefix(job))),
         base_(std::move(base)),
         ticket_(job.ticket),
         nonce_(job.nonce),
@@ -422,7 +453,7 @@ class Joiner {
 
   // Each rank joins a job once: a second one of the same rank belongs to another job.
   Status claim(const Owner& owner) {
-    const std::string key = run_prefix(owner.ticket) + "/rank/" + std::to_string(rank_);
+    const std::string key = run_prefix(owner) + "/rank/" + std::to_string(rank_);
     HPS_ASSIGN_OR_RETURN(int64_t joins, store_.add(key, 1));
     if (joins == 1) return Status::Ok();
     return failed_precondition("rank " + std::to_string(rank_) + " of " + owner.describe() +
@@ -499,8 +530,17 @@ StatusOr<std::shared_ptr<Store>> join_job(std::shared_ptr<Store> store, int32_t 
                                               ? std::string("the job id")
                                               : "the job id from " + options.identity.source));
   }
-  Joiner joiner(*store, rank, options, timeout);
+  JobOptions effective = options;
+  const std::string& key = options.store.empty() ? options.where : options.store;
+  if (effective.identity.id.empty()) {
+    effective.identity.id = MadeUpIds::find(key);
+    if (!effective.identity.id.empty()) {
+      effective.identity.source = "made up by its rank 0 when this process first opened the store";
+    }
+  }
+  Joiner joiner(*store, rank, effective, timeout);
   HPS_ASSIGN_OR_RETURN(Owner job, rank == 0 ? joiner.take_over() : joiner.join());
+  if (options.identity.id.empty()) MadeUpIds::keep(key, job.id);
   return std::shared_ptr<Store>(std::make_shared<JobStore>(std::move(store), job, rank));
 }
 

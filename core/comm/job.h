@@ -1,6 +1,6 @@
 // A store belongs to one job at a time. Rank 0 of a job takes the store over (a ticket from
 // the store's counter orders rank 0s that arrive together), every rank joins the job rank 0
-// took it for, and each job keeps its keys apart (under "hpshard/run/<ticket>/"), so:
+// took it for, and each job keeps its keys apart (under "hpshard/run/<ticket>-<nonce>/"), so:
 //   - a second job on a store whose owner still runs is refused, on every rank, with a
 //     message naming the owner;
 //   - the keys a crashed run left are ignored, with a message, when its rank 0 provably
@@ -37,8 +37,14 @@ struct JobOptions {
   JobIdentity identity;
   int32_t world_size = 0;  // compared with rank 0's when both are known; 0: unknown
   std::string where;       // the store, for messages (its URL)
+  std::string store;       // the store's URL in full: what a process remembers per store
+                           // (empty: `where`)
 };
 
+// A job without an id keeps the one its rank 0 made up: each process remembers it per store,
+// so a rank that opens that store again, rank 0 too, belongs to the same job and follows
+// that job's pointer, not the store's current holder (another job's, maybe).
+//
 // Joins `rank` to its job on `store` and returns the job's own key space. Rank 0 takes the
 // store over (FAILED_PRECONDITION when another job holds it); the other ranks wait, up to
 // `timeout`, for their job's rank 0 (FAILED_PRECONDITION when it was refused, when their

@@ -361,6 +361,7 @@ StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank
   job.identity = options.job;
   job.world_size = options.world_size;
   job.where = shown_value(url);  // for messages: the URL comes from outside
+  job.store = url;
   return join_job(std::move(store), rank, job, timeout);
 }
 

@@ -153,6 +153,11 @@ TEST(JobChild, DISABLED_RunOneJob) {
             : store.status().code() == StatusCode::kFailedPrecondition ? kRefused
                                                                        : kWrong);
   }
+  if (mode == "hold0") {  // rank 0 of a job without an id, holding the store for 1.5 s
+    auto store = open_store(url, 0, seconds(10), job("", 2));
+    std::this_thread::sleep_for(milliseconds(1500));
+    ::_exit(store.ok() ? kCorrect : kWrong);
+  }
   if (mode == "rank1") {  // rank 1 of a job without an id, which another rank 1 has joined
     auto store = open_store(url, 1, seconds(10), job("", 3));
     const bool joined = !store.ok() && store.status().code() == StatusCode::kFailedPrecondition &&
@@ -267,6 +272,61 @@ TEST(Job, RecordsWithoutANonceAreStillRead) {
   }
   auto stores = open_ranks(dir.url(), 2, job("old-job", 2));
   ASSERT_TRUE(stores.ok()) << stores.status().to_string();
+}
+
+// A job without an id whose rank 1 opens the store again, while another job (of another
+// process, without an id either) holds it between this job's phases: rank 1 waits for its
+// own rank 0, whose made-up id this process remembers. It joined the other job, and the
+// ranks' sums then paired across jobs.
+TEST(Job, AJobWithoutAnIdReopeningNeverJoinsAnotherJob) {
+#if !HPS_HAVE_GLOO
+  GTEST_SKIP() << "needs the Gloo communicator";
+#endif
+  TempDir dir;
+  auto first = open_ranks(dir.url(), 2, job("", 2));
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  std::shared_ptr<Store> rank0 = (*first)[0];
+  first = unavailable("closed");
+  StatusOr<std::shared_ptr<Store>> again1 = unavailable("not opened");
+  std::thread rank1([&] { again1 = open_store(dir.url(), 1, seconds(20), job("", 2)); });
+  std::this_thread::sleep_for(milliseconds(300));
+  rank0.reset();
+  ASSERT_EQ(wait_job(start_job("hold0", dir.url(), 0)), kCorrect) << "the other job";
+  auto again0 = open_store(dir.url(), 0, seconds(20), job("", 2));
+  rank1.join();
+  ASSERT_TRUE(again0.ok()) << again0.status().to_string();
+  ASSERT_TRUE(again1.ok()) << again1.status().to_string();
+  double sum = 0;
+  ASSERT_TRUE(all_reduce_once({*again0, *again1}, 2, 10, &sum, seconds(5)).ok());
+  EXPECT_EQ(sum, 23);
+}
+
+// A TCP store's next server counts its tickets from 1 again: the next job's keys are not
+// those of a job a rank still holds a store of (its rank 0 closed and opened the store
+// again). They were: both under "hpshard/run/1", and the old handle's communicator summed
+// with the next job's ranks.
+TEST(Job, TheNextServersJobDoesNotShareKeysWithAJobStillHeld) {
+  uint16_t port = 0;
+  {
+    auto probe = net::listen_on("127.0.0.1", 0, 1);
+    ASSERT_TRUE(probe.ok()) << probe.status().to_string();
+    port = probe->port;
+    net::close_fd(probe->fd);
+  }
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+  auto first = open_ranks(url, 2, job("job-s", 2), seconds(2));
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  std::shared_ptr<Store> stale = (*first)[1];  // rank 1 never closes it
+  (*first)[0].reset();
+  first = unavailable("closed");  // rank 0's server waits 2 s for rank 1, then goes
+  auto next0 = open_store(url, 0, seconds(10), job("job-s", 2));
+  ASSERT_TRUE(next0.ok()) << next0.status().to_string();
+  ASSERT_TRUE((*next0)->set("phase1/key", "new job").ok());
+  auto seen = stale->check({"phase1/key"});
+  EXPECT_TRUE(!seen.ok() || !*seen) << "the old job's store reads the next job's keys";
+  if (stale->set("from-old", "x").ok()) {
+    EXPECT_FALSE(*(*next0)->check({"from-old"})) << "the next job reads the old job's keys";
+  }
 }
 
 TEST(Job, ARankThatOpensTheFileStoreAgainWaitsForRankZerosNextOpen) {
