@@ -972,6 +972,7 @@ class Communicator(Handle):
         self._groups: "weakref.WeakSet[HybridGroup]" = weakref.WeakSet()
         self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # Clip, Engine
         self._store: Optional["weakref.ref[Store]"] = None  # what create() met over
+        self._owned_store: Optional[Store] = None  # closed after it (hpshard.torch's world)
 
     @classmethod
     def create(cls, store: Store, rank: int, size: int, device_type: int = DeviceType.CPU,
@@ -1052,7 +1053,12 @@ class Communicator(Handle):
                     type(h).__swig_destroy__(h)
                 finally:
                     self._keep = []
-                    self._closed_event.set()
+                    owned, self._owned_store = self._owned_store, None
+                    try:
+                        if owned is not None:
+                            owned.close()
+                    finally:
+                        self._closed_event.set()
 
     def __exit__(self, exc_type: Any, *rest: object) -> None:
         if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):

@@ -331,13 +331,15 @@ def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":
     ``torch.distributed.init_process_group`` binds, before or after this), rank 0 serves
     hpshard's store on a port of its own and the ranks find it through torch's store.
     ``timeout_ms`` (else HPS_COMM_TIMEOUT_MS, else 300000) bounds that exchange and the
-    communicator's operations. The communicator keeps its store referenced."""
+    communicator's operations. The communicator owns its store: closing the communicator
+    closes the store too, so a program may call this again after closing the first world
+    (its store was left open, and the second open refused)."""
     _store_beside_torchrun_agent(timeout_ms)
     info = _hps.rendezvous_from_env()
     store = _hps.Store.open(info.store_url, info.rank)
     world = _hps.Communicator.create(store, info.rank, info.world_size, timeout_ms=timeout_ms,
                                      name="world")
-    world._store = store  # closed with the process; the communicator needs it to live
+    world._owned_store = store  # closed right after the communicator
     return world
 
 

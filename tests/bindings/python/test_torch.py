@@ -5,6 +5,7 @@ against torch's own unsharded training of the same model on the full batch
 
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import textwrap
@@ -1970,3 +1971,36 @@ def test_timeline_keeps_another_processes_file_of_the_same_name(tmp_path):
     assert (tmp_path / f"{nxt}.1.json").read_text() == "theirs too"
     assert os.stat(second).st_mode & 0o777 == 0o666 & ~_umask()
     assert all(p.suffix == ".json" for p in tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
+REOPEN_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import hpshard.torch as hpt
+    for phase in range(2):
+        world = hpt.world_from_env(timeout_ms=5000)
+        out = np.zeros(2)
+        world.all_reduce(np.full(2, 3.0), out).wait()
+        assert out[0] == 3.0, out
+        world.close()
+    with hpt.world_from_env(timeout_ms=5000) as world:
+        sys.exit(7)
+""")
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "file"])
+def test_world_from_env_again_after_close_and_a_with_block_left_by_exit(tmp_path, scheme):
+    """world_from_env after the first world's close: the world owns its store and closes it
+    (the store stayed open, and the second open was refused). Leaving its ``with`` block by
+    sys.exit keeps the exit status (a TypeError: the world's store reference was replaced)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"tcp://127.0.0.1:{port}" if scheme == "tcp" else f"file://{tmp_path}/store"
+    env = dict(os.environ, HPS_RANK="0", HPS_WORLD_SIZE="1", HPS_STORE=url)
+    for name in ("HPS_STORE_FD", "HPS_STORE_TOKEN", "HPS_JOB_ID"):
+        env.pop(name, None)
+    run = subprocess.run([sys.executable, "-c", REOPEN_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 7, run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
