@@ -207,6 +207,31 @@ class JoinedStores {
   }
 };
 
+// The job stores open in this process, by store URL and rank: how many.
+class OpenHere {
+ public:
+  static void add(const std::string& store, int32_t rank, int delta) {
+    std::lock_guard lock(mutex());
+    auto& n = counts()[{store, rank}];
+    n += delta;
+    if (n == 0) counts().erase({store, rank});
+  }
+  static bool any(const std::string& store, int32_t rank) {
+    std::lock_guard lock(mutex());
+    return counts().count({store, rank}) > 0;
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex();
+    return *m;
+  }
+  static std::map<std::pair<std::string, int32_t>, int>& counts() {
+    static auto* m = new std::map<std::pair<std::string, int32_t>, int>();
+    return *m;
+  }
+};
+
 // The ids rank 0 made up for jobs without one, by store (see join_job in job.h).
 class MadeUpIds {
  public:
@@ -234,17 +259,20 @@ class MadeUpIds {
 // The job's key space; rank 0's marks the job closed when it goes.
 class JobStore final : public ForwardingStore {
  public:
-  JobStore(std::shared_ptr<Store> base, const Owner& job, int32_t rank)
+  JobStore(std::shared_ptr<Store> base, const Owner& job, int32_t rank, std::string store)
       : ForwardingStore(make_prefix_store(base, run_prefix(job))),
         base_(std::move(base)),
         ticket_(job.ticket),
         nonce_(job.nonce),
-        rank_(rank) {
+        rank_(rank),
+        store_(std::move(store)) {
     JoinedStores::mark(nonce_, rank_, true);
+    OpenHere::add(store_, rank_, 1);
   }
   ~JobStore() override {
     if (rank_ == 0) (void)base_->set(closed_key(ticket_), "1");
     JoinedStores::mark(nonce_, rank_, false);
+    OpenHere::add(store_, rank_, -1);
   }
 
  private:
@@ -252,6 +280,7 @@ class JobStore final : public ForwardingStore {
   int64_t ticket_;
   std::string nonce_;
   int32_t rank_;
+  std::string store_;
 };
 
 class Joiner {
@@ -282,7 +311,22 @@ class Joiner {
     HPS_ASSIGN_OR_RETURN(bool held, store_.check({kCurrent}));
     if (held) {
       HPS_ASSIGN_OR_RETURN(Owner holder, owner_of_pointer(kCurrent));
-      HPS_ASSIGN_OR_RETURN(bool closed, store_.check({closed_key(holder.ticket)}));
+      const bool this_process = holder.on_this_host() && holder.process.pid == ::getpid();
+      bool closed = false;
+      if (holder.id == me.id && !this_process) {
+        // Rank 0 of this same job in another process (ranks that changed roles between
+        // phases): it closes the store soon; wait for that, as the other ranks wait.
+        HPS_ASSIGN_OR_RETURN(closed, poll_until(deadline_, [&]() -> StatusOr<bool> {
+                               HPS_ASSIGN_OR_RETURN(bool c,
+                                                    store_.check({closed_key(holder.ticket)}));
+                               return c || holder.ended();
+                             }));
+        if (closed) {
+          HPS_ASSIGN_OR_RETURN(closed, store_.check({closed_key(holder.ticket)}));
+        }
+      } else {
+        HPS_ASSIGN_OR_RETURN(closed, store_.check({closed_key(holder.ticket)}));
+      }
       if (closed) {
         HPS_LOG(kDebug) << "store " << options_.where << ": " << holder.describe()
                         << " closed it; job '" << me.id << "' takes it over";
@@ -291,10 +335,15 @@ class Joiner {
                        << " ended without closing it (a crashed run?); its keys are ignored "
                           "and job '"
                        << me.id << "' takes the store over";
-      } else if (holder.on_this_host() && holder.process.pid == ::getpid() && holder.id == me.id) {
+      } else if (this_process && holder.id == me.id) {
         refusal = "the store " + options_.where + " of job '" + me.id +
-                  "' is open in this process already: open the job's store once per process "
-                  "and share it (or close it before opening it again)";
+                  "' is open in this process already (" + me.process.describe() +
+                  ", as rank 0): open the job's store once per process and share it (or close "
+                  "it, and the communicators created over it, before opening it again)";
+      } else if (holder.id == me.id) {
+        refusal = "the store " + options_.where + " is still held by rank 0 of this job ('" +
+                  me.id + "', " + holder.process.describe() + "), which did not close it within " +
+                  std::to_string(timeout_.count()) + " ms";
       } else if (holder.on_this_host()) {
         refusal = "the store " + options_.where + " is in use by " + holder.describe() +
                   ", which still runs: a second job cannot share a store; give this job "
@@ -346,7 +395,8 @@ class Joiner {
                                    " is open in this process already as rank " +
                                    std::to_string(rank_) +
                                    ": open the job's store once per process and share it (or "
-                                   "close it before opening it again)");
+                                   "close it, and the communicators created over it, before "
+                                   "opening it again)");
       }
       if (here == JoinedHere::kClosed) {
         skipped = owner;
@@ -506,6 +556,10 @@ class Joiner {
 
 }  // namespace
 
+bool job_store_open_here(const std::string& store, int32_t rank) {
+  return OpenHere::any(store, rank);
+}
+
 StatusOr<JobIdentity> job_identity_from_env() {
   HPS_ASSIGN_OR_RETURN(JobIdentity identity, identity_from("", {"HPS_JOB_ID"}));
   if (!identity.id.empty()) return identity;
@@ -541,7 +595,7 @@ StatusOr<std::shared_ptr<Store>> join_job(std::shared_ptr<Store> store, int32_t 
   Joiner joiner(*store, rank, effective, timeout);
   HPS_ASSIGN_OR_RETURN(Owner job, rank == 0 ? joiner.take_over() : joiner.join());
   if (options.identity.id.empty()) MadeUpIds::keep(key, job.id);
-  return std::shared_ptr<Store>(std::make_shared<JobStore>(std::move(store), job, rank));
+  return std::shared_ptr<Store>(std::make_shared<JobStore>(std::move(store), job, rank, key));
 }
 
 }  // namespace hps

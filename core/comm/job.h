@@ -53,4 +53,8 @@ struct JobOptions {
 StatusOr<std::shared_ptr<Store>> join_job(std::shared_ptr<Store> store, int32_t rank,
                                           const JobOptions& options, Milliseconds timeout);
 
+// Whether this process holds the job's store at URL `store` (JobOptions::store) as `rank`
+// (opened by join_job and not yet destroyed).
+bool job_store_open_here(const std::string& store, int32_t rank);
+
 }  // namespace hps

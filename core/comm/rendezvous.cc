@@ -350,8 +350,16 @@ StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank
       HPS_ASSIGN_OR_RETURN(std::string bind_host, store_bind_address(parsed.path));
       tcp.listen_fd = handed.fd;
       handed.fd = -1;  // the server takes it over
-      HPS_ASSIGN_OR_RETURN(store,
-                           make_tcp_store(bind_host, parsed.port, true, timeout, nullptr, tcp));
+      auto served = make_tcp_store(bind_host, parsed.port, true, timeout, nullptr, tcp);
+      if (!served.ok() && served.status().code() == StatusCode::kUnavailable &&
+          job_store_open_here(url, 0)) {
+        return failed_precondition(
+            "the store " + shown_value(url) +
+            " is open in this process already, as rank 0 (its server holds the port): open "
+            "the job's store once per process and share it (or close it, and the "
+            "communicators created over it, before opening it again)");
+      }
+      HPS_ASSIGN_OR_RETURN(store, std::move(served));
     } else {
       HPS_ASSIGN_OR_RETURN(store,
                            make_tcp_store(parsed.path, parsed.port, false, timeout, nullptr, tcp));

@@ -497,9 +497,10 @@ class Store(Handle):
 
     One store may be used from several threads at once; :meth:`close` waits for the calls
     under way on other threads (a wait, a :meth:`Communicator.create` over it) to return
-    first (:meth:`abort` ends those at once). Rank 0's TCP store serves until the other
-    ranks have closed theirs: its close waits for that, at most the store's timeout (not
-    at all once aborted)."""
+    first (:meth:`abort` ends those at once). A communicator created over the store keeps
+    it open until the communicator is closed too: close those first when the store is to
+    be opened again. Rank 0's TCP store serves until the other ranks have closed theirs:
+    its last close waits for that, at most the store's timeout (not at all once aborted)."""
 
     def __init__(self, handle: Any, url: str, rank: int) -> None:
         super().__init__(handle)

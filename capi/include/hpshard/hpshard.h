@@ -381,25 +381,28 @@ typedef struct hps_store hps_store_t;
  *                      creation, a checkpoint's agreements) can take that much past its
  *                      own timeout.
  * Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),
- * TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken,
- * by another job or by a store this process opened there already), FAILED_PRECONDITION (the
- * store belongs to another job, or this rank of this job has joined it already: a second open
- * of the job's store in one process while the first is open), BACKEND_ERROR. Thread safety:
+ * TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken),
+ * FAILED_PRECONDITION (the store belongs to another job, or this rank of this job has joined
+ * it already: a second open of the job's store in one process while the first is open, also
+ * as rank 0 of a TCP store whose first server holds the port), BACKEND_ERROR. Thread safety:
  * any thread.
  *
  * The job's store may be destroyed and opened again in one process (a program in phases):
  * a rank that opens it again waits, up to timeout_ms, for rank 0 to open it again, even when
- * rank 0 has not destroyed its first one yet, and never joins the one it destroyed.
+ * rank 0 has not destroyed its first one yet, and never joins the one it destroyed. Every
+ * rank must take part in every phase: a rank that skips one pairs with the others' next.
  */
 HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeout_ms,
                                     hps_store_t** out_store);
 
 /**
- * Free `store`; NULL is a no-op. A serving TCP store stops serving once the other ranks have
- * closed their connections to it (destroyed their stores), or after its timeout (timeout_ms
- * of hps_store_open, 1 s to 1 min): the call blocks until then, so that ranks still finishing
- * a communicator's creation or split that this rank is done with are not cut off. After
- * hps_store_abort it waits for no one.
+ * Free `store`; NULL is a no-op. A communicator created over the store keeps the store (and a
+ * serving TCP store's server) alive until it is destroyed too: destroy the communicators
+ * first when the store is to be opened again. A serving TCP store stops serving once the
+ * other ranks have closed their connections to it (destroyed their stores), or after its
+ * timeout (timeout_ms of hps_store_open, 1 s to 1 min): the last release blocks until then,
+ * so that ranks still finishing a communicator's creation or split that this rank is done
+ * with are not cut off. After hps_store_abort it waits for no one.
  */
 HPS_API hps_status_t hps_store_destroy(hps_store_t* store);
 

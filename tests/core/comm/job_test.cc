@@ -216,6 +216,36 @@ TEST(Job, ASecondOpenOfTheJobsStoreInOneProcessSaysSo) {
   EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(again.status().message().find("open in this process already"), std::string::npos)
       << again.status().message();
+  // Rank 0 of a TCP store too, whose first server holds the port ("Address already in use").
+  uint16_t port = 0;
+  {
+    auto probe = net::listen_on("127.0.0.1", 0, 1);
+    ASSERT_TRUE(probe.ok()) << probe.status().to_string();
+    port = probe->port;
+    net::close_fd(probe->fd);
+  }
+  const std::string tcp = "tcp://127.0.0.1:" + std::to_string(port);
+  auto served = open_ranks(tcp, 2, job("job-t", 2));
+  ASSERT_TRUE(served.ok()) << served.status().to_string();
+  auto twice = open_store(tcp, 0, seconds(10), job("job-t", 2));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), StatusCode::kFailedPrecondition) << twice.status().to_string();
+  EXPECT_NE(twice.status().message().find("open in this process already, as rank 0"),
+            std::string::npos)
+      << twice.status().message();
+}
+
+// Ranks that change roles between phases: the process that becomes rank 0 of the same job
+// waits for the old rank 0 to close the store, as the other ranks wait. It was refused at
+// once as "a second job" (naming its own job).
+TEST(Job, ANewRankZeroOfTheSameJobWaitsForTheOldOneToClose) {
+  TempDir dir;
+  auto old_rank0 = open_store(dir.url(), 0, seconds(10), job("trial-job-5", 2));
+  ASSERT_TRUE(old_rank0.ok()) << old_rank0.status().to_string();
+  const pid_t child = start_job("rank0", dir.url(), 5);
+  std::this_thread::sleep_for(milliseconds(700));
+  old_rank0 = unavailable("closed");
+  EXPECT_EQ(wait_job(child), kCorrect);
 }
 
 // Every rank closes the job's store and opens it again (a program in two phases, or two

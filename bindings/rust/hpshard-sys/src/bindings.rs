@@ -854,15 +854,16 @@ extern "C" {
     #[doc = "                      creation, a checkpoint's agreements) can take that much past its"]
     #[doc = "                      own timeout."]
     #[doc = " Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),"]
-    #[doc = " TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken,"]
-    #[doc = " by another job or by a store this process opened there already), FAILED_PRECONDITION (the"]
-    #[doc = " store belongs to another job, or this rank of this job has joined it already: a second open"]
-    #[doc = " of the job's store in one process while the first is open), BACKEND_ERROR. Thread safety:"]
+    #[doc = " TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken),"]
+    #[doc = " FAILED_PRECONDITION (the store belongs to another job, or this rank of this job has joined"]
+    #[doc = " it already: a second open of the job's store in one process while the first is open, also"]
+    #[doc = " as rank 0 of a TCP store whose first server holds the port), BACKEND_ERROR. Thread safety:"]
     #[doc = " any thread."]
     #[doc = ""]
     #[doc = " The job's store may be destroyed and opened again in one process (a program in phases):"]
     #[doc = " a rank that opens it again waits, up to timeout_ms, for rank 0 to open it again, even when"]
-    #[doc = " rank 0 has not destroyed its first one yet, and never joins the one it destroyed."]
+    #[doc = " rank 0 has not destroyed its first one yet, and never joins the one it destroyed. Every"]
+    #[doc = " rank must take part in every phase: a rank that skips one pairs with the others' next."]
     pub fn hps_store_open(
         url: *const ::std::os::raw::c_char,
         rank: i32,
@@ -871,11 +872,13 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Free `store`; NULL is a no-op. A serving TCP store stops serving once the other ranks have"]
-    #[doc = " closed their connections to it (destroyed their stores), or after its timeout (timeout_ms"]
-    #[doc = " of hps_store_open, 1 s to 1 min): the call blocks until then, so that ranks still finishing"]
-    #[doc = " a communicator's creation or split that this rank is done with are not cut off. After"]
-    #[doc = " hps_store_abort it waits for no one."]
+    #[doc = " Free `store`; NULL is a no-op. A communicator created over the store keeps the store (and a"]
+    #[doc = " serving TCP store's server) alive until it is destroyed too: destroy the communicators"]
+    #[doc = " first when the store is to be opened again. A serving TCP store stops serving once the"]
+    #[doc = " other ranks have closed their connections to it (destroyed their stores), or after its"]
+    #[doc = " timeout (timeout_ms of hps_store_open, 1 s to 1 min): the last release blocks until then,"]
+    #[doc = " so that ranks still finishing a communicator's creation or split that this rank is done"]
+    #[doc = " with are not cut off. After hps_store_abort it waits for no one."]
     pub fn hps_store_destroy(store: *mut hps_store_t) -> hps_status_t;
 }
 extern "C" {
