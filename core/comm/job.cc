@@ -182,79 +182,49 @@ StatusOr<int64_t> parse_ticket(const std::string& key, const std::string& text) 
 // opens it while it is still open is refused at once.
 enum class JoinedHere { kNever, kOpen, kClosed };
 
-class JoinedStores {
- public:
-  static JoinedHere find(const std::string& nonce, int32_t rank) {
-    if (nonce.empty()) return JoinedHere::kNever;
-    std::lock_guard lock(mutex());
-    auto it = joined().find({nonce, rank});
-    if (it == joined().end()) return JoinedHere::kNever;
+// A map kept for the whole process, under a mutex of its own; never destroyed (stores may
+// go at exit). `Tag` tells maps of the same types apart.
+template <typename Tag, typename Key, typename Value>
+struct ProcessMap {
+  template <typename F>
+  static auto with(F f) {
+    Table& t = table();  // one per map, whatever `f` is
+    std::lock_guard lock(t.mutex);
+    return f(t.map);
+  }
+
+ private:
+  struct Table {
+    std::mutex mutex;
+    std::map<Key, Value> map;
+  };
+  static Table& table() {
+    static auto* t = new Table();
+    return *t;
+  }
+};
+
+// Whether each record (its nonce) joined by each rank of this process is open.
+using JoinedStores = ProcessMap<struct JoinedTag, std::pair<std::string, int32_t>, bool>;
+// How many job stores this process has open, by store URL and rank.
+using OpenHere = ProcessMap<struct OpenTag, std::pair<std::string, int32_t>, int>;
+// The ids rank 0 made up for jobs without one, by store URL (see join_job in job.h).
+using MadeUpIds = ProcessMap<struct MadeUpTag, std::string, std::string>;
+
+JoinedHere joined_here(const std::string& nonce, int32_t rank) {
+  if (nonce.empty()) return JoinedHere::kNever;
+  return JoinedStores::with([&](auto& joined) {
+    auto it = joined.find({nonce, rank});
+    if (it == joined.end()) return JoinedHere::kNever;
     return it->second ? JoinedHere::kOpen : JoinedHere::kClosed;
-  }
-  static void mark(const std::string& nonce, int32_t rank, bool open) {
-    std::lock_guard lock(mutex());
-    joined()[{nonce, rank}] = open;
-  }
+  });
+}
 
- private:
-  static std::mutex& mutex() {
-    static auto* m = new std::mutex();
-    return *m;
-  }
-  static std::map<std::pair<std::string, int32_t>, bool>& joined() {
-    static auto* m = new std::map<std::pair<std::string, int32_t>, bool>();
-    return *m;
-  }
-};
-
-// The job stores open in this process, by store URL and rank: how many.
-class OpenHere {
- public:
-  static void add(const std::string& store, int32_t rank, int delta) {
-    std::lock_guard lock(mutex());
-    auto& n = counts()[{store, rank}];
-    n += delta;
-    if (n == 0) counts().erase({store, rank});
-  }
-  static bool any(const std::string& store, int32_t rank) {
-    std::lock_guard lock(mutex());
-    return counts().count({store, rank}) > 0;
-  }
-
- private:
-  static std::mutex& mutex() {
-    static auto* m = new std::mutex();
-    return *m;
-  }
-  static std::map<std::pair<std::string, int32_t>, int>& counts() {
-    static auto* m = new std::map<std::pair<std::string, int32_t>, int>();
-    return *m;
-  }
-};
-
-// The ids rank 0 made up for jobs without one, by store (see join_job in job.h).
-class MadeUpIds {
- public:
-  static std::string find(const std::string& store) {
-    std::lock_guard lock(mutex());
-    auto it = ids().find(store);
-    return it == ids().end() ? std::string() : it->second;
-  }
-  static void keep(const std::string& store, const std::string& id) {
-    std::lock_guard lock(mutex());
-    ids()[store] = id;
-  }
-
- private:
-  static std::mutex& mutex() {
-    static auto* m = new std::mutex();
-    return *m;
-  }
-  static std::map<std::string, std::string>& ids() {
-    static auto* m = new std::map<std::string, std::string>();
-    return *m;
-  }
-};
+void count_open(const std::string& store, int32_t rank, int delta) {
+  OpenHere::with([&](auto& counts) {
+    if ((counts[{store, rank}] += delta) == 0) counts.erase({store, rank});
+  });
+}
 
 // The job's key space; rank 0's marks the job closed when it goes.
 class JobStore final : public ForwardingStore {
@@ -266,13 +236,13 @@ class JobStore final : public ForwardingStore {
         nonce_(job.nonce),
         rank_(rank),
         store_(std::move(store)) {
-    JoinedStores::mark(nonce_, rank_, true);
-    OpenHere::add(store_, rank_, 1);
+    JoinedStores::with([&](auto& joined) { joined[{nonce_, rank_}] = true; });
+    count_open(store_, rank_, 1);
   }
   ~JobStore() override {
     if (rank_ == 0) (void)base_->set(closed_key(ticket_), "1");
-    JoinedStores::mark(nonce_, rank_, false);
-    OpenHere::add(store_, rank_, -1);
+    JoinedStores::with([&](auto& joined) { joined[{nonce_, rank_}] = false; });
+    count_open(store_, rank_, -1);
   }
 
  private:
@@ -389,7 +359,7 @@ class Joiner {
       // This process's rank joined this record before: it is open here still (a second open),
       // or this rank closed it and opens the store again, so it waits for rank 0 to take the
       // store over anew (rank 0 may not have closed it yet).
-      const JoinedHere here = JoinedStores::find(owner.nonce, rank_);
+      const JoinedHere here = joined_here(owner.nonce, rank_);
       if (here == JoinedHere::kOpen) {
         return failed_precondition("the store " + options_.where + " of " + owner.describe() +
                                    " is open in this process already as rank " +
@@ -557,7 +527,7 @@ class Joiner {
 }  // namespace
 
 bool job_store_open_here(const std::string& store, int32_t rank) {
-  return OpenHere::any(store, rank);
+  return OpenHere::with([&](auto& counts) { return counts.count({store, rank}) > 0; });
 }
 
 StatusOr<JobIdentity> job_identity_from_env() {
@@ -587,14 +557,17 @@ StatusOr<std::shared_ptr<Store>> join_job(std::shared_ptr<Store> store, int32_t 
   JobOptions effective = options;
   const std::string& key = options.store.empty() ? options.where : options.store;
   if (effective.identity.id.empty()) {
-    effective.identity.id = MadeUpIds::find(key);
+    effective.identity.id = MadeUpIds::with([&](auto& ids) {
+      auto it = ids.find(key);
+      return it == ids.end() ? std::string() : it->second;
+    });
     if (!effective.identity.id.empty()) {
       effective.identity.source = "made up by its rank 0 when this process first opened the store";
     }
   }
   Joiner joiner(*store, rank, effective, timeout);
   HPS_ASSIGN_OR_RETURN(Owner job, rank == 0 ? joiner.take_over() : joiner.join());
-  if (options.identity.id.empty()) MadeUpIds::keep(key, job.id);
+  if (options.identity.id.empty()) MadeUpIds::with([&](auto& ids) { ids[key] = job.id; });
   return std::shared_ptr<Store>(std::make_shared<JobStore>(std::move(store), job, rank, key));
 }
 

@@ -45,6 +45,14 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// A port nothing listens on right now (0 when none could be had).
+uint16_t free_port() {
+  auto probe = net::listen_on("127.0.0.1", 0, 1);
+  if (!probe.ok()) return 0;
+  net::close_fd(probe->fd);
+  return probe->port;
+}
+
 StoreOptions job(const std::string& id, int32_t world_size = 0) {
   StoreOptions o;
   o.job.id = id;
@@ -217,13 +225,8 @@ TEST(Job, ASecondOpenOfTheJobsStoreInOneProcessSaysSo) {
   EXPECT_NE(again.status().message().find("open in this process already"), std::string::npos)
       << again.status().message();
   // Rank 0 of a TCP store too, whose first server holds the port ("Address already in use").
-  uint16_t port = 0;
-  {
-    auto probe = net::listen_on("127.0.0.1", 0, 1);
-    ASSERT_TRUE(probe.ok()) << probe.status().to_string();
-    port = probe->port;
-    net::close_fd(probe->fd);
-  }
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
   const std::string tcp = "tcp://127.0.0.1:" + std::to_string(port);
   auto served = open_ranks(tcp, 2, job("job-t", 2));
   ASSERT_TRUE(served.ok()) << served.status().to_string();
@@ -336,13 +339,8 @@ TEST(Job, AJobWithoutAnIdReopeningNeverJoinsAnotherJob) {
 // again). They were: both under "hpshard/run/1", and the old handle's communicator summed
 // with the next job's ranks.
 TEST(Job, TheNextServersJobDoesNotShareKeysWithAJobStillHeld) {
-  uint16_t port = 0;
-  {
-    auto probe = net::listen_on("127.0.0.1", 0, 1);
-    ASSERT_TRUE(probe.ok()) << probe.status().to_string();
-    port = probe->port;
-    net::close_fd(probe->fd);
-  }
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
   const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
   auto first = open_ranks(url, 2, job("job-s", 2), seconds(2));
   ASSERT_TRUE(first.ok()) << first.status().to_string();
@@ -371,13 +369,8 @@ TEST(Job, ARankThatOpensTheTcpStoreAgainWaitsForRankZerosNextServer) {
 #if !HPS_HAVE_GLOO
   GTEST_SKIP() << "needs the Gloo communicator";
 #endif
-  uint16_t port = 0;
-  {
-    auto probe = net::listen_on("127.0.0.1", 0, 1);
-    ASSERT_TRUE(probe.ok()) << probe.status().to_string();
-    port = probe->port;
-    net::close_fd(probe->fd);
-  }
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
   ReopenBeforeRankZeroCloses("tcp://127.0.0.1:" + std::to_string(port));
 }
 
