@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "core/comm/store.h"
+#include "core/common/env.h"
 
 namespace hps {
 namespace {
@@ -97,24 +98,24 @@ StatusOr<std::optional<std::string>> read_file(const std::filesystem::path& path
   if (raw < 0) {
     if (errno == ENOENT) return std::optional<std::string>();
     if (errno == ELOOP) {
-      return backend_error("file store: '" + path.string() +
+      return backend_error("file store: '" + shown_path(path.string()) +
                            "' is a symbolic link; the store's files are regular files");
     }
-    return backend_error("file store: cannot open '" + path.string() +
+    return backend_error("file store: cannot open '" + shown_path(path.string()) +
                          "': " + errno_message(errno));
   }
   FileDescriptor fd(raw);
   struct stat info {};
   if (::fstat(fd.get(), &info) != 0) {
-    return backend_error("file store: cannot stat '" + path.string() +
+    return backend_error("file store: cannot stat '" + shown_path(path.string()) +
                          "': " + errno_message(errno));
   }
   if (!S_ISREG(info.st_mode)) {
-    return backend_error("file store: '" + path.string() +
+    return backend_error("file store: '" + shown_path(path.string()) +
                          "' is not a regular file; the store's files are");
   }
   auto too_large = [&] {
-    return backend_error("file store: '" + path.string() + "' holds more than " +
+    return backend_error("file store: '" + shown_path(path.string()) + "' holds more than " +
                          std::to_string(kMaxStoreValueBytes) + " bytes, a store value's limit");
   };
   if (static_cast<uint64_t>(info.st_size) > kMaxStoreValueBytes) return too_large();
@@ -124,7 +125,7 @@ StatusOr<std::optional<std::string>> read_file(const std::filesystem::path& path
     const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return backend_error("file store: cannot read '" + path.string() +
+      return backend_error("file store: cannot read '" + shown_path(path.string()) +
                            "': " + errno_message(errno));
     }
     if (n == 0) break;
@@ -178,7 +179,7 @@ class FileStore final : public Store {
     const auto lock_path = directory_ / ".lock";
     const int raw = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (raw < 0) {
-      return backend_error("file store add: cannot open '" + lock_path.string() +
+      return backend_error("file store add: cannot open '" + shown_path(lock_path.string()) +
                            "': " + errno_message(errno));
     }
     FileDescriptor lock(raw);
@@ -189,12 +190,12 @@ class FileStore final : public Store {
     while (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
       if (errno == EINTR) continue;
       if (errno != EWOULDBLOCK) {
-        return backend_error("file store add: cannot lock '" + lock_path.string() +
+        return backend_error("file store add: cannot lock '" + shown_path(lock_path.string()) +
                              "': " + errno_message(errno));
       }
       if (!sleep_until_next_poll(deadline, &backoff)) {
         return timeout_error("file store add of '" + std::string(key) + "': its lock '" +
-                             lock_path.string() + "' was held for " +
+                             shown_path(lock_path.string()) + "' was held for " +
                              std::to_string(timeout_.count()) +
                              " ms (a process that stalled holding it?)");
       }
@@ -266,7 +267,7 @@ class FileStore final : public Store {
                                     "." + std::to_string(counter.fetch_add(1)));
     const int raw = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (raw < 0) {
-      return backend_error("file store: cannot create '" + temp.string() +
+      return backend_error("file store: cannot create '" + shown_path(temp.string()) +
                            "': " + errno_message(errno));
     }
     Status written = Status::Ok();
@@ -279,7 +280,7 @@ class FileStore final : public Store {
     }
     if (!written.ok()) {
       ::unlink(temp.c_str());
-      return written.with_context("file store: writing '" + path.string() + "'");
+      return written.with_context("file store: writing '" + shown_path(path.string()) + "'");
     }
     return Status::Ok();
   }
@@ -296,25 +297,26 @@ StatusOr<std::shared_ptr<Store>> make_file_store(std::string directory, Millisec
   const bool existed = std::filesystem::exists(directory, error);
   std::filesystem::create_directories(directory, error);
   if (error) {
-    return backend_error("file store: cannot create directory '" + directory +
+    return backend_error("file store: cannot create directory '" + shown_path(directory) +
                          "': " + error.message());
   }
   if (!std::filesystem::is_directory(directory, error)) {
-    return invalid_argument("file store: '" + directory + "' is not a directory");
+    return invalid_argument("file store: '" + shown_path(directory) + "' is not a directory");
   }
   // A directory made here is this user's alone (parents keep the umask's mode).
   if (!existed && ::chmod(directory.c_str(), 0700) != 0) {
-    return backend_error("file store: cannot make '" + directory +
+    return backend_error("file store: cannot make '" + shown_path(directory) +
                          "' private: " + errno_message(errno));
   }
   struct stat info {};
   if (::stat(directory.c_str(), &info) != 0) {
-    return backend_error("file store: cannot stat '" + directory + "': " + errno_message(errno));
+    return backend_error("file store: cannot stat '" + shown_path(directory) +
+                         "': " + errno_message(errno));
   }
   // Anyone who can create or replace files here can forge keys: refuse such a directory.
   if ((info.st_mode & S_IWOTH) != 0) {
     return failed_precondition(
-        "file store: '" + directory + "' is writable by every user (mode " +
+        "file store: '" + shown_path(directory) + "' is writable by every user (mode " +
         octal(info.st_mode & 07777) + ", owner uid " + std::to_string(info.st_uid) +
         "): another user could read and replace the job's keys; use a directory only you can "
         "write to");

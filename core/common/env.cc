@@ -24,6 +24,23 @@ std::string shown_value(std::string_view text) {
   return out;
 }
 
+std::string shown_path(std::string_view path) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(path.size());
+  for (const char ch : path) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 bool has_control_bytes(std::string_view text) {
   for (const char ch : text) {
     const auto c = static_cast<unsigned char>(ch);

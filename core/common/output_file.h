@@ -22,6 +22,8 @@
 #include <string>
 #include <system_error>
 
+#include "core/common/env.h"
+
 namespace hps {
 
 struct OutputFile {
@@ -99,7 +101,7 @@ inline int create_beside(const std::string& target, std::string* temporary) {
 inline std::string write_beside_target(const std::string& target, const std::string& text,
                                        std::string* temporary) {
   const int fd = create_beside(target, temporary);
-  if (fd < 0) return "cannot write beside '" + target + "': " + std::strerror(errno);
+  if (fd < 0) return "cannot write beside '" + shown_path(target) + "': " + std::strerror(errno);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -124,7 +126,7 @@ inline std::string write_beside_target(const std::string& target, const std::str
 // the error, naming the path; empty on success.
 inline std::string write_output(const std::string& path, const std::string& text) {
   const OutputFile checked = output_file(path);
-  if (!checked.error.empty()) return "cannot write '" + path + "': " + checked.error;
+  if (!checked.error.empty()) return "cannot write '" + shown_path(path) + "': " + checked.error;
   std::string temporary;
   if (std::string error = write_beside_target(checked.target, text, &temporary); !error.empty()) {
     return error;
@@ -132,7 +134,7 @@ inline std::string write_output(const std::string& path, const std::string& text
   if (std::rename(temporary.c_str(), checked.target.c_str()) != 0) {
     const int err = errno;
     ::unlink(temporary.c_str());
-    return "cannot write '" + path + "': " + std::strerror(err);
+    return "cannot write '" + shown_path(path) + "': " + std::strerror(err);
   }
   return {};
 }

@@ -388,7 +388,7 @@ StatusOr<std::string> flush() {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    return unavailable("trace: cannot create the directory '" + dir +
+    return unavailable("trace: cannot create the directory '" + shown_path(dir) +
                        "' (HPS_TRACE): " + ec.message());
   }
   const std::string stem =
@@ -417,12 +417,12 @@ StatusOr<std::string> flush() {
     if (err == 0) return path;
     if (err != EEXIST) {
       (void)::unlink(temporary.c_str());
-      return unavailable("trace: cannot publish '" + temporary + "' as '" + path +
-                         "': " + std::strerror(err));
+      return unavailable("trace: cannot publish '" + shown_path(temporary) + "' as '" +
+                         shown_path(path) + "': " + std::strerror(err));
     }
   }
   (void)::unlink(temporary.c_str());
-  return unavailable("trace: every name from '" + stem + ".json' on is taken");
+  return unavailable("trace: every name from '" + shown_path(stem) + ".json' on is taken");
 }
 
 }  // namespace hps::trace

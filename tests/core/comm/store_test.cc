@@ -1136,6 +1136,16 @@ TEST(FileStore, BadDirectoriesAreErrors) {
   { std::ofstream(file) << "x"; }
   EXPECT_FALSE(make_file_store(file.string()).ok());
   EXPECT_FALSE(make_file_store("").ok());
+  // A name from outside is shown with its control bytes escaped: it wrote its escape
+  // sequences to the terminal or log that showed the message.
+  const auto hostile = dir.path() / "red\x1b[31m-file";
+  { std::ofstream(hostile) << "x"; }
+  auto refused = make_file_store(hostile.string());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message().find('\x1b'), std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("red\\x1b[31m-file'"), std::string::npos)
+      << refused.status().message();
   auto store = make_file_store(dir.path().string());
   ASSERT_TRUE(store.ok());
   // A key too long for a file name is stored under its hash; only the store's limit refuses.
