@@ -21,6 +21,7 @@
 #include "core/checkpoint/checkpointer.h"
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/reshard.h"
+#include "core/common/env.h"
 
 namespace {
 
@@ -69,25 +70,10 @@ std::string engine_text(const EngineOptions& e) {
   return out;
 }
 
-// A manifest's strings and a root's entries are the writer's: their control bytes (and backslashes,
-// unless told otherwise) are shown as escapes, so that a value cannot move the terminal's cursor
-// or colours. Other bytes (UTF-8) pass.
+// A manifest's strings and a root's entries are the writer's: shown with their control bytes
+// (and backslashes, unless told otherwise) escaped.
 std::string printable(const std::string& text, bool escape_backslashes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '\\' && escape_backslashes) {
-      out += "\\\\";
-    } else if (c < 0x20 || c == 0x7f) {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    } else {
-      out += ch;
-    }
-  }
-  return out;
+  return hps::escape_control_bytes(text, escape_backslashes);
 }
 
 // "  (part: mp rank 1 of 2, pp rank 0 of 2)" for a part of a model cut across mp and pp.

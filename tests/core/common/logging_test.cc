@@ -51,9 +51,9 @@ TEST(Env, Integers) {
       << bad.status().message();
   EXPECT_NE(bad.status().message().find("... (100003 bytes)"), std::string::npos);
   EXPECT_EQ(shown_value("a\\b"), "a\\x5cb");
-  // A path is shown whole, its control bytes and backslashes escaped, UTF-8 kept.
+  // A path is shown whole, its control bytes escaped and backslashes doubled, UTF-8 kept.
   EXPECT_EQ(shown_path("/tmp/a\x1b[31m\nb\\c/\xc3\xa9" + std::string(300, 'x')),
-            "/tmp/a\\x1b[31m\\x0ab\\x5cc/\xc3\xa9" + std::string(300, 'x'));
+            "/tmp/a\\x1b[31m\\x0ab\\\\c/\xc3\xa9" + std::string(300, 'x'));
   // Well-formed UTF-8 only: every lead byte's range, overlong forms, surrogates, past U+10FFFF,
   // cut sequences.
   for (const char* good : {"", "plain", "\xc2\x80", "\xdf\xbf", "\xe0\xa0\x80", "\xed\x9f\xbf",
