@@ -5,7 +5,8 @@
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
 #         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
 #         group-killed | group-killed-early | stop-continue | terminal-input | blocked-output |
-#         line-64k | partial-line | reopen-tcp | reopen-file
+#         line-64k | partial-line | reopen-tcp | reopen-file | killed-after-fork
+#   killed-after-fork needs HPS_FORK_PAUSE_LIB (fork_pause.c built as a shared library).
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
 work=$(mktemp -d)
@@ -508,6 +509,39 @@ PY
     done
     running_command "sleep 27.5" kill && fail "a rank's child outlived its killed group"
     running_command "sleep 26.5" kill && fail "a rank outlived its killed group"
+    [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
+    ;;
+  killed-after-fork)
+    # The launcher killed right after forking a rank, before it did anything more (a
+    # preloaded fork() pauses the launcher there): the rank must not run its command, which
+    # would start a child that nothing knows of to kill.
+    mkdir -p "$work/tmp"
+    HPS_FORK_PAUSE_MARK="$work/mark" LD_PRELOAD="$HPS_FORK_PAUSE_LIB" TMPDIR="$work/tmp" \
+      setsid "$run" -n 2 --store file -- sh -c 'sleep 27.25 & sleep 26.25' \
+      >"$work/out" 2>"$work/err" &
+    launcher=$!
+    for _ in $(seq 200); do
+      [ -s "$work/mark" ] && break
+      sleep 0.05
+    done
+    [ -s "$work/mark" ] || fail "the launcher did not pause after forking a rank"
+    rank=$(cat "$work/mark")
+    [ "$(cat "/proc/$rank/stat" 2>/dev/null | awk '{print $5}')" = "$rank" ] ||
+      fail "the paused fork's child $rank is not a rank in a process group of its own"
+    # Time for the rank to start its child, were it running its command.
+    for _ in $(seq 40); do
+      running_command "sleep 27.25" && break
+      sleep 0.05
+    done
+    kill -KILL -- -$launcher
+    wait $launcher 2>/dev/null
+    for _ in $(seq 100); do
+      running_command "sleep 27.25" || running_command "sleep 26.25" ||
+        [ -n "$(ls -A "$work/tmp")" ] || break
+      sleep 0.1
+    done
+    running_command "sleep 27.25" kill && fail "a rank's child outlived the killed launcher"
+    running_command "sleep 26.25" kill && fail "a rank outlived the killed launcher"
     [ -z "$(ls -A "$work/tmp")" ] || fail "left in TMPDIR: $(ls -A "$work/tmp")"
     ;;
   stop-continue)

@@ -783,9 +783,14 @@ class Launcher {
       envp.push_back(nullptr);
       int out[2] = {-1, -1};  // a failed pipe2 leaves its array as it was
       int err[2] = {-1, -1};
-      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      // The rank runs its command once the clean-up process knows its pid (a byte on `go`):
+      // a launcher killed in between leaves a rank that ends at the pipe's end of file,
+      // never one whose children nothing would kill.
+      int go[2] = {-1, -1};
+      if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+          ::pipe2(go, O_CLOEXEC) != 0) {
         say(std::string("pipe: ") + std::strerror(errno));
-        for (int fd : {out[0], out[1]}) {
+        for (int fd : {out[0], out[1], err[0], err[1]}) {
           if (fd >= 0) ::close(fd);
         }
         abandon_started();
@@ -800,7 +805,7 @@ class Launcher {
       if (pid != 0) ::sigprocmask(SIG_SETMASK, &previous, nullptr);
       if (pid < 0) {
         say(std::string("fork: ") + std::strerror(errno));
-        for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+        for (int fd : {out[0], out[1], err[0], err[1], go[0], go[1]}) ::close(fd);
         abandon_started();
         return false;
       }
@@ -827,6 +832,12 @@ class Launcher {
         sigset_t none;
         sigemptyset(&none);
         ::sigprocmask(SIG_SETMASK, &none, nullptr);
+        ::close(go[1]);
+        char started = 0;
+        ssize_t got;
+        while ((got = ::read(go[0], &started, 1)) < 0 && errno == EINTR) {
+        }
+        if (got != 1) ::_exit(137);  // the launcher died before it told the clean-up
         environ = envp.data();
         ::execvp(argv[0], argv.data());
         const char* why = std::strerror(errno);
@@ -836,6 +847,9 @@ class Launcher {
       }
       ::setpgid(pid, pid);  // also here, so the group exists before any kill(-pid)
       tell_janitor("started " + std::to_string(r) + " " + std::to_string(pid));
+      write_all(go[1], "g");
+      ::close(go[0]);
+      ::close(go[1]);
       ::close(out[1]);
       ::close(err[1]);
       ::fcntl(out[0], F_SETFL, O_NONBLOCK);
