@@ -176,10 +176,10 @@ StatusOr<int64_t> parse_ticket(const std::string& key, const std::string& text) 
   return t;
 }
 
-// The job stores this process has joined, by their record's nonce and the rank that joined:
-// open, or closed. A rank that opens its job's store again after closing it waits for the
-// next record (its rank 0's next take-over) instead of joining the one it left; one that
-// opens it while it is still open is refused at once.
+// What a rank of this process did with a take-over record (its nonce): never joined it, joined
+// it and holds it open, or joined and closed it. A rank that opens its job's store again after
+// closing it waits for the next record (its rank 0's next take-over) instead of joining the one
+// it left; one that opens it while it is still open is refused at once.
 enum class JoinedHere { kNever, kOpen, kClosed };
 
 // A map kept for the whole process, under a mutex of its own; never destroyed (stores may

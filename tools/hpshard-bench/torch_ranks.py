@@ -13,6 +13,7 @@ A rank ends with the process that spawned it (PR_SET_PDEATHSIG), and SIGINT ends
 once (its default action) instead of raising KeyboardInterrupt where Python may not see it.
 """
 import multiprocessing
+import os
 import signal
 import socket
 from queue import Empty
@@ -31,7 +32,6 @@ def _rank_entry(target, parent, rank, args, queue):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    import os
     if os.getppid() != parent:  # the parent ended before the request
         os._exit(1)
     target(rank, *args, queue)
@@ -40,7 +40,6 @@ def _rank_entry(target, parent, rank, args, queue):
 def run_ranks(target, n, *args):
     """target(rank, *args, queue) in n spawned processes; the first object put on the queue, or
     None when a rank failed (the others are killed then)."""
-    import os
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank_entry, args=(target, os.getpid(), r, args, queue))
