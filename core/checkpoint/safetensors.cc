@@ -282,6 +282,11 @@ class HeaderSax final : public json::json_sax_t {
 
 StatusOr<SafetensorsHeader> parse_safetensors_header(std::string_view header, uint64_t data_bytes,
                                                      const std::string& origin) {
+  // The format's rule (and the reference reader's check): the header starts with '{', so a
+  // byte-order mark or leading whitespace, which a JSON parser would skip, is refused.
+  if (header.empty() || header.front() != '{') {
+    return invalid_argument(origin + ": the header does not start with '{'");
+  }
   try {
     HeaderSax sax(data_bytes, origin);
     const bool parsed = !json_has_nul(header) && json::sax_parse(header, &sax);

@@ -755,7 +755,15 @@ TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
        "overlap"},
       {R"({"__metadata__": {"a": 1}})", "__metadata__ 'a' is not a string"},
       {R"({"__metadata__": [1]})", "__metadata__ is not an object"},
-      {R"([1, 2])", "not a JSON object"},
+      {R"([1, 2])", "does not start with '{'"},
+      // The format says the header starts with '{': a parser would skip these.
+      {"\xEF\xBB\xBF"
+       R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})",
+       "does not start with '{'"},
+      {R"( {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})",
+       "does not start with '{'"},
+      {"", "does not start with '{'"},
+      {R"({"w": 3)", "not a JSON object"},
       {R"({"w": 3})", "'w' is not an object"},
       {R"({"": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", "bad name length"},
       {"{\"" + long_name + R"(": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",

@@ -106,6 +106,10 @@ ReferenceJson reference_checked_json(std::string_view text, size_t max_depth) {
 
 StatusOr<SafetensorsHeader> reference_parse(std::string_view header, uint64_t data_bytes,
                                             const std::string& origin) {
+  // The format: the header's first byte is '{'.
+  if (header.substr(0, 1) != "{") {
+    return invalid_argument(origin + ": the header does not start with '{'");
+  }
   try {
     ReferenceJson parsed = reference_checked_json(header, kMaxJsonDepth);
     if (parsed.problem == ReferenceJson::Problem::kTooDeep) {
@@ -466,6 +470,8 @@ Header random_header(Headers& h) {
     }
   }
   if (breaks(8)) out.data_bytes += h.chance(2) ? 4 : -1;
+  // Last, so the draws above stay as they were: a BOM or a space before the '{'.
+  if (breaks(20)) out.text.insert(0, h.chance(2) ? "\xEF\xBB\xBF" : " ");
   return out;
 }
 
@@ -488,6 +494,7 @@ bool same_tensor(const StoredTensor& a, const StoredTensor& b) {
 TEST(SafetensorsStream, RandomHeadersReadAsTheDocumentReadThem) {
   // Every check's error.
   static const char* const kKinds[] = {"the header is not a JSON object",
+                                       "does not start with '{'",
                                        "header nested too deep",
                                        "' repeated",
                                        "__metadata__ is not an object",
