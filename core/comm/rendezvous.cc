@@ -57,6 +57,26 @@ StatusOr<uint16_t> parse_port(std::string_view text) {
 }
 
 // Every message shows the URL (and its parts) through shown_value: it comes from outside.
+// Whether `text` is an IPv6 address, with a zone after '%' or not (what goes in brackets).
+bool is_ipv6_literal(const std::string& text) {
+  const auto zone = text.find('%');
+  if (zone != std::string::npos && zone + 1 == text.size()) return false;
+  unsigned char buffer[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET6, text.substr(0, zone).c_str(), buffer) == 1;
+}
+
+// Whether torchrun's agent serves torch's own store on MASTER_PORT
+// (TORCHELASTIC_USE_AGENT_STORE is true); `*value` is what the variable holds.
+bool agent_store_in_use(std::string* value) {
+  auto agent = env_string("TORCHELASTIC_USE_AGENT_STORE");
+  if (!agent) return false;
+  std::string lower = *agent;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  *value = *agent;
+  return lower == "true";
+}
+
 StatusOr<StoreUrl> parse_store_url(const std::string& url) {
   const std::string shown = shown_value(url);
   const auto separator = url.find("://");
@@ -105,7 +125,7 @@ StatusOr<StoreUrl> parse_store_url(const std::string& url) {
       return std::isalnum(c) != 0 || c == '.' || c == '-' || c == '_' ||
              (bracketed && (c == ':' || c == '%'));
     });
-    if (!host_ok) {
+    if (!host_ok || (bracketed && !is_ipv6_literal(host))) {
       return invalid_argument("store URL '" + shown + "': the host '" + shown_value(host) +
                               "' is not a host name or an IP address (letters, digits, '.', "
                               "'-', '_'; an IPv6 address in brackets)");
@@ -142,6 +162,31 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
   if (auto url = env_string("HPS_STORE")) {
     auto parsed = parse_store_url(*url);
     if (!parsed.ok()) return parsed.status().with_context("environment variable HPS_STORE");
+    // The port of torchrun's agent store on its host (MASTER_ADDR:MASTER_PORT) is taken.
+    std::string agent;
+    const auto addr = env_string("MASTER_ADDR");
+    const auto port = env_string("MASTER_PORT");
+    if (parsed->scheme == "tcp" && addr && port && agent_store_in_use(&agent)) {
+      auto agent_port = parse_port(*port);
+      std::string agent_host = *addr;
+      if (agent_host.size() > 2 && agent_host.front() == '[' && agent_host.back() == ']') {
+        agent_host = agent_host.substr(1, agent_host.size() - 2);
+      }
+      auto lower = [](std::string s) {
+        std::transform(s.begin(), s.end(), s.begin(),
+                       [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+        return s;
+      };
+      if (agent_port.ok() && *agent_port == parsed->port &&
+          lower(agent_host) == lower(parsed->path)) {
+        return invalid_argument(
+            "environment variable HPS_STORE='" + shown_value(*url) +
+            "' names MASTER_ADDR:MASTER_PORT, torchrun's agent store (environment variable "
+            "TORCHELASTIC_USE_AGENT_STORE=" +
+            shown_value(agent) +
+            "), which hpshard's store cannot share: give HPS_STORE a port of its own");
+      }
+    }
     *used += ", HPS_STORE";
     return *url;
   }
@@ -164,24 +209,26 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
   }
   // torchrun's agent serves torch's own store on MASTER_PORT: hpshard's cannot share it
   // (refused after the variables are checked: hpshard.torch relies on their checks here).
-  if (auto agent = env_string("TORCHELASTIC_USE_AGENT_STORE")) {
-    std::string lower = *agent;
-    std::transform(lower.begin(), lower.end(), lower.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (lower == "true") {
-      return invalid_argument(
-          "MASTER_ADDR:MASTER_PORT is torchrun's agent store (environment variable "
-          "TORCHELASTIC_USE_AGENT_STORE=" +
-          shown_value(*agent) +
-          "), which hpshard's store cannot share: set HPS_STORE (tcp://HOST:PORT, another "
-          "port, the same on every rank), or from Python use hpshard.torch.world_from_env, "
-          "which finds a port through torch's store");
-    }
+  if (std::string agent; agent_store_in_use(&agent)) {
+    return invalid_argument(
+        "MASTER_ADDR:MASTER_PORT is torchrun's agent store (environment variable "
+        "TORCHELASTIC_USE_AGENT_STORE=" +
+        shown_value(agent) +
+        "), which hpshard's store cannot share: set HPS_STORE (tcp://HOST:PORT, another "
+        "port, the same on every rank), or from Python use hpshard.torch.world_from_env, "
+        "which finds a port through torch's store");
   }
   *used += ", MASTER_ADDR, MASTER_PORT";
-  // An IPv6 literal goes in brackets, whether MASTER_ADDR has them already or not.
+  // An IPv6 literal goes in brackets, whether MASTER_ADDR has them already or not; other
+  // text with a colon (host:port) is no address.
   const bool bracketed = addr->size() > 2 && addr->front() == '[' && addr->back() == ']';
-  const bool ipv6 = !bracketed && addr->find(':') != std::string::npos;
+  const std::string bare = bracketed ? addr->substr(1, addr->size() - 2) : *addr;
+  if (bare.find(':') != std::string::npos && !is_ipv6_literal(bare)) {
+    return invalid_argument("environment variable MASTER_ADDR='" + shown_value(*addr) +
+                            "' is not a host name or an IP address (a port goes in "
+                            "MASTER_PORT)");
+  }
+  const bool ipv6 = !bracketed && bare.find(':') != std::string::npos;
   std::string url =
       "tcp://" + (ipv6 ? "[" + *addr + "]" : *addr) + ":" + std::to_string(*parsed_port);
   auto parsed = parse_store_url(url);
@@ -260,7 +307,8 @@ StatusOr<StoreOptions> store_options_from_env(const std::string& url, int32_t ra
   auto info = rendezvous_from_env();
   if (!info.ok() || info->store_url != url) return options;
   options.world_size = info->world_size;
-  if (rank != 0 || info->rank != 0) return options;
+  // A listening socket handed down serves a TCP store only.
+  if (rank != 0 || info->rank != 0 || url.rfind("tcp://", 0) != 0) return options;
   if (auto fd_text = env_string("HPS_STORE_FD")) {
     // Taken once: a second open in this process must not serve on a socket already handed
     // to a server (and closed with it).

@@ -187,6 +187,41 @@ uint16_t local_port(int fd) {
   return 0;
 }
 
+bool listener_serves(int fd, const std::string& host, std::string* bound_text) {
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) return true;
+  const void* address = nullptr;
+  size_t size = 0;
+  if (bound.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&bound);
+    if (in->sin_addr.s_addr == htonl(INADDR_ANY)) return true;
+    address = &in->sin_addr;
+    size = sizeof in->sin_addr;
+  } else if (bound.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&bound);
+    if (IN6_IS_ADDR_UNSPECIFIED(&in->sin6_addr)) return true;
+    address = &in->sin6_addr;
+    size = sizeof in->sin6_addr;
+  } else {
+    return true;
+  }
+  char text[INET6_ADDRSTRLEN] = {};
+  if (::inet_ntop(bound.ss_family, address, text, sizeof text) != nullptr) *bound_text = text;
+  auto list = resolve(host, 0, false);
+  if (!list.ok()) return true;
+  for (addrinfo* a = list->get(); a != nullptr; a = a->ai_next) {
+    if (a->ai_family != bound.ss_family) continue;
+    const void* other =
+        a->ai_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (std::memcmp(other, address, size) == 0) return true;
+  }
+  return false;
+}
+
 StatusOr<Listener> adopt_listener(int fd, std::string_view what) {
   auto refuse = [&](const std::string& why) {
     return invalid_argument(std::string(what) + "=" + std::to_string(fd) + ": " + why);

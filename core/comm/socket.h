@@ -58,4 +58,9 @@ StatusOr<Listener> adopt_listener(int fd, std::string_view what);
 // The local port `fd` is bound to; 0 when it is not a bound IP socket.
 uint16_t local_port(int fd);
 
+// Whether listening socket `fd` takes connections made to `host`: it is bound to the
+// wildcard address or to an address `host` resolves to. True too where that cannot be told
+// (`host` does not resolve: connecting to it says why). `*bound` is its address, as text.
+bool listener_serves(int fd, const std::string& host, std::string* bound);
+
 }  // namespace hps::net

@@ -27,6 +27,7 @@
 #include "core/comm/socket.h"
 #include "core/comm/store.h"
 #include "core/comm/tcp_store_protocol.h"
+#include "core/common/env.h"
 #include "core/common/logging.h"
 
 namespace hps {
@@ -990,6 +991,13 @@ StatusOr<std::shared_ptr<Store>> make_tcp_store(std::string host, uint16_t port,
   std::unique_ptr<TcpStoreServer> server;
   std::string connect_host = host;
   if (serve) {
+    // A socket handed down on another address than the URL's would serve where no rank
+    // connects (rank 0 included: it timed out on its own server).
+    if (std::string bound;
+        handed.fd >= 0 && !net::listener_serves(handed.fd, local_address_for(host), &bound)) {
+      return invalid_argument("tcp store: the listening socket handed down is bound to " + bound +
+                              ", which '" + shown_value(host) + "' does not name");
+    }
     TcpStoreOptions server_options = options;
     server_options.listen_fd = handed.fd;
     handed.fd = -1;  // start() takes it over

@@ -486,6 +486,19 @@ def test_ctrl_c_ends_a_tcp_store_open_waiting_for_its_server():
         served["store"].close()
 
 
+@pytest.mark.parametrize("suffix", ["/path", "?x", "#f"])
+def test_a_tcp_url_the_library_refuses_is_refused_at_once(suffix):
+    """The wait for a TCP store's server (above) is only for URLs the library takes: one
+    with a path, a query, a fragment or a user is refused at once (INVALID_ARGUMENT naming
+    it), not after the whole timeout as TIMEOUT."""
+    url = free_tcp_url()
+    for bad in (url + suffix, url.replace("tcp://", "tcp://user@")):
+        start = time.monotonic()
+        with pytest.raises(hpshard.InvalidArgumentError):
+            Store.open(bad, 1, timeout_ms=20000)
+        assert time.monotonic() - start < 2.0, bad
+
+
 @pytest.mark.parametrize("call", ["split", "hybrid_group", "engine_seal"])
 def test_ctrl_c_ends_a_set_up_waiting_for_a_rank_and_aborts_its_groups(call):
     """A split (and a hybrid group's creation) waits in the store for the members, an

@@ -77,6 +77,13 @@ class RendezvousEnv : public ::testing::Test {
   std::map<std::string, std::string> saved_;
 };
 
+// The error names `variable`.
+void expect_error_naming(const Status& s, const std::string& variable, const std::string& what) {
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find(variable), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+}
+
 TEST_F(RendezvousEnv, HpshardVariables) {
   set("HPS_RANK", "2");
   set("HPS_WORLD_SIZE", "4");
@@ -121,6 +128,14 @@ TEST_F(RendezvousEnv, Torchrun) {
   EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fd00::1]:29500");
   set("MASTER_ADDR", "[fd00::1]");  // brackets given already: not doubled
   EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fd00::1]:29500");
+  set("MASTER_ADDR", "fe80::1%eth0");  // with a zone
+  EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fe80::1%eth0]:29500");
+  // Text with a colon that is no IPv6 address (host:port) is refused at once, naming the
+  // variable: it was bracketed as one, and rank 1 waited the whole timeout for it.
+  for (const char* bad : {"127.0.0.1:29500", "node0:29500", "[node0]", "::zz"}) {
+    set("MASTER_ADDR", bad);
+    expect_error_naming(failure(), "MASTER_ADDR", "not a host name or an IP address");
+  }
   set("HPS_STORE", "file:///shared/rdzv");  // HPS_STORE wins over MASTER_*
   EXPECT_EQ(rendezvous_from_env()->store_url, "file:///shared/rdzv");
 }
@@ -141,7 +156,16 @@ TEST_F(RendezvousEnv, TorchrunsAgentStoreIsNotTaken) {
   auto info = rendezvous_from_env();
   ASSERT_TRUE(info.ok()) << info.status().to_string();
   EXPECT_EQ(info->store_url, "tcp://node0:29501");
+  // HPS_STORE naming the agent's own host and port is refused as well, naming HPS_STORE.
+  for (const char* same : {"tcp://node0:29500", "tcp://NODE0:29500"}) {
+    set("HPS_STORE", same);
+    expect_error_naming(failure(), "HPS_STORE", "torchrun's agent store");
+  }
+  set("HPS_STORE", "tcp://node1:29500");  // another host's port of that number: taken
+  EXPECT_TRUE(rendezvous_from_env().ok());
   set("TORCHELASTIC_USE_AGENT_STORE", "False");  // without the agent's store: MASTER_PORT
+  set("HPS_STORE", "tcp://node0:29500");
+  EXPECT_TRUE(rendezvous_from_env().ok());
   ::unsetenv("HPS_STORE");
   EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://node0:29500");
 }
@@ -212,13 +236,6 @@ TEST_F(RendezvousEnv, NothingSetIsNotFound) {
   const Status s = failure();
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find("HPS_RANK"), std::string::npos) << s.message();
-}
-
-// The error names `variable`.
-void expect_error_naming(const Status& s, const std::string& variable, const std::string& what) {
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-  EXPECT_NE(s.message().find(variable), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
 }
 
 TEST_F(RendezvousEnv, MissingVariablesAreNamed) {
@@ -391,6 +408,55 @@ TEST_F(RendezvousEnv, RankZeroTakesTheListeningSocketHandedDownOnce) {
   ASSERT_TRUE(rank0.ok()) << rank0.status().to_string();
 }
 
+// HPS_STORE_FD is for rank 0 of a TCP store: a file or memory store does not read it (a
+// stale one in the environment refused the store, or closed the caller's socket).
+TEST_F(RendezvousEnv, AFileOrMemoryStoreLeavesTheSocketVariableAlone) {
+  auto listener = net::listen_on("127.0.0.1", 0, 16);
+  ASSERT_TRUE(listener.ok());
+  const int not_a_socket = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(not_a_socket, 0);
+  set("HPS_RANK", "0");
+  set("HPS_WORLD_SIZE", "1");
+  for (const std::string url : {"memory://socket-variable", "file:///nonexistent/hps-store"}) {
+    set("HPS_STORE", url.c_str());
+    set("HPS_STORE_FD", std::to_string(not_a_socket).c_str());  // would be refused
+    auto o = store_options_from_env(url, 0);
+    ASSERT_TRUE(o.ok()) << url << ": " << o.status().to_string();
+    EXPECT_EQ(o->listen_fd, -1) << url;
+    set("HPS_STORE_FD", std::to_string(listener->fd).c_str());
+    o = store_options_from_env(url, 0);
+    ASSERT_TRUE(o.ok()) << url << ": " << o.status().to_string();
+    EXPECT_EQ(o->listen_fd, -1) << url;
+  }
+  // Still open: nothing took it.
+  EXPECT_NE(net::local_port(listener->fd), 0);
+  net::close_fd(listener->fd);
+  ::close(not_a_socket);
+}
+
+// A socket handed down bound to another address than the URL names is refused, saying so
+// (rank 0 timed out connecting to its own server).
+TEST(OpenStore, ASocketHandedDownOnAnotherAddressIsRefused) {
+  auto listener = net::listen_on("127.0.0.2", 0, 16);
+  ASSERT_TRUE(listener.ok()) << listener.status().to_string();
+  StoreOptions o;
+  o.listen_fd = listener->fd;
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(listener->port);
+  const auto start = std::chrono::steady_clock::now();
+  auto s = open_store(url, 0, seconds(5), o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("bound to 127.0.0.2"), std::string::npos)
+      << s.status().to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(2));
+  // Bound to every address: taken.
+  auto any = net::listen_on("0.0.0.0", 0, 16);
+  ASSERT_TRUE(any.ok());
+  o.listen_fd = any->fd;
+  auto served = open_store("tcp://127.0.0.1:" + std::to_string(any->port), 0, seconds(5), o);
+  EXPECT_TRUE(served.ok()) << served.status().to_string();
+}
+
 // ---- open_store --------------------------------------------------------------------
 
 TEST(OpenStore, MemoryStoresAreSharedByName) {
@@ -536,8 +602,9 @@ TEST(OpenStore, ATcpStoreServesOnlyRanksWithTheToken) {
 }
 
 TEST(OpenStore, BadUrlsAreInvalidArguments) {
-  for (const char* url : {"ftp://x", "memory://", "file://relative", "tcp://:80", "tcp://h:0",
-                          "tcp://h:port", "tcp://[::1]80", "no-scheme"}) {
+  for (const char* url :
+       {"ftp://x", "memory://", "file://relative", "tcp://:80", "tcp://h:0", "tcp://h:port",
+        "tcp://[::1]80", "no-scheme", "tcp://[zzz]:80", "tcp://[1.2.3.4]:80", "tcp://[::1%]:80"}) {
     auto s = open_store(url, 0, seconds(1));
     ASSERT_FALSE(s.ok()) << url;
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << url;
