@@ -24,27 +24,6 @@ std::string shown_value(std::string_view text) {
   return out;
 }
 
-std::string escape_control_bytes(std::string_view text, bool backslashes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(text.size());
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '\\' && backslashes) {
-      out += "\\\\";
-    } else if (c < 0x20 || c == 0x7f) {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    } else {
-      out += ch;
-    }
-  }
-  return out;
-}
-
-std::string shown_path(std::string_view path) { return escape_control_bytes(path, true); }
-
 bool has_control_bytes(std::string_view text) {
   for (const char ch : text) {
     const auto c = static_cast<unsigned char>(ch);

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/common/shown_path.h"  // escape_control_bytes, shown_path
 #include "core/common/status.h"
 
 namespace hps {
@@ -13,12 +14,6 @@ namespace hps {
 // A value read from outside, for an error message: at most 64 of its bytes, those outside
 // printable ASCII as \xNN, and its length when it was cut.
 std::string shown_value(std::string_view text);
-// `text` with its control bytes (below 0x20, 0x7f) as \xNN and, with `backslashes`, each
-// backslash doubled: a value from outside shown this way cannot move a terminal's cursor or
-// change its colours. Other bytes (UTF-8) pass.
-std::string escape_control_bytes(std::string_view text, bool backslashes);
-// A path for an error message: whole, escape_control_bytes(path, true).
-std::string shown_path(std::string_view path);
 // Whether `text` holds a control character (a byte below 0x20, or 0x7f): names that
 // messages and tools show (parameters, checkpoint tensors) may not.
 bool has_control_bytes(std::string_view text);

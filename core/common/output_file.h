@@ -20,9 +20,10 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <string_view>
 #include <system_error>
 
-#include "core/common/env.h"
+#include "core/common/shown_path.h"
 
 namespace hps {
 
@@ -96,30 +97,59 @@ inline int create_beside(const std::string& target, std::string* temporary) {
   return -1;
 }
 
-// Writes `text` into a new file beside `target` (create_beside) and sets `*temporary` to its
-// name. Returns the error, naming the file; empty on success. Nothing is left on a failure.
-inline std::string write_beside_target(const std::string& target, const std::string& text,
-                                       std::string* temporary) {
+// Writes what `produce` puts into a new file beside `target` (create_beside) and sets
+// `*temporary` to its name: `produce(put)` calls `put(piece)` for each piece of the content
+// in order (written in pieces of about 1 MiB, so content made piece by piece never needs to
+// be held whole). Returns the error, naming the file; empty on success. Nothing is left on
+// a failure.
+template <typename Produce>
+std::string write_beside_target_from(const std::string& target, Produce&& produce,
+                                     std::string* temporary) {
   const int fd = create_beside(target, temporary);
   if (fd < 0) return "cannot write beside '" + shown_path(target) + "': " + std::strerror(errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(temporary->c_str());
-      return "cannot write '" + *temporary + "': " + std::strerror(err);
+  int err = 0;
+  auto write_all = [&](std::string_view text) {
+    while (err == 0 && !text.empty()) {
+      const ssize_t n = ::write(fd, text.data(), text.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;
+        return;
+      }
+      text.remove_prefix(static_cast<size_t>(n));
     }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    const int err = errno;
+  };
+  constexpr size_t kPiece = size_t{1} << 20;
+  std::string pending;
+  auto put = [&](std::string_view piece) {
+    if (err != 0) return;
+    if (piece.size() >= kPiece) {
+      write_all(pending);
+      pending.clear();
+      write_all(piece);
+      return;
+    }
+    pending.append(piece);
+    if (pending.size() >= kPiece) {
+      write_all(pending);
+      pending.clear();
+    }
+  };
+  produce(put);
+  write_all(pending);
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) {
     ::unlink(temporary->c_str());
-    return "cannot write '" + *temporary + "': " + std::strerror(err);
+    return "cannot write '" + shown_path(*temporary) + "': " + std::strerror(err);
   }
   return {};
+}
+
+// Writes `text` into a new file beside `target`, as write_beside_target_from.
+inline std::string write_beside_target(const std::string& target, const std::string& text,
+                                       std::string* temporary) {
+  return write_beside_target_from(
+      target, [&](const auto& put) { put(text); }, temporary);
 }
 
 // Writes `text` to `path` as above (checked, written beside, renamed over it). Returns

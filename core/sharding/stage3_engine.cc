@@ -335,9 +335,9 @@ Status Stage3Engine::launch_reduce(size_t b, Stream* ready) {
 }
 
 Status Stage3Engine::step() {
-  trace::step_boundary(3, steps_);
   if (!sealed_ || !initialised_) return failed_precondition("engine: step() before training");
   HPS_RETURN_IF_ERROR(buckets_.check_step_due());
+  trace::step_boundary(3, steps_);  // a step refused above is none
   Stream& opt = optimizer_stream();
   // The sharding stream widens and adds micro-batches into the shards after their
   // reductions: the step follows everything on it so far.

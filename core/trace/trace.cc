@@ -1,5 +1,6 @@
 #include "core/trace/trace.h"
 
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -55,6 +56,7 @@ struct State {
   uint64_t dropped = 0;
   uint64_t files_written = 0;
   int64_t pid = 0;
+  int64_t rank = -1;  // from the environment when the library loaded; -1: none
   std::string process_name;
   bool exit_hook = false;
 };
@@ -89,17 +91,36 @@ int64_t env_rank(const char* name) {
   return v;
 }
 
-void identify_process(State& s) {
-  int64_t rank = env_rank("HPS_RANK");
-  if (rank < 0) rank = env_rank("RANK");
+// The row of this process: its rank's when it has one, else its pid's.
+void name_process(State& s) {
   const int64_t pid = static_cast<int64_t>(::getpid());
-  if (rank >= 0) {
-    s.pid = rank;
-    s.process_name = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
+  if (s.rank >= 0) {
+    s.pid = s.rank;
+    s.process_name = "rank " + std::to_string(s.rank) + " (pid " + std::to_string(pid) + ")";
   } else {
     s.pid = pid;
     s.process_name = "pid " + std::to_string(pid);
   }
+}
+
+void identify_process(State& s) {
+  s.rank = env_rank("HPS_RANK");
+  if (s.rank < 0) s.rank = env_rank("RANK");
+  name_process(s);
+}
+
+// fork(): the state is copied whole (under its mutex, so no event is half recorded). The
+// parent's events are the parent's to write; a child starts with none, under its own pid
+// (it writes files of its own only for what it records itself).
+void before_fork() { state().mutex.lock(); }
+void after_fork_in_parent() { state().mutex.unlock(); }
+void after_fork_in_child() {
+  State& s = state();
+  s.events.clear();
+  s.dropped = 0;
+  s.files_written = 0;
+  name_process(s);
+  s.mutex.unlock();
 }
 
 void record(Event e) {
@@ -283,6 +304,10 @@ void step_boundary(int32_t stage, int64_t step) {
 
 void start(std::string dir, size_t max_events) {
   State& s = state();
+  // A relative directory is taken from the working directory of now, not of when a file is
+  // written.
+  std::error_code ec;
+  if (auto absolute = std::filesystem::absolute(dir, ec); !ec) dir = absolute.string();
   {
     std::lock_guard lock(s.mutex);
     s.dir = std::move(dir);
@@ -291,6 +316,7 @@ void start(std::string dir, size_t max_events) {
     if (!s.exit_hook) {
       s.exit_hook = true;
       std::atexit(flush_at_exit);
+      (void)::pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child);
     }
   }
   detail::g_recording.store(true, std::memory_order_relaxed);
@@ -349,41 +375,54 @@ StatusOr<std::string> flush() {
     pid = s.pid;
     process_name = s.process_name;
   }
-  nlohmann::json out;
-  auto& list = out["traceEvents"];
-  list = nlohmann::json::array();
+  // The metadata: a few entries per track.
+  std::vector<nlohmann::json> metadata;
   // The row's process, told apart from a process of the same name and pid in another pid
   // namespace or on another host (the merge refuses two processes on one row).
-  list.push_back({{"ph", "M"},
-                  {"name", "process_name"},
-                  {"pid", pid},
-                  {"tid", 0},
-                  {"args", {{"name", process_name}, {"hpshard_process", process_id()}}}});
-  list.push_back({{"ph", "M"},
-                  {"name", "process_sort_index"},
-                  {"pid", pid},
-                  {"tid", 0},
-                  {"args", {{"sort_index", pid}}}});
+  metadata.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", pid},
+                      {"tid", 0},
+                      {"args", {{"name", process_name}, {"hpshard_process", process_id()}}}});
+  metadata.push_back({{"ph", "M"},
+                      {"name", "process_sort_index"},
+                      {"pid", pid},
+                      {"tid", 0},
+                      {"args", {{"sort_index", pid}}}});
   for (const auto& [tid, name] : names) {
-    list.push_back({{"ph", "M"},
-                    {"name", "thread_name"},
-                    {"pid", pid},
-                    {"tid", tid},
-                    {"args", {{"name", name}}}});
+    metadata.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", pid},
+                        {"tid", tid},
+                        {"args", {{"name", name}}}});
     // Host threads first, then the streams in creation order.
-    list.push_back(
+    metadata.push_back(
         {{"ph", "M"},
          {"name", "thread_sort_index"},
          {"pid", pid},
          {"tid", tid},
          {"args", {{"sort_index", tid >= kStreamTrackBase ? tid - kStreamTrackBase + 1000 : 0}}}});
   }
-  for (const Event& e : events) list.push_back(to_json(e, pid));
-  out["displayTimeUnit"] = "ms";
-  out["otherData"] = {{"producer", "hpshard"},
-                      {"clock", "CLOCK_MONOTONIC"},
-                      {"process", process_name},
-                      {"dropped_events", dropped}};
+  const nlohmann::json other = {{"producer", "hpshard"},
+                                {"clock", "CLOCK_MONOTONIC"},
+                                {"process", process_name},
+                                {"dropped_events", dropped}};
+  // One document, written event by event: the file's text is never held whole (millions of
+  // events make hundreds of MiB of it).
+  auto produce = [&](const auto& put) {
+    put("{\"traceEvents\":[");
+    bool first = true;
+    auto entry = [&](const nlohmann::json& j) {
+      if (!first) put(",\n");
+      first = false;
+      put(j.dump());
+    };
+    for (const auto& m : metadata) entry(m);
+    for (const Event& e : events) entry(to_json(e, pid));
+    put("],\n\"displayTimeUnit\":\"ms\",\"otherData\":");
+    put(other.dump());
+    put("}\n");
+  };
 
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -401,7 +440,7 @@ StatusOr<std::string> flush() {
   // first free name of STEM.json, STEM.1.json, ...: a process of another pid namespace
   // (containers sharing the directory) or of another host can have this pid.
   std::string temporary;
-  if (std::string error = write_beside_target(stem + ".json", out.dump(), &temporary);
+  if (std::string error = write_beside_target_from(stem + ".json", produce, &temporary);
       !error.empty()) {
     return unavailable("trace: " + error);
   }

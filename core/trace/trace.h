@@ -14,9 +14,10 @@
 //
 // A file is written when the last CPU stream of the process is destroyed (the end of a
 // run: its communicators and engines are gone) and at exit, each time with the events
-// recorded since the last file. Off (HPS_TRACE unset or empty) every hook costs one
-// relaxed atomic load. HPS_TRACE_MAX_EVENTS (default 2,000,000) bounds the events kept
-// in memory; later ones are counted as dropped in the file's metadata.
+// recorded since the last file; it is written event by event, never held whole. A forked
+// child starts with no events, named by its own pid. Off (HPS_TRACE unset or empty) every hook
+// costs one relaxed atomic load. HPS_TRACE_MAX_EVENTS (default 2,000,000) bounds the events kept in
+// memory; later ones are counted as dropped in the file's metadata.
 #pragma once
 
 #include <atomic>

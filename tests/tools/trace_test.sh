@@ -56,7 +56,8 @@ if "$tool" merge -o "$out/never.json" "$out/deep.json" 2>"$out/err.txt"; then
 fi
 grep -q "deep.json' nests arrays and objects deeper than" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
 echo '{"traceEvents": [], "otherData": {"dropped_events": 18446744073709551615}}' >"$out/many.json"
-if "$tool" merge -o "$out/never.json" "$out/many.json" "$out/many.json" 2>"$out/err.txt"; then
+cp "$out/many.json" "$out/many-too.json"
+if "$tool" merge -o "$out/never.json" "$out/many.json" "$out/many-too.json" 2>"$out/err.txt"; then
   echo "dropped_events past 2^64 were merged"; exit 1
 fi
 grep -q "overflows the total" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
@@ -162,4 +163,31 @@ if "$tool" merge -o "$out/never.json" "$out/two-namespaces" 2>"$out/err.txt"; th
 fi
 grep -q "of one name: in other pid namespaces or on other hosts" "$out/err.txt" ||
   { cat "$out/err.txt"; exit 1; }
+# One file named twice (the directory and its files, or through a link) is merged once: its
+# events were drawn twice, each span overlapping its twin.
+once=$("$tool" merge -o "$out/once.json" "$out/trace" | sed 's/.*: \([0-9]*\) events.*/\1/')
+ln -s "$out/trace" "$out/trace-link"
+twice=$("$tool" merge -o "$out/twice.json" "$out/trace" "$out"/trace/*.json "$out/trace-link" |
+  sed 's/.*: \([0-9]*\) events.*/\1/')
+[ "$once" = "$twice" ] || { echo "the same files named twice gave $twice events, not $once"; exit 1; }
+# An earlier merge's output in the ranks' directory is left out, with a note; named on its
+# own it is refused.
+cp -r "$out/trace" "$out/with-merged"
+cp "$out/once.json" "$out/with-merged/timeline.json"
+again=$("$tool" merge -o "$out/again.json" "$out/with-merged" 2>"$out/err.txt" |
+  sed 's/.*: \([0-9]*\) events.*/\1/')
+[ "$again" = "$once" ] || { echo "a merged file beside the ranks' gave $again events"; exit 1; }
+grep -q "left out '.*timeline.json': a merged trace" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+if "$tool" merge -o "$out/never.json" "$out/once.json" 2>"$out/err.txt"; then
+  echo "a merged trace was merged again"; exit 1
+fi
+grep -q "is a merged trace" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+# Names from the file system are shown with their control bytes escaped.
+bad_name="$out/esc"$'\033'"[31mred.json"
+echo 'not json' >"$bad_name"
+if "$tool" merge -o "$out/never.json" "$bad_name" 2>"$out/err.txt"; then
+  echo "a file that is not JSON was merged"; exit 1
+fi
+grep -q 'esc\\x1b\[31mred.json' "$out/err.txt" || { cat -v "$out/err.txt"; exit 1; }
+if grep -q $'\033' "$out/err.txt"; then echo "an escape byte reached the terminal"; exit 1; fi
 echo "trace test: ok"

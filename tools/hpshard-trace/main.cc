@@ -5,11 +5,14 @@
 //   hpshard-trace merge -o OUT INPUT...   INPUT: a trace file, or a directory of them
 //
 // Files of one run only: two processes that name one row differently (two runs of one
-// rank, written into one HPS_TRACE directory) are refused rather than drawn as one.
+// rank, written into one HPS_TRACE directory) are refused rather than drawn as one. A file
+// named twice is read once; a merge's own output is no rank's file (left out when found in
+// a directory, refused when named).
 //
 // Exit status: 0 when merged; 1 when an input cannot be read or is not a trace, or two
 // files hold one rank's row for different processes (the message names the files; nothing
 // is written); 2 for bad usage.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +33,7 @@
 
 #include "core/common/json_input.h"
 #include "core/common/output_file.h"
+#include "core/common/shown_path.h"
 
 namespace {
 
@@ -44,10 +48,21 @@ struct Failure {
   std::string message;
 };
 
+struct Input {
+  fs::path path;
+  bool listed = false;  // found in a directory the command line named
+};
+
 // Every trace file an input names: itself, or a directory's *.json files (sorted), less
-// the output itself.
-std::vector<fs::path> expand(const std::vector<std::string>& inputs, const fs::path& output) {
-  std::vector<fs::path> files;
+// the output itself; a file named twice (or through two names) once.
+std::vector<Input> expand(const std::vector<std::string>& inputs, const fs::path& output) {
+  std::vector<Input> files;
+  std::set<std::pair<dev_t, ino_t>> taken;
+  auto add = [&](const fs::path& p, bool listed) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0 && !taken.insert({st.st_dev, st.st_ino}).second) return;
+    files.push_back({p, listed});
+  };
   std::error_code ec;
   const fs::path out_abs = fs::weakly_canonical(output, ec);
   for (const auto& input : inputs) {
@@ -65,43 +80,48 @@ std::vector<fs::path> expand(const std::vector<std::string>& inputs, const fs::p
         if (fs::weakly_canonical(entry.path(), entry_ec) == out_abs) continue;
         found.push_back(entry.path());
       }
-      if (ec) throw Failure{"cannot list the directory '" + input + "': " + ec.message()};
+      if (ec)
+        throw Failure{"cannot list the directory '" + hps::shown_path(input) +
+                      "': " + ec.message()};
       std::sort(found.begin(), found.end());
-      if (found.empty()) throw Failure{"the directory '" + input + "' holds no .json trace file"};
-      files.insert(files.end(), found.begin(), found.end());
+      if (found.empty())
+        throw Failure{"the directory '" + hps::shown_path(input) + "' holds no .json trace file"};
+      for (const auto& f : found) add(f, true);
     } else if (fs::is_regular_file(p, ec)) {
-      files.push_back(p);
+      add(p, false);
     } else {
-      throw Failure{"'" + input + "' is neither a trace file nor a directory"};
+      throw Failure{"'" + hps::shown_path(input) + "' is neither a trace file nor a directory"};
     }
   }
   return files;
 }
 
 // The events of one file: a Chrome trace object with "traceEvents", or a bare array.
-json read_events(const fs::path& path, uint64_t* dropped) {
+// `*merged`: the file is a merge's output (its otherData names what it was merged from).
+json read_events(const fs::path& path, uint64_t* dropped, bool* merged) {
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
-  if (ec) throw Failure{"cannot read '" + path.string() + "': " + ec.message()};
+  if (ec) throw Failure{"cannot read '" + hps::shown_path(path.string()) + "': " + ec.message()};
   if (size > kMaxInputBytes) {
-    throw Failure{"'" + path.string() + "' is " + std::to_string(size) +
+    throw Failure{"'" + hps::shown_path(path.string()) + "' is " + std::to_string(size) +
                   " bytes, more than a trace file may be (" + std::to_string(kMaxInputBytes) + ")"};
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Failure{"cannot open '" + path.string() + "'"};
+  if (!in) throw Failure{"cannot open '" + hps::shown_path(path.string()) + "'"};
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // A trace's events nest a few levels (the trace, its events, their args); a deeper file
   // is refused before nlohmann builds, copies and dumps it recursively.
   hps::CheckedJson parsed = hps::parse_checked_json(text, kMaxDepth);
   if (parsed.problem == hps::CheckedJson::Problem::kTooDeep) {
-    throw Failure{"'" + path.string() + "' nests arrays and objects deeper than " +
+    throw Failure{"'" + hps::shown_path(path.string()) + "' nests arrays and objects deeper than " +
                   std::to_string(kMaxDepth) + " levels: not a trace"};
   }
   if (parsed.problem != hps::CheckedJson::Problem::kNone) {
-    throw Failure{"'" + path.string() + "' is not valid JSON" +
-                  (parsed.problem == hps::CheckedJson::Problem::kRepeatedKey
-                       ? " (key '" + parsed.key.substr(0, 64) + "' repeated)"
-                       : std::string())};
+    throw Failure{
+        "'" + hps::shown_path(path.string()) + "' is not valid JSON" +
+        (parsed.problem == hps::CheckedJson::Problem::kRepeatedKey
+             ? " (key '" + hps::escape_control_bytes(parsed.key.substr(0, 64), true) + "' repeated)"
+             : std::string())};
   }
   json doc = std::move(parsed.value);
   json events;
@@ -111,22 +131,25 @@ json read_events(const fs::path& path, uint64_t* dropped) {
     events = std::move(doc["traceEvents"]);
     const auto other = doc.find("otherData");
     if (other != doc.end() && other->is_object()) {
+      *merged = other->contains("merged_from");
       const auto d = other->find("dropped_events");
       if (d != other->end() && d->is_number_unsigned()) {
         const uint64_t more = d->get<uint64_t>();
         if (more > UINT64_MAX - *dropped) {
-          throw Failure{"'" + path.string() + "': dropped_events " + std::to_string(more) +
-                        " overflows the total of the files before it"};
+          throw Failure{"'" + hps::shown_path(path.string()) + "': dropped_events " +
+                        std::to_string(more) + " overflows the total of the files before it"};
         }
         *dropped += more;
       }
     }
   } else {
-    throw Failure{"'" + path.string() + "' is not a Chrome trace (no \"traceEvents\" array)"};
+    throw Failure{"'" + hps::shown_path(path.string()) +
+                  "' is not a Chrome trace (no \"traceEvents\" array)"};
   }
   for (const auto& e : events) {
     if (!e.is_object() || !e.contains("ph") || !e["ph"].is_string()) {
-      throw Failure{"'" + path.string() + "' holds an event without a phase (\"ph\")"};
+      throw Failure{"'" + hps::shown_path(path.string()) +
+                    "' holds an event without a phase (\"ph\")"};
     }
   }
   return events;
@@ -159,8 +182,9 @@ void check_row(std::map<std::string, std::pair<std::string, std::string>>& row_p
   if (first || it->second.first == process) return;
   const auto name_of = [](const std::string& p) { return p.substr(0, p.find('\n')); };
   const std::string a = name_of(it->second.first), b = name_of(process);
-  throw Failure{"'" + it->second.second + "' and '" + path + "' hold one row (pid " +
-                row.substr(0, 64) + ") for two processes, " + shown(a) + " and " + shown(b) +
+  throw Failure{"'" + hps::shown_path(it->second.second) + "' and '" + hps::shown_path(path) +
+                "' hold one row (pid " + row.substr(0, 64) + ") for two processes, " + shown(a) +
+                " and " + shown(b) +
                 (a == b ? " (of one name: in other pid namespaces or on other hosts)" : "") +
                 ": the files of two runs cannot be merged into one trace (each rank a row); "
                 "merge each run's files apart"};
@@ -173,28 +197,30 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
   // Whole or absent: written beside the target, then renamed over it (a symbolic link
   // followed, anything but a regular file refused: core/common/output_file.h).
   const hps::OutputFile checked = hps::output_file(output);
-  if (!checked.error.empty()) throw Failure{"cannot write '" + output + "': " + checked.error};
+  if (!checked.error.empty())
+    throw Failure{"cannot write '" + hps::shown_path(output) + "': " + checked.error};
   const fs::path target(checked.target);
   // A temporary of this merge's own: concurrent merges to one output each publish a whole
   // file, and no file of another name is truncated.
   std::string partial;
   const int fd = hps::create_beside(target.string(), &partial);
   if (fd < 0) {
-    throw Failure{"cannot write beside '" + output + "': " + std::strerror(errno)};
+    throw Failure{"cannot write beside '" + hps::shown_path(output) + "': " + std::strerror(errno)};
   }
   std::FILE* file = ::fdopen(fd, "wb");
   if (file == nullptr) {
     const int err = errno;
     ::close(fd);
     ::unlink(partial.c_str());
-    throw Failure{"cannot write '" + partial + "': " + std::strerror(err)};
+    throw Failure{"cannot write '" + hps::shown_path(partial) + "': " + std::strerror(err)};
   }
   const auto put = [&](const std::string& text) {
     if (std::fwrite(text.data(), 1, text.size(), file) != text.size()) {
-      throw Failure{"cannot write '" + partial + "': " + std::strerror(errno)};
+      throw Failure{"cannot write '" + hps::shown_path(partial) + "': " + std::strerror(errno)};
     }
   };
   size_t count = 0;
+  size_t merged_inputs = 0;
   try {
     // Metadata (names, sort order) once per (pid, tid, kind): a rank writes it in every file.
     std::set<std::tuple<std::string, std::string, std::string>> seen;
@@ -204,8 +230,22 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
     uint64_t dropped = 0;
     json sources = json::array();
     put("{\"traceEvents\":[");
-    for (const auto& path : files) {
-      const json events = read_events(path, &dropped);
+    for (const auto& [path, listed] : files) {
+      bool merged = false;
+      const json events = read_events(path, &dropped, &merged);
+      // A merge's output holds the ranks' events again: one found beside the ranks' files (an
+      // earlier merge written into the directory) is left out; one named on its own is an
+      // error.
+      if (merged) {
+        if (!listed) {
+          throw Failure{"'" + hps::shown_path(path.string()) +
+                        "' is a merged trace (hpshard-trace's output): merge the ranks' files"};
+        }
+        std::fprintf(stderr, "hpshard-trace: left out '%s': a merged trace, not a rank's file\n",
+                     hps::shown_path(path.string()).c_str());
+        ++merged_inputs;
+        continue;
+      }
       for (const auto& e : events) {
         if (e["ph"] == "M") {
           check_row(row_process, e, path.string());
@@ -221,7 +261,8 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
     put("],\"displayTimeUnit\":\"ms\",\"otherData\":" + other.dump() + "}");
     const int closed = std::fclose(file);
     file = nullptr;
-    if (closed != 0) throw Failure{"cannot write '" + partial + "': " + std::strerror(errno)};
+    if (closed != 0)
+      throw Failure{"cannot write '" + hps::shown_path(partial) + "': " + std::strerror(errno)};
   } catch (...) {
     if (file != nullptr) std::fclose(file);
     ::unlink(partial.c_str());
@@ -231,9 +272,10 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
   fs::rename(partial, target, ec);
   if (ec) {
     ::unlink(partial.c_str());
-    throw Failure{"cannot write '" + output + "': " + ec.message()};
+    throw Failure{"cannot write '" + hps::shown_path(output) + "': " + ec.message()};
   }
-  std::printf("%s: %zu events from %zu files\n", output.c_str(), count, files.size());
+  std::printf("%s: %zu events from %zu files\n", hps::shown_path(output).c_str(), count,
+              files.size() - merged_inputs);
   return 0;
 }
 

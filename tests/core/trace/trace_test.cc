@@ -1,9 +1,12 @@
 #include "core/trace/trace.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +15,7 @@
 #include "core/device/cpu/stream.h"
 #include "core/device/host_sync.h"
 #include "core/sharding/stage2_engine.h"
+#include "core/sharding/stage3_engine.h"
 #include "tests/core/comm/comm_test_util.h"
 
 namespace hps {
@@ -188,6 +192,11 @@ TEST_F(TraceTest, EngineStepsMarkTheirBoundaries) {
     }
     ASSERT_TRUE(e.seal().ok());
     ASSERT_TRUE(e.broadcast_parameters().ok());
+    // A step refused (no gradient checked in) is no step: no boundary.
+    EXPECT_EQ(e.step().code(), StatusCode::kFailedPrecondition);
+    auto stage3 = Stage3Engine::create(shared, nullptr, options);
+    ASSERT_TRUE(stage3.ok());
+    EXPECT_EQ((*stage3)->step().code(), StatusCode::kFailedPrecondition);
     for (int step = 0; step < 3; ++step) {
       for (int u = 0; u < kUnits; ++u) ASSERT_TRUE(e.gather(u).ok());
       for (int u = kUnits - 1; u >= 0; --u) {
@@ -268,6 +277,98 @@ TEST_F(TraceTest, AnotherProcessesFileOfTheSameNameIsKept) {
   for (const auto& f : files()) {  // no temporary left
     EXPECT_EQ(f.extension(), ".json") << f;
   }
+}
+
+// A forked child does not write its parent's events (they were the parent's to write, and
+// a second file of them under the parent's rank made the merge refuse the run); what it
+// records itself it writes under its own pid.
+TEST_F(TraceTest, AForkedChildWritesOnlyWhatItRecords) {
+  trace::start(dir_.string());
+  for (int i = 0; i < 5; ++i) trace::step_boundary(2, i);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = trace::event_count() == 0 ? 0 : 10;
+    trace::step_boundary(3, 7);
+    auto path = trace::flush();
+    if (!path.ok() || path->empty()) code += 20;
+    // The exit hook writes what is recorded, which is nothing now. (_exit: the parent's
+    // threads, which the destructors of earlier tests' objects would wait for, are not here.)
+    if (trace::event_count() != 0) code += 40;
+    std::_Exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10: the child held its parent's events; 20: no file; 40: events left after it";
+  trace::stop();
+  EXPECT_EQ(trace::event_count(), 5u) << "the parent's events stay the parent's";
+  auto written = files();
+  ASSERT_EQ(written.size(), 1u);
+  const json t = read(written[0].string());
+  int steps = 0;
+  std::string process;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "i") {
+      ++steps;
+      EXPECT_EQ(e["args"]["step"], 7);
+    }
+    if (e["ph"] == "M" && e["name"] == "process_name") process = e["args"]["name"];
+  }
+  EXPECT_EQ(steps, 1);
+  EXPECT_NE(process.find(std::to_string(child)), std::string::npos) << process;
+  EXPECT_NE(written[0].filename().string().find("pid" + std::to_string(child)), std::string::npos)
+      << written[0];
+}
+
+// A relative directory is the one it named when recording started, whatever the working
+// directory is when the file is written.
+TEST_F(TraceTest, ARelativeDirectoryIsTakenWhenRecordingStarts) {
+  const auto before = std::filesystem::current_path();
+  std::filesystem::create_directories(dir_ / "a");
+  std::filesystem::create_directories(dir_ / "b");
+  std::filesystem::current_path(dir_ / "a");
+  trace::start("rel");
+  std::filesystem::current_path(dir_ / "b");
+  trace::step_boundary(2, 0);
+  trace::stop();
+  auto path = trace::flush();
+  std::filesystem::current_path(before);
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  EXPECT_EQ(std::filesystem::path(*path).parent_path(), dir_ / "a" / "rel") << *path;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "b" / "rel"));
+}
+
+// The file is written event by event: writing 400,000 events takes far less memory than the
+// document of them would (about 1.1 KB per event when it was built whole). In a child, whose
+// peak resident size is its own.
+TEST_F(TraceTest, WritingManyEventsTakesLittleMoreMemoryThanTheEvents) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    trace::start(dir_.string());
+    constexpr int kEvents = 400'000;
+    for (int i = 0; i < kEvents; ++i) trace::step_boundary(2, i);
+    trace::stop();
+    rusage before{};
+    ::getrusage(RUSAGE_SELF, &before);
+    auto path = trace::flush();
+    rusage after{};
+    ::getrusage(RUSAGE_SELF, &after);
+    if (!path.ok()) std::_Exit(2);
+    const long grown_kib = after.ru_maxrss - before.ru_maxrss;
+    std::fprintf(stderr, "peak grew %ld KiB writing %d events\n", grown_kib, kEvents);
+    std::ifstream in(*path);
+    const json t = json::parse(in, nullptr, false);
+    if (t.is_discarded() || t["traceEvents"].size() < kEvents) std::_Exit(3);
+    std::_Exit(grown_kib < 64 * 1024 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the peak grew 64 MiB or more; 2: no file; 3: the "
+                                       "file is not the events";
 }
 
 TEST_F(TraceTest, AnUnwritableDirectoryIsAClearErrorAndKeepsRunning) {
