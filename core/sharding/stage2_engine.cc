@@ -1,5 +1,7 @@
 #include "core/sharding/stage2_engine.h"
 
+#include <algorithm>
+
 #include "core/common/first_error.h"
 #include "core/trace/trace.h"
 
@@ -30,6 +32,7 @@ Status Stage2Engine::seal() {
                       [&]() -> Status {
                         reduced_.assign(plan_.buffers().size(), nullptr);
                         gathered_.assign(plan_.buffers().size(), nullptr);
+                        in_use_.assign(plan_.buffers().size(), 0);
                         HPS_ASSIGN_OR_RETURN(widened_, create_event(device_));
                         return Status::Ok();
                       });
@@ -88,6 +91,7 @@ Status Stage2Engine::wait_parameters(int32_t unit) {
     known = true;
     updated |= plan_.buffers()[b].trainable;
     if (gathered_[b]) HPS_RETURN_IF_ERROR(wait_for(compute(), *gathered_[b]));
+    in_use_[b] = 1;
   }
   if (!known) return not_found("engine: no parameters belong to unit " + std::to_string(unit));
   return wait_stepped(updated);
@@ -95,10 +99,25 @@ Status Stage2Engine::wait_parameters(int32_t unit) {
 
 Status Stage2Engine::release(int32_t unit) {
   HPS_RETURN_IF_ERROR(check_sealed("release()"));
-  for (const auto& b : plan_.buffers()) {
-    if (b.unit == unit) return Status::Ok();  // stage 2 keeps parameters resident
+  bool known = false;
+  for (size_t b = 0; b < plan_.buffers().size(); ++b) {
+    if (plan_.buffers()[b].unit != unit) continue;
+    known = true;
+    in_use_[b] = 0;  // the parameters stay resident
   }
-  return not_found("engine: no parameters belong to unit " + std::to_string(unit));
+  if (!known) return not_found("engine: no parameters belong to unit " + std::to_string(unit));
+  return Status::Ok();
+}
+
+Status Stage2Engine::check_loadable() const {
+  HPS_RETURN_IF_ERROR(check_has_state());
+  for (size_t b = 0; b < in_use_.size(); ++b) {
+    if (in_use_[b]) {
+      return failed_precondition("engine: unit " + std::to_string(plan_.buffers()[b].unit) +
+                                 " is gathered: release it before loading state");
+    }
+  }
+  return Status::Ok();
 }
 
 Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
@@ -154,8 +173,8 @@ Status Stage2Engine::grad_ready(size_t index, Stream* ready) {
 
 Status Stage2Engine::step() {
   HPS_RETURN_IF_ERROR(check_sealed("step()"));
-  trace::step_boundary(2, steps_);
   HPS_RETURN_IF_ERROR(buckets_.check_step_due());
+  trace::step_boundary(2, steps_);  // a step refused above is none
   std::vector<ShardStep> shards;
   for (size_t b = 0; b < plan_.buffers().size(); ++b) {
     const FlatBuffer& buf = plan_.buffers()[b];
@@ -194,6 +213,8 @@ Status Stage2Engine::step() {
   HPS_RETURN_IF_ERROR(stepped());
   ++steps_;
   buckets_.stepped();
+  // The step ends every unit's use (a framework may leave release() out: it moves nothing).
+  std::fill(in_use_.begin(), in_use_.end(), 0);
   return Status::Ok();
 }
 

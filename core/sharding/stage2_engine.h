@@ -6,6 +6,7 @@
 // Nothing in step() blocks the host.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -30,6 +31,8 @@ class Stage2Engine final : public EngineBase {
   // apart from host syncs; zero once prefetched).
   Status wait_parameters(int32_t unit);
   Status gather(int32_t unit) override { return wait_parameters(unit); }
+  // After the forward or backward of `unit`: nothing moves (parameters stay resident); the
+  // unit is out of use (as it is after step()), so a state load may come.
   Status release(int32_t unit) override;
   // After backward wrote (added) parameter `index`'s gradient. `ready`: the stream the
   // gradient was produced on (null: the compute stream).
@@ -45,6 +48,9 @@ class Stage2Engine final : public EngineBase {
   std::pair<DevicePtr<const void>, DType> parameter_shard(size_t b) const override;
   DevicePtr<void> model_parameter_shard(size_t b) const override { return own_parameters(b); }
   void drop_stage_work() override;
+  // No unit between wait_parameters() and its release() or the step: a load would change
+  // parameters and the loss scale under a forward or backward.
+  Status check_loadable() const override;
   // Buffer b's slice of the full parameters that this rank owns.
   DevicePtr<void> own_parameters(size_t b) const;
   Status launch_reduce(size_t b, Stream* ready);
@@ -52,6 +58,7 @@ class Stage2Engine final : public EngineBase {
   std::vector<std::shared_ptr<Work>> reduced_;   // per bucket: this step's reduction
   std::vector<std::shared_ptr<Work>> gathered_;  // per bucket: the latest all-gather
   std::unique_ptr<Event> widened_;               // the sharding stream's widenings, before a step
+  std::vector<uint8_t> in_use_;  // per bucket: its unit waited since the last step, not released
 };
 
 }  // namespace hps

@@ -40,6 +40,7 @@ import ctypes
 import dataclasses
 import enum
 import os
+import re
 import sys
 import threading
 import time
@@ -47,6 +48,15 @@ import weakref
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import capi as _c
+
+# What the library read from the environment when it loaded (its timeline's directory, cap
+# and the rank naming the process: core/trace): hpshard.torch's timeline goes where the
+# library's does, on the same row, whatever the environment says later. A relative directory
+# is the library's: the working directory's of now.
+_TRACE_ENV = {name: os.environ.get(name, "")
+              for name in ("HPS_TRACE", "HPS_TRACE_MAX_EVENTS", "HPS_RANK", "RANK")}
+if _TRACE_ENV["HPS_TRACE"]:
+    _TRACE_ENV["HPS_TRACE"] = os.path.abspath(_TRACE_ENV["HPS_TRACE"])
 from ._errors import (
     AbortedError,
     AlreadyExistsError,
@@ -459,21 +469,26 @@ def host_sync_reset() -> None:
 DEFAULT_STORE_TIMEOUT_MS = 30000
 
 
+_TCP_STORE_URL = re.compile(r"tcp://(?:\[([0-9A-Za-z:.%_-]+)\]|([0-9A-Za-z._-]+)):([0-9]{1,5})",
+                            re.ASCII)
+
+
 def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
     """For ``tcp://HOST:PORT``: waits until the server accepts a connection (closed at once;
     the server drops it silently), retrying with backoff until ``timeout_ms`` (Error TIMEOUT
     then) in waits a signal's exception ends. The time left for the library's open (its
     connect is then immediate). Other URLs (and ones the library will refuse): unchanged."""
-    if not url.startswith("tcp://") or timeout_ms <= 0:
+    if timeout_ms <= 0:
         return timeout_ms
     import socket
-    import urllib.parse
-    try:
-        parts = urllib.parse.urlsplit(url)
-        host, port = parts.hostname, parts.port
-    except ValueError:
+    # Only the form the library takes (a host of letters, digits, '.', '-', '_', or an IPv6
+    # address in brackets; a port): a URL with a path, a query or a user, which the library
+    # refuses at once, is not waited on for the whole timeout first.
+    match = _TCP_STORE_URL.fullmatch(url)
+    if match is None:
         return timeout_ms
-    if not host or not port:
+    host, port = match.group(1) or match.group(2), int(match.group(3))
+    if not 0 < port < 65536:
         return timeout_ms
     start = time.monotonic()
     deadline = start + timeout_ms / 1000
@@ -1945,9 +1960,11 @@ class Engine(Handle):
 
     def release_parameters(self, unit: int) -> None:
         """After the forward or the backward of ``unit``: stage 3 frees its full parameters
-        (their views become invalid until the next :meth:`wait_parameters`); stage 2 does
-        nothing. Error NOT_FOUND, FAILED_PRECONDITION (gradients taken in this backward that
-        have not all checked in)."""
+        (their views become invalid until the next :meth:`wait_parameters`); stage 2 moves
+        nothing. At both stages the unit is then out of use: a checkpoint's load is refused
+        while a unit is between its wait and its release (stage 2: or the step). Error NOT_FOUND,
+        FAILED_PRECONDITION (stage 3: gradients taken in this backward that have not all
+        checked in)."""
         self._h().release_parameters(int(unit))
 
     def grad_ready(self, index: int, ready: Optional[Stream] = None) -> None:

@@ -112,6 +112,7 @@ import os
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -432,9 +433,10 @@ def _umask() -> int:
 
 
 def _trace_pid() -> int:
-    """The process id the library's timeline gives this process (core/trace)."""
+    """The process id the library's timeline gives this process (core/trace): its rank as
+    the environment named it when the library loaded, else its pid."""
     for name in ("HPS_RANK", "RANK"):
-        text = os.environ.get(name, "")
+        text = _hps._TRACE_ENV[name]
         if _decimal(text) and int(text) < (1 << 30):
             return int(text)
     return os.getpid()
@@ -452,14 +454,14 @@ class _Timeline:
         self.events: List[dict] = []
         self.files = 0
         self.dropped = 0
-        text = os.environ.get("HPS_TRACE_MAX_EVENTS", "")
+        text = _hps._TRACE_ENV["HPS_TRACE_MAX_EVENTS"]
         self.max_events = int(text) if _decimal(text) and int(text) > 0 else 2_000_000
         self.lock = threading.Lock()
         atexit.register(self.write)
 
     @classmethod
     def get(cls) -> Optional["_Timeline"]:
-        directory = os.environ.get("HPS_TRACE", "")
+        directory = _hps._TRACE_ENV["HPS_TRACE"]
         if not directory:
             return None
         with cls._lock:
@@ -480,12 +482,23 @@ class _Timeline:
                                 "args": {"rank": rank}})
 
     def write(self) -> Optional[str]:
+        """Writes the spans recorded since the last file; the file's path, or None when
+        there were none or it could not be written (a warning says why, as the library's
+        timeline does: training goes on, and an error under way stays the one raised)."""
         with self.lock:
             events, self.events = self.events, []
             dropped, self.dropped = self.dropped, 0
             if not events:
                 return None
             index, self.files = self.files, self.files + 1
+        try:
+            return self._write(events, dropped, index)
+        except OSError as e:
+            warnings.warn(f"hpshard.torch: cannot write the timeline into {self.directory!r} "
+                          f"(HPS_TRACE): {e}; {len(events)} spans are lost", RuntimeWarning)
+            return None
+
+    def _write(self, events: List[dict], dropped: int, index: int) -> str:
         os.makedirs(self.directory, exist_ok=True)
         pid = _trace_pid()
         rank = f"rank{pid}-" if pid != os.getpid() else ""
@@ -529,7 +542,7 @@ class _Unit:
         self.params: List[int] = []
         self.trainable: List[int] = []
         self.has_frozen = False
-        self.gathered = False       # stage 3: parameters present (between gather and release)
+        self.gathered = False       # between gather and release (stage 3: parameters present)
         self.forward_depth = 0      # nested/repeated forward calls under way
         self.recomputing = False    # its forward runs again in backward (checkpointing)
         self.in_backward = False    # gathered for backward
@@ -919,7 +932,8 @@ class ShardedModule(torch.nn.Module):
             self._view_cache[i] = (address, t)
         return t
 
-    # ---- gather / release (stage 3 moves memory; stage 2 only waits) ---------------
+    # ---- gather / release (stage 3 moves memory; stage 2 only waits, and its release
+    # tells the engine the unit is out of use, so a checkpoint's load may come) ----------
     def _gather(self, u: _Unit) -> None:
         if self.stage == 3 and u.gathered:
             return
@@ -937,13 +951,15 @@ class ShardedModule(torch.nn.Module):
         u.gathered = True
 
     def _release(self, u: _Unit) -> None:
-        if self.stage == 3 and u.gathered:
-            self._engine.release_parameters(u.uid)
+        if not u.gathered:
+            return
+        self._engine.release_parameters(u.uid)
+        if self.stage == 3:
             for i in u.params:
                 p = self._params[i]
                 self._gathered_keys.pop(_storage_key(p.data), None)
                 p.data = self._husks[i]
-            u.gathered = False
+        u.gathered = False
 
     def _bind_gradients(self, u: _Unit) -> None:
         """Autograd adds into the engine's gradient memory from here on (this backward)."""
@@ -1006,9 +1022,8 @@ class ShardedModule(torch.nn.Module):
         # forward on rather than being released and gathered again at once (which would
         # also put it between the last block's forward and backward in the recorded order,
         # so that block would be released and gathered again).
-        release = self.stage == 3 and bool(u.params) and not (
-            u.uid == 0 and backward_roots(output))
-        if release:
+        release = bool(u.params) and not (u.uid == 0 and backward_roots(output))
+        if release and self.stage == 3:
             self._check_unwritten(u)
             output = self._copy_out(u, output)
         # Its backward starts when the gradient of one of its outputs arrives.
@@ -1209,7 +1224,7 @@ class ShardedModule(torch.nn.Module):
             try:
                 if u.in_backward:
                     self._leave_backward(u)
-                elif self.stage == 3 and u.gathered and not u.bound:
+                elif u.gathered and not u.bound:
                     self._release(u)
             except Exception:  # noqa: BLE001 — the error that ended the backward is the one
                 pass
@@ -1286,7 +1301,7 @@ class ShardedModule(torch.nn.Module):
             for i in u.trainable:
                 self._params[i].grad = None  # the engine reduces and frees that memory
             u.bound = False
-            self._release(u)
+        self._release(u)
         u.in_backward = False
         if self._timeline:
             self._timeline.span(f"backward {u.name}", u.span_begin, time.monotonic_ns(),

@@ -1164,8 +1164,10 @@ HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t un
 
 /**
  * After the forward or the backward of `unit`: stage 3 frees its full parameters (their
- * gradients go once reduced); stage 2 does nothing. Errors: NOT_FOUND, FAILED_PRECONDITION
- * (gradients taken in this backward that have not all checked in).
+ * gradients go once reduced); stage 2 moves nothing. At both stages the unit is then out of
+ * use: a checkpoint's load or import is refused while a unit is between its wait and its
+ * release (stage 2: or the step, which ends every unit's use). Errors: NOT_FOUND,
+ * FAILED_PRECONDITION (stage 3: gradients taken in this backward that have not all checked in).
  */
 HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t unit);
 
@@ -1432,7 +1434,9 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
  * named different checkpoints, or read `latest` while it moved; `name` is ""), ABORTED (the load
  * failed on another part; the group was aborted, hps_comm_abort on it or on a communicator it
  * was split from: the load ends before its next read of tensor data),
- * FAILED_PRECONDITION (in the middle of a step, a unit gathered), BACKEND_ERROR (a file that
+ * FAILED_PRECONDITION (in the middle of a step: a unit between hps_engine_wait_parameters
+ * and hps_engine_release_parameters, at either stage (stage 2: or the step), or a gradient
+ * checked in since the last hps_engine_step), BACKEND_ERROR (a file that
  * cannot be read, as for hps_checkpoint_inspect).
  */
 HPS_API hps_status_t hps_checkpoint_load(hps_checkpoint_t* checkpoint, const char* name,

@@ -262,6 +262,44 @@ def test_a_checkpoint_of_the_engine_resumes_training_bitwise(stage, tmp_path):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_load_waits_for_the_step_a_forward_began(stage, tmp_path):
+    """A training forward whose backward has not run keeps the module's root unit in use
+    (stage 2 too, whose parameters stay resident: the loss may have been scaled by the scale a
+    load would replace): a checkpoint's load is refused and changes nothing. After the
+    backward and the step it is taken, and after a forward without gradients at once."""
+    ranks = 2
+
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            x, y = batch(0)
+            model(shard_of(x, rank, ranks), shard_of(y, rank, ranks)).backward()
+            model.step()
+            with hpshard.Checkpoint.create(model.engine, world, tmp_path) as ckpt:
+                ckpt.save("a").wait()
+                saved = model.state_dict()
+                x, y = batch(1)
+                loss = model(shard_of(x, rank, ranks), shard_of(y, rank, ranks))
+                before = model.state_dict()
+                with pytest.raises(hpshard.FailedPreconditionError, match="is gathered"):
+                    ckpt.load("a")
+                for key, value in model.state_dict().items():
+                    assert torch.equal(value, before[key]), key
+                loss.backward()
+                model.step()
+                ckpt.load("a")
+                loaded = model.state_dict()
+                with torch.no_grad():
+                    model(shard_of(x, rank, ranks), shard_of(y, rank, ranks))
+                ckpt.load("a")
+        return saved, loaded
+
+    for saved, loaded in run_ranks(ranks, rank_main):
+        assert saved.keys() == loaded.keys()
+        for key, value in saved.items():
+            assert torch.equal(loaded[key], value), key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_hybrid_group_with_dp_above_sharding_equals_torch_unsharded(stage):
     """4 ranks as dp 2 x sharding 2: the module shards over its sharding group and the
     engine all-reduces the reduced shards over dp."""
@@ -638,7 +676,8 @@ def test_a_write_after_a_save_waits_for_synchronize(tmp_path):
                 model.synchronize()
                 with torch.no_grad():
                     net.bias.fill_(7.0)  # after synchronize(): holds
-                model(x)
+                with torch.no_grad():  # a forward whose backward is due would refuse the load
+                    model(x)
                 work.wait()
                 ckpt.load("b")
                 loaded_b = model.state_dict()
@@ -831,6 +870,81 @@ TRACE_SCRIPT = textwrap.dedent("""
                 model.step()
     t.run_ranks(2, rank_main)
 """)
+
+
+# Where this hpshard package is (scripts run in another working directory find it there).
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(hpshard.__file__)))
+
+LATE_TRACE_SCRIPT = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {package!r})
+    sys.path.insert(0, {examples!r})
+    sys.path.insert(0, {tests!r})
+    import torch, hpshard
+    import test_torch as t
+    # After the library loaded: a rank, another HPS_TRACE and another working directory. The
+    # library's timeline keeps what it read at load, and hpshard.torch's follows it.
+    os.environ["HPS_RANK"] = "5"
+    os.environ["HPS_TRACE"] = {elsewhere!r}
+    os.chdir({elsewhere!r})
+    def rank_main(rank, world):
+        with t.wrap(world, 2) as model:
+            x, y = t.batch(0)
+            model(x, y).backward()
+            model.step()
+            if {fail!r}:
+                raise ValueError("the user's error")
+    try:
+        t.run_ranks(1, rank_main)
+    except AssertionError as e:
+        if {fail!r} and "ValueError" in str(e) and "FileExistsError" not in str(e):
+            sys.exit(3)
+        raise
+""")
+
+
+def test_the_torch_timeline_follows_what_the_library_read_at_load(tmp_path):
+    """HPS_TRACE (relative), the rank and the cap as the library read them when it loaded:
+    hpshard.torch's spans land beside the library's files, on the library's row, though the
+    script changes the environment and its working directory after the import."""
+    here = pathlib.Path(__file__).resolve().parent
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("HPS_RANK", "RANK")}
+    env["HPS_TRACE"] = "trace"  # relative to the working directory the script starts in
+    script = LATE_TRACE_SCRIPT.format(examples=str(here.parents[2] / "examples" / "python"),
+                                      tests=str(here), elsewhere=str(elsewhere), fail=False,
+                                      package=PACKAGE_DIR)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    files = sorted((tmp_path / "trace").glob("*.json"))
+    assert any(f.name.startswith("hpshard-trace-") for f in files), files
+    assert any(f.name.startswith("torch-") for f in files), files
+    assert not list(elsewhere.rglob("*.json"))
+    import json
+    rows = {e["pid"] for f in files for e in json.loads(f.read_text())["traceEvents"]}
+    assert len(rows) == 1, rows  # one process, one row (it had no rank when it loaded)
+
+
+def test_a_timeline_that_cannot_be_written_warns_and_keeps_the_users_error(tmp_path):
+    """HPS_TRACE naming a file: the spans cannot be written. The module closes with a
+    warning (as the library's timeline warns), and an error raised inside ``with model:``
+    is the one that propagates."""
+    here = pathlib.Path(__file__).resolve().parent
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    env = {k: v for k, v in os.environ.items() if k not in ("HPS_RANK", "RANK")}
+    env["HPS_TRACE"] = str(blocker)
+    for fail, code in ((False, 0), (True, 3)):
+        script = LATE_TRACE_SCRIPT.format(examples=str(here.parents[2] / "examples" / "python"),
+                                          tests=str(here), elsewhere=str(tmp_path), fail=fail,
+                                          package=PACKAGE_DIR)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=240)
+        assert out.returncode == code, out.stdout + out.stderr
+        assert "cannot write the timeline" in out.stderr, out.stderr
+        assert "FileExistsError" not in out.stdout + out.stderr
 
 
 def test_trace_has_communication_overlapping_compute(tmp_path):
@@ -1199,12 +1313,13 @@ def test_trace_variables_are_read_as_the_library_reads_them(monkeypatch, value):
     them (a crash on a superscript, another reading than the library's for Arabic-Indic 3);
     only ASCII digits count, as in the library."""
     import hpshard.torch as hpt
-    monkeypatch.setenv("HPS_RANK", value)
-    monkeypatch.delenv("RANK", raising=False)
+    # As the library read them when it loaded.
+    monkeypatch.setitem(hpshard._TRACE_ENV, "HPS_RANK", value)
+    monkeypatch.setitem(hpshard._TRACE_ENV, "RANK", "")
     assert hpt._trace_pid() == os.getpid()
-    monkeypatch.setenv("HPS_TRACE_MAX_EVENTS", value)
+    monkeypatch.setitem(hpshard._TRACE_ENV, "HPS_TRACE_MAX_EVENTS", value)
     assert hpt._Timeline("/nonexistent").max_events == 2_000_000
-    monkeypatch.setenv("HPS_RANK", "3")
+    monkeypatch.setitem(hpshard._TRACE_ENV, "HPS_RANK", "3")
     assert hpt._trace_pid() == 3
 
 

@@ -80,13 +80,16 @@ struct Rank {
   int32_t inf_step = -1;  // this step's gradients get an Inf on rank 0 (loss scaling tests)
 
   // A step as a framework drives it: gather each unit, add the gradients (scaled by the
-  // loss scale), check them in, release; then step(). Returns the host syncs it counted.
-  uint64_t train_step(int step) {
+  // loss scale), check them in, release (unless `release` is false: stage 2 needs none);
+  // then step(). Returns the host syncs it counted.
+  uint64_t train_step(int step, bool release = true) {
     host_sync_reset();
     const uint64_t before = host_sync_count_thread();
     for (int32_t u = 0; u < kUnits; ++u) {
       EXPECT_TRUE(engine->gather(u).ok());
-      EXPECT_TRUE(engine->release(u).ok());
+      if (release) {
+        EXPECT_TRUE(engine->release(u).ok());
+      }
     }
     const float scale = *engine->loss_scale();
     for (int32_t u = kUnits; u-- > 0;) {
@@ -103,7 +106,9 @@ struct Rank {
         }
         EXPECT_TRUE(engine->grad_ready(p, nullptr).ok());
       }
-      EXPECT_TRUE(engine->release(u).ok());
+      if (release) {
+        EXPECT_TRUE(engine->release(u).ok());
+      }
     }
     EXPECT_TRUE(engine->step().ok());
     return host_sync_count_thread() - before;

@@ -541,7 +541,9 @@ public final class Engine extends Handle<EngineHandle> {
 
   /**
    * After the forward or the backward of {@code unit}: stage 3 frees its full parameters;
-   * stage 2 does nothing. NOT_FOUND, FAILED_PRECONDITION.
+   * stage 2 moves nothing. At both stages the unit is then out of use: a checkpoint's load is
+   * refused while a unit is between its wait and its release (stage 2: or the step). NOT_FOUND, FAILED_PRECONDITION
+   * (stage 3: gradients taken in this backward that have not all checked in).
    */
   public void releaseParameters(int unit) {
     try {

@@ -2589,8 +2589,10 @@ extern "C" {
 }
 extern "C" {
     #[doc = " After the forward or the backward of `unit`: stage 3 frees its full parameters (their"]
-    #[doc = " gradients go once reduced); stage 2 does nothing. Errors: NOT_FOUND, FAILED_PRECONDITION"]
-    #[doc = " (gradients taken in this backward that have not all checked in)."]
+    #[doc = " gradients go once reduced); stage 2 moves nothing. At both stages the unit is then out of"]
+    #[doc = " use: a checkpoint's load or import is refused while a unit is between its wait and its"]
+    #[doc = " release (stage 2: or the step, which ends every unit's use). Errors: NOT_FOUND,"]
+    #[doc = " FAILED_PRECONDITION (stage 3: gradients taken in this backward that have not all checked in)."]
     pub fn hps_engine_release_parameters(engine: *mut hps_engine_t, unit: i32) -> hps_status_t;
 }
 extern "C" {
@@ -3040,7 +3042,9 @@ extern "C" {
     #[doc = " named different checkpoints, or read `latest` while it moved; `name` is \"\"), ABORTED (the load"]
     #[doc = " failed on another part; the group was aborted, hps_comm_abort on it or on a communicator it"]
     #[doc = " was split from: the load ends before its next read of tensor data),"]
-    #[doc = " FAILED_PRECONDITION (in the middle of a step, a unit gathered), BACKEND_ERROR (a file that"]
+    #[doc = " FAILED_PRECONDITION (in the middle of a step: a unit between hps_engine_wait_parameters"]
+    #[doc = " and hps_engine_release_parameters, at either stage (stage 2: or the step), or a gradient"]
+    #[doc = " checked in since the last hps_engine_step), BACKEND_ERROR (a file that"]
     #[doc = " cannot be read, as for hps_checkpoint_inspect)."]
     pub fn hps_checkpoint_load(
         checkpoint: *mut hps_checkpoint_t,

@@ -1155,9 +1155,11 @@ impl<'c> Engine<'c> {
 
     /// After the forward or the backward of `unit` (`hps_engine_release_parameters`):
     /// stage 3 frees its full parameters (the views of the unit end with the borrow of
-    /// the engine, so none can outlive this); stage 2 does nothing.
-    /// Errors: [`Status::NotFound`], [`Status::FailedPrecondition`] (gradients taken
-    /// in this backward that have not all checked in).
+    /// the engine, so none can outlive this); stage 2 moves nothing. At both stages the
+    /// unit is then out of use: a checkpoint's load is refused while a unit is between its
+    /// wait and its release (stage 2: or the step).
+    /// Errors: [`Status::NotFound`], [`Status::FailedPrecondition`] (stage 3: gradients
+    /// taken in this backward that have not all checked in).
     pub fn release_parameters(&mut self, unit: i32) -> Result<()> {
         // SAFETY: live handle, this thread only; no view exists (&mut self).
         check(unsafe { sys::hps_engine_release_parameters(self.raw.as_ptr(), unit) })
