@@ -15,14 +15,7 @@
 #include <functional>
 #include <string>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define HPS_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define HPS_TEST_SANITIZED 1
-#endif
-#endif
+#include "tests/support/sanitized.h"
 
 namespace hps::testing_util {
 
