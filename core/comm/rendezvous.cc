@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cctype>
 #include <charconv>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -63,6 +64,31 @@ bool is_ipv6_literal(const std::string& text) {
   if (zone != std::string::npos && zone + 1 == text.size()) return false;
   unsigned char buffer[sizeof(in6_addr)];
   return ::inet_pton(AF_INET6, text.substr(0, zone).c_str(), buffer) == 1;
+}
+
+// Whether hosts `a` and `b` have an address in common (localhost and 127.0.0.1, two
+// spellings of one IPv6 address); false where either does not resolve.
+bool same_address(const std::string& a, const std::string& b) {
+  auto first = net::resolve(a, 0, false);
+  auto second = net::resolve(b, 0, false);
+  if (!first.ok() || !second.ok()) return false;
+  for (addrinfo* x = first->get(); x != nullptr; x = x->ai_next) {
+    for (addrinfo* y = second->get(); y != nullptr; y = y->ai_next) {
+      if (x->ai_family == y->ai_family && x->ai_addrlen == y->ai_addrlen) {
+        const bool v4 = x->ai_family == AF_INET;
+        const void* p = v4 ? static_cast<const void*>(
+                                 &reinterpret_cast<const sockaddr_in*>(x->ai_addr)->sin_addr)
+                           : static_cast<const void*>(
+                                 &reinterpret_cast<const sockaddr_in6*>(x->ai_addr)->sin6_addr);
+        const void* q = v4 ? static_cast<const void*>(
+                                 &reinterpret_cast<const sockaddr_in*>(y->ai_addr)->sin_addr)
+                           : static_cast<const void*>(
+                                 &reinterpret_cast<const sockaddr_in6*>(y->ai_addr)->sin6_addr);
+        if (std::memcmp(p, q, v4 ? sizeof(in_addr) : sizeof(in6_addr)) == 0) return true;
+      }
+    }
+  }
+  return false;
 }
 
 // Whether torchrun's agent serves torch's own store on MASTER_PORT
@@ -126,9 +152,10 @@ StatusOr<StoreUrl> parse_store_url(const std::string& url) {
              (bracketed && (c == ':' || c == '%'));
     });
     if (!host_ok || (bracketed && !is_ipv6_literal(host))) {
-      return invalid_argument("store URL '" + shown + "': the host '" + shown_value(host) +
+      return invalid_argument("store URL '" + shown + "': the host '" +
+                              shown_value(bracketed ? "[" + host + "]" : host) +
                               "' is not a host name or an IP address (letters, digits, '.', "
-                              "'-', '_'; an IPv6 address in brackets)");
+                              "'-', '_'; brackets hold an IPv6 address only)");
     }
     auto parsed_port = parse_port(port);
     if (!parsed_port.ok()) {
@@ -178,7 +205,7 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
         return s;
       };
       if (agent_port.ok() && *agent_port == parsed->port &&
-          lower(agent_host) == lower(parsed->path)) {
+          (lower(agent_host) == lower(parsed->path) || same_address(agent_host, parsed->path))) {
         return invalid_argument(
             "environment variable HPS_STORE='" + shown_value(*url) +
             "' names MASTER_ADDR:MASTER_PORT, torchrun's agent store (environment variable "
@@ -223,10 +250,11 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
   // text with a colon (host:port) is no address.
   const bool bracketed = addr->size() > 2 && addr->front() == '[' && addr->back() == ']';
   const std::string bare = bracketed ? addr->substr(1, addr->size() - 2) : *addr;
-  if (bare.find(':') != std::string::npos && !is_ipv6_literal(bare)) {
+  if ((bracketed || bare.find(':') != std::string::npos) && !is_ipv6_literal(bare)) {
     return invalid_argument("environment variable MASTER_ADDR='" + shown_value(*addr) +
-                            "' is not a host name or an IP address (a port goes in "
-                            "MASTER_PORT)");
+                            "' is not a host name or an IP address (an IPv6 address with a "
+                            "non-empty zone if any; brackets hold an IPv6 address only; a port "
+                            "goes in MASTER_PORT)");
   }
   const bool ipv6 = !bracketed && bare.find(':') != std::string::npos;
   std::string url =

@@ -191,33 +191,44 @@ bool listener_serves(int fd, const std::string& host, std::string* bound_text) {
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) return true;
-  const void* address = nullptr;
-  size_t size = 0;
-  if (bound.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&bound);
-    if (in->sin_addr.s_addr == htonl(INADDR_ANY)) return true;
-    address = &in->sin_addr;
-    size = sizeof in->sin_addr;
-  } else if (bound.ss_family == AF_INET6) {
-    const auto* in = reinterpret_cast<const sockaddr_in6*>(&bound);
-    if (IN6_IS_ADDR_UNSPECIFIED(&in->sin6_addr)) return true;
-    address = &in->sin6_addr;
-    size = sizeof in->sin6_addr;
-  } else {
-    return true;
-  }
+  if (bound.ss_family != AF_INET && bound.ss_family != AF_INET6) return true;
+  const auto* v4 = reinterpret_cast<const sockaddr_in*>(&bound);
+  const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&bound);
   char text[INET6_ADDRSTRLEN] = {};
-  if (::inet_ntop(bound.ss_family, address, text, sizeof text) != nullptr) *bound_text = text;
+  const void* shown = bound.ss_family == AF_INET ? static_cast<const void*>(&v4->sin_addr)
+                                                 : static_cast<const void*>(&v6->sin6_addr);
+  if (::inet_ntop(bound.ss_family, shown, text, sizeof text) != nullptr) *bound_text = text;
+  // An IPv6 socket takes IPv4 connections too unless it is IPv6-only (as a v4-mapped
+  // address: to any when bound to ::, to one when bound to ::ffff:a.b.c.d).
+  int v6_only = 1;
+  socklen_t opt_len = sizeof v6_only;
+  if (bound.ss_family == AF_INET6 &&
+      ::getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6_only, &opt_len) != 0) {
+    v6_only = 1;
+  }
   auto list = resolve(host, 0, false);
   if (!list.ok()) return true;
   for (addrinfo* a = list->get(); a != nullptr; a = a->ai_next) {
-    if (a->ai_family != bound.ss_family) continue;
-    const void* other =
-        a->ai_family == AF_INET
-            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)
-            : static_cast<const void*>(
-                  &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
-    if (std::memcmp(other, address, size) == 0) return true;
+    if (a->ai_family == AF_INET) {
+      const in_addr& want = reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr;
+      if (bound.ss_family == AF_INET) {
+        if (v4->sin_addr.s_addr == htonl(INADDR_ANY) || v4->sin_addr.s_addr == want.s_addr) {
+          return true;
+        }
+      } else if (!v6_only) {
+        if (IN6_IS_ADDR_UNSPECIFIED(&v6->sin6_addr)) return true;
+        if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr) &&
+            std::memcmp(&v6->sin6_addr.s6_addr[12], &want, sizeof want) == 0) {
+          return true;
+        }
+      }
+    } else if (a->ai_family == AF_INET6 && bound.ss_family == AF_INET6) {
+      const in6_addr& want = reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr;
+      if (IN6_IS_ADDR_UNSPECIFIED(&v6->sin6_addr) ||
+          std::memcmp(&v6->sin6_addr, &want, sizeof want) == 0) {
+        return true;
+      }
+    }
   }
   return false;
 }

@@ -59,8 +59,10 @@ StatusOr<Listener> adopt_listener(int fd, std::string_view what);
 uint16_t local_port(int fd);
 
 // Whether listening socket `fd` takes connections made to `host`: it is bound to the
-// wildcard address or to an address `host` resolves to. True too where that cannot be told
-// (`host` does not resolve: connecting to it says why). `*bound` is its address, as text.
+// wildcard address of a family `host` has an address of, or to an address `host` resolves
+// to (an IPv6 socket that is not IPv6-only takes IPv4 connections too). True too where that
+// cannot be told (`host` does not resolve: connecting to it says why). `*bound` is its
+// address, as text.
 bool listener_serves(int fd, const std::string& host, std::string* bound);
 
 }  // namespace hps::net

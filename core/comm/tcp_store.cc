@@ -991,12 +991,13 @@ StatusOr<std::shared_ptr<Store>> make_tcp_store(std::string host, uint16_t port,
   std::unique_ptr<TcpStoreServer> server;
   std::string connect_host = host;
   if (serve) {
-    // A socket handed down on another address than the URL's would serve where no rank
-    // connects (rank 0 included: it timed out on its own server).
-    if (std::string bound;
-        handed.fd >= 0 && !net::listener_serves(handed.fd, local_address_for(host), &bound)) {
+    // A socket handed down on another address than the one rank 0 connects to (the URL's
+    // host) would serve where rank 0 itself cannot reach it: it timed out on its own server.
+    if (std::string bound, own = local_address_for(host);
+        handed.fd >= 0 && !net::listener_serves(handed.fd, own, &bound)) {
       return invalid_argument("tcp store: the listening socket handed down is bound to " + bound +
-                              ", which '" + shown_value(host) + "' does not name");
+                              ", where rank 0's own connection (to " + shown_value(own) +
+                              ") does not reach");
     }
     TcpStoreOptions server_options = options;
     server_options.listen_fd = handed.fd;

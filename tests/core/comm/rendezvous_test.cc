@@ -132,7 +132,8 @@ TEST_F(RendezvousEnv, Torchrun) {
   EXPECT_EQ(rendezvous_from_env()->store_url, "tcp://[fe80::1%eth0]:29500");
   // Text with a colon that is no IPv6 address (host:port) is refused at once, naming the
   // variable: it was bracketed as one, and rank 1 waited the whole timeout for it.
-  for (const char* bad : {"127.0.0.1:29500", "node0:29500", "[node0]", "::zz"}) {
+  for (const char* bad :
+       {"127.0.0.1:29500", "node0:29500", "[node0]", "::zz", "[1.2.3.4]", "fe80::1%"}) {
     set("MASTER_ADDR", bad);
     expect_error_naming(failure(), "MASTER_ADDR", "not a host name or an IP address");
   }
@@ -163,6 +164,14 @@ TEST_F(RendezvousEnv, TorchrunsAgentStoreIsNotTaken) {
   }
   set("HPS_STORE", "tcp://node1:29500");  // another host's port of that number: taken
   EXPECT_TRUE(rendezvous_from_env().ok());
+  // Another spelling of the agent's address (resolved): refused as well.
+  set("MASTER_ADDR", "localhost");
+  set("HPS_STORE", "tcp://127.0.0.1:29500");
+  expect_error_naming(failure(), "HPS_STORE", "torchrun's agent store");
+  set("MASTER_ADDR", "::1");
+  set("HPS_STORE", "tcp://[0:0::1]:29500");
+  expect_error_naming(failure(), "HPS_STORE", "torchrun's agent store");
+  set("MASTER_ADDR", "node0");
   set("TORCHELASTIC_USE_AGENT_STORE", "False");  // without the agent's store: MASTER_PORT
   set("HPS_STORE", "tcp://node0:29500");
   EXPECT_TRUE(rendezvous_from_env().ok());
@@ -455,6 +464,16 @@ TEST(OpenStore, ASocketHandedDownOnAnotherAddressIsRefused) {
   o.listen_fd = any->fd;
   auto served = open_store("tcp://127.0.0.1:" + std::to_string(any->port), 0, seconds(5), o);
   EXPECT_TRUE(served.ok()) << served.status().to_string();
+  // Bound to every IPv4 address, with an IPv6 URL: that family's connections never arrive.
+  auto v4_any = net::listen_on("0.0.0.0", 0, 16);
+  ASSERT_TRUE(v4_any.ok());
+  o.listen_fd = v4_any->fd;
+  auto other_family = open_store("tcp://[::1]:" + std::to_string(v4_any->port), 0, seconds(5), o);
+  ASSERT_FALSE(other_family.ok());
+  EXPECT_EQ(other_family.status().code(), StatusCode::kInvalidArgument)
+      << other_family.status().to_string();
+  EXPECT_NE(other_family.status().message().find("bound to 0.0.0.0"), std::string::npos)
+      << other_family.status().to_string();
 }
 
 // ---- open_store --------------------------------------------------------------------
