@@ -111,7 +111,8 @@ void identify_process(State& s) {
 
 // fork(): the state is copied whole (under its mutex, so no event is half recorded). The
 // parent's events are the parent's to write; a child starts with none, under its own pid
-// (it writes files of its own only for what it records itself).
+// (it writes files of its own only for what it records itself) and on a row of its own,
+// named by its pid (the rank's row is the parent's).
 void before_fork() { state().mutex.lock(); }
 void after_fork_in_parent() { state().mutex.unlock(); }
 void after_fork_in_child() {
@@ -119,6 +120,7 @@ void after_fork_in_child() {
   s.events.clear();
   s.dropped = 0;
   s.files_written = 0;
+  s.rank = -1;  // the rank is the parent's: the child is its own process row
   name_process(s);
   s.mutex.unlock();
 }

@@ -182,6 +182,20 @@ if "$tool" merge -o "$out/never.json" "$out/once.json" 2>"$out/err.txt"; then
   echo "a merged trace was merged again"; exit 1
 fi
 grep -q "is a merged trace" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+# Named on its own after its directory: refused all the same.
+if "$tool" merge -o "$out/never.json" "$out/with-merged" "$out/with-merged/timeline.json" \
+  2>"$out/err.txt"; then
+  echo "a merged trace named after its directory was merged"; exit 1
+fi
+grep -q "is a merged trace" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+# A directory holding only an earlier merge: nothing to merge.
+mkdir "$out/only-merged"
+cp "$out/once.json" "$out/only-merged/"
+if "$tool" merge -o "$out/never.json" "$out/only-merged" 2>"$out/err.txt"; then
+  echo "a directory of merged traces only gave a trace"; exit 1
+fi
+grep -q "no rank's trace file" "$out/err.txt" || { cat "$out/err.txt"; exit 1; }
+[ ! -e "$out/never.json" ] || { echo "output written after an error"; exit 1; }
 # Names from the file system are shown with their control bytes escaped.
 bad_name="$out/esc"$'\033'"[31mred.json"
 echo 'not json' >"$bad_name"

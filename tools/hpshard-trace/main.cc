@@ -57,10 +57,17 @@ struct Input {
 // the output itself; a file named twice (or through two names) once.
 std::vector<Input> expand(const std::vector<std::string>& inputs, const fs::path& output) {
   std::vector<Input> files;
-  std::set<std::pair<dev_t, ino_t>> taken;
+  std::map<std::pair<dev_t, ino_t>, size_t> taken;  // each file's place in `files`
   auto add = [&](const fs::path& p, bool listed) {
     struct stat st {};
-    if (::stat(p.c_str(), &st) == 0 && !taken.insert({st.st_dev, st.st_ino}).second) return;
+    if (::stat(p.c_str(), &st) == 0) {
+      const auto [it, fresh] = taken.emplace(std::make_pair(st.st_dev, st.st_ino), files.size());
+      if (!fresh) {
+        // Named on its own anywhere: so it counts, wherever it was found first.
+        if (!listed) files[it->second].listed = false;
+        return;
+      }
+    }
     files.push_back({p, listed});
   };
   std::error_code ec;
@@ -257,8 +264,13 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
       }
       sources.push_back(path.string());
     }
+    if (merged_inputs == files.size()) {
+      throw Failure{"no rank's trace file among the inputs (only earlier merges' outputs)"};
+    }
     const json other = {{"merged_from", sources}, {"dropped_events", dropped}};
-    put("],\"displayTimeUnit\":\"ms\",\"otherData\":" + other.dump() + "}");
+    // Paths need not be UTF-8: such bytes are replaced in the listing of sources.
+    put("],\"displayTimeUnit\":\"ms\",\"otherData\":" +
+        other.dump(-1, ' ', false, json::error_handler_t::replace) + "}");
     const int closed = std::fclose(file);
     file = nullptr;
     if (closed != 0)
@@ -276,6 +288,7 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
   }
   std::printf("%s: %zu events from %zu files\n", hps::shown_path(output).c_str(), count,
               files.size() - merged_inputs);
+
   return 0;
 }
 

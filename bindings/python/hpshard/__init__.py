@@ -52,11 +52,15 @@ from . import capi as _c
 # What the library read from the environment when it loaded (its timeline's directory, cap
 # and the rank naming the process: core/trace): hpshard.torch's timeline goes where the
 # library's does, on the same row, whatever the environment says later. A relative directory
-# is the library's: the working directory's of now.
+# is the library's: joined to the working directory of now as it is (not normalised: 'link/..'
+# is where the link leads), or kept as given where there is none.
 _TRACE_ENV = {name: os.environ.get(name, "")
               for name in ("HPS_TRACE", "HPS_TRACE_MAX_EVENTS", "HPS_RANK", "RANK")}
-if _TRACE_ENV["HPS_TRACE"]:
-    _TRACE_ENV["HPS_TRACE"] = os.path.abspath(_TRACE_ENV["HPS_TRACE"])
+if _TRACE_ENV["HPS_TRACE"] and not os.path.isabs(_TRACE_ENV["HPS_TRACE"]):
+    try:
+        _TRACE_ENV["HPS_TRACE"] = os.path.join(os.getcwd(), _TRACE_ENV["HPS_TRACE"])
+    except OSError:
+        pass
 from ._errors import (
     AbortedError,
     AlreadyExistsError,
@@ -473,6 +477,20 @@ _TCP_STORE_URL = re.compile(r"tcp://(?:\[([0-9A-Za-z:.%_-]+)\]|([0-9A-Za-z._-]+)
                             re.ASCII)
 
 
+def _ipv6_literal(text: str) -> bool:
+    """Whether ``text`` is an IPv6 address, with a non-empty zone after '%' or none (what the
+    library takes in brackets)."""
+    import socket
+    address, percent, zone = text.partition("%")
+    if percent and not zone:
+        return False
+    try:
+        socket.inet_pton(socket.AF_INET6, address)
+        return True
+    except OSError:
+        return False
+
+
 def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
     """For ``tcp://HOST:PORT``: waits until the server accepts a connection (closed at once;
     the server drops it silently), retrying with backoff until ``timeout_ms`` (Error TIMEOUT
@@ -488,7 +506,7 @@ def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
     if match is None:
         return timeout_ms
     host, port = match.group(1) or match.group(2), int(match.group(3))
-    if not 0 < port < 65536:
+    if not 0 < port < 65536 or (match.group(1) and not _ipv6_literal(host)):
         return timeout_ms
     start = time.monotonic()
     deadline = start + timeout_ms / 1000
@@ -503,6 +521,8 @@ def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
             return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
         except OSError as e:
             last = e
+        except ValueError:  # a name Python's resolver refuses (IDNA): the library's to say
+            return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
         time.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
         backoff = min(backoff * 2, 0.25)
 

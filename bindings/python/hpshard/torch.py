@@ -458,6 +458,15 @@ class _Timeline:
         self.max_events = int(text) if _decimal(text) and int(text) > 0 else 2_000_000
         self.lock = threading.Lock()
         atexit.register(self.write)
+        # A forked child starts with no spans (the parent's are the parent's to write), as the
+        # library's timeline does.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self.lock = threading.Lock()  # the parent's may have been held by another thread
+        self.events = []
+        self.dropped = 0
+        self.files = 0
 
     @classmethod
     def get(cls) -> Optional["_Timeline"]:

@@ -492,11 +492,16 @@ def test_a_tcp_url_the_library_refuses_is_refused_at_once(suffix):
     with a path, a query, a fragment or a user is refused at once (INVALID_ARGUMENT naming
     it), not after the whole timeout as TIMEOUT."""
     url = free_tcp_url()
-    for bad in (url + suffix, url.replace("tcp://", "tcp://user@")):
+    port = url.rsplit(":", 1)[1]
+    for bad in (url + suffix, url.replace("tcp://", "tcp://user@"), f"tcp://[localhost]:{port}",
+                f"tcp://[127.0.0.1]:{port}", f"tcp://[::1%]:{port}"):
         start = time.monotonic()
         with pytest.raises(hpshard.InvalidArgumentError):
             Store.open(bad, 1, timeout_ms=20000)
         assert time.monotonic() - start < 2.0, bad
+    # A name Python's resolver refuses (IDNA) is the library's to judge: an hpshard.Error.
+    with pytest.raises(hpshard.Error):
+        Store.open(f"tcp://a..b:{port}", 1, timeout_ms=300)
 
 
 @pytest.mark.parametrize("call", ["split", "hybrid_group", "engine_seal"])

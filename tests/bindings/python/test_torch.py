@@ -927,6 +927,45 @@ def test_the_torch_timeline_follows_what_the_library_read_at_load(tmp_path):
     assert len(rows) == 1, rows  # one process, one row (it had no rank when it loaded)
 
 
+def test_a_forked_child_starts_its_timeline_empty(tmp_path):
+    """The parent's spans are the parent's to write: a forked child's timeline holds none
+    (it wrote them again at its exit, on the parent's row)."""
+    from hpshard.torch import _Timeline
+    timeline = _Timeline(str(tmp_path))
+    timeline.span("forward", 0, 1000, 0)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not timeline.events and timeline.write() is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(timeline.events) == 1
+
+
+def test_the_trace_directory_is_read_as_the_library_reads_it(tmp_path):
+    """A relative HPS_TRACE joined to the working directory as it is ('link/..' is where the
+    link leads, as for the library), and kept as given where the working directory is gone
+    (the import raised FileNotFoundError)."""
+    script = "import hpshard, sys; print(hpshard._TRACE_ENV['HPS_TRACE'])"
+    env = dict(os.environ, HPS_TRACE="link/../trace", PYTHONPATH=PACKAGE_DIR)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == os.path.join(str(tmp_path), "link/../trace")
+    gone = textwrap.dedent("""
+        import os, sys
+        os.mkdir("gone")
+        os.chdir("gone")
+        os.rmdir("../gone")
+        import hpshard
+        print(hpshard._TRACE_ENV["HPS_TRACE"])
+    """)
+    env["HPS_TRACE"] = "trace"
+    out = subprocess.run([sys.executable, "-c", gone], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "trace"
+
+
 def test_a_timeline_that_cannot_be_written_warns_and_keeps_the_users_error(tmp_path):
     """HPS_TRACE naming a file: the spans cannot be written. The module closes with a
     warning (as the library's timeline warns), and an error raised inside ``with model:``

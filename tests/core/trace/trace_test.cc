@@ -284,6 +284,8 @@ TEST_F(TraceTest, AnotherProcessesFileOfTheSameNameIsKept) {
 // a second file of them under the parent's rank made the merge refuse the run); what it
 // records itself it writes under its own pid.
 TEST_F(TraceTest, AForkedChildWritesOnlyWhatItRecords) {
+  // The suite runs this test with HPS_RANK=3 (tests/CMakeLists.txt): the child's row is its
+  // pid's all the same (the rank's row is the parent's).
   trace::start(dir_.string());
   for (int i = 0; i < 5; ++i) trace::step_boundary(2, i);
   const pid_t child = ::fork();
@@ -311,6 +313,7 @@ TEST_F(TraceTest, AForkedChildWritesOnlyWhatItRecords) {
   int steps = 0;
   std::string process;
   for (const auto& e : t["traceEvents"]) {
+    EXPECT_EQ(e["pid"], child) << e;
     if (e["ph"] == "i") {
       ++steps;
       EXPECT_EQ(e["args"]["step"], 7);
