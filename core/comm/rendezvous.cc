@@ -57,7 +57,20 @@ StatusOr<uint16_t> parse_port(std::string_view text) {
   return static_cast<uint16_t>(value);
 }
 
-// Every message shows the URL (and its parts) through shown_value: it comes from outside.
+// `text` with ASCII letters in lower case (host names and flags compare so).
+std::string ascii_lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+// Takes the brackets off `host` ("[::1]" -> "::1"); whether there were any.
+bool strip_brackets(std::string& host) {
+  if (host.size() <= 2 || host.front() != '[' || host.back() != ']') return false;
+  host = host.substr(1, host.size() - 2);
+  return true;
+}
+
 // Whether `text` is an IPv6 address, with a zone after '%' or not (what goes in brackets).
 bool is_ipv6_literal(const std::string& text) {
   const auto zone = text.find('%');
@@ -72,20 +85,19 @@ bool same_address(const std::string& a, const std::string& b) {
   auto first = net::resolve(a, 0, false);
   auto second = net::resolve(b, 0, false);
   if (!first.ok() || !second.ok()) return false;
+  // The address's bytes (in_addr or in6_addr).
+  auto bytes = [](const addrinfo* info) {
+    if (info->ai_family == AF_INET) {
+      const auto& v4 = reinterpret_cast<const sockaddr_in*>(info->ai_addr)->sin_addr;
+      return std::string_view(reinterpret_cast<const char*>(&v4), sizeof v4);
+    }
+    const auto& v6 = reinterpret_cast<const sockaddr_in6*>(info->ai_addr)->sin6_addr;
+    return std::string_view(reinterpret_cast<const char*>(&v6), sizeof v6);
+  };
   for (addrinfo* x = first->get(); x != nullptr; x = x->ai_next) {
     for (addrinfo* y = second->get(); y != nullptr; y = y->ai_next) {
-      if (x->ai_family == y->ai_family && x->ai_addrlen == y->ai_addrlen) {
-        const bool v4 = x->ai_family == AF_INET;
-        const void* p = v4 ? static_cast<const void*>(
-                                 &reinterpret_cast<const sockaddr_in*>(x->ai_addr)->sin_addr)
-                           : static_cast<const void*>(
-                                 &reinterpret_cast<const sockaddr_in6*>(x->ai_addr)->sin6_addr);
-        const void* q = v4 ? static_cast<const void*>(
-                                 &reinterpret_cast<const sockaddr_in*>(y->ai_addr)->sin_addr)
-                           : static_cast<const void*>(
-                                 &reinterpret_cast<const sockaddr_in6*>(y->ai_addr)->sin6_addr);
-        if (std::memcmp(p, q, v4 ? sizeof(in_addr) : sizeof(in6_addr)) == 0) return true;
-      }
+      const bool ip = x->ai_family == AF_INET || x->ai_family == AF_INET6;
+      if (ip && x->ai_family == y->ai_family && bytes(x) == bytes(y)) return true;
     }
   }
   return false;
@@ -96,13 +108,25 @@ bool same_address(const std::string& a, const std::string& b) {
 bool agent_store_in_use(std::string* value) {
   auto agent = env_string("TORCHELASTIC_USE_AGENT_STORE");
   if (!agent) return false;
-  std::string lower = *agent;
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   *value = *agent;
-  return lower == "true";
+  return ascii_lower(*agent) == "true";
 }
 
+// Whether `url` (parsed) is torchrun's agent store, MASTER_ADDR:MASTER_PORT while the agent
+// serves one (same port; same host name, or one address in common); `*agent` is then what
+// TORCHELASTIC_USE_AGENT_STORE holds.
+bool names_agent_store(const StoreUrl& url, std::string* agent) {
+  const auto addr = env_string("MASTER_ADDR");
+  const auto port = env_string("MASTER_PORT");
+  if (url.scheme != "tcp" || !addr || !port || !agent_store_in_use(agent)) return false;
+  auto agent_port = parse_port(*port);
+  std::string agent_host = *addr;
+  strip_brackets(agent_host);
+  return agent_port.ok() && *agent_port == url.port &&
+         (ascii_lower(agent_host) == ascii_lower(url.path) || same_address(agent_host, url.path));
+}
+
+// Every message shows the URL (and its parts) through shown_value: it comes from outside.
 StatusOr<StoreUrl> parse_store_url(const std::string& url) {
   const std::string shown = shown_value(url);
   const auto separator = url.find("://");
@@ -190,29 +214,13 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
     auto parsed = parse_store_url(*url);
     if (!parsed.ok()) return parsed.status().with_context("environment variable HPS_STORE");
     // The port of torchrun's agent store on its host (MASTER_ADDR:MASTER_PORT) is taken.
-    std::string agent;
-    const auto addr = env_string("MASTER_ADDR");
-    const auto port = env_string("MASTER_PORT");
-    if (parsed->scheme == "tcp" && addr && port && agent_store_in_use(&agent)) {
-      auto agent_port = parse_port(*port);
-      std::string agent_host = *addr;
-      if (agent_host.size() > 2 && agent_host.front() == '[' && agent_host.back() == ']') {
-        agent_host = agent_host.substr(1, agent_host.size() - 2);
-      }
-      auto lower = [](std::string s) {
-        std::transform(s.begin(), s.end(), s.begin(),
-                       [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-        return s;
-      };
-      if (agent_port.ok() && *agent_port == parsed->port &&
-          (lower(agent_host) == lower(parsed->path) || same_address(agent_host, parsed->path))) {
-        return invalid_argument(
-            "environment variable HPS_STORE='" + shown_value(*url) +
-            "' names MASTER_ADDR:MASTER_PORT, torchrun's agent store (environment variable "
-            "TORCHELASTIC_USE_AGENT_STORE=" +
-            shown_value(agent) +
-            "), which hpshard's store cannot share: give HPS_STORE a port of its own");
-      }
+    if (std::string agent; names_agent_store(*parsed, &agent)) {
+      return invalid_argument(
+          "environment variable HPS_STORE='" + shown_value(*url) +
+          "' names MASTER_ADDR:MASTER_PORT, torchrun's agent store (environment variable "
+          "TORCHELASTIC_USE_AGENT_STORE=" +
+          shown_value(agent) +
+          "), which hpshard's store cannot share: give HPS_STORE a port of its own");
     }
     *used += ", HPS_STORE";
     return *url;
@@ -248,8 +256,8 @@ StatusOr<std::string> store_from_env(bool hps_store_required, std::string* used)
   *used += ", MASTER_ADDR, MASTER_PORT";
   // An IPv6 literal goes in brackets, whether MASTER_ADDR has them already or not; other
   // text with a colon (host:port) is no address.
-  const bool bracketed = addr->size() > 2 && addr->front() == '[' && addr->back() == ']';
-  const std::string bare = bracketed ? addr->substr(1, addr->size() - 2) : *addr;
+  std::string bare = *addr;
+  const bool bracketed = strip_brackets(bare);
   if ((bracketed || bare.find(':') != std::string::npos) && !is_ipv6_literal(bare)) {
     return invalid_argument("environment variable MASTER_ADDR='" + shown_value(*addr) +
                             "' is not a host name or an IP address (an IPv6 address with a "
@@ -359,9 +367,7 @@ StatusOr<StoreOptions> store_options_from_env(const std::string& url, int32_t ra
 
 StatusOr<std::string> store_bind_address(const std::string& host) {
   if (is_numeric_address(host)) return host;
-  std::string lower = host;
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string lower = ascii_lower(host);
   auto ends_with = [&](std::string_view suffix) {
     return lower.size() >= suffix.size() &&
            lower.compare(lower.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -369,9 +375,7 @@ StatusOr<std::string> store_bind_address(const std::string& host) {
   if (lower == "localhost" || ends_with(".localhost")) return std::string("127.0.0.1");
   char own[256] = {};
   ::gethostname(own, sizeof own - 1);
-  std::string own_lower = own;
-  std::transform(own_lower.begin(), own_lower.end(), own_lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string own_lower = ascii_lower(own);
   const std::string short_name = own_lower.substr(0, own_lower.find('.'));
   if (!own_lower.empty() &&
       (lower == own_lower || lower == short_name || lower.rfind(short_name + ".", 0) == 0)) {

@@ -157,21 +157,21 @@ TEST_F(RendezvousEnv, TorchrunsAgentStoreIsNotTaken) {
   auto info = rendezvous_from_env();
   ASSERT_TRUE(info.ok()) << info.status().to_string();
   EXPECT_EQ(info->store_url, "tcp://node0:29501");
-  // HPS_STORE naming the agent's own host and port is refused as well, naming HPS_STORE.
-  for (const char* same : {"tcp://node0:29500", "tcp://NODE0:29500"}) {
-    set("HPS_STORE", same);
+  // HPS_STORE naming the agent's own host and port is refused as well, naming HPS_STORE:
+  // the same name in any case, or another spelling of its address (resolved).
+  const std::pair<const char*, const char*> agent_spellings[] = {
+      {"node0", "tcp://node0:29500"},
+      {"node0", "tcp://NODE0:29500"},
+      {"localhost", "tcp://127.0.0.1:29500"},
+      {"::1", "tcp://[0:0::1]:29500"}};
+  for (const auto& [master, store] : agent_spellings) {
+    set("MASTER_ADDR", master);
+    set("HPS_STORE", store);
     expect_error_naming(failure(), "HPS_STORE", "torchrun's agent store");
   }
+  set("MASTER_ADDR", "node0");
   set("HPS_STORE", "tcp://node1:29500");  // another host's port of that number: taken
   EXPECT_TRUE(rendezvous_from_env().ok());
-  // Another spelling of the agent's address (resolved): refused as well.
-  set("MASTER_ADDR", "localhost");
-  set("HPS_STORE", "tcp://127.0.0.1:29500");
-  expect_error_naming(failure(), "HPS_STORE", "torchrun's agent store");
-  set("MASTER_ADDR", "::1");
-  set("HPS_STORE", "tcp://[0:0::1]:29500");
-  expect_error_naming(failure(), "HPS_STORE", "torchrun's agent store");
-  set("MASTER_ADDR", "node0");
   set("TORCHELASTIC_USE_AGENT_STORE", "False");  // without the agent's store: MASTER_PORT
   set("HPS_STORE", "tcp://node0:29500");
   EXPECT_TRUE(rendezvous_from_env().ok());
