@@ -16,6 +16,7 @@ struct hps_checkpoint {
   std::shared_ptr<hps::capi::EngineUse> engine;
   std::unique_ptr<hps::Checkpointer> impl;
   std::map<std::string, std::string> metadata;  // of the last load or import
+  uint64_t born = hps::fork_generation();       // capi::made_before_fork
 };
 
 namespace {
@@ -108,6 +109,7 @@ HPS_API hps_status_t hps_checkpoint_create(hps_engine_t* engine, hps_comm_t* gro
 }
 
 HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint) {
+  if (hps::capi::left_to_parent(checkpoint)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     delete checkpoint;
     return hps::Status::Ok();

@@ -21,6 +21,7 @@ struct hps_clip {
   // every later one and the runs' streams must share.
   std::optional<hps::Device> tensors_device;
   hps::Device coefficient_device() const { return device.value_or(hps::Device::cpu()); }
+  uint64_t born = hps::fork_generation();  // capi::made_before_fork
 };
 
 namespace {
@@ -74,6 +75,9 @@ HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t s
 HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_comm_t* pp,
                                      const hps_clip_options_t* options, hps_clip_t** out_clip) {
   HPS_CHECK_ARG(out_clip);
+  HPS_CHECK_OPTIONAL_ARG(sharding);
+  HPS_CHECK_OPTIONAL_ARG(mp);
+  HPS_CHECK_OPTIONAL_ARG(pp);
   return guard(__func__, [&]() -> hps::Status {
     hps::ClipOptions o;
     if (options != nullptr) {
@@ -95,6 +99,7 @@ HPS_API hps_status_t hps_clip_create(hps_comm_t* sharding, hps_comm_t* mp, hps_c
 }
 
 HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip) {
+  if (hps::capi::left_to_parent(clip)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     // A coefficient view keeps the clip's memory: its last run still completes now, as
     // documented (the caller frees the gradients it registered once this returns), and its

@@ -111,6 +111,7 @@ HPS_API hps_status_t hps_comm_create(hps_store_t* store, int32_t rank, int32_t s
 }
 
 HPS_API hps_status_t hps_comm_destroy(hps_comm_t* comm) {
+  if (hps::capi::left_to_parent(comm)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     delete comm;
     return hps::Status::Ok();
@@ -192,6 +193,7 @@ HPS_API hps_status_t hps_comm_all_reduce(hps_comm_t* comm, const void* send, voi
                                          hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, to_dtype(dtype));
     HPS_ASSIGN_OR_RETURN(hps::ReduceOp o, to_op(op));
@@ -204,6 +206,7 @@ HPS_API hps_status_t hps_comm_reduce(hps_comm_t* comm, const void* send, void* r
                                      hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, to_dtype(dtype));
     HPS_ASSIGN_OR_RETURN(hps::ReduceOp o, to_op(op));
@@ -217,6 +220,7 @@ HPS_API hps_status_t hps_comm_broadcast(hps_comm_t* comm, void* buffer, uint64_t
                                         hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, to_dtype(dtype));
     return hand_out(comm->impl->broadcast(buffer, count, d, root, ready_stream(ready)), out_work);
@@ -228,6 +232,7 @@ HPS_API hps_status_t hps_comm_all_gather(hps_comm_t* comm, const void* send, uin
                                          hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, to_dtype(dtype));
     HPS_ASSIGN_OR_RETURN(uint64_t need, times(send_count, comm->impl->size(), "all_gather"));
@@ -243,6 +248,7 @@ HPS_API hps_status_t hps_comm_reduce_scatter(hps_comm_t* comm, const void* send,
                                              hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, to_dtype(dtype));
     HPS_ASSIGN_OR_RETURN(hps::ReduceOp o, to_op(op));
@@ -258,6 +264,7 @@ HPS_API hps_status_t hps_comm_send(hps_comm_t* comm, const void* buffer, uint64_
                                    hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, to_dtype(dtype));
     return hand_out(comm->impl->send(buffer, count, d, peer, ready_stream(ready)), out_work);
@@ -269,6 +276,7 @@ HPS_API hps_status_t hps_comm_recv(hps_comm_t* comm, void* buffer, uint64_t coun
                                    hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::DType d, to_dtype(dtype));
     return hand_out(comm->impl->recv(buffer, count, d, peer, ready_stream(ready)), out_work);
@@ -279,6 +287,7 @@ HPS_API hps_status_t hps_comm_barrier(hps_comm_t* comm, hps_stream_t* ready,
                                       hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__,
                [&] { return hand_out(comm->impl->barrier(ready_stream(ready)), out_work); });
 }
@@ -288,6 +297,7 @@ HPS_API hps_status_t hps_comm_all_reduce_dlpack(hps_comm_t* comm, const DLTensor
                                                 hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
     HPS_ASSIGN_OR_RETURN(auto r, operand(*comm, recv, "recv"));
@@ -304,6 +314,7 @@ HPS_API hps_status_t hps_comm_reduce_dlpack(hps_comm_t* comm, const DLTensor* se
                                             hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
     void* recv_data = nullptr;
@@ -325,6 +336,7 @@ HPS_API hps_status_t hps_comm_broadcast_dlpack(hps_comm_t* comm, const DLTensor*
                                                hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto b, operand(*comm, buffer, "buffer"));
     return hand_out(comm->impl->broadcast(b.data, b.count, b.dtype, root, ready_stream(ready)),
@@ -337,6 +349,7 @@ HPS_API hps_status_t hps_comm_all_gather_dlpack(hps_comm_t* comm, const DLTensor
                                                 hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
     HPS_ASSIGN_OR_RETURN(auto r, operand(*comm, recv, "recv"));
@@ -353,6 +366,7 @@ HPS_API hps_status_t hps_comm_reduce_scatter_dlpack(hps_comm_t* comm, const DLTe
                                                     hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto s, operand(*comm, send, "send"));
     HPS_ASSIGN_OR_RETURN(auto r, operand(*comm, recv, "recv"));
@@ -370,6 +384,7 @@ HPS_API hps_status_t hps_comm_send_dlpack(hps_comm_t* comm, const DLTensor* buff
                                           hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto b, operand(*comm, buffer, "buffer"));
     return hand_out(comm->impl->send(b.data, b.count, b.dtype, peer, ready_stream(ready)),
@@ -381,6 +396,7 @@ HPS_API hps_status_t hps_comm_recv_dlpack(hps_comm_t* comm, const DLTensor* buff
                                           hps_stream_t* ready, hps_work_t** out_work) {
   HPS_CHECK_ARG(comm);
   HPS_CHECK_ARG(out_work);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(auto b, operand(*comm, buffer, "buffer"));
     return hand_out(comm->impl->recv(b.data, b.count, b.dtype, peer, ready_stream(ready)),
@@ -430,6 +446,7 @@ HPS_API hps_status_t hps_work_wait_stream(hps_work_t* work, hps_stream_t* stream
 }
 
 HPS_API hps_status_t hps_work_destroy(hps_work_t* work) {
+  if (hps::capi::left_to_parent(work)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     delete work;
     return hps::Status::Ok();

@@ -53,9 +53,16 @@ struct View {
   std::shared_ptr<const void> keep;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;
+  uint64_t born = fork_generation();
 };
 
-void delete_view(DLManagedTensor* self) { delete static_cast<View*>(self->manager_ctx); }
+// In a forked child a view made before the fork is left as it is: what it keeps (an
+// engine, a clip) would wait for threads the child does not have when let go.
+void delete_view(DLManagedTensor* self) {
+  auto* view = static_cast<View*>(self->manager_ctx);
+  if (made_before_fork(view)) return;
+  delete view;
+}
 
 }  // namespace
 

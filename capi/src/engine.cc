@@ -90,6 +90,7 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
                                        hps_engine_t** out_engine) {
   HPS_CHECK_ARG(sharding);
   HPS_CHECK_ARG(out_engine);
+  HPS_CHECK_OPTIONAL_ARG(dp);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(const hps_engine_options_t given,
                          options != nullptr
@@ -117,6 +118,9 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
     auto state = std::make_shared<hps::capi::EngineState>();
     const hps::Device device = sharding->impl->device();
     if (given.compute_stream != nullptr) {
+      if (hps::capi::made_before_fork(given.compute_stream)) {
+        return hps::capi::forked_error("options->compute_stream");
+      }
       state->compute_stream = given.compute_stream->impl;
       if (!(state->compute_stream->device() == device)) {
         return hps::invalid_argument("options->compute_stream is on " +
@@ -136,6 +140,7 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
 }
 
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine) {
+  if (hps::capi::left_to_parent(engine)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     if (engine == nullptr) return hps::Status::Ok();
     std::shared_ptr<hps::capi::EngineUse> use = std::move(engine->use);
@@ -186,6 +191,8 @@ HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name
 HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, hps_comm_t* mp,
                                                           hps_comm_t* pp) {
   HPS_CHECK_ARG(engine);
+  HPS_CHECK_OPTIONAL_ARG(mp);
+  HPS_CHECK_OPTIONAL_ARG(pp);
   return guard(__func__, [&] {
     return engine->impl->set_model_parallel_groups(mp ? mp->impl : nullptr,
                                                    pp ? pp->impl : nullptr);
@@ -235,6 +242,7 @@ HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t
 HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index,
                                            hps_stream_t* ready) {
   HPS_CHECK_ARG(engine);
+  HPS_CHECK_OPTIONAL_ARG(ready);
   return guard(__func__, [&] {
     return engine->impl->grad_ready(index, ready ? ready->impl.get() : nullptr);
   });

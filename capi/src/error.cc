@@ -37,6 +37,17 @@ hps_status_t fail_null(const char* function, const char* argument) {
   return fail(invalid_argument(std::string(function) + ": " + argument + " is NULL"));
 }
 
+Status forked_error(const char* argument) {
+  return failed_precondition(
+      std::string(argument) +
+      " was made before this process was forked: a handle belongs to the process that made "
+      "it (a child has none of its threads); make new ones in the child");
+}
+
+hps_status_t fail_forked(const char* function, const char* argument) {
+  return fail(forked_error(argument).with_context(function));
+}
+
 }  // namespace hps::capi
 
 using hps::capi::raw_enum;

@@ -5,37 +5,45 @@
 
 #include "core/comm/communicator.h"
 #include "core/comm/store.h"
+#include "core/common/fork_generation.h"
 #include "core/device/stream.h"
 #include "core/sharding/sharded_engine.h"
 #include "core/topology/hybrid_group.h"
 #include "core/topology/topology.h"
 
 struct hps_stream {
-  std::shared_ptr<hps::Stream> impl;  // shared with engines using it as compute stream
+  std::shared_ptr<hps::Stream> impl;       // shared with engines using it as compute stream
+  uint64_t born = hps::fork_generation();  // capi::made_before_fork
 };
 
 struct hps_event {
   std::unique_ptr<hps::Event> impl;
+  uint64_t born = hps::fork_generation();  // capi::made_before_fork
 };
 
 struct hps_store {
   std::shared_ptr<hps::AbortableStore> impl;  // hps_store_abort ends its waits
+  uint64_t born = hps::fork_generation();     // capi::made_before_fork
 };
 
 struct hps_comm {
   std::shared_ptr<hps::Communicator> impl;  // shared with hybrid groups
+  uint64_t born = hps::fork_generation();   // capi::made_before_fork
 };
 
 struct hps_work {
   std::shared_ptr<hps::Work> impl;
+  uint64_t born = hps::fork_generation();  // capi::made_before_fork
 };
 
 struct hps_topology {
   hps::Topology impl;
+  uint64_t born = hps::fork_generation();  // capi::made_before_fork
 };
 
 struct hps_hybrid_group {
   std::unique_ptr<hps::HybridGroup> impl;
+  uint64_t born = hps::fork_generation();  // capi::made_before_fork
 };
 
 namespace hps::capi {
@@ -71,6 +79,7 @@ struct EngineUse {
 
 struct hps_engine {
   std::shared_ptr<hps::capi::EngineUse> use;
-  hps::ShardedEngine* impl;  // use->state->engine
-  hps::Device device;        // the sharding communicator's, fixed at creation
+  hps::ShardedEngine* impl;                // use->state->engine
+  hps::Device device;                      // the sharding communicator's, fixed at creation
+  uint64_t born = hps::fork_generation();  // capi::made_before_fork
 };

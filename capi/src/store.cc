@@ -41,6 +41,7 @@ HPS_API hps_status_t hps_store_open(const char* url, int32_t rank, int64_t timeo
 }
 
 HPS_API hps_status_t hps_store_destroy(hps_store_t* store) {
+  if (hps::capi::left_to_parent(store)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     delete store;
     return hps::Status::Ok();

@@ -31,6 +31,7 @@ HPS_API hps_status_t hps_stream_create(hps_device_type_t type, int32_t index,
 }
 
 HPS_API hps_status_t hps_stream_destroy(hps_stream_t* stream) {
+  if (hps::capi::left_to_parent(stream)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     // An engine keeping the stream alive: the queued work still finishes now, as documented.
     const hps::Status finished = stream != nullptr && stream->impl.use_count() > 1
@@ -70,6 +71,7 @@ HPS_API hps_status_t hps_event_create(hps_device_type_t type, int32_t index,
 }
 
 HPS_API hps_status_t hps_event_destroy(hps_event_t* event) {
+  if (hps::capi::left_to_parent(event)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     delete event;
     return hps::Status::Ok();

@@ -60,6 +60,7 @@ HPS_API hps_status_t hps_topology_create(int32_t dp, int32_t pp, int32_t shardin
 }
 
 HPS_API hps_status_t hps_topology_destroy(hps_topology_t* topology) {
+  if (hps::capi::left_to_parent(topology)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     delete topology;
     return hps::Status::Ok();
@@ -151,6 +152,7 @@ HPS_API hps_status_t hps_hybrid_group_create(hps_comm_t* world, const hps_topolo
 }
 
 HPS_API hps_status_t hps_hybrid_group_destroy(hps_hybrid_group_t* group) {
+  if (hps::capi::left_to_parent(group)) return HPS_STATUS_OK;
   return guard(__func__, [&]() -> hps::Status {
     delete group;
     return hps::Status::Ok();

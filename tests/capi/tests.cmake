@@ -51,3 +51,12 @@ target_compile_definitions(engine_buckets_capi_test PRIVATE _POSIX_C_SOURCE=2008
 add_test(NAME engine_buckets_capi_test COMMAND engine_buckets_capi_test)
 set_tests_properties(engine_buckets_capi_test PROPERTIES LABELS c TIMEOUT 120
   SKIP_RETURN_CODE 77)
+
+# fork(): a handle belongs to the process that made it; a forked child is refused the
+# parent's handles, lets them go without waiting, and makes its own.
+add_executable(fork_capi_test capi/fork_capi_test.c)
+target_link_libraries(fork_capi_test PRIVATE hpshard::hpshard hps_warnings Threads::Threads)
+set_target_properties(fork_capi_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
+target_compile_definitions(fork_capi_test PRIVATE _POSIX_C_SOURCE=200809L)
+add_test(NAME fork_capi_test COMMAND fork_capi_test)
+set_tests_properties(fork_capi_test PROPERTIES LABELS c TIMEOUT 120)

@@ -11,6 +11,11 @@
  *    destroy accepts NULL.
  *  - Thread safety, unless a function says otherwise: one handle is used by one
  *    thread at a time; distinct handles may be used concurrently.
+ *  - A handle belongs to the process that made it. In a child made by fork(), every call
+ *    given a handle made before the fork returns FAILED_PRECONDITION, and its destroy
+ *    returns OK at once having freed nothing (the threads it would wait for, and the locks
+ *    they may hold, are the parent's); a DLPack view made before the fork is let go the
+ *    same way. The child makes its own handles (store, communicator, engine).
  *
  * ABI-extensible structs (hps_device_properties_t, hps_rendezvous_info_t,
  * hps_checkpoint_info_t and the *_options_t structs) start with `size_t struct_size` and

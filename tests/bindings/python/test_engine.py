@@ -1206,3 +1206,74 @@ def test_engine_seal_refused_on_one_mp_group_is_refused_on_every_rank_at_once():
         # Unit gradients of w (distributed) over mp 2 and pp 2: the norm is sqrt(3 * 2 * 2)
         # (pp's other stage holds the same w), so the coefficient clips it to 1.
         np.testing.assert_allclose(out["param"], -1.0 / math.sqrt(12), rtol=1e-5)
+
+
+# ---- fork(): handles belong to the process that made them ---------------------------------
+FORKED_WITH_AN_ENGINE_OPEN = r"""
+import os, sys, threading
+import numpy as np
+import hpshard
+from hpshard import Communicator, Engine, Store
+
+url = sys.argv[1]
+# rank 1 joins the all-reduce only after the child has gone: it is in flight across the fork
+joined = threading.Event()
+def peer():
+    with Store.open(url + "-pair", 1) as st, Communicator.create(st, 1, 2) as c:
+        joined.wait()
+        c.all_reduce(np.ones(1, np.float32), np.zeros(1, np.float32)).wait()
+t = threading.Thread(target=peer)
+t.start()
+pair_store = Store.open(url + "-pair", 0)
+pair = Communicator.create(pair_store, 0, 2)
+store = Store.open(url, 0)
+comm = Communicator.create(store, 0, 1)
+engine = Engine.create(comm, learning_rate=0.5, stage=int(sys.argv[2]))
+w = engine.add_param("w", (4,), unit=0)
+engine.seal()
+engine.broadcast_parameters()
+engine.wait_parameters(0)
+engine.grad(w)[:] = 1.0
+engine.grad_ready(w)
+engine.release_parameters(0)
+engine.step()
+total = np.zeros(1, np.float32)
+pending = pair.all_reduce(np.ones(1, np.float32), total)
+pid = os.fork()
+if pid == 0:
+    try:
+        engine.step()
+        print("child: the parent's engine stepped", flush=True)
+    except hpshard.FailedPreconditionError as e:
+        if "made before this process was forked" in str(e):
+            print("child: refused", flush=True)
+    with Store.open(url + "-child", 0) as st, Communicator.create(st, 0, 1) as c:
+        out = np.zeros(1, np.float32)
+        c.all_reduce(np.full(1, 3.0, np.float32), out).wait()
+        print("child: own communicator", out[0], flush=True)
+    sys.exit(0)  # the interpreter's exit lets go of the parent's handles
+_, status = os.waitpid(pid, 0)
+print("child status", status, flush=True)
+joined.set()
+pending.wait()
+t.join()
+engine.wait_parameters(0)
+print("parent", total[0], engine.param(w)[0], flush=True)
+"""
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_forked_child_is_refused_the_parents_handles_and_exits(stage):
+    """A child forked while an engine was stepping and a collective waited for a peer hung
+    at exit: the handles' destructors waited for worker threads the child does not have.
+    Now the parent's handles are refused in the child and let go without waiting, the
+    child's own work, and the parent goes on."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", FORKED_WITH_AN_ENGINE_OPEN,
+                           f"memory://fork-{uuid.uuid4().hex}", str(stage)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout.splitlines() == [
+        "child: refused", "child: own communicator 3.0", "child status 0",
+        "parent 2.0 -0.5"], (done.stdout, done.stderr)
