@@ -42,10 +42,31 @@ StatusOr<bool> GradBuckets::check_in(const LayoutPlan& plan, size_t index) {
   auto& flag = checked_in_[b][position_[index]];
   if (flag || complete_[b]) {
     return failed_precondition("engine: the gradient of '" + plan.params()[index].name +
-                               "' checked in twice in one micro-batch");
+                               "' checked in twice in one micro-batch" + still_due(plan));
   }
   flag = 1;
   return --pending_[b] == 0;
+}
+
+std::string GradBuckets::still_due(const LayoutPlan& plan) const {
+  // The micro-batch ends when every trainable gradient has checked in once: those that have
+  // not are what a second check-in usually means was missed.
+  constexpr size_t kShown = 4;
+  std::string names;
+  size_t count = 0;
+  for (size_t b : order_) {
+    if (complete_[b]) continue;
+    for (size_t k = 0; k < checked_in_[b].size(); ++k) {
+      if (checked_in_[b][k]) continue;
+      if (count++ < kShown)
+        names +=
+            (names.empty() ? "'" : ", '") + plan.params()[plan.buffers()[b].params[k]].name + "'";
+    }
+  }
+  if (count == 0) return "";
+  if (count > kShown) names += " and " + std::to_string(count - kShown) + " more";
+  return " (micro-batch " + std::to_string(micro_batch_ + 1) + " of " +
+         std::to_string(accumulation_steps_) + " has not had " + names + " checked in)";
 }
 
 void GradBuckets::started() {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/common/status.h"
@@ -38,12 +39,17 @@ class GradBuckets {
   // FAILED_PRECONDITION unless every gradient checked in on the last micro-batch (a
   // model without trainable parameters is always due).
   Status check_step_due() const;
+  // Every gradient checked in on the last micro-batch: only step() comes next.
+  bool step_due() const { return has_trainable_ && micro_batch_ == accumulation_steps_; }
   // No gradient checked in since the last step() (or ever).
   bool between_steps() const;
   // step() enqueued the update: the next step's first micro-batch starts.
   void stepped() { micro_batch_ = 0; }
 
  private:
+  // " (micro-batch m of k has not had 'a', 'b' checked in)", or "" when every gradient has.
+  std::string still_due(const LayoutPlan& plan) const;
+
   std::vector<std::vector<uint8_t>> checked_in_;  // per bucket, per parameter of it
   std::vector<size_t> pending_;                   // per bucket: parameters not checked in
   std::vector<size_t> position_;                  // per parameter, within its bucket

@@ -64,6 +64,7 @@ Status Stage3Engine::seal() {
                         }
                         updated_recorded_.assign(n, false);
                         HPS_ASSIGN_OR_RETURN(accumulated_, create_event(device_));
+                        HPS_ASSIGN_OR_RETURN(read_, create_event(device_));
                         schedule_.init(plan_, options_.prefetch_window);
                         return Status::Ok();
                       });
@@ -149,6 +150,14 @@ StatusOr<void*> Stage3Engine::grad_data(size_t index) {
   const Placement& p = plan_.placement(index);
   const FlatBuffer& fb = plan_.buffers()[p.buffer];
   Unit& u = buffers_[p.buffer];
+  if (!u.grads && buckets_.step_due()) {
+    // A micro-batch past the step's last: its gradients could never check in, and the view
+    // would carry them into the next step's first micro-batch.
+    return failed_precondition("engine: the gradient of '" + plan_.params()[index].name +
+                               "' asked for after the last micro-batch of the step (" +
+                               std::to_string(options_.accumulation_steps) +
+                               " per step): call step()");
+  }
   if (!u.grads) {
     // Zeroed on the compute stream, before the backward that adds into it.
     const size_t bytes = fb.numel * dtype_size(fb.dtype);
@@ -169,6 +178,16 @@ Status Stage3Engine::start_gather(size_t b) {
   // optimizer step): the first units travel while later ones are still being updated.
   if (updated_recorded_[b]) HPS_RETURN_IF_ERROR(comm.wait(*updated_[b]));
   HPS_ASSIGN_OR_RETURN(u.params, pool_->take(fb.numel * element, comm));
+  HPS_RETURN_IF_ERROR(fill(b));
+  note_resident();
+  return Status::Ok();
+}
+
+Status Stage3Engine::fill(size_t b) {
+  Unit& u = buffers_[b];
+  const FlatBuffer& fb = plan_.buffers()[b];
+  const size_t element = dtype_size(fb.dtype);
+  Stream& comm = sharding_->stream();
   // Our shard goes in place first, then the all-gather fills in the others'. fp16/bf16
   // buffers send their rounded shard.
   const auto [shard, dtype] = parameter_shard(b);
@@ -181,7 +200,6 @@ Status Stage3Engine::start_gather(size_t b) {
                        sharding_->all_gather(own.get(), u.params->data().get(), fb.shard_numel,
                                              fb.dtype, nullptr, bucket_tag(b)));
   u.used = false;
-  note_resident();
   return Status::Ok();
 }
 
@@ -370,6 +388,20 @@ Status Stage3Engine::step() {
     Unit& u = buffers_[b];
     if (!u.params || u.in_use || !plan_.buffers()[b].trainable) continue;
     HPS_RETURN_IF_ERROR(drop_parameters(u));
+  }
+  // A unit in use across the step (gathered and not released, as after a forward whose
+  // backward never came) holds the parameters from before this update too: it is gathered
+  // again in place, after the compute stream's reads so far and its buffer's update, and
+  // the next gather() of it waits for that.
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    Unit& u = buffers_[b];
+    if (!u.params || !u.in_use || !plan_.buffers()[b].trainable) continue;
+    Stream& comm = sharding_->stream();
+    HPS_RETURN_IF_ERROR(read_->record(compute()));
+    HPS_RETURN_IF_ERROR(comm.wait(*read_));
+    HPS_RETURN_IF_ERROR(comm.wait(*updated_[b]));
+    HPS_RETURN_IF_ERROR(fill(b));
+    ++regathered_in_use_;
   }
   ++steps_;
   buckets_.stepped();

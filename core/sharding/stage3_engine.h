@@ -56,6 +56,8 @@ class Stage3Engine final : public EngineBase {
   // Units prefetched (or kept live) for the recorded order and dropped unused to keep the
   // window when a step gathered another unit (the order changed).
   uint64_t units_dropped() const { return dropped_; }
+  // Units in use across a step (gathered, never released), gathered again after the update.
+  uint64_t regathered_in_use() const { return regathered_in_use_; }
   // Full buffers taken from the pool since seal(), and those of them allocated afresh.
   uint64_t full_buffers_taken() const { return pool_->takes(); }
   uint64_t fresh_full_buffers() const { return pool_->fresh_allocations(); }
@@ -72,6 +74,9 @@ class Stage3Engine final : public EngineBase {
   // The collectives' work handles; the units' full buffers stay (views may point there).
   void drop_stage_work() override;
   Status start_gather(size_t b);
+  // Buffer b's full parameters into its live `params`: our shard in place, then the
+  // all-gather of the others' (on the communicator's stream, after what it waits for).
+  Status fill(size_t b);
   struct Unit;
   // Gives a unit's live full parameters back to the pool after their last reader.
   Status drop_parameters(Unit& u);
@@ -98,12 +103,14 @@ class Stage3Engine final : public EngineBase {
   std::vector<std::unique_ptr<Event>> updated_;
   std::vector<bool> updated_recorded_;
   std::unique_ptr<Event> accumulated_;  // the sharding stream's adds, before a step
+  std::unique_ptr<Event> read_;         // the compute stream's reads, before a unit's refill
   Stage3Schedule schedule_;
   uint64_t peak_resident_ = 0;
   uint64_t prefetched_ = 0;
   uint64_t found_in_flight_ = 0;
   uint64_t kept_live_ = 0;
   uint64_t dropped_ = 0;
+  uint64_t regathered_in_use_ = 0;
   int32_t peak_live_units_ = 0;
 };
 

@@ -764,8 +764,8 @@ typedef enum hps_group {
 typedef struct hps_topology hps_topology_t;
 
 /**
- * Create a topology with the given degrees (each >= 1, multiplying to world_size) and
- * axis order, slowest first: a comma-separated list naming each axis once, e.g.
+ * Create a topology with the given degrees (each >= 1, multiplying to world_size, at most
+ * 2^30) and axis order, slowest first: a comma-separated list naming each axis once, e.g.
  * "dp,pp,sharding,sep,mp" (the default, used when `order` is NULL). Ranks are row-major,
  * the last axis fastest. The caller owns *out_topology. Errors: INVALID_ARGUMENT.
  * Thread safety: a topology is immutable; any thread.
@@ -1154,7 +1154,8 @@ HPS_API hps_status_t hps_engine_param(hps_engine_t* engine, size_t index, void**
  * micro-batch's gradients are reduce-scattered (and added into the shard) when its bucket
  * checks in, and the view is gone after that (ask again in the next micro-batch).
  * Errors: FAILED_PRECONDITION (frozen parameter, not sealed, or stage 3 before
- * hps_engine_broadcast_parameters), OUT_OF_RANGE.
+ * hps_engine_broadcast_parameters or after the step's last micro-batch has checked in:
+ * step first), OUT_OF_RANGE.
  */
 HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** out_data);
 
@@ -1193,8 +1194,11 @@ HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index, h
 
 /**
  * Enqueue the optimizer step on this rank's shards and the parameter all-gathers.
- * Returns at once: no host sync. Errors: FAILED_PRECONDITION (a gradient has not
- * checked in: step before backward).
+ * Returns at once: no host sync. At stage 3 a unit gathered across the step (waited for
+ * and not released, as after a forward whose backward never came) is gathered again in
+ * place after its update: its views keep their addresses, and it is read again after the
+ * next hps_engine_wait_parameters of it (which waits for that all-gather).
+ * Errors: FAILED_PRECONDITION (a gradient has not checked in: step before backward).
  */
 HPS_API hps_status_t hps_engine_step(hps_engine_t* engine);
 

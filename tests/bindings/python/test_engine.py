@@ -1277,3 +1277,112 @@ def test_a_forked_child_is_refused_the_parents_handles_and_exits(stage):
     assert done.stdout.splitlines() == [
         "child: refused", "child: own communicator 3.0", "child status 0",
         "parent 2.0 -0.5"], (done.stdout, done.stderr)
+
+
+# ---- stage 3: a unit in use across a step; a micro-batch past the step's last --------------
+def _sgd_reference(initial, grads_per_step, lr):
+    """float64 SGD without momentum: each step subtracts lr times the mean over ranks and
+    micro-batches of the gradients given for it."""
+    p = np.array(initial, dtype=np.float64)
+    history = []
+    for grads in grads_per_step:
+        p = p - lr * np.mean(np.array(grads, dtype=np.float64), axis=0)
+        history.append(p.copy())
+    return history
+
+
+def test_stage3_unit_in_use_across_a_step_sees_the_update():
+    """A unit gathered and never released (a forward whose backward did not come) kept the
+    parameters from before the step: every later wait_parameters returned them, and the
+    forward computed on them for good, while the shards moved on."""
+    steps, lr, n = 4, 0.25, 7
+    rng = np.random.default_rng(11)
+    init = rng.standard_normal((2, n)).astype(np.float32)  # units 0 and 1, one param each
+    grads = rng.standard_normal((steps, 2, 2, n)).astype(np.float32)  # step, rank, param
+
+    def rank(r, url):
+        store, comm = world(r, url)
+        seen = []
+        with store, comm, Engine.create(comm, stage=3, learning_rate=lr) as engine:
+            a = engine.add_param("a", (n,), unit=0)
+            b = engine.add_param("b", (n,), unit=1)
+            engine.seal()
+            engine.param(a)[:] = init[0]
+            engine.param(b)[:] = init[1]
+            engine.broadcast_parameters()
+            for s in range(steps):
+                for unit, i in ((0, a), (1, b)):
+                    engine.wait_parameters(unit)
+                    seen.append((s, i, engine.param(i).copy()))
+                for unit, i in ((1, b), (0, a)):
+                    engine.grad(i)[:] += grads[s, r, i]
+                    engine.grad_ready(i)
+                    if unit == 1:  # unit 0 is never released
+                        engine.release_parameters(unit)
+                engine.step()
+            engine.wait_parameters(0)
+            engine.wait_parameters(1)
+            seen.append((steps, a, engine.param(a).copy()))
+            seen.append((steps, b, engine.param(b).copy()))
+        return seen
+
+    results = run_ranks(2, rank)
+    for i in (0, 1):
+        expected = [init[i].astype(np.float64)] + _sgd_reference(
+            init[i], [grads[s, :, i] for s in range(steps)], lr)
+        for seen in results:
+            got = [v for (s, k, v) in seen if k == i]
+            assert len(got) == steps + 1
+            for s in range(steps + 1):
+                np.testing.assert_allclose(got[s], expected[s], rtol=1e-6, atol=1e-6,
+                                           err_msg=f"param {i} before step {s}")
+    for s in range(len(results[0])):
+        np.testing.assert_array_equal(results[0][s][2], results[1][s][2])
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_stage3_gradient_past_the_last_micro_batch_is_refused_and_changes_nothing(accumulation):
+    """A micro-batch past the step's last got its gradient view (the check-in was refused),
+    and what was added into it went into the next step's first micro-batch."""
+    lr, n = 0.5, 5
+
+    def rank(r, url):
+        store, comm = world(r, url)
+        with store, comm, Engine.create(comm, stage=3, learning_rate=lr,
+                                        accumulation_steps=accumulation) as engine:
+            w = engine.add_param("w", (n,), unit=0)
+            engine.seal()
+            engine.broadcast_parameters()
+            for s in range(2):
+                for _ in range(accumulation):
+                    engine.wait_parameters(0)
+                    engine.grad(w)[:] += 1.0
+                    engine.grad_ready(w)
+                    engine.release_parameters(0)
+                if s == 0:  # one micro-batch too many
+                    engine.wait_parameters(0)
+                    with pytest.raises(hpshard.FailedPreconditionError,
+                                       match="'w' asked for after the last micro-batch"):
+                        engine.grad(w)
+                    engine.release_parameters(0)  # nothing taken: released as usual
+                engine.step()
+            engine.wait_parameters(0)
+            return engine.param(w).copy()
+
+    for got in run_ranks(2, rank):
+        np.testing.assert_array_equal(got, np.full(n, -2 * lr, np.float32))
+
+
+def test_a_second_check_in_names_the_gradients_the_micro_batch_still_waits_for():
+    store, comm = world(0, f"memory://py-engine-due-{uuid.uuid4().hex}", size=1)
+    with store, comm, Engine.create(comm, stage=2, accumulation_steps=2) as engine:
+        a = engine.add_param("a", (3,), unit=0)
+        engine.add_param("b", (3,), unit=0)
+        engine.seal()
+        engine.broadcast_parameters()
+        engine.wait_parameters(0)
+        engine.grad_ready(a)
+        with pytest.raises(hpshard.FailedPreconditionError,
+                           match=r"'a' checked in twice in one micro-batch \(micro-batch 1 of 2 "
+                                 r"has not had 'b' checked in\)"):
+            engine.grad_ready(a)

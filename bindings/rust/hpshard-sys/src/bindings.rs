@@ -1595,8 +1595,8 @@ pub struct hps_topology {
 #[doc = " Axes dp × pp × sharding × sep × mp and the rank arithmetic (pure, no communication)."]
 pub type hps_topology_t = hps_topology;
 extern "C" {
-    #[doc = " Create a topology with the given degrees (each >= 1, multiplying to world_size) and"]
-    #[doc = " axis order, slowest first: a comma-separated list naming each axis once, e.g."]
+    #[doc = " Create a topology with the given degrees (each >= 1, multiplying to world_size, at most"]
+    #[doc = " 2^30) and axis order, slowest first: a comma-separated list naming each axis once, e.g."]
     #[doc = " \"dp,pp,sharding,sep,mp\" (the default, used when `order` is NULL). Ranks are row-major,"]
     #[doc = " the last axis fastest. The caller owns *out_topology. Errors: INVALID_ARGUMENT."]
     #[doc = " Thread safety: a topology is immutable; any thread."]
@@ -2572,7 +2572,8 @@ extern "C" {
     #[doc = " micro-batch's gradients are reduce-scattered (and added into the shard) when its bucket"]
     #[doc = " checks in, and the view is gone after that (ask again in the next micro-batch)."]
     #[doc = " Errors: FAILED_PRECONDITION (frozen parameter, not sealed, or stage 3 before"]
-    #[doc = " hps_engine_broadcast_parameters), OUT_OF_RANGE."]
+    #[doc = " hps_engine_broadcast_parameters or after the step's last micro-batch has checked in:"]
+    #[doc = " step first), OUT_OF_RANGE."]
     pub fn hps_engine_grad(
         engine: *mut hps_engine_t,
         index: usize,
@@ -2615,8 +2616,11 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Enqueue the optimizer step on this rank's shards and the parameter all-gathers."]
-    #[doc = " Returns at once: no host sync. Errors: FAILED_PRECONDITION (a gradient has not"]
-    #[doc = " checked in: step before backward)."]
+    #[doc = " Returns at once: no host sync. At stage 3 a unit gathered across the step (waited for"]
+    #[doc = " and not released, as after a forward whose backward never came) is gathered again in"]
+    #[doc = " place after its update: its views keep their addresses, and it is read again after the"]
+    #[doc = " next hps_engine_wait_parameters of it (which waits for that all-gather)."]
+    #[doc = " Errors: FAILED_PRECONDITION (a gradient has not checked in: step before backward)."]
     pub fn hps_engine_step(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {
