@@ -84,7 +84,10 @@ engine's micro-batch half done, and the next backward or ``step()`` is refused.
 
 Accumulation over micro-batches: pass ``accumulation_steps=k``; run the first k-1
 backward passes inside ``with model.no_sync():`` and the last outside it, then
-``step()``. A count that does not add up to k raises.
+``step()``. A count that does not add up to k raises; a backward after the step's last
+one raises FailedPreconditionError before it adds any gradient (call ``step()`` first),
+and training goes on as if it had not been tried. A forward without a backward (a metric
+computed with gradients enabled) may come before ``step()``.
 
 ``state_dict()`` (collective) returns full tensors keyed as the wrapped module's own
 ``state_dict()``; ``load_state_dict()`` (collective) loads parameters from rank 0's
@@ -552,6 +555,7 @@ class _Unit:
         self.trainable: List[int] = []
         self.has_frozen = False
         self.gathered = False       # between gather and release (stage 3: parameters present)
+        self.refilled = False       # stage 3: gathered across a step, which gathers it again
         self.forward_depth = 0      # nested/repeated forward calls under way
         self.recomputing = False    # its forward runs again in backward (checkpointing)
         self.in_backward = False    # gathered for backward
@@ -944,9 +948,12 @@ class ShardedModule(torch.nn.Module):
     # ---- gather / release (stage 3 moves memory; stage 2 only waits, and its release
     # tells the engine the unit is out of use, so a checkpoint's load may come) ----------
     def _gather(self, u: _Unit) -> None:
-        if self.stage == 3 and u.gathered:
+        if self.stage == 3 and u.gathered and not u.refilled:
             return
+        # (A unit gathered across a step is gathered again by it, in place: its next use
+        # waits for that.)
         self._engine.wait_parameters(u.uid)
+        u.refilled = False
         self._gathering.difference_update(u.params)
         if self._stepped_since_save and any(self._params[i].requires_grad for i in u.params):
             self._snapshot_pending = self._stepped_since_save = False
@@ -1259,6 +1266,14 @@ class ShardedModule(torch.nn.Module):
     def _make_arrival_hook(self, i: int):
         def hook(grad):
             try:
+                if self._micro_batches >= self.accumulation_steps:
+                    # Before the first gradient is added: the engine would refuse its
+                    # check-in, and at stage 2 the addition would land in gradients its
+                    # reductions may be reading.
+                    raise _hps.FailedPreconditionError(
+                        _hps.Status.FAILED_PRECONDITION,
+                        f"hpshard.torch: a backward after this step's last one "
+                        f"(accumulation_steps={self.accumulation_steps}): call step() first")
                 self._start_backward()
                 u = self._unit(self._param_unit[i])
                 if not u.in_backward:
@@ -1394,6 +1409,8 @@ class ShardedModule(torch.nn.Module):
                                f"passes; accumulation_steps is {self.accumulation_steps}")
         self._check_writes()
         self._engine.step()
+        for u in self._units:
+            u.refilled = self.stage == 3 and u.gathered
         if self.stage == 2:
             self._gathering = {i for i, p in enumerate(self._params) if p.requires_grad}
             self._stepped_since_save = self._snapshot_pending

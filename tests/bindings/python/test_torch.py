@@ -427,6 +427,69 @@ def test_accumulation_over_two_micro_batches_equals_the_large_batch(stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_forward_without_its_backward_before_step_trains_as_torch(stage):
+    """A forward with gradients enabled and no backward (a metric on the batch) before
+    step(): the root unit stays gathered for the backward that never comes. At stage 3 it
+    kept the parameters from before the step, and every later forward computed on them."""
+    ranks = 2
+
+    def rank_main(rank, world):
+        losses = []
+        with wrap(world, stage) as model:
+            for step in range(STEPS):
+                x, y = batch(step)
+                x, y = shard_of(x, rank, ranks), shard_of(y, rank, ranks)
+                loss = model(x, y)
+                loss.backward()
+                model(x, y)  # the metric: its graph is never used
+                model.step()
+                losses.append(loss.item())
+            return losses, model.state_dict()
+
+    results = run_ranks(ranks, rank_main)
+    losses = [sum(r[0][s] for r in results) / ranks for s in range(STEPS)]
+    assert_matches_reference(losses, results[0][1])
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_backward_past_the_steps_last_is_refused_before_it_adds_anything(stage,
+                                                                          accumulation):
+    """One backward too many before step(): at stage 3 its gradient views were handed out,
+    what it added went into the next step and its units stayed in use (every later forward
+    and step refused); at stage 2 it added into gradients being reduced. Now it is refused
+    before any gradient is added, and training goes on as if it had not been tried."""
+    ranks, steps = 2, 4
+
+    def rank_main(rank, world, mistake):
+        with wrap(world, stage, accumulation_steps=accumulation) as model:
+            for step in range(steps):
+                x, y = batch(step)
+                x, y = shard_of(x, rank, ranks), shard_of(y, rank, ranks)
+                part = x.shape[0] // accumulation
+                for m in range(accumulation):
+                    xs, ys = x[m * part:(m + 1) * part], y[m * part:(m + 1) * part]
+                    if m < accumulation - 1:
+                        with model.no_sync():
+                            model(xs, ys).backward()
+                    else:
+                        model(xs, ys).backward()
+                if mistake and step == 1:
+                    with pytest.raises(hpshard.FailedPreconditionError,
+                                       match=r"a backward after this step's last one.*call "
+                                             r"step\(\) first"):
+                        model(x, y).backward()
+                model.step()
+            return model.state_dict()
+
+    clean = run_ranks(ranks, lambda r, w: rank_main(r, w, False))
+    tried = run_ranks(ranks, lambda r, w: rank_main(r, w, True))
+    for key, value in clean[0].items():
+        assert torch.equal(value, tried[0][key]), key
+        assert torch.equal(tried[0][key], tried[1][key]), key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_a_parameter_without_a_gradient_checks_in_a_zero_one(stage):
     """A parameter the forward never uses gets no gradient from autograd: at the end of
     backward it checks in zero, so the step goes ahead and AdamW only decays it."""
