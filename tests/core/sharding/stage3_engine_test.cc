@@ -180,7 +180,10 @@ TEST(Stage3, DpAboveShardingAndAccumulationWithinMemory) {
 // Trains `steps` steps at sharding 2 x dp 2 with every parameter in `units` units; with
 // `eval_first`, a forward-only pass (gather and release of every unit) comes before the
 // first step, so the order recorded then differs from the later steps'. Rank 0's parameters.
-std::vector<std::vector<float>> train_with_pattern(int32_t units, bool eval_first, int steps) {
+// `hold_first`: unit 0 is never released inside a step (a forward whose backward never came),
+// so it is in use across every step.
+std::vector<std::vector<float>> train_with_pattern(int32_t units, bool eval_first, int steps,
+                                                   bool hold_first = false) {
   std::vector<std::vector<float>> result;
   if (!HPS_HAVE_GLOO) return result;
   auto topology = *Topology::create({2, 1, 2, 1, 1}, 4);
@@ -216,8 +219,12 @@ std::vector<std::vector<float>> train_with_pattern(int32_t units, bool eval_firs
         for (size_t i = 0; i < numel(kModel[p]); ++i) g[i] += gradient(rank, step, 0, p, i, v[i]);
         ASSERT_TRUE(e.grad_ready(p, nullptr).ok());
       }
-      for (int32_t u = units; u-- > 0;) ASSERT_TRUE(e.release(u).ok());
+      for (int32_t u = units; u-- > (hold_first ? 1 : 0);) ASSERT_TRUE(e.release(u).ok());
       ASSERT_TRUE(e.step().ok());
+    }
+    if (hold_first) {
+      EXPECT_EQ(e.regathered_in_use(), static_cast<uint64_t>(steps));
+      ASSERT_TRUE(e.release(0).ok());
     }
     auto all = e.gather_all();
     ASSERT_TRUE(all.ok());
@@ -237,6 +244,16 @@ TEST(Stage3, APatternUnlikeTheFirstStepsStillTrainsOnUpdatedParameters) {
     for (int run = 0; run < 3; ++run) {
       EXPECT_EQ(train_with_pattern(units, true, 4), plain) << units << " units, run " << run;
     }
+  }
+}
+
+// A unit in use across the step (gathered, not released) kept the parameters from before
+// the update, and the next gather of it returned them: it is gathered again after the step.
+TEST(Stage3, AUnitInUseAcrossTheStepIsGatheredAgainAfterTheUpdate) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  for (int32_t units : {1, 2}) {
+    EXPECT_EQ(train_with_pattern(units, false, 4, true), train_with_pattern(units, false, 4))
+        << units << " units";
   }
 }
 
