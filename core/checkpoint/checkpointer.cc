@@ -592,6 +592,7 @@ StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::create(Checkpointable& eng
   auto manifests = std::make_unique<PublishedManifests>(root);
   HPS_RETURN_IF_ERROR(claim_root(root, t, *manifests));
   HPS_ASSIGN_OR_RETURN(auto side, create_stream(engine.state_stream().device()));
+  side->set_name("checkpoint snapshot, rank " + std::to_string(comm->rank()));
   return std::unique_ptr<Checkpointer>(new Checkpointer(
       engine, std::move(comm), std::move(root), bounded, std::move(side), std::move(manifests)));
 }

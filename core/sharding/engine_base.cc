@@ -63,7 +63,8 @@ Status EngineBase::check_not_dropped() const {
 Status EngineBase::init_device() {
   HPS_ASSIGN_OR_RETURN(kernels_, kernels_for(device_.type));
   HPS_ASSIGN_OR_RETURN(optimizer_stream_, create_stream(device_));
-  optimizer_stream_->set_name("optimizer");
+  // Named by rank: ranks as threads share a process's timeline.
+  optimizer_stream_->set_name("optimizer, sharding rank " + std::to_string(shard_rank_));
   // A CPU framework computes on the calling thread, which orders the engine's work by
   // blocking in its calls; a CPU stream given as the compute stream is kept alive by the
   // caller and not used (its worker thread would take the waits off the calling thread).

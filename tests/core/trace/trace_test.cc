@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "core/device/cpu/stream.h"
@@ -215,6 +216,7 @@ TEST_F(TraceTest, EngineStepsMarkTheirBoundaries) {
   ASSERT_EQ(written.size(), 1u);
   const json t = read(written[0].string());
   int steps = 0, gathers = 0, reductions = 0, optimizer_tasks = 0;
+  std::set<std::string> optimizer_tracks;
   for (const auto& e : t["traceEvents"]) {
     if (e["ph"] == "i" && e["cat"] == "step") {
       ++steps;
@@ -224,8 +226,15 @@ TEST_F(TraceTest, EngineStepsMarkTheirBoundaries) {
     if (e["cat"] == "collective" && e["name"] == "all_gather") ++gathers;
     if (e["cat"] == "collective" && e["name"] == "reduce_scatter") ++reductions;
     // The engines name their optimizer streams' tracks.
-    if (track_name(t, e["tid"]).rfind("optimizer", 0) == 0) ++optimizer_tasks;
+    const std::string track = track_name(t, e["tid"]);
+    if (track.rfind("optimizer", 0) == 0) {
+      ++optimizer_tasks;
+      optimizer_tracks.insert(track);
+    }
   }
+  // By rank: the two ranks (threads of one process) were both "optimizer".
+  EXPECT_EQ(optimizer_tracks,
+            (std::set<std::string>{"optimizer, sharding rank 0", "optimizer, sharding rank 1"}));
   EXPECT_EQ(steps, 6);               // 3 per rank
   EXPECT_EQ(reductions, 2 * 3 * 6);  // per rank, step and bucket
   EXPECT_GE(gathers, 2 * 3 * 6);
