@@ -1213,7 +1213,8 @@ Status GlooCommunicator::tree_broadcast(Op& op, void* buffer, size_t bytes, int3
 }
 
 StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue_point_to_point(
-    std::string operation, Stream* ready, uint64_t slot_base, std::function<void(Op&)> post) {
+    std::string operation, Stream* ready, uint64_t slot_base, uint64_t bytes, uint64_t number,
+    std::function<void(Op&)> post) {
   // A send completes only once the peer has posted the matching receive. Waiting on the
   // stream would deadlock two ranks that each send before they receive, so the stream
   // only posts the transfer and the waiter thread completes it (NCCL's group semantics).
@@ -1223,23 +1224,24 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue_point_to_point(
   // completion with a detached mark completed by the waiter.
   auto work = std::move(work_or).value();
   auto mark = static_cast<cpu::CpuEvent&>(work->done_event()).record_detached();
-  stream_->enqueue(
-      [this, work, mark, operation = std::move(operation), slot_base, post = std::move(post)] {
-        try {
-          auto op = std::make_shared<Op>(*this, operation, 0, slot_base, Clock::now() + timeout());
-          Status s = guarded(*op, [&] {
-            post(*op);
-            return Status::Ok();
-          });
-          std::lock_guard lock(waiter_mutex_);
-          waiting_.push_back({op, work, mark, s});
-          ++transfers_posted_;
-          waiter_cv_.notify_one();
-        } catch (...) {
-          end_work(*work, aborted(where(operation, 0) + ": " + describe_exception()));
-          mark->complete();
-        }
+  stream_->enqueue([this, work, mark, operation = std::move(operation), slot_base, bytes, number,
+                    post = std::move(post)] {
+    try {
+      if (trace::enabled()) trace::collective(operation, bytes, options_.name, number);
+      auto op = std::make_shared<Op>(*this, operation, 0, slot_base, Clock::now() + timeout());
+      Status s = guarded(*op, [&] {
+        post(*op);
+        return Status::Ok();
       });
+      std::lock_guard lock(waiter_mutex_);
+      waiting_.push_back({op, work, mark, s});
+      ++transfers_posted_;
+      waiter_cv_.notify_one();
+    } catch (...) {
+      end_work(*work, aborted(where(operation, 0) + ": " + describe_exception()));
+      mark->complete();
+    }
+  });
   return work;
 }
 
@@ -1417,6 +1419,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::point_to_point(bool sending, c
   const uint64_t number = (sending ? sent_ : received_)[peer]++;
   const uint64_t slot = transfer_slot_base(number, count * dtype_size(dtype));
   return enqueue_point_to_point(p2p_name(operation, number, direction, peer), ready, slot,
+                                count * dtype_size(dtype), number + 1,
                                 [sending, buffer, count, dtype, peer](Op& o) {
                                   const size_t bytes = count * dtype_size(dtype);
                                   const size_t b = o.buffer(buffer, bytes);

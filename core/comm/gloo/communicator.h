@@ -116,8 +116,10 @@ class GlooCommunicator final : public Communicator {
   // send() and recv(): the checks, the message number per peer, the transfer.
   StatusOr<std::shared_ptr<Work>> point_to_point(bool sending, const void* buffer, size_t count,
                                                  DType dtype, int32_t peer, Stream* ready);
+  // `bytes` and `number` (the message's, per peer and direction) name it in the timeline.
   StatusOr<std::shared_ptr<Work>> enqueue_point_to_point(std::string operation, Stream* ready,
-                                                         uint64_t slot_base,
+                                                         uint64_t slot_base, uint64_t bytes,
+                                                         uint64_t number,
                                                          std::function<void(Op&)> post);
   void complete_transfers();  // the waiter thread
   // True when `descriptor` is checked across ranks over control_ (TCP, checking on).

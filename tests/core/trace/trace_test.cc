@@ -148,6 +148,12 @@ TEST_F(TraceTest, CollectivesCarryOperationBytesGroupAndSequence) {
             comm.all_reduce(send.data(), send.data(), send.size(), DType::kFloat32, ReduceOp::kSum);
         ASSERT_TRUE(r.ok());
         ASSERT_TRUE((*r)->wait().ok());
+        // Point to point: named by direction, peer and message number (they were anonymous
+        // "task"s).
+        auto p = rank == 0 ? comm.send(send.data(), 10, DType::kFloat32, 1)
+                           : comm.recv(recv.data(), 10, DType::kFloat32, 0);
+        ASSERT_TRUE(p.ok());
+        ASSERT_TRUE((*p)->wait().ok());
       },
       options);
   trace::stop();
@@ -155,9 +161,14 @@ TEST_F(TraceTest, CollectivesCarryOperationBytesGroupAndSequence) {
   auto written = files();
   ASSERT_EQ(written.size(), 1u);
   const json t = read(written[0].string());
-  int gathers = 0, reductions = 0;
+  int gathers = 0, reductions = 0, sends = 0, receives = 0;
   for (const auto& e : t["traceEvents"]) {
     if (e["ph"] != "X" || e["cat"] != "collective") continue;
+    if (e["name"] == "send #1 to rank 1" || e["name"] == "recv #1 from rank 0") {
+      ++(e["name"] == "send #1 to rank 1" ? sends : receives);
+      EXPECT_EQ(e["args"]["bytes"], 10 * 4);
+      EXPECT_EQ(e["args"]["sequence"], 1);
+    }
     EXPECT_EQ(e["args"]["group"], "sharding");
     EXPECT_TRUE(track_name(t, e["tid"]).find("communicator 'sharding' rank") == 0)
         << track_name(t, e["tid"]);
@@ -173,6 +184,8 @@ TEST_F(TraceTest, CollectivesCarryOperationBytesGroupAndSequence) {
   }
   EXPECT_EQ(gathers, 2);  // one per rank
   EXPECT_EQ(reductions, 2);
+  EXPECT_EQ(sends, 1);
+  EXPECT_EQ(receives, 1);
 }
 
 TEST_F(TraceTest, EngineStepsMarkTheirBoundaries) {
