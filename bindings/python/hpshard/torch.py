@@ -22,7 +22,10 @@ nothing in a step blocks the host.
 
 Units are the submodules named in ``units`` (each transformer block, say; one unit inside
 another is refused); every other parameter forms one more unit, the rest, and so does a
-parameter used by two units (a submodule two blocks share, tied weights). With stage 3
+parameter used by two units (a submodule two blocks share, tied weights) or held both in a
+unit and outside every unit (a block's layer its parent also keeps as an attribute of its
+own). Stage 2 keeps every parameter resident: the first forward after a step waits for the
+step's all-gathers, so the forward may read any parameter anywhere. With stage 3
 only this rank's shard of each unit is resident: a unit is gathered before its forward and
 released after it, gathered again when the gradient of one of its outputs arrives in
 backward, and released once its gradients are in (a unit holding a frozen parameter at the
@@ -42,7 +45,9 @@ recomputes it over a copy of its parameters, so a kept graph stays right after t
 release; a parameter used outside its unit inside a checkpointed region is not caught);
 with ``use_reentrant=True`` a parameter used by two checkpointed calls raises (each call
 completes its gradient once; use ``use_reentrant=False``). Evaluation under
-``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. A stage 3
+``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. A
+backward of a graph kept across ``step()`` (``retain_graph=True``) raises before it adds any
+gradient, as torch's version check refuses it after ``optimizer.step()``. A stage 3
 forward gathers units with the other ranks, so every rank runs it; to evaluate on some
 ranks only (rank 0 alone), do it inside ``with model.full_parameters():``, which every
 rank enters.
@@ -668,6 +673,7 @@ class ShardedModule(torch.nn.Module):
         self._view_cache: Dict[int, Tuple[int, torch.Tensor]] = {}
         self._gathered_keys: Dict[int, int] = {}  # storage address -> parameter index
         self._micro_batches = 0  # backward passes since the last step
+        self._steps = 0  # step() calls: a graph saved before one is refused after it
         self._in_no_sync = False
         self._backward_active = False
         # Inside full_parameters(): each parameter's full copy, and what it held before.
@@ -700,19 +706,32 @@ class ShardedModule(torch.nn.Module):
                                  "(not the module itself)")
             unit_modules.append((names[id(m)], m))
         # Which units each module belongs to: a unit's subtree is that unit. A unit inside
-        # another is refused; a submodule that two units share (one LayerNorm in two blocks)
-        # belongs to both, so its parameters are shared across units (the rest, below).
+        # another is refused; a submodule reached through two units (one LayerNorm in two
+        # blocks), or through a unit and also outside every unit (a block's layer the parent
+        # holds as an attribute of its own), belongs to each of them, so its parameters are
+        # shared across units (the rest, below).
         unit_of_module = {id(m): k for k, (_, m) in enumerate(unit_modules, start=1)}
         if len(unit_of_module) != len(unit_modules):
             raise ValueError("ShardedModule: a unit is listed twice")
-        module_units: Dict[int, set] = collections.defaultdict(set)
         for k, (uname, m) in enumerate(unit_modules, start=1):
             for sub in m.modules():
                 if sub is not m and id(sub) in unit_of_module:
                     inner = unit_modules[unit_of_module[id(sub)] - 1][0]
                     raise ValueError(f"ShardedModule: unit {inner!r} overlaps another unit: "
                                      f"it is inside unit {uname!r}")
-                module_units[id(sub)].add(k)
+        module_units: Dict[int, set] = collections.defaultdict(set)
+        walked = set()  # (module, unit): each reached once per unit context
+        pending = [(self.module, 0)]
+        while pending:
+            m, k = pending.pop()
+            for child in m._modules.values():
+                if child is None:
+                    continue
+                ck = unit_of_module.get(id(child), k)
+                if (id(child), ck) not in walked:
+                    walked.add((id(child), ck))
+                    module_units[id(child)].add(ck)
+                    pending.append((child, ck))
         self._units: List[_Unit] = [_Unit(0, "rest")] + [
             _Unit(k, uname) for k, (uname, _) in enumerate(unit_modules, start=1)]
         self._unit_modules = [m for _, m in unit_modules]
@@ -966,6 +985,19 @@ class ShardedModule(torch.nn.Module):
                 u.versions[i] = p._version
         u.gathered = True
 
+    def _wait_for_step_gathers(self) -> None:
+        """Stage 2, the first forward after a step: waits for every unit's all-gather of the
+        update, as the forward may read a unit's parameter before that unit's own forward
+        (a parent calling its submodule, F.linear(h, unit.weight)) and would read it while
+        the all-gather still wrote it. A dependency wait, no host sync."""
+        for u in self._units:
+            if not any(i in self._gathering for i in u.params):
+                continue
+            self._engine.wait_parameters(u.uid)
+            if not u.gathered:
+                self._engine.release_parameters(u.uid)
+        self._gathering.clear()
+
     def _release(self, u: _Unit) -> None:
         if not u.gathered:
             return
@@ -1044,7 +1076,7 @@ class ShardedModule(torch.nn.Module):
             output = self._copy_out(u, output)
         # Its backward starts when the gradient of one of its outputs arrives.
         for t in backward_roots(output):
-            t.register_hook(self._make_pre_backward(u))
+            t.register_hook(self._make_pre_backward(u, self._steps))
         if release:
             self._release(u)
         if self._timeline:
@@ -1144,6 +1176,8 @@ class ShardedModule(torch.nn.Module):
                 self._abandon_backward()
             else:
                 raise RuntimeError("hpshard.torch: a forward while a backward is under way")
+        if self.stage == 2 and self._gathering:
+            self._wait_for_step_gathers()
         root = self._units[0]
         self._begin_forward(root)
         try:
@@ -1171,7 +1205,8 @@ class ShardedModule(torch.nn.Module):
             key = _storage_key(t)
             i = self._gathered_keys.get(key)
             if i is not None:
-                return (_ParamRef, i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+                return (_ParamRef, i, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                        self._steps)
             i = self._husk_keys.get(key)
             if i is not None:  # an operation took a released parameter's zeros as its value
                 u = self._unit(self._param_unit[i])
@@ -1184,7 +1219,14 @@ class ShardedModule(torch.nn.Module):
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, tuple) and packed and packed[0] is _ParamRef:
-            _, i, shape, stride, offset = packed
+            _, i, shape, stride, offset, steps = packed
+            if steps != self._steps and self._params[i].requires_grad:
+                # As torch's version check refuses a graph kept across optimizer.step().
+                raise RuntimeError(
+                    f"hpshard.torch: one of the variables needed for gradient computation has "
+                    f"been modified by an inplace operation: parameter {self._names[i]!r} was "
+                    f"updated by step() after the forward that saved it (torch raises the "
+                    f"same for a graph kept across optimizer.step())")
             u = self._unit(self._param_unit[i])
             if not u.gathered:
                 # Backward needs it before a gradient reached any output of the unit (a
@@ -1212,8 +1254,17 @@ class ShardedModule(torch.nn.Module):
             u.pending = len(u.trainable)
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
 
-    def _make_pre_backward(self, u: _Unit):
+    def _make_pre_backward(self, u: _Unit, steps: int):
         def hook(grad):
+            if steps != self._steps and not self._backward_active:
+                # A graph kept from before a step: refused before any gradient is added (the
+                # version counters torch checks would stop it only part way, some gradients
+                # already checked in).
+                raise RuntimeError(
+                    f"hpshard.torch: one of the variables needed for gradient computation has "
+                    f"been modified by an inplace operation: this graph's forward ran before "
+                    f"step() updated the parameters it saved (torch raises the same for a "
+                    f"graph kept across optimizer.step())")
             try:
                 self._start_backward()
                 if not u.in_backward:
@@ -1363,18 +1414,19 @@ class ShardedModule(torch.nn.Module):
                 u.checked.clear()
         self._micro_batches += 1
         last = not self._in_no_sync
-        if last and self._micro_batches != self.accumulation_steps:
-            n = self._micro_batches
-            self._micro_batches = 0
+        # The engine took the micro-batch either way: the count stays its count, so that
+        # the step's remaining backward passes and step() go on from there.
+        n, k = self._micro_batches, self.accumulation_steps
+        if last and n != k:
             raise RuntimeError(
-                f"hpshard.torch: accumulation_steps={self.accumulation_steps}, but this "
-                f"step's last backward (outside no_sync()) was backward number {n}: run the "
-                f"first {self.accumulation_steps - 1} inside no_sync()")
-        if not last and self._micro_batches >= self.accumulation_steps:
+                f"hpshard.torch: accumulation_steps={k}, but backward number {n} of this step "
+                f"ran outside no_sync() (only the last one does): its gradients were taken as "
+                f"micro-batch {n} of {k}; run the first {k - 1} inside no_sync()")
+        if not last and n >= k:
             raise RuntimeError(
-                f"hpshard.torch: accumulation_steps={self.accumulation_steps}: backward "
-                f"number {self._micro_batches} of this step ran inside no_sync(); the last one "
-                "must run outside it")
+                f"hpshard.torch: accumulation_steps={k}: backward number {n} of this step ran "
+                f"inside no_sync(); the last one must run outside it (its gradients were "
+                f"taken: step() comes next)")
 
     # ---- the step -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -1409,8 +1461,18 @@ class ShardedModule(torch.nn.Module):
                                f"passes; accumulation_steps is {self.accumulation_steps}")
         self._check_writes()
         self._engine.step()
+        self._steps += 1
         for u in self._units:
             u.refilled = self.stage == 3 and u.gathered
+        if self.stage == 2:
+            # The update writes the parameters in place, as torch.optim's does: their
+            # version counters move (no element written here), so a backward of a graph
+            # kept from before the step raises as torch's does.
+            with torch.no_grad():
+                for i, p in enumerate(self._params):
+                    if p.requires_grad and p.numel():
+                        p.as_strided((0,), (1,)).zero_()
+                        self._versions[i] = p._version
         if self.stage == 2:
             self._gathering = {i for i, p in enumerate(self._params) if p.requires_grad}
             self._stepped_since_save = self._snapshot_pending
@@ -1569,7 +1631,8 @@ class ShardedModule(torch.nn.Module):
         each rank's buffers, its own, come from its own dict. A dict refused on
         one rank (strict keys, a shape) is refused on every rank, and nothing is loaded. A
         module holding this one loads it through its own ``load_state_dict`` the same
-        way."""
+        way. Between a step's first backward and its ``step()`` it is refused
+        (FailedPreconditionError, nothing loaded): the step's gradients would be lost."""
         missing, unexpected = self._load_entries(state_dict, strict)
         return collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")(
             missing, unexpected)
@@ -1602,6 +1665,14 @@ class ShardedModule(torch.nn.Module):
                       strict: bool) -> Tuple[List[str], List[str]]:
         self._open("load_state_dict()")
         self._refuse_inside_full("load_state_dict()")
+        if self._micro_batches:
+            # The same on every rank: the ranks make the same backward passes.
+            raise _hps.FailedPreconditionError(
+                _hps.Status.FAILED_PRECONDITION,
+                f"ShardedModule.load_state_dict: after {self._micro_batches} backward "
+                f"pass(es) of a step and before its step(): the engine it starts anew would "
+                f"drop their gradients; call step() first, or load before the step's first "
+                f"backward")
         own = self.module.state_dict(keep_vars=True)
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]

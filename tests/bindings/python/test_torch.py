@@ -2221,3 +2221,151 @@ def test_world_from_env_again_after_close_and_a_with_block_left_by_exit(tmp_path
                          text=True, timeout=120)
     assert run.returncode == 7, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
+
+
+class _ReadsALaterUnitFirst(torch.nn.Module):
+    """The root reads block 1's weight (F.linear) before blocks 0 and 1 run."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(5, 256)
+        self.blocks = torch.nn.ModuleList(_Wide() for _ in range(2))
+        self.head = torch.nn.Linear(256, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = h + 0.1 * torch.nn.functional.linear(h, self.blocks[1].lin.weight)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h).pow(2).mean()
+
+
+class _Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(256, 256)
+
+    def forward(self, h):
+        return torch.tanh(self.lin(h))
+
+
+def _reads_a_later_unit_first():
+    with _BUILD:
+        torch.manual_seed(5)
+        return _ReadsALaterUnitFirst()
+
+
+def test_stage_2_a_parameter_read_before_its_units_forward_has_the_update():
+    """Stage 2 waited for each unit's all-gather of the last step's update only when the
+    unit's own forward began: the root reading a later unit's weight first read it while the
+    all-gather still wrote it (old and new values mixed, differing run to run)."""
+    for _ in range(3):
+        assert_trains_as_torch(_reads_a_later_unit_first, 300,
+                               lambda ps: torch.optim.SGD(ps, lr=0.05), steps=6, stage=2,
+                               units=["blocks.0", "blocks.1"], optimizer="sgd", lr=0.05)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_graph_kept_across_step_is_refused_as_torch_refuses_it(stage):
+    """backward(retain_graph=True), step(), then a backward of the same graph: torch raises
+    (the parameters it saved were modified in place); hpshard computed a gradient from the
+    old activations and the new parameters."""
+    def rank_main(rank, world):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="sgd", lr=LR) as model:
+            loss = model(shard_of(_net_batch(0), rank, 2))
+            loss.backward(retain_graph=True)
+            model.step()
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                loss.backward()
+            # and training goes on
+            model(shard_of(_net_batch(1), rank, 2)).backward()
+            model.step()
+            return model.state_dict()
+
+    run_ranks(2, rank_main)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_load_state_dict_inside_a_step_is_refused_and_changes_nothing(stage):
+    """load_state_dict() after a backward and before its step() was taken into a fresh engine
+    without the step's gradients while the adapter still counted them: every later step()
+    and backward was refused, for good."""
+    def rank_main(rank, world, vary):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR, accumulation_steps=2) as model:
+            for step in range(3):
+                x = shard_of(_net_batch(step), rank, 2)
+                with model.no_sync():
+                    model(x[:2]).backward()
+                if vary:
+                    state = model.state_dict()
+                    with pytest.raises(hpshard.FailedPreconditionError,
+                                       match="after 1 backward pass.*call step\\(\\) first"):
+                        model.load_state_dict(state)
+                model(x[2:]).backward()
+                model.step()
+            return model.state_dict()
+
+    assert_runs_equal(rank_main)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_backward_outside_no_sync_too_early_is_taken_and_the_step_goes_on(stage):
+    """accumulation_steps=2 and the first backward outside no_sync(): refused as a loop
+    mistake, but the engine had taken its gradients while the adapter reset its count, and
+    every later step() and backward was refused for good. Now the count stays the engine's:
+    the step's second backward and step() go on, as if the first had been inside no_sync()."""
+    def rank_main(rank, world, vary):
+        with hpt.ShardedModule(_net(), world, stage=stage, units=_NET_UNITS,
+                               optimizer="adamw", lr=LR, accumulation_steps=2) as model:
+            for step in range(3):
+                x = shard_of(_net_batch(step), rank, 2)
+                if vary and step == 1:
+                    with pytest.raises(RuntimeError, match="backward number 1 of this step ran "
+                                                           "outside no_sync.*were taken"):
+                        model(x[:2]).backward()
+                else:
+                    with model.no_sync():
+                        model(x[:2]).backward()
+                model(x[2:]).backward()
+                model.step()
+            return model.state_dict()
+
+    assert_runs_equal(rank_main)
+
+
+class _HoldsABlocksLayer(torch.nn.Module):
+    """The root keeps block 0's layer as an attribute of its own and applies it first."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(5, 256)
+        self.blocks = torch.nn.ModuleList(_Wide() for _ in range(2))
+        self.first = self.blocks[0].lin
+        self.head = torch.nn.Linear(256, 1)
+
+    def forward(self, x):
+        h = torch.tanh(self.first(self.inp(x)))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h).pow(2).mean()
+
+
+def _holds_a_blocks_layer():
+    with _BUILD:
+        torch.manual_seed(6)
+        return _HoldsABlocksLayer()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_units_layer_also_held_outside_every_unit_goes_to_the_rest(stage):
+    """A submodule reached through a unit and also outside every unit stayed in the unit
+    (an aliased parameter went to the rest): stage 3 refused its use outside the unit."""
+    def check(model):
+        rest = set(model._units[0].params)
+        for name in ("blocks.0.lin.weight", "blocks.0.lin.bias"):
+            assert model._names.index(name) in rest, name
+    assert_trains_as_torch(_holds_a_blocks_layer, 400, lambda ps: torch.optim.SGD(ps, lr=0.05),
+                           steps=3, check=check, stage=stage, units=["blocks.0", "blocks.1"],
+                           optimizer="sgd", lr=0.05)
