@@ -1173,7 +1173,8 @@ HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t un
  * gradients go once reduced); stage 2 moves nothing. At both stages the unit is then out of
  * use: a checkpoint's load or import is refused while a unit is between its wait and its
  * release (stage 2: or the step, which ends every unit's use). Errors: NOT_FOUND,
- * FAILED_PRECONDITION (stage 3: gradients taken in this backward that have not all checked in).
+ * FAILED_PRECONDITION (stage 3: a gradient of the unit was taken in this micro-batch while
+ * some gradient of its buckets has not checked in; each must, its view taken first).
  */
 HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t unit);
 

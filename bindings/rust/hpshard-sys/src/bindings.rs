@@ -2593,7 +2593,8 @@ extern "C" {
     #[doc = " gradients go once reduced); stage 2 moves nothing. At both stages the unit is then out of"]
     #[doc = " use: a checkpoint's load or import is refused while a unit is between its wait and its"]
     #[doc = " release (stage 2: or the step, which ends every unit's use). Errors: NOT_FOUND,"]
-    #[doc = " FAILED_PRECONDITION (stage 3: gradients taken in this backward that have not all checked in)."]
+    #[doc = " FAILED_PRECONDITION (stage 3: a gradient of the unit was taken in this micro-batch while"]
+    #[doc = " some gradient of its buckets has not checked in; each must, its view taken first)."]
     pub fn hps_engine_release_parameters(engine: *mut hps_engine_t, unit: i32) -> hps_status_t;
 }
 extern "C" {
