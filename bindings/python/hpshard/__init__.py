@@ -547,7 +547,7 @@ class Store(Handle):
         if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
             try:
                 self.abort()  # the program stops: no rank is waited for
-            except ValueError:  # closed already
+            except (ValueError, FailedPreconditionError):  # closed; the parent's (forked)
                 pass
         self.close()
 
@@ -1101,12 +1101,15 @@ class Communicator(Handle):
             with self._lock:
                 h = self._handle
                 if h is not None:
-                    h.abort()  # the program stops: what it left pending ends now
+                    try:
+                        h.abort()  # the program stops: what it left pending ends now
+                    except FailedPreconditionError:  # the parent's, in a forked child
+                        pass
             store = self._store() if self._store is not None else None
             if store is not None:
                 try:
                     store.abort()  # and its store serves no one any more
-                except ValueError:  # closed already
+                except (ValueError, FailedPreconditionError):  # closed; the parent's (forked)
                     pass
         self.close()
 

@@ -7,6 +7,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <optional>
 
 #include "core/comm/gloo/control_mesh.h"
@@ -259,11 +261,20 @@ void ignore_sigpipe_at_default() {
 }
 
 // One TCP device per process and address: every communicator shares its event loop.
-StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
+using DeviceMap = std::map<std::string, std::shared_ptr<::gloo::transport::Device>>;
+std::mutex& devices_mutex() {
   static std::mutex mutex;
-  static std::map<std::string, std::shared_ptr<::gloo::transport::Device>> devices;
+  return mutex;
+}
+DeviceMap& devices_by_host() {
+  static DeviceMap devices;
+  return devices;
+}
+
+StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
   const std::string host = device_host();
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(devices_mutex());
+  DeviceMap& devices = devices_by_host();
   auto& slot = devices[host];
   if (!slot) {
     // Resolved here first: Gloo's own lookup of a name that does not resolve reads an
@@ -544,8 +555,15 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
 class ContextReaper {
  public:
   static ContextReaper& instance() {
-    static ContextReaper reaper;
-    return reaper;
+    std::lock_guard lock(slot_mutex());
+    auto& reaper = slot();
+    if (!reaper) reaper.reset(new ContextReaper());
+    return *reaper;
+  }
+  // The forked child's: see forget_the_parents_transport().
+  static void forget_the_parents() {
+    new (&slot_mutex()) std::mutex();  // the parent's may have been held at the fork
+    (void)slot().release();            // never destroyed here: its thread is the parent's
   }
   void retire(std::shared_ptr<::gloo::Context> context) {
     std::lock_guard lock(mutex_);
@@ -563,6 +581,14 @@ class ContextReaper {
 
  private:
   static constexpr std::chrono::seconds kGrace{5};
+  static std::mutex& slot_mutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+  static std::unique_ptr<ContextReaper>& slot() {
+    static std::unique_ptr<ContextReaper> reaper;
+    return reaper;
+  }
   struct Retired {
     std::shared_ptr<::gloo::Context> context;
     Clock::time_point close_at;
@@ -597,6 +623,24 @@ class ContextReaper {
   bool stopping_ = false;
   std::thread thread_;
 };
+
+// After fork() the child holds copies of the parent's TCP devices and reaper but none of
+// their threads, and their sockets and event loops (epoll) are the parent's too: closing one
+// in the child would unregister the parent's descriptors, and a communicator made on one
+// would wait for a loop that never runs. The child leaves them alone (never closed) and
+// makes its own on first use.
+namespace {
+
+void forget_the_parents_transport() {
+  new (&devices_mutex()) std::mutex();
+  (void)new DeviceMap(std::move(devices_by_host()));  // kept, never destroyed
+  devices_by_host().clear();
+  ContextReaper::forget_the_parents();
+}
+[[maybe_unused]] const bool g_fork_handler_registered =
+    ::pthread_atfork(nullptr, nullptr, forget_the_parents_transport) == 0;
+
+}  // namespace
 
 GlooCommunicator::~GlooCommunicator() {
   untie();

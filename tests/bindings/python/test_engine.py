@@ -1386,3 +1386,30 @@ def test_a_second_check_in_names_the_gradients_the_micro_batch_still_waits_for()
                            match=r"'a' checked in twice in one micro-batch \(micro-batch 1 of 2 "
                                  r"has not had 'b' checked in\)"):
             engine.grad_ready(a)
+
+
+FORKED_INSIDE_WITH_BLOCKS = r"""
+import os, sys
+from hpshard import Communicator, Store
+
+with Store.open(sys.argv[1], 0) as st, Communicator.create(st, 0, 1) as comm:
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # leaves both blocks by SystemExit: they abort what is pending
+    _, status = os.waitpid(pid, 0)
+    print("child status", status, flush=True)
+"""
+
+
+def test_a_forked_child_leaving_with_blocks_by_sys_exit_exits_cleanly():
+    """Leaving a Communicator's or Store's with block by SystemExit aborts them first; in a
+    forked child that abort was refused (the parent's handle) and the child exited 1 with a
+    traceback."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", FORKED_INSIDE_WITH_BLOCKS,
+                           f"memory://fork-with-{uuid.uuid4().hex}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout.splitlines() == ["child status 0"], (done.stdout, done.stderr)
+    assert done.stderr == "", done.stderr
