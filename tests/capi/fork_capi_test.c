@@ -125,6 +125,24 @@ typedef struct {
   DLManagedTensor* view;
 } parents_t;
 
+/* Every handle of `h`, users first: in the parent they go; in the child each destroy (and
+ * the view's deleter) returns at once, leaving the parent's object alone. */
+static void destroy_all(parents_t* h) {
+  CHECK_OK(hps_work_destroy(h->pending));
+  CHECK_OK(hps_checkpoint_destroy(h->checkpoint));
+  h->view->deleter(h->view);
+  CHECK_OK(hps_engine_destroy(h->engine));
+  CHECK_OK(hps_clip_destroy(h->clip));
+  CHECK_OK(hps_hybrid_group_destroy(h->group));
+  CHECK_OK(hps_topology_destroy(h->topology));
+  CHECK_OK(hps_event_destroy(h->event));
+  CHECK_OK(hps_stream_destroy(h->stream));
+  CHECK_OK(hps_comm_destroy(h->solo));
+  CHECK_OK(hps_comm_destroy(h->pair));
+  CHECK_OK(hps_store_destroy(h->store));
+  CHECK_OK(hps_store_destroy(h->pair_store));
+}
+
 /* The child: the parent's handles refused and let go, new ones working. */
 static void child(parents_t* h, const char* dir) {
   int32_t flag = 0;
@@ -168,20 +186,8 @@ static void child(parents_t* h, const char* dir) {
         HAS("dp " FORKED) && engine == NULL);
   CHECK(make_engine(comm, h->stream) == NULL && HAS("options->compute_stream " FORKED));
 
-  /* Destroying them returns at once; the view's deleter (the last user of nothing here) too. */
-  CHECK_OK(hps_work_destroy(h->pending));
-  CHECK_OK(hps_comm_destroy(h->pair));
-  CHECK_OK(hps_checkpoint_destroy(h->checkpoint));
-  CHECK_OK(hps_engine_destroy(h->engine));
-  h->view->deleter(h->view);
-  CHECK_OK(hps_clip_destroy(h->clip));
-  CHECK_OK(hps_hybrid_group_destroy(h->group));
-  CHECK_OK(hps_topology_destroy(h->topology));
-  CHECK_OK(hps_event_destroy(h->event));
-  CHECK_OK(hps_stream_destroy(h->stream));
-  CHECK_OK(hps_comm_destroy(h->solo));
-  CHECK_OK(hps_store_destroy(h->store));
-  CHECK_OK(hps_store_destroy(h->pair_store));
+  /* Destroying them returns at once; the view's deleter too. */
+  destroy_all(h);
 
   /* The child's own handles work: a two-rank world (the parent's TCP device and its event
    * loop are the parent's: a child's communicator made on them waited for ever), a
@@ -288,19 +294,7 @@ int main(void) {
   CHECK_OK(hps_stream_synchronize(h.stream));
   CHECK_OK(hps_topology_rank_of(h.topology, 0, 0, 0, 0, 0, &rank));
   CHECK(rank == 0);
-  CHECK_OK(hps_work_destroy(h.pending));
-  CHECK_OK(hps_checkpoint_destroy(h.checkpoint));
-  h.view->deleter(h.view);
-  CHECK_OK(hps_engine_destroy(h.engine));
-  CHECK_OK(hps_clip_destroy(h.clip));
-  CHECK_OK(hps_hybrid_group_destroy(h.group));
-  CHECK_OK(hps_topology_destroy(h.topology));
-  CHECK_OK(hps_event_destroy(h.event));
-  CHECK_OK(hps_stream_destroy(h.stream));
-  CHECK_OK(hps_comm_destroy(h.solo));
-  CHECK_OK(hps_comm_destroy(h.pair));
-  CHECK_OK(hps_store_destroy(h.store));
-  CHECK_OK(hps_store_destroy(h.pair_store));
+  destroy_all(&h);
   CHECK_OK(hps_comm_destroy(peer.comm));
   CHECK_OK(hps_store_destroy(peer.store));
   snprintf(command, sizeof command, "rm -rf '%s'", dir);

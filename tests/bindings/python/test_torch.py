@@ -1451,9 +1451,9 @@ class _Scale(torch.nn.Module):
 
 
 class _Block(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, width=5):
         super().__init__()
-        self.fc = torch.nn.Linear(5, 5)
+        self.fc = torch.nn.Linear(width, width)
 
     def forward(self, h):
         return torch.tanh(self.fc(h))
@@ -2229,24 +2229,15 @@ class _ReadsALaterUnitFirst(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.inp = torch.nn.Linear(5, 256)
-        self.blocks = torch.nn.ModuleList(_Wide() for _ in range(2))
+        self.blocks = torch.nn.ModuleList(_Block(256) for _ in range(2))
         self.head = torch.nn.Linear(256, 1)
 
     def forward(self, x):
         h = self.inp(x)
-        h = h + 0.1 * torch.nn.functional.linear(h, self.blocks[1].lin.weight)
+        h = h + 0.1 * torch.nn.functional.linear(h, self.blocks[1].fc.weight)
         for block in self.blocks:
             h = block(h)
         return self.head(h).pow(2).mean()
-
-
-class _Wide(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(256, 256)
-
-    def forward(self, h):
-        return torch.tanh(self.lin(h))
 
 
 def _reads_a_later_unit_first():
@@ -2341,8 +2332,8 @@ class _HoldsABlocksLayer(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.inp = torch.nn.Linear(5, 256)
-        self.blocks = torch.nn.ModuleList(_Wide() for _ in range(2))
-        self.first = self.blocks[0].lin
+        self.blocks = torch.nn.ModuleList(_Block(256) for _ in range(2))
+        self.first = self.blocks[0].fc
         self.head = torch.nn.Linear(256, 1)
 
     def forward(self, x):
@@ -2364,7 +2355,7 @@ def test_a_units_layer_also_held_outside_every_unit_goes_to_the_rest(stage):
     (an aliased parameter went to the rest): stage 3 refused its use outside the unit."""
     def check(model):
         rest = set(model._units[0].params)
-        for name in ("blocks.0.lin.weight", "blocks.0.lin.bias"):
+        for name in ("blocks.0.fc.weight", "blocks.0.fc.bias"):
             assert model._names.index(name) in rest, name
     assert_trains_as_torch(_holds_a_blocks_layer, 400, lambda ps: torch.optim.SGD(ps, lr=0.05),
                            steps=3, check=check, stage=stage, units=["blocks.0", "blocks.1"],
