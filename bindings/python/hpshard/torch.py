@@ -46,8 +46,12 @@ release; a parameter used outside its unit inside a checkpointed region is not c
 with ``use_reentrant=True`` a parameter used by two checkpointed calls raises (each call
 completes its gradient once; use ``use_reentrant=False``). Evaluation under
 ``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. A
-backward of a graph kept across ``step()`` (``retain_graph=True``) raises before it adds any
-gradient, as torch's version check refuses it after ``optimizer.step()``. A stage 3
+backward of a graph kept across ``step()`` (``retain_graph=True``) raises where it starts,
+before it adds any gradient, as torch's version check refuses it after ``optimizer.step()``;
+a forward given an output of a forward before the last ``step()`` (a recurrent state not
+detached) raises before it runs. A graph from before the step that a backward of this
+step's reaches part way (through a tensor computed from such an output) raises there, with
+the step's gradients half checked in: ``load_state_dict(state_dict())`` starts afresh. A stage 3
 forward gathers units with the other ranks, so every rank runs it; to evaluate on some
 ranks only (rank 0 alone), do it inside ``with model.full_parameters():``, which every
 rank enters.
@@ -674,6 +678,8 @@ class ShardedModule(torch.nn.Module):
         self._gathered_keys: Dict[int, int] = {}  # storage address -> parameter index
         self._micro_batches = 0  # backward passes since the last step
         self._steps = 0  # step() calls: a graph saved before one is refused after it
+        # The forwards' outputs carrying a graph, by id: (the tensor, weakly; its step).
+        self._outputs: Dict[int, Tuple[Any, int]] = {}
         self._in_no_sync = False
         self._backward_active = False
         # Inside full_parameters(): each parameter's full copy, and what it held before.
@@ -1176,6 +1182,8 @@ class ShardedModule(torch.nn.Module):
                 self._abandon_backward()
             else:
                 raise RuntimeError("hpshard.torch: a forward while a backward is under way")
+        if torch.is_grad_enabled():
+            self._refuse_an_earlier_steps_graph(args, kwargs)
         if self.stage == 2 and self._gathering:
             self._wait_for_step_gathers()
         root = self._units[0]
@@ -1193,11 +1201,35 @@ class ShardedModule(torch.nn.Module):
                 self._release(u)
             raise
         try:
-            return self._end_forward(root, output)
+            output = self._end_forward(root, output)
         except BaseException:
             root.forward_depth = 0
             self._release(root)
             raise
+        self._note_outputs(output)
+        return output
+
+    def _note_outputs(self, output: Any) -> None:
+        for t in _tensors_in(output):
+            if t.grad_fn is None:
+                continue
+            key = id(t)
+            self._outputs[key] = (weakref.ref(t, lambda _, key=key: self._outputs.pop(key, None)),
+                                  self._steps)
+
+    def _refuse_an_earlier_steps_graph(self, args: Any, kwargs: Any) -> None:
+        """An input that is a forward's output from before the last step() (a recurrent state
+        not detached) carries that forward's graph: a backward would reach it part way, after
+        this step's first gradients had checked in, and fail there (its saved parameters were
+        updated, or its graph freed). Refused before the forward."""
+        for t in _tensors_in((args, kwargs)):
+            seen = self._outputs.get(id(t))
+            if seen is None or seen[0]() is not t or seen[1] == self._steps:
+                continue
+            raise RuntimeError(
+                "hpshard.torch: an input of this forward is the output of a forward before the "
+                "last step() and carries its graph, which a backward cannot go through (the "
+                "parameters it saved were updated): pass it detach()ed")
 
     # ---- saved tensors (stage 3) -----------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
@@ -1256,16 +1288,9 @@ class ShardedModule(torch.nn.Module):
 
     def _make_pre_backward(self, u: _Unit, steps: int):
         def hook(grad):
-            if steps != self._steps and not self._backward_active:
-                # A graph kept from before a step: refused before any gradient is added (the
-                # version counters torch checks would stop it only part way, some gradients
-                # already checked in).
-                raise RuntimeError(
-                    f"hpshard.torch: one of the variables needed for gradient computation has "
-                    f"been modified by an inplace operation: this graph's forward ran before "
-                    f"step() updated the parameters it saved (torch raises the same for a "
-                    f"graph kept across optimizer.step())")
             try:
+                if steps != self._steps:
+                    self._refuse_a_kept_graph()
                 self._start_backward()
                 if not u.in_backward:
                     u.span_begin = time.monotonic_ns()
@@ -1275,6 +1300,22 @@ class ShardedModule(torch.nn.Module):
                 raise
             return grad
         return hook
+
+    def _refuse_a_kept_graph(self) -> None:
+        """A graph kept from before a step: refused where its backward starts (the version
+        counters torch checks would stop it only part way, some gradients checked in)."""
+        message = ("hpshard.torch: one of the variables needed for gradient computation has "
+                   "been modified by an inplace operation: this graph's forward ran before "
+                   "step() updated the parameters it saved (torch raises the same for a graph "
+                   "kept across optimizer.step())")
+        if self._backward_active and any(u.checked for u in self._units):
+            # Reached part way through a backward of this step's graph, which carried the
+            # old one in (an input not detached).
+            message += ("; this backward reached it after some of this step's gradients had "
+                        "checked in, so the step is half done: start afresh with "
+                        "load_state_dict(state_dict()), and detach() what carries a graph from "
+                        "one step into the next")
+        raise RuntimeError(message)
 
     def _abandon_backward(self) -> None:
         """A hook raised, or the model's own code in backward did (found at the next forward):

@@ -2360,3 +2360,71 @@ def test_a_units_layer_also_held_outside_every_unit_goes_to_the_rest(stage):
     assert_trains_as_torch(_holds_a_blocks_layer, 400, lambda ps: torch.optim.SGD(ps, lr=0.05),
                            steps=3, check=check, stage=stage, units=["blocks.0", "blocks.1"],
                            optimizer="sgd", lr=0.05)
+
+
+class _Recurrent(torch.nn.Module):
+    """One step of a recurrence: (loss, the next state) from an input and a state."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(5, 5)
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(2))
+        self.head = torch.nn.Linear(5, 1)
+
+    def forward(self, x, state):
+        h = self.inp(x) + state
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h).pow(2).mean(), h
+
+
+def _recurrent():
+    with _BUILD:
+        torch.manual_seed(7)
+        return _Recurrent()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_state_carried_into_the_next_step_undetached_is_refused_before_the_forward(stage):
+    """A recurrent state not detached carried the last step's graph into this one: the
+    backward reached it part way, after this step's first gradients had checked in, and
+    failed there (torch's version check, or the graph freed), leaving the step half done and
+    every later backward refused. A forward's own output from before the step is now refused
+    as an input before the forward; a state derived from it is refused where the backward
+    reaches it, saying how to start afresh."""
+    def rank_main(rank, world, vary):
+        with hpt.ShardedModule(_recurrent(), world, stage=stage, units=["blocks.0", "blocks.1"],
+                               optimizer="sgd", lr=0.05) as model:
+            state = torch.zeros(4, 5)
+            for step in range(4):
+                x = shard_of(torch.randn(8, 5, generator=torch.Generator().manual_seed(step)),
+                             rank, 2)
+                if vary and step == 1:
+                    with pytest.raises(RuntimeError, match="output of a forward before the last "
+                                                           "step.*detach"):
+                        model(x, state)
+                loss, state = model(x, state.detach())
+                loss.backward(retain_graph=step == 0)
+                model.step()
+            return model.state_dict()
+
+    assert_runs_equal(rank_main)
+
+    def derived(rank, world):
+        with hpt.ShardedModule(_recurrent(), world, stage=stage, units=["blocks.0", "blocks.1"],
+                               optimizer="sgd", lr=0.05) as model:
+            x = torch.ones(4, 5)
+            loss, state = model(x, torch.zeros(4, 5))
+            loss.backward(retain_graph=True)
+            model.step()
+            loss, _ = model(x, state * 1.0)
+            with pytest.raises(RuntimeError, match="step is half done: start afresh with "
+                                                   r"load_state_dict\(state_dict\(\)\)"):
+                loss.backward()
+            model.load_state_dict(model.state_dict())
+            for _ in range(2):  # and training goes on
+                loss, _ = model(x, torch.zeros(4, 5))
+                loss.backward()
+                model.step()
+
+    run_ranks(2, derived)
