@@ -49,12 +49,15 @@ completes its gradient once; use ``use_reentrant=False``). Evaluation under
 backward of a graph kept across ``step()`` (``retain_graph=True``) raises where it starts,
 before it adds any gradient, as torch's version check refuses it after ``optimizer.step()``;
 a forward given an output of a forward before the last ``step()`` (a recurrent state not
-detached) raises before it runs. A graph from before the step that a backward of this
-step's reaches part way (through a tensor computed from such an output) raises there, with
-the step's gradients half checked in: ``load_state_dict(state_dict())`` starts afresh. A stage 3
-forward gathers units with the other ranks, so every rank runs it; to evaluate on some
-ranks only (rank 0 alone), do it inside ``with model.full_parameters():``, which every
-rank enters.
+detached) goes on, and its backward raises where it starts. A graph from before the step
+that a backward of this step's reaches part way (through a tensor computed from such an
+output) raises there, with the step's gradients half checked in: the next backward and
+``step()`` raise until ``load_state_dict(state_dict())`` starts afresh. At stage 2,
+parameters read right after ``step()`` outside a forward (an EMA or teacher update) hold the
+update only after ``synchronize()`` (or inside ``full_parameters()``): the step's updates
+and all-gathers run on after it returns. A stage 3 forward gathers units with the other
+ranks, so every rank runs it; to evaluate on some ranks only (rank 0 alone), do it inside
+``with model.full_parameters():``, which every rank enters.
 
 Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
 averages over the ranks and micro-batches once. A parameter registered twice (tied
@@ -680,6 +683,10 @@ class ShardedModule(torch.nn.Module):
         self._steps = 0  # step() calls: a graph saved before one is refused after it
         # The forwards' outputs carrying a graph, by id: (the tensor, weakly; its step).
         self._outputs: Dict[int, Tuple[Any, int]] = {}
+        # The forward under way: the step of the oldest graph its inputs carry (None: none).
+        self._graph_step: Optional[int] = None
+        # A backward failed after some of its gradients checked in: until load_state_dict().
+        self._half_done = False
         self._in_no_sync = False
         self._backward_active = False
         # Inside full_parameters(): each parameter's full copy, and what it held before.
@@ -1082,7 +1089,8 @@ class ShardedModule(torch.nn.Module):
             output = self._copy_out(u, output)
         # Its backward starts when the gradient of one of its outputs arrives.
         for t in backward_roots(output):
-            t.register_hook(self._make_pre_backward(u, self._steps))
+            t.register_hook(self._make_pre_backward(
+                u, self._steps if self._graph_step is None else self._graph_step))
         if release:
             self._release(u)
         if self._timeline:
@@ -1182,8 +1190,7 @@ class ShardedModule(torch.nn.Module):
                 self._abandon_backward()
             else:
                 raise RuntimeError("hpshard.torch: a forward while a backward is under way")
-        if torch.is_grad_enabled():
-            self._refuse_an_earlier_steps_graph(args, kwargs)
+        self._graph_step = self._earlier_graph(args, kwargs) if torch.is_grad_enabled() else None
         if self.stage == 2 and self._gathering:
             self._wait_for_step_gathers()
         root = self._units[0]
@@ -1206,6 +1213,8 @@ class ShardedModule(torch.nn.Module):
             root.forward_depth = 0
             self._release(root)
             raise
+        finally:
+            self._graph_step = None
         self._note_outputs(output)
         return output
 
@@ -1217,19 +1226,21 @@ class ShardedModule(torch.nn.Module):
             self._outputs[key] = (weakref.ref(t, lambda _, key=key: self._outputs.pop(key, None)),
                                   self._steps)
 
-    def _refuse_an_earlier_steps_graph(self, args: Any, kwargs: Any) -> None:
-        """An input that is a forward's output from before the last step() (a recurrent state
-        not detached) carries that forward's graph: a backward would reach it part way, after
-        this step's first gradients had checked in, and fail there (its saved parameters were
-        updated, or its graph freed). Refused before the forward."""
+    def _earlier_graph(self, args: Any, kwargs: Any) -> Optional[int]:
+        """The step of the oldest forward before the last step() whose output, still carrying
+        its graph, is an input here (a recurrent state not detached), or None. A backward of
+        this forward would reach that graph part way, after this step's first gradients had
+        checked in, and fail there: its hooks refuse it where it starts instead (a forward
+        whose graph is never backwarded, a metric, goes on)."""
+        oldest = None
         for t in _tensors_in((args, kwargs)):
             seen = self._outputs.get(id(t))
             if seen is None or seen[0]() is not t or seen[1] == self._steps:
                 continue
-            raise RuntimeError(
-                "hpshard.torch: an input of this forward is the output of a forward before the "
-                "last step() and carries its graph, which a backward cannot go through (the "
-                "parameters it saved were updated): pass it detach()ed")
+            if t.grad_fn is None:  # detach_()ed since
+                continue
+            oldest = seen[1] if oldest is None else min(oldest, seen[1])
+        return oldest
 
     # ---- saved tensors (stage 3) -----------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
@@ -1277,6 +1288,7 @@ class ShardedModule(torch.nn.Module):
     def _start_backward(self) -> None:
         if self._backward_active:
             return
+        self._refuse_when_half_done("a backward")
         if self._full is not None:
             raise RuntimeError(
                 "hpshard.torch: a backward inside full_parameters(); the engine reduces "
@@ -1305,27 +1317,38 @@ class ShardedModule(torch.nn.Module):
         """A graph kept from before a step: refused where its backward starts (the version
         counters torch checks would stop it only part way, some gradients checked in)."""
         message = ("hpshard.torch: one of the variables needed for gradient computation has "
-                   "been modified by an inplace operation: this graph's forward ran before "
-                   "step() updated the parameters it saved (torch raises the same for a graph "
-                   "kept across optimizer.step())")
+                   "been modified by an inplace operation: this backward needs a graph made "
+                   "before the last step() (kept with retain_graph=True, or carried in by an "
+                   "input not detached, a recurrent state), and step() updated the parameters "
+                   "it saved (torch raises the same for a graph kept across optimizer.step()); "
+                   "detach() what carries a graph from one step into the next")
         if self._backward_active and any(u.checked for u in self._units):
             # Reached part way through a backward of this step's graph, which carried the
-            # old one in (an input not detached).
+            # old one in through a tensor computed from an earlier output.
             message += ("; this backward reached it after some of this step's gradients had "
                         "checked in, so the step is half done: start afresh with "
-                        "load_state_dict(state_dict()), and detach() what carries a graph from "
-                        "one step into the next")
+                        "load_state_dict(state_dict())")
         raise RuntimeError(message)
+
+    def _refuse_when_half_done(self, what: str) -> None:
+        if self._half_done:
+            raise _hps.FailedPreconditionError(
+                _hps.Status.FAILED_PRECONDITION,
+                f"hpshard.torch: {what} after a backward that failed once some of its "
+                f"gradients had checked in: the step is half done; start afresh with "
+                f"load_state_dict(state_dict())")
 
     def _abandon_backward(self) -> None:
         """A hook raised, or the model's own code in backward did (found at the next forward):
         autograd stops the backward and never runs its end callback, so what that callback
         resets is reset here. Training goes on when the backward was
         refused before any gradient checked in (a second backward before step()); one that
-        failed after some checked in leaves the engine's micro-batch half done, and its
-        next grad_ready or step() is refused."""
+        failed after some checked in leaves the engine's micro-batch half done: the next
+        backward and step() are refused until load_state_dict() starts afresh."""
         if not self._backward_active:  # refused before it started: nothing to undo
             return
+        if any(u.checked for u in self._units):
+            self._half_done = True
         for u in self._units:
             u.forward_depth = 0  # a recomputation that raised
             u.recomputing = False
@@ -1497,6 +1520,7 @@ class ShardedModule(torch.nn.Module):
         begin = time.monotonic_ns()
         self._open("step()")
         self._refuse_inside_full("step()")
+        self._refuse_when_half_done("step()")
         if self._micro_batches != self.accumulation_steps:
             raise RuntimeError(f"hpshard.torch: step() after {self._micro_batches} backward "
                                f"passes; accumulation_steps is {self.accumulation_steps}")
@@ -1706,7 +1730,7 @@ class ShardedModule(torch.nn.Module):
                       strict: bool) -> Tuple[List[str], List[str]]:
         self._open("load_state_dict()")
         self._refuse_inside_full("load_state_dict()")
-        if self._micro_batches:
+        if self._micro_batches and not self._half_done:
             # The same on every rank: the ranks make the same backward passes.
             raise _hps.FailedPreconditionError(
                 _hps.Status.FAILED_PRECONDITION,
@@ -1751,6 +1775,8 @@ class ShardedModule(torch.nn.Module):
             else:
                 values[i] = src.detach().to(self._params[i].dtype)
         self._load_parameters(values)
+        self._micro_batches = 0  # a half-done step's, dropped with the old engine
+        self._half_done = False
         return missing, unexpected
 
     def _agree_on_load(self, failed: bool, lacks_param: bool) -> Tuple[bool, bool]:

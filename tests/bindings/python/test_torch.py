@@ -2385,13 +2385,15 @@ def _recurrent():
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_a_state_carried_into_the_next_step_undetached_is_refused_before_the_forward(stage):
+def test_a_state_carried_into_the_next_step_undetached_is_refused_before_any_gradient(stage):
     """A recurrent state not detached carried the last step's graph into this one: the
     backward reached it part way, after this step's first gradients had checked in, and
     failed there (torch's version check, or the graph freed), leaving the step half done and
-    every later backward refused. A forward's own output from before the step is now refused
-    as an input before the forward; a state derived from it is refused where the backward
-    reaches it, saying how to start afresh."""
+    every later backward refused. A backward of a forward given an output from before the
+    step is now refused where it starts (the forward itself, a metric, goes on; so does a
+    state detach_()ed in place); a state computed from such an output is refused where the
+    backward reaches it, and load_state_dict(state_dict()) starts afresh, with accumulation
+    too."""
     def rank_main(rank, world, vary):
         with hpt.ShardedModule(_recurrent(), world, stage=stage, units=["blocks.0", "blocks.1"],
                                optimizer="sgd", lr=0.05) as model:
@@ -2400,9 +2402,12 @@ def test_a_state_carried_into_the_next_step_undetached_is_refused_before_the_for
                 x = shard_of(torch.randn(8, 5, generator=torch.Generator().manual_seed(step)),
                              rank, 2)
                 if vary and step == 1:
-                    with pytest.raises(RuntimeError, match="output of a forward before the last "
-                                                           "step.*detach"):
-                        model(x, state)
+                    metric, _ = model(x, state)  # never backwarded: goes on
+                    with pytest.raises(RuntimeError, match="carried in by an input not "
+                                                           "detached"):
+                        metric.backward()
+                if vary and step == 2:
+                    state.detach_()
                 loss, state = model(x, state.detach())
                 loss.backward(retain_graph=step == 0)
                 model.step()
@@ -2412,19 +2417,27 @@ def test_a_state_carried_into_the_next_step_undetached_is_refused_before_the_for
 
     def derived(rank, world):
         with hpt.ShardedModule(_recurrent(), world, stage=stage, units=["blocks.0", "blocks.1"],
-                               optimizer="sgd", lr=0.05) as model:
+                               optimizer="sgd", lr=0.05, accumulation_steps=2) as model:
             x = torch.ones(4, 5)
+            with model.no_sync():
+                model(x, torch.zeros(4, 5))[0].backward()
             loss, state = model(x, torch.zeros(4, 5))
             loss.backward(retain_graph=True)
             model.step()
+            with model.no_sync():
+                model(x, torch.zeros(4, 5))[0].backward()
             loss, _ = model(x, state * 1.0)
             with pytest.raises(RuntimeError, match="step is half done: start afresh with "
                                                    r"load_state_dict\(state_dict\(\)\)"):
                 loss.backward()
+            for refused in (model.step, lambda: model(x, torch.zeros(4, 5))[0].backward()):
+                with pytest.raises(hpshard.FailedPreconditionError, match="half done"):
+                    refused()
             model.load_state_dict(model.state_dict())
             for _ in range(2):  # and training goes on
-                loss, _ = model(x, torch.zeros(4, 5))
-                loss.backward()
+                with model.no_sync():
+                    model(x, torch.zeros(4, 5))[0].backward()
+                model(x, torch.zeros(4, 5))[0].backward()
                 model.step()
 
     run_ranks(2, derived)
