@@ -1,12 +1,19 @@
-# C API tests of DLPack tensors, the ABI and bucket_bytes (included from tests/CMakeLists.txt).
+# C API tests of DLPack tensors, the ABI, bucket_bytes and fork() (included from
+# tests/CMakeLists.txt).
+
+# A C99 program `name` from `source`, run as a test labelled c within `timeout` seconds;
+# the arguments after those are more libraries to link.
+function(hps_c_test name source timeout)
+  add_executable(${name} ${source})
+  target_link_libraries(${name} PRIVATE hpshard::hpshard hps_warnings Threads::Threads ${ARGN})
+  set_target_properties(${name} PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
+  target_compile_definitions(${name} PRIVATE _POSIX_C_SOURCE=200809L)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS c TIMEOUT ${timeout} SKIP_RETURN_CODE 77)
+endfunction()
 
 # DLPack views, the host/device policy and collectives over DLTensors, as C99.
-add_executable(dlpack_capi_test capi/dlpack_capi_test.c)
-target_link_libraries(dlpack_capi_test PRIVATE hpshard::hpshard hps_warnings Threads::Threads)
-set_target_properties(dlpack_capi_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
-target_compile_definitions(dlpack_capi_test PRIVATE _POSIX_C_SOURCE=200809L)
-add_test(NAME dlpack_capi_test COMMAND dlpack_capi_test)
-set_tests_properties(dlpack_capi_test PROPERTIES LABELS c TIMEOUT 120)
+hps_c_test(dlpack_capi_test capi/dlpack_capi_test.c 120)
 
 # A program compiled against the frozen 0.1.0 header runs against today's library. The
 # frozen headers come first (BEFORE), so they shadow the library's own include directory.
@@ -19,12 +26,7 @@ add_test(NAME abi_consumer_0_1_0 COMMAND abi_consumer_0_1_0)
 set_tests_properties(abi_consumer_0_1_0 PROPERTIES LABELS c TIMEOUT 60)
 
 # Older and newer callers of the extensible structs, as documented in hpshard.h.
-add_executable(abi_extensible_test capi/abi/extensible_test.c)
-target_link_libraries(abi_extensible_test PRIVATE hpshard::hpshard hps_warnings Threads::Threads)
-set_target_properties(abi_extensible_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
-target_compile_definitions(abi_extensible_test PRIVATE _POSIX_C_SOURCE=200809L)
-add_test(NAME abi_extensible_test COMMAND abi_extensible_test)
-set_tests_properties(abi_extensible_test PROPERTIES LABELS c TIMEOUT 60)
+hps_c_test(abi_extensible_test capi/abi/extensible_test.c 60)
 
 # The built library's ABI against the baseline of the major version's first release
 # (abidiff, Debian abigail-tools). Not in the sanitizer sub-build: it compares the
@@ -43,20 +45,8 @@ elseif(NOT HPS_SANITIZE)
 endif()
 
 # bucket_bytes: more flat buffers, other shards, the same training.
-add_executable(engine_buckets_capi_test capi/engine_buckets_capi_test.c)
-target_link_libraries(engine_buckets_capi_test PRIVATE hpshard::hpshard hps_warnings
-  Threads::Threads m)
-set_target_properties(engine_buckets_capi_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
-target_compile_definitions(engine_buckets_capi_test PRIVATE _POSIX_C_SOURCE=200809L)
-add_test(NAME engine_buckets_capi_test COMMAND engine_buckets_capi_test)
-set_tests_properties(engine_buckets_capi_test PROPERTIES LABELS c TIMEOUT 120
-  SKIP_RETURN_CODE 77)
+hps_c_test(engine_buckets_capi_test capi/engine_buckets_capi_test.c 120 m)
 
 # fork(): a handle belongs to the process that made it; a forked child is refused the
 # parent's handles, lets them go without waiting, and makes its own.
-add_executable(fork_capi_test capi/fork_capi_test.c)
-target_link_libraries(fork_capi_test PRIVATE hpshard::hpshard hps_warnings Threads::Threads)
-set_target_properties(fork_capi_test PROPERTIES C_STANDARD 99 C_EXTENSIONS OFF)
-target_compile_definitions(fork_capi_test PRIVATE _POSIX_C_SOURCE=200809L)
-add_test(NAME fork_capi_test COMMAND fork_capi_test)
-set_tests_properties(fork_capi_test PROPERTIES LABELS c TIMEOUT 120)
+hps_c_test(fork_capi_test capi/fork_capi_test.c 120)
