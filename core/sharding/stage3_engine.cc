@@ -393,12 +393,16 @@ Status Stage3Engine::step() {
   // backward never came) holds the parameters from before this update too: it is gathered
   // again in place, after the compute stream's reads so far and its buffer's update, and
   // the next gather() of it waits for that.
+  bool reads_waited = false;  // the compute stream's reads, once for every such unit
   for (size_t b = 0; b < buffers_.size(); ++b) {
     Unit& u = buffers_[b];
     if (!u.params || !u.in_use || !plan_.buffers()[b].trainable) continue;
     Stream& comm = sharding_->stream();
-    HPS_RETURN_IF_ERROR(read_->record(compute()));
-    HPS_RETURN_IF_ERROR(comm.wait(*read_));
+    if (!reads_waited) {
+      HPS_RETURN_IF_ERROR(read_->record(compute()));
+      HPS_RETURN_IF_ERROR(comm.wait(*read_));
+      reads_waited = true;
+    }
     HPS_RETURN_IF_ERROR(comm.wait(*updated_[b]));
     HPS_RETURN_IF_ERROR(fill(b));
     ++regathered_in_use_;

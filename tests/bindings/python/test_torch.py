@@ -3,6 +3,7 @@ parameters) trained through the adapter with ranks as threads over the in-memory
 against torch's own unsharded training of the same model on the full batch
 (torch.optim.AdamW + clip_grad_norm_)."""
 
+import functools
 import os
 import pathlib
 import socket
@@ -1488,6 +1489,13 @@ def _net(checkpointed=None):
         return _Net(checkpointed)
 
 
+def _seeded(cls, seed):
+    """cls() built under torch's global generator seeded with `seed` (one thread at a time)."""
+    with _BUILD:
+        torch.manual_seed(seed)
+        return cls()
+
+
 def _net_batch(step):
     g = torch.Generator().manual_seed(2000 + step)
     return torch.randn(8, 6, 5, generator=g)
@@ -2240,18 +2248,12 @@ class _ReadsALaterUnitFirst(torch.nn.Module):
         return self.head(h).pow(2).mean()
 
 
-def _reads_a_later_unit_first():
-    with _BUILD:
-        torch.manual_seed(5)
-        return _ReadsALaterUnitFirst()
-
-
 def test_stage_2_a_parameter_read_before_its_units_forward_has_the_update():
     """Stage 2 waited for each unit's all-gather of the last step's update only when the
     unit's own forward began: the root reading a later unit's weight first read it while the
     all-gather still wrote it (old and new values mixed, differing run to run)."""
     for _ in range(3):
-        assert_trains_as_torch(_reads_a_later_unit_first, 300,
+        assert_trains_as_torch(functools.partial(_seeded, _ReadsALaterUnitFirst, 5), 300,
                                lambda ps: torch.optim.SGD(ps, lr=0.05), steps=6, stage=2,
                                units=["blocks.0", "blocks.1"], optimizer="sgd", lr=0.05)
 
@@ -2343,12 +2345,6 @@ class _HoldsABlocksLayer(torch.nn.Module):
         return self.head(h).pow(2).mean()
 
 
-def _holds_a_blocks_layer():
-    with _BUILD:
-        torch.manual_seed(6)
-        return _HoldsABlocksLayer()
-
-
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_units_layer_also_held_outside_every_unit_goes_to_the_rest(stage):
     """A submodule reached through a unit and also outside every unit stayed in the unit
@@ -2357,9 +2353,9 @@ def test_a_units_layer_also_held_outside_every_unit_goes_to_the_rest(stage):
         rest = set(model._units[0].params)
         for name in ("blocks.0.fc.weight", "blocks.0.fc.bias"):
             assert model._names.index(name) in rest, name
-    assert_trains_as_torch(_holds_a_blocks_layer, 400, lambda ps: torch.optim.SGD(ps, lr=0.05),
-                           steps=3, check=check, stage=stage, units=["blocks.0", "blocks.1"],
-                           optimizer="sgd", lr=0.05)
+    assert_trains_as_torch(functools.partial(_seeded, _HoldsABlocksLayer, 6), 400,
+                           lambda ps: torch.optim.SGD(ps, lr=0.05), steps=3, check=check,
+                           stage=stage, units=["blocks.0", "blocks.1"], optimizer="sgd", lr=0.05)
 
 
 class _Recurrent(torch.nn.Module):
@@ -2378,12 +2374,6 @@ class _Recurrent(torch.nn.Module):
         return self.head(h).pow(2).mean(), h
 
 
-def _recurrent():
-    with _BUILD:
-        torch.manual_seed(7)
-        return _Recurrent()
-
-
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_state_carried_into_the_next_step_undetached_is_refused_before_any_gradient(stage):
     """A recurrent state not detached carried the last step's graph into this one: the
@@ -2395,8 +2385,9 @@ def test_a_state_carried_into_the_next_step_undetached_is_refused_before_any_gra
     backward reaches it, and load_state_dict(state_dict()) starts afresh, with accumulation
     too."""
     def rank_main(rank, world, vary):
-        with hpt.ShardedModule(_recurrent(), world, stage=stage, units=["blocks.0", "blocks.1"],
-                               optimizer="sgd", lr=0.05) as model:
+        with hpt.ShardedModule(_seeded(_Recurrent, 7), world, stage=stage,
+                               units=["blocks.0", "blocks.1"], optimizer="sgd",
+                               lr=0.05) as model:
             state = torch.zeros(4, 5)
             for step in range(4):
                 x = shard_of(torch.randn(8, 5, generator=torch.Generator().manual_seed(step)),
@@ -2416,8 +2407,9 @@ def test_a_state_carried_into_the_next_step_undetached_is_refused_before_any_gra
     assert_runs_equal(rank_main)
 
     def derived(rank, world):
-        with hpt.ShardedModule(_recurrent(), world, stage=stage, units=["blocks.0", "blocks.1"],
-                               optimizer="sgd", lr=0.05, accumulation_steps=2) as model:
+        with hpt.ShardedModule(_seeded(_Recurrent, 7), world, stage=stage,
+                               units=["blocks.0", "blocks.1"], optimizer="sgd", lr=0.05,
+                               accumulation_steps=2) as model:
             x = torch.ones(4, 5)
             with model.no_sync():
                 model(x, torch.zeros(4, 5))[0].backward()
