@@ -52,6 +52,8 @@ struct State {
   std::string dir;
   std::vector<Event> events;
   std::map<int64_t, std::string> track_names;
+  // Tracks of streams destroyed while events naming them wait to be written.
+  std::vector<int64_t> retired_tracks;
   size_t max_events = kDefaultMaxEvents;
   uint64_t dropped = 0;
   uint64_t files_written = 0;
@@ -109,6 +111,12 @@ void identify_process(State& s) {
   name_process(s);
 }
 
+// The names of retired tracks once no event waits to be written with them.
+void forget_retired_tracks(State& s) {
+  for (int64_t tid : s.retired_tracks) s.track_names.erase(tid);
+  s.retired_tracks.clear();
+}
+
 // fork(): the state is copied whole (under its mutex, so no event is half recorded). The
 // parent's events are the parent's to write; a child starts with none, under its own pid
 // (it writes files of its own only for what it records itself) and on a row of its own,
@@ -119,6 +127,7 @@ void after_fork_in_child() {
   State& s = state();
   s.events.clear();
   s.dropped = 0;
+  forget_retired_tracks(s);
   s.files_written = 0;
   s.rank = -1;  // the rank is the parent's: the child is its own process row
   name_process(s);
@@ -217,6 +226,17 @@ void name_track(uint32_t track, std::string name) {
   State& s = state();
   std::lock_guard lock(s.mutex);
   s.track_names[kStreamTrackBase + track] = std::move(name);
+}
+
+void retire_track(uint32_t track) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  const int64_t tid = kStreamTrackBase + track;
+  if (s.events.empty()) {
+    s.track_names.erase(tid);
+  } else {
+    s.retired_tracks.push_back(tid);
+  }
 }
 
 TaskScope::TaskScope(uint32_t track, const char* label) noexcept
@@ -331,12 +351,19 @@ void clear() {
   std::lock_guard lock(s.mutex);
   s.events.clear();
   s.dropped = 0;
+  forget_retired_tracks(s);
 }
 
 size_t event_count() {
   State& s = state();
   std::lock_guard lock(s.mutex);
   return s.events.size();
+}
+
+size_t track_name_count() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.track_names.size();
 }
 
 namespace {
@@ -370,6 +397,7 @@ StatusOr<std::string> flush() {
     if (s.dir.empty()) return failed_precondition("trace: no directory to write to (HPS_TRACE)");
     events.swap(s.events);
     names = s.track_names;
+    forget_retired_tracks(s);  // named in this file
     dir = s.dir;
     dropped = s.dropped;
     s.dropped = 0;

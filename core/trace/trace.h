@@ -41,6 +41,10 @@ inline bool enabled() noexcept { return detail::g_recording.load(std::memory_ord
 uint32_t new_stream_track();
 // The name the viewer shows for a stream track ("communicator 'sharding' rank 1 of 4").
 void name_track(uint32_t track, std::string name);
+// The stream of `track` is gone: its name is forgotten once no recorded event needs it (at
+// once, or after the next file names it), so a process making many streams keeps no name
+// per stream it ever made.
+void retire_track(uint32_t track);
 
 // ---- the stream runner's hooks ---------------------------------------------------------
 // While alive, a task of stream track `track` runs on this thread: its span is recorded
@@ -91,6 +95,8 @@ void start(std::string dir, size_t max_events = 0);
 void stop();
 void clear();
 size_t event_count();
+// Track names held (streams alive or named by events not yet written, and host threads).
+size_t track_name_count();
 // Writes the events recorded so far to a new file in the directory given to start() (or
 // HPS_TRACE) and forgets them; returns the file's path ("" when there was nothing to
 // write). Errors name the file.

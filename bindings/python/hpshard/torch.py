@@ -186,7 +186,8 @@ def _torch_store_failed(what: str, e: BaseException, timeout_ms: int) -> "_hps.E
 def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
     """Under torchrun, MASTER_ADDR:MASTER_PORT is torch's: its agent's store
     (TORCHELASTIC_USE_AGENT_STORE=True), or, without the agent's store (``--standalone``,
-    ``--rdzv_backend=c10d``: TORCHELASTIC_RUN_ID set), the port rank 0's
+    ``--rdzv_backend=c10d``: TORCHELASTIC_RUN_ID set) and wherever RANK and MASTER_PORT are
+    set otherwise (a job script setting env://'s variables itself), the port rank 0's
     ``torch.distributed.init_process_group`` (env://) binds, before or after this. Rank 0
     then serves hpshard's store on a port of its own (a listening socket it hands to the
     store, so no other process can take the port in between; on MASTER_ADDR as the library
@@ -208,8 +209,9 @@ def _store_beside_torchrun_agent(timeout_ms: Optional[int]) -> None:
     if "HPS_STORE" in env:
         return
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    if not agent_store and "TORCHELASTIC_RUN_ID" not in env:
-        return  # not torchrun: MASTER_ADDR:MASTER_PORT is hpshard's store
+    torch_style = "RANK" in env and "MASTER_PORT" in env  # env:// init's variables
+    if not agent_store and "TORCHELASTIC_RUN_ID" not in env and not torch_style:
+        return  # Open MPI or Slurm with HPS_STORE or MASTER_*: the library's store
     if env.get("HPS_STORE_TOKEN") == "":
         raise _invalid("world_from_env: environment variable HPS_STORE_TOKEN is set but empty "
                        "(set a token, or unset it to have the job make one)")
@@ -343,7 +345,8 @@ def _publish_store(env: Any, store: Any, key: str, addr: str, what: str,
 def world_from_env(timeout_ms: Optional[int] = None) -> "_hps.Communicator":
     """The world communicator of a process started by hpshard-run, torchrun, Open MPI or
     Slurm (hpshard.rendezvous_from_env, then the store and a communicator over it). Under
-    torchrun, where MASTER_PORT is torch's (its agent's store, or the one rank 0's
+    torchrun, or with torch's env:// variables set by hand (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT), where MASTER_PORT is torch's (its agent's store, or the one rank 0's
     ``torch.distributed.init_process_group`` binds, before or after this), rank 0 serves
     hpshard's store on a port of its own and the ranks find it through torch's store.
     ``timeout_ms`` (else HPS_COMM_TIMEOUT_MS, else 300000) bounds that exchange and the

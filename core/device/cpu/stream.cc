@@ -138,6 +138,7 @@ CpuStream::CpuStream()
 CpuStream::~CpuStream() {
   core_->stop();
   worker_.join();
+  trace::retire_track(core_->trace_track());
   trace::stream_destroyed();  // the last stream of a traced run writes the timeline
 }
 

@@ -1276,13 +1276,16 @@ PROCESS_GROUP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("launch", ["standalone", "by_hand"])
 @pytest.mark.parametrize("order", ["before", "after"])
-def test_torch_process_group_beside_world_from_env_without_the_agent_store(order):
+def test_torch_process_group_beside_world_from_env_without_the_agent_store(order, launch):
     """torchrun --standalone or --rdzv_backend=c10d has no agent store
-    (TORCHELASTIC_USE_AGENT_STORE=False): MASTER_PORT is the port rank 0's
-    init_process_group (env://) binds. world_from_env served hpshard's store there, so torch
-    failed "Address already in use" after it, and hpshard could not listen before it. Now
-    hpshard's store has a port of its own, whichever of the two comes first."""
+    (TORCHELASTIC_USE_AGENT_STORE=False), and a job script may set env://'s variables itself
+    (no TORCHELASTIC_* at all): MASTER_PORT is the port rank 0's init_process_group (env://)
+    binds. world_from_env served hpshard's store there, so torch failed "Address already in
+    use" after it (by hand: torch's clients talked to hpshard's store and aborted), and
+    hpshard could not listen before it. Now hpshard's store has a port of its own, whichever
+    of the two comes first."""
     import json
     import socket
     with socket.socket() as s:
@@ -1294,9 +1297,12 @@ def test_torch_process_group_beside_world_from_env_without_the_agent_store(order
     for rank in range(2):
         env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ORDER=order,
-                   TORCHELASTIC_USE_AGENT_STORE="False",
-                   TORCHELASTIC_RUN_ID=run_id,
-                   TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1")
+                   OMP_NUM_THREADS="1")
+        if launch == "standalone":
+            env.update(TORCHELASTIC_USE_AGENT_STORE="False", TORCHELASTIC_RUN_ID=run_id,
+                       TORCHELASTIC_RESTART_COUNT="0")
+        else:
+            env = {k: v for k, v in env.items() if not k.startswith("TORCHELASTIC_")}
         procs.append(subprocess.Popen([sys.executable, "-c", PROCESS_GROUP_SCRIPT], env=env,
                                       text=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE))

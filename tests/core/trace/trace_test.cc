@@ -76,6 +76,45 @@ TEST_F(TraceTest, OffRecordsNothing) {
   EXPECT_EQ(*path, "");  // nothing to write
 }
 
+// A process that makes and destroys many streams (engines created in a loop) keeps no name
+// per stream it ever made: off, a stream's name goes with it; on, after the file naming it.
+TEST_F(TraceTest, ADestroyedStreamsNameIsForgotten) {
+  const size_t before = trace::track_name_count();
+  for (int i = 0; i < 50; ++i) {
+    cpu::CpuStream stream;
+    stream.set_trace_name("engine stream " + std::to_string(i));
+    stream.enqueue([] {}, "kernel");
+    ASSERT_TRUE(stream.synchronize().ok());
+  }
+  EXPECT_EQ(trace::track_name_count(), before) << "off";
+
+  trace::start(dir_.string());
+  int64_t tid = -1;
+  {
+    cpu::CpuStream keeper;  // the last stream's end would write the file itself
+    keeper.set_trace_name("keeper");
+    {
+      cpu::CpuStream stream;
+      stream.set_trace_name("gone before the file");
+      stream.enqueue([] {}, "kernel");
+      ASSERT_TRUE(stream.synchronize().ok());
+    }
+    EXPECT_GT(trace::track_name_count(), before) << "named by an event not yet written";
+    trace::stop();
+    auto path = trace::flush();
+    ASSERT_TRUE(path.ok()) << path.status().to_string();
+    const json t = read(*path);
+    for (const auto& e : t["traceEvents"]) {
+      if (e["ph"] == "X" && e["name"] == "kernel") tid = e["tid"];
+    }
+    ASSERT_GE(tid, 0);
+    EXPECT_EQ(track_name(t, tid), "gone before the file");
+    // The keeper and the calling thread (its host sync) keep their names.
+    EXPECT_EQ(trace::track_name_count(), before + 2);
+  }
+  EXPECT_EQ(trace::track_name_count(), before + 1) << "the keeper's name went with it";
+}
+
 TEST_F(TraceTest, StreamTasksWaitsSyncsAndStepsLandOnTheirTracks) {
   trace::start(dir_.string());
   cpu::CpuStream stream;
