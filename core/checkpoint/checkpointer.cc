@@ -743,6 +743,9 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   writer_ = std::thread([this, job = std::move(job), work, mark]() mutable {
     // Beside training, the writing takes what the training threads leave.
     (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    if (Status d = use_device_on_this_thread(job->snapshot->device()); !d.ok()) {
+      HPS_LOG(kWarn) << "checkpoint writer: " << d.to_string();
+    }
     Status s;
     try {
       s = write_job(*job);

@@ -77,4 +77,12 @@ StatusOr<DeviceProperties> device_properties(Device device) {
   return cpu::device_properties();
 }
 
+Status use_device_on_this_thread(Device device) {
+#if HPS_HAVE_CUDA
+  if (device.type == DeviceType::kCuda) return cuda::use_device(device.index);
+#endif
+  (void)device;
+  return Status::Ok();
+}
+
 }  // namespace hps

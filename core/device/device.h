@@ -41,5 +41,9 @@ int32_t device_count(DeviceType type);
 // OK when the device exists, else OUT_OF_RANGE naming it and the count.
 Status check_device(Device device);
 StatusOr<DeviceProperties> device_properties(Device device);
+// A thread hpshard starts that will call `device`'s runtime (event queries and waits) makes
+// it the thread's current device first: CUDA would otherwise open a context on device 0
+// for that thread (hundreds of MiB on a GPU the rank does not use). CPU: nothing to do.
+Status use_device_on_this_thread(Device device);
 
 }  // namespace hps

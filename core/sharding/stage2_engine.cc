@@ -23,7 +23,8 @@ Status Stage2Engine::seal() {
   auto trainable = [](const FlatBuffer& b) { return b.trainable; };
   auto trainable_16 = [](const FlatBuffer& b) { return b.trainable && b.dtype != DType::kFloat32; };
   // fp32 parameters are their own masters (their shard of kParams); fp16 / bf16 ones keep
-  // fp32 masters and reduce their gradients in their dtype (the rings add in fp32).
+  // fp32 masters and reduce their gradients in their dtype (the CPU rings add in fp32; NCCL
+  // adds in the dtype).
   return seal_storage({{StorageRole::kParams, true, true, all},
                        {StorageRole::kGrads, true, true, trainable},
                        {StorageRole::kGradShard, false, false, trainable},
@@ -123,8 +124,9 @@ Status Stage2Engine::check_loadable() const {
 Status Stage2Engine::launch_reduce(size_t b, Stream* ready) {
   const FlatBuffer& buf = plan_.buffers()[b];
   // fp32 buffers reduce straight into the optimizer's shard; fp16/bf16 ones reduce in their
-  // dtype (the rings add in fp32 and round the sum once) and are widened before the dp
-  // all-reduce, which adds the dp replicas' rounded sums in fp32 (as in stage 3).
+  // dtype (the CPU rings add in fp32 and round the sum once; NCCL adds in the dtype at each
+  // step) and are widened before the dp all-reduce, which adds the dp replicas' rounded sums
+  // in fp32 (as in stage 3).
   Stream& comm = sharding_->stream();
   DevicePtr<float> shard = storage_->get<float>(StorageRole::kGradShard, b);
   const bool fp32 = buf.dtype == DType::kFloat32;

@@ -73,12 +73,18 @@ void FullBufferPool::free_now(void* memory, size_t bytes) {
 
 void FullBufferPool::trim(uint64_t incoming, Stream& user) {
   auto over = [&] { return lent_bytes_ + pooled_bytes_ + incoming > budget_; };
-  // Completed buffers first: freeing them waits for nothing.
+  // Completed buffers first. Freed in `user`'s order too: a device's immediate free (CUDA's
+  // cudaFree) waits for everything queued on the device, a host sync in every step whose
+  // units differ in size.
   for (auto it = pooled_.begin(); it != pooled_.end() && over();) {
     auto done = it->ready ? it->ready->query() : StatusOr<bool>(true);
     if (done.ok() && *done) {
       pooled_bytes_ -= it->bytes;
-      free_now(it->memory, it->bytes);
+      if (checked_) {
+        free_now(it->memory, it->bytes);
+      } else {
+        allocator_->deallocate_async(it->memory, user);
+      }
       it = pooled_.erase(it);
     } else {
       ++it;

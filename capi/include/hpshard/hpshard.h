@@ -658,7 +658,16 @@ HPS_API hps_status_t hps_comm_reduce_scatter(hps_comm_t* comm, const void* send,
                                              hps_dtype_t dtype, hps_reduce_op_t op,
                                              hps_stream_t* ready, hps_work_t** out_work);
 
-/** Send `count` elements to `peer`, which receives them with hps_comm_recv. */
+/**
+ * Send `count` elements to `peer`, which receives them with hps_comm_recv. A CPU
+ * communicator completes sends and receives in whatever order the two ranks issue them. A
+ * CUDA (NCCL) communicator runs each operation after its earlier ones, and a send there
+ * completes only as the peer's matching receive runs: NCCL requires a send and a receive
+ * that must progress together to be issued as one group, which separate calls are not, so
+ * two ranks that each send to the other before receiving from it can wait for each other
+ * until the communicator's timeout. Exchange in opposite orders there (the lower rank
+ * sends first, the higher one receives first).
+ */
 HPS_API hps_status_t hps_comm_send(hps_comm_t* comm, const void* buffer, uint64_t count,
                                    hps_dtype_t dtype, int32_t peer, hps_stream_t* ready,
                                    hps_work_t** out_work);

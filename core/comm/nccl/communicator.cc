@@ -122,6 +122,10 @@ void NcclCommunicator::fail_pending(const Status& failure) {
 }
 
 void NcclCommunicator::watch() {
+  // The event queries below would otherwise open a context on device 0 for this thread.
+  if (Status s = cuda::set_device(device_index_); !s.ok()) {
+    HPS_LOG(kWarn) << "NCCL watchdog: " << s.to_string();
+  }
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     watch_cv_.wait_for(lock, std::chrono::milliseconds(10));

@@ -35,4 +35,6 @@ StatusOr<DeviceProperties> device_properties(int32_t index) {
   return p;
 }
 
+Status use_device(int32_t index) { return set_device(index); }
+
 }  // namespace hps::cuda

@@ -119,6 +119,39 @@ TEST(FullBufferPool, ABusyBufferOfAnotherSizeIsFreedAfterItsLastUserInTheTakersO
   ASSERT_TRUE(last_user.synchronize().ok());
 }
 
+// Over the budget with a completed buffer of another size pooled: it is freed in the
+// taker's stream order too, never at once (on CUDA an immediate free is cudaFree, which
+// waits for the whole device: a host sync in every stage 3 step whose units differ in size).
+TEST(FullBufferPool, ACompletedBufferOfAnotherSizeIsFreedInTheTakersOrder) {
+  auto* allocator = dynamic_cast<cpu::CpuAllocator*>(*allocator_for(Device::cpu()));
+  ASSERT_NE(allocator, nullptr);
+  FullBufferPool pool(Device::cpu(), false);
+  cpu::CpuStream last_user, taker;
+  constexpr size_t kDone = 96 << 10, kAsked = 16 << 10;
+  auto a = pool.take(kDone, last_user);
+  ASSERT_TRUE(a.ok());
+  void* memory = (*a)->data().get();
+  ASSERT_TRUE(pool.give_back(std::move(*a), last_user).ok());
+  ASSERT_TRUE(last_user.synchronize().ok());  // completed
+  const size_t cached = allocator->cached_bytes();
+  pool.set_budget(kDone + kAsked - 1);
+  std::atomic<bool> hold{true};
+  taker.enqueue([&] {
+    while (hold) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  auto b = pool.take(kAsked, taker);
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE((*b)->data().get(), memory);
+  EXPECT_EQ(pool.pooled_bytes(), 0u) << "the completed buffer was not trimmed";
+  EXPECT_EQ(allocator->cached_bytes(), cached) << "freed ahead of the taker's order";
+  hold = false;
+  ASSERT_TRUE(taker.synchronize().ok());
+  EXPECT_EQ(allocator->cached_bytes(), cached + kDone)
+      << "not freed through the taker's stream (an immediate free)";
+  ASSERT_TRUE(pool.give_back(std::move(*b), taker).ok());
+  ASSERT_TRUE(taker.synchronize().ok());
+}
+
 TEST(FullBufferPoolDeathTest, CheckedModeFaultsAWriteThroughAStaleView) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto stale_write = [] {

@@ -1418,7 +1418,14 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Send `count` elements to `peer`, which receives them with hps_comm_recv."]
+    #[doc = " Send `count` elements to `peer`, which receives them with hps_comm_recv. A CPU"]
+    #[doc = " communicator completes sends and receives in whatever order the two ranks issue them. A"]
+    #[doc = " CUDA (NCCL) communicator runs each operation after its earlier ones, and a send there"]
+    #[doc = " completes only as the peer's matching receive runs: NCCL requires a send and a receive"]
+    #[doc = " that must progress together to be issued as one group, which separate calls are not, so"]
+    #[doc = " two ranks that each send to the other before receiving from it can wait for each other"]
+    #[doc = " until the communicator's timeout. Exchange in opposite orders there (the lower rank"]
+    #[doc = " sends first, the higher one receives first)."]
     pub fn hps_comm_send(
         comm: *mut hps_comm_t,
         buffer: *const ::std::os::raw::c_void,
