@@ -122,6 +122,7 @@ import atexit
 import collections
 import contextlib
 import copy
+import functools
 import json
 import os
 import tempfile
@@ -138,6 +139,26 @@ import hpshard as _hps
 __all__ = ["ShardedModule", "world_from_env"]
 
 _MISSING = object()
+
+# The open ShardedModule of each parameter, by id: (the parameter, weakly; the module,
+# weakly). Kept here rather than on the parameter, which deepcopy and pickle would carry.
+_OWNERS: Dict[int, Tuple[Any, Any]] = {}
+
+
+def _owner_of(p: torch.Tensor) -> Optional["ShardedModule"]:
+    entry = _OWNERS.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return None
+    return entry[1]()
+
+
+def _forget_owner(key: int, ref: Any) -> None:
+    """A parameter is gone: its entry goes (unless its id is another parameter's now)."""
+    entry = _OWNERS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _OWNERS[key]
+
+
 _OPTIMIZERS = {"sgd": _hps.Optimizer.SGD, "adamw": _hps.Optimizer.ADAMW}
 _DTYPES = {torch.float32: _hps.DType.FLOAT32, torch.float16: _hps.DType.FLOAT16,
            torch.bfloat16: _hps.DType.BFLOAT16}
@@ -694,12 +715,39 @@ class ShardedModule(torch.nn.Module):
         self._backward_active = False
         # Inside full_parameters(): each parameter's full copy, and what it held before.
         self._full: Optional[List[torch.Tensor]] = None
-        # The gradient accumulators are taken while the parameters still hold their values.
-        self._install_grad_hooks()
-        self._start_engine(initial=[p.data for p in self._params])
-        self._install_module_hooks()
+        self._claim_parameters()
+        try:
+            # The gradient accumulators are taken while the parameters still hold their
+            # values.
+            self._install_grad_hooks()
+            self._start_engine(initial=[p.data for p in self._params])
+            self._install_module_hooks()
+        except BaseException:
+            self._release_parameters()
+            raise
         self._hidden_modules: Optional[Dict[str, Any]] = None
         self.register_load_state_dict_post_hook(ShardedModule._unhide_modules)
+
+    def _claim_parameters(self) -> None:
+        """Each parameter belongs to one open ShardedModule: a second one over the same
+        module (or a module holding it) is refused before anything changes; its engine would
+        replace the first's parameter data, which the first then took for the user's
+        ``p.data = ...``."""
+        for name, p in zip(self._names, self._params):
+            other = _owner_of(p)
+            if other is not None and other is not self and other._engine is not None:
+                raise ValueError(
+                    f"ShardedModule: parameter '{name}' belongs to another open ShardedModule "
+                    f"(the module is wrapped already): close() that one first, or wrap the "
+                    f"module once")
+        me = weakref.ref(self)
+        for p in self._params:
+            _OWNERS[id(p)] = (weakref.ref(p, functools.partial(_forget_owner, id(p))), me)
+
+    def _release_parameters(self) -> None:
+        for p in self._params:
+            if _owner_of(p) is self:
+                del _OWNERS[id(p)]
 
     # ---- set-up --------------------------------------------------------------------
     def _plan_units(self, units: Any) -> None:
@@ -1797,8 +1845,9 @@ class ShardedModule(torch.nn.Module):
         plain tensors holding their last values (stage 3: gathered first, collective). A
         stage 2 parameter written in place that could not hold the write raises first, as
         :meth:`synchronize` does, and the module stays open (a second close() closes it).
-        After it, the wrapped module (:attr:`module`) is a plain module, and this one's
-        calls (forward, step, state_dict, ...) raise ValueError."""
+        After it, the wrapped module (:attr:`module`) is a plain module, which another
+        ShardedModule may wrap (while this one is open that is refused, naming a parameter),
+        and this one's calls (forward, step, state_dict, ...) raise ValueError."""
         if self._engine is None:
             return
         self.synchronize()
@@ -1816,6 +1865,7 @@ class ShardedModule(torch.nn.Module):
             p.grad = None
         self._engine.close()
         self._engine = None
+        self._release_parameters()
         for comm in self._owned:
             comm.close()
         self._owned = []

@@ -896,6 +896,36 @@ def test_a_closed_module_says_it_is_closed(stage):
     assert all(torch.isfinite(torch.tensor(v)) for v in losses)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_module_wrapped_twice_is_refused_until_the_first_is_closed(stage):
+    """A second ShardedModule over a module an open one wraps (or over a module holding it)
+    was accepted; its engine replaced the parameters' data and the first then blamed the
+    user's ``p.data = ...``. Now it is refused, naming a parameter, and the first trains on;
+    once the first is closed the module wraps again, and copies of it always do."""
+    import copy
+
+    def rank_main(rank, world):
+        model = wrap(world, stage)
+        x, y = batch(0)
+        holder = torch.nn.Sequential(model.module)
+        for module in (model.module, holder):
+            with pytest.raises(ValueError, match="belongs to another open ShardedModule"):
+                hpt.ShardedModule(module, world, stage=stage)
+        twin = hpt.ShardedModule(copy.deepcopy(model.module), world, stage=stage)
+        twin.close()
+        model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+        model.step()
+        first = model.state_dict()
+        model.close()
+        again = hpt.ShardedModule(model.module, world, stage=stage,
+                                  units=["blocks.0", "blocks.1"])
+        after = again.state_dict()
+        again.close()
+        return all(torch.equal(first[k], after[k]) for k in first)
+
+    assert run_ranks(2, rank_main) == [True, True]
+
+
 def test_units_must_not_overlap_and_must_be_submodules():
     def rank_main(rank, world):
         with pytest.raises(ValueError, match="'blocks.0' overlaps another unit: it is inside "
