@@ -37,6 +37,27 @@ using ckpt::File;
 using ckpt::join_path;
 using json = nlohmann::json;
 
+namespace {
+
+// The model a checkpoint holds, for rotation: its parameters' names and shapes (not their
+// dtypes, stage or optimizer, which a resumed run may change), as one XXH3 value.
+uint64_t model_of(const std::vector<ckpt::StoredTensor>& tensors) {
+  std::vector<std::string> params;
+  for (const auto& t : tensors) {
+    if (t.name.rfind("param/", 0) != 0) continue;
+    std::string entry = t.name;
+    entry += '\0';
+    for (int64_t d : t.shape) entry += std::to_string(d) + ",";
+    params.push_back(std::move(entry));
+  }
+  std::sort(params.begin(), params.end());
+  std::string all;
+  for (const auto& e : params) all += e + '\n';
+  return ckpt::checksum(all.data(), all.size());
+}
+
+}  // namespace
+
 // What the listings of a root use of each checkpoint's manifest, kept by the checkpoint's
 // name and its manifest file's identity (one stat: device, inode, size, modification and
 // change times), so a manifest is read and parsed once while its file stays as it is (the
@@ -51,6 +72,7 @@ class PublishedManifests {
     int64_t created_unix_ns = 0;
     std::string id;
     CheckpointTopology topology;
+    uint64_t model = 0;  // model_of its tensors
   };
   struct Listed {
     std::string name;
@@ -85,7 +107,10 @@ class PublishedManifests {
       }
       auto m = ckpt::read_manifest(directory);
       std::optional<Summary> summary;
-      if (m.ok()) summary = Summary{m->sequence, m->created_unix_ns, m->id, m->topology};
+      if (m.ok()) {
+        summary =
+            Summary{m->sequence, m->created_unix_ns, m->id, m->topology, model_of(m->tensors)};
+      }
       if (summary) {
         listed.push_back({n, *summary});
       } else if (unreadable != nullptr && file) {
@@ -469,6 +494,7 @@ struct Published {
   int64_t created_unix_ns;
   std::string name;
   std::string id;
+  uint64_t model;
   bool operator<(const Published& o) const {
     return std::tie(sequence, created_unix_ns, name) <
            std::tie(o.sequence, o.created_unix_ns, o.name);
@@ -481,7 +507,7 @@ StatusOr<std::vector<Published>> published_checkpoints(PublishedManifests& manif
   HPS_ASSIGN_OR_RETURN(auto listed, manifests.list());
   std::vector<Published> published;
   for (auto& [n, m] : listed) {
-    published.push_back({m.sequence, m.created_unix_ns, std::move(n), std::move(m.id)});
+    published.push_back({m.sequence, m.created_unix_ns, std::move(n), std::move(m.id), m.model});
   }
   std::sort(published.begin(), published.end());
   return published;
@@ -1026,7 +1052,26 @@ std::vector<std::string> Checkpointer::collect_garbage(const std::string& keep,
   if (options_.keep_last <= 0) return trash;
   auto listed = published_checkpoints(*manifests_);
   if (!listed.ok()) return trash;
-  const std::vector<Published>& published = *listed;
+  // Only the checkpoints of this model rotate: another engine's under the same root (a
+  // GAN's other network, a model before a new head was added) is never deleted by this
+  // one's keep_last.
+  auto mine = std::find_if(listed->begin(), listed->end(),
+                           [&](const Published& p) { return p.name == keep; });
+  if (mine == listed->end()) return trash;
+  std::vector<Published> published;
+  std::string others;
+  for (Published& p : *listed) {
+    if (p.model == mine->model) {
+      published.push_back(std::move(p));
+    } else if (others.empty()) {
+      others = p.name;
+    }
+  }
+  if (!others.empty() && !std::exchange(warned_of_other_models_, true)) {
+    HPS_LOG(kWarn) << "checkpoint: keep_last leaves the checkpoints of another model under "
+                   << shown_value(root_) << " (such as " << shown_value(others)
+                   << "): give each model a root of its own";
+  }
   // A part of a model keeps the one before its newest too: a save that did not complete on
   // every part then leaves one checkpoint every part holds (the one `latest` loads).
   const int32_t floor = part.mp > 1 || part.pp > 1 ? 2 : 1;

@@ -118,9 +118,9 @@ class Checkpointer {
   struct SaveJob;
   Status write_job(SaveJob& job);
   Status publish(SaveJob& job, const std::vector<std::string>& reports, std::string& directory);
-  // Renames the checkpoints beyond keep_last away (out of the root's checkpoints; a part of
-  // a model, by `part`, keeps at least 2); returns the new paths, whose files the caller
-  // deletes.
+  // Renames this model's checkpoints beyond keep_last away (out of the root's checkpoints;
+  // a part of a model, by `part`, keeps at least 2; another model's are kept, with a
+  // warning once); returns the new paths, whose files the caller deletes.
   std::vector<std::string> collect_garbage(const std::string& keep, const CheckpointTopology& part);
   // Staging memory of `bytes` for copies to and from `device`: the spare one when it is
   // large enough (its pages are mapped already), else new. keep_staging() hands memory
@@ -165,6 +165,7 @@ class Checkpointer {
   // The last save's staging memory, kept for the next one: its pages stay mapped, so a
   // snapshot costs one copy and no page faults. Handed back by the writer thread.
   std::mutex spare_mutex_;
+  bool warned_of_other_models_ = false;  // the writer threads' (one save at a time)
   ckpt::HostStaging spare_;
 };
 

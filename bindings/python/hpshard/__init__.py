@@ -2261,8 +2261,9 @@ class Checkpoint(Handle):
                timeout_ms: Optional[int] = None) -> "Checkpoint":
         """Collective over ``group``: a CPU communicator of exactly the ranks holding the
         engine's state (its sharding x dp ranks); ``root`` is created when missing.
-        ``keep_last`` > 0: after a save is published, delete the checkpoints beyond the
-        newest ``keep_last`` (a part of a model cut across mp and pp keeps at least 2);
+        ``keep_last`` > 0: after a save is published, delete this model's checkpoints beyond
+        the newest ``keep_last`` (a part of a model cut across mp and pp keeps at least 2;
+        another model's under the root are kept);
         ``chunk_bytes``: the checksummed chunk size (default 1 MiB); ``timeout_ms``: bound
         on each agreement of the ranks. Unset options keep the
         library's defaults. Error INVALID_ARGUMENT (a group of another size or device, bad

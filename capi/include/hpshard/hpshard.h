@@ -1353,8 +1353,9 @@ HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* ou
  * background thread writes and publishes. A load reads only this rank's ranges, checks
  * every checksum, converts between stage 2 and 3, sharding and dp degrees, bucket layouts
  * and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every
- * rank read everything. One hps_checkpoint_t per engine; one root per job, or per part of a
- * model cut across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root.
+ * rank read everything. One hps_checkpoint_t per engine; one root per model (two engines of
+ * a job, such as a GAN's networks, take each other's `latest`), or per part of a model cut
+ * across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root.
  * Thread safety: a checkpoint handle and the engine handle it was made from are one handle
  * for threads: one thread at a time calls either (a save's snapshot and a load use the
  * engine's state, which a step on another thread would change under them; hps_engine_destroy
@@ -1365,9 +1366,10 @@ typedef struct hps_checkpoint hps_checkpoint_t;
 /** Checkpoint options. ABI-extensible. */
 typedef struct hps_checkpoint_options {
   size_t struct_size;   /**< set by hps_checkpoint_options_init */
-  int32_t keep_last;    /**< > 0: after a save is published, delete checkpoints under the root
-                             beyond the newest keep_last (at least 2 for a part of a model
-                             cut across mp and pp; default 0: keep all) */
+  int32_t keep_last;    /**< > 0: after a save is published, delete this model's checkpoints
+                             under the root beyond the newest keep_last (at least 2 for a part
+                             of a model cut across mp and pp; default 0: keep all); another
+                             model's (other parameter names or shapes) are kept */
   uint64_t chunk_bytes; /**< ranges are checksummed in chunks of this size (default 1 MiB) */
   int64_t timeout_ms;   /**< bound on each agreement among the ranks of a save or load
                              (default 1800000; more than a year counts as a year) */

@@ -1573,6 +1573,41 @@ TEST(Checkpoint, RotationFollowsTheOrderOfPublicationNotTheClock) {
   EXPECT_EQ(s2->sequence, 5u);
 }
 
+// Two models' checkpointers under one root (a GAN's two networks in one job): each one's
+// keep_last rotated every checkpoint there, so B's only checkpoint went at A's next save
+// and B could not resume. Only a checkpointer's own model rotates now.
+TEST(Checkpoint, KeepLastRotatesOnlyItsOwnModelsCheckpoints) {
+  TempDir dir;
+  testing_util::run_ranks(1, [&](int32_t, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    FakeState a(8), b(4);  // param/w of 8 x 8 and of 4 x 8: two models
+    CheckpointOptions o;
+    o.keep_last = 1;
+    auto ca = Checkpointer::create(a, world, dir.path(), o);
+    auto cb = Checkpointer::create(b, world, dir.path(), o);
+    ASSERT_TRUE(ca.ok() && cb.ok());
+    std::fill(b.w.begin(), b.w.end(), 7.0f);
+    for (const auto& [c, name] :
+         {std::pair{cb->get(), "b1"}, std::pair{ca->get(), "a1"}, std::pair{ca->get(), "a2"}}) {
+      auto work = c->save(name);
+      ASSERT_TRUE(work.ok()) << work.status().to_string();
+      ASSERT_TRUE((*work)->wait().ok()) << (*work)->status().to_string();
+    }
+    EXPECT_FALSE(fs::exists(dir / "a1")) << "A's own older checkpoint rotates";
+    EXPECT_TRUE(fs::exists(dir / "a2"));
+    ASSERT_TRUE(fs::exists(dir / "b1")) << "A's keep_last deleted B's checkpoint";
+    std::fill(b.w.begin(), b.w.end(), 0.0f);
+    auto report = (*cb)->load("b1");
+    ASSERT_TRUE(report.ok()) << report.status().to_string();
+    EXPECT_EQ(b.w, std::vector<float>(b.w.size(), 7.0f));
+    // B's next save rotates B's own and leaves A's.
+    auto work = (*cb)->save("b2");
+    ASSERT_TRUE(work.ok() && (*work)->wait().ok());
+    EXPECT_FALSE(fs::exists(dir / "b1"));
+    EXPECT_TRUE(fs::exists(dir / "b2") && fs::exists(dir / "a2"));
+  });
+}
+
 // Each save lists the root's checkpoints (for its sequence, and with keep_last for the
 // rotation): it read and parsed every manifest there, so the k-th save of a run that keeps
 // all read k manifests, and a broken one at every save. A manifest is now read once while

@@ -35,8 +35,9 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
     private Long timeoutMs;
 
     /**
-     * > 0: after a save is published, delete the checkpoints beyond the newest keepLast (a part
-     * of a model cut across mp and pp keeps at least 2).
+     * > 0: after a save is published, delete this model's checkpoints beyond the newest keepLast
+     * (a part of a model cut across mp and pp keeps at least 2; another model's under the root
+     * are kept).
      */
     public Options keepLast(int keepLast) {
       this.keepLast = keepLast;

@@ -2803,8 +2803,9 @@ pub struct hps_checkpoint {
 #[doc = " background thread writes and publishes. A load reads only this rank's ranges, checks"]
 #[doc = " every checksum, converts between stage 2 and 3, sharding and dp degrees, bucket layouts"]
 #[doc = " and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every"]
-#[doc = " rank read everything. One hps_checkpoint_t per engine; one root per job, or per part of a"]
-#[doc = " model cut across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root."]
+#[doc = " rank read everything. One hps_checkpoint_t per engine; one root per model (two engines of"]
+#[doc = " a job, such as a GAN's networks, take each other's `latest`), or per part of a model cut"]
+#[doc = " across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root."]
 #[doc = " Thread safety: a checkpoint handle and the engine handle it was made from are one handle"]
 #[doc = " for threads: one thread at a time calls either (a save's snapshot and a load use the"]
 #[doc = " engine's state, which a step on another thread would change under them; hps_engine_destroy"]
@@ -2816,9 +2817,10 @@ pub type hps_checkpoint_t = hps_checkpoint;
 pub struct hps_checkpoint_options {
     #[doc = "< set by hps_checkpoint_options_init"]
     pub struct_size: usize,
-    #[doc = "< > 0: after a save is published, delete checkpoints under the root"]
-    #[doc = "beyond the newest keep_last (at least 2 for a part of a model"]
-    #[doc = "cut across mp and pp; default 0: keep all)"]
+    #[doc = "< > 0: after a save is published, delete this model's checkpoints"]
+    #[doc = "under the root beyond the newest keep_last (at least 2 for a part"]
+    #[doc = "of a model cut across mp and pp; default 0: keep all); another"]
+    #[doc = "model's (other parameter names or shapes) are kept"]
     pub keep_last: i32,
     #[doc = "< ranges are checksummed in chunks of this size (default 1 MiB)"]
     pub chunk_bytes: u64,

@@ -48,9 +48,9 @@ fn c_text(chars: &[std::os::raw::c_char]) -> String {
 /// checkpoint, 1 MiB chunks, 30 minutes per agreement of the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointOptions {
-    /// > 0: after a save is published, delete the checkpoints under the root beyond the
-    /// newest `keep_last` (a part of a model cut across mp and pp keeps at least 2); 0:
-    /// keep all.
+    /// > 0: after a save is published, delete this model's checkpoints under the root
+    /// beyond the newest `keep_last` (a part of a model cut across mp and pp keeps at least
+    /// 2; another model's are kept); 0: keep all.
     pub keep_last: i32,
     /// Ranges are checksummed in chunks of this many bytes.
     pub chunk_bytes: u64,
