@@ -479,26 +479,40 @@ class GlooCommunicator::Op {
   // completed (Gloo says which peer it was).
   void wait_one(std::vector<Pending>& list, bool receiving) {
     const size_t buffer = list.front().buffer;
+    std::vector<int32_t> owed;
+    for (const Pending& p : list) {
+      if (p.buffer == buffer && std::find(owed.begin(), owed.end(), p.peer) == owed.end()) {
+        owed.push_back(p.peer);
+      }
+    }
     int peer = -1;
     bool done = false;
-    try {
-      done = receiving ? buffers_[buffer]->waitRecv(&peer, remaining())
-                       : buffers_[buffer]->waitSend(&peer, remaining());
-    } catch (const ::gloo::IoException& e) {
-      broken_ = true;
-      std::vector<int32_t> owed;
-      for (const Pending& p : list) {
-        if (p.buffer == buffer && std::find(owed.begin(), owed.end(), p.peer) == owed.end()) {
-          owed.push_back(p.peer);
+    {
+      // Watched while it blocks: a peer of this host that ends fails it (PeerEndWatch).
+      const uint64_t watched = comm_.begin_wait({buffers_[buffer].get(), owed});
+      struct EndWait {
+        GlooCommunicator& comm;
+        uint64_t id;
+        ~EndWait() { comm.end_wait(id); }
+      } end_wait{comm_, watched};
+      try {
+        done = receiving ? buffers_[buffer]->waitRecv(&peer, remaining())
+                         : buffers_[buffer]->waitSend(&peer, remaining());
+      } catch (const ::gloo::IoException& e) {
+        broken_ = true;
+        if (std::string_view(e.what()).find("Timed out") == std::string_view::npos) {
+          throw PeerFailure{std::move(owed), e.what()};
         }
+        throw PeerTimeout{std::move(owed), receiving};
       }
-      if (std::string_view(e.what()).find("Timed out") == std::string_view::npos) {
-        throw PeerFailure{std::move(owed), e.what()};
-      }
-      throw PeerTimeout{std::move(owed), receiving};
     }
     if (!done) {
       broken_ = true;
+      if (!comm_.aborted_ && !comm_.ended_while_waiting().empty()) {
+        throw PeerFailure{std::move(owed),
+                          "its process ended while this rank waited for a "
+                          "transfer with it"};
+      }
       throw AbortedByUser();
     }
     auto it = std::find_if(list.begin(), list.end(),
@@ -624,6 +638,61 @@ class ContextReaper {
   std::thread thread_;
 };
 
+// One thread for the process: every 100 ms it asks each communicator with peers on this
+// host whether a wait under way is owed a transfer by a peer whose process has ended, and
+// such a wait fails once the peer has been seen ended for a second (what the peer wrote
+// before it ended is read meanwhile). Gloo signals a connection that its peer's end closed
+// to the transfers posted on it, but not always to one under way: such a wait would last
+// until the communicator's timeout (minutes by default).
+class PeerEndWatch {
+ public:
+  static constexpr std::chrono::milliseconds kPeriod{100};
+  static constexpr std::chrono::milliseconds kGrace{1000};
+
+  static PeerEndWatch& instance() {
+    std::lock_guard lock(slot_mutex());
+    PeerEndWatch*& watch = slot();
+    if (watch == nullptr) watch = new PeerEndWatch();  // never destroyed: its thread runs on
+    return *watch;
+  }
+  // The forked child's: see forget_the_parents_transport().
+  static void forget_the_parents() {
+    new (&slot_mutex()) std::mutex();
+    slot() = nullptr;  // the parent's, whose thread the child lacks, is left alone
+  }
+  void add(GlooCommunicator* comm) {
+    std::lock_guard lock(mutex_);
+    comms_.insert(comm);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+  // Once it returns, no round uses `comm` any more.
+  void remove(GlooCommunicator* comm) {
+    std::lock_guard lock(mutex_);
+    comms_.erase(comm);
+  }
+
+ private:
+  static std::mutex& slot_mutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+  static PeerEndWatch*& slot() {
+    static PeerEndWatch* watch = nullptr;
+    return watch;
+  }
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait_for(lock, kPeriod);
+      for (GlooCommunicator* comm : comms_) comm->check_waits();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::set<GlooCommunicator*> comms_;
+  std::thread thread_;
+};
+
 // After fork() the child holds copies of the parent's TCP devices and reaper but none of
 // their threads, and their sockets and event loops (epoll) are the parent's too: closing one
 // in the child would unregister the parent's descriptors, and a communicator made on one
@@ -636,6 +705,7 @@ void forget_the_parents_transport() {
   (void)new DeviceMap(std::move(devices_by_host()));  // kept, never destroyed
   devices_by_host().clear();
   ContextReaper::forget_the_parents();
+  PeerEndWatch::forget_the_parents();
 }
 [[maybe_unused]] const bool g_fork_handler_registered =
     ::pthread_atfork(nullptr, nullptr, forget_the_parents_transport) == 0;
@@ -652,6 +722,7 @@ GlooCommunicator::~GlooCommunicator() {
   }
   waiter_cv_.notify_all();
   waiter_.join();
+  if (has_same_host_peers_) PeerEndWatch::instance().remove(this);
   shm_.reset();  // tells same-host peers still waiting for this rank that it has gone
   bool healthy = !aborted_ && parked_.empty();
   {
@@ -662,6 +733,66 @@ GlooCommunicator::~GlooCommunicator() {
   if (healthy && context_) ContextReaper::instance().retire(std::move(context_));
   context_.reset();
   parked_.clear();  // the transport is gone: nothing signals them any more
+}
+
+bool GlooCommunicator::has_peers_on_this_host() const {
+  for (size_t r = 0; r < peer_processes_.size(); ++r) {
+    if (static_cast<int32_t>(r) != rank_ && peer_processes_[r] &&
+        peer_processes_[r]->on_this_host()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t GlooCommunicator::begin_wait(OwedTransfers owed) {
+  if (!has_same_host_peers_) return 0;
+  std::lock_guard lock(waits_mutex_);
+  const uint64_t id = ++next_wait_;
+  waits_.emplace(id, std::move(owed));
+  return id;
+}
+
+void GlooCommunicator::end_wait(uint64_t id) {
+  if (id == 0) return;
+  std::lock_guard lock(waits_mutex_);
+  waits_.erase(id);
+}
+
+std::string GlooCommunicator::ended_while_waiting() {
+  std::lock_guard lock(waits_mutex_);
+  return ended_while_waiting_;
+}
+
+void GlooCommunicator::check_waits() {
+  std::lock_guard lock(waits_mutex_);
+  if (waits_.empty()) return;
+  const auto now = Clock::now();
+  bool any = false;
+  for (const auto& [id, wait] : waits_) {
+    for (int32_t p : wait.peers) {
+      if (p < 0 || static_cast<size_t>(p) >= peer_processes_.size() || !peer_processes_[p]) {
+        continue;
+      }
+      if (!gone_[p]) {
+        if (!peer_processes_[p]->ended()) continue;
+        // What it wrote before it ended is read meanwhile.
+        if (now - seen_ended_.emplace(p, now).first->second < PeerEndWatch::kGrace) continue;
+        gone_[p] = peer_processes_[p];
+        ended_while_waiting_ = ended_peers(gone_, rank_);
+      }
+      any = true;
+    }
+  }
+  if (!any) return;
+  for (const auto& [id, wait] : waits_) {
+    if (std::any_of(wait.peers.begin(), wait.peers.end(), [&](int32_t p) {
+          return p >= 0 && static_cast<size_t>(p) < gone_.size() && gone_[p];
+        })) {
+      wait.buffer->abortWaitRecv();
+      wait.buffer->abortWaitSend();
+    }
+  }
 }
 
 void GlooCommunicator::park_buffers(
@@ -768,6 +899,11 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
   }
   HPS_LOG(kDebug) << "communicator '" << options.name << "' rank " << rank << "/" << size
                   << " connected over " << comm->transport();
+  if (comm->has_peers_on_this_host()) {
+    comm->has_same_host_peers_ = true;
+    comm->gone_.resize(comm->peer_processes_.size());
+    PeerEndWatch::instance().add(comm.get());
+  }
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 

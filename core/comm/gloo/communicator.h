@@ -35,6 +35,7 @@ namespace hps::gloo_backend {
 std::string device_host();
 
 class ControlMesh;
+class PeerEndWatch;
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -84,7 +85,30 @@ class GlooCommunicator final : public Communicator {
   void abort_operations() override;
 
  private:
+  friend class PeerEndWatch;
   GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, int32_t size, CommOptions options);
+
+  // The transfers a wait under way (Op::wait_one) is owed: a peer of this host whose process
+  // ends while it owes one fails the wait within about a second (PeerEndWatch), where Gloo
+  // may not: a transfer under way on a connection the peer's end closed is never signalled.
+  struct OwedTransfers {
+    ::gloo::transport::UnboundBuffer* buffer;
+    std::vector<int32_t> peers;
+  };
+  uint64_t begin_wait(OwedTransfers owed);
+  void end_wait(uint64_t id);
+  // The watch's round: aborts the waits owed by a peer seen ended for the grace period.
+  void check_waits();
+  // "rank P (process N on this host) has ended" once a wait was failed for it, else "".
+  std::string ended_while_waiting();
+  bool has_peers_on_this_host() const;
+  std::mutex waits_mutex_;
+  uint64_t next_wait_ = 0;
+  std::map<uint64_t, OwedTransfers> waits_;
+  std::map<int32_t, std::chrono::steady_clock::time_point> seen_ended_;
+  std::vector<std::optional<host::Process>> gone_;  // by rank: peers whose waits fail
+  std::string ended_while_waiting_;
+  bool has_same_host_peers_ = false;  // set once, before the first operation
 
   using Descriptor = CollectiveDescriptor;
 

@@ -6,8 +6,9 @@
 // times out while its peer is still copying the root's buffer: the peer never reports
 // success with data the root overwrote after its error. Then a rank that makes its side of
 // a communicator and exits at once while its peer is still making its own: the peer's
-// creation succeeds. Then a rank that joins an all_reduce after its peers timed out on it:
-// it fails too.
+// creation succeeds. Then a rank that ends while a process it forked keeps its sockets open:
+// its peer's point-to-point transfers with it fail within seconds. Then a rank that joins an
+// all_reduce after its peers timed out on it: it fails too.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -187,6 +188,63 @@ int late_joiner(int32_t rank, const std::string& dir, size_t count) {
   return 0;
 }
 
+// Two ranks over TCP: rank 1 forks a process that keeps its sockets open and ends without
+// a word, so no connection of rank 0 ever breaks. Rank 0's point-to-point `what` ("recv":
+// from rank 1, "send": 32 MiB to it) must fail with ABORTED naming rank 1 as ended within a
+// few seconds; it waited for the whole 30 s timeout (Gloo signals only connections that
+// break, and a transfer under way on one that broke was not always signalled either).
+int ended_holding_sockets(int32_t rank, const std::string& dir, const std::string& what) {
+  using namespace hps;
+  CommOptions options;
+  options.timeout = Milliseconds(30'000);
+  options.shared_memory = false;
+  auto comm_or = connect(rank, dir, 2, options);
+  CHECK_OR_FAIL(comm_or.ok(), "connect: %s", comm_or.status().to_string().c_str());
+  Communicator& comm = **comm_or;
+  auto w = comm.barrier();
+  CHECK_OR_FAIL(w.ok() && (*w)->wait().ok(), "barrier failed");
+  const std::string holder_file = dir + "/holder";
+  if (rank == 1) {
+    const pid_t holder = fork();
+    if (holder == 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(25));
+      _exit(0);
+    }
+    std::FILE* f = std::fopen((holder_file + ".tmp").c_str(), "w");
+    if (f != nullptr) {
+      std::fprintf(f, "%d\n", static_cast<int>(holder));
+      std::fclose(f);
+      std::rename((holder_file + ".tmp").c_str(), holder_file.c_str());
+    }
+    _exit(0);
+  }
+  std::vector<float> buffer(size_t{8} << 20, 1.0f);
+  const auto start = std::chrono::steady_clock::now();
+  w = what == "recv" ? comm.recv(buffer.data(), buffer.size(), DType::kFloat32, 1)
+                     : comm.send(buffer.data(), buffer.size(), DType::kFloat32, 1);
+  CHECK_OR_FAIL(w.ok(), "enqueue: %s", w.status().to_string().c_str());
+  const Status s = (*w)->wait();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%s from a rank that ended holding its sockets: %s after %.2f s\n", what.c_str(),
+              s.to_string().c_str(), seconds);
+  int holder = 0;
+  for (int i = 0; i < 100 && holder == 0; ++i) {
+    if (std::FILE* f = std::fopen(holder_file.c_str(), "r")) {
+      if (std::fscanf(f, "%d", &holder) != 1) holder = 0;
+      std::fclose(f);
+    }
+    if (holder == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (holder > 0) kill(holder, SIGKILL);
+  CHECK_OR_FAIL(s.code() == StatusCode::kAborted, "wanted ABORTED, got %s", s.to_string().c_str());
+  CHECK_OR_FAIL(s.message().find("rank 1 (process") != std::string::npos &&
+                    s.message().find("has ended") != std::string::npos,
+                "the message does not name rank 1 as ended: %s", s.message().c_str());
+  CHECK_OR_FAIL(seconds < 10, "took %.1f s", seconds);
+  return 0;
+}
+
 // Slows every read of a shared-memory set-up key, so that this rank is still making its side
 // of the communicator after its peer has made its own.
 class SlowSharedMemoryKeysStore final : public hps::ForwardingStore {
@@ -295,6 +353,9 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--late-joiner") {
     return late_joiner(std::atoi(argv[2]), argv[3], std::strtoull(argv[4], nullptr, 10));
   }
+  if (argc == 5 && std::string(argv[1]) == "--ended-holding-sockets") {
+    return ended_holding_sockets(std::atoi(argv[2]), argv[3], argv[4]);
+  }
   if (argc == 5 && std::string(argv[1]) == "--made-then-exit") {
     return made_then_exit(std::atoi(argv[2]), argv[3]);
   }
@@ -316,6 +377,17 @@ int main(int argc, char** argv) {
     for (const int status : statuses) {
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         std::fprintf(stderr, "made then exit: a rank ended with status 0x%x\n", status);
+        ok = false;
+      }
+    }
+    ok = ok && statuses.size() == 2;
+  }
+  for (const char* what : {"recv", "send"}) {
+    const std::vector<int> statuses = run_copies("--ended-holding-sockets", 2, what);
+    for (const int status : statuses) {
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "%s, a peer ended holding its sockets: a rank ended with 0x%x\n", what,
+                     status);
         ok = false;
       }
     }
