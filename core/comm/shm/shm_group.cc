@@ -691,9 +691,20 @@ Status ShmGroup::settle(uint64_t round, Status waited) {
 }
 
 Status ShmGroup::given_up(uint64_t word) const {
-  return with_cause(aborted("rank " + std::to_string(decider_of(word)) +
-                            " gave up on this operation before every rank had joined it (it "
-                            "timed out, failed or was aborted)"));
+  // The ranks that had not joined the round (a stopped or lost one), named beside the rank
+  // that gave up on them.
+  const uint64_t round = (word >> kRoundShift) - 1;
+  std::string missing;
+  int count = 0;
+  for (int32_t q = 0; q < size_; ++q) {
+    if (control(q).posted.load(std::memory_order_seq_cst) >= round + 1) continue;
+    missing += (count++ == 0 ? "" : ", ") + std::to_string(q);
+  }
+  std::string m = "rank " + std::to_string(decider_of(word)) +
+                  " gave up on this operation before every rank had joined it (it timed out, "
+                  "failed or was aborted)";
+  if (count > 0) m += (count == 1 ? "; rank " : "; ranks ") + missing + " had not joined it";
+  return with_cause(aborted(m));
 }
 
 Status ShmGroup::check(uint64_t round, const CollectiveDescriptor& mine) {

@@ -58,16 +58,16 @@ TEST(ShmGroup, SettingUpThatFailsLeavesNoSegment) {
   EXPECT_TRUE(own_segments().empty()) << "left: " << own_segments()[0];
 }
 
-// Two thread ranks over one in-memory store; what each one's create returned.
-std::vector<StatusOr<std::unique_ptr<ShmGroup>>> create_pair(bool direct) {
+// `n` (default two) thread ranks over one in-memory store; what each one's create returned.
+std::vector<StatusOr<std::unique_ptr<ShmGroup>>> create_pair(bool direct, int32_t n = 2) {
   std::vector<StatusOr<std::unique_ptr<ShmGroup>>> made;
-  for (int i = 0; i < 2; ++i) made.emplace_back(unavailable("not made"));
+  for (int i = 0; i < n; ++i) made.emplace_back(unavailable("not made"));
   auto store = make_in_memory_store();
   std::vector<std::thread> ranks;
-  for (int32_t r = 0; r < 2; ++r) {
+  for (int32_t r = 0; r < n; ++r) {
     ranks.emplace_back([&, r] {
       made[static_cast<size_t>(r)] =
-          ShmGroup::create(*store, r, 2, true, kDefaultSlotBytes, std::chrono::seconds(10), direct);
+          ShmGroup::create(*store, r, n, true, kDefaultSlotBytes, std::chrono::seconds(10), direct);
     });
   }
   for (auto& t : ranks) t.join();
@@ -165,6 +165,28 @@ TEST(ShmGroup, ALateReaderNeverReadsABufferItsRankGaveUpOn) {
         << s1.to_string();
     EXPECT_EQ(received[0], 7) << "rank 0's part was written";
   }
+}
+
+// Three ranks, the third never joins (stopped): the rank that waits longer is told which
+// rank gave up and which had not joined (it named only the survivor that gave up).
+TEST(ShmGroup, ARankThatGaveUpIsNamedWithTheRanksThatHadNotJoined) {
+  auto made = create_pair(false, 3);
+  for (auto& g : made) ASSERT_TRUE(g.ok() && *g) << g.status().to_string();
+  CollectiveDescriptor d;
+  d.kind = kBarrierKind;
+  Status s1;
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    s1 = (*made[1])->barrier(d, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  });
+  const Status s0 =
+      (*made[0])->barrier(d, std::chrono::steady_clock::now() + std::chrono::milliseconds(200));
+  later.join();
+  EXPECT_EQ(s0.code(), StatusCode::kTimeout) << s0.to_string();
+  EXPECT_EQ(s1.code(), StatusCode::kAborted) << s1.to_string();
+  EXPECT_NE(s1.message().find("rank 0 gave up on this operation"), std::string::npos)
+      << s1.to_string();
+  EXPECT_NE(s1.message().find("; rank 2 had not joined it"), std::string::npos) << s1.to_string();
 }
 
 // The same protocol with the buffer still there: a reader that comes in time reads it.
