@@ -141,10 +141,14 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
     HPS_RETURN_IF_ERROR(net::send_all(*fd, std::string_view(hello, sizeof hello), deadline));
     Nonce answer{};
     Status s = net::recv_all(*fd, reinterpret_cast<char*>(answer.data()), answer.size(), deadline);
-    if (!s.ok() || !auth::equal_secrets(answer.data(), mine.data(), kNonceBytes)) {
+    if (!s.ok()) {  // no answer at all: the peer went (or timed out), not an impostor
+      return Status(s.code() == StatusCode::kTimeout ? s.code() : StatusCode::kAborted,
+                    "control connection to rank " + std::to_string(peer) + " at " + address +
+                        ": no answer to this rank's hello (did it exit or fail?): " + s.message());
+    }
+    if (!auth::equal_secrets(answer.data(), mine.data(), kNonceBytes)) {
       return aborted("control connection to rank " + std::to_string(peer) + " at " + address +
-                     ": the peer did not prove it belongs to this group (" +
-                     (s.ok() ? std::string("wrong answer") : s.message()) + ")");
+                     ": the peer did not prove it belongs to this group (wrong answer)");
     }
   }
   for (int32_t accepted = rank + 1; accepted < size;) {

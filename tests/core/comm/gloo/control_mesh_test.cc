@@ -56,6 +56,52 @@ TEST(ControlMesh, AStrangerIsClosedAndThePeersStillConnect) {
   EXPECT_EQ(all1[0], from0);
 }
 
+// Rank 0 is played by a socket that reads rank 1's hello and then closes without answering
+// (a rank killed at that moment), or answers with a wrong nonce (not a rank of the group):
+// the first is ABORTED saying no answer came, not that the peer failed to prove it belongs
+// to the group (it said so for a killed rank); the second says so.
+TEST(ControlMesh, APeerThatClosesIsNotTakenForAStranger) {
+  for (const bool answers : {false, true}) {
+    auto store = make_in_memory_store();
+    const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(listener, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    ASSERT_EQ(::listen(listener, 4), 0);
+    socklen_t length = sizeof address;
+    ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    ASSERT_TRUE(store
+                    ->set("control/0", "127.0.0.1:" + std::to_string(ntohs(address.sin_port)) +
+                                           " " + std::string(32, '0'))
+                    .ok());
+    std::thread fake_rank0([&] {
+      const int fd = ::accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      char hello[20];
+      (void)net::recv_all(fd, hello, sizeof hello, Clock::now() + seconds(10));
+      if (answers) {
+        const char wrong[16] = {1};
+        (void)net::send_all(fd, std::string_view(wrong, sizeof wrong), Clock::now() + seconds(5));
+      }
+      ::close(fd);
+    });
+    auto rank1 = ControlMesh::create(*store, 1, 2, "127.0.0.1", Clock::now() + seconds(20));
+    fake_rank0.join();
+    ::close(listener);
+    ASSERT_FALSE(rank1.ok());
+    EXPECT_EQ(rank1.status().code(), StatusCode::kAborted) << rank1.status().to_string();
+    const bool stranger =
+        rank1.status().message().find("did not prove it belongs") != std::string::npos;
+    EXPECT_EQ(stranger, answers) << rank1.status().to_string();
+    if (!answers) {
+      EXPECT_NE(rank1.status().message().find("no answer to this rank's hello"), std::string::npos)
+          << rank1.status().to_string();
+    }
+  }
+}
+
 // A store that answers every get after `delay`, as a TCP store's server answers while it is
 // paused (stopped for a moment, or busy): a get given less time fails with TIMEOUT.
 class SlowStore : public ForwardingStore {
