@@ -25,39 +25,43 @@ another is refused); every other parameter forms one more unit, the rest, and so
 parameter used by two units (a submodule two blocks share, tied weights) or held both in a
 unit and outside every unit (a block's layer its parent also keeps as an attribute of its
 own). Stage 2 keeps every parameter resident: the first forward after a step waits for the
-step's all-gathers, so the forward may read any parameter anywhere. With stage 3
-only this rank's shard of each unit is resident: a unit is gathered before its forward and
-released after it, gathered again when the gradient of one of its outputs arrives in
-backward, and released once its gradients are in (a unit holding a frozen parameter at the
-end of backward, since autograd may still need the frozen weight after the trainable ones
-are done). Outside a gathered unit its parameters hold no memory: each is its shape over
-one zero element (stride 0), so reading one there gives zeros, not its values; an
-operation that keeps one for backward there (a parent's ``F.linear(h, unit.weight)``)
-raises, naming it. A unit whose parameters backward needs before a gradient reaches its
-outputs (a side loss it kept) is gathered then. Tensors autograd saves for backward that
-are views of a gathered parameter are saved as "this parameter, these strides" and
-re-derived from the re-gathered parameter in backward, so activations never pin (or read
-stale) gathered memory; a unit that returns its parameter, or a view of one, returns a
-copy. A parameter written in place by a forward (``nn.Embedding(max_norm=...)``) raises at
-stage 3, where the release would lose the write. ``torch.utils.checkpoint`` may wrap units
-or run inside them: a unit recomputed in backward is gathered for its backward (stage 3
-recomputes it over a copy of its parameters, so a kept graph stays right after the
-release; a parameter used outside its unit inside a checkpointed region is not caught);
-with ``use_reentrant=True`` a parameter used by two checkpointed calls raises (each call
-completes its gradient once; use ``use_reentrant=False``). Evaluation under
-``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. A
-backward of a graph kept across ``step()`` (``retain_graph=True``) raises where it starts,
-before it adds any gradient, as torch's version check refuses it after ``optimizer.step()``;
-a forward given an output of a forward before the last ``step()`` (a recurrent state not
-detached) goes on, and its backward raises where it starts. A graph from before the step
-that a backward of this step's reaches part way (through a tensor computed from such an
-output) raises there, with the step's gradients half checked in: the next backward and
-``step()`` raise until ``load_state_dict(state_dict())`` starts afresh. At stage 2,
-parameters read right after ``step()`` outside a forward (an EMA or teacher update) hold the
-update only after ``synchronize()`` (or inside ``full_parameters()``): the step's updates
-and all-gathers run on after it returns. A stage 3 forward gathers units with the other
-ranks, so every rank runs it; to evaluate on some ranks only (rank 0 alone), do it inside
-``with model.full_parameters():``, which every rank enters.
+step's all-gathers, so the forward may read any parameter anywhere. With stage 3 only this
+rank's shard of each unit is resident: a unit is gathered before its forward and released
+after it, gathered again when the gradient of one of its outputs arrives in backward, and
+released once its gradients are in (a unit holding a frozen parameter at the end of
+backward, since autograd may still need the frozen weight after the trainable ones are
+done). Outside a gathered unit its parameters hold no memory: each is its shape over one
+zero element (stride 0), so reading one there gives zeros, not its values; an operation
+that keeps one for backward there (a parent's ``F.linear(h, unit.weight)``, under
+``torch.autocast`` too) raises, naming it. A unit's module is gathered before its first
+forward pre-hook and released after its last forward hook, so hooks on it (``weight_norm``,
+``spectral_norm``, a user's, registered before or after wrapping) read its values; a full
+backward hook on it may run after its release. A unit whose parameters backward needs
+before a gradient reaches its outputs (a side loss it kept) is gathered then. Tensors
+autograd saves for backward that are views of a gathered parameter are saved as "this
+parameter, these strides" and re-derived from the re-gathered parameter in backward, so
+activations never pin (or read stale) gathered memory; a unit that returns its parameter,
+or a view of one, returns a copy (in lists, tuples, dicts and dataclasses). A parameter
+written in place by a forward (``nn.Embedding(max_norm=...)``) raises at stage 3, where the
+release would lose the write. ``torch.utils.checkpoint`` may wrap units or run inside them:
+a unit recomputed in backward is gathered for its backward (stage 3 recomputes it over a
+copy of its parameters, so a kept graph stays right after the release; a parameter used
+outside its unit inside a checkpointed region is not caught); with ``use_reentrant=True`` a
+parameter used by two checkpointed calls raises (each call completes its gradient once; use
+``use_reentrant=False``). Evaluation under ``torch.no_grad()`` or
+``torch.inference_mode()`` between steps changes nothing. A backward of a graph kept across
+``step()`` (``retain_graph=True``) raises where it starts, before it adds any gradient, as
+torch's version check refuses it after ``optimizer.step()``; a forward given an output of a
+forward before the last ``step()`` (a recurrent state not detached) goes on, and its
+backward raises where it starts. A graph from before the step that a backward of this
+step's reaches part way (through a tensor computed from such an output) raises there, with
+the step's gradients half checked in: the next backward and ``step()`` raise until
+``load_state_dict(state_dict())`` starts afresh. At stage 2, parameters read right after
+``step()`` outside a forward (an EMA or teacher update) hold the update only after
+``synchronize()`` (or inside ``full_parameters()``): the step's updates and all-gathers run
+on after it returns. A stage 3 forward gathers units with the other ranks, so every rank
+runs it; to evaluate on some ranks only (rank 0 alone), do it inside ``with
+model.full_parameters():``, which every rank enters.
 
 Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
 averages over the ranks and micro-batches once. A parameter registered twice (tied
@@ -71,7 +75,12 @@ taken by the data, an expert given no tokens) makes the ranks' collectives diffe
 as INVALID_ARGUMENT naming both calls where arguments are checked (CPU groups by default);
 stage 2 takes it, as DDP's ``find_unused_parameters``. A backward that completes no trainable
 parameter's gradient (``torch.autograd.grad``, ``backward(inputs=...)``) is not a
-micro-batch: the engine does not see it. Buffers (BatchNorm's running statistics) stay each
+micro-batch: the engine does not see it. After a step's last backward ``p.grad`` is None
+at both stages: the engine holds the gradients and reduces them across the ranks (inside
+``no_sync()`` at stage 2 it is this rank's running sum, the engine's memory: read it,
+never write it); clip with ``clip_max_norm`` and read the global norm from ``grad_norm``
+after ``step()`` (``torch.nn.utils.clip_grad_norm_`` over the parameters finds no
+gradient). Buffers (BatchNorm's running statistics) stay each
 rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives the calling
 rank's. The engine trains the parameters it was created with: a parameter or submodule
 replaced, added or removed, a parameter frozen or unfrozen, or its ``.data`` replaced,
@@ -122,6 +131,7 @@ import atexit
 import collections
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -159,6 +169,10 @@ def _forget_owner(key: int, ref: Any) -> None:
         del _OWNERS[key]
 
 
+# The autograd nodes between a parameter and what autocast saves of it: the cast and views.
+_CAST_OR_VIEW = frozenset({"ToCopyBackward0", "TBackward0", "TransposeBackward0",
+                           "ViewBackward0", "PermuteBackward0", "ExpandBackward0",
+                           "UnsqueezeBackward0", "SqueezeBackward0", "SqueezeBackward1"})
 _OPTIMIZERS = {"sgd": _hps.Optimizer.SGD, "adamw": _hps.Optimizer.ADAMW}
 _DTYPES = {torch.float32: _hps.DType.FLOAT32, torch.float16: _hps.DType.FLOAT16,
            torch.bfloat16: _hps.DType.BFLOAT16}
@@ -428,11 +442,15 @@ def _tensors_in(value: Any) -> Iterable[torch.Tensor]:
     elif isinstance(value, dict):
         for v in value.values():
             yield from _tensors_in(v)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors_in(getattr(value, f.name))
 
 
 def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``value`` with every tensor t in it (through lists, tuples, named tuples and dicts)
-    replaced by fn(t); containers are rebuilt only where something changed."""
+    """``value`` with every tensor t in it (through lists, tuples, named tuples, dicts and
+    dataclasses) replaced by fn(t); containers are rebuilt only where something changed (a
+    dataclass is copied and its fields set, frozen ones too)."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, (list, tuple)):
@@ -449,6 +467,19 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         out = copy.copy(value)
         for k, v in items.items():
             out[k] = v
+        return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {}
+        for f in dataclasses.fields(value):
+            old = getattr(value, f.name)
+            new = _map_tensors(old, fn)
+            if new is not old:
+                changed[f.name] = new
+        if not changed:
+            return value
+        out = copy.copy(value)
+        for k, v in changed.items():
+            object.__setattr__(out, k, v)
         return out
     return value
 
@@ -1003,9 +1034,15 @@ class ShardedModule(torch.nn.Module):
                 self._hooks.append(p.register_hook(self._make_arrival_hook(i)))
 
     def _install_module_hooks(self) -> None:
+        """A unit's module gathers before any of its forward pre-hooks and releases after all
+        of its forward hooks (weight_norm's and spectral_norm's pre-hooks, a user's hooks
+        registered before or after wrapping read its parameters): the gather is moved to the
+        front of its pre-hooks, and each forward moves the release to the end."""
         for u, m in zip(self._units_named(), self._unit_modules_of()):
-            self._hooks.append(m.register_forward_pre_hook(self._make_pre_forward(u)))
-            self._hooks.append(m.register_forward_hook(self._make_post_forward(u)))
+            post = m.register_forward_hook(self._make_post_forward(u))
+            pre = m.register_forward_pre_hook(self._make_pre_forward(u, m, post.id))
+            m._forward_pre_hooks.move_to_end(pre.id, last=False)
+            self._hooks += [pre, post]
 
     def _units_named(self) -> List[_Unit]:
         return [u for u in self._units if u.uid != 0]
@@ -1108,6 +1145,11 @@ class ShardedModule(torch.nn.Module):
                 self._gather(u)
                 if self.stage == 2 and torch.is_grad_enabled():
                     self._bind_gradients(u)
+                if self.stage == 3 and (torch.is_autocast_cpu_enabled() or
+                                        torch.is_autocast_enabled()):
+                    # autocast keeps the casts of parameters for its whole region: one taken
+                    # of the released zeros (a use outside the unit) must not stand for them.
+                    torch.clear_autocast_cache()
         u.forward_depth += 1
 
     def _end_forward(self, u: _Unit, output: Any) -> Any:
@@ -1211,8 +1253,10 @@ class ShardedModule(torch.nn.Module):
             return t
         return _map_tensors(output, own)
 
-    def _make_pre_forward(self, u: _Unit):
+    def _make_pre_forward(self, u: _Unit, m: torch.nn.Module, release: int):
         def hook(module, args):
+            if release in m._forward_hooks:  # last: torch takes the hooks after the forward
+                m._forward_hooks.move_to_end(release)
             self._begin_forward(u)
         return hook
 
@@ -1302,6 +1346,8 @@ class ShardedModule(torch.nn.Module):
                 return (_ParamRef, i, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
                         self._steps)
             i = self._husk_keys.get(key)
+            if i is None:
+                i = self._released_cast(t)
             if i is not None:  # an operation took a released parameter's zeros as its value
                 u = self._unit(self._param_unit[i])
                 raise RuntimeError(
@@ -1310,6 +1356,26 @@ class ShardedModule(torch.nn.Module):
                     "zeros): use it inside the unit's forward, or leave its module out of "
                     "units (it is then gathered with the rest for the whole forward)")
         return t
+
+    def _released_cast(self, t: torch.Tensor) -> Optional[int]:
+        """The index of the released parameter ``t`` is a cast of, or a view of such a cast
+        (autocast's copy of it in another dtype, which an operation saves in the parameter's
+        place, transposed for a linear layer), else None."""
+        fn, cast = t.grad_fn, False
+        for _ in range(4):
+            if fn is None:
+                return None
+            name = type(fn).__name__
+            if name == "AccumulateGrad":
+                p = getattr(fn, "variable", None)
+                if not cast or not isinstance(p, torch.Tensor):
+                    return None
+                return self._husk_keys.get(_storage_key(p.data))
+            if name not in _CAST_OR_VIEW or len(fn.next_functions) != 1:
+                return None
+            cast = cast or name == "ToCopyBackward0"
+            fn = fn.next_functions[0][0]
+        return None
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, tuple) and packed and packed[0] is _ParamRef:
@@ -1542,6 +1608,11 @@ class ShardedModule(torch.nn.Module):
                 f"hpshard.torch: accumulation_steps={k}: backward number {n} of this step ran "
                 f"inside no_sync(); the last one must run outside it (its gradients were "
                 f"taken: step() comes next)")
+        if last and self.stage == 2:
+            # The engine reduces the gradients from here on: p.grad would be this rank's
+            # part, read or scaled (clip_grad_norm_) while the reductions read it.
+            for p in self._params:
+                p.grad = None
 
     # ---- the step -------------------------------------------------------------------
     @contextlib.contextmanager

@@ -3,6 +3,7 @@ parameters) trained through the adapter with ranks as threads over the in-memory
 against torch's own unsharded training of the same model on the full batch
 (torch.optim.AdamW + clip_grad_norm_)."""
 
+import dataclasses
 import functools
 import os
 import pathlib
@@ -924,6 +925,158 @@ def test_a_module_wrapped_twice_is_refused_until_the_first_is_closed(stage):
         return all(torch.equal(first[k], after[k]) for k in first)
 
     assert run_ranks(2, rank_main) == [True, True]
+
+
+class _HookedNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_hooks_on_a_units_module_see_its_values(stage):
+    """weight_norm's pre-hook (registered before wrapping) and a user's forward hook
+    (registered after) on a module that is a unit ran outside the gather at stage 3: they
+    read zeros, and weight_norm trained on NaN. Now they run inside it; one SGD step matches
+    plain torch."""
+    x = torch.arange(8.0).view(2, 4) / 8
+
+    def make():
+        m = _seeded(_HookedNet, 3)
+        torch.nn.utils.weight_norm(m.a)
+        return m
+
+    reference = make()
+    torch.optim.SGD(reference.parameters(), lr=0.1).zero_grad()
+    loss = reference(x).sum()
+    loss.backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    true_norm = make().a.weight_v.detach().abs().sum().item()
+
+    def rank_main(rank, world):
+        m = make()
+        seen = []
+        with hpt.ShardedModule(m, world, stage=stage, units=[m.a], optimizer="sgd",
+                               lr=0.1) as model:
+            m.a.register_forward_hook(
+                lambda mod, args, out: seen.append(mod.weight_v.detach().abs().sum().item()))
+            out = model(x).sum()
+            out.backward()
+            model.step()
+            state = model.state_dict()
+        return out.item(), seen, state
+
+    for value, seen, state in run_ranks(2, rank_main):
+        assert value == pytest.approx(loss.item(), rel=1e-6)
+        assert seen == [pytest.approx(true_norm, rel=1e-6)]
+        for key, want in reference.state_dict().items():
+            assert torch.allclose(state[key], want, rtol=1e-5, atol=1e-6), key
+
+
+@dataclasses.dataclass
+class _WithWeight:
+    y: torch.Tensor
+    weight: torch.Tensor
+
+
+class _ReturnsItsWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return _WithWeight(self.l(x), self.l.weight.t())
+
+
+class _UsesTheWeightAfter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_ReturnsItsWeight() for _ in range(2))
+
+    def forward(self, x):
+        weights = []
+        for b in self.blocks:  # the later block's gather may reuse the earlier's memory
+            out = b(x)
+            x = torch.tanh(out.y)
+            weights.append(out.weight)
+        return sum((x @ w).sum() for w in weights)
+
+
+def test_a_dataclass_holding_a_units_weight_gets_a_copy():
+    """A unit returning a dataclass holding a view of its weight returned the view, released
+    after the unit (zeros) at stage 3: the parent computed with zeros (loss -0.86 against
+    0.15 in the red team's model). Dataclasses are copied as tuples are."""
+    x = torch.arange(8.0).view(2, 4) / 8
+
+    def make():
+        return _seeded(_UsesTheWeightAfter, 5)
+
+    want = make()(x).item()
+
+    def rank_main(rank, world):
+        m = make()
+        with hpt.ShardedModule(m, world, stage=3, units=list(m.blocks), optimizer="sgd",
+                               lr=0.1) as model:
+            return model(x).item()
+
+    assert run_ranks(2, rank_main) == [pytest.approx(want, rel=1e-6)] * 2
+
+
+class _ParentReadsAUnitFirst(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = torch.nn.Linear(4, 4)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x):
+        x = self.pre(x)
+        side = torch.nn.functional.linear(x, self.blocks[0].weight)
+        return self.blocks[1](self.blocks[0](x)) + side
+
+
+def test_autocast_does_not_hide_a_released_parameters_use():
+    """Under torch.autocast the parent's use of a released unit weight saved autocast's
+    bf16 copy of its zeros, so stage 3 trained on wrong values instead of raising as it
+    does without autocast. Now it raises, naming the parameter."""
+    def rank_main(rank, world):
+        m = _ParentReadsAUnitFirst()
+        with hpt.ShardedModule(m, world, stage=3, units=list(m.blocks)) as model:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                with pytest.raises(RuntimeError, match="'blocks.0.weight' of unit 'blocks.0' "
+                                                       "was used outside"):
+                    model(torch.ones(2, 4))
+        return True
+
+    assert run_ranks(2, rank_main) == [True, True]
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_p_grad_is_none_after_a_steps_last_backward(stage):
+    """At stage 2 p.grad after backward was this rank's own gradient, which the engine's
+    reductions read: clip_grad_norm_ over the parameters returned a rank-local norm and its
+    scaling raced with them (updates 0.0007x to 1x of the right one). After a step's last
+    backward p.grad is None at both stages; grad_norm is the global norm."""
+    def rank_main(rank, world):
+        model = wrap(world, stage, accumulation_steps=2)
+        x, y = batch(0)
+        with model.no_sync():
+            model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+        inside = [p.grad is not None for p in model.parameters() if p.requires_grad]
+        model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
+        after = [p.grad for p in model.parameters()]
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        model.step()
+        return inside, after, norm.item()
+
+    for inside, after, norm in run_ranks(2, rank_main):
+        assert all(g is None for g in after)
+        assert norm == 0.0
+        if stage == 2:
+            assert all(inside)  # the running sum, readable between micro-batches
 
 
 def test_units_must_not_overlap_and_must_be_submodules():
