@@ -55,7 +55,15 @@ bool process_ended(int32_t pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
   const std::string fields = stat_fields(pid);
   if (fields.empty()) return false;  // unreadable: assume it runs
-  return fields[0] == 'Z' || fields[0] == 'X';
+  if (fields[0] == 'X') return true;
+  if (fields[0] != 'Z') return false;
+  // A zombie main thread whose process lives on in its other threads (it called
+  // pthread_exit) shows Z too: the process has ended only when no other thread is left.
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::atol(line.c_str() + 8) <= 1;
+  }
+  return true;
 }
 
 bool process_running(int32_t pid, uint64_t start_time) {

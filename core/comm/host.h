@@ -19,7 +19,8 @@ uint64_t pid_namespace();
 // With the pid it names one process: a pid reused later has another start time.
 uint64_t process_start_time(int32_t pid);
 
-// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
+// Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet (not one
+// whose main thread alone has ended, pthread_exit, while other threads run).
 bool process_ended(int32_t pid);
 
 // Whether the process `pid` that started at `start_time` (0: any) still runs here.

@@ -4,12 +4,14 @@
 #include "core/comm/job.h"
 
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -467,6 +469,48 @@ TEST(Job, TwoJobsStartedTogetherOnOneDirectoryNeverPair) {
         << "trial " << trial << ": a job failed or summed wrongly";
     EXPECT_GE(outcomes[kCorrect], 1) << "trial " << trial << ": neither job ran";
   }
+}
+
+// A process whose main thread called pthread_exit lives on in its other threads, though its
+// stat shows the main thread's Z: it has not ended (a peer's transfers with it were aborted
+// as with a dead rank). It has once its last thread is gone, before it is reaped.
+TEST(Host, AProcessLivingOnAfterItsMainThreadExitedHasNotEnded) {
+  int release[2];
+  ASSERT_EQ(::pipe(release), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::thread([fd = release[0]] {
+      char byte;
+      while (::read(fd, &byte, 1) < 0 && errno == EINTR) {  // until the parent writes
+      }
+      ::_exit(0);
+    }).detach();
+    // The main thread alone ends, as pthread_exit ends it (without its unwinding, which
+    // the test framework's frames would catch).
+    ::syscall(SYS_exit, 0);
+  }
+  ::close(release[0]);
+  const auto main_thread_ended = [&] {
+    std::ifstream stat("/proc/" + std::to_string(child) + "/stat");
+    std::string text;
+    std::getline(stat, text);
+    const size_t paren = text.rfind(')');
+    return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z';
+  };
+  for (int i = 0; i < 500 && !main_thread_ended(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(main_thread_ended());
+  EXPECT_FALSE(host::process_ended(child)) << "its other thread still runs";
+  ASSERT_EQ(::write(release[1], "x", 1), 1);
+  for (int i = 0; i < 500 && !host::process_ended(child); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(host::process_ended(child)) << "ended, not reaped yet";
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ::close(release[1]);
 }
 
 TEST(Job, IdentityComesFromTheLaunchersVariables) {
