@@ -146,7 +146,7 @@ import torch
 
 import hpshard as _hps
 
-__all__ = ["ShardedModule", "world_from_env"]
+__all__ = ["ShardedModule", "world_from_env", "wrapper_of"]
 
 _MISSING = object()
 
@@ -160,6 +160,18 @@ def _owner_of(p: torch.Tensor) -> Optional["ShardedModule"]:
     if entry is None or entry[0]() is not p:
         return None
     return entry[1]()
+
+
+def wrapper_of(module: torch.nn.Module) -> Optional["ShardedModule"]:
+    """The open ShardedModule that holds a parameter of ``module`` (wraps it, or a module
+    holding it), else None. One dropped without ``close()`` stays open (its hooks on the
+    module keep it alive) and a new ShardedModule over the module is refused: close it
+    through this first (``wrapper_of(module).close()``, collective as ``close()`` is)."""
+    for p in module.parameters():
+        owner = _owner_of(p)
+        if owner is not None and owner._engine is not None:
+            return owner
+    return None
 
 
 def _forget_owner(key: int, ref: Any) -> None:
@@ -769,8 +781,9 @@ class ShardedModule(torch.nn.Module):
             if other is not None and other is not self and other._engine is not None:
                 raise ValueError(
                     f"ShardedModule: parameter '{name}' belongs to another open ShardedModule "
-                    f"(the module is wrapped already): close() that one first, or wrap the "
-                    f"module once")
+                    f"(the module is wrapped already; one dropped without close() stays open, "
+                    f"its hooks keep it): close that one first, "
+                    f"hpshard.torch.wrapper_of(module).close(), or wrap the module once")
         me = weakref.ref(self)
         for p in self._params:
             _OWNERS[id(p)] = (weakref.ref(p, functools.partial(_forget_owner, id(p))), me)

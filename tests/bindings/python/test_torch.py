@@ -5,6 +5,7 @@ against torch's own unsharded training of the same model on the full batch
 
 import dataclasses
 import functools
+import gc
 import os
 import pathlib
 import socket
@@ -914,6 +915,17 @@ def test_a_module_wrapped_twice_is_refused_until_the_first_is_closed(stage):
                 hpt.ShardedModule(module, world, stage=stage)
         twin = hpt.ShardedModule(copy.deepcopy(model.module), world, stage=stage)
         twin.close()
+        assert hpt.wrapper_of(model.module) is model and hpt.wrapper_of(holder) is model
+        # One dropped without close() stays open (its hooks keep it): wrapper_of reaches it.
+        net = make_model()
+        dropped = hpt.ShardedModule(net, world, stage=stage)
+        del dropped
+        gc.collect()
+        with pytest.raises(ValueError, match=r"wrapper_of\(module\).close\(\)"):
+            hpt.ShardedModule(net, world, stage=stage)
+        hpt.wrapper_of(net).close()
+        assert hpt.wrapper_of(net) is None
+        hpt.ShardedModule(net, world, stage=stage).close()
         model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
         model.step()
         first = model.state_dict()
