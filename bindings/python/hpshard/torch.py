@@ -35,19 +35,21 @@ zero element (stride 0), so reading one there gives zeros, not its values; an op
 that keeps one for backward there (a parent's ``F.linear(h, unit.weight)``, under
 ``torch.autocast`` too) raises, naming it. A unit's module is gathered before its first
 forward pre-hook and released after its last forward hook, so hooks on it (``weight_norm``,
-``spectral_norm``, a user's, registered before or after wrapping) read its values; a full
-backward hook on it may run after its release. A unit whose parameters backward needs
-before a gradient reaches its outputs (a side loss it kept) is gathered then. Tensors
-autograd saves for backward that are views of a gathered parameter are saved as "this
-parameter, these strides" and re-derived from the re-gathered parameter in backward, so
-activations never pin (or read stale) gathered memory; a unit that returns its parameter,
-or a view of one, returns a copy (in lists, tuples, dicts and dataclasses). A parameter
-written in place by a forward (``nn.Embedding(max_norm=...)``) raises at stage 3, where the
-release would lose the write. ``torch.utils.checkpoint`` may wrap units or run inside them:
-a unit recomputed in backward is gathered for its backward (stage 3 recomputes it over a
-copy of its parameters, so a kept graph stays right after the release; a parameter used
-outside its unit inside a checkpointed region is not caught); with ``use_reentrant=True`` a
-parameter used by two checkpointed calls raises (each call completes its gradient once; use
+``spectral_norm``, a user's, registered before or after wrapping, before the unit's forward
+begins) read its values; at stage 3 a forward hook registered during the unit's forward, a
+global module pre-hook (``register_module_forward_pre_hook``) and a full backward hook on
+it may run outside the gather and read zeros. A unit whose parameters backward needs before
+a gradient reaches its outputs (a side loss it kept) is gathered then. Tensors autograd
+saves for backward that are views of a gathered parameter are saved as "this parameter,
+these strides" and re-derived from the re-gathered parameter in backward, so activations
+never pin (or read stale) gathered memory; a unit that returns its parameter, or a view of
+one, returns a copy (in lists, tuples, dicts and dataclasses). A parameter written in place
+by a forward (``nn.Embedding(max_norm=...)``) raises at stage 3, where the release would
+lose the write. ``torch.utils.checkpoint`` may wrap units or run inside them: a unit
+recomputed in backward is gathered for its backward (stage 3 recomputes it over a copy of
+its parameters, so a kept graph stays right after the release; a parameter used outside its
+unit inside a checkpointed region is not caught); with ``use_reentrant=True`` a parameter
+used by two checkpointed calls raises (each call completes its gradient once; use
 ``use_reentrant=False``). Evaluation under ``torch.no_grad()`` or
 ``torch.inference_mode()`` between steps changes nothing. A backward of a graph kept across
 ``step()`` (``retain_graph=True``) raises where it starts, before it adds any gradient, as
@@ -445,48 +447,67 @@ def _husk(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros((), dtype=dtype).expand(shape)
 
 
-def _tensors_in(value: Any) -> Iterable[torch.Tensor]:
+def _dataclass_fields(value: Any, seen: set) -> List[Tuple[str, Any]]:
+    """A dataclass instance's fields that are set, as (name, value), once per object in a
+    walk (``seen``: a dataclass that refers to itself); [] for anything else."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type) or id(value) in seen:
+        return []
+    seen.add(id(value))
+    fields = []
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name, _MISSING)  # an init=False field may be unset
+        if v is not _MISSING:
+            fields.append((f.name, v))
+    return fields
+
+
+def _tensors_in(value: Any, seen: Optional[set] = None) -> Iterable[torch.Tensor]:
+    if seen is None:
+        seen = set()
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _tensors_in(v)
+            yield from _tensors_in(v, seen)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _tensors_in(v)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            yield from _tensors_in(getattr(value, f.name))
+            yield from _tensors_in(v, seen)
+    else:
+        for _, v in _dataclass_fields(value, seen):
+            yield from _tensors_in(v, seen)
 
 
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor],
+                 seen: Optional[set] = None) -> Any:
     """``value`` with every tensor t in it (through lists, tuples, named tuples, dicts and
     dataclasses) replaced by fn(t); containers are rebuilt only where something changed (a
     dataclass is copied and its fields set, frozen ones too)."""
+    if seen is None:
+        seen = set()
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, (list, tuple)):
-        items = [_map_tensors(v, fn) for v in value]
+        items = [_map_tensors(v, fn, seen) for v in value]
         if all(a is b for a, b in zip(items, value)):
             return value
         if isinstance(value, tuple) and hasattr(value, "_fields"):
             return type(value)(*items)
         return type(value)(items)
     if isinstance(value, dict):
-        items = {k: _map_tensors(v, fn) for k, v in value.items()}
+        items = {k: _map_tensors(v, fn, seen) for k, v in value.items()}
         if all(items[k] is v for k, v in value.items()):
             return value
         out = copy.copy(value)
         for k, v in items.items():
             out[k] = v
         return out
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    fields = _dataclass_fields(value, seen)
+    if fields:
         changed = {}
-        for f in dataclasses.fields(value):
-            old = getattr(value, f.name)
-            new = _map_tensors(old, fn)
+        for name, old in fields:
+            new = _map_tensors(old, fn, seen)
             if new is not old:
-                changed[f.name] = new
+                changed[name] = new
         if not changed:
             return value
         out = copy.copy(value)
@@ -1156,7 +1177,10 @@ class ShardedModule(torch.nn.Module):
             u.span_begin = time.monotonic_ns()
             if u.params:
                 self._gather(u)
-                if self.stage == 2 and torch.is_grad_enabled():
+                # Not after the step's last backward (a metric's forward): p.grad stays None
+                # while the engine reduces the gradients.
+                if (self.stage == 2 and torch.is_grad_enabled() and
+                        self._micro_batches < self.accumulation_steps):
                     self._bind_gradients(u)
                 if self.stage == 3 and (torch.is_autocast_cpu_enabled() or
                                         torch.is_autocast_enabled()):
