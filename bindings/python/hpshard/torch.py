@@ -168,7 +168,10 @@ def wrapper_of(module: torch.nn.Module) -> Optional["ShardedModule"]:
     """The open ShardedModule that holds a parameter of ``module`` (wraps it, or a module
     holding it), else None. One dropped without ``close()`` stays open (its hooks on the
     module keep it alive) and a new ShardedModule over the module is refused: close it
-    through this first (``wrapper_of(module).close()``, collective as ``close()`` is)."""
+    through this first (``wrapper_of(module).close()``, collective as ``close()`` is).
+    Anything but a torch.nn.Module raises TypeError."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"wrapper_of: takes a torch.nn.Module, not {type(module).__name__}")
     for p in module.parameters():
         owner = _owner_of(p)
         if owner is not None and owner._engine is not None:

@@ -925,6 +925,8 @@ def test_a_module_wrapped_twice_is_refused_until_the_first_is_closed(stage):
             hpt.ShardedModule(net, world, stage=stage)
         hpt.wrapper_of(net).close()
         assert hpt.wrapper_of(net) is None
+        with pytest.raises(TypeError, match="wrapper_of: takes a torch.nn.Module, not list"):
+            hpt.wrapper_of(list(net.parameters()))
         hpt.ShardedModule(net, world, stage=stage).close()
         model(shard_of(x, rank, 2), shard_of(y, rank, 2)).backward()
         model.step()
