@@ -31,14 +31,18 @@ after it, gathered again when the gradient of one of its outputs arrives in back
 released once its gradients are in (a unit holding a frozen parameter at the end of
 backward, since autograd may still need the frozen weight after the trainable ones are
 done). Outside a gathered unit its parameters hold no memory: each is its shape over one
-zero element (stride 0), so reading one there gives zeros, not its values; an operation
-that keeps one for backward there (a parent's ``F.linear(h, unit.weight)``, under
-``torch.autocast`` too) raises, naming it. A unit's module is gathered before its first
+NaN element (stride 0), so reading one there gives NaN, not its values, and whatever is
+computed from it (a penalty over ``model.parameters()`` after the forward, a parent's
+``h + unit.bias``, an EMA) is NaN rather than a plausible wrong number; an operation in a
+forward that keeps one for backward (a parent's ``F.linear(h, unit.weight)``, under
+``torch.autocast`` too) raises, naming it, and a parameter written in place there (an
+``init_`` after wrapping) raises at the next forward, ``step()``, ``state_dict()`` or
+save, naming it, as the write is lost. A unit's module is gathered before its first
 forward pre-hook and released after its last forward hook, so hooks on it (``weight_norm``,
 ``spectral_norm``, a user's, registered before or after wrapping, before the unit's forward
 begins) read its values; at stage 3 a forward hook registered during the unit's forward, a
 global module pre-hook (``register_module_forward_pre_hook``) and a full backward hook on
-it may run outside the gather and read zeros. A unit whose parameters backward needs before
+it may run outside the gather and read NaN. A unit whose parameters backward needs before
 a gradient reaches its outputs (a side loss it kept) is gathered then. Tensors autograd
 saves for backward that are views of a gathered parameter are saved as "this parameter,
 these strides" and re-derived from the re-gathered parameter in backward, so activations
@@ -442,12 +446,13 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 def _husk(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """What a released parameter is: a tensor of ``shape`` over one zero element (every
-    stride 0): it holds no memory and reads as zeros (most in-place writes are refused;
-    one that is not, such as fill_, changes that element, not the model), where a storage
-    of no bytes under the shape let torch read and write past it."""
+    """What a released parameter is: a tensor of ``shape`` over one NaN element (every
+    stride 0): it holds no memory and reads as NaN, so what a use outside the gather
+    computes shows (zeros passed for values); a storage of no bytes under the shape let torch
+    read and write past it. Most in-place writes are refused; one that is not (fill_)
+    changes that element, not the model: _check_lost_writes refuses it."""
     with torch.inference_mode(False):
-        return torch.zeros((), dtype=dtype).expand(shape)
+        return torch.full((), float("nan"), dtype=dtype).expand(shape)
 
 
 def _dataclass_fields(value: Any, seen: set) -> List[Tuple[str, Any]]:
@@ -1188,7 +1193,7 @@ class ShardedModule(torch.nn.Module):
                 if self.stage == 3 and (torch.is_autocast_cpu_enabled() or
                                         torch.is_autocast_enabled()):
                     # autocast keeps the casts of parameters for its whole region: one taken
-                    # of the released zeros (a use outside the unit) must not stand for them.
+                    # of the released NaN (a use outside the unit) must not stand for them.
                     torch.clear_autocast_cache()
         u.forward_depth += 1
 
@@ -1235,8 +1240,10 @@ class ShardedModule(torch.nn.Module):
         """Stage 2: a parameter written in place since the adapter last looked (its version
         counter moved) is kept when the write holds; refused, naming it, when it cannot: a
         trainable float16 / bfloat16 one (the next step rounds the fp32 master over it), or
-        one whose step (its update, its all-gather) may still have been writing it."""
-        if self.stage != 2:
+        one whose step (its update, its all-gather) may still have been writing it. Stage 3:
+        see _check_lost_writes."""
+        if self.stage == 3:
+            self._check_lost_writes()
             return
         for i, p in enumerate(self._params):
             if p._version == self._versions[i]:
@@ -1260,11 +1267,37 @@ class ShardedModule(torch.nn.Module):
                     "the checkpoint may hold either value, or part of each: call "
                     "synchronize() after save() before writing parameters")
 
+    def _check_lost_writes(self) -> None:
+        """Stage 3: a parameter written in place outside a forward that checks it (an init_
+        or a p.fill_() after wrapping, between steps) wrote its released placeholder or a
+        gathered copy that the next gather replaces, never the engine's shards: the write is
+        lost, so it is refused, naming it (once); a placeholder written is made anew."""
+        for i, p in enumerate(self._params):
+            if p._version == self._versions[i]:
+                continue
+            self._versions[i] = p._version
+            if not p.numel():
+                continue  # nothing was written
+            husk = self._husks[i]
+            if p.data_ptr() == husk.data_ptr():
+                self._husk_keys.pop(_storage_key(husk), None)
+                self._husks[i] = _husk(p.shape, p.dtype)
+                self._husk_keys[_storage_key(self._husks[i])] = i
+                p.data = self._husks[i]
+            raise RuntimeError(
+                f"hpshard.torch: parameter {self._names[i]!r} was written in place after "
+                "ShardedModule wrapped the module; with stage 3 the engine keeps only this "
+                "rank's shard of it and the parameter holds its values only inside its unit's "
+                "forward and backward, so the write was lost: initialise parameters before "
+                "wrapping, or set them with load_state_dict()")
+
     def _before_save(self) -> None:
         """Called by hpshard.Checkpoint.save on this module's engine before the save starts:
         the writes made before it are checked (and saved); those after it, until the save's
-        copies are known done, are refused (see _check_writes)."""
+        copies are known done, are refused (see _check_writes). Stage 3: a write, lost, is
+        refused."""
         if self.stage != 2:
+            self._check_writes()
             return
         self._check_writes()
         self._snapshot_pending = True
@@ -1275,6 +1308,7 @@ class ShardedModule(torch.nn.Module):
         at the release (the engine keeps its shards); refused, naming it."""
         for i in u.params:
             if self._params[i]._version != u.versions.get(i):
+                self._versions[i] = self._params[i]._version  # reported here, once
                 raise RuntimeError(
                     f"hpshard.torch: parameter {self._names[i]!r} was written in place during "
                     f"the forward of unit {u.name!r} (nn.Embedding(max_norm=...) renormalises "
@@ -1388,12 +1422,12 @@ class ShardedModule(torch.nn.Module):
             i = self._husk_keys.get(key)
             if i is None:
                 i = self._released_cast(t)
-            if i is not None:  # an operation took a released parameter's zeros as its value
+            if i is not None:  # an operation took a released parameter's NaN as its value
                 u = self._unit(self._param_unit[i])
                 raise RuntimeError(
                     f"hpshard.torch: parameter {self._names[i]!r} of unit {u.name!r} was used "
                     "outside that unit's forward, where stage 3 holds it released (it reads as "
-                    "zeros): use it inside the unit's forward, or leave its module out of "
+                    "NaN): use it inside the unit's forward, or leave its module out of "
                     "units (it is then gathered with the rest for the whole forward)")
         return t
 
@@ -1538,6 +1572,16 @@ class ShardedModule(torch.nn.Module):
     def _make_arrival_hook(self, i: int):
         def hook(grad):
             try:
+                if torch.is_grad_enabled():
+                    # backward(create_graph=True): autograd would set p.grad to a new tensor
+                    # with a graph instead of adding into the engine's gradient memory.
+                    raise RuntimeError(
+                        "hpshard.torch: backward(create_graph=True) is not supported: "
+                        "autograd would make each gradient a new tensor (with a graph) "
+                        "instead of adding it into the engine's gradient memory, so the "
+                        "engine would reduce none of it; for a gradient penalty take "
+                        "torch.autograd.grad(..., create_graph=True) and backward the "
+                        "penalised loss without create_graph")
                 if self._micro_batches >= self.accumulation_steps:
                     # Before the first gradient is added: the engine would refuse its
                     # check-in, and at stage 2 the addition would land in gradients its

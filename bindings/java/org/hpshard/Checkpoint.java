@@ -46,7 +46,7 @@ public final class Checkpoint extends Handle<CheckpointHandle> {
 
     /** Ranges are checksummed in chunks of this size (default 1 MiB). */
     public Options chunkBytes(long chunkBytes) {
-      this.chunkBytes = chunkBytes;
+      this.chunkBytes = Hpshard.unsignedBytes("chunkBytes", chunkBytes);
       return this;
     }
 

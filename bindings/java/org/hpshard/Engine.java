@@ -125,7 +125,7 @@ public final class Engine extends Handle<EngineHandle> {
     }
 
     public Options alignmentBytes(long alignmentBytes) {
-      this.alignmentBytes = alignmentBytes;
+      this.alignmentBytes = Hpshard.unsignedBytes("alignmentBytes", alignmentBytes);
       return this;
     }
 
@@ -185,7 +185,7 @@ public final class Engine extends Handle<EngineHandle> {
      * ({@link Engine#paramBucket}); 0 (default): one bucket per unit and dtype.
      */
     public Options bucketBytes(long bucketBytes) {
-      this.bucketBytes = bucketBytes;
+      this.bucketBytes = Hpshard.unsignedBytes("bucketBytes", bucketBytes);
       return this;
     }
 

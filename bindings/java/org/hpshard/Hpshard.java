@@ -121,6 +121,17 @@ public final class Hpshard {
    * @throws NullPointerException null buffers or stream
    * @throws IllegalStateException a closed stream
    */
+  /**
+   * {@code value} of an option the C API takes as an unsigned byte count; a negative one
+   * (which would reach it as 2^64 + value) throws IllegalArgumentException naming it.
+   */
+  static long unsignedBytes(String option, long value) {
+    if (value < 0) {
+      throw new IllegalArgumentException(option + " is negative (" + value + ")");
+    }
+    return value;
+  }
+
   public static void memcpyAsync(ByteBuffer dst, ByteBuffer src, long bytes, Stream stream) {
     Objects.requireNonNull(dst, "dst");
     Objects.requireNonNull(src, "src");

@@ -233,6 +233,18 @@ class EngineTest {
     assertEquals(1, Optimizer.ADAMW.code());
     assertEquals(8, Engine.SHARED_NOT_FIRST);
     assertEquals(16, Engine.NO_WEIGHT_DECAY);
+    // Unsigned byte counts: a negative one reached the library as 2^64 - 1 (bucketBytes(-1)
+    // was taken as "no cap"); it is refused by name.
+    for (Executable negative :
+        new Executable[] {() -> new Engine.Options().bucketBytes(-1),
+            () -> new Engine.Options().alignmentBytes(-256),
+            () -> new Checkpoint.Options().chunkBytes(-1)}) {
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class, negative);
+      assertTrue(
+          e.getMessage().matches("(bucket|alignment|chunk)Bytes is negative \\(-\\d+\\)"),
+          e.getMessage());
+    }
+    assertEquals(0L, new Engine.Options().bucketBytes(0).bucketBytes());
   }
 
   @Test
