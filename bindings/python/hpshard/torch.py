@@ -31,18 +31,22 @@ after it, gathered again when the gradient of one of its outputs arrives in back
 released once its gradients are in (a unit holding a frozen parameter at the end of
 backward, since autograd may still need the frozen weight after the trainable ones are
 done). Outside a gathered unit its parameters hold no memory: each is its shape over one
-NaN element (stride 0), so reading one there gives NaN, not its values, and whatever is
-computed from it (a penalty over ``model.parameters()`` after the forward, a parent's
-``h + unit.bias``, an EMA) is NaN rather than a plausible wrong number; an operation in a
-forward that keeps one for backward (a parent's ``F.linear(h, unit.weight)``, under
-``torch.autocast`` too) raises, naming it, and a parameter written in place there (an
-``init_`` after wrapping) raises at the next forward, ``step()``, ``state_dict()`` or
-save, naming it, as the write is lost. A unit's module is gathered before its first
+element, a negative zero (stride 0), so reading one there gives zeros, not its values (the
+DDP idiom ``out + 0 * sum(p.sum() for p in model.parameters())`` stays right); an
+operation in a forward that keeps one for backward (a parent's ``F.linear(h,
+unit.weight)``, under ``torch.autocast`` too) raises, naming it, but a term computed from
+parameters after the forward (an L2 penalty over ``model.parameters()``, an EMA) computes
+with the zeros unseen: compute it inside the units' forwards, or evaluate inside
+:meth:`full_parameters`. A parameter written in place after wrapping, or through
+``p.data`` while released (an ``init_`` between steps), raises at the next forward,
+``step()``, ``state_dict()`` or save, naming it, as the write is lost (a write of -0.0
+through ``p.data`` is not seen). A unit's module is gathered before its first
 forward pre-hook and released after its last forward hook, so hooks on it (``weight_norm``,
 ``spectral_norm``, a user's, registered before or after wrapping, before the unit's forward
 begins) read its values; at stage 3 a forward hook registered during the unit's forward, a
 global module pre-hook (``register_module_forward_pre_hook``) and a full backward hook on
-it may run outside the gather and read NaN. A unit whose parameters backward needs before
+it may run outside the gather and read zeros (an operation there that keeps one for
+backward raises). A unit whose parameters backward needs before
 a gradient reaches its outputs (a side loss it kept) is gathered then. Tensors autograd
 saves for backward that are views of a gathered parameter are saved as "this parameter,
 these strides" and re-derived from the re-gathered parameter in backward, so activations
@@ -70,28 +74,31 @@ runs it; to evaluate on some ranks only (rank 0 alone), do it inside ``with
 model.full_parameters():``, which every rank enters.
 
 Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
-averages over the ranks and micro-batches once. A parameter registered twice (tied
-weights) is one parameter. ``requires_grad=False`` parameters are frozen (never updated,
-no gradient, still sharded). A trainable parameter that got no gradient in a backward is
-checked in with a zero gradient at the end of it (torch.optim would skip it: AdamW's
-decay and moments still advance here). At stage 3 the parameters left without one must be
-the same on every rank, as with FSDP's and ZeRO-3's units: a unit's gradients are
+averages over the ranks and micro-batches once. A parameter registered twice (tied weights)
+is one parameter. ``requires_grad=False`` parameters are frozen (never updated, no
+gradient, still sharded). A trainable parameter that got no gradient in a backward is
+checked in with a zero gradient at the end of it (torch.optim would skip it: AdamW's decay
+and moments still advance here). At stage 3 the parameters left without one must be the
+same on every rank, as with FSDP's and ZeRO-3's units: a unit's gradients are
 reduce-scattered where its last one arrives, so a parameter only some ranks use (a branch
 taken by the data, an expert given no tokens) makes the ranks' collectives differ, refused
 as INVALID_ARGUMENT naming both calls where arguments are checked (CPU groups by default);
-stage 2 takes it, as DDP's ``find_unused_parameters``. A backward that completes no trainable
-parameter's gradient (``torch.autograd.grad``, ``backward(inputs=...)``) is not a
-micro-batch: the engine does not see it. After a step's last backward ``p.grad`` is None
-at both stages: the engine holds the gradients and reduces them across the ranks (inside
-``no_sync()`` at stage 2 it is this rank's running sum, the engine's memory: read it,
-never write it); clip with ``clip_max_norm`` and read the global norm from ``grad_norm``
-after ``step()`` (``torch.nn.utils.clip_grad_norm_`` over the parameters finds no
-gradient). Buffers (BatchNorm's running statistics) stay each
-rank's own, as with DDP's ``broadcast_buffers=False``; ``state_dict()`` gives the calling
-rank's. The engine trains the parameters it was created with: a parameter or submodule
-replaced, added or removed, a parameter frozen or unfrozen, or its ``.data`` replaced,
-after wrapping makes the next forward raise, naming what changed (change the module, then
-wrap it; set values through ``load_state_dict()``, or in place at stage 2 as below).
+stage 2 takes it, as DDP's ``find_unused_parameters``. A backward that completes no
+trainable parameter's gradient (``torch.autograd.grad``, ``backward(inputs=...)``) is not a
+micro-batch: the engine does not see it. ``backward(create_graph=True)`` is a micro-batch
+as a plain backward is: the engine takes its gradients' values, and ``p.grad`` keeps no
+graph (for higher-order gradients take them with ``torch.autograd.grad(...,
+create_graph=True)``). After a step's last backward ``p.grad`` is None at both stages: the
+engine holds the gradients and reduces them across the ranks (inside ``no_sync()`` at stage
+2 it is this rank's running sum, the engine's memory: read it, never write it); clip with
+``clip_max_norm`` and read the global norm from ``grad_norm`` after ``step()``
+(``torch.nn.utils.clip_grad_norm_`` over the parameters finds no gradient). Buffers
+(BatchNorm's running statistics) stay each rank's own, as with DDP's
+``broadcast_buffers=False``; ``state_dict()`` gives the calling rank's. The engine trains
+the parameters it was created with: a parameter or submodule replaced, added or removed, a
+parameter frozen or unfrozen, or its ``.data`` replaced, after wrapping makes the next
+forward raise, naming what changed (change the module, then wrap it; set values through
+``load_state_dict()``, or in place at stage 2 as below).
 
 Writing parameters in place (under ``torch.no_grad()``) at stage 2: a float32 or frozen
 parameter holds the write once :meth:`ShardedModule.synchronize` has returned after the last
@@ -141,6 +148,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -181,6 +189,20 @@ def wrapper_of(module: torch.nn.Module) -> Optional["ShardedModule"]:
         if owner is not None and owner._engine is not None:
             return owner
     return None
+
+
+def _inside_backward() -> bool:
+    """Whether the calling thread runs inside torch.autograd.backward or grad (a CPU graph's
+    backward runs on the thread that called it): a module's forward there is a recomputation
+    by a node's backward (a reentrant checkpoint's). A walk of the Python frames: an attempt
+    to queue an autograd callback would tell too, but costs a millisecond where it fails."""
+    codes = (torch.autograd.backward.__code__, torch.autograd.grad.__code__)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _forget_owner(key: int, ref: Any) -> None:
@@ -445,14 +467,26 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
-def _husk(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """What a released parameter is: a tensor of ``shape`` over one NaN element (every
-    stride 0): it holds no memory and reads as NaN, so what a use outside the gather
-    computes shows (zeros passed for values); a storage of no bytes under the shape let torch
-    read and write past it. Most in-place writes are refused; one that is not (fill_)
-    changes that element, not the model: _check_lost_writes refuses it."""
+def _husks(params: List[torch.Tensor]) -> Tuple[List[torch.Tensor],
+                                                 List[Tuple[torch.Tensor, List[int]]]]:
+    """What released parameters are: each a tensor of its shape over one element (every
+    stride 0), a negative zero, so it holds no memory and reads as zeros (a storage of no
+    bytes under the shape let torch read and write past it). The elements of one dtype are
+    one tensor's, returned with the indices of their parameters: most in-place writes to a
+    husk are refused by torch; one that is not (fill_, zero_, through p.data too) changes
+    its element, which then is not -0.0 (see _check_lost_writes)."""
+    by_dtype: Dict[torch.dtype, List[int]] = {}
+    for i, p in enumerate(params):
+        by_dtype.setdefault(p.dtype, []).append(i)
+    husks: List[Any] = [None] * len(params)
+    values = []
     with torch.inference_mode(False):
-        return torch.full((), float("nan"), dtype=dtype).expand(shape)
+        for dtype, indices in by_dtype.items():
+            elements = torch.full((len(indices),), -0.0, dtype=dtype)
+            values.append((elements, indices))
+            for j, i in enumerate(indices):
+                husks[i] = elements[j].expand(params[i].shape)
+    return husks, values
 
 
 def _dataclass_fields(value: Any, seen: set) -> List[Tuple[str, Any]]:
@@ -968,9 +1002,10 @@ class ShardedModule(torch.nn.Module):
                 if self._data_replaced(i, p):
                     raise RuntimeError(
                         f"hpshard.torch: the data of parameter {self._names[i]!r} was "
-                        "replaced (p.data = ...) after ShardedModule wrapped the module; its "
-                        "values live in the engine's memory, so the model would compute with "
-                        "the new tensor while the engine trains the old one: "
+                        "replaced (p.data = ..., p.set_(), share_memory()) after ShardedModule "
+                        "wrapped the module; its values live in the engine's memory, so the "
+                        "model would compute with the new tensor while the engine trains the "
+                        "old one: "
                         + ("write float32 values in place (p.copy_(...) under torch.no_grad(), "
                            "after synchronize()) or use load_state_dict()" if self.stage == 2 else
                            "use load_state_dict() (with stage 3 a parameter holds its values "
@@ -1029,8 +1064,10 @@ class ShardedModule(torch.nn.Module):
             old.close()
         self._view_cache.clear()
         self._gathered_keys.clear()
-        self._husks = [_husk(p.shape, p.dtype) for p in self._params]
-        self._husk_keys = {_storage_key(h): i for i, h in enumerate(self._husks)}
+        self._husks, self._husk_values = _husks(self._params)
+        # A husk's element address names its parameter (the husks of a dtype share storage).
+        self._husk_keys = {h.data_ptr(): i for i, h in enumerate(self._husks)}
+        self._husk_storages = {_storage_key(v) for v, _ in self._husk_values}
         # Stage 2: each parameter's version counter when the adapter last saw it, and the
         # parameters whose step all-gather may still be writing them (since step(), until
         # their unit's next gather or synchronize()).
@@ -1043,6 +1080,8 @@ class ShardedModule(torch.nn.Module):
         self._stepped_since_save = False
         engine._save_hooks.append(weakref.WeakMethod(self._before_save))
         self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
+        # What p.grad was bound to for the backward under way (the engine's memory).
+        self._bound_grads: Dict[int, torch.Tensor] = {}
         self._resident: List[int] = [0] * len(self._params)  # stage 2: where each lives
         for u in self._units:
             u.gathered = u.in_backward = u.bound = False
@@ -1160,11 +1199,21 @@ class ShardedModule(torch.nn.Module):
                 p.grad = _tensor_over(self._engine.grad(i), p.dtype)
             elif p.grad is None or p.grad.data_ptr() != self._grad_views[i].data_ptr():
                 p.grad = self._grad_views[i]
+            self._bound_grads[i] = p.grad
 
     # ---- forward --------------------------------------------------------------------
     def _begin_forward(self, u: _Unit) -> None:
         if self._full is not None:  # full_parameters(): nothing to gather
             return
+        if not self._backward_active and u.forward_depth == 0 and _inside_backward():
+            # A reentrant checkpoint recomputing the unit before any hook of this backward
+            # ran (every parameter inside such checkpoints): the backward starts here, so
+            # its end is the outer backward's, not that of the checkpoint's own backward.
+            try:
+                self._start_backward()
+            except BaseException:
+                self._abandon_backward()
+                raise
         if self._backward_active:
             # A unit's forward run again by backward (torch.utils.checkpoint recomputing
             # it): its backward follows, so it is gathered for that now. Stage 3 runs it
@@ -1193,7 +1242,7 @@ class ShardedModule(torch.nn.Module):
                 if self.stage == 3 and (torch.is_autocast_cpu_enabled() or
                                         torch.is_autocast_enabled()):
                     # autocast keeps the casts of parameters for its whole region: one taken
-                    # of the released NaN (a use outside the unit) must not stand for them.
+                    # of the released zeros (a use outside the unit) must not stand for them.
                     torch.clear_autocast_cache()
         u.forward_depth += 1
 
@@ -1269,27 +1318,32 @@ class ShardedModule(torch.nn.Module):
 
     def _check_lost_writes(self) -> None:
         """Stage 3: a parameter written in place outside a forward that checks it (an init_
-        or a p.fill_() after wrapping, between steps) wrote its released placeholder or a
-        gathered copy that the next gather replaces, never the engine's shards: the write is
-        lost, so it is refused, naming it (once); a placeholder written is made anew."""
+        or a p.fill_() after wrapping, between steps; a forward's renormalisation in the
+        rest) wrote its released husk or a gathered copy that the next gather replaces,
+        never the engine's shards: the write is lost, so it is refused, naming it (once).
+        A write through p.data moves no version counter: a husk's element that is not -0.0
+        any more shows it. Written husk elements are -0.0 again after."""
+        written = None
         for i, p in enumerate(self._params):
-            if p._version == self._versions[i]:
-                continue
-            self._versions[i] = p._version
-            if not p.numel():
-                continue  # nothing was written
-            husk = self._husks[i]
-            if p.data_ptr() == husk.data_ptr():
-                self._husk_keys.pop(_storage_key(husk), None)
-                self._husks[i] = _husk(p.shape, p.dtype)
-                self._husk_keys[_storage_key(self._husks[i])] = i
-                p.data = self._husks[i]
+            if p._version != self._versions[i]:
+                self._versions[i] = p._version
+                if p.numel() and written is None:  # (an empty one wrote nothing)
+                    written = i
+        for elements, indices in self._husk_values:
+            changed = ~torch.signbit(elements) | (elements != 0)
+            if bool(changed.any()):
+                if written is None:
+                    written = indices[int(changed.nonzero()[0])]
+                elements.fill_(-0.0)
+        if written is not None:
             raise RuntimeError(
-                f"hpshard.torch: parameter {self._names[i]!r} was written in place after "
-                "ShardedModule wrapped the module; with stage 3 the engine keeps only this "
-                "rank's shard of it and the parameter holds its values only inside its unit's "
-                "forward and backward, so the write was lost: initialise parameters before "
-                "wrapping, or set them with load_state_dict()")
+                f"hpshard.torch: parameter {self._names[written]!r} was written in place "
+                "after ShardedModule wrapped the module (an init_ or fill_, through p.data "
+                "too, or a forward's own renormalisation as nn.Embedding(max_norm=...) does); "
+                "with stage 3 the engine keeps only this rank's shard of it and the parameter "
+                "holds its values only inside its unit's forward and backward, so the write "
+                "was lost: initialise parameters before wrapping, or set them with "
+                "load_state_dict()")
 
     def _before_save(self) -> None:
         """Called by hpshard.Checkpoint.save on this module's engine before the save starts:
@@ -1419,15 +1473,15 @@ class ShardedModule(torch.nn.Module):
             if i is not None:
                 return (_ParamRef, i, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
                         self._steps)
-            i = self._husk_keys.get(key)
+            i = self._husk_keys.get(t.data_ptr()) if key in self._husk_storages else None
             if i is None:
                 i = self._released_cast(t)
-            if i is not None:  # an operation took a released parameter's NaN as its value
+            if i is not None:  # an operation took a released parameter's zeros as its value
                 u = self._unit(self._param_unit[i])
                 raise RuntimeError(
                     f"hpshard.torch: parameter {self._names[i]!r} of unit {u.name!r} was used "
                     "outside that unit's forward, where stage 3 holds it released (it reads as "
-                    "NaN): use it inside the unit's forward, or leave its module out of "
+                    "zeros): use it inside the unit's forward, or leave its module out of "
                     "units (it is then gathered with the rest for the whole forward)")
         return t
 
@@ -1444,7 +1498,7 @@ class ShardedModule(torch.nn.Module):
                 p = getattr(fn, "variable", None)
                 if not cast or not isinstance(p, torch.Tensor):
                     return None
-                return self._husk_keys.get(_storage_key(p.data))
+                return self._husk_keys.get(p.data.data_ptr())
             if name not in _CAST_OR_VIEW or len(fn.next_functions) != 1:
                 return None
             cast = cast or name == "ToCopyBackward0"
@@ -1572,16 +1626,6 @@ class ShardedModule(torch.nn.Module):
     def _make_arrival_hook(self, i: int):
         def hook(grad):
             try:
-                if torch.is_grad_enabled():
-                    # backward(create_graph=True): autograd would set p.grad to a new tensor
-                    # with a graph instead of adding into the engine's gradient memory.
-                    raise RuntimeError(
-                        "hpshard.torch: backward(create_graph=True) is not supported: "
-                        "autograd would make each gradient a new tensor (with a graph) "
-                        "instead of adding it into the engine's gradient memory, so the "
-                        "engine would reduce none of it; for a gradient penalty take "
-                        "torch.autograd.grad(..., create_graph=True) and backward the "
-                        "penalised loss without create_graph")
                 if self._micro_batches >= self.accumulation_steps:
                     # Before the first gradient is added: the engine would refuse its
                     # check-in, and at stage 2 the addition would land in gradients its
@@ -1630,6 +1674,14 @@ class ShardedModule(torch.nn.Module):
             if grad is not None:
                 with torch.no_grad():
                     p.grad.add_(grad)
+        else:
+            bound = self._bound_grads.get(i)
+            if bound is not None and p.grad is not None and p.grad is not bound:
+                # backward(create_graph=True): autograd set p.grad to a new tensor (the bound
+                # gradient plus this one, with a graph) rather than adding in place.
+                with torch.no_grad():
+                    bound.copy_(p.grad)
+                p.grad = bound
         self._engine.grad_ready(i)
         u.checked.add(i)
         u.pending -= 1
@@ -1637,6 +1689,8 @@ class ShardedModule(torch.nn.Module):
             self._leave_backward(u)
 
     def _leave_backward(self, u: _Unit) -> None:
+        for i in u.trainable:
+            self._bound_grads.pop(i, None)  # (stage 3: the engine's memory, not kept)
         if self.stage == 3:
             for i in u.trainable:
                 self._params[i].grad = None  # the engine reduces and frees that memory

@@ -789,7 +789,7 @@ def hpt_gathered(model, i):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_released_parameters_read_as_nan_and_a_failed_backward_does_not_wedge(stage):
+def test_released_parameters_read_as_zeros_and_a_failed_backward_does_not_wedge(stage):
     # Reading a stage-3 parameter outside its unit read and wrote past an empty storage
     # (a crash); a backward that a hook refused left every later forward refused.
     def rank_main(rank, world):
@@ -797,8 +797,9 @@ def test_released_parameters_read_as_nan_and_a_failed_backward_does_not_wedge(st
             x, y = batch(0)
             x, y = shard_of(x, rank, 2), shard_of(y, rank, 2)
             w = next(model.module.blocks[0].parameters())
-            if stage == 3:  # NaN, not a plausible value (zeros were)
-                assert torch.isnan(w).all() and w.clone().shape == w.shape
+            if stage == 3:  # negative zeros: a write there shows
+                assert float(w.abs().sum()) == 0.0 and torch.signbit(w).all()
+                assert w.clone().shape == w.shape
             model(x, y).backward()
             with pytest.raises(hpshard.Error):
                 model(x, y).backward()  # a second backward before step(): refused
@@ -818,34 +819,84 @@ def test_released_parameters_read_as_nan_and_a_failed_backward_does_not_wedge(st
 
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
 @pytest.mark.parametrize("stage", [2, 3])
-def test_backward_with_create_graph_is_refused_and_autograd_grad_penalties_train(stage):
+def test_backward_with_create_graph_trains_as_a_plain_backward(stage):
     """backward(create_graph=True) made each p.grad a new tensor outside the engine's
     gradient memory: the engine reduced zeros and step() left every parameter unchanged
-    (red team). It is refused before any gradient checks in; a gradient penalty through
-    torch.autograd.grad(create_graph=True) trains as torch's does."""
+    (red team). The engine takes its values now: the same parameters as a plain backward,
+    bitwise, with a gradient penalty through torch.autograd.grad(create_graph=True) in the
+    same steps."""
     def penalised(model, x, y):
         loss = model(x, y)
         params = [p for p in model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
         return loss + 1e-3 * sum((g * g).sum() for g in grads if g is not None)
 
-    def rank_main(rank, world):
-        with wrap(world, stage) as model:
-            x, y = batch(0)
-            x, y = shard_of(x, rank, 2), shard_of(y, rank, 2)
-            before = model.state_dict()
-            with pytest.raises(RuntimeError, match=r"backward\(create_graph=True\) is not"):
-                model(x, y).backward(create_graph=True)
-            penalised(model, x, y).backward()  # nothing checked in by the refused one
-            model.step()
-            after = model.state_dict()
-        return max(float((after[k] - before[k]).abs().max()) for k in before)
+    def rank_main(rank, world, create_graph):
+        with wrap(world, stage, accumulation_steps=2) as model:
+            for step in range(2):
+                x, y = batch(step)
+                x, y = shard_of(x, rank, 2), shard_of(y, rank, 2)
+                with model.no_sync():
+                    model(x[:2], y[:2]).backward(create_graph=create_graph)
+                penalised(model, x[2:], y[2:]).backward(create_graph=create_graph)
+                model.step()
+            return model.state_dict()
 
-    # torch on the whole batch: the penalty of the mean of the ranks' gradients is not the
-    # mean of their penalties, so it is checked for moving the parameters, and the refused
-    # backward for changing nothing (an update of the plain loss alone would also move them).
-    for moved in run_ranks(2, rank_main):
-        assert moved > 1e-4
+    plain = run_ranks(2, functools.partial(rank_main, create_graph=False))
+    graphed = run_ranks(2, functools.partial(rank_main, create_graph=True))
+    for a, b in zip(plain, graphed):
+        for key, value in a.items():
+            assert torch.equal(value, b[key]), key
+    first = make_model().state_dict()
+    assert any(not torch.equal(first[k], v) for k, v in plain[0].items())
+
+
+class _AllInReentrantCheckpoints(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        with _BUILD:
+            torch.manual_seed(3)
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(3))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.tanh(torch.utils.checkpoint.checkpoint(b, x, use_reentrant=True))
+        return x
+
+
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_every_parameter_in_reentrant_checkpoints_trains_as_torch(stage):
+    """With every parameter inside reentrant checkpoints the first hook of a backward ran in
+    the first checkpoint's own backward, whose end counted as the micro-batch: the next
+    checkpoint's gradients were refused ('a backward after this step's last one') (red
+    team). The backward starts at the first recomputation now."""
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(4, 6, generator=g) for _ in range(3)]
+
+    def loss_of(out):
+        return (out * out).mean()
+
+    ref = _AllInReentrantCheckpoints()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for x in xs:
+        opt.zero_grad()
+        loss_of(ref(x.clone().requires_grad_())).backward()
+        opt.step()
+
+    def rank_main(rank, world):
+        with hpt.ShardedModule(_AllInReentrantCheckpoints(), world, stage=stage,
+                               units=["blocks.0", "blocks.1", "blocks.2"], optimizer="sgd",
+                               lr=0.1, weight_decay=0.0) as model:
+            for k, x in enumerate(xs):
+                x = shard_of(x, rank, 2).clone().requires_grad_()
+                loss_of(model(x)).backward(create_graph=k == 1)
+                model.step()
+            return model.state_dict()
+
+    for state in run_ranks(2, rank_main):
+        for key, value in ref.state_dict().items():
+            assert relative(state[key], value) < 1e-6, key
 
 
 def test_a_stage3_parameter_written_after_wrapping_is_refused_not_lost():
@@ -865,7 +916,13 @@ def test_a_stage3_parameter_written_after_wrapping_is_refused_not_lost():
             with pytest.raises(RuntimeError, match=r"'blocks.1.mlp.0.bias' was written in "
                                                    r"place after ShardedModule wrapped"):
                 model(x, y)
-            assert torch.isnan(bias).all()  # the placeholder made anew, reported once
+            assert torch.signbit(bias).all()  # the placeholder is -0.0 again, reported once
+            model(x, y)
+            # Through .data (no version counter moves): fill_ and zero_ of a released one.
+            for write in (lambda: bias.data.fill_(0.01), lambda: bias.data.zero_()):
+                write()
+                with pytest.raises(RuntimeError, match="'blocks.1.mlp.0.bias' was written"):
+                    model(x, y)
             model(x, y).backward()
             with torch.no_grad():
                 model.module.ln_f.weight.fill_(2.0)  # the rest unit, between backward and step
@@ -890,19 +947,39 @@ def test_a_stage3_parameter_written_after_wrapping_is_refused_not_lost():
     assert all(run_ranks(2, rank_main))
 
 
-def test_a_stage3_penalty_over_released_parameters_is_nan_not_plausible():
-    """Stage 3: an L2 term over model.parameters() computed after the forward read the
-    released parameters' zeros: the loss and the update were silently wrong (1e-2 off after
-    3 steps) (red team). They read NaN now, so the loss shows it."""
-    def rank_main(rank, world):
-        with wrap(world, 3) as model:
-            x, y = batch(0)
-            loss = model(shard_of(x, rank, 2), shard_of(y, rank, 2))
-            penalty = sum((p * p).sum() for p in model.module.blocks.parameters())
-            return float(loss), float(penalty)
+class _TouchesEveryParameter(torch.nn.Module):
+    """DDP's idiom for unused parameters: the output plus zero times every parameter."""
 
-    for loss, penalty in run_ranks(2, rank_main):
-        assert loss == loss and penalty != penalty
+    def __init__(self):
+        super().__init__()
+        self.gpt = make_model()
+
+    def forward(self, x, y):
+        loss = self.gpt(x, y)
+        return loss + 0.0 * sum(p.sum() for p in self.parameters())
+
+
+def test_ddps_touch_every_parameter_idiom_trains_at_stage3_as_at_stage2():
+    """The idiom reads released parameters in the parent's forward: their zeros keep it
+    right (a NaN placeholder, tried, made every parameter NaN after one step)."""
+    def rank_main(rank, world, stage):
+        with hpt.ShardedModule(_TouchesEveryParameter(), world, stage=stage,
+                               units=["gpt.blocks.0", "gpt.blocks.1"], optimizer="adamw",
+                               lr=LR, weight_decay=WEIGHT_DECAY) as model:
+            losses = []
+            for step in range(2):
+                x, y = batch(step)
+                loss = model(shard_of(x, rank, 2), shard_of(y, rank, 2))
+                loss.backward()
+                model.step()
+                losses.append(float(loss))
+            return losses, model.state_dict()
+
+    (two_losses, two), _ = run_ranks(2, functools.partial(rank_main, stage=2))
+    (three_losses, three), _ = run_ranks(2, functools.partial(rank_main, stage=3))
+    assert three_losses == pytest.approx(two_losses, rel=1e-6)
+    for key, value in two.items():
+        assert relative(three[key], value) < 1e-6, key
 
 
 def test_state_dict_round_trip_restarts_training_from_it():
