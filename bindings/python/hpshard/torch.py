@@ -1647,6 +1647,10 @@ class ShardedModule(torch.nn.Module):
 
     def _make_grad_hook(self, i: int):
         def hook(grad_inputs, grad_outputs):
+            if not grad_outputs or grad_outputs[0] is None:
+                # Nothing was added (a Function's backward returned None for the parameter,
+                # having added its gradient by a backward of its own): no completion.
+                return
             try:
                 self._start_backward()
                 self._check_in(i)
