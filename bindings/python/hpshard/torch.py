@@ -32,46 +32,47 @@ released once its gradients are in (a unit holding a frozen parameter at the end
 backward, since autograd may still need the frozen weight after the trainable ones are
 done). Outside a gathered unit its parameters hold no memory: each is its shape over one
 element, a negative zero (stride 0), so reading one there gives zeros, not its values (the
-DDP idiom ``out + 0 * sum(p.sum() for p in model.parameters())`` stays right); an
-operation in a forward that keeps one for backward (a parent's ``F.linear(h,
-unit.weight)``, under ``torch.autocast`` too) raises, naming it, but a term computed from
-parameters after the forward (an L2 penalty over ``model.parameters()``, an EMA) computes
-with the zeros unseen: compute it inside the units' forwards, or evaluate inside
-:meth:`full_parameters`. A parameter written in place after wrapping, or through
-``p.data`` while released (an ``init_`` between steps), raises at the next forward,
-``step()``, ``state_dict()`` or save, naming it, as the write is lost (a write of -0.0
-through ``p.data`` is not seen). A unit's module is gathered before its first
-forward pre-hook and released after its last forward hook, so hooks on it (``weight_norm``,
-``spectral_norm``, a user's, registered before or after wrapping, before the unit's forward
-begins) read its values; at stage 3 a forward hook registered during the unit's forward, a
-global module pre-hook (``register_module_forward_pre_hook``) and a full backward hook on
-it may run outside the gather and read zeros (an operation there that keeps one for
-backward raises). A unit whose parameters backward needs before
-a gradient reaches its outputs (a side loss it kept) is gathered then. Tensors autograd
-saves for backward that are views of a gathered parameter are saved as "this parameter,
-these strides" and re-derived from the re-gathered parameter in backward, so activations
-never pin (or read stale) gathered memory; a unit that returns its parameter, or a view of
-one, returns a copy (in lists, tuples, dicts and dataclasses). A parameter written in place
-by a forward (``nn.Embedding(max_norm=...)``) raises at stage 3, where the release would
-lose the write. ``torch.utils.checkpoint`` may wrap units or run inside them: a unit
-recomputed in backward is gathered for its backward (stage 3 recomputes it over a copy of
-its parameters, so a kept graph stays right after the release; a parameter used outside its
-unit inside a checkpointed region is not caught); with ``use_reentrant=True`` a parameter
-used by two checkpointed calls raises (each call completes its gradient once; use
-``use_reentrant=False``). Evaluation under ``torch.no_grad()`` or
-``torch.inference_mode()`` between steps changes nothing. A backward of a graph kept across
-``step()`` (``retain_graph=True``) raises where it starts, before it adds any gradient, as
-torch's version check refuses it after ``optimizer.step()``; a forward given an output of a
-forward before the last ``step()`` (a recurrent state not detached) goes on, and its
-backward raises where it starts. A graph from before the step that a backward of this
-step's reaches part way (through a tensor computed from such an output) raises there, with
-the step's gradients half checked in: the next backward and ``step()`` raise until
-``load_state_dict(state_dict())`` starts afresh. At stage 2, parameters read right after
-``step()`` outside a forward (an EMA or teacher update) hold the update only after
-``synchronize()`` (or inside ``full_parameters()``): the step's updates and all-gathers run
-on after it returns. A stage 3 forward gathers units with the other ranks, so every rank
-runs it; to evaluate on some ranks only (rank 0 alone), do it inside ``with
-model.full_parameters():``, which every rank enters.
+DDP idiom ``out + 0 * sum(p.sum() for p in model.parameters())`` stays right); an operation
+in a forward that keeps one for backward (a parent's ``F.linear(h, unit.weight)``, under
+``torch.autocast`` too) raises, naming it, but a term computed from parameters after the
+forward (an L2 penalty over ``model.parameters()``, an EMA) computes with the zeros unseen:
+compute it inside the units' forwards, or evaluate inside :meth:`full_parameters`. A
+parameter written in place after wrapping, or through ``p.data`` while released (an
+``init_`` between steps), raises at the next forward, ``step()``, ``state_dict()`` or save,
+naming it, as the write is lost (a write of -0.0 through ``p.data`` is not seen); one
+through ``p.data`` while its unit is gathered (``self.weight.data.clamp_()`` in the unit's
+forward, an old-style constraint: use a parametrization) is lost unseen. A unit's module is
+gathered before its first forward pre-hook and released after its last forward hook, so
+hooks on it (``weight_norm``, ``spectral_norm``, a user's, registered before or after
+wrapping, before the unit's forward begins) read its values; at stage 3 a forward hook
+registered during the unit's forward, a global module pre-hook
+(``register_module_forward_pre_hook``) and a full backward hook on it may run outside the
+gather and read zeros (an operation there that keeps one for backward raises). A unit whose
+parameters backward needs before a gradient reaches its outputs (a side loss it kept) is
+gathered then. Tensors autograd saves for backward that are views of a gathered parameter
+are saved as "this parameter, these strides" and re-derived from the re-gathered parameter
+in backward, so activations never pin (or read stale) gathered memory; a unit that returns
+its parameter, or a view of one, returns a copy (in lists, tuples, dicts and dataclasses).
+A parameter written in place by a forward (``nn.Embedding(max_norm=...)``) raises at stage
+3, where the release would lose the write. ``torch.utils.checkpoint`` may wrap units or run
+inside them: a unit recomputed in backward is gathered for its backward (stage 3 recomputes
+it over a copy of its parameters, so a kept graph stays right after the release; a
+parameter used outside its unit inside a checkpointed region is not caught); with
+``use_reentrant=True`` a parameter used by two checkpointed calls raises (each call
+completes its gradient once; use ``use_reentrant=False``). Evaluation under
+``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. A backward
+of a graph kept across ``step()`` (``retain_graph=True``) raises where it starts, before it
+adds any gradient, as torch's version check refuses it after ``optimizer.step()``; a
+forward given an output of a forward before the last ``step()`` (a recurrent state not
+detached) goes on, and its backward raises where it starts. A graph from before the step
+that a backward of this step's reaches part way (through a tensor computed from such an
+output) raises there, with the step's gradients half checked in: the next backward and
+``step()`` raise until ``load_state_dict(state_dict())`` starts afresh. At stage 2,
+parameters read right after ``step()`` outside a forward (an EMA or teacher update) hold
+the update only after ``synchronize()`` (or inside ``full_parameters()``): the step's
+updates and all-gathers run on after it returns. A stage 3 forward gathers units with the
+other ranks, so every rank runs it; to evaluate on some ranks only (rank 0 alone), do it
+inside ``with model.full_parameters():``, which every rank enters.
 
 Semantics, as DDP's: each rank takes the mean loss over its own samples and the engine
 averages over the ranks and micro-batches once. A parameter registered twice (tied weights)
@@ -189,6 +190,15 @@ def wrapper_of(module: torch.nn.Module) -> Optional["ShardedModule"]:
         if owner is not None and owner._engine is not None:
             return owner
     return None
+
+
+def _fingerprint(t: torch.Tensor) -> int:
+    """The sum of ``t``'s elements' bits read as integers: a write that changes it (through
+    ``p.data`` too, which moves no version counter) shows. One read of the tensor."""
+    if not t.numel():
+        return 0
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return int(t.detach().reshape(-1).view(ints).sum(dtype=torch.int64))
 
 
 def _inside_backward() -> bool:
@@ -1884,6 +1894,7 @@ class ShardedModule(torch.nn.Module):
         for p, v in zip(self._params, values):
             p.data = v
         versions = [p._version for p in self._params]
+        prints = [_fingerprint(v) for v in values]  # a write through p.data moves no version
         self._full = values
         failed = True
         try:
@@ -1892,7 +1903,7 @@ class ShardedModule(torch.nn.Module):
         finally:
             self._full = None
             written = [self._names[i] for i, p in enumerate(self._params)
-                       if p._version != versions[i]]
+                       if p._version != versions[i] or _fingerprint(values[i]) != prints[i]]
             if self._engine is not None:  # close() inside gave them their values already
                 for p, old in zip(self._params, previous):
                     p.data = old

@@ -994,11 +994,13 @@ def test_a_stage3_parameter_written_after_wrapping_is_refused_not_lost():
                 model.state_dict()
             state = model.state_dict()
             assert float(state["ln_f.weight"].min()) != 2.0  # the engine's values stayed
-            # A write inside full_parameters() is refused there, as before.
-            with pytest.raises(RuntimeError, match="written inside full_parameters"):
-                with model.full_parameters():
-                    with torch.no_grad():
-                        bias.zero_()
+            # A write inside full_parameters() is refused there, as before; through p.data
+            # too (it was dropped unseen).
+            for write in (lambda: bias.zero_(), lambda: bias.data.fill_(0.3)):
+                with pytest.raises(RuntimeError, match="written inside full_parameters"):
+                    with model.full_parameters():
+                        with torch.no_grad():
+                            write()
             model(x, y).backward()
             model.step()
         return True
