@@ -110,6 +110,10 @@ class Checkpointable {
   virtual CheckpointTopology checkpoint_topology() const = 0;
   // The options the engine was created with (saved so a resumer can recreate it).
   virtual const EngineOptions& checkpoint_options() const = 0;
+  // The steps the engine has taken (applied or skipped) since it was created: the ranks of
+  // a save compare it, as each saves the state its last step left (a rank that stopped
+  // before its step() and one after it would publish a mix of two steps).
+  virtual int64_t steps_taken() const = 0;
 
   // Before a load or an import writes any state: checks that the engine can take new state
   // now and waits (host-blocking) for its work in flight. FAILED_PRECONDITION, changing

@@ -558,6 +558,7 @@ struct Checkpointer::SaveJob {
   std::unique_ptr<Event> snapshot;
   CheckpointTopology topology;
   EngineOptions engine_options;
+  int64_t steps = 0;               // the engine's steps_taken() at save()
   std::string id;                  // agreed on by the writers
   std::string directory;           // the temporary directory
   std::vector<std::string> trash;  // rank 0: older checkpoints renamed away, to delete
@@ -673,6 +674,7 @@ StatusOr<std::shared_ptr<Work>> Checkpointer::save(const std::string& name,
   HPS_ASSIGN_OR_RETURN(job->tensors, engine_.state_tensors());
   job->topology = engine_.checkpoint_topology();
   job->engine_options = engine_.checkpoint_options();
+  job->steps = engine_.steps_taken();
   // The data file's layout: this rank's written ranges back to back, 64-byte aligned.
   uint64_t at = ckpt::kDataHeaderBytes;
   for (size_t i = 0; i < job->tensors.size(); ++i) {
@@ -817,7 +819,8 @@ Status Checkpointer::write_job(SaveJob& job) {
       s = already_exists("checkpoint: '" + join_path(root_, job.name) + "' exists already");
     }
     if (s.ok()) s = ckpt::make_directory(job.directory);
-    agreed = s.ok() ? "ok\n" + job.id + "\n" + job.name : encode(s);
+    agreed =
+        s.ok() ? "ok\n" + job.id + "\n" + std::to_string(job.steps) + "\n" + job.name : encode(s);
   }
   // Rank 0 removes the temporary directory on every way out short of publishing it (which
   // renames it: removing the old name is then a no-op), a peer's death included.
@@ -830,12 +833,15 @@ Status Checkpointer::write_job(SaveJob& job) {
   } unpublished{job.directory, rank == 0};
   HPS_RETURN_IF_ERROR(broadcast_string(comm, agreed, false));
   if (!starts_with(agreed, "ok\n")) return decode(agreed, "");
-  // "ok\n<id>\n<rank 0's name>": a rank that was asked for another name writes nothing
-  // and fails the save on every rank (step 3).
+  // "ok\n<id>\n<rank 0's steps>\n<rank 0's name>": a rank that was asked for another name,
+  // or after another number of steps, writes nothing and fails the save on every rank
+  // (step 3).
   const size_t newline = agreed.find('\n', 3);
-  if (newline == std::string::npos) return internal_error("checkpoint: bad agreement message");
+  const size_t steps_end = newline == std::string::npos ? newline : agreed.find('\n', newline + 1);
+  if (steps_end == std::string::npos) return internal_error("checkpoint: bad agreement message");
   job.id = agreed.substr(3, newline - 3);
-  const std::string name_of_rank0 = agreed.substr(newline + 1);
+  const std::string steps_of_rank0 = agreed.substr(newline + 1, steps_end - newline - 1);
+  const std::string name_of_rank0 = agreed.substr(steps_end + 1);
   job.directory =
       join_path(root_, std::string(ckpt::kTemporaryPrefix) + name_of_rank0 + "-" + job.id);
 
@@ -852,6 +858,17 @@ Status Checkpointer::write_job(SaveJob& job) {
     local = invalid_argument("checkpoint: the ranks saved under different names (rank 0: '" +
                              name_of_rank0 + "', rank " + std::to_string(rank) + ": '" + job.name +
                              "'), so nothing was published");
+  } else if (steps_of_rank0 != std::to_string(job.steps)) {
+    (void)job.snapshot->synchronize_uncounted();
+    local = invalid_argument(
+        "checkpoint: the ranks saved '" + job.name +
+        "' at different points of training (rank "
+        "0 after " +
+        steps_of_rank0 + " steps, rank " + std::to_string(rank) + " after " +
+        std::to_string(job.steps) +
+        "): each saves the state its last step left, so the "
+        "checkpoint would mix two steps; nothing was published (every rank saves after the "
+        "same step() calls)");
   } else if (job.written.empty()) {
     local = job.snapshot->synchronize_uncounted();
   } else {

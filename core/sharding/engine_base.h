@@ -37,7 +37,7 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   const float* grad_norm() const override;
   uint64_t resident_bytes() const override;
   Status drop_groups() override;
-  int64_t steps_taken() const { return steps_; }
+  int64_t steps_taken() const override { return steps_; }
   // The step pipeline (its step state and clip state in device memory); null before seal().
   const ShardedOptimizer* optimizer() const { return optimizer_.get(); }
 

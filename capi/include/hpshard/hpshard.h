@@ -1408,7 +1408,9 @@ HPS_API hps_status_t hps_checkpoint_destroy(hps_checkpoint_t* checkpoint);
  * the same name at the same point of training, after the step whose state it saves. Returns at once
  * with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait
  * tell when the checkpoint is published on every rank, or how it failed (the same error on every
- * rank, INVALID_ARGUMENT where the ranks gave different names, ABORTED after hps_comm_abort on the
+ * rank, INVALID_ARGUMENT where the ranks gave different names or had taken different numbers of
+ * steps (a rank that stopped before its step and one after it: a mix of two steps), ABORTED
+ * after hps_comm_abort on the
  * group or on a communicator it was split from, which also stops the writing; TIMEOUT, naming
  * the holder, where another job's save held the root's save lock, <root>/.hpshard-save-lock,
  * for half of timeout_ms; nothing is published then and the previous checkpoints stay intact:

@@ -113,6 +113,9 @@ class FakeState final : public Checkpointable {
   cpu::CpuStream stream;
   EngineOptions options;
   int loads = 0;
+  int64_t steps = 0;
+  CheckpointTopology topology{2, 1, 0, 1, 0, 256};
+  bool writer = true;  // a dp replica other than the first writes nothing
   StatusOr<std::vector<StateTensor>> state_tensors() override {
     return std::vector<StateTensor>{{"param/w",
                                      {rows_, 8},
@@ -120,11 +123,12 @@ class FakeState final : public Checkpointable {
                                      0,
                                      static_cast<uint64_t>(w.size()),
                                      w.data(),
-                                     true}};
+                                     writer}};
   }
   Stream& state_stream() override { return stream; }
-  CheckpointTopology checkpoint_topology() const override { return {2, 1, 0, 1, 0, 256}; }
+  CheckpointTopology checkpoint_topology() const override { return topology; }
   const EngineOptions& checkpoint_options() const override { return options; }
+  int64_t steps_taken() const override { return steps; }
   Status begin_state_load() override { return stream.synchronize(); }
   Status end_state_load() override {
     ++loads;
@@ -159,6 +163,7 @@ class PartState final : public Checkpointable {
     return t;
   }
   const EngineOptions& checkpoint_options() const override { return options; }
+  int64_t steps_taken() const override { return 0; }
   Status begin_state_load() override { return stream.synchronize(); }
   Status end_state_load() override { return Status::Ok(); }
   std::vector<Communicator*> model_parallel_groups() const override { return groups; }
@@ -1201,6 +1206,37 @@ TEST(Checkpoint, RanksNamingDifferentCheckpointsChangeNothing) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"a", "b", "latest"}));
   EXPECT_EQ(*latest_checkpoint(dir.path()), "b");
+}
+
+// Ranks that save one name after different numbers of steps (a "catch Ctrl-C, save" handler
+// that one rank reached before its step() and another after it) published a checkpoint
+// mixing the two steps, which verified (red team). Every rank is refused; nothing published.
+TEST(Checkpoint, RanksThatTookDifferentStepsAreRefused) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  TempDir dir;
+  testing_util::run_ranks(3, [&](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
+    FakeState state;
+    state.topology = {2, 1, 0, 3, rank, 256};  // three dp replicas
+    state.writer = rank == 0;
+    auto c = Checkpointer::create(state, world, dir.path(), CheckpointOptions{});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    state.steps = 6;
+    ASSERT_TRUE((*(*c)->save("same"))->wait().ok());
+    state.steps = rank == 2 ? 5 : 6;
+    auto save = (*c)->save("interrupted");
+    ASSERT_TRUE(save.ok()) << save.status().to_string();
+    const Status s = (*save)->wait();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+    if (rank == 2) {
+      EXPECT_NE(s.message().find("rank 0 after 6 steps, rank 2 after 5"), std::string::npos)
+          << s.to_string();
+    }
+  });
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "same"}));
 }
 
 // A manifest is JSON: names and metadata that are not UTF-8 are refused before anything is
