@@ -151,8 +151,10 @@ HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine) {
     if (use.use_count() > 1) {
       finished = use->state->engine->synchronize();
       use->state->engine->release_gathered_units();  // nobody is left to release them
-    } else {
+    } else if (use->state.use_count() > 1) {
       finished = use->drop_groups_if_viewed();
+    } else {
+      finished = use->state->engine->synchronize();  // what the work in flight ended with
     }
     use.reset();
     return finished;

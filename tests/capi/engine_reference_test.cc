@@ -1164,6 +1164,74 @@ INSTANTIATE_TEST_SUITE_P(Stages, Issue10Example, ::testing::Values(2, 3),
                            return "stage" + std::to_string(stage_info.param);
                          });
 
+// Uneven data: rank 1 leaves after its last batch (destroying its engine and communicator),
+// rank 0 steps once more, and that step's collectives fail where nothing waits for them
+// (no host sync in the step). hps_engine_destroy returned OK for an engine without views,
+// so a C program ended as a success with the step's update missing (process red team); it
+// returns the failure now. Rank 1's own destroy, after complete work, returns OK.
+class DestroyAfterAPeerLeft : public ::testing::TestWithParam<int> {};
+
+TEST_P(DestroyAfterAPeerLeft, ReturnsTheFailureOfTheWorkInFlight) {
+  const int stage = GetParam();
+  const std::string url = "memory://engine_reference_destroy_stage" + std::to_string(stage);
+  hps_status_t destroyed[2] = {HPS_STATUS_INTERNAL, HPS_STATUS_INTERNAL};
+  std::string message[2];
+  std::mutex mu;
+  std::vector<std::string> errors;
+  auto rank_main = [&](int rank) {
+    hps_store_t* store = nullptr;
+    hps_comm_t* comm = nullptr;
+    hps_engine_t* engine = nullptr;
+    auto check = [&](hps_status_t status, const char* what) {
+      if (status == HPS_STATUS_OK) return true;
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back("rank " + std::to_string(rank) + ": " + what + ": " +
+                       hps_status_string(status) + ": " + hps_last_error_message());
+      return false;
+    };
+    const int64_t shape[] = {64};
+    size_t w = 0;
+    hps_engine_options_t o;
+    bool ok = check(hps_store_open(url.c_str(), rank, 30000, &store), "store") &&
+              check(hps_comm_create(store, rank, 2, HPS_DEVICE_CPU, 0, nullptr, &comm), "comm") &&
+              check(hps_engine_options_init(&o, sizeof o), "options");
+    if (ok) {
+      o.stage = stage;
+      ok = check(hps_engine_create(comm, nullptr, &o, &engine), "create") &&
+           check(hps_engine_add_param(engine, "w", shape, 1, HPS_DTYPE_FLOAT32, 0, 0, &w), "w") &&
+           check(hps_engine_seal(engine), "seal") &&
+           check(hps_engine_broadcast_parameters(engine), "broadcast");
+    }
+    for (int step = 0; ok && step < (rank == 0 ? 2 : 1); ++step) {
+      float* grad = nullptr;
+      ok = check(hps_engine_wait_parameters(engine, 0), "wait") &&
+           check(hps_engine_grad(engine, w, reinterpret_cast<void**>(&grad)), "grad");
+      if (ok) {
+        std::fill(grad, grad + 64, 1.0f);
+        ok = check(hps_engine_grad_ready(engine, w, nullptr), "grad_ready") &&
+             check(hps_engine_release_parameters(engine, 0), "release") &&
+             check(hps_engine_step(engine), "step");
+      }
+    }
+    destroyed[rank] = hps_engine_destroy(engine);
+    message[rank] = hps_last_error_message();
+    hps_comm_destroy(comm);
+    hps_store_destroy(store);
+  };
+  std::thread r1(rank_main, 1);
+  rank_main(0);
+  r1.join();
+  for (const std::string& e : errors) ADD_FAILURE() << e;
+  EXPECT_EQ(destroyed[1], HPS_STATUS_OK) << message[1];
+  EXPECT_EQ(destroyed[0], HPS_STATUS_ABORTED) << message[0];
+  EXPECT_NE(message[0].find("rank 1"), std::string::npos) << message[0];
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, DestroyAfterAPeerLeft, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& stage_info) {
+                           return "stage" + std::to_string(stage_info.param);
+                         });
+
 // ---------------------------------------------------------------------------------------
 // The model itself, on cases worked out by hand.
 

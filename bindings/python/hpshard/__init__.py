@@ -61,6 +61,7 @@ if _TRACE_ENV["HPS_TRACE"] and not os.path.isabs(_TRACE_ENV["HPS_TRACE"]):
         _TRACE_ENV["HPS_TRACE"] = os.path.join(os.getcwd(), _TRACE_ENV["HPS_TRACE"])
     except OSError:
         pass
+from . import _errors
 from ._errors import (
     AbortedError,
     AlreadyExistsError,
@@ -492,10 +493,13 @@ def _ipv6_literal(text: str) -> bool:
 
 
 def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
-    """For ``tcp://HOST:PORT``: waits until the server accepts a connection (closed at once;
-    the server drops it silently), retrying with backoff until ``timeout_ms`` (Error TIMEOUT
-    then) in waits a signal's exception ends. The time left for the library's open (its
-    connect is then immediate). Other URLs (and ones the library will refuse): unchanged."""
+    """For ``tcp://HOST:PORT``: waits until the server accepts a connection and greets it
+    (the store's first bytes; the connection is closed then, which the server drops),
+    retrying with backoff until ``timeout_ms`` (Error TIMEOUT then) in waits a signal's
+    exception ends. A listening socket the kernel accepts on before the store serves it
+    (hpshard-run binds rank 0's before starting it) greets only once the store runs. The
+    time left for the library's open (its connect is then immediate). Other URLs (and ones
+    the library will refuse): unchanged."""
     if timeout_ms <= 0:
         return timeout_ms
     import socket
@@ -517,11 +521,29 @@ def _wait_for_tcp_server(url: str, timeout_ms: int) -> int:
             raise _from_status(Status.TIMEOUT, f"Store.open: could not connect to {host}:{port} "
                                                f"within {timeout_ms} ms: {last}")
         try:
-            socket.create_connection((host, port), timeout=min(left, 1.0)).close()
-            return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
+            probe = socket.create_connection((host, port), timeout=min(left, 1.0))
         except OSError as e:
             last = e
         except ValueError:  # a name Python's resolver refuses (IDNA): the library's to say
+            return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
+        else:
+            with probe:
+                while True:  # its greeting, or its end: the server has taken the connection
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise _from_status(
+                            Status.TIMEOUT,
+                            f"Store.open: {host}:{port} accepted the connection but sent no "
+                            f"greeting within {timeout_ms} ms (rank 0's store not serving "
+                            f"yet, or not an hpshard store)")
+                    probe.settimeout(min(left, 1.0))
+                    try:
+                        probe.recv(1)
+                        break
+                    except socket.timeout:
+                        continue
+                    except OSError:
+                        break
             return max(1, timeout_ms - int((time.monotonic() - start) * 1000))
         time.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
         backoff = min(backoff * 2, 0.25)
@@ -563,8 +585,9 @@ class Store(Handle):
         """Open the store at ``url`` as ``rank``: "memory://NAME" (shared by the threads of
         this process), "file:///DIR" or "tcp://HOST:PORT" (rank 0 serves). ``timeout_ms``
         bounds the whole open. On the main thread a rank other than 0 of a TCP store first
-        waits here, in slices, until the server accepts connections, so Ctrl-C ends the wait
-        for a rank 0 that has not started yet (Error TIMEOUT when it never does)."""
+        waits here, in slices, until the server greets a connection, so Ctrl-C ends the wait
+        for a rank 0 that has not started yet, also where its socket listens already, as
+        under hpshard-run (Error TIMEOUT when it never serves)."""
         url, rank, timeout_ms = _text(url, "Store.open: the url"), int(rank), int(timeout_ms)
         if rank > 0 and threading.current_thread() is threading.main_thread():
             timeout_ms = _wait_for_tcp_server(url, timeout_ms)
@@ -1044,8 +1067,14 @@ class Communicator(Handle):
     def _before_close(self, h: Any) -> None:
         for group in list(self._groups):  # hybrid groups over this world go first
             group.close()
+        failed = None
         for user in list(self._users):  # clips and engines over it too
-            user.close()
+            try:
+                user.close()
+            except Error as e:  # an engine's work in flight failed: raised once all closed
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
         """Close what uses the communicator (hybrid groups, clips, engines, checkpoints),
@@ -1744,6 +1773,59 @@ def _as_dtype(dtype: Any) -> int:
     return int(names[name])
 
 
+_OPEN_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def _open_engines_at_exit(engine: "Engine") -> None:
+    """Has _check_engines_at_exit look at ``engine`` when the interpreter exits. Registered
+    with atexit at the first engine, so it runs before the exit functions registered
+    earlier (multiprocessing's, logging's), which it runs itself before it ends a failed
+    program."""
+    if not _OPEN_ENGINES and not getattr(_open_engines_at_exit, "registered", False):
+        import atexit
+        atexit.register(_check_engines_at_exit)
+        _open_engines_at_exit.registered = True  # type: ignore[attr-defined]
+    _OPEN_ENGINES.add(engine)
+
+
+def _check_engines_at_exit() -> None:
+    """At interpreter exit, each engine of this process still open (its program ended
+    without close() or synchronize() after the last step, as a training loop may) finishes
+    its work in flight, unless the program has seen an hpshard error since it was made. Work
+    of it that failed (its peers left during the last step: the step's update is not, or not
+    wholly, in the parameters) was never reported: it is written to stderr, and a program
+    that did not end by an uncaught exception exits with status 1 rather than 0 (the exit
+    functions registered before this one run first)."""
+    import atexit
+    made = _errors.errors_made()
+    failed = []
+    for engine in list(_OPEN_ENGINES):
+        if engine.closed or engine._pid != os.getpid() or made != engine._errors_before:
+            continue  # closed, a forked child's copy of its parent's, or told already
+        try:
+            engine.synchronize()
+        except Error as e:
+            failed.append(e)
+        except Exception:  # noqa: BLE001 — a closing interpreter: nothing to report
+            pass
+    if not failed:
+        return
+    sys.stderr.write(
+        f"hpshard: the program ended with {len(failed)} open engine(s) whose work in flight "
+        f"failed, never waited for (close() or synchronize() after the last step would have "
+        f"raised it): {failed[0]}; the parameters lack that step's update, or part of it\n")
+    if hasattr(sys, "last_value"):
+        return  # it ends by an uncaught exception: a failed status of its own
+    atexit.unregister(_check_engines_at_exit)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(1)
+
+
 class Engine(Handle):
     """ZeRO-style sharded data parallelism (hps_engine_t, stage 2 or 3) for a framework that
     keeps its own forward and backward; see :meth:`create`.
@@ -1758,13 +1840,23 @@ class Engine(Handle):
     with stage 3, a parameter view is valid only between :meth:`wait_parameters` and
     :meth:`release_parameters` of its unit (HPS_DEBUG_VIEWS=1 makes a write after the
     release fault). The communicators stay referenced; closing one closes the engine
-    first. One thread at a time per engine."""
+    first. One thread at a time per engine.
+
+    :meth:`close` finishes what is in flight; where that failed (the collectives of a last
+    step whose peers had left) and the program has seen no hpshard error since the engine
+    was made, it raises that failure once the engine is freed (so does the close of a
+    communicator that closes it), rather than the run ending as a success without the
+    step's update. An engine left open at the interpreter's exit is checked the same way:
+    the failure is written to stderr and the process exits with status 1, not 0."""
 
     def __init__(self, handle: Any, sharding: Communicator, dp: Optional[Communicator],
                  options: EngineOptions) -> None:
         super().__init__(handle)
         self.options = options
         self._comms = tuple(c for c in (sharding, dp) if c is not None)
+        self._pid = os.getpid()
+        self._errors_before = _errors.errors_made()
+        _open_engines_at_exit(self)
         self._shapes: List[Tuple[int, ...]] = []
         self._dtypes: List[DType] = []
         self._names: List[str] = []
@@ -1781,6 +1873,21 @@ class Engine(Handle):
     def _before_close(self, h: Any) -> None:
         for user in list(self._users):  # checkpoints of this engine go first
             user.close()
+        if self._pid == os.getpid() and _errors.errors_made() == self._errors_before:
+            # What is in flight finishes now: its failure (peers that left during the last
+            # step), which the program has not been told of (it has seen no hpshard error
+            # since the engine was made), raises here once the engine is freed. A forked
+            # child's copy is its parent's to finish.
+            h.synchronize()
+
+    def __exit__(self, exc_type: Any, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Error:
+            pass  # the error under way is the one to see
 
     @classmethod
     def create(cls, sharding: Communicator, dp: Optional[Communicator] = None,

@@ -27,6 +27,16 @@ class Status(enum.IntEnum):
     BACKEND_ERROR = 12
 
 
+_MADE = 0  # Errors made in this process so far (see errors_made)
+
+
+def errors_made() -> int:
+    """How many hpshard.Error this process has made (a failing call raises one): a program
+    that has seen one since an engine was created has been told its work failed, so the
+    engine's close and the exit check do not raise it again."""
+    return _MADE
+
+
 class Error(Exception):
     """A failing hpshard call: ``status`` (int code), ``status_name``, ``message``."""
 
@@ -34,6 +44,8 @@ class Error(Exception):
         super().__init__(status, message)
         self.status = int(status)
         self.message = message
+        global _MADE
+        _MADE += 1
 
     @property
     def status_name(self) -> str:

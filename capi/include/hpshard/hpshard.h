@@ -1084,12 +1084,14 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
 
 /**
  * Finish what is in flight, then free `engine`; NULL is a no-op. The handle is gone at
- * once. DLPack views handed out by it keep its memory (parameters, gradients, loss scale,
- * norm) until they are released, not its communicators and streams: those go now, so its
- * peers learn at once that this rank has left. Checkpoint handles of it keep the whole
- * engine (they may still save and load) until the last of them is destroyed, which then
- * lets the communicators and streams go as above. Thread safety: no other thread may use
- * the handle, nor a checkpoint handle of it (hps_checkpoint_t) while it runs.
+ * once. Returns what the work in flight ended with: OK, or the first failure of it (the
+ * collectives of a last step whose peers had left), which nothing else would report. DLPack views
+ * handed out by it keep its memory (parameters, gradients, loss scale, norm) until they are
+ * released, not its communicators and streams: those go now, so its peers learn at once that this
+ * rank has left. Checkpoint handles of it keep the whole engine (they may still save and load)
+ * until the last of them is destroyed, which then lets the communicators and streams go as above.
+ * Thread safety: no other thread may use the handle, nor a checkpoint handle of it
+ * (hps_checkpoint_t) while it runs.
  */
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
 

@@ -864,6 +864,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     }
     watched->stop_watching();  // no check runs beside the reads below
     comm->peer_processes_ = peers->take();
+    if (comm->control_) comm->control_->watch_processes(comm->peer_processes_);
     const Status marked = peers->made_here();
     if (!marked.ok()) throw std::runtime_error(marked.to_string());
   } catch (const Refused& refused) {

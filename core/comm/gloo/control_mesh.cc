@@ -227,8 +227,24 @@ Status ControlMesh::post(const void* mine, size_t bytes, Clock::time_point deadl
   return Status::Ok();
 }
 
+void ControlMesh::watch_processes(const std::vector<std::optional<host::Process>>& processes) {
+  watched_.assign(static_cast<size_t>(size_), std::nullopt);
+  for (size_t r = 0; r < processes.size() && r < watched_.size(); ++r) {
+    if (static_cast<int32_t>(r) != rank_ && processes[r] && processes[r]->on_this_host()) {
+      watched_[r] = processes[r];
+    }
+  }
+  if (std::none_of(watched_.begin(), watched_.end(), [](const auto& p) { return p.has_value(); })) {
+    watched_.clear();
+  }
+}
+
 Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline) {
   if (aborted_) return aborted("the communicator was aborted");
+  // A missing peer of this host is looked at every kCheck; ended for kGrace, it fails this.
+  constexpr std::chrono::milliseconds kCheck{200}, kGrace{1000};
+  auto next_check = Clock::now() + kCheck;
+  std::vector<std::optional<Clock::time_point>> ended_at(watched_.size());
   // Read every peer's message as it comes, waking on abort().
   // Per-call state in members reused across collectives (one collect() at a time).
   std::vector<size_t>& got = got_;
@@ -247,7 +263,9 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       }
     }
     fds.push_back({wake_fd_, POLLIN, 0});
-    const int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(deadline));
+    int timeout_ms = poll_timeout_ms(deadline);
+    if (!watched_.empty()) timeout_ms = std::min<int>(timeout_ms, kCheck.count());
+    const int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (aborted_) return aborted("the communicator was aborted");
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -273,6 +291,23 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       if (r > 0) {
         got[peer] += static_cast<size_t>(r);
         if (got[peer] == bytes) --missing;
+      }
+    }
+    const auto now = Clock::now();
+    if (watched_.empty() || now < next_check) continue;
+    next_check = now + kCheck;
+    for (const int32_t peer : peers) {
+      const auto& process = watched_[static_cast<size_t>(peer)];
+      if (got[static_cast<size_t>(peer)] == bytes || !process ||
+          host::process_running(process->pid, process->start)) {
+        continue;
+      }
+      auto& since = ended_at[static_cast<size_t>(peer)];
+      if (!since) since = now;
+      if (now - *since >= kGrace) {
+        return aborted("rank " + std::to_string(peer) + " (" + process->describe() +
+                       ") has ended while this rank waited for its word (a process it forked "
+                       "may hold its control connection open)");
       }
     }
   }

@@ -13,9 +13,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/comm/host.h"
 #include "core/comm/store.h"
 #include "core/common/status.h"
 
@@ -43,6 +45,12 @@ class ControlMesh {
   // connection closed or abort() ran.
   Status collect(void* all, size_t bytes, Clock::time_point deadline);
 
+  // Before the first collect(): the peers' processes, by rank (nullopt where unknown). A
+  // collect() waiting for a peer of this host whose process has ended fails ABORTED, naming
+  // it, a second after its end (what it wrote before is read meanwhile): a process it forked
+  // may hold its connection open, so no end of file would come before the deadline.
+  void watch_processes(const std::vector<std::optional<host::Process>>& processes);
+
   // Any thread: a running collect() returns ABORTED at once, and so do later calls; the
   // connections are shut down, so the peers' collect() ends ABORTED too.
   void abort();
@@ -62,6 +70,7 @@ class ControlMesh {
   std::vector<size_t> got_;
   std::vector<struct pollfd> poll_fds_;
   std::vector<int32_t> poll_peers_;
+  std::vector<std::optional<host::Process>> watched_;  // by rank: peers of this host
   std::atomic<bool> aborted_{false};
 };
 

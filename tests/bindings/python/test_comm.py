@@ -486,6 +486,28 @@ def test_ctrl_c_ends_a_tcp_store_open_waiting_for_its_server():
         served["store"].close()
 
 
+def test_ctrl_c_ends_a_tcp_store_open_whose_socket_listens_before_its_store_serves():
+    """hpshard-run binds and listens on rank 0's socket before rank 0 starts: the kernel
+    accepts connections at once, so the wait for the server passed and the library's
+    handshake waited for the store's greeting the whole timeout, whatever the signals
+    (process red team). The wait now lasts until the server greets: SIGINT ends it within a
+    slice; with no store ever serving, TIMEOUT saying so (a store that takes the socket
+    over is joined: every launcher test's rank 1 does)."""
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # as hpshard-run does: nothing accepts yet
+    url = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        elapsed = seconds_to_interrupt(lambda: Store.open(url, 1, timeout_ms=20000), after=0.5)
+        assert elapsed < 3.0, elapsed
+        with pytest.raises(hpshard.Error) as e:
+            Store.open(url, 1, timeout_ms=700)
+        assert e.value.status == TIMEOUT and "sent no greeting" in e.value.message, e.value
+    finally:
+        listener.close()
+
+
 @pytest.mark.parametrize("suffix", ["/path", "?x", "#f"])
 def test_a_tcp_url_the_library_refuses_is_refused_at_once(suffix):
     """The wait for a TCP store's server (above) is only for URLs the library takes: one

@@ -1279,6 +1279,69 @@ def test_a_forked_child_is_refused_the_parents_handles_and_exits(stage):
         "parent 2.0 -0.5"], (done.stdout, done.stderr)
 
 
+# ---- a failed last step is not a success -------------------------------------------------
+A_RANK_LEAVES_BEFORE_THE_LAST_STEP = r"""
+import sys, threading
+from hpshard import Communicator, Engine, Store
+
+url, how = sys.argv[1], sys.argv[2]
+kept = []
+def rank(r):
+    store = Store.open(url, r)
+    world = Communicator.create(store, r, 2, timeout_ms=20000)
+    engine = Engine.create(world, learning_rate=0.5, stage=int(sys.argv[3]))
+    w = engine.add_param("w", (64,), unit=0)
+    engine.seal()
+    engine.broadcast_parameters()
+    for _ in range(3 if r == 0 else 2):  # uneven data: rank 0 has one batch more
+        engine.wait_parameters(0)
+        engine.grad(w)[:] = 1.0
+        engine.grad_ready(w)
+        engine.release_parameters(0)
+        engine.step()
+    if r == 1:
+        world.close()  # it is done: its engine goes with it
+        store.close()
+    elif how == "close":
+        try:
+            world.close()
+        except Exception as e:
+            print("close raised", type(e).__name__, flush=True)
+    else:
+        kept.append((store, world, engine))  # a training loop's end: nothing closed
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("loop done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "exit"])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_last_step_that_failed_is_not_a_success(how, stage):
+    """Rank 1 leaves after its last batch; rank 0 has one more, whose step's collectives
+    fail (asynchronously: nothing in the step waits). Nothing raised: the communicator's
+    close() returned, and a program that closed nothing exited 0 with the step's update
+    missing (process red team). close() raises the engine's failure now, and the exit
+    check reports an engine left open with failed work and exits 1."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", A_RANK_LEAVES_BEFORE_THE_LAST_STEP,
+                           f"memory://last-step-{uuid.uuid4().hex}", how, str(stage)],
+                          capture_output=True, text=True, timeout=120)
+    if how == "close":
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        assert done.stdout.splitlines() == ["close raised AbortedError", "loop done"], (
+            done.stdout, done.stderr)
+    else:
+        assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+        assert done.stdout.splitlines() == ["loop done"], (done.stdout, done.stderr)
+        assert "hpshard: the program ended with 1 open engine(s) whose work in flight " \
+            "failed" in done.stderr, done.stderr
+
+
 # ---- stage 3: a unit in use across a step; a micro-batch past the step's last --------------
 def _sgd_reference(initial, grads_per_step, lr):
     """float64 SGD without momentum: each step subtracts lr times the mean over ranks and

@@ -193,6 +193,8 @@ int late_joiner(int32_t rank, const std::string& dir, size_t count) {
 // from rank 1, "send": 32 MiB to it) must fail with ABORTED naming rank 1 as ended within a
 // few seconds; it waited for the whole 30 s timeout (Gloo signals only connections that
 // break, and a transfer under way on one that broke was not always signalled either).
+// "all_reduce": the argument check's wait for rank 1's descriptor on the control
+// connections waited until the holder ended (process red team).
 int ended_holding_sockets(int32_t rank, const std::string& dir, const std::string& what) {
   using namespace hps;
   CommOptions options;
@@ -220,8 +222,13 @@ int ended_holding_sockets(int32_t rank, const std::string& dir, const std::strin
   }
   std::vector<float> buffer(size_t{8} << 20, 1.0f);
   const auto start = std::chrono::steady_clock::now();
-  w = what == "recv" ? comm.recv(buffer.data(), buffer.size(), DType::kFloat32, 1)
-                     : comm.send(buffer.data(), buffer.size(), DType::kFloat32, 1);
+  if (what == "all_reduce") {
+    w = comm.all_reduce(buffer.data(), buffer.data(), buffer.size(), DType::kFloat32,
+                        ReduceOp::kSum);
+  } else {
+    w = what == "recv" ? comm.recv(buffer.data(), buffer.size(), DType::kFloat32, 1)
+                       : comm.send(buffer.data(), buffer.size(), DType::kFloat32, 1);
+  }
   CHECK_OR_FAIL(w.ok(), "enqueue: %s", w.status().to_string().c_str());
   const Status s = (*w)->wait();
   const double seconds =
@@ -382,7 +389,7 @@ int main(int argc, char** argv) {
     }
     ok = ok && statuses.size() == 2;
   }
-  for (const char* what : {"recv", "send"}) {
+  for (const char* what : {"recv", "send", "all_reduce"}) {
     const std::vector<int> statuses = run_copies("--ended-holding-sockets", 2, what);
     for (const int status : statuses) {
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {

@@ -2492,12 +2492,14 @@ extern "C" {
 }
 extern "C" {
     #[doc = " Finish what is in flight, then free `engine`; NULL is a no-op. The handle is gone at"]
-    #[doc = " once. DLPack views handed out by it keep its memory (parameters, gradients, loss scale,"]
-    #[doc = " norm) until they are released, not its communicators and streams: those go now, so its"]
-    #[doc = " peers learn at once that this rank has left. Checkpoint handles of it keep the whole"]
-    #[doc = " engine (they may still save and load) until the last of them is destroyed, which then"]
-    #[doc = " lets the communicators and streams go as above. Thread safety: no other thread may use"]
-    #[doc = " the handle, nor a checkpoint handle of it (hps_checkpoint_t) while it runs."]
+    #[doc = " once. Returns what the work in flight ended with: OK, or the first failure of it (the"]
+    #[doc = " collectives of a last step whose peers had left), which nothing else would report. DLPack views"]
+    #[doc = " handed out by it keep its memory (parameters, gradients, loss scale, norm) until they are"]
+    #[doc = " released, not its communicators and streams: those go now, so its peers learn at once that this"]
+    #[doc = " rank has left. Checkpoint handles of it keep the whole engine (they may still save and load)"]
+    #[doc = " until the last of them is destroyed, which then lets the communicators and streams go as above."]
+    #[doc = " Thread safety: no other thread may use the handle, nor a checkpoint handle of it"]
+    #[doc = " (hps_checkpoint_t) while it runs."]
     pub fn hps_engine_destroy(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {
@@ -2950,7 +2952,9 @@ extern "C" {
     #[doc = " the same name at the same point of training, after the step whose state it saves. Returns at once"]
     #[doc = " with *out_work (owned by the caller, freed with hps_work_destroy): hps_work_test / hps_work_wait"]
     #[doc = " tell when the checkpoint is published on every rank, or how it failed (the same error on every"]
-    #[doc = " rank, INVALID_ARGUMENT where the ranks gave different names, ABORTED after hps_comm_abort on the"]
+    #[doc = " rank, INVALID_ARGUMENT where the ranks gave different names or had taken different numbers of"]
+    #[doc = " steps (a rank that stopped before its step and one after it: a mix of two steps), ABORTED"]
+    #[doc = " after hps_comm_abort on the"]
     #[doc = " group or on a communicator it was split from, which also stops the writing; TIMEOUT, naming"]
     #[doc = " the holder, where another job's save held the root's save lock, <root>/.hpshard-save-lock,"]
     #[doc = " for half of timeout_ms; nothing is published then and the previous checkpoints stay intact:"]
