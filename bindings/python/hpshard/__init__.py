@@ -1791,16 +1791,16 @@ def _open_engines_at_exit(engine: "Engine") -> None:
 def _check_engines_at_exit() -> None:
     """At interpreter exit, each engine of this process still open (its program ended
     without close() or synchronize() after the last step, as a training loop may) finishes
-    its work in flight, unless the program has seen an hpshard error since it was made. Work
+    its work in flight, unless the thread that made it has seen an hpshard error since. Work
     of it that failed (its peers left during the last step: the step's update is not, or not
     wholly, in the parameters) was never reported: it is written to stderr, and a program
     that did not end by an uncaught exception exits with status 1 rather than 0 (the exit
     functions registered before this one run first)."""
     import atexit
-    made = _errors.errors_made()
     failed = []
     for engine in list(_OPEN_ENGINES):
-        if engine.closed or engine._pid != os.getpid() or made != engine._errors_before:
+        if (engine.closed or engine._pid != os.getpid()
+                or engine._errors.made != engine._errors_before):
             continue  # closed, a forked child's copy of its parent's, or told already
         try:
             engine.synchronize()
@@ -1843,8 +1843,8 @@ class Engine(Handle):
     first. One thread at a time per engine.
 
     :meth:`close` finishes what is in flight; where that failed (the collectives of a last
-    step whose peers had left) and the program has seen no hpshard error since the engine
-    was made, it raises that failure once the engine is freed (so does the close of a
+    step whose peers had left) and the thread that made the engine has seen no hpshard
+    error since, it raises that failure once the engine is freed (so does the close of a
     communicator that closes it), rather than the run ending as a success without the
     step's update. An engine left open at the interpreter's exit is checked the same way:
     the failure is written to stderr and the process exits with status 1, not 0."""
@@ -1855,7 +1855,8 @@ class Engine(Handle):
         self.options = options
         self._comms = tuple(c for c in (sharding, dp) if c is not None)
         self._pid = os.getpid()
-        self._errors_before = _errors.errors_made()
+        self._errors = _errors.thread_errors()  # the creating thread's (see _before_close)
+        self._errors_before = self._errors.made
         _open_engines_at_exit(self)
         self._shapes: List[Tuple[int, ...]] = []
         self._dtypes: List[DType] = []
@@ -1873,10 +1874,10 @@ class Engine(Handle):
     def _before_close(self, h: Any) -> None:
         for user in list(self._users):  # checkpoints of this engine go first
             user.close()
-        if self._pid == os.getpid() and _errors.errors_made() == self._errors_before:
+        if self._pid == os.getpid() and self._errors.made == self._errors_before:
             # What is in flight finishes now: its failure (peers that left during the last
-            # step), which the program has not been told of (it has seen no hpshard error
-            # since the engine was made), raises here once the engine is freed. A forked
+            # step), which the program has not been told of (the thread that made the engine
+            # has seen no hpshard error since), raises here once the engine is freed. A forked
             # child's copy is its parent's to finish.
             h.synchronize()
 

@@ -1286,6 +1286,7 @@ from hpshard import Communicator, Engine, Store
 
 url, how = sys.argv[1], sys.argv[2]
 kept = []
+stepped = threading.Event()  # rank 0 has enqueued its last step: its failure is in flight
 def rank(r):
     store = Store.open(url, r)
     world = Communicator.create(store, r, 2, timeout_ms=20000)
@@ -1300,9 +1301,12 @@ def rank(r):
         engine.release_parameters(0)
         engine.step()
     if r == 1:
+        stepped.wait()
         world.close()  # it is done: its engine goes with it
         store.close()
-    elif how == "close":
+        return
+    stepped.set()
+    if how == "close":
         try:
             world.close()
         except Exception as e:
