@@ -196,6 +196,11 @@ class TcpStoreServer {
   virtual uint16_t port() const = 0;
   // Connections open right now (accepted and not yet closed).
   virtual size_t connection_count() const = 0;
+  // Of those, the ones a closing serving store waits for: left out are the connections of
+  // clients that named their process in the handshake and have ended (a process one forked
+  // holds the socket), and those of this process's client store `own_store` (the serving
+  // store's own, which a process this one forked may hold; 0: none).
+  virtual size_t live_connection_count(uint64_t own_store) const = 0;
 };
 
 // A client of the TCP store at host:port; when `serve`, the returned store also owns the

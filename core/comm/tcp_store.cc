@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <deque>
 #include <map>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/comm/host.h"
 #include "core/comm/socket.h"
 #include "core/comm/store.h"
 #include "core/comm/tcp_store_protocol.h"
@@ -53,6 +55,24 @@ constexpr Milliseconds kClientReuseLimit{60'000};
 // Bytes read from a socket at a time.
 constexpr size_t kReadChunk = 64 * 1024;
 
+// A client store's number in its process, named in its handshakes.
+uint64_t next_client_number() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+// The "store N" line of a proof's process text (see TcpStoreClient::handshake), 0 if none.
+uint64_t client_store_number(std::string_view text) {
+  constexpr std::string_view kName = "\nstore ";
+  const size_t at = text.find(kName);
+  if (at == std::string_view::npos) return 0;
+  const char* begin = text.data() + at + kName.size();
+  const char* end = text.data() + text.size();
+  uint64_t n = 0;
+  auto [stop, error] = std::from_chars(begin, end, n);
+  return error == std::errc() && (stop == end || *stop == '\n') ? n : 0;
+}
+
 // ---- server ------------------------------------------------------------------------
 
 class TcpStoreServerImpl final : public TcpStoreServer {
@@ -80,6 +100,20 @@ class TcpStoreServerImpl final : public TcpStoreServer {
 
   uint16_t port() const override { return port_; }
   size_t connection_count() const override { return open_.load(); }
+  size_t live_connection_count(uint64_t own_store) const override {
+    const host::Process self = host::Process::self();
+    size_t gone = 0;
+    {
+      std::lock_guard lock(processes_mutex_);
+      for (const auto& [id, client] : processes_) {
+        const bool own = own_store != 0 && client.store == own_store &&
+                         client.process.pid == self.pid && client.process.host == self.host;
+        gone += own || client.process.ended() ? 1 : 0;
+      }
+    }
+    const size_t open = open_.load();
+    return open > gone ? open - gone : 0;
+  }
 
  private:
   struct Parked {
@@ -110,6 +144,15 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     uint32_t events = 0;                     // registered with epoll
     bool registered = false;
   };
+
+  // Which process and client store each authenticated connection's client is, when it
+  // said: the linger's count (live_connection_count) reads it from another thread.
+  struct Client {
+    host::Process process;
+    uint64_t store = 0;  // the client store's number in its process (0: not said)
+  };
+  mutable std::mutex processes_mutex_;
+  std::map<uint64_t, Client> processes_;
 
   // Tokens in epoll's data: the listener and the wake-up descriptor are not connections.
   static constexpr uint64_t kListenerToken = 0;
@@ -155,6 +198,10 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       close_fd(c->fd);
     }
     connections_.clear();
+    {
+      std::lock_guard lock(processes_mutex_);
+      processes_.clear();
+    }
     open_ = 0;
   }
 
@@ -316,6 +363,11 @@ class TcpStoreServerImpl final : public TcpStoreServer {
       welcome.mac = *mine;
     }
     c.authenticated = true;
+    if (auto process = host::Process::parse(proof->process)) {
+      Client client{std::move(*process), client_store_number(proof->process)};
+      std::lock_guard lock(processes_mutex_);
+      processes_[c.id] = std::move(client);
+    }
     c.decoder.set_limit(kMaxFrame);
     const auto now = Clock::now();
     c.idle_deadline = now + options_.idle_timeout;
@@ -526,6 +578,10 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     if (c.timer) timers_.erase({*c.timer, c.id});
     if (c.registered) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     close_fd(c.fd);
+    {
+      std::lock_guard lock(processes_mutex_);
+      processes_.erase(c.id);
+    }
     --open_;
     connections_.erase(c.id);  // destroys c
   }
@@ -771,7 +827,10 @@ class TcpStoreClient final : public Store {
     Status io = recv_frame(fd, &payload, kMaxHandshakeFrame, deadline);
     if (!io.ok()) return unavailable("handshake: " + io.message());
     auto hello = parse_hello(payload);
-    if (!hello) return refused("the server's greeting is not an hpshard store's (version 2)");
+    if (!hello) {
+      return refused("the server's greeting is not an hpshard store's of this version (" +
+                     std::to_string(kProtocolVersion) + ")");
+    }
     if (!hello->status.ok()) {
       if (refused_by_server != nullptr) *refused_by_server = true;
       return Status(hello->status.code(),
@@ -789,6 +848,10 @@ class TcpStoreClient final : public Store {
           "(HPS_STORE_TOKEN is set)");
     }
     Proof proof;
+    // Who this is, for the serving store's linger: this process, and which of its stores
+    // (the serving store's own connections, inherited by a process it forked, are not
+    // waited for).
+    proof.process = host::Process::self().encode() + "store " + std::to_string(number_) + "\n";
     HPS_RETURN_IF_ERROR(auth::random_bytes(proof.nonce.data(), proof.nonce.size()));
     if (!token_.empty()) {
       HPS_ASSIGN_OR_RETURN(proof.mac, handshake_mac(token_, true, hello->nonce, proof.nonce));
@@ -893,13 +956,14 @@ class TcpStoreClient final : public Store {
     for (auto& c : idle) close_fd(c.fd);
   }
   // The serving rank's store goes only once the other ranks have closed their connections
-  // (destroyed their stores), or after the call timeout: a rank that is done with a
+  // (destroyed their stores) or ended (a process one forked may hold its connection open),
+  // or after the call timeout: a rank that is done with a
   // communicator's creation or split may leave while its peers still finish theirs over
   // this store (they failed, "cannot reach the server", when the serving rank left first).
   void linger() {
     const auto deadline = Clock::now() + call_timeout_;
     auto pause = Milliseconds(1);
-    while (server_->connection_count() > 0 && !abandoned_) {
+    while (server_->live_connection_count(number_) > 0 && !abandoned_) {
       if (Clock::now() >= deadline) {
         HPS_LOG(kDebug) << "tcp store: stopped serving with " << server_->connection_count()
                         << " connections still open after " << call_timeout_.count() << " ms";
@@ -916,6 +980,8 @@ class TcpStoreClient final : public Store {
   std::mutex pool_mutex_;
   std::vector<Pooled> idle_;
   std::unique_ptr<TcpStoreServer> server_;
+  // This client store's number in the process (its handshakes name it).
+  const uint64_t number_ = next_client_number();
 };
 
 // The address a client on the serving host uses to reach a server bound to `host`.

@@ -255,6 +255,7 @@ std::string encode_proof(const Proof& proof) {
   w.u8(kProtocolVersion);
   w.bytes(proof.nonce.data(), proof.nonce.size());
   put_mac(w, proof.mac);
+  w.str(std::string_view(proof.process).substr(0, kMaxProofProcess));
   return w.take();
 }
 
@@ -263,7 +264,8 @@ std::optional<Proof> parse_proof(std::string_view payload) {
   uint8_t version = 0;
   Proof proof;
   if (!r.u8(&version) || version != kProtocolVersion ||
-      !r.bytes(proof.nonce.data(), proof.nonce.size()) || !get_mac(r, &proof.mac) || !r.done()) {
+      !r.bytes(proof.nonce.data(), proof.nonce.size()) || !get_mac(r, &proof.mac) ||
+      !r.str(&proof.process) || proof.process.size() > kMaxProofProcess || !r.done()) {
     return std::nullopt;
   }
   return proof;

@@ -7,7 +7,8 @@
 // A connection opens with a handshake, in frames of at most kMaxHandshakeFrame bytes:
 //   server hello    u8 version, u8 status; OK: u8 flags (1 = a token is required),
 //                   32-byte server nonce; otherwise a message (the server is full, ...)
-//   client proof    u8 version, 32-byte client nonce, u8 has_mac [, 32-byte MAC]
+//   client proof    u8 version, 32-byte client nonce, u8 has_mac [, 32-byte MAC],
+//                   string: the client's process (host::Process::encode; may be empty)
 //   server welcome  u8 status; OK: u8 has_mac [, 32-byte MAC]; otherwise a message
 // MACs are HMAC-SHA256 keyed by the job's token over a label and both nonces, one label
 // per direction, so each side proves it knows the token without sending it. Then
@@ -29,8 +30,10 @@
 
 namespace hps::tcp_store {
 
-inline constexpr uint8_t kProtocolVersion = 2;
+inline constexpr uint8_t kProtocolVersion = 3;
 inline constexpr uint32_t kMaxHandshakeFrame = 512;
+// The longest process text a proof carries (the frame holds it with the rest).
+inline constexpr uint32_t kMaxProofProcess = 400;
 inline constexpr uint32_t kMaxFrame = static_cast<uint32_t>(kMaxStoreValueBytes + 64 * 1024);
 // The most keys one CHECK or WAIT names (the client splits longer lists): what a parked
 // request holds stays near the bytes it took to send it.
@@ -125,6 +128,10 @@ std::optional<Hello> parse_hello(std::string_view payload);
 struct Proof {
   Nonce nonce{};
   std::optional<auth::Mac> mac;
+  // The client's process as host::Process::encode() writes it, or empty: the serving store,
+  // closing, does not wait for a connection whose process has ended (a process it forked
+  // holds the socket). Not covered by the MAC: a lie only ends that wait sooner.
+  std::string process;
 };
 std::string encode_proof(const Proof& proof);
 std::optional<Proof> parse_proof(std::string_view payload);
