@@ -6,6 +6,7 @@ import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
+import java.util.concurrent.atomic.AtomicLong;
 import org.hpshard.internal.EngineHandle;
 import org.hpshard.internal.HpshardNative;
 import org.hpshard.internal.hps_engine_options_t;
@@ -29,7 +30,10 @@ import org.hpshard.internal.hps_param_flag_t;
  * {@link #waitParameters} and {@link #releaseParameters} of its unit (HPS_DEBUG_VIEWS=1 makes
  * a write after the release fault). The engine keeps its communicators reachable, and
  * closing one of them closes the engine first. {@link #close()} finishes what is in flight
- * and destroys it exactly once. One thread at a time per engine.
+ * and destroys it exactly once; it throws the HpsException that work ended with (with uneven
+ * data, the collectives of a last step whose peers had left), unless the thread that made the
+ * engine has seen an HpsException since, and so does the communicator's close() that closes
+ * the engine (after closing everything). One thread at a time per engine.
  */
 public final class Engine extends Handle<EngineHandle> {
   /** hps_param_flag_t bits, for {@link #addParam(String, long[], DType, long, int)}. */
@@ -269,8 +273,34 @@ public final class Engine extends Handle<EngineHandle> {
   private final List<String> names = new ArrayList<>();
   private final Device device; // fixed at creation
 
+  /**
+   * Closing finishes the work in flight first (hps_engine_synchronize) and keeps its failure
+   * (the collectives of a last step whose peers had left: its update is missing) for
+   * {@link Handle#close()} to throw, unless the thread that made the engine has seen an
+   * HpsException since: then the program has been told. A program ending without a close
+   * leaves the engine to the JVM's exit, which destroys nothing.
+   */
+  static final class EngineState extends State<EngineHandle> {
+    private final AtomicLong makerErrors = HpsException.madeOnThisThread();
+    private final long errorsBefore = makerErrors.get();
+
+    EngineState(EngineHandle handle) {
+      super(handle, EngineHandle::delete);
+    }
+
+    @Override
+    void beforeDestroy(EngineHandle p) {
+      if (makerErrors.get() != errorsBefore) return;
+      try {
+        p.synchronize();
+      } catch (HpsException e) {
+        fail(e);
+      }
+    }
+  }
+
   private Engine(EngineHandle handle, Communicator sharding, Communicator dp) {
-    super(handle, EngineHandle::delete, "engine");
+    super(new EngineState(handle), "engine");
     this.device = Device.fromNative(handle.device());
     dependOn(sharding);
     dependOn(dp);

@@ -31,6 +31,7 @@ public abstract class Handle<P> implements AutoCloseable {
     private final List<State<?>> owners = new ArrayList<>();
     private final List<Handle<?>> ownerHandles = new ArrayList<>(); // kept reachable
     private int inUse; // calls under way through enter()/leave()
+    private RuntimeException failure; // what closing found (beforeDestroy, dependents)
 
     State(P proxy, Consumer<P> destroy) {
       this.proxy = proxy;
@@ -80,6 +81,21 @@ public abstract class Handle<P> implements AutoCloseable {
       dependents.remove(dependent);
     }
 
+    /** Records a failure that closing found, for {@link Handle#close()} to throw. */
+    synchronized void fail(RuntimeException e) {
+      if (failure == null) {
+        failure = e;
+      } else if (failure != e) {
+        failure.addSuppressed(e);
+      }
+    }
+
+    synchronized RuntimeException takeFailure() {
+      RuntimeException f = failure;
+      failure = null;
+      return f;
+    }
+
     @Override
     public final void run() {
       List<State<?>> first;
@@ -87,7 +103,11 @@ public abstract class Handle<P> implements AutoCloseable {
         first = new ArrayList<>(dependents);
         dependents.clear();
       }
-      for (State<?> d : first) d.run();
+      for (State<?> d : first) {
+        d.run();
+        RuntimeException f = d.takeFailure();
+        if (f != null) fail(f); // a dependent's close failed: this close reports it
+      }
       P p;
       List<State<?>> from;
       synchronized (this) {
@@ -181,9 +201,15 @@ public abstract class Handle<P> implements AutoCloseable {
     }
   }
 
-  /** Destroys the handle (what depends on it first); does nothing when already closed. */
+  /**
+   * Destroys the handle (what depends on it first); does nothing when already closed. Throws
+   * what closing found after everything is destroyed: an engine's failed work in flight
+   * ({@link Engine#close()}), also when the engine closes with this handle.
+   */
   @Override
   public void close() {
     cleanable.clean();
+    RuntimeException f = state.takeFailure();
+    if (f != null) throw f;
   }
 }

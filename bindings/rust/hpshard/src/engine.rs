@@ -126,11 +126,16 @@ use std::ffi::c_void;
 use std::fmt;
 use std::ops::{BitOr, BitOrAssign, Range};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::comm::{c_string, Communicator, Element};
 use crate::half::{BF16, F16};
-use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream, Tensor};
+use crate::{
+    check, library_errors_on_this_thread, sys, DType, DeviceType, Error, Result, Status, Stream,
+    Tensor,
+};
 
 // ---------------------------------------------------------------------------------
 // Optimizer
@@ -731,10 +736,10 @@ struct BucketState {
     grads: GradState,
 }
 
-/// A sharded training engine, stage 2 or 3 (`hps_engine_t`). Dropping it calls
-/// `hps_engine_destroy` (which finishes what is in flight) and only then ends the
-/// borrows of the communicators; a poisoned engine is leaked instead (see the module
-/// documentation, "Soundness of the views").
+/// A sharded training engine, stage 2 or 3 (`hps_engine_t`). [`Engine::close`] or a drop
+/// calls `hps_engine_destroy` (which finishes what is in flight) and only then ends the
+/// borrows of the communicators; `close` returns what that work ended with. A poisoned
+/// engine is leaked instead (see the module documentation, "Soundness of the views").
 ///
 /// `Send` (it borrows its communicators mutably), not `Sync` (one thread at a time).
 ///
@@ -809,6 +814,12 @@ pub struct Engine<'c> {
     snapshot_pending: bool,
     /// Work may have been left in flight by a failed call: no safe views, leak on drop.
     poisoned: bool,
+    /// `hps_engine_destroy` has run (or the engine was leaked): by `close` or Drop.
+    destroyed: bool,
+    /// The making thread's count of library errors, and its value at creation: a Drop
+    /// whose destroy fails reports it unless the program has seen an error since.
+    maker_errors: Arc<AtomicU64>,
+    errors_before: u64,
     /// The sharding communicator's device (`hps_engine_device`), fixed at creation: the
     /// safe views exist only on the CPU.
     device: (DeviceType, i32),
@@ -870,6 +881,7 @@ impl<'c> Engine<'c> {
         options: EngineOptions,
         compute_stream: Option<&Stream>,
     ) -> Result<Engine<'c>> {
+        let maker_errors = library_errors_on_this_thread();
         let mut raw_opts = options.to_raw()?;
         if let Some(stream) = compute_stream {
             raw_opts.compute_stream = stream.as_ptr();
@@ -916,6 +928,9 @@ impl<'c> Engine<'c> {
             sealed: false,
             snapshot_pending: false,
             poisoned: false,
+            destroyed: false,
+            errors_before: maker_errors.load(Ordering::Relaxed),
+            maker_errors,
             device: (DeviceType(device_type), device_index),
         })
     }
@@ -2015,20 +2030,50 @@ fn accessor_name(request: View, dtype: DType) -> &'static str {
     }
 }
 
-impl Drop for Engine<'_> {
-    fn drop(&mut self) {
+impl Engine<'_> {
+    /// Finishes what is in flight and frees the engine (`hps_engine_destroy`), returning
+    /// what that work ended with: `Ok`, or its first failure — with uneven data, the
+    /// collectives of a last step whose peers had left (its update is missing), which no
+    /// other call reports once the program stops calling. Dropping the engine does the
+    /// same and, when the destroy fails and the thread that made the engine has had no
+    /// error from the library since, writes the failure to stderr (a Drop cannot return
+    /// it): call `close` to handle it. A poisoned engine is leaked, as by Drop, and
+    /// `close` returns `Ok` (the failed call returned its error).
+    pub fn close(mut self) -> Result<()> {
+        self.destroy()
+    }
+
+    fn destroy(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.destroyed, true) {
+            return Ok(());
+        }
         if self.poisoned || self.buckets.iter().any(|b| b.grads == GradState::Reducing) {
             // A failed call may have left work in flight on the engine's memory, or a
             // reduction started by grad_ready has not been consumed by a step (this
             // library version's destroy does not wait for such reductions): leak the
             // engine (it keeps the communicators' internals alive) rather than free
             // memory that may still be read or written.
-            return;
+            return Ok(());
         }
         // SAFETY: we own the handle; no view exists (&mut self). The C function
         // finishes what is in flight, then frees the engine; only afterwards do the
-        // borrows of the communicators end.
-        let _ = unsafe { sys::hps_engine_destroy(self.raw.as_ptr()) };
+        // borrows of the communicators end. It is never called again (`destroyed`).
+        check(unsafe { sys::hps_engine_destroy(self.raw.as_ptr()) })
+    }
+}
+
+impl Drop for Engine<'_> {
+    fn drop(&mut self) {
+        let seen = self.maker_errors.load(Ordering::Relaxed) != self.errors_before;
+        if let Err(err) = self.destroy() {
+            if !seen {
+                eprintln!(
+                    "hpshard: an engine dropped with failed work in flight (its last steps' \
+                     updates may be missing): {}",
+                    err
+                );
+            }
+        }
     }
 }
 

@@ -10,6 +10,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.nio.ByteBuffer;
 import java.util.List;
 import java.util.UUID;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import org.hpshard.internal.ClipHandle;
 import org.hpshard.internal.EngineHandle;
 import org.hpshard.internal.HpshardNative;
@@ -692,6 +694,63 @@ class EngineTest {
       long[] addresses = engine.lossScaleAddresses();
       assertNotEquals(0, addresses[0]);
       assertNotEquals(0, addresses[1]);
+    }
+  }
+
+  /**
+   * Rank 1 leaves after its last batch; rank 0 has one more, whose step's collectives fail
+   * asynchronously (nothing in the step waits). close() returned and the update was missing
+   * unseen; it throws that failure now, from the engine's close and from the communicator's
+   * close that closes the engine, and not once the making thread has seen the failure.
+   */
+  @Test
+  void closeThrowsTheFailureOfALastStepWhosePeerLeft() throws Exception {
+    for (int stage : new int[] {2, 3}) {
+      for (String how : new String[] {"engine", "communicator", "seen"}) {
+        CountDownLatch stepped = new CountDownLatch(1);
+        List<String> outcome = CommTest.runRanks(2, (rank, url) -> {
+          Store store = Store.open(url, rank, 10000);
+          Communicator world = CommTest.world(store, rank, 2);
+          Engine engine = Engine.create(world, null,
+              new Engine.Options().learningRate(0.5f).stage(stage));
+          int w = engine.addParam("w", new long[] {64});
+          engine.seal();
+          engine.broadcastParameters();
+          for (int s = 0; s < (rank == 0 ? 3 : 2); s++) { // uneven data
+            engine.waitParameters(0);
+            ByteBuffer g = engine.grad(w);
+            for (int k = 0; k < 64; k++) g.putFloat(4 * k, 1f);
+            engine.gradReady(w);
+            engine.releaseParameters(0);
+            engine.step();
+          }
+          if (rank == 1) {
+            assertTrue(stepped.await(60, TimeUnit.SECONDS));
+            world.close(); // its engine goes with it
+            store.close();
+            return "left";
+          }
+          stepped.countDown();
+          if (how.equals("seen")) {
+            HpsException e = assertThrows(HpsException.class, engine::synchronize);
+            assertEquals("ABORTED", e.statusName(), e.getMessage());
+          }
+          String result = "closed";
+          for (AutoCloseable h : how.equals("communicator")
+                   ? List.<AutoCloseable>of(world) : List.<AutoCloseable>of(engine, world)) {
+            try {
+              h.close();
+            } catch (HpsException e) {
+              result = "close threw " + e.statusName();
+            }
+          }
+          assertTrue(engine.isClosed() && world.isClosed(), how);
+          store.close();
+          return result;
+        });
+        String want = how.equals("seen") ? "closed" : "close threw ABORTED";
+        assertEquals(List.of(want, "left"), outcome, how + ", stage " + stage);
+      }
     }
   }
 }
