@@ -2080,21 +2080,27 @@ class ShardedModule(torch.nn.Module):
     def _close(self) -> None:
         if self._engine is None:
             return
-        values = self._save_parameters()
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        for p, v in zip(self._params, values):
-            p.data = v
-            p.grad = None
-        self._engine.close()
-        self._engine = None
-        self._release_parameters()
-        for comm in self._owned:
-            comm.close()
-        self._owned = []
-        if self._timeline:
-            self._timeline.write()
+        try:
+            values = self._save_parameters()
+            for p, v in zip(self._params, values):
+                p.data = v
+                p.grad = None
+        finally:
+            # Also when the gather failed (a peer gone): the engine, its hooks and the
+            # communicators go, and the failure raises after.
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            engine, self._engine = self._engine, None
+            owned, self._owned = self._owned, []
+            try:
+                engine.close()
+            finally:
+                self._release_parameters()
+                for comm in owned:
+                    comm.close()
+                if self._timeline:
+                    self._timeline.write()
 
     def __enter__(self) -> "ShardedModule":
         return self
@@ -2102,8 +2108,11 @@ class ShardedModule(torch.nn.Module):
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
             self.close()
-        else:
-            self._close()  # the error under way is the one to see
+            return
+        try:
+            self._close()
+        except _hps.Error:
+            pass  # the error under way is the one to see
 
 
 class _ParamRef:

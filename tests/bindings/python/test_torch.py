@@ -2913,3 +2913,34 @@ def test_a_state_carried_into_the_next_step_undetached_is_refused_before_any_gra
                 model.step()
 
     run_ranks(2, derived)
+
+
+def test_a_with_block_left_by_an_error_raises_that_error_when_a_peer_has_gone():
+    """A ``with ShardedModule`` block left by the program's own error after a peer had gone:
+    the exit's close gathers the stage-3 parameters (collective), which failed, and that
+    failure replaced the program's error, leaving the engine and its hooks in place. The
+    program's error comes out now, and the module is closed."""
+    gone = threading.Event()
+
+    def rank(r, world):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        model = hpt.ShardedModule(net, world, stage=3, units=["0", "1"], optimizer="sgd",
+                                  lr=0.1)
+        model(torch.ones(2, 4)).sum().backward()
+        model.step()
+        model.synchronize()
+        if r == 1:
+            world.close()  # it leaves without closing the module (its engine goes)
+            gone.set()
+            return "left"
+        assert gone.wait(60)
+        with pytest.raises(ValueError, match="the program's own"):
+            with model:
+                raise ValueError("the program's own error")
+        with pytest.raises(ValueError, match="closed"):
+            model(torch.ones(2, 4))
+        assert not model._hooks
+        return "raised"
+
+    assert run_ranks(2, rank) == ["raised", "left"]
