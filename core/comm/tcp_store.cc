@@ -101,14 +101,16 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   uint16_t port() const override { return port_; }
   size_t connection_count() const override { return open_.load(); }
   size_t live_connection_count(uint64_t own_store) const override {
-    const host::Process self = host::Process::self();
+    const std::string here = host::identity();  // read once, not per connection
+    const auto self = static_cast<int32_t>(::getpid());
     size_t gone = 0;
     {
       std::lock_guard lock(processes_mutex_);
       for (const auto& [id, client] : processes_) {
-        const bool own = own_store != 0 && client.store == own_store &&
-                         client.process.pid == self.pid && client.process.host == self.host;
-        gone += own || client.process.ended() ? 1 : 0;
+        const host::Process& p = client.process;
+        if (p.host != here) continue;  // another host's process cannot be checked
+        const bool own = own_store != 0 && client.store == own_store && p.pid == self;
+        gone += own || !host::process_running(p.pid, p.start) ? 1 : 0;
       }
     }
     const size_t open = open_.load();
