@@ -955,7 +955,15 @@ class TcpStoreClient final : public Store {
       std::lock_guard lock(pool_mutex_);
       idle.swap(idle_);
     }
-    for (auto& c : idle) close_fd(c.fd);
+    // Shut down, not only closed: a process this one forked (a data-loader worker) holds a
+    // copy of each descriptor, and the serving store would see the connection open until it
+    // ends. Only by the process that made them: a forked child's copy of this store, when it
+    // goes, must not cut its parent's connections.
+    const bool ours = ::getpid() == pid_;
+    for (auto& c : idle) {
+      if (ours) ::shutdown(c.fd, SHUT_RDWR);
+      close_fd(c.fd);
+    }
   }
   // The serving rank's store goes only once the other ranks have closed their connections
   // (destroyed their stores) or ended (a process one forked may hold its connection open),
@@ -984,6 +992,7 @@ class TcpStoreClient final : public Store {
   std::unique_ptr<TcpStoreServer> server_;
   // This client store's number in the process (its handshakes name it).
   const uint64_t number_ = next_client_number();
+  const pid_t pid_ = ::getpid();  // the process whose connections these are
 };
 
 // The address a client on the serving host uses to reach a server bound to `host`.

@@ -555,56 +555,73 @@ TEST(TcpStore, AnAbortedServingStoreGoesWithoutWaitingForTheOthers) {
   EXPECT_LT(since(start).count(), 1000) << "the aborted serving store waited for the client";
 }
 
-// A rank that ended while a process it forked (a data-loader worker) holds its connection
-// open: the serving store waited for that connection until its timeout (a minute at most)
-// before its own rank could exit. The handshake names the client's process; the serving
-// store does not wait for the connections of ended ones, nor for its own (the holder
-// inherited the serving store's pooled connection too, through the rank's fork).
-TEST(TcpStore, TheServingStoreDoesNotWaitForTheConnectionOfAnEndedProcess) {
-  uint16_t port = 0;
-  auto server = make_tcp_store("127.0.0.1", 0, true, seconds(20), &port);
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
-  int pids[2];
-  ASSERT_EQ(::pipe(pids), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    // The rank: connects, forks a process that inherits the connection, and ends.
-    auto client = make_tcp_store("127.0.0.1", port, false, seconds(5));
-    if (!client.ok() || !(*client)->set("from-the-rank", "1").ok()) ::_exit(1);
-    const pid_t holder = ::fork();
-    if (holder == 0) {
-      ::alarm(60);  // never outlives the test for long
-      while (true) ::pause();
+// A rank's connection held open by a process the rank forked (a data-loader worker): the
+// serving store waited for it until its timeout (a minute at most) before its own rank
+// could exit, when the rank had ended, and also when the rank had closed its store and
+// lived on (a close without shutdown() left the holder's copy connected). The handshake
+// names the client's process; the serving store does not wait for the connections of ended
+// ones, nor for its own (the holder inherited the serving store's pooled connection too,
+// through the rank's fork), and a client store's close shuts its connections down.
+TEST(TcpStore, TheServingStoreDoesNotWaitForAConnectionThatAForkedProcessHolds) {
+  for (const bool lives_on : {false, true}) {
+    SCOPED_TRACE(lives_on ? "the rank closed its store and lives on" : "the rank ended");
+    uint16_t port = 0;
+    auto server = make_tcp_store("127.0.0.1", 0, true, seconds(20), &port);
+    ASSERT_TRUE(server.ok()) << server.status().to_string();
+    int pids[2];
+    ASSERT_EQ(::pipe(pids), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // The rank: connects, forks a process that inherits the connection, and ends or
+      // closes its store.
+      auto client = make_tcp_store("127.0.0.1", port, false, seconds(5));
+      if (!client.ok() || !(*client)->set("from-the-rank", "1").ok()) ::_exit(1);
+      const pid_t holder = ::fork();
+      if (holder == 0) {
+        ::alarm(60);  // never outlives the test for long
+        while (true) ::pause();
+      }
+      if (lives_on) client = unavailable("destroyed");
+      if (::write(pids[1], &holder, sizeof holder) != static_cast<ssize_t>(sizeof holder)) {
+        ::_exit(1);
+      }
+      if (lives_on) {
+        ::alarm(60);
+        while (true) ::pause();
+      }
+      ::_exit(0);  // its store is never destroyed: the connection stays open in the holder
     }
-    if (::write(pids[1], &holder, sizeof holder) != static_cast<ssize_t>(sizeof holder)) {
-      ::_exit(1);
+    ::close(pids[1]);
+    pid_t holder = -1;
+    ASSERT_EQ(::read(pids[0], &holder, sizeof holder), static_cast<ssize_t>(sizeof holder));
+    ::close(pids[0]);
+    int status = 0;
+    if (!lives_on) {
+      ASSERT_EQ(::waitpid(child, &status, 0), child);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
-    ::_exit(0);  // its store is never destroyed: the connection stays open in the holder
+    EXPECT_EQ(*(*server)->get("from-the-rank", seconds(1)), "1");
+    // A live client still holds the serving store back (the linger is not skipped).
+    auto live = make_tcp_store("127.0.0.1", port, false, seconds(5));
+    ASSERT_TRUE(live.ok()) << live.status().to_string();
+    ASSERT_TRUE((*live)->set("live", "1").ok());
+    std::thread closer([&live] {
+      std::this_thread::sleep_for(milliseconds(1500));
+      live = unavailable("destroyed");
+    });
+    const auto start = Clock::now();
+    server = unavailable("destroyed");
+    const auto took = since(start);
+    closer.join();
+    ::kill(holder, SIGKILL);
+    if (lives_on) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+    }
+    EXPECT_GE(took.count(), 1300) << "the serving store did not wait for a live client";
+    EXPECT_LT(took.count(), 5000) << "the serving store waited for a connection a fork holds";
   }
-  ::close(pids[1]);
-  pid_t holder = -1;
-  ASSERT_EQ(::read(pids[0], &holder, sizeof holder), static_cast<ssize_t>(sizeof holder));
-  ::close(pids[0]);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  EXPECT_EQ(*(*server)->get("from-the-rank", seconds(1)), "1");
-  // A live client still holds the serving store back (the linger is not skipped).
-  auto live = make_tcp_store("127.0.0.1", port, false, seconds(5));
-  ASSERT_TRUE(live.ok()) << live.status().to_string();
-  ASSERT_TRUE((*live)->set("live", "1").ok());
-  std::thread closer([&live] {
-    std::this_thread::sleep_for(milliseconds(1500));
-    live = unavailable("destroyed");
-  });
-  const auto start = Clock::now();
-  server = unavailable("destroyed");
-  const auto took = since(start);
-  closer.join();
-  ::kill(holder, SIGKILL);
-  EXPECT_GE(took.count(), 1300) << "the serving store did not wait for a live client";
-  EXPECT_LT(took.count(), 5000) << "the serving store waited for an ended rank's connection";
 }
 
 // A serving rank that stops (SIGSTOP, a debugger, swapping) without closing its
