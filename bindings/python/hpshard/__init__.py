@@ -1881,14 +1881,18 @@ class Engine(Handle):
             # child's copy is its parent's to finish.
             h.synchronize()
 
-    def __exit__(self, exc_type: Any, *rest: object) -> None:
+    def __exit__(self, exc_type: Any, exc: object, *rest: object) -> None:
         if exc_type is None:
             self.close()
             return
         try:
             self.close()
         except Error:
-            pass  # the error under way is the one to see
+            # An hpshard error or a Ctrl-C under way says enough. Any other exception (the
+            # program's own, a sys.exit(0)) must not hide the failed work: it raises, the
+            # program's exception as its context.
+            if not isinstance(exc, (Error, KeyboardInterrupt)):
+                raise
 
     @classmethod
     def create(cls, sharding: Communicator, dp: Optional[Communicator] = None,

@@ -2069,12 +2069,24 @@ class ShardedModule(torch.nn.Module):
         plain tensors holding their last values (stage 3: gathered first, collective). A
         stage 2 parameter written in place that could not hold the write raises first, as
         :meth:`synchronize` does, and the module stays open (a second close() closes it).
-        After it, the wrapped module (:attr:`module`) is a plain module, which another
+        A failure of the engine's work (a peer gone during the last step) closes the module
+        and raises (stage 3 parameters are not gathered then); a with-block left by another
+        exception raises it too, that exception as its context, unless that exception is an
+        hpshard error or KeyboardInterrupt. After it, the wrapped module (:attr:`module`) is a plain module, which another
         ShardedModule may wrap (while this one is open that is refused, naming a parameter),
         and this one's calls (forward, step, state_dict, ...) raise ValueError."""
         if self._engine is None:
             return
-        self.synchronize()
+        try:
+            self.synchronize()
+        except _hps.Error:
+            # The engine's work failed (a peer gone): it stays failed, so the module closes
+            # now and the failure raises.
+            try:
+                self._close()
+            except _hps.Error:
+                pass  # the same failure, or one it caused
+            raise
         self._close()
 
     def _close(self) -> None:
@@ -2105,14 +2117,18 @@ class ShardedModule(torch.nn.Module):
     def __enter__(self) -> "ShardedModule":
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, *rest: object) -> None:
         if exc_type is None:
             self.close()
             return
         try:
             self._close()
         except _hps.Error:
-            pass  # the error under way is the one to see
+            # An hpshard error or a Ctrl-C under way says enough. Any other exception (the
+            # program's own, a sys.exit(0)) must not hide a failed step: the failure raises,
+            # the program's exception as its context.
+            if not isinstance(exc, (_hps.Error, KeyboardInterrupt)):
+                raise
 
 
 class _ParamRef:

@@ -1311,6 +1311,13 @@ def rank(r):
             world.close()
         except Exception as e:
             print("close raised", type(e).__name__, flush=True)
+    elif how == "with":
+        try:
+            with engine:
+                raise SystemExit(0)  # a program leaving by sys.exit(0)
+        except BaseException as e:
+            print("with raised", type(e).__name__, type(e.__context__).__name__, flush=True)
+        world.close()
     else:
         kept.append((store, world, engine))  # a training loop's end: nothing closed
 threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
@@ -1322,7 +1329,7 @@ print("loop done", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["close", "exit"])
+@pytest.mark.parametrize("how", ["close", "exit", "with"])
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_last_step_that_failed_is_not_a_success(how, stage):
     """Rank 1 leaves after its last batch; rank 0 has one more, whose step's collectives
@@ -1339,6 +1346,10 @@ def test_a_last_step_that_failed_is_not_a_success(how, stage):
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
         assert done.stdout.splitlines() == ["close raised AbortedError", "loop done"], (
             done.stdout, done.stderr)
+    elif how == "with":  # a with-block left by sys.exit(0) hid the failure (exit 0)
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        assert done.stdout.splitlines() == ["with raised AbortedError SystemExit",
+                                            "loop done"], (done.stdout, done.stderr)
     else:
         assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
         assert done.stdout.splitlines() == ["loop done"], (done.stdout, done.stderr)

@@ -2915,18 +2915,31 @@ def test_a_state_carried_into_the_next_step_undetached_is_refused_before_any_gra
     run_ranks(2, derived)
 
 
-def test_a_with_block_left_by_an_error_raises_that_error_when_a_peer_has_gone():
-    """A ``with ShardedModule`` block left by the program's own error after a peer had gone:
-    the exit's close gathers the stage-3 parameters (collective), which failed, and that
-    failure replaced the program's error, leaving the engine and its hooks in place. The
-    program's error comes out now, and the module is closed."""
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("how", ["own error", "sys.exit(0)", "hpshard error", "ctrl-c",
+                                 "close"])
+def test_a_module_whose_peer_has_gone_closes_and_never_hides_the_failure(stage, how):
+    """Rank 1 leaves; rank 0 (stage 2: after one more step, whose collectives fail in
+    flight) ends its module. The close's gather fails. Before: a with-block left by the
+    program's own error raised the failure and left the engine and its hooks open; a first
+    fix swallowed it, so a block left by sys.exit(0) or a caught exception hid a failed step
+    (exit 0); close() raised at every call and never closed. Now the module always ends
+    closed, and the failure raises (the program's exception as its context) unless an
+    hpshard error or a Ctrl-C is under way."""
     gone = threading.Event()
+
+    class Failed(hpshard.Error):
+        def __init__(self):
+            Exception.__init__(self, "the program's hpshard error")
+
+    raised = {"own error": ValueError("the program's own error"), "sys.exit(0)": SystemExit(0),
+              "hpshard error": Failed(), "ctrl-c": KeyboardInterrupt()}
 
     def rank(r, world):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
-        model = hpt.ShardedModule(net, world, stage=3, units=["0", "1"], optimizer="sgd",
-                                  lr=0.1)
+        model = hpt.ShardedModule(net, world, stage=stage, units=["0", "1"],
+                                  optimizer="sgd", lr=0.1)
         model(torch.ones(2, 4)).sum().backward()
         model.step()
         model.synchronize()
@@ -2935,12 +2948,28 @@ def test_a_with_block_left_by_an_error_raises_that_error_when_a_peer_has_gone():
             gone.set()
             return "left"
         assert gone.wait(60)
-        with pytest.raises(ValueError, match="the program's own"):
-            with model:
-                raise ValueError("the program's own error")
+        if stage == 2:  # one more step: its collectives fail (in flight, or at once)
+            try:
+                model(torch.ones(2, 4)).sum().backward()
+                model.step()
+            except hpshard.Error:
+                pass
+        try:
+            if how == "close":
+                model.close()
+            else:
+                with model:
+                    raise raised[how]
+        except BaseException as e:  # noqa: BLE001 — what came out is the result
+            out = (type(e).__name__, type(e.__context__).__name__ if e.__context__ else None)
+        model.close()  # closed already: nothing to do
         with pytest.raises(ValueError, match="closed"):
             model(torch.ones(2, 4))
-        assert not model._hooks
-        return "raised"
+        assert not model._hooks and model._engine is None
+        return out
 
-    assert run_ranks(2, rank) == ["raised", "left"]
+    want = {"own error": ("AbortedError", "ValueError"),
+            "sys.exit(0)": ("AbortedError", "SystemExit"),
+            "hpshard error": ("Failed", None), "ctrl-c": ("KeyboardInterrupt", None),
+            "close": ("AbortedError", None)}[how]
+    assert run_ranks(2, rank) == [want, "left"]
