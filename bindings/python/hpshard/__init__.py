@@ -252,7 +252,8 @@ class Handle:
     def _h(self) -> Any:
         h = self._handle
         if h is None:
-            raise ValueError(f"operation on a closed hpshard.{type(self).__name__}")
+            why = getattr(self, "_closed_because", "")
+            raise ValueError(f"operation on a closed hpshard.{type(self).__name__}{why}")
         return h
 
     @property
@@ -1865,14 +1866,19 @@ class Engine(Handle):
         kind, index = handle.device()
         self._device: Tuple[Any, int] = (_device_type(kind), index)
         self._users: "weakref.WeakSet[Handle]" = weakref.WeakSet()  # Checkpoint
-        # Called (weakref.WeakMethod) before a Checkpoint's save starts: hpshard.torch checks
-        # the parameter writes it has not seen yet, then watches for writes racing the save.
-        self._save_hooks: List[Any] = []
+        # Called (weakref.WeakMethod) with "save", "load" or "import_safetensors" before a
+        # Checkpoint's operation starts: hpshard.torch checks the parameter writes it has not
+        # seen yet and watches for writes racing a save, and refuses a load inside its
+        # full_parameters() (whose copies would go stale).
+        self._checkpoint_hooks: List[Any] = []
         for comm in self._comms:
             comm._users.add(self)
 
     def _before_close(self, h: Any) -> None:
         for user in list(self._users):  # checkpoints of this engine go first
+            user._closed_because = (": its engine was closed (hpshard.torch's "
+                                    "load_state_dict() replaces ShardedModule.engine: create "
+                                    "the Checkpoint again over the new one)")
             user.close()
         if self._pid == os.getpid() and self._errors.made == self._errors_before:
             # What is in flight finishes now: its failure (peers that left during the last
@@ -2422,12 +2428,7 @@ class Checkpoint(Handle):
             flat += [key, value]
         with self._using() as h:
             self._wait_in_flight()
-            hooks = self.engine._save_hooks
-            hooks[:] = [ref for ref in hooks if ref() is not None]
-            for ref in list(hooks):
-                hook = ref()
-                if hook is not None:
-                    hook()
+            self._run_hooks("save")
             work = Work(h.save(name, flat), ())
             self._in_flight = work
             return work
@@ -2448,6 +2449,7 @@ class Checkpoint(Handle):
         listed = None if name is None else _text(name, 'Checkpoint.load: the name')
         with self._using() as h:
             self._wait_in_flight()
+            self._run_hooks("load")
             _interruptible(lambda: h.load(listed, options), self._abort_groups)
 
     def import_safetensors(self, path: Union[str, bytes, os.PathLike],
@@ -2459,7 +2461,18 @@ class Checkpoint(Handle):
         source = _path(path, "Checkpoint.import_safetensors: the path")
         with self._using() as h:
             self._wait_in_flight()
+            self._run_hooks("import_safetensors")
             _interruptible(lambda: h.import_safetensors(source, options), self._abort_groups)
+
+    def _run_hooks(self, operation: str) -> None:
+        """The engine's checkpoint hooks (see Engine._checkpoint_hooks), before
+        ``operation``; one that raises refuses it."""
+        hooks = self.engine._checkpoint_hooks
+        hooks[:] = [ref for ref in hooks if ref() is not None]
+        for ref in list(hooks):
+            hook = ref()
+            if hook is not None:
+                hook(operation)
 
     def _abort_groups(self) -> None:
         _abort_checkpoint_groups(self.engine, self.group)

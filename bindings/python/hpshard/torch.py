@@ -130,7 +130,12 @@ dict into a fresh engine (optimizer state starts anew). A module holding a Shard
 saves and loads it the same way under its name (``"name." + key``). Both go through the engine's
 ``gather_parameter`` and initial views. To save and resume training with its optimizer
 state, sharded and asynchronous, use ``hpshard.Checkpoint.create(model.engine, world,
-root)`` (``save`` after ``step()``, ``load`` between steps).
+root)`` (``save`` after ``step()``, ``load`` between steps, not inside
+``full_parameters()``). Such a checkpoint holds the engine's state only: the parameters,
+a tied parameter under its first name, and no buffers (each rank's own: save them, or what
+rebuilds them, in ``metadata`` or a file of your own); ``hpshard-ckpt export`` writes the
+same, so a plain module loads it with ``strict=False`` and re-ties its aliases.
+``load_state_dict()`` replaces ``model.engine``: make the Checkpoint again after it.
 
 Timeline: with HPS_TRACE=DIR each rank also writes its forward and backward spans per
 unit (``torch-*.json``) beside the library's trace; ``hpshard-trace merge`` joins them.
@@ -1088,7 +1093,7 @@ class ShardedModule(torch.nn.Module):
         # save's copies), a parameter written in place may be read half written.
         self._snapshot_pending = False
         self._stepped_since_save = False
-        engine._save_hooks.append(weakref.WeakMethod(self._before_save))
+        engine._checkpoint_hooks.append(weakref.WeakMethod(self._before_checkpoint))
         self._grad_views: List[Optional[torch.Tensor]] = [None] * len(self._params)
         # What p.grad was bound to for the backward under way (the engine's memory).
         self._bound_grads: Dict[int, torch.Tensor] = {}
@@ -1355,11 +1360,15 @@ class ShardedModule(torch.nn.Module):
                 "was lost: initialise parameters before wrapping, or set them with "
                 "load_state_dict()")
 
-    def _before_save(self) -> None:
-        """Called by hpshard.Checkpoint.save on this module's engine before the save starts:
-        the writes made before it are checked (and saved); those after it, until the save's
-        copies are known done, are refused (see _check_writes). Stage 3: a write, lost, is
-        refused."""
+    def _before_checkpoint(self, operation: str) -> None:
+        """Called by hpshard.Checkpoint on this module's engine before an operation starts.
+        A load or import inside full_parameters() is refused: the block's copies would keep
+        the values from before it. Before a save, the writes made before it are checked (and
+        saved); those after it, until the save's copies are known done, are refused (see
+        _check_writes). Stage 3: a write, lost, is refused."""
+        if operation != "save":
+            self._refuse_inside_full(f"hpshard.Checkpoint.{operation}()")
+            return
         if self.stage != 2:
             self._check_writes()
             return
@@ -1972,7 +1981,9 @@ class ShardedModule(torch.nn.Module):
         one rank (strict keys, a shape) is refused on every rank, and nothing is loaded. A
         module holding this one loads it through its own ``load_state_dict`` the same
         way. Between a step's first backward and its ``step()`` it is refused
-        (FailedPreconditionError, nothing loaded): the step's gradients would be lost."""
+        (FailedPreconditionError, nothing loaded): the step's gradients would be lost. The
+        module's :attr:`engine` is a new one afterwards: the old one is closed, and with it
+        every :class:`hpshard.Checkpoint` made over it (make it again over the new one)."""
         missing, unexpected = self._load_entries(state_dict, strict)
         return collections.namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")(
             missing, unexpected)

@@ -265,6 +265,43 @@ def test_a_checkpoint_of_the_engine_resumes_training_bitwise(stage, tmp_path):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_load_inside_full_parameters_is_refused(stage, tmp_path):
+    """A load (or a safetensors import) inside full_parameters() was taken, and the block's
+    copies kept the values from before it: an evaluation of the loaded checkpoint inside the
+    block evaluated the old weights, silently (checkpoint red team). It is refused now, as
+    load_state_dict() is there, nothing changed; after the block it loads."""
+    ranks = 2
+
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            x, y = batch(0)
+            with hpshard.Checkpoint.create(model.engine, world, tmp_path) as ckpt:
+                ckpt.save("a").wait()
+                saved = model.state_dict()
+                model(shard_of(x, rank, ranks), shard_of(y, rank, ranks)).backward()
+                model.step()
+                stepped = model.state_dict()
+                with model.full_parameters():
+                    for call in (lambda: ckpt.load("a"),
+                                 lambda: ckpt.import_safetensors(tmp_path / "none")):
+                        with pytest.raises(RuntimeError, match="inside full_parameters"):
+                            call()
+                for key, value in model.state_dict().items():
+                    assert torch.equal(value, stepped[key]), key
+                ckpt.load("a")
+                with model.full_parameters():
+                    inside = {n: p.detach().clone() for n, p in model.module.named_parameters()}
+                loaded = model.state_dict()
+        return saved, loaded, inside
+
+    for saved, loaded, inside in run_ranks(ranks, rank_main):
+        for key, value in saved.items():
+            assert torch.equal(loaded[key], value), key
+        for key, value in inside.items():
+            assert torch.equal(saved[key], value), key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
 def test_a_load_waits_for_the_step_a_forward_began(stage, tmp_path):
     """A training forward whose backward has not run keeps the module's root unit in use
     (stage 2 too, whose parameters stay resident: the loss may have been scaled by the scale a
