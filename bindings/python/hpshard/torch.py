@@ -2083,9 +2083,10 @@ class ShardedModule(torch.nn.Module):
         A failure of the engine's work (a peer gone during the last step) closes the module
         and raises (stage 3 parameters are not gathered then); a with-block left by another
         exception raises it too, that exception as its context, unless that exception is an
-        hpshard error or KeyboardInterrupt. After it, the wrapped module (:attr:`module`) is a plain module, which another
-        ShardedModule may wrap (while this one is open that is refused, naming a parameter),
-        and this one's calls (forward, step, state_dict, ...) raise ValueError."""
+        hpshard error or KeyboardInterrupt. After it, the wrapped module (:attr:`module`) is
+        a plain module, which another ShardedModule may wrap (while this one is open that is
+        refused, naming a parameter), and this one's calls (forward, step, state_dict, ...)
+        raise ValueError."""
         if self._engine is None:
             return
         try:
