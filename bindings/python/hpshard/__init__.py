@@ -1900,6 +1900,20 @@ class Engine(Handle):
             if not isinstance(exc, (Error, KeyboardInterrupt)):
                 raise
 
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is None or not getattr(self, "_lock", None):
+            return
+        try:
+            self.close()
+        except Error as e:
+            # Collected without close(): nobody else will hear of the failed work.
+            if sys.stderr is not None:
+                sys.stderr.write(
+                    f"hpshard: an engine garbage-collected without close() had failed work in "
+                    f"flight (its last steps' updates may be missing): {e}\n")
+        except Exception:  # noqa: BLE001 — never raise from a finaliser
+            pass
+
     @classmethod
     def create(cls, sharding: Communicator, dp: Optional[Communicator] = None,
                optimizer: int = Optimizer.SGD, learning_rate: Optional[float] = None,

@@ -1311,6 +1311,11 @@ def rank(r):
             world.close()
         except Exception as e:
             print("close raised", type(e).__name__, flush=True)
+    elif how == "collect":
+        del engine
+        import gc
+        gc.collect()
+        world.close()
     elif how == "with":
         try:
             with engine:
@@ -1329,7 +1334,7 @@ print("loop done", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["close", "exit", "with"])
+@pytest.mark.parametrize("how", ["close", "exit", "with", "collect"])
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_last_step_that_failed_is_not_a_success(how, stage):
     """Rank 1 leaves after its last batch; rank 0 has one more, whose step's collectives
@@ -1346,6 +1351,11 @@ def test_a_last_step_that_failed_is_not_a_success(how, stage):
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
         assert done.stdout.splitlines() == ["close raised AbortedError", "loop done"], (
             done.stdout, done.stderr)
+    elif how == "collect":  # an engine garbage-collected without close(): it was silent
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        assert done.stdout.splitlines() == ["loop done"], (done.stdout, done.stderr)
+        assert "hpshard: an engine garbage-collected without close() had failed work in " \
+            "flight" in done.stderr, done.stderr
     elif how == "with":  # a with-block left by sys.exit(0) hid the failure (exit 0)
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
         assert done.stdout.splitlines() == ["with raised AbortedError SystemExit",

@@ -22,6 +22,9 @@ import java.util.function.Function;
 public abstract class Handle<P> implements AutoCloseable {
   static final Cleaner CLEANER = Cleaner.create();
 
+  /** Set while {@link #close()} runs on this thread: what closing finds is thrown to it. */
+  private static final ThreadLocal<Boolean> CLOSING = ThreadLocal.withInitial(() -> false);
+
   /** What a handle owns; run() destroys it once and never refers to the Handle object. */
   static class State<P> implements Runnable {
     private P proxy;
@@ -132,6 +135,14 @@ public abstract class Handle<P> implements AutoCloseable {
           for (State<?> o : from) o.forget(this);
         }
       }
+      if (!CLOSING.get()) {
+        // The Cleaner's thread: no close() will throw it, so it is written out.
+        RuntimeException f = takeFailure();
+        if (f != null) {
+          System.err.println("hpshard: an engine garbage-collected without close() had "
+              + "failed work in flight (its last steps' updates may be missing): " + f);
+        }
+      }
     }
   }
 
@@ -208,7 +219,13 @@ public abstract class Handle<P> implements AutoCloseable {
    */
   @Override
   public void close() {
-    cleanable.clean();
+    final boolean outer = !CLOSING.get();
+    CLOSING.set(true);
+    try {
+      cleanable.clean();
+    } finally {
+      if (outer) CLOSING.set(false);
+    }
     RuntimeException f = state.takeFailure();
     if (f != null) throw f;
   }

@@ -7,6 +7,9 @@ import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.lang.ref.WeakReference;
 import java.nio.ByteBuffer;
 import java.util.List;
 import java.util.UUID;
@@ -711,19 +714,7 @@ class EngineTest {
         List<String> outcome = CommTest.runRanks(2, (rank, url) -> {
           Store store = Store.open(url, rank, 10000);
           Communicator world = CommTest.world(store, rank, 2);
-          Engine engine = Engine.create(world, null,
-              new Engine.Options().learningRate(0.5f).stage(stage));
-          int w = engine.addParam("w", new long[] {64});
-          engine.seal();
-          engine.broadcastParameters();
-          for (int s = 0; s < (rank == 0 ? 3 : 2); s++) { // uneven data
-            engine.waitParameters(0);
-            ByteBuffer g = engine.grad(w);
-            for (int k = 0; k < 64; k++) g.putFloat(4 * k, 1f);
-            engine.gradReady(w);
-            engine.releaseParameters(0);
-            engine.step();
-          }
+          Engine engine = trainUneven(world, rank, stage);
           if (rank == 1) {
             assertTrue(stepped.await(60, TimeUnit.SECONDS));
             world.close(); // its engine goes with it
@@ -752,5 +743,65 @@ class EngineTest {
         assertEquals(List.of(want, "left"), outcome, how + ", stage " + stage);
       }
     }
+  }
+
+  /** An engine over {@code world} after 3 steps on rank 0 and 2 on the others. */
+  private static Engine trainUneven(Communicator world, int rank, int stage) {
+    Engine engine = Engine.create(world, null,
+        new Engine.Options().learningRate(0.5f).stage(stage));
+    int w = engine.addParam("w", new long[] {64});
+    engine.seal();
+    engine.broadcastParameters();
+    for (int s = 0; s < (rank == 0 ? 3 : 2); s++) { // uneven data
+      engine.waitParameters(0);
+      ByteBuffer g = engine.grad(w);
+      for (int k = 0; k < 64; k++) g.putFloat(4 * k, 1f);
+      engine.gradReady(w);
+      engine.releaseParameters(0);
+      engine.step();
+    }
+    return engine;
+  }
+
+  /**
+   * As above, with rank 0's engine left to the garbage collector: its Cleaner found the
+   * failure and nobody was told (the communicator's close returned normally). It is written
+   * to stderr now.
+   */
+  @Test
+  void anEngineCollectedWithFailedWorkSaysSo() throws Exception {
+    final String said = "hpshard: an engine garbage-collected without close() had failed work";
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    PrintStream stderr = System.err;
+    System.setErr(new PrintStream(err, true));
+    try {
+      CountDownLatch stepped = new CountDownLatch(1);
+      List<String> outcome = CommTest.runRanks(2, (rank, url) -> {
+        Store store = Store.open(url, rank, 10000);
+        Communicator world = CommTest.world(store, rank, 2);
+        Engine engine = trainUneven(world, rank, 2);
+        if (rank == 1) {
+          assertTrue(stepped.await(60, TimeUnit.SECONDS));
+          world.close(); // its engine goes with it
+          store.close();
+          return "left";
+        }
+        WeakReference<Engine> collected = new WeakReference<>(engine);
+        engine = null; // rank 0's last step is in flight; nothing refers to its engine
+        stepped.countDown();
+        long deadline = System.currentTimeMillis() + 30000;
+        while (!err.toString().contains(said) && System.currentTimeMillis() < deadline) {
+          System.gc();
+          Thread.sleep(20);
+        }
+        world.close(); // nothing left to report
+        store.close();
+        return collected.get() == null ? "collected" : "still reachable";
+      });
+      assertEquals(List.of("collected", "left"), outcome);
+    } finally {
+      System.setErr(stderr);
+    }
+    assertTrue(err.toString().contains(said), err.toString());
   }
 }
