@@ -1876,9 +1876,10 @@ class Engine(Handle):
 
     def _before_close(self, h: Any) -> None:
         for user in list(self._users):  # checkpoints of this engine go first
-            user._closed_because = (": its engine was closed (hpshard.torch's "
-                                    "load_state_dict() replaces ShardedModule.engine: create "
-                                    "the Checkpoint again over the new one)")
+            user._closed_because = (": its engine was closed (by its close(), a "
+                                    "ShardedModule's close(), or its load_state_dict(), which "
+                                    "replaces ShardedModule.engine: create the Checkpoint "
+                                    "again over the new one)")
             user.close()
         if self._pid == os.getpid() and self._errors.made == self._errors_before:
             # What is in flight finishes now: its failure (peers that left during the last

@@ -2079,36 +2079,52 @@ class ShardedModule(torch.nn.Module):
         """Finish what is in flight and free the engine; the module's parameters become
         plain tensors holding their last values (stage 3: gathered first, collective). A
         stage 2 parameter written in place that could not hold the write raises first, as
-        :meth:`synchronize` does, and the module stays open (a second close() closes it).
-        A failure of the engine's work (a peer gone during the last step) closes the module
-        and raises (stage 3 parameters are not gathered then); a with-block left by another
-        exception raises it too, that exception as its context, unless that exception is an
-        hpshard error or KeyboardInterrupt. After it, the wrapped module (:attr:`module`) is
-        a plain module, which another ShardedModule may wrap (while this one is open that is
-        refused, naming a parameter), and this one's calls (forward, step, state_dict, ...)
-        raise ValueError."""
+        :meth:`synchronize` does, and the module stays open (a second close() closes it). A
+        failure of the engine's work (a peer gone during the last step) closes the module
+        and raises (stage 3 parameters are not gathered then: they read -0.0); a with-block
+        left by another exception raises it too, that exception as its context, unless that
+        exception is an hpshard error or KeyboardInterrupt. Neither raises once the thread
+        that made the engine has seen an hpshard error (as :meth:`hpshard.Engine.close`),
+        nor in a forked child (whose copy is closed without a gather). After it, the
+        wrapped module (:attr:`module`) is a plain module, which another ShardedModule may
+        wrap (while this one is open that is refused, naming a parameter), and this one's
+        calls (forward, step, state_dict, ...) raise ValueError."""
         if self._engine is None:
             return
+        if self._forked_copy():
+            self._close()
+            return
+        engine = self._engine
+        told = engine._errors.made != engine._errors_before  # as Engine.close() decides
         try:
             self.synchronize()
         except _hps.Error:
             # The engine's work failed (a peer gone): it stays failed, so the module closes
-            # now and the failure raises.
+            # now and the failure raises, unless the thread that made the engine has seen
+            # an hpshard error since (the program caught it).
             try:
                 self._close()
             except _hps.Error:
                 pass  # the same failure, or one it caused
+            if told:
+                return
             raise
         self._close()
+
+    def _forked_copy(self) -> bool:
+        """Whether this is a forked child's copy of the module: its engine is the parent's
+        to finish, and a gather would be refused."""
+        return self._engine is not None and self._engine._pid != os.getpid()
 
     def _close(self) -> None:
         if self._engine is None:
             return
         try:
-            values = self._save_parameters()
-            for p, v in zip(self._params, values):
-                p.data = v
-                p.grad = None
+            if not self._forked_copy():  # a forked child keeps what it holds
+                values = self._save_parameters()
+                for p, v in zip(self._params, values):
+                    p.data = v
+                    p.grad = None
         finally:
             # Also when the gather failed (a peer gone): the engine, its hooks and the
             # communicators go, and the failure raises after.
@@ -2133,13 +2149,16 @@ class ShardedModule(torch.nn.Module):
         if exc_type is None:
             self.close()
             return
+        engine = self._engine
+        told = engine is not None and engine._errors.made != engine._errors_before
         try:
             self._close()
         except _hps.Error:
-            # An hpshard error or a Ctrl-C under way says enough. Any other exception (the
-            # program's own, a sys.exit(0)) must not hide a failed step: the failure raises,
-            # the program's exception as its context.
-            if not isinstance(exc, (_hps.Error, KeyboardInterrupt)):
+            # An hpshard error or a Ctrl-C under way says enough, and so does one the thread
+            # that made the engine has seen since. Any other exception (the program's own,
+            # a sys.exit(0)) must not hide a failed step: the failure raises, the program's
+            # exception as its context.
+            if not (told or isinstance(exc, (_hps.Error, KeyboardInterrupt))):
                 raise
 
 
