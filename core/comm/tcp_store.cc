@@ -104,14 +104,13 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     const std::string here = host::identity();  // read once, not per connection
     const auto self = static_cast<int32_t>(::getpid());
     size_t gone = 0;
-    {
-      std::lock_guard lock(processes_mutex_);
-      for (const auto& [id, client] : processes_) {
-        const host::Process& p = client.process;
-        if (p.host != here) continue;  // another host's process cannot be checked
-        const bool own = own_store != 0 && client.store == own_store && p.pid == self;
-        gone += own || !host::process_running(p.pid, p.start) ? 1 : 0;
-      }
+    // Under the lock that close() holds to drop an entry and the count together.
+    std::lock_guard lock(processes_mutex_);
+    for (const auto& [id, client] : processes_) {
+      const host::Process& p = client.process;
+      if (p.host != here) continue;  // another host's process cannot be checked
+      const bool own = own_store != 0 && client.store == own_store && p.pid == self;
+      gone += own || !host::process_running(p.pid, p.start) ? 1 : 0;
     }
     const size_t open = open_.load();
     return open > gone ? open - gone : 0;
@@ -203,8 +202,8 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     {
       std::lock_guard lock(processes_mutex_);
       processes_.clear();
+      open_ = 0;
     }
-    open_ = 0;
   }
 
   int wait_ms() const {
@@ -581,10 +580,13 @@ class TcpStoreServerImpl final : public TcpStoreServer {
     if (c.registered) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     close_fd(c.fd);
     {
+      // With the count: live_connection_count reads both in one step (an entry gone
+      // before the count fell would make a live client's connection look like an ended
+      // one's).
       std::lock_guard lock(processes_mutex_);
       processes_.erase(c.id);
+      --open_;
     }
-    --open_;
     connections_.erase(c.id);  // destroys c
   }
 
