@@ -32,6 +32,7 @@ HybridClip::HybridClip(std::shared_ptr<Communicator> sharding, std::shared_ptr<C
     : sharding_(std::move(sharding)),
       mp_(std::move(mp)),
       pp_(std::move(pp)),
+      failure_link_(Communicator::link_failures({sharding_.get(), mp_.get(), pp_.get()}, "clip")),
       options_(options),
       has_groups_(sharding_ || mp_ || pp_) {}
 
@@ -46,6 +47,7 @@ void HybridClip::drop_groups() {
   wait_in_flight();
   in_flight_.clear();
   tensors_.clear();
+  failure_link_.reset();
   sharding_.reset();
   mp_.reset();
   pp_.reset();

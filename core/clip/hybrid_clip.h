@@ -98,6 +98,9 @@ class HybridClip {
   Status use_stream(Stream& stream);
 
   std::shared_ptr<Communicator> sharding_, mp_, pp_;
+  // The first failure of any of the groups fails the others (a norm reduced over one group
+  // after another must not reach peers with what a failed reduction left).
+  std::unique_ptr<Communicator::FailureLink> failure_link_;
   ClipOptions options_;
   std::vector<ClipTensor> tensors_;
   bool sealed_ = false;

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <stop_token>
 
 #define XXH_INLINE_ALL  // header-only: libhpshard gains no shared-library dependency
@@ -242,9 +245,10 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Stor
 #endif
 }
 
-// Who a communicator's abort reaches: itself while it lives, and the nodes of the
-// communicators tied to it. Recursive: an abort holds a node's lock while it runs that
-// communicator's abort, which takes the same lock to list its own dependents.
+// Who a communicator's abort and failure reach: itself while it lives, the nodes of the
+// communicators tied to it, and its failure links' listeners. Recursive: an abort holds a
+// node's lock while it runs that communicator's abort, which takes the same lock to list
+// its own dependents.
 struct Communicator::AbortNode {
   std::recursive_mutex mutex;
   Communicator* comm = nullptr;
@@ -253,6 +257,34 @@ struct Communicator::AbortNode {
   std::atomic<bool> aborted{false};
   // Requested by the abort, after the backend's: ends the stream's waits for ready streams.
   std::stop_source stop;
+
+  // The failure links' listeners, and the failure they were told of (the first only).
+  std::mutex listeners_mutex;
+  std::map<uint64_t, std::function<void(const Status&)>> listeners;
+  uint64_t next_listener = 0;
+  std::optional<Status> told;
+
+  // Tells the listeners of `failure`, unless they were told of one; called with no lock held
+  // (a listener fails other communicators, whose listeners may reach this one).
+  void notify(const Status& failure) {
+    std::vector<std::function<void(const Status&)>> calls;
+    {
+      std::lock_guard lock(listeners_mutex);
+      if (told) return;
+      told = failure;
+      for (const auto& [id, listener] : listeners) calls.push_back(listener);
+    }
+    for (const auto& call : calls) call(failure);
+  }
+  // Communicator::fail() through the node: nothing once the communicator is destroyed.
+  void fail(const Status& cause) {
+    {
+      std::lock_guard lock(mutex);
+      if (comm == nullptr) return;
+      comm->fail_operations(cause);
+    }
+    notify(cause);
+  }
 };
 
 Communicator::Communicator() : abort_node_(std::make_shared<AbortNode>()) {
@@ -284,10 +316,19 @@ void Communicator::tie(Communicator& dependent) {
 }
 
 void Communicator::abort() {
+  // The links hear of every abort once all of them are done, with no node's lock held: a
+  // listener fails other communicators, which takes their locks.
+  std::vector<std::pair<std::shared_ptr<AbortNode>, Status>> aborts;
+  abort_tree(aborts);
+  for (const auto& [node, failure] : aborts) node->notify(failure);
+}
+
+void Communicator::abort_tree(std::vector<std::pair<std::shared_ptr<AbortNode>, Status>>& aborts) {
   std::vector<std::shared_ptr<AbortNode>> dependents;
   {
     std::lock_guard lock(abort_node_->mutex);
     if (abort_node_->comm == nullptr || abort_node_->aborting) return;
+    aborts.emplace_back(abort_node_, aborted("group '" + name() + "' was aborted"));
     abort_node_->aborting = true;
     abort_node_->aborted = true;
     abort_operations();
@@ -298,10 +339,77 @@ void Communicator::abort() {
   }
   for (const auto& node : dependents) {
     std::lock_guard lock(node->mutex);
-    if (node->comm != nullptr) node->comm->abort();
+    if (node->comm != nullptr) node->comm->abort_tree(aborts);
   }
   std::lock_guard lock(abort_node_->mutex);
   abort_node_->aborting = false;
+}
+
+void Communicator::fail(const Status& cause) {
+  if (cause.ok()) return;
+  abort_node_->fail(cause);
+}
+
+void Communicator::notify_failure(const Status& failure) {
+  if (failure.ok()) return;
+  abort_node_->notify(failure);
+}
+
+Communicator::FailureLink::~FailureLink() {
+  for (const auto& [node, id] : listeners_) {
+    std::lock_guard lock(node->listeners_mutex);
+    node->listeners.erase(id);
+  }
+}
+
+std::unique_ptr<Communicator::FailureLink> Communicator::link_failures(
+    const std::vector<Communicator*>& groups, std::string who) {
+  std::vector<Communicator*> present;
+  for (Communicator* c : groups) {
+    if (c != nullptr && std::find(present.begin(), present.end(), c) == present.end()) {
+      present.push_back(c);
+    }
+  }
+  std::unique_ptr<FailureLink> link(new FailureLink());
+  if (present.size() < 2) return link;
+  struct Member {
+    std::weak_ptr<AbortNode> node;
+    std::string name;
+  };
+  auto members = std::make_shared<std::vector<Member>>();
+  for (Communicator* c : present) members->push_back({c->abort_node_, c->name()});
+  std::optional<std::pair<size_t, Status>> failed_already;
+  for (size_t i = 0; i < present.size(); ++i) {
+    auto listener = [members, who, i](const Status& failure) {
+      const Member& from = (*members)[i];
+      for (size_t j = 0; j < members->size(); ++j) {
+        if (j == i) continue;
+        const Member& to = (*members)[j];
+        if (auto node = to.node.lock()) {
+          node->fail(aborted(who + ": group '" + to.name + "' fails with group '" + from.name +
+                             "': " + failure.message()));
+        }
+      }
+    };
+    const auto& node = present[i]->abort_node_;
+    std::lock_guard lock(node->listeners_mutex);
+    if (node->told) {
+      if (!failed_already) failed_already.emplace(i, *node->told);
+      continue;  // the others fail below; a listener here would never run
+    }
+    const uint64_t id = node->next_listener++;
+    node->listeners.emplace(id, std::move(listener));
+    link->listeners_.emplace_back(node, id);
+  }
+  if (failed_already) {
+    const auto& [i, failure] = *failed_already;
+    for (size_t j = 0; j < present.size(); ++j) {
+      if (j == i) continue;
+      present[j]->fail(aborted(who + ": group '" + (*members)[j].name + "' fails with group '" +
+                               (*members)[i].name + "': " + failure.message()));
+    }
+  }
+  return link;
 }
 
 bool Communicator::was_aborted() const { return abort_node_->aborted.load(); }

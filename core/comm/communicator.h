@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/comm/store.h"
@@ -86,6 +87,10 @@ struct CommOptions {
 StatusOr<CommOptions> comm_options_from_env(CommOptions defaults = {});
 
 class Communicator {
+  // Shared by a communicator and whoever reaches it (ties, failure links); defined in
+  // communicator.cc.
+  struct AbortNode;
+
  public:
   Communicator();
   virtual ~Communicator();
@@ -159,12 +164,42 @@ class Communicator {
 
   // Local, from any thread: pending and later operations end with ABORTED, on this
   // communicator and on every live one tied to it (split from it, or tie()d), and theirs.
+  // It counts as this communicator's failure for its links (link_failures).
   void abort();
   // Whether abort() was called on this communicator (or reached it through a tie); any
   // thread. Lets work that runs no collective for a while (reading a checkpoint) end early.
   bool was_aborted() const;
   // `dependent`'s abort follows this one's from now until `dependent` is destroyed.
   void tie(Communicator& dependent);
+
+  // Local, from any thread: this communicator fails with `cause` as when one of its own
+  // operations fails: its pending and later operations end ABORTED naming it, and its peers'
+  // operations with this rank fail (its connections end). Nothing when it has failed or was
+  // aborted already. Unlike abort(), the communicators tied to it go on. `cause` is an error.
+  void fail(const Status& cause);
+
+  // Communicators that fail together (link_failures). Destroying it ends the link.
+  class FailureLink {
+   public:
+    ~FailureLink();
+    FailureLink(const FailureLink&) = delete;
+    FailureLink& operator=(const FailureLink&) = delete;
+
+   private:
+    friend class Communicator;
+    FailureLink() = default;
+    std::vector<std::pair<std::shared_ptr<AbortNode>, uint64_t>> listeners_;
+  };
+  // While the returned link lives, the first failure of any of `groups` (an operation that
+  // fails, fail(), or abort()) fails the others with ABORTED, the message naming `who`, the
+  // group that failed and its failure. Null entries are skipped; a group that has failed
+  // already fails the others at once. What needs it: a rank whose collective on one group
+  // failed would otherwise run its later collectives on the others with what the failed one
+  // left (a stream that waits on a failed work goes on), and peers that share no group with
+  // the rank that failed would complete with wrong values, told nothing. Linked, every peer
+  // of every group of the rank fails too, and so on across the groups of each.
+  static std::unique_ptr<FailureLink> link_failures(const std::vector<Communicator*>& groups,
+                                                    std::string who);
 
   // The axis of a hybrid topology this communicator is ("dp", "pp", "sharding", "sep",
   // "mp", ...), as HybridGroup made it; empty for any other communicator. Lets a user of
@@ -178,6 +213,13 @@ class Communicator {
                                                               std::string name) = 0;
   // The backend's abort of its own operations (see abort()).
   virtual void abort_operations() = 0;
+  // The backend's fail() (see there): records `cause` as its failure unless it has one and
+  // ends its connections. Runs no failure listener (fail() tells them after it returns).
+  virtual void fail_operations(const Status& cause) = 0;
+  // A backend calls it when it records its first failure (an operation's), with no lock
+  // held: the links of this communicator (link_failures) fail their other groups. Only the
+  // first call, or abort(), or fail(), of a communicator tells them; later ones do nothing.
+  void notify_failure(const Status& failure);
   // The first thing a backend's destructor does: no abort reaches this object after it
   // returns (one running now finishes first).
   void untie();
@@ -191,7 +233,9 @@ class Communicator {
   Status wait_for_ready(cpu::CpuStream& own, Stream* ready, std::string_view operation);
 
  private:
-  struct AbortNode;
+  // abort() of this communicator and of those tied to it, each added to `aborts` with its
+  // failure for the links, which abort() tells after.
+  void abort_tree(std::vector<std::pair<std::shared_ptr<AbortNode>, Status>>& aborts);
   std::shared_ptr<AbortNode> abort_node_;
   std::string topology_axis_;
 };

@@ -41,6 +41,7 @@ Status EngineBase::drop_groups() {
   if (optimizer_) optimizer_->drop_groups();  // its step state stays: views read it
   held_.clear();
   stepped_.reset();
+  failure_link_.reset();
   sharding_.reset();
   dp_.reset();
   mp_.reset();
@@ -345,6 +346,8 @@ Status EngineBase::seal_storage(std::vector<RoleLayout> roles,
                                 const std::function<Status()>& rest) {
   HPS_RETURN_IF_ERROR(check_not_dropped());
   if (sealed_) return failed_precondition("engine: sealed twice");
+  failure_link_ =
+      Communicator::link_failures({sharding_.get(), dp_.get(), mp_.get(), pp_.get()}, "engine");
   // Every rank of every group registered the same model, and some model (host-blocking,
   // set-up).
   HPS_RETURN_IF_ERROR(agree_on_registrations());

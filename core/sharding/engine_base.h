@@ -139,6 +139,9 @@ class EngineBase : public ShardedEngine, public Checkpointable {
 
   std::shared_ptr<Communicator> sharding_, dp_;
   std::shared_ptr<Communicator> mp_, pp_;  // null: none (set_model_parallel_groups)
+  // From seal() on, the first failure of any of the groups fails the others (a step's
+  // later collectives must not send what a failed one left to peers on the others).
+  std::unique_ptr<Communicator::FailureLink> failure_link_;
   EngineOptions options_;
   Device device_;
   int32_t shard_rank_;

@@ -2031,7 +2031,8 @@ class Engine(Handle):
         the sharding and dp groups (and those of :meth:`set_model_parallel_groups`): ranks
         that registered different parameters get Error INVALID_ARGUMENT. On the main thread
         Ctrl-C ends the wait for the other ranks at once and aborts those communicators
-        (as does :meth:`broadcast_parameters`'s)."""
+        (as does :meth:`broadcast_parameters`'s). From here on the engine's communicators
+        fail together: an operation that fails on one ends the others (hps_engine_seal)."""
         raw = self._h()
         _interruptible(lambda: raw.seal(), self._abort_groups)
 

@@ -624,6 +624,7 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
  * number. An operation that fails ends its communicator on that rank: later operations end
  * with ABORTED naming the failure, and the other ranks of a CPU group learn of it as of a
  * rank that has gone (hps_comm_abort), so a rank that joins the operation late fails too.
+ * The communicators of an engine (from hps_engine_seal) or of a clip also end together.
  */
 
 /** recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */
@@ -877,7 +878,9 @@ HPS_API hps_status_t hps_clip_options_init(hps_clip_options_t* options, size_t s
 /**
  * Create a clip over the given groups (each may be NULL: not reduced over); `options` may
  * be NULL for the defaults. The clip holds its own reference to the communicators: their
- * handles may be destroyed before it. Errors:
+ * handles may be destroyed before it. While the clip lives, its communicators fail together,
+ * as an engine's do from hps_engine_seal: a reduction that fails on one group ends the others
+ * on this rank, so no rank takes a norm that a failed reduction left. Errors:
  * INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices,
  * a hybrid group's communicator of another axis as mp or pp), UNIMPLEMENTED (CUDA
  * communicators in a build without CUDA).
@@ -1141,6 +1144,14 @@ HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, 
  * INVALID_ARGUMENT at once. The ranks of each sharding and dp group must have set mp and pp
  * groups of the same sizes, or none; that is agreed first, over those groups alone, so a
  * rank that did not call hps_engine_set_model_parallel_groups is named at once.
+ *
+ * From the seal on, the engine's communicators fail together while the engine lives: the
+ * first of them to fail an operation (or to be aborted) ends the others on this rank as a
+ * failed operation ends its own (their later operations end with ABORTED naming it, and
+ * their other ranks learn of it as of a rank that has gone). So a rank whose collective on
+ * one group failed does not run its later collectives on the others with what the failed one
+ * left, and a rank that shares no group with a rank that has gone fails its step too, rather
+ * than completing it with wrong values.
  */
 HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine);
 

@@ -975,7 +975,7 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::enqueue(std::string operation,
     Status posted = control_->post(descriptor, sizeof(Descriptor), Clock::now() + timeout());
     if (!posted.ok()) {
       posted = Status(posted.code(), where(operation, sequence) + ": " + posted.message());
-      record_failure(posted);
+      if (record_failure(posted)) notify_failure(posted);
       return posted;
     }
   }
@@ -1068,7 +1068,9 @@ std::string GlooCommunicator::with_ended_peers(const std::string& failure) const
 
 void GlooCommunicator::end_work(Work& work, Status s) noexcept {
   try {
-    record_failure(s);
+    // The links hear of it before the work ends: whatever waits on the work (a stream, then
+    // another group's collective) finds their groups failed.
+    if (record_failure(s)) notify_failure(s);
   } catch (...) {
     // Logging the failure failed (out of memory): the work still carries it.
   }
@@ -1085,8 +1087,16 @@ std::string GlooCommunicator::describe_exception() noexcept {
   }
 }
 
-void GlooCommunicator::record_failure(const Status& s) {
-  if (s.ok()) return;
+void GlooCommunicator::fail_operations(const Status& cause) {
+  {
+    std::lock_guard lock(failure_mutex_);
+    if (aborted_ || !failure_.ok()) return;
+  }
+  (void)record_failure(cause);
+}
+
+bool GlooCommunicator::record_failure(const Status& s) {
+  if (s.ok()) return false;
   bool first = false;
   {
     std::lock_guard lock(failure_mutex_);
@@ -1098,6 +1108,7 @@ void GlooCommunicator::record_failure(const Status& s) {
   // A failed communicator runs nothing more, and its peers must not complete the operation
   // it gave up on (with the data it sent before), nor wait out their own timeouts.
   if (first) end_connections();
+  return first;
 }
 
 void GlooCommunicator::end_connections() {

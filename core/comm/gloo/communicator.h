@@ -83,6 +83,7 @@ class GlooCommunicator final : public Communicator {
   StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
                                                       std::string name) override;
   void abort_operations() override;
+  void fail_operations(const Status& cause) override;
 
  private:
   friend class PeerEndWatch;
@@ -123,8 +124,8 @@ class GlooCommunicator final : public Communicator {
   // that name the operation, its sequence number and the group.
   Status guarded(Op& op, const std::function<Status()>& fn);
   // Keeps the first failure (every later operation is refused with it) and ends the
-  // connections.
-  void record_failure(const Status& s);
+  // connections; true when `s` was the first. The caller tells the links (notify_failure).
+  bool record_failure(const Status& s);
   // Ends the data and control connections, so that the peers' operations with this rank fail.
   void end_connections();
   // `failure` preceded by the peers of this host whose processes have ended, if any.

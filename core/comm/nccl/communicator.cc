@@ -132,6 +132,11 @@ void NcclCommunicator::watch() {
     // Nothing may escape into this thread: a failure to build a message (out of memory) is
     // retried on the next round.
     try {
+      // However the handle was aborted (here, by a call NCCL failed, by fail()), the links
+      // hear of it (only the first time counts), without this lock held.
+      lock.unlock();
+      if (handle_.aborted()) notify_failure(handle_.failure());
+      lock.lock();
       // Completed operations leave in order (one stream: the first unfinished one is the
       // oldest still running).
       while (!pending_.empty()) {
@@ -301,6 +306,10 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::split_group(
 
 void NcclCommunicator::abort_operations() {
   handle_.abort(aborted("communicator '" + options_.name + "' was aborted"));
+}
+
+void NcclCommunicator::fail_operations(const Status& cause) {
+  handle_.abort(cause);  // nothing when aborted already
 }
 
 }  // namespace hps::nccl_backend

@@ -61,6 +61,7 @@ class NcclCommunicator final : public Communicator {
   StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
                                                       std::string name) override;
   void abort_operations() override;
+  void fail_operations(const Status& cause) override;
 
  private:
   NcclCommunicator(const NcclApi& api, int32_t rank, int32_t size, int32_t device_index,

@@ -19,6 +19,16 @@ StatusOr<std::unique_ptr<Communicator>> SelfCommunicator::create(const CommOptio
   return std::unique_ptr<Communicator>(new SelfCommunicator(options));
 }
 
+void SelfCommunicator::fail_operations(const Status& cause) {
+  std::lock_guard lock(failure_mutex_);
+  if (failure_.ok()) failure_ = cause;
+}
+
+Status SelfCommunicator::failure() const {
+  std::lock_guard lock(failure_mutex_);
+  return failure_;
+}
+
 void SelfCommunicator::set_timeout(Milliseconds timeout) {
   timeout_ms_ = std::clamp(timeout, Milliseconds(1), kMaxCommTimeout).count();
 }
@@ -29,6 +39,9 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::enqueue(const char* operation,
   const std::string where =
       std::string(operation) + " #" + std::to_string(next_sequence_) + " on group '" + name_ + "'";
   if (aborted_) return aborted(where + ": the communicator was aborted");
+  if (Status f = failure(); !f.ok()) {
+    return aborted(where + ": the communicator failed: " + f.message());
+  }
   HPS_RETURN_IF_ERROR(wait_for_ready(*stream_, ready, operation));
   const uint64_t sequence = next_sequence_++;
   auto work = std::make_shared<Work>(where, std::make_unique<cpu::CpuEvent>());
@@ -36,6 +49,10 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::enqueue(const char* operation,
       [this, work, operation, bytes, sequence, where, body = std::move(body)] {
         if (aborted_) {
           work->set_status(aborted(where + ": the communicator was aborted"));
+          return;
+        }
+        if (Status f = failure(); !f.ok()) {
+          work->set_status(aborted(where + ": the communicator failed: " + f.message()));
           return;
         }
         if (trace::enabled()) trace::collective(operation, bytes, name_, sequence);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/comm/communicator.h"
@@ -53,6 +54,8 @@ class SelfCommunicator final : public Communicator {
   StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
                                                       std::string name) override;
   void abort_operations() override { aborted_ = true; }
+  // Its operations never fail on their own (no peer): only fail() records a failure.
+  void fail_operations(const Status& cause) override;
 
  private:
   explicit SelfCommunicator(const CommOptions& options);
@@ -64,6 +67,9 @@ class SelfCommunicator final : public Communicator {
   std::string name_;
   std::atomic<int64_t> timeout_ms_;
   std::atomic<bool> aborted_{false};
+  Status failure() const;
+  mutable std::mutex failure_mutex_;
+  Status failure_;  // fail()'s cause: later operations are refused with it
   uint64_t next_sequence_ = 0;
   std::unique_ptr<cpu::CpuStream> stream_;
 };

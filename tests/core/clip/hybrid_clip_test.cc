@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <bit>
 #include <cmath>
 #include <map>
@@ -329,6 +330,39 @@ TEST_F(HybridClipTest, AReductionThatFailsAfterRunIsTheStreamsErrorOnEveryRank) 
     EXPECT_TRUE(stream->synchronize().ok()) << "reported once";
     const Status next = clip->run(*stream, nullptr);
     EXPECT_EQ(next.code(), StatusCode::kAborted) << "the communicator failed: " << next.to_string();
+  });
+}
+
+// A failure crosses a clip's groups. sharding 2 x mp 2, one rank gone before a run: its
+// sharding peer's reduction with it fails, and that peer must not send the mp reduction what
+// the failed one left, or the rank sharing no group with the gone one takes a wrong norm
+// (and scales its gradients by it) with nothing reported: its run is the stream's error.
+TEST_F(HybridClipTest, ARankSharingNoGroupWithARankThatLeftFailsItsRun) {
+  auto topology = *Topology::create({1, 1, 2, 1, 2}, 4);
+  constexpr int32_t kGone = 3;
+  std::barrier first_run_done(4);
+  testing_util::run_ranks(4, [&](int32_t rank, Communicator& comm) {
+    std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+    auto hg = std::move(HybridGroup::create(w, topology)).value();
+    auto clip = std::move(HybridClip::create(hg->group(GroupKind::kSharding),
+                                             hg->group(GroupKind::kMp), nullptr, {1.0, false}))
+                    .value();
+    std::vector<float> g(64, 1.0f);
+    ASSERT_TRUE(clip->add_tensor({g.data(), g.size(), DType::kFloat32, true}).ok());
+    ASSERT_TRUE(clip->seal().ok());
+    auto stream = std::move(create_stream(Device::cpu())).value();
+    float norm = 0;
+    ASSERT_TRUE(clip->run(*stream, &norm).ok());
+    ASSERT_TRUE(stream->synchronize().ok());
+    first_run_done.arrive_and_wait();
+    if (rank == kGone) {
+      w->abort();  // its connections end, as when its process dies
+      return;
+    }
+    const Status run = clip->run(*stream, &norm);
+    const Status s = run.ok() ? stream->synchronize() : run;
+    EXPECT_FALSE(s.ok()) << "rank " << rank << " took the norm " << norm;
+    EXPECT_NE(s.code(), StatusCode::kTimeout) << "rank " << rank << ": " << s.to_string();
   });
 }
 

@@ -1082,6 +1082,73 @@ TEST_P(CommunicatorTest, AbortReachesTheCommunicatorsSplitFromIt) {
       options());
 }
 
+// Communicator::link_failures: the first failure of a linked group (an operation's, fail(),
+// abort()) fails the others on this rank, and so their peers' operations with this rank; a
+// group outside the link, and groups whose link is gone, go on.
+TEST_P(CommunicatorTest, AFailureReachesTheGroupsLinkedToItAndTheirPeers) {
+  run_ranks(
+      2,
+      [](int32_t rank, Communicator& comm) {
+        auto make = [&](const char* name) {
+          auto part = comm.split({0, 1}, name);
+          EXPECT_TRUE(part.ok() && *part) << part.status().to_string();
+          return std::shared_ptr<Communicator>(std::move(*part));
+        };
+        auto a = make("a"), b = make("b"), outside = make("outside");
+        auto d = make("d"), e = make("e"), f = make("f"), g = make("g"), h = make("h"),
+             i = make("i");
+        // How a barrier ended: refused at the call, or its work's outcome.
+        auto barrier = [](Communicator& c) {
+          auto w = c.barrier();
+          return w.ok() ? (*w)->wait() : w.status();
+        };
+        auto link = Communicator::link_failures({a.get(), nullptr, b.get()}, "test");
+        const auto start = std::chrono::steady_clock::now();
+        if (rank == 0) a->fail(internal_error("injected"));
+        // Rank 0's b refuses at once, naming why; rank 1's b fails with it (not at the
+        // timeout), and so, linked, does rank 1's a.
+        const Status on_b = barrier(*b);
+        EXPECT_EQ(on_b.code(), StatusCode::kAborted) << on_b.to_string();
+        if (rank == 0) {
+          EXPECT_NE(on_b.message().find("test: group 'b' fails with group 'a': injected"),
+                    std::string::npos)
+              << on_b.message();
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+        EXPECT_EQ(barrier(*a).code(), StatusCode::kAborted) << "rank " << rank;
+        // Outside the link, and the world it was split from: untouched.
+        EXPECT_TRUE(barrier(*outside).ok());
+        EXPECT_TRUE(barrier(comm).ok());
+
+        // A link that is gone carries nothing.
+        link = Communicator::link_failures({d.get(), e.get()}, "test");
+        link.reset();
+        if (rank == 0) d->fail(internal_error("injected"));
+        EXPECT_TRUE(barrier(*e).ok()) << "an ended link carried a failure";
+        // A group that failed before the link fails the others when the link is made.
+        if (rank == 0) f->fail(internal_error("earlier"));
+        EXPECT_TRUE(barrier(comm).ok());
+        link = Communicator::link_failures({g.get(), f.get()}, "test");
+        const Status on_g = barrier(*g);
+        EXPECT_EQ(on_g.code(), StatusCode::kAborted) << "rank " << rank;
+        if (rank == 0) {
+          EXPECT_NE(on_g.message().find("fails with group 'f': earlier"), std::string::npos)
+              << on_g.to_string();
+        }
+        // An abort is a failure to the link.
+        link = Communicator::link_failures({h.get(), i.get()}, "test");
+        if (rank == 0) h->abort();
+        const Status on_i = barrier(*i);
+        EXPECT_EQ(on_i.code(), StatusCode::kAborted) << "rank " << rank;
+        if (rank == 0) {
+          EXPECT_NE(on_i.message().find("group 'h' was aborted"), std::string::npos)
+              << on_i.to_string();
+        }
+        EXPECT_TRUE(barrier(comm).ok());
+      },
+      options());
+}
+
 TEST_P(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
   run_ranks(
       2,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -203,6 +204,65 @@ TEST(Engine, ACpuComputeStreamLeavesTheCallingThreadOrderingTheWork) {
   }
 }
 
+// A failure crosses an engine's groups. dp 2 x sharding 2 (ranks as threads), one rank gone
+// before a step: its dp peer and its sharding peer see their collectives with it fail, and
+// the fourth rank, which shares no group with it, must fail its step too. Without the link
+// (Communicator::link_failures), the dp peer's optimizer ran on the shard its failed dp
+// all-reduce left and its all-gather sent that to the fourth rank, whose step completed with
+// wrong values and reported nothing. Both stages, and over TCP as well as shared memory.
+TEST(Engine, ARankSharingNoGroupWithARankThatLeftFailsItsStep) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  auto topology = *Topology::create({2, 1, 2, 1, 1}, 4);
+  constexpr int32_t kGone = 3;
+  for (const bool shm : {true, false}) {
+    for (const int32_t stage : {2, 3}) {
+      SCOPED_TRACE(std::string(shm ? "shm" : "tcp") + ", stage " + std::to_string(stage));
+      std::barrier first_step_done(4);
+      CommOptions options;
+      options.shared_memory = shm;
+      testing_util::run_ranks(
+          4,
+          [&](int32_t rank, Communicator& comm) {
+            std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+            auto hg = std::move(HybridGroup::create(w, topology)).value();
+            const auto sharding = hg->group(GroupKind::kSharding);
+            const auto dp = hg->group(GroupKind::kDp);
+            EngineOptions o;
+            o.sgd = {0.5f, 0.0f, 0.0f, false};
+            o.bucket_bytes = 1024;  // several buckets: collectives on both groups interleave
+            auto e = std::move(create_sharded_engine(stage, sharding, dp, o)).value();
+            constexpr size_t kNumel = 1000;
+            ASSERT_TRUE(e->add_param({"w", {static_cast<int64_t>(kNumel)}, DType::kFloat32}).ok());
+            ASSERT_TRUE(e->seal().ok());
+            std::fill_n(*e->param(0), kNumel, 1.0f);
+            ASSERT_TRUE(e->broadcast_parameters().ok());
+            auto train_step = [&]() -> Status {
+              HPS_RETURN_IF_ERROR(e->gather(0));
+              HPS_ASSIGN_OR_RETURN(float* g, e->grad(0));
+              std::fill_n(g, kNumel, static_cast<float>(rank + 1));
+              HPS_RETURN_IF_ERROR(e->grad_ready(0, nullptr));
+              HPS_RETURN_IF_ERROR(e->release(0));
+              HPS_RETURN_IF_ERROR(e->step());
+              return e->synchronize();
+            };
+            ASSERT_TRUE(train_step().ok());
+            first_step_done.arrive_and_wait();
+            if (rank == kGone) {
+              w->abort();  // its connections end, as when its process dies
+              return;
+            }
+            const auto start = std::chrono::steady_clock::now();
+            const Status s = train_step();
+            const auto took = std::chrono::steady_clock::now() - start;
+            EXPECT_FALSE(s.ok()) << "rank " << rank << " completed the step";
+            EXPECT_NE(s.code(), StatusCode::kTimeout) << "rank " << rank << ": " << s.to_string();
+            EXPECT_LT(took, std::chrono::seconds(10)) << "rank " << rank << ": " << s.to_string();
+          },
+          options);
+    }
+  }
+}
+
 // Calls that do not fit a parameter are refused naming it, at either stage: views before
 // seal(), the gradient of a frozen parameter, a float view of a bfloat16 one.
 TEST(Engine, CallsThatDoNotFitAParameterAreRefusedNamingIt) {
@@ -386,6 +446,7 @@ class CountingCommunicator final : public Communicator {
     return inner_.split(ranks, std::move(name));
   }
   void abort_operations() override { inner_.abort(); }
+  void fail_operations(const Status& cause) override { inner_.fail(cause); }
 
  private:
   Communicator& inner_;

@@ -466,7 +466,9 @@ public final class Engine extends Handle<EngineHandle> {
   /**
    * Lays the parameters out and allocates the (zero-filled) buffers. Collective over the
    * sharding and dp groups (and those of {@link #setModelParallelGroups}): ranks that
-   * registered different parameters get INVALID_ARGUMENT.
+   * registered different parameters get INVALID_ARGUMENT. From here on the engine's
+   * communicators fail together: an operation that fails on one ends the others
+   * (hps_engine_seal).
    */
   public void seal() {
     try {

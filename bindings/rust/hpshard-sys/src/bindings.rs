@@ -1830,7 +1830,9 @@ extern "C" {
 extern "C" {
     #[doc = " Create a clip over the given groups (each may be NULL: not reduced over); `options` may"]
     #[doc = " be NULL for the defaults. The clip holds its own reference to the communicators: their"]
-    #[doc = " handles may be destroyed before it. Errors:"]
+    #[doc = " handles may be destroyed before it. While the clip lives, its communicators fail together,"]
+    #[doc = " as an engine's do from hps_engine_seal: a reduction that fails on one group ends the others"]
+    #[doc = " on this rank, so no rank takes a norm that a failed reduction left. Errors:"]
     #[doc = " INVALID_ARGUMENT (max_norm not positive and finite, communicators on different devices,"]
     #[doc = " a hybrid group's communicator of another axis as mp or pp), UNIMPLEMENTED (CUDA"]
     #[doc = " communicators in a build without CUDA)."]
@@ -2556,6 +2558,14 @@ extern "C" {
     #[doc = " INVALID_ARGUMENT at once. The ranks of each sharding and dp group must have set mp and pp"]
     #[doc = " groups of the same sizes, or none; that is agreed first, over those groups alone, so a"]
     #[doc = " rank that did not call hps_engine_set_model_parallel_groups is named at once."]
+    #[doc = ""]
+    #[doc = " From the seal on, the engine's communicators fail together while the engine lives: the"]
+    #[doc = " first of them to fail an operation (or to be aborted) ends the others on this rank as a"]
+    #[doc = " failed operation ends its own (their later operations end with ABORTED naming it, and"]
+    #[doc = " their other ranks learn of it as of a rank that has gone). So a rank whose collective on"]
+    #[doc = " one group failed does not run its later collectives on the others with what the failed one"]
+    #[doc = " left, and a rank that shares no group with a rank that has gone fails its step too, rather"]
+    #[doc = " than completing it with wrong values."]
     pub fn hps_engine_seal(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {

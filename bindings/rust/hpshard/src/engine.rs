@@ -1077,7 +1077,8 @@ impl<'c> Engine<'c> {
     /// [`Engine::set_model_parallel_groups`]); blocks the host once, at set-up.
     /// Errors: [`Status::InvalidArgument`] (ranks registered different parameters),
     /// [`Status::FailedPrecondition`] (no parameters, sealed twice), the
-    /// communicators' errors.
+    /// communicators' errors. From here on the engine's communicators fail together: an
+    /// operation that fails on one ends the others (`hps_engine_seal`).
     pub fn seal(&mut self) -> Result<()> {
         // SAFETY: live handle, this thread only; the borrowed communicators are live.
         check(unsafe { sys::hps_engine_seal(self.raw.as_ptr()) })?;
