@@ -1800,8 +1800,7 @@ def _check_engines_at_exit() -> None:
     import atexit
     failed = []
     for engine in list(_OPEN_ENGINES):
-        if (engine.closed or engine._pid != os.getpid()
-                or engine._errors.made != engine._errors_before):
+        if engine.closed or engine._pid != os.getpid() or engine._told():
             continue  # closed, a forked child's copy of its parent's, or told already
         try:
             engine.synchronize()
@@ -1874,6 +1873,12 @@ class Engine(Handle):
         for comm in self._comms:
             comm._users.add(self)
 
+    def _told(self) -> bool:
+        """Whether the thread that made the engine has seen an hpshard error since (the
+        program was told of a failure, or chose to ignore one): then a close does not raise
+        the failure of the work in flight again, nor does the exit check report it."""
+        return self._errors.made != self._errors_before
+
     def _before_close(self, h: Any) -> None:
         for user in list(self._users):  # checkpoints of this engine go first
             user._closed_because = (": its engine was closed (by its close(), a "
@@ -1881,7 +1886,7 @@ class Engine(Handle):
                                     "replaces ShardedModule.engine: create the Checkpoint "
                                     "again over the new one)")
             user.close()
-        if self._pid == os.getpid() and self._errors.made == self._errors_before:
+        if self._pid == os.getpid() and not self._told():
             # What is in flight finishes now: its failure (peers that left during the last
             # step), which the program has not been told of (the thread that made the engine
             # has seen no hpshard error since), raises here once the engine is freed. A forked

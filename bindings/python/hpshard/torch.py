@@ -2095,7 +2095,7 @@ class ShardedModule(torch.nn.Module):
             self._close()
             return
         engine = self._engine
-        told = engine._errors.made != engine._errors_before  # as Engine.close() decides
+        told = engine._told()  # as Engine.close() decides
         try:
             self.synchronize()
         except _hps.Error:
@@ -2150,7 +2150,7 @@ class ShardedModule(torch.nn.Module):
             self.close()
             return
         engine = self._engine
-        told = engine is not None and engine._errors.made != engine._errors_before
+        told = engine is not None and engine._told()
         try:
             self._close()
         except _hps.Error:
