@@ -24,6 +24,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "core/comm/host.h"
 #include "core/comm/socket.h"
@@ -103,16 +104,25 @@ class TcpStoreServerImpl final : public TcpStoreServer {
   size_t live_connection_count(uint64_t own_store) const override {
     const std::string here = host::identity();  // read once, not per connection
     const auto self = static_cast<int32_t>(::getpid());
+    // The entries and the count are copied together, under the lock that close() holds to
+    // drop an entry and the count together; the processes are checked after, without it
+    // (a /proc read per client must not hold up the server thread's closes). A connection
+    // that closes meanwhile still counts: the linger asks again.
+    std::vector<Client> clients;
+    size_t open = 0;
+    {
+      std::lock_guard lock(processes_mutex_);
+      clients.reserve(processes_.size());
+      for (const auto& [id, client] : processes_) clients.push_back(client);
+      open = open_.load();
+    }
     size_t gone = 0;
-    // Under the lock that close() holds to drop an entry and the count together.
-    std::lock_guard lock(processes_mutex_);
-    for (const auto& [id, client] : processes_) {
+    for (const Client& client : clients) {
       const host::Process& p = client.process;
       if (p.host != here) continue;  // another host's process cannot be checked
       const bool own = own_store != 0 && client.store == own_store && p.pid == self;
       gone += own || !host::process_running(p.pid, p.start) ? 1 : 0;
     }
-    const size_t open = open_.load();
     return open > gone ? open - gone : 0;
   }
 
