@@ -2,6 +2,7 @@
 // reason where no CUDA device or no loadable NCCL is present.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -86,6 +87,33 @@ TEST_F(NcclCommunicatorTest, AbortEndsLaterOperations) {
   float* none = nullptr;
   EXPECT_EQ(comm_->all_reduce(none, none, 0, DType::kFloat32, ReduceOp::kSum).status().code(),
             StatusCode::kAborted);
+}
+
+// Communicator::link_failures over NCCL groups: a fail() of one ends the linked other (its
+// handle aborted, later operations ABORTED naming the first), a group outside the link goes
+// on; and a handle aborted underneath (an abort of the group) reaches the link too.
+TEST_F(NcclCommunicatorTest, AFailureReachesTheLinkedGroupsOnly) {
+  auto split = [&](const char* name) {
+    auto part = comm_->split({0}, name);
+    EXPECT_TRUE(part.ok() && *part) << part.status().to_string();
+    return std::shared_ptr<Communicator>(std::move(*part));
+  };
+  auto a = split("a"), b = split("b"), outside = split("outside"), c = split("c"), d = split("d");
+  float* none = nullptr;
+  auto all_reduce = [&](Communicator& g) {
+    auto w = g.all_reduce(none, none, 0, DType::kFloat32, ReduceOp::kSum);
+    return w.ok() ? (*w)->wait() : w.status();
+  };
+  auto link = Communicator::link_failures({a.get(), b.get()}, "test");
+  a->fail(internal_error("injected"));
+  const Status on_b = all_reduce(*b);
+  EXPECT_EQ(on_b.code(), StatusCode::kAborted) << on_b.to_string();
+  EXPECT_NE(on_b.message().find("fails with group 'a': injected"), std::string::npos)
+      << on_b.to_string();
+  EXPECT_TRUE(all_reduce(*outside).ok());
+  auto other = Communicator::link_failures({c.get(), d.get()}, "test");
+  c->abort();
+  EXPECT_EQ(all_reduce(*d).code(), StatusCode::kAborted);
 }
 
 }  // namespace
