@@ -748,6 +748,7 @@ static void hps_swig_free_strings(const void* keys, size_t count) {
   }
   hps_swig_pair device() { hps_device_type_t t = HPS_DEVICE_CPU; int32_t i = 0; HPS_SWIG_CHECK(hps_engine_device($self, &t, &i)); return hps_swig_make_pair((int64_t)t, i); }
   uint64_t resident_bytes() { HPS_SWIG_GET(uint64_t, hps_engine_resident_bytes($self, &v)); }
+  uint64_t failures_returned() { HPS_SWIG_GET(uint64_t, hps_engine_failures_returned($self, &v)); }
   hps_swig_pair shard_range(size_t index) { uint64_t b = 0, e = 0; HPS_SWIG_CHECK(hps_engine_shard_range($self, index, &b, &e)); return hps_swig_make_pair((int64_t)b, (int64_t)e); }
   size_t param_bucket(size_t index) { HPS_SWIG_GET(size_t, hps_engine_param_bucket($self, index, &v)); }
   /* (scale address, skipped-steps address) */

@@ -1,5 +1,6 @@
 // Sharded training engine handles.
 #include <cstring>
+#include <utility>
 
 #include "capi/src/dlpack.h"
 #include "capi/src/error.h"
@@ -12,6 +13,15 @@ using hps::capi::guard;
 using hps::capi::raw_enum;
 
 namespace {
+
+// guard() for a call on `engine` that runs or waits for its work: an error it returns (the
+// work's failure, or a refusal) is counted for hps_engine_failures_returned.
+template <typename Body>
+hps_status_t engine_guard(hps_engine_t* engine, const char* function, Body&& body) noexcept {
+  const hps_status_t s = guard(function, std::forward<Body>(body));
+  if (s != HPS_STATUS_OK) engine->failures_returned.fetch_add(1, std::memory_order_relaxed);
+  return s;
+}
 
 // The defaults hps_engine_options_init sets.
 hps_engine_options_t default_options() {
@@ -161,6 +171,13 @@ HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine) {
   });
 }
 
+HPS_API hps_status_t hps_engine_failures_returned(hps_engine_t* engine, uint64_t* out_count) {
+  HPS_CHECK_ARG(engine);
+  HPS_CHECK_ARG(out_count);
+  *out_count = engine->failures_returned.load(std::memory_order_relaxed);
+  return HPS_STATUS_OK;
+}
+
 HPS_API hps_status_t hps_engine_add_param(hps_engine_t* engine, const char* name,
                                           const int64_t* shape, size_t ndim, hps_dtype_t dtype,
                                           uint32_t flags, int32_t unit, size_t* out_index) {
@@ -203,12 +220,12 @@ HPS_API hps_status_t hps_engine_set_model_parallel_groups(hps_engine_t* engine, 
 
 HPS_API hps_status_t hps_engine_seal(hps_engine_t* engine) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] { return engine->impl->seal(); });
+  return engine_guard(engine, __func__, [&] { return engine->impl->seal(); });
 }
 
 HPS_API hps_status_t hps_engine_broadcast_parameters(hps_engine_t* engine) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] { return engine->impl->broadcast_parameters(); });
+  return engine_guard(engine, __func__, [&] { return engine->impl->broadcast_parameters(); });
 }
 
 HPS_API hps_status_t hps_engine_param(hps_engine_t* engine, size_t index, void** out_data) {
@@ -233,38 +250,38 @@ HPS_API hps_status_t hps_engine_grad(hps_engine_t* engine, size_t index, void** 
 
 HPS_API hps_status_t hps_engine_wait_parameters(hps_engine_t* engine, int32_t unit) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] { return engine->impl->gather(unit); });
+  return engine_guard(engine, __func__, [&] { return engine->impl->gather(unit); });
 }
 
 HPS_API hps_status_t hps_engine_release_parameters(hps_engine_t* engine, int32_t unit) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] { return engine->impl->release(unit); });
+  return engine_guard(engine, __func__, [&] { return engine->impl->release(unit); });
 }
 
 HPS_API hps_status_t hps_engine_grad_ready(hps_engine_t* engine, size_t index,
                                            hps_stream_t* ready) {
   HPS_CHECK_ARG(engine);
   HPS_CHECK_OPTIONAL_ARG(ready);
-  return guard(__func__, [&] {
+  return engine_guard(engine, __func__, [&] {
     return engine->impl->grad_ready(index, ready ? ready->impl.get() : nullptr);
   });
 }
 
 HPS_API hps_status_t hps_engine_step(hps_engine_t* engine) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] { return engine->impl->step(); });
+  return engine_guard(engine, __func__, [&] { return engine->impl->step(); });
 }
 
 HPS_API hps_status_t hps_engine_synchronize(hps_engine_t* engine) {
   HPS_CHECK_ARG(engine);
-  return guard(__func__, [&] { return engine->impl->synchronize(); });
+  return engine_guard(engine, __func__, [&] { return engine->impl->synchronize(); });
 }
 
 HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t index, float* out,
                                                  uint64_t count) {
   HPS_CHECK_ARG(engine);
   HPS_CHECK_ARG(out);
-  return guard(__func__, [&]() -> hps::Status {
+  return engine_guard(engine, __func__, [&]() -> hps::Status {
     const auto& plan = engine->impl->plan();
     if (!plan.sealed()) return hps::failed_precondition("the engine is not sealed");
     if (index >= plan.params().size()) {

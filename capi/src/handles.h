@@ -1,6 +1,7 @@
 // What the opaque C handles hold. Shared by the capi/src files; never installed.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "core/comm/communicator.h"
@@ -82,4 +83,6 @@ struct hps_engine {
   hps::ShardedEngine* impl;                // use->state->engine
   hps::Device device;                      // the sharding communicator's, fixed at creation
   uint64_t born = hps::fork_generation();  // capi::made_before_fork
+  // Calls on it that returned a failure of its work or groups (hps_engine_failures_returned).
+  std::atomic<uint64_t> failures_returned{0};
 };

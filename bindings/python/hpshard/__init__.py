@@ -1792,7 +1792,7 @@ def _open_engines_at_exit(engine: "Engine") -> None:
 def _check_engines_at_exit() -> None:
     """At interpreter exit, each engine of this process still open (its program ended
     without close() or synchronize() after the last step, as a training loop may) finishes
-    its work in flight, unless the thread that made it has seen an hpshard error since. Work
+    its work in flight, unless a call on it that runs or waits for its work has raised. Work
     of it that failed (its peers left during the last step: the step's update is not, or not
     wholly, in the parameters) was never reported: it is written to stderr, and a program
     that did not end by an uncaught exception exits with status 1 rather than 0 (the exit
@@ -1843,10 +1843,11 @@ class Engine(Handle):
     first. One thread at a time per engine.
 
     :meth:`close` finishes what is in flight; where that failed (the collectives of a last
-    step whose peers had left) and the thread that made the engine has seen no hpshard
-    error since, it raises that failure once the engine is freed (so does the close of a
-    communicator that closes it), rather than the run ending as a success without the
-    step's update. An engine left open at the interpreter's exit is checked the same way:
+    step whose peers had left) and no call on the engine that runs or waits for its work
+    (step, synchronize, ...; any thread) has raised yet, it raises that failure once the
+    engine is freed (so
+    does the close of a communicator that closes it), rather than the run ending as a
+    success without the step's update. An engine left open at the interpreter's exit is checked the same way:
     the failure is written to stderr and the process exits with status 1, not 0."""
 
     def __init__(self, handle: Any, sharding: Communicator, dp: Optional[Communicator],
@@ -1855,8 +1856,6 @@ class Engine(Handle):
         self.options = options
         self._comms = tuple(c for c in (sharding, dp) if c is not None)
         self._pid = os.getpid()
-        self._errors = _errors.thread_errors()  # the creating thread's (see _before_close)
-        self._errors_before = self._errors.made
         _open_engines_at_exit(self)
         self._shapes: List[Tuple[int, ...]] = []
         self._dtypes: List[DType] = []
@@ -1873,11 +1872,16 @@ class Engine(Handle):
         for comm in self._comms:
             comm._users.add(self)
 
-    def _told(self) -> bool:
-        """Whether the thread that made the engine has seen an hpshard error since (the
-        program was told of a failure, or chose to ignore one): then a close does not raise
-        the failure of the work in flight again, nor does the exit check report it."""
-        return self._errors.made != self._errors_before
+    def _told(self, h: Any = None) -> bool:
+        """Whether a call on this engine that runs or waits for its work (step,
+        synchronize, ...; any thread) has raised an error (hps_engine_failures_returned): the
+        program was told of a failure (or chose to ignore one), so a close does not raise the
+        failure of the work in flight again, nor does the exit check report it. An error of
+        another handle tells nothing. A forked child's copy counts as told: its failure is
+        its parent's to report (the child may not call it)."""
+        if self._pid != os.getpid():
+            return True
+        return (h if h is not None else self._h()).failures_returned() != 0
 
     def _before_close(self, h: Any) -> None:
         for user in list(self._users):  # checkpoints of this engine go first
@@ -1886,10 +1890,10 @@ class Engine(Handle):
                                     "replaces ShardedModule.engine: create the Checkpoint "
                                     "again over the new one)")
             user.close()
-        if self._pid == os.getpid() and not self._told():
+        if self._pid == os.getpid() and not self._told(h):
             # What is in flight finishes now: its failure (peers that left during the last
-            # step), which the program has not been told of (the thread that made the engine
-            # has seen no hpshard error since), raises here once the engine is freed. A forked
+            # step), which the program has not been told of (no call on the engine that runs
+            # or waits for its work has raised), raises here once the engine is freed. A forked
             # child's copy is its parent's to finish.
             h.synchronize()
 

@@ -7,7 +7,6 @@ The SWIG module (hpshard.capi) builds the exception of a failing call through
 from __future__ import annotations
 
 import enum
-import threading
 
 
 class Status(enum.IntEnum):
@@ -28,30 +27,6 @@ class Status(enum.IntEnum):
     BACKEND_ERROR = 12
 
 
-class ErrorCount:
-    """The hpshard.Error made on one thread so far (``made``)."""
-
-    __slots__ = ("made",)
-
-    def __init__(self) -> None:
-        self.made = 0
-
-
-_LOCAL = threading.local()
-
-
-def thread_errors() -> ErrorCount:
-    """The calling thread's count of hpshard.Error made (a failing call raises one): a
-    thread that has made one since it created an engine has been told (or chose to ignore)
-    that the engine's work failed, so the engine's close and the exit check do not raise
-    it again. Per thread: errors another thread's calls made and handled (ranks as threads,
-    a close that swallows a peer's failure) tell this one nothing."""
-    count = getattr(_LOCAL, "count", None)
-    if count is None:
-        count = _LOCAL.count = ErrorCount()
-    return count
-
-
 class Error(Exception):
     """A failing hpshard call: ``status`` (int code), ``status_name``, ``message``."""
 
@@ -59,7 +34,6 @@ class Error(Exception):
         super().__init__(status, message)
         self.status = int(status)
         self.message = message
-        thread_errors().made += 1
 
     @property
     def status_name(self) -> str:

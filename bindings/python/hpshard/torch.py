@@ -2083,8 +2083,9 @@ class ShardedModule(torch.nn.Module):
         failure of the engine's work (a peer gone during the last step) closes the module
         and raises (stage 3 parameters are not gathered then: they read -0.0); a with-block
         left by another exception raises it too, that exception as its context, unless that
-        exception is an hpshard error or KeyboardInterrupt. Neither raises once the thread
-        that made the engine has seen an hpshard error (as :meth:`hpshard.Engine.close`),
+        exception is an hpshard error or KeyboardInterrupt. Neither raises once a call on
+        the engine that runs or waits for its work has raised (as
+        :meth:`hpshard.Engine.close`),
         nor in a forked child (whose copy is closed without a gather). After it, the
         wrapped module (:attr:`module`) is a plain module, which another ShardedModule may
         wrap (while this one is open that is refused, naming a parameter), and this one's
@@ -2100,8 +2101,8 @@ class ShardedModule(torch.nn.Module):
             self.synchronize()
         except _hps.Error:
             # The engine's work failed (a peer gone): it stays failed, so the module closes
-            # now and the failure raises, unless the thread that made the engine has seen
-            # an hpshard error since (the program caught it).
+            # now and the failure raises, unless a call on the engine that runs or waits
+            # for its work raised before (the program caught it).
             try:
                 self._close()
             except _hps.Error:
@@ -2154,8 +2155,8 @@ class ShardedModule(torch.nn.Module):
         try:
             self._close()
         except _hps.Error:
-            # An hpshard error or a Ctrl-C under way says enough, and so does one the thread
-            # that made the engine has seen since. Any other exception (the program's own,
+            # An hpshard error or a Ctrl-C under way says enough, and so does an error a
+            # call on the engine's work raised before. Any other exception (the program's own,
             # a sys.exit(0)) must not hide a failed step: the failure raises, the program's
             # exception as its context.
             if not (told or isinstance(exc, (_hps.Error, KeyboardInterrupt))):

@@ -1099,6 +1099,19 @@ HPS_API hps_status_t hps_engine_create(hps_comm_t* sharding, hps_comm_t* dp,
 HPS_API hps_status_t hps_engine_destroy(hps_engine_t* engine);
 
 /**
+ * How many calls on `engine` that run or wait for its work (hps_engine_seal,
+ * _broadcast_parameters, _wait_parameters, _release_parameters, _grad_ready, _step,
+ * _synchronize, _gather_parameter) have returned an error, from any thread since its
+ * creation, into *out_count. Such an error is how the work's failure reaches the program (a
+ * failed collective, ranks that disagreed on one) or a refusal of the call. Lets a binding's
+ * close decide whether the program was told of a failure of the engine's work:
+ * hps_engine_destroy returns it whatever came before, and the bindings raise it only while
+ * this is 0. Errors: INVALID_ARGUMENT (a NULL argument). Added in 0.4.0. Thread safety: any
+ * thread.
+ */
+HPS_API hps_status_t hps_engine_failures_returned(hps_engine_t* engine, uint64_t* out_count);
+
+/**
  * Register a parameter before hps_engine_seal; its index (registration order) into
  * *out_index. `unit` is the layer its forward belongs to. Every rank must register the
  * same parameters in the same order. A name is 1 to 4096 bytes of UTF-8 without control

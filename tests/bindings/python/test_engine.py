@@ -1328,6 +1328,29 @@ def rank(r):
         except BaseException as e:
             print("with raised", type(e).__name__, type(e.__context__).__name__, flush=True)
         world.close()
+    elif how == "unrelated":  # another handle's error tells the program nothing of this
+        try:
+            Store.open("nosuchscheme://x", 0)
+        except Exception as e:
+            print("unrelated", type(e).__name__, flush=True)
+        try:
+            world.close()
+        except Exception as e:
+            print("close raised", type(e).__name__, flush=True)
+    elif how == "other-thread":  # the failure reached the program on another thread
+        def wait():
+            try:
+                engine.synchronize()
+            except Exception as e:
+                print("synchronize raised", type(e).__name__, flush=True)
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        waiter.join()
+        try:
+            world.close()
+            print("close quiet", flush=True)
+        except Exception as e:
+            print("close raised", type(e).__name__, flush=True)
     else:
         kept.append((store, world, engine))  # a training loop's end: nothing closed
 threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
@@ -1339,14 +1362,18 @@ print("loop done", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["close", "exit", "with", "collect"])
+@pytest.mark.parametrize("how", ["close", "exit", "with", "collect", "unrelated",
+                                 "other-thread"])
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_last_step_that_failed_is_not_a_success(how, stage):
     """Rank 1 leaves after its last batch; rank 0 has one more, whose step's collectives
     fail (asynchronously: nothing in the step waits). Nothing raised: the communicator's
     close() returned, and a program that closed nothing exited 0 with the step's update
     missing (process red team). close() raises the engine's failure now, and the exit
-    check reports an engine left open with failed work and exits 1."""
+    check reports an engine left open with failed work and exits 1. Whether the program
+    was told is the engine's own (hps_engine_failures_returned): an unrelated error on the
+    thread that made it used to silence the close, and a failure already raised to another
+    thread was raised again."""
     import subprocess
     import sys
     done = subprocess.run([sys.executable, "-c", A_RANK_LEAVES_BEFORE_THE_LAST_STEP,
@@ -1356,6 +1383,15 @@ def test_a_last_step_that_failed_is_not_a_success(how, stage):
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
         assert done.stdout.splitlines() == ["close raised AbortedError", "loop done"], (
             done.stdout, done.stderr)
+    elif how == "unrelated":
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        assert done.stdout.splitlines() == ["unrelated InvalidArgumentError",
+                                            "close raised AbortedError", "loop done"], (
+            done.stdout, done.stderr)
+    elif how == "other-thread":
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        assert done.stdout.splitlines() == ["synchronize raised AbortedError", "close quiet",
+                                            "loop done"], (done.stdout, done.stderr)
     elif how == "collect":  # an engine garbage-collected without close(): it was silent
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
         assert done.stdout.splitlines() == ["loop done"], (done.stdout, done.stderr)

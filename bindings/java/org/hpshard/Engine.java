@@ -6,7 +6,6 @@ import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Objects;
-import java.util.concurrent.atomic.AtomicLong;
 import org.hpshard.internal.EngineHandle;
 import org.hpshard.internal.HpshardNative;
 import org.hpshard.internal.hps_engine_options_t;
@@ -31,9 +30,9 @@ import org.hpshard.internal.hps_param_flag_t;
  * a write after the release fault). The engine keeps its communicators reachable, and
  * closing one of them closes the engine first. {@link #close()} finishes what is in flight
  * and destroys it exactly once; it throws the HpsException that work ended with (with uneven
- * data, the collectives of a last step whose peers had left), unless the thread that made the
- * engine has seen an HpsException since, and so does the communicator's close() that closes
- * the engine (after closing everything). One thread at a time per engine.
+ * data, the collectives of a last step whose peers had left), unless a call on the engine that
+ * runs or waits for its work has thrown already, and so does the communicator's close() that
+ * closes the engine (after closing everything). One thread at a time per engine.
  */
 public final class Engine extends Handle<EngineHandle> {
   /** hps_param_flag_t bits, for {@link #addParam(String, long[], DType, long, int)}. */
@@ -276,21 +275,19 @@ public final class Engine extends Handle<EngineHandle> {
   /**
    * Closing finishes the work in flight first (hps_engine_synchronize) and keeps its failure
    * (the collectives of a last step whose peers had left: its update is missing) for
-   * {@link Handle#close()} to throw, unless the thread that made the engine has seen an
-   * HpsException since: then the program has been told. A program ending without a close
+   * {@link Handle#close()} to throw, unless a call on the engine that runs or waits for its
+   * work (step, synchronize, ...; any thread) has thrown already
+   * (hps_engine_failures_returned): then the program has been told. A program ending without a close
    * leaves the engine to the JVM's exit, which destroys nothing.
    */
   static final class EngineState extends State<EngineHandle> {
-    private final AtomicLong makerErrors = HpsException.madeOnThisThread();
-    private final long errorsBefore = makerErrors.get();
-
     EngineState(EngineHandle handle) {
       super(handle, EngineHandle::delete);
     }
 
     @Override
     void beforeDestroy(EngineHandle p) {
-      if (makerErrors.get() != errorsBefore) return;
+      if (p.failuresReturned() != 0) return;
       try {
         p.synchronize();
       } catch (HpsException e) {

@@ -1,6 +1,5 @@
 package org.hpshard;
 
-import java.util.concurrent.atomic.AtomicLong;
 import org.hpshard.internal.hps_status_t;
 
 /**
@@ -10,21 +9,12 @@ import org.hpshard.internal.hps_status_t;
 public class HpsException extends RuntimeException {
   private static final long serialVersionUID = 1L;
 
-  /** Per thread: how many HpsExceptions it has made (an engine's close reads its maker's). */
-  private static final ThreadLocal<AtomicLong> MADE = ThreadLocal.withInitial(AtomicLong::new);
-
   private final int status;
 
   /** Called by the JNI layer with the status and message of the failing call. */
   public HpsException(int status, String message) {
     super(message);
     this.status = status;
-    MADE.get().incrementAndGet();
-  }
-
-  /** The calling thread's count of HpsExceptions made, readable from other threads. */
-  static AtomicLong madeOnThisThread() {
-    return MADE.get();
   }
 
   /** The hps_status_t code (HPS_STATUS_INVALID_ARGUMENT = 1, ...). */

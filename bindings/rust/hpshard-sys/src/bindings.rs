@@ -2505,6 +2505,21 @@ extern "C" {
     pub fn hps_engine_destroy(engine: *mut hps_engine_t) -> hps_status_t;
 }
 extern "C" {
+    #[doc = " How many calls on `engine` that run or wait for its work (hps_engine_seal,"]
+    #[doc = " _broadcast_parameters, _wait_parameters, _release_parameters, _grad_ready, _step,"]
+    #[doc = " _synchronize, _gather_parameter) have returned an error, from any thread since its"]
+    #[doc = " creation, into *out_count. Such an error is how the work's failure reaches the program (a"]
+    #[doc = " failed collective, ranks that disagreed on one) or a refusal of the call. Lets a binding's"]
+    #[doc = " close decide whether the program was told of a failure of the engine's work:"]
+    #[doc = " hps_engine_destroy returns it whatever came before, and the bindings raise it only while"]
+    #[doc = " this is 0. Errors: INVALID_ARGUMENT (a NULL argument). Added in 0.4.0. Thread safety: any"]
+    #[doc = " thread."]
+    pub fn hps_engine_failures_returned(
+        engine: *mut hps_engine_t,
+        out_count: *mut u64,
+    ) -> hps_status_t;
+}
+extern "C" {
     #[doc = " Register a parameter before hps_engine_seal; its index (registration order) into"]
     #[doc = " *out_index. `unit` is the layer its forward belongs to. Every rank must register the"]
     #[doc = " same parameters in the same order. A name is 1 to 4096 bytes of UTF-8 without control"]

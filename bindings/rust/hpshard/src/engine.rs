@@ -126,16 +126,11 @@ use std::ffi::c_void;
 use std::fmt;
 use std::ops::{BitOr, BitOrAssign, Range};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::comm::{c_string, Communicator, Element};
 use crate::half::{BF16, F16};
-use crate::{
-    check, library_errors_on_this_thread, sys, DType, DeviceType, Error, Result, Status, Stream,
-    Tensor,
-};
+use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream, Tensor};
 
 // ---------------------------------------------------------------------------------
 // Optimizer
@@ -816,10 +811,6 @@ pub struct Engine<'c> {
     poisoned: bool,
     /// `hps_engine_destroy` has run (or the engine was leaked): by `close` or Drop.
     destroyed: bool,
-    /// The making thread's count of library errors, and its value at creation: a Drop
-    /// whose destroy fails reports it unless the program has seen an error since.
-    maker_errors: Arc<AtomicU64>,
-    errors_before: u64,
     /// The sharding communicator's device (`hps_engine_device`), fixed at creation: the
     /// safe views exist only on the CPU.
     device: (DeviceType, i32),
@@ -881,7 +872,6 @@ impl<'c> Engine<'c> {
         options: EngineOptions,
         compute_stream: Option<&Stream>,
     ) -> Result<Engine<'c>> {
-        let maker_errors = library_errors_on_this_thread();
         let mut raw_opts = options.to_raw()?;
         if let Some(stream) = compute_stream {
             raw_opts.compute_stream = stream.as_ptr();
@@ -929,8 +919,6 @@ impl<'c> Engine<'c> {
             snapshot_pending: false,
             poisoned: false,
             destroyed: false,
-            errors_before: maker_errors.load(Ordering::Relaxed),
-            maker_errors,
             device: (DeviceType(device_type), device_index),
         })
     }
@@ -2036,12 +2024,25 @@ impl Engine<'_> {
     /// what that work ended with: `Ok`, or its first failure — with uneven data, the
     /// collectives of a last step whose peers had left (its update is missing), which no
     /// other call reports once the program stops calling. Dropping the engine does the
-    /// same and, when the destroy fails and the thread that made the engine has had no
-    /// error from the library since, writes the failure to stderr (a Drop cannot return
-    /// it): call `close` to handle it. A poisoned engine is leaked, as by Drop, and
+    /// same and, when the destroy fails and no call on the engine that runs or waits for
+    /// its work (step, synchronize, ...; any thread) has returned an error before
+    /// (`hps_engine_failures_returned`),
+    /// writes the failure to stderr (a Drop cannot return it): call `close` to handle it. A poisoned engine is leaked, as by Drop, and
     /// `close` returns `Ok` (the failed call returned its error).
     pub fn close(mut self) -> Result<()> {
         self.destroy()
+    }
+
+    /// How many calls on the engine that run or wait for its work returned an error
+    /// (`hps_engine_failures_returned`): the program has been told of a failure when not 0.
+    fn failures_returned(&self) -> u64 {
+        let mut count = 0u64;
+        // SAFETY: the handle is live (not destroyed); the out-pointer is a valid u64.
+        let status = unsafe { sys::hps_engine_failures_returned(self.raw.as_ptr(), &mut count) };
+        if check(status).is_err() {
+            return 0; // unreadable: report rather than hide a failure
+        }
+        count
     }
 
     fn destroy(&mut self) -> Result<()> {
@@ -2065,7 +2066,7 @@ impl Engine<'_> {
 
 impl Drop for Engine<'_> {
     fn drop(&mut self) {
-        let seen = self.maker_errors.load(Ordering::Relaxed) != self.errors_before;
+        let seen = self.destroyed || self.failures_returned() != 0;
         if let Err(err) = self.destroy() {
             if !seen {
                 eprintln!(

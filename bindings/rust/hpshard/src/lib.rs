@@ -138,8 +138,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 mod checkpoint;
 mod clip;
@@ -312,8 +310,6 @@ impl Error {
     /// The error of a C call that just returned `raw`, with the thread's last error
     /// message. Must be called right after that call, before any other hpshard call.
     fn from_last_call(raw: sys::hps_status_t) -> Error {
-        // (try_with: a call from a thread-local destructor late in the thread's exit)
-        let _ = LIBRARY_ERRORS.try_with(|n| n.fetch_add(1, Ordering::Relaxed));
         Error::new(Status::from_raw(raw), last_error_message())
     }
 
@@ -403,17 +399,6 @@ impl<T> Drop for ZeroedStruct<T> {
         // SAFETY: allocated in new with this layout; T is plain data (no destructor).
         unsafe { std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, std::alloc::Layout::new::<T>()) }
     }
-}
-
-thread_local! {
-    /// How many errors the library's calls have returned on this thread. An engine keeps
-    /// its maker's to tell whether the program has seen an error since (its Drop).
-    static LIBRARY_ERRORS: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
-}
-
-/// This thread's count of library errors, readable from other threads.
-fn library_errors_on_this_thread() -> Arc<AtomicU64> {
-    LIBRARY_ERRORS.with(Arc::clone)
 }
 
 fn check(raw: sys::hps_status_t) -> Result<()> {

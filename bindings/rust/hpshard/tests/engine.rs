@@ -1555,43 +1555,56 @@ fn two_ranks_engine_clip_spans_the_mp_group() {
 /// Rank 1 leaves after its last batch; rank 0 has one more, whose step's collectives fail
 /// asynchronously (nothing in the step waits). Dropping the engine ignored that failure
 /// (the update missing, unseen); `close` returns it, and `how` = "drop" checks that a
-/// dropped engine writes it to stderr.
+/// dropped engine writes it to stderr, "drop-seen" that it does not once a call on the
+/// engine on another thread has returned it (the program was told).
 fn last_step_whose_peer_left(stage: i32, how: &'static str) -> Vec<String> {
     let stepped = std::sync::Arc::new(std::sync::Barrier::new(2));
-    run_ranks(&format!("last-step-{}-{}", how, stage), move |rank, mut comm| {
-        let mut engine = Engine::new(
-            &mut comm,
-            None,
-            EngineOptions::default().learning_rate(0.5).stage(stage),
-        )
-        .unwrap();
-        let w = engine
-            .add_param("w", &[64], DType::FLOAT32, ParamFlags::NONE, 0)
+    run_ranks(
+        &format!("last-step-{}-{}", how, stage),
+        move |rank, mut comm| {
+            let mut engine = Engine::new(
+                &mut comm,
+                None,
+                EngineOptions::default().learning_rate(0.5).stage(stage),
+            )
             .unwrap();
-        engine.seal().unwrap();
-        engine.broadcast_parameters().unwrap();
-        for _ in 0..(if rank == 0 { 3 } else { 2 }) {
-            engine.wait_parameters(0).unwrap();
-            engine.grad(w).unwrap().fill(1.0);
-            engine.grad_ready(w, None).unwrap();
-            engine.release_parameters(0).unwrap();
-            engine.step().unwrap();
-        }
-        stepped.wait(); // rank 0's last step is in flight; rank 1 leaves
-        if rank == 1 {
-            return "left".to_string();
-        }
-        match how {
-            "close" => match engine.close() {
-                Ok(()) => "closed".to_string(),
-                Err(err) => format!("close: {:?}", err.status),
-            },
-            _ => {
-                drop(engine);
-                "dropped".to_string()
+            let w = engine
+                .add_param("w", &[64], DType::FLOAT32, ParamFlags::NONE, 0)
+                .unwrap();
+            engine.seal().unwrap();
+            engine.broadcast_parameters().unwrap();
+            for _ in 0..(if rank == 0 { 3 } else { 2 }) {
+                engine.wait_parameters(0).unwrap();
+                engine.grad(w).unwrap().fill(1.0);
+                engine.grad_ready(w, None).unwrap();
+                engine.release_parameters(0).unwrap();
+                engine.step().unwrap();
             }
-        }
-    })
+            stepped.wait(); // rank 0's last step is in flight; rank 1 leaves
+            if rank == 1 {
+                return "left".to_string();
+            }
+            match how {
+                "close" => match engine.close() {
+                    Ok(()) => "closed".to_string(),
+                    Err(err) => format!("close: {:?}", err.status),
+                },
+                "drop-seen" => {
+                    let seen = std::thread::scope(|s| {
+                        s.spawn(|| engine.synchronize().map_err(|e| e.status))
+                            .join()
+                            .unwrap()
+                    });
+                    drop(engine);
+                    format!("dropped after {:?}", seen)
+                }
+                _ => {
+                    drop(engine);
+                    "dropped".to_string()
+                }
+            }
+        },
+    )
 }
 
 #[test]
@@ -1609,25 +1622,39 @@ fn close_returns_the_failure_of_a_last_step_whose_peer_left() {
 #[test]
 fn a_dropped_engine_with_failed_work_says_so() {
     const CHILD: &str = "HPS_TEST_DROPPED_ENGINE_CHILD";
-    if std::env::var_os(CHILD).is_some() {
-        assert_eq!(last_step_whose_peer_left(3, "drop"), ["dropped", "left"]);
-        return;
+    match std::env::var(CHILD).as_deref() {
+        Ok("drop") => {
+            assert_eq!(last_step_whose_peer_left(3, "drop"), ["dropped", "left"]);
+            return;
+        }
+        Ok(_) => {
+            assert_eq!(
+                last_step_whose_peer_left(3, "drop-seen"),
+                ["dropped after Err(Aborted)", "left"]
+            );
+            return;
+        }
+        Err(_) => {}
     }
     // The line goes to the process's stderr: run this test alone in a child process.
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_dropped_engine_with_failed_work_says_so",
-            "--nocapture",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{}", stderr);
-    assert!(
-        stderr.contains("hpshard: an engine dropped with failed work in flight"),
-        "{}",
-        stderr
-    );
+    for (how, says) in [("drop", true), ("drop-seen", false)] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_dropped_engine_with_failed_work_says_so",
+                "--nocapture",
+            ])
+            .env(CHILD, how)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {}", how, stderr);
+        assert_eq!(
+            stderr.contains("hpshard: an engine dropped with failed work in flight"),
+            says,
+            "{}: {}",
+            how,
+            stderr
+        );
+    }
 }

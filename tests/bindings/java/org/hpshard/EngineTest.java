@@ -11,6 +11,7 @@ import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.lang.ref.WeakReference;
 import java.nio.ByteBuffer;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.UUID;
 import java.util.concurrent.CountDownLatch;
@@ -704,12 +705,15 @@ class EngineTest {
    * Rank 1 leaves after its last batch; rank 0 has one more, whose step's collectives fail
    * asynchronously (nothing in the step waits). close() returned and the update was missing
    * unseen; it throws that failure now, from the engine's close and from the communicator's
-   * close that closes the engine, and not once the making thread has seen the failure.
+   * close that closes the engine, and not once a call on the engine has thrown it (on this
+   * thread or another: "seen elsewhere" threw it again). Another handle's error tells nothing
+   * ("unrelated" silenced it).
    */
   @Test
   void closeThrowsTheFailureOfALastStepWhosePeerLeft() throws Exception {
     for (int stage : new int[] {2, 3}) {
-      for (String how : new String[] {"engine", "communicator", "seen"}) {
+      for (String how :
+          new String[] {"engine", "communicator", "seen", "seen elsewhere", "unrelated"}) {
         CountDownLatch stepped = new CountDownLatch(1);
         List<String> outcome = CommTest.runRanks(2, (rank, url) -> {
           Store store = Store.open(url, rank, 10000);
@@ -725,6 +729,20 @@ class EngineTest {
           if (how.equals("seen")) {
             HpsException e = assertThrows(HpsException.class, engine::synchronize);
             assertEquals("ABORTED", e.statusName(), e.getMessage());
+          } else if (how.equals("seen elsewhere")) {
+            List<String> thrown = new ArrayList<>();
+            Thread waiter = new Thread(() -> {
+              try {
+                engine.synchronize();
+              } catch (HpsException e) {
+                thrown.add(e.statusName());
+              }
+            });
+            waiter.start();
+            waiter.join();
+            assertEquals(List.of("ABORTED"), thrown);
+          } else if (how.equals("unrelated")) {
+            assertThrows(HpsException.class, () -> Store.open("nosuchscheme://x", 0, 1000));
           }
           String result = "closed";
           for (AutoCloseable h : how.equals("communicator")
@@ -739,7 +757,7 @@ class EngineTest {
           store.close();
           return result;
         });
-        String want = how.equals("seen") ? "closed" : "close threw ABORTED";
+        String want = how.startsWith("seen") ? "closed" : "close threw ABORTED";
         assertEquals(List.of(want, "left"), outcome, how + ", stage " + stage);
       }
     }
