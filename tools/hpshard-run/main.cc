@@ -1197,8 +1197,8 @@ class Launcher {
   }
 
   // A job that fails or times out after some ranks ended with code 0 while the others ran
-  // names them: a rank that leaves before its peers' collectives (or before the rendezvous)
-  // leaves them waiting until their timeout, and the failure is theirs to report.
+  // names them: the failure is the peers' to report (their collectives with a rank that left
+  // fail once its connections end; a rendezvous waits until its timeout).
   std::string early_exits_note() const {
     if (early_exits_.empty()) return "";
     std::string text = "; ";
@@ -1210,7 +1210,8 @@ class Launcher {
       text += " and " + std::to_string(early_exits_.size() - 8) + " more ranks too";
     }
     return text +
-           " while the others ran (a rank waiting for a peer that left waits until its timeout)";
+           " while the others ran (a collective with a rank that left fails once its connections"
+           " end, at once where its process exits; a rendezvous waits until its timeout)";
   }
 
   Options options_;
