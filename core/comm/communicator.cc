@@ -378,19 +378,20 @@ std::unique_ptr<Communicator::FailureLink> Communicator::link_failures(
   };
   auto members = std::make_shared<std::vector<Member>>();
   for (Communicator* c : present) members->push_back({c->abort_node_, c->name()});
+  // Member i's failure fails the others (a node whose communicator is gone is skipped).
+  auto fail_others = [members, who = std::move(who)](size_t i, const Status& failure) {
+    const Member& from = (*members)[i];
+    for (size_t j = 0; j < members->size(); ++j) {
+      if (j == i) continue;
+      const Member& to = (*members)[j];
+      if (auto node = to.node.lock()) {
+        node->fail(aborted(who + ": group '" + to.name + "' fails with group '" + from.name +
+                           "': " + failure.message()));
+      }
+    }
+  };
   std::optional<std::pair<size_t, Status>> failed_already;
   for (size_t i = 0; i < present.size(); ++i) {
-    auto listener = [members, who, i](const Status& failure) {
-      const Member& from = (*members)[i];
-      for (size_t j = 0; j < members->size(); ++j) {
-        if (j == i) continue;
-        const Member& to = (*members)[j];
-        if (auto node = to.node.lock()) {
-          node->fail(aborted(who + ": group '" + to.name + "' fails with group '" + from.name +
-                             "': " + failure.message()));
-        }
-      }
-    };
     const auto& node = present[i]->abort_node_;
     std::lock_guard lock(node->listeners_mutex);
     if (node->told) {
@@ -398,17 +399,10 @@ std::unique_ptr<Communicator::FailureLink> Communicator::link_failures(
       continue;  // the others fail below; a listener here would never run
     }
     const uint64_t id = node->next_listener++;
-    node->listeners.emplace(id, std::move(listener));
+    node->listeners.emplace(id, [fail_others, i](const Status& f) { fail_others(i, f); });
     link->listeners_.emplace_back(node, id);
   }
-  if (failed_already) {
-    const auto& [i, failure] = *failed_already;
-    for (size_t j = 0; j < present.size(); ++j) {
-      if (j == i) continue;
-      present[j]->fail(aborted(who + ": group '" + (*members)[j].name + "' fails with group '" +
-                               (*members)[i].name + "': " + failure.message()));
-    }
-  }
+  if (failed_already) fail_others(failed_already->first, failed_already->second);
   return link;
 }
 
