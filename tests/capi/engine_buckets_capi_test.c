@@ -1,9 +1,9 @@
 /* Engine calls through the C API, as C99: a failed seal, a learning-rate schedule, the
- * gradient norm, and bucket_bytes: two thread-ranks build the same model with and
- * without a cap on a bucket's bytes, at stage 2 and 3. The capped engine cuts unit 0 into
- * more flat buffers (hps_engine_param_bucket), its shards hold other parts of the
- * parameters (hps_engine_shard_range), and training ends bitwise equal to the uncapped
- * engine's (two ranks: every reduced element is a + b either way). */
+ * gradient norm, the count of failures returned, and bucket_bytes: two thread-ranks build the same
+ * model with and without a cap on a bucket's bytes, at stage 2 and 3. The capped engine cuts unit 0
+ * into more flat buffers (hps_engine_param_bucket), its shards hold other parts of the parameters
+ * (hps_engine_shard_range), and training ends bitwise equal to the uncapped engine's (two ranks:
+ * every reduced element is a + b either way). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -241,6 +241,45 @@ static void test_learning_rate_schedule(void) {
   }
 }
 
+/* hps_engine_failures_returned: NULL refused; 0 at creation; a refused query (an index out
+ * of range) or option does not count, a refused call that runs the engine's work (a step
+ * before seal, a wait for a unit that does not exist) does; successful calls leave it. */
+static void test_failures_returned(void) {
+  hps_store_t* store = NULL;
+  hps_comm_t* comm = NULL;
+  hps_engine_t* engine = NULL;
+  const int64_t n = 4;
+  uint64_t count = 99;
+  size_t index = 0;
+  void* data = NULL;
+  CHECK_OK(hps_store_open("memory://failures-returned", 0, 20000, &store));
+  CHECK_OK(hps_comm_create(store, 0, 1, HPS_DEVICE_CPU, 0, NULL, &comm));
+  CHECK_OK(hps_engine_create(comm, NULL, NULL, &engine));
+  if (engine == NULL) return;
+  CHECK(hps_engine_failures_returned(NULL, &count) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_engine_failures_returned(engine, NULL) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(count == 99); /* untouched by the refusal */
+  CHECK_OK(hps_engine_failures_returned(engine, &count));
+  CHECK(count == 0);
+  CHECK(hps_engine_set_learning_rate(engine, -1.0f) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_engine_param(engine, 7, &data) != HPS_STATUS_OK);
+  CHECK_OK(hps_engine_failures_returned(engine, &count));
+  CHECK(count == 0);
+  CHECK(hps_engine_step(engine) == HPS_STATUS_FAILED_PRECONDITION); /* before seal */
+  CHECK_OK(hps_engine_failures_returned(engine, &count));
+  CHECK(count == 1);
+  CHECK_OK(hps_engine_add_param(engine, "w", &n, 1, HPS_DTYPE_FLOAT32, 0, 0, &index));
+  CHECK_OK(hps_engine_seal(engine));
+  CHECK_OK(hps_engine_broadcast_parameters(engine));
+  CHECK(hps_engine_wait_parameters(engine, 5) != HPS_STATUS_OK);
+  CHECK_OK(hps_engine_synchronize(engine));
+  CHECK_OK(hps_engine_failures_returned(engine, &count));
+  CHECK(count == 2);
+  CHECK_OK(hps_engine_destroy(engine));
+  CHECK_OK(hps_comm_destroy(comm));
+  CHECK_OK(hps_store_destroy(store));
+}
+
 /* hps_engine_grad_norm: refused before seal and without clipping (nothing written), NULL
  * refused; with clipping the last step's norm through the pointer and a DLPack view that
  * keeps the engine's memory readable after the engine is gone (AddressSanitizer would see
@@ -320,6 +359,7 @@ int main(void) {
   test_failed_seal_changes_nothing();
   test_learning_rate_schedule();
   test_grad_norm();
+  test_failures_returned();
   for (stage = 2; stage <= 3; ++stage) {
     static rank_args_t args[2];
     pthread_t threads[2];
