@@ -312,6 +312,9 @@ StatusOr<std::shared_ptr<::gloo::transport::Device>> shared_device() {
 // one in 2^20, is not caught this way; the argument check, on by default, catches all.)
 constexpr uint64_t kPointToPointBit = uint64_t{1} << 63;
 constexpr uint32_t kAllGatherPhase = 3;
+// Phase 15, which no operation uses: the slot of the receives WaitWatch posts to learn that a
+// connection failed (no peer sends on it).
+constexpr uint64_t kWatchSlot = uint64_t{15} << 16;
 
 uint64_t mix(uint64_t h, uint64_t v) {
   // splitmix64's finaliser over the running hash and the next field.
@@ -488,7 +491,8 @@ class GlooCommunicator::Op {
     int peer = -1;
     bool done = false;
     {
-      // Watched while it blocks: a peer of this host that ends fails it (PeerEndWatch).
+      // Watched while it blocks: a peer whose connection fails or (on this host) whose
+      // process ends fails it (WaitWatch).
       const uint64_t watched = comm_.begin_wait({buffers_[buffer].get(), owed});
       struct EndWait {
         GlooCommunicator& comm;
@@ -508,10 +512,10 @@ class GlooCommunicator::Op {
     }
     if (!done) {
       broken_ = true;
-      if (!comm_.aborted_ && !comm_.ended_while_waiting().empty()) {
-        throw PeerFailure{std::move(owed),
-                          "its process ended while this rank waited for a "
-                          "transfer with it"};
+      if (!comm_.aborted_) {
+        auto [failed, what] = comm_.watched_failure(owed);
+        if (failed >= 0) owed = {failed};
+        if (!what.empty()) throw PeerFailure{std::move(owed), std::move(what)};
       }
       throw AbortedByUser();
     }
@@ -561,6 +565,22 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
                           " of " + std::to_string(size_));
 }
 
+// A communicator's Gloo transport and the watch's receives posted on it. Gloo may tell those
+// receives of a failed connection for as long as the connection is open, so they are
+// destroyed only after the connections are closed.
+struct Transport {
+  std::shared_ptr<::gloo::Context> context;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> watch_buffers;
+  Transport(std::shared_ptr<::gloo::Context> c,
+            std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> w)
+      : context(std::move(c)), watch_buffers(std::move(w)) {}
+  Transport(Transport&&) = default;
+  Transport& operator=(Transport&&) = default;
+  ~Transport() {
+    if (context) context->closeConnections();  // then the buffers, then the context
+  }
+};
+
 // Gloo closes a pair's socket with SO_LINGER 0: a reset that discards whatever the peer
 // has not read yet. A rank whose last collective has completed may still have bytes in
 // flight to a peer (a completed send means written to the socket, not received), so a
@@ -579,9 +599,9 @@ class ContextReaper {
     new (&slot_mutex()) std::mutex();  // the parent's may have been held at the fork
     (void)slot().release();            // never destroyed here: its thread is the parent's
   }
-  void retire(std::shared_ptr<::gloo::Context> context) {
+  void retire(Transport transport) {
     std::lock_guard lock(mutex_);
-    retired_.push_back({std::move(context), Clock::now() + kGrace});
+    retired_.push_back({std::move(transport), Clock::now() + kGrace});
     cv_.notify_one();
   }
   ~ContextReaper() {
@@ -604,7 +624,7 @@ class ContextReaper {
     return reaper;
   }
   struct Retired {
-    std::shared_ptr<::gloo::Context> context;
+    Transport transport;
     Clock::time_point close_at;
   };
   ContextReaper() : thread_([this] { run(); }) {}
@@ -624,10 +644,11 @@ class ContextReaper {
         cv_.wait_until(lock, next);
         continue;
       }
-      auto expired = std::move(retired_.front().context);
-      retired_.pop_front();
-      lock.unlock();
-      expired.reset();  // closes the sockets, outside the lock
+      {
+        Transport expired = std::move(retired_.front().transport);
+        retired_.pop_front();
+        lock.unlock();
+      }  // closes the sockets, outside the lock
       lock.lock();
     }
   }
@@ -638,21 +659,22 @@ class ContextReaper {
   std::thread thread_;
 };
 
-// One thread for the process: every 100 ms it asks each communicator with peers on this
-// host whether a wait under way is owed a transfer by a peer whose process has ended, and
-// such a wait fails once the peer has been seen ended for a second (what the peer wrote
-// before it ended is read meanwhile). Gloo signals a connection that its peer's end closed
-// to the transfers posted on it, but not always to one under way: such a wait would last
-// until the communicator's timeout (minutes by default).
-class PeerEndWatch {
+// One thread for the process: every 100 ms it asks each communicator with peers whether a
+// wait under way is owed a transfer by a peer whose connection has failed (seen failed a
+// round before, so that a transfer completed just before is taken first) or whose process
+// on this host has ended (seen ended for a second: what the peer wrote before it ended is
+// read meanwhile), and fails such a wait. Gloo tells a failed connection to the transfers
+// queued on it, but not to one under way: such a wait would last until the communicator's
+// timeout (minutes by default).
+class WaitWatch {
  public:
   static constexpr std::chrono::milliseconds kPeriod{100};
   static constexpr std::chrono::milliseconds kGrace{1000};
 
-  static PeerEndWatch& instance() {
+  static WaitWatch& instance() {
     std::lock_guard lock(slot_mutex());
-    PeerEndWatch*& watch = slot();
-    if (watch == nullptr) watch = new PeerEndWatch();  // never destroyed: its thread runs on
+    WaitWatch*& watch = slot();
+    if (watch == nullptr) watch = new WaitWatch();  // never destroyed: its thread runs on
     return *watch;
   }
   // The forked child's: see forget_the_parents_transport().
@@ -676,8 +698,8 @@ class PeerEndWatch {
     static std::mutex mutex;
     return mutex;
   }
-  static PeerEndWatch*& slot() {
-    static PeerEndWatch* watch = nullptr;
+  static WaitWatch*& slot() {
+    static WaitWatch* watch = nullptr;
     return watch;
   }
   void run() {
@@ -705,7 +727,7 @@ void forget_the_parents_transport() {
   (void)new DeviceMap(std::move(devices_by_host()));  // kept, never destroyed
   devices_by_host().clear();
   ContextReaper::forget_the_parents();
-  PeerEndWatch::forget_the_parents();
+  WaitWatch::forget_the_parents();
 }
 [[maybe_unused]] const bool g_fork_handler_registered =
     ::pthread_atfork(nullptr, nullptr, forget_the_parents_transport) == 0;
@@ -722,31 +744,25 @@ GlooCommunicator::~GlooCommunicator() {
   }
   waiter_cv_.notify_all();
   waiter_.join();
-  if (has_same_host_peers_) PeerEndWatch::instance().remove(this);
+  if (watched_) WaitWatch::instance().remove(this);
   shm_.reset();  // tells same-host peers still waiting for this rank that it has gone
   bool healthy = !aborted_ && parked_.empty();
   {
     std::lock_guard lock(failure_mutex_);
     healthy = healthy && failure_.ok();
   }
+  Transport transport(std::move(context_), std::move(watch_buffers_));
   // After an abort or a failure the peers must learn at once that this rank is gone.
-  if (healthy && context_) ContextReaper::instance().retire(std::move(context_));
-  context_.reset();
+  if (healthy && transport.context) {
+    ContextReaper::instance().retire(std::move(transport));
+  } else {
+    Transport{std::move(transport)};  // closed here
+  }
   parked_.clear();  // the transport is gone: nothing signals them any more
 }
 
-bool GlooCommunicator::has_peers_on_this_host() const {
-  for (size_t r = 0; r < peer_processes_.size(); ++r) {
-    if (static_cast<int32_t>(r) != rank_ && peer_processes_[r] &&
-        peer_processes_[r]->on_this_host()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 uint64_t GlooCommunicator::begin_wait(OwedTransfers owed) {
-  if (!has_same_host_peers_) return 0;
+  if (!watched_) return 0;
   std::lock_guard lock(waits_mutex_);
   const uint64_t id = ++next_wait_;
   waits_.emplace(id, std::move(owed));
@@ -759,36 +775,64 @@ void GlooCommunicator::end_wait(uint64_t id) {
   waits_.erase(id);
 }
 
-std::string GlooCommunicator::ended_while_waiting() {
+std::pair<int32_t, std::string> GlooCommunicator::watched_failure(
+    const std::vector<int32_t>& peers) {
   std::lock_guard lock(waits_mutex_);
-  return ended_while_waiting_;
+  for (int32_t p : peers) {
+    if (p >= 0 && static_cast<size_t>(p) < broken_.size() && !broken_[p].empty()) {
+      return {p, broken_[p]};
+    }
+  }
+  if (ended_while_waiting_.empty()) return {-1, ""};
+  return {-1, "its process ended while this rank waited for a transfer with it"};
+}
+
+std::optional<std::string> GlooCommunicator::connection_failure(int32_t peer) {
+  if (peer < 0 || static_cast<size_t>(peer) >= watch_buffers_.size() || !watch_buffers_[peer]) {
+    return std::nullopt;
+  }
+  // Aborted first, the wait returns at once: false while the connection works, Gloo's
+  // exception once it has failed.
+  ::gloo::transport::UnboundBuffer& watch = *watch_buffers_[peer];
+  watch.abortWaitRecv();
+  try {
+    (void)watch.waitRecv(nullptr, std::chrono::milliseconds(1000));
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
 }
 
 void GlooCommunicator::check_waits() {
   std::lock_guard lock(waits_mutex_);
   if (waits_.empty()) return;
   const auto now = Clock::now();
+  auto failed = [&](int32_t p) { return gone_[p] || !broken_[p].empty(); };
   bool any = false;
   for (const auto& [id, wait] : waits_) {
     for (int32_t p : wait.peers) {
-      if (p < 0 || static_cast<size_t>(p) >= peer_processes_.size() || !peer_processes_[p]) {
-        continue;
+      if (p < 0 || p >= size_) continue;
+      if (!failed(p)) {
+        if (auto what = connection_failure(p)) {
+          if (now - seen_broken_.emplace(p, now).first->second >= WaitWatch::kPeriod) {
+            broken_[p] = *what;
+          }
+        } else if (static_cast<size_t>(p) < peer_processes_.size() && peer_processes_[p] &&
+                   peer_processes_[p]->ended()) {
+          // What it wrote before it ended is read meanwhile.
+          if (now - seen_ended_.emplace(p, now).first->second >= WaitWatch::kGrace) {
+            gone_[p] = peer_processes_[p];
+            ended_while_waiting_ = ended_peers(gone_, rank_);
+          }
+        }
       }
-      if (!gone_[p]) {
-        if (!peer_processes_[p]->ended()) continue;
-        // What it wrote before it ended is read meanwhile.
-        if (now - seen_ended_.emplace(p, now).first->second < PeerEndWatch::kGrace) continue;
-        gone_[p] = peer_processes_[p];
-        ended_while_waiting_ = ended_peers(gone_, rank_);
-      }
-      any = true;
+      any = any || failed(p);
     }
   }
   if (!any) return;
   for (const auto& [id, wait] : waits_) {
-    if (std::any_of(wait.peers.begin(), wait.peers.end(), [&](int32_t p) {
-          return p >= 0 && static_cast<size_t>(p) < gone_.size() && gone_[p];
-        })) {
+    if (std::any_of(wait.peers.begin(), wait.peers.end(),
+                    [&](int32_t p) { return p >= 0 && p < size_ && failed(p); })) {
       wait.buffer->abortWaitRecv();
       wait.buffer->abortWaitSend();
     }
@@ -840,6 +884,16 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     comm->peer_addresses_ = adapter.take_peer_addresses();
     context->setTimeout(options.timeout);
     comm->context_ = std::move(context);
+    // Gloo tells a failed connection to the receives posted on it: one per peer, never
+    // completed, lets WaitWatch ask.
+    comm->watch_buffers_.resize(static_cast<size_t>(size));
+    for (int32_t p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      static uint8_t never_written = 0;
+      auto watch = comm->context_->createUnboundBuffer(&never_written, 1);
+      watch->recv(p, kWatchSlot, 0, 1);
+      comm->watch_buffers_[static_cast<size_t>(p)] = std::move(watch);
+    }
     // Ranks that all run here also share memory for collectives (send / recv stay on TCP).
     const size_t slot_bytes = options.shared_memory_slot_bytes ? options.shared_memory_slot_bytes
                                                                : shm::kDefaultSlotBytes;
@@ -900,10 +954,11 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
   }
   HPS_LOG(kDebug) << "communicator '" << options.name << "' rank " << rank << "/" << size
                   << " connected over " << comm->transport();
-  if (comm->has_peers_on_this_host()) {
-    comm->has_same_host_peers_ = true;
-    comm->gone_.resize(comm->peer_processes_.size());
-    PeerEndWatch::instance().add(comm.get());
+  if (size > 1) {
+    comm->watched_ = true;
+    comm->gone_.resize(static_cast<size_t>(size));
+    comm->broken_.resize(static_cast<size_t>(size));
+    WaitWatch::instance().add(comm.get());
   }
   return std::unique_ptr<Communicator>(std::move(comm));
 }

@@ -12,7 +12,9 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/comm/communicator.h"
@@ -35,7 +37,7 @@ namespace hps::gloo_backend {
 std::string device_host();
 
 class ControlMesh;
-class PeerEndWatch;
+class WaitWatch;
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -86,30 +88,38 @@ class GlooCommunicator final : public Communicator {
   void fail_operations(const Status& cause) override;
 
  private:
-  friend class PeerEndWatch;
+  friend class WaitWatch;
   GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, int32_t size, CommOptions options);
 
-  // The transfers a wait under way (Op::wait_one) is owed: a peer of this host whose process
-  // ends while it owes one fails the wait within about a second (PeerEndWatch), where Gloo
-  // may not: a transfer under way on a connection the peer's end closed is never signalled.
+  // The transfers a wait under way (Op::wait_one) is owed. Gloo tells a failed connection
+  // to the transfers still queued on it, but not to one under way (a send partly written, a
+  // receive partly read): such a wait would last the whole timeout. WaitWatch fails it once
+  // the connection to a peer it is owed by has failed, or once that peer's process (on this
+  // host) has ended, whose connection a child it forked may hold open.
   struct OwedTransfers {
     ::gloo::transport::UnboundBuffer* buffer;
     std::vector<int32_t> peers;
   };
   uint64_t begin_wait(OwedTransfers owed);
   void end_wait(uint64_t id);
-  // The watch's round: aborts the waits owed by a peer seen ended for the grace period.
+  // The watch's round: aborts the waits owed by a peer whose connection has been seen failed
+  // for a round, or whose process has been seen ended for the grace period.
   void check_waits();
-  // "rank P (process N on this host) has ended" once a wait was failed for it, else "".
-  std::string ended_while_waiting();
-  bool has_peers_on_this_host() const;
+  // Gloo's message once the connection to `peer` has failed; nullopt while it works (or
+  // while its lock is busy: the next round asks again).
+  std::optional<std::string> connection_failure(int32_t peer);
+  // Why the watch failed a wait owed by `peers`: the rank whose connection failed (else -1)
+  // and what failed; an empty message when it failed none of them.
+  std::pair<int32_t, std::string> watched_failure(const std::vector<int32_t>& peers);
   std::mutex waits_mutex_;
   uint64_t next_wait_ = 0;
   std::map<uint64_t, OwedTransfers> waits_;
   std::map<int32_t, std::chrono::steady_clock::time_point> seen_ended_;
+  std::map<int32_t, std::chrono::steady_clock::time_point> seen_broken_;
   std::vector<std::optional<host::Process>> gone_;  // by rank: peers whose waits fail
-  std::string ended_while_waiting_;
-  bool has_same_host_peers_ = false;  // set once, before the first operation
+  std::vector<std::string> broken_;  // by rank: Gloo's message once its waits were failed
+  std::string ended_while_waiting_;  // "rank P (process N on this host) has ended", or ""
+  bool watched_ = false;             // set once, before the first operation
 
   using Descriptor = CollectiveDescriptor;
 
@@ -195,6 +205,9 @@ class GlooCommunicator final : public Communicator {
   CommOptions options_;
   std::atomic<int64_t> timeout_ms_;
   std::shared_ptr<::gloo::Context> context_;
+  // By rank: a receive on a slot no operation uses, posted on the connection to that peer
+  // (none for this rank): Gloo tells it when the connection fails (connection_failure).
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> watch_buffers_;
   // Set when every rank runs on this host: collectives go through shared memory.
   std::unique_ptr<shm::ShmGroup> shm_;
   // Otherwise, with checking on, the argument check's own connections.

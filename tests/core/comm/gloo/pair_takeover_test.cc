@@ -211,6 +211,66 @@ TEST(GlooDeadPeer, AClosedConnectionNamesThePeer) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(10'000));
 }
 
+// Rank 1 sends rank 0 `count` floats over TCP; rank `leaver` aborts `after` posting its
+// side. The survivor's status and how long its wait lasted.
+struct MidTransfer {
+  Status survivor;
+  std::chrono::steady_clock::duration waited{};
+};
+MidTransfer abort_mid_transfer(int32_t leaver, size_t count, milliseconds after) {
+  CommOptions options;
+  options.timeout = milliseconds(60'000);
+  options.shared_memory = false;
+  auto store = make_in_memory_store();
+  MidTransfer result;
+  std::thread ranks[2];
+  for (int32_t r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      auto comm = create_communicator(store, r, 2, Device::cpu(), options);
+      ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+      std::vector<float> data(count, static_cast<float>(r));
+      auto work = r == 1 ? (*comm)->send(data.data(), count, DType::kFloat32, 0)
+                         : (*comm)->recv(data.data(), count, DType::kFloat32, 1);
+      ASSERT_TRUE(work.ok()) << work.status().to_string();
+      if (r == leaver) {
+        std::this_thread::sleep_for(after);
+        (*comm)->abort();
+        (void)(*work)->wait();
+        return;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      result.survivor = (*work)->wait();
+      result.waited = std::chrono::steady_clock::now() - start;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  return result;
+}
+
+// Gloo tells a failed connection to the transfers still queued on it, not to one under way
+// (a send partly written, a receive partly read). A peer that aborts mid-transfer fails the
+// survivor's wait within a fraction of a second, not at its timeout (a minute here): the
+// ranks are threads of this process, so only the connection's failure can tell.
+TEST(GlooDeadPeer, APeerThatAbortsMidTransferFailsTheSurvivorsWaitAtOnce) {
+  constexpr size_t kCount = size_t{64} << 20;  // 256 MiB: the transfer lasts a while
+  const auto whole = abort_mid_transfer(-1, kCount, milliseconds(0));
+  ASSERT_TRUE(whole.survivor.ok()) << whole.survivor.to_string();
+  // Aborted a fifth of the way through a healthy transfer's time.
+  const auto after =
+      std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(whole.waited / 5));
+  for (const int32_t leaver : {0, 1}) {
+    SCOPED_TRACE(leaver == 1 ? "the sender aborts" : "the receiver aborts");
+    const MidTransfer t = abort_mid_transfer(leaver, kCount, after);
+    EXPECT_EQ(t.survivor.code(), StatusCode::kAborted) << t.survivor.to_string();
+    EXPECT_NE(
+        t.survivor.message().find("the connection to rank " + std::to_string(leaver) + " failed"),
+        std::string::npos)
+        << t.survivor.to_string();
+    EXPECT_LT(t.waited, milliseconds(10'000))
+        << "a healthy transfer took " << whole.waited.count() / 1'000'000 << " ms";
+  }
+}
+
 // A process of this host that has ended (started, then exited and reaped), as a rank
 // would have published it.
 std::string ended_process_record() {
