@@ -1157,7 +1157,7 @@ bool GlooCommunicator::record_failure(const Status& s) {
     std::lock_guard lock(failure_mutex_);
     first = failure_.ok();
     if (first) failure_ = s;
-    if (shm_) shm_->mark_failed();
+    if (shm_) shm_->mark_failed(s.message());
   }
   HPS_LOG(kWarn) << s.to_string();
   // A failed communicator runs nothing more, and its peers must not complete the operation

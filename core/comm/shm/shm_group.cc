@@ -37,8 +37,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr uint64_t kMagic = 0x6870736861726433ULL;  // "hpshard3"
+constexpr uint64_t kMagic = 0x6870736861726434ULL;  // "hpshard4"
 constexpr size_t kPage = 4096;
+// A failed rank's message for its peers' errors, truncated to this many bytes with its NUL.
+constexpr size_t kReasonBytes = 384;
+enum ReasonState : uint32_t { kNoReason = 0, kWritingReason = 1, kReasonWritten = 2 };
 
 enum State : uint32_t { kActive = 0, kLeft = 1, kFailed = 2, kAborted = 3 };
 
@@ -242,6 +245,9 @@ struct alignas(128) ShmGroup::Control {
   std::atomic<uint64_t> address[2];
   std::atomic<uint64_t> reading;  // direct mode: 1 + the round whose peer buffer it is reading
   uint64_t probe;                 // the address of this process's probe_word
+  // Why this rank's communicator failed (mark_failed), written once, before its state.
+  std::atomic<uint32_t> reason_state;  // ReasonState
+  char reason[kReasonBytes];
 };
 
 namespace {
@@ -557,9 +563,28 @@ void ShmGroup::abort() {
   notify();
 }
 
-void ShmGroup::mark_failed() {
+void ShmGroup::mark_failed(std::string_view why) {
+  Control& mine = control(rank_);
+  uint32_t none = kNoReason;
+  if (mine.reason_state.compare_exchange_strong(none, kWritingReason)) {
+    const size_t n = std::min(why.size(), kReasonBytes - 1);
+    std::memcpy(mine.reason, why.data(), n);
+    mine.reason[n] = '\0';
+    mine.reason_state.store(kReasonWritten, std::memory_order_release);
+  }
   uint32_t active = kActive;
-  if (control(rank_).state.compare_exchange_strong(active, kFailed)) notify();
+  if (mine.state.compare_exchange_strong(active, kFailed)) notify();
+}
+
+std::string ShmGroup::reason_of(int32_t peer) const {
+  const Control& c = control(peer);
+  if (c.reason_state.load(std::memory_order_acquire) != kReasonWritten) return {};
+  // Another process's bytes: bounded, and only printable ones kept.
+  std::string reason(c.reason, ::strnlen(c.reason, kReasonBytes));
+  for (char& ch : reason) {
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+  }
+  return reason;
 }
 
 Status ShmGroup::peer_gone(int32_t peer) const {
@@ -569,8 +594,11 @@ Status ShmGroup::peer_gone(int32_t peer) const {
     case kLeft:
       return aborted("rank " + std::to_string(peer) +
                      " destroyed its communicator before joining (did a rank exit?)");
-    case kFailed:
-      return with_cause(aborted("rank " + std::to_string(peer) + " failed an earlier operation"));
+    case kFailed: {
+      const std::string reason = reason_of(peer);
+      return with_cause(aborted("rank " + std::to_string(peer) + " failed an earlier operation" +
+                                (reason.empty() ? "" : " (its error: " + reason + ")")));
+    }
     case kAborted:
       return with_cause(aborted("rank " + std::to_string(peer) + " aborted the communicator"));
     default: break;

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/comm/communicator.h"
 #include "core/comm/descriptor.h"
@@ -88,8 +89,9 @@ class ShmGroup {
   // From any thread: the running and later collectives end with ABORTED, here and on
   // the peers waiting for this rank.
   void abort();
-  // This rank's communicator failed: peers waiting for it stop at once.
-  void mark_failed();
+  // This rank's communicator failed (`why`, the first time): peers waiting for it stop at
+  // once, their errors quoting `why`.
+  void mark_failed(std::string_view why);
 
   // Tests only: runs inside every wait of this rank's collectives, between its read of
   // whether the peer waited for is gone and its read of that peer's progress (the window in
@@ -126,6 +128,8 @@ class ShmGroup {
   // wait_for on every other rank (or only `only`, when >= 0).
   Status wait_peers(bool posted, uint64_t target, Deadline deadline, int32_t only = -1);
   Status peer_gone(int32_t peer) const;
+  // The message `peer` failed with (mark_failed), or "" when it wrote none.
+  std::string reason_of(int32_t peer) const;
   // `failure` (a peer that failed, aborted or withdrew its buffer: often a survivor of
   // another rank's death), or, when a rank of the group has exited or left, that rank's
   // end first with `failure` after it: the cause, not a fellow survivor, is named.

@@ -189,6 +189,31 @@ TEST(ShmGroup, ARankThatGaveUpIsNamedWithTheRanksThatHadNotJoined) {
   EXPECT_NE(s1.message().find("; rank 2 had not joined it"), std::string::npos) << s1.to_string();
 }
 
+// A rank whose communicator failed tells its peers why: a rank waiting for it quotes the
+// message, bounded (the first 383 bytes) and with unprintable bytes replaced; only the first
+// message counts.
+TEST(ShmGroup, APeerThatFailedIsQuotedInTheErrorItCauses) {
+  auto made = create_pair(false);
+  for (auto& g : made) ASSERT_TRUE(g.ok() && *g) << g.status().to_string();
+  std::string why = "all_reduce #3 on group 'dp' (rank 0 of 2): rank 1 left\n";
+  const std::string said = "all_reduce #3 on group 'dp' (rank 0 of 2): rank 1 left?";
+  why += std::string(1000, 'x');
+  (*made[1])->mark_failed(why);
+  (*made[1])->mark_failed("a later failure");
+  CollectiveDescriptor d;
+  d.kind = kBarrierKind;
+  const Status s =
+      (*made[0])->barrier(d, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+  const std::string quoted = "rank 1 failed an earlier operation (its error: " + said;
+  const size_t at = s.message().find(quoted);
+  ASSERT_NE(at, std::string::npos) << s.to_string();
+  const size_t end = s.message().find(')', at + quoted.size());
+  ASSERT_NE(end, std::string::npos) << s.to_string();
+  EXPECT_EQ(end - (at + quoted.size() - said.size()), 383u) << s.to_string();
+  EXPECT_EQ(s.message().find("a later failure"), std::string::npos) << s.to_string();
+}
+
 // The same protocol with the buffer still there: a reader that comes in time reads it.
 TEST(ShmGroup, DirectAllGatherAndBroadcastDeliverTheData) {
   auto groups = direct_pair();
