@@ -575,9 +575,14 @@ struct Transport {
             std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> w)
       : context(std::move(c)), watch_buffers(std::move(w)) {}
   Transport(Transport&&) = default;
-  Transport& operator=(Transport&&) = default;
+  Transport& operator=(Transport&&) = delete;
   ~Transport() {
     if (context) context->closeConnections();  // then the buffers, then the context
+  }
+  // Left open, never destroyed (at process exit; held where a leak check sees it).
+  void abandon() {
+    static auto* left_open = new std::deque<Transport>();
+    left_open->push_back(std::move(*this));
   }
 };
 
@@ -631,7 +636,10 @@ class ContextReaper {
   void run() {
     std::unique_lock lock(mutex_);
     while (!stopping_ || !retired_.empty()) {
-      if (stopping_) {  // process exit: close the rest now
+      if (stopping_) {
+        // Process exit: the rest stay open for the exit to close them (a FIN after whatever
+        // is still queued for a peer) instead of a reset that would discard it.
+        for (Retired& r : retired_) r.transport.abandon();
         retired_.clear();
         break;
       }

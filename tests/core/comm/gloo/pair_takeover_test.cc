@@ -355,6 +355,58 @@ TEST(GlooDeadPeerChild, DISABLED_Rank2) {
   while (true) ::pause();  // killed by the test
 }
 
+// Rank 1 of 2, run by ARankThatExitsRightAfterClosingEndsItsConnectionsWithAFin: closes its
+// communicator, then exits at once (the exit's own destructors run).
+TEST(GlooDeadPeerChild, DISABLED_ClosesThenExits) {
+  const char* dir = std::getenv("HPS_EXITING_PEER_STORE");
+  if (dir == nullptr) GTEST_SKIP() << "runs only as rank 1 of another test";
+  CommOptions options;
+  options.timeout = milliseconds(20'000);
+  options.shared_memory = false;
+  auto store = make_file_store(dir);
+  if (!store.ok()) ::_exit(1);
+  auto comm = create_communicator(*store, 1, 2, Device::cpu(), options);
+  if (!comm.ok()) ::_exit(1);
+  comm->reset();
+  std::exit(0);
+}
+
+// A communicator closed in health keeps its connections open a while (its last sends may
+// still be queued for a peer); a process that exits meanwhile leaves them for the exit to
+// close, which sends what is queued, then a FIN. A reset there (SO_LINGER 0, as a close that
+// fails the peers) would discard what the peers had not yet received: the peer sees
+// "Connection closed by peer", not "Connection reset by peer".
+TEST(GlooDeadPeer, ARankThatExitsRightAfterClosingEndsItsConnectionsWithAFin) {
+  CommOptions options;
+  options.timeout = milliseconds(20'000);
+  options.shared_memory = false;
+  char dir[] = "/tmp/hps_exiting_peer.XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("HPS_EXITING_PEER_STORE", dir, 1);
+    ::execl("/proc/self/exe", "pair_takeover_test",
+            "--gtest_filter=GlooDeadPeerChild.DISABLED_ClosesThenExits",
+            "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto opened = make_file_store(dir);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto comm = create_communicator(*opened, 0, 2, Device::cpu(), options);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(comm.ok()) << comm.status().to_string();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child's status " << status;
+  float x = 0;
+  auto work = (*comm)->recv(&x, 1, DType::kFloat32, 1);
+  const Status s = work.ok() ? (*work)->wait() : work.status();
+  EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+  EXPECT_NE(s.message().find("Connection closed by peer"), std::string::npos) << s.to_string();
+  EXPECT_EQ(s.message().find("reset"), std::string::npos) << s.to_string();
+}
+
 // Rank 2 of 3 is killed between collectives over TCP: each survivor names rank 2 first,
 // also one whose failed connection is to the other survivor (which aborted its own on
 // seeing rank 2 go). Survivors named each other in 6 of 24 kills.
