@@ -86,13 +86,8 @@ Status check_comm_name(std::string_view name, std::string_view what) {
 }
 
 std::string derived_comm_name(std::string_view base, std::string_view suffix) {
-  size_t keep =
-      std::min(base.size(), kMaxCommNameBytes - std::min(suffix.size(), kMaxCommNameBytes));
-  // A UTF-8 continuation byte (10xxxxxx) is no character's start.
-  while (keep > 0 && keep < base.size() &&
-         (static_cast<unsigned char>(base[keep]) & 0xC0) == 0x80) {
-    --keep;
-  }
+  const size_t keep =
+      utf8_prefix_bytes(base, kMaxCommNameBytes - std::min(suffix.size(), kMaxCommNameBytes));
   return std::string(base.substr(0, keep)) + std::string(suffix);
 }
 

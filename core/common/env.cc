@@ -1,5 +1,6 @@
 #include "core/common/env.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,16 @@ bool has_control_bytes(std::string_view text) {
     if (c < 0x20 || c == 0x7f) return true;
   }
   return false;
+}
+
+size_t utf8_prefix_bytes(std::string_view text, size_t max_bytes) {
+  size_t keep = std::min(text.size(), max_bytes);
+  // A UTF-8 continuation byte (10xxxxxx) is no character's start.
+  while (keep > 0 && keep < text.size() &&
+         (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) {
+    --keep;
+  }
+  return keep;
 }
 
 bool is_utf8(std::string_view text) {

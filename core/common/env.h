@@ -20,6 +20,9 @@ bool has_control_bytes(std::string_view text);
 // Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points past
 // U+10FFFF): names and metadata a checkpoint's JSON manifest keeps must be.
 bool is_utf8(std::string_view text);
+// The length of the longest prefix of `text` within `max_bytes` that ends at a UTF-8
+// character's start (a cut there splits no character).
+size_t utf8_prefix_bytes(std::string_view text, size_t max_bytes);
 // A name that messages, logs and manifests show (a parameter's, a group's): INVALID_ARGUMENT
 // starting with `what` ("parameter name") when it is empty, longer than `max_bytes`, holds
 // a control character or is not UTF-8.

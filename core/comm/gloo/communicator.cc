@@ -567,7 +567,11 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
 
 // A communicator's Gloo transport and the watch's receives posted on it. Gloo may tell those
 // receives of a failed connection for as long as the connection is open, so they are
-// destroyed only after the connections are closed.
+// destroyed only after the connections are closed, and closed gracefully: whatever is still
+// queued for a peer is sent, then a FIN (Context::closeConnections resets them, discarding
+// it). Gloo closes them so when a wait times out: it fails every connection of the context,
+// telling the receives posted on them under the connections' locks. A wait of 1 ms on a
+// watch receive, which no peer completes, does that.
 struct Transport {
   std::shared_ptr<::gloo::Context> context;
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> watch_buffers;
@@ -577,7 +581,16 @@ struct Transport {
   Transport(Transport&&) = default;
   Transport& operator=(Transport&&) = delete;
   ~Transport() {
-    if (context) context->closeConnections();  // then the buffers, then the context
+    // Each wait throws at once where its connection has failed (or the first wait's
+    // timeout failed it); then the buffers go, then the context.
+    for (auto& watch : watch_buffers) {
+      if (!watch) continue;
+      try {
+        (void)watch->waitRecv(nullptr, std::chrono::milliseconds(1));
+      } catch (const std::exception&) {
+        // Its connection is closed: what the loop was for.
+      }
+    }
   }
   // Left open, never destroyed (at process exit; held where a leak check sees it).
   void abandon() {
@@ -1167,10 +1180,11 @@ bool GlooCommunicator::record_failure(const Status& s) {
     if (first) failure_ = s;
     if (shm_) shm_->mark_failed(s.message());
   }
+  if (!first) return false;  // refused after it: "an earlier operation failed: ..."
   HPS_LOG(kWarn) << s.to_string();
   // A failed communicator runs nothing more, and its peers must not complete the operation
   // it gave up on (with the data it sent before), nor wait out their own timeouts.
-  if (first) end_connections();
+  end_connections();
   return first;
 }
 

@@ -567,9 +567,13 @@ void ShmGroup::mark_failed(std::string_view why) {
   Control& mine = control(rank_);
   uint32_t none = kNoReason;
   if (mine.reason_state.compare_exchange_strong(none, kWritingReason)) {
-    const size_t n = std::min(why.size(), kReasonBytes - 1);
+    // Cut at a character's start, and marked: "..." says there was more.
+    constexpr std::string_view kCut = "...";
+    const bool cut = why.size() > kReasonBytes - 1;
+    const size_t n = cut ? utf8_prefix_bytes(why, kReasonBytes - 1 - kCut.size()) : why.size();
     std::memcpy(mine.reason, why.data(), n);
-    mine.reason[n] = '\0';
+    if (cut) std::memcpy(mine.reason + n, kCut.data(), kCut.size());
+    mine.reason[n + (cut ? kCut.size() : 0)] = '\0';
     mine.reason_state.store(kReasonWritten, std::memory_order_release);
   }
   uint32_t active = kActive;
@@ -579,10 +583,13 @@ void ShmGroup::mark_failed(std::string_view why) {
 std::string ShmGroup::reason_of(int32_t peer) const {
   const Control& c = control(peer);
   if (c.reason_state.load(std::memory_order_acquire) != kReasonWritten) return {};
-  // Another process's bytes: bounded, and only printable ones kept.
+  // Another process's bytes: bounded, control bytes replaced, and anything past ASCII too
+  // unless the whole is UTF-8.
   std::string reason(c.reason, ::strnlen(c.reason, kReasonBytes));
+  const bool utf8 = is_utf8(reason);
   for (char& ch : reason) {
-    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte < 0x20 || byte == 0x7f || (byte >= 0x80 && !utf8)) ch = '?';
   }
   return reason;
 }

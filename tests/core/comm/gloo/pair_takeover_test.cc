@@ -21,7 +21,10 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/comm/communicator.h"
 #include "core/comm/host.h"
@@ -355,8 +358,22 @@ TEST(GlooDeadPeerChild, DISABLED_Rank2) {
   while (true) ::pause();  // killed by the test
 }
 
-// Rank 1 of 2, run by ARankThatExitsRightAfterClosingEndsItsConnectionsWithAFin: closes its
-// communicator, then exits at once (the exit's own destructors run).
+// Runs this binary's (disabled) test `name` in a child process with `env` set; its pid.
+pid_t run_child_test(const std::string& name,
+                     const std::vector<std::pair<std::string, std::string>>& env) {
+  const std::string filter = "--gtest_filter=" + name;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    for (const auto& [key, value] : env) ::setenv(key.c_str(), value.c_str(), 1);
+    ::execl("/proc/self/exe", "pair_takeover_test", filter.c_str(),
+            "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return child;
+}
+
+// Rank 1 of 2, run by AClosedRanksConnectionsEndWithAFin: closes its communicator, then
+// exits (the exit's own destructors run) at once or after HPS_EXITING_PEER_LINGER_MS.
 TEST(GlooDeadPeerChild, DISABLED_ClosesThenExits) {
   const char* dir = std::getenv("HPS_EXITING_PEER_STORE");
   if (dir == nullptr) GTEST_SKIP() << "runs only as rank 1 of another test";
@@ -368,29 +385,29 @@ TEST(GlooDeadPeerChild, DISABLED_ClosesThenExits) {
   auto comm = create_communicator(*store, 1, 2, Device::cpu(), options);
   if (!comm.ok()) ::_exit(1);
   comm->reset();
+  if (const char* linger = std::getenv("HPS_EXITING_PEER_LINGER_MS")) {
+    std::this_thread::sleep_for(milliseconds(std::atoi(linger)));
+  }
   std::exit(0);
 }
 
 // A communicator closed in health keeps its connections open a while (its last sends may
-// still be queued for a peer); a process that exits meanwhile leaves them for the exit to
-// close, which sends what is queued, then a FIN. A reset there (SO_LINGER 0, as a close that
-// fails the peers) would discard what the peers had not yet received: the peer sees
-// "Connection closed by peer", not "Connection reset by peer".
-TEST(GlooDeadPeer, ARankThatExitsRightAfterClosingEndsItsConnectionsWithAFin) {
+// still be queued for a peer), then closes them with a FIN, which sends what is queued
+// first; a process that exits meanwhile leaves them for the exit to close the same way. A
+// reset (SO_LINGER 0, as a close that fails the peers) would discard what the peers had not
+// yet received: the peer sees "Connection closed by peer", not "Connection reset by peer",
+// whether the rank exits at once or after the 5 s grace.
+class GlooClosedPeer : public ::testing::TestWithParam<int> {};
+TEST_P(GlooClosedPeer, AClosedRanksConnectionsEndWithAFin) {
   CommOptions options;
   options.timeout = milliseconds(20'000);
   options.shared_memory = false;
   char dir[] = "/tmp/hps_exiting_peer.XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
-  const pid_t child = ::fork();
+  const pid_t child = run_child_test("GlooDeadPeerChild.DISABLED_ClosesThenExits",
+                                     {{"HPS_EXITING_PEER_STORE", dir},
+                                      {"HPS_EXITING_PEER_LINGER_MS", std::to_string(GetParam())}});
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::setenv("HPS_EXITING_PEER_STORE", dir, 1);
-    ::execl("/proc/self/exe", "pair_takeover_test",
-            "--gtest_filter=GlooDeadPeerChild.DISABLED_ClosesThenExits",
-            "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
   auto opened = make_file_store(dir);
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   auto comm = create_communicator(*opened, 0, 2, Device::cpu(), options);
@@ -406,6 +423,7 @@ TEST(GlooDeadPeer, ARankThatExitsRightAfterClosingEndsItsConnectionsWithAFin) {
   EXPECT_NE(s.message().find("Connection closed by peer"), std::string::npos) << s.to_string();
   EXPECT_EQ(s.message().find("reset"), std::string::npos) << s.to_string();
 }
+INSTANTIATE_TEST_SUITE_P(AtOnceOrAfterTheGrace, GlooClosedPeer, ::testing::Values(0, 6000));
 
 // Rank 2 of 3 is killed between collectives over TCP: each survivor names rank 2 first,
 // also one whose failed connection is to the other survivor (which aborted its own on
@@ -417,14 +435,9 @@ TEST(GlooDeadPeer, SurvivorsNameTheRankWhoseProcessEnded) {
   options.check_arguments = false;
   char dir[] = "/tmp/hps_dead_peer.XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
-  const pid_t child = ::fork();
+  const pid_t child =
+      run_child_test("GlooDeadPeerChild.DISABLED_Rank2", {{"HPS_DEAD_PEER_STORE", dir}});
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::setenv("HPS_DEAD_PEER_STORE", dir, 1);
-    ::execl("/proc/self/exe", "pair_takeover_test", "--gtest_filter=GlooDeadPeerChild.*",
-            "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
   auto opened = make_file_store(dir);
   ASSERT_TRUE(opened.ok()) << opened.status().to_string();
   std::shared_ptr<Store> store = *opened;

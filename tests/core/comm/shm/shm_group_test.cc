@@ -190,28 +190,42 @@ TEST(ShmGroup, ARankThatGaveUpIsNamedWithTheRanksThatHadNotJoined) {
 }
 
 // A rank whose communicator failed tells its peers why: a rank waiting for it quotes the
-// message, bounded (the first 383 bytes) and with unprintable bytes replaced; only the first
-// message counts.
+// message, bounded (383 bytes: a longer one is cut at a character's start and ends in
+// "..."), with control bytes replaced, and bytes past ASCII only where the whole is UTF-8;
+// only the first message counts.
 TEST(ShmGroup, APeerThatFailedIsQuotedInTheErrorItCauses) {
-  auto made = create_pair(false);
-  for (auto& g : made) ASSERT_TRUE(g.ok() && *g) << g.status().to_string();
-  std::string why = "all_reduce #3 on group 'dp' (rank 0 of 2): rank 1 left\n";
-  const std::string said = "all_reduce #3 on group 'dp' (rank 0 of 2): rank 1 left?";
-  why += std::string(1000, 'x');
-  (*made[1])->mark_failed(why);
-  (*made[1])->mark_failed("a later failure");
   CollectiveDescriptor d;
   d.kind = kBarrierKind;
-  const Status s =
-      (*made[0])->barrier(d, std::chrono::steady_clock::now() + std::chrono::seconds(5));
-  EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
-  const std::string quoted = "rank 1 failed an earlier operation (its error: " + said;
-  const size_t at = s.message().find(quoted);
-  ASSERT_NE(at, std::string::npos) << s.to_string();
-  const size_t end = s.message().find(')', at + quoted.size());
-  ASSERT_NE(end, std::string::npos) << s.to_string();
-  EXPECT_EQ(end - (at + quoted.size() - said.size()), 383u) << s.to_string();
-  EXPECT_EQ(s.message().find("a later failure"), std::string::npos) << s.to_string();
+  // What rank 0's barrier says rank 1 failed with, after rank 1 failed with `why`.
+  auto quoted = [&](const std::string& why) {
+    auto made = create_pair(false);
+    for (auto& g : made) EXPECT_TRUE(g.ok() && *g) << g.status().to_string();
+    if (!made[0].ok() || !made[1].ok()) return std::string();
+    (*made[1])->mark_failed(why);
+    (*made[1])->mark_failed("a later failure");
+    const Status s =
+        (*made[0])->barrier(d, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+    const std::string prefix = "rank 1 failed an earlier operation (its error: ";
+    const size_t at = s.message().find(prefix);
+    EXPECT_NE(at, std::string::npos) << s.to_string();
+    EXPECT_EQ(s.message().back(), ')') << s.to_string();
+    if (at == std::string::npos || s.message().back() != ')') return std::string();
+    const size_t from = at + prefix.size();
+    return s.message().substr(from, s.message().size() - 1 - from);
+  };
+  const std::string said = "all_reduce #3 on group 'dp' (rank 0 of 2): rank 1 left";
+  EXPECT_EQ(quoted(said + "\n"), said + "?");
+  std::string long_ascii = quoted(said + std::string(1000, 'x'));
+  EXPECT_EQ(long_ascii, said + std::string(380 - said.size(), 'x') + "...");
+  // 3-byte characters: 127 of them fill 381 bytes, so the cut keeps 126 (378 bytes).
+  std::string wide;
+  for (int i = 0; i < 200; ++i) wide += "\u65e5";
+  EXPECT_EQ(quoted(wide), wide.substr(0, 378) + "...");
+  EXPECT_EQ(quoted("group 'g\xff\xfe' failed"),
+            "group 'g?"
+            "?' failed");
+  EXPECT_EQ(quoted("group '\u65e5' failed"), "group '\u65e5' failed");
 }
 
 // The same protocol with the buffer still there: a reader that comes in time reads it.
