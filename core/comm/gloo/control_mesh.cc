@@ -283,10 +283,10 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       auto* into = static_cast<char*>(all) + peer * bytes;
       const ssize_t r = ::recv(fds[i].fd, into + got[peer], bytes - got[peer], 0);
       if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        return aborted(
-            "rank " + std::to_string(peer) + " closed its control connection (" +
-            (r == 0 ? std::string("it aborted the group or exited") : net::errno_message(errno)) +
-            ")");
+        return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
+                       (r == 0 ? std::string("it failed or aborted the group, or exited")
+                               : net::errno_message(errno)) +
+                       ")");
       }
       if (r > 0) {
         got[peer] += static_cast<size_t>(r);
