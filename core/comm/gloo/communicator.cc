@@ -599,11 +599,11 @@ struct Transport {
   }
 };
 
-// Gloo closes a pair's socket with SO_LINGER 0: a reset that discards whatever the peer
-// has not read yet. A rank whose last collective has completed may still have bytes in
-// flight to a peer (a completed send means written to the socket, not received), so a
-// communicator's transport is kept open for a grace period after it is destroyed, by one
-// process-wide thread, and closed after that.
+// A rank whose last collective has completed may still have bytes in flight to a peer (a
+// completed send means written to the socket, not received). A communicator destroyed in
+// health keeps its transport open for a grace period, held by one process-wide thread, which
+// then closes it as Transport does (a FIN after whatever is queued; Gloo's own close()
+// resets the connections, discarding what the peer has not read).
 class ContextReaper {
  public:
   static ContextReaper& instance() {
