@@ -561,6 +561,8 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
       stream_(std::make_unique<cpu::CpuStream>()),
       scratch_(6),
       waiter_([this] { complete_transfers(); }) {
+  gone_.resize(static_cast<size_t>(size_));
+  broken_.resize(static_cast<size_t>(size_));
   stream_->set_trace_name("communicator '" + options_.name + "' rank " + std::to_string(rank_) +
                           " of " + std::to_string(size_));
 }
@@ -765,25 +767,23 @@ GlooCommunicator::~GlooCommunicator() {
   }
   waiter_cv_.notify_all();
   waiter_.join();
-  if (watched_) WaitWatch::instance().remove(this);
+  if (size_ > 1) WaitWatch::instance().remove(this);  // added once made
   shm_.reset();  // tells same-host peers still waiting for this rank that it has gone
   bool healthy = !aborted_ && parked_.empty();
   {
     std::lock_guard lock(failure_mutex_);
     healthy = healthy && failure_.ok();
   }
-  Transport transport(std::move(context_), std::move(watch_buffers_));
-  // After an abort or a failure the peers must learn at once that this rank is gone.
-  if (healthy && transport.context) {
-    ContextReaper::instance().retire(std::move(transport));
-  } else {
-    Transport{std::move(transport)};  // closed here
-  }
+  {
+    Transport transport(std::move(context_), std::move(watch_buffers_));
+    // After an abort or a failure the peers must learn at once that this rank is gone.
+    if (healthy && transport.context) ContextReaper::instance().retire(std::move(transport));
+  }                 // otherwise closed here
   parked_.clear();  // the transport is gone: nothing signals them any more
 }
 
 uint64_t GlooCommunicator::begin_wait(OwedTransfers owed) {
-  if (!watched_) return 0;
+  if (size_ <= 1) return 0;
   std::lock_guard lock(waits_mutex_);
   const uint64_t id = ++next_wait_;
   waits_.emplace(id, std::move(owed));
@@ -975,12 +975,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
   }
   HPS_LOG(kDebug) << "communicator '" << options.name << "' rank " << rank << "/" << size
                   << " connected over " << comm->transport();
-  if (size > 1) {
-    comm->watched_ = true;
-    comm->gone_.resize(static_cast<size_t>(size));
-    comm->broken_.resize(static_cast<size_t>(size));
-    WaitWatch::instance().add(comm.get());
-  }
+  if (size > 1) WaitWatch::instance().add(comm.get());
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 

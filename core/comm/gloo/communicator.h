@@ -119,7 +119,6 @@ class GlooCommunicator final : public Communicator {
   std::vector<std::optional<host::Process>> gone_;  // by rank: peers whose waits fail
   std::vector<std::string> broken_;  // by rank: Gloo's message once its waits were failed
   std::string ended_while_waiting_;  // "rank P (process N on this host) has ended", or ""
-  bool watched_ = false;             // set once, before the first operation
 
   using Descriptor = CollectiveDescriptor;
 

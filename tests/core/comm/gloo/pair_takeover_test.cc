@@ -342,19 +342,27 @@ TEST(GlooDeadPeer, ATimedOutCreationNamesTheRanksThatNeverBegan) {
   }
 }
 
+// A child rank's communicator over TCP (check_arguments as given) through the file store in
+// `dir`; the child exits with status 1 where either cannot be made.
+std::unique_ptr<Communicator> child_communicator(const char* dir, int32_t rank, int32_t size,
+                                                 bool check_arguments) {
+  CommOptions options;
+  options.timeout = milliseconds(20'000);
+  options.shared_memory = false;
+  options.check_arguments = check_arguments;
+  auto store = make_file_store(dir);
+  if (!store.ok()) ::_exit(1);
+  auto comm = create_communicator(*store, rank, size, Device::cpu(), options);
+  if (!comm.ok()) ::_exit(1);
+  return std::move(*comm);
+}
+
 // Rank 2 of the test below, in a process of its own: this binary again, running only this
 // test with HPS_DEAD_PEER_STORE naming the file store's directory.
 TEST(GlooDeadPeerChild, DISABLED_Rank2) {
   const char* dir = std::getenv("HPS_DEAD_PEER_STORE");
   if (dir == nullptr) GTEST_SKIP() << "runs only as rank 2 of another test";
-  CommOptions options;
-  options.timeout = milliseconds(20'000);
-  options.shared_memory = false;
-  options.check_arguments = false;
-  auto store = make_file_store(dir);
-  if (!store.ok()) ::_exit(1);
-  auto comm = create_communicator(*store, 2, 3, Device::cpu(), options);
-  if (!comm.ok()) ::_exit(1);
+  auto comm = child_communicator(dir, 2, 3, false);
   while (true) ::pause();  // killed by the test
 }
 
@@ -377,14 +385,7 @@ pid_t run_child_test(const std::string& name,
 TEST(GlooDeadPeerChild, DISABLED_ClosesThenExits) {
   const char* dir = std::getenv("HPS_EXITING_PEER_STORE");
   if (dir == nullptr) GTEST_SKIP() << "runs only as rank 1 of another test";
-  CommOptions options;
-  options.timeout = milliseconds(20'000);
-  options.shared_memory = false;
-  auto store = make_file_store(dir);
-  if (!store.ok()) ::_exit(1);
-  auto comm = create_communicator(*store, 1, 2, Device::cpu(), options);
-  if (!comm.ok()) ::_exit(1);
-  comm->reset();
+  child_communicator(dir, 1, 2, true).reset();
   if (const char* linger = std::getenv("HPS_EXITING_PEER_LINGER_MS")) {
     std::this_thread::sleep_for(milliseconds(std::atoi(linger)));
   }
