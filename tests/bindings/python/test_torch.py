@@ -403,6 +403,68 @@ def test_bfloat16_parameters_train_through_their_views():
     assert torch.equal(state["wte.weight"], state["head.weight"])
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_bfloat16_adamw_follows_a_float64_model_step_by_step(stage, ranks):
+    """bf16 parameters, AdamW and the clip, against a float64 model of the documented
+    semantics fed at every step with the gradients torch computes on the parameters the
+    ranks held at that step (so the bf16 forward's own roundings do not compound): the ranks'
+    gradients summed in fp32 and rounded once to bf16 (one sharding group), the mean, the
+    global norm's coefficient, AdamW with decoupled decay, and the parameters the master
+    rounded once. Within bf16's rounding of the same masters: a parameter may differ only
+    where fp32 and float64 masters round to either side of a bf16 tie, by under one ulp."""
+    steps, b1, b2, eps = 6, 0.9, 0.999, 1e-8
+    held = [[None] * ranks for _ in range(steps + 1)]
+
+    def rank_main(rank, world):
+        net = make_model().to(torch.bfloat16)
+        with hpt.ShardedModule(net, world, stage=stage, units=["blocks.0", "blocks.1"],
+                               optimizer="adamw", lr=LR, weight_decay=WEIGHT_DECAY,
+                               clip_max_norm=CLIP) as model:
+            for step in range(steps):
+                held[step][rank] = model.state_dict()
+                x, y = batch(step)
+                model(shard_of(x, rank, ranks), shard_of(y, rank, ranks)).backward()
+                model.step()
+            model.synchronize()
+            held[steps][rank] = model.state_dict()
+
+    run_ranks(ranks, rank_main)
+    for states in held:
+        for state in states[1:]:
+            assert all(torch.equal(state[k], states[0][k]) for k in states[0])
+    names = [n for n, p in make_model().named_parameters() if p.requires_grad]  # tied: once
+    master = {n: held[0][0][n].double() for n in names}
+    exp_avg = {n: torch.zeros_like(master[n]) for n in names}
+    exp_avg_sq = {n: torch.zeros_like(master[n]) for n in names}
+    for step in range(steps):
+        x, y = batch(step)
+        grads = []
+        for r in range(ranks):
+            net = make_model().to(torch.bfloat16)
+            net.load_state_dict(held[step][0])
+            net(shard_of(x, r, ranks), shard_of(y, r, ranks)).backward()
+            grads.append(dict(net.named_parameters()))
+        mean = {n: sum(g[n].grad.float() for g in grads).to(torch.bfloat16).double() / ranks
+                for n in names}
+        norm = sum((g ** 2).sum() for g in mean.values()).sqrt().item()
+        coefficient = CLIP / (max(norm, CLIP) + 1e-6)
+        t = step + 1
+        differ = 0
+        for n in names:
+            g = mean[n] * coefficient
+            exp_avg[n] = b1 * exp_avg[n] + (1 - b1) * g
+            exp_avg_sq[n] = b2 * exp_avg_sq[n] + (1 - b2) * g * g
+            update = (exp_avg[n] / (1 - b1 ** t)) / ((exp_avg_sq[n] / (1 - b2 ** t)).sqrt() + eps)
+            master[n] = master[n] * (1 - LR * WEIGHT_DECAY) - LR * update
+            expected = master[n].float().to(torch.bfloat16).double()
+            gap = (held[step + 1][0][n].double() - expected).abs()
+            ulp = expected.abs() * 2.0 ** -7
+            assert (gap <= ulp).all(), f"step {step} {n}: {(gap / ulp).max().item():.2f} ulp"
+            differ += int((gap > 0).sum())
+        assert differ <= 8, f"step {step}: {differ} bf16 parameters off the model's rounding"
+
+
 class _DLPackView:
     """What the binding's DLPack views offer (only __dlpack__ and __dlpack_device__), over
     the NumPy view the engine hands out today."""
