@@ -40,7 +40,9 @@ import ctypes
 import dataclasses
 import enum
 import os
+import _signal
 import re
+import signal
 import sys
 import threading
 import time
@@ -921,6 +923,109 @@ def _interruptible(call: Callable[[], Any], abort: Callable[[], None]) -> Any:
     if "error" in outcome:
         raise outcome.pop("error")
     return outcome["value"]
+
+
+def _frame_ids(frame: Any) -> set:
+    """The ids of ``frame`` and the frames below it: a thread's stack."""
+    ids = set()
+    while frame is not None:
+        ids.add(id(frame))
+        frame = frame.f_back
+    return ids
+
+
+class _CtrlC:
+    """Ctrl-C for the engine's calls that block the main thread in the library on its peers
+    (a unit's gather, synchronize, a gather of a parameter, a close): :meth:`run` makes the
+    call on the main thread itself (no hand-over: these calls are on the step's path), with
+    a pipe of this module set as the interpreter's signal wake-up fd
+    (``signal.set_wakeup_fd``) for the call. Python's own handler writes each signal's
+    number there as the signal arrives, while the call still blocks; a watcher thread
+    reading the pipe then runs the call's ``abort`` (the engine's communicators), the call
+    returns ABORTED, and KeyboardInterrupt is raised as the call returns. Bytes are passed
+    on to the wake-up fd set before (asyncio's). Only SIGINT under Python's default
+    handler (which raises KeyboardInterrupt) aborts: a program's own SIGINT handler may
+    mean to go on, and other threads get no signals.
+
+    The watcher aborts only while the call's frame is still on the main thread's stack and
+    its entry armed (the entry is disarmed first, by stores Python cannot interrupt), so a
+    KeyboardInterrupt raised while the call ends (Python raises it at the next call made)
+    leaves no call armed."""
+
+    _lock = threading.Lock()
+    _write = -1
+    _before = -1  # the wake-up fd set before ours, where bytes are passed on
+    _armed: List[List[Any]] = []  # [frame, abort] of each call under way
+
+    @classmethod
+    def run(cls, call: Callable[[], Any], abort: Callable[[], None]) -> Any:
+        if (threading.current_thread() is not threading.main_thread()
+                or _signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            return call()
+        write = cls._write if cls._write >= 0 else cls._start()
+        here = sys._getframe()
+        if cls._armed:  # a call under way below this one, or the shells a KeyboardInterrupt left
+            below = _frame_ids(here)
+            cls._armed = [e for e in cls._armed if e[0] is not None and id(e[0]) in below]
+        outer = bool(cls._armed)
+        before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        if before != write:
+            cls._before = before
+        entry: List[Any] = [here, abort]
+        cls._armed.append(entry)
+        try:
+            return call()
+        finally:
+            # Item stores, not calls: Python raises a pending KeyboardInterrupt only at a
+            # call, so the entry is disarmed before anything here can be interrupted.
+            entry[0] = entry[1] = None
+            if not outer:
+                signal.set_wakeup_fd(cls._before)
+            cls._armed.remove(entry)
+
+    @classmethod
+    def _start(cls) -> int:
+        """The pipe's write end; the pipe and its watcher are made once per process (a
+        forked child has no watcher thread: :meth:`_forked` has it make its own)."""
+        with cls._lock:
+            if cls._write < 0:
+                read, write = os.pipe()
+                os.set_blocking(write, False)  # set_wakeup_fd's rule: the handler never blocks
+                threading.Thread(target=cls._watch, args=(read,), name="hpshard-ctrl-c",
+                                 daemon=True).start()
+                cls._write = write
+            return cls._write
+
+    @classmethod
+    def _forked(cls) -> None:
+        cls._lock, cls._write, cls._armed = threading.Lock(), -1, []
+
+    @classmethod
+    def _watch(cls, read: int) -> None:
+        main = threading.main_thread().ident
+        while True:
+            try:
+                got = os.read(read, 256)
+            except OSError:
+                return
+            if not got:
+                return
+            if signal.SIGINT in got:
+                frames = _frame_ids(sys._current_frames().get(main))
+                for call_frame, abort in list(cls._armed):
+                    if call_frame is not None and id(call_frame) in frames:  # blocked in it
+                        try:
+                            abort()
+                        except Exception:  # noqa: BLE001 — a closed handle: nothing to end
+                            pass
+            if cls._before >= 0:
+                try:
+                    os.write(cls._before, got)
+                except OSError:
+                    pass  # its owner closed it or it is full: as Python's handler would
+
+
+os.register_at_fork(after_in_child=_CtrlC._forked)
 
 
 class Work(Handle):
@@ -1895,7 +2000,7 @@ class Engine(Handle):
             # step), which the program has not been told of (no call on the engine that runs
             # or waits for its work has raised), raises here once the engine is freed. A forked
             # child's copy is its parent's to finish.
-            h.synchronize()
+            _CtrlC.run(h.synchronize, self._abort_groups)
 
     def __exit__(self, exc_type: Any, exc: object, *rest: object) -> None:
         if exc_type is None:
@@ -2121,8 +2226,12 @@ class Engine(Handle):
 
     def wait_parameters(self, unit: int) -> None:
         """Before the forward of ``unit``: wait for the last step's all-gather of its
-        parameters (a dependency wait, not a host sync). Error NOT_FOUND (no such unit)."""
-        self._h().wait_parameters(int(unit))
+        parameters (a dependency wait, not a host sync). Error NOT_FOUND (no such unit).
+        On the main thread Ctrl-C while it waits for a peer aborts the engine's
+        communicators and raises KeyboardInterrupt (so do :meth:`synchronize`,
+        :meth:`gather_parameter` and :meth:`close`)."""
+        raw, unit = self._h(), int(unit)
+        _CtrlC.run(lambda: raw.wait_parameters(unit), self._abort_groups)
 
     def release_parameters(self, unit: int) -> None:
         """After the forward or the backward of ``unit``: stage 3 frees its full parameters
@@ -2156,7 +2265,8 @@ class Engine(Handle):
     def synchronize(self) -> None:
         """Block until everything in flight has finished (each wait it makes counts as a
         host sync: one per stream or collective it waits for)."""
-        self._h().synchronize()
+        raw = self._h()
+        _CtrlC.run(raw.synchronize, self._abort_groups)
         with self._lock:
             self._keep = []
 
@@ -2174,7 +2284,8 @@ class Engine(Handle):
             # An unknown index: the library refuses it (OUT_OF_RANGE) with its own message.
             self._h().gather_parameter(index, np.empty(1, np.float32), 0)
         out = np.empty(self._shape(index), dtype=np.float32)
-        self._h().gather_parameter(index, out, int(out.size))
+        raw = self._h()
+        _CtrlC.run(lambda: raw.gather_parameter(index, out, int(out.size)), self._abort_groups)
         return out
 
     @property

@@ -2089,7 +2089,10 @@ class ShardedModule(torch.nn.Module):
         nor in a forked child (whose copy is closed without a gather). After it, the
         wrapped module (:attr:`module`) is a plain module, which another ShardedModule may
         wrap (while this one is open that is refused, naming a parameter), and this one's
-        calls (forward, step, state_dict, ...) raise ValueError."""
+        calls (forward, step, state_dict, ...) raise ValueError. On the main thread Ctrl-C
+        during its gather (a peer alive but not closing: a with-block left by a first
+        KeyboardInterrupt gathers too) aborts the engine's communicators and raises
+        KeyboardInterrupt."""
         if self._engine is None:
             return
         if self._forked_copy():

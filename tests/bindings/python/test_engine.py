@@ -5,6 +5,8 @@ through a memory:// store; every multi-rank test is bounded by thread join timeo
 import ctypes
 import gc
 import math
+import os
+import signal
 import threading
 import time
 import uuid
@@ -1586,3 +1588,127 @@ def test_a_rank_that_shares_no_group_with_a_rank_that_left_is_told():
             return told
 
     assert run_ranks(4, body, "hybrid-left")[0]
+
+
+def _one_step(engine):
+    """Unit 0's forward and backward (gradient 1) and the step, with parameter 0."""
+    engine.wait_parameters(0)
+    engine.grad(0)[...] += 1.0
+    engine.grad_ready(0)
+    engine.release_parameters(0)
+    engine.step()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("call", ["wait_parameters", "synchronize", "gather_parameter", "close"])
+def test_ctrl_c_while_the_engine_waits_for_a_late_peer_aborts_its_communicators(stage, call):
+    """The main thread's engine waits for a peer that is alive but late (its step's
+    collectives wait for it). These calls block in the library, so SIGINT's
+    KeyboardInterrupt waited for them: the communicator's timeout (300 s by default), the
+    second and later Ctrl-C too. Now Ctrl-C aborts the engine's communicators at once: the
+    call raises KeyboardInterrupt within a second, the late peer's next collective fails at
+    once instead of after its own timeout, and a wake-up fd the program had set gets the
+    signal's byte and is set back."""
+    from test_comm import JOIN_S, seconds_to_interrupt
+    url = f"memory://ctrl-c-{uuid.uuid4().hex}"
+    late = threading.Event()
+    peer = {}
+
+    def late_peer():
+        try:
+            store, comm = world(1, url)
+            with store, comm, Engine.create(comm, stage=stage) as engine:
+                engine.add_param("w", (1000,))
+                engine.seal()
+                engine.broadcast_parameters()
+                _one_step(engine)
+                late.wait(JOIN_S)
+                start = time.monotonic()
+                try:
+                    _one_step(engine)
+                    engine.synchronize()
+                except hpshard.Error as e:
+                    peer["failed"] = (time.monotonic() - start, e)
+        except hpshard.Error:
+            pass  # the close after the failure, or set-up: asserted on below
+
+    thread = threading.Thread(target=late_peer, daemon=True)
+    thread.start()
+    program_read, program_write = os.pipe()
+    os.set_blocking(program_write, False)
+    signal.set_wakeup_fd(program_write)
+    try:
+        store, comm = world(0, url)
+        with store, comm:
+            engine = Engine.create(comm, stage=stage)
+            engine.add_param("w", (1000,))
+            engine.seal()
+            engine.broadcast_parameters()
+            _one_step(engine)
+            _one_step(engine)  # the peer is late: this step's collectives wait for it
+            blocked = {"wait_parameters": lambda: engine.wait_parameters(0),
+                       "synchronize": engine.synchronize,
+                       "gather_parameter": lambda: engine.gather_parameter(0),
+                       "close": engine.close}[call]
+            elapsed = seconds_to_interrupt(blocked, after=0.3)
+            assert elapsed < 3.0, elapsed
+            with pytest.raises(hpshard.AbortedError):
+                comm.barrier().wait()
+            late.set()
+            thread.join(JOIN_S)
+    finally:
+        late.set()
+        assert signal.set_wakeup_fd(-1) == program_write  # set back
+        got = os.read(program_read, 64)
+        os.close(program_read)
+        os.close(program_write)
+    assert not thread.is_alive()
+    assert bytes([signal.SIGINT]) in got  # passed on
+    seconds, error = peer["failed"]
+    assert seconds < 5.0, (seconds, error)  # its timeout is 20 s
+    assert "aborted" in str(error), error
+
+
+def test_ctrl_c_under_a_programs_own_handler_aborts_nothing():
+    """A program's own SIGINT handler may mean to go on (finish the step, save and stop):
+    the engine's wait is not aborted, the handler runs when the call returns, and the
+    training goes on."""
+    url = f"memory://ctrl-c-own-{uuid.uuid4().hex}"
+    late = threading.Event()
+    seen = []
+
+    def late_peer():
+        store, comm = world(1, url)
+        with store, comm, Engine.create(comm, learning_rate=1.0) as engine:
+            engine.add_param("w", (8,))
+            engine.seal()
+            engine.broadcast_parameters()
+            _one_step(engine)
+            late.wait(60)
+            _one_step(engine)
+            engine.synchronize()
+
+    thread = threading.Thread(target=late_peer, daemon=True)
+    thread.start()
+    main = threading.main_thread().ident
+    previous = signal.signal(signal.SIGINT, lambda *_: seen.append(time.monotonic()))
+    try:
+        store, comm = world(0, url)
+        with store, comm, Engine.create(comm, learning_rate=1.0) as engine:
+            engine.add_param("w", (8,))
+            engine.seal()
+            engine.broadcast_parameters()
+            _one_step(engine)
+            _one_step(engine)
+            threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+            threading.Timer(0.8, late.set).start()
+            start = time.monotonic()
+            engine.synchronize()
+            assert time.monotonic() - start >= 0.7
+            assert len(seen) == 1
+            engine.wait_parameters(0)
+            np.testing.assert_array_equal(engine.param(0), -2.0)  # two steps of lr 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        late.set()
+        thread.join(60)
