@@ -942,20 +942,25 @@ class _CtrlC:
     (``signal.set_wakeup_fd``) for the call. Python's own handler writes each signal's
     number there as the signal arrives, while the call still blocks; a watcher thread
     reading the pipe then runs the call's ``abort`` (the engine's communicators), the call
-    returns ABORTED, and KeyboardInterrupt is raised as the call returns. Bytes are passed
-    on to the wake-up fd set before (asyncio's). Only SIGINT under Python's default
+    returns ABORTED, and KeyboardInterrupt is raised as the call returns. Signal bytes are
+    passed on to the wake-up fd set before (asyncio's), which is set back after the call
+    (with Python's default full-buffer warning). Only SIGINT under Python's default
     handler (which raises KeyboardInterrupt) aborts: a program's own SIGINT handler may
     mean to go on, and other threads get no signals.
 
-    The watcher aborts only while the call's frame is still on the main thread's stack and
-    its entry armed (the entry is disarmed first, by stores Python cannot interrupt), so a
-    KeyboardInterrupt raised while the call ends (Python raises it at the next call made)
-    leaves no call armed."""
+    Only a SIGINT that came while the library call ran aborts it: just before it, under
+    the watcher's lock, the main thread reads what the pipe holds (a signal that came
+    earlier, whose KeyboardInterrupt the program may catch to save: that save must not be
+    aborted) and marks the call entered; the watcher reads and acts under the same lock.
+    Calls are left on the way out by stores Python cannot interrupt (it raises a pending
+    KeyboardInterrupt only at a call), and the watcher also checks that the call's frame is
+    still on the main thread's stack."""
 
     _lock = threading.Lock()
+    _read = -1
     _write = -1
-    _before = -1  # the wake-up fd set before ours, where bytes are passed on
-    _armed: List[List[Any]] = []  # [frame, abort] of each call under way
+    _before = -1  # the wake-up fd set before ours, where signal bytes are passed on
+    _armed: List[List[Any]] = []  # [frame, abort, entered] of each call under way
 
     @classmethod
     def run(cls, call: Callable[[], Any], abort: Callable[[], None]) -> Any:
@@ -963,66 +968,113 @@ class _CtrlC:
                 or _signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
             return call()
         write = cls._write if cls._write >= 0 else cls._start()
-        here = sys._getframe()
         if cls._armed:  # a call under way below this one, or the shells a KeyboardInterrupt left
-            below = _frame_ids(here)
+            below = _frame_ids(sys._getframe())
             cls._armed = [e for e in cls._armed if e[0] is not None and id(e[0]) in below]
         outer = bool(cls._armed)
-        before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        if before != write:
-            cls._before = before
-        entry: List[Any] = [here, abort]
-        cls._armed.append(entry)
+        # No local names this frame: it would hold itself (a cycle keeping the engine).
+        entry: List[Any] = [sys._getframe(), abort, False]
         try:
+            if not outer:
+                before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+                if before != write:
+                    cls._before = before
+            cls._armed.append(entry)
+            with cls._lock:
+                cls._pass_on(cls._take())  # signals before the call are not its own
+                entry[2] = True
             return call()
         finally:
             # Item stores, not calls: Python raises a pending KeyboardInterrupt only at a
-            # call, so the entry is disarmed before anything here can be interrupted.
+            # call, so the entry is left before anything here can be interrupted.
+            entry[2] = False
             entry[0] = entry[1] = None
             if not outer:
                 signal.set_wakeup_fd(cls._before)
-            cls._armed.remove(entry)
+            if entry in cls._armed:
+                cls._armed.remove(entry)
 
     @classmethod
     def _start(cls) -> int:
-        """The pipe's write end; the pipe and its watcher are made once per process (a
-        forked child has no watcher thread: :meth:`_forked` has it make its own)."""
+        """The pipe's write end; the pipe and its watcher are made once per process."""
         with cls._lock:
             if cls._write < 0:
                 read, write = os.pipe()
+                os.set_blocking(read, False)  # read by the watcher and by run()
                 os.set_blocking(write, False)  # set_wakeup_fd's rule: the handler never blocks
+                cls._read = read
                 threading.Thread(target=cls._watch, args=(read,), name="hpshard-ctrl-c",
                                  daemon=True).start()
                 cls._write = write
             return cls._write
 
     @classmethod
+    def _take(cls) -> bytes:
+        try:
+            return os.read(cls._read, 256)
+        except BlockingIOError:
+            return b""
+
+    @classmethod
+    def _pass_on(cls, got: bytes) -> None:
+        if got and cls._before >= 0:
+            try:
+                os.write(cls._before, got)
+            except OSError:
+                pass  # its owner closed it or it is full: as Python's handler would
+
+    @classmethod
     def _forked(cls) -> None:
-        cls._lock, cls._write, cls._armed = threading.Lock(), -1, []
+        """In a forked child: the parent's pipe is not the child's to write to (a signal
+        sent to the child would abort the parent's call). A fork from another thread while
+        the main thread was in a call left the pipe as the child's wake-up fd: the
+        program's is set back, and the pipe's number made a new pipe no one reads (a
+        signal's byte must go somewhere), so no byte reaches the parent's watcher."""
+        inherited = cls._write
+        in_call = any(e[0] is not None for e in cls._armed)
+        cls._lock, cls._read, cls._write, cls._armed = threading.Lock(), -1, -1, []
+        if inherited < 0:
+            return
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        os.dup2(write, inherited)  # (dup2 clears close-on-exec: set it again)
+        os.set_inheritable(inherited, False)
+        os.close(write)
+        del read  # left open and unread: its bytes are dropped once it is full
+        if in_call:
+            try:
+                signal.set_wakeup_fd(cls._before)
+            except ValueError:
+                pass  # not this interpreter's main thread: the new pipe takes the bytes
 
     @classmethod
     def _watch(cls, read: int) -> None:
+        import select
         main = threading.main_thread().ident
         while True:
             try:
-                got = os.read(read, 256)
+                select.select([read], [], [])
             except OSError:
                 return
-            if not got:
-                return
-            if signal.SIGINT in got:
-                frames = _frame_ids(sys._current_frames().get(main))
-                for call_frame, abort in list(cls._armed):
-                    if call_frame is not None and id(call_frame) in frames:  # blocked in it
-                        try:
-                            abort()
-                        except Exception:  # noqa: BLE001 — a closed handle: nothing to end
-                            pass
-            if cls._before >= 0:
+            with cls._lock:
+                if read != cls._read:
+                    return  # a forked child's copy of the thread: not its pipe
+                got = cls._take()
+                if signal.SIGINT in got:
+                    cls._abort_entered(main)
+            cls._pass_on(got)
+
+    @classmethod
+    def _abort_entered(cls, main: Optional[int]) -> None:
+        """Aborts the calls the main thread is in (its own frame: no call's abort, which
+        holds the engine, outlives it in the watcher's loop)."""
+        frames = _frame_ids(sys._current_frames().get(main))
+        for call_frame, abort, entered in list(cls._armed):
+            if entered and call_frame is not None and id(call_frame) in frames:
                 try:
-                    os.write(cls._before, got)
-                except OSError:
-                    pass  # its owner closed it or it is full: as Python's handler would
+                    abort()
+                except Exception:  # noqa: BLE001 — a closed handle: nothing to end
+                    pass
 
 
 os.register_at_fork(after_in_child=_CtrlC._forked)

@@ -1712,3 +1712,51 @@ def test_ctrl_c_under_a_programs_own_handler_aborts_nothing():
         signal.signal(signal.SIGINT, previous)
         late.set()
         thread.join(60)
+
+
+def test_a_signal_before_an_engine_call_does_not_abort_it():
+    """A SIGINT whose byte reached the binding's pipe before the call (one that came as the
+    last call ended, its KeyboardInterrupt caught by a program that then saves) is not the
+    call's: the watcher aborted the save that followed (red team). Here the byte is written
+    before the call by hand; the call waits for its late peer and completes. And the
+    main-thread calls leave no cycle holding the engine (each call's frame held itself)."""
+    url = f"memory://ctrl-c-stale-{uuid.uuid4().hex}"
+    late = threading.Event()
+
+    def late_peer():
+        store, comm = world(1, url)
+        with store, comm, Engine.create(comm, learning_rate=1.0) as engine:
+            engine.add_param("w", (8,))
+            engine.seal()
+            engine.broadcast_parameters()
+            _one_step(engine)
+            late.wait(60)
+            _one_step(engine)
+            engine.synchronize()
+
+    thread = threading.Thread(target=late_peer, daemon=True)
+    thread.start()
+    gc.disable()
+    try:
+        store, comm = world(0, url)
+        with store, comm:
+            engine = Engine.create(comm, learning_rate=1.0)
+            engine.add_param("w", (8,))
+            engine.seal()
+            engine.broadcast_parameters()
+            _one_step(engine)
+            _one_step(engine)
+            hpshard._CtrlC._start()
+            os.write(hpshard._CtrlC._write, bytes([signal.SIGINT]))  # a signal's, earlier
+            threading.Timer(0.5, late.set).start()
+            engine.synchronize()
+            engine.wait_parameters(0)
+            np.testing.assert_array_equal(engine.param(0), -2.0)
+            gone = weakref.ref(engine)
+            engine.close()
+            del engine
+            assert gone() is None, "a cycle still holds the engine"
+    finally:
+        gc.enable()
+        late.set()
+        thread.join(60)
