@@ -1003,7 +1003,7 @@ void GlooCommunicator::abort_operations() {
       b->abortWaitSend();
     }
   }
-  end_connections();
+  end_connections(std::nullopt);
 }
 
 Status GlooCommunicator::located(const Op& op, Status s) const {
@@ -1113,7 +1113,7 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
     // The rank Gloo's message names by address, else the one rank owed on that buffer.
     int32_t peer = rank_named_in(f.what, peer_addresses_);
     if (peer < 0 && f.peers.size() == 1) peer = f.peers[0];
-    return aborted(place + ": " + with_ended_peers(connection_failed(peer, f.what)));
+    return aborted(place + ": " + with_ended_peers(peer_ended(peer, f.what)));
   } catch (const std::exception& e) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
     const std::string what = e.what();
@@ -1123,10 +1123,20 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
                            " ms (a peer is missing or called a different operation): " + what);
     }
     return aborted(place + ": " +
-                   with_ended_peers(connection_failed(rank_named_in(what, peer_addresses_), what)));
+                   with_ended_peers(peer_ended(rank_named_in(what, peer_addresses_), what)));
   } catch (...) {
     return aborted(place + ": " + describe_exception());
   }
+}
+
+std::string GlooCommunicator::peer_ended(int32_t peer, const std::string& what) {
+  // A peer that ended the group said why on its control connection before its connections
+  // closed; the farewell may trail the reset that brought this here by a moment.
+  if (control_ && peer >= 0) {
+    constexpr std::chrono::milliseconds kFarewellWait{250};
+    if (auto said = control_->farewell(peer, Clock::now() + kFarewellWait)) return *said;
+  }
+  return connection_failed(peer, what);
 }
 
 std::string GlooCommunicator::with_ended_peers(const std::string& failure) const {
@@ -1179,15 +1189,22 @@ bool GlooCommunicator::record_failure(const Status& s) {
   HPS_LOG(kWarn) << s.to_string();
   // A failed communicator runs nothing more, and its peers must not complete the operation
   // it gave up on (with the data it sent before), nor wait out their own timeouts.
-  end_connections();
+  end_connections(s.message());
   return first;
 }
 
-void GlooCommunicator::end_connections() {
+void GlooCommunicator::end_connections(std::optional<std::string_view> failure) {
   // Closing the connections (a reset) fails the peers' transfers with this rank at once, and
-  // the control connections' end fails their argument checks.
+  // the control connections' end fails their argument checks; the farewell sent on those
+  // first says why (what a peer's error then quotes).
   std::lock_guard lock(buffers_mutex_);
-  if (control_) control_->abort();
+  if (control_) {
+    if (failure && !aborted_) {  // (an operation an abort ended fails too: still an abort)
+      control_->fail(*failure);
+    } else {
+      control_->abort();
+    }
+  }
   if (context_) context_->closeConnections();
 }
 

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -135,8 +136,13 @@ class GlooCommunicator final : public Communicator {
   // Keeps the first failure (every later operation is refused with it) and ends the
   // connections; true when `s` was the first. The caller tells the links (notify_failure).
   bool record_failure(const Status& s);
-  // Ends the data and control connections, so that the peers' operations with this rank fail.
-  void end_connections();
+  // Ends the data and control connections, so that the peers' operations with this rank fail;
+  // the control connections' farewell says this rank failed with `failure`, or aborted the
+  // group when there is none.
+  void end_connections(std::optional<std::string_view> failure);
+  // What a failed transfer with `peer` (-1: not known) says: the peer's farewell when it
+  // sent one (it failed or aborted the group), else that its connection failed (`what`).
+  std::string peer_ended(int32_t peer, const std::string& what);
   // `failure` preceded by the peers of this host whose processes have ended, if any.
   std::string with_ended_peers(const std::string& failure) const;
   // Records a finished operation's status on its work (and the communicator's failure).

@@ -10,8 +10,10 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <utility>
 
 #include "core/comm/auth.h"
+#include "core/comm/peer_failure.h"
 #include "core/comm/socket.h"
 #include "core/common/logging.h"
 
@@ -29,6 +31,36 @@ constexpr Milliseconds kHandshakeTimeout{5'000};
 using Nonce = std::array<uint8_t, kNonceBytes>;
 
 std::string address_key(int32_t rank) { return "control/" + std::to_string(rank); }
+
+// A frame's header: its kind and the bytes that follow, in host order (the ranks' hosts share
+// a byte order: their descriptors are exchanged raw too).
+constexpr size_t kHeadBytes = 8;
+constexpr uint32_t kMessageFrame = 0x316d7068;  // "hpm1": a posted message
+constexpr uint32_t kFailedFrame = 0x31667068;   // "hpf1": the sender failed; why follows
+constexpr uint32_t kAbortedFrame = 0x31617068;  // "hpa1": the sender aborted the group
+// What farewell() reads past at most: the messages of this many collectives, each no longer
+// than this (a descriptor is 40 bytes).
+constexpr int kMaxSkippedFrames = 1 << 16;
+constexpr uint32_t kMaxMessageBytes = 4096;
+
+void put_head(char* at, uint32_t kind, uint32_t bytes) {
+  std::memcpy(at, &kind, 4);
+  std::memcpy(at + 4, &bytes, 4);
+}
+
+std::pair<uint32_t, uint32_t> head_of(const char* at) {
+  uint32_t kind = 0, bytes = 0;
+  std::memcpy(&kind, at, 4);
+  std::memcpy(&bytes, at + 4, 4);
+  return {kind, bytes};
+}
+
+bool is_farewell(uint32_t kind) { return kind == kFailedFrame || kind == kAbortedFrame; }
+
+std::string farewell_text(int32_t peer, uint32_t kind, std::string_view reason) {
+  return kind == kFailedFrame ? peer_failed_text(peer, reason_received(reason))
+                              : peer_aborted_text(peer);
+}
 
 int poll_timeout_ms(Clock::time_point deadline) {
   const auto left =
@@ -215,7 +247,15 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
 
 Status ControlMesh::post(const void* mine, size_t bytes, Clock::time_point deadline) {
   if (aborted_) return aborted("the communicator was aborted");
-  const std::string_view message(static_cast<const char*>(mine), bytes);
+  if (bytes > kMaxMessageBytes) {
+    return invalid_argument("control connections: a message of " + std::to_string(bytes) +
+                            " bytes (at most " + std::to_string(kMaxMessageBytes) + ")");
+  }
+  std::lock_guard lock(send_mutex_);
+  frame_.resize(kHeadBytes + bytes);
+  put_head(frame_.data(), kMessageFrame, static_cast<uint32_t>(bytes));
+  std::memcpy(frame_.data() + kHeadBytes, mine, bytes);
+  const std::string_view message(frame_.data(), frame_.size());
   for (int32_t peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     Status s = net::send_all(sockets_[static_cast<size_t>(peer)], message, deadline);
@@ -247,9 +287,21 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   std::vector<std::optional<Clock::time_point>> ended_at(watched_.size());
   // Read every peer's message as it comes, waking on abort().
   // Per-call state in members reused across collectives (one collect() at a time).
+  const size_t frame = kHeadBytes + bytes;
   std::vector<size_t>& got = got_;
   got.assign(static_cast<size_t>(size_), 0);
-  got[static_cast<size_t>(rank_)] = bytes;
+  got[static_cast<size_t>(rank_)] = frame;
+  heads_.resize(static_cast<size_t>(size_));
+  torn_.resize(static_cast<size_t>(size_));
+  // Returning before every frame came leaves peers within one.
+  struct Torn {
+    std::vector<size_t>& got;
+    std::vector<uint8_t>& torn;
+    size_t frame;
+    ~Torn() {
+      for (size_t p = 0; p < got.size(); ++p) torn[p] |= got[p] > 0 && got[p] < frame;
+    }
+  } torn{got, torn_, frame};
   int32_t missing = size_ - 1;
   std::vector<pollfd>& fds = poll_fds_;
   std::vector<int32_t>& peers = poll_peers_;
@@ -257,7 +309,7 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
     fds.clear();
     peers.clear();
     for (int32_t peer = 0; peer < size_; ++peer) {
-      if (got[static_cast<size_t>(peer)] < bytes) {
+      if (got[static_cast<size_t>(peer)] < frame) {
         fds.push_back({sockets_[static_cast<size_t>(peer)], POLLIN, 0});
         peers.push_back(peer);
       }
@@ -280,25 +332,40 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
     for (size_t i = 0; i < peers.size(); ++i) {
       if (fds[i].revents == 0) continue;
       const size_t peer = static_cast<size_t>(peers[i]);
+      size_t& g = got[peer];
       auto* into = static_cast<char*>(all) + peer * bytes;
-      const ssize_t r = ::recv(fds[i].fd, into + got[peer], bytes - got[peer], 0);
+      const bool head = g < kHeadBytes;
+      const ssize_t r = head ? ::recv(fds[i].fd, heads_[peer].data() + g, kHeadBytes - g, 0)
+                             : ::recv(fds[i].fd, into + (g - kHeadBytes), frame - g, 0);
       if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
         return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
                        (r == 0 ? std::string("it failed or aborted the group, or exited")
                                : net::errno_message(errno)) +
                        ")");
       }
-      if (r > 0) {
-        got[peer] += static_cast<size_t>(r);
-        if (got[peer] == bytes) --missing;
+      if (r <= 0) continue;
+      g += static_cast<size_t>(r);
+      if (head && g == kHeadBytes) {
+        const auto [kind, length] = head_of(heads_[peer].data());
+        if (is_farewell(kind)) {
+          g = 0;  // the farewell is read whole below: no frame is left torn
+          return aborted(read_farewell(peers[i], kind, length, deadline));
+        }
+        if (kind != kMessageFrame || length != bytes) {
+          return aborted("rank " + std::to_string(peer) +
+                         " sent a control message this rank cannot read (a frame of kind " +
+                         std::to_string(kind) + " and " + std::to_string(length) + " bytes, " +
+                         std::to_string(bytes) + " expected): do the ranks run one hpshard?");
+        }
       }
+      if (g == frame) --missing;
     }
     const auto now = Clock::now();
     if (watched_.empty() || now < next_check) continue;
     next_check = now + kCheck;
     for (const int32_t peer : peers) {
       const auto& process = watched_[static_cast<size_t>(peer)];
-      if (got[static_cast<size_t>(peer)] == bytes || !process ||
+      if (got[static_cast<size_t>(peer)] == frame || !process ||
           host::process_running(process->pid, process->start)) {
         continue;
       }
@@ -314,31 +381,88 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   return Status::Ok();
 }
 
+std::string ControlMesh::read_farewell(int32_t peer, uint32_t kind, uint32_t bytes,
+                                       Clock::time_point deadline) {
+  std::string reason;
+  if (kind == kFailedFrame && bytes <= kPeerReasonBytes) {
+    reason.resize(bytes);
+    const auto by = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    if (!net::recv_all(sockets_[static_cast<size_t>(peer)], reason.data(), bytes, by).ok()) {
+      reason.clear();  // the rank is named without its message
+    }
+  }
+  return farewell_text(peer, kind, reason);
+}
+
+std::optional<std::string> ControlMesh::farewell(int32_t peer, Clock::time_point deadline) {
+  if (peer < 0 || peer >= size_ || peer == rank_ || aborted_) return std::nullopt;
+  torn_.resize(static_cast<size_t>(size_));
+  if (torn_[static_cast<size_t>(peer)]) return std::nullopt;
+  const int fd = sockets_[static_cast<size_t>(peer)];
+  std::array<char, kHeadBytes> head{};
+  std::vector<char> skipped;
+  for (int frames = 0; frames < kMaxSkippedFrames; ++frames) {
+    if (!net::recv_all(fd, head.data(), kHeadBytes, deadline).ok()) return std::nullopt;
+    const auto [kind, bytes] = head_of(head.data());
+    if (is_farewell(kind)) return read_farewell(peer, kind, bytes, deadline);
+    if (kind != kMessageFrame || bytes > kMaxMessageBytes) return std::nullopt;
+    skipped.resize(bytes);
+    if (!net::recv_all(fd, skipped.data(), bytes, deadline).ok()) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 Status ControlMesh::check_peers_alive(const std::vector<int32_t>& peers) const {
   for (const int32_t q : peers) {
     if (q < 0 || q >= size_) continue;
     const int fd = sockets_[static_cast<size_t>(q)];
     if (fd < 0) continue;
-    char byte = 0;
+    // A farewell at the head of what is unread: the peer ended the group.
+    std::array<char, kHeadBytes + kPeerReasonBytes> unread{};
     ssize_t n;
     do {
-      n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      n = ::recv(fd, unread.data(), unread.size(), MSG_PEEK | MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
       return aborted("rank " + std::to_string(q) + " closed its control connection");
+    }
+    if (n >= static_cast<ssize_t>(kHeadBytes)) {
+      const auto [kind, bytes] = head_of(unread.data());
+      if (is_farewell(kind)) {
+        const size_t have = static_cast<size_t>(n) - kHeadBytes;
+        const std::string_view reason =
+            bytes <= have ? std::string_view(unread.data() + kHeadBytes, bytes) : "";
+        return aborted(farewell_text(q, kind, reason));
+      }
     }
   }
   return Status::Ok();
 }
 
-void ControlMesh::abort() {
-  aborted_ = true;
+void ControlMesh::abort() { end(kAbortedFrame, {}); }
+
+void ControlMesh::fail(std::string_view reason) { end(kFailedFrame, reason); }
+
+void ControlMesh::end(uint32_t kind, std::string_view reason) {
+  if (aborted_.exchange(true)) return;  // the first end says why
   const uint64_t one = 1;
   while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
   }
+  // The farewell, where no post() is writing (its frame would be cut): queued in each
+  // socket without waiting (a peer that reads nothing gets none), ahead of the shutdown's end.
+  std::unique_lock writing(send_mutex_, std::try_to_lock);
+  if (writing.owns_lock()) {
+    const std::string why = kind == kFailedFrame ? reason_to_send(reason) : std::string();
+    std::string frame(kHeadBytes, '\0');
+    put_head(frame.data(), kind, static_cast<uint32_t>(why.size()));
+    frame += why;
+    for (const int fd : sockets_) {
+      if (fd >= 0) (void)::send(fd, frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+  }
   // The peers learn it at once, as they would of a rank that died: each connection ends
   // (its descriptor stays open until the destructor), so a peer's collect() or
-  // check_peers_alive() finds it closed instead of waiting for this rank until its timeout.
+  // check_peers_alive() finds it ended instead of waiting for this rank until its timeout.
   for (const int fd : sockets_) {
     if (fd >= 0) (void)::shutdown(fd, SHUT_RDWR);
   }

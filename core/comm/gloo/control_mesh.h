@@ -4,17 +4,22 @@
 // over before the stream gets to it. Gloo's unbound buffers move a message only after the
 // receiver has announced it (a round trip) and through the device's event-loop thread;
 // here a message is written straight to the socket and read by the waiting thread itself,
-// one wake-up instead of three.
+// one wake-up instead of three. Each message travels in a frame (an 8-byte header: its kind
+// and length); a rank that ends the group (aborts it, or fails) sends each peer a farewell
+// frame saying why before it shuts its connections, so a survivor can quote it.
 #pragma once
 
 #include <poll.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/comm/host.h"
@@ -42,8 +47,15 @@ class ControlMesh {
   Status post(const void* mine, size_t bytes, Clock::time_point deadline);
   // Receives each peer's next `bytes` into all + peer * bytes (all + rank * bytes is left
   // alone). TIMEOUT past `deadline` naming the ranks still missing, ABORTED when a peer's
-  // connection closed or abort() ran.
+  // connection closed or abort() ran, or with the peer's farewell when it ended the group
+  // ("rank 1 failed an earlier operation (its error: ...)", "rank 1 aborted the
+  // communicator").
   Status collect(void* all, size_t bytes, Clock::time_point deadline);
+  // After this rank's transfers with `peer` failed, on collect()'s thread: the farewell
+  // `peer` sent as it ended the group (what collect() would say), read past the messages it
+  // had posted for collectives not collected here, waiting until `deadline` for it; nothing
+  // when its connection ended without one or the deadline passed.
+  std::optional<std::string> farewell(int32_t peer, Clock::time_point deadline);
 
   // Before the first collect(): the peers' processes, by rank (nullopt where unknown). A
   // collect() waiting for a peer of this host whose process has ended fails ABORTED, naming
@@ -52,8 +64,11 @@ class ControlMesh {
   void watch_processes(const std::vector<std::optional<host::Process>>& processes);
 
   // Any thread: a running collect() returns ABORTED at once, and so do later calls; the
-  // connections are shut down, so the peers' collect() ends ABORTED too.
+  // peers get a farewell saying this rank aborted the group (unless a post() is writing),
+  // and the connections are shut down, so the peers' collect() ends ABORTED too.
   void abort();
+  // abort(), the farewell saying this rank failed, with `reason` (cut to kPeerReasonBytes).
+  void fail(std::string_view reason);
 
   // Any thread, beside post()/collect(): ABORTED naming the first of `peers` whose
   // connection has closed with nothing left unread in it (a peer that died with a message
@@ -62,10 +77,22 @@ class ControlMesh {
 
  private:
   ControlMesh(int32_t rank, int32_t size);
+  // abort() and fail(): a farewell of `kind` to every peer, then the connections shut down.
+  void end(uint32_t kind, std::string_view reason);
+  // The farewell whose header collect() or farewell() read from `peer`: its reason read
+  // (by `deadline`, at most a second from now), then said as the survivors say it.
+  std::string read_farewell(int32_t peer, uint32_t kind, uint32_t bytes,
+                            Clock::time_point deadline);
   int32_t rank_;
   int32_t size_;
   std::vector<int> sockets_;  // by peer rank; -1 for this rank
   int wake_fd_ = -1;          // an eventfd abort() writes to
+  std::mutex send_mutex_;     // post()'s writes, and the farewell's
+  std::vector<char> frame_;   // post()'s frame, kept to spare an allocation per call
+  // collect()'s frame headers by peer, and the peers it left within a frame (ABORTED or
+  // TIMEOUT before all of it came): farewell() cannot read those.
+  std::vector<std::array<char, 8>> heads_;
+  std::vector<uint8_t> torn_;
   // collect()'s bytes received per peer and poll set, kept to spare allocations per call.
   std::vector<size_t> got_;
   std::vector<struct pollfd> poll_fds_;

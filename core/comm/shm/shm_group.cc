@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "core/comm/host.h"
+#include "core/comm/peer_failure.h"
 #include "core/comm/reduce_ops.h"
 #include "core/common/env.h"
 #include "core/common/logging.h"
@@ -40,7 +41,7 @@ namespace {
 constexpr uint64_t kMagic = 0x6870736861726434ULL;  // "hpshard4"
 constexpr size_t kPage = 4096;
 // A failed rank's message for its peers' errors, truncated to this many bytes with its NUL.
-constexpr size_t kReasonBytes = 384;
+constexpr size_t kReasonBytes = kPeerReasonBytes + 1;  // and its terminating zero
 enum ReasonState : uint32_t { kNoReason = 0, kWritingReason = 1, kReasonWritten = 2 };
 
 enum State : uint32_t { kActive = 0, kLeft = 1, kFailed = 2, kAborted = 3 };
@@ -567,13 +568,9 @@ void ShmGroup::mark_failed(std::string_view why) {
   Control& mine = control(rank_);
   uint32_t none = kNoReason;
   if (mine.reason_state.compare_exchange_strong(none, kWritingReason)) {
-    // Cut at a character's start, and marked: "..." says there was more.
-    constexpr std::string_view kCut = "...";
-    const bool cut = why.size() > kReasonBytes - 1;
-    const size_t n = cut ? utf8_prefix_bytes(why, kReasonBytes - 1 - kCut.size()) : why.size();
-    std::memcpy(mine.reason, why.data(), n);
-    if (cut) std::memcpy(mine.reason + n, kCut.data(), kCut.size());
-    mine.reason[n + (cut ? kCut.size() : 0)] = '\0';
+    const std::string sent = reason_to_send(why);
+    std::memcpy(mine.reason, sent.data(), sent.size());
+    mine.reason[sent.size()] = '\0';
     mine.reason_state.store(kReasonWritten, std::memory_order_release);
   }
   uint32_t active = kActive;
@@ -583,15 +580,7 @@ void ShmGroup::mark_failed(std::string_view why) {
 std::string ShmGroup::reason_of(int32_t peer) const {
   const Control& c = control(peer);
   if (c.reason_state.load(std::memory_order_acquire) != kReasonWritten) return {};
-  // Another process's bytes: bounded, control bytes replaced, and anything past ASCII too
-  // unless the whole is UTF-8.
-  std::string reason(c.reason, ::strnlen(c.reason, kReasonBytes));
-  const bool utf8 = is_utf8(reason);
-  for (char& ch : reason) {
-    const auto byte = static_cast<unsigned char>(ch);
-    if (byte < 0x20 || byte == 0x7f || (byte >= 0x80 && !utf8)) ch = '?';
-  }
-  return reason;
+  return reason_received(std::string_view(c.reason, ::strnlen(c.reason, kReasonBytes)));
 }
 
 Status ShmGroup::peer_gone(int32_t peer) const {
@@ -601,13 +590,8 @@ Status ShmGroup::peer_gone(int32_t peer) const {
     case kLeft:
       return aborted("rank " + std::to_string(peer) +
                      " destroyed its communicator before joining (did a rank exit?)");
-    case kFailed: {
-      const std::string reason = reason_of(peer);
-      return with_cause(aborted("rank " + std::to_string(peer) + " failed an earlier operation" +
-                                (reason.empty() ? "" : " (its error: " + reason + ")")));
-    }
-    case kAborted:
-      return with_cause(aborted("rank " + std::to_string(peer) + " aborted the communicator"));
+    case kFailed: return with_cause(aborted(peer_failed_text(peer, reason_of(peer))));
+    case kAborted: return with_cause(aborted(peer_aborted_text(peer)));
     default: break;
   }
   return Status::Ok();

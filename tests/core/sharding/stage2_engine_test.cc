@@ -257,12 +257,11 @@ TEST(Engine, ARankSharingNoGroupWithARankThatLeftFailsItsStep) {
             EXPECT_FALSE(s.ok()) << "rank " << rank << " completed the step";
             EXPECT_NE(s.code(), StatusCode::kTimeout) << "rank " << rank << ": " << s.to_string();
             EXPECT_LT(took, std::chrono::seconds(10)) << "rank " << rank << ": " << s.to_string();
-            // Over shared memory a failed peer's message travels with its failure: the rank
-            // sharing no group with rank 3 learns what ended it too, quoted.
-            if (shm) {
-              EXPECT_NE(s.message().find("aborted the communicator"), std::string::npos)
-                  << "rank " << rank << ": " << s.to_string();
-            }
+            // A failed peer's message travels with its failure (shared memory: its control
+            // block; TCP: its farewell on the control connections): the rank sharing no
+            // group with rank 3 learns what ended it too, quoted.
+            EXPECT_NE(s.message().find("aborted the communicator"), std::string::npos)
+                << "rank " << rank << ": " << s.to_string();
           },
           options);
     }

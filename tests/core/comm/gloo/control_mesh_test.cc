@@ -138,5 +138,93 @@ TEST(ControlMesh, AStoreSlowToAnswerDelaysTheMeshButRefusesNoPeer) {
   ASSERT_TRUE(rank1.ok()) << rank1.status().to_string();
 }
 
+// Ranks 0 and 1 of a mesh over a fresh store.
+std::pair<std::unique_ptr<ControlMesh>, std::unique_ptr<ControlMesh>> mesh_pair() {
+  auto store = make_in_memory_store();
+  const auto deadline = Clock::now() + seconds(20);
+  StatusOr<std::unique_ptr<ControlMesh>> rank0 = unavailable("not made");
+  StatusOr<std::unique_ptr<ControlMesh>> rank1 = unavailable("not made");
+  std::thread first([&] { rank0 = ControlMesh::create(*store, 0, 2, "127.0.0.1", deadline); });
+  std::thread second([&] { rank1 = ControlMesh::create(*store, 1, 2, "127.0.0.1", deadline); });
+  first.join();
+  second.join();
+  EXPECT_TRUE(rank0.ok()) << rank0.status().to_string();
+  EXPECT_TRUE(rank1.ok()) << rank1.status().to_string();
+  if (!rank0.ok() || !rank1.ok()) return {};
+  return {std::move(rank0).value(), std::move(rank1).value()};
+}
+
+// A rank that ends the group says why on its way out: its peer's collect() quotes it (after
+// the messages posted before it), whole when short and cut at a character with "..." when
+// long, its control bytes replaced; an abort says so. Over TCP a survivor's error named only
+// the peer whose connection closed.
+TEST(ControlMesh, APeerThatEndsTheGroupSaysWhy) {
+  const auto deadline = Clock::now() + seconds(20);
+  const std::string long_reason = std::string(500, 'x') + "\u00fc";
+  for (const std::string& reason : {std::string("bad \x01 input \u00fc"), long_reason}) {
+    auto [rank0, rank1] = mesh_pair();
+    ASSERT_TRUE(rank0 && rank1);
+    const int32_t posted = 11;
+    ASSERT_TRUE(rank1->post(&posted, sizeof posted, deadline).ok());
+    rank1->fail(reason);
+    int32_t all[2] = {0, 0};
+    ASSERT_TRUE(rank0->collect(all, sizeof(int32_t), deadline).ok());
+    EXPECT_EQ(all[1], posted);
+    const Status ended = rank0->collect(all, sizeof(int32_t), deadline);
+    EXPECT_EQ(ended.code(), StatusCode::kAborted) << ended.to_string();
+    const std::string& m = ended.message();
+    ASSERT_EQ(m.rfind("rank 1 failed an earlier operation (its error: ", 0), 0u) << m;
+    if (reason == long_reason) {
+      const std::string quoted = m.substr(m.find(": ") + 2);
+      EXPECT_EQ(quoted, std::string(380, 'x') + "...)") << m;
+    } else {
+      EXPECT_NE(m.find("(its error: bad ? input \u00fc)"), std::string::npos) << m;
+    }
+    // Later calls: the connection has ended.
+    EXPECT_FALSE(rank0->collect(all, sizeof(int32_t), deadline).ok());
+  }
+  auto [rank0, rank1] = mesh_pair();
+  ASSERT_TRUE(rank0 && rank1);
+  rank1->abort();
+  rank1->fail("too late: the abort said why first");
+  int32_t all[2] = {0, 0};
+  const Status ended = rank0->collect(all, sizeof(int32_t), deadline);
+  EXPECT_EQ(ended.message(), "rank 1 aborted the communicator") << ended.to_string();
+}
+
+// After a transfer with a peer failed, farewell() reads past the messages the peer posted
+// for collectives not collected here; check_peers_alive() reads a farewell at the head of
+// the connection; a peer that closed without one (it exited) has none.
+TEST(ControlMesh, AFarewellIsFoundPastThePostedMessages) {
+  const auto deadline = Clock::now() + seconds(20);
+  {
+    auto [rank0, rank1] = mesh_pair();
+    ASSERT_TRUE(rank0 && rank1);
+    for (int32_t i = 0; i < 100; ++i) ASSERT_TRUE(rank1->post(&i, sizeof i, deadline).ok());
+    rank1->fail("its step failed");
+    EXPECT_TRUE(rank0->check_peers_alive({1}).ok());  // messages first: not read yet
+    EXPECT_EQ(rank0->farewell(1, Clock::now() + seconds(5)),
+              "rank 1 failed an earlier operation (its error: its step failed)");
+  }
+  {
+    auto [rank0, rank1] = mesh_pair();
+    ASSERT_TRUE(rank0 && rank1);
+    rank1->abort();
+    const Status alive = rank0->check_peers_alive({1});
+    EXPECT_EQ(alive.message(), "rank 1 aborted the communicator") << alive.to_string();
+    EXPECT_EQ(rank0->farewell(1, Clock::now() + seconds(5)), "rank 1 aborted the communicator");
+  }
+  {
+    auto [rank0, rank1] = mesh_pair();
+    ASSERT_TRUE(rank0 && rank1);
+    const int32_t posted = 7;
+    ASSERT_TRUE(rank1->post(&posted, sizeof posted, deadline).ok());
+    rank1.reset();  // closed without a farewell
+    const auto start = Clock::now();
+    EXPECT_EQ(rank0->farewell(1, Clock::now() + seconds(5)), std::nullopt);
+    EXPECT_LT(Clock::now() - start, seconds(1));
+  }
+}
+
 }  // namespace
 }  // namespace hps::gloo_backend
