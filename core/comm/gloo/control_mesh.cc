@@ -287,6 +287,7 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   std::vector<std::optional<Clock::time_point>> ended_at(watched_.size());
   // Read every peer's message as it comes, waking on abort().
   // Per-call state in members reused across collectives (one collect() at a time).
+  std::lock_guard reading(read_mutex_);
   const size_t frame = kHeadBytes + bytes;
   std::vector<size_t>& got = got_;
   got.assign(static_cast<size_t>(size_), 0);
@@ -396,6 +397,8 @@ std::string ControlMesh::read_farewell(int32_t peer, uint32_t kind, uint32_t byt
 
 std::optional<std::string> ControlMesh::farewell(int32_t peer, Clock::time_point deadline) {
   if (peer < 0 || peer >= size_ || peer == rank_ || aborted_) return std::nullopt;
+  std::unique_lock reading(read_mutex_, std::try_to_lock);
+  if (!reading.owns_lock()) return std::nullopt;
   torn_.resize(static_cast<size_t>(size_));
   if (torn_[static_cast<size_t>(peer)]) return std::nullopt;
   const int fd = sockets_[static_cast<size_t>(peer)];

@@ -51,10 +51,11 @@ class ControlMesh {
   // ("rank 1 failed an earlier operation (its error: ...)", "rank 1 aborted the
   // communicator").
   Status collect(void* all, size_t bytes, Clock::time_point deadline);
-  // After this rank's transfers with `peer` failed, on collect()'s thread: the farewell
-  // `peer` sent as it ended the group (what collect() would say), read past the messages it
-  // had posted for collectives not collected here, waiting until `deadline` for it; nothing
-  // when its connection ended without one or the deadline passed.
+  // After this rank's transfers with `peer` failed (any thread): the farewell `peer` sent as
+  // it ended the group (what collect() would say), read past the messages it had posted for
+  // collectives not collected here, waiting until `deadline` for it; nothing when its
+  // connection ended without one, the deadline passed, or a collect() is reading (it will
+  // find the farewell itself).
   std::optional<std::string> farewell(int32_t peer, Clock::time_point deadline);
 
   // Before the first collect(): the peers' processes, by rank (nullopt where unknown). A
@@ -88,6 +89,7 @@ class ControlMesh {
   std::vector<int> sockets_;  // by peer rank; -1 for this rank
   int wake_fd_ = -1;          // an eventfd abort() writes to
   std::mutex send_mutex_;     // post()'s writes, and the farewell's
+  std::mutex read_mutex_;     // collect()'s reads, and farewell()'s
   std::vector<char> frame_;   // post()'s frame, kept to spare an allocation per call
   // collect()'s frame headers by peer, and the peers it left within a frame (ABORTED or
   // TIMEOUT before all of it came): farewell() cannot read those.
