@@ -973,7 +973,8 @@ class _CtrlC:
             below = _frame_ids(sys._getframe())
             cls._armed = [e for e in cls._armed if e[0] is not None and id(e[0]) in below]
         outer = bool(cls._armed)
-        # No local names this frame: it would hold itself (a cycle keeping the engine).
+        # Only the entry holds this frame, until the finally clears it: a local naming the
+        # frame would be a cycle keeping the engine alive.
         entry: List[Any] = [sys._getframe(), abort, False]
         try:
             if not outer:
