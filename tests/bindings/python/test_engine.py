@@ -1599,6 +1599,31 @@ def _one_step(engine):
     engine.step()
 
 
+def _started_engine(comm, **options):
+    """An engine of one parameter (8 elements), sealed and broadcast."""
+    engine = Engine.create(comm, **options)
+    engine.add_param("w", (8,))
+    engine.seal()
+    engine.broadcast_parameters()
+    return engine
+
+
+def _late_peer(url, late):
+    """Rank 1 on a thread of its own: a step with rank 0, then a second once ``late`` is
+    set (learning rate 1, gradient 1: the parameter ends at -2)."""
+    def body():
+        store, comm = world(1, url)
+        with store, comm, _started_engine(comm, learning_rate=1.0) as engine:
+            _one_step(engine)
+            late.wait(60)
+            _one_step(engine)
+            engine.synchronize()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("call", ["wait_parameters", "synchronize", "gather_parameter", "close"])
 def test_ctrl_c_while_the_engine_waits_for_a_late_peer_aborts_its_communicators(stage, call):
@@ -1617,10 +1642,7 @@ def test_ctrl_c_while_the_engine_waits_for_a_late_peer_aborts_its_communicators(
     def late_peer():
         try:
             store, comm = world(1, url)
-            with store, comm, Engine.create(comm, stage=stage) as engine:
-                engine.add_param("w", (1000,))
-                engine.seal()
-                engine.broadcast_parameters()
+            with store, comm, _started_engine(comm, stage=stage) as engine:
                 _one_step(engine)
                 late.wait(JOIN_S)
                 start = time.monotonic()
@@ -1640,10 +1662,7 @@ def test_ctrl_c_while_the_engine_waits_for_a_late_peer_aborts_its_communicators(
     try:
         store, comm = world(0, url)
         with store, comm:
-            engine = Engine.create(comm, stage=stage)
-            engine.add_param("w", (1000,))
-            engine.seal()
-            engine.broadcast_parameters()
+            engine = _started_engine(comm, stage=stage)
             _one_step(engine)
             _one_step(engine)  # the peer is late: this step's collectives wait for it
             blocked = {"wait_parameters": lambda: engine.wait_parameters(0),
@@ -1676,28 +1695,12 @@ def test_ctrl_c_under_a_programs_own_handler_aborts_nothing():
     url = f"memory://ctrl-c-own-{uuid.uuid4().hex}"
     late = threading.Event()
     seen = []
-
-    def late_peer():
-        store, comm = world(1, url)
-        with store, comm, Engine.create(comm, learning_rate=1.0) as engine:
-            engine.add_param("w", (8,))
-            engine.seal()
-            engine.broadcast_parameters()
-            _one_step(engine)
-            late.wait(60)
-            _one_step(engine)
-            engine.synchronize()
-
-    thread = threading.Thread(target=late_peer, daemon=True)
-    thread.start()
+    thread = _late_peer(url, late)
     main = threading.main_thread().ident
     previous = signal.signal(signal.SIGINT, lambda *_: seen.append(time.monotonic()))
     try:
         store, comm = world(0, url)
-        with store, comm, Engine.create(comm, learning_rate=1.0) as engine:
-            engine.add_param("w", (8,))
-            engine.seal()
-            engine.broadcast_parameters()
+        with store, comm, _started_engine(comm, learning_rate=1.0) as engine:
             _one_step(engine)
             _one_step(engine)
             threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
@@ -1722,28 +1725,12 @@ def test_a_signal_before_an_engine_call_does_not_abort_it():
     main-thread calls leave no cycle holding the engine (each call's frame held itself)."""
     url = f"memory://ctrl-c-stale-{uuid.uuid4().hex}"
     late = threading.Event()
-
-    def late_peer():
-        store, comm = world(1, url)
-        with store, comm, Engine.create(comm, learning_rate=1.0) as engine:
-            engine.add_param("w", (8,))
-            engine.seal()
-            engine.broadcast_parameters()
-            _one_step(engine)
-            late.wait(60)
-            _one_step(engine)
-            engine.synchronize()
-
-    thread = threading.Thread(target=late_peer, daemon=True)
-    thread.start()
+    thread = _late_peer(url, late)
     gc.disable()
     try:
         store, comm = world(0, url)
         with store, comm:
-            engine = Engine.create(comm, learning_rate=1.0)
-            engine.add_param("w", (8,))
-            engine.seal()
-            engine.broadcast_parameters()
+            engine = _started_engine(comm, learning_rate=1.0)
             _one_step(engine)
             _one_step(engine)
             hpshard._CtrlC._start()
