@@ -1130,11 +1130,26 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
 }
 
 std::string GlooCommunicator::peer_ended(int32_t peer, const std::string& what) {
-  // A peer that ended the group said why on its control connection before its connections
-  // closed; the farewell may trail the reset that brought this here by a moment.
-  if (control_ && peer >= 0) {
-    constexpr std::chrono::milliseconds kFarewellWait{250};
-    if (auto said = control_->farewell(peer, Clock::now() + kFarewellWait)) return *said;
+  if (peer >= 0 && peer < size_) {
+    // Over shared memory (point-to-point transfers go over Gloo's pairs there too) the
+    // peer's control block says why.
+    if (shm_) {
+      const Status gone = shm_->peer_gone(peer);
+      if (!gone.ok()) return gone.message();
+    }
+    // Over TCP a peer that ended the group said why on its control connection before its
+    // connections closed; the farewell may trail the reset that brought this here by a
+    // moment, unless its process has ended (none is coming: only what has come is read).
+    if (control_) {
+      const bool ended = static_cast<size_t>(peer) < peer_processes_.size() &&
+                         peer_processes_[static_cast<size_t>(peer)] &&
+                         peer_processes_[static_cast<size_t>(peer)]->ended();
+      constexpr std::chrono::milliseconds kFarewellWait{250};
+      if (auto said =
+              control_->farewell(peer, Clock::now() + (ended ? Milliseconds(0) : kFarewellWait))) {
+        return *said;
+      }
+    }
   }
   return connection_failed(peer, what);
 }

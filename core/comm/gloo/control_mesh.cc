@@ -260,6 +260,12 @@ Status ControlMesh::post(const void* mine, size_t bytes, Clock::time_point deadl
     if (peer == rank_) continue;
     Status s = net::send_all(sockets_[static_cast<size_t>(peer)], message, deadline);
     if (!s.ok()) {
+      if (aborted_) return aborted("the communicator was aborted");  // this rank's own end
+      // A peer that ended the group said why before it closed (read unless a collect()
+      // is reading: it will find it).
+      if (auto said = farewell(peer, Clock::now() + std::chrono::milliseconds(250))) {
+        return aborted(*said);
+      }
       return aborted("the control connection to rank " + std::to_string(peer) +
                      " failed (did it exit?): " + s.message());
     }
@@ -306,11 +312,17 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   int32_t missing = size_ - 1;
   std::vector<pollfd>& fds = poll_fds_;
   std::vector<int32_t>& peers = poll_peers_;
+  // The peers whose frame came are watched too, until their next one begins: a farewell
+  // there (or the connection's end) means this collective cannot complete, as the late
+  // rank's may not come before the deadline.
+  std::vector<uint8_t>& ahead = ahead_;
+  ahead.assign(static_cast<size_t>(size_), 0);
+  ahead[static_cast<size_t>(rank_)] = 1;
   while (missing > 0) {
     fds.clear();
     peers.clear();
     for (int32_t peer = 0; peer < size_; ++peer) {
-      if (got[static_cast<size_t>(peer)] < frame) {
+      if (got[static_cast<size_t>(peer)] < frame || !ahead[static_cast<size_t>(peer)]) {
         fds.push_back({sockets_[static_cast<size_t>(peer)], POLLIN, 0});
         peers.push_back(peer);
       }
@@ -326,7 +338,10 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
     }
     if (n == 0 && Clock::now() >= deadline) {
       std::string who;
-      for (int32_t peer : peers) who += (who.empty() ? "" : ", ") + std::to_string(peer);
+      for (int32_t peer : peers) {
+        if (got[static_cast<size_t>(peer)] == frame) continue;  // watched, not waited for
+        who += (who.empty() ? "" : ", ") + std::to_string(peer);
+      }
       return timeout_error("no word from rank" + std::string(peers.size() > 1 ? "s " : " ") + who +
                            " (a peer is missing or called a different operation)");
     }
@@ -334,6 +349,10 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       if (fds[i].revents == 0) continue;
       const size_t peer = static_cast<size_t>(peers[i]);
       size_t& g = got[peer];
+      if (g == frame) {
+        HPS_RETURN_IF_ERROR(check_next_frame(peers[i], deadline, &ahead[peer]));
+        continue;
+      }
       auto* into = static_cast<char*>(all) + peer * bytes;
       const bool head = g < kHeadBytes;
       const ssize_t r = head ? ::recv(fds[i].fd, heads_[peer].data() + g, kHeadBytes - g, 0)
@@ -382,6 +401,29 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   return Status::Ok();
 }
 
+Status ControlMesh::check_next_frame(int32_t peer, Clock::time_point deadline, uint8_t* ahead) {
+  const int fd = sockets_[static_cast<size_t>(peer)];
+  std::array<char, kHeadBytes> next{};
+  const ssize_t n = ::recv(fd, next.data(), next.size(), MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
+    return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
+                   (n == 0 ? std::string("it failed or aborted the group, or exited")
+                           : net::errno_message(errno)) +
+                   ")");
+  }
+  if (n < static_cast<ssize_t>(kHeadBytes)) {
+    if (n > 0) *ahead = 1;  // a frame begins: the next collect() reads it
+    return Status::Ok();
+  }
+  const auto [kind, bytes] = head_of(next.data());
+  if (!is_farewell(kind)) {
+    *ahead = 1;
+    return Status::Ok();
+  }
+  (void)::recv(fd, next.data(), next.size(), MSG_DONTWAIT);  // the header peeked at
+  return aborted(read_farewell(peer, kind, bytes, deadline));
+}
+
 std::string ControlMesh::read_farewell(int32_t peer, uint32_t kind, uint32_t bytes,
                                        Clock::time_point deadline) {
   std::string reason;
@@ -392,13 +434,18 @@ std::string ControlMesh::read_farewell(int32_t peer, uint32_t kind, uint32_t byt
       reason.clear();  // the rank is named without its message
     }
   }
-  return farewell_text(peer, kind, reason);
+  std::string said = farewell_text(peer, kind, reason);
+  farewells_.resize(static_cast<size_t>(size_));
+  farewells_[static_cast<size_t>(peer)] = said;
+  return said;
 }
 
 std::optional<std::string> ControlMesh::farewell(int32_t peer, Clock::time_point deadline) {
   if (peer < 0 || peer >= size_ || peer == rank_ || aborted_) return std::nullopt;
-  std::unique_lock reading(read_mutex_, std::try_to_lock);
+  std::unique_lock reading(read_mutex_, deadline);
   if (!reading.owns_lock()) return std::nullopt;
+  farewells_.resize(static_cast<size_t>(size_));
+  if (farewells_[static_cast<size_t>(peer)]) return farewells_[static_cast<size_t>(peer)];
   torn_.resize(static_cast<size_t>(size_));
   if (torn_[static_cast<size_t>(peer)]) return std::nullopt;
   const int fd = sockets_[static_cast<size_t>(peer)];

@@ -54,8 +54,8 @@ class ControlMesh {
   // After this rank's transfers with `peer` failed (any thread): the farewell `peer` sent as
   // it ended the group (what collect() would say), read past the messages it had posted for
   // collectives not collected here, waiting until `deadline` for it; nothing when its
-  // connection ended without one, the deadline passed, or a collect() is reading (it will
-  // find the farewell itself).
+  // connection ended without one, or the deadline passed (a collect() reading meanwhile is
+  // waited for: it may read the farewell first).
   std::optional<std::string> farewell(int32_t peer, Clock::time_point deadline);
 
   // Before the first collect(): the peers' processes, by rank (nullopt where unknown). A
@@ -80,21 +80,27 @@ class ControlMesh {
   ControlMesh(int32_t rank, int32_t size);
   // abort() and fail(): a farewell of `kind` to every peer, then the connections shut down.
   void end(uint32_t kind, std::string_view reason);
+  // collect()'s look at a peer whose frame came: ABORTED when its connection ended or a
+  // farewell follows (read), else OK, setting `ahead` once its next frame has begun.
+  Status check_next_frame(int32_t peer, Clock::time_point deadline, uint8_t* ahead);
   // The farewell whose header collect() or farewell() read from `peer`: its reason read
   // (by `deadline`, at most a second from now), then said as the survivors say it.
   std::string read_farewell(int32_t peer, uint32_t kind, uint32_t bytes,
                             Clock::time_point deadline);
   int32_t rank_;
   int32_t size_;
-  std::vector<int> sockets_;  // by peer rank; -1 for this rank
-  int wake_fd_ = -1;          // an eventfd abort() writes to
-  std::mutex send_mutex_;     // post()'s writes, and the farewell's
-  std::mutex read_mutex_;     // collect()'s reads, and farewell()'s
-  std::vector<char> frame_;   // post()'s frame, kept to spare an allocation per call
+  std::vector<int> sockets_;     // by peer rank; -1 for this rank
+  int wake_fd_ = -1;             // an eventfd abort() writes to
+  std::mutex send_mutex_;        // post()'s writes, and the farewell's
+  std::timed_mutex read_mutex_;  // collect()'s reads, and farewell()'s
+  // What each peer said as it ended the group, once read (under read_mutex_).
+  std::vector<std::optional<std::string>> farewells_;
+  std::vector<char> frame_;  // post()'s frame, kept to spare an allocation per call
   // collect()'s frame headers by peer, and the peers it left within a frame (ABORTED or
   // TIMEOUT before all of it came): farewell() cannot read those.
   std::vector<std::array<char, 8>> heads_;
   std::vector<uint8_t> torn_;
+  std::vector<uint8_t> ahead_;  // collect(): peers no longer watched (see check_next_frame)
   // collect()'s bytes received per peer and poll set, kept to spare allocations per call.
   std::vector<size_t> got_;
   std::vector<struct pollfd> poll_fds_;

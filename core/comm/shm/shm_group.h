@@ -92,6 +92,9 @@ class ShmGroup {
   // This rank's communicator failed (`why`, the first time): peers waiting for it stop at
   // once, their errors quoting `why`.
   void mark_failed(std::string_view why);
+  // Any thread: ABORTED saying how `peer` ended the group (it failed, quoting its message;
+  // aborted; left), after a rank of the group that exited when one did; OK while it has not.
+  Status peer_gone(int32_t peer) const;
 
   // Tests only: runs inside every wait of this rank's collectives, between its read of
   // whether the peer waited for is gone and its read of that peer's progress (the window in
@@ -127,7 +130,6 @@ class ShmGroup {
   Status wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline);
   // wait_for on every other rank (or only `only`, when >= 0).
   Status wait_peers(bool posted, uint64_t target, Deadline deadline, int32_t only = -1);
-  Status peer_gone(int32_t peer) const;
   // The message `peer` failed with (mark_failed), or "" when it wrote none.
   std::string reason_of(int32_t peer) const;
   // `failure` (a peer that failed, aborted or withdrew its buffer: often a survivor of

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <thread>
+#include <vector>
 
 #include "core/comm/socket.h"
 
@@ -121,25 +122,33 @@ class SlowStore : public ForwardingStore {
   std::chrono::milliseconds delay_;
 };
 
-// Ranks 0 and 1 of a mesh made over `store` (each on a thread of its own) by `deadline`;
-// empty, with the failures reported, when either is refused.
-std::pair<std::unique_ptr<ControlMesh>, std::unique_ptr<ControlMesh>> mesh_pair(
-    Store& store, Clock::time_point deadline) {
-  StatusOr<std::unique_ptr<ControlMesh>> rank0 = unavailable("not made");
-  StatusOr<std::unique_ptr<ControlMesh>> rank1 = unavailable("not made");
-  std::thread first([&] { rank0 = ControlMesh::create(store, 0, 2, "127.0.0.1", deadline); });
-  std::thread second([&] { rank1 = ControlMesh::create(store, 1, 2, "127.0.0.1", deadline); });
-  first.join();
-  second.join();
-  EXPECT_TRUE(rank0.ok()) << rank0.status().to_string();
-  EXPECT_TRUE(rank1.ok()) << rank1.status().to_string();
-  if (!rank0.ok() || !rank1.ok()) return {};
-  return {std::move(rank0).value(), std::move(rank1).value()};
+// The ranks of a mesh of `size` made over `store` (each on a thread of its own) by
+// `deadline`; empty, with the failures reported, when any is refused.
+std::vector<std::unique_ptr<ControlMesh>> meshes(Store& store, int32_t size,
+                                                 Clock::time_point deadline) {
+  std::vector<StatusOr<std::unique_ptr<ControlMesh>>> made;
+  for (int32_t r = 0; r < size; ++r) made.emplace_back(unavailable("not made"));
+  std::vector<std::thread> ranks;
+  for (int32_t r = 0; r < size; ++r) {
+    ranks.emplace_back([&, r] {
+      made[static_cast<size_t>(r)] = ControlMesh::create(store, r, size, "127.0.0.1", deadline);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  std::vector<std::unique_ptr<ControlMesh>> out;
+  for (auto& m : made) {
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    if (!m.ok()) return {};
+    out.push_back(std::move(m).value());
+  }
+  return out;
 }
 
-// Over a fresh store.
+// Ranks 0 and 1 over a fresh store.
 std::pair<std::unique_ptr<ControlMesh>, std::unique_ptr<ControlMesh>> mesh_pair() {
-  return mesh_pair(*make_in_memory_store(), Clock::now() + seconds(20));
+  auto made = meshes(*make_in_memory_store(), 2, Clock::now() + seconds(20));
+  if (made.empty()) return {};
+  return {std::move(made[0]), std::move(made[1])};
 }
 
 // The accepting rank reads the connecting peer's published address from the store; a store
@@ -147,8 +156,7 @@ std::pair<std::unique_ptr<ControlMesh>, std::unique_ptr<ControlMesh>> mesh_pair(
 // (it read the address with a 1 ms timeout, closed rank 1 as "not a peer" and timed out).
 TEST(ControlMesh, AStoreSlowToAnswerDelaysTheMeshButRefusesNoPeer) {
   SlowStore slow(make_in_memory_store(), std::chrono::milliseconds(300));
-  const auto [rank0, rank1] = mesh_pair(slow, Clock::now() + seconds(5));
-  EXPECT_TRUE(rank0 && rank1);
+  EXPECT_EQ(meshes(slow, 2, Clock::now() + seconds(5)).size(), 2u);
 }
 
 // A rank that ends the group says why on its way out: its peer's collect() quotes it (after
@@ -220,6 +228,65 @@ TEST(ControlMesh, AFarewellIsFoundPastThePostedMessages) {
     const auto start = Clock::now();
     EXPECT_EQ(rank0->farewell(1, Clock::now() + seconds(5)), std::nullopt);
     EXPECT_LT(Clock::now() - start, seconds(1));
+  }
+}
+
+// A post to a peer that has ended the group fails quoting its farewell ("Broken pipe"
+// before); a post cut short by this rank's own abort says so (it blamed the peer).
+TEST(ControlMesh, APostThatFailsSaysWhy) {
+  const auto deadline = Clock::now() + seconds(20);
+  auto [rank0, rank1] = mesh_pair();
+  ASSERT_TRUE(rank0 && rank1);
+  rank1->fail("its step failed");
+  Status posted = Status::Ok();
+  for (int32_t i = 0; i < 200 && posted.ok(); ++i) {
+    posted = rank0->post(&i, sizeof i, deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(posted.message(), "rank 1 failed an earlier operation (its error: its step failed)")
+      << posted.to_string();
+
+  auto [mine, silent] = mesh_pair();  // `silent` reads nothing: the posts fill its socket
+  ASSERT_TRUE(mine && silent);
+  std::thread aborts([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    mine->abort();
+  });
+  std::vector<char> big(4096, 'x');
+  do {
+    posted = mine->post(big.data(), big.size(), deadline);
+  } while (posted.ok());
+  aborts.join();
+  EXPECT_EQ(posted.message(), "the communicator was aborted") << posted.to_string();
+}
+
+// Rank 2 posted its message, then gave up (or aborted) while rank 1 is late: rank 0's
+// collect(), waiting for rank 1, ends at once quoting rank 2 (it watched only the ranks
+// whose message had not come, and waited for the late one until its deadline).
+TEST(ControlMesh, APeerThatEndsTheGroupAfterItsMessageEndsTheWaitForALateOne) {
+  for (const bool aborts : {false, true}) {
+    auto ranks = meshes(*make_in_memory_store(), 3, Clock::now() + seconds(20));
+    ASSERT_EQ(ranks.size(), 3u);
+    const int32_t mine = 2;
+    ASSERT_TRUE(ranks[2]->post(&mine, sizeof mine, Clock::now() + seconds(5)).ok());
+    std::thread gives_up([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (aborts) {
+        ranks[2]->abort();
+      } else {
+        ranks[2]->fail("no word from rank 1");
+      }
+    });
+    int32_t all[3] = {0, 0, 0};
+    const auto start = Clock::now();
+    const Status s = ranks[0]->collect(all, sizeof(int32_t), Clock::now() + seconds(20));
+    gives_up.join();
+    EXPECT_LT(Clock::now() - start, seconds(5));
+    EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+    EXPECT_EQ(s.message(), aborts ? "rank 2 aborted the communicator"
+                                  : "rank 2 failed an earlier operation (its error: no word "
+                                    "from rank 1)")
+        << s.to_string();
   }
 }
 
