@@ -318,6 +318,12 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   std::vector<uint8_t>& ahead = ahead_;
   ahead.assign(static_cast<size_t>(size_), 0);
   ahead[static_cast<size_t>(rank_)] = 1;
+  // A peer that ended so: the ranks still missing get a moment more (their messages are
+  // most likely on the way: a disagreement is then found here too, and named), then its
+  // end is this collect()'s.
+  constexpr std::chrono::milliseconds kEndedGrace{250};
+  std::optional<Status> ended;
+  auto until = deadline;
   while (missing > 0) {
     fds.clear();
     peers.clear();
@@ -328,7 +334,7 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       }
     }
     fds.push_back({wake_fd_, POLLIN, 0});
-    int timeout_ms = poll_timeout_ms(deadline);
+    int timeout_ms = poll_timeout_ms(until);
     if (!watched_.empty()) timeout_ms = std::min<int>(timeout_ms, kCheck.count());
     const int n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (aborted_) return aborted("the communicator was aborted");
@@ -336,6 +342,7 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       if (errno == EINTR) continue;
       return backend_error("control connections: poll: " + net::errno_message(errno));
     }
+    if (ended && Clock::now() >= until) return *ended;
     if (n == 0 && Clock::now() >= deadline) {
       std::string who;
       for (int32_t peer : peers) {
@@ -350,7 +357,14 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       const size_t peer = static_cast<size_t>(peers[i]);
       size_t& g = got[peer];
       if (g == frame) {
-        HPS_RETURN_IF_ERROR(check_next_frame(peers[i], deadline, &ahead[peer]));
+        Status next = check_next_frame(peers[i], deadline, &ahead[peer]);
+        if (!next.ok()) {
+          ahead[peer] = 1;  // watched no more
+          if (!ended) {
+            ended = std::move(next);
+            until = std::min(deadline, Clock::now() + kEndedGrace);
+          }
+        }
         continue;
       }
       auto* into = static_cast<char*>(all) + peer * bytes;
