@@ -89,10 +89,10 @@ class ControlMesh {
                             Clock::time_point deadline);
   int32_t rank_;
   int32_t size_;
-  std::vector<int> sockets_;     // by peer rank; -1 for this rank
-  int wake_fd_ = -1;             // an eventfd abort() writes to
-  std::mutex send_mutex_;        // post()'s writes, and the farewell's
-  std::timed_mutex read_mutex_;  // collect()'s reads, and farewell()'s
+  std::vector<int> sockets_;  // by peer rank; -1 for this rank
+  int wake_fd_ = -1;          // an eventfd abort() writes to
+  std::mutex send_mutex_;     // post()'s writes, and the farewell's
+  std::mutex read_mutex_;     // collect()'s reads, and farewell()'s
   // What each peer said as it ended the group, once read (under read_mutex_).
   std::vector<std::optional<std::string>> farewells_;
   std::vector<char> frame_;  // post()'s frame, kept to spare an allocation per call
