@@ -56,6 +56,18 @@ std::pair<uint32_t, uint32_t> head_of(const char* at) {
   return {kind, bytes};
 }
 
+// What a recv() that returned `r` says of its connection: ended (closed, or an error that
+// is not a retry), and the survivor's error then (errno as recv() left it).
+bool connection_ended(ssize_t r) {
+  return r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+Status ended_connection(int32_t peer, ssize_t r) {
+  return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
+                 (r == 0 ? std::string("it failed or aborted the group, or exited")
+                         : net::errno_message(errno)) +
+                 ")");
+}
+
 bool is_farewell(uint32_t kind) { return kind == kFailedFrame || kind == kAbortedFrame; }
 
 std::string farewell_text(int32_t peer, uint32_t kind, std::string_view reason) {
@@ -124,7 +136,12 @@ std::string_view bytes_of(const Nonce& nonce) {
 }  // namespace
 
 ControlMesh::ControlMesh(int32_t rank, int32_t size)
-    : rank_(rank), size_(size), sockets_(static_cast<size_t>(size), -1) {}
+    : rank_(rank),
+      size_(size),
+      sockets_(static_cast<size_t>(size), -1),
+      farewells_(static_cast<size_t>(size)),
+      heads_(static_cast<size_t>(size)),
+      torn_(static_cast<size_t>(size)) {}
 
 ControlMesh::~ControlMesh() {
   for (int fd : sockets_) net::close_fd(fd);
@@ -299,8 +316,6 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
   std::vector<size_t>& got = got_;
   got.assign(static_cast<size_t>(size_), 0);
   got[static_cast<size_t>(rank_)] = frame;
-  heads_.resize(static_cast<size_t>(size_));
-  torn_.resize(static_cast<size_t>(size_));
   // Returning before every frame came leaves peers within one.
   struct Torn {
     std::vector<size_t>& got;
@@ -372,12 +387,7 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       const bool head = g < kHeadBytes;
       const ssize_t r = head ? ::recv(fds[i].fd, heads_[peer].data() + g, kHeadBytes - g, 0)
                              : ::recv(fds[i].fd, into + (g - kHeadBytes), frame - g, 0);
-      if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
-                       (r == 0 ? std::string("it failed or aborted the group, or exited")
-                               : net::errno_message(errno)) +
-                       ")");
-      }
+      if (connection_ended(r)) return ended_connection(peers[i], r);
       if (r <= 0) continue;
       g += static_cast<size_t>(r);
       if (head && g == kHeadBytes) {
@@ -420,12 +430,7 @@ Status ControlMesh::check_next_frame(int32_t peer, Clock::time_point deadline, u
   const int fd = sockets_[static_cast<size_t>(peer)];
   std::array<char, kHeadBytes> next{};
   const ssize_t n = ::recv(fd, next.data(), next.size(), MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) {
-    return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
-                   (n == 0 ? std::string("it failed or aborted the group, or exited")
-                           : net::errno_message(errno)) +
-                   ")");
-  }
+  if (connection_ended(n)) return ended_connection(peer, n);
   if (n < static_cast<ssize_t>(kHeadBytes)) {
     if (n > 0) *ahead = 1;  // a frame begins: the next collect() reads it
     return Status::Ok();
@@ -450,7 +455,6 @@ std::string ControlMesh::read_farewell(int32_t peer, uint32_t kind, uint32_t byt
     }
   }
   std::string said = farewell_text(peer, kind, reason);
-  farewells_.resize(static_cast<size_t>(size_));
   farewells_[static_cast<size_t>(peer)] = said;
   return said;
 }
@@ -464,9 +468,7 @@ std::optional<std::string> ControlMesh::farewell(int32_t peer, Clock::time_point
     if (Clock::now() >= deadline) return std::nullopt;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  farewells_.resize(static_cast<size_t>(size_));
   if (farewells_[static_cast<size_t>(peer)]) return farewells_[static_cast<size_t>(peer)];
-  torn_.resize(static_cast<size_t>(size_));
   if (torn_[static_cast<size_t>(peer)]) return std::nullopt;
   const int fd = sockets_[static_cast<size_t>(peer)];
   std::array<char, kHeadBytes> head{};
