@@ -683,10 +683,11 @@ class ContextReaper {
 };
 
 // One thread for the process: every 100 ms it asks each communicator with peers whether a
-// wait under way is owed a transfer by a peer whose connection has failed (seen failed a
-// round before, so that a transfer completed just before is taken first) or whose process
-// on this host has ended (seen ended for a second: what the peer wrote before it ended is
-// read meanwhile), and fails such a wait. Gloo tells a failed connection to the transfers
+// wait under way is owed a transfer by a peer that ended the group (its connection failed,
+// or its shared-memory control block or control connection says so; seen a round before,
+// so that a transfer completed just before is taken first) or whose process on this host
+// has ended (seen ended for a second: what the peer wrote before it ended is read
+// meanwhile), and fails such a wait. Gloo tells a failed connection to the transfers
 // queued on it, but not to one under way: such a wait would last until the communicator's
 // timeout (minutes by default).
 class WaitWatch {
@@ -824,6 +825,20 @@ std::optional<std::string> GlooCommunicator::connection_failure(int32_t peer) {
   return std::nullopt;
 }
 
+std::optional<std::string> GlooCommunicator::peer_ended_group(int32_t peer) {
+  if (auto what = connection_failure(peer)) return what;
+  // Gloo's connections are not always seen to close: a process the peer forked holds them
+  // open, and waits for it lasted the whole timeout. What the peer says as it ends the group
+  // is told on its own: over shared memory its control block (aborted, failed or left), over
+  // TCP its control connection (a farewell, or shut down).
+  if (aborted_) return std::nullopt;
+  Status gone = Status::Ok();
+  if (shm_) gone = shm_->peer_gone(peer);
+  if (gone.ok() && control_) gone = control_->check_peers_alive({peer});
+  if (!gone.ok()) return gone.message();
+  return std::nullopt;
+}
+
 void GlooCommunicator::check_waits() {
   std::lock_guard lock(waits_mutex_);
   if (waits_.empty()) return;
@@ -834,7 +849,7 @@ void GlooCommunicator::check_waits() {
     for (int32_t p : wait.peers) {
       if (p < 0 || p >= size_) continue;
       if (!failed(p)) {
-        if (auto what = connection_failure(p)) {
+        if (auto what = peer_ended_group(p)) {
           if (now - seen_broken_.emplace(p, now).first->second >= WaitWatch::kPeriod) {
             broken_[p] = *what;
           }

@@ -103,9 +103,12 @@ class GlooCommunicator final : public Communicator {
   };
   uint64_t begin_wait(OwedTransfers owed);
   void end_wait(uint64_t id);
-  // The watch's round: aborts the waits owed by a peer whose connection has been seen failed
+  // The watch's round: aborts the waits owed by a peer that has been seen to end the group
   // for a round, or whose process has been seen ended for the grace period.
   void check_waits();
+  // Why `peer` has ended the group: its connection failed, or its shared-memory control
+  // block or control connection says it aborted, failed or left; nullopt while it has not.
+  std::optional<std::string> peer_ended_group(int32_t peer);
   // Gloo's message once the connection to `peer` has failed; nullopt while it works (or
   // while its lock is busy: the next round asks again).
   std::optional<std::string> connection_failure(int32_t peer);

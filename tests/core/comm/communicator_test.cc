@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -937,6 +938,46 @@ TEST_P(CommunicatorTest, APeerThatAbortedIsNamedAtOnceNotAtTheTimeout) {
         finished = true;
         EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
         EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      },
+      options);
+}
+
+// A process the peer forked (a data loader's worker, say) holds its Gloo connections open,
+// so its abort closes none of them: the receive from it still ends at once, told by the
+// peer's shared-memory control block or its control connection.
+TEST_P(CommunicatorTest, AReceiveFromAPeerThatAbortedEndsThoughAForkHoldsItsConnections) {
+  CommOptions options = this->options();
+  options.timeout = Milliseconds(20'000);
+  std::atomic<bool> posted{false}, finished{false};
+  run_ranks(
+      2,
+      [&](int32_t rank, Communicator& comm) {
+        if (rank == 1) {
+          while (!posted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          const pid_t child = ::fork();
+          if (child == 0) {
+            for (;;) ::pause();  // holds the connections; killed below
+          }
+          ASSERT_GT(child, 0);
+          comm.abort();
+          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          ::kill(child, SIGKILL);
+          int status = 0;
+          ::waitpid(child, &status, 0);
+          return;
+        }
+        std::vector<float> y(1000, 0.0f);
+        auto w = comm.recv(y.data(), y.size(), DType::kFloat32, 1);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        const auto start = std::chrono::steady_clock::now();
+        posted = true;
+        const Status s = (*w)->wait();
+        finished = true;
+        EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+        EXPECT_NE(s.message().find("rank 1 aborted the communicator"), std::string::npos)
+            << s.message();
         EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
       },
       options);
