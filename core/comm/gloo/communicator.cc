@@ -834,7 +834,7 @@ std::optional<std::string> GlooCommunicator::peer_ended_group(int32_t peer) {
   if (aborted_) return std::nullopt;
   Status gone = Status::Ok();
   if (shm_) gone = shm_->peer_gone(peer);
-  if (gone.ok() && control_) gone = control_->check_peers_alive({peer});
+  if (gone.ok() && control_) gone = control_->check_peer_ended(peer);
   if (!gone.ok()) return gone.message();
   return std::nullopt;
 }
@@ -997,7 +997,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
 void GlooCommunicator::register_buffer(::gloo::transport::UnboundBuffer* buffer) {
   std::lock_guard lock(buffers_mutex_);
   active_buffers_.insert(buffer);
-  if (aborted_) {  // abort() ran before this buffer existed: make its waits return at once
+  if (ended_) {  // abort() or a failure ran before this buffer existed: its waits return at once
     buffer->abortWaitRecv();
     buffer->abortWaitSend();
   }
@@ -1013,10 +1013,6 @@ void GlooCommunicator::abort_operations() {
     std::lock_guard lock(buffers_mutex_);
     aborted_ = true;
     if (shm_) shm_->abort();
-    for (auto* b : active_buffers_) {
-      b->abortWaitRecv();
-      b->abortWaitSend();
-    }
   }
   end_connections(std::nullopt);
 }
@@ -1114,6 +1110,12 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
   try {
     return fn();
   } catch (const Op::AbortedByUser&) {
+    if (!aborted_) {  // its wait was ended by another operation's failure
+      std::lock_guard lock(failure_mutex_);
+      if (!failure_.ok()) {
+        return aborted(place + ": an earlier operation failed: " + failure_.message());
+      }
+    }
     return aborted(place + ": the communicator was aborted");
   } catch (const Op::PeerTimeout& t) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
@@ -1236,6 +1238,13 @@ void GlooCommunicator::end_connections(std::optional<std::string_view> failure) 
     }
   }
   if (context_) context_->closeConnections();
+  // The transfers waiting here end now: closing a connection tells this rank's waits on it
+  // nothing (they lasted the whole timeout once an operation failed).
+  ended_ = true;
+  for (auto* b : active_buffers_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
 }
 
 bool GlooCommunicator::checks_over_control_mesh(const Descriptor* descriptor) const {

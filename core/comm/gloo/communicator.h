@@ -233,6 +233,7 @@ class GlooCommunicator final : public Communicator {
 
   std::mutex buffers_mutex_;
   std::set<::gloo::transport::UnboundBuffer*> active_buffers_;
+  bool ended_ = false;  // end_connections() ran: waits on later buffers return at once too
   // The buffers of operations whose transfers failed, kept until the transport goes.
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> parked_;
   void park_buffers(std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> buffers);

@@ -511,6 +511,19 @@ Status ControlMesh::check_peers_alive(const std::vector<int32_t>& peers) const {
   return Status::Ok();
 }
 
+Status ControlMesh::check_peer_ended(int32_t peer) const {
+  if (peer < 0 || peer >= size_ || peer == rank_ || aborted_) return Status::Ok();
+  const int fd = sockets_[static_cast<size_t>(peer)];
+  if (fd < 0) return Status::Ok();
+  pollfd p{fd, POLLRDHUP, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return Status::Ok();
+  return ended_connection(peer, 0);
+}
+
 void ControlMesh::abort() { end(kAbortedFrame, {}); }
 
 void ControlMesh::fail(std::string_view reason) { end(kFailedFrame, reason); }

@@ -75,6 +75,10 @@ class ControlMesh {
   // connection has closed with nothing left unread in it (a peer that died with a message
   // unread is seen by the next collect()); OK otherwise.
   Status check_peers_alive(const std::vector<int32_t>& peers) const;
+  // Any thread: ABORTED when `peer` has ended its control connection (shut it down as it
+  // ended the group, or closed it), whatever it sent before is still unread (collectives it
+  // posted that this rank has not called); OK otherwise, and once this rank's own ended.
+  Status check_peer_ended(int32_t peer) const;
 
  private:
   ControlMesh(int32_t rank, int32_t size);

@@ -983,6 +983,48 @@ TEST_P(CommunicatorTest, AReceiveFromAPeerThatAbortedEndsThoughAForkHoldsItsConn
       options);
 }
 
+// A rank whose communicator fails (a collective found a peer gone) ends its transfers still
+// waiting at once, though their peer lives on: they cannot complete over closed connections.
+// (Over TCP: there the collective fails at once, its argument check watching every peer;
+// over shared memory it waits for rank 1 first.)
+TEST(GlooTcp, AFailedOperationEndsTheTransfersStillWaitingOnThatRank) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  CommOptions options = over(kTcp);
+  options.timeout = Milliseconds(20'000);
+  std::atomic<bool> posted{false}, aborted{false}, finished{false};
+  run_ranks(
+      3,
+      [&](int32_t rank, Communicator& comm) {
+        if (rank == 2) {
+          while (!posted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          comm.abort();
+          aborted = true;
+        }
+        if (rank != 0) {  // rank 1 never sends
+          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        std::vector<float> y(1000, 0.0f);
+        auto w = comm.recv(y.data(), y.size(), DType::kFloat32, 1);
+        ASSERT_TRUE(w.ok()) << w.status().to_string();
+        posted = true;
+        while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        float x = 1, sum = 0;
+        auto reduced = comm.all_reduce(&x, &sum, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(reduced.ok()) << reduced.status().to_string();
+        const Status failed = (*reduced)->wait();
+        EXPECT_EQ(failed.code(), StatusCode::kAborted) << failed.to_string();
+        const auto start = std::chrono::steady_clock::now();
+        const Status s = (*w)->wait();
+        finished = true;
+        EXPECT_EQ(s.code(), StatusCode::kAborted) << s.to_string();
+        EXPECT_NE(s.message().find("an earlier operation failed"), std::string::npos)
+            << s.message();
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+      },
+      options);
+}
+
 TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
   std::atomic<bool> finished{false};
   run_ranks(

@@ -197,17 +197,36 @@ TEST(ControlMesh, APeerThatEndsTheGroupSaysWhy) {
   EXPECT_EQ(ended.message(), "rank 1 aborted the communicator") << ended.to_string();
 }
 
+// check_peer_ended(peer) once it says so (the end of the connection comes a moment after the
+// peer ended it), or as it says after a second.
+Status ended_within_a_second(const ControlMesh& mesh, int32_t peer) {
+  const auto until = Clock::now() + seconds(1);
+  Status s = mesh.check_peer_ended(peer);
+  while (s.ok() && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    s = mesh.check_peer_ended(peer);
+  }
+  return s;
+}
+
 // After a transfer with a peer failed, farewell() reads past the messages the peer posted
 // for collectives not collected here; check_peers_alive() reads a farewell at the head of
-// the connection; a peer that closed without one (it exited) has none.
+// the connection; a peer that closed without one (it exited) has none. check_peer_ended()
+// sees the end past unread messages, and not once this rank's own mesh has ended.
 TEST(ControlMesh, AFarewellIsFoundPastThePostedMessages) {
   const auto deadline = Clock::now() + seconds(20);
+  const std::string closed = "rank 1 closed its control connection";
   {
     auto [rank0, rank1] = mesh_pair();
     ASSERT_TRUE(rank0 && rank1);
     for (int32_t i = 0; i < 100; ++i) ASSERT_TRUE(rank1->post(&i, sizeof i, deadline).ok());
+    EXPECT_TRUE(rank0->check_peer_ended(1).ok());
     rank1->fail("its step failed");
     EXPECT_TRUE(rank0->check_peers_alive({1}).ok());  // messages first: not read yet
+    const Status ended = ended_within_a_second(*rank0, 1);
+    EXPECT_EQ(ended.code(), StatusCode::kAborted);
+    EXPECT_EQ(ended.message().rfind(closed, 0), 0u) << ended.message();
+    EXPECT_TRUE(rank1->check_peer_ended(0).ok());  // its own end, not rank 0's
     EXPECT_EQ(rank0->farewell(1, Clock::now() + seconds(5)),
               "rank 1 failed an earlier operation (its error: its step failed)");
   }
@@ -225,6 +244,7 @@ TEST(ControlMesh, AFarewellIsFoundPastThePostedMessages) {
     const int32_t posted = 7;
     ASSERT_TRUE(rank1->post(&posted, sizeof posted, deadline).ok());
     rank1.reset();  // closed without a farewell
+    EXPECT_EQ(ended_within_a_second(*rank0, 1).message().rfind(closed, 0), 0u);
     const auto start = Clock::now();
     EXPECT_EQ(rank0->farewell(1, Clock::now() + seconds(5)), std::nullopt);
     EXPECT_LT(Clock::now() - start, seconds(1));
