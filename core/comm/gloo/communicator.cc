@@ -683,11 +683,11 @@ class ContextReaper {
 };
 
 // One thread for the process: every 100 ms it asks each communicator with peers whether a
-// wait under way is owed a transfer by a peer that ended the group (its connection failed,
-// or its shared-memory control block or control connection says so; seen a round before,
-// so that a transfer completed just before is taken first) or whose process on this host
-// has ended (seen ended for a second: what the peer wrote before it ended is read
-// meanwhile), and fails such a wait. Gloo tells a failed connection to the transfers
+// wait under way is owed a transfer by a peer whose connection has failed (seen failed a
+// round before, so that a transfer completed just before is taken first), that ended the
+// group (its shared-memory control block or its control connection says so) or whose
+// process on this host has ended (those two seen for a second: what the peer wrote before
+// is read meanwhile), and fails such a wait. Gloo tells a failed connection to the transfers
 // queued on it, but not to one under way: such a wait would last until the communicator's
 // timeout (minutes by default).
 class WaitWatch {
@@ -826,7 +826,6 @@ std::optional<std::string> GlooCommunicator::connection_failure(int32_t peer) {
 }
 
 std::optional<std::string> GlooCommunicator::peer_ended_group(int32_t peer) {
-  if (auto what = connection_failure(peer)) return what;
   // Gloo's connections are not always seen to close: a process the peer forked holds them
   // open, and waits for it lasted the whole timeout. What the peer says as it ends the group
   // is told on its own: over shared memory its control block (aborted, failed or left), over
@@ -849,9 +848,15 @@ void GlooCommunicator::check_waits() {
     for (int32_t p : wait.peers) {
       if (p < 0 || p >= size_) continue;
       if (!failed(p)) {
-        if (auto what = peer_ended_group(p)) {
+        if (auto what = connection_failure(p)) {
           if (now - seen_broken_.emplace(p, now).first->second >= WaitWatch::kPeriod) {
             broken_[p] = *what;
+          }
+        } else if (auto said = peer_ended_group(p)) {
+          // A peer that destroyed its communicator ends its control connection too: what it
+          // sent before is read meanwhile.
+          if (now - seen_leaving_.emplace(p, now).first->second >= WaitWatch::kGrace) {
+            broken_[p] = *said;
           }
         } else if (static_cast<size_t>(p) < peer_processes_.size() && peer_processes_[p] &&
                    peer_processes_[p]->ended()) {

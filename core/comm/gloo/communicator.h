@@ -103,11 +103,12 @@ class GlooCommunicator final : public Communicator {
   };
   uint64_t begin_wait(OwedTransfers owed);
   void end_wait(uint64_t id);
-  // The watch's round: aborts the waits owed by a peer that has been seen to end the group
-  // for a round, or whose process has been seen ended for the grace period.
+  // The watch's round: aborts the waits owed by a peer whose connection has been seen failed
+  // for a round, or that has been seen to end the group or whose process has been seen
+  // ended for the grace period.
   void check_waits();
-  // Why `peer` has ended the group: its connection failed, or its shared-memory control
-  // block or control connection says it aborted, failed or left; nullopt while it has not.
+  // Why `peer` has ended the group, as its shared-memory control block or its control
+  // connection says (it aborted, failed or left); nullopt while neither does.
   std::optional<std::string> peer_ended_group(int32_t peer);
   // Gloo's message once the connection to `peer` has failed; nullopt while it works (or
   // while its lock is busy: the next round asks again).
@@ -120,6 +121,7 @@ class GlooCommunicator final : public Communicator {
   std::map<uint64_t, OwedTransfers> waits_;
   std::map<int32_t, std::chrono::steady_clock::time_point> seen_ended_;
   std::map<int32_t, std::chrono::steady_clock::time_point> seen_broken_;
+  std::map<int32_t, std::chrono::steady_clock::time_point> seen_leaving_;
   std::vector<std::optional<host::Process>> gone_;  // by rank: peers whose waits fail
   std::vector<std::string> broken_;  // by rank: Gloo's message once its waits were failed
   std::string ended_while_waiting_;  // "rank P (process N on this host) has ended", or ""
