@@ -487,7 +487,7 @@ Status ShmGroup::read_peer(int32_t q, void* local, const void* remote, size_t by
 Status ShmGroup::wait_peers(bool posted, uint64_t target, Deadline deadline, int32_t only) {
   for (int32_t q = 0; q < size_; ++q) {
     if (q == rank_ || (only >= 0 && q != only)) continue;
-    HPS_RETURN_IF_ERROR(wait_for(posted, target, q, deadline));
+    HPS_RETURN_IF_ERROR(wait_for(posted, target, q, deadline, only < 0));
   }
   return Status::Ok();
 }
@@ -626,7 +626,21 @@ Status ShmGroup::check_peers_alive(const std::vector<int32_t>& peers) const {
   return Status::Ok();
 }
 
-Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline) {
+Status ShmGroup::others_gone(bool posted, uint64_t target, int32_t peer) const {
+  for (int32_t q = 0; q < size_; ++q) {
+    if (q == rank_ || q == peer) continue;
+    const Control& c = control(q);
+    // Gone read before the counter, as in wait_for: one that reached `target` and then left
+    // is done, not gone.
+    Status gone = peer_gone(q);
+    if (gone.ok()) continue;
+    if ((posted ? c.posted : c.consumed).load(std::memory_order_seq_cst) < target) return gone;
+  }
+  return Status::Ok();
+}
+
+Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline,
+                          bool watch_others) {
   Control& c = control(peer);
   auto& counter = posted ? c.posted : c.consumed;
   if (counter.load(std::memory_order_acquire) >= target) return Status::Ok();
@@ -666,6 +680,9 @@ Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline d
       return timeout_error("timed out waiting for rank " + std::to_string(peer) +
                            " (a peer is missing or called a different operation)");
     }
+    // Before sleeping: a later rank that ended the group ends this wait too (the round
+    // cannot complete without it), not only once `peer` has come.
+    if (watch_others) HPS_RETURN_IF_ERROR(others_gone(posted, target, peer));
     h.sleepers.fetch_add(1, std::memory_order_seq_cst);
     futex_wait(&h.signal, seen,
                std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));

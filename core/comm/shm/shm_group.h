@@ -127,7 +127,11 @@ class ShmGroup {
   Status given_up(uint64_t word) const;
   Status check(uint64_t round, const CollectiveDescriptor& mine);
   void finish(uint64_t round);
-  Status wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline);
+  // Waits until `peer`'s posted (or consumed) counter reaches `target`; ABORTED once it is
+  // gone, or with `watch_others` once another rank short of `target` is.
+  Status wait_for(bool posted, uint64_t target, int32_t peer, Deadline deadline, bool watch_others);
+  // The first rank but this one and `peer` that is gone short of `target`; OK if none.
+  Status others_gone(bool posted, uint64_t target, int32_t peer) const;
   // wait_for on every other rank (or only `only`, when >= 0).
   Status wait_peers(bool posted, uint64_t target, Deadline deadline, int32_t only = -1);
   // The message `peer` failed with (mark_failed), or "" when it wrote none.

@@ -984,13 +984,11 @@ TEST_P(CommunicatorTest, AReceiveFromAPeerThatAbortedEndsThoughAForkHoldsItsConn
       options);
 }
 
-// A rank whose communicator fails (a collective found a peer gone) ends its transfers still
-// waiting at once, though their peer lives on: they cannot complete over closed connections.
-// (Over TCP: there the collective fails at once, its argument check watching every peer;
-// over shared memory it waits for rank 1 first.)
-TEST(GlooTcp, AFailedOperationEndsTheTransfersStillWaitingOnThatRank) {
-  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
-  CommOptions options = over(kTcp);
+// A rank whose communicator fails (a collective found a peer gone: rank 2, though rank 1 has
+// not joined it either) ends its transfers still waiting at once, though their peer lives
+// on: they cannot complete over closed connections.
+TEST_P(CommunicatorTest, AFailedOperationEndsTheTransfersStillWaitingOnThatRank) {
+  CommOptions options = this->options();
   options.timeout = Milliseconds(20'000);
   std::atomic<bool> posted{false}, aborted{false}, finished{false};
   run_ranks(
