@@ -1087,8 +1087,13 @@ void issue10_example(int stage, std::vector<float>* a_out, std::vector<float>* b
     hps_store_t* store = nullptr;
     hps_comm_t* comm = nullptr;
     hps_engine_t* engine = nullptr;
+    bool last_step = false;
     auto check = [&](hps_status_t status, const char* what) {
       if (status == HPS_STATUS_OK) return true;
+      if (last_step && status == HPS_STATUS_ABORTED &&
+          std::string(hps_last_error_message()).find("rank 1") != std::string::npos) {
+        return false;  // the peer's leaving, seen by the time this call came
+      }
       std::lock_guard<std::mutex> lock(mu);
       errors.push_back("rank " + std::to_string(rank) + ": " + what + ": " +
                        hps_status_string(status) + ": " + hps_last_error_message());
@@ -1168,7 +1173,10 @@ INSTANTIATE_TEST_SUITE_P(Stages, Issue10Example, ::testing::Values(2, 3),
 // rank 0 steps once more, and that step's collectives fail where nothing waits for them
 // (no host sync in the step). hps_engine_destroy returned OK for an engine without views,
 // so a C program ended as a success with the step's update missing (process red team); it
-// returns the failure now. Rank 1's own destroy, after complete work, returns OK.
+// returns the failure now. Rank 1's own destroy, after complete work, returns OK. Where
+// rank 1 has left before rank 0's last step is called (a loaded machine), a call of that
+// step may already refuse, ABORTED naming rank 1: the destroy returns the failure all the
+// same.
 class DestroyAfterAPeerLeft : public ::testing::TestWithParam<int> {};
 
 TEST_P(DestroyAfterAPeerLeft, ReturnsTheFailureOfTheWorkInFlight) {
@@ -1182,8 +1190,13 @@ TEST_P(DestroyAfterAPeerLeft, ReturnsTheFailureOfTheWorkInFlight) {
     hps_store_t* store = nullptr;
     hps_comm_t* comm = nullptr;
     hps_engine_t* engine = nullptr;
+    bool last_step = false;
     auto check = [&](hps_status_t status, const char* what) {
       if (status == HPS_STATUS_OK) return true;
+      if (last_step && status == HPS_STATUS_ABORTED &&
+          std::string(hps_last_error_message()).find("rank 1") != std::string::npos) {
+        return false;  // the peer's leaving, seen by the time this call came
+      }
       std::lock_guard<std::mutex> lock(mu);
       errors.push_back("rank " + std::to_string(rank) + ": " + what + ": " +
                        hps_status_string(status) + ": " + hps_last_error_message());
@@ -1203,6 +1216,7 @@ TEST_P(DestroyAfterAPeerLeft, ReturnsTheFailureOfTheWorkInFlight) {
            check(hps_engine_broadcast_parameters(engine), "broadcast");
     }
     for (int step = 0; ok && step < (rank == 0 ? 2 : 1); ++step) {
+      last_step = rank == 0 && step == 1;
       float* grad = nullptr;
       ok = check(hps_engine_wait_parameters(engine, 0), "wait") &&
            check(hps_engine_grad(engine, w, reinterpret_cast<void**>(&grad)), "grad");
