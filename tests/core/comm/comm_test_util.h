@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <functional>
@@ -39,6 +40,22 @@ inline void run_ranks(int32_t size, const std::function<void(int32_t, Communicat
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// Waits until ready() holds, looking every 5 ms: a rank thread waiting for another's
+// progress. After `limit` it fails the test and returns false, so a rank that never gets
+// there ends the test with a failure rather than hanging it until CTest's timeout.
+inline bool wait_until(const std::function<bool()>& ready,
+                       std::chrono::milliseconds limit = std::chrono::seconds(60)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ADD_FAILURE() << "what a rank waited for did not happen within " << limit.count() << " ms";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 inline void store_element(DType dtype, void* base, size_t i, double v) {

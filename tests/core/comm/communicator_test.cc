@@ -30,6 +30,7 @@ namespace {
 
 using testing_util::Buffer;
 using testing_util::run_ranks;
+using testing_util::wait_until;
 
 // Small integers: exact in every dtype, sums of four of them too.
 double value(int32_t rank, size_t i) { return static_cast<double>((rank * 7 + i * 3) % 11 + 1); }
@@ -718,7 +719,7 @@ TEST_P(CommunicatorTest, ACollectiveThatNeverMatchesTimesOut) {
       2,
       [&finished](int32_t rank, Communicator& comm) {
         if (rank == 1) {  // stays connected but never joins the all_reduce
-          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return finished.load(); });
           return;
         }
         float x = 1, y = 0;
@@ -935,10 +936,10 @@ TEST_P(CommunicatorTest, APeerThatAbortedIsNamedAtOnceNotAtTheTimeout) {
         if (rank == 1) {
           comm.abort();
           aborted = true;
-          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return finished.load(); });
           return;
         }
-        while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        wait_until([&] { return aborted.load(); });
         float x = 1, y = 0;
         auto w = comm.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
         ASSERT_TRUE(w.ok());
@@ -960,7 +961,7 @@ TEST_P(CommunicatorTest, AReceiveFromAPeerThatAbortedEndsThoughAForkHoldsItsConn
       2,
       [&](int32_t rank, Communicator& comm) {
         if (rank == 1) {
-          while (!posted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return posted.load(); });
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
           const pid_t child = ::fork();
           if (child == 0) {
@@ -968,7 +969,7 @@ TEST_P(CommunicatorTest, AReceiveFromAPeerThatAbortedEndsThoughAForkHoldsItsConn
           }
           ASSERT_GT(child, 0);
           comm.abort();
-          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return finished.load(); });
           ::kill(child, SIGKILL);
           int status = 0;
           ::waitpid(child, &status, 0);
@@ -995,19 +996,19 @@ TEST_P(CommunicatorTest, AFailedOperationEndsTheTransfersStillWaitingOnThatRank)
       3,
       [&](int32_t rank, Communicator& comm) {
         if (rank == 2) {
-          while (!posted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return posted.load(); });
           comm.abort();
           aborted = true;
         }
         if (rank != 0) {  // rank 1 never sends
-          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return finished.load(); });
           return;
         }
         std::vector<float> y(1000, 0.0f);
         auto w = comm.recv(y.data(), y.size(), DType::kFloat32, 1);
         ASSERT_TRUE(w.ok()) << w.status().to_string();
         posted = true;
-        while (!aborted) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        wait_until([&] { return aborted.load(); });
         float x = 1, sum = 0;
         auto reduced = comm.all_reduce(&x, &sum, 1, DType::kFloat32, ReduceOp::kSum);
         ASSERT_TRUE(reduced.ok()) << reduced.status().to_string();
@@ -1025,7 +1026,7 @@ TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsAPendingOperation) {
       2,
       [&finished](int32_t rank, Communicator& comm) {
         if (rank == 1) {  // stays, never joins: only the abort can end rank 0's wait
-          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return finished.load(); });
           return;
         }
         float x = 1, y = 0;
@@ -1058,7 +1059,7 @@ TEST_P(CommunicatorTest, AbortEndsAnOperationWaitingForABlockedReadyStream) {
         auto other = create_communicator(other_store, rank, 2, Device::cpu(), options());
         ASSERT_TRUE(other.ok()) << other.status().to_string();
         if (rank == 1) {  // sends nothing on `other`, runs nothing on `comm`
-          while (!finished) std::this_thread::sleep_for(5ms);
+          wait_until([&] { return finished.load(); });
           return;
         }
         float x = 1, y = 0, z = 0;
@@ -1097,7 +1098,7 @@ TEST_P(CommunicatorTest, AbortFromAnotherThreadEndsASplitWaitingForAMember) {
       2,
       [&finished](int32_t rank, Communicator& comm) {
         if (rank == 1) {  // never joins the split
-          while (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return finished.load(); });
           return;
         }
         std::thread aborter([&] {
@@ -1359,12 +1360,10 @@ TEST(GlooTcp, AnAbortEndsThePeersTransfersUnderWayAtOnce) {
         world,
         [&](int32_t rank, Communicator& comm) {
           if (rank == 1) {
-            while (waiting < world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            wait_until([&] { return waiting >= world - 1; });
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
             comm.abort();
-            while (finished < world - 1) {
-              std::this_thread::sleep_for(std::chrono::milliseconds(5));
-            }
+            wait_until([&] { return finished >= world - 1; });
             return;
           }
           std::vector<float> x(1024, 1.0f), y(1024, 0.0f);
@@ -1404,7 +1403,7 @@ TEST(GlooTcp, DataArrivingAfterAFailedCollectiveDoesNotSpinTheEventLoop) {
           ASSERT_TRUE(w.ok());
           EXPECT_EQ((*w)->wait().code(), StatusCode::kTimeout);
           stage = 1;
-          while (stage < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          wait_until([&] { return stage >= 2; });
           // Rank 1's data has been sent (or refused); the process must now be idle.
           rusage before{}, after{};
           getrusage(RUSAGE_SELF, &before);
@@ -1417,12 +1416,12 @@ TEST(GlooTcp, DataArrivingAfterAFailedCollectiveDoesNotSpinTheEventLoop) {
           cpu_seconds = seconds(after) - seconds(before);
           stage = 3;
         } else {
-          while (stage < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          wait_until([&] { return stage >= 1; });
           auto w = comm.all_gather(x.data(), y.data(), x.size(), DType::kFloat32);
           ASSERT_TRUE(w.ok());
           EXPECT_EQ((*w)->wait().code(), StatusCode::kAborted);  // the connection closed
           stage = 2;
-          while (stage < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          wait_until([&] { return stage >= 3; });
         }
       },
       options);
@@ -1701,7 +1700,7 @@ TEST(CommLimits, ADataPhaseTimeoutNamesTheMissingRank) {
       3,
       [&](int32_t rank, Communicator& comm) {
         if (rank == 2) {  // never joins the collective; stays until the others have failed
-          while (done < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return done >= 2; });
           return;
         }
         std::vector<float> x(64, 1.0f), y(64, 0.0f);
@@ -1731,7 +1730,7 @@ TEST(CommLimits, AFailedReceiveNamesItsNumberAndPeer) {
             auto w = comm.send(data.data(), data.size(), DType::kInt32, 1);
             ASSERT_TRUE(w.ok() && (*w)->wait().ok());
           }
-          while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          wait_until([&] { return done.load(); });
           return;
         }
         for (int i = 0; i < 2; ++i) {
