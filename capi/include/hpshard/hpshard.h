@@ -1475,6 +1475,10 @@ HPS_API hps_status_t hps_checkpoint_load_options_init(hps_checkpoint_load_option
  * on every part leaves them, each part loads the newest checkpoint every part holds).
  * Collective over the group,
  * host-blocking; call it between steps (after hps_engine_broadcast_parameters for stage 3).
+ * It restores the parameters (fp32 masters included), the optimizer state, the step counts
+ * and the loss-scaling state; the engine's options (learning rate, optimizer
+ * hyperparameters, clipping, accumulation) stay as they are (hps_checkpoint_read_engine_options
+ * reads the saved ones).
  * `options` may be NULL. On any error no rank's engine changed. Errors: NOT_FOUND (no such
  * checkpoint, a missing file), INVALID_ARGUMENT (corrupt, truncated or mismatched data;
  * tensors missing or extra; another model or another part of it — the message names the file

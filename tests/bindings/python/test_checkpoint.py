@@ -509,6 +509,52 @@ def test_an_engine_without_loss_scaling_keeps_scale_one_after_loading_a_scaled_r
             assert e.skipped_steps == 0
 
 
+def test_a_load_keeps_the_engines_options_and_restores_its_state(tmp_path):
+    # The saving engine ran SGD with momentum 0.9 at rate 0.1 and weight decay 0.5; the
+    # loading one is made with rate 0.3, momentum 0.5, no decay, then set to rate 0.25. The
+    # step after the load must use the loading engine's options on the saved momentum
+    # buffer and parameters, as torch's SGD does once it has loaded a state and its
+    # schedule has set the rate.
+    def engine(comm, **options):
+        e = Engine.create(comm, optimizer=Optimizer.SGD, **options)
+        i = e.add_param("w", (3,))
+        e.seal()
+        e.param(i)[...] = np.array([1.0, -2.0, 0.5], np.float32)
+        e.broadcast_parameters()
+        return e, i
+
+    def step(e, i, gradient):
+        e.wait_parameters(0)
+        e.grad(i)[...] = gradient
+        e.grad_ready(i)
+        e.release_parameters(0)
+        e.step()
+
+    g1 = np.array([0.5, 1.0, -1.5])
+    g2 = np.array([2.0, -0.25, 0.75])
+    p = np.array([1.0, -2.0, 0.5])
+    d = g1 + 0.5 * p  # the saving engine's first step: coupled decay 0.5, buffer = d
+    buf, p = d, p - 0.1 * d
+    store, comm = single_rank("options")
+    with store, comm:
+        e, i = engine(comm, learning_rate=0.1, momentum=0.9, weight_decay=0.5)
+        with e, Checkpoint.create(e, comm, tmp_path) as ck:
+            step(e, i, g1)
+            ck.save("sgd").wait()
+            np.testing.assert_allclose(e.gather_parameter(i), p, rtol=1e-6)
+        e, i = engine(comm, learning_rate=0.3, momentum=0.5)
+        e.set_learning_rate(0.25)
+        with e, Checkpoint.create(e, comm, tmp_path) as ck:
+            ck.load("sgd")
+            np.testing.assert_allclose(e.gather_parameter(i), p, rtol=1e-6)
+            step(e, i, g2)
+            buf = 0.5 * buf + g2  # the loading engine's momentum, no decay
+            np.testing.assert_allclose(e.gather_parameter(i), p - 0.25 * buf, rtol=1e-6)
+        saved = hpshard.checkpoint_read_engine_options(tmp_path / "sgd")
+        assert (saved.learning_rate, saved.momentum, saved.weight_decay) == pytest.approx(
+            (0.1, 0.9, 0.5))
+
+
 def test_a_part_is_refused_at_a_root_holding_a_whole_models_checkpoints(tmp_path):
     """A whole model's root has no claim file: a part's engine there was accepted, claimed
     the root, and its rotation deleted the whole model's checkpoints (and `latest` named the
