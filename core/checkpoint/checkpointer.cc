@@ -1534,7 +1534,21 @@ Status export_safetensors(const std::string& directory, const std::string& path,
     from.push_back(read);
   }
   std::map<std::string, std::string> metadata = m.metadata;
-  metadata["format"] = "pt";  // what transformers' loaders look for (a user key yields)
+  {  // Keys the export writes itself: a user's value of one is not exported, and is named.
+    std::string yielded;
+    for (const char* key :
+         {"format", "hpshard_checkpoint", kPartKeys[0], kPartKeys[1], kPartKeys[2], kPartKeys[3]}) {
+      if (m.metadata.count(key) != 0)
+        yielded += (yielded.empty() ? "'" : ", '") + std::string(key) + "'";
+    }
+    if (!yielded.empty()) {
+      HPS_LOG(kWarn) << "export of checkpoint " << directory << ": its metadata " << yielded
+                     << " not exported: the export writes these keys itself ('format' is "
+                        "'pt', 'hpshard_checkpoint' the checkpoint's id, the hpshard_mp/pp keys "
+                        "a part's place, absent for a whole model)";
+    }
+  }
+  metadata["format"] = "pt";  // what transformers' loaders look for
   metadata["hpshard_checkpoint"] = m.id;
   // A part's export says which part it is; importing it into another part is refused.
   for (auto [key, value] :
@@ -1547,8 +1561,12 @@ Status export_safetensors(const std::string& directory, const std::string& path,
     }
   }
   uint64_t data_bytes = 0;
-  HPS_ASSIGN_OR_RETURN(std::string header,
-                       ckpt::safetensors_header(entries, metadata, &data_bytes));
+  auto made = ckpt::safetensors_header(entries, metadata, &data_bytes);
+  if (!made.ok()) {
+    return Status(made.status().code(),
+                  "export of checkpoint " + directory + ": " + made.status().message());
+  }
+  std::string header = std::move(*made);
   // The file `path` names (core/common/output_file.h).
   const OutputFile output = output_file(path);
   if (!output.error.empty()) {

@@ -418,8 +418,13 @@ StatusOr<std::string> safetensors_header(const std::vector<SafetensorsEntry>& en
   }
   uint64_t at = 0;
   for (const auto& e : entries) {
-    if (e.name == "__metadata__" || j.contains(e.name)) {
-      return invalid_argument("safetensors: tensor name '" + e.name + "' is reserved or repeated");
+    if (e.name == "__metadata__") {
+      return invalid_argument(
+          "safetensors: no tensor can be named '__metadata__' (the format's key for its "
+          "metadata)");
+    }
+    if (j.contains(e.name)) {
+      return invalid_argument("safetensors: tensor name '" + e.name + "' is repeated");
     }
     uint64_t numel = 1;
     for (int64_t d : e.shape) numel *= static_cast<uint64_t>(d);

@@ -1830,8 +1830,12 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
   std::vector<std::vector<float>> saved;
   run({2, 2, 1}, options, dir.path(), [&](Rank& r) {
     for (int s = 0; s < 2; ++s) r.train_step(s);
-    // A user key "format" yields to the "pt" the export promises.
-    ASSERT_TRUE((*r.checkpointer->save("a", {{"epoch", "1"}, {"format", "mine"}}))->wait().ok());
+    // A user key "format" yields to the "pt" the export promises; "hpshard_mp", a part's
+    // key, is left out of a whole model's export (an import would take it for a part's).
+    ASSERT_TRUE(
+        (*r.checkpointer->save("a", {{"epoch", "1"}, {"format", "mine"}, {"hpshard_mp", "7"}}))
+            ->wait()
+            .ok());
     auto full = r.engine->gather_all();
     if (r.rank == 0) saved = *full;
   });
@@ -1840,7 +1844,11 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
   // temporary name would take stays as it is.
   fs::create_directories(model + ".tmp/keep");
   std::ofstream(model + ".tmp/keep/data") << "precious";
-  ASSERT_TRUE(export_safetensors(dir / "a", model, false).ok());
+  ::testing::internal::CaptureStderr();
+  const Status exported = export_safetensors(dir / "a", model, false);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(exported.ok()) << exported.to_string();
+  EXPECT_NE(log.find("its metadata 'format', 'hpshard_mp' not exported"), std::string::npos) << log;
   EXPECT_TRUE(fs::exists(model + ".tmp/keep/data"));
   for (const auto& entry : fs::directory_iterator(dir.path())) {
     EXPECT_EQ(entry.path().filename().string().find("model.safetensors.tmp-"), std::string::npos)
@@ -1933,6 +1941,7 @@ TEST(Checkpoint, SafetensorsExportAndImport) {
     auto j = nlohmann::json::parse(header);
     EXPECT_EQ(j["__metadata__"]["epoch"], "1");
     EXPECT_EQ(j["__metadata__"]["format"], "pt");
+    EXPECT_FALSE(j["__metadata__"].contains("hpshard_mp"));
     for (size_t p = 0; p < kModel.size(); ++p) {
       const auto& e = j[kModel[p].name];
       EXPECT_EQ(e["dtype"], "F32");

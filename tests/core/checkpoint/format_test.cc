@@ -806,7 +806,11 @@ TEST(Safetensors, HeaderRoundTripsAndHostileHeadersAreRefused) {
       safetensors_header({{"w", DType::kFloat32, {1}}, {"w", DType::kFloat32, {1}}}, {}, &data)
           .ok())
       << "a repeated name";
-  EXPECT_FALSE(safetensors_header({{"__metadata__", DType::kFloat32, {1}}}, {}, &data).ok());
+  auto reserved = safetensors_header({{"__metadata__", DType::kFloat32, {1}}}, {}, &data);
+  ASSERT_FALSE(reserved.ok());
+  EXPECT_NE(reserved.status().message().find("no tensor can be named '__metadata__'"),
+            std::string::npos)
+      << reserved.status().to_string();
 }
 
 // A file whose header length does not fit it, or that is shorter than the length itself.
