@@ -1560,7 +1560,9 @@ HPS_API hps_status_t hps_checkpoint_verify(const char* path);
  * Set the fields of `options` (initialised by hps_engine_options_init) to the engine options
  * the checkpoint at `path` was saved with (stage, optimizer and its hyperparameters, clipping,
  * accumulation, alignment, prefetch window, loss scaling), so a resumer can create the same
- * engine. Errors: NOT_FOUND, INVALID_ARGUMENT. Thread safety: any thread.
+ * engine. bucket_bytes and compute_stream are not saved and stay as the caller set them (a
+ * bucket cap changes how the reductions are cut, not what trains; any cap loads any
+ * checkpoint). Errors: NOT_FOUND, INVALID_ARGUMENT. Thread safety: any thread.
  */
 HPS_API hps_status_t hps_checkpoint_read_engine_options(const char* path,
                                                         hps_engine_options_t* options);

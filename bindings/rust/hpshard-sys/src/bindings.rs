@@ -3477,7 +3477,9 @@ extern "C" {
     #[doc = " Set the fields of `options` (initialised by hps_engine_options_init) to the engine options"]
     #[doc = " the checkpoint at `path` was saved with (stage, optimizer and its hyperparameters, clipping,"]
     #[doc = " accumulation, alignment, prefetch window, loss scaling), so a resumer can create the same"]
-    #[doc = " engine. Errors: NOT_FOUND, INVALID_ARGUMENT. Thread safety: any thread."]
+    #[doc = " engine. bucket_bytes and compute_stream are not saved and stay as the caller set them (a"]
+    #[doc = " bucket cap changes how the reductions are cut, not what trains; any cap loads any"]
+    #[doc = " checkpoint). Errors: NOT_FOUND, INVALID_ARGUMENT. Thread safety: any thread."]
     pub fn hps_checkpoint_read_engine_options(
         path: *const ::std::os::raw::c_char,
         options: *mut hps_engine_options_t,
