@@ -94,6 +94,26 @@ def assert_same(a, b, exact=True, what=""):
             np.testing.assert_allclose(a[n], b[n], rtol=1e-6, atol=1e-7, err_msg=f"{what} {n}")
 
 
+def one_param_engine(comm, value, **options):
+    """An SGD engine (unless `options` say otherwise) over `comm` holding one parameter "w"
+    of `value`'s shape, set to `value`: the engine and the parameter's index."""
+    e = Engine.create(comm, **{"optimizer": Optimizer.SGD, **options})
+    i = e.add_param("w", value.shape)
+    e.seal()
+    e.param(i)[...] = value
+    e.broadcast_parameters()
+    return e, i
+
+
+def one_step(e, i, gradient):
+    """One step of a one_param_engine whose gradient is `gradient`."""
+    e.wait_parameters(0)
+    e.grad(i)[...] = gradient
+    e.grad_ready(i)
+    e.release_parameters(0)
+    e.step()
+
+
 def test_options_and_info_structs():
     assert hpshard.EngineOptions.defaults().bucket_bytes == 0
     assert hpshard.CheckpointInfo.struct_size() >= 297
@@ -465,20 +485,10 @@ def test_an_engine_without_loss_scaling_keeps_scale_one_after_loading_a_scaled_r
     # scaling multiplies no loss, so it must keep dividing gradients by 1, not by the
     # saved scale.
     def engine(comm, scaled):
-        e = Engine.create(comm, stage=stage, optimizer=Optimizer.SGD, learning_rate=0.1,
-                          dynamic_loss_scaling=scaled, initial_loss_scale=1024.0)
-        i = e.add_param("w", (4,))
-        e.seal()
-        e.param(i)[...] = 1.0
-        e.broadcast_parameters()
-        return e, i
+        return one_param_engine(comm, np.ones(4, np.float32), stage=stage, learning_rate=0.1,
+                                dynamic_loss_scaling=scaled, initial_loss_scale=1024.0)
 
-    def step(e, i, gradient):
-        e.wait_parameters(0)
-        e.grad(i)[...] = gradient
-        e.grad_ready(i)
-        e.release_parameters(0)
-        e.step()
+    step = one_step
 
     store, comm = single_rank("unscaled")
     with store, comm:
@@ -516,19 +526,9 @@ def test_a_load_keeps_the_engines_options_and_restores_its_state(tmp_path):
     # buffer and parameters, as torch's SGD does once it has loaded a state and its
     # schedule has set the rate.
     def engine(comm, **options):
-        e = Engine.create(comm, optimizer=Optimizer.SGD, **options)
-        i = e.add_param("w", (3,))
-        e.seal()
-        e.param(i)[...] = np.array([1.0, -2.0, 0.5], np.float32)
-        e.broadcast_parameters()
-        return e, i
+        return one_param_engine(comm, np.array([1.0, -2.0, 0.5], np.float32), **options)
 
-    def step(e, i, gradient):
-        e.wait_parameters(0)
-        e.grad(i)[...] = gradient
-        e.grad_ready(i)
-        e.release_parameters(0)
-        e.step()
+    step = one_step
 
     g1 = np.array([0.5, 1.0, -1.5])
     g2 = np.array([2.0, -0.25, 0.75])
