@@ -193,6 +193,20 @@ set(CPACK_DEBIAN_TOOLS_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VER
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SUGGESTS "${HPS_PKG_PYTHON}, python3-torch, python3-matplotlib")
 set(CPACK_DEBIAN_TOOLS_DESCRIPTION
     "${_hps_syn} - tools\n${_hps_long}\n${_hps_tools_text}")
+# The bench's Python scripts: a __pycache__ a run of them as root wrote beside them goes
+# with the package (hpshard-bench writes none: it sets PYTHONDONTWRITEBYTECODE).
+set(HPS_DEB_BENCH_PARENT "${CPACK_PACKAGING_INSTALL_PREFIX}/${CMAKE_INSTALL_DATADIR}/hpshard")
+set(HPS_DEB_BENCH_DIR "${HPS_DEB_BENCH_PARENT}/bench")
+set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_EXTRA "")
+foreach(script prerm postrm)
+  configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/hpshard-tools.${script}.in
+                 ${PROJECT_BINARY_DIR}/packaging/debian-tools/${script} @ONLY
+                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+                                  GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  list(APPEND CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_EXTRA
+       ${PROJECT_BINARY_DIR}/packaging/debian-tools/${script})
+endforeach()
+set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 
 # The crates as Debian ships Rust library crates (dh-cargo's librust-<crate>-dev).
 set(CPACK_DEBIAN_RUST_SYS_PACKAGE_NAME "${HPS_PKG_RUST_SYS_DEB}")
@@ -254,6 +268,18 @@ set(CPACK_DEBIAN_JAVA_PACKAGE_SECTION java)
 # Depends (libc6, libstdc++6) come from dpkg-shlibdeps.
 set(CPACK_DEBIAN_JAVA_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERSION})")
 set(CPACK_DEBIAN_JAVA_PACKAGE_SHLIBDEPS ON)
+# No ldconfig: CPack calls it from scripts of its own for any library under usr/lib/*,
+# /usr/lib/jni included, which the linker does not search; these do nothing instead.
+set(CPACK_DEBIAN_JAVA_PACKAGE_CONTROL_EXTRA "")
+foreach(file postinst postrm)
+  configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/libhpshard-java.${file}
+                 ${PROJECT_BINARY_DIR}/packaging/debian-java/${file} COPYONLY
+                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+                                  GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  list(APPEND CPACK_DEBIAN_JAVA_PACKAGE_CONTROL_EXTRA
+       ${PROJECT_BINARY_DIR}/packaging/debian-java/${file})
+endforeach()
+set(CPACK_DEBIAN_JAVA_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_JAVA_DESCRIPTION
     "${_hps_syn} - Java binding\n${_hps_long}\nThis package contains hpshard.jar and its JNI library.")
 

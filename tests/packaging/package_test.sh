@@ -201,6 +201,15 @@ grep -qx "activate-noawait ldconfig" "$ctl/triggers" 2>/dev/null \
 if grep -qs "ldconfig" "$ctl/postinst" "$ctl/postrm"; then
   fail "$(basename "$(deb_file runtime)")'s maintainer scripts call ldconfig (the trigger does)"
 fi
+# The JNI library lies where the linker does not look: the Java package calls no ldconfig.
+if has_component java; then
+  ctl="$scratch/ctl-java"
+  dpkg-deb -e "$(deb_file java)" "$ctl"
+  [[ -f "$ctl/postinst" && -f "$ctl/postrm" ]] || fail "$(basename "$(deb_file java)") lacks its own scripts"
+  if sed 's/#.*//' "$ctl/postinst" "$ctl/postrm" | grep -q "ldconfig"; then
+    fail "$(basename "$(deb_file java)")'s maintainer scripts call ldconfig"
+  fi
+fi
 # The Debian python package byte-compiles on install and cleans up on removal.
 if has_component python; then
   ctl="$scratch/ctl-python"
@@ -527,14 +536,27 @@ out="$("$root_deb$prefix/bin/hpshard-run" -n 2 -- /bin/sh -c 'echo rank $HPS_RAN
   || fail "[deb/tools] hpshard-run failed: $out"
 [[ "$out" == *"rank 1 of 2"* ]] || fail "[deb/tools] hpshard-run printed: $out"
 log "[deb/tools] hpshard-run OK"
+for tool in hpshard-run hpshard-ckpt hpshard-trace hpshard-bench; do
+  [[ -x "$root_deb$prefix/bin/$tool" ]] || continue
+  out="$("$root_deb$prefix/bin/$tool" --version 2>&1)" || fail "[deb/tools] $tool --version failed: $out"
+  [[ "$out" == "$tool $HPS_VERSION" ]] || fail "[deb/tools] $tool --version printed: $out"
+done
+log "[deb/tools] every tool's --version is $HPS_VERSION"
 # An installed hpshard-bench runs its installed scripts (the build machine's sources are
 # not there): torch_peer.py's own argument parser answers.
 if [[ -x "$root_deb$prefix/bin/hpshard-bench" ]]; then
-  out="$("$root_deb$prefix/bin/hpshard-bench" torch --no-such-option 2>&1)" || true
+  # (PYTHONDONTWRITEBYTECODE unset: whether bytecode is written is the bench's choice.)
+  out="$(env -u PYTHONDONTWRITEBYTECODE "$root_deb$prefix/bin/hpshard-bench" torch --no-such-option 2>&1)" || true
   [[ "$out" == *"usage: torch_peer.py"* && "$out" == *"--no-such-option"* ]] \
     || fail "[deb/tools] the installed hpshard-bench did not run its installed torch_peer.py: $out"
   [[ -f "$root_deb$prefix/share/hpshard/bench/gpt.py" ]] || fail "[deb/tools] no gpt.py for hpshard-bench torch"
-  log "[deb/tools] hpshard-bench finds its installed scripts"
+  # torch_peer.py imported torch_ranks.py: no byte-compiled file of it beside the scripts.
+  [[ ! -e "$root_deb$prefix/share/hpshard/bench/__pycache__" ]] \
+    || fail "[deb/tools] hpshard-bench wrote $prefix/share/hpshard/bench/__pycache__"
+  log "[deb/tools] hpshard-bench finds its installed scripts and writes no bytecode there"
+  # A user's own run of them as root writes one: the removal must take it.
+  mkdir "$root_deb$prefix/share/hpshard/bench/__pycache__"
+  touch "$root_deb$prefix/share/hpshard/bench/__pycache__/gpt.cpython-311.pyc"
 fi
 unset LD_LIBRARY_PATH
 

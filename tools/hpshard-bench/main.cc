@@ -524,7 +524,10 @@ std::string mpi_setup(const CollCli& cli, RunInfo& info) {
   }
   std::error_code ec;
   if (helper.empty() || !std::filesystem::exists(helper, ec)) {
-    info.mpi = "hpshard-bench-mpi not found (built where Open MPI's libopenmpi-dev is installed)";
+    info.mpi =
+        "hpshard-bench-mpi not found beside hpshard-bench (a build tree has it where "
+        "Open MPI's libopenmpi-dev is installed; no package ships it; --mpi-helper "
+        "names one)";
   } else if (std::system("mpirun --version >/dev/null 2>&1") != 0) {
     info.mpi = "mpirun not installed (Debian openmpi-bin)";
   } else {
@@ -1237,6 +1240,10 @@ int main(int argc, char** argv) {
       "run (docs/benchmarks.md)",
       "hpshard-bench"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "hpshard-bench " HPS_TOOLS_VERSION);
+  // The Python scripts a family runs (installed under share/hpshard/bench) write no
+  // __pycache__ there: a directory of the package that its removal would leave behind.
+  ::setenv("PYTHONDONTWRITEBYTECODE", "1", 1);
   // One line per family: its subcommand and options, and what runs once it is parsed.
   const std::vector<Family> families{add_coll(app, argc, argv), add_clip(app, argc, argv),
                                      add_step(app, argc, argv), add_ckpt(app, argc, argv),

@@ -201,6 +201,7 @@ int list(const std::string& root) {
 int main(int argc, char** argv) {
   CLI::App app{"hpshard-ckpt: inspect, verify and export hpshard checkpoints"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "hpshard-ckpt " HPS_TOOLS_VERSION);
   std::string path, out;
   bool as_json = false, fp32 = false;
   auto* inspect_cmd = app.add_subcommand("inspect", "what a checkpoint holds");

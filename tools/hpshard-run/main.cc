@@ -282,6 +282,7 @@ void usage(const char* problem) {
             "  --timeout SECONDS  stop every rank and exit 124 after this long (default and 0:\n"
             "                     none)\n"
             "  --grace SECONDS    between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
+            "  --version          print hpshard-run's version and exit\n"
             "Rank 0 reads hpshard-run's standard input (a terminal's passed on by hpshard-run\n"
             "while it is in the foreground); the other ranks read /dev/null.\n"
             "Each line a rank writes goes out with \"[rank K] \" before it (a line longer than\n"
@@ -344,6 +345,10 @@ std::optional<int> parse_options(int argc, char** argv, Options* options) {
     if (arg.empty() || arg[0] != '-') break;
     if (arg == "-h" || arg == "--help") {
       usage(nullptr);
+      return 0;
+    }
+    if (arg == "--version") {
+      write_all(STDOUT_FILENO, "hpshard-run " HPS_TOOLS_VERSION "\n");
       return 0;
     }
     std::string value;

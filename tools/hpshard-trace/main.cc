@@ -297,6 +297,7 @@ int merge(const std::vector<std::string>& inputs, const std::string& output) {
 int main(int argc, char** argv) {
   CLI::App app{"hpshard-trace: the timeline files of a run (HPS_TRACE=DIR) as one Chrome trace"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "hpshard-trace " HPS_TOOLS_VERSION);
   std::string output;
   std::vector<std::string> inputs;
   auto* merge_cmd =
