@@ -80,6 +80,8 @@ def generate(module) -> str:
     out.append("from ._errors import (")
     out += [f"    {n} as {n}," for n in sorted(errors)]
     out += [")", ""]
+    if isinstance(getattr(module, "__version__", None), str):
+        out.append("__version__: str")
     for name in module.__all__:
         if name in errors:
             continue

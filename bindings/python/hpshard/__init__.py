@@ -107,6 +107,8 @@ VERSION_MINOR: int = _c.HPS_VERSION_MINOR
 VERSION_PATCH: int = _c.HPS_VERSION_PATCH
 VERSION_NUMBER: int = _c.HPS_VERSION_NUMBER
 VERSION_STRING: str = _c.HPS_VERSION_STRING
+#: The package's version, as Python packages give it ("MAJOR.MINOR.PATCH").
+__version__: str = VERSION_STRING
 
 
 def version() -> str:

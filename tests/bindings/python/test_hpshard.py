@@ -1,6 +1,7 @@
 """The pythonic layer: hpshard.*"""
 
 import gc
+import pathlib
 import threading
 import weakref
 
@@ -32,7 +33,9 @@ def raises_status(status):
 
 # ---- version and status ------------------------------------------------------------------
 def test_version():
-    assert hpshard.version() == hpshard.VERSION_STRING
+    assert hpshard.version() == hpshard.VERSION_STRING == hpshard.__version__
+    stub = pathlib.Path(hpshard.__file__).with_suffix(".pyi").read_text()
+    assert "\n__version__: str\n" in stub
     assert hpshard.version() == (
         f"{hpshard.VERSION_MAJOR}.{hpshard.VERSION_MINOR}.{hpshard.VERSION_PATCH}")
     assert hpshard.version_number() == hpshard.VERSION_NUMBER == (
