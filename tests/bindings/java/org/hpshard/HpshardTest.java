@@ -67,6 +67,18 @@ class HpshardTest {
   @Test
   void version() {
     assertEquals(Hpshard.VERSION_STRING, Hpshard.version());
+    // The manifest of the jar holding the binding says it too (read from that jar: the
+    // package org.hpshard is defined by whichever jar of it loads first, this test's).
+    try (java.util.jar.JarFile jar =
+        new java.util.jar.JarFile(
+            new java.io.File(
+                Hpshard.class.getProtectionDomain().getCodeSource().getLocation().toURI()))) {
+      assertEquals(
+          Hpshard.version(),
+          jar.getManifest().getMainAttributes().getValue("Implementation-Version"));
+    } catch (java.io.IOException | java.net.URISyntaxException e) {
+      throw new AssertionError(e);
+    }
     assertEquals(
         Hpshard.VERSION_MAJOR + "." + Hpshard.VERSION_MINOR + "." + Hpshard.VERSION_PATCH,
         Hpshard.version());
