@@ -153,6 +153,32 @@ if(HPS_PACKAGE_HOMEPAGE)
   set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "${HPS_PACKAGE_HOMEPAGE}")
 endif()
 
+# A Debian package's own maintainer scripts (and triggers), named as dpkg wants them in the
+# control archive: debian/PREFIX.FILE, or debian/PREFIX.FILE.in with its @VARIABLES@ (the
+# caller's) filled in. CPack then writes none of its own for COMPONENT. Scripts 0755,
+# triggers 0644 (strict permissions).
+set(_hps_deb_sources "${CMAKE_CURRENT_LIST_DIR}/debian")
+function(hps_deb_control component prefix)
+  string(TOUPPER "${component}" upper)
+  set(extra "")
+  foreach(file IN LISTS ARGN)
+    set(in "${_hps_deb_sources}/${prefix}.${file}")
+    set(out "${PROJECT_BINARY_DIR}/packaging/debian-${component}/${file}")
+    if(EXISTS "${in}.in")
+      set(how @ONLY)
+      string(APPEND in ".in")
+    else()
+      set(how COPYONLY)
+    endif()
+    configure_file("${in}" "${out}" ${how}
+                   FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+                                    GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+    list(APPEND extra "${out}")
+  endforeach()
+  set(CPACK_DEBIAN_${upper}_PACKAGE_CONTROL_EXTRA "${extra}" PARENT_SCOPE)
+  set(CPACK_DEBIAN_${upper}_PACKAGE_CONTROL_STRICT_PERMISSION ON PARENT_SCOPE)
+endfunction()
+
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_NAME "${HPS_PKG_RUNTIME}")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SECTION libs)
 set(CPACK_DEBIAN_RUNTIME_DESCRIPTION
@@ -166,16 +192,7 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 # The linker cache through the ldconfig trigger (Debian policy 8.1.1): CPack would call
 # ldconfig from generated maintainer scripts, which these (that do nothing) replace.
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA "")
-foreach(file triggers postinst postrm)   # named as dpkg wants them in the control archive
-  configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/libhpshard.${file}
-                 ${PROJECT_BINARY_DIR}/packaging/debian-runtime/${file} COPYONLY
-                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
-                                  GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
-  list(APPEND CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_EXTRA
-       ${PROJECT_BINARY_DIR}/packaging/debian-runtime/${file})
-endforeach()
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_CONTROL_STRICT_PERMISSION ON)  # triggers 0644, scripts 0755
+hps_deb_control(runtime libhpshard triggers postinst postrm)
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME "${HPS_PKG_DEV_DEB}")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
@@ -197,16 +214,7 @@ set(CPACK_DEBIAN_TOOLS_DESCRIPTION
 # with the package (hpshard-bench writes none: it sets PYTHONDONTWRITEBYTECODE).
 set(HPS_DEB_BENCH_PARENT "${CPACK_PACKAGING_INSTALL_PREFIX}/${CMAKE_INSTALL_DATADIR}/hpshard")
 set(HPS_DEB_BENCH_DIR "${HPS_DEB_BENCH_PARENT}/bench")
-set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_EXTRA "")
-foreach(script prerm postrm)
-  configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/hpshard-tools.${script}.in
-                 ${PROJECT_BINARY_DIR}/packaging/debian-tools/${script} @ONLY
-                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
-                                  GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
-  list(APPEND CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_EXTRA
-       ${PROJECT_BINARY_DIR}/packaging/debian-tools/${script})
-endforeach()
-set(CPACK_DEBIAN_TOOLS_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+hps_deb_control(tools hpshard-tools prerm postrm)
 
 # The crates as Debian ships Rust library crates (dh-cargo's librust-<crate>-dev).
 set(CPACK_DEBIAN_RUST_SYS_PACKAGE_NAME "${HPS_PKG_RUST_SYS_DEB}")
@@ -250,16 +258,7 @@ set(CPACK_DEBIAN_PYTHON_DESCRIPTION
 # Byte-compiled on install, __pycache__ removed on remove and purge (dh_python3's way).
 if("python" IN_LIST _hps_components)
   set(HPS_DEB_PYTHON_PACKAGE_DIR "${CPACK_PACKAGING_INSTALL_PREFIX}/${HPS_PYTHON_INSTALL_DIR}/hpshard")
-  set(_hps_scripts "")
-  foreach(script postinst prerm postrm)
-    configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/python3-hpshard.${script}.in
-                   ${PROJECT_BINARY_DIR}/packaging/debian/${script} @ONLY
-                   FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
-                                    GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
-    list(APPEND _hps_scripts ${PROJECT_BINARY_DIR}/packaging/debian/${script})
-  endforeach()
-  set(CPACK_DEBIAN_PYTHON_PACKAGE_CONTROL_EXTRA "${_hps_scripts}")
-  set(CPACK_DEBIAN_PYTHON_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+  hps_deb_control(python python3-hpshard postinst prerm postrm)
 endif()
 
 set(CPACK_DEBIAN_JAVA_PACKAGE_NAME "${HPS_PKG_JAVA}")
@@ -270,16 +269,7 @@ set(CPACK_DEBIAN_JAVA_PACKAGE_DEPENDS "${HPS_PKG_RUNTIME} (= ${HPS_PKG_FULL_VERS
 set(CPACK_DEBIAN_JAVA_PACKAGE_SHLIBDEPS ON)
 # No ldconfig: CPack calls it from scripts of its own for any library under usr/lib/*,
 # /usr/lib/jni included, which the linker does not search; these do nothing instead.
-set(CPACK_DEBIAN_JAVA_PACKAGE_CONTROL_EXTRA "")
-foreach(file postinst postrm)
-  configure_file(${CMAKE_CURRENT_LIST_DIR}/debian/libhpshard-java.${file}
-                 ${PROJECT_BINARY_DIR}/packaging/debian-java/${file} COPYONLY
-                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
-                                  GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
-  list(APPEND CPACK_DEBIAN_JAVA_PACKAGE_CONTROL_EXTRA
-       ${PROJECT_BINARY_DIR}/packaging/debian-java/${file})
-endforeach()
-set(CPACK_DEBIAN_JAVA_PACKAGE_CONTROL_STRICT_PERMISSION ON)
+hps_deb_control(java libhpshard-java postinst postrm)
 set(CPACK_DEBIAN_JAVA_DESCRIPTION
     "${_hps_syn} - Java binding\n${_hps_long}\nThis package contains hpshard.jar and its JNI library.")
 
