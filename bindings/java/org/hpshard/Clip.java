@@ -117,6 +117,7 @@ public final class Clip extends Handle<ClipHandle> {
 
   /** As above with raw hps_clip_flag_t bits (unknown bits: INVALID_ARGUMENT). */
   public void addTensor(ByteBuffer grad, DType dtype, long flags) {
+    final ClipHandle nh = enter();
     try {
       Objects.requireNonNull(grad, "grad");
       Objects.requireNonNull(dtype, "dtype");
@@ -142,11 +143,11 @@ public final class Clip extends Handle<ClipHandle> {
             + " bytes, no whole number of " + dtype.name() + " elements");
       }
       synchronized (state) {
-        h().addTensor(slice, slice.remaining() / size, dtype.code(), flags);
+        nh.addTensor(slice, slice.remaining() / size, dtype.code(), flags);
         keep(slice);
       }
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -155,15 +156,16 @@ public final class Clip extends Handle<ClipHandle> {
    * checked by the library) with raw hps_clip_flag_t bits; the clip keeps it reachable.
    */
   public void addTensor(Tensor grad, long flags) {
+    final ClipHandle nh = enter();
     try {
       Objects.requireNonNull(grad, "grad");
       Tensor.Pinned g = grad.pinned(); // its memory stays while the clip holds this
       synchronized (state) {
-        h().addTensorDlpack(g.view, flags);
+        nh.addTensorDlpack(g.view, flags);
         keep(g.keep);
       }
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -173,10 +175,11 @@ public final class Clip extends Handle<ClipHandle> {
    * different flags.
    */
   public void seal() {
+    final ClipHandle nh = enter();
     try {
-      h().seal();
+      nh.seal();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -192,6 +195,7 @@ public final class Clip extends Handle<ClipHandle> {
    * which the stream keeps it reachable. FAILED_PRECONDITION before {@link #seal()}.
    */
   public void run(Stream stream, ByteBuffer normOut, boolean scale) {
+    final ClipHandle nh = enter();
     try {
       Objects.requireNonNull(stream, "stream");
       ByteBuffer out = null;
@@ -209,20 +213,21 @@ public final class Clip extends Handle<ClipHandle> {
           throw new IllegalArgumentException("Clip.run: normOut holds no float32");
         }
       }
-      h().run(stream.h(), out, scale ? 1 : 0);
+      nh.run(stream.h(), out, scale ? 1 : 0);
       stream.keep(out);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
       Reference.reachabilityFence(stream);
     }
   }
 
   /** The address of the latest coefficient (owned by the clip; valid after run, in stream order). */
   public long coefficientAddress() {
+    final ClipHandle nh = enter();
     try {
-      return h().coefficient();
+      return nh.coefficient();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -231,10 +236,11 @@ public final class Clip extends Handle<ClipHandle> {
    * device; hps_clip_coefficient_dlpack): it keeps the clip's memory alive.
    */
   public Tensor coefficientTensor() {
+    final ClipHandle nh = enter();
     try {
-      return new Tensor(h().coefficientDlpack(), this, "Clip.coefficient");
+      return new Tensor(nh.coefficientDlpack(), this, "Clip.coefficient");
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 

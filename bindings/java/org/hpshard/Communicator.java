@@ -138,19 +138,21 @@ public final class Communicator extends Handle<CommHandle> {
 
   /** This rank's position in the communicator. */
   public int rank() {
+    final CommHandle nh = enter();
     try {
-      return h().rank();
+      return nh.rank();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** The number of ranks. */
   public int size() {
+    final CommHandle nh = enter();
     try {
-      return h().size();
+      return nh.size();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -159,10 +161,11 @@ public final class Communicator extends Handle<CommHandle> {
    * communicator take device memory, not ByteBuffers of host memory.
    */
   public Device device() {
+    final CommHandle nh = enter();
     try {
-      return Device.fromNative(h().device());
+      return Device.fromNative(nh.device());
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -172,10 +175,11 @@ public final class Communicator extends Handle<CommHandle> {
    * without Gloo) or "nccl".
    */
   public String transport() {
+    final CommHandle nh = enter();
     try {
-      return h().transport();
+      return nh.transport();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -190,10 +194,11 @@ public final class Communicator extends Handle<CommHandle> {
 
   /** Changes the timeout of later operations; INVALID_ARGUMENT when <= 0. */
   public void setTimeout(long timeoutMs) {
+    final CommHandle nh = enter();
     try {
-      h().setTimeout(timeoutMs);
+      nh.setTimeout(timeoutMs);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -204,13 +209,14 @@ public final class Communicator extends Handle<CommHandle> {
    * made. {@code name} (in messages) may be null: this communicator's name + ".split".
    */
   public Communicator split(int[] ranks, String name) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(ranks, "ranks");
       if (name == null) name = (this.name != null ? this.name : "world") + ".split";
-      CommHandle h = h().split(ranks, name);
+      CommHandle h = nh.split(ranks, name);
       return h == null ? null : new Communicator(h, name);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -274,6 +280,7 @@ public final class Communicator extends Handle<CommHandle> {
   /** As above; the operation starts after the work queued on {@code ready} (may be null). */
   public Work allReduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op,
       Stream ready) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(dtype, "dtype");
       Objects.requireNonNull(op, "op");
@@ -281,10 +288,10 @@ public final class Communicator extends Handle<CommHandle> {
       ByteBuffer r = data(recv, "allReduce", "recv", true);
       long n = count(s, dtype, "allReduce", "send");
       sameCount(n, count(r, dtype, "allReduce", "recv"), "allReduce");
-      return work(h().allReduce(s, r, n, dtype.code(), op.code(),
+      return work(nh.allReduce(s, r, n, dtype.code(), op.code(),
           ready(ready)), ready, s, r);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -295,6 +302,7 @@ public final class Communicator extends Handle<CommHandle> {
 
   public Work reduce(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op, int root,
       Stream ready) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(dtype, "dtype");
       Objects.requireNonNull(op, "op");
@@ -305,10 +313,10 @@ public final class Communicator extends Handle<CommHandle> {
         r = data(recv, "reduce", "recv", true);
         sameCount(n, count(r, dtype, "reduce", "recv"), "reduce");
       }
-      return work(h().reduce(s, r, n, dtype.code(), op.code(), root,
+      return work(nh.reduce(s, r, n, dtype.code(), op.code(), root,
           ready(ready)), ready, s, r);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -318,14 +326,15 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work broadcast(ByteBuffer buffer, DType dtype, int root, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(dtype, "dtype");
       ByteBuffer b = data(buffer, "broadcast", "buffer", true);
       long n = count(b, dtype, "broadcast", "buffer");
-      return work(h().broadcast(b, n, dtype.code(), root,
+      return work(nh.broadcast(b, n, dtype.code(), root,
           ready(ready)), ready, b);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -338,15 +347,16 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work allGather(ByteBuffer send, ByteBuffer recv, DType dtype, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(dtype, "dtype");
       ByteBuffer s = data(send, "allGather", "send", false);
       ByteBuffer r = data(recv, "allGather", "recv", true);
-      return work(h().allGather(s, count(s, dtype, "allGather",
+      return work(nh.allGather(s, count(s, dtype, "allGather",
           "send"), r, count(r, dtype, "allGather", "recv"), dtype.code(), ready(ready)), ready, s,
           r);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -357,16 +367,17 @@ public final class Communicator extends Handle<CommHandle> {
 
   public Work reduceScatter(ByteBuffer send, ByteBuffer recv, DType dtype, ReduceOp op,
       Stream ready) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(dtype, "dtype");
       Objects.requireNonNull(op, "op");
       ByteBuffer s = data(send, "reduceScatter", "send", false);
       ByteBuffer r = data(recv, "reduceScatter", "recv", true);
-      return work(h().reduceScatter(s, count(s, dtype,
+      return work(nh.reduceScatter(s, count(s, dtype,
           "reduceScatter", "send"), r, count(r, dtype, "reduceScatter", "recv"), dtype.code(),
           op.code(), ready(ready)), ready, s, r);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -376,13 +387,14 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work send(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(dtype, "dtype");
       ByteBuffer b = data(buffer, "send", "buffer", false);
-      return work(h().send(b, count(b, dtype, "send", "buffer"),
+      return work(nh.send(b, count(b, dtype, "send", "buffer"),
           dtype.code(), peer, ready(ready)), ready, b);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -392,13 +404,14 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work recv(ByteBuffer buffer, DType dtype, int peer, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Objects.requireNonNull(dtype, "dtype");
       ByteBuffer b = data(buffer, "recv", "buffer", true);
-      return work(h().recv(b, count(b, dtype, "recv", "buffer"),
+      return work(nh.recv(b, count(b, dtype, "recv", "buffer"),
           dtype.code(), peer, ready(ready)), ready, b);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -408,10 +421,11 @@ public final class Communicator extends Handle<CommHandle> {
   }
 
   public Work barrier(Stream ready) {
+    final CommHandle nh = enter();
     try {
-      return work(h().barrier(ready(ready)), ready);
+      return work(nh.barrier(ready(ready)), ready);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -421,75 +435,82 @@ public final class Communicator extends Handle<CommHandle> {
 
   /** allReduce over tensors (dtype and counts from them; send may be recv). */
   public Work allReduce(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
-      return work(h().allReduceDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
+      return work(nh.allReduceDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
           ready(ready)), ready, s.keep, r.keep);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** reduce over tensors ({@code recv} may be null on other ranks than root). */
   public Work reduce(Tensor send, Tensor recv, ReduceOp op, int root, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Tensor.Pinned s = t(send, "send"), r = recv == null ? null : recv.pinned();
-      return work(h().reduceDlpack(s.view, r == null ? null : r.view,
+      return work(nh.reduceDlpack(s.view, r == null ? null : r.view,
           Objects.requireNonNull(op, "op").code(), root, ready(ready)), ready, s.keep,
           r == null ? null : r.keep);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** broadcast of a tensor. */
   public Work broadcast(Tensor buffer, int root, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Tensor.Pinned b = t(buffer, "buffer");
-      return work(h().broadcastDlpack(b.view, root, ready(ready)), ready, b.keep);
+      return work(nh.broadcastDlpack(b.view, root, ready(ready)), ready, b.keep);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** allGather over tensors (recv needs size x send elements). */
   public Work allGather(Tensor send, Tensor recv, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
-      return work(h().allGatherDlpack(s.view, r.view, ready(ready)), ready, s.keep, r.keep);
+      return work(nh.allGatherDlpack(s.view, r.view, ready(ready)), ready, s.keep, r.keep);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** reduceScatter over tensors (send needs size x recv elements). */
   public Work reduceScatter(Tensor send, Tensor recv, ReduceOp op, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Tensor.Pinned s = t(send, "send"), r = t(recv, "recv");
-      return work(h().reduceScatterDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
+      return work(nh.reduceScatterDlpack(s.view, r.view, Objects.requireNonNull(op, "op").code(),
           ready(ready)), ready, s.keep, r.keep);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** send of a tensor to {@code peer}. */
   public Work send(Tensor buffer, int peer, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Tensor.Pinned b = t(buffer, "buffer");
-      return work(h().sendDlpack(b.view, peer, ready(ready)), ready, b.keep);
+      return work(nh.sendDlpack(b.view, peer, ready(ready)), ready, b.keep);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** recv into a tensor from {@code peer}. */
   public Work recv(Tensor buffer, int peer, Stream ready) {
+    final CommHandle nh = enter();
     try {
       Tensor.Pinned b = t(buffer, "buffer");
-      return work(h().recvDlpack(b.view, peer, ready(ready)), ready, b.keep);
+      return work(nh.recvDlpack(b.view, peer, ready(ready)), ready, b.keep);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 

@@ -26,13 +26,16 @@ import org.hpshard.internal.hps_param_flag_t;
  * device addresses. A view keeps the engine's memory alive: a buffer taken before
  * {@link #close()} stays valid memory (no longer updated), and a {@link Tensor} of a closed
  * engine refuses to be used. With stage 3 a parameter view is valid only between
- * {@link #waitParameters} and {@link #releaseParameters} of its unit (HPS_DEBUG_VIEWS=1 makes
- * a write after the release fault). The engine keeps its communicators reachable, and
+ * {@link #waitParameters} and {@link #releaseParameters} of its unit: a buffer kept past the
+ * release is memory the engine reuses for the next unit it gathers, so a write through it
+ * changes that unit's parameters (HPS_DEBUG_VIEWS=1 makes it fault instead). The engine keeps its communicators reachable, and
  * closing one of them closes the engine first. {@link #close()} finishes what is in flight
  * and destroys it exactly once; it throws the HpsException that work ended with (with uneven
  * data, the collectives of a last step whose peers had left), unless a call on the engine that
  * runs or waits for its work has thrown already, and so does the communicator's close() that
- * closes the engine (after closing everything). One thread at a time per engine.
+ * closes the engine (after closing everything). One thread at a time per engine; a close,
+ * the engine's or its communicator's, may come from another thread: it waits for the call
+ * under way to return, and the training thread's next call throws IllegalStateException.
  */
 public final class Engine extends Handle<EngineHandle> {
   /** hps_param_flag_t bits, for {@link #addParam(String, long[], DType, long, int)}. */
@@ -217,6 +220,81 @@ public final class Engine extends Handle<EngineHandle> {
       return bucketBytes;
     }
 
+    /** SGD's momentum (null: the library's default). */
+    public Float momentum() {
+      return momentum;
+    }
+
+    /** Nesterov momentum (null: the library's default). */
+    public Boolean nesterov() {
+      return nesterov;
+    }
+
+    /** AdamW's beta1 (null: the library's default). */
+    public Float beta1() {
+      return beta1;
+    }
+
+    /** AdamW's beta2 (null: the library's default). */
+    public Float beta2() {
+      return beta2;
+    }
+
+    /** AdamW's epsilon (null: the library's default). */
+    public Float eps() {
+      return eps;
+    }
+
+    /** The clip's max norm (null: the library's default). */
+    public Double clipMaxNorm() {
+      return clipMaxNorm;
+    }
+
+    /** Deterministic clipping (null: the library's default). */
+    public Boolean deterministicClip() {
+      return deterministicClip;
+    }
+
+    /** The micro-batches per step (null: the library's default). */
+    public Integer accumulationSteps() {
+      return accumulationSteps;
+    }
+
+    /** The shard alignment (null: the library's default). */
+    public Long alignmentBytes() {
+      return alignmentBytes;
+    }
+
+    /** The stage-3 prefetch window (null: the library's default). */
+    public Integer prefetchWindow() {
+      return prefetchWindow;
+    }
+
+    /** Dynamic loss scaling (null: the library's default). */
+    public Boolean dynamicLossScaling() {
+      return dynamicLossScaling;
+    }
+
+    /** The initial loss scale (null: the library's default). */
+    public Float initialLossScale() {
+      return initialLossScale;
+    }
+
+    /** The loss scale's growth factor (null: the library's default). */
+    public Float growthFactor() {
+      return growthFactor;
+    }
+
+    /** The loss scale's backoff factor (null: the library's default). */
+    public Float backoffFactor() {
+      return backoffFactor;
+    }
+
+    /** The good steps before growth (null: the library's default). */
+    public Integer growthInterval() {
+      return growthInterval;
+    }
+
     /** Every field of a native options struct (compute_stream aside). */
     static Options fromNative(hps_engine_options_t o) {
       Options r = new Options();
@@ -376,6 +454,7 @@ public final class Engine extends Handle<EngineHandle> {
 
   /** As above with raw hps_param_flag_t bits. */
   public int addParam(String name, long[] shape, DType dtype, long flags, int unit) {
+    final EngineHandle nh = enter();
     try {
       Objects.requireNonNull(name, "name");
       Objects.requireNonNull(shape, "shape");
@@ -386,7 +465,7 @@ public final class Engine extends Handle<EngineHandle> {
       }
       long[] copy = shape.clone();
       synchronized (state) {
-        int index = (int) h().addParam(name, copy, dtype.code(), flags, unit);
+        int index = (int) nh.addParam(name, copy, dtype.code(), flags, unit);
         while (shapes.size() <= index) {
           shapes.add(new long[0]);
           names.add("");
@@ -396,7 +475,7 @@ public final class Engine extends Handle<EngineHandle> {
         return index;
       }
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -449,12 +528,13 @@ public final class Engine extends Handle<EngineHandle> {
    * of another axis), FAILED_PRECONDITION (sealed).
    */
   public void setModelParallelGroups(Communicator mp, Communicator pp) {
+    final EngineHandle nh = enter();
     try {
-      h().setModelParallelGroups(mp == null ? null : mp.h(), pp == null ? null : pp.h());
+      nh.setModelParallelGroups(mp == null ? null : mp.h(), pp == null ? null : pp.h());
       dependOn(mp);
       dependOn(pp);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
       Reference.reachabilityFence(mp);
       Reference.reachabilityFence(pp);
     }
@@ -468,19 +548,21 @@ public final class Engine extends Handle<EngineHandle> {
    * (hps_engine_seal).
    */
   public void seal() {
+    final EngineHandle nh = enter();
     try {
-      h().seal();
+      nh.seal();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** Collective: every rank's parameters become its groups' source rank's (set-up only). */
   public void broadcastParameters() {
+    final EngineHandle nh = enter();
     try {
-      h().broadcastParameters();
+      nh.broadcastParameters();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -498,19 +580,21 @@ public final class Engine extends Handle<EngineHandle> {
    * and shape, on {@link #device()}). Stage 3: only while its unit is gathered.
    */
   public Tensor paramTensor(int index) {
+    final EngineHandle nh = enter();
     try {
-      return new Tensor(h().paramDlpack(index), this, "Engine.param(" + index + ")");
+      return new Tensor(nh.paramDlpack(index), this, "Engine.param(" + index + ")");
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** Parameter {@code index}'s gradient as a DLPack view (hps_engine_grad_dlpack). */
   public Tensor gradTensor(int index) {
+    final EngineHandle nh = enter();
     try {
-      return new Tensor(h().gradDlpack(index), this, "Engine.grad(" + index + ")");
+      return new Tensor(nh.gradDlpack(index), this, "Engine.grad(" + index + ")");
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -537,10 +621,11 @@ public final class Engine extends Handle<EngineHandle> {
    * Valid as the view is.
    */
   public long paramAddress(int index) {
+    final EngineHandle nh = enter();
     try {
-      return h().param(index);
+      return nh.param(index);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -549,10 +634,11 @@ public final class Engine extends Handle<EngineHandle> {
    * {@link #device()}; see {@link #paramAddress}.
    */
   public long gradAddress(int index) {
+    final EngineHandle nh = enter();
     try {
-      return h().grad(index);
+      return nh.grad(index);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -561,10 +647,11 @@ public final class Engine extends Handle<EngineHandle> {
    * parameters (a dependency wait, not a host sync). NOT_FOUND (no such unit).
    */
   public void waitParameters(int unit) {
+    final EngineHandle nh = enter();
     try {
-      h().waitParameters(unit);
+      nh.waitParameters(unit);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -575,10 +662,11 @@ public final class Engine extends Handle<EngineHandle> {
    * (stage 3: gradients taken in this backward that have not all checked in).
    */
   public void releaseParameters(int unit) {
+    final EngineHandle nh = enter();
     try {
-      h().releaseParameters(unit);
+      nh.releaseParameters(unit);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -593,13 +681,14 @@ public final class Engine extends Handle<EngineHandle> {
    * FAILED_PRECONDITION (checked in twice, frozen), OUT_OF_RANGE.
    */
   public void gradReady(int index, Stream ready) {
+    final EngineHandle nh = enter();
     try {
       synchronized (state) {
-        h().gradReady(index, ready == null ? null : ready.h());
+        nh.gradReady(index, ready == null ? null : ready.h());
         keep(ready);
       }
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
       Reference.reachabilityFence(ready);
     }
   }
@@ -609,10 +698,11 @@ public final class Engine extends Handle<EngineHandle> {
    * FAILED_PRECONDITION (a gradient has not checked in).
    */
   public void step() {
+    final EngineHandle nh = enter();
     try {
-      h().step();
+      nh.step();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -622,10 +712,11 @@ public final class Engine extends Handle<EngineHandle> {
    * finite.
    */
   public void setLearningRate(float learningRate) {
+    final EngineHandle nh = enter();
     try {
-      h().setLearningRate(learningRate);
+      nh.setLearningRate(learningRate);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -634,11 +725,12 @@ public final class Engine extends Handle<EngineHandle> {
    * one per stream or collective it waits for).
    */
   public void synchronize() {
+    final EngineHandle nh = enter();
     try {
-      h().synchronize();
+      nh.synchronize();
       releaseKept();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -651,6 +743,7 @@ public final class Engine extends Handle<EngineHandle> {
    * sealed; stage 3: before {@link #broadcastParameters()}).
    */
   public float[] gatherParameter(int index) {
+    final EngineHandle nh = enter();
     try {
       long count;
       synchronized (state) {
@@ -662,30 +755,35 @@ public final class Engine extends Handle<EngineHandle> {
       }
       ByteBuffer out = ByteBuffer.allocateDirect((int) Math.max(4, count * 4))
           .order(ByteOrder.nativeOrder());
-      h().gatherParameter(index, out, count);
+      nh.gatherParameter(index, out, count);
       float[] values = new float[(int) count];
       out.asFloatBuffer().get(values);
       return values;
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
-  /** Bytes this rank holds: parameters, gradients and optimizer state. */
+  /**
+   * Bytes this rank holds: parameters, gradients and optimizer state, and at stage 3 the full
+   * buffers of gathered units and those kept pooled for the next gather.
+   */
   public long residentBytes() {
+    final EngineHandle nh = enter();
     try {
-      return h().residentBytes();
+      return nh.residentBytes();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** {begin, end}: the element offsets of parameter {@code index} this rank's shard holds. */
   public long[] shardRange(int index) {
+    final EngineHandle nh = enter();
     try {
-      return h().shardRange(index);
+      return nh.shardRange(index);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -696,10 +794,11 @@ public final class Engine extends Handle<EngineHandle> {
    * FAILED_PRECONDITION (not sealed), OUT_OF_RANGE.
    */
   public long paramBucket(int index) {
+    final EngineHandle nh = enter();
     try {
-      return h().paramBucket(index);
+      return nh.paramBucket(index);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -738,10 +837,11 @@ public final class Engine extends Handle<EngineHandle> {
 
   /** The gradient norm as a DLPack view (float32, shape {1}; hps_engine_grad_norm_dlpack). */
   public Tensor gradNormTensor() {
+    final EngineHandle nh = enter();
     try {
-      return new Tensor(h().gradNormDlpack(), this, "Engine.gradNorm");
+      return new Tensor(nh.gradNormDlpack(), this, "Engine.gradNorm");
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -751,28 +851,31 @@ public final class Engine extends Handle<EngineHandle> {
    * {@link #lossScale()}.
    */
   public long gradNormAddress() {
+    final EngineHandle nh = enter();
     try {
-      return h().gradNorm();
+      return nh.gradNorm();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** The loss scale as a DLPack view (float32, shape {1}; hps_engine_loss_scale_dlpack). */
   public Tensor lossScaleTensor() {
+    final EngineHandle nh = enter();
     try {
-      return new Tensor(h().lossScaleDlpack(), this, "Engine.lossScale");
+      return new Tensor(nh.lossScaleDlpack(), this, "Engine.lossScale");
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** The skipped-step count as a DLPack view (int64, shape {1}). */
   public Tensor skippedStepsTensor() {
+    final EngineHandle nh = enter();
     try {
-      return new Tensor(h().skippedStepsDlpack(), this, "Engine.skippedSteps");
+      return new Tensor(nh.skippedStepsDlpack(), this, "Engine.skippedSteps");
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -782,10 +885,11 @@ public final class Engine extends Handle<EngineHandle> {
    * is closed, read under the rule of {@link #lossScale()}.
    */
   public long[] lossScaleAddresses() {
+    final EngineHandle nh = enter();
     try {
-      return h().lossScale();
+      return nh.lossScale();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 

@@ -32,11 +32,12 @@ public final class Event extends Handle<EventHandle> {
 
   /** Records the event at the current end of {@code stream}'s queue (no host block). */
   public void record(Stream stream) {
+    final EventHandle nh = enter();
     try {
       Objects.requireNonNull(stream, "stream");
-      h().record(stream.h());
+      nh.record(stream.h());
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
       Reference.reachabilityFence(stream);
     }
   }
@@ -46,19 +47,21 @@ public final class Event extends Handle<EventHandle> {
    * throws FAILED_PRECONDITION.
    */
   public boolean query() {
+    final EventHandle nh = enter();
     try {
-      return h().query() != 0;
+      return nh.query() != 0;
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** Blocks until the most recent record has completed (counts one host sync). */
   public void synchronize() {
+    final EventHandle nh = enter();
     try {
-      h().synchronize();
+      nh.synchronize();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 

@@ -14,8 +14,10 @@ import java.util.function.Function;
  * until the call returns: Reference.reachabilityFence, so the Cleaner never destroys a
  * handle under its own call). Using a closed handle throws IllegalStateException. A handle
  * can depend on others (an engine on its communicators): it keeps them reachable and is
- * closed before them. Calls made through {@link #use} are counted: a close on another thread
- * waits for them to return before the native handle goes.
+ * closed before them. Every call into the native handle is counted ({@link #enter} /
+ * {@link #leave}, {@link #use}): a close on another thread waits for the calls under way to
+ * return before the native handle goes (a close while another thread trains: the engine's
+ * next call throws IllegalStateException, never a use of freed memory).
  *
  * @param <P> the proxy type
  */
@@ -172,16 +174,31 @@ public abstract class Handle<P> implements AutoCloseable {
   }
 
   /**
+   * The proxy, counted as in use until {@link #leave()}, which a finally block calls: a close
+   * on another thread meanwhile waits for the call to return, so the native handle never goes
+   * under a call (every method calling into its own handle goes through this or
+   * {@link #use}). IllegalStateException once closed.
+   */
+  final P enter() {
+    return state.enter(kind);
+  }
+
+  /** Ends the call {@link #enter()} began. */
+  final void leave() {
+    state.leave();
+    Reference.reachabilityFence(this);
+  }
+
+  /**
    * Runs {@code call} on the proxy, counted: a close on another thread meanwhile waits for it
    * to return. IllegalStateException once closed.
    */
   <T> T use(Function<P, T> call) {
-    P p = state.enter(kind);
+    P p = enter();
     try {
       return call.apply(p);
     } finally {
-      state.leave();
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 

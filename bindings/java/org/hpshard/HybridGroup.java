@@ -45,11 +45,12 @@ public final class HybridGroup extends Handle<HybridGroupHandle> {
    * Communicator#split}.
    */
   public Communicator comm(Group kind) {
+    final HybridGroupHandle nh = enter();
     try {
       Objects.requireNonNull(kind, "kind");
-      return new Communicator(h().comm(kind.code()), kind.name().toLowerCase());
+      return new Communicator(nh.comm(kind.code()), kind.name().toLowerCase());
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 }

@@ -38,11 +38,12 @@ public final class Stream extends Handle<StreamHandle> {
 
   /** Blocks until all queued work has completed (counts one host sync). */
   public void synchronize() {
+    final StreamHandle nh = enter();
     try {
-      h().synchronize();
+      nh.synchronize();
       releaseKept();
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -51,11 +52,12 @@ public final class Stream extends Handle<StreamHandle> {
    * blocking the host. A never-recorded event throws FAILED_PRECONDITION.
    */
   public void waitEvent(Event event) {
+    final StreamHandle nh = enter();
     try {
       Objects.requireNonNull(event, "event");
-      h().waitEvent(event.h());
+      nh.waitEvent(event.h());
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
       Reference.reachabilityFence(event);
     }
   }
@@ -66,15 +68,15 @@ public final class Stream extends Handle<StreamHandle> {
   }
 
   void enqueueCopy(ByteBuffer dst, ByteBuffer src, long bytes) {
+    final StreamHandle nh = enter();
     try {
-      StreamHandle h = h();
       synchronized (state) {
-        h.memcpyAsync(dst, src, bytes);
+        nh.memcpyAsync(dst, src, bytes);
         keep(dst);
         keep(src);
       }
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 

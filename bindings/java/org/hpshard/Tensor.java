@@ -12,7 +12,9 @@ import org.hpshard.internal.TensorHandle;
  * keeps that memory alive until the view is closed (or collected): the engine's memory
  * outlives {@link Engine#close()} while views of it exist. A view of a closed engine or
  * clip refuses to be used (IllegalStateException); a ByteBuffer taken from it before stays
- * valid memory (it keeps the view reachable), no longer updated.
+ * valid memory (it keeps the view reachable), no longer updated. A stage-3 parameter's view
+ * is the exception: its memory serves the next gathered unit once its own is released
+ * ({@link Engine}).
  *
  * <p>{@link #byteBuffer()} is a direct ByteBuffer over host memory; the library refuses a
  * host view of device memory (HpsException FAILED_PRECONDITION), its one host/device policy.

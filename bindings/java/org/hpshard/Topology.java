@@ -36,47 +36,52 @@ public final class Topology extends Handle<TopologyHandle> {
 
   /** The degree of an axis (DP .. MP; the check groups throw INVALID_ARGUMENT). */
   public int degree(Group axis) {
+    final TopologyHandle nh = enter();
     try {
-      return h().degree(Objects.requireNonNull(axis).code());
+      return nh.degree(Objects.requireNonNull(axis).code());
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** {@code rank}'s coordinate on {@code axis}; OUT_OF_RANGE for a bad rank. */
   public int coordinate(int rank, Group axis) {
+    final TopologyHandle nh = enter();
     try {
-      return h().coordinate(rank, Objects.requireNonNull(axis).code());
+      return nh.coordinate(rank, Objects.requireNonNull(axis).code());
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** The rank at these coordinates; OUT_OF_RANGE for a bad coordinate. */
   public int rankOf(int dp, int pp, int sharding, int sep, int mp) {
+    final TopologyHandle nh = enter();
     try {
-      return h().rankOf(dp, pp, sharding, sep, mp);
+      return nh.rankOf(dp, pp, sharding, sep, mp);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** The ranks of {@code rank}'s group of kind {@code group}, ascending. */
   public int[] groupRanks(Group group, int rank) {
+    final TopologyHandle nh = enter();
     try {
-      return h().groupRanks(Objects.requireNonNull(group).code(), rank);
+      return nh.groupRanks(Objects.requireNonNull(group).code(), rank);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
   /** The previous and next stage of {@code rank} in its pipeline (wrapping around). */
   public PipelineNeighbors pipelineNeighbors(int rank) {
+    final TopologyHandle nh = enter();
     try {
-      long[] pair = h().pipelineNeighbors(rank);
+      long[] pair = nh.pipelineNeighbors(rank);
       return new PipelineNeighbors((int) pair[0], (int) pair[1]);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 }

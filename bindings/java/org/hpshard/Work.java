@@ -66,10 +66,11 @@ public final class Work extends Handle<WorkHandle> {
    * operation that failed throws its HpsException.
    */
   public boolean test() {
+    final WorkHandle nh = enter();
     try {
-      return finishedBy(() -> h().test());
+      return finishedBy(() -> nh.test());
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -95,15 +96,15 @@ public final class Work extends Handle<WorkHandle> {
    * does not see {@link Thread#interrupt()}: {@link #awaitInterruptibly()} does.
    */
   public void await() {
+    final WorkHandle nh = enter();
     try {
-      WorkHandle h = h();
       try {
-        h.await();
+        nh.await();
       } finally {
         work.finished();
       }
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -129,14 +130,15 @@ public final class Work extends Handle<WorkHandle> {
    * negative timeout waits 0.
    */
   public boolean await(long timeout, TimeUnit unit) {
+    final WorkHandle nh = enter();
     try {
       Objects.requireNonNull(unit, "unit");
       long ms = Math.max(0, unit.toMillis(timeout));
       if (ms == 0 && timeout > 0 && unit.toNanos(timeout) > 0) ms = 1; // never round a wait to 0
       final long waitMs = ms;
-      return finishedBy(() -> h().waitTimeout(waitMs));
+      return finishedBy(() -> nh.waitTimeout(waitMs));
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
     }
   }
 
@@ -145,12 +147,13 @@ public final class Work extends Handle<WorkHandle> {
    * blocking the host. The buffers stay reachable until this work is awaited or closed.
    */
   public void waitStream(Stream stream) {
+    final WorkHandle nh = enter();
     try {
       Objects.requireNonNull(stream, "stream");
-      h().waitStream(stream.h());
+      nh.waitStream(stream.h());
       keep(stream);
     } finally {
-      Reference.reachabilityFence(this);
+      leave();
       Reference.reachabilityFence(stream);
     }
   }

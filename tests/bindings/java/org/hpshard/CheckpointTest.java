@@ -148,6 +148,15 @@ class CheckpointTest {
     assertEquals(2, saved.stage());
     assertEquals(0.02f, saved.learningRate());
     assertEquals(0L, saved.bucketBytes());
+    // Every option the checkpoint holds reads back (the library's defaults where unset).
+    assertEquals(List.of(0.9f, 0.999f, 1e-8f), List.of(saved.beta1(), saved.beta2(), saved.eps()));
+    assertEquals(List.of(0f, false), List.of(saved.momentum(), saved.nesterov()));
+    assertEquals(List.of(1, 2), List.of(saved.accumulationSteps(), saved.prefetchWindow()));
+    assertEquals(List.of(false, 65536f, 2f, 0.5f, 2000), List.of(saved.dynamicLossScaling(),
+        saved.initialLossScale(), saved.growthFactor(), saved.backoffFactor(),
+        saved.growthInterval()));
+    assertTrue(saved.clipMaxNorm() >= 0 && saved.alignmentBytes() > 0);
+    assertEquals(false, saved.deterministicClip());
 
     // Same topology: bitwise. Stage 3 over 4 ranks: the same parameters, the same training.
     for (int[] topology : new int[][] {{2, 2}, {3, 4}}) {
