@@ -74,7 +74,7 @@ set(_hps_rpm_names_rust "${HPS_PKG_RUST_RPM}")
 set(_hps_doc_to_rpm "")
 # Debian: /usr/share/doc/<package>/changelog.Debian.gz too (policy 12.7), compressed with
 # gzip -9n (no name, no time stamp); dated SOURCE_DATE_EPOCH when set, else at configure
-# time. The RPMs drop it with the rest of share/doc/<deb package>.
+# time. The RPMs drop it (rpm_layout.cmake).
 string(TIMESTAMP _hps_changelog_date "%a, %d %b %Y %H:%M:%S +0000" UTC)
 set(_hps_changelog "${PROJECT_BINARY_DIR}/packaging/changelog.Debian")
 file(WRITE "${_hps_changelog}"
@@ -96,6 +96,16 @@ foreach(c IN LISTS _hps_components)
           COMPONENT ${c})
   list(APPEND _hps_doc_to_rpm "${_hps_deb_names_${c}}=${_hps_rpm_names_${c}}")
 endforeach()
+# The tools' guides, beside their licence: what hpshard-bench measures and how to read its
+# figures (its help names benchmarks.md), and the checkpoint format hpshard-ckpt reads.
+if("tools" IN_LIST _hps_components)
+  install(FILES "${PROJECT_SOURCE_DIR}/docs/benchmarks.md" "${PROJECT_SOURCE_DIR}/docs/checkpoints.md"
+          DESTINATION "${CMAKE_INSTALL_DATAROOTDIR}/doc/${_hps_deb_names_tools}" COMPONENT tools)
+  install(FILES "${PROJECT_SOURCE_DIR}/docs/img/coll.png" "${PROJECT_SOURCE_DIR}/docs/img/clip.png"
+                "${PROJECT_SOURCE_DIR}/docs/img/clip-avx512.png" "${PROJECT_SOURCE_DIR}/docs/img/step.png"
+                "${PROJECT_SOURCE_DIR}/docs/img/scale.png"
+          DESTINATION "${CMAKE_INSTALL_DATAROOTDIR}/doc/${_hps_deb_names_tools}/img" COMPONENT tools)
+endif()
 
 # ---- common ---------------------------------------------------------------------
 set(CPACK_GENERATOR "DEB;RPM")

@@ -7,6 +7,7 @@
 #   lib/python3/dist-packages/hpshard              -> the interpreter's site-packages,
 #                                                     byte-compiled (its __pycache__)
 #   share/doc/<deb package>/copyright              -> share/licenses/<rpm package>/LICENSE
+#   share/doc/<deb package>/ (the rest)            -> share/doc/<rpm package>/
 # and rewrites the paths inside hpshard.pc and the CMake package files. The packaging
 # test checks the result (file lists, and a consumer built in each layout).
 if(NOT CPACK_GENERATOR STREQUAL "RPM")
@@ -106,7 +107,17 @@ foreach(stage IN LISTS _hps_roots)
     if(rpm_name STREQUAL "")
       message(FATAL_ERROR "rpm_layout.cmake: no RPM package name for ${deb_name}")
     endif()
-    file(REMOVE_RECURSE "${docdir}")
+    # The rest of the directory (the tools' guides) is the package's %doc, under its
+    # RPM name.
+    file(REMOVE "${copyright}" "${docdir}/changelog.Debian.gz")
+    file(GLOB_RECURSE docs_left "${docdir}/*")
+    if(docs_left)
+      if(NOT deb_name STREQUAL rpm_name)
+        file(RENAME "${docdir}" "${prefix}/${CPACK_HPS_DATAROOTDIR}/doc/${rpm_name}")
+      endif()
+    else()
+      file(REMOVE_RECURSE "${docdir}")
+    endif()
     file(MAKE_DIRECTORY "${prefix}/share/licenses/${rpm_name}")
     configure_file("${CPACK_HPS_LICENSE_FILE}" "${prefix}/share/licenses/${rpm_name}/LICENSE"
                    COPYONLY)

@@ -257,7 +257,13 @@ expected() {
            "$lib/cmake/hpshard/hpshardTargets-*.cmake" ;;
     tools) printf '%s\n' "$prefix/bin/hpshard-run" "$prefix/bin/hpshard-bench*" "$prefix/bin/hpshard-ckpt*" "$prefix/bin/hpshard-trace*" \
              "$prefix/share/hpshard/bench/*.py" "$prefix/share/man/man1/hpshard-run.1.gz" \
-             "$prefix/share/man/man1/hpshard-*.1.gz*" ;;
+             "$prefix/share/man/man1/hpshard-*.1.gz*"
+      # The guides to the bench's figures and to the checkpoint format.
+      local doc
+      if [[ "$layout" == deb ]]; then doc="$prefix/share/doc/$(deb_name "$c")"
+      else doc="$prefix/share/doc/$(rpm_name "$c")"; fi
+      printf '%s\n' "$doc/benchmarks.md" "$doc/checkpoints.md" "$doc/img/coll.png" "$doc/img/clip.png" \
+        "$doc/img/clip-avx512.png" "$doc/img/step.png" "$doc/img/scale.png" ;;
     python) printf '%s\n' "$py/__init__.py" "$py/__init__.pyi" "$py/_errors.py" "$py/capi.py" \
               "$py/py.typed" "$py/torch.py" "$py/_capi*.so"
       # The RPM ships the bytecode of each module, levels 0 and 1 (Fedora's way).

@@ -1237,7 +1237,7 @@ Family add_torch(CLI::App& app, int argc, char** argv) {
 int main(int argc, char** argv) {
   CLI::App app{
       "hpshard-bench: hpshard's benchmarks, each figure beside a reference measured in the same "
-      "run (docs/benchmarks.md)",
+      "run (benchmarks.md: docs/ in the source, /usr/share/doc/hpshard-tools/ in the packages)",
       "hpshard-bench"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "hpshard-bench " HPS_TOOLS_VERSION);
