@@ -175,7 +175,7 @@ def sharded_run(args) -> int:
     peaks = everyone([peak], np.int64)[:, 0]
     count, ns = hpshard.dependency_wait_stats()
     model.close()  # collective: the module holds its full trained parameters again
-    say(f"resident bytes per rank, most during a step (with the gathered units): " +
+    say(f"resident bytes per rank, the most seen after a step (full buffers pooled included): " +
         ", ".join(f"rank {r}: {int(b):,}" for r, b in enumerate(peaks)) +
         f" ({peaks.max() / replica:.2f}x an unsharded replica)")
     head = sum(losses[:10]) / min(10, len(losses))

@@ -202,6 +202,10 @@ int main(int argc, char** argv) {
   CLI::App app{"hpshard-ckpt: inspect, verify and export hpshard checkpoints"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "hpshard-ckpt " HPS_TOOLS_VERSION);
+  app.footer(
+      "Exit status: 0 on success; 1 when the checkpoint is unreadable, damaged or refused "
+      "(verify: a checksum, size or header that does not match), the message naming the file "
+      "and tensor; 2 for bad usage.");
   std::string path, out;
   bool as_json = false, fp32 = false;
   auto* inspect_cmd = app.add_subcommand("inspect", "what a checkpoint holds");

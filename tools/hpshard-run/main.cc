@@ -295,7 +295,13 @@ void usage(const char* problem) {
             "hpshard-run's output: once 1 MiB of it waits, the ranks' output waits in their\n"
             "pipes (a rank writing more blocks). When the job is over, what waits is written\n"
             "while the reader takes some of it at least every 10 s (2 s after --timeout or a\n"
-            "signal); then hpshard-run exits with the job's code, the rest not written.\n");
+            "signal); then hpshard-run exits with the job's code, the rest not written.\n"
+            "Each rank's environment gains HPS_RANK, HPS_WORLD_SIZE, HPS_LOCAL_RANK,\n"
+            "HPS_STORE, HPS_JOB_ID and HPS_STORE_TOKEN (and, for rank 0 with --store tcp,\n"
+            "HPS_STORE_FD: the store's listening socket).\n"
+            "Exit status: 0 when every rank exits 0; else the first failing rank's code\n"
+            "(128+signal for a rank a signal killed); 124 when --timeout expired; 128+signal\n"
+            "when hpshard-run was sent SIGINT, SIGTERM or SIGHUP; 2 for bad usage.\n");
 }
 
 struct Options {

@@ -2351,7 +2351,8 @@ class Engine(Handle):
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes this rank holds: parameters, gradients and optimizer state."""
+        """Bytes this rank holds: parameters, gradients and optimizer state, and at stage 3
+        the full buffers of gathered units and those kept pooled for the next gather."""
         return self._h().resident_bytes()
 
     def shard_range(self, index: int) -> Tuple[int, int]:

@@ -730,7 +730,9 @@ class ShardedModule(torch.nn.Module):
 
     ``units``: submodules (or their dotted names) gathered and released together; the
     remaining parameters are one more unit. ``optimizer``: "adamw" or "sgd" with ``lr``,
-    ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``nesterov`` as torch.optim's.
+    ``betas``, ``eps``, ``weight_decay``, ``momentum``, ``nesterov`` meaning what torch.optim's
+    do; the defaults are the signature's (``weight_decay`` 0.0 for AdamW too, where
+    torch.optim.AdamW's is 1e-2: pass it to decay as that does).
     ``no_weight_decay``: the parameters weight decay skips (biases and norms, as a torch
     parameter group with ``weight_decay=0``): parameters, their names (a tied parameter
     goes by any of its names), or a predicate ``(name, parameter) -> bool`` (asked once per
@@ -1863,7 +1865,8 @@ class ShardedModule(torch.nn.Module):
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes the engine holds on this rank (parameters, gradients, optimizer state)."""
+        """Bytes the engine holds on this rank (parameters, gradients, optimizer state and,
+        at stage 3, the full buffers of gathered units and those pooled for the next gather)."""
         return self._open("resident_bytes").resident_bytes
 
     def synchronize(self) -> None:

@@ -501,9 +501,11 @@ typedef enum hps_reduce_op {
 } hps_reduce_op_t;
 
 /**
- * A group of ranks that runs collectives on its own stream: Gloo on CPU buffers, NCCL on
- * CUDA buffers. Every operation is asynchronous and returns a work handle. Thread safety:
- * one thread at a time per communicator, except hps_comm_abort (any thread).
+ * A group of ranks that runs collectives on its own stream: on CPU buffers over shared memory
+ * between the ranks of one host and Gloo's TCP transport across hosts ("self" for one rank),
+ * NCCL on CUDA buffers (hps_comm_transport). Every operation is asynchronous and returns a
+ * work handle. Thread safety: one thread at a time per communicator, except hps_comm_abort
+ * (any thread).
  */
 typedef struct hps_comm hps_comm_t;
 
@@ -532,8 +534,9 @@ HPS_API hps_status_t hps_comm_options_init(hps_comm_options_t* options, size_t s
  * Create this rank's member of a group of `size` ranks meeting through `store`, on device
  * (type, device_index); `options` may be NULL. Collective: every rank calls it. Blocks
  * until all ranks have connected or the timeout passed. The caller owns *out_comm.
- * Errors: INVALID_ARGUMENT, OUT_OF_RANGE (rank or device), UNAVAILABLE (backend not
- * built or not loadable), TIMEOUT, BACKEND_ERROR.
+ * Errors: INVALID_ARGUMENT, OUT_OF_RANGE (rank or device, or a size past 65,536 ranks, or
+ * past 8,192 for CPU buffers), UNAVAILABLE (backend not built or not loadable), TIMEOUT,
+ * BACKEND_ERROR.
  */
 HPS_API hps_status_t hps_comm_create(hps_store_t* store, int32_t rank, int32_t size,
                                      hps_device_type_t type, int32_t device_index,
@@ -1263,7 +1266,11 @@ HPS_API hps_status_t hps_engine_gather_parameter(hps_engine_t* engine, size_t in
 HPS_API hps_status_t hps_engine_device(hps_engine_t* engine, hps_device_type_t* out_type,
                                        int32_t* out_index);
 
-/** Bytes this rank holds: parameters, gradients and optimizer state. */
+/**
+ * Bytes this rank holds: parameters, gradients and optimizer state, and at stage 3 the full
+ * buffers of gathered units and those kept pooled for the next gather. Errors:
+ * INVALID_ARGUMENT (a NULL argument).
+ */
 HPS_API hps_status_t hps_engine_resident_bytes(hps_engine_t* engine, uint64_t* out_bytes);
 
 /**

@@ -1132,9 +1132,11 @@ pub use self::hps_reduce_op as hps_reduce_op_t;
 pub struct hps_comm {
     _unused: [u8; 0],
 }
-#[doc = " A group of ranks that runs collectives on its own stream: Gloo on CPU buffers, NCCL on"]
-#[doc = " CUDA buffers. Every operation is asynchronous and returns a work handle. Thread safety:"]
-#[doc = " one thread at a time per communicator, except hps_comm_abort (any thread)."]
+#[doc = " A group of ranks that runs collectives on its own stream: on CPU buffers over shared memory"]
+#[doc = " between the ranks of one host and Gloo's TCP transport across hosts (\"self\" for one rank),"]
+#[doc = " NCCL on CUDA buffers (hps_comm_transport). Every operation is asynchronous and returns a"]
+#[doc = " work handle. Thread safety: one thread at a time per communicator, except hps_comm_abort"]
+#[doc = " (any thread)."]
 pub type hps_comm_t = hps_comm;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -1255,8 +1257,9 @@ extern "C" {
     #[doc = " Create this rank's member of a group of `size` ranks meeting through `store`, on device"]
     #[doc = " (type, device_index); `options` may be NULL. Collective: every rank calls it. Blocks"]
     #[doc = " until all ranks have connected or the timeout passed. The caller owns *out_comm."]
-    #[doc = " Errors: INVALID_ARGUMENT, OUT_OF_RANGE (rank or device), UNAVAILABLE (backend not"]
-    #[doc = " built or not loadable), TIMEOUT, BACKEND_ERROR."]
+    #[doc = " Errors: INVALID_ARGUMENT, OUT_OF_RANGE (rank or device, or a size past 65,536 ranks, or"]
+    #[doc = " past 8,192 for CPU buffers), UNAVAILABLE (backend not built or not loadable), TIMEOUT,"]
+    #[doc = " BACKEND_ERROR."]
     pub fn hps_comm_create(
         store: *mut hps_store_t,
         rank: i32,
@@ -2688,7 +2691,9 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Bytes this rank holds: parameters, gradients and optimizer state."]
+    #[doc = " Bytes this rank holds: parameters, gradients and optimizer state, and at stage 3 the full"]
+    #[doc = " buffers of gathered units and those kept pooled for the next gather. Errors:"]
+    #[doc = " INVALID_ARGUMENT (a NULL argument)."]
     pub fn hps_engine_resident_bytes(
         engine: *mut hps_engine_t,
         out_bytes: *mut u64,

@@ -1367,7 +1367,8 @@ impl<'c> Engine<'c> {
         }
     }
 
-    /// Bytes this rank holds: parameters, gradients and optimizer state
+    /// Bytes this rank holds: parameters, gradients and optimizer state, and at stage 3
+    /// the full buffers of gathered units and those kept pooled for the next gather
     /// (`hps_engine_resident_bytes`).
     pub fn resident_bytes(&self) -> Result<u64> {
         let mut bytes: u64 = 0;
