@@ -223,8 +223,10 @@ class Handle:
     """A C handle (a ``capi.*Handle`` proxy) destroyed exactly once: by :meth:`close`,
     leaving a ``with`` block, or garbage collection. Closing again is harmless; any other
     use of a closed handle raises ValueError. Subclasses name what must go first in
-    ``_before_close`` and what they keep referenced in ``_keep``. Calls made in
-    :meth:`_using` are counted: a close on another thread waits for them to return."""
+    ``_before_close`` and what they keep referenced in ``_keep``. Every call into the C
+    handle is counted (:meth:`_using`, :meth:`_counted`): a close on another thread waits
+    for the calls under way to return before the C handle goes, and later calls raise
+    ValueError (closed)."""
 
     def __init__(self, proxy: Any) -> None:
         self._lock = threading.RLock()
@@ -232,6 +234,7 @@ class Handle:
         self._handle: Any = proxy
         self._in_use = 0  # calls under way in _using(); the destroy waits until none is
         self._idle = threading.Condition(self._lock)
+        self._closing: Any = None  # the handle while close() waits (abort() reaches it)
 
     @contextlib.contextmanager
     def _using(self) -> Iterator[Any]:
@@ -252,6 +255,10 @@ class Handle:
         """Under the lock (close holds it): until no call of _using() is under way."""
         while self._in_use > 0:
             self._idle.wait()  # releases the lock meanwhile
+
+    def _counted(self) -> "_CountedCalls":
+        """The C handle's methods, each call counted as in :meth:`_using`."""
+        return _CountedCalls(self)
 
     def _h(self) -> Any:
         h = self._handle
@@ -275,16 +282,20 @@ class Handle:
             h, self._handle = self._handle, None
             if h is None:
                 return
+            self._closing = h  # abort() reaches it while the close waits
             try:
+                self._wait_for_calls()
                 self._before_close(h)
             except KeyboardInterrupt:
                 # An interrupted wait (Work, Checkpoint): the handle stays open, and
                 # what it waited for goes on; close again, or abort the communicator.
-                self._handle = h
+                self._handle, self._closing = h, None
                 raise
             except BaseException:
+                self._closing = None
                 self._destroy(h)
                 raise
+            self._closing = None
             self._destroy(h)
 
     def _destroy(self, h: Any) -> None:
@@ -315,6 +326,25 @@ class Handle:
 _Handle = Handle  # the name older code used
 
 
+class _CountedCalls:
+    """A handle's C methods, each call counted as :meth:`Handle._using` counts it: a close
+    on another thread waits for the call to return before the C handle goes."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: Handle) -> None:
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        owner = self._owner
+
+        def call(*args: Any) -> Any:
+            with owner._using() as h:
+                return getattr(h, name)(*args)
+
+        return call
+
+
 # ---- streams and events ----------------------------------------------------------------
 class Stream(Handle):
     """An ordered queue of work on one device (hps_stream_t).
@@ -337,7 +367,7 @@ class Stream(Handle):
         Work waited on with ``wait_stream``): TIMEOUT, ABORTED, ... once, after the queued
         work completed."""
         try:
-            self._h().synchronize()
+            self._counted().synchronize()
         finally:
             with self._lock:
                 self._keep.clear()
@@ -347,7 +377,7 @@ class Stream(Handle):
         (no host block). A never-recorded event raises Error (FAILED_PRECONDITION)."""
         if not isinstance(event, Event):
             raise TypeError(f"wait_event expects an hpshard.Event, not {type(event).__name__}")
-        self._h().wait_event(event._h())
+        self._counted().wait_event(event._h())
 
     def memcpy_async(self, dst: Any, src: Any, nbytes: Optional[int] = None) -> None:
         """Same as ``hpshard.memcpy_async(dst, src, self, nbytes)``."""
@@ -370,16 +400,16 @@ class Event(Handle):
         """Record the event at the current end of ``stream``'s queue (no host block)."""
         if not isinstance(stream, Stream):
             raise TypeError(f"record expects an hpshard.Stream, not {type(stream).__name__}")
-        self._h().record(stream._h())
+        self._counted().record(stream._h())
 
     def query(self) -> bool:
         """True when the most recent record has completed; never blocks.
         A never-recorded event raises Error (FAILED_PRECONDITION)."""
-        return bool(self._h().query())
+        return bool(self._counted().query())
 
     def synchronize(self) -> None:
         """Block until the most recent record has completed (counts one host sync)."""
-        self._h().synchronize()
+        self._counted().synchronize()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -568,7 +598,6 @@ class Store(Handle):
         super().__init__(handle)
         self.url = url
         self.rank = rank
-        self._closing: Any = None  # the handle while close() waits for calls under way
 
     def __exit__(self, exc_type: Any, *rest: object) -> None:
         if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
@@ -577,13 +606,6 @@ class Store(Handle):
             except (ValueError, FailedPreconditionError):  # closed; the parent's (forked)
                 pass
         self.close()
-
-    def _before_close(self, h: Any) -> None:
-        self._closing = h  # abort() reaches it while the close waits
-        try:
-            self._wait_for_calls()
-        finally:
-            self._closing = None
 
     @classmethod
     def open(cls, url: str, rank: int, timeout_ms: int = DEFAULT_STORE_TIMEOUT_MS) -> "Store":
@@ -1112,7 +1134,7 @@ class Work(Handle):
         operation that failed raises its Error."""
         with self._lock:
             try:
-                done = bool(self._h().test())
+                done = bool(self._counted().test())
             except Error:
                 self._finished()
                 raise
@@ -1127,7 +1149,8 @@ class Work(Handle):
         wait is made of short timed ones (hps_work_wait_timeout), so Ctrl-C (and any signal
         handler) interrupts it; the operation goes on, and this Work keeps its buffers
         until it is waited on again or closed."""
-        return self._wait_on(self._h(), timeout)
+        with self._using() as h:
+            return self._wait_on(h, timeout)
 
     def _wait_on(self, h: Any, timeout: Optional[float]) -> bool:
         deadline = None
@@ -1159,7 +1182,7 @@ class Work(Handle):
         block). The buffers stay referenced until this Work is waited on or closed."""
         if not isinstance(stream, Stream):
             raise TypeError(f"wait_stream expects an hpshard.Stream, not {type(stream).__name__}")
-        self._h().wait_stream(stream._h())
+        self._counted().wait_stream(stream._h())
         with self._lock:
             if not self._done:
                 self._keep.append(stream)
@@ -1280,10 +1303,12 @@ class Communicator(Handle):
                     pass
         finally:
             with self._lock:
-                self._closing = None
                 try:
+                    self._wait_for_calls()  # a call under way on another thread returns first
+                    self._closing = None
                     type(h).__swig_destroy__(h)
                 finally:
+                    self._closing = None
                     self._keep = []
                     owned, self._owned_store = self._owned_store, None
                     try:
@@ -1312,18 +1337,18 @@ class Communicator(Handle):
     @property
     def rank(self) -> int:
         """This rank's position in the communicator."""
-        return self._h().rank()
+        return self._counted().rank()
 
     @property
     def size(self) -> int:
         """The number of ranks."""
-        return self._h().size()
+        return self._counted().size()
 
     @property
     def device(self) -> Tuple[DeviceType, int]:
         """(type, index): the device the communicator was created on (hps_comm_device).
         Collectives of a CUDA communicator take device memory (DLPack tensors)."""
-        kind, index = self._h().device()
+        kind, index = self._counted().device()
         return (_device_type(kind), index)
 
     @property
@@ -1331,7 +1356,7 @@ class Communicator(Handle):
         """How collectives move data (hps_comm_transport): "shm" (CPU ranks all on this
         host), "tcp" (Gloo TCP; also a group of one, or HPS_COMM_SHM=0), "self" (a CPU
         group of one in a build without Gloo) or "nccl"."""
-        return self._h().transport()
+        return self._counted().transport()
 
     def abort(self) -> None:
         """From any thread: pending and later operations end with Error ABORTED, also
@@ -1346,7 +1371,7 @@ class Communicator(Handle):
 
     def set_timeout(self, timeout_ms: int) -> None:
         """Change the timeout of later operations (<= 0: Error INVALID_ARGUMENT)."""
-        self._h().set_timeout(int(timeout_ms))
+        self._counted().set_timeout(int(timeout_ms))
 
     def split(self, ranks: Sequence[int], name: Optional[str] = None) -> Optional["Communicator"]:
         """Collective: every rank passes the same ranks (of this communicator) in the same
@@ -1357,10 +1382,10 @@ class Communicator(Handle):
         and aborts this communicator (:meth:`abort`)."""
         if name is None:
             name = f"{self.name or 'world'}.split"
-        raw = self._h()
         listed = [int(r) for r in ranks]
         split_name = _text(name, "Communicator.split: the name")
-        h = _interruptible(lambda: raw.split(listed, split_name), self.abort)
+        with self._using() as raw:
+            h = _interruptible(lambda: raw.split(listed, split_name), self.abort)
         return None if h is None else Communicator(h, name)
 
     # -- collectives --
@@ -1376,14 +1401,14 @@ class Communicator(Handle):
         dtype and size."""
         t = _dlpack_operands((send, recv), dtype, {1: "all_reduce: recv"})
         if t is not None:
-            return self._work(self._h().all_reduce_dlpack(t[0], t[1], int(op), _ready(ready)),
+            return self._work(self._counted().all_reduce_dlpack(t[0], t[1], int(op), _ready(ready)),
                               (send, recv, *t), ready)
         s = _Buf(send, "all_reduce: send", False, dtype)
         r = _Buf(recv, "all_reduce: recv", True, dtype)
         d = _same_dtype("all_reduce", s, r)
         if s.count != r.count:
             raise ValueError(f"all_reduce: send has {s.count} elements, recv {r.count}")
-        return self._bufs(self._h().all_reduce(s.view, r.view, s.count, d, int(op),
+        return self._bufs(self._counted().all_reduce(s.view, r.view, s.count, d, int(op),
                                                _ready(ready)), (s, r), ready)
 
     def reduce(self, send: Any, recv: Any, root: int, op: int = ReduceOp.SUM,
@@ -1391,7 +1416,7 @@ class Communicator(Handle):
         """Like all_reduce, but only ``root`` receives (recv may be None elsewhere)."""
         t = _dlpack_operands((send, recv), dtype, {1: "reduce: recv"})
         if t is not None:
-            return self._work(self._h().reduce_dlpack(t[0], t[1], int(op), int(root),
+            return self._work(self._counted().reduce_dlpack(t[0], t[1], int(op), int(root),
                                                       _ready(ready)), (send, recv, *t), ready)
         s = _Buf(send, "reduce: send", False, dtype)
         bufs: tuple = (s,)
@@ -1402,7 +1427,7 @@ class Communicator(Handle):
             if s.count != r.count:
                 raise ValueError(f"reduce: send has {s.count} elements, recv {r.count}")
             bufs, recv_view = (s, r), r.view
-        return self._bufs(self._h().reduce(s.view, recv_view, s.count, int(s.dtype), int(op),
+        return self._bufs(self._counted().reduce(s.view, recv_view, s.count, int(s.dtype), int(op),
                                            int(root), _ready(ready)), bufs, ready)
 
     def broadcast(self, buffer: Any, root: int, ready: Optional[Stream] = None,
@@ -1410,10 +1435,10 @@ class Communicator(Handle):
         """``root``'s buffer is copied into every rank's buffer."""
         t = _dlpack_operands((buffer,), dtype, {0: "broadcast: buffer"})
         if t is not None:
-            return self._work(self._h().broadcast_dlpack(t[0], int(root), _ready(ready)),
+            return self._work(self._counted().broadcast_dlpack(t[0], int(root), _ready(ready)),
                               (buffer, *t), ready)
         b = _Buf(buffer, "broadcast: buffer", True, dtype)
-        return self._bufs(self._h().broadcast(b.view, b.count, int(b.dtype), int(root),
+        return self._bufs(self._counted().broadcast(b.view, b.count, int(b.dtype), int(root),
                                               _ready(ready)), (b,), ready)
 
     def all_gather(self, send: Any, recv: Any, ready: Optional[Stream] = None,
@@ -1422,12 +1447,12 @@ class Communicator(Handle):
         elements (fewer: Error INVALID_ARGUMENT, nothing sent)."""
         t = _dlpack_operands((send, recv), dtype, {1: "all_gather: recv"})
         if t is not None:
-            return self._work(self._h().all_gather_dlpack(t[0], t[1], _ready(ready)),
+            return self._work(self._counted().all_gather_dlpack(t[0], t[1], _ready(ready)),
                               (send, recv, *t), ready)
         s = _Buf(send, "all_gather: send", False, dtype)
         r = _Buf(recv, "all_gather: recv", True, dtype)
         d = _same_dtype("all_gather", s, r)
-        return self._bufs(self._h().all_gather(s.view, s.count, r.view, r.count, d,
+        return self._bufs(self._counted().all_gather(s.view, s.count, r.view, r.count, d,
                                                _ready(ready)), (s, r), ready)
 
     def reduce_scatter(self, send: Any, recv: Any, op: int = ReduceOp.SUM,
@@ -1436,13 +1461,13 @@ class Communicator(Handle):
         send; send needs size * len(recv) elements."""
         t = _dlpack_operands((send, recv), dtype, {1: "reduce_scatter: recv"})
         if t is not None:
-            return self._work(self._h().reduce_scatter_dlpack(t[0], t[1], int(op),
+            return self._work(self._counted().reduce_scatter_dlpack(t[0], t[1], int(op),
                                                               _ready(ready)),
                               (send, recv, *t), ready)
         s = _Buf(send, "reduce_scatter: send", False, dtype)
         r = _Buf(recv, "reduce_scatter: recv", True, dtype)
         d = _same_dtype("reduce_scatter", s, r)
-        return self._bufs(self._h().reduce_scatter(s.view, s.count, r.view, r.count, d, int(op),
+        return self._bufs(self._counted().reduce_scatter(s.view, s.count, r.view, r.count, d, int(op),
                                                    _ready(ready)), (s, r), ready)
 
     def send(self, buffer: Any, peer: int, ready: Optional[Stream] = None,
@@ -1450,10 +1475,10 @@ class Communicator(Handle):
         """Send the buffer to ``peer``, which receives it with :meth:`recv`."""
         t = _dlpack_operands((buffer,), dtype)
         if t is not None:
-            return self._work(self._h().send_dlpack(t[0], int(peer), _ready(ready)),
+            return self._work(self._counted().send_dlpack(t[0], int(peer), _ready(ready)),
                               (buffer, *t), ready)
         b = _Buf(buffer, "send: buffer", False, dtype)
-        return self._bufs(self._h().send(b.view, b.count, int(b.dtype), int(peer),
+        return self._bufs(self._counted().send(b.view, b.count, int(b.dtype), int(peer),
                                          _ready(ready)), (b,), ready)
 
     def recv(self, buffer: Any, peer: int, ready: Optional[Stream] = None,
@@ -1461,15 +1486,15 @@ class Communicator(Handle):
         """Receive the buffer's size from ``peer``."""
         t = _dlpack_operands((buffer,), dtype, {0: "recv: buffer"})
         if t is not None:
-            return self._work(self._h().recv_dlpack(t[0], int(peer), _ready(ready)),
+            return self._work(self._counted().recv_dlpack(t[0], int(peer), _ready(ready)),
                               (buffer, *t), ready)
         b = _Buf(buffer, "recv: buffer", True, dtype)
-        return self._bufs(self._h().recv(b.view, b.count, int(b.dtype), int(peer),
+        return self._bufs(self._counted().recv(b.view, b.count, int(b.dtype), int(peer),
                                          _ready(ready)), (b,), ready)
 
     def barrier(self, ready: Optional[Stream] = None) -> Work:
         """Completes once every rank has reached it."""
-        return self._work(self._h().barrier(_ready(ready)), (), ready)
+        return self._work(self._counted().barrier(_ready(ready)), (), ready)
 
     def __repr__(self) -> str:
         if self.closed:
@@ -1493,23 +1518,23 @@ class Topology(Handle):
 
     def degree(self, axis: int) -> int:
         """The degree of an axis (Group.DP .. Group.MP)."""
-        return self._h().degree(int(axis))
+        return self._counted().degree(int(axis))
 
     def coordinate(self, rank: int, axis: int) -> int:
         """``rank``'s coordinate on ``axis`` (Error OUT_OF_RANGE for a bad rank)."""
-        return self._h().coordinate(int(rank), int(axis))
+        return self._counted().coordinate(int(rank), int(axis))
 
     def rank_of(self, dp: int, pp: int, sharding: int, sep: int, mp: int) -> int:
         """The rank at these coordinates (Error OUT_OF_RANGE for a bad coordinate)."""
-        return self._h().rank_of(int(dp), int(pp), int(sharding), int(sep), int(mp))
+        return self._counted().rank_of(int(dp), int(pp), int(sharding), int(sep), int(mp))
 
     def group_ranks(self, group: int, rank: int) -> List[int]:
         """The ranks of ``rank``'s group of kind ``group``, ascending."""
-        return list(self._h().group_ranks(int(group), int(rank)))
+        return list(self._counted().group_ranks(int(group), int(rank)))
 
     def pipeline_neighbors(self, rank: int) -> Tuple[int, int]:
         """(previous, next) stage of ``rank`` in its pipeline, wrapping around."""
-        prev, nxt = self._h().pipeline_neighbors(int(rank))
+        prev, nxt = self._counted().pipeline_neighbors(int(rank))
         return (prev, nxt)
 
 
@@ -1549,7 +1574,7 @@ class HybridGroup(Handle):
             name = Group(kind).name.lower()
         except ValueError:
             name = None
-        return Communicator(self._h().comm(int(kind)), name)
+        return Communicator(self._counted().comm(int(kind)), name)
 
 
 # ---- DLPack views ----------------------------------------------------------------------
@@ -1622,7 +1647,8 @@ class Tensor:
         return self._owner._device
 
     def _capsule(self) -> Any:
-        return self._export(self._owner._h())
+        with self._owner._using() as h:
+            return self._export(h)
 
     def __dlpack__(self, stream: Any = None) -> Any:
         """A "dltensor" capsule of the view (a new DLPack tensor each time). ``stream``
@@ -1750,12 +1776,12 @@ class Clip(Handle):
         t = _dlpack_operands((grad,), dtype, {0: "Clip.add_tensor: grad"})
         with self._lock:
             if t is not None:
-                self._h().add_tensor_dlpack(t[0], int(flags))
+                self._counted().add_tensor_dlpack(t[0], int(flags))
                 self._keep.append((grad, t[0]))
                 self._pinned.append(_Pinned(grad, self._count, t[0]))
             else:
                 b = _Buf(grad, "Clip.add_tensor: grad", True, dtype)
-                self._h().add_tensor(b.view, b.count, int(b.dtype), int(flags))
+                self._counted().add_tensor(b.view, b.count, int(b.dtype), int(flags))
                 self._keep.append(b.view)
             self._count += 1
 
@@ -1769,7 +1795,7 @@ class Clip(Handle):
         """Finish registration (collective over the clip's sharding, mp and pp groups; host
         syncs at set-up). Error INVALID_ARGUMENT on every rank when the ranks of any mp
         group registered different flags."""
-        self._h().seal()
+        self._counted().seal()
 
     def run(self, stream: Stream, norm_out: Any = None, scale: bool = True) -> None:
         """Enqueue one clip on ``stream``: the global norm into ``norm_out`` (a writable
@@ -1781,7 +1807,7 @@ class Clip(Handle):
         gradient whose memory changed since :meth:`add_tensor`, see :class:`Clip`)."""
         if not isinstance(stream, Stream):
             raise TypeError(f"run expects an hpshard.Stream, not {type(stream).__name__}")
-        clip = self._h()
+        self._h()  # raises: closed
         for pinned in self._pinned:
             pinned.check("Clip.run")
         view = None
@@ -1791,7 +1817,7 @@ class Clip(Handle):
                 raise ValueError("Clip.run: norm_out must hold at least one float32")
             view = b.view
         handle = stream._h()
-        with stream._lock:
+        with self._using() as clip, stream._lock:
             clip.run(handle, view, 1 if scale else 0)
             if view is not None:
                 stream._keep.append(view)
@@ -1800,7 +1826,7 @@ class Clip(Handle):
     def coefficient_address(self) -> int:
         """The address of the latest coefficient (hps_clip_coefficient; owned by the clip,
         valid in stream order after :meth:`run`)."""
-        return self._h().coefficient()
+        return self._counted().coefficient()
 
     def coefficient_tensor(self) -> Tensor:
         """The latest coefficient as a :class:`Tensor` (float32, shape (1,), read-only as a
@@ -2004,9 +2030,12 @@ class Engine(Handle):
     A view keeps the engine's memory alive: after :meth:`close` an array made from one
     stays valid memory, no longer updated, and a :class:`Tensor` refuses further exports;
     with stage 3, a parameter view is valid only between :meth:`wait_parameters` and
-    :meth:`release_parameters` of its unit (HPS_DEBUG_VIEWS=1 makes a write after the
-    release fault). The communicators stay referenced; closing one closes the engine
-    first. One thread at a time per engine.
+    :meth:`release_parameters` of its unit: an array kept past the release is memory the
+    engine reuses for the next unit it gathers, so a write through it changes that unit's
+    parameters (HPS_DEBUG_VIEWS=1 makes it fault instead). The communicators stay
+    referenced; closing one closes the engine first. One thread at a time per engine; a
+    close, the engine's or its communicator's, may come from another thread: it waits for
+    the call under way, and the training thread's next call raises ValueError (closed).
 
     :meth:`close` finishes what is in flight; where that failed (the collectives of a last
     step whose peers had left) and no call on the engine that runs or waits for its work
@@ -2047,7 +2076,9 @@ class Engine(Handle):
         its parent's to report (the child may not call it)."""
         if self._pid != os.getpid():
             return True
-        return (h if h is not None else self._h()).failures_returned() != 0
+        if h is not None:
+            return h.failures_returned() != 0
+        return self._counted().failures_returned() != 0
 
     def _before_close(self, h: Any) -> None:
         for user in list(self._users):  # checkpoints of this engine go first
@@ -2169,7 +2200,7 @@ class Engine(Handle):
         with self._lock:
             code = _as_dtype(dtype)
             name = _text(name, 'Engine.add_param: the name')
-            index = self._h().add_param(name, list(shape), code, int(flags), int(unit))
+            index = self._counted().add_param(name, list(shape), code, int(flags), int(unit))
             while len(self._shapes) <= index:
                 self._shapes.append(())
                 self._names.append("")
@@ -2195,7 +2226,7 @@ class Engine(Handle):
         mp_handle = _comm_or_none(mp, "mp")
         pp_handle = _comm_or_none(pp, "pp")
         with self._lock:
-            self._h().set_model_parallel_groups(mp_handle, pp_handle)
+            self._counted().set_model_parallel_groups(mp_handle, pp_handle)
             added = tuple(c for c in (mp, pp) if c is not None)
             self._comms = self._comms + added
             for comm in added:
@@ -2208,13 +2239,13 @@ class Engine(Handle):
         Ctrl-C ends the wait for the other ranks at once and aborts those communicators
         (as does :meth:`broadcast_parameters`'s). From here on the engine's communicators
         fail together: an operation that fails on one ends the others (hps_engine_seal)."""
-        raw = self._h()
-        _interruptible(lambda: raw.seal(), self._abort_groups)
+        with self._using() as raw:
+            _interruptible(lambda: raw.seal(), self._abort_groups)
 
     def broadcast_parameters(self) -> None:
         """Collective: every rank's parameters become its groups' source rank's (set-up)."""
-        raw = self._h()
-        _interruptible(lambda: raw.broadcast_parameters(), self._abort_groups)
+        with self._using() as raw:
+            _interruptible(lambda: raw.broadcast_parameters(), self._abort_groups)
 
     def _abort_groups(self) -> None:
         for comm in self._comms:
@@ -2239,7 +2270,8 @@ class Engine(Handle):
     def _tensor(self, index: int, export: Callable[[Any], Any], what: str) -> Tensor:
         i = int(index)
         if not 0 <= i < len(self._shapes):
-            export(self._h())  # an unknown index: the library's error (OUT_OF_RANGE)
+            with self._using() as h:
+                export(h)  # an unknown index: the library's error (OUT_OF_RANGE)
         return Tensor(self, export, self._shape(i), self._dtypes[i], f"{what}({i})")
 
     def param_tensor(self, index: int) -> Tensor:
@@ -2268,12 +2300,12 @@ class Engine(Handle):
         """The address of parameter ``index``'s view (hps_engine_param), on the engine's
         :attr:`device` (a CUDA device pointer on a CUDA engine): for the device's own tools
         (e.g. a framework tensor over it). Valid as the view is."""
-        return self._h().param(int(index))
+        return self._counted().param(int(index))
 
     def grad_address(self, index: int) -> int:
         """The address of parameter ``index``'s gradient view (hps_engine_grad), on the
         engine's :attr:`device`; see :meth:`param_address`."""
-        return self._h().grad(int(index))
+        return self._counted().grad(int(index))
 
     def name(self, index: int) -> str:
         """The name the parameter was registered with."""
@@ -2291,8 +2323,9 @@ class Engine(Handle):
         On the main thread Ctrl-C while it waits for a peer aborts the engine's
         communicators and raises KeyboardInterrupt (so do :meth:`synchronize`,
         :meth:`gather_parameter` and :meth:`close`)."""
-        raw, unit = self._h(), int(unit)
-        _CtrlC.run(lambda: raw.wait_parameters(unit), self._abort_groups)
+        unit = int(unit)
+        with self._using() as raw:
+            _CtrlC.run(lambda: raw.wait_parameters(unit), self._abort_groups)
 
     def release_parameters(self, unit: int) -> None:
         """After the forward or the backward of ``unit``: stage 3 frees its full parameters
@@ -2301,33 +2334,33 @@ class Engine(Handle):
         while a unit is between its wait and its release (stage 2: or the step). Error NOT_FOUND,
         FAILED_PRECONDITION (stage 3: gradients taken in this backward that have not all
         checked in)."""
-        self._h().release_parameters(int(unit))
+        self._counted().release_parameters(int(unit))
 
     def grad_ready(self, index: int, ready: Optional[Stream] = None) -> None:
         """Parameter ``index``'s gradient is complete for this micro-batch; ``ready``: the
         stream it was produced on (kept referenced until :meth:`synchronize`), or None when
         this thread wrote it. Error FAILED_PRECONDITION (twice, frozen), OUT_OF_RANGE."""
         with self._lock:
-            self._h().grad_ready(int(index), _ready(ready))
+            self._counted().grad_ready(int(index), _ready(ready))
             if ready is not None:
                 self._keep.append(ready)
 
     def step(self) -> None:
         """Enqueue the optimizer step on this rank's shards and the all-gathers; returns at
         once (no host sync). Error FAILED_PRECONDITION (a gradient has not checked in)."""
-        self._h().step()
+        self._counted().step()
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """The learning rate of the steps enqueued from now on (a schedule sets it before
         each step, the same on every rank); no host sync. Error INVALID_ARGUMENT (negative
         or not finite)."""
-        self._h().set_learning_rate(float(learning_rate))
+        self._counted().set_learning_rate(float(learning_rate))
 
     def synchronize(self) -> None:
         """Block until everything in flight has finished (each wait it makes counts as a
         host sync: one per stream or collective it waits for)."""
-        raw = self._h()
-        _CtrlC.run(raw.synchronize, self._abort_groups)
+        with self._using() as raw:
+            _CtrlC.run(raw.synchronize, self._abort_groups)
         with self._lock:
             self._keep = []
 
@@ -2343,22 +2376,23 @@ class Engine(Handle):
         index = int(index)
         if not 0 <= index < len(self._shapes):
             # An unknown index: the library refuses it (OUT_OF_RANGE) with its own message.
-            self._h().gather_parameter(index, np.empty(1, np.float32), 0)
+            self._counted().gather_parameter(index, np.empty(1, np.float32), 0)
         out = np.empty(self._shape(index), dtype=np.float32)
-        raw = self._h()
-        _CtrlC.run(lambda: raw.gather_parameter(index, out, int(out.size)), self._abort_groups)
+        with self._using() as raw:
+            _CtrlC.run(lambda: raw.gather_parameter(index, out, int(out.size)),
+                       self._abort_groups)
         return out
 
     @property
     def resident_bytes(self) -> int:
         """Bytes this rank holds: parameters, gradients and optimizer state, and at stage 3
         the full buffers of gathered units and those kept pooled for the next gather."""
-        return self._h().resident_bytes()
+        return self._counted().resident_bytes()
 
     def shard_range(self, index: int) -> Tuple[int, int]:
         """(begin, end): the element offsets of parameter ``index`` this rank's shard holds
         and updates; begin == end when none."""
-        begin, end = self._h().shard_range(int(index))
+        begin, end = self._counted().shard_range(int(index))
         return (begin, end)
 
     def param_bucket(self, index: int) -> int:
@@ -2366,7 +2400,7 @@ class Engine(Handle):
         engine, the same on every rank: a bucket's gradients are reduced by one collective,
         started when all of its parameters have checked in (see ``bucket_bytes``). Error
         FAILED_PRECONDITION (not sealed), OUT_OF_RANGE."""
-        return self._h().param_bucket(int(index))
+        return self._counted().param_bucket(int(index))
 
     def loss_scale_tensor(self) -> Tensor:
         """The loss scale as a DLPack view (float32, shape (1,); hps_engine_loss_scale_dlpack)."""
@@ -2413,14 +2447,14 @@ class Engine(Handle):
         """The address of the float32 gradient norm (hps_engine_grad_norm) on the engine's
         :attr:`device`; valid until the engine is closed, read under the rule of
         :attr:`loss_scale`."""
-        return self._h().grad_norm()
+        return self._counted().grad_norm()
 
     @property
     def loss_scale_addresses(self) -> Tuple[int, int]:
         """(scale, skipped_steps): the addresses of the float32 loss scale and the int64
         skipped-step count (hps_engine_loss_scale), on the engine's :attr:`device`; valid
         until the engine is closed, read under the rule of :attr:`loss_scale`."""
-        scale, skipped = self._h().loss_scale()
+        scale, skipped = self._counted().loss_scale()
         return (scale, skipped)
 
 
@@ -2568,7 +2602,6 @@ class Checkpoint(Handle):
         self._in_flight = None
 
     def _before_close(self, h: Any) -> None:
-        self._wait_for_calls()
         self._wait_in_flight()
 
     @classmethod

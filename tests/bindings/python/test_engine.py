@@ -18,7 +18,7 @@ import pytest
 import hpshard
 from hpshard import (Clip, ClipFlag, ClipOptions, Communicator, DType, Engine, EngineOptions,
                      Optimizer, ParamFlag, Store, Stream, capi)
-from test_comm import run_ranks, status_of
+from test_comm import run_ranks, status_of, unique_url
 
 INVALID_ARGUMENT = 1
 OUT_OF_RANGE = 2
@@ -1747,3 +1747,82 @@ def test_a_signal_before_an_engine_call_does_not_abort_it():
         gc.enable()
         late.set()
         thread.join(60)
+
+
+@pytest.mark.parametrize("closing", ["engine", "communicator"])
+def test_a_close_on_another_thread_waits_for_the_call_under_way(closing):
+    # Rank 0's gather_parameter waits for rank 1, which joins a second later; meanwhile
+    # another thread of rank 0 closes the engine (or the communicator, which closes it). The
+    # close waits for the call under way (it destroyed the engine under it before: every call
+    # but the Store's and the Checkpoint's went uncounted), the gather completes with the
+    # right values, and the next call is refused as closed.
+    def rank(r, url):
+        store, comm = world(r, url)
+        engine = Engine.create(comm, stage=3)
+        engine.add_param("w", [7])
+        engine.seal()
+        engine.param(0)[:] = np.arange(7, dtype=np.float32) if r == 0 else 0
+        engine.broadcast_parameters()
+        if r == 1:
+            time.sleep(1.0)
+            out = engine.gather_parameter(0)
+            engine.close()
+            comm.close()
+            store.close()
+            return out
+        got, gathered_at = [], []
+
+        def gather():
+            got.append(engine.gather_parameter(0))
+            gathered_at.append(time.monotonic())
+
+        caller = threading.Thread(target=gather)
+        caller.start()
+        time.sleep(0.3)  # the call is under way, waiting for rank 1
+        (engine if closing == "engine" else comm).close()
+        closed_at = time.monotonic()
+        caller.join(30)
+        assert not caller.is_alive() and got, "the gather did not complete"
+        assert closed_at >= gathered_at[0], "the close returned while the call ran"
+        with pytest.raises(ValueError, match="closed"):
+            engine.step()
+        comm.close()
+        store.close()
+        return got[0]
+
+    for out in run_ranks(2, rank, tag="close-waits"):
+        np.testing.assert_array_equal(out, np.arange(7, dtype=np.float32))
+
+
+@pytest.mark.parametrize("kind", ["engine", "communicator", "clip", "stream", "work"])
+def test_a_close_waits_for_every_counted_call(kind):
+    # Every handle's calls into its C handle are counted (Handle._using, _counted): a close
+    # on another thread waits until none is under way. Only Store and Checkpoint waited
+    # before; the others destroyed the C handle under a running call.
+    store = Store.open(unique_url("close-counted"), 0)
+    comm = Communicator.create(store, 0, 1)
+    if kind == "engine":
+        handle = Engine.create(comm)
+    elif kind == "communicator":
+        handle = comm
+    elif kind == "clip":
+        handle = Clip()
+    elif kind == "stream":
+        handle = Stream()
+    else:
+        data = np.ones(4, np.float32)
+        handle = comm.all_reduce(data, data)
+    try:
+        with handle._using():  # a call under way on this thread
+            closer = threading.Thread(target=handle.close)
+            closer.start()
+            closer.join(0.5)
+            assert closer.is_alive(), "the close did not wait for the call under way"
+            assert handle.closed  # no new call starts meanwhile
+            with pytest.raises(ValueError, match="closed"):
+                handle._counted().resident_bytes()
+        closer.join(30)
+        assert not closer.is_alive()
+    finally:
+        comm.close()
+        store.close()
