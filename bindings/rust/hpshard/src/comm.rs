@@ -579,10 +579,8 @@ impl Communicator {
     /// (so the communicator cannot be dropped or moved while the aborter exists).
     /// Hand it to a watchdog thread with `std::thread::scope`.
     pub fn aborter(&self) -> Aborter<'_> {
-        Aborter {
-            raw: self.raw,
-            _comm: PhantomData,
-        }
+        // SAFETY: the aborter borrows this communicator for its lifetime.
+        unsafe { Aborter::new(self.raw) }
     }
 
     /// Collective split (`hps_comm_split`): every rank calls it with the same `ranks`
@@ -720,6 +718,17 @@ impl fmt::Debug for Communicator {
 pub struct Aborter<'comm> {
     raw: NonNull<sys::hps_comm_t>,
     _comm: PhantomData<&'comm ()>,
+}
+
+impl<'comm> Aborter<'comm> {
+    /// # Safety
+    /// `raw` must be a communicator that lives, unmoved, for all of `'comm`.
+    pub(crate) unsafe fn new(raw: NonNull<sys::hps_comm_t>) -> Aborter<'comm> {
+        Aborter {
+            raw,
+            _comm: PhantomData,
+        }
+    }
 }
 
 // SAFETY: the only call made through it is hps_comm_abort, documented as callable

@@ -128,7 +128,7 @@ use std::ops::{BitOr, BitOrAssign, Range};
 use std::ptr::{self, NonNull};
 use std::time::Duration;
 
-use crate::comm::{c_string, Communicator, Element};
+use crate::comm::{c_string, Aborter, Communicator, Element};
 use crate::half::{BF16, F16};
 use crate::{check, sys, DType, DeviceType, Error, Result, Status, Stream, Tensor};
 
@@ -937,9 +937,40 @@ impl<'c> Engine<'c> {
     }
 
     /// The sharding communicator, for use on this thread while the engine lives (e.g.
-    /// to all-reduce a loss, or [`Communicator::aborter`] for a watchdog).
+    /// to all-reduce a loss; a watchdog takes [`Engine::aborter`]).
     pub fn sharding(&self) -> &Communicator {
         self.sharding
+    }
+
+    /// An [`Aborter`] of the sharding communicator for a watchdog thread. It borrows the
+    /// communicator the engine borrows (for `'c`), not the engine, so this thread goes on
+    /// training through `&mut self` while the watchdog holds it. Its abort ends the
+    /// engine's pending and later work with [`Status::Aborted`] on this rank (a sealed
+    /// engine's communicators fail together), as [`Communicator::abort`] does.
+    ///
+    /// ```no_run
+    /// # fn main() -> hpshard::Result<()> {
+    /// # use hpshard::{Communicator, DeviceType, Engine, EngineOptions, Store};
+    /// # use std::time::Duration;
+    /// # let store = Store::open("memory://doc-engine-abort", 0, Duration::from_secs(10))?;
+    /// # let mut comm = Communicator::create(&store, 0, 1, DeviceType::CPU, 0, None)?;
+    /// let mut engine = Engine::new(&mut comm, None, EngineOptions::default())?;
+    /// // ... add_param, seal ...
+    /// let aborter = engine.aborter();
+    /// std::thread::scope(|t| {
+    ///     t.spawn(move || {
+    ///         std::thread::sleep(Duration::from_secs(60));
+    ///         aborter.abort() // a step stuck on a rank that has gone ends now
+    ///     });
+    ///     engine.synchronize() // ... the training loop, through &mut engine
+    /// })
+    /// # }
+    /// ```
+    pub fn aborter(&self) -> Aborter<'c> {
+        // SAFETY: the engine holds `&'c mut Communicator`: the communicator lives, unmoved,
+        // for all of 'c, also once the engine is dropped (its borrow lasts 'c); its handle
+        // is never null.
+        unsafe { Aborter::new(NonNull::new_unchecked(self.sharding.as_ptr())) }
     }
 
     /// The dp communicator, if any (see [`Engine::sharding`]).

@@ -1658,3 +1658,44 @@ fn a_dropped_engine_with_failed_work_says_so() {
         );
     }
 }
+
+/// A watchdog holds the engine's aborter while this thread trains through `&mut engine`
+/// (an aborter taken from `engine.sharding()` borrows the engine and cannot be used so);
+/// its abort ends the training loop with `Status::Aborted`, and the aborter may outlive
+/// the engine.
+#[test]
+fn a_watchdog_aborts_an_engine_that_trains() {
+    let mut comm = one_rank("watchdog");
+    let aborter;
+    {
+        let mut engine = Engine::new(&mut comm, None, EngineOptions::default()).unwrap();
+        engine
+            .add_param("w", &[1024], DType::FLOAT32, ParamFlags::NONE, 0)
+            .unwrap();
+        engine.seal().unwrap();
+        aborter = engine.aborter();
+        let (stepped, go) = std::sync::mpsc::channel::<()>();
+        let ended: Result<(), Error> = std::thread::scope(|t| {
+            t.spawn(move || {
+                go.recv().unwrap(); // training has begun
+                aborter.abort().unwrap();
+            });
+            let mut steps = 0u64;
+            loop {
+                engine.grad(0)?[0] = 1.0;
+                engine.grad_ready(0, None)?;
+                engine.step()?;
+                steps += 1;
+                if steps == 3 {
+                    stepped.send(()).unwrap();
+                }
+                if steps > 1_000_000 {
+                    panic!("the abort never ended the training loop");
+                }
+            }
+        });
+        let err = ended.unwrap_err();
+        assert_eq!(err.status, Status::Aborted, "{}", err);
+    }
+    aborter.abort().unwrap(); // the communicator outlives the engine, and so may the aborter
+}
