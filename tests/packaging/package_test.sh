@@ -17,6 +17,8 @@
 # Needs: dpkg-deb, dpkg-shlibdeps, rpmbuild (Debian package rpm), rpm2cpio, cpio,
 # pkg-config, readelf, a C compiler.
 set -euo pipefail
+# Under pipefail a `producer | grep -q` fails when grep exits at its first match while the
+# producer still writes (SIGPIPE): the checks read their input from here-strings instead.
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build_dir=""
@@ -173,12 +175,12 @@ while read -r dep; do
 done < <(tr ',|' '\n' <<<"$runtime_deps" | sed 's/^ *//; /^$/d')
 grep -qE "(^|, )$HPS_PKG_RUNTIME \(= $full_version\)" <<<"$(dpkg-deb -f "$(deb_file dev)" Depends)" \
   || fail "dev package does not depend on $HPS_PKG_RUNTIME (= $full_version)"
-rpm -qpR "$(rpm_file dev)" 2>/dev/null | grep -qx "$HPS_PKG_RUNTIME = $full_version" \
+grep -qx "$HPS_PKG_RUNTIME = $full_version" <<<"$(rpm -qpR "$(rpm_file dev)" 2>/dev/null)" \
   || fail "dev rpm does not require $HPS_PKG_RUNTIME = $full_version"
 # hpshard.h includes <dlpack/dlpack.h>.
 grep -q "libdlpack-dev" <<<"$(dpkg-deb -f "$(deb_file dev)" Depends)" \
   || fail "dev package does not depend on libdlpack-dev"
-rpm -qpR "$(rpm_file dev)" 2>/dev/null | grep -qx "dlpack-devel" || fail "dev rpm does not require dlpack-devel"
+grep -qx "dlpack-devel" <<<"$(rpm -qpR "$(rpm_file dev)" 2>/dev/null)" || fail "dev rpm does not require dlpack-devel"
 grep -qE "(^|, )$HPS_PKG_RUNTIME \(= $full_version\)" <<<"$(dpkg-deb -f "$(deb_file tools)" Depends)" \
   || fail "tools package does not depend on $HPS_PKG_RUNTIME (= $full_version)"
 # hpshard-bench's torch family and --plot need these (a clear message when they are absent;
@@ -190,7 +192,7 @@ done
 # The RPM runtime refreshes the linker cache on install and removal.
 scripts="$(rpm -qp --scripts "$(rpm_file runtime)" 2>/dev/null)"
 for phase in postinstall postuninstall; do
-  grep -A3 "^$phase scriptlet" <<<"$scripts" | grep -q "/sbin/ldconfig" \
+  grep -q "/sbin/ldconfig" <<<"$(grep -A3 "^$phase scriptlet" <<<"$scripts")" \
     || fail "$(basename "$(rpm_file runtime)") has no $phase ldconfig scriptlet: $scripts"
 done
 # The Debian runtime refreshes the linker cache through the ldconfig trigger, not by hand.
@@ -206,7 +208,7 @@ if has_component java; then
   ctl="$scratch/ctl-java"
   dpkg-deb -e "$(deb_file java)" "$ctl"
   [[ -f "$ctl/postinst" && -f "$ctl/postrm" ]] || fail "$(basename "$(deb_file java)") lacks its own scripts"
-  if sed 's/#.*//' "$ctl/postinst" "$ctl/postrm" | grep -q "ldconfig"; then
+  if grep -q "ldconfig" <<<"$(sed 's/#.*//' "$ctl/postinst" "$ctl/postrm")"; then
     fail "$(basename "$(deb_file java)")'s maintainer scripts call ldconfig"
   fi
 fi
@@ -299,7 +301,7 @@ for layout in deb rpm; do
     done
     for w in "${want[@]}"; do
       [[ "$w" == *'*'* ]] && continue
-      printf '%s\n' "${have[@]}" | grep -qxF "$w" || fail "[$layout] $(basename "$f") lacks $w; holds: ${have[*]}"
+      grep -qxF "$w" <<<"$(printf '%s\n' "${have[@]}")" || fail "[$layout] $(basename "$f") lacks $w; holds: ${have[*]}"
     done
   done
   log "[$layout] file lists OK (${components[*]})"
@@ -338,14 +340,14 @@ for layout in deb rpm; do
   for file in "${have[@]}"; do
     [[ "$file" == "$prefix/bin/"* ]] || continue
     tool="$(basename "$file")"
-    printf '%s\n' "${have[@]}" | grep -qx "$prefix/share/man/man1/$tool.1.gz" \
+    grep -qx "$prefix/share/man/man1/$tool.1.gz" <<<"$(printf '%s\n' "${have[@]}")" \
       || fail "[$layout] $(basename "$f") has $tool without its manual page"
   done
 done
 page="$scratch/hpshard-run.1.gz"
 dpkg-deb --fsys-tarfile "$(deb_file tools)" | tar -xO "./usr/share/man/man1/hpshard-run.1.gz" >"$page"
-gzip -dc "$page" | head -1 | grep -q '^\.TH HPSHARD-RUN 1 ' || fail "hpshard-run.1.gz is not a manual page"
-gzip -dc "$page" | grep -q -- '--nproc' || fail "hpshard-run.1.gz does not hold its --help"
+grep -q '^\.TH HPSHARD-RUN 1 ' <<<"$(gzip -dc "$page" | head -1)" || fail "hpshard-run.1.gz is not a manual page"
+grep -q -- '--nproc' <<<"$(gzip -dc "$page")" || fail "hpshard-run.1.gz does not hold its --help"
 log "manual pages: one per packaged tool, from its --help"
 
 # ---- 5. the RPMs unpacked into a root; the .debs installed into another -------------------
@@ -415,7 +417,7 @@ check_root() {
   needed="$(readelf -d "$root$so_full" | awk '/NEEDED/ {print $NF}' | tr -d '[]' | tr '\n' ' ')"
   log "[$kind] libhpshard NEEDED: $needed"
   if grep -qiE "$forbidden|libcu" <<<"$needed"; then fail "[$kind] libhpshard.so needs a CUDA library: $needed"; fi
-  readelf -d "$root$so_full" | grep -q "SONAME.*\[libhpshard.so.$HPS_VERSION_MAJOR\]" \
+  grep -q "SONAME.*\[libhpshard.so.$HPS_VERSION_MAJOR\]" <<<"$(readelf -d "$root$so_full")" \
     || fail "[$kind] SONAME is not libhpshard.so.$HPS_VERSION_MAJOR"
   grep -qx "prefix=$prefix" "$rlib/pkgconfig/hpshard.pc" \
     || fail "[$kind] hpshard.pc does not say prefix=$prefix: $(grep '^prefix=' "$rlib/pkgconfig/hpshard.pc")"
