@@ -9,6 +9,7 @@
 #include <netdb.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +44,7 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override {
     throw_if_error(store_->set(key, std::string_view(data.data(), data.size())));
+    if (key == std::to_string(rank_)) remember_own_addresses(data);
   }
   std::vector<char> get(const std::string& key) override {
     auto value = store_->get(key, timeout_);
@@ -56,6 +58,14 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
   // pair for this rank, read from the peer's published addresses (key "<peer>": one per
   // other rank, this rank's at its place among them). Empty where not read.
   std::vector<std::string> take_peer_addresses() { return std::move(peer_addresses_); }
+
+  // The address this rank's pair for `peer` listens on (from this rank's published
+  // addresses); none before they are published, or where they do not parse. Any thread.
+  std::optional<sockaddr_storage> own_address_for(int32_t peer) const {
+    std::lock_guard lock(own_mutex_);
+    if (peer < 0 || static_cast<size_t>(peer) >= own_addresses_.size()) return std::nullopt;
+    return own_addresses_[static_cast<size_t>(peer)];
+  }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   // Always the communicator's timeout: Gloo passes its context's, which create() shortens
   // for the connections (see there), not for the waits for late ranks.
@@ -66,6 +76,25 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
  private:
   static void throw_if_error(const Status& s) {
     if (!s.ok()) throw ::gloo::IoException(s.to_string());
+  }
+  // Gloo publishes one address per other rank, in rank order, under this rank's number.
+  void remember_own_addresses(const std::vector<char>& all) {
+    if (size_ < 2 || all.size() % static_cast<size_t>(size_ - 1) != 0) return;
+    const size_t width = all.size() / static_cast<size_t>(size_ - 1);
+    std::vector<std::optional<sockaddr_storage>> own(static_cast<size_t>(size_));
+    for (int32_t peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      const size_t place = static_cast<size_t>(peer > rank_ ? peer - 1 : peer);
+      try {
+        const ::gloo::transport::tcp::Address address(
+            std::vector<char>(all.begin() + static_cast<std::ptrdiff_t>(place * width),
+                              all.begin() + static_cast<std::ptrdiff_t>((place + 1) * width)));
+        own[static_cast<size_t>(peer)] = address.getSockaddr();
+      } catch (const std::exception&) {
+      }
+    }
+    std::lock_guard lock(own_mutex_);
+    own_addresses_ = std::move(own);
   }
   void remember_address(const std::string& key, const std::vector<char>& all) {
     if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos || key.size() > 9 ||
@@ -99,6 +128,8 @@ class GlooStoreAdapter final : public ::gloo::rendezvous::Store {
   int32_t rank_;
   int32_t size_;
   std::vector<std::string> peer_addresses_;
+  mutable std::mutex own_mutex_;
+  std::vector<std::optional<sockaddr_storage>> own_addresses_;
 };
 
 // The rank whose address (see GlooStoreAdapter) a Gloo error names; -1 when none does.
@@ -193,16 +224,25 @@ class PeerWatch {
   // Reads the records published since the last call; ABORTED naming the peers that ended
   // before making their side of the communicator (one that made it may end at once: it
   // needs nothing more of the creation, and nothing here waits for it).
+  // Any thread (the creation's, and ConnectWatch's).
   Status check() {
-    read_new();
-    if (ended_peers(processes_, rank_).empty()) return Status::Ok();
-    std::vector<std::optional<host::Process>> making = processes_;
-    for (size_t r = 0; r < making.size(); ++r) {
-      if (making[r] && is_made(*store_, static_cast<int32_t>(r))) making[r].reset();
-    }
-    const std::string ended = ended_peers(making, rank_);
+    std::lock_guard lock(mutex_);
+    const std::string ended = ended_peers(still_making(), rank_);
     if (ended.empty()) return Status::Ok();
     return aborted(ended + " before the communicator was made");
+  }
+
+  // The ranks check() names. Any thread.
+  std::vector<int32_t> ended_ranks() {
+    std::lock_guard lock(mutex_);
+    const std::vector<std::optional<host::Process>> making = still_making();
+    std::vector<int32_t> ended;
+    for (size_t r = 0; r < making.size(); ++r) {
+      if (static_cast<int32_t>(r) != rank_ && making[r] && making[r]->ended()) {
+        ended.push_back(static_cast<int32_t>(r));
+      }
+    }
+    return ended;
   }
 
   // Marks this rank's side of the communicator made (its last write to the store).
@@ -210,6 +250,7 @@ class PeerWatch {
 
   // "2, 5": the peers that have published no record (not started, or ended before).
   std::string unpublished() {
+    std::lock_guard lock(mutex_);
     read_new();
     std::string missing;
     for (size_t r = 0; r < processes_.size(); ++r) {
@@ -221,11 +262,24 @@ class PeerWatch {
 
   // Every rank's process as read (after the connections every peer had published its own).
   std::vector<std::optional<host::Process>> take() {
+    std::lock_guard lock(mutex_);
     read_new();
     return std::move(processes_);
   }
 
  private:
+  // The processes read so far of the peers that have not marked their side made (under the
+  // lock).
+  std::vector<std::optional<host::Process>> still_making() {
+    read_new();
+    if (ended_peers(processes_, rank_).empty()) return {};
+    std::vector<std::optional<host::Process>> making = processes_;
+    for (size_t r = 0; r < making.size(); ++r) {
+      if (making[r] && is_made(*store_, static_cast<int32_t>(r))) making[r].reset();
+    }
+    return making;
+  }
+
   void read_new() {
     for (size_t r = 0; r < processes_.size(); ++r) {
       if (static_cast<int32_t>(r) == rank_ || processes_[r]) continue;
@@ -238,9 +292,65 @@ class PeerWatch {
     }
   }
 
+  std::mutex mutex_;
   std::shared_ptr<Store> store_;
   int32_t rank_;
   std::vector<std::optional<host::Process>> processes_;
+};
+
+// While Gloo connects the pairs: Gloo's pair that listens for a peer waits for it to connect
+// until the timeout, looking at nothing else. A peer of this host seen to have ended before
+// making its side gets, every 100 ms, a connection from here to that pair's listening socket
+// (which Gloo takes as the peer's, then sees closed), so the connect returns and the creation
+// names the peer (ABORTED) instead of timing out.
+class ConnectWatch {
+ public:
+  ConnectWatch(std::shared_ptr<PeerWatch> peers, const GlooStoreAdapter& adapter)
+      : peers_(std::move(peers)), adapter_(adapter), thread_([this] { run(); }) {}
+  ~ConnectWatch() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  ConnectWatch(const ConnectWatch&) = delete;
+  ConnectWatch& operator=(const ConnectWatch&) = delete;
+
+ private:
+  void run() {
+    std::vector<int32_t> woken;
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, Milliseconds(100), [this] { return stop_; })) {
+      lock.unlock();
+      for (const int32_t peer : peers_->ended_ranks()) {
+        if (std::find(woken.begin(), woken.end(), peer) != woken.end()) continue;
+        const std::optional<sockaddr_storage> own = adapter_.own_address_for(peer);
+        if (!own) continue;  // not published yet: Gloo waits for nothing of it so far
+        woken.push_back(peer);
+        connect_and_close(*own);
+      }
+      lock.lock();
+    }
+  }
+
+  static void connect_and_close(const sockaddr_storage& address) {
+    const int fd = ::socket(address.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    const socklen_t length =
+        address.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    // Refused where the pair does not listen (it connects to the peer, or is connected).
+    (void)::connect(fd, reinterpret_cast<const sockaddr*>(&address), length);
+    ::close(fd);
+  }
+
+  std::shared_ptr<PeerWatch> peers_;
+  const GlooStoreAdapter& adapter_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace
@@ -915,6 +1025,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     context->setTimeout(std::max(Milliseconds(1), options.timeout / 5));
     GlooStoreAdapter adapter(make_prefix_store(watched, "gloo"), options.timeout, rank, size);
     try {
+      ConnectWatch connecting(peers, adapter);
       context->connectFullMesh(adapter, device);
     } catch (const std::exception& e) {
       const std::string what = e.what();
@@ -922,6 +1033,9 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
       if (peer < 0) throw;
       throw std::runtime_error(connection_failed(peer, what));
     }
+    // A connect that ConnectWatch ended returned as if made: the peer's end says why.
+    const Status gone = peers->check();
+    if (!gone.ok()) throw std::runtime_error(gone.message());
     comm->peer_addresses_ = adapter.take_peer_addresses();
     context->setTimeout(options.timeout);
     comm->context_ = std::move(context);
@@ -952,8 +1066,9 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
       if (!agreed.ok()) throw std::runtime_error(agreed.to_string());
     }
     if (!comm->shm_ && options.check_arguments && size > 1) {
-      auto control = ControlMesh::create(*make_prefix_store(watched, "control"), rank, size,
-                                         device_host(), Clock::now() + options.timeout);
+      auto control =
+          ControlMesh::create(*make_prefix_store(watched, "control"), rank, size, device_host(),
+                              Clock::now() + options.timeout, [peers] { return peers->check(); });
       if (!control.ok()) throw std::runtime_error(control.status().to_string());
       comm->control_ = std::move(control).value();
     }

@@ -148,9 +148,9 @@ ControlMesh::~ControlMesh() {
   net::close_fd(wake_fd_);
 }
 
-StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t rank, int32_t size,
-                                                           const std::string& host,
-                                                           Clock::time_point deadline) {
+StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(
+    Store& store, int32_t rank, int32_t size, const std::string& host, Clock::time_point deadline,
+    const std::function<Status()>& still_ok) {
   std::unique_ptr<ControlMesh> mesh(new ControlMesh(rank, size));
   mesh->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (mesh->wake_fd_ < 0) return backend_error("eventfd: " + net::errno_message(errno));
@@ -202,7 +202,13 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t
     }
   }
   for (int32_t accepted = rank + 1; accepted < size;) {
-    if (!net::poll_until(listener.fd, POLLIN, deadline)) {
+    bool readable = false;
+    while (!readable && Clock::now() < deadline) {
+      readable = net::poll_until(listener.fd, POLLIN,
+                                 std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+      if (!readable && still_ok) HPS_RETURN_IF_ERROR(still_ok());
+    }
+    if (!readable) {
       return timeout_error("control connections: rank " + std::to_string(rank) + " accepted " +
                            std::to_string(accepted - rank - 1) + " of the " +
                            std::to_string(size - rank - 1) + " higher ranks before the timeout");

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,10 +34,12 @@ class ControlMesh {
   using Clock = std::chrono::steady_clock;
 
   // Collective over `store`: every rank listens on `host`, publishes its address, connects
-  // to every lower rank and accepts every higher one, by `deadline`.
-  static StatusOr<std::unique_ptr<ControlMesh>> create(Store& store, int32_t rank, int32_t size,
-                                                       const std::string& host,
-                                                       Clock::time_point deadline);
+  // to every lower rank and accepts every higher one, by `deadline`. While it waits to accept,
+  // `still_ok` (when given) is asked every 100 ms; its failure (a peer that ended) ends the
+  // creation with it.
+  static StatusOr<std::unique_ptr<ControlMesh>> create(
+      Store& store, int32_t rank, int32_t size, const std::string& host, Clock::time_point deadline,
+      const std::function<Status()>& still_ok = nullptr);
   ~ControlMesh();
   ControlMesh(const ControlMesh&) = delete;
   ControlMesh& operator=(const ControlMesh&) = delete;

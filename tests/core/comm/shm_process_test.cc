@@ -289,6 +289,63 @@ int made_then_exit(int32_t rank, const std::string& dir) {
   return 0;
 }
 
+// Ends its process (SIGKILL) `delay` after it has published one key: its Gloo addresses, or
+// its control connection's address.
+class DiesAfterPublishingStore final : public hps::ForwardingStore {
+ public:
+  DiesAfterPublishingStore(std::shared_ptr<hps::Store> inner, std::string suffix,
+                           std::chrono::milliseconds delay)
+      : ForwardingStore(std::move(inner)), suffix_(std::move(suffix)), delay_(delay) {}
+  hps::Status set(std::string_view key, std::string_view value) override {
+    hps::Status s = ForwardingStore::set(key, value);
+    if (key.size() >= suffix_.size() && key.substr(key.size() - suffix_.size()) == suffix_) {
+      std::this_thread::sleep_for(delay_);
+      raise(SIGKILL);
+    }
+    return s;
+  }
+
+ private:
+  std::string suffix_;
+  std::chrono::milliseconds delay_;
+};
+
+// kWorld ranks over TCP (argument check on: control connections); the last ends after
+// publishing `what` ("gloo": its Gloo addresses, half a second later, once the survivors have
+// read them and connect, so a survivor's pair listening for it waits inside Gloo's connect;
+// "control": its control address, at once, so survivors wait to accept it). The
+// survivors' creation must fail ABORTED naming it within seconds, not after the 20 s
+// timeout (both waited it out: the connect and the accept did not look at the peers'
+// processes).
+int ends_while_creating(int32_t rank, const std::string& dir, const std::string& what) {
+  using namespace hps;
+  auto store = open_store("file://" + dir, rank, std::chrono::seconds(30));
+  CHECK_OR_FAIL(store.ok(), "open_store: %s", store.status().to_string().c_str());
+  CommOptions options;
+  options.timeout = Milliseconds(20'000);
+  options.shared_memory = false;
+  options.check_arguments = true;
+  std::shared_ptr<Store> used = std::move(store).value();
+  if (rank == kWorld - 1) {
+    used = std::make_shared<DiesAfterPublishingStore>(
+        used, (what == "gloo" ? "gloo/" : "control/") + std::to_string(rank),
+        std::chrono::milliseconds(what == "gloo" ? 500 : 0));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto comm_or = create_communicator(used, rank, kWorld, Device::cpu(), options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const Status s = comm_or.status();
+  std::printf("ends while creating (%s): rank %d: %s after %.2f s\n", what.c_str(), rank,
+              s.to_string().c_str(), seconds);
+  std::fflush(stdout);
+  CHECK_OR_FAIL(s.code() == StatusCode::kAborted, "wanted ABORTED, got %s", s.to_string().c_str());
+  CHECK_OR_FAIL(s.message().find("rank " + std::to_string(kWorld - 1)) != std::string::npos,
+                "the message does not name rank %d: %s", kWorld - 1, s.message().c_str());
+  CHECK_OR_FAIL(seconds < 8, "took %.1f s", seconds);
+  return 0;
+}
+
 // Starts `world` copies of this program as `<exe> <flag> <rank> <scratch dir> <arg>` and
 // returns their wait statuses by rank (none when one could not start).
 std::vector<int> run_copies(const std::string& flag, int32_t world, const std::string& arg) {
@@ -363,6 +420,9 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::string(argv[1]) == "--ended-holding-sockets") {
     return ended_holding_sockets(std::atoi(argv[2]), argv[3], argv[4]);
   }
+  if (argc == 5 && std::string(argv[1]) == "--ends-while-creating") {
+    return ends_while_creating(std::atoi(argv[2]), argv[3], argv[4]);
+  }
   if (argc == 5 && std::string(argv[1]) == "--made-then-exit") {
     return made_then_exit(std::atoi(argv[2]), argv[3]);
   }
@@ -388,6 +448,23 @@ int main(int argc, char** argv) {
       }
     }
     ok = ok && statuses.size() == 2;
+  }
+  // Gloo's pairs listen or connect by their addresses' order: three runs make a survivor
+  // that listens for the rank that ended all but certain.
+  for (const char* what : {"gloo", "gloo", "gloo", "control"}) {
+    const std::vector<int> statuses = run_copies("--ends-while-creating", kWorld, what);
+    for (size_t r = 0; r < statuses.size(); ++r) {
+      const int status = statuses[r];
+      const bool ended = r + 1 == statuses.size()
+                             ? WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL
+                             : WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ended) {
+        std::fprintf(stderr, "a peer ended while creating (%s): rank %zu ended with 0x%x\n", what,
+                     r, status);
+        ok = false;
+      }
+    }
+    ok = ok && statuses.size() == static_cast<size_t>(kWorld);
   }
   for (const char* what : {"recv", "send", "all_reduce"}) {
     const std::vector<int> statuses = run_copies("--ended-holding-sockets", 2, what);
