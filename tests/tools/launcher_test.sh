@@ -5,7 +5,8 @@
 #         forward-stubborn | launcher-killed | timeout | early-exit | usage | store-fd |
 #         shm-cleanup | closed-fds | long-line | fd-limit | failed-rank-children | split-exit |
 #         group-killed | group-killed-early | stop-continue | terminal-input | blocked-output |
-#         line-64k | partial-line | reopen-tcp | reopen-file | killed-after-fork
+#         line-64k | partial-line | reopen-tcp | reopen-file | killed-after-fork |
+#         succeeded-rank-children
 #   killed-after-fork needs HPS_FORK_PAUSE_LIB (fork_pause.c built as a shared library).
 set -uo pipefail
 case_name=$1 run=$2 probe=$3
@@ -761,6 +762,26 @@ PY
     sleep 0.5
     running_command "sleep 28.5" kill && fail "the failed rank's child outlived the job"
     running_command "sleep 27.5" kill && fail "a rank's child outlived the job"
+    ;;
+  succeeded-rank-children)
+    # After a job that succeeded, what its ranks left running is stopped too: rank 0's
+    # child ends on SIGTERM, rank 1's ignores it and gets SIGKILL after the grace period
+    # (both outlived the job before).
+    start=$(now_ms)
+    "$run" -n 2 --grace 1 -- sh -c \
+      'if [ "$HPS_RANK" = 1 ]; then trap "" TERM; sleep 26.75 >/dev/null 2>&1 & else
+         sleep 26.25 >/dev/null 2>&1 & fi; exit 0' >"$work/out" 2>"$work/err"
+    rc=$?
+    elapsed=$(($(now_ms) - start))
+    [ $rc -eq 0 ] || fail "exit code $rc, expected 0"
+    grep -qF "stopping what ranks 0, 1 left running" "$work/err" || fail "the stop is not said"
+    [ $elapsed -lt 10000 ] || fail "took ${elapsed} ms"
+    sleep 0.3
+    running_command "sleep 26.25" kill && fail "rank 0's child outlived the job"
+    running_command "sleep 26.75" kill && fail "rank 1's child, ignoring SIGTERM, outlived the job"
+    # A job that left nothing ends as before, without a word about it.
+    "$run" -n 2 -- sh -c 'exit 0' >"$work/out" 2>"$work/err" || fail "a plain job failed"
+    grep -qF "left running" "$work/err" && fail "a job that left nothing was said to"
     ;;
   *)
     echo "unknown case $case_name"

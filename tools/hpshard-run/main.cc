@@ -591,8 +591,14 @@ class Launcher {
     store_fd_ = -1;
     if (started) code = supervise();
     // A failed or stopped job leaves nothing its ranks started (a failed rank's children
-    // were signalled with the others; what ignored that is killed now).
-    if (code != 0) stop_all(SIGKILL);
+    // were signalled with the others; what ignored that is killed now); after a job that
+    // succeeded, what a rank left running in its process group (a worker it did not wait
+    // for) gets SIGTERM, and SIGKILL after the grace period, as torchrun ends its workers.
+    if (code != 0) {
+      stop_all(SIGKILL);
+    } else {
+      end_what_the_ranks_left();
+    }
     stop_janitor();
     if (!store_dir_.empty()) {
       std::error_code ignored;
@@ -907,6 +913,36 @@ class Launcher {
   }
 
   bool sent_by_us(int signal) const { return sent_.count(signal) != 0; }
+
+  // Every rank has exited 0: the processes left in their groups are stopped.
+  void end_what_the_ranks_left() {
+    std::string left;
+    for (auto& p : ranks_) {
+      if (!p.group_alive) continue;
+      if (::kill(-p.pid, 0) != 0 && errno == ESRCH) {
+        p.group_alive = false;
+      } else {
+        left += (left.empty() ? "" : ", ") + std::to_string(p.rank);
+      }
+    }
+    if (left.empty()) return;
+    say("the job succeeded; stopping what rank" +
+        std::string(left.find(',') == std::string::npos ? " " : "s ") + left +
+        " left running (SIGTERM, then SIGKILL after " + seconds_text(options_.grace_s) + " s)");
+    stop_all(SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(options_.grace_s));
+    while (Clock::now() < deadline) {
+      bool alive = false;
+      for (auto& p : ranks_) {
+        if (p.group_alive && ::kill(-p.pid, 0) != 0 && errno == ESRCH) p.group_alive = false;
+        alive = alive || p.group_alive;
+      }
+      if (!alive) return;
+      ::usleep(20'000);
+    }
+    stop_all(SIGKILL);
+  }
 
   // Sends SIGTERM now and SIGKILL after the grace period to every rank still running.
   void begin_stop() {
