@@ -22,13 +22,7 @@ size_t page_rounded(size_t bytes) {
 
 }  // namespace
 
-StatusOr<bool> debug_views_from_env() {
-  HPS_ASSIGN_OR_RETURN(int64_t value, env_int("HPS_DEBUG_VIEWS", 0));
-  if (value != 0 && value != 1) {
-    return invalid_argument("HPS_DEBUG_VIEWS must be 0 or 1, not " + std::to_string(value));
-  }
-  return value == 1;
-}
+StatusOr<bool> debug_views_from_env() { return env_flag("HPS_DEBUG_VIEWS", false); }
 
 FullBuffer::~FullBuffer() {
   // Dropped without give_back (an engine torn down after synchronizing): no work uses it.

@@ -191,10 +191,13 @@ TEST(FullBufferPool, DebugViewsVariableIsChecked) {
   auto bad = debug_views_from_env();
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("HPS_DEBUG_VIEWS"), std::string::npos);
-  ::setenv("HPS_DEBUG_VIEWS", "2", 1);
-  bad = debug_views_from_env();
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("must be 0 or 1, not 2"), std::string::npos);
+  // A switch as every other: exactly 0 or 1 ("01" was taken for 1, "00" for 0).
+  for (const char* value : {"2", "01", "00", " 1"}) {
+    ::setenv("HPS_DEBUG_VIEWS", value, 1);
+    bad = debug_views_from_env();
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << value;
+    EXPECT_NE(bad.status().message().find("is not 0 or 1"), std::string::npos) << value;
+  }
   ::setenv("HPS_DEBUG_VIEWS", "1", 1);
   EXPECT_TRUE(*debug_views_from_env());
   ::unsetenv("HPS_DEBUG_VIEWS");
