@@ -439,6 +439,14 @@ StatusOr<std::shared_ptr<Store>> open_store(const std::string& url, int32_t rank
             "the job's store once per process and share it (or close it, and the "
             "communicators created over it, before opening it again)");
       }
+      if (!served.ok() && served.status().code() == StatusCode::kUnavailable &&
+          served.status().message().find("Address already in use") != std::string::npos) {
+        // Rank 0 serves the job's store: another process holds the port.
+        return unavailable(served.status().message() +
+                           " (as rank 0 this process serves the store " + shown_value(url) +
+                           ": another process holds its port, a second rank 0 of this job "
+                           "(rank set to 0 twice, e.g. HPS_RANK) or another program)");
+      }
       HPS_ASSIGN_OR_RETURN(store, std::move(served));
     } else {
       HPS_ASSIGN_OR_RETURN(store,

@@ -524,6 +524,21 @@ TEST(OpenStore, TcpUrlRankZeroServes) {
   }
 }
 
+// Rank 0 whose port another process holds (a second rank 0 of the job: HPS_RANK=0 given to
+// two ranks) is told so, not only "Address already in use" (launcher red team).
+TEST(OpenStore, RankZeroWhosePortIsHeldIsToldWhy) {
+  auto holder = net::listen_on("127.0.0.1", 0, 16);
+  ASSERT_TRUE(holder.ok());
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(holder->port);
+  auto rank0 = open_store(url, 0, seconds(5));
+  net::close_fd(holder->fd);
+  ASSERT_EQ(rank0.status().code(), StatusCode::kUnavailable) << rank0.status().to_string();
+  const std::string m = rank0.status().message();
+  EXPECT_NE(m.find("Address already in use"), std::string::npos) << m;
+  EXPECT_NE(m.find("a second rank 0 of this job"), std::string::npos) << m;
+  EXPECT_NE(m.find(url), std::string::npos) << m;
+}
+
 // The store a C API handle holds (open_store's job and prefix stores under an abortable
 // one): aborted, rank 0's serving store goes without waiting for a rank that never closes
 // its connection (a peer stopped, a program leaving on Ctrl-C); not aborted, it waits.
