@@ -58,11 +58,12 @@ constexpr int kSkip = 77;
 
 // This rank's communicator of `world` ranks over the file store in `dir`, or why the store or
 // the communicator could not be made.
-hps::StatusOr<std::unique_ptr<hps::Communicator>> connect(int32_t rank, const std::string& dir,
-                                                          int32_t world,
-                                                          const hps::CommOptions& options) {
+hps::StatusOr<std::unique_ptr<hps::Communicator>> connect(
+    int32_t rank, const std::string& dir, int32_t world, const hps::CommOptions& options,
+    std::shared_ptr<hps::Store>* store_out = nullptr) {
   auto store = hps::open_store("file://" + dir, rank, std::chrono::seconds(30));
   if (!store.ok()) return store.status();
+  if (store_out) *store_out = *store;
   return hps::create_communicator(*store, rank, world, hps::Device::cpu(), options);
 }
 
@@ -75,7 +76,8 @@ int child(int32_t rank, const std::string& dir, const std::string& mode) {
   options.shared_memory = shared_memory;
   options.shared_memory_direct = mode == "direct";
   options.shared_memory_slot_bytes = 64 * 1024;  // many rounds
-  auto comm_or = connect(rank, dir, kWorld, options);
+  std::shared_ptr<Store> store;
+  auto comm_or = connect(rank, dir, kWorld, options, &store);
   CHECK_OR_FAIL(comm_or.ok(), "connect: %s", comm_or.status().to_string().c_str());
   Communicator& comm = **comm_or;
   const std::string want = shared_memory ? "shm" : "tcp";
@@ -111,8 +113,17 @@ int child(int32_t rank, const std::string& dir, const std::string& mode) {
                   "reduce_scatter element %zu", i);
   }
 
-  // The last rank dies without a word; the others' next collective must end soon.
-  if (rank == kWorld - 1) raise(SIGKILL);
+  // The last rank dies without a word once every rank has checked the collectives above
+  // (dying as soon as its own reduce_scatter completed, it could fail a peer's still under
+  // way: the first rank to see it gone fails and its peers' operations fail with it); the
+  // others' next collective must end soon.
+  if (rank == kWorld - 1) {
+    std::vector<std::string> checked;
+    for (int32_t r = 0; r + 1 < kWorld; ++r) checked.push_back("checked/" + std::to_string(r));
+    CHECK_OR_FAIL(store->wait(checked, std::chrono::seconds(60)).ok(), "the others' checks");
+    raise(SIGKILL);
+  }
+  CHECK_OR_FAIL(store->set("checked/" + std::to_string(rank), "1").ok(), "set checked");
   const auto start = std::chrono::steady_clock::now();
   w = comm.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
   CHECK_OR_FAIL(w.ok(), "enqueue after the kill: %s", w.status().to_string().c_str());
