@@ -236,20 +236,28 @@ class Handle:
         self._idle = threading.Condition(self._lock)
         self._closing: Any = None  # the handle while close() waits (abort() reaches it)
 
-    @contextlib.contextmanager
-    def _using(self) -> Iterator[Any]:
-        """The C handle for one call, counted: a close meanwhile waits for it to return
-        (the library's call would otherwise run in freed memory)."""
+    def _enter(self) -> Any:
+        """The C handle for one call, counted until :meth:`_leave`: a close meanwhile waits
+        for it to return (the library's call would otherwise run in freed memory)."""
         with self._lock:
             h = self._h()
             self._in_use += 1
+            return h
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_use -= 1
+            if self._in_use == 0:
+                self._idle.notify_all()
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[Any]:
+        """:meth:`_enter` / :meth:`_leave` around a block."""
+        h = self._enter()
         try:
             yield h
         finally:
-            with self._lock:
-                self._in_use -= 1
-                if self._in_use == 0:
-                    self._idle.notify_all()
+            self._leave()
 
     def _wait_for_calls(self) -> None:
         """Under the lock (close holds it): until no call of _using() is under way."""
@@ -327,7 +335,7 @@ _Handle = Handle  # the name older code used
 
 
 class _CountedCalls:
-    """A handle's C methods, each call counted as :meth:`Handle._using` counts it: a close
+    """A handle's C methods, each call counted (:meth:`Handle._enter`): a close
     on another thread waits for the call to return before the C handle goes."""
 
     __slots__ = ("_owner",)
@@ -339,8 +347,11 @@ class _CountedCalls:
         owner = self._owner
 
         def call(*args: Any) -> Any:
-            with owner._using() as h:
+            h = owner._enter()
+            try:
                 return getattr(h, name)(*args)
+            finally:
+                owner._leave()
 
         return call
 
