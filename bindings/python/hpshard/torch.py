@@ -60,7 +60,11 @@ it over a copy of its parameters, so a kept graph stays right after the release;
 parameter used outside its unit inside a checkpointed region is not caught); with
 ``use_reentrant=True`` a parameter used by two checkpointed calls raises (each call
 completes its gradient once; use ``use_reentrant=False``). Evaluation under
-``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. A backward
+``torch.no_grad()`` or ``torch.inference_mode()`` between steps changes nothing. The wrapped
+module, or a unit, called directly (``net(x)`` where ``model(x)`` belongs, as a DDP user may
+keep the inner module) raises: only the ShardedModule's forward waits for the last step's
+all-gathers and gathers the parameters outside every unit; inside :meth:`full_parameters`
+it may be called under ``torch.no_grad()``. A backward
 of a graph kept across ``step()`` (``retain_graph=True``) raises where it starts, before it
 adds any gradient, as torch's version check refuses it after ``optimizer.step()``; a
 forward given an output of a forward before the last ``step()`` (a recurrent state not
@@ -1137,10 +1141,13 @@ class ShardedModule(torch.nn.Module):
         registered before or after wrapping read its parameters): the gather is moved to the
         front of its pre-hooks, and each forward moves the release to the end."""
         for u, m in zip(self._units_named(), self._unit_modules_of()):
-            post = m.register_forward_hook(self._make_post_forward(u))
+            post = m.register_forward_hook(self._make_post_forward(u, m))
             pre = m.register_forward_pre_hook(self._make_pre_forward(u, m, post.id))
             m._forward_pre_hooks.move_to_end(pre.id, last=False)
             self._hooks += [pre, post]
+        root = self.module.register_forward_pre_hook(self._make_root_pre_forward())
+        self.module._forward_pre_hooks.move_to_end(root.id, last=False)
+        self._hooks.append(root)
 
     def _units_named(self) -> List[_Unit]:
         return [u for u in self._units if u.uid != 0]
@@ -1404,13 +1411,49 @@ class ShardedModule(torch.nn.Module):
 
     def _make_pre_forward(self, u: _Unit, m: torch.nn.Module, release: int):
         def hook(module, args):
+            if module is not m:
+                return  # a copy of the module (copy.deepcopy keeps its hooks): not this unit
+            self._check_called_through_wrapper("a unit's module (" + type(m).__name__ + ")")
             if release in m._forward_hooks:  # last: torch takes the hooks after the forward
                 m._forward_hooks.move_to_end(release)
             self._begin_forward(u)
         return hook
 
-    def _make_post_forward(self, u: _Unit):
+    def _make_root_pre_forward(self):
+        root = self.module
+
+        def hook(module, args):
+            if module is root:  # not a copy of it (copy.deepcopy keeps its hooks)
+                self._check_called_through_wrapper("the wrapped module")
+        return hook
+
+    def _check_called_through_wrapper(self, what: str) -> None:
+        """Refuses a forward of the wrapped module, or of a unit, that is not under the
+        ShardedModule's (``net(x)`` where ``model(x)`` belongs): only its forward waits for the
+        step's all-gathers (stage 2) and gathers the parameters outside every unit (stage 3),
+        so such a forward would read stale values or zeros, and train on them unseen."""
+        if self._units[0].forward_depth:
+            return
+        if self._full is not None:
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"hpshard.torch: {what} was called with gradients enabled inside "
+                    "full_parameters(); it evaluates only: run it under torch.no_grad() or "
+                    "torch.inference_mode(), and train outside it through the ShardedModule")
+            return
+        if self._backward_active or _inside_backward():
+            return  # a recomputation (torch.utils.checkpoint), gathered by _begin_forward
+        raise RuntimeError(
+            f"hpshard.torch: {what} was called directly, not through the ShardedModule: "
+            "call the ShardedModule (model(x), not model.module(x) or the module it wrapped), "
+            "whose forward gathers the parameters and waits for the last step's updates; "
+            "inside full_parameters() the wrapped module may be called under "
+            "torch.no_grad()")
+
+    def _make_post_forward(self, u: _Unit, m: torch.nn.Module):
         def hook(module, args, output):
+            if module is not m:
+                return None  # a copy of the module: not this unit
             return self._end_forward(u, output)
         return hook
 

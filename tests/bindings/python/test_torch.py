@@ -922,6 +922,47 @@ def test_released_parameters_read_as_zeros_and_a_failed_backward_does_not_wedge(
         assert len(losses) == 2 and all(l == l for l in losses)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_wrapped_module_called_directly_is_refused_not_trained_on_stale_values(stage):
+    import copy
+
+    # A DDP user keeps the inner module and calls it: only the ShardedModule's forward waits
+    # for the step's all-gathers (stage 2) and gathers the parameters outside every unit
+    # (stage 3); such calls trained silently on stale values (stage 2) or zeros (stage 3).
+    def rank_main(rank, world):
+        with wrap(world, stage) as model:
+            net = model.module
+            x, y = batch(0)
+            x, y = shard_of(x, rank, 2), shard_of(y, rank, 2)
+            with pytest.raises(RuntimeError, match="called directly, not through the Sharded"):
+                net(x, y)
+            with pytest.raises(RuntimeError, match="a unit's module .* called directly"):
+                net.blocks[0](x)
+            with torch.no_grad(), pytest.raises(RuntimeError, match="called directly"):
+                net(x, y)  # not under full_parameters(): still refused
+            model(x, y).backward()
+            model.step()
+            with pytest.raises(RuntimeError, match="called directly"):
+                net(x, y)  # the step's all-gathers may still be under way
+            with model.full_parameters():
+                with torch.no_grad():
+                    direct = float(net(x, y))  # every parameter is whole here
+                    through = float(model(x, y))
+                with pytest.raises(RuntimeError, match="gradients enabled inside full_param"):
+                    net(x, y)
+                ema = copy.deepcopy(net)  # keeps the hooks' entries: they pass a copy by
+            assert direct == through
+            with torch.no_grad():
+                assert float(ema(x, y)) == direct  # a copy is a plain module of its own
+            loss = model(x, y)  # and training goes on
+            loss.backward()
+            model.step()
+            return float(loss)
+
+    for loss in run_ranks(2, rank_main):
+        assert loss == loss
+
+
 @pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
 @pytest.mark.parametrize("stage", [2, 3])
 def test_backward_with_create_graph_trains_as_a_plain_backward(stage):
