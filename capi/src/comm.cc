@@ -15,11 +15,11 @@ using hps::capi::raw_enum;
 
 namespace {
 
-hps::StatusOr<hps::DType> to_dtype(hps_dtype_t dtype) {
+hps::StatusOr<hps::DType> to_dtype(const hps_dtype_t& dtype) {
   return hps::dtype_from_int(raw_enum(dtype));
 }
 
-hps::StatusOr<hps::ReduceOp> to_op(hps_reduce_op_t op) {
+hps::StatusOr<hps::ReduceOp> to_op(const hps_reduce_op_t& op) {
   return hps::reduce_op_from_int(raw_enum(op));
 }
 

@@ -34,7 +34,7 @@ hps::StatusOr<std::array<hps::Axis, hps::kAxisCount>> parse_order(const char* or
   return axes;
 }
 
-hps::StatusOr<hps::Axis> to_axis(hps_group_t axis) {
+hps::StatusOr<hps::Axis> to_axis(const hps_group_t& axis) {
   const int32_t raw = raw_enum(axis);
   if (raw < 0 || raw >= hps::kAxisCount) {
     return hps::invalid_argument("group " + std::to_string(raw) + " is not an axis (0=dp .. 4=mp)");

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "core/comm/agreement.h"
@@ -124,6 +126,30 @@ Status HybridClip::add_tensor(const ClipTensor& tensor) {
     return invalid_argument("clip: tensor " + std::to_string(tensors_.size()) + " has count " +
                             std::to_string(tensor.count) + ", whose byte size overflows");
   }
+  const auto start = reinterpret_cast<uintptr_t>(tensor.data);
+  if (tensor.count > 0 && start % element != 0) {
+    return invalid_argument("clip: tensor " + std::to_string(tensors_.size()) +
+                            " is not aligned to its " + std::string(dtype_name(tensor.dtype)) +
+                            " elements (" + std::to_string(element) + " bytes)");
+  }
+  // A gradient registered twice, or two that share memory, would be counted twice in the norm
+  // and scaled twice.
+  const uint64_t bytes = tensor.count * element;
+  if (tensor.count > 0 && start > std::numeric_limits<uintptr_t>::max() - bytes) {
+    return invalid_argument("clip: tensor " + std::to_string(tensors_.size()) +
+                            " runs past the end of the address space");
+  }
+  for (size_t i = 0; i < tensors_.size() && tensor.count > 0; ++i) {
+    const ClipTensor& t = tensors_[i];
+    const auto s = reinterpret_cast<uintptr_t>(t.data);
+    const uint64_t b = t.count * dtype_size(t.dtype);
+    if (b > 0 && start < s + b && s < start + bytes) {
+      return invalid_argument("clip: tensor " + std::to_string(tensors_.size()) +
+                              " overlaps tensor " + std::to_string(i) +
+                              " (registered already): its elements would be counted and scaled "
+                              "twice");
+    }
+  }
   tensors_.push_back(tensor);
   return Status::Ok();
 }
@@ -157,7 +183,8 @@ Status HybridClip::seal() {
       if (all[r] != mine) {
         mismatch = invalid_argument(
             "clip: ranks of the mp group registered different gradients or flags (this rank: " +
-            std::to_string(tensors_.size()) + " tensors; mp rank " + std::to_string(r) +
+            std::to_string(tensors_.size()) + " tensors; mp " +
+            mp_->rank_names()(static_cast<int32_t>(r)) +
             " differs); is_distributed, need_clip and shared_not_first must match across mp");
       }
     }

@@ -34,12 +34,24 @@ HPS_INLINE T min_of(T a, T b) {
   }
 }
 
+// Integer sums wrap around (two's complement, as NCCL's): added as unsigned, whose overflow
+// is defined, where a signed overflow would be undefined.
+template <typename T>
+HPS_INLINE T add(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
+
 template <typename T>
 HPS_INLINE void reduce_typed(ReduceOp op, T* out, const T* a, const T* b, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] + b[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = add(a[i], b[i]);
       return;
     case ReduceOp::kMax:
       for (size_t i = 0; i < n; ++i) out[i] = max_of(a[i], b[i]);

@@ -1,6 +1,8 @@
 #include "core/device/stream.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <thread>
 
@@ -69,6 +71,25 @@ Status copy_to_host(Stream& stream, void* host, const void* device, size_t bytes
     return recorded;
   }
   return done->synchronize_uncounted();
+}
+
+Status check_copy_regions(const void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr || src == nullptr) {
+    return invalid_argument("memcpy_async: null pointer with a non-zero size");
+  }
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  const uintptr_t last = std::numeric_limits<uintptr_t>::max() - (bytes - 1);
+  if (d > last || s > last) {
+    return invalid_argument("memcpy_async: " + std::to_string(bytes) + " bytes at " +
+                            (d > last ? "dst" : "src") + " run past the end of the address space");
+  }
+  if (d < s + bytes && s < d + bytes) {
+    return invalid_argument("memcpy_async: dst and src overlap (" + std::to_string(bytes) +
+                            " bytes, " + std::to_string(d > s ? d - s : s - d) +
+                            " apart); copy through a separate buffer");
+  }
+  return Status::Ok();
 }
 
 Status check_same_device(const Stream& stream, const Event& event, const char* operation) {

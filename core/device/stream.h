@@ -37,7 +37,8 @@ class Stream {
   // that took an asynchronous error (wait_for_outcome) since its last synchronize() returns
   // it, after everything has completed.
   virtual Status synchronize() = 0;
-  // Enqueues a copy of `bytes` bytes; the regions must stay valid until it completes.
+  // Enqueues a copy of `bytes` bytes; the regions must stay valid until it completes, and
+  // must not overlap (check_copy_regions: INVALID_ARGUMENT, nothing enqueued).
   // Either side may be host memory (on CUDA through unified addressing); a copy into host
   // memory is complete only when the stream gets there (read it after an event or
   // synchronize()).
@@ -86,5 +87,9 @@ Status copy_to_host(Stream& stream, void* host, const void* device, size_t bytes
 
 // Shared argument checks of the implementations.
 Status check_same_device(const Stream& stream, const Event& event, const char* operation);
+// memcpy_async's regions: INVALID_ARGUMENT when `bytes` > 0 and a pointer is null, a region
+// runs past the end of the address space, or the two overlap (the copy's result would
+// depend on its direction).
+Status check_copy_regions(const void* dst, const void* src, size_t bytes);
 
 }  // namespace hps

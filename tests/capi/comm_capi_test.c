@@ -175,6 +175,16 @@ static void* rank_main(void* p) {
   CHECK(hps_comm_all_reduce(comm, in, out, 8, HPS_DTYPE_FLOAT32, (hps_reduce_op_t)9, NULL, &work) ==
         HPS_STATUS_INVALID_ARGUMENT);
   CHECK(strstr(hps_last_error_message(), "unknown reduction 9") != NULL);
+  /* Negative values, outside the enums' ranges: refused, never loaded as the enum type (the
+     sanitizer build's UBSan checks that). */
+  CHECK(hps_comm_all_reduce(comm, in, out, 8, (hps_dtype_t)-2, HPS_REDUCE_SUM, NULL, &work) ==
+        HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_comm_all_reduce(comm, in, out, 8, HPS_DTYPE_FLOAT32, (hps_reduce_op_t)-2, NULL,
+                            &work) == HPS_STATUS_INVALID_ARGUMENT);
+  /* A buffer not aligned to its elements is refused, nothing sent. */
+  CHECK(hps_comm_all_reduce(comm, (const char*)in + 1, out, 4, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM,
+                            NULL, &work) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(strstr(hps_last_error_message(), "not aligned") != NULL);
   CHECK(hps_comm_broadcast(comm, &value, 1, HPS_DTYPE_INT32, kWorld, NULL, &work) ==
         HPS_STATUS_OUT_OF_RANGE);
   CHECK(hps_comm_all_reduce(comm, NULL, out, 8, HPS_DTYPE_FLOAT32, HPS_REDUCE_SUM, NULL, &work) ==
@@ -436,6 +446,7 @@ static void test_topology(void) {
   CHECK(prev == 7 && next == 7);
   CHECK(hps_topology_coordinate(t, 8, HPS_GROUP_DP, &v) == HPS_STATUS_OUT_OF_RANGE);
   CHECK(hps_topology_degree(t, HPS_GROUP_CHECK, &v) == HPS_STATUS_INVALID_ARGUMENT);
+  CHECK(hps_topology_degree(t, (hps_group_t)-2, &v) == HPS_STATUS_INVALID_ARGUMENT);
   CHECK_OK(hps_topology_destroy(t));
   CHECK_OK(hps_topology_create(1, 1, 2, 1, 2, "mp,sharding,dp,pp,sep", 4, &t));
   CHECK_OK(hps_topology_group_ranks(t, HPS_GROUP_SHARDING, 0, ranks, 8, &n));

@@ -192,10 +192,8 @@ Status CpuStream::synchronize() {
 }
 
 Status HostQueue::memcpy_async(void* dst, const void* src, size_t bytes) {
+  HPS_RETURN_IF_ERROR(check_copy_regions(dst, src, bytes));
   if (bytes == 0) return Status::Ok();
-  if (dst == nullptr || src == nullptr) {
-    return invalid_argument("memcpy_async: null pointer with a non-zero size");
-  }
   enqueue([dst, src, bytes] { std::memcpy(dst, src, bytes); }, "copy");
   return Status::Ok();
 }

@@ -37,10 +37,8 @@ Status CudaStream::synchronize() {
 }
 
 Status CudaStream::memcpy_async(void* dst, const void* src, size_t bytes) {
+  HPS_RETURN_IF_ERROR(check_copy_regions(dst, src, bytes));
   if (bytes == 0) return Status::Ok();
-  if (dst == nullptr || src == nullptr) {
-    return invalid_argument("memcpy_async: null pointer with a non-zero size");
-  }
   return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_),
                      "cudaMemcpyAsync");
 }

@@ -253,7 +253,25 @@ TEST(HybridClipEdges, BadInputIsRefusedAndChangesNothing) {
   int32_t ints[4] = {1, 2, 3, 4};
   EXPECT_EQ(clip->add_tensor({ints, 4, DType::kInt32}).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(clip->add_tensor({nullptr, 4, DType::kFloat32}).code(), StatusCode::kInvalidArgument);
+  // Not aligned to its elements: the kernels load whole elements.
+  alignas(8) unsigned char raw[64] = {};
+  const Status unaligned = clip->add_tensor({raw + 1, 2, DType::kFloat32});
+  EXPECT_EQ(unaligned.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unaligned.message().find("not aligned"), std::string::npos) << unaligned.message();
   EXPECT_EQ(clip->tensor_count(), 0u);
+  // Memory registered twice, or shared by two gradients, would be counted and scaled twice.
+  float grads[8] = {};
+  ASSERT_TRUE(clip->add_tensor({grads, 4, DType::kFloat32}).ok());
+  const Status twice = clip->add_tensor({grads, 4, DType::kFloat32});
+  EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.message().find("tensor 1 overlaps tensor 0"), std::string::npos)
+      << twice.message();
+  EXPECT_EQ(clip->add_tensor({grads + 3, 2, DType::kFloat32}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(clip->add_tensor({grads, 8, DType::kBFloat16}).code(), StatusCode::kInvalidArgument);
+  // Adjacent is not overlapping; an empty gradient overlaps nothing.
+  EXPECT_TRUE(clip->add_tensor({grads + 4, 4, DType::kFloat32}).ok());
+  EXPECT_TRUE(clip->add_tensor({grads, 0, DType::kFloat32}).ok());
+  EXPECT_EQ(clip->tensor_count(), 3u);
   auto stream = std::move(create_stream(Device::cpu())).value();
   EXPECT_EQ(clip->run(*stream, nullptr).code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(clip->seal().ok());

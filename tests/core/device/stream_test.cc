@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <future>
+#include <limits>
 #include <numeric>
 #include <stop_token>
 #include <thread>
@@ -367,6 +369,28 @@ TEST(CpuStream, MemcpyRejectsNullWithBytes) {
   EXPECT_EQ(stream->memcpy_async(nullptr, buffer, 4).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(stream->memcpy_async(buffer, nullptr, 4).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(stream->memcpy_async(nullptr, nullptr, 0).ok());
+}
+
+// Regions that overlap, or run past the end of the address space, are refused with nothing
+// enqueued (they reached std::memcpy on the stream's thread: ASan's memcpy-param-overlap).
+TEST(CpuStream, MemcpyRejectsOverlappingAndWrappingRegions) {
+  auto stream = make_stream();
+  char buffer[16] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const Status overlap = stream->memcpy_async(buffer + 2, buffer, 8);
+  EXPECT_EQ(overlap.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.message().find("overlap"), std::string::npos) << overlap.message();
+  EXPECT_EQ(stream->memcpy_async(buffer, buffer, 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(stream->memcpy_async(buffer, buffer + 2, 4).code(), StatusCode::kInvalidArgument);
+  auto* top = reinterpret_cast<char*>(std::numeric_limits<uintptr_t>::max() - 3);
+  const Status wraps = stream->memcpy_async(buffer, top, 8);
+  EXPECT_EQ(wraps.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wraps.message().find("past the end of the address space"), std::string::npos)
+      << wraps.message();
+  // Adjacent regions are apart.
+  ASSERT_TRUE(stream->memcpy_async(buffer + 8, buffer, 8).ok());
+  ASSERT_TRUE(stream->synchronize().ok());
+  EXPECT_EQ(buffer[8], 1);
+  EXPECT_EQ(buffer[15], 8);
 }
 
 TEST(CpuStream, DestructorFinishesQueuedWork) {
