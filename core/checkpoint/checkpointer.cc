@@ -952,10 +952,12 @@ Status Checkpointer::publish(SaveJob& job, const std::vector<std::string>& repor
   for (size_t r = 0; r < reports.size(); ++r) {
     const json rj = json::parse(reports[r], nullptr, false);
     if (rj.is_discarded() || !rj.is_object()) {
-      return internal_error("checkpoint: rank " + std::to_string(r) + " sent a garbled report");
+      return internal_error("checkpoint: " + comm_->rank_names()(static_cast<int32_t>(r)) +
+                            " sent a garbled report");
     }
-    HPS_RETURN_IF_ERROR(decode(rj.at("status").get<std::string>(),
-                               "checkpoint: rank " + std::to_string(r) + " failed to write: "));
+    HPS_RETURN_IF_ERROR(decode(
+        rj.at("status").get<std::string>(),
+        "checkpoint: " + comm_->rank_names()(static_cast<int32_t>(r)) + " failed to write: "));
     const uint64_t bytes = rj.at("file_bytes").get<uint64_t>();
     const uint32_t file = static_cast<uint32_t>(m.files.size());
     if (bytes > 0)
@@ -1121,8 +1123,9 @@ Status Checkpointer::agree(const Status& local, const char* what, const std::str
   if (!local.ok()) return local;
   for (size_t r = 0; r < all.size(); ++r) {
     if (!starts_with(all[r], "ok\n")) {
-      return decode(all[r], std::string("checkpoint: ") + what + " failed on rank " +
-                                std::to_string(r) + ", so no rank changed its engine: ");
+      return decode(all[r], std::string("checkpoint: ") + what + " failed on " +
+                                comm_->rank_names()(static_cast<int32_t>(r)) +
+                                ", so no rank changed its engine: ");
     }
   }
   // Each rank's three fields; a rank that sent no separators names only a source.

@@ -103,6 +103,12 @@ Status check_buffer(const CommArgs& a, const char* which, const void* pointer, s
     return invalid_argument(std::string(a.operation) + " on group '" + a.group + "': " + which +
                             " is null with count " + std::to_string(count));
   }
+  // The reductions and copies load and store whole elements.
+  if (count > 0 && reinterpret_cast<uintptr_t>(pointer) % element != 0) {
+    return invalid_argument(std::string(a.operation) + " on group '" + a.group + "': " + which +
+                            " is not aligned to its " + std::string(dtype_name(dtype)) +
+                            " elements (" + std::to_string(element) + " bytes)");
+  }
   return Status::Ok();
 }
 
@@ -175,12 +181,12 @@ std::string describe(const CollectiveDescriptor& d) {
 }  // namespace
 
 Status check_agreement(const std::string& place, const CollectiveDescriptor& mine,
-                       const CollectiveDescriptor* all, int32_t size) {
+                       const CollectiveDescriptor* all, int32_t size, const RankNames& names) {
   std::string differences;
   for (int32_t r = 0; r < size; ++r) {
     const CollectiveDescriptor& d = all[r];
     if (std::memcmp(&d, &mine, sizeof(d)) == 0) continue;
-    differences += "; rank " + std::to_string(r) + " called " + describe(d);
+    differences += "; " + names(r) + " called " + describe(d);
   }
   if (differences.empty()) return Status::Ok();
   return invalid_argument((place.empty() ? std::string() : place + ": ") +
@@ -219,6 +225,19 @@ StatusOr<std::unique_ptr<Communicator>> create_communicator(std::shared_ptr<Stor
                             std::to_string(options.shared_memory_slot_bytes) +
                             " bytes are larger than the limit of " +
                             std::to_string(shm::kMaxSlotBytes));
+  }
+  if (!options.world_ranks.empty() && options.world_ranks.size() != static_cast<size_t>(size)) {
+    return invalid_argument(
+        "create_communicator: the world rank list (CommOptions::world_ranks) has " +
+        std::to_string(options.world_ranks.size()) + " ranks for a group of " +
+        std::to_string(size));
+  }
+  for (const int32_t w : options.world_ranks) {
+    if (w < 0) {
+      return invalid_argument(
+          "create_communicator: the world rank list (CommOptions::world_ranks) holds " +
+          std::to_string(w) + ", which is no rank");
+    }
   }
   HPS_RETURN_IF_ERROR(check_device(device));
   if (device.type == DeviceType::kCpu) {
@@ -472,8 +491,10 @@ Status check_same_split_lists(Communicator& comm, const int32_t* ranks, uint64_t
   const std::string theirs =
       shown_rank_list(lists->data() + first_other * width, summary(first_other).first, comm.size());
   const std::string first = shown_rank_list(lists->data(), summary(0).first, comm.size());
-  std::string message = what + ": rank " + std::to_string(first_other) + " gave " +
-                        (theirs[0] == '[' ? "ranks " : "") + theirs + ", rank 0 gave " + first;
+  const RankNames& names = comm.rank_names();
+  std::string message = what + ": " + names(static_cast<int32_t>(first_other)) + " gave " +
+                        (theirs[0] == '[' ? "ranks " : "") + theirs + ", " + names(0) + " gave " +
+                        first;
   if (theirs == first) message += " (they differ after the first " + std::to_string(width) + ")";
   if (others > 1) {
     message += " (" + std::to_string(others) + " of the " + std::to_string(size) +
@@ -521,8 +542,9 @@ StatusOr<std::unique_ptr<Communicator>> Communicator::split(const int32_t* ranks
                             " is more than the group's " + std::to_string(size()) + " ranks");
   }
   HPS_RETURN_IF_ERROR(check_split_list(*this, ranks, count));
-  HPS_ASSIGN_OR_RETURN(auto part,
-                       split_group(std::vector<int32_t>(ranks, ranks + count), std::move(name)));
+  std::vector<int32_t> members(ranks, ranks + count);
+  std::vector<int32_t> world_ranks = rank_names_.world_of(members);
+  HPS_ASSIGN_OR_RETURN(auto part, split_group(members, std::move(name), std::move(world_ranks)));
   if (part) tie(*part);
   return part;
 }

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/comm/rank_names.h"
 #include "core/comm/store.h"
 #include "core/comm/work.h"
 #include "core/common/dtype.h"
@@ -63,7 +64,9 @@ struct CommOptions {
   std::string name = "world";
   // Before each collective, ranks exchange a small descriptor (operation, dtype, count,
   // root, sequence number) so mismatched calls fail on every rank with nothing sent.
-  // Costs one small all-gather per collective. Default from HPS_COMM_CHECK (1 = on).
+  // Costs one small all-gather per collective over TCP; over shared memory the descriptor
+  // rides in the collective's first round and is compared whatever this says. Default from
+  // HPS_COMM_CHECK (1 = on).
   bool check_arguments = true;
   // CPU groups whose ranks all run on one host (processes or threads) move collective
   // data through a shared-memory segment instead of TCP (send / recv stay on TCP). The
@@ -79,6 +82,10 @@ struct CommOptions {
   // they go through the staging slots. Default from HPS_COMM_SHM_DIRECT (1 = on; 0 keeps
   // every collective in the slots).
   bool shared_memory_direct = true;
+  // The job's number (world rank) of each of the group's ranks, for messages about peers:
+  // "rank 0 (world rank 2)" (RankNames). Empty: the group's numbers are the world's. A split
+  // sets it for the group it makes; one of another length than the group is INVALID_ARGUMENT.
+  std::vector<int32_t> world_ranks;
 };
 
 // Reads HPS_COMM_TIMEOUT_MS (1 ms to a year), HPS_COMM_CHECK, HPS_COMM_SHM and
@@ -101,6 +108,8 @@ class Communicator {
   virtual int32_t size() const = 0;
   virtual Device device() const = 0;
   virtual const std::string& name() const = 0;
+  // How messages name this group's ranks (CommOptions::world_ranks).
+  const RankNames& rank_names() const { return rank_names_; }
   // How collectives move data: "shm" (one host, shared memory), "tcp" (Gloo), "nccl",
   // "self" (a CPU group of one rank in a build without Gloo: nothing moves).
   virtual std::string_view transport() const = 0;
@@ -208,9 +217,12 @@ class Communicator {
   void set_topology_axis(std::string axis) { topology_axis_ = std::move(axis); }
 
  protected:
-  // The backend's split (see split()).
+  // The backend's split (see split()). `world_ranks`: the new group's CommOptions::world_ranks.
   virtual StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
-                                                              std::string name) = 0;
+                                                              std::string name,
+                                                              std::vector<int32_t> world_ranks) = 0;
+  // A backend's constructor sets it from its CommOptions::world_ranks.
+  void set_rank_names(RankNames names) { rank_names_ = std::move(names); }
   // The backend's abort of its own operations (see abort()).
   virtual void abort_operations() = 0;
   // The backend's fail() (see there): records `cause` as its failure unless it has one and
@@ -238,6 +250,7 @@ class Communicator {
   void abort_tree(std::vector<std::pair<std::shared_ptr<AbortNode>, Status>>& aborts);
   std::shared_ptr<AbortNode> abort_node_;
   std::string topology_axis_;
+  RankNames rank_names_;
 };
 
 // INVALID_ARGUMENT ("<who>: the <axis> communicator is the hybrid topology's '<other>'

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/comm/rank_names.h"
 #include "core/common/status.h"
 
 namespace hps {
@@ -29,8 +30,8 @@ enum CollectiveKind : int32_t {
 };
 
 // OK when all `size` descriptors equal `mine`; otherwise INVALID_ARGUMENT at `place`
-// listing what each disagreeing rank called.
+// listing what each disagreeing rank (named by `names`) called.
 Status check_agreement(const std::string& place, const CollectiveDescriptor& mine,
-                       const CollectiveDescriptor* all, int32_t size);
+                       const CollectiveDescriptor* all, int32_t size, const RankNames& names);
 
 }  // namespace hps

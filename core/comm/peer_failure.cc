@@ -22,8 +22,9 @@ std::string reason_received(std::string_view bytes) {
   return reason;
 }
 
-std::string peer_failed_text(int32_t peer, std::string_view reason) {
-  std::string text = "rank " + std::to_string(peer) + " failed an earlier operation";
+std::string peer_failed_text(std::string_view peer, std::string_view reason) {
+  std::string text(peer);
+  text += " failed an earlier operation";
   if (!reason.empty()) {
     text += " (its error: ";
     text += reason;
@@ -32,8 +33,8 @@ std::string peer_failed_text(int32_t peer, std::string_view reason) {
   return text;
 }
 
-std::string peer_aborted_text(int32_t peer) {
-  return "rank " + std::to_string(peer) + " aborted the communicator";
+std::string peer_aborted_text(std::string_view peer) {
+  return std::string(peer) + " aborted the communicator";
 }
 
 }  // namespace hps

@@ -19,10 +19,10 @@ std::string reason_to_send(std::string_view why);
 // (and bytes past ASCII unless the whole is UTF-8) replaced by '?'.
 std::string reason_received(std::string_view bytes);
 
-// "rank 1 failed an earlier operation (its error: ...)"; without the parenthesis when
-// `reason` is empty.
-std::string peer_failed_text(int32_t peer, std::string_view reason);
+// "rank 1 failed an earlier operation (its error: ...)" with `peer` "rank 1" (RankNames);
+// without the parenthesis when `reason` is empty.
+std::string peer_failed_text(std::string_view peer, std::string_view reason);
 // "rank 1 aborted the communicator"
-std::string peer_aborted_text(int32_t peer);
+std::string peer_aborted_text(std::string_view peer);
 
 }  // namespace hps

@@ -1,7 +1,10 @@
 #include "core/sharding/engine_base.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <sstream>
 #include <string>
 
 #include "core/checkpoint/engine_state.h"
@@ -134,17 +137,30 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
   // `value` on every rank of each group, else the first rank that differs, "engine: rank r of
   // group 'g' " + `differs`.
   using Group = const std::shared_ptr<Communicator>*;
+  // `explain` (when given) says how rank r differs: every rank of a group whose values are
+  // not all equal calls it (collective over the group), with the first rank that differs
+  // from it, or -1 when none does.
+  using Explain = std::function<StatusOr<std::string>(Communicator&, int64_t)>;
   auto compare = [&](std::initializer_list<Group> groups, uint64_t value, uint64_t kind,
-                     const std::string& differs) -> Status {
+                     const std::string& differs, const Explain& explain = nullptr) -> Status {
     for (Group group : groups) {
       if (!*group || (*group)->size() == 1) continue;
       HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, value));
+      int64_t first_other = -1;
+      bool alike = true;
       for (size_t r = 0; r < all.size(); ++r) {
-        if (all[r] != value) {
-          mismatch(kind, invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
-                                          (*group)->name() + "' " + differs));
-          break;
-        }
+        alike = alike && all[r] == all[0];
+        if (first_other < 0 && all[r] != value) first_other = static_cast<int64_t>(r);
+      }
+      std::string how;
+      if (!alike && explain) {
+        HPS_ASSIGN_OR_RETURN(how, explain(**group, first_other));
+      }
+      if (first_other >= 0) {
+        mismatch(kind, invalid_argument(
+                           "engine: " + (*group)->rank_names()(static_cast<int32_t>(first_other)) +
+                           " of group '" + (*group)->name() + "' " + differs +
+                           (how.empty() ? std::string() : ": " + how)));
       }
     }
     return Status::Ok();
@@ -155,10 +171,11 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
     mismatch(kSealNoParams, failed_precondition("engine: no parameters registered"));
   }
   // Every rank of both groups registered the same model.
-  HPS_RETURN_IF_ERROR(compare({&sharding_, &dp_}, plan_.fingerprint(), kSealParamsDiffer,
-                              "registered different parameters (names, shapes, dtypes, flags or "
-                              "units differ from this rank's " +
-                                  std::to_string(plan_.params().size()) + ")"));
+  HPS_RETURN_IF_ERROR(compare(
+      {&sharding_, &dp_}, plan_.fingerprint(), kSealParamsDiffer,
+      "registered other parameters than this rank (its names, shapes, "
+      "dtypes, flags or units differ)",
+      [this](Communicator& group, int64_t r) { return explain_param_difference(group, r); }));
   auto mix = [](uint64_t h, uint64_t v) { return (h ^ v) * 1099511628211ull; };
   // Every rank of every group runs the same engine: stage, optimizer and its
   // hyperparameters, clipping, layout, buckets, accumulation and loss scaling (ranks that
@@ -176,34 +193,67 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
       return u;
     };
     const EngineOptions& o = options_;
+    auto text = [](double v) {
+      std::ostringstream out;
+      out << v;
+      return out.str();
+    };
+    struct Field {
+      const char* name;
+      uint64_t bits;
+      std::string value;  // this rank's, for the message
+    };
+    const Field fields[] = {
+        {"stage", static_cast<uint64_t>(stage()), std::to_string(stage())},
+        {"optimizer", static_cast<uint64_t>(o.optimizer),
+         o.optimizer == OptimizerKind::kAdamW ? "AdamW" : "SGD"},
+        {"sgd.learning_rate", bits(o.sgd.learning_rate), text(o.sgd.learning_rate)},
+        {"sgd.momentum", bits(o.sgd.momentum), text(o.sgd.momentum)},
+        {"sgd.weight_decay", bits(o.sgd.weight_decay), text(o.sgd.weight_decay)},
+        {"sgd.nesterov", uint64_t{o.sgd.nesterov}, std::to_string(o.sgd.nesterov)},
+        {"adamw.learning_rate", bits(o.adamw.learning_rate), text(o.adamw.learning_rate)},
+        {"adamw.beta1", bits(o.adamw.beta1), text(o.adamw.beta1)},
+        {"adamw.beta2", bits(o.adamw.beta2), text(o.adamw.beta2)},
+        {"adamw.epsilon", bits(o.adamw.epsilon), text(o.adamw.epsilon)},
+        {"adamw.weight_decay", bits(o.adamw.weight_decay), text(o.adamw.weight_decay)},
+        {"clip_max_norm", bits64(o.clip_max_norm), text(o.clip_max_norm)},
+        {"deterministic_clip", uint64_t{o.deterministic_clip},
+         std::to_string(o.deterministic_clip)},
+        {"alignment_bytes", o.alignment_bytes, std::to_string(o.alignment_bytes)},
+        {"bucket_bytes", o.bucket_bytes, std::to_string(o.bucket_bytes)},
+        {"accumulation_steps", static_cast<uint64_t>(o.accumulation_steps),
+         std::to_string(o.accumulation_steps)},
+        {"dynamic_loss_scaling", uint64_t{o.dynamic_loss_scaling},
+         std::to_string(o.dynamic_loss_scaling)},
+        {"initial_loss_scale", bits(o.initial_loss_scale), text(o.initial_loss_scale)},
+        {"growth_factor", bits(o.growth_factor), text(o.growth_factor)},
+        {"backoff_factor", bits(o.backoff_factor), text(o.backoff_factor)},
+        {"growth_interval", static_cast<uint64_t>(o.growth_interval),
+         std::to_string(o.growth_interval)},
+    };
     uint64_t engine = 1469598103934665603ull;
-    for (uint64_t v : {static_cast<uint64_t>(stage()),
-                       static_cast<uint64_t>(o.optimizer),
-                       bits(o.sgd.learning_rate),
-                       bits(o.sgd.momentum),
-                       bits(o.sgd.weight_decay),
-                       uint64_t{o.sgd.nesterov},
-                       bits(o.adamw.learning_rate),
-                       bits(o.adamw.beta1),
-                       bits(o.adamw.beta2),
-                       bits(o.adamw.epsilon),
-                       bits(o.adamw.weight_decay),
-                       bits64(o.clip_max_norm),
-                       uint64_t{o.deterministic_clip},
-                       o.alignment_bytes,
-                       o.bucket_bytes,
-                       static_cast<uint64_t>(o.accumulation_steps),
-                       uint64_t{o.dynamic_loss_scaling},
-                       bits(o.initial_loss_scale),
-                       bits(o.growth_factor),
-                       bits(o.backoff_factor),
-                       static_cast<uint64_t>(o.growth_interval)}) {
-      engine = mix(engine, v);
+    std::vector<uint64_t> values;
+    for (const Field& f : fields) {
+      engine = mix(engine, f.bits);
+      values.push_back(f.bits);
     }
+    // The first field in which the differing rank's options differ, with this rank's value.
+    auto explain = [&](Communicator& group, int64_t r) -> StatusOr<std::string> {
+      HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(group, values));
+      if (r < 0) return std::string();
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (all[static_cast<size_t>(r) * values.size() + i] != values[i]) {
+          return std::string("its ") + fields[i].name +
+                 " differs (this rank's: " + fields[i].value + ")";
+        }
+      }
+      return std::string();
+    };
     HPS_RETURN_IF_ERROR(compare({&sharding_, &dp_, &mp_, &pp_}, engine, kSealOptionsDiffer,
                                 "was created with other engine options (stage, optimizer or its "
                                 "hyperparameters, clipping, alignment, buckets, accumulation or "
-                                "loss scaling) than this rank"));
+                                "loss scaling) than this rank",
+                                explain));
     // Stage 3 prefetches all-gathers among its reduce-scatters on the sharding group, as
     // far ahead as the window lets it: ranks of one group with other windows would call
     // the group's collectives in other orders. (Other groups may differ: pipeline stages.)
@@ -234,8 +284,8 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
       if (all[r] != coordinates) {
         mismatch(kSealGroupsDiffer,
                  invalid_argument(
-                     std::string("engine: rank ") + std::to_string(r) + " of the " + name +
-                     " group '" + (*group)->name() + "' is at other sharding, dp or " +
+                     "engine: " + (*group)->rank_names()(static_cast<int32_t>(r)) + " of the " +
+                     name + " group '" + (*group)->name() + "' is at other sharding, dp or " +
                      (group == &mp_ ? "pp" : "mp") +
                      " coordinates, or in groups of other sizes, than this rank: the " + name +
                      " group must be that axis of the topology the sharding and dp groups "
@@ -255,7 +305,8 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
       if (all[r] != flags) {
         mismatch(kSealMpFlagsDiffer,
                  invalid_argument(
-                     "engine: rank " + std::to_string(r) + " of the mp group '" + (*group)->name() +
+                     "engine: " + (*group)->rank_names()(static_cast<int32_t>(r)) +
+                     " of the mp group '" + (*group)->name() +
                      "' registered other parameters or flags (FROZEN, DISTRIBUTED, NO_CLIP, "
                      "SHARED_NOT_FIRST) than this rank's " +
                      std::to_string(plan_.params().size()) +
@@ -265,6 +316,77 @@ Status EngineBase::check_registrations(uint64_t& found, Status& first) {
     }
   }
   return Status::Ok();
+}
+
+namespace {
+
+// What seal compares of a parameter, field by field: its name, its shape, its dtype, and its
+// unit with its flags (what LayoutPlan::fingerprint mixes).
+constexpr size_t kParamFields = 4;
+uint64_t fnv(std::string_view bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : bytes) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+std::string flags_text(const ParamSpec& p) {
+  std::string text;
+  for (const auto& [on, name] :
+       {std::pair{!p.trainable, "frozen"}, std::pair{p.is_distributed, "distributed"},
+        std::pair{!p.need_clip, "no clip"}, std::pair{p.shared_not_first, "shared, not first"},
+        std::pair{!p.weight_decay, "no weight decay"}}) {
+    if (on) text += (text.empty() ? "" : ", ") + std::string(name);
+  }
+  return "unit " + std::to_string(p.unit) + (text.empty() ? "" : ", " + text);
+}
+
+}  // namespace
+
+StatusOr<std::string> EngineBase::explain_param_difference(Communicator& group, int64_t r) const {
+  const std::vector<ParamSpec>& params = plan_.params();
+  HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> counts, gather_values(group, params.size()));
+  const uint64_t shared = *std::min_element(counts.begin(), counts.end());
+  std::vector<uint64_t> mine;
+  mine.reserve(shared * kParamFields);
+  for (uint64_t i = 0; i < shared; ++i) {
+    const ParamSpec& p = params[i];
+    std::string shape(reinterpret_cast<const char*>(p.shape.data()),
+                      p.shape.size() * sizeof(int64_t));
+    mine.push_back(fnv(p.name));
+    mine.push_back(fnv(shape) ^ p.shape.size());
+    mine.push_back(static_cast<uint64_t>(p.dtype));
+    mine.push_back(fnv(flags_text(p)));
+  }
+  std::vector<uint64_t> all;
+  if (shared > 0) {
+    HPS_ASSIGN_OR_RETURN(all, gather_values(group, mine));
+  }
+  if (r < 0) return std::string();
+  const size_t theirs = static_cast<size_t>(r) * mine.size();
+  for (uint64_t i = 0; i < shared; ++i) {
+    const ParamSpec& p = params[i];
+    const std::string which = "its parameter " + std::to_string(i) + " ";
+    const uint64_t* t = all.data() + theirs + i * kParamFields;
+    const uint64_t* m = mine.data() + i * kParamFields;
+    if (t[0] != m[0]) return which + "has another name than this rank's '" + p.name + "'";
+    if (t[1] != m[1]) {
+      return which + "'" + p.name + "' has another shape than this rank's " + shape_text(p.shape);
+    }
+    if (t[2] != m[2]) {
+      return which + "'" + p.name + "' has another dtype than this rank's " +
+             std::string(dtype_name(p.dtype));
+    }
+    if (t[3] != m[3]) {
+      return which + "'" + p.name + "' is in another unit or has other flags than this rank's (" +
+             flags_text(p) + ")";
+    }
+  }
+  return "it registered " + std::to_string(counts[static_cast<size_t>(r)]) +
+         " parameters, this rank " + std::to_string(params.size());
 }
 
 Status EngineBase::agree_on_group_sizes() {
@@ -281,9 +403,10 @@ Status EngineBase::agree_on_group_sizes() {
     HPS_ASSIGN_OR_RETURN(std::vector<uint64_t> all, gather_values(**group, mine));
     for (size_t r = 0; r < all.size() && first.ok(); ++r) {
       if (all[r] != mine) {
-        first = invalid_argument("engine: rank " + std::to_string(r) + " of group '" +
-                                 (*group)->name() + "' set model-parallel groups of sizes " +
-                                 sizes_text(all[r]) + ", this rank " + sizes_text(mine) +
+        first = invalid_argument("engine: " + (*group)->rank_names()(static_cast<int32_t>(r)) +
+                                 " of group '" + (*group)->name() +
+                                 "' set model-parallel groups of sizes " + sizes_text(all[r]) +
+                                 ", this rank " + sizes_text(mine) +
                                  " (every rank calls set_model_parallel_groups with its "
                                  "groups, or none does; no group counts as 1)");
       }

@@ -134,6 +134,10 @@ class EngineBase : public ShardedEngine, public Checkpointable {
   // The checks alone: each mismatch adds its kind to `found` and the first sets `first`;
   // a failed collective is returned.
   Status check_registrations(uint64_t& found, Status& first);
+  // Collective over `group`, whose ranks registered different parameters: how rank `r`'s
+  // registrations differ from this rank's (its first parameter that differs, and in what;
+  // or its count); empty when r < 0 (this rank is like every other).
+  StatusOr<std::string> explain_param_difference(Communicator& group, int64_t r) const;
   static constexpr uint64_t kSealParamsDiffer = 1, kSealGroupsDiffer = 2, kSealMpFlagsDiffer = 4,
                             kSealOptionsDiffer = 8, kSealNoParams = 16;
 

@@ -246,9 +246,10 @@ HPS_API hps_status_t hps_stream_wait_event(hps_stream_t* stream, hps_event_t* ev
 /**
  * Enqueue a copy of `bytes` bytes from `src` to `dst` on `stream`; returns without
  * waiting for it. Both pointers must be valid memory of the stream's device (or host
- * memory, on CUDA, via unified addressing) until the copy completes; the regions must
- * not overlap. bytes == 0 is a no-op. Errors: INVALID_ARGUMENT (NULL stream or NULL
- * pointer with bytes > 0), BACKEND_ERROR. Thread safety: per handle.
+ * memory, on CUDA, via unified addressing) until the copy completes. bytes == 0 is a
+ * no-op. Errors: INVALID_ARGUMENT (NULL stream; with bytes > 0 a NULL pointer, regions
+ * that overlap or run past the end of the address space: nothing is enqueued),
+ * BACKEND_ERROR. Thread safety: per handle.
  */
 HPS_API hps_status_t hps_memcpy_async(void* dst, const void* src, size_t bytes,
                                       hps_stream_t* stream);
@@ -387,9 +388,11 @@ typedef struct hps_store hps_store_t;
  *                      own timeout.
  * Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),
  * TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken),
- * FAILED_PRECONDITION (the store belongs to another job, or this rank of this job has joined
- * it already: a second open of the job's store in one process while the first is open, also
- * as rank 0 of a TCP store whose first server holds the port), BACKEND_ERROR. Thread safety:
+ * FAILED_PRECONDITION (a file:// or tcp:// store that belongs to another job, or that
+ * this rank of this job has joined already: a second open of the job's store in one process
+ * while the first is open, also as rank 0 of a TCP store whose first server holds the port;
+ * a memory:// store is one store for every open of its NAME, whatever the rank),
+ * BACKEND_ERROR. Thread safety:
  * any thread.
  *
  * The job's store may be destroyed and opened again in one process (a program in phases):
@@ -488,9 +491,10 @@ HPS_API hps_status_t hps_rendezvous_from_env(hps_rendezvous_info_t* info);
  * the result to the dtype once: over shared memory the ranks add in fp32; over TCP the data
  * travels widened to fp32. AVG divides the fp32 sum by the group size before that rounding,
  * so a float16 average is finite wherever the mean fits, even where the sum does not.
- * Integer AVG truncates. CUDA communicators use NCCL's ncclAvg. MAX and MIN of floating
- * types on CPU communicators give NaN where any rank's element is NaN (as torch.maximum),
- * over either transport; CUDA communicators follow NCCL.
+ * Integer SUM wraps around on overflow (two's complement, as NCCL's); integer AVG divides
+ * that sum by the group size, truncating toward zero. CUDA communicators use NCCL's ncclAvg. MAX
+ * and MIN of floating types on CPU communicators give NaN where any rank's element is NaN (as
+ * torch.maximum), over either transport; CUDA communicators follow NCCL.
  */
 typedef enum hps_reduce_op {
   HPS_REDUCE_SUM = 0,
@@ -516,7 +520,9 @@ typedef struct hps_work hps_work_t;
 typedef struct hps_comm_options {
   size_t struct_size;      /**< set by hps_comm_options_init */
   int64_t timeout_ms;      /**< every operation ends by then: TIMEOUT (default 300000) */
-  int32_t check_arguments; /**< 1: ranks check they called the same collective (default) */
+  int32_t check_arguments; /**< 1: ranks check they called the same collective (default);
+                                over shared memory the ranks compare their calls either way
+                                (the descriptor rides in the collective's first round) */
   const char* name;        /**< the group's name in messages (default "world"); copied; 1 to 1024
                                 bytes of UTF-8 without control characters, or INVALID_ARGUMENT */
 } hps_comm_options_t;
@@ -602,14 +608,15 @@ HPS_API hps_status_t hps_comm_set_timeout(hps_comm_t* comm, int64_t timeout_ms);
  * in `ranks`; owned by the caller); the others get NULL. Every rank takes part, members
  * or not: the ranks compare their lists first (one small all-gather over `comm`), so it
  * returns once every rank has called it. hps_comm_abort on `comm` also
- * aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a name as
- * hps_comm_options_t.name refuses; on every rank, with nothing made, when the ranks'
- * lists differ in order, members or count: the message names the split and two of the
- * lists; on every rank when the list they all give is empty or repeats a rank; a count
- * beyond comm's size, with the list unread: on that rank, and on the others as lists
- * that differ), OUT_OF_RANGE (a rank outside comm, on every rank), ABORTED or TIMEOUT (a
- * rank of `comm` that has gone or never calls it, a `comm` aborted or unusable after a
- * failed operation).
+ * aborts the new communicator while it lives. Its errors name a peer by its number in the
+ * new group and, where that differs, by its number in the communicator the chain of splits
+ * began with: "rank 0 (world rank 2) aborted the communicator". Errors: INVALID_ARGUMENT (NULL, a
+ * name as hps_comm_options_t.name refuses; on every rank, with nothing made, when the ranks' lists
+ * differ in order, members or count: the message names the split and two of the lists; on every
+ * rank when the list they all give is empty or repeats a rank; a count beyond comm's size, with the
+ * list unread: on that rank, and on the others as lists that differ), OUT_OF_RANGE (a rank outside
+ * comm, on every rank), ABORTED or TIMEOUT (a rank of `comm` that has gone or never calls it, a
+ * `comm` aborted or unusable after a failed operation).
  */
 HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size_t count,
                                     const char* name, hps_comm_t** out_comm);
@@ -618,16 +625,17 @@ HPS_API hps_status_t hps_comm_split(hps_comm_t* comm, const int32_t* ranks, size
  * Collectives. `count`s are element counts of `dtype`. `ready` may be NULL; when given,
  * the operation starts after the work already queued on that stream (the caller's compute
  * stream), without blocking the host. The caller owns *out_work and frees it with
- * hps_work_destroy (which does not wait). Bad input — a NULL buffer, an output too small,
- * an unknown reduction, a rank outside the group, a count that overflows, send and recv
- * that overlap other than in the operation's in-place form — is refused with nothing sent. Ranks
- * that disagree on a collective end it with INVALID_ARGUMENT (CPU groups with check_arguments
- * on; NCCL groups do not compare their calls), a peer that is missing with TIMEOUT, a peer
- * that died with ABORTED or TIMEOUT; the message names the operation, its group and sequence
- * number. An operation that fails ends its communicator on that rank: later operations end
- * with ABORTED naming the failure, and the other ranks of a CPU group learn of it as of a
- * rank that has gone (hps_comm_abort), so a rank that joins the operation late fails too.
- * The communicators of an engine (from hps_engine_seal) or of a clip also end together.
+ * hps_work_destroy (which does not wait). Bad input — a NULL buffer, a buffer not aligned
+ * to its dtype's elements, an output too small, an unknown reduction, a rank outside the group, a
+ * count that overflows, send and recv that overlap other than in the operation's in-place form — is
+ * refused with nothing sent. Ranks that disagree on a collective end it with INVALID_ARGUMENT (CPU
+ * groups over shared memory always, over TCP with check_arguments on; NCCL groups do not compare
+ * their calls), a peer that is missing with TIMEOUT, a peer that died with ABORTED or TIMEOUT; the
+ * message names the operation, its group and sequence number. An operation that fails ends its
+ * communicator on that rank: later operations end with ABORTED naming the failure, and the other
+ * ranks of a CPU group learn of it as of a rank that has gone (hps_comm_abort), so a rank that
+ * joins the operation late fails too. The communicators of an engine (from hps_engine_seal) or of a
+ * clip also end together.
  */
 
 /** recv[i] = op over ranks of send[i], for i < count. send may equal recv (in place). */
@@ -663,7 +671,9 @@ HPS_API hps_status_t hps_comm_reduce_scatter(hps_comm_t* comm, const void* send,
                                              hps_stream_t* ready, hps_work_t** out_work);
 
 /**
- * Send `count` elements to `peer`, which receives them with hps_comm_recv. A CPU
+ * Send `count` elements to `peer`, which receives them with hps_comm_recv. A send and its
+ * receive are not compared (as in NCCL and Gloo): counts that differ end in TIMEOUT or
+ * ABORTED, and dtypes of one size with the bytes as sent. A CPU
  * communicator completes sends and receives in whatever order the two ranks issue them. A
  * CUDA (NCCL) communicator runs each operation after its earlier ones, and a send there
  * completes only as the peer's matching receive runs: NCCL requires a send and a receive
@@ -903,6 +913,7 @@ HPS_API hps_status_t hps_clip_destroy(hps_clip_t* clip);
  * Register a gradient of `count` elements of `dtype` (float32, float64, float16 or
  * bfloat16) at `data`, which must stay valid while the clip is used (NULL with a count of
  * 0: an empty gradient). Errors: INVALID_ARGUMENT (dtype, NULL data with a non-zero count,
+ * data not aligned to its elements, memory that overlaps a gradient registered already,
  * unknown flag bits), FAILED_PRECONDITION (sealed).
  */
 HPS_API hps_status_t hps_clip_add_tensor(hps_clip_t* clip, void* data, uint64_t count,

@@ -147,12 +147,12 @@ int32_t rank_named_in(const std::string& what, const std::vector<std::string>& p
 }
 
 // What a broken connection says: the rank when known (>= 0), else "a peer".
-std::string connection_failed(int32_t peer, const std::string& what) {
+std::string connection_failed(int32_t peer, const std::string& what, const RankNames& names) {
   if (peer < 0) {
     return "the connection to a peer failed (did a rank exit, abort or fail an operation?): " +
            what;
   }
-  return "the connection to rank " + std::to_string(peer) +
+  return "the connection to " + names(peer) +
          " failed (did it exit, abort or fail an operation?): " + what;
 }
 
@@ -161,13 +161,13 @@ std::string process_key(int32_t rank) { return "process/" + std::to_string(rank)
 // "rank 2 (process 77 on this host) has ended", or "rank 2 (...), rank 5 (...) have ended":
 // the peers (ranks but `self`) of this host whose process has ended; empty when none has (or
 // none can be checked from here).
-std::string ended_peers(const std::vector<std::optional<host::Process>>& processes, int32_t self) {
+std::string ended_peers(const std::vector<std::optional<host::Process>>& processes, int32_t self,
+                        const RankNames& names) {
   std::string ended;
   int count = 0;
   for (size_t r = 0; r < processes.size(); ++r) {
     if (static_cast<int32_t>(r) == self || !processes[r] || !processes[r]->ended()) continue;
-    ended += (count++ == 0 ? "rank " : ", rank ") + std::to_string(r) + " (" +
-             processes[r]->describe() + ")";
+    ended += (count++ == 0 ? "" : ", ") + names(static_cast<int32_t>(r), processes[r]->describe());
   }
   if (count == 0) return ended;
   return ended + (count == 1 ? " has ended" : " have ended");
@@ -189,8 +189,8 @@ bool is_made(Store& store, int32_t rank) {
 // the connections are made. INVALID_ARGUMENT on every rank when they differ (they waited for
 // each other until the timeout, or one rank's collectives hung).
 std::string check_key(int32_t rank) { return "check/" + std::to_string(rank); }
-Status agree_on_checking(Store& store, int32_t rank, int32_t size, bool mine,
-                         Milliseconds timeout) {
+Status agree_on_checking(Store& store, int32_t rank, int32_t size, bool mine, Milliseconds timeout,
+                         const RankNames& names) {
   for (int32_t q = 0; q < size; ++q) {
     if (q == rank) continue;
     const StatusOr<std::string> theirs = store.get(check_key(q), timeout);
@@ -198,9 +198,8 @@ Status agree_on_checking(Store& store, int32_t rank, int32_t size, bool mine,
     if ((*theirs == "1") == mine) continue;
     return invalid_argument(
         "the ranks disagree on checking their collectives' arguments (CommOptions::"
-        "check_arguments, hps_comm_options_t.check_arguments, default HPS_COMM_CHECK): "
-        "rank " +
-        std::to_string(rank) + (mine ? " checks" : " does not") + ", rank " + std::to_string(q) +
+        "check_arguments, hps_comm_options_t.check_arguments, default HPS_COMM_CHECK): " +
+        names(rank) + (mine ? " checks" : " does not") + ", " + names(q) +
         (mine ? " does not" : " checks") + "; over TCP every rank must choose alike");
   }
   return Status::Ok();
@@ -216,8 +215,11 @@ struct Refused {
 // is made is named at once, not after the timeout.
 class PeerWatch {
  public:
-  PeerWatch(std::shared_ptr<Store> store, int32_t rank, int32_t size)
-      : store_(std::move(store)), rank_(rank), processes_(static_cast<size_t>(size)) {}
+  PeerWatch(std::shared_ptr<Store> store, int32_t rank, int32_t size, RankNames names)
+      : store_(std::move(store)),
+        rank_(rank),
+        names_(std::move(names)),
+        processes_(static_cast<size_t>(size)) {}
 
   Status publish() { return store_->set(process_key(rank_), host::Process::self().encode()); }
 
@@ -227,7 +229,7 @@ class PeerWatch {
   // Any thread (the creation's, and ConnectWatch's).
   Status check() {
     std::lock_guard lock(mutex_);
-    const std::string ended = ended_peers(still_making(), rank_);
+    const std::string ended = ended_peers(still_making(), rank_, names_);
     if (ended.empty()) return Status::Ok();
     return aborted(ended + " before the communicator was made");
   }
@@ -248,16 +250,17 @@ class PeerWatch {
   // Marks this rank's side of the communicator made (its last write to the store).
   Status made_here() { return mark_made(*store_, rank_); }
 
-  // "2, 5": the peers that have published no record (not started, or ended before).
+  // "rank 2 never began", "ranks 2, 5 never began": the peers that have published no
+  // record (not started, or ended before); empty when every peer has.
   std::string unpublished() {
     std::lock_guard lock(mutex_);
     read_new();
-    std::string missing;
+    std::vector<int32_t> missing;
     for (size_t r = 0; r < processes_.size(); ++r) {
       if (static_cast<int32_t>(r) == rank_ || processes_[r]) continue;
-      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      missing.push_back(static_cast<int32_t>(r));
     }
-    return missing;
+    return missing.empty() ? std::string() : names_.list(missing) + " never began";
   }
 
   // Every rank's process as read (after the connections every peer had published its own).
@@ -272,7 +275,7 @@ class PeerWatch {
   // lock).
   std::vector<std::optional<host::Process>> still_making() {
     read_new();
-    if (ended_peers(processes_, rank_).empty()) return {};
+    if (ended_peers(processes_, rank_, names_).empty()) return {};
     std::vector<std::optional<host::Process>> making = processes_;
     for (size_t r = 0; r < making.size(); ++r) {
       if (making[r] && is_made(*store_, static_cast<int32_t>(r))) making[r].reset();
@@ -295,6 +298,7 @@ class PeerWatch {
   std::mutex mutex_;
   std::shared_ptr<Store> store_;
   int32_t rank_;
+  RankNames names_;
   std::vector<std::optional<host::Process>> processes_;
 };
 
@@ -675,6 +679,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store, int32_t rank, i
   broken_.resize(static_cast<size_t>(size_));
   stream_->set_trace_name("communicator '" + options_.name + "' rank " + std::to_string(rank_) +
                           " of " + std::to_string(size_));
+  set_rank_names(RankNames(options_.world_ranks));
 }
 
 // A communicator's Gloo transport and the watch's receives posted on it. Gloo may tell those
@@ -973,7 +978,7 @@ void GlooCommunicator::check_waits() {
           // What it wrote before it ended is read meanwhile.
           if (now - seen_ended_.emplace(p, now).first->second >= WaitWatch::kGrace) {
             gone_[p] = peer_processes_[p];
-            ended_while_waiting_ = ended_peers(gone_, rank_);
+            ended_while_waiting_ = ended_peers(gone_, rank_, rank_names());
           }
         }
       }
@@ -1011,7 +1016,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
                        store->add("communicators/rank" + std::to_string(rank), 1));
   store = make_prefix_store(std::move(store), "comm" + std::to_string(generation));
   std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(store, rank, size, options));
-  auto peers = std::make_shared<PeerWatch>(store, rank, size);
+  auto peers = std::make_shared<PeerWatch>(store, rank, size, comm->rank_names());
   HPS_RETURN_IF_ERROR(peers->publish());
   HPS_RETURN_IF_ERROR(store->set(check_key(rank), options.check_arguments ? "1" : "0"));
   // The creation's waits for peers end when one of them is seen to have ended.
@@ -1031,7 +1036,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
       const std::string what = e.what();
       const int32_t peer = rank_named_in(what, adapter.take_peer_addresses());
       if (peer < 0) throw;
-      throw std::runtime_error(connection_failed(peer, what));
+      throw std::runtime_error(connection_failed(peer, what, comm->rank_names()));
     }
     // A connect that ConnectWatch ended returned as if made: the peer's end says why.
     const Status gone = peers->check();
@@ -1053,22 +1058,23 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
     const size_t slot_bytes = options.shared_memory_slot_bytes ? options.shared_memory_slot_bytes
                                                                : shm::kDefaultSlotBytes;
     auto shm_store = make_prefix_store(watched, "shm");
-    auto shm = shm::ShmGroup::create(*shm_store, rank, size, options.shared_memory, slot_bytes,
-                                     options.timeout, options.shared_memory_direct);
+    auto shm =
+        shm::ShmGroup::create(*shm_store, rank, size, options.shared_memory, slot_bytes,
+                              options.timeout, options.shared_memory_direct, comm->rank_names());
     if (!shm.ok()) throw std::runtime_error(shm.status().to_string());
     comm->shm_ = std::move(shm).value();
     // Over TCP the argument check travels on its own connections (shared memory checks
     // in its first round).
     if (!comm->shm_ && size > 1) {
-      const Status agreed =
-          agree_on_checking(*watched, rank, size, options.check_arguments, options.timeout);
+      const Status agreed = agree_on_checking(*watched, rank, size, options.check_arguments,
+                                              options.timeout, comm->rank_names());
       if (agreed.code() == StatusCode::kInvalidArgument) throw Refused{agreed};
       if (!agreed.ok()) throw std::runtime_error(agreed.to_string());
     }
     if (!comm->shm_ && options.check_arguments && size > 1) {
-      auto control =
-          ControlMesh::create(*make_prefix_store(watched, "control"), rank, size, device_host(),
-                              Clock::now() + options.timeout, [peers] { return peers->check(); });
+      auto control = ControlMesh::create(
+          *make_prefix_store(watched, "control"), rank, size, device_host(),
+          Clock::now() + options.timeout, [peers] { return peers->check(); }, comm->rank_names());
       if (!control.ok()) throw std::runtime_error(control.status().to_string());
       comm->control_ = std::move(control).value();
     }
@@ -1099,8 +1105,7 @@ StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::create(std::shared_ptr
         what.find("Connect timeout") != std::string::npos) {
       const std::string missing = peers->unpublished();
       if (missing.empty()) return timeout_error(m);
-      return timeout_error(m + " (rank" + (missing.find(',') == std::string::npos ? " " : "s ") +
-                           missing + " never began creating it: not started, or ended before)");
+      return timeout_error(m + " (" + missing + " creating it: not started, or ended before)");
     }
     // A member gone (a split's, or a peer that refused or reset its connection).
     if (what.rfind("aborted: ", 0) == 0 || what.rfind("the connection to rank ", 0) == 0) {
@@ -1239,11 +1244,9 @@ Status GlooCommunicator::guarded(Op& op, const std::function<Status()>& fn) {
     return aborted(place + ": the communicator was aborted");
   } catch (const Op::PeerTimeout& t) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
-    std::string who;
-    for (int32_t peer : t.peers) who += (who.empty() ? "" : ", ") + std::to_string(peer);
+    const std::string who = rank_names().list(t.peers);
     return timeout_error(place + ": timed out after " + std::to_string(timeout().count()) + " ms " +
-                         (t.receiving ? "waiting for data from rank" : "sending to rank") +
-                         (t.peers.size() > 1 ? "s " : " ") + who +
+                         (t.receiving ? "waiting for data from " : "sending to ") + who +
                          " (a peer is missing or called a different operation)");
   } catch (const Op::PeerFailure& f) {
     if (aborted_) return aborted(place + ": the communicator was aborted");
@@ -1288,13 +1291,13 @@ std::string GlooCommunicator::peer_ended(int32_t peer, const std::string& what) 
       }
     }
   }
-  return connection_failed(peer, what);
+  return connection_failed(peer, what, rank_names());
 }
 
 std::string GlooCommunicator::with_ended_peers(const std::string& failure) const {
   // A survivor's connections fail too once its peers abort theirs: the rank that ended is
   // named first, whichever connection failed here.
-  const std::string ended = ended_peers(peer_processes_, rank_);
+  const std::string ended = ended_peers(peer_processes_, rank_, rank_names());
   if (ended.empty()) return failure;
   return ended + "; " + failure;
 }
@@ -1378,7 +1381,7 @@ Status GlooCommunicator::check_descriptors(Op& op, const Descriptor& mine) {
   auto* all = static_cast<Descriptor*>(scratch(2, bytes * static_cast<size_t>(size_)));
   std::memcpy(&all[rank_], &mine, bytes);
   HPS_RETURN_IF_ERROR(located(op, control_->collect(all, bytes, op.deadline())));
-  return check_agreement(where(op.operation, op.sequence), mine, all, size_);
+  return check_agreement(where(op.operation, op.sequence), mine, all, size_, rank_names());
 }
 
 Status GlooCommunicator::ring_all_gather(Op& op, void* recv, size_t bytes_per_rank,
@@ -1827,9 +1830,10 @@ namespace {
 
 // "send #3 to rank 1": the operation with its number among this rank's messages to (or
 // from) that peer, counted from 1 as collectives are.
-std::string p2p_name(const char* operation, uint64_t number, const char* direction, int32_t peer) {
-  return std::string(operation) + " #" + std::to_string(number + 1) + " " + direction + " rank " +
-         std::to_string(peer);
+std::string p2p_name(const char* operation, uint64_t number, const char* direction, int32_t peer,
+                     const RankNames& names) {
+  return std::string(operation) + " #" + std::to_string(number + 1) + " " + direction + " " +
+         names(peer);
 }
 
 }  // namespace
@@ -1858,8 +1862,8 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::point_to_point(bool sending, c
   HPS_RETURN_IF_ERROR(check_buffer(a, "buffer", buffer, count, dtype));
   const uint64_t number = (sending ? sent_ : received_)[peer]++;
   const uint64_t slot = transfer_slot_base(number, count * dtype_size(dtype));
-  return enqueue_point_to_point(p2p_name(operation, number, direction, peer), ready, slot,
-                                count * dtype_size(dtype), number + 1,
+  return enqueue_point_to_point(p2p_name(operation, number, direction, peer, rank_names()), ready,
+                                slot, count * dtype_size(dtype), number + 1,
                                 [sending, buffer, count, dtype, peer](Op& o) {
                                   const size_t bytes = count * dtype_size(dtype);
                                   const size_t b = o.buffer(buffer, bytes);
@@ -1884,13 +1888,14 @@ StatusOr<std::shared_ptr<Work>> GlooCommunicator::barrier(Stream* ready) {
 }
 
 StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::split_group(
-    const std::vector<int32_t>& ranks, std::string name) {
+    const std::vector<int32_t>& ranks, std::string name, std::vector<int32_t> world_ranks) {
   const uint64_t index = next_split_++;
   auto position = std::find(ranks.begin(), ranks.end(), rank_);
   if (position == ranks.end()) return std::unique_ptr<Communicator>();
   CommOptions child = options_;
   child.name = std::move(name);
   child.timeout = timeout();
+  child.world_ranks = std::move(world_ranks);
   auto split_store = make_prefix_store(store_, "split" + std::to_string(index));
   auto alive = [this](const std::vector<int32_t>& members) -> Status {
     if (shm_) HPS_RETURN_IF_ERROR(shm_->check_peers_alive(members));

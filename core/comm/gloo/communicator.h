@@ -84,7 +84,8 @@ class GlooCommunicator final : public Communicator {
 
  protected:
   StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
-                                                      std::string name) override;
+                                                      std::string name,
+                                                      std::vector<int32_t> world_ranks) override;
   void abort_operations() override;
   void fail_operations(const Status& cause) override;
 

@@ -61,8 +61,8 @@ std::pair<uint32_t, uint32_t> head_of(const char* at) {
 bool connection_ended(ssize_t r) {
   return r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK);
 }
-Status ended_connection(int32_t peer, ssize_t r) {
-  return aborted("rank " + std::to_string(peer) + " closed its control connection (" +
+Status ended_connection(const std::string& peer, ssize_t r) {
+  return aborted(peer + " closed its control connection (" +
                  (r == 0 ? std::string("it failed or aborted the group, or exited")
                          : net::errno_message(errno)) +
                  ")");
@@ -70,7 +70,7 @@ Status ended_connection(int32_t peer, ssize_t r) {
 
 bool is_farewell(uint32_t kind) { return kind == kFailedFrame || kind == kAbortedFrame; }
 
-std::string farewell_text(int32_t peer, uint32_t kind, std::string_view reason) {
+std::string farewell_text(const std::string& peer, uint32_t kind, std::string_view reason) {
   return kind == kFailedFrame ? peer_failed_text(peer, reason_received(reason))
                               : peer_aborted_text(peer);
 }
@@ -135,9 +135,10 @@ std::string_view bytes_of(const Nonce& nonce) {
 
 }  // namespace
 
-ControlMesh::ControlMesh(int32_t rank, int32_t size)
+ControlMesh::ControlMesh(int32_t rank, int32_t size, RankNames names)
     : rank_(rank),
       size_(size),
+      names_(std::move(names)),
       sockets_(static_cast<size_t>(size), -1),
       farewells_(static_cast<size_t>(size)),
       heads_(static_cast<size_t>(size)),
@@ -148,10 +149,13 @@ ControlMesh::~ControlMesh() {
   net::close_fd(wake_fd_);
 }
 
-StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(
-    Store& store, int32_t rank, int32_t size, const std::string& host, Clock::time_point deadline,
-    const std::function<Status()>& still_ok) {
-  std::unique_ptr<ControlMesh> mesh(new ControlMesh(rank, size));
+StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(Store& store, int32_t rank, int32_t size,
+                                                           const std::string& host,
+                                                           Clock::time_point deadline,
+                                                           const std::function<Status()>& still_ok,
+                                                           RankNames names) {
+  std::unique_ptr<ControlMesh> mesh(new ControlMesh(rank, size, std::move(names)));
+  const RankNames& name = mesh->names_;
   mesh->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (mesh->wake_fd_ < 0) return backend_error("eventfd: " + net::errno_message(errno));
   if (size == 1) return mesh;
@@ -175,13 +179,13 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(
     uint16_t port = 0;
     Nonce theirs{};
     if (!parse_address(address, &peer_host, &port, &theirs)) {
-      return backend_error("control connection: rank " + std::to_string(peer) +
+      return backend_error("control connection: " + name(peer) +
                            " published a malformed address '" + address + "'");
     }
     auto fd = net::connect_once(peer_host, port, deadline);
     if (!fd.ok()) {
-      return Status(fd.status().code(), "control connection to rank " + std::to_string(peer) +
-                                            " at " + address + ": " + fd.status().message());
+      return Status(fd.status().code(), "control connection to " + name(peer) + " at " + address +
+                                            ": " + fd.status().message());
     }
     mesh->sockets_[static_cast<size_t>(peer)] = *fd;
     char hello[4 + kNonceBytes];
@@ -193,11 +197,11 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(
     Status s = net::recv_all(*fd, reinterpret_cast<char*>(answer.data()), answer.size(), deadline);
     if (!s.ok()) {  // no answer at all: the peer went (or timed out), not an impostor
       return Status(s.code() == StatusCode::kTimeout ? s.code() : StatusCode::kAborted,
-                    "control connection to rank " + std::to_string(peer) + " at " + address +
+                    "control connection to " + name(peer) + " at " + address +
                         ": no answer to this rank's hello (did it exit or fail?): " + s.message());
     }
     if (!auth::equal_secrets(answer.data(), mine.data(), kNonceBytes)) {
-      return aborted("control connection to rank " + std::to_string(peer) + " at " + address +
+      return aborted("control connection to " + name(peer) + " at " + address +
                      ": the peer did not prove it belongs to this group (wrong answer)");
     }
   }
@@ -209,7 +213,7 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(
       if (!readable && still_ok) HPS_RETURN_IF_ERROR(still_ok());
     }
     if (!readable) {
-      return timeout_error("control connections: rank " + std::to_string(rank) + " accepted " +
+      return timeout_error("control connections: " + name(rank) + " accepted " +
                            std::to_string(accepted - rank - 1) + " of the " +
                            std::to_string(size - rank - 1) + " higher ranks before the timeout");
     }
@@ -249,7 +253,7 @@ StatusOr<std::unique_ptr<ControlMesh>> ControlMesh::create(
       if (!published.ok()) {
         why = "its published address could not be read: " + published.status().message();
       } else if (!parse_address(*published, &ignored_host, &ignored_port, &theirs)) {
-        why = "rank " + std::to_string(peer) + " published a malformed address";
+        why = name(peer) + " published a malformed address";
       }
     }
     if (why.empty()) {
@@ -290,7 +294,7 @@ Status ControlMesh::post(const void* mine, size_t bytes, Clock::time_point deadl
       if (auto said = farewell(peer, Clock::now() + std::chrono::milliseconds(250))) {
         return aborted(*said);
       }
-      return aborted("the control connection to rank " + std::to_string(peer) +
+      return aborted("the control connection to " + names_(peer) +
                      " failed (did it exit?): " + s.message());
     }
   }
@@ -366,12 +370,12 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
     }
     if (ended && Clock::now() >= until) return *ended;
     if (n == 0 && Clock::now() >= deadline) {
-      std::string who;
+      std::vector<int32_t> who;
       for (int32_t peer : peers) {
         if (got[static_cast<size_t>(peer)] == frame) continue;  // watched, not waited for
-        who += (who.empty() ? "" : ", ") + std::to_string(peer);
+        who.push_back(peer);
       }
-      return timeout_error("no word from rank" + std::string(peers.size() > 1 ? "s " : " ") + who +
+      return timeout_error("no word from " + names_.list(who) +
                            " (a peer is missing or called a different operation)");
     }
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -393,7 +397,7 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       const bool head = g < kHeadBytes;
       const ssize_t r = head ? ::recv(fds[i].fd, heads_[peer].data() + g, kHeadBytes - g, 0)
                              : ::recv(fds[i].fd, into + (g - kHeadBytes), frame - g, 0);
-      if (connection_ended(r)) return ended_connection(peers[i], r);
+      if (connection_ended(r)) return ended_connection(names_(peers[i]), r);
       if (r <= 0) continue;
       g += static_cast<size_t>(r);
       if (head && g == kHeadBytes) {
@@ -403,7 +407,7 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
           return aborted(read_farewell(peers[i], kind, length, deadline));
         }
         if (kind != kMessageFrame || length != bytes) {
-          return aborted("rank " + std::to_string(peer) +
+          return aborted(names_(static_cast<int32_t>(peer)) +
                          " sent a control message this rank cannot read (a frame of kind " +
                          std::to_string(kind) + " and " + std::to_string(length) + " bytes, " +
                          std::to_string(bytes) + " expected): do the ranks run one hpshard?");
@@ -423,8 +427,8 @@ Status ControlMesh::collect(void* all, size_t bytes, Clock::time_point deadline)
       auto& since = ended_at[static_cast<size_t>(peer)];
       if (!since) since = now;
       if (now - *since >= kGrace) {
-        return aborted("rank " + std::to_string(peer) + " (" + process->describe() +
-                       ") has ended while this rank waited for its word (a process it forked "
+        return aborted(names_(peer, process->describe()) +
+                       " has ended while this rank waited for its word (a process it forked "
                        "may hold its control connection open)");
       }
     }
@@ -436,7 +440,7 @@ Status ControlMesh::check_next_frame(int32_t peer, Clock::time_point deadline, u
   const int fd = sockets_[static_cast<size_t>(peer)];
   std::array<char, kHeadBytes> next{};
   const ssize_t n = ::recv(fd, next.data(), next.size(), MSG_PEEK | MSG_DONTWAIT);
-  if (connection_ended(n)) return ended_connection(peer, n);
+  if (connection_ended(n)) return ended_connection(names_(peer), n);
   if (n < static_cast<ssize_t>(kHeadBytes)) {
     if (n > 0) *ahead = 1;  // a frame begins: the next collect() reads it
     return Status::Ok();
@@ -460,7 +464,7 @@ std::string ControlMesh::read_farewell(int32_t peer, uint32_t kind, uint32_t byt
       reason.clear();  // the rank is named without its message
     }
   }
-  std::string said = farewell_text(peer, kind, reason);
+  std::string said = farewell_text(names_(peer), kind, reason);
   farewells_[static_cast<size_t>(peer)] = said;
   return said;
 }
@@ -502,7 +506,7 @@ Status ControlMesh::check_peers_alive(const std::vector<int32_t>& peers) const {
       n = ::recv(fd, unread.data(), unread.size(), MSG_PEEK | MSG_DONTWAIT);
     } while (n < 0 && errno == EINTR);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-      return aborted("rank " + std::to_string(q) + " closed its control connection");
+      return aborted(names_(q) + " closed its control connection");
     }
     if (n >= static_cast<ssize_t>(kHeadBytes)) {
       const auto [kind, bytes] = head_of(unread.data());
@@ -510,7 +514,7 @@ Status ControlMesh::check_peers_alive(const std::vector<int32_t>& peers) const {
         const size_t have = static_cast<size_t>(n) - kHeadBytes;
         const std::string_view reason =
             bytes <= have ? std::string_view(unread.data() + kHeadBytes, bytes) : "";
-        return aborted(farewell_text(q, kind, reason));
+        return aborted(farewell_text(names_(q), kind, reason));
       }
     }
   }
@@ -527,7 +531,7 @@ Status ControlMesh::check_peer_ended(int32_t peer) const {
     n = ::poll(&p, 1, 0);
   } while (n < 0 && errno == EINTR);
   if (n <= 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return Status::Ok();
-  return ended_connection(peer, 0);
+  return ended_connection(names_(peer), 0);
 }
 
 void ControlMesh::abort() { end(kAbortedFrame, {}); }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/comm/host.h"
+#include "core/comm/rank_names.h"
 #include "core/comm/store.h"
 #include "core/common/status.h"
 
@@ -36,10 +37,10 @@ class ControlMesh {
   // Collective over `store`: every rank listens on `host`, publishes its address, connects
   // to every lower rank and accepts every higher one, by `deadline`. While it waits to accept,
   // `still_ok` (when given) is asked every 100 ms; its failure (a peer that ended) ends the
-  // creation with it.
+  // creation with it. `names`: how its messages name the peers.
   static StatusOr<std::unique_ptr<ControlMesh>> create(
       Store& store, int32_t rank, int32_t size, const std::string& host, Clock::time_point deadline,
-      const std::function<Status()>& still_ok = nullptr);
+      const std::function<Status()>& still_ok = nullptr, RankNames names = {});
   ~ControlMesh();
   ControlMesh(const ControlMesh&) = delete;
   ControlMesh& operator=(const ControlMesh&) = delete;
@@ -84,7 +85,7 @@ class ControlMesh {
   Status check_peer_ended(int32_t peer) const;
 
  private:
-  ControlMesh(int32_t rank, int32_t size);
+  ControlMesh(int32_t rank, int32_t size, RankNames names);
   // abort() and fail(): a farewell of `kind` to every peer, then the connections shut down.
   void end(uint32_t kind, std::string_view reason);
   // collect()'s look at a peer whose frame came: ABORTED when its connection ended or a
@@ -96,6 +97,7 @@ class ControlMesh {
                             Clock::time_point deadline);
   int32_t rank_;
   int32_t size_;
+  RankNames names_;           // how messages name the peers
   std::vector<int> sockets_;  // by peer rank; -1 for this rank
   int wake_fd_ = -1;          // an eventfd abort() writes to
   std::mutex send_mutex_;     // post()'s writes, and the farewell's

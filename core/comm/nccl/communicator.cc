@@ -54,7 +54,9 @@ NcclCommunicator::NcclCommunicator(const NcclApi& api, int32_t rank, int32_t siz
       device_index_(device_index),
       options_(std::move(options)),
       timeout_ms_(options_.timeout.count()),
-      handle_(api, options_.name, [this](const Status& failure) { fail_pending(failure); }) {}
+      handle_(api, options_.name, [this](const Status& failure) { fail_pending(failure); }) {
+  set_rank_names(RankNames(options_.world_ranks));
+}
 
 Status NcclCommunicator::start() {
   HPS_ASSIGN_OR_RETURN(stream_, create_stream(device()));
@@ -282,7 +284,7 @@ StatusOr<std::shared_ptr<Work>> NcclCommunicator::barrier(Stream* ready) {
 }
 
 StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::split_group(
-    const std::vector<int32_t>& ranks, std::string name) {
+    const std::vector<int32_t>& ranks, std::string name, std::vector<int32_t> world_ranks) {
   auto position = std::find(ranks.begin(), ranks.end(), rank_);
   const int color = position == ranks.end() ? NCCL_SPLIT_NOCOLOR : 0;
   const int key = position == ranks.end() ? 0 : static_cast<int>(position - ranks.begin());
@@ -290,6 +292,7 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::split_group(
   CommOptions child_options = options_;
   child_options.name = std::move(name);
   child_options.timeout = timeout();
+  child_options.world_ranks = std::move(world_ranks);
   std::unique_ptr<NcclCommunicator> child(new NcclCommunicator(
       nccl_, key, static_cast<int32_t>(ranks.size()), device_index_, std::move(child_options)));
   ncclConfig_t config = nonblocking_config();

@@ -12,6 +12,7 @@ SelfCommunicator::SelfCommunicator(const CommOptions& options)
       timeout_ms_(options.timeout.count()),
       stream_(std::make_unique<cpu::CpuStream>()) {
   stream_->set_trace_name("communicator '" + name_ + "' rank 0 of 1");
+  set_rank_names(RankNames(options.world_ranks));
 }
 
 StatusOr<std::unique_ptr<Communicator>> SelfCommunicator::create(const CommOptions& options) {
@@ -144,10 +145,11 @@ StatusOr<std::shared_ptr<Work>> SelfCommunicator::barrier(Stream* ready) {
 }
 
 StatusOr<std::unique_ptr<Communicator>> SelfCommunicator::split_group(
-    const std::vector<int32_t>& ranks, std::string name) {
+    const std::vector<int32_t>& ranks, std::string name, std::vector<int32_t> world_ranks) {
   (void)ranks;  // [0]: Communicator::split checked it
   CommOptions child;
   child.name = std::move(name);
+  child.world_ranks = std::move(world_ranks);
   child.timeout = timeout();
   return create(child);
 }

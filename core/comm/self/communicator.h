@@ -52,7 +52,8 @@ class SelfCommunicator final : public Communicator {
 
  protected:
   StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
-                                                      std::string name) override;
+                                                      std::string name,
+                                                      std::vector<int32_t> world_ranks) override;
   void abort_operations() override { aborted_ = true; }
   // Its operations never fail on their own (no peer): only fail() records a failure.
   void fail_operations(const Status& cause) override;

@@ -294,8 +294,8 @@ int remove_stale_segments() {
       [&](const SegmentName& s) { return s.pid_ns == ns && host::process_ended(s.pid); });
 }
 
-ShmGroup::ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base)
-    : rank_(rank), size_(size), slot_bytes_(slot_bytes), base_(base) {}
+ShmGroup::ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base, RankNames names)
+    : rank_(rank), names_(std::move(names)), size_(size), slot_bytes_(slot_bytes), base_(base) {}
 
 ShmGroup::~ShmGroup() {
   uint32_t active = kActive;
@@ -317,7 +317,8 @@ uint8_t* ShmGroup::slot(int32_t q, uint64_t round) const {
 
 StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank, int32_t size,
                                                      bool enabled, size_t slot_bytes,
-                                                     Milliseconds timeout, bool direct) {
+                                                     Milliseconds timeout, bool direct,
+                                                     RankNames names) {
   if (size < 2) return std::unique_ptr<ShmGroup>();
   HPS_RETURN_IF_ERROR(segment_bytes(size, slot_bytes).status());
   slot_bytes = round_up(std::max<size_t>(slot_bytes, kPage), kPage);
@@ -440,7 +441,7 @@ StatusOr<std::unique_ptr<ShmGroup>> ShmGroup::create(Store& store, int32_t rank,
                                         : " (" + why_not + ")");
     return std::unique_ptr<ShmGroup>();
   }
-  std::unique_ptr<ShmGroup> group(new ShmGroup(rank, size, slot_bytes, base));
+  std::unique_ptr<ShmGroup> group(new ShmGroup(rank, size, slot_bytes, base, std::move(names)));
   // Direct mode when every rank can read every other's memory: its own process, or others
   // through cross-memory attach (process_vm_readv: same user, ptrace allowed). Everyone's
   // control block is complete here (written before its "mapped" key).
@@ -474,8 +475,8 @@ Status ShmGroup::read_peer(int32_t q, void* local, const void* remote, size_t by
     iovec l{out, bytes}, r{in, bytes};
     const ssize_t n = process_vm_readv(c.pid, &l, 1, &r, 1, 0);
     if (n <= 0) {
-      return aborted("reading rank " + std::to_string(q) + "'s buffer (process " +
-                     std::to_string(c.pid) + "): " + std::strerror(n < 0 ? errno : EIO));
+      return aborted("reading the buffer of " + names_(q, "process " + std::to_string(c.pid)) +
+                     ": " + std::strerror(n < 0 ? errno : EIO));
     }
     out += n;
     in += n;
@@ -502,19 +503,18 @@ Status ShmGroup::read_posted(int32_t q, uint64_t round, void* local, size_t byte
   std::atomic<uint64_t>& reading = control(rank_).reading;
   reading.store(round + 1, std::memory_order_seq_cst);
   const uint64_t remote = control(q).address[round % 2].load(std::memory_order_seq_cst);
-  Status s =
-      remote != 0
-          ? read_peer(q, local, reinterpret_cast<const void*>(remote), bytes)
-          : with_cause(aborted("rank " + std::to_string(q) +
-                               " withdrew its buffer before this rank read it (it failed, was "
-                               "aborted or timed out)"));
+  Status s = remote != 0
+                 ? read_peer(q, local, reinterpret_cast<const void*>(remote), bytes)
+                 : with_cause(aborted(
+                       names_(q) + " withdrew its buffer before this rank read it (it failed, was "
+                                   "aborted or timed out)"));
   // A poster in another process waits for this read only until its deadline: if it withdrew
   // meanwhile, it may have returned and its caller reused the buffer under the copy. Its
   // withdrawal precedes any such reuse, so an address still posted after the copy means the
   // copy read the posted data.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (s.ok() && control(q).address[round % 2].load(std::memory_order_seq_cst) != remote) {
-    s = with_cause(aborted("rank " + std::to_string(q) +
+    s = with_cause(aborted(names_(q) +
                            " withdrew its buffer while this rank read it (it failed, was aborted "
                            "or timed out); what was read is not its data"));
   }
@@ -588,10 +588,10 @@ Status ShmGroup::peer_gone(int32_t peer) const {
   const Control& c = control(peer);
   switch (c.state.load(std::memory_order_seq_cst)) {
     case kLeft:
-      return aborted("rank " + std::to_string(peer) +
+      return aborted(names_(peer) +
                      " destroyed its communicator before joining (did a rank exit?)");
-    case kFailed: return with_cause(aborted(peer_failed_text(peer, reason_of(peer))));
-    case kAborted: return with_cause(aborted(peer_aborted_text(peer)));
+    case kFailed: return with_cause(aborted(peer_failed_text(names_(peer), reason_of(peer))));
+    case kAborted: return with_cause(aborted(peer_aborted_text(names_(peer))));
     default: break;
   }
   return Status::Ok();
@@ -603,10 +603,10 @@ Status ShmGroup::with_cause(Status failure) const {
     const Control& c = control(q);
     std::string cause;
     if (c.state.load(std::memory_order_seq_cst) == kLeft) {
-      cause = "rank " + std::to_string(q) + " destroyed its communicator (did it exit?)";
+      cause = names_(q) + " destroyed its communicator (did it exit?)";
     } else if (c.pid != getpid() && c.pid_ns == control(rank_).pid_ns &&
                host::process_ended(c.pid)) {
-      cause = "rank " + std::to_string(q) + " (process " + std::to_string(c.pid) + ") has exited";
+      cause = names_(q, "process " + std::to_string(c.pid)) + " has exited";
     }
     if (!cause.empty()) return Status(failure.code(), cause + "; " + failure.message());
   }
@@ -619,8 +619,7 @@ Status ShmGroup::check_peers_alive(const std::vector<int32_t>& peers) const {
     const Control& c = control(q);
     if (c.state.load(std::memory_order_seq_cst) == kLeft) return peer_gone(q);
     if (c.pid != getpid() && c.pid_ns == control(rank_).pid_ns && host::process_ended(c.pid)) {
-      return aborted("rank " + std::to_string(q) + " (process " + std::to_string(c.pid) +
-                     ") has exited");
+      return aborted(names_(q, "process " + std::to_string(c.pid)) + " has exited");
     }
   }
   return Status::Ok();
@@ -659,8 +658,7 @@ Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline d
     }
     if (gone.ok() && check_pid && spins >= 80 && Clock::now() >= next_pid_check) {
       if (host::process_ended(c.pid)) {
-        gone = aborted("rank " + std::to_string(peer) + " (process " + std::to_string(c.pid) +
-                       ") has exited");
+        gone = aborted(names_(peer, "process " + std::to_string(c.pid)) + " has exited");
       }
       next_pid_check = Clock::now() + std::chrono::milliseconds(200);
     }
@@ -677,7 +675,7 @@ Status ShmGroup::wait_for(bool posted, uint64_t target, int32_t peer, Deadline d
     }
     const auto now = Clock::now();
     if (now >= deadline) {
-      return timeout_error("timed out waiting for rank " + std::to_string(peer) +
+      return timeout_error("timed out waiting for " + names_(peer) +
                            " (a peer is missing or called a different operation)");
     }
     // Before sleeping: a later rank that ended the group ends this wait too (the round
@@ -730,16 +728,15 @@ Status ShmGroup::given_up(uint64_t word) const {
   // The ranks that had not joined the round (a stopped or lost one), named beside the rank
   // that gave up on them.
   const uint64_t round = (word >> kRoundShift) - 1;
-  std::string missing;
-  int count = 0;
+  std::vector<int32_t> missing;
   for (int32_t q = 0; q < size_; ++q) {
     if (control(q).posted.load(std::memory_order_seq_cst) >= round + 1) continue;
-    missing += (count++ == 0 ? "" : ", ") + std::to_string(q);
+    missing.push_back(q);
   }
-  std::string m = "rank " + std::to_string(decider_of(word)) +
+  std::string m = names_(decider_of(word)) +
                   " gave up on this operation before every rank had joined it (it timed out, "
                   "failed or was aborted)";
-  if (count > 0) m += (count == 1 ? "; rank " : "; ranks ") + missing + " had not joined it";
+  if (!missing.empty()) m += "; " + names_.list(missing) + " had not joined it";
   return with_cause(aborted(m));
 }
 
@@ -747,7 +744,7 @@ Status ShmGroup::check(uint64_t round, const CollectiveDescriptor& mine) {
   std::vector<CollectiveDescriptor> all(static_cast<size_t>(size_));
   for (int32_t q = 0; q < size_; ++q)
     all[static_cast<size_t>(q)] = control(q).descriptor[round % 2];
-  return check_agreement("", mine, all.data(), size_);
+  return check_agreement("", mine, all.data(), size_, names_);
 }
 
 void ShmGroup::finish(uint64_t round) {

@@ -27,6 +27,7 @@
 
 #include "core/comm/communicator.h"
 #include "core/comm/descriptor.h"
+#include "core/comm/rank_names.h"
 #include "core/comm/store.h"
 
 namespace hps::shm {
@@ -60,7 +61,8 @@ class ShmGroup {
   // processes that cross-memory attach allows); the ranks agree here.
   static StatusOr<std::unique_ptr<ShmGroup>> create(Store& store, int32_t rank, int32_t size,
                                                     bool enabled, size_t slot_bytes,
-                                                    Milliseconds timeout, bool direct = false);
+                                                    Milliseconds timeout, bool direct = false,
+                                                    RankNames names = {});
   ~ShmGroup();  // tells the peers this rank has left
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
@@ -107,7 +109,7 @@ class ShmGroup {
   struct Header;
 
  private:
-  ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base);
+  ShmGroup(int32_t rank, int32_t size, size_t slot_bytes, void* base, RankNames names);
 
   Control& control(int32_t q) const;
   Header& header() const;
@@ -156,6 +158,7 @@ class ShmGroup {
   void notify();
 
   int32_t rank_;
+  RankNames names_;  // how messages name the peers
   int32_t size_;
   size_t slot_bytes_;
   void* base_;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <functional>
 #include <latch>
+#include <limits>
 #include <optional>
 
 #include "core/comm/agreement.h"
@@ -949,6 +950,94 @@ TEST_P(CommunicatorTest, APeerThatAbortedIsNamedAtOnceNotAtTheTimeout) {
       options);
 }
 
+// A group split from another numbers its ranks from 0: its messages about a peer name the
+// peer's world rank too (the number the job and its launcher use), through nested splits, and
+// a group whose numbers are the world's names its peers as before. World 4 splits into a trio
+// {3, 2, 0} (its rank 0 is world rank 3), the trio into a pair {2, 0} (world ranks 0 and 3):
+// the trio's members disagree on a count, then the pair's rank 1 aborts.
+TEST_P(CommunicatorTest, ASplitGroupNamesItsPeersByTheirWorldRanksToo) {
+  CommOptions options = this->options();
+  options.timeout = Milliseconds(60'000);
+  std::atomic<bool> aborted{false}, finished{false};
+  run_ranks(
+      4,
+      [&](int32_t rank, Communicator& world) {
+        auto trio = world.split({3, 2, 0}, "trio");
+        ASSERT_TRUE(trio.ok()) << trio.status().to_string();
+        if (rank == 1) {
+          EXPECT_EQ(trio->get(), nullptr);
+          return;
+        }
+        Communicator& t = **trio;
+        const std::vector<int32_t> world_of = {3, 2, 0};
+        EXPECT_EQ(world_of[static_cast<size_t>(t.rank())], rank);
+        EXPECT_EQ(t.rank_names()(0), "rank 0 (world rank 3)");
+        EXPECT_EQ(t.rank_names()(2, "process 7"), "rank 2 (world rank 0, process 7)");
+        EXPECT_EQ(world.rank_names()(2), "rank 2");
+        EXPECT_EQ(world.rank_names()(2, "process 7"), "rank 2 (process 7)");
+        EXPECT_EQ(t.rank_names().list({0, 2}), "rank 0 (world rank 3), rank 2 (world rank 0)");
+        EXPECT_EQ(world.rank_names().list({1, 3}), "ranks 1, 3");
+        EXPECT_EQ(world.rank_names().list({1}), "rank 1");
+        auto pair = t.split({2, 0}, "pair");
+        ASSERT_TRUE(pair.ok()) << pair.status().to_string();
+
+        // The trio's rank 1 (world rank 2) gives another count (the trio's collective #2: its
+        // split compared the lists in #1).
+        std::vector<float> in(10, 1.0f), out(10, -1.0f);
+        const size_t count = rank == 2 ? 9 : 10;
+        auto w = t.all_reduce(in.data(), out.data(), count, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(w.ok());
+        const Status s = (*w)->wait();
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+        if (rank == 2) {
+          EXPECT_NE(s.message().find("rank 0 (world rank 3) called all_reduce #2 with count 10"),
+                    std::string::npos)
+              << s.message();
+          EXPECT_NE(s.message().find("rank 2 (world rank 0) called all_reduce #2 with count 10"),
+                    std::string::npos)
+              << s.message();
+          EXPECT_EQ(pair->get(), nullptr);
+          return;
+        }
+        EXPECT_NE(s.message().find("rank 1 (world rank 2) called all_reduce #2 with count 9"),
+                  std::string::npos)
+            << s.message();
+
+        // The pair: world rank 0 is its rank 0 (named plainly), world rank 3 its rank 1.
+        Communicator& p = **pair;
+        EXPECT_EQ(p.rank(), rank == 0 ? 0 : 1);
+        EXPECT_EQ(p.rank_names()(0), "rank 0");
+        EXPECT_EQ(p.rank_names()(1), "rank 1 (world rank 3)");
+        if (rank == 3) {
+          p.abort();
+          aborted = true;
+          wait_until([&] { return finished.load(); });
+          return;
+        }
+        wait_until([&] { return aborted.load(); });
+        float x = 1, y = 0;
+        auto a = p.all_reduce(&x, &y, 1, DType::kFloat32, ReduceOp::kSum);
+        ASSERT_TRUE(a.ok());
+        expect_aborted_soon(**a, "rank 1 (world rank 3) aborted the communicator");
+        finished = true;
+      },
+      options);
+}
+
+TEST(CommLimits, AWorldRankListOfAnotherLengthThanTheGroupIsRefused) {
+  CommOptions options;
+  options.world_ranks = {4, 5, 6};
+  auto comm = create_communicator(make_in_memory_store(), 0, 2, Device::cpu(), options);
+  EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(comm.status().message().find("3 ranks for a group of 2"), std::string::npos)
+      << comm.status().message();
+  options.world_ranks = {4, -1};
+  comm = create_communicator(make_in_memory_store(), 0, 2, Device::cpu(), options);
+  EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(comm.status().message().find("-1, which is no rank"), std::string::npos)
+      << comm.status().message();
+}
+
 // A process the peer forked (a data loader's worker, say) holds its Gloo connections open,
 // so its abort closes none of them: the receive from it still ends within about a second,
 // told by the peer's shared-memory control block or its control connection (before: at the
@@ -1245,6 +1334,19 @@ TEST_P(CommunicatorTest, BadInputIsRefusedBeforeAnythingIsSent) {
         EXPECT_EQ(overflow.status().code(), StatusCode::kInvalidArgument);
         EXPECT_NE(overflow.status().message().find("overflows"), std::string::npos);
         EXPECT_EQ(reduce_op_from_int(7).status().code(), StatusCode::kInvalidArgument);
+        // Buffers not aligned to their elements (the reductions load whole elements).
+        alignas(8) unsigned char raw[64] = {};
+        auto unaligned = comm.all_reduce(raw + 1, raw + 33, 4, DType::kFloat32, ReduceOp::kSum);
+        EXPECT_EQ(unaligned.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(unaligned.status().message().find("send is not aligned to its float32 elements"),
+                  std::string::npos)
+            << unaligned.status().message();
+        EXPECT_EQ(comm.all_gather(raw, raw + 18, 1, DType::kInt64).status().code(),
+                  StatusCode::kInvalidArgument);
+        EXPECT_EQ(comm.broadcast(raw + 2, 1, DType::kFloat32, 0).status().code(),
+                  StatusCode::kInvalidArgument);
+        // Bytes have no alignment to keep; zero elements read nothing.
+        EXPECT_TRUE(comm.broadcast(raw + 1, 0, DType::kFloat32, 0).ok());
         // Nothing was sent: the group still works.
         float a = 1, b = 0;
         ASSERT_TRUE((*comm.all_reduce(&a, &b, 1, DType::kFloat32, ReduceOp::kSum))->wait().ok());
@@ -1427,6 +1529,29 @@ TEST(GlooTcp, DataArrivingAfterAFailedCollectiveDoesNotSpinTheEventLoop) {
       options);
   EXPECT_GE(cpu_seconds, 0.0);
   EXPECT_LT(cpu_seconds, 0.2) << "the process kept a core busy after the failure";
+}
+
+// Integer sums wrap around as two's complement (as NCCL's), defined on every transport: they
+// were computed as signed additions, whose overflow is undefined (UBSan flagged it). AVG
+// divides the wrapped sum.
+TEST_P(CommunicatorTest, IntegerSumsWrapAroundAndAveragesDivideTheWrappedSum) {
+  run_ranks(
+      4,
+      [](int32_t, Communicator& comm) {
+        int32_t big = std::numeric_limits<int32_t>::max(), sum32 = 0;
+        ASSERT_TRUE(
+            (*comm.all_reduce(&big, &sum32, 1, DType::kInt32, ReduceOp::kSum))->wait().ok());
+        EXPECT_EQ(sum32, -4);  // 4 * (2^31 - 1) mod 2^32
+        int64_t huge = std::numeric_limits<int64_t>::max() - 1, mean = 0;
+        ASSERT_TRUE(
+            (*comm.all_reduce(&huge, &mean, 1, DType::kInt64, ReduceOp::kAvg))->wait().ok());
+        EXPECT_EQ(mean, -2);  // (4 * (2^63 - 2) mod 2^64) / 4
+        uint8_t byte = 200, bytes = 0;
+        ASSERT_TRUE(
+            (*comm.all_reduce(&byte, &bytes, 1, DType::kUInt8, ReduceOp::kSum))->wait().ok());
+        EXPECT_EQ(bytes, static_cast<uint8_t>(800 % 256));
+      },
+      options());
 }
 
 TEST(SharedMemory, RanksAgreeOnTheTransportAndAnyRankCanRefuseIt) {

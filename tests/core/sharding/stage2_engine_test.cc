@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "core/common/config.h"
 #include "core/sharding/engine_base.h"
@@ -123,7 +124,14 @@ TEST(Stage2, BadInputIsRefusedAndChangesNothing) {
     ASSERT_TRUE(e->add_param({"b", {rank == 0 ? 3 : 4}, DType::kFloat32}).ok());
     Status s = e->seal();
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
-    EXPECT_NE(s.message().find("registered different parameters"), std::string::npos);
+    // It names the parameter and what differs, with this rank's value.
+    EXPECT_NE(s.message().find("registered other parameters than this rank"), std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find(std::string("its parameter 1 'b' has another shape than this "
+                                           "rank's [") +
+                               (rank == 0 ? "3" : "4") + "]"),
+              std::string::npos)
+        << s.message();
     EXPECT_EQ(e->step().code(), StatusCode::kFailedPrecondition);
     EXPECT_EQ(e->param(0).status().code(), StatusCode::kFailedPrecondition);
   });
@@ -163,6 +171,59 @@ TEST(Stage2, BadInputIsRefusedAndChangesNothing) {
   });
   EXPECT_EQ(Stage2Engine::create(nullptr, nullptr, {}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Ranks whose registrations or options differ are told what differs, not only that something
+// does (the first parameter, or option, that differs, with this rank's value): the
+// disagreements of collectives and splits name both sides; seal named neither.
+TEST(Stage2, ASealRefusedForADifferenceNamesIt) {
+  if (!HPS_HAVE_GLOO) GTEST_SKIP() << "built without Gloo";
+  struct Case {
+    std::function<Status(Stage2Engine&, int32_t)> registers;
+    EngineOptions options[2];
+    std::string says[2];
+  };
+  EngineOptions lr_a, lr_b;
+  lr_a.sgd.learning_rate = 0.5f;
+  lr_b.sgd.learning_rate = 0.25f;
+  const Case cases[] = {
+      {[](Stage2Engine& e, int32_t rank) {
+         HPS_RETURN_IF_ERROR(e.add_param({"w", {4}, DType::kFloat32}).status());
+         return e.add_param({rank == 0 ? "b" : "bias", {4}, DType::kFloat32}).status();
+       },
+       {},
+       {"its parameter 1 has another name than this rank's 'b'",
+        "its parameter 1 has another name than this rank's 'bias'"}},
+      {[](Stage2Engine& e, int32_t rank) {
+         HPS_RETURN_IF_ERROR(e.add_param({"w", {4}, DType::kFloat32}).status());
+         if (rank == 1) return Status::Ok();
+         return e.add_param({"b", {4}, DType::kFloat32}).status();
+       },
+       {},
+       {"it registered 1 parameters, this rank 2", "it registered 2 parameters, this rank 1"}},
+      {[](Stage2Engine& e, int32_t rank) {
+         return e.add_param({"w", {4}, rank == 0 ? DType::kFloat32 : DType::kBFloat16}).status();
+       },
+       {},
+       {"its parameter 0 'w' has another dtype than this rank's float32",
+        "its parameter 0 'w' has another dtype than this rank's bfloat16"}},
+      {[](Stage2Engine& e, int32_t) {
+         return e.add_param({"w", {4}, DType::kFloat32}).status();
+       },
+       {lr_a, lr_b},
+       {"its sgd.learning_rate differs (this rank's: 0.5)",
+        "its sgd.learning_rate differs (this rank's: 0.25)"}},
+  };
+  for (const Case& c : cases) {
+    testing_util::run_ranks(2, [&](int32_t rank, Communicator& comm) {
+      std::shared_ptr<Communicator> w(&comm, [](Communicator*) {});
+      auto e = std::move(Stage2Engine::create(w, nullptr, c.options[rank])).value();
+      ASSERT_TRUE(c.registers(*e, rank).ok());
+      const Status s = e->seal();
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+      EXPECT_NE(s.message().find(c.says[rank]), std::string::npos) << s.message();
+    });
+  }
 }
 
 // A CPU engine given a CPU stream as its compute stream keeps it alive and nothing more (the
@@ -447,7 +508,8 @@ class CountingCommunicator final : public Communicator {
 
  protected:
   StatusOr<std::unique_ptr<Communicator>> split_group(const std::vector<int32_t>& ranks,
-                                                      std::string name) override {
+                                                      std::string name,
+                                                      std::vector<int32_t>) override {
     return inner_.split(ranks, std::move(name));
   }
   void abort_operations() override { inner_.abort(); }

@@ -755,9 +755,10 @@ extern "C" {
 extern "C" {
     #[doc = " Enqueue a copy of `bytes` bytes from `src` to `dst` on `stream`; returns without"]
     #[doc = " waiting for it. Both pointers must be valid memory of the stream's device (or host"]
-    #[doc = " memory, on CUDA, via unified addressing) until the copy completes; the regions must"]
-    #[doc = " not overlap. bytes == 0 is a no-op. Errors: INVALID_ARGUMENT (NULL stream or NULL"]
-    #[doc = " pointer with bytes > 0), BACKEND_ERROR. Thread safety: per handle."]
+    #[doc = " memory, on CUDA, via unified addressing) until the copy completes. bytes == 0 is a"]
+    #[doc = " no-op. Errors: INVALID_ARGUMENT (NULL stream; with bytes > 0 a NULL pointer, regions"]
+    #[doc = " that overlap or run past the end of the address space: nothing is enqueued),"]
+    #[doc = " BACKEND_ERROR. Thread safety: per handle."]
     pub fn hps_memcpy_async(
         dst: *mut ::std::os::raw::c_void,
         src: *const ::std::os::raw::c_void,
@@ -855,9 +856,11 @@ extern "C" {
     #[doc = "                      own timeout."]
     #[doc = " Errors: INVALID_ARGUMENT (NULL, malformed URL, unknown scheme, timeout_ms <= 0),"]
     #[doc = " TIMEOUT (no server), UNAVAILABLE (rank 0 cannot listen on HOST:PORT: the port is taken),"]
-    #[doc = " FAILED_PRECONDITION (the store belongs to another job, or this rank of this job has joined"]
-    #[doc = " it already: a second open of the job's store in one process while the first is open, also"]
-    #[doc = " as rank 0 of a TCP store whose first server holds the port), BACKEND_ERROR. Thread safety:"]
+    #[doc = " FAILED_PRECONDITION (a file:// or tcp:// store that belongs to another job, or that"]
+    #[doc = " this rank of this job has joined already: a second open of the job's store in one process"]
+    #[doc = " while the first is open, also as rank 0 of a TCP store whose first server holds the port;"]
+    #[doc = " a memory:// store is one store for every open of its NAME, whatever the rank),"]
+    #[doc = " BACKEND_ERROR. Thread safety:"]
     #[doc = " any thread."]
     #[doc = ""]
     #[doc = " The job's store may be destroyed and opened again in one process (a program in phases):"]
@@ -1114,18 +1117,20 @@ impl hps_reduce_op {
 #[doc = " the result to the dtype once: over shared memory the ranks add in fp32; over TCP the data"]
 #[doc = " travels widened to fp32. AVG divides the fp32 sum by the group size before that rounding,"]
 #[doc = " so a float16 average is finite wherever the mean fits, even where the sum does not."]
-#[doc = " Integer AVG truncates. CUDA communicators use NCCL's ncclAvg. MAX and MIN of floating"]
-#[doc = " types on CPU communicators give NaN where any rank's element is NaN (as torch.maximum),"]
-#[doc = " over either transport; CUDA communicators follow NCCL."]
+#[doc = " Integer SUM wraps around on overflow (two's complement, as NCCL's); integer AVG divides"]
+#[doc = " that sum by the group size, truncating toward zero. CUDA communicators use NCCL's ncclAvg. MAX"]
+#[doc = " and MIN of floating types on CPU communicators give NaN where any rank's element is NaN (as"]
+#[doc = " torch.maximum), over either transport; CUDA communicators follow NCCL."]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct hps_reduce_op(pub ::std::os::raw::c_uint);
 #[doc = " Reductions (SUM, AVG) of float16 and bfloat16 on CPU communicators add in fp32 and round"]
 #[doc = " the result to the dtype once: over shared memory the ranks add in fp32; over TCP the data"]
 #[doc = " travels widened to fp32. AVG divides the fp32 sum by the group size before that rounding,"]
 #[doc = " so a float16 average is finite wherever the mean fits, even where the sum does not."]
-#[doc = " Integer AVG truncates. CUDA communicators use NCCL's ncclAvg. MAX and MIN of floating"]
-#[doc = " types on CPU communicators give NaN where any rank's element is NaN (as torch.maximum),"]
-#[doc = " over either transport; CUDA communicators follow NCCL."]
+#[doc = " Integer SUM wraps around on overflow (two's complement, as NCCL's); integer AVG divides"]
+#[doc = " that sum by the group size, truncating toward zero. CUDA communicators use NCCL's ncclAvg. MAX"]
+#[doc = " and MIN of floating types on CPU communicators give NaN where any rank's element is NaN (as"]
+#[doc = " torch.maximum), over either transport; CUDA communicators follow NCCL."]
 pub use self::hps_reduce_op as hps_reduce_op_t;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -1153,7 +1158,9 @@ pub struct hps_comm_options {
     pub struct_size: usize,
     #[doc = "< every operation ends by then: TIMEOUT (default 300000)"]
     pub timeout_ms: i64,
-    #[doc = "< 1: ranks check they called the same collective (default)"]
+    #[doc = "< 1: ranks check they called the same collective (default);"]
+    #[doc = "over shared memory the ranks compare their calls either way"]
+    #[doc = "(the descriptor rides in the collective's first round)"]
     pub check_arguments: i32,
     #[doc = "< the group's name in messages (default \"world\"); copied; 1 to 1024"]
     #[doc = "bytes of UTF-8 without control characters, or INVALID_ARGUMENT"]
@@ -1336,14 +1343,15 @@ extern "C" {
     #[doc = " in `ranks`; owned by the caller); the others get NULL. Every rank takes part, members"]
     #[doc = " or not: the ranks compare their lists first (one small all-gather over `comm`), so it"]
     #[doc = " returns once every rank has called it. hps_comm_abort on `comm` also"]
-    #[doc = " aborts the new communicator while it lives. Errors: INVALID_ARGUMENT (NULL, a name as"]
-    #[doc = " hps_comm_options_t.name refuses; on every rank, with nothing made, when the ranks'"]
-    #[doc = " lists differ in order, members or count: the message names the split and two of the"]
-    #[doc = " lists; on every rank when the list they all give is empty or repeats a rank; a count"]
-    #[doc = " beyond comm's size, with the list unread: on that rank, and on the others as lists"]
-    #[doc = " that differ), OUT_OF_RANGE (a rank outside comm, on every rank), ABORTED or TIMEOUT (a"]
-    #[doc = " rank of `comm` that has gone or never calls it, a `comm` aborted or unusable after a"]
-    #[doc = " failed operation)."]
+    #[doc = " aborts the new communicator while it lives. Its errors name a peer by its number in the"]
+    #[doc = " new group and, where that differs, by its number in the communicator the chain of splits"]
+    #[doc = " began with: \"rank 0 (world rank 2) aborted the communicator\". Errors: INVALID_ARGUMENT (NULL, a"]
+    #[doc = " name as hps_comm_options_t.name refuses; on every rank, with nothing made, when the ranks' lists"]
+    #[doc = " differ in order, members or count: the message names the split and two of the lists; on every"]
+    #[doc = " rank when the list they all give is empty or repeats a rank; a count beyond comm's size, with the"]
+    #[doc = " list unread: on that rank, and on the others as lists that differ), OUT_OF_RANGE (a rank outside"]
+    #[doc = " comm, on every rank), ABORTED or TIMEOUT (a rank of `comm` that has gone or never calls it, a"]
+    #[doc = " `comm` aborted or unusable after a failed operation)."]
     pub fn hps_comm_split(
         comm: *mut hps_comm_t,
         ranks: *const i32,
@@ -1421,7 +1429,9 @@ extern "C" {
     ) -> hps_status_t;
 }
 extern "C" {
-    #[doc = " Send `count` elements to `peer`, which receives them with hps_comm_recv. A CPU"]
+    #[doc = " Send `count` elements to `peer`, which receives them with hps_comm_recv. A send and its"]
+    #[doc = " receive are not compared (as in NCCL and Gloo): counts that differ end in TIMEOUT or"]
+    #[doc = " ABORTED, and dtypes of one size with the bytes as sent. A CPU"]
     #[doc = " communicator completes sends and receives in whatever order the two ranks issue them. A"]
     #[doc = " CUDA (NCCL) communicator runs each operation after its earlier ones, and a send there"]
     #[doc = " completes only as the peer's matching receive runs: NCCL requires a send and a receive"]
@@ -1858,6 +1868,7 @@ extern "C" {
     #[doc = " Register a gradient of `count` elements of `dtype` (float32, float64, float16 or"]
     #[doc = " bfloat16) at `data`, which must stay valid while the clip is used (NULL with a count of"]
     #[doc = " 0: an empty gradient). Errors: INVALID_ARGUMENT (dtype, NULL data with a non-zero count,"]
+    #[doc = " data not aligned to its elements, memory that overlaps a gradient registered already,"]
     #[doc = " unknown flag bits), FAILED_PRECONDITION (sealed)."]
     pub fn hps_clip_add_tensor(
         clip: *mut hps_clip_t,
