@@ -108,6 +108,22 @@ HPS_API hps_status_t hps_topology_group_ranks(const hps_topology_t* topology, hp
   HPS_CHECK_ARG(out_count);
   return guard(__func__, [&]() -> hps::Status {
     HPS_ASSIGN_OR_RETURN(hps::GroupKind kind, hps::group_kind_from_int(raw_enum(group)));
+    // The group's size from the degrees, so a buffer too small (or a NULL one, to ask the
+    // size) is answered without listing a group of up to 2^30 ranks.
+    const hps::Topology& t = topology->impl;
+    if (out_ranks == nullptr || capacity < static_cast<size_t>(t.world_size())) {
+      HPS_RETURN_IF_ERROR(t.coordinates(rank).status());
+      const int64_t size =
+          kind == hps::GroupKind::kCheck           ? t.world_size() / t.degree(hps::Axis::kDp)
+          : kind == hps::GroupKind::kShardingCheck ? t.world_size() / t.degree(hps::Axis::kSharding)
+                                                   : t.degree(static_cast<hps::Axis>(kind));
+      if (out_ranks == nullptr || capacity < static_cast<uint64_t>(size)) {
+        *out_count = static_cast<size_t>(size);
+        return hps::out_of_range("the group has " + std::to_string(size) +
+                                 " ranks; the buffer holds " +
+                                 std::to_string(out_ranks ? capacity : 0));
+      }
+    }
     hps::StatusOr<std::vector<int32_t>> ranks =
         kind == hps::GroupKind::kCheck ? topology->impl.check_group(rank)
         : kind == hps::GroupKind::kShardingCheck

@@ -91,15 +91,29 @@ StatusOr<int32_t> Topology::rank_of(const AxisArray& coordinates) const {
 
 std::vector<int32_t> Topology::ranks_matching(int32_t rank,
                                               const std::array<bool, kAxisCount>& fixed) const {
-  const AxisArray mine = coordinates(rank).value();
-  std::vector<int32_t> out;
-  for (int32_t r = 0; r < world_size_; ++r) {
-    const AxisArray c = coordinates(r).value();
-    bool same = true;
-    for (size_t i = 0; i < kAxisCount; ++i) same = same && (!fixed[i] || c[i] == mine[i]);
-    if (same) out.push_back(r);
+  // The members only, not a walk of the world: the free axes' coordinates counted through with
+  // the last axis of order_ fastest, as rank_of weighs them, give ascending ranks.
+  AxisArray c = coordinates(rank).value();
+  std::vector<size_t> free;
+  size_t members = 1;
+  for (Axis a : order_) {
+    if (fixed[index(a)]) continue;
+    free.push_back(index(a));
+    c[index(a)] = 0;
+    members *= static_cast<size_t>(degrees_[index(a)]);
   }
-  return out;
+  std::vector<int32_t> out;
+  out.reserve(members);
+  for (;;) {
+    out.push_back(rank_of(c).value());
+    size_t i = free.size();
+    for (; i > 0; --i) {
+      const size_t k = free[i - 1];
+      if (++c[k] < degrees_[k]) break;
+      c[k] = 0;
+    }
+    if (i == 0) return out;
+  }
 }
 
 StatusOr<std::vector<int32_t>> Topology::axis_group(Axis axis, int32_t rank) const {

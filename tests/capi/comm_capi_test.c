@@ -442,6 +442,12 @@ static void test_topology(void) {
   CHECK(n == 4 && ranks[0] == 4 && ranks[3] == 7);
   CHECK(hps_topology_group_ranks(t, HPS_GROUP_CHECK, 5, ranks, 3, &n) == HPS_STATUS_OUT_OF_RANGE);
   CHECK(n == 4);
+  n = 0;
+  CHECK(hps_topology_group_ranks(t, HPS_GROUP_SHARDING_CHECK, 5, NULL, 0, &n) ==
+        HPS_STATUS_OUT_OF_RANGE);
+  CHECK(n == 4);
+  CHECK(hps_topology_group_ranks(t, HPS_GROUP_MP, 8, NULL, 0, &n) == HPS_STATUS_OUT_OF_RANGE);
+  CHECK(strstr(hps_last_error_message(), "outside the world") != NULL);
   CHECK_OK(hps_topology_pipeline_neighbors(t, 5, &prev, &next));
   CHECK(prev == 7 && next == 7);
   CHECK(hps_topology_coordinate(t, 8, HPS_GROUP_DP, &v) == HPS_STATUS_OUT_OF_RANGE);
@@ -451,6 +457,17 @@ static void test_topology(void) {
   CHECK_OK(hps_topology_create(1, 1, 2, 1, 2, "mp,sharding,dp,pp,sep", 4, &t));
   CHECK_OK(hps_topology_group_ranks(t, HPS_GROUP_SHARDING, 0, ranks, 8, &n));
   CHECK(n == 2 && ranks[0] == 0 && ranks[1] == 1);
+  CHECK_OK(hps_topology_destroy(t));
+  /* A world of 2^30: the size of a check group of 2^29 ranks is answered without listing
+     them, and an mp group of 4 is listed without a walk of the world. */
+  CHECK_OK(hps_topology_create(1 << 27, 1, 2, 1, 4, NULL, 1 << 30, &t));
+  CHECK(hps_topology_group_ranks(t, HPS_GROUP_CHECK, 0, NULL, 0, &n) == HPS_STATUS_OUT_OF_RANGE);
+  CHECK(n == 8);
+  CHECK(hps_topology_group_ranks(t, HPS_GROUP_SHARDING_CHECK, 0, ranks, 8, &n) ==
+        HPS_STATUS_OUT_OF_RANGE);
+  CHECK(n == (size_t)1 << 29);
+  CHECK_OK(hps_topology_group_ranks(t, HPS_GROUP_MP, (1 << 30) - 1, ranks, 8, &n));
+  CHECK(n == 4 && ranks[0] == (1 << 30) - 4 && ranks[3] == (1 << 30) - 1);
   CHECK_OK(hps_topology_destroy(t));
   t = NULL;
   CHECK(hps_topology_create(2, 2, 1, 1, 1, NULL, 8, &t) == HPS_STATUS_INVALID_ARGUMENT);

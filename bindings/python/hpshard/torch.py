@@ -37,9 +37,14 @@ in a forward that keeps one for backward (a parent's ``F.linear(h, unit.weight)`
 ``torch.autocast`` too) raises, naming it, but a term computed from parameters after the
 forward (an L2 penalty over ``model.parameters()``, an EMA) computes with the zeros unseen:
 compute it inside the units' forwards, or evaluate inside :meth:`full_parameters`. A
-parameter written in place after wrapping, or through ``p.data`` while released (an
-``init_`` between steps), raises at the next forward, ``step()``, ``state_dict()`` or save,
-naming it, as the write is lost (a write of -0.0 through ``p.data`` is not seen); one
+parameter written in place after wrapping, or through ``p.data`` while released (a
+``fill_``, ``zero_`` or ``nn.init.constant_`` between steps), raises at the next forward,
+``step()``, ``state_dict()`` or save, naming it, as the write is lost (a write of -0.0
+through ``p.data`` is not seen); a write that goes element by element (``nn.init.normal_``,
+``uniform_``, ``mul_``, ``copy_``) raises at once there, in torch itself ("more than one
+element of the written-to tensor refers to a single memory location": the released
+parameter's one element), not in hpshard: initialise before wrapping, or load values with
+``load_state_dict``; one
 through ``p.data`` while its unit is gathered (``self.weight.data.clamp_()`` in the unit's
 forward, an old-style constraint: use a parametrization) is lost unseen. A unit's module is
 gathered before its first forward pre-hook and released after its last forward hook, so

@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <set>
+#include <vector>
 
 namespace hps {
 namespace {
@@ -79,6 +82,56 @@ TEST(Topology, Sharding2Mp2) { check_against_formula(degrees(1, 1, 2, 1, 2)); }
 TEST(Topology, Dp2Sharding2Mp2) { check_against_formula(degrees(2, 1, 2, 1, 2)); }
 TEST(Topology, EveryAxisAtOnce) { check_against_formula(degrees(2, 3, 2, 1, 2)); }
 TEST(Topology, OddDegrees) { check_against_formula(degrees(3, 1, 1, 5, 1)); }
+
+// Every axis order: the groups (listed from their members, not by a walk of the world) equal
+// the ranks found by comparing every rank's coordinates, in ascending order.
+TEST(Topology, GroupsInEveryAxisOrderEqualACoordinateScan) {
+  std::array<Axis, kAxisCount> order = kDefaultAxisOrder;
+  std::sort(order.begin(), order.end());
+  const AxisArray deg = degrees(2, 3, 2, 1, 2);
+  const int32_t world = 24;
+  int orders = 0;
+  do {
+    auto topo = Topology::create(deg, world, order);
+    ASSERT_TRUE(topo.ok()) << topo.status().to_string();
+    for (int32_t r = 0; r < world; ++r) {
+      const AxisArray c = *topo->coordinates(r);
+      auto scan = [&](auto keeps) {
+        std::vector<int32_t> out;
+        for (int32_t q = 0; q < world; ++q) {
+          if (keeps(*topo->coordinates(q))) out.push_back(q);
+        }
+        return out;
+      };
+      for (Axis a : kDefaultAxisOrder) {
+        const size_t i = static_cast<size_t>(a);
+        ASSERT_EQ(*topo->axis_group(a, r), scan([&](const AxisArray& q) {
+          for (size_t k = 0; k < kAxisCount; ++k)
+            if (k != i && q[k] != c[k]) return false;
+          return true;
+        }));
+      }
+      ASSERT_EQ(*topo->check_group(r), scan([&](const AxisArray& q) { return q[0] == c[0]; }));
+      ASSERT_EQ(*topo->sharding_check_group(r),
+                scan([&](const AxisArray& q) { return q[2] == c[2]; }));
+    }
+    ++orders;
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_EQ(orders, 120);
+}
+
+// A group of a few ranks in a world of 2^30 is listed at once (it walked every rank: minutes
+// under AddressSanitizer, for a query the C API answers on any input).
+TEST(Topology, ASmallGroupOfAHugeWorldIsListedWithoutWalkingTheWorld) {
+  auto topo = Topology::create(degrees(1 << 27, 1, 2, 1, 4), 1 << 30);
+  ASSERT_TRUE(topo.ok()) << topo.status().to_string();
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t last = (1 << 30) - 1;
+  EXPECT_EQ(*topo->axis_group(Axis::kMp, last),
+            (std::vector<int32_t>{last - 3, last - 2, last - 1, last}));
+  EXPECT_EQ(*topo->axis_group(Axis::kSharding, 0), (std::vector<int32_t>{0, 4}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+}
 
 TEST(Topology, CustomOrderPutsItsLastAxisFastest) {
   const std::array<Axis, kAxisCount> order = {Axis::kPp, Axis::kMp, Axis::kDp, Axis::kSep,
