@@ -1397,8 +1397,9 @@ HPS_API hps_status_t hps_dependency_wait_stats(uint64_t* out_count, uint64_t* ou
  * background thread writes and publishes. A load reads only this rank's ranges, checks
  * every checksum, converts between stage 2 and 3, sharding and dp degrees, bucket layouts
  * and fp32 / fp16 / bf16 parameters (fp32 masters kept), and changes no engine unless every
- * rank read everything. One hps_checkpoint_t per engine; one root per model (two engines of
- * a job, such as a GAN's networks, take each other's `latest`), or per part of a model cut
+ * rank read everything. One hps_checkpoint_t per engine; one root per model and job (two
+ * engines of a job, such as a GAN's networks, take each other's `latest`; two jobs of one
+ * model are one series to keep_last), or per part of a model cut
  * across mp and pp (hps_engine_set_model_parallel_groups): a part claims its root.
  * Thread safety: a checkpoint handle and the engine handle it was made from are one handle
  * for threads: one thread at a time calls either (a save's snapshot and a load use the
