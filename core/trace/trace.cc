@@ -59,6 +59,7 @@ struct State {
   uint64_t files_written = 0;
   int64_t pid = 0;
   int64_t rank = -1;  // from the environment when the library loaded; -1: none
+  std::string job;    // HPS_JOB_ID as shown (shown_value), when the library loaded; or empty
   std::string process_name;
   bool exit_hook = false;
 };
@@ -93,21 +94,25 @@ int64_t env_rank(const char* name) {
   return v;
 }
 
-// The row of this process: its rank's when it has one, else its pid's.
+// The row of this process: its rank's when it has one, else its pid's. Its name carries the
+// job's id, so the files of two runs in one directory tell which run each is.
 void name_process(State& s) {
   const int64_t pid = static_cast<int64_t>(::getpid());
+  const std::string job = s.job.empty() ? std::string() : ", job " + s.job;
   if (s.rank >= 0) {
     s.pid = s.rank;
-    s.process_name = "rank " + std::to_string(s.rank) + " (pid " + std::to_string(pid) + ")";
+    s.process_name = "rank " + std::to_string(s.rank) + " (pid " + std::to_string(pid) + job + ")";
   } else {
     s.pid = pid;
-    s.process_name = "pid " + std::to_string(pid);
+    s.process_name = "pid " + std::to_string(pid) + (job.empty() ? "" : " (" + job.substr(2) + ")");
   }
 }
 
 void identify_process(State& s) {
   s.rank = env_rank("HPS_RANK");
   if (s.rank < 0) s.rank = env_rank("RANK");
+  const char* job = std::getenv("HPS_JOB_ID");
+  s.job = job != nullptr && *job != '\0' ? shown_value(job) : std::string();
   name_process(s);
 }
 

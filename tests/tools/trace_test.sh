@@ -38,6 +38,8 @@ for rank in (0, 1):
     procs = [e for e in events if e["ph"] == "M" and e["name"] == "process_name"
              and e["pid"] == rank]
     assert len(procs) == 1 and procs[0]["args"]["name"].startswith(f"rank {rank} "), procs
+    # The run's id (hpshard-run's HPS_JOB_ID): files of two runs in one directory tell apart.
+    assert ", job " in procs[0]["args"]["name"], procs
 print("merged timeline: ok")
 PY
 
