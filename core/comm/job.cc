@@ -352,7 +352,7 @@ class Joiner {
             std::to_string(timeout_.count()) + " ms for rank 0 of " + job_name() +
             (skipped.ticket != 0
                  ? " to take the store over from the job that ended there (" + stale_reason + ")"
-                 : " to open the store"));
+                 : " to open the store" + held_by_another()));
       }
       HPS_ASSIGN_OR_RETURN(int64_t ticket, parse_ticket(pointer, text));
       HPS_ASSIGN_OR_RETURN(Owner owner, owner_of(ticket));
@@ -490,6 +490,19 @@ class Joiner {
                            std::to_string(ticket) + " is malformed");
     }
     return *owner;
+  }
+
+  // For a rank that waited in vain for its job's rank 0: "; meanwhile job 'B' (...) holds the
+  // store: ..." when the store's current job is another job that still runs (a second job
+  // given this job's store, whose rank 0 then took it); empty otherwise, or where the store
+  // cannot say (a message only: nothing waits here).
+  std::string held_by_another() {
+    auto set = store_.check({kCurrent});
+    if (!set.ok() || !*set) return {};
+    auto owner = owner_of_pointer(kCurrent);
+    if (!owner.ok() || owner->id == options_.identity.id || owner->ended()) return {};
+    return "; meanwhile " + owner->describe() +
+           ", which still runs, holds the store: is another job using this job's store?";
   }
 
   StatusOr<Owner> owner_of_pointer(const std::string& pointer) {

@@ -215,6 +215,23 @@ TEST(Job, ASecondJobIsRefusedOnEveryRankWhileTheFirstHoldsTheStore) {
   EXPECT_TRUE(later1.ok()) << later1.status().to_string();
 }
 
+// A rank whose rank 0 never comes while another job holds the store (over TCP: the other job's
+// rank 0 took the port) is told so at its timeout, not only that it waited for its own.
+TEST(Job, ARankWaitingInVainNamesTheJobThatHoldsTheStore) {
+  TempDir dir;
+  auto a = open_ranks(dir.url(), 2, job("job-a", 2));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  auto c1 = open_store(dir.url(), 1, seconds(1), job("job-c", 2));
+  ASSERT_FALSE(c1.ok());
+  EXPECT_EQ(c1.status().code(), StatusCode::kTimeout) << c1.status().to_string();
+  EXPECT_NE(c1.status().message().find("for rank 0 of job 'job-c'"), std::string::npos)
+      << c1.status().message();
+  EXPECT_NE(c1.status().message().find("meanwhile job 'job-a'"), std::string::npos)
+      << c1.status().message();
+  EXPECT_NE(c1.status().message().find("is another job using this job's store?"), std::string::npos)
+      << c1.status().message();
+}
+
 // A second open of the job's store in one process, while the first is open (two libraries
 // each asking for the world), is refused naming this process, not "a second job".
 TEST(Job, ASecondOpenOfTheJobsStoreInOneProcessSaysSo) {
