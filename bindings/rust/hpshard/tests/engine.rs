@@ -697,10 +697,16 @@ fn different_registrations_fail_to_seal() {
             .unwrap();
         let err = expect_status(engine.seal(), Status::InvalidArgument);
         assert!(!engine.is_sealed());
-        err.message
+        (rank, err.message)
     });
-    for message in results {
-        assert!(message.contains("different"), "{}", message);
+    for (rank, message) in results {
+        // It names the parameter and what differs, with this rank's value.
+        let mine = if rank == 0 { "[4]" } else { "[5]" };
+        let says = format!(
+            "its parameter 0 'w' has another shape than this rank's {}",
+            mine
+        );
+        assert!(message.contains(&says), "{}", message);
     }
 }
 
