@@ -98,13 +98,14 @@ int64_t env_rank(const char* name) {
 // job's id, so the files of two runs in one directory tell which run each is.
 void name_process(State& s) {
   const int64_t pid = static_cast<int64_t>(::getpid());
-  const std::string job = s.job.empty() ? std::string() : ", job " + s.job;
+  const std::string job = s.job.empty() ? std::string() : "job " + s.job;
   if (s.rank >= 0) {
     s.pid = s.rank;
-    s.process_name = "rank " + std::to_string(s.rank) + " (pid " + std::to_string(pid) + job + ")";
+    s.process_name = "rank " + std::to_string(s.rank) + " (pid " + std::to_string(pid) +
+                     (job.empty() ? "" : ", " + job) + ")";
   } else {
     s.pid = pid;
-    s.process_name = "pid " + std::to_string(pid) + (job.empty() ? "" : " (" + job.substr(2) + ")");
+    s.process_name = "pid " + std::to_string(pid) + (job.empty() ? "" : " (" + job + ")");
   }
 }
 
